@@ -1,0 +1,67 @@
+# Helpers shared by every component's CMakeLists.
+
+# Fuzz targets need clang's libFuzzer runtime.
+set(PRIMECACHE_HAVE_FUZZ OFF)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  set(PRIMECACHE_HAVE_FUZZ ON)
+endif()
+
+# Warnings as errors and the chosen sanitizers, for project code only.
+function(primecache_target_options target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Wall,-Wextra>)
+  if(PRIMECACHE_SANITIZE)
+    list(JOIN PRIMECACHE_SANITIZE "," san)
+    target_compile_options(${target} PRIVATE -fsanitize=${san} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+    target_link_options(${target} PRIVATE -fsanitize=${san})
+  endif()
+endfunction()
+
+# primecache_library(NAME SOURCES ... DEPS ...)
+function(primecache_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+  primecache_target_options(${name})
+endfunction()
+
+# primecache_gtest(NAME LABELS l1 l2 SOURCES ... DEPS ...): a gtest binary whose
+# tests are registered one by one with ctest, carrying the given labels.
+function(primecache_gtest name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "LABELS;SOURCES;DEPS" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  primecache_target_options(${name})
+  gtest_discover_tests(${name}
+    DISCOVERY_MODE PRE_TEST
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+endfunction()
+
+# primecache_fuzzer(NAME SOURCES ... DEPS ... CORPUS dir RUNS n LABELS ...):
+# a libFuzzer target, and a test that runs it for RUNS inputs from its seed corpus.
+function(primecache_fuzzer name)
+  cmake_parse_arguments(ARG "" "CORPUS;RUNS" "SOURCES;DEPS;LABELS" ${ARGN})
+  if(NOT PRIMECACHE_HAVE_FUZZ)
+    return()
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+  primecache_target_options(${name})
+  target_compile_options(${name} PRIVATE -fsanitize=fuzzer)
+  target_link_options(${name} PRIVATE -fsanitize=fuzzer)
+  set(work ${CMAKE_CURRENT_BINARY_DIR}/${name}-corpus)
+  add_test(NAME ${name}
+    COMMAND ${CMAKE_COMMAND} -E env ASAN_OPTIONS=detect_leaks=1
+      $<TARGET_FILE:${name}> -runs=${ARG_RUNS} -seed=1 -max_len=65536 ${work} ${ARG_CORPUS})
+  set_tests_properties(${name} PROPERTIES LABELS "fuzz;${ARG_LABELS}" TIMEOUT 600
+    FIXTURES_REQUIRED ${name}-corpus)
+  add_test(NAME ${name}-corpus-dir COMMAND ${CMAKE_COMMAND} -E make_directory ${work})
+  set_tests_properties(${name}-corpus-dir PROPERTIES FIXTURES_SETUP ${name}-corpus LABELS "fuzz;${ARG_LABELS}")
+endfunction()

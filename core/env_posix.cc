@@ -1,0 +1,210 @@
+// The POSIX Env: plain open/pread/write/fsync/rename on the local file system.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "primecache/env.h"
+
+namespace primecache {
+namespace {
+
+Status ErrnoStatus(std::string_view what, const std::string& path, int err) {
+  std::string msg(what);
+  msg += " ";
+  msg += path;
+  msg += ": ";
+  msg += std::strerror(err);
+  if (err == ENOENT) return Status::NotFound(std::move(msg));
+  if (err == ENOSPC || err == EDQUOT) return Status::ResourceExhausted(std::move(msg));
+  return Status::IOError(std::move(msg));
+}
+
+class PosixSequentialFile final : public SequentialFile {
+ public:
+  PosixSequentialFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixSequentialFile() override { ::close(fd_); }
+
+  Status Read(std::span<std::byte> dst, std::size_t* read) override {
+    std::size_t done = 0;
+    while (done < dst.size()) {
+      ssize_t n = ::read(fd_, dst.data() + done, dst.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        *read = done;
+        return ErrnoStatus("read", path_, errno);
+      }
+      if (n == 0) break;
+      done += static_cast<std::size_t>(n);
+    }
+    *read = done;
+    return Status::Ok();
+  }
+
+  Status Skip(std::uint64_t n) override {
+    if (::lseek(fd_, static_cast<off_t>(n), SEEK_CUR) < 0) return ErrnoStatus("seek", path_, errno);
+    return Status::Ok();
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+class PosixRandomAccessFile final : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixRandomAccessFile() override { ::close(fd_); }
+
+  Status Read(std::uint64_t offset, std::span<std::byte> dst, std::size_t* read) const override {
+    std::size_t done = 0;
+    while (done < dst.size()) {
+      ssize_t n = ::pread(fd_, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        *read = done;
+        return ErrnoStatus("pread", path_, errno);
+      }
+      if (n == 0) break;
+      done += static_cast<std::size_t>(n);
+    }
+    *read = done;
+    return Status::Ok();
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  Status Append(std::span<const std::byte> data) override {
+    if (fd_ < 0) return Status::FailedPrecondition("append to closed file " + path_);
+    std::size_t done = 0;
+    while (done < data.size()) {
+      ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoStatus("write", path_, errno);
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    return Status::Ok();
+  }
+
+  Status Sync() override {
+    if (fd_ < 0) return Status::FailedPrecondition("sync of closed file " + path_);
+    if (::fdatasync(fd_) != 0) return ErrnoStatus("fdatasync", path_, errno);
+    return Status::Ok();
+  }
+
+  Status Close() override {
+    if (fd_ < 0) return Status::Ok();
+    int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) return ErrnoStatus("close", path_, errno);
+    return Status::Ok();
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+class PosixEnv final : public Env {
+ public:
+  Result<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus("open", path, errno);
+    return std::unique_ptr<SequentialFile>(new PosixSequentialFile(path, fd));
+  }
+
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus("open", path, errno);
+    return std::unique_ptr<RandomAccessFile>(new PosixRandomAccessFile(path, fd));
+  }
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoStatus("create", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+
+  Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoStatus("open for append", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+
+  bool FileExists(const std::string& path) override { return ::access(path.c_str(), F_OK) == 0; }
+
+  Result<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return ErrnoStatus("opendir", dir, errno);
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+      std::string_view name(e->d_name);
+      if (name == "." || name == "..") continue;
+      names.emplace_back(name);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  Result<std::uint64_t> GetFileSize(const std::string& path) override {
+    struct stat st{};
+    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus("stat", path, errno);
+    return static_cast<std::uint64_t>(st.st_size);
+  }
+
+  Status RemoveFile(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return ErrnoStatus("unlink", path, errno);
+    return Status::Ok();
+  }
+
+  Status CreateDir(const std::string& path) override {
+    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoStatus("mkdir", path, errno);
+    return Status::Ok();
+  }
+
+  Status RemoveDir(const std::string& path) override {
+    if (::rmdir(path.c_str()) != 0) return ErrnoStatus("rmdir", path, errno);
+    return Status::Ok();
+  }
+
+  Status RenameFile(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoStatus("rename to " + to + " from", from, errno);
+    return Status::Ok();
+  }
+
+  Status SyncDir(const std::string& dir) override {
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus("open directory", dir, errno);
+    int rc = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) return ErrnoStatus("fsync directory", dir, err);
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+Env* Env::Default() {
+  static PosixEnv* env = new PosixEnv();  // never destroyed: outlives every user
+  return env;
+}
+
+}  // namespace primecache

@@ -1,0 +1,144 @@
+// Env: the seam through which primecache touches the file system.
+//
+// Every file and directory operation of the store, the codecs' file container
+// and the tools goes through an Env, so tests can swap the real file system for
+// an in-memory one (NewMemEnv) or wrap either in a FaultInjectionEnv that fails
+// chosen operations, runs out of space, or forgets unsynced writes as a power
+// loss would.
+//
+// Thread-safety: Env implementations are safe to call from many threads at
+// once. A file object is used by one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "primecache/status.h"
+
+namespace primecache {
+
+// A file read front to back.
+class SequentialFile {
+ public:
+  virtual ~SequentialFile() = default;
+  // Reads up to dst.size() bytes; *read < dst.size() only at end of file.
+  virtual Status Read(std::span<std::byte> dst, std::size_t* read) = 0;
+  virtual Status Skip(std::uint64_t n) = 0;
+};
+
+// A file read at arbitrary offsets. Read is safe from many threads at once.
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Reads up to dst.size() bytes at offset; *read < dst.size() only at end of file.
+  virtual Status Read(std::uint64_t offset, std::span<std::byte> dst, std::size_t* read) const = 0;
+};
+
+// A file written by appending. Data is durable only once Sync returns OK, and
+// a new file's name only once its directory has been synced (Env::SyncDir).
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  virtual Status Append(std::span<const std::byte> data) = 0;
+  virtual Status Sync() = 0;
+  virtual Status Close() = 0;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+
+  virtual Result<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) = 0;
+  virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) = 0;
+  // Creates the file, or truncates it when it exists.
+  virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+  // Opens for appending, creating it when it does not exist.
+  virtual Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) = 0;
+
+  virtual bool FileExists(const std::string& path) = 0;
+  // Names (not paths) of the entries of dir, without "." and "..", sorted.
+  virtual Result<std::vector<std::string>> GetChildren(const std::string& dir) = 0;
+  virtual Result<std::uint64_t> GetFileSize(const std::string& path) = 0;
+  virtual Status RemoveFile(const std::string& path) = 0;
+  // Creates one directory; OK when it exists already.
+  virtual Status CreateDir(const std::string& path) = 0;
+  virtual Status RemoveDir(const std::string& path) = 0;
+  // Atomically replaces `to` with `from`.
+  virtual Status RenameFile(const std::string& from, const std::string& to) = 0;
+  // Makes the directory's entries (creations, renames) durable.
+  virtual Status SyncDir(const std::string& dir) = 0;
+
+  // The process-wide POSIX Env. Never deleted.
+  static Env* Default();
+};
+
+// An Env that keeps everything in memory; a fresh, empty file system.
+std::unique_ptr<Env> NewMemEnv();
+
+// The directory part of a path ("a/b" -> "a", "b" -> ".", "/b" -> "/").
+std::string DirName(std::string_view path);
+
+// Creates path and any missing parents.
+Status CreateDirs(Env* env, const std::string& path);
+
+// Reads a whole file.
+Result<std::string> ReadFileToString(Env* env, const std::string& path);
+
+// Writes a whole file so that after a crash the path holds either its old
+// content or `data`, never a torn mix: temp file, sync, rename, sync directory.
+Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data);
+
+// The operations a FaultInjectionEnv counts and can fail.
+enum class FaultOp : std::uint8_t { kRead = 0, kWrite, kSync, kRename };
+inline constexpr int kFaultOpCount = 4;
+
+// Wraps another Env and injects faults:
+//  - FailNth(op, n): the n-th operation of that kind from now (1-based) fails
+//    with kIOError and has no effect;
+//  - SetSpaceLimit(bytes): appends that would take the bytes written through
+//    this Env past the limit fail with kResourceExhausted ("no space left");
+//  - SimulateCrash(): the machine loses power. Every file written through
+//    this Env is cut back to its last synced length, and directory entries
+//    created or renamed since their directory's last SyncDir are undone
+//    (removals are taken as durable at once).
+// Counts of every operation are kept, so a test can first count a workload's
+// operations and then fail each one in turn.
+// Thread-safety: all methods may be called from many threads.
+class FaultInjectionEnv : public Env {
+ public:
+  explicit FaultInjectionEnv(Env* base);
+  ~FaultInjectionEnv() override;
+
+  void FailNth(FaultOp op, std::uint64_t n);
+  void ClearFaults();
+  void SetSpaceLimit(std::uint64_t bytes);
+  void ClearSpaceLimit();
+  std::uint64_t OpCount(FaultOp op) const;
+  std::uint64_t BytesWritten() const;
+  Status SimulateCrash();
+
+  Result<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) override;
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) override;
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
+  Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override;
+  bool FileExists(const std::string& path) override;
+  Result<std::vector<std::string>> GetChildren(const std::string& dir) override;
+  Result<std::uint64_t> GetFileSize(const std::string& path) override;
+  Status RemoveFile(const std::string& path) override;
+  Status CreateDir(const std::string& path) override;
+  Status RemoveDir(const std::string& path) override;
+  Status RenameFile(const std::string& from, const std::string& to) override;
+  Status SyncDir(const std::string& dir) override;
+
+  struct State;  // shared with the file wrappers; defined in the .cc
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace primecache
