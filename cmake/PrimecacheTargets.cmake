@@ -41,6 +41,38 @@ function(primecache_gtest name)
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
     PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+  if("gpu" IN_LIST ARG_LABELS)
+    set_property(GLOBAL APPEND PROPERTY PRIMECACHE_GPU_TESTS ${name})
+  endif()
+endfunction()
+
+# primecache_gpu_bench(TARGET [ARGS...]): a program tools/gpu-check runs on the
+# GPU machine after the GPU tests, with these arguments.
+function(primecache_gpu_bench target)
+  list(JOIN ARGN " " args)
+  set_property(GLOBAL APPEND PROPERTY PRIMECACHE_GPU_BENCHES "$<TARGET_FILE_NAME:${target}> ${args}")
+  set_property(GLOBAL APPEND PROPERTY PRIMECACHE_GPU_BENCH_TARGETS ${target})
+endfunction()
+
+# Writes gpu-manifest.txt in the build tree: what tools/gpu-check ships.
+#   test <path>            a gtest binary labelled gpu
+#   bench <path>           a benchmark binary
+#   run <name> <args...>   a benchmark command line
+function(primecache_write_gpu_manifest)
+  get_property(tests GLOBAL PROPERTY PRIMECACHE_GPU_TESTS)
+  get_property(bench_targets GLOBAL PROPERTY PRIMECACHE_GPU_BENCH_TARGETS)
+  get_property(benches GLOBAL PROPERTY PRIMECACHE_GPU_BENCHES)
+  set(content "")
+  foreach(t IN LISTS tests)
+    string(APPEND content "test $<TARGET_FILE:${t}>\n")
+  endforeach()
+  foreach(t IN LISTS bench_targets)
+    string(APPEND content "bench $<TARGET_FILE:${t}>\n")
+  endforeach()
+  foreach(b IN LISTS benches)
+    string(APPEND content "run ${b}\n")
+  endforeach()
+  file(GENERATE OUTPUT ${PROJECT_BINARY_DIR}/gpu-manifest.txt CONTENT "${content}")
 endfunction()
 
 # primecache_fuzzer(NAME SOURCES ... DEPS ... CORPUS dir RUNS n LABELS ...):
