@@ -206,7 +206,18 @@ class Bf16Transform final : public Transform {
 // ---- q8_0/v1: blocks of 32 values, an f32 scale and 32 int8 each -----------
 
 constexpr std::size_t kQ8Block = 32;
-constexpr float kMaxScale = std::numeric_limits<float>::max() / 127.0f;
+
+// The largest scale d with 127 * d finite: larger blocks' scales are clamped
+// to it (costing far less than the bound's amax / 254), and a stored scale
+// above it did not come from the encoder.
+float MaxScale() {
+  static const float max_scale = [] {
+    float d = std::numeric_limits<float>::max() / 127.0f;
+    while (!std::isfinite(127.0f * d)) d = std::nextafter(d, 0.0f);
+    return d;
+  }();
+  return max_scale;
+}
 
 std::uint64_t Q8EncodedSize(std::uint64_t values) {
   return (values + kQ8Block - 1) / kQ8Block * sizeof(float) + values;
@@ -237,7 +248,7 @@ class Q8_0Transform final : public Transform {
         }
         amax = std::max(amax, std::fabs(x));
       }
-      const float d = amax / 127.0f;
+      const float d = std::min(amax / 127.0f, MaxScale());
       std::memcpy(dst, &d, sizeof d);
       dst += sizeof d;
       for (std::size_t j = 0; j < len; ++j) {
@@ -261,7 +272,7 @@ class Q8_0Transform final : public Transform {
       src += sizeof d;
       // The encoder writes d = amax / 127 of finite values and |q| <= 127;
       // anything else did not come from it.
-      if (!(d >= 0.0f && d <= kMaxScale)) {
+      if (!(d >= 0.0f && d <= MaxScale())) {
         return Status::Corruption(std::string(id()) + ": block " + std::to_string(start / kQ8Block) +
                                   " has scale " + std::to_string(d) + "; scales lie in [0, FLT_MAX / 127]");
       }
