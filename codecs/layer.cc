@@ -26,6 +26,10 @@ std::uint64_t EncoderChunkRows(const PlaneLayout& plane, std::uint64_t target_by
   return ChunkRowsFor(std::uint64_t{plane.row_width} * sizeof(float), target_bytes);
 }
 
+// raw/v1 stores the raw bytes themselves: its raw and encoded checksums are
+// one hash of one byte string, computed (and verified) once.
+bool IsIdentity(const Transform& t) { return t.id() == kRawTransform; }
+
 // Encodes one chunk's values and fills its record. The raw checksum covers
 // the values decoding will give back: the input itself for a lossless
 // transform, the decoded approximation for a lossy one.
@@ -34,11 +38,12 @@ Status EncodeChunk(const Transform& t, std::int32_t level, std::span<const float
   PC_RETURN_IF_ERROR(t.Encode(values, level, out));
   rec->raw_bytes = values.size_bytes();
   rec->encoded_bytes = out->size();
-  rec->encoded_checksum = Checksum64(AsBytes(*out));
   if (!t.lossy()) {
     rec->raw_checksum = ChecksumOf(values);
+    rec->encoded_checksum = IsIdentity(t) ? rec->raw_checksum : Checksum64(AsBytes(*out));
     return Status::Ok();
   }
+  rec->encoded_checksum = Checksum64(AsBytes(*out));
   thread_local std::vector<float> decoded;
   decoded.resize(values.size());
   PC_RETURN_IF_ERROR(t.Decode(AsBytes(*out), decoded).WithContext("decoding what was just encoded"));
@@ -231,8 +236,12 @@ Status LayerDecoder::DecodeChunk(std::size_t i, std::span<const std::byte> encod
     return Status::Corruption(where + ": checksum mismatch on the encoded bytes");
   }
   std::span<float> dst = plane.subspan(loc.value_offset, loc.value_count);
-  PC_RETURN_IF_ERROR(AsCorruption(transforms_[loc.plane]->Decode(encoded, dst)).WithContext(where));
-  if (verify_checksums_ && ChecksumOf(dst) != rec.raw_checksum) {
+  const Transform& t = *transforms_[loc.plane];
+  PC_RETURN_IF_ERROR(AsCorruption(t.Decode(encoded, dst)).WithContext(where));
+  // For raw/v1 the bytes written are the encoded bytes just verified, so
+  // their hash is the encoded checksum.
+  const bool raw_ok = IsIdentity(t) ? rec.raw_checksum == rec.encoded_checksum : ChecksumOf(dst) == rec.raw_checksum;
+  if (verify_checksums_ && !raw_ok) {
     return Status::Corruption(where + ": checksum mismatch on the decoded (raw) bytes");
   }
   return Status::Ok();
