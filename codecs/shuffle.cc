@@ -87,7 +87,8 @@ __attribute__((target("avx2"))) std::size_t ShuffleAvx2(const std::byte* in, std
   return i;
 }
 
-__attribute__((target("avx2"))) std::size_t UnshuffleAvx2(const std::byte* in, std::size_t n, std::byte* out) {
+__attribute__((target("avx2"))) std::size_t UnshuffleAvx2(const std::byte* in, std::size_t n,
+                                                          std::byte* out) {
   const __m256i group = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,  //
                                          0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const __m256i split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -99,8 +100,8 @@ __attribute__((target("avx2"))) std::size_t UnshuffleAvx2(const std::byte* in, s
     __m256i e3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 3 * n + i));
     __m256i t0 = _mm256_permute2x128_si256(e0, e2, 0x20), t1 = _mm256_permute2x128_si256(e0, e2, 0x31);
     __m256i t2 = _mm256_permute2x128_si256(e1, e3, 0x20), t3 = _mm256_permute2x128_si256(e1, e3, 0x31);
-    __m256i r[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
-                    _mm256_unpackhi_epi64(t1, t3)};
+    __m256i r[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                    _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
     auto* dst = reinterpret_cast<__m256i*>(out + 4 * i);
     for (int k = 0; k < 4; ++k) {
       _mm256_storeu_si256(dst + k, _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(r[k], split), group));
@@ -159,7 +160,9 @@ void UnshuffleBytes4With(ShuffleIsa isa, const std::byte* in, std::size_t n, std
   UnshuffleScalar(in, UnshuffleVector(isa, in, n, out), n, out);
 }
 
-void ShuffleBytes4(const std::byte* in, std::size_t n, std::byte* out) { ShuffleBytes4With(BestIsa(), in, n, out); }
+void ShuffleBytes4(const std::byte* in, std::size_t n, std::byte* out) {
+  ShuffleBytes4With(BestIsa(), in, n, out);
+}
 void UnshuffleBytes4(const std::byte* in, std::size_t n, std::byte* out) {
   UnshuffleBytes4With(BestIsa(), in, n, out);
 }

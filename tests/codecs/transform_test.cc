@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <limits>
 
-#include "codecs/shuffle.h"
 #include "codec_test_util.h"
+#include "codecs/shuffle.h"
 
 namespace primecache {
 namespace {
@@ -85,7 +85,9 @@ TEST_P(LosslessTest, RefusesAnEncodingOfAnotherLength) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transforms, LosslessTest, ::testing::Values(kRawTransform, kShuffleZstdTransform),
-                         [](const auto& info) { return std::string(info.param == kRawTransform ? "raw" : "shuffle_zstd"); });
+                         [](const auto& info) {
+                           return std::string(info.param == kRawTransform ? "raw" : "shuffle_zstd");
+                         });
 
 TEST(ShuffleTest, EveryImplementationGroupsBytesBySignificance) {
   using codecs::ShuffleIsa;
@@ -100,7 +102,8 @@ TEST(ShuffleTest, EveryImplementationGroupsBytesBySignificance) {
       codecs::ShuffleBytes4With(isa, in.data(), n, shuffled.data());
       for (std::size_t i = 0; i < n; ++i) {
         for (std::size_t b = 0; b < 4; ++b) {
-          ASSERT_EQ(shuffled[b * n + i], in[4 * i + b]) << static_cast<int>(isa) << " n=" << n << " " << i << " " << b;
+          ASSERT_EQ(shuffled[b * n + i], in[4 * i + b])
+              << static_cast<int>(isa) << " n=" << n << " " << i << " " << b;
         }
       }
       codecs::UnshuffleBytes4With(isa, shuffled.data(), n, back.data());
@@ -217,7 +220,8 @@ TEST(Q8Test, StaysWithinTheStatedBound) {
   for (int e : {-149, -140, -130, -126, -100, -20, -1, 0, 3, 30, 100, 127}) {
     for (int i = 0; i < 32 * 40; ++i) v.push_back(std::ldexp(r.Uniform(), e));
   }
-  for (int i = 0; i < 32; ++i) v.push_back(i % 2 ? std::numeric_limits<float>::max() : -std::numeric_limits<float>::max());
+  for (int i = 0; i < 32; ++i)
+    v.push_back(i % 2 ? std::numeric_limits<float>::max() : -std::numeric_limits<float>::max());
   for (float x : SmoothPlane(6, 0, 37, 77)) v.push_back(x);  // a short last block
   std::string enc;
   ASSERT_TRUE(t.Encode(v, 0, &enc).ok());

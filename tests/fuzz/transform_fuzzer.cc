@@ -33,6 +33,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<float> back(n);
   PC_FUZZ_CHECK(t->Decode(AsBytes(again), back).ok());
   if (!t->lossy()) PC_FUZZ_CHECK(n == 0 || std::memcmp(values.data(), back.data(), n * sizeof(float)) == 0);
-  if (t->id() == kRawTransform) PC_FUZZ_CHECK(again.size() == encoded.size() && std::memcmp(again.data(), encoded.data(), again.size()) == 0);
+  if (t->id() == kRawTransform)
+    PC_FUZZ_CHECK(again.size() == encoded.size() &&
+                  std::memcmp(again.data(), encoded.data(), again.size()) == 0);
   return 0;
 }

@@ -57,7 +57,8 @@ double Seconds(const std::function<void()>& fn) {
 // baseline, so both see the same machine (this host is shared): returns
 // {fn, baseline} best seconds. Both are warmed up first (pages faulted in,
 // per-thread contexts made).
-std::pair<double, double> BestAgainst(int reps, const std::function<void()>& fn, const std::function<void()>& baseline) {
+std::pair<double, double> BestAgainst(int reps, const std::function<void()>& fn,
+                                      const std::function<void()>& baseline) {
   fn();
   baseline();
   double best = 1e30, best_base = 1e30;
@@ -68,7 +69,9 @@ std::pair<double, double> BestAgainst(int reps, const std::function<void()>& fn,
   return {best, best_base};
 }
 
-double Gbps(std::uint64_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
+double Gbps(std::uint64_t bytes, double seconds) {
+  return static_cast<double>(bytes) / seconds / 1e9;
+}
 
 struct Case {
   std::string kind;
@@ -101,13 +104,16 @@ struct Row {
 };
 
 void Print(const std::vector<Row>& rows) {
-  std::printf("| kind | what | transform | raw MiB | ratio | encode GB/s | decode GB/s | memcpy GB/s | enc/memcpy | dec/memcpy |\n");
+  std::printf(
+      "| kind | what | transform | raw MiB | ratio | encode GB/s | decode GB/s | memcpy GB/s | enc/memcpy | "
+      "dec/memcpy |\n");
   std::printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows) {
-    std::printf("| %s | %s | %.2f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.what.c_str(), r.transform.c_str(),
-                static_cast<double>(r.raw_bytes) / (1 << 20),
-                static_cast<double>(r.raw_bytes) / static_cast<double>(std::max<std::uint64_t>(r.encoded_bytes, 1)),
-                r.enc, r.dec, r.memcpy, r.enc / r.memcpy, r.dec / r.memcpy);
+    std::printf(
+        "| %s | %s | %.2f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.what.c_str(), r.transform.c_str(),
+        static_cast<double>(r.raw_bytes) / (1 << 20),
+        static_cast<double>(r.raw_bytes) / static_cast<double>(std::max<std::uint64_t>(r.encoded_bytes, 1)),
+        r.enc, r.dec, r.memcpy, r.enc / r.memcpy, r.dec / r.memcpy);
   }
 }
 
@@ -129,8 +135,8 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, EncodeOptions>> variants;
   for (auto [name, spec] : std::vector<std::pair<std::string, TransformSpec>>{
            {"raw/v1", {"raw/v1", 0}},
-      {"shuffle-zstd/v1 L" + std::to_string(level), {"shuffle-zstd/v1", level}},
-      {"shuffle-zstd/v1 L" + std::to_string(level + 2), {"shuffle-zstd/v1", level + 2}}}) {
+           {"shuffle-zstd/v1 L" + std::to_string(level), {"shuffle-zstd/v1", level}},
+           {"shuffle-zstd/v1 L" + std::to_string(level + 2), {"shuffle-zstd/v1", level + 2}}}) {
     EncodeOptions o;
     o.all_planes = spec;
     o.target_chunk_bytes = chunk_bytes;
@@ -156,7 +162,8 @@ int main(int argc, char** argv) {
     }
     // The baseline: memcpy of the same bytes, source planes into destination planes.
     const std::function<void()> copy = [&] {
-      for (std::size_t p = 0; p < src.size(); ++p) std::memcpy(dst[p].data(), src[p].data(), src[p].size_bytes());
+      for (std::size_t p = 0; p < src.size(); ++p)
+        std::memcpy(dst[p].data(), src[p].data(), src[p].size_bytes());
     };
 
     for (const auto& variant : variants) {
@@ -164,19 +171,22 @@ int main(int argc, char** argv) {
       const EncodeOptions& options = variant.second;  // a plain reference: clang 14 cannot capture bindings
       if (!options.plane_transforms.empty() && c.kind != "mla-latent") continue;
       EncodedLayer enc;
-      const auto [enc_s, copy_enc_s] = BestAgainst(reps, [&] { enc = *EncodeLayer(c.layer, options); }, copy);
+      const auto [enc_s, copy_enc_s] = BestAgainst(
+          reps, [&] { enc = *EncodeLayer(c.layer, options); }, copy);
       std::uint64_t encoded = 0;
       for (const auto& ch : enc.chunks) encoded += ch.size();
       LayerDecoder decoder = *LayerDecoder::Create(enc.header);
       std::vector<std::span<float>> spans(dst.begin(), dst.end());
       Status st;
-      const auto [dec_s, copy_dec_s] = BestAgainst(reps, [&] { st = decoder.DecodeInto(enc.chunks, spans); }, copy);
+      const auto [dec_s, copy_dec_s] = BestAgainst(
+          reps, [&] { st = decoder.DecodeInto(enc.chunks, spans); }, copy);
       const double memcpy_s = std::min(copy_enc_s, copy_dec_s);
       if (!st.ok()) {
         std::fprintf(stderr, "%s\n", st.ToString().c_str());
         return 1;
       }
-      rows.push_back({c.kind + " | layer", name, raw, encoded, Gbps(raw, enc_s), Gbps(raw, dec_s), Gbps(raw, memcpy_s)});
+      rows.push_back(
+          {c.kind + " | layer", name, raw, encoded, Gbps(raw, enc_s), Gbps(raw, dec_s), Gbps(raw, memcpy_s)});
     }
 
     // The transforms' own passes over the same chunks, reading the source
@@ -191,30 +201,43 @@ int main(int argc, char** argv) {
                           std::span<float>(dst[loc.plane]).subspan(loc.value_offset, loc.value_count));
     }
     const Transform* rawt = *reg.FindTransform(kRawTransform);
-    const auto [raw_pass, copy_raw] = BestAgainst(reps, [&] {
-      for (auto& [in, out] : chunks) (void)rawt->Decode(std::as_bytes(in), out);
-    }, copy);
-    rows.push_back({c.kind + " | pass", "raw (checked copy)", raw, raw, Gbps(raw, raw_pass), Gbps(raw, raw_pass),
-                    Gbps(raw, copy_raw)});
-    const auto [sh, copy_sh] = BestAgainst(reps, [&] {
-      for (auto& [in, out] : chunks) {
-        codecs::ShuffleBytes4(reinterpret_cast<const std::byte*>(in.data()), in.size(),
-                              reinterpret_cast<std::byte*>(out.data()));
-      }
-    }, copy);
-    const auto [unsh, copy_unsh] = BestAgainst(reps, [&] {
-      for (auto& [in, out] : chunks) {
-        codecs::UnshuffleBytes4(reinterpret_cast<const std::byte*>(in.data()), in.size(),
-                                reinterpret_cast<std::byte*>(out.data()));
-      }
-    }, copy);
+    const auto [raw_pass, copy_raw] = BestAgainst(
+        reps,
+        [&] {
+          for (auto& [in, out] : chunks) (void)rawt->Decode(std::as_bytes(in), out);
+        },
+        copy);
+    rows.push_back({c.kind + " | pass", "raw (checked copy)", raw, raw, Gbps(raw, raw_pass),
+                    Gbps(raw, raw_pass), Gbps(raw, copy_raw)});
+    const auto [sh, copy_sh] = BestAgainst(
+        reps,
+        [&] {
+          for (auto& [in, out] : chunks) {
+            codecs::ShuffleBytes4(reinterpret_cast<const std::byte*>(in.data()), in.size(),
+                                  reinterpret_cast<std::byte*>(out.data()));
+          }
+        },
+        copy);
+    const auto [unsh, copy_unsh] = BestAgainst(
+        reps,
+        [&] {
+          for (auto& [in, out] : chunks) {
+            codecs::UnshuffleBytes4(reinterpret_cast<const std::byte*>(in.data()), in.size(),
+                                    reinterpret_cast<std::byte*>(out.data()));
+          }
+        },
+        copy);
     rows.push_back({c.kind + " | pass", "byte shuffle / unshuffle", raw, raw, Gbps(raw, sh), Gbps(raw, unsh),
                     Gbps(raw, std::min(copy_sh, copy_unsh))});
     std::uint64_t sink = 0;
-    const auto [xxh, copy_xxh] = BestAgainst(reps, [&] {
-      for (auto& [in, out] : chunks) sink += Checksum64(std::as_bytes(in));
-    }, copy);
-    rows.push_back({c.kind + " | pass", "xxh3-64 (read only)", raw, raw, Gbps(raw, xxh), Gbps(raw, xxh), Gbps(raw, copy_xxh)});
+    const auto [xxh, copy_xxh] = BestAgainst(
+        reps,
+        [&] {
+          for (auto& [in, out] : chunks) sink += Checksum64(std::as_bytes(in));
+        },
+        copy);
+    rows.push_back({c.kind + " | pass", "xxh3-64 (read only)", raw, raw, Gbps(raw, xxh), Gbps(raw, xxh),
+                    Gbps(raw, copy_xxh)});
     if (sink == 42) std::printf(" ");
   }
   Print(rows);
