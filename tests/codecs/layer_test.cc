@@ -1,7 +1,9 @@
 // Encoding and decoding whole layers: every kind x transform round trip,
 // decoding into caller memory and chunk by chunk, the chunking rules, and the
 // dedup property the statestore builds on.
+#include <atomic>
 #include <cmath>
+#include <thread>
 
 #include "codec_test_util.h"
 
@@ -275,6 +277,44 @@ TEST(DecodeIntoTest, WritesStraightIntoCallerMemory) {
   std::fill(staging.begin(), staging.end(), 0.0f);
   ASSERT_TRUE(DecodeLayerInto(*enc, spans).ok());
   EXPECT_TRUE(BitEqual(l.latent_rows, std::vector<float>(spans[0].begin(), spans[0].end())));
+}
+
+// LayerDecoder is immutable and each chunk writes only its rows: chunks of one
+// layer decode from several threads at once into one plane (and encoding runs
+// concurrently too: per-thread scratch only).
+TEST(DecodeIntoTest, ChunksDecodeConcurrentlyIntoOnePlane) {
+  LatentPlaneSnapshot l = MakeLatent(4000, 24, 8, 4, 16);
+  EncodeOptions o;
+  o.target_chunk_bytes = 4096;
+  std::vector<Result<EncodedLayer>> encoded(4, Status::Internal("not run"));
+  std::vector<std::thread> encoders;
+  for (int t = 0; t < 4; ++t) encoders.emplace_back([&, t] { encoded[t] = EncodeLayer(l, o); });
+  for (auto& th : encoders) th.join();
+  for (const auto& e : encoded) {
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->chunks, encoded[0]->chunks);
+  }
+  auto decoder = LayerDecoder::Create(encoded[0]->header);
+  ASSERT_TRUE(decoder.ok());
+  std::vector<std::vector<float>> planes;
+  for (const auto& p : decoder->planes()) planes.emplace_back(p.values());
+  std::atomic<std::size_t> next{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 4; ++t) {
+    workers.emplace_back([&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < decoder->chunk_count();) {
+        if (!decoder->DecodeChunk(i, AsBytes(encoded[0]->chunks[i]), planes[decoder->chunk(i).plane]).ok()) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& th : workers) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_TRUE(BitEqual(l.latent_rows, planes[0]));
+  EXPECT_TRUE(BitEqual(l.index_tail_rows, planes[1]));
+  EXPECT_TRUE(BitEqual(l.pool_keys, planes[2]));
 }
 
 TEST(DecodeIntoTest, RefusesDestinationsOfTheWrongSize) {
