@@ -40,7 +40,7 @@ inline std::shared_ptr<Device> MakeDevice(DeviceKind kind) {
 // Device memory holding a copy of a host vector.
 class DeviceVec {
  public:
-  DeviceVec(Device* dev, const std::vector<float>& host) : dev_(dev), n_(host.size()) {
+  DeviceVec(Device* dev, const std::vector<float>& host) : n_(host.size()) {
     auto m = dev->Allocate(host.size() * sizeof(float));
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     if (!m.ok()) return;
@@ -51,7 +51,6 @@ class DeviceVec {
   std::size_t size() const { return n_; }
 
  private:
-  Device* dev_;
   std::size_t n_;
   Memory mem_;
 };
