@@ -1,6 +1,8 @@
 // Capture: the full snapshot, the eager half through a snapshot slot, and the
 // deferred half that joins it at the captured boundary.
 #include <limits>
+#include <memory>
+#include <vector>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -13,6 +15,14 @@ namespace primecache::engine {
 namespace {
 
 std::string N(std::uint64_t v) { return std::to_string(v); }
+
+// Registers a capture's watch with a layer, dropping the watches of captures
+// that are gone (a session that is captured often and never rewinds would
+// otherwise collect them).
+void AddWatch(std::vector<std::weak_ptr<RewindWatch>>* watches, const std::shared_ptr<RewindWatch>& w) {
+  std::erase_if(*watches, [](const std::weak_ptr<RewindWatch>& x) { return x.expired(); });
+  watches->push_back(w);
+}
 
 Status LayerRefusal(std::size_t i, const std::string& why) {
   return Status::FailedPrecondition("layer " + N(i) + ": " + why);
@@ -143,7 +153,7 @@ Result<PendingCapture> SessionCache::CaptureEager() {
                                 e.index_ring_rows, first, tail};
         PC_RETURN_IF_ERROR(dev.GatherRows(g, Lane::kCompute));
       }
-      l->watches_.push_back(watch);
+      AddWatch(&l->watches_, watch);
       half.layers.emplace_back(std::move(e));
     } else if (RecurrentLayer* r = recurrent(i)) {
       const RecurrentPlan& p = r->plan_;
@@ -154,7 +164,7 @@ Result<PendingCapture> SessionCache::CaptureEager() {
       half.layers.emplace_back(RecurrentSnapshot{p.heads, p.head_dim, p.kernel, {}, {}});
     } else {
       KvLayer* kv = this->kv(i);
-      kv->watches_.push_back(watch);
+      AddWatch(&kv->watches_, watch);
       half.layers.emplace_back(EagerKv{kv->len_, kv->plan_.k_width, kv->plan_.v_width});
     }
   }
