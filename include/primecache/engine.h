@@ -19,7 +19,9 @@
 //  - KvLayer: plain K and V rows with len and its mirror.
 //
 // Pointers the layers take and return are device pointers of the engine's
-// device (host pointers on the CPU backend). A SessionCache and its layers are
+// device (host pointers on the CPU backend). The layers' work runs in order on
+// the device's compute lane: inputs handed to an append or a step must stay
+// valid until the lane has passed the call. A SessionCache and its layers are
 // used by one thread at a time; different sessions may be used concurrently
 // only on the CPU backend.
 #pragma once

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +19,11 @@
 #include "engine/device.h"
 #include "kernels/pool_keys.h"
 #include "primecache/engine.h"
+
+namespace primecache::engine {
+// Test names read "cpu" / "cuda" rather than raw bytes.
+inline void PrintTo(DeviceKind kind, std::ostream* os) { *os << DeviceKindName(kind); }
+}  // namespace primecache::engine
 
 namespace primecache::engine::testing {
 

@@ -42,6 +42,8 @@ double ExpectMatchesAcrossBackends(const std::vector<LayerSnapshot>& gpu, const 
   return worst;
 }
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class CudaVsCpuTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaVsCpuTest, SameTokensSameStateAndSnapshotsCrossBackends) {

@@ -23,6 +23,11 @@ struct RowCase {
   std::size_t width, index_width, ring, first, count;
 };
 
+void PrintTo(const RowCase& g, std::ostream* os) {
+  *os << "width " << g.width << ", index width " << g.index_width << ", ring " << g.ring << ", rows [" << g.first
+      << ", " << g.first + g.count << ")";
+}
+
 class RowKernelsGpuTest : public ::testing::TestWithParam<RowCase> {};
 
 TEST_P(RowKernelsGpuTest, AppendGatherScatterMatchTheCpuTwinsExactly) {
