@@ -384,7 +384,8 @@ class Engine {
   // Preflight(request, device free bytes), then allocation of every session
   // arena and snapshot slot through the same reserve plan. ResourceExhausted
   // with the preflight's reason when it does not fit.
-  static Result<std::unique_ptr<Engine>> Create(std::shared_ptr<Device> device, const ReserveRequest& request);
+  static Result<std::unique_ptr<Engine>> Create(std::shared_ptr<Device> device,
+                                                const ReserveRequest& request);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -36,8 +36,10 @@ struct Geometry {
 };
 
 std::vector<Geometry> Geometries() {
-  const StatePlan hybrid{{LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
-  const StatePlan pool2{{LatentPlan{16, 8, 8, 2}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
+  const StatePlan hybrid{
+      {LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
+  const StatePlan pool2{
+      {LatentPlan{16, 8, 8, 2}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
   return {
       {hybrid, 128, 8},
       {hybrid, 128, 0},
@@ -218,8 +220,8 @@ bool SameLayer(const LayerSnapshot& a, const LayerSnapshot& b) {
   if (a.index() != b.index()) return false;
   if (const auto* x = std::get_if<LatentPlaneSnapshot>(&a)) {
     const auto& y = std::get<LatentPlaneSnapshot>(b);
-    return x->shape().len == y.len && x->width == y.width && x->index_width == y.index_width && x->pool == y.pool &&
-           x->pools_ready == y.pools_ready && eq(x->latent_rows, y.latent_rows) &&
+    return x->shape().len == y.len && x->width == y.width && x->index_width == y.index_width &&
+           x->pool == y.pool && x->pools_ready == y.pools_ready && eq(x->latent_rows, y.latent_rows) &&
            eq(x->index_tail_rows, y.index_tail_rows) && eq(x->pool_keys, y.pool_keys);
   }
   if (const auto* r = std::get_if<RecurrentSnapshot>(&a)) {

@@ -34,20 +34,24 @@ using namespace primecache::engine;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
-double GiB(double bytes) { return bytes / double(1ull << 30); }
+double GiB(double bytes) {
+  return bytes / double(1ull << 30);
+}
 
-#define BENCH_OK(expr)                                                                    \
-  do {                                                                                    \
-    ::primecache::Status st_ = (expr);                                                    \
-    if (!st_.ok()) {                                                                      \
-      std::fprintf(stderr, "engine-bench: %s: %s\n", #expr, st_.ToString().c_str());      \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define BENCH_OK(expr)                                                               \
+  do {                                                                               \
+    ::primecache::Status st_ = (expr);                                               \
+    if (!st_.ok()) {                                                                 \
+      std::fprintf(stderr, "engine-bench: %s: %s\n", #expr, st_.ToString().c_str()); \
+      std::exit(1);                                                                  \
+    }                                                                                \
   } while (0)
 
 template <typename T>
@@ -96,8 +100,8 @@ struct Primer {
       for (std::size_t i = 0; i < s.layer_count(); ++i) {
         if (LatentLayer* l = s.latent(i)) {
           IndexerInputs ix{l->plan().pool, static_cast<const float*>(ape.data())};
-          BENCH_OK(l->Append(static_cast<const float*>(latent.data()), static_cast<const float*>(index.data()), t,
-                             &ix));
+          BENCH_OK(l->Append(static_cast<const float*>(latent.data()),
+                             static_cast<const float*>(index.data()), t, &ix));
         } else if (RecurrentLayer* r = s.recurrent(i)) {
           BENCH_OK(dev.CopyOnDevice(r->next_state(), state.data(), state.bytes(), Lane::kCompute));
           BENCH_OK(r->Step(static_cast<const float*>(conv.data()), r->plan().kernel - 1));
@@ -140,7 +144,8 @@ bool SameSnapshot(const std::vector<LayerSnapshot>& a, const std::vector<LayerSn
       }
     } else if (const auto* r = std::get_if<RecurrentSnapshot>(&a[i])) {
       const auto& q = std::get<RecurrentSnapshot>(b[i]);
-      if (!(r->shape() == q.shape()) || !Same(r->conv_ring, q.conv_ring) || !Same(r->state, q.state)) return false;
+      if (!(r->shape() == q.shape()) || !Same(r->conv_ring, q.conv_ring) || !Same(r->state, q.state))
+        return false;
     }
   }
   return true;
@@ -202,7 +207,8 @@ int main(int argc, char** argv) {
     std::printf("engine-bench: no CUDA device; nothing measured\n");
     return 0;
   }
-  auto device = cpu ? NewCpuDevice({.memory_bytes = 64ull << 30}) : Must(NewCudaDevice({}), "open CUDA device");
+  auto device =
+      cpu ? NewCpuDevice({.memory_bytes = 64ull << 30}) : Must(NewCudaDevice({}), "open CUDA device");
   Device& dev = *device;
 
   // kda, kda, kda, mla, ... with the MLA layers spread evenly, an MLA layer last.
@@ -217,11 +223,12 @@ int main(int argc, char** argv) {
   const std::uint64_t max_ctx = tokens.back() + 1;
   const ReserveRequest req{plan, max_ctx, 2, 2, ring};
   auto engine = Must(Engine::Create(device, req), "engine");
-  std::printf("engine-bench: %s; %u MLA layers (row %u f32, indexer %u, pool %u, ring %llu booked) + %u KDA layers "
-              "(%ux%u, kernel %u); reserve %s\n",
-              dev.name().c_str(), mla_layers, mla.width(), mla.index_head_dim, mla.pool,
-              static_cast<unsigned long long>(ring), kda_layers, kda.heads, kda.head_dim, kda.kernel,
-              engine->reserve().Summary().c_str());
+  std::printf(
+      "engine-bench: %s; %u MLA layers (row %u f32, indexer %u, pool %u, ring %llu booked) + %u KDA layers "
+      "(%ux%u, kernel %u); reserve %s\n",
+      dev.name().c_str(), mla_layers, mla.width(), mla.index_head_dim, mla.pool,
+      static_cast<unsigned long long>(ring), kda_layers, kda.heads, kda.head_dim, kda.kernel,
+      engine->reserve().Summary().c_str());
 
   std::mt19937 rng(1234);
   Primer primer(dev, plan, chunk, rng);
@@ -272,15 +279,17 @@ int main(int argc, char** argv) {
     }
     const double eager_med = Median(eager_s);
     const double ratio = eager_med / full_med;
-    std::printf("engine-bench: [%llu tokens] primed in %.2f s; full snapshot %.3f GiB in %.1f ms (median of %u, "
-                "%.1f GB/s)\n",
-                static_cast<unsigned long long>(len), prime_s, GiB(full_bytes), full_med * 1e3, full_reps,
-                full_bytes / full_med / 1e9);
+    std::printf(
+        "engine-bench: [%llu tokens] primed in %.2f s; full snapshot %.3f GiB in %.1f ms (median of %u, "
+        "%.1f GB/s)\n",
+        static_cast<unsigned long long>(len), prime_s, GiB(full_bytes), full_med * 1e3, full_reps,
+        full_bytes / full_med / 1e9);
     const bool eager_target = ti != 0 || ratio <= 0.05;
-    std::printf("engine-bench: [%llu tokens] eager half on the decode path %.1f us (median of %u), slot to pinned "
-                "host %.1f us more; eager / full = %.3f %%%s\n",
-                static_cast<unsigned long long>(len), eager_med * 1e6, eager_reps, Median(leg_s) * 1e6, ratio * 100,
-                ti == 0 ? (eager_target ? " (target <= 5 %: PASS)" : " (target <= 5 %: FAIL)") : "");
+    std::printf(
+        "engine-bench: [%llu tokens] eager half on the decode path %.1f us (median of %u), slot to pinned "
+        "host %.1f us more; eager / full = %.3f %%%s\n",
+        static_cast<unsigned long long>(len), eager_med * 1e6, eager_reps, Median(leg_s) * 1e6, ratio * 100,
+        ti == 0 ? (eager_target ? " (target <= 5 %: PASS)" : " (target <= 5 %: FAIL)") : "");
     pass = pass && eager_target;
 
     // Restore from pinned host memory into fresh session caches.
@@ -295,7 +304,8 @@ int main(int argc, char** argv) {
       if (r == 0) {
         auto back = Must(target->CaptureFull(), "capture of the restored cache");
         if (!SameSnapshot(back, full)) {
-          std::printf("engine-bench: [%llu tokens] restored cache != source\n", static_cast<unsigned long long>(len));
+          std::printf("engine-bench: [%llu tokens] restored cache != source\n",
+                      static_cast<unsigned long long>(len));
           pass = false;
         }
       }
@@ -321,11 +331,13 @@ int main(int argc, char** argv) {
     const double restore_gbs = full_bytes / Median(restore_s) / 1e9;
     const double copy_gbs = full_bytes / Median(copy_s) / 1e9;
     const bool restore_target = restore_gbs >= 0.8 * copy_gbs;
-    std::printf("engine-bench: [%llu tokens] restore from pinned host %.3f GiB in %.1f ms = %.1f GB/s (median of %u); "
-                "%s %.1f GB/s; ratio %.2f (target >= 0.8: %s)\n",
-                static_cast<unsigned long long>(len), GiB(full_bytes), Median(restore_s) * 1e3, restore_gbs,
-                restore_reps, cpu ? "pinned memcpy" : "pinned cudaMemcpy H2D", copy_gbs, restore_gbs / copy_gbs,
-                restore_target ? "PASS" : "FAIL");
+    std::printf(
+        "engine-bench: [%llu tokens] restore from pinned host %.3f GiB in %.1f ms = %.1f GB/s (median of "
+        "%u); "
+        "%s %.1f GB/s; ratio %.2f (target >= 0.8: %s)\n",
+        static_cast<unsigned long long>(len), GiB(full_bytes), Median(restore_s) * 1e3, restore_gbs,
+        restore_reps, cpu ? "pinned memcpy" : "pinned cudaMemcpy H2D", copy_gbs, restore_gbs / copy_gbs,
+        restore_target ? "PASS" : "FAIL");
     pass = pass && restore_target;
   }
   std::printf("engine-bench: %s in %.1f s\n", pass ? "all targets met" : "TARGET MISSED OR MISMATCH",

@@ -22,7 +22,8 @@ struct Case {
 };
 
 // Like ExpectLayerEqual, but pool keys within the key tolerance.
-double ExpectMatchesAcrossBackends(const std::vector<LayerSnapshot>& gpu, const std::vector<LayerSnapshot>& cpu) {
+double ExpectMatchesAcrossBackends(const std::vector<LayerSnapshot>& gpu,
+                                   const std::vector<LayerSnapshot>& cpu) {
   double worst = 0;
   EXPECT_EQ(gpu.size(), cpu.size());
   for (std::size_t i = 0; i < gpu.size() && i < cpu.size(); ++i) {
@@ -42,7 +43,9 @@ double ExpectMatchesAcrossBackends(const std::vector<LayerSnapshot>& gpu, const 
   return worst;
 }
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class CudaVsCpuTest : public ::testing::TestWithParam<Case> {};
 
@@ -108,22 +111,33 @@ TEST_P(CudaVsCpuTest, SameTokensSameStateAndSnapshotsCrossBackends) {
   // Restored keys are copies of the GPU's own: the CPU cache that took the
   // CUDA boundary differs from the CPU source only within the key tolerance.
   worst = std::max(worst, ExpectMatchesAcrossBackends(h2->CaptureFull().value(), ref));
-  std::printf("[ cuda-vs-cpu ] %s: %zu calls, copies exact, pool keys max rel err %.3g\n", c.name, c.calls.size(),
-              worst);
+  std::printf("[ cuda-vs-cpu ] %s: %zu calls, copies exact, pool keys max rel err %.3g\n", c.name,
+              c.calls.size(), worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Geometries, CudaVsCpuTest,
     ::testing::Values(
-        Case{"tiny_ring8", StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, KvPlan{6, 10}}}, 512, 8,
+        Case{"tiny_ring8",
+             StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, KvPlan{6, 10}}},
+             512,
+             8,
              {1, 1, 2, 3, 4, 9, 40, 1, 100}},
-        Case{"tiny_flat", StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}}}, 512,
-             0, {7, 1, 33, 2}},
-        Case{"odd_pool3_ring10", StatePlan{{LatentPlan{5, 3, 7, 3}, RecurrentPlan{3, 5, 2}}}, 600, 10,
+        Case{"tiny_flat",
+             StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}}},
+             512,
+             0,
+             {7, 1, 33, 2}},
+        Case{"odd_pool3_ring10",
+             StatePlan{{LatentPlan{5, 3, 7, 3}, RecurrentPlan{3, 5, 2}}},
+             600,
+             10,
              {1, 2, 9, 10, 11, 97}},
         Case{"glm5_class_ring256",
-             StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentPlan{64, 128, 4}, LatentPlan{512, 64, 128, 4}}}, 8192,
-             256, {1000, 1, 1, 3, 300}}),
+             StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentPlan{64, 128, 4}, LatentPlan{512, 64, 128, 4}}},
+             8192,
+             256,
+             {1000, 1, 1, 3, 300}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
