@@ -35,6 +35,11 @@ class Layout {
     end_ = next / kReserveAlignment * kReserveAlignment;
     return s;
   }
+  std::uint64_t RoundUp(std::uint64_t v, std::uint64_t to) {
+    std::uint64_t r = 0;
+    if (__builtin_add_overflow(v, to - 1, &r)) overflow_ = true;
+    return r / to * to;
+  }
   std::uint64_t end() const { return end_; }
   bool overflow() const { return overflow_; }
 
@@ -155,12 +160,13 @@ Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
         req.plan.layers[i]);
   }
   if (!problems.empty()) return Status::InvalidArgument("reserve: " + problems);
-  p.session_bytes = arena.end();
-  p.slot_bytes = slot.end();
   Layout total;
+  p.session_bytes = total.RoundUp(arena.end(), kAllocationGranule);
+  p.slot_bytes = total.RoundUp(slot.end(), kAllocationGranule);
   const std::uint64_t sessions_bytes = total.Mul(p.session_bytes, req.sessions);
-  p.pinned_bytes = total.Mul(p.slot_bytes, req.snapshot_slots);
-  if (__builtin_add_overflow(sessions_bytes, p.pinned_bytes, &p.device_bytes) || arena.overflow() ||
+  const std::uint64_t slots_bytes = total.Mul(p.slot_bytes, req.snapshot_slots);
+  p.pinned_bytes = slots_bytes;
+  if (__builtin_add_overflow(sessions_bytes, slots_bytes, &p.device_bytes) || arena.overflow() ||
       slot.overflow() || total.overflow()) {
     return Status::InvalidArgument("reserve: sizes overflow 64 bits (max_ctx " + std::to_string(req.max_ctx) +
                                    ", sessions " + std::to_string(req.sessions) + ", slots " +

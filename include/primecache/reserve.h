@@ -9,7 +9,7 @@
 // buffers sit at the offsets below, each aligned to kReserveAlignment. Every
 // snapshot slot is one device block of slot_bytes (per-layer areas below) plus
 // a pinned host twin of the same size, through which the slot's content
-// leaves the device.
+// leaves the device. Both block sizes are rounded up to kAllocationGranule.
 //
 // All functions here are pure and thread-safe.
 #pragma once
@@ -25,6 +25,10 @@
 namespace primecache::engine {
 
 inline constexpr std::uint64_t kReserveAlignment = 256;
+// Every allocated block (a session arena, a slot) is a multiple of this, the
+// CUDA allocator's large-page granule, so that device_bytes bounds what the
+// allocations really take from the device.
+inline constexpr std::uint64_t kAllocationGranule = 2ull << 20;
 
 struct ReserveRequest {
   StatePlan plan;

@@ -12,6 +12,9 @@ namespace primecache::engine {
 namespace {
 
 constexpr std::uint64_t A = kReserveAlignment;
+std::uint64_t Block(std::uint64_t b) {
+  return (b + kAllocationGranule - 1) / kAllocationGranule * kAllocationGranule;
+}
 std::uint64_t Up(std::uint64_t b) {
   return (b + A - 1) / A * A;
 }
@@ -70,11 +73,11 @@ TEST(ReserveTest, SizesEveryBufferInClosedForm) {
   const std::uint64_t session = Up(1000 * 576 * 4) + A + Up(37 * 256 * 4) + Up(250 * 128 * 4) +
                                 Up(3 * 256 * 4) + Up(3 * 64 * 128 * 3 * 4) + 2 * Up(64 * 128 * 128 * 4) +
                                 Up(1000 * 512 * 4) + A + Up(1000 * 96 * 4) + Up(1000 * 80 * 4) + A;
-  EXPECT_EQ(p.session_bytes, session);
+  EXPECT_EQ(p.session_bytes, Block(session));
   const std::uint64_t slot = Up(3 * 256 * 4) + Up(3 * 64 * 128 * 3 * 4) + Up(64 * 128 * 128 * 4);
-  EXPECT_EQ(p.slot_bytes, slot);
-  EXPECT_EQ(p.device_bytes, 3 * session + 5 * slot);
-  EXPECT_EQ(p.pinned_bytes, 5 * slot);
+  EXPECT_EQ(p.slot_bytes, Block(slot));
+  EXPECT_EQ(p.device_bytes, 3 * Block(session) + 5 * Block(slot));
+  EXPECT_EQ(p.pinned_bytes, 5 * Block(slot));
   EXPECT_NE(p.Summary().find("3 sessions"), std::string::npos);
 
   // Flat: max_ctx index rows.
@@ -158,26 +161,35 @@ TEST(ReserveTest, RingLadderHalvesDownToOnePool) {
 
 TEST(ReserveTest, FitPicksTheDeepestRingThatFits) {
   ReserveRequest req{Hybrid(), 8192, 2, 1, 0};
-  auto ladder = RingFitLadder(req);
-  for (std::size_t i = 0; i < ladder.size(); ++i) {
+  const auto ladder = RingFitLadder(req);
+  std::vector<std::uint64_t> need;
+  for (std::uint64_t depth : ladder) {
     ReserveRequest r = req;
-    r.index_ring_rows = ladder[i];
-    const std::uint64_t need = PlanReserve(r).value().device_bytes;
-    auto exact = FitReserve(req, need, FitTarget::kRingRows);
-    ASSERT_TRUE(exact.ok()) << exact.status().ToString();
-    EXPECT_EQ(exact->request.index_ring_rows, ladder[i]) << "exactly enough for depth " << ladder[i];
-    EXPECT_EQ(exact->plan.device_bytes, need);
-    auto shy = FitReserve(req, need - 1, FitTarget::kRingRows);
-    if (i + 1 < ladder.size()) {
-      ASSERT_TRUE(shy.ok());
-      EXPECT_EQ(shy->request.index_ring_rows, ladder[i + 1]);
-    } else {
-      EXPECT_TRUE(shy.status().IsResourceExhausted());
-      EXPECT_NE(shy.status().message().find("no index ring depth fits"), std::string::npos);
+    r.index_ring_rows = depth;
+    need.push_back(PlanReserve(r).value().device_bytes);
+  }
+  ASSERT_GT(need.front(), need.back());
+  std::size_t distinct = 0;
+  for (std::size_t i = 0; i < ladder.size(); ++i) {
+    distinct += (i == 0 || need[i] != need[i - 1]) ? 1 : 0;
+    for (std::uint64_t free_bytes : {need[i], need[i] - 1}) {
+      // The deepest depth whose reserve fits.
+      std::size_t want = 0;
+      while (want < ladder.size() && need[want] > free_bytes) ++want;
+      auto fit = FitReserve(req, free_bytes, FitTarget::kRingRows);
+      if (want == ladder.size()) {
+        ASSERT_TRUE(fit.status().IsResourceExhausted());
+        EXPECT_NE(fit.status().message().find("no index ring depth fits"), std::string::npos);
+        continue;
+      }
+      ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+      EXPECT_EQ(fit->request.index_ring_rows, ladder[want]) << "free " << free_bytes;
+      EXPECT_EQ(fit->plan.device_bytes, need[want]);
+      EXPECT_LE(fit->plan.device_bytes, free_bytes);
     }
   }
-  EXPECT_TRUE(
-      FitReserve({Hybrid(), 0, 1, 0, 0}, 1ull << 40, FitTarget::kRingRows).status().IsInvalidArgument());
+  EXPECT_GE(distinct, 4u) << "the ladder steps must change the reserve";
+  EXPECT_TRUE(FitReserve({Hybrid(), 0, 1, 0, 0}, 1ull << 40, FitTarget::kRingRows).status().IsInvalidArgument());
 }
 
 TEST(ReserveTest, FitPicksTheMostSnapshotSlotsThatFit) {
