@@ -65,9 +65,10 @@ bool CudaDeviceAvailable();
 
 // ---- layers -----------------------------------------------------------------
 
-// The indexer inputs the state plan does not carry, passed by every append:
-// the pool (which must match the plan, and once resolved never changes) and
-// the layer's constant ape, a device pointer to [pool, index_head_dim] f32.
+// What the model's indexer passes with every append: the pool it runs with
+// (refused unless it equals the plan's; the layer resolves its pool from the
+// first append and never changes it) and the layer's constant ape, a device
+// pointer to [pool, index_head_dim] f32 (weights; not part of the state).
 struct IndexerInputs {
   std::uint32_t pool = 0;
   const float* ape = nullptr;

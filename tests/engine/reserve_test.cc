@@ -189,7 +189,8 @@ TEST(ReserveTest, FitPicksTheDeepestRingThatFits) {
     }
   }
   EXPECT_GE(distinct, 4u) << "the ladder steps must change the reserve";
-  EXPECT_TRUE(FitReserve({Hybrid(), 0, 1, 0, 0}, 1ull << 40, FitTarget::kRingRows).status().IsInvalidArgument());
+  EXPECT_TRUE(
+      FitReserve({Hybrid(), 0, 1, 0, 0}, 1ull << 40, FitTarget::kRingRows).status().IsInvalidArgument());
 }
 
 TEST(ReserveTest, FitPicksTheMostSnapshotSlotsThatFit) {
