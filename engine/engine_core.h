@@ -1,0 +1,52 @@
+// Engine-internal state shared by an Engine, its sessions and their pending
+// captures, so that none of them depends on the others' lifetimes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/device.h"
+#include "primecache/engine.h"
+#include "primecache/reserve.h"
+
+namespace primecache::engine {
+
+// Low-water marks of one eager capture: per cache layer, the lowest len any
+// rewind reached since the capture (UINT64_MAX: none). Layers that can rewind
+// (latent, KV) hold weak references and lower the marks in Truncate.
+struct RewindWatch {
+  std::vector<std::uint64_t> low;
+};
+
+struct EngineCore {
+  // Declared first so that it is destroyed last: every Memory below frees
+  // through it.
+  std::shared_ptr<Device> device;
+  ReservePlan plan;
+
+  std::mutex mu;  // guards the in-use flags and the id counter
+  std::vector<Memory> arenas;
+  std::vector<bool> arena_in_use;
+  std::vector<Memory> slots;         // device, slot_bytes each
+  std::vector<Memory> slot_staging;  // pinned twins
+  std::vector<bool> slot_in_use;
+  std::uint64_t next_session_id = 1;
+
+  // A free slot, marked in use; ResourceExhausted when none is free.
+  Result<std::uint32_t> AcquireSlot();
+  void ReleaseSlot(std::uint32_t slot);
+};
+
+// Engine-internal access to a session's arena (tests and the fuzz target
+// compare its bytes before and after a refused restore).
+struct SessionCacheAccess {
+  static const Memory& Arena(const SessionCache& s) { return s.core_->arenas[s.arena_]; }
+  static Device& DeviceOf(const SessionCache& s) { return *s.core_->device; }
+  static void Break(SessionCache& s, std::string why) { s.broken_ = std::move(why); }
+};
+
+}  // namespace primecache::engine
