@@ -15,6 +15,7 @@
 #include <rocksdb/file_system.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,8 @@ struct EnvFileSystemOptions {
   // When set and true, every mutating operation fails with no effect (a test
   // freezes the disk at a simulated power loss).
   std::shared_ptr<std::atomic<bool>> frozen;
+  // See TestHooks::freeze_countdown (requires frozen).
+  std::shared_ptr<std::atomic<std::int64_t>> freeze_countdown;
 };
 
 std::shared_ptr<rocksdb::FileSystem> NewEnvFileSystem(Env* env, EnvFileSystemOptions options);

@@ -184,6 +184,20 @@ rocksdb::WriteOptions Store::Impl::CommitWriteOptions() const {
   return wo;
 }
 
+Status Store::Impl::Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch, std::string_view what) {
+  return AfterWriteError(FromRocks(db->Write(wo, batch), what));
+}
+
+Status Store::Impl::AfterWriteError(const Status& s) {
+  if (s.ok() || (frozen && frozen->load())) return s;
+  if (s.code() == StatusCode::kIOError || s.code() == StatusCode::kResourceExhausted ||
+      s.code() == StatusCode::kCorruption) {
+    rocksdb::Status r = db->Resume();
+    if (!r.ok()) spdlog::warn("statestore {}: still in RocksDB's error state: {}", path, r.ToString());
+  }
+  return s;
+}
+
 Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->env = options.env != nullptr ? options.env : Env::Default();
@@ -227,6 +241,7 @@ Status Store::Impl::OpenDb() {
   EnvFileSystemOptions fso;
   fso.posix_locks = opts.env == nullptr || opts.env == Env::Default();
   fso.frozen = frozen;
+  if (opts.test_hooks != nullptr) fso.freeze_countdown = opts.test_hooks->freeze_countdown;
   fs = NewEnvFileSystem(env, fso);
   rocks_env = rocksdb::NewCompositeEnv(fs);
   block_cache = rocksdb::NewLRUCache(opts.block_cache_bytes);
@@ -400,7 +415,7 @@ Status Store::Impl::CollectLeftovers() {
   TEST_KILL_POINT("gc.before_write");
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  PC_RETURN_IF_ERROR(FromRocks(db->Write(wo, &b), "collect leftovers"));
+  PC_RETURN_IF_ERROR(Write(wo, &b, "collect leftovers"));
   if (dropped > 0) spdlog::info("statestore {}: collected {} chunks left by unfinished publishes", path, dropped);
   (void)kept;
   return Status::Ok();
@@ -572,7 +587,7 @@ Status Store::Impl::FlushTouches() {
     b.Put(cf_lru, AccessKey(id), EncodeAccess(a));
   }
   if (b.Count() == 0) return Status::Ok();
-  return FromRocks(db->Write(rocksdb::WriteOptions(), &b), "record recency");
+  return Write(rocksdb::WriteOptions(), &b, "record recency");
 }
 
 // ---- describe / list ---------------------------------------------------------------------
