@@ -278,6 +278,7 @@ void Store::Impl::AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128&
 }
 
 Status Store::Impl::FlushChunks() {
+  PC_RETURN_IF_ERROR(Broken());
   rocksdb::FlushOptions fo;
   fo.wait = true;
   fo.allow_write_stall = true;

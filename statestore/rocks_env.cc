@@ -3,7 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdarg>
+#include <algorithm>
 #include <cstdio>
+#include <rocksdb/system_clock.h>
 #include <map>
 #include <mutex>
 #include <set>
@@ -367,7 +369,29 @@ class SpdlogRocksLogger final : public rocksdb::Logger {
   }
 };
 
+class ShortSleepClock final : public rocksdb::SystemClockWrapper {
+ public:
+  explicit ShortSleepClock(const std::shared_ptr<rocksdb::SystemClock>& t) : rocksdb::SystemClockWrapper(t) {}
+  const char* Name() const override { return "PrimecacheShortSleepClock"; }
+  void SleepForMicroseconds(int micros) override { target_->SleepForMicroseconds(std::min(micros, 1000)); }
+};
+
+class ShortSleepEnv final : public rocksdb::EnvWrapper {
+ public:
+  explicit ShortSleepEnv(std::unique_ptr<rocksdb::Env> t) : rocksdb::EnvWrapper(std::move(t)) {
+    system_clock_ = std::make_shared<ShortSleepClock>(system_clock_);
+  }
+  const char* Name() const override { return "PrimecacheShortSleepEnv"; }
+  void SleepForMicroseconds(int micros) override { target()->SleepForMicroseconds(std::min(micros, 1000)); }
+};
+
 }  // namespace
+
+std::unique_ptr<rocksdb::Env> NewRocksEnv(const std::shared_ptr<rocksdb::FileSystem>& fs, bool short_sleeps) {
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  if (short_sleeps) env = std::make_unique<ShortSleepEnv>(std::move(env));
+  return env;
+}
 
 std::shared_ptr<rocksdb::FileSystem> NewEnvFileSystem(Env* env, EnvFileSystemOptions options) {
   return std::make_shared<EnvFileSystem>(env, std::move(options));

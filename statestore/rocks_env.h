@@ -36,6 +36,11 @@ struct EnvFileSystemOptions {
 
 std::shared_ptr<rocksdb::FileSystem> NewEnvFileSystem(Env* env, EnvFileSystemOptions options);
 
+// The rocksdb::Env RocksDB runs on: that file system, the default threads and
+// clock. short_sleeps (tests only) caps RocksDB's own back-off sleeps (a
+// second after each failed flush) at a millisecond.
+std::unique_ptr<rocksdb::Env> NewRocksEnv(const std::shared_ptr<rocksdb::FileSystem>& fs, bool short_sleeps);
+
 // A rocksdb::Logger that forwards to spdlog (RocksDB's INFO as debug).
 std::shared_ptr<rocksdb::Logger> NewSpdlogRocksLogger();
 

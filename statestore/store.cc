@@ -185,7 +185,13 @@ rocksdb::WriteOptions Store::Impl::CommitWriteOptions() const {
 }
 
 Status Store::Impl::Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch, std::string_view what) {
+  PC_RETURN_IF_ERROR(Broken());
   return AfterWriteError(FromRocks(db->Write(wo, batch), what));
+}
+
+Status Store::Impl::Broken() const {
+  std::lock_guard g(broken_mu);
+  return broken;
 }
 
 Status Store::Impl::AfterWriteError(const Status& s) {
@@ -193,7 +199,15 @@ Status Store::Impl::AfterWriteError(const Status& s) {
   if (s.code() == StatusCode::kIOError || s.code() == StatusCode::kResourceExhausted ||
       s.code() == StatusCode::kCorruption) {
     rocksdb::Status r = db->Resume();
-    if (!r.ok()) spdlog::warn("statestore {}: still in RocksDB's error state: {}", path, r.ToString());
+    if (!r.ok()) {
+      spdlog::error("statestore {}: RocksDB stays in its error state ({}); writes are refused until the store is "
+                    "reopened",
+                    path, r.ToString());
+      std::lock_guard g(broken_mu);
+      if (broken.ok()) {
+        broken = Status::Unavailable("the store must be reopened after a failed write (" + s.ToString() + ")");
+      }
+    }
   }
   return s;
 }
@@ -243,7 +257,7 @@ Status Store::Impl::OpenDb() {
   fso.frozen = frozen;
   if (opts.test_hooks != nullptr) fso.freeze_countdown = opts.test_hooks->freeze_countdown;
   fs = NewEnvFileSystem(env, fso);
-  rocks_env = rocksdb::NewCompositeEnv(fs);
+  rocks_env = NewRocksEnv(fs, opts.test_hooks != nullptr && opts.test_hooks->short_sleeps);
   block_cache = rocksdb::NewLRUCache(opts.block_cache_bytes);
 
   rocksdb::DBOptions dbo;
@@ -256,6 +270,7 @@ Status Store::Impl::OpenDb() {
   dbo.db_write_buffer_size = 512ull << 20;
   dbo.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
   dbo.avoid_flush_during_shutdown = true;
+  dbo.bgerror_resume_retry_interval = 20000;  // 20 ms between automatic recovery attempts
 
   // What is there already: a new directory, a primecache store, or not ours.
   std::vector<std::string> existing;
@@ -424,7 +439,7 @@ Status Store::Impl::CollectLeftovers() {
 Status Store::Impl::CloseDb() {
   if (db == nullptr) return Status::Ok();
   Status result;
-  if (!(frozen && frozen->load())) {
+  if (!(frozen && frozen->load()) && Broken().ok()) {
     std::lock_guard wl(write_mu);
     result = FlushTouches();
     if (result.ok()) {
@@ -435,7 +450,9 @@ Status Store::Impl::CloseDb() {
       if (!(c == counters)) {
         rocksdb::WriteOptions wo;
         wo.sync = true;
-        result = FromRocks(db->Put(wo, cf_meta, std::string(kMetaCountersKey), EncodeCounters(c)), "save counters");
+        rocksdb::WriteBatch b;
+        b.Put(cf_meta, std::string(kMetaCountersKey), EncodeCounters(c));
+        result = Write(wo, &b, "save counters");
       }
     }
   }

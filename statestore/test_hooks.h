@@ -22,6 +22,8 @@ struct TestHooks {
   // to zero sets freeze_io before it runs: a power loss at exactly that
   // operation. Start it at INT64_MAX to count a workload's operations.
   std::shared_ptr<std::atomic<std::int64_t>> freeze_countdown;
+  // Caps RocksDB's back-off sleeps (a second after every failed flush).
+  bool short_sleeps = false;
 };
 
 }  // namespace primecache::statestore_internal
