@@ -338,7 +338,10 @@ Status Store::Impl::OpenDb() {
 
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
   cfs.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
-  for (const auto& n : OurColumnFamilies()) cfs.emplace_back(n, CfOptions(n, params, opts, block_cache));
+  for (const auto& n : OurColumnFamilies()) {
+    cfs.emplace_back(n, CfOptions(n, params, opts, block_cache));
+    if (opts.test_hooks != nullptr && opts.test_hooks->no_compactions) cfs.back().options.disable_auto_compactions = true;
+  }
   PC_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(dbo, path, cfs, &handles, &db), "open RocksDB"));
   rocksdb::ColumnFamilyHandle** slots[] = {&cf_meta,     &cf_entries, &cf_manifests, &cf_tokens,   &cf_chunks,
                                           &cf_chunk_refs, &cf_index, &cf_lru,       &cf_quarantine};
@@ -772,9 +775,31 @@ Status Store::Delete(EntryId id) {
   PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_entries, IdKey(id), &v, &found));
   if (!found) return Status::NotFound("no entry " + std::to_string(id));
   if (!t.MarkDying(id)) return Status::Unavailable("entry " + std::to_string(id) + " is leased; retry later");
-  PC_ASSIGN_OR_RETURN(bool removed, t.RemoveEntry(id, std::nullopt));
-  if (!removed) return Status::NotFound("no entry " + std::to_string(id));
+  auto removed = t.RemoveEntry(id, std::nullopt);
+  if (!removed.ok() && removed.status().IsCorruption()) {
+    // Its records cannot be read: remove what is keyed by its id and rebuild
+    // what the remaining entries imply.
+    spdlog::error("statestore {}: deleting entry {}: {}", impl_->path, id, removed.status().ToString());
+    return impl_->ForceRemove(id);
+  }
+  PC_RETURN_IF_ERROR(removed.status());
+  if (!*removed) return Status::NotFound("no entry " + std::to_string(id));
   return t.Commit(impl_->CommitWriteOptions(), "delete.before_write", "delete.after_write");
+}
+
+Status Store::Impl::ForceRemove(EntryId id) {
+  Txn t(*this);
+  const std::string key = IdKey(id);
+  for (auto* cf : {cf_entries, cf_manifests, cf_tokens}) t.batch().Delete(cf, key);
+  std::string av;
+  bool found = false;
+  PC_RETURN_IF_ERROR(GetValue(cf_lru, AccessKey(id), &av, &found));
+  if (found) {
+    if (auto a = DecodeAccess(av); a.ok()) t.batch().Delete(cf_lru, AgeKey(a->tick, id));
+    t.batch().Delete(cf_lru, AccessKey(id));
+  }
+  PC_RETURN_IF_ERROR(t.Commit(CommitWriteOptions(), "delete.before_write", "delete.after_write"));
+  return RebuildDerived();
 }
 
 Status Store::SetByteBudget(std::uint64_t bytes) {
