@@ -95,8 +95,9 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
     }
     std::vector<rocksdb::PinnableSlice> values(top + 1);
     std::vector<rocksdb::Status> statuses(top + 1);
+    // Node keys sort by level, which is the order they were made in.
     s.db->MultiGet(rocksdb::ReadOptions(), s.cf_index, slices.size(), slices.data(), values.data(), statuses.data(),
-                   /*sorted_input=*/false);
+                   /*sorted_input=*/true);
     for (std::size_t a = top + 1; a-- > 0 && !hit;) {
       if (statuses[a].IsNotFound()) continue;
       PC_RETURN_IF_ERROR(FromRocks(statuses[a], "read index"));

@@ -231,7 +231,6 @@ class Txn {
   // Removes a live entry (references, index, records); false when it is not
   // there. With a reason, it goes to quarantine instead of away.
   Result<bool> RemoveEntry(EntryId id, const std::optional<std::string>& quarantine_reason);
-  bool Removed(EntryId id) const { return removed_.count(id) != 0; }
   // A quarantined entry's manifest was unreadable, so its references could
   // not be dropped one by one: the caller rebuilds them after the commit.
   bool needs_rebuild() const { return needs_rebuild_; }
@@ -261,7 +260,7 @@ class Txn {
   std::unordered_map<Hash128, RefState, Hash128Hasher> refs_;
   std::map<std::string, std::optional<std::string>> index_;
   std::vector<EntryId> dying_;
-  std::set<EntryId> removed_;
+  std::set<EntryId> removed_;  // removed in this batch, or not to be picked again by eviction
   std::vector<ScopeRecord> new_scopes_;
   std::vector<Hash128> deleting_;  // chunk bytes this batch deletes (marked in live_chunks)
   bool needs_rebuild_ = false;

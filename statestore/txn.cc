@@ -341,9 +341,15 @@ Status Txn::EvictToBudget(std::uint64_t budget, std::optional<EntryId> keep, std
                                        std::to_string(s_.StoredBytes(c_)) +
                                        " bytes needed and nothing left that may be evicted");
     }
-    if (!MarkDying(*victim)) continue;  // leased since the scan: try the next
+    if (!MarkDying(*victim)) {  // leased since the scan: try the next
+      removed_.insert(*victim);
+      continue;
+    }
     PC_ASSIGN_OR_RETURN(bool removed, RemoveEntry(*victim, std::nullopt));
-    if (!removed) continue;
+    if (!removed) {  // a recency record without its entry: never pick it again here
+      removed_.insert(*victim);
+      continue;
+    }
     ++c_.evictions;
     ++*evicted;
   }
