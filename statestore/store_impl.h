@@ -37,7 +37,9 @@ namespace primecache {
 namespace statestore_internal {
 
 struct Hash128Hasher {
-  std::size_t operator()(const Hash128& h) const { return static_cast<std::size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull)); }
+  std::size_t operator()(const Hash128& h) const {
+    return static_cast<std::size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull));
+  }
 };
 
 // A chunk pinned by at least one publish in flight (or being deleted).
@@ -63,7 +65,7 @@ struct Lease::Table {
 
   bool TryAcquire(EntryId id);  // false when the entry is being removed
   void Release(EntryId id);
-  bool MarkDying(EntryId id);   // false when leased
+  bool MarkDying(EntryId id);  // false when leased
   void ClearDying(EntryId id);
   bool Leased(EntryId id);
 };
@@ -174,7 +176,8 @@ struct Store::Impl {
   Result<bool> TokensMatch(EntryId id, std::span<const std::uint32_t> tokens, bool quarantine);
   // The entry stored under exactly this identity, if any.
   Result<std::optional<EntryId>> FindIdentity(std::uint64_t scope, std::span<const std::uint32_t> tokens,
-                                              const statestore_internal::BoundaryPlace& place, bool quarantine);
+                                              const statestore_internal::BoundaryPlace& place,
+                                              bool quarantine);
   // Reads one chunk's bytes into *out (pieces joined), checking the address.
   Status ReadChunk(const Hash128& h, std::uint64_t size, rocksdb::PinnableSlice* pinned, std::string* joined,
                    std::span<const std::byte>* out);
