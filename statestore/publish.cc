@@ -75,6 +75,17 @@ class PublisherImpl final : public Publisher {
       st.wrote = true;
       written_bytes_ += bytes.size();
       needs_flush_ |= direct;
+      if (direct) {
+        // Start writing what is staged to blob/SST files while the rest
+        // arrives; the commit then waits only for the tail.
+        unflushed_bytes_ += bytes.size();
+        if (unflushed_bytes_ >= s_.opts.flush_step_bytes) {
+          unflushed_bytes_ = 0;
+          Status fs = s_.StartFlush();
+          if (!fs.ok()) return Fail(fs.WithContext("stage chunk"));
+          TEST_KILL_POINT("publish.stage.flush_started");
+        }
+      }
     }
     return Status::Ok();
   }
@@ -138,6 +149,7 @@ class PublisherImpl final : public Publisher {
   std::uint64_t chunk_bytes_ = 0;
   std::uint64_t raw_bytes_ = 0;
   std::uint64_t written_bytes_ = 0;
+  std::uint64_t unflushed_bytes_ = 0;
   bool needs_flush_ = false;
 };
 
@@ -280,6 +292,14 @@ void Store::Impl::AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128&
     batch->Delete(cf_chunks, ChunkKey(h));
   }
   batch->Delete(cf_chunks, GcKey(h));
+}
+
+Status Store::Impl::StartFlush() {
+  PC_RETURN_IF_ERROR(Broken());
+  rocksdb::FlushOptions fo;
+  fo.wait = false;
+  fo.allow_write_stall = true;
+  return AfterWriteError(FromRocks(db->Flush(fo, cf_chunks), "flush staged chunks"));
 }
 
 Status Store::Impl::FlushChunks() {

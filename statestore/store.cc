@@ -59,7 +59,11 @@ rocksdb::ColumnFamilyOptions CfOptions(const std::string& name, const Params& pa
   bool bloom = true;
   if (name == kCfChunks) {
     cf.write_buffer_size = 64 << 20;
-    cf.max_write_buffer_number = 4;
+    // A big publish hands flushes over every 16 MiB (publish.cc): let them
+    // queue rather than stall the writer.
+    cf.max_write_buffer_number = 8;
+    cf.level0_slowdown_writes_trigger = 40;
+    cf.level0_stop_writes_trigger = 64;
     cf.target_file_size_base = 64 << 20;
     if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kBlobFiles)) {
       cf.enable_blob_files = true;
@@ -276,7 +280,8 @@ Status Store::Impl::OpenDb() {
   dbo.info_log = NewSpdlogRocksLogger();
   dbo.create_if_missing = opts.create_if_missing;
   dbo.create_missing_column_families = true;
-  dbo.max_background_jobs = 2;
+  dbo.max_background_jobs = 4;
+  dbo.delayed_write_rate = 1ull << 30;  // when RocksDB must slow writers, not to its 16 MiB/s default
   dbo.paranoid_checks = true;
   dbo.db_write_buffer_size = 512ull << 20;
   dbo.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;

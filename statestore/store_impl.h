@@ -196,7 +196,8 @@ struct Store::Impl {
   void AbortPublish(const std::vector<Hash128>& chunks);
   Status WriteChunkBytes(const Hash128& h, std::span<const std::byte> bytes, bool direct);
   void AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128& h, std::uint64_t size);
-  Status FlushChunks();
+  Status FlushChunks();  // waits until staged chunk bytes are in synced files
+  Status StartFlush();   // starts that in the background
 
   // ---- verify.cc
   Result<VerifyReport> Verify(bool read_chunks);

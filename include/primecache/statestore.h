@@ -270,6 +270,9 @@ struct StoreOptions {
   // A publish whose new chunk bytes reach this writes them past the WAL and
   // flushes them before its commit (each byte written once, not twice).
   std::uint64_t direct_write_bytes = 4ull << 20;
+  // Past the WAL, a flush of the staged bytes starts in the background after
+  // every this many bytes, so that writing files overlaps receiving chunks.
+  std::uint64_t flush_step_bytes = 16ull << 20;
   std::uint64_t block_cache_bytes = 256ull << 20;
   // false: commits are not synced (for building throwaway stores in benchmarks only).
   bool sync_commits = true;

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   StoreOptions o;
   o.path = argv[1];
   o.direct_write_bytes = crash_test::kDirectWriteBytes;
+  o.flush_step_bytes = crash_test::kFlushStepBytes;
   auto store = Store::Open(o);
   if (!store.ok()) {
     std::fprintf(stderr, "open: %s\n", store.status().ToString().c_str());

@@ -221,7 +221,7 @@ TEST(Crash, KilledAtEveryNamedPoint) {
   }
   // The points the workload must pass through.
   for (const char* must : {"publish.begin", "publish.stage.before_write", "publish.stage.after_write",
-                           "publish.commit.before_flush", "publish.commit.after_flush",
+                           "publish.stage.flush_started", "publish.commit.before_flush", "publish.commit.after_flush",
                            "publish.commit.before_write", "publish.commit.after_write", "delete.before_write",
                            "delete.after_write", "evict.before_write", "evict.after_write"}) {
     EXPECT_EQ(names.count(must), 1u) << must;

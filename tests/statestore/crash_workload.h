@@ -47,5 +47,6 @@ inline const std::vector<Step>& Workload() {
 }
 
 inline constexpr std::uint64_t kDirectWriteBytes = 16 << 10;
+inline constexpr std::uint64_t kFlushStepBytes = 24 << 10;  // background flushes during the big publish
 
 }  // namespace primecache::crash_test

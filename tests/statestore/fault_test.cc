@@ -217,7 +217,10 @@ class PowerLoss : public ::testing::TestWithParam<PowerCase> {};
 TEST_P(PowerLoss, AtEveryMutatingOperation) {
   const PowerCase& pc = GetParam();
   StoreOptions o;
-  if (pc.direct) o.direct_write_bytes = 0;
+  if (pc.direct) {
+    o.direct_write_bytes = 0;
+    o.flush_step_bytes = 32 << 10;  // and background flushes while staging
+  }
   // Runs the workload; true when it was acknowledged.
   auto run = [&](FaultStore& f) -> bool {
     switch (pc.work) {

@@ -167,6 +167,80 @@ struct Median {
   }
 };
 
+// Each timed write starts with nothing dirty in the page cache, so that one
+// measurement's writeback does not land on the next.
+void Quiesce() { ::sync(); }
+
+double TimeMemcpy(const std::vector<LayerBytes>& layers, std::vector<char>* dst) {
+  auto t0 = Clock::now();
+  std::size_t off = 0;
+  for (auto& l : layers) {
+    for (auto& c : l.chunks) {
+      std::memcpy(dst->data() + off, c.data(), c.size());
+      off += c.size();
+    }
+  }
+  return Seconds(t0);
+}
+
+// write + fsync of a new file (and its directory), then a read of it back.
+std::pair<double, double> TimePlainFile(const std::string& dir, const std::vector<LayerBytes>& layers,
+                                        std::vector<char>* dst) {
+  Env* env = Env::Default();
+  std::string path = dir + "/plain-file";
+  Quiesce();
+  auto t0 = Clock::now();
+  auto f = env->NewWritableFile(path);
+  Die(f.status(), "plain file");
+  for (auto& l : layers) {
+    for (auto& c : l.chunks) Die((*f)->Append(AsBytes(c)), "append");
+  }
+  Die((*f)->Sync(), "fsync");
+  Die((*f)->Close(), "close");
+  Die(env->SyncDir(dir), "sync dir");
+  double w = Seconds(t0);
+  auto t1 = Clock::now();
+  auto rf = env->NewRandomAccessFile(path);
+  Die(rf.status(), "open");
+  std::size_t got = 0;
+  Die((*rf)->Read(0, std::as_writable_bytes(std::span(*dst)), &got), "read");
+  double r = Seconds(t1);
+  Die(env->RemoveFile(path), "remove");
+  return {w, r};
+}
+
+// Plain RocksDB (default options): Put every chunk, then a synced write; Get
+// every chunk, copied into the buffer.
+std::pair<double, double> TimePlainRocks(rocksdb::DB* db, int rep, const std::vector<LayerBytes>& layers,
+                                         std::vector<char>* dst) {
+  Quiesce();
+  auto t0 = Clock::now();
+  std::size_t i = 0;
+  for (auto& l : layers) {
+    for (auto& c : l.chunks) {
+      std::string key = std::to_string(rep) + "/" + std::to_string(i++);
+      if (!db->Put(rocksdb::WriteOptions(), key, c).ok()) Die(Status::IOError("put"), "rocksdb");
+    }
+  }
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  if (!db->Put(sync, "done/" + std::to_string(rep), "").ok()) Die(Status::IOError("put"), "rocksdb");
+  double w = Seconds(t0);
+  auto t1 = Clock::now();
+  std::size_t off = 0;
+  rocksdb::PinnableSlice v;
+  for (std::size_t k = 0; k < i; ++k) {
+    v.Reset();
+    if (!db->Get(rocksdb::ReadOptions(), db->DefaultColumnFamily(), std::to_string(rep) + "/" + std::to_string(k), &v)
+             .ok()) {
+      Die(Status::IOError("get"), "rocksdb");
+    }
+    std::memcpy(dst->data() + off, v.data(), v.size());
+    off += v.size();
+  }
+  return {w, Seconds(t1)};
+}
+
 void Throughput(const std::string& dir, int mib, int reps) {
   Geometry g;
   g.index_head_dim = 0;
@@ -180,154 +254,85 @@ void Throughput(const std::string& dir, int mib, int reps) {
   const std::uint64_t bytes = ChunkBytes(entries[0]);
   std::size_t chunks = 0;
   for (auto& l : entries[0]) chunks += l.chunks.size();
-  std::printf("\n## throughput: one entry of %llu tokens, %zu layers, %zu chunks, %.1f MiB; median of %d\n\n",
-              static_cast<unsigned long long>(tokens), entries[0].size(), chunks,
-              static_cast<double>(bytes) / (1 << 20), reps);
-  std::printf("| what | GB/s |\n| --- | --- |\n");
+  std::printf(
+      "\n## throughput: one entry of %llu tokens, %zu layers, %zu chunks, %.1f MiB; medians of %d runs, each "
+      "store run next to a plain run\n\n",
+      static_cast<unsigned long long>(tokens), entries[0].size(), chunks, static_cast<double>(bytes) / (1 << 20),
+      reps);
   std::vector<char> dst(bytes);
 
-  // memcpy of the same chunks into one buffer.
-  {
-    Median m;
-    for (int r = 0; r < reps; ++r) {
-      auto t0 = Clock::now();
-      std::size_t off = 0;
-      for (auto& l : entries[r]) {
-        for (auto& c : l.chunks) {
-          std::memcpy(dst.data() + off, c.data(), c.size());
-          off += c.size();
-        }
-      }
-      m.Add(GBs(bytes, Seconds(t0)));
-    }
-    std::printf("| memcpy of the chunks into one buffer | %.2f |\n", m.Get());
-  }
-
-  // Plain file: write + fsync, then read back (page cached).
-  {
-    Median w, rd;
-    Env* env = Env::Default();
-    for (int r = 0; r < reps; ++r) {
-      std::string path = dir + "/plain-" + std::to_string(r);
-      auto t0 = Clock::now();
-      auto f = env->NewWritableFile(path);
-      Die(f.status(), "plain file");
-      for (auto& l : entries[r]) {
-        for (auto& c : l.chunks) Die((*f)->Append(AsBytes(c)), "append");
-      }
-      Die((*f)->Sync(), "fsync");
-      Die((*f)->Close(), "close");
-      Die(env->SyncDir(dir), "sync dir");
-      w.Add(GBs(bytes, Seconds(t0)));
-      auto t1 = Clock::now();
-      auto rf = env->NewRandomAccessFile(path);
-      Die(rf.status(), "open");
-      std::size_t got = 0;
-      Die((*rf)->Read(0, std::as_writable_bytes(std::span(dst)), &got), "read");
-      rd.Add(GBs(got, Seconds(t1)));
-      Die(env->RemoveFile(path), "remove");
-    }
-    std::printf("| plain file: write + fsync | %.2f |\n", w.Get());
-    std::printf("| plain file: read (page cache) | %.2f |\n", rd.Get());
-  }
-
-  // Plain RocksDB (default options): Put every chunk, a synced write at the
-  // end; Get every chunk, copied into the buffer.
-  {
-    Median w, rd;
-    rocksdb::Options o;
-    o.create_if_missing = true;
-    rocksdb::DB* db = nullptr;
-    std::string path = dir + "/plain-rocksdb";
-    if (!rocksdb::DB::Open(o, path, &db).ok()) Die(Status::IOError("open plain RocksDB"), "rocksdb");
-    for (int r = 0; r < reps; ++r) {
-      auto t0 = Clock::now();
-      std::size_t i = 0;
-      for (auto& l : entries[r]) {
-        for (auto& c : l.chunks) {
-          std::string key = std::to_string(r) + "/" + std::to_string(i++);
-          if (!db->Put(rocksdb::WriteOptions(), key, c).ok()) Die(Status::IOError("put"), "rocksdb");
-        }
-      }
-      rocksdb::WriteOptions sync;
-      sync.sync = true;
-      if (!db->Put(sync, "done/" + std::to_string(r), "").ok()) Die(Status::IOError("put"), "rocksdb");
-      w.Add(GBs(bytes, Seconds(t0)));
-      auto t1 = Clock::now();
-      std::size_t off = 0;
-      rocksdb::PinnableSlice v;
-      for (std::size_t k = 0; k < i; ++k) {
-        v.Reset();
-        if (!db->Get(rocksdb::ReadOptions(), db->DefaultColumnFamily(),
-                     std::to_string(r) + "/" + std::to_string(k), &v)
-                 .ok()) {
-          Die(Status::IOError("get"), "rocksdb");
-        }
-        std::memcpy(dst.data() + off, v.data(), v.size());
-        off += v.size();
-      }
-      rd.Add(GBs(bytes, Seconds(t1)));
-    }
-    delete db;
-    std::filesystem::remove_all(path);
-    std::printf("| plain RocksDB: Put each chunk + synced write | %.2f |\n", w.Get());
-    std::printf("| plain RocksDB: Get each chunk, copied | %.2f |\n", rd.Get());
-  }
-
-  // The store, per chunk layout and write path.
   struct Variant {
     const char* name;
     ChunkLayout layout;
     std::uint64_t direct;
   };
-  for (Variant v : {Variant{"blob files, past the WAL (default)", ChunkLayout::kBlobFiles, 4ull << 20},
-                    Variant{"blob files, all through the WAL", ChunkLayout::kBlobFiles, ~0ull},
-                    Variant{"64 KiB pieces in SSTs, past the WAL", ChunkLayout::kPieces, 4ull << 20},
-                    Variant{"64 KiB pieces in SSTs, all through the WAL", ChunkLayout::kPieces, ~0ull}}) {
+  const Variant variants[] = {{"blob files, past the WAL (default)", ChunkLayout::kBlobFiles, 4ull << 20},
+                              {"blob files, all through the WAL", ChunkLayout::kBlobFiles, ~0ull},
+                              {"64 KiB pieces in SSTs, past the WAL", ChunkLayout::kPieces, 4ull << 20},
+                              {"64 KiB pieces in SSTs, all through the WAL", ChunkLayout::kPieces, ~0ull}};
+  std::printf(
+      "| store variant | publish GB/s | file write+fsync GB/s | publish / file | RocksDB Put GB/s | fetch GB/s | "
+      "memcpy GB/s | fetch / memcpy | file read GB/s | RocksDB Get GB/s | fetch, no copy GB/s | disk MiB |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const Variant& v : variants) {
     std::string path = dir + "/store";
+    std::string rpath = dir + "/plain-rocksdb";
     std::filesystem::remove_all(path);
+    std::filesystem::remove_all(rpath);
     StoreOptions so;
     so.path = path;
     so.chunk_layout = v.layout;
     so.direct_write_bytes = v.direct;
     auto store = Store::Open(so);
     Die(store.status(), "open store");
-    Median pub, fetch, fetch_nocopy;
-    std::vector<EntryId> ids;
+    rocksdb::Options ro;
+    ro.create_if_missing = true;
+    rocksdb::DB* plain = nullptr;
+    if (!rocksdb::DB::Open(ro, rpath, &plain).ok()) Die(Status::IOError("open plain RocksDB"), "rocksdb");
+    Median pub, file_w, pub_ratio, put, fetch, copy, fetch_ratio, file_r, get, fetch_nocopy;
     for (int r = 0; r < reps; ++r) {
+      auto [fw, fr] = TimePlainFile(dir, entries[r], &dst);
+      auto [pw, pg] = TimePlainRocks(plain, r, entries[r], &dst);
+      Quiesce();
       auto t0 = Clock::now();
       auto p = (*store)->BeginPublish(Request(Tokens(tokens, 77 + r)));
       Die(p.status(), "begin");
       for (auto& l : entries[r]) Die((*p)->AddLayer(l), "layer");
       auto res = (*p)->Commit();
       Die(res.status(), "commit");
-      pub.Add(GBs(bytes, Seconds(t0)));
-      ids.push_back(res->id);
-    }
-    for (int r = 0; r < reps; ++r) {
+      double sp = Seconds(t0);
+      file_w.Add(GBs(bytes, fw));
+      file_r.Add(GBs(bytes, fr));
+      put.Add(GBs(bytes, pw));
+      get.Add(GBs(bytes, pg));
+      pub.Add(GBs(bytes, sp));
+      pub_ratio.Add(fw / sp);
+      // Fetch (the entry just written is in the page cache) next to memcpy.
+      double mc = TimeMemcpy(entries[r], &dst);
       CopySink sink(&dst);
-      auto t0 = Clock::now();
-      Die((*store)->Fetch(ids[r], {}, sink), "fetch");
-      fetch.Add(GBs(bytes, Seconds(t0)));
+      auto t1 = Clock::now();
+      Die((*store)->Fetch(res->id, {}, sink), "fetch");
+      double sf = Seconds(t1);
+      copy.Add(GBs(bytes, mc));
+      fetch.Add(GBs(bytes, sf));
+      fetch_ratio.Add(mc / sf);
       struct Null final : FetchSink {
         Status OnLayer(std::uint32_t, std::string_view, std::uint32_t) override { return Status::Ok(); }
-        Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte>) override {
-          return Status::Ok();
-        }
+        Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte>) override { return Status::Ok(); }
       } null;
-      auto t1 = Clock::now();
-      Die((*store)->Fetch(ids[r], {}, null), "fetch");
-      fetch_nocopy.Add(GBs(bytes, Seconds(t1)));
+      auto t2 = Clock::now();
+      Die((*store)->Fetch(res->id, {}, null), "fetch");
+      fetch_nocopy.Add(GBs(bytes, Seconds(t2)));
     }
     auto st = (*store)->Stat();
-    std::printf("| store publish, %s | %.2f |\n", v.name, pub.Get());
-    std::printf("| store fetch, copied, %s | %.2f |\n", v.name, fetch.Get());
-    std::printf("| store fetch, not copied, %s | %.2f |\n", v.name, fetch_nocopy.Get());
-    std::printf("| (disk after publishing: %.1f MiB for %.1f MiB stored) | |\n",
-                static_cast<double>(st->disk_bytes) / (1 << 20),
-                static_cast<double>(st->stored_bytes) / (1 << 20));
+    std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f |\n", v.name,
+                pub.Get(), file_w.Get(), pub_ratio.Get(), put.Get(), fetch.Get(), copy.Get(), fetch_ratio.Get(),
+                file_r.Get(), get.Get(), fetch_nocopy.Get(), static_cast<double>(st->disk_bytes) / (1 << 20));
+    std::fflush(stdout);
+    delete plain;
     store->reset();
     std::filesystem::remove_all(path);
+    std::filesystem::remove_all(rpath);
   }
 }
 
