@@ -89,23 +89,34 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
 
   std::optional<LookupHit> hit;
   if (auto scope = s.FindScope(model, ns)) {
-    // One probe per chain node of the query, deepest first once read.
-    std::vector<std::string> keys(top + 1);
-    std::vector<rocksdb::Slice> slices(top + 1);
-    for (std::size_t a = 0; a <= top; ++a) {
-      keys[a] = NodeKey(*scope, a, h[a]);
-      slices[a] = keys[a];
+    // The chain nodes of the query that exist (the in-memory filter rules
+    // out the others), read in one batch, then walked deepest first.
+    std::vector<std::size_t> levels;
+    {
+      std::shared_lock g(s.node_filter.mu);
+      for (std::size_t a = 0; a <= top; ++a) {
+        if (s.node_filter.MayContain(NodeFilter::Fingerprint(*scope, a, h[a]))) levels.push_back(a);
+      }
     }
-    std::vector<rocksdb::PinnableSlice> values(top + 1);
-    std::vector<rocksdb::Status> statuses(top + 1);
+    const std::size_t n = levels.size();
+    std::vector<std::string> keys(n);
+    std::vector<rocksdb::Slice> slices(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      keys[i] = NodeKey(*scope, levels[i], h[levels[i]]);
+      slices[i] = keys[i];
+    }
+    std::vector<rocksdb::PinnableSlice> values(n);
+    std::vector<rocksdb::Status> statuses(n);
     // Node keys sort by level, which is the order they were made in.
-    s.db->MultiGet(rocksdb::ReadOptions(), s.cf_index, slices.size(), slices.data(), values.data(),
-                   statuses.data(),
-                   /*sorted_input=*/true);
-    for (std::size_t a = top + 1; a-- > 0 && !hit;) {
-      if (statuses[a].IsNotFound()) continue;
-      PC_RETURN_IF_ERROR(FromRocks(statuses[a], "read index"));
-      auto slots = DecodeNode(values[a].ToStringView(), block);
+    if (n > 0) {
+      s.db->MultiGet(rocksdb::ReadOptions(), s.cf_index, n, slices.data(), values.data(), statuses.data(),
+                     /*sorted_input=*/true);
+    }
+    for (std::size_t i = n; i-- > 0 && !hit;) {
+      const std::size_t a = levels[i];
+      if (statuses[i].IsNotFound()) continue;
+      PC_RETURN_IF_ERROR(FromRocks(statuses[i], "read index"));
+      auto slots = DecodeNode(values[i].ToStringView(), block);
       if (!slots.ok()) {
         spdlog::error("statestore {}: index node {}/{}: {}", s.path, *scope, a, slots.status().ToString());
         continue;

@@ -413,6 +413,8 @@ Status Store::Impl::LoadState() {
   }
   PC_RETURN_IF_ERROR(FromRocks(it->status(), "load scopes"));
 
+  PC_RETURN_IF_ERROR(LoadNodeFilter());
+
   // The clock continues after the most recent access recorded.
   std::unique_ptr<rocksdb::Iterator> lit(db->NewIterator(rocksdb::ReadOptions(), cf_lru));
   lit->SeekForPrev(std::string(1, kAgeTag) + std::string(16, '\xff'));
@@ -420,6 +422,22 @@ Status Store::Impl::LoadState() {
     clock = GetBE64(lit->key().data() + 1) + 1;
   }
   return FromRocks(lit->status(), "load recency clock");
+}
+
+Status Store::Impl::LoadNodeFilter() {
+  std::unique_lock g(node_filter.mu);
+  node_filter.Reset();
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_index));
+  std::string prefix(1, kNodeTag);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    auto k = it->key();
+    if (k.size() != 25) return Status::Corruption("malformed index node key");
+    std::uint64_t total = SlotTotal(std::string(it->value().ToStringView()), params.block_tokens);
+    node_filter.Adjust(
+        NodeFilter::Fingerprint(GetBE64(k.data() + 1), GetBE64(k.data() + 9), GetBE64(k.data() + 17)),
+        static_cast<std::int64_t>(total));
+  }
+  return FromRocks(it->status(), "load index nodes");
 }
 
 // Chunk bytes written by publishes that never committed carry a collection

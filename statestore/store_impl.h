@@ -30,6 +30,7 @@
 
 #include "primecache/statestore.h"
 #include "statestore/format.h"
+#include "statestore/node_filter.h"
 #include "statestore/token_hash.h"
 
 namespace primecache {
@@ -126,6 +127,10 @@ struct Store::Impl {
   std::mutex touch_mu;
   std::unordered_map<EntryId, PendingTouch> pending_touches;
 
+  // Which index nodes exist (see node_filter.h).
+  statestore_internal::NodeFilter node_filter;
+  Status LoadNodeFilter();
+
   // Admission: sightings of boundaries, in memory, bounded.
   std::mutex sight_mu;
   std::unordered_map<std::string, std::uint32_t> sightings;
@@ -209,6 +214,9 @@ struct Store::Impl {
 
 namespace statestore_internal {
 
+// The sum of the slot counts of an index node value (0 when absent or malformed).
+std::uint64_t SlotTotal(const std::optional<std::string>& v, std::uint32_t block);
+
 // One metadata batch, built under write_mu and written atomically.
 class Txn {
  public:
@@ -263,6 +271,7 @@ class Txn {
   Counters c_;
   std::unordered_map<Hash128, RefState, Hash128Hasher> refs_;
   std::map<std::string, std::optional<std::string>> index_;
+  std::map<std::string, std::uint64_t> node_base_;  // slot total of each node key before this batch
   std::vector<EntryId> dying_;
   std::set<EntryId> removed_;  // removed in this batch, or not to be picked again by eviction
   std::vector<ScopeRecord> new_scopes_;

@@ -11,6 +11,15 @@
 
 namespace primecache::statestore_internal {
 
+std::uint64_t SlotTotal(const std::optional<std::string>& v, std::uint32_t block) {
+  if (!v) return 0;
+  auto slots = DecodeNode(*v, block);
+  if (!slots.ok()) return 0;
+  std::uint64_t n = 0;
+  for (const auto& sl : *slots) n += sl.count;
+  return n;
+}
+
 Txn::~Txn() {
   for (EntryId id : dying_) s_.leases->ClearDying(id);
   if (!deleting_.empty()) {
@@ -94,6 +103,7 @@ Result<std::optional<std::string>> Txn::IndexValue(const std::string& key) {
   PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_index, key, &v, &found));
   std::optional<std::string> r;
   if (found) r = std::move(v);
+  if (!key.empty() && key[0] == kNodeTag) node_base_[key] = SlotTotal(r, s_.params.block_tokens);
   index_[key] = r;
   return r;
 }
@@ -408,6 +418,16 @@ Status Txn::Commit(const rocksdb::WriteOptions& wo, const char* kill_before, con
 
   s_.counters = c_;
   s_.PublishCounters(c_);
+  if (!node_base_.empty()) {
+    std::unique_lock g(s_.node_filter.mu);
+    for (const auto& [key, base] : node_base_) {
+      std::uint64_t after = SlotTotal(index_[key], s_.params.block_tokens);
+      if (after == base || key.size() != 25) continue;
+      s_.node_filter.Adjust(
+          NodeFilter::Fingerprint(GetBE64(key.data() + 1), GetBE64(key.data() + 9), GetBE64(key.data() + 17)),
+          static_cast<std::int64_t>(after) - static_cast<std::int64_t>(base));
+    }
+  }
   if (!new_scopes_.empty()) {
     std::unique_lock g(s_.scope_mu);
     for (auto& sc : new_scopes_) {

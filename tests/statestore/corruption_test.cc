@@ -256,6 +256,14 @@ TEST(Corruption, ACorruptManifestIsQuarantinedAndReferencesRebuilt) {
   ASSERT_TRUE(back.ok());
   ExpectSameLayers(*back, MakeLayers(Prefix(conv, 300), kModel));
   EXPECT_EQ(m.store->Stat()->entries, 1u);
+  // The rebuilt index still finds what is left, and only that.
+  auto hit = m.store->Lookup(ModelDigest(1), "", conv);
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+  EXPECT_EQ((*hit)->id, a);
+  EntryId c = MustPublish(*m.store, Prefix(conv, 550), 1, "", kModel);
+  hit = m.store->Lookup(ModelDigest(1), "", conv);
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+  EXPECT_EQ((*hit)->id, c);
 }
 
 TEST(Corruption, CorruptStoredTokensAreNeverMatched) {

