@@ -1,0 +1,46 @@
+// NodeFilter: which prefix-index nodes exist, in memory.
+//
+// A lookup of Q tokens has Q/B + 1 candidate nodes, and almost all of them
+// are absent; asking RocksDB about each costs a bloom probe per level of the
+// LSM, at random places. The filter answers "absent" from one compact hash
+// table instead, so RocksDB is asked only about nodes that exist (and the rare
+// fingerprint collision). It is exact about absence: a node is in it while
+// its persisted record holds at least one slot. It is loaded from the index's
+// node keys at open (a scan of the index, never of chunk bytes) and kept in
+// step by every committed batch.
+//
+// Thread-safety: Adjust and Reset under an exclusive lock of `mu`;
+// MayContain under a shared one.
+#pragma once
+
+#include <cstdint>
+#include <shared_mutex>
+#include <vector>
+
+namespace primecache::statestore_internal {
+
+class NodeFilter {
+ public:
+  static std::uint64_t Fingerprint(std::uint64_t scope, std::uint64_t level, std::uint64_t node_hash);
+
+  // Adds delta to a fingerprint's slot count; at zero it is removed.
+  void Adjust(std::uint64_t fp, std::int64_t delta);
+  bool MayContain(std::uint64_t fp) const;
+  void Reset();
+  std::size_t size() const { return used_; }
+
+  mutable std::shared_mutex mu;
+
+ private:
+  struct Cell {
+    std::uint64_t key = 0;  // 0: empty
+    std::uint64_t count = 0;
+  };
+  std::size_t Find(std::uint64_t key) const;  // its cell, or the empty cell where it would go
+  void Grow();
+
+  std::vector<Cell> cells_ = std::vector<Cell>(1024);
+  std::size_t used_ = 0;
+};
+
+}  // namespace primecache::statestore_internal
