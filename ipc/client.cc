@@ -341,6 +341,9 @@ Result<Frame> Client::Impl::Call(const std::shared_ptr<Conn>& c, std::uint64_t i
 }
 
 Result<std::shared_ptr<Conn>> Client::Impl::Dial() {
+  if (opts.shared_memory && opts.endpoint.rfind("tcp:", 0) == 0) {
+    return Status::NotSupported("shared memory needs a Unix socket endpoint");
+  }
   PC_ASSIGN_OR_RETURN(int fd, OpenSocket(opts.endpoint, opts.connect_timeout));
   auto c = std::make_shared<Conn>();
   c->fd = fd;
@@ -507,6 +510,7 @@ Result<LookupResult> Client::Lookup(const ModelId& model, std::span<const std::u
 // ---- publishing ---------------------------------------------------------------
 
 struct PublishStream::State {
+  std::shared_ptr<Client::Impl> impl_owner;  // the stream may outlive its Client
   Client::Impl* impl = nullptr;
   std::shared_ptr<Conn> conn;
   std::uint64_t publish = 0;
@@ -559,6 +563,7 @@ Result<std::unique_ptr<PublishStream>> Client::BeginPublish(const ModelId& model
                                                             std::uint32_t layer_count) {
   PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
   auto st = std::make_unique<PublishStream::State>();
+  st->impl_owner = impl_;
   st->impl = impl_.get();
   st->conn = c;
   st->publish = impl_->NextId();
