@@ -33,7 +33,7 @@ struct EntrySummary {
   std::uint64_t bytes = 0;      // stored (encoded) bytes
   std::uint64_t raw_bytes = 0;  // bytes before encoding, when known
   std::uint64_t created_unix_ms = 0;
-  std::uint64_t last_used_unix_ms = 0;
+  std::uint64_t last_access = 0;  // logical clock; larger is more recent
   std::uint64_t hits = 0;
 };
 
@@ -57,13 +57,18 @@ struct StoreStats {
 struct ListFilter {
   std::optional<Hash128> digest;
   std::optional<std::string> ns;  // nullopt: every namespace
-  std::uint64_t page_token = 0;
+  std::string page_token;  // empty: the first page
   std::uint32_t page_size = 100;
 };
 
 struct ListPage {
   std::vector<EntrySummary> entries;
-  std::uint64_t next_page_token = 0;  // 0: no more
+  std::string next_page_token;  // empty: no more
+};
+
+struct Committed {
+  std::uint64_t entry = 0;
+  bool existed = false;  // the identity was stored already
 };
 
 // One open publish: layers in order, each a header then its chunks.
@@ -73,8 +78,8 @@ class PublishSink {
   virtual Status BeginLayer(std::uint32_t layer, std::span<const std::byte> header,
                             std::uint32_t chunk_count) = 0;
   virtual Status AddChunk(std::span<const std::byte> bytes) = 0;
-  // Durable on OK; the entry id.
-  virtual Result<std::uint64_t> Commit() = 0;
+  // Durable on OK.
+  virtual Result<Committed> Commit() = 0;
   // Leaves nothing behind. Also what the destructor does for an open publish.
   virtual void Abort() = 0;
 };
@@ -107,7 +112,8 @@ class StoreBackend {
   virtual Status Delete(std::uint64_t entry) = 0;
   virtual Result<ListPage> List(const ListFilter& filter) = 0;
   virtual Result<StoreStats> Stat() = 0;
-  virtual Status Compact() = 0;
+  // Changes the byte budget (0: unlimited), evicting down to it.
+  virtual Status SetCapacity(std::uint64_t bytes) = 0;
 };
 
 }  // namespace primecache::ipc

@@ -23,7 +23,7 @@
 #include "ipc/shm.h"
 #include "ipc/wire.h"
 
-namespace primecache {
+namespace primecache::client {
 
 using ipc::BuildRequest;
 using ipc::Frame;
@@ -673,7 +673,9 @@ Result<PublishResult> PublishStream::Commit() {
     if (!st_->error->ok()) return *st_->error;
   }
   return Expect<PublishResult>(std::move(reply), st_->conn->limits, wire::Response::PUBLISHED,
-                               [](wire::Response::Reader r) { return PublishResult{r.getPublished().getEntry()}; });
+                               [](wire::Response::Reader r) {
+                                 return PublishResult{r.getPublished().getEntry(), r.getPublished().getExisted()};
+                               });
 }
 
 Status PublishStream::Abort() {
@@ -688,7 +690,7 @@ Status PublishStream::Abort() {
 }
 
 Result<PublishResult> Client::Publish(const ModelId& model, std::span<const std::uint32_t> tokens,
-                                      const std::vector<EncodedLayer>& layers) {
+                                      const std::vector<LayerData>& layers) {
   PC_ASSIGN_OR_RETURN(auto stream, BeginPublish(model, tokens, static_cast<std::uint32_t>(layers.size())));
   for (const auto& layer : layers) {
     PC_RETURN_IF_ERROR(stream->BeginLayer(layer.header, static_cast<std::uint32_t>(layer.chunks.size())));
@@ -792,14 +794,15 @@ Result<ListResult> Client::List(const ListOptions& options) {
         l.setDigestLo(options.model->lo);
         l.setDigestHi(options.model->hi);
       }
-      l.setPageToken(options.page_token);
+      l.setPageToken(KjBytes(std::as_bytes(std::span(options.page_token.data(), options.page_token.size()))));
       l.setPageSize(options.page_size);
       l.setAllNamespaces(options.all_namespaces);
     });
     return Expect<ListResult>(impl_->Call(c, id, *m), c->limits, wire::Response::LIST, [](wire::Response::Reader r) {
       ListResult out;
       auto l = r.getList();
-      out.next_page_token = l.getNextPageToken();
+      out.next_page_token.assign(reinterpret_cast<const char*>(l.getNextPageToken().begin()),
+                                 l.getNextPageToken().size());
       for (auto e : l.getEntries()) {
         EntryInfo info;
         info.entry = e.getEntry();
@@ -812,7 +815,7 @@ Result<ListResult> Client::List(const ListOptions& options) {
         info.bytes = e.getBytes();
         info.raw_bytes = e.getRawBytes();
         info.created_unix_ms = e.getCreatedUnixMs();
-        info.last_used_unix_ms = e.getLastUsedUnixMs();
+        info.last_access = e.getLastAccess();
         info.hits = e.getHits();
         out.entries.push_back(std::move(info));
       }
@@ -863,10 +866,10 @@ Status Client::Delete(std::uint64_t entry) {
   return reply.ok() ? Status::Ok() : reply.status();
 }
 
-Status Client::Compact() {
+Status Client::SetCapacity(std::uint64_t bytes) {
   PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
   const std::uint64_t id = impl_->NextId();
-  auto m = BuildRequest(id, [](wire::Request::Builder r) { r.setCompact(); });
+  auto m = BuildRequest(id, [bytes](wire::Request::Builder r) { r.initSetCapacity().setBytes(bytes); });
   auto reply = impl_->Call(c, id, *m);
   return reply.ok() ? Status::Ok() : reply.status();
 }
@@ -877,7 +880,7 @@ std::future<Result<LookupResult>> Client::LookupAsync(const ModelId& model, std:
 }
 
 std::future<Result<PublishResult>> Client::PublishAsync(const ModelId& model, std::vector<std::uint32_t> tokens,
-                                                        std::vector<EncodedLayer> layers) {
+                                                        std::vector<LayerData> layers) {
   return std::async(std::launch::async, [this, model, tokens = std::move(tokens), layers = std::move(layers)] {
     return Publish(model, tokens, layers);
   });
@@ -892,4 +895,4 @@ std::future<Result<StatResult>> Client::StatAsync() {
   return std::async(std::launch::async, [this] { return Stat(); });
 }
 
-}  // namespace primecache
+}  // namespace primecache::client

@@ -37,7 +37,7 @@ class MemorySink : public PublishSink {
     e_.summary.bytes += bytes.size();
     return Status::Ok();
   }
-  Result<std::uint64_t> Commit() override;
+  Result<Committed> Commit() override;
   void Abort() override {}
 
  private:
@@ -106,12 +106,13 @@ class MemoryBackend : public StoreBackend {
   Result<ListPage> List(const ListFilter& f) override {
     std::lock_guard<std::mutex> l(mu_);
     ListPage page;
-    for (auto it = entries_.lower_bound(f.page_token); it != entries_.end(); ++it) {
+    const std::uint64_t from = f.page_token.empty() ? 0 : std::stoull(f.page_token);
+    for (auto it = entries_.lower_bound(from); it != entries_.end(); ++it) {
       const auto& b = it->second.summary.boundary;
       if (f.digest && !(b.digest == *f.digest)) continue;
       if (f.ns && b.ns != *f.ns) continue;
       if (page.entries.size() == f.page_size) {
-        page.next_page_token = it->first;
+        page.next_page_token = std::to_string(it->first);
         break;
       }
       page.entries.push_back(it->second.summary);
@@ -125,7 +126,11 @@ class MemoryBackend : public StoreBackend {
     for (auto& [id, e] : entries_) s.bytes_stored += e.summary.bytes;
     return s;
   }
-  Status Compact() override { return Status::Ok(); }
+  Status SetCapacity(std::uint64_t bytes) override {
+    std::lock_guard<std::mutex> l(mu_);
+    stats_.capacity_bytes = bytes;
+    return Status::Ok();
+  }
 
   std::uint64_t Add(Entry e) {
     std::lock_guard<std::mutex> l(mu_);
@@ -142,9 +147,9 @@ class MemoryBackend : public StoreBackend {
   StoreStats stats_;
 };
 
-Result<std::uint64_t> MemorySink::Commit() {
+Result<Committed> MemorySink::Commit() {
   if (e_.layers.size() != e_.summary.layer_count) return Status::InvalidArgument("layer count mismatch");
-  return b_->Add(std::move(e_));
+  return Committed{b_->Add(std::move(e_)), false};
 }
 
 }  // namespace

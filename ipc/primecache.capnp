@@ -87,7 +87,7 @@ struct Request {
     verify @12 :EntryRef;
     shmAttach @13 :ShmAttach;
     shmRelease @14 :ShmRef;
-    compact @15 :Void;
+    setCapacity @15 :SetCapacity;
     cancel @16 :Cancel;
   }
 }
@@ -140,7 +140,13 @@ struct PublishRef {
 
 struct Published {
   entry @0 :UInt64;
-  bytes @1 :UInt64;
+  # The boundary was stored already; the bytes sent were not written again.
+  existed @1 :Bool;
+}
+
+# Admin: changes the store's byte budget (0: unlimited) and evicts down to it.
+struct SetCapacity {
+  bytes @0 :UInt64;
 }
 
 struct Lookup {
@@ -155,7 +161,8 @@ struct EntryInfo {
   bytes @3 :UInt64;
   rawBytes @4 :UInt64;
   createdUnixMs @5 :UInt64;
-  lastUsedUnixMs @6 :UInt64;
+  # The store's logical access clock: larger is more recent.
+  lastAccess @6 :UInt64;
   hits @7 :UInt64;
 }
 
@@ -205,16 +212,16 @@ struct ListRequest {
   # namespace only, unless allNamespaces is set on an admin connection.
   digestLo @0 :UInt64;
   digestHi @1 :UInt64;
-  # Opaque; 0 starts from the beginning.
-  pageToken @2 :UInt64;
+  # Opaque, from the previous page; empty starts from the beginning.
+  pageToken @2 :Data;
   pageSize @3 :UInt32;
   allNamespaces @4 :Bool;
 }
 
 struct ListReply {
   entries @0 :List(EntryInfo);
-  # 0 when there are no more pages.
-  nextPageToken @1 :UInt64;
+  # Empty when there are no more pages.
+  nextPageToken @1 :Data;
 }
 
 struct StatReply {

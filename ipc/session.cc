@@ -553,12 +553,16 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
           FinishPublish(pub);
           return;
         }
-        auto entry = pub->sink->Commit();
-        if (!entry.ok()) {
-          SendError(id, entry.status());
+        auto done = pub->sink->Commit();
+        if (!done.ok()) {
+          SendError(id, done.status());
         } else {
-          const std::uint64_t e = *entry;
-          sink_->Send(BuildResponse(id, [e](wire::Response::Builder r) { r.initPublished().setEntry(e); }));
+          const Committed c = *done;
+          sink_->Send(BuildResponse(id, [c](wire::Response::Builder r) {
+            auto p = r.initPublished();
+            p.setEntry(c.entry);
+            p.setExisted(c.existed);
+          }));
         }
         FinishPublish(pub);
       });
@@ -695,16 +699,16 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
     }
 
     case wire::Request::DELETE:
-    case wire::Request::COMPACT: {
+    case wire::Request::SET_CAPACITY: {
       if (!peer_.admin) {
         sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED,
-                                  "delete and compact are served on the admin socket only"));
+                                  "delete and setCapacity are served on the admin socket only"));
         return true;
       }
       const bool is_delete = which == wire::Request::DELETE;
-      const std::uint64_t entry = is_delete ? req.getDelete().getEntry() : 0;
-      executor_->Post([self = shared_from_this(), this, id, is_delete, entry] {
-        Status s = is_delete ? store_->Delete(entry) : store_->Compact();
+      const std::uint64_t arg = is_delete ? req.getDelete().getEntry() : req.getSetCapacity().getBytes();
+      executor_->Post([self = shared_from_this(), this, id, is_delete, arg] {
+        Status s = is_delete ? store_->Delete(arg) : store_->SetCapacity(arg);
         if (!s.ok()) return SendError(id, s);
         sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
       });
@@ -723,7 +727,11 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       } else {
         filter.ns = ns_;
       }
-      filter.page_token = lr.getPageToken();
+      if (lr.getPageToken().size() > 4096) {
+        SendError(id, Status::InvalidArgument("page token over 4096 bytes"));
+        return true;
+      }
+      filter.page_token.assign(reinterpret_cast<const char*>(lr.getPageToken().begin()), lr.getPageToken().size());
       filter.page_size = lr.getPageSize() == 0 ? 100 : std::min(lr.getPageSize(), limits_.max_page_size);
       executor_->Post([self = shared_from_this(), this, id, filter] {
         auto page = store_->List(filter);
@@ -734,7 +742,8 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
             id,
             [&](wire::Response::Builder r) {
               auto out = r.initList();
-              out.setNextPageToken(page->next_page_token);
+              out.setNextPageToken(kj::arrayPtr(reinterpret_cast<const kj::byte*>(page->next_page_token.data()),
+                                                page->next_page_token.size()));
               auto list = out.initEntries(static_cast<unsigned>(page->entries.size()));
               for (unsigned i = 0; i < list.size(); ++i) {
                 const EntrySummary& e = page->entries[i];
@@ -744,7 +753,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
                 w.setBytes(e.bytes);
                 w.setRawBytes(e.raw_bytes);
                 w.setCreatedUnixMs(e.created_unix_ms);
-                w.setLastUsedUnixMs(e.last_used_unix_ms);
+                w.setLastAccess(e.last_access);
                 w.setHits(e.hits);
                 auto b = w.initBoundary();
                 b.setNamespace(e.boundary.ns);

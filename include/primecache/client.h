@@ -6,6 +6,8 @@
 // a missed deadline is kDeadlineExceeded. Requests are pipelined on one
 // connection: many may be in flight from many threads at once.
 //
+// Everything here is in namespace primecache::client.
+//
 // Errors are typed by StatusCode: kNotFound (no such entry or publish),
 // kInvalidArgument (a bad request; a message starting "protocol: " means the
 // daemon could not read it), kFailedPrecondition (a message starting
@@ -47,7 +49,7 @@
 #include "primecache/checksum.h"
 #include "primecache/status.h"
 
-namespace primecache {
+namespace primecache::client {
 
 struct ClientOptions {
   // "/path/to.sock", or "tcp:127.0.0.1:PORT" (no shared memory over TCP).
@@ -75,14 +77,16 @@ struct LookupResult {
   std::uint64_t bytes = 0;
 };
 
-// One encoded layer: its header bytes and its chunks, as the codecs make them.
-struct EncodedLayer {
+// One encoded layer: its serialized header (SerializeLayerHeader) and its
+// chunks' bytes, as the codecs make them.
+struct LayerData {
   std::vector<std::byte> header;
   std::vector<std::vector<std::byte>> chunks;
 };
 
 struct PublishResult {
   std::uint64_t entry = 0;
+  bool existed = false;  // this boundary was stored already; nothing new was written
 };
 
 struct FetchCallbacks {
@@ -94,7 +98,7 @@ struct FetchCallbacks {
 
 struct FetchedLayer {
   std::uint32_t layer = 0;
-  EncodedLayer data;
+  LayerData data;
 };
 
 struct EntryInfo {
@@ -106,20 +110,20 @@ struct EntryInfo {
   std::uint64_t bytes = 0;
   std::uint64_t raw_bytes = 0;
   std::uint64_t created_unix_ms = 0;
-  std::uint64_t last_used_unix_ms = 0;
+  std::uint64_t last_access = 0;  // the store's logical clock; larger is more recent
   std::uint64_t hits = 0;
 };
 
 struct ListOptions {
   std::optional<Hash128> model;
-  std::uint64_t page_token = 0;
+  std::string page_token;  // from the previous page; empty: the first
   std::uint32_t page_size = 100;
   bool all_namespaces = false;  // admin connections only
 };
 
 struct ListResult {
   std::vector<EntryInfo> entries;
-  std::uint64_t next_page_token = 0;  // 0: last page
+  std::string next_page_token;  // empty: last page
 };
 
 struct StatResult {
@@ -195,21 +199,22 @@ class Client {
                                                       std::uint32_t layer_count);
   // Streams every layer and commits.
   Result<PublishResult> Publish(const ModelId& model, std::span<const std::uint32_t> tokens,
-                                const std::vector<EncodedLayer>& layers);
+                                const std::vector<LayerData>& layers);
   // Streams the entry's layers (empty: all) through the callbacks.
   Status Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb);
   Result<std::vector<FetchedLayer>> FetchLayers(std::uint64_t entry, std::span<const std::uint32_t> layers = {});
   Result<ListResult> List(const ListOptions& options = {});
   Result<StatResult> Stat();
   Result<VerifyResult> Verify(std::uint64_t entry);
-  // Admin socket only.
+  // Admin socket only. SetCapacity changes the store's byte budget (0:
+  // unlimited) and evicts down to it.
   Status Delete(std::uint64_t entry);
-  Status Compact();
+  Status SetCapacity(std::uint64_t bytes);
 
   // Asynchronous forms: the same work, finished on the client's threads.
   std::future<Result<LookupResult>> LookupAsync(const ModelId& model, std::vector<std::uint32_t> tokens);
   std::future<Result<PublishResult>> PublishAsync(const ModelId& model, std::vector<std::uint32_t> tokens,
-                                                  std::vector<EncodedLayer> layers);
+                                                  std::vector<LayerData> layers);
   std::future<Result<std::vector<FetchedLayer>>> FetchLayersAsync(std::uint64_t entry,
                                                                   std::vector<std::uint32_t> layers = {});
   std::future<Result<StatResult>> StatAsync();
@@ -221,4 +226,4 @@ class Client {
   std::shared_ptr<Impl> impl_;
 };
 
-}  // namespace primecache
+}  // namespace primecache::client

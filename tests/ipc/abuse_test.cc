@@ -239,7 +239,7 @@ TEST(Backpressure, SlowReaderDoesNotMakeTheDaemonBuffer) {
   ASSERT_TRUE(c.ok());
   constexpr std::uint32_t kChunks = 24;
   constexpr std::size_t kChunk = 4u << 20;
-  std::vector<EncodedLayer> layers(1);
+  std::vector<LayerData> layers(1);
   layers[0].header = Bytes(32, 1);
   for (std::uint32_t i = 0; i < kChunks; ++i) layers[0].chunks.push_back(Bytes(kChunk, i));
   auto pub = (*c)->Publish(TestModel(), Tokens(10, 1), layers);

@@ -27,6 +27,8 @@
 
 namespace primecache::testing {
 
+using namespace primecache::client;  // NOLINT
+
 inline std::string MakeTempDir() {
   std::string tmpl = (std::filesystem::temp_directory_path() / "pcipc-XXXXXX").string();
   char* d = mkdtemp(tmpl.data());
@@ -237,9 +239,9 @@ inline std::vector<std::byte> Bytes(std::size_t n, std::uint32_t seed) {
   return v;
 }
 
-inline std::vector<EncodedLayer> MakeLayers(std::uint32_t layers, std::uint32_t chunks, std::size_t chunk_bytes,
+inline std::vector<LayerData> MakeLayers(std::uint32_t layers, std::uint32_t chunks, std::size_t chunk_bytes,
                                             std::uint32_t seed) {
-  std::vector<EncodedLayer> out(layers);
+  std::vector<LayerData> out(layers);
   for (std::uint32_t l = 0; l < layers; ++l) {
     out[l].header = Bytes(64 + l, seed * 1000 + l);
     for (std::uint32_t c = 0; c < chunks; ++c) out[l].chunks.push_back(Bytes(chunk_bytes + c, seed * 1000 + l * 31 + c + 7));

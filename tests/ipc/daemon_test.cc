@@ -12,7 +12,7 @@
 namespace primecache::testing {
 namespace {
 
-void ExpectSameLayers(const std::vector<EncodedLayer>& want, const std::vector<FetchedLayer>& got,
+void ExpectSameLayers(const std::vector<LayerData>& want, const std::vector<FetchedLayer>& got,
                       const std::vector<std::uint32_t>& order = {}) {
   std::vector<std::uint32_t> idx = order;
   if (idx.empty()) {
@@ -21,7 +21,7 @@ void ExpectSameLayers(const std::vector<EncodedLayer>& want, const std::vector<F
   ASSERT_EQ(got.size(), idx.size());
   for (std::size_t i = 0; i < idx.size(); ++i) {
     EXPECT_EQ(got[i].layer, idx[i]);
-    const EncodedLayer& w = want[idx[i]];
+    const LayerData& w = want[idx[i]];
     EXPECT_EQ(got[i].data.header, w.header) << "layer " << idx[i];
     ASSERT_EQ(got[i].data.chunks.size(), w.chunks.size()) << "layer " << idx[i];
     for (std::size_t c = 0; c < w.chunks.size(); ++c) {
@@ -190,7 +190,7 @@ TEST_F(DaemonTest, AsyncCallsPipelineOnOneClient) {
   auto c = Client::Connect(d_.Options());
   ASSERT_TRUE(c.ok());
   std::vector<std::future<Result<PublishResult>>> pubs;
-  std::vector<std::vector<EncodedLayer>> contents;
+  std::vector<std::vector<LayerData>> contents;
   for (int i = 0; i < 4; ++i) {
     contents.push_back(MakeLayers(2, 2, 5000, 40 + i));
     pubs.push_back((*c)->PublishAsync(TestModel(), Tokens(30, 40 + i), contents.back()));
@@ -342,7 +342,7 @@ TEST_F(DaemonTest, DestructiveOpsNeedTheAdminSocket) {
   Status del = (*c)->Delete(pub->entry);
   EXPECT_EQ(del.code(), StatusCode::kFailedPrecondition) << del.ToString();
   EXPECT_NE(del.message().find("permission denied"), std::string::npos);
-  EXPECT_EQ((*c)->Compact().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*c)->SetCapacity(0).code(), StatusCode::kFailedPrecondition);
   ListOptions lo;
   lo.all_namespaces = true;
   auto all = (*c)->List(lo);
@@ -354,7 +354,7 @@ TEST_F(DaemonTest, DestructiveOpsNeedTheAdminSocket) {
   auto admin = Client::Connect(ao);
   ASSERT_TRUE(admin.ok()) << admin.status().ToString();
   EXPECT_TRUE((*admin)->server_info().admin);
-  EXPECT_TRUE((*admin)->Compact().ok());
+  EXPECT_TRUE((*admin)->SetCapacity(0).ok());
   EXPECT_TRUE((*admin)->Delete(pub->entry).ok());
   EXPECT_TRUE((*admin)->Delete(pub->entry).IsNotFound());
   EXPECT_FALSE((*c)->Lookup(TestModel(), Tokens(10, 1))->found);
