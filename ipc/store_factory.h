@@ -13,6 +13,7 @@ namespace primecache::ipc {
 struct StoreConfig {
   std::string data_dir;
   std::uint64_t capacity_bytes = 0;  // 0: unlimited
+  bool sync_commits = true;          // false only for throwaway stores (the fuzzer)
 };
 
 Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config);
