@@ -220,7 +220,8 @@ struct ListRequest {
 
 struct ListReply {
   entries @0 :List(EntryInfo);
-  # Empty when there are no more pages.
+  # Empty when there are no more pages. A page may hold fewer than pageSize
+  # entries (even none) while more follow: continue until this is empty.
   nextPageToken @1 :Data;
 }
 

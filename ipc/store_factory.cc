@@ -141,13 +141,16 @@ class StatestoreBackend : public StoreBackend {
   Result<ipc::ListPage> List(const ListFilter& f) override {
     primecache::ListOptions o;
     o.model = f.digest;
-    o.ns = f.ns;
+    // The store filters by namespace only within one model; across models
+    // the namespace is filtered here (a page may then come back short).
+    if (f.digest.has_value()) o.ns = f.ns;
     o.page_token = f.page_token;
     o.limit = f.page_size;
     PC_ASSIGN_OR_RETURN(auto page, store_->List(o));
     ipc::ListPage out;
     out.next_page_token = page.next_page_token;
     for (const auto& e : page.entries) {
+      if (f.ns.has_value() && e.ns != *f.ns) continue;
       EntrySummary s = Summarize(e);
       auto toks = store_->Tokens(e.id);
       if (!toks.ok()) {

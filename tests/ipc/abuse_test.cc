@@ -20,7 +20,7 @@ class AbuseTest : public ::testing::Test {
     auto c = Client::Connect(d_.Options());
     ASSERT_TRUE(c.ok());
     good_ = std::move(*c);
-    auto pub = good_->Publish(TestModel(), Tokens(40, 1), MakeLayers(2, 2, 3000, 1));
+    auto pub = good_->Publish(TestModel(), Tokens(40, 1), MakeLayers(40, 2, 1));
     ASSERT_TRUE(pub.ok()) << pub.status().ToString();
     entry_ = pub->entry;
   }
@@ -237,14 +237,15 @@ TEST(Backpressure, SlowReaderDoesNotMakeTheDaemonBuffer) {
   ASSERT_TRUE(d.Start());
   auto c = Client::Connect(d.Options());
   ASSERT_TRUE(c.ok());
-  constexpr std::uint32_t kChunks = 24;
-  constexpr std::size_t kChunk = 4u << 20;
-  std::vector<LayerData> layers(1);
-  layers[0].header = Bytes(32, 1);
-  for (std::uint32_t i = 0; i < kChunks; ++i) layers[0].chunks.push_back(Bytes(kChunk, i));
-  auto pub = (*c)->Publish(TestModel(), Tokens(10, 1), layers);
+  // One latent layer of 40960 tokens x 576 floats: 40 chunks of 2.25 MiB.
+  const auto tokens = Tokens(40960, 1);
+  const auto layers = MakeLayers(40960, 1, 1, 576, 1024);
+  const std::size_t kChunks = layers[0].chunks.size();
+  ASSERT_EQ(kChunks, 40u);
+  std::uint64_t total = 0;
+  for (const auto& ch : layers[0].chunks) total += ch.size();
+  auto pub = (*c)->Publish(TestModel(), tokens, layers);
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  layers[0].chunks.clear();
 
   RawConn slow(d.socket());
   ASSERT_TRUE(slow.Hello());
@@ -258,10 +259,10 @@ TEST(Backpressure, SlowReaderDoesNotMakeTheDaemonBuffer) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   const long during = d.RssKiB();
   // Others are served meanwhile.
-  auto hit = (*c)->Lookup(TestModel(), Tokens(10, 1));
+  auto hit = (*c)->Lookup(TestModel(), tokens);
   ASSERT_TRUE(hit.ok());
   EXPECT_TRUE(hit->found);
-  // Unbounded buffering would hold the whole 96 MiB entry.
+  // Unbounded buffering would hold the whole 90 MiB entry.
   EXPECT_LT(during - before, 40 * 1024) << "daemon RSS grew from " << before << " KiB to " << during << " KiB";
 
   // Now read it all: every byte arrives, in order.
@@ -280,7 +281,7 @@ TEST(Backpressure, SlowReaderDoesNotMakeTheDaemonBuffer) {
       auto ch = r.getFetchChunk();
       EXPECT_EQ(ch.getIndex(), chunks);
       auto data = ch.getData().getInline();
-      auto want = Bytes(kChunk, chunks);
+      const auto& want = layers[0].chunks[chunks];
       ASSERT_EQ(data.size(), want.size());
       EXPECT_EQ(std::memcmp(data.begin(), want.data(), want.size()), 0);
       bytes += data.size();
@@ -292,7 +293,7 @@ TEST(Backpressure, SlowReaderDoesNotMakeTheDaemonBuffer) {
     }
   }
   EXPECT_EQ(chunks, kChunks);
-  EXPECT_EQ(bytes, std::uint64_t{kChunks} * kChunk);
+  EXPECT_EQ(bytes, total);
 }
 
 // ---- the stock capnp tool ------------------------------------------------------
@@ -313,7 +314,7 @@ TEST_F(AbuseTest, RequestEncodedByTheCapnpToolIsAnswered) {
   // An entry with known tokens and model.
   const std::vector<std::uint32_t> tokens = {10, 20, 30, 40, 50};
   const ModelId model{Hash128{4242, 99}, "tool-model"};
-  auto pub = good_->Publish(model, tokens, MakeLayers(1, 1, 100, 5));
+  auto pub = good_->Publish(model, tokens, MakeLayers(5, 1, 5));
   ASSERT_TRUE(pub.ok());
 
   const std::string dir = d_.dir();

@@ -24,6 +24,8 @@
 #include "ipc/framing.h"
 #include "ipc/wire.h"
 #include "primecache/client.h"
+#include "primecache/codec.h"
+#include "primecache/snapshot.h"
 
 namespace primecache::testing {
 
@@ -239,14 +241,50 @@ inline std::vector<std::byte> Bytes(std::size_t n, std::uint32_t seed) {
   return v;
 }
 
-inline std::vector<LayerData> MakeLayers(std::uint32_t layers, std::uint32_t chunks, std::size_t chunk_bytes,
-                                            std::uint32_t seed) {
-  std::vector<LayerData> out(layers);
+// Real encoded layers (the store's validator checks every header): even
+// layers are MLA latent planes of `len` tokens and `width` floats per row,
+// cut every `rows_per_chunk` rows (a power of two); odd layers are KDA
+// recurrent states (two eager chunks). Raw transform: bytes are the floats.
+inline LayerData ToLayerData(const primecache::EncodedLayer& e) {
+  LayerData d;
+  const std::string h = SerializeLayerHeader(e.header);
+  d.header.assign(reinterpret_cast<const std::byte*>(h.data()), reinterpret_cast<const std::byte*>(h.data()) + h.size());
+  for (const auto& c : e.chunks) {
+    d.chunks.emplace_back(reinterpret_cast<const std::byte*>(c.data()), reinterpret_cast<const std::byte*>(c.data()) + c.size());
+  }
+  return d;
+}
+
+inline std::vector<LayerData> MakeLayers(std::uint64_t len, std::uint32_t layers, std::uint32_t seed,
+                                         std::uint32_t width = 64, std::uint64_t rows_per_chunk = 64) {
+  std::vector<LayerData> out;
+  std::mt19937 g(seed);
   for (std::uint32_t l = 0; l < layers; ++l) {
-    out[l].header = Bytes(64 + l, seed * 1000 + l);
-    for (std::uint32_t c = 0; c < chunks; ++c) out[l].chunks.push_back(Bytes(chunk_bytes + c, seed * 1000 + l * 31 + c + 7));
+    primecache::LayerShape shape;
+    if (l % 2 == 0) {
+      shape = primecache::LatentShape{len, width, 0, 0, 0, false, 0};
+    } else {
+      shape = primecache::RecurrentShape{2, 8, 4};
+    }
+    auto snap = primecache::MakeSnapshot(shape);
+    if (!snap.ok()) std::abort();
+    for (auto plane : primecache::CodecRegistry::Default().KindFor(shape).value()->MutablePlaneData(*snap)) {
+      for (float& x : plane) x = static_cast<float>(g() % 100000) * 1e-3f;
+    }
+    primecache::EncodeOptions eo;
+    eo.all_planes = primecache::TransformSpec{std::string(primecache::kRawTransform), 0};
+    eo.target_chunk_bytes = rows_per_chunk * width * sizeof(float);
+    auto enc = primecache::EncodeLayer(*snap, eo);
+    if (!enc.ok()) std::abort();
+    out.push_back(ToLayerData(*enc));
   }
   return out;
+}
+
+inline std::size_t ChunkCount(const std::vector<LayerData>& layers) {
+  std::size_t n = 0;
+  for (const auto& l : layers) n += l.chunks.size();
+  return n;
 }
 
 inline std::vector<std::uint32_t> Tokens(std::size_t n, std::uint32_t seed) {

@@ -50,7 +50,7 @@ void RoundTrip(Daemon& d, bool shm) {
   }
 
   const auto tokens = Tokens(300, 1);
-  const auto layers = MakeLayers(3, 4, 100000, 1);
+  const auto layers = MakeLayers(200, 3, 1, 64, 32);
   auto miss = cl.Lookup(TestModel(), tokens);
   ASSERT_TRUE(miss.ok()) << miss.status().ToString();
   EXPECT_FALSE(miss->found);
@@ -94,7 +94,7 @@ void RoundTrip(Daemon& d, bool shm) {
       return Status::Ok();
     };
     ASSERT_TRUE(cl.Fetch(hit->entry, {}, cb).ok());
-    EXPECT_EQ(total, 12u);
+    EXPECT_EQ(total, ChunkCount(layers));
     EXPECT_EQ(in_region, total);
   }
 
@@ -122,11 +122,14 @@ TEST_F(DaemonTest, RoundTripOverSocket) { RoundTrip(d_, false); }
 TEST_F(DaemonTest, RoundTripOverSharedMemory) { RoundTrip(d_, true); }
 
 TEST_F(DaemonTest, SharedMemoryPublishFetchedOverSocketAndBack) {
-  auto a = Client::Connect(d_.Options("", true));
+  // A small region: one publish slot and a fetch window the chunks wrap around.
+  ClientOptions small = d_.Options("", true);
+  small.shared_memory_bytes = 1u << 20;
+  auto a = Client::Connect(small);
   auto b = Client::Connect(d_.Options("", false));
   ASSERT_TRUE(a.ok() && b.ok());
   const auto tokens = Tokens(64, 9);
-  const auto layers = MakeLayers(2, 8, 300000, 9);  // more than the region's slots at once
+  const auto layers = MakeLayers(64, 3, 9, 4096, 4);  // 64 KiB chunks, 34 in all
   auto pub = (*a)->Publish(TestModel(), tokens, layers);
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
   auto got = (*b)->FetchLayers(pub->entry);
@@ -156,8 +159,8 @@ TEST_F(DaemonTest, ManyConcurrentClients) {
         return;
       }
       const auto tokens = Tokens(100 + i, 100 + i);
-      const auto layers = MakeLayers(2, 3, 20000 + 1000 * i, 100 + i);
       for (int round = 0; round < 3; ++round) {
+        const auto layers = MakeLayers(50 + round, 2, 100 + i, 32 + i, 16);
         auto pub = (*c)->Publish(TestModel(), std::span(tokens).first(50 + round), layers);
         if (!pub.ok()) {
           errors[i] = pub.status().ToString();
@@ -169,7 +172,8 @@ TEST_F(DaemonTest, ManyConcurrentClients) {
           return;
         }
         auto got = (*c)->FetchLayers(hit->entry);
-        if (!got.ok() || got->size() != 2 || got->at(1).data.chunks[2] != layers[1].chunks[2]) {
+        if (!got.ok() || got->size() != 2 || got->at(0).data.chunks != layers[0].chunks ||
+            got->at(1).data.header != layers[1].header) {
           errors[i] = "fetch " + got.status().ToString();
           return;
         }
@@ -192,7 +196,7 @@ TEST_F(DaemonTest, AsyncCallsPipelineOnOneClient) {
   std::vector<std::future<Result<PublishResult>>> pubs;
   std::vector<std::vector<LayerData>> contents;
   for (int i = 0; i < 4; ++i) {
-    contents.push_back(MakeLayers(2, 2, 5000, 40 + i));
+    contents.push_back(MakeLayers(30, 2, 40 + i));
     pubs.push_back((*c)->PublishAsync(TestModel(), Tokens(30, 40 + i), contents.back()));
   }
   std::vector<std::uint64_t> entries;
@@ -229,8 +233,8 @@ TEST_F(DaemonTest, DisconnectMidPublishLeavesNothing) {
     if (!c.ok()) _exit(2);
     auto s = (*c)->BeginPublish(TestModel(), Tokens(40, 5), 2);
     if (!s.ok()) _exit(3);
-    const auto layers = MakeLayers(2, 3, 50000, 5);
-    if (!(*s)->BeginLayer(layers[0].header, 3).ok()) _exit(4);
+    const auto layers = MakeLayers(40, 2, 5, 64, 8);
+    if (!(*s)->BeginLayer(layers[0].header, static_cast<std::uint32_t>(layers[0].chunks.size())).ok()) _exit(4);
     if (!(*s)->AddChunk(layers[0].chunks[0]).ok()) _exit(5);
     if (!(*s)->AddChunk(layers[0].chunks[1]).ok()) _exit(6);
     auto st = (*c)->Stat();  // a round trip: the chunks have reached the daemon
@@ -329,7 +333,7 @@ TEST_F(DaemonTest, PublishesInFlightAreLimitedPerClient) {
   EXPECT_TRUE(done.status().IsResourceExhausted()) << done.status().ToString();
   // Another connection has its own budget.
   auto other = Client::Connect(d_.Options());
-  auto ok = (*other)->Publish(TestModel(), Tokens(10, 50), MakeLayers(1, 1, 10, 50));
+  auto ok = (*other)->Publish(TestModel(), Tokens(10, 50), MakeLayers(10, 1, 50));
   EXPECT_TRUE(ok.ok()) << ok.status().ToString();
   for (auto& o : open) EXPECT_TRUE(o->Abort().ok());
 }
@@ -337,7 +341,7 @@ TEST_F(DaemonTest, PublishesInFlightAreLimitedPerClient) {
 TEST_F(DaemonTest, DestructiveOpsNeedTheAdminSocket) {
   auto c = Client::Connect(d_.Options());
   ASSERT_TRUE(c.ok());
-  auto pub = (*c)->Publish(TestModel(), Tokens(10, 1), MakeLayers(1, 1, 100, 1));
+  auto pub = (*c)->Publish(TestModel(), Tokens(10, 1), MakeLayers(10, 1, 1));
   ASSERT_TRUE(pub.ok());
   Status del = (*c)->Delete(pub->entry);
   EXPECT_EQ(del.code(), StatusCode::kFailedPrecondition) << del.ToString();
@@ -365,7 +369,7 @@ TEST_F(DaemonTest, NamespacesKeepTenantsApart) {
   auto b = Client::Connect(d_.Options("tenant-b"));
   ASSERT_TRUE(a.ok() && b.ok());
   const auto tokens = Tokens(50, 77);
-  auto pub = (*a)->Publish(TestModel(), tokens, MakeLayers(1, 2, 1000, 77));
+  auto pub = (*a)->Publish(TestModel(), tokens, MakeLayers(50, 1, 77));
   ASSERT_TRUE(pub.ok());
   EXPECT_TRUE((*a)->Lookup(TestModel(), tokens)->found);
   EXPECT_FALSE((*b)->Lookup(TestModel(), tokens)->found);
@@ -461,7 +465,7 @@ TEST(DaemonNoServer, ConnectFailsUnavailable) {
 TEST(DaemonLifecycle, RestartKeepsEntriesAndClientReconnects) {
   std::string dir;
   const auto tokens = Tokens(120, 11);
-  const auto layers = MakeLayers(2, 3, 40000, 11);
+  const auto layers = MakeLayers(120, 2, 11);
   std::unique_ptr<Client> client;
   std::uint64_t entry = 0;
   {
@@ -504,11 +508,11 @@ TEST(DaemonLifecycle, SigtermDuringPublishAbortsItAndExitsCleanly) {
     auto c = Client::Connect(d.Options());
     ASSERT_TRUE(c.ok());
     // One committed entry, one publish left open.
-    ASSERT_TRUE((*c)->Publish(TestModel(), Tokens(30, 20), MakeLayers(1, 1, 1000, 20)).ok());
+    ASSERT_TRUE((*c)->Publish(TestModel(), Tokens(30, 20), MakeLayers(30, 1, 20)).ok());
     auto s = (*c)->BeginPublish(TestModel(), tokens, 2);
     ASSERT_TRUE(s.ok());
-    const auto layers = MakeLayers(2, 4, 200000, 21);
-    ASSERT_TRUE((*s)->BeginLayer(layers[0].header, 4).ok());
+    const auto layers = MakeLayers(60, 2, 21, 64, 8);
+    ASSERT_TRUE((*s)->BeginLayer(layers[0].header, static_cast<std::uint32_t>(layers[0].chunks.size())).ok());
     for (int i = 0; i < 4; ++i) ASSERT_TRUE((*s)->AddChunk(layers[0].chunks[i]).ok());
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(d.Stop(), 0);
@@ -560,7 +564,7 @@ TEST(DaemonLifecycle, TcpLoopbackAndConfigFile) {
   t.endpoint = "tcp:127.0.0.1:" + std::to_string(port);
   auto tc = Client::Connect(t);
   ASSERT_TRUE(tc.ok()) << tc.status().ToString();
-  const auto layers = MakeLayers(2, 2, 70000, 61);
+  const auto layers = MakeLayers(33, 2, 61);
   auto pub = (*tc)->Publish(TestModel(), Tokens(33, 61), layers);
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
   auto got = (*tc)->FetchLayers(pub->entry);

@@ -2,10 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "ipc/framing.h"
-#include "ipc/memory_backend.h"
+#include "ipc/store_factory.h"
 #include "ipc/session.h"
 #include "ipc/wire.h"
 
@@ -165,7 +166,13 @@ Frame ToFrame(const OutMessage& m) {
 }
 
 TEST(Session, PublishOutOfOrderIsRefusedAndAborted) {
-  auto store = NewMemoryBackend();
+  std::string dir = (std::filesystem::temp_directory_path() / "pcsess-XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  StoreConfig sc;
+  sc.data_dir = dir;
+  auto opened = OpenStore(sc);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto store = std::move(opened).value();
   Inline ex;
   auto sink = std::make_shared<Collect>();
   ServerCounters counters;
@@ -198,6 +205,9 @@ TEST(Session, PublishOutOfOrderIsRefusedAndAborted) {
   auto rd2 = sink->frames.back().Reader({});
   EXPECT_EQ(rd2->getRoot<wire::Response>().getError().getCode(), wire::ErrorCode::NOT_FOUND);
   EXPECT_EQ(store->Stat()->entries, 0u);
+  s.reset();
+  store.reset();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,0 +1,21 @@
+// Test-only knobs of a Store (StoreOptions::test_hooks). Not for production use.
+#pragma once
+
+#include <atomic>
+#include <memory>
+
+#include "statestore/token_hash.h"
+
+namespace primecache::statestore_internal {
+
+struct TestHooks {
+  // Replaces the index's token hasher (e.g. one that always collides). The
+  // store records the hasher's id and refuses to open with another.
+  const TokenHasher* hasher = nullptr;
+  // When set and true, every mutating file operation of RocksDB fails with no
+  // effect: the disk is frozen as at a power loss, so a test can then
+  // FaultInjectionEnv::SimulateCrash() and reopen.
+  std::shared_ptr<std::atomic<bool>> freeze_io;
+};
+
+}  // namespace primecache::statestore_internal
