@@ -258,7 +258,7 @@ Status Store::Impl::WriteChunkBytes(const Hash128& h, std::span<const std::byte>
   rocksdb::WriteOptions wo;
   wo.disableWAL = direct;
   TEST_KILL_POINT("publish.stage.before_write");
-  PC_RETURN_IF_ERROR(FromRocks(db->Write(wo, &b), "write chunk " + HashHex(h)));
+  PC_RETURN_IF_ERROR(Write(wo, &b, "write chunk"));
   TEST_KILL_POINT("publish.stage.after_write");
   std::lock_guard g(chunk_mu);
   LiveChunk& lc = live_chunks[h];
@@ -278,10 +278,11 @@ void Store::Impl::AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128&
 }
 
 Status Store::Impl::FlushChunks() {
+  PC_RETURN_IF_ERROR(Broken());
   rocksdb::FlushOptions fo;
   fo.wait = true;
   fo.allow_write_stall = true;
-  return FromRocks(db->Flush(fo, cf_chunks), "flush staged chunks");
+  return AfterWriteError(FromRocks(db->Flush(fo, cf_chunks), "flush staged chunks"));
 }
 
 void Store::Impl::UnpinChunks(const std::vector<Hash128>& chunks, bool flushed) {
@@ -338,7 +339,7 @@ void Store::Impl::AbortPublish(const std::vector<Hash128>& chunks) {
   }
   if (b.Count() > 0) {
     TEST_KILL_POINT("abort.before_write");
-    Status s = FromRocks(db->Write(rocksdb::WriteOptions(), &b), "drop staged chunks");
+    Status s = Write(rocksdb::WriteOptions(), &b, "drop staged chunks");
     if (!s.ok()) spdlog::warn("statestore {}: abandoned publish: {} (collected at next open)", path, s.ToString());
   }
   std::lock_guard g(chunk_mu);

@@ -3,7 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdarg>
+#include <algorithm>
 #include <cstdio>
+#include <rocksdb/system_clock.h>
 #include <map>
 #include <mutex>
 #include <set>
@@ -31,6 +33,19 @@ IOStatus ToIO(const Status& s) {
 IOStatus Frozen(const std::string& what) {
   return IOStatus::IOError("disk frozen (simulated power loss): " + what);
 }
+
+// The test-only freeze: a flag, and a countdown of mutating operations that
+// sets it.
+struct Freezer {
+  std::shared_ptr<std::atomic<bool>> frozen;
+  std::shared_ptr<std::atomic<std::int64_t>> countdown;
+  // Called before each mutating operation; true when it must not happen.
+  bool Stop() const {
+    if (!frozen) return false;
+    if (countdown && countdown->fetch_sub(1) == 1) frozen->store(true);
+    return frozen->load();
+  }
+};
 
 std::span<const std::byte> AsSpan(const Slice& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
@@ -69,9 +84,9 @@ class RandFile final : public rocksdb::FSRandomAccessFile {
 class WFile final : public rocksdb::FSWritableFile {
  public:
   WFile(std::string path, std::unique_ptr<WritableFile> f, std::uint64_t size, const FileOptions& o,
-        std::shared_ptr<std::atomic<bool>> frozen)
+        Freezer freezer)
       : rocksdb::FSWritableFile(o), path_(std::move(path)), f_(std::move(f)), size_(size),
-        frozen_(std::move(frozen)) {}
+        freezer_(std::move(freezer)) {}
   ~WFile() override {
     if (f_ != nullptr) {
       Status ignored = f_->Close();
@@ -81,7 +96,7 @@ class WFile final : public rocksdb::FSWritableFile {
 
   IOStatus Append(const Slice& data, const IOOptions&, IODebugContext*) override {
     TEST_KILL_POINT("fs.append");
-    if (frozen_ && frozen_->load()) return Frozen("append " + path_);
+    if (freezer_.Stop()) return Frozen("append " + path_);
     Status s = f_->Append(AsSpan(data));
     if (s.ok()) size_ += data.size();
     return ToIO(s);
@@ -99,7 +114,7 @@ class WFile final : public rocksdb::FSWritableFile {
   IOStatus Flush(const IOOptions&, IODebugContext*) override { return IOStatus::OK(); }
   IOStatus Sync(const IOOptions&, IODebugContext*) override {
     TEST_KILL_POINT("fs.sync");
-    if (frozen_ && frozen_->load()) return Frozen("sync " + path_);
+    if (freezer_.Stop()) return Frozen("sync " + path_);
     if (f_ == nullptr) return IOStatus::IOError("sync of closed file " + path_);
     return ToIO(f_->Sync());
   }
@@ -111,16 +126,15 @@ class WFile final : public rocksdb::FSWritableFile {
   std::string path_;
   std::unique_ptr<WritableFile> f_;
   std::uint64_t size_ = 0;
-  std::shared_ptr<std::atomic<bool>> frozen_;
+  Freezer freezer_;
 };
 
 class Dir final : public rocksdb::FSDirectory {
  public:
-  Dir(Env* env, std::string path, std::shared_ptr<std::atomic<bool>> frozen)
-      : env_(env), path_(std::move(path)), frozen_(std::move(frozen)) {}
+  Dir(Env* env, std::string path, Freezer freezer) : env_(env), path_(std::move(path)), freezer_(std::move(freezer)) {}
   IOStatus Fsync(const IOOptions&, IODebugContext*) override {
     TEST_KILL_POINT("fs.dirsync");
-    if (frozen_ && frozen_->load()) return Frozen("sync directory " + path_);
+    if (freezer_.Stop()) return Frozen("sync directory " + path_);
     return ToIO(env_->SyncDir(path_));
   }
   IOStatus Close(const IOOptions&, IODebugContext*) override { return IOStatus::OK(); }
@@ -128,7 +142,7 @@ class Dir final : public rocksdb::FSDirectory {
  private:
   Env* env_;
   std::string path_;
-  std::shared_ptr<std::atomic<bool>> frozen_;
+  Freezer freezer_;
 };
 
 // Locks held in this process, by path: a second open of one store in the
@@ -151,12 +165,13 @@ class EnvLock final : public rocksdb::FileLock {
 
 class EnvFileSystem final : public rocksdb::FileSystem {
  public:
-  EnvFileSystem(Env* env, EnvFileSystemOptions o) : env_(env), o_(std::move(o)) {}
+  EnvFileSystem(Env* env, EnvFileSystemOptions o)
+      : env_(env), o_(std::move(o)), freezer_{o_.frozen, o_.freeze_countdown} {}
 
   static const char* kClassName() { return "PrimecacheEnvFileSystem"; }
   const char* Name() const override { return kClassName(); }
 
-  bool IsFrozen() const { return o_.frozen && o_.frozen->load(); }
+  bool IsFrozen() const { return freezer_.Stop(); }
   // Locks are per file system: the Env's address qualifies the path.
   std::string LockName(const std::string& f) const {
     return std::to_string(reinterpret_cast<std::uintptr_t>(env_)) + ":" + f;
@@ -182,7 +197,7 @@ class EnvFileSystem final : public rocksdb::FileSystem {
     if (IsFrozen()) return Frozen("create " + f);
     auto file = env_->NewWritableFile(f);
     if (!file.ok()) return ToIO(file.status());
-    *r = std::make_unique<WFile>(f, std::move(file).value(), 0, o, o_.frozen);
+    *r = std::make_unique<WFile>(f, std::move(file).value(), 0, o, freezer_);
     return IOStatus::OK();
   }
   IOStatus ReopenWritableFile(const std::string& f, const FileOptions& o,
@@ -197,7 +212,7 @@ class EnvFileSystem final : public rocksdb::FileSystem {
     }
     auto file = env_->NewAppendableFile(f);
     if (!file.ok()) return ToIO(file.status());
-    *r = std::make_unique<WFile>(f, std::move(file).value(), size, o, o_.frozen);
+    *r = std::make_unique<WFile>(f, std::move(file).value(), size, o, freezer_);
     return IOStatus::OK();
   }
   IOStatus ReuseWritableFile(const std::string& f, const std::string& old, const FileOptions& o,
@@ -208,7 +223,7 @@ class EnvFileSystem final : public rocksdb::FileSystem {
   }
   IOStatus NewDirectory(const std::string& name, const IOOptions&, std::unique_ptr<rocksdb::FSDirectory>* r,
                         IODebugContext*) override {
-    *r = std::make_unique<Dir>(env_, name, o_.frozen);
+    *r = std::make_unique<Dir>(env_, name, freezer_);
     return IOStatus::OK();
   }
   IOStatus FileExists(const std::string& f, const IOOptions&, IODebugContext*) override {
@@ -331,6 +346,7 @@ class EnvFileSystem final : public rocksdb::FileSystem {
  private:
   Env* env_;
   EnvFileSystemOptions o_;
+  Freezer freezer_;
 };
 
 class SpdlogRocksLogger final : public rocksdb::Logger {
@@ -353,7 +369,29 @@ class SpdlogRocksLogger final : public rocksdb::Logger {
   }
 };
 
+class ShortSleepClock final : public rocksdb::SystemClockWrapper {
+ public:
+  explicit ShortSleepClock(const std::shared_ptr<rocksdb::SystemClock>& t) : rocksdb::SystemClockWrapper(t) {}
+  const char* Name() const override { return "PrimecacheShortSleepClock"; }
+  void SleepForMicroseconds(int micros) override { target_->SleepForMicroseconds(std::min(micros, 1000)); }
+};
+
+class ShortSleepEnv final : public rocksdb::EnvWrapper {
+ public:
+  explicit ShortSleepEnv(std::unique_ptr<rocksdb::Env> t) : rocksdb::EnvWrapper(std::move(t)) {
+    system_clock_ = std::make_shared<ShortSleepClock>(system_clock_);
+  }
+  const char* Name() const override { return "PrimecacheShortSleepEnv"; }
+  void SleepForMicroseconds(int micros) override { target()->SleepForMicroseconds(std::min(micros, 1000)); }
+};
+
 }  // namespace
+
+std::unique_ptr<rocksdb::Env> NewRocksEnv(const std::shared_ptr<rocksdb::FileSystem>& fs, bool short_sleeps) {
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  if (short_sleeps) env = std::make_unique<ShortSleepEnv>(std::move(env));
+  return env;
+}
 
 std::shared_ptr<rocksdb::FileSystem> NewEnvFileSystem(Env* env, EnvFileSystemOptions options) {
   return std::make_shared<EnvFileSystem>(env, std::move(options));

@@ -15,6 +15,7 @@
 #include <rocksdb/file_system.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -29,9 +30,16 @@ struct EnvFileSystemOptions {
   // When set and true, every mutating operation fails with no effect (a test
   // freezes the disk at a simulated power loss).
   std::shared_ptr<std::atomic<bool>> frozen;
+  // See TestHooks::freeze_countdown (requires frozen).
+  std::shared_ptr<std::atomic<std::int64_t>> freeze_countdown;
 };
 
 std::shared_ptr<rocksdb::FileSystem> NewEnvFileSystem(Env* env, EnvFileSystemOptions options);
+
+// The rocksdb::Env RocksDB runs on: that file system, the default threads and
+// clock. short_sleeps (tests only) caps RocksDB's own back-off sleeps (a
+// second after each failed flush) at a millisecond.
+std::unique_ptr<rocksdb::Env> NewRocksEnv(const std::shared_ptr<rocksdb::FileSystem>& fs, bool short_sleeps);
 
 // A rocksdb::Logger that forwards to spdlog (RocksDB's INFO as debug).
 std::shared_ptr<rocksdb::Logger> NewSpdlogRocksLogger();

@@ -184,6 +184,34 @@ rocksdb::WriteOptions Store::Impl::CommitWriteOptions() const {
   return wo;
 }
 
+Status Store::Impl::Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch, std::string_view what) {
+  PC_RETURN_IF_ERROR(Broken());
+  return AfterWriteError(FromRocks(db->Write(wo, batch), what));
+}
+
+Status Store::Impl::Broken() const {
+  std::lock_guard g(broken_mu);
+  return broken;
+}
+
+Status Store::Impl::AfterWriteError(const Status& s) {
+  if (s.ok() || (frozen && frozen->load())) return s;
+  if (s.code() == StatusCode::kIOError || s.code() == StatusCode::kResourceExhausted ||
+      s.code() == StatusCode::kCorruption) {
+    rocksdb::Status r = db->Resume();
+    if (!r.ok()) {
+      spdlog::error("statestore {}: RocksDB stays in its error state ({}); writes are refused until the store is "
+                    "reopened",
+                    path, r.ToString());
+      std::lock_guard g(broken_mu);
+      if (broken.ok()) {
+        broken = Status::Unavailable("the store must be reopened after a failed write (" + s.ToString() + ")");
+      }
+    }
+  }
+  return s;
+}
+
 Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->env = options.env != nullptr ? options.env : Env::Default();
@@ -227,8 +255,9 @@ Status Store::Impl::OpenDb() {
   EnvFileSystemOptions fso;
   fso.posix_locks = opts.env == nullptr || opts.env == Env::Default();
   fso.frozen = frozen;
+  if (opts.test_hooks != nullptr) fso.freeze_countdown = opts.test_hooks->freeze_countdown;
   fs = NewEnvFileSystem(env, fso);
-  rocks_env = rocksdb::NewCompositeEnv(fs);
+  rocks_env = NewRocksEnv(fs, opts.test_hooks != nullptr && opts.test_hooks->short_sleeps);
   block_cache = rocksdb::NewLRUCache(opts.block_cache_bytes);
 
   rocksdb::DBOptions dbo;
@@ -241,6 +270,7 @@ Status Store::Impl::OpenDb() {
   dbo.db_write_buffer_size = 512ull << 20;
   dbo.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
   dbo.avoid_flush_during_shutdown = true;
+  dbo.bgerror_resume_retry_interval = 20000;  // 20 ms between automatic recovery attempts
 
   // What is there already: a new directory, a primecache store, or not ours.
   std::vector<std::string> existing;
@@ -400,7 +430,7 @@ Status Store::Impl::CollectLeftovers() {
   TEST_KILL_POINT("gc.before_write");
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  PC_RETURN_IF_ERROR(FromRocks(db->Write(wo, &b), "collect leftovers"));
+  PC_RETURN_IF_ERROR(Write(wo, &b, "collect leftovers"));
   if (dropped > 0) spdlog::info("statestore {}: collected {} chunks left by unfinished publishes", path, dropped);
   (void)kept;
   return Status::Ok();
@@ -409,7 +439,7 @@ Status Store::Impl::CollectLeftovers() {
 Status Store::Impl::CloseDb() {
   if (db == nullptr) return Status::Ok();
   Status result;
-  if (!(frozen && frozen->load())) {
+  if (!(frozen && frozen->load()) && Broken().ok()) {
     std::lock_guard wl(write_mu);
     result = FlushTouches();
     if (result.ok()) {
@@ -420,7 +450,9 @@ Status Store::Impl::CloseDb() {
       if (!(c == counters)) {
         rocksdb::WriteOptions wo;
         wo.sync = true;
-        result = FromRocks(db->Put(wo, cf_meta, std::string(kMetaCountersKey), EncodeCounters(c)), "save counters");
+        rocksdb::WriteBatch b;
+        b.Put(cf_meta, std::string(kMetaCountersKey), EncodeCounters(c));
+        result = Write(wo, &b, "save counters");
       }
     }
   }
@@ -572,7 +604,7 @@ Status Store::Impl::FlushTouches() {
     b.Put(cf_lru, AccessKey(id), EncodeAccess(a));
   }
   if (b.Count() == 0) return Status::Ok();
-  return FromRocks(db->Write(rocksdb::WriteOptions(), &b), "record recency");
+  return Write(rocksdb::WriteOptions(), &b, "record recency");
 }
 
 // ---- describe / list ---------------------------------------------------------------------

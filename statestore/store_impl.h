@@ -137,6 +137,17 @@ struct Store::Impl {
   Status CollectLeftovers();
   Status CloseDb();
   rocksdb::WriteOptions CommitWriteOptions() const;
+  // db->Write; after a failure (a failed or full disk), asks RocksDB to leave
+  // its read-only error state so that the store works again once the disk
+  // does.
+  Status Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch, std::string_view what);
+  Status AfterWriteError(const Status& s);
+  // Set when RocksDB stays in its error state after a failed write (it
+  // treats a failed WAL write as fatal): every later write is refused with
+  // kUnavailable until the store is reopened. Reads go on.
+  Status Broken() const;
+  mutable std::mutex broken_mu;
+  Status broken;
   std::optional<std::uint64_t> FindScope(const Hash128& digest, std::string_view ns) const;
   std::optional<statestore_internal::ScopeRecord> ScopeById(std::uint64_t id) const;
   Result<EntryInfo> MakeInfo(EntryId id, const statestore_internal::EntrySummary& s, EntryState state);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "statestore/token_hash.h"
@@ -16,6 +17,13 @@ struct TestHooks {
   // effect: the disk is frozen as at a power loss, so a test can then
   // FaultInjectionEnv::SimulateCrash() and reopen.
   std::shared_ptr<std::atomic<bool>> freeze_io;
+  // When set: every mutating file operation (create, append, sync, rename,
+  // delete, directory sync) first decrements it, and the one that takes it
+  // to zero sets freeze_io before it runs: a power loss at exactly that
+  // operation. Start it at INT64_MAX to count a workload's operations.
+  std::shared_ptr<std::atomic<std::int64_t>> freeze_countdown;
+  // Caps RocksDB's back-off sleeps (a second after every failed flush).
+  bool short_sleeps = false;
 };
 
 }  // namespace primecache::statestore_internal

@@ -392,7 +392,7 @@ Status Txn::Commit(const rocksdb::WriteOptions& wo, const char* kill_before, con
   batch_.Put(s_.cf_meta, std::string(kMetaCountersKey), EncodeCounters(c_));
 
   TEST_KILL_POINT(kill_before);
-  PC_RETURN_IF_ERROR(FromRocks(s_.db->Write(wo, &batch_), "commit"));
+  PC_RETURN_IF_ERROR(s_.Write(wo, &batch_, "commit"));
   TEST_KILL_POINT(kill_after);
 
   s_.counters = c_;

@@ -360,7 +360,7 @@ Status Store::Impl::RebuildDerived() {
   b.Put(cf_meta, std::string(kMetaCountersKey), EncodeCounters(c));
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  PC_RETURN_IF_ERROR(FromRocks(db->Write(wo, &b), "rebuild derived records"));
+  PC_RETURN_IF_ERROR(Write(wo, &b, "rebuild derived records"));
   counters = c;
   PublishCounters(c);
   spdlog::warn("statestore {}: rebuilt chunk references, index and counters from {} entries", path, e.live.size());
