@@ -234,7 +234,19 @@ struct Client::Impl {
   std::condition_variable slot_cv;
   std::vector<std::size_t> free_slots;
   std::size_t slot_bytes = 0;
+  std::uint64_t slot_gen = 0;  // bumped per connection: old slots never come back
   std::mutex shm_fetch_mu;  // one fetch at a time uses the fetch window
+
+  // The connection (and its reader thread, which calls back into the slots
+  // below) goes first.
+  ~Impl() {
+    std::shared_ptr<Conn> c;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      c = std::move(conn);
+    }
+    c.reset();
+  }
 
   std::uint64_t NextId() { return next_id.fetch_add(1); }
 
@@ -409,6 +421,7 @@ Result<std::shared_ptr<Conn>> Client::Impl::Get() {
         const std::size_t half = conn->shm->size() / 2;
         slot_bytes = std::min<std::size_t>(half, conn->info.max_chunk_bytes);
         free_slots.clear();
+        ++slot_gen;
         for (std::size_t off = 0; slot_bytes > 0 && off + slot_bytes <= half; off += slot_bytes) free_slots.push_back(off);
       }
       return conn;
@@ -615,8 +628,10 @@ Status PublishStream::AddChunk(std::span<const std::byte> bytes) {
   auto& shm = st_->conn->shm;
   if (shm && !bytes.empty() && bytes.size() <= impl->slot_bytes) {
     std::size_t slot = 0;
+    std::uint64_t gen = 0;
     {
       std::unique_lock<std::mutex> l(impl->slot_mu);
+      gen = impl->slot_gen;
       if (!impl->slot_cv.wait_for(l, impl->opts.timeout, [&] { return !impl->free_slots.empty() || st_->conn->dead; })) {
         return Status::DeadlineExceeded("no shared-memory slot freed in time");
       }
@@ -634,10 +649,10 @@ Status PublishStream::AddChunk(std::span<const std::byte> bytes) {
       s.setOffset(slot);
       s.setLength(bytes.size());
     });
-    PC_RETURN_IF_ERROR(st_->SendPipelined(id, *m, [impl, slot] {
+    PC_RETURN_IF_ERROR(st_->SendPipelined(id, *m, [impl, slot, gen] {
       {
         std::lock_guard<std::mutex> l(impl->slot_mu);
-        impl->free_slots.push_back(slot);
+        if (impl->slot_gen == gen) impl->free_slots.push_back(slot);
       }
       impl->slot_cv.notify_one();
     }));

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <grp.h>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -573,6 +574,40 @@ TEST(DaemonLifecycle, TcpLoopbackAndConfigFile) {
   // No shared memory over TCP.
   t.shared_memory = true;
   EXPECT_EQ(Client::Connect(t).status().code(), StatusCode::kNotSupported);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DaemonLifecycle, SocketGroupReadyFileAndTenants) {
+  const std::string dir = MakeTempDir();
+  group* g = getgrgid(getgid());
+  ASSERT_NE(g, nullptr);
+  const std::string cfg = dir + "/cfg.json";
+  {
+    std::ofstream out(cfg);
+    out << R"({"tenants": {")" << getuid() << R"(": ["team-a", ""]}})";
+  }
+  const std::string ready = dir + "/ready";
+  Daemon d({"--config", cfg, "--socket-group", g->gr_name, "--ready-file", ready});
+  ASSERT_TRUE(d.Start());
+  struct stat st {};
+  ASSERT_EQ(stat(d.socket().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, getgid());
+  ASSERT_EQ(stat(d.admin_socket().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);  // the admin socket never opens to a group
+  {
+    std::ifstream in(ready);
+    std::string pid;
+    in >> pid;
+    EXPECT_EQ(pid, std::to_string(d.pid()));
+  }
+  EXPECT_TRUE(Client::Connect(d.Options("team-a")).ok());
+  EXPECT_TRUE(Client::Connect(d.Options("")).ok());
+  auto refused = Client::Connect(d.Options("team-b"));
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("permission denied"), std::string::npos);
+  EXPECT_EQ(d.Stop(), 0);
+  EXPECT_FALSE(std::filesystem::exists(ready));
   std::filesystem::remove_all(dir);
 }
 

@@ -125,16 +125,17 @@ Status ApplyConfig(const std::string& path, const CLI::App& app, Flags* f,
 }
 
 Status WriteReady(const Flags& f) {
+  if (!f.ready_file.empty()) {
+    PC_RETURN_IF_ERROR(primecache::WriteFileAtomically(primecache::Env::Default(), f.ready_file,
+                                                       std::to_string(getpid()) + "\n"));
+  }
+  // The descriptor last: whoever waits on it finds the ready file there.
   if (f.ready_fd >= 0) {
     const char msg[] = "ready\n";
     if (write(f.ready_fd, msg, sizeof(msg) - 1) != static_cast<ssize_t>(sizeof(msg) - 1)) {
       return Status::IOError(std::string("write --ready-fd: ") + std::strerror(errno));
     }
     close(f.ready_fd);
-  }
-  if (!f.ready_file.empty()) {
-    PC_RETURN_IF_ERROR(primecache::WriteFileAtomically(primecache::Env::Default(), f.ready_file,
-                                                       std::to_string(getpid()) + "\n"));
   }
   return Status::Ok();
 }
