@@ -84,12 +84,15 @@ class WorkerPool : public Executor {
 
 }  // namespace
 
-// Thread-safe response queue of one connection.
+// Thread-safe response queue of one connection. Whoever sends (a worker or
+// the loop) writes straight to the socket while nothing is queued ahead and
+// the socket takes it; what the socket does not take waits here, and the
+// loop writes it when the socket turns writable.
 class ConnSink : public ResponseSink {
  public:
-  ConnSink(std::uint64_t id, std::size_t bound, std::chrono::milliseconds stall,
+  ConnSink(std::uint64_t id, int fd, std::size_t bound, std::chrono::milliseconds stall,
            std::function<void(std::uint64_t)> notify)
-      : id_(id), bound_(bound), stall_(stall), notify_(std::move(notify)) {}
+      : id_(id), fd_(fd), bound_(bound), stall_(stall), notify_(std::move(notify)) {}
 
   void Send(std::unique_ptr<OutMessage> msg) override {
     bool wake = false;
@@ -97,9 +100,10 @@ class ConnSink : public ResponseSink {
       std::lock_guard<std::mutex> l(mu_);
       if (closed_) return;
       queued_ += msg->size();
-      incoming_.push_back(std::move(msg));
-      wake = !notified_;
-      notified_ = true;
+      wq_.push_back(std::move(msg));
+      WriteLocked();
+      // Left over (or the socket broke): the loop must take over.
+      if ((!wq_.empty() || broken_) && !notified_) wake = notified_ = true;
     }
     if (wake) notify_(id_);
   }
@@ -118,40 +122,87 @@ class ConnSink : public ResponseSink {
     return closed_;
   }
 
-  // Loop side.
-  void TakeIncoming(std::deque<std::unique_ptr<OutMessage>>* out) {
+  // Loop side: writes what the socket takes. False when the socket broke.
+  bool Flush() {
     std::lock_guard<std::mutex> l(mu_);
     notified_ = false;
-    for (auto& m : incoming_) out->push_back(std::move(m));
-    incoming_.clear();
+    WriteLocked();
+    return !broken_;
   }
-  void Written(std::size_t n) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      queued_ -= std::min(n, queued_);
-    }
-    cv_.notify_all();
+  bool Pending() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return !wq_.empty();
   }
   void Close() {
     {
       std::lock_guard<std::mutex> l(mu_);
       closed_ = true;
-      incoming_.clear();
+      wq_.clear();
       queued_ = 0;
     }
     cv_.notify_all();
   }
 
  private:
+  void WriteLocked() {
+    std::size_t written = 0;
+    while (!wq_.empty() && !broken_) {
+      iovec iov[IOV_MAX];
+      int k = 0;
+      std::size_t skip = wq_offset_;
+      for (auto& m : wq_) {
+        for (const iovec& v : m->iov()) {
+          if (k == IOV_MAX) break;
+          if (skip >= v.iov_len) {
+            skip -= v.iov_len;
+            continue;
+          }
+          iov[k++] = {static_cast<char*>(v.iov_base) + skip, v.iov_len - skip};
+          skip = 0;
+        }
+        if (k == IOV_MAX) break;
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<std::size_t>(k);
+      ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) broken_ = true;
+        break;
+      }
+      std::size_t left = static_cast<std::size_t>(n);
+      written += left;
+      while (left > 0 && !wq_.empty()) {
+        const std::size_t rest = wq_.front()->size() - wq_offset_;
+        if (left >= rest) {
+          left -= rest;
+          wq_.pop_front();
+          wq_offset_ = 0;
+        } else {
+          wq_offset_ += left;
+          left = 0;
+        }
+      }
+    }
+    if (written > 0) {
+      queued_ -= std::min(written, queued_);
+      cv_.notify_all();
+    }
+  }
+
   const std::uint64_t id_;
+  const int fd_;
   const std::size_t bound_;
   const std::chrono::milliseconds stall_;
   std::function<void(std::uint64_t)> notify_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::unique_ptr<OutMessage>> incoming_;
-  std::size_t queued_ = 0;
+  std::deque<std::unique_ptr<OutMessage>> wq_;
+  std::size_t wq_offset_ = 0;  // bytes of wq_.front() already written
+  std::size_t queued_ = 0;     // unwritten bytes
   bool notified_ = false;
+  bool broken_ = false;
   bool closed_ = false;
 };
 
@@ -166,8 +217,6 @@ struct Conn {
   std::shared_ptr<ConnSink> sink;
   std::shared_ptr<Session> session;
   std::vector<int> fds;
-  std::deque<std::unique_ptr<OutMessage>> wq;
-  std::size_t wq_offset = 0;  // bytes of wq.front() already written
 };
 
 struct Listener {
@@ -409,6 +458,11 @@ void Server::Impl::OnAccept(Listener* l) {
       close(fd);
       continue;
     }
+    if (opts.socket_buffer_bytes > 0) {
+      // Fewer wake-ups per large chunk; the kernel caps it (net.core.wmem_max).
+      int sz = static_cast<int>(opts.socket_buffer_bytes);
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+    }
     PeerInfo peer;
     peer.local = l->unix_socket;
     if (l->unix_socket) {
@@ -441,7 +495,7 @@ void Server::Impl::OnAccept(Listener* l) {
     c->id = next_id++;
     c->fd = fd;
     c->decoder = std::make_unique<FrameDecoder>(opts.limits.frame);
-    c->sink = std::make_shared<ConnSink>(c->id, opts.write_queue_bound, opts.stall_timeout, [this](std::uint64_t id) { Notify(id); });
+    c->sink = std::make_shared<ConnSink>(c->id, fd, opts.write_queue_bound, opts.stall_timeout, [this](std::uint64_t id) { Notify(id); });
     c->session = std::make_shared<Session>(store, pool.get(), fetch_pool.get(), c->sink, opts.limits, peer, &counters);
     const std::uint64_t cid = c->id;
     c->session->SetUnblockedCallback([this, cid] { Notify(cid); });
@@ -462,7 +516,7 @@ void Server::Impl::UpdatePoll(Conn* c) {
   if (c->closing) return;
   int ev = 0;
   if (!c->close_after_flush && !c->session->InboundBlocked()) ev |= UV_READABLE;
-  if (!c->wq.empty()) ev |= UV_WRITABLE;
+  if (c->sink->Pending()) ev |= UV_WRITABLE;
   if (ev != c->events) {
     c->events = ev;
     if (ev == 0) {
@@ -541,51 +595,15 @@ void Server::Impl::ReadSome(Conn* c) {
     }
     if (c->close_after_flush || c->session->InboundBlocked()) break;
   }
+  if (c->close_after_flush && !c->closing) Flush(c);
 }
 
 void Server::Impl::Flush(Conn* c) {
-  c->sink->TakeIncoming(&c->wq);
-  while (!c->wq.empty()) {
-    iovec iov[IOV_MAX];
-    int k = 0;
-    std::size_t skip = c->wq_offset;
-    for (auto& m : c->wq) {
-      for (const iovec& v : m->iov()) {
-        if (k == IOV_MAX) break;
-        if (skip >= v.iov_len) {
-          skip -= v.iov_len;
-          continue;
-        }
-        iov[k++] = {static_cast<char*>(v.iov_base) + skip, v.iov_len - skip};
-        skip = 0;
-      }
-      if (k == IOV_MAX) break;
-    }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<std::size_t>(k);
-    ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      CloseConn(c);
-      return;
-    }
-    std::size_t left = static_cast<std::size_t>(n);
-    c->sink->Written(left);
-    while (left > 0 && !c->wq.empty()) {
-      const std::size_t rest = c->wq.front()->size() - c->wq_offset;
-      if (left >= rest) {
-        left -= rest;
-        c->wq.pop_front();
-        c->wq_offset = 0;
-      } else {
-        c->wq_offset += left;
-        left = 0;
-      }
-    }
+  if (!c->sink->Flush()) {
+    CloseConn(c);
+    return;
   }
-  if (c->wq.empty() && c->close_after_flush) CloseConn(c);
+  if (c->close_after_flush && !c->sink->Pending()) CloseConn(c);
 }
 
 void Server::Impl::CloseConn(Conn* c) {

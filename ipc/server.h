@@ -36,6 +36,7 @@ struct ServerOptions {
   std::chrono::milliseconds stall_timeout{60000};
   std::size_t write_queue_bound = 8u << 20;  // unwritten bytes per connection
   std::size_t max_connections = 1024;
+  std::size_t socket_buffer_bytes = 4u << 20;  // SO_SNDBUF asked for each connection (0: the kernel's)
 };
 
 class Server {
