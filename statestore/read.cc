@@ -213,12 +213,18 @@ Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink
   PC_ASSIGN_OR_RETURN(Lease lease, AcquireLease(id));
   std::string mv;
   bool found = false;
-  PC_RETURN_IF_ERROR(s.GetValue(s.cf_manifests, IdKey(id), &mv, &found));
+  Status ms = s.GetValue(s.cf_manifests, IdKey(id), &mv, &found);
+  if (ms.IsCorruption()) {
+    lease.Release();
+    s.Quarantine(id, "manifest unreadable: " + ms.message(), std::nullopt);
+    return ms.WithContext("entry " + std::to_string(id) + " quarantined");
+  }
+  PC_RETURN_IF_ERROR(ms);
   if (!found) {
     s.Quarantine(id, "manifest missing", std::nullopt);
     return Status::Corruption("entry " + std::to_string(id) + ": manifest missing; quarantined");
   }
-  auto manifest = DecodeManifest(mv, s.opts.max_chunk_bytes > 0 ? kMaxChunkBytesLimit : 0);
+  auto manifest = DecodeManifest(mv, kMaxChunkBytesLimit);
   if (!manifest.ok()) {
     lease.Release();
     s.Quarantine(id, manifest.status().message(), std::nullopt);
@@ -295,15 +301,13 @@ void Store::Impl::Quarantine(EntryId id, const std::string& reason, std::optiona
   Txn t(*this);
   auto removed = t.RemoveEntry(id, reason);
   Status s;
-  bool rebuild = false;
   if (!removed.ok()) {
     // Its own record is unreadable: drop what is keyed by its id and rebuild
     // what the remaining entries imply.
     spdlog::error("statestore {}: entry {}: {}", path, id, removed.status().ToString());
-    const std::string key = IdKey(id);
-    for (auto* cf : {cf_entries, cf_manifests, cf_tokens}) t.batch().Delete(cf, key);
-    t.batch().Delete(cf_lru, AccessKey(id));
-    rebuild = true;
+    Status fs = ForceRemove(id);
+    if (!fs.ok()) spdlog::error("statestore {}: removing entry {}: {}", path, id, fs.ToString());
+    return;
   } else if (!*removed) {
     return;  // already gone
   }
@@ -312,7 +316,7 @@ void Store::Impl::Quarantine(EntryId id, const std::string& reason, std::optiona
     if (r.ok() && (*r)->refs > 0) (*r)->flags |= kChunkCorrupt;  // rewritten by the next publish that has it
   }
   s = t.Commit(CommitWriteOptions(), "quarantine.before_write", "quarantine.after_write");
-  if (s.ok() && (rebuild || t.needs_rebuild())) s = RebuildDerived();
+  if (s.ok() && t.needs_rebuild()) s = RebuildDerived();
   if (s.ok()) {
     spdlog::error("statestore {}: entry {} quarantined: {}", path, id, reason);
   } else {

@@ -298,11 +298,21 @@ class EnvFileSystem final : public rocksdb::FileSystem {
         return IOStatus::IOError("lock " + f + " (is another process using the store?): " + s.ToString());
       }
     } else if (!env_->FileExists(f)) {
-      if (IsFrozen()) return Frozen("create " + f);
-      auto file = env_->NewWritableFile(f);
-      if (!file.ok()) return ToIO(file.status());
-      Status ignored = (*file)->Close();
-      (void)ignored;
+      IOStatus s = IsFrozen() ? Frozen("create " + f) : IOStatus::OK();
+      if (s.ok()) {
+        auto file = env_->NewWritableFile(f);
+        if (file.ok()) {
+          Status ignored = (*file)->Close();
+          (void)ignored;
+        } else {
+          s = ToIO(file.status());
+        }
+      }
+      if (!s.ok()) {
+        std::lock_guard g(Locks().mu);
+        Locks().held.erase(held);
+        return s;
+      }
     }
     *lock = new EnvLock(held, posix);
     return IOStatus::OK();

@@ -291,9 +291,6 @@ Status Store::Impl::OpenDb() {
   params.created_unix_ms = NowUnixMs();
   bool has_schema = false;
   if (!fresh) {
-    if (std::find(existing.begin(), existing.end(), kCfMeta) == existing.end()) {
-      return Status::FailedPrecondition(path + " holds a RocksDB database that is not a primecache store");
-    }
     std::vector<rocksdb::ColumnFamilyDescriptor> ro;
     for (auto& n : existing) ro.emplace_back(n, rocksdb::ColumnFamilyOptions());
     std::vector<rocksdb::ColumnFamilyHandle*> ro_handles;
@@ -302,43 +299,61 @@ Status Store::Impl::OpenDb() {
     rdo.create_if_missing = false;
     PC_RETURN_IF_ERROR(FromRocks(rocksdb::DB::OpenForReadOnly(rdo, path, ro, &ro_handles, &ro_db), "open read-only"));
     rocksdb::ColumnFamilyHandle* meta = nullptr;
+    bool empty = true;  // no key in any column family
     for (auto* h : ro_handles) {
       if (h->GetName() == kCfMeta) meta = h;
+      std::unique_ptr<rocksdb::Iterator> it(ro_db->NewIterator(rocksdb::ReadOptions(), h));
+      it->SeekToFirst();
+      if (it->Valid() || !it->status().ok()) empty = false;
     }
     std::string schema, stored_params;
-    rocksdb::Status s1 = ro_db->Get(rocksdb::ReadOptions(), meta, std::string(kMetaSchemaKey), &schema);
-    rocksdb::Status s2 = ro_db->Get(rocksdb::ReadOptions(), meta, std::string(kMetaParamsKey), &stored_params);
+    rocksdb::Status s1 = rocksdb::Status::NotFound(), s2 = rocksdb::Status::NotFound();
+    if (meta != nullptr) {
+      s1 = ro_db->Get(rocksdb::ReadOptions(), meta, std::string(kMetaSchemaKey), &schema);
+      s2 = ro_db->Get(rocksdb::ReadOptions(), meta, std::string(kMetaParamsKey), &stored_params);
+    }
     for (auto* h : ro_handles) ro_db->DestroyColumnFamilyHandle(h);
     delete ro_db;
-    if (s1.IsNotFound()) {
+    if (s1.IsNotFound() && empty) {
+      // A creation that crashed before its first batch: nothing is in it,
+      // so it is created again.
+      spdlog::info("statestore {}: finishing the creation of an empty store", path);
+    } else if (meta == nullptr) {
+      return Status::FailedPrecondition(path + " holds a RocksDB database that is not a primecache store");
+    } else if (s1.IsNotFound()) {
       return Status::Corruption(path + ": the store has no schema version record");
-    }
-    PC_RETURN_IF_ERROR(FromRocks(s1, "read schema version"));
-    PC_ASSIGN_OR_RETURN(std::uint32_t version, DecodeSchema(schema));
-    if (version > kSchemaVersion) {
-      return Status::NotSupported("store schema version " + std::to_string(version) +
-                                  " is newer than this build supports (" + std::to_string(kSchemaVersion) +
-                                  "); open it with a newer primecache");
-    }
-    if (version < 1) return Status::Corruption("store schema version 0 is not valid");
-    PC_RETURN_IF_ERROR(FromRocks(s2, "read store parameters"));
-    PC_ASSIGN_OR_RETURN(params, DecodeParams(stored_params));
-    if (params.hasher_id != hasher->id()) {
-      return Status::FailedPrecondition("the store's index was built with token hasher " +
-                                        std::to_string(params.hasher_id) + ", not " + std::to_string(hasher->id()));
-    }
-    for (auto& n : existing) {
-      if (n != rocksdb::kDefaultColumnFamilyName &&
-          std::find(OurColumnFamilies().begin(), OurColumnFamilies().end(), n) == OurColumnFamilies().end()) {
-        return Status::FailedPrecondition("store has an unknown column family '" + n + "'");
+    } else {
+      PC_RETURN_IF_ERROR(FromRocks(s1, "read schema version"));
+      PC_ASSIGN_OR_RETURN(std::uint32_t version, DecodeSchema(schema));
+      if (version > kSchemaVersion) {
+        return Status::NotSupported("store schema version " + std::to_string(version) +
+                                    " is newer than this build supports (" + std::to_string(kSchemaVersion) +
+                                    "); open it with a newer primecache");
       }
+      if (version < 1) return Status::Corruption("store schema version 0 is not valid");
+      PC_RETURN_IF_ERROR(FromRocks(s2, "read store parameters"));
+      PC_ASSIGN_OR_RETURN(params, DecodeParams(stored_params));
+      if (params.hasher_id != hasher->id()) {
+        return Status::FailedPrecondition("the store's index was built with token hasher " +
+                                          std::to_string(params.hasher_id) + ", not " +
+                                          std::to_string(hasher->id()));
+      }
+      for (auto& n : existing) {
+        if (n != rocksdb::kDefaultColumnFamilyName &&
+            std::find(OurColumnFamilies().begin(), OurColumnFamilies().end(), n) == OurColumnFamilies().end()) {
+          return Status::FailedPrecondition("store has an unknown column family '" + n + "'");
+        }
+      }
+      has_schema = true;
     }
-    has_schema = true;
   }
 
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
   cfs.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
-  for (const auto& n : OurColumnFamilies()) cfs.emplace_back(n, CfOptions(n, params, opts, block_cache));
+  for (const auto& n : OurColumnFamilies()) {
+    cfs.emplace_back(n, CfOptions(n, params, opts, block_cache));
+    if (opts.test_hooks != nullptr && opts.test_hooks->no_compactions) cfs.back().options.disable_auto_compactions = true;
+  }
   PC_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(dbo, path, cfs, &handles, &db), "open RocksDB"));
   rocksdb::ColumnFamilyHandle** slots[] = {&cf_meta,     &cf_entries, &cf_manifests, &cf_tokens,   &cf_chunks,
                                           &cf_chunk_refs, &cf_index, &cf_lru,       &cf_quarantine};
@@ -772,9 +787,31 @@ Status Store::Delete(EntryId id) {
   PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_entries, IdKey(id), &v, &found));
   if (!found) return Status::NotFound("no entry " + std::to_string(id));
   if (!t.MarkDying(id)) return Status::Unavailable("entry " + std::to_string(id) + " is leased; retry later");
-  PC_ASSIGN_OR_RETURN(bool removed, t.RemoveEntry(id, std::nullopt));
-  if (!removed) return Status::NotFound("no entry " + std::to_string(id));
+  auto removed = t.RemoveEntry(id, std::nullopt);
+  if (!removed.ok() && removed.status().IsCorruption()) {
+    // Its records cannot be read: remove what is keyed by its id and rebuild
+    // what the remaining entries imply.
+    spdlog::error("statestore {}: deleting entry {}: {}", impl_->path, id, removed.status().ToString());
+    return impl_->ForceRemove(id);
+  }
+  PC_RETURN_IF_ERROR(removed.status());
+  if (!*removed) return Status::NotFound("no entry " + std::to_string(id));
   return t.Commit(impl_->CommitWriteOptions(), "delete.before_write", "delete.after_write");
+}
+
+Status Store::Impl::ForceRemove(EntryId id) {
+  Txn t(*this);
+  const std::string key = IdKey(id);
+  for (auto* cf : {cf_entries, cf_manifests, cf_tokens}) t.batch().Delete(cf, key);
+  std::string av;
+  bool found = false;
+  PC_RETURN_IF_ERROR(GetValue(cf_lru, AccessKey(id), &av, &found));
+  if (found) {
+    if (auto a = DecodeAccess(av); a.ok()) t.batch().Delete(cf_lru, AgeKey(a->tick, id));
+    t.batch().Delete(cf_lru, AccessKey(id));
+  }
+  PC_RETURN_IF_ERROR(t.Commit(CommitWriteOptions(), "delete.before_write", "delete.after_write"));
+  return RebuildDerived();
 }
 
 Status Store::SetByteBudget(std::uint64_t bytes) {

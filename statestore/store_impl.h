@@ -179,6 +179,9 @@ struct Store::Impl {
   Status ReadChunk(const Hash128& h, std::uint64_t size, rocksdb::PinnableSlice* pinned, std::string* joined,
                    std::span<const std::byte>* out);
   void Quarantine(EntryId id, const std::string& reason, std::optional<Hash128> bad_chunk);
+  // Removes an entry whose own records are unreadable, then rebuilds the
+  // derived records; requires write_mu.
+  Status ForceRemove(EntryId id);
 
   // ---- publish.cc: chunk pinning
   struct StageDecision {

@@ -24,6 +24,9 @@ struct TestHooks {
   std::shared_ptr<std::atomic<std::int64_t>> freeze_countdown;
   // Caps RocksDB's back-off sleeps (a second after every failed flush).
   bool short_sleeps = false;
+  // No background compactions (a test that plants damage in files decides
+  // alone who reads them).
+  bool no_compactions = false;
 };
 
 }  // namespace primecache::statestore_internal

@@ -302,3 +302,45 @@ INSTANTIATE_TEST_SUITE_P(Workloads, PowerLoss,
 
 }  // namespace
 }  // namespace primecache
+
+namespace primecache {
+namespace {
+
+// A power loss while a store is being created leaves either no store or one
+// that opens (empty and consistent).
+TEST(PowerLossAtCreation, TheStoreOpensAfterwards) {
+  std::int64_t ops = 0;
+  {
+    FaultStore f;  // counts its own creation
+    ops = std::numeric_limits<std::int64_t>::max() - f.hooks->freeze_countdown->load();
+  }
+  ASSERT_GT(ops, 0);
+  for (std::int64_t n : Sample(ops)) {
+    SCOPED_TRACE("power lost at creation operation " + std::to_string(n) + " of " + std::to_string(ops));
+    auto base = NewMemEnv();
+    FaultInjectionEnv fenv(base.get());
+    auto hooks = std::make_shared<TestHooks>();
+    hooks->freeze_io = std::make_shared<std::atomic<bool>>(false);
+    hooks->freeze_countdown = std::make_shared<std::atomic<std::int64_t>>(n);
+    hooks->short_sleeps = true;
+    StoreOptions o;
+    o.env = &fenv;
+    o.path = "/s";
+    o.test_hooks = hooks;
+    {
+      auto s = Store::Open(o);  // fails or not: the power goes either way
+      hooks->freeze_io->store(true);
+    }
+    ASSERT_TRUE(fenv.SimulateCrash().ok());
+    hooks->freeze_io->store(false);
+    hooks->freeze_countdown->store(std::numeric_limits<std::int64_t>::max());
+    auto s = Store::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ((*s)->Stat()->entries, 0u);
+    ExpectConsistent(**s);
+    EXPECT_TRUE(PublishTarget(**s).ok());
+  }
+}
+
+}  // namespace
+}  // namespace primecache
