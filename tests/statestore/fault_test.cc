@@ -92,7 +92,7 @@ struct FaultStore {
 };
 
 Result<PublishResult> PublishTarget(Store& s) {
-  auto t = Conv();
+  const auto& t = Conv();
   return s.Publish(Request(t), MakeLayers(t, kModel));
 }
 
