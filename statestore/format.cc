@@ -5,7 +5,7 @@
 namespace primecache::statestore_internal {
 namespace {
 
-constexpr std::uint32_t kParamsMagic = 0x50435350;    // "PCSP"
+constexpr std::uint32_t kParamsMagic = 0x50435350;  // "PCSP"
 constexpr std::uint8_t kSummaryVersion = 1;
 constexpr std::uint8_t kManifestVersion = 1;
 constexpr std::uint8_t kScopeVersion = 1;
@@ -75,7 +75,9 @@ bool Reader::Bytes(std::size_t n, std::string_view* v) {
   return true;
 }
 
-void AppendChecksum(std::string* out) { PutLE64(out, Checksum64(*out)); }
+void AppendChecksum(std::string* out) {
+  PutLE64(out, Checksum64(*out));
+}
 
 Result<std::string_view> CheckTrailer(std::string_view value, std::string_view what) {
   if (value.size() < 8) return Bad(what, "shorter than its checksum");
@@ -94,7 +96,9 @@ std::string HashKey(const Hash128& h) {
   PutBE64(&k, h.lo);
   return k;
 }
-Hash128 HashFromKey(std::string_view k16) { return {GetBE64(k16.data() + 8), GetBE64(k16.data())}; }
+Hash128 HashFromKey(std::string_view k16) {
+  return {GetBE64(k16.data() + 8), GetBE64(k16.data())};
+}
 std::string HashHex(const Hash128& h) {
   static const char* kHex = "0123456789abcdef";
   std::string out;
@@ -139,7 +143,8 @@ Result<Params> DecodeParams(std::string_view v) {
       !r.U64(&p.created_unix_ms) || r.remaining() != 0) {
     return Bad("params record", "wrong size");
   }
-  if (p.block_tokens == 0 || p.block_tokens > kMaxBlockTokens) return Bad("params record", "block size out of range");
+  if (p.block_tokens == 0 || p.block_tokens > kMaxBlockTokens)
+    return Bad("params record", "block size out of range");
   if (p.chunk_layout != 1 && p.chunk_layout != 2) return Bad("params record", "unknown chunk layout");
   if (p.chunk_layout == 2 && (p.piece_bytes < 4096 || p.piece_bytes > (64u << 20))) {
     return Bad("params record", "piece size out of range");
@@ -150,9 +155,9 @@ Result<Params> DecodeParams(std::string_view v) {
 std::string EncodeCounters(const Counters& c) {
   std::string v;
   PutLE32(&v, kCounterFields);
-  for (std::uint64_t x : {c.entries, c.quarantined, c.chunks, c.chunk_bytes, c.logical_chunk_bytes, c.meta_bytes,
-                          c.raw_bytes, c.next_entry_id, c.next_scope_id, c.evictions, c.hits, c.misses,
-                          c.admission_refusals}) {
+  for (std::uint64_t x :
+       {c.entries, c.quarantined, c.chunks, c.chunk_bytes, c.logical_chunk_bytes, c.meta_bytes, c.raw_bytes,
+        c.next_entry_id, c.next_scope_id, c.evictions, c.hits, c.misses, c.admission_refusals}) {
     PutLE64(&v, x);
   }
   AppendChecksum(&v);
@@ -168,8 +173,8 @@ Result<Counters> DecodeCounters(std::string_view v) {
   }
   Counters c;
   for (std::uint64_t* x : {&c.entries, &c.quarantined, &c.chunks, &c.chunk_bytes, &c.logical_chunk_bytes,
-                           &c.meta_bytes, &c.raw_bytes, &c.next_entry_id, &c.next_scope_id, &c.evictions, &c.hits,
-                           &c.misses, &c.admission_refusals}) {
+                           &c.meta_bytes, &c.raw_bytes, &c.next_entry_id, &c.next_scope_id, &c.evictions,
+                           &c.hits, &c.misses, &c.admission_refusals}) {
     r.U64(x);
   }
   return c;
@@ -206,8 +211,9 @@ Result<ScopeRecord> DecodeScope(std::uint64_t id, std::string_view v) {
   std::string_view digest, name, ns;
   std::uint32_t name_len = 0, ns_len = 0;
   if (!r.U8(&version) || version != kScopeVersion) return Bad("scope record", "unknown version");
-  if (!r.Bytes(16, &digest) || !r.U32(&name_len) || name_len > kMaxModelNameBytes || !r.Bytes(name_len, &name) ||
-      !r.U32(&ns_len) || ns_len > kMaxNamespaceBytes || !r.Bytes(ns_len, &ns) || r.remaining() != 0) {
+  if (!r.Bytes(16, &digest) || !r.U32(&name_len) || name_len > kMaxModelNameBytes ||
+      !r.Bytes(name_len, &name) || !r.U32(&ns_len) || ns_len > kMaxNamespaceBytes || !r.Bytes(ns_len, &ns) ||
+      r.remaining() != 0) {
     return Bad("scope record", "malformed");
   }
   s.digest = HashFromKey(digest);
@@ -333,13 +339,17 @@ Result<std::vector<std::uint32_t>> DecodeTokens(std::string_view v) {
 
 // ---- chunks ----------------------------------------------------------------------
 
-std::string ChunkKey(const Hash128& h) { return std::string(1, kChunkTag) + HashKey(h); }
+std::string ChunkKey(const Hash128& h) {
+  return std::string(1, kChunkTag) + HashKey(h);
+}
 std::string PieceKey(const Hash128& h, std::uint32_t piece) {
   std::string k = ChunkKey(h);
   PutBE32(&k, piece);
   return k;
 }
-std::string GcKey(const Hash128& h) { return std::string(1, kGcTag) + HashKey(h); }
+std::string GcKey(const Hash128& h) {
+  return std::string(1, kGcTag) + HashKey(h);
+}
 
 std::string EncodeChunkRef(const ChunkRefRecord& r) {
   std::string v;
@@ -394,14 +404,16 @@ std::string EncodeNode(const std::vector<NodeSlot>& slots) {
   return v;
 }
 Result<std::vector<NodeSlot>> DecodeNode(std::string_view v, std::uint32_t block) {
-  if (v.size() % 8 != 0 || v.size() / 8 > block) return Bad("index node", "size is not a whole number of slots");
+  if (v.size() % 8 != 0 || v.size() / 8 > block)
+    return Bad("index node", "size is not a whole number of slots");
   Reader r(v);
   std::vector<NodeSlot> slots(v.size() / 8);
   std::uint32_t prev = 0;
   for (auto& s : slots) {
     r.U32(&s.r);
     r.U32(&s.count);
-    if (s.r == 0 || s.r > block || s.r <= prev || s.count == 0) return Bad("index node", "slot out of order or range");
+    if (s.r == 0 || s.r > block || s.r <= prev || s.count == 0)
+      return Bad("index node", "slot out of order or range");
     prev = s.r;
   }
   return slots;
@@ -468,8 +480,9 @@ Result<QuarantineRecord> DecodeQuarantine(std::string_view v) {
   std::string_view summary, reason;
   QuarantineRecord q;
   if (!r.U8(&version) || version != kQuarantineVersion) return Bad("quarantine record", "unknown version");
-  if (!r.U32(&summary_len) || !r.Bytes(summary_len, &summary) || !r.U64(&q.when_unix_ms) || !r.U32(&reason_len) ||
-      reason_len > kMaxReasonBytes || !r.Bytes(reason_len, &reason) || r.remaining() != 0) {
+  if (!r.U32(&summary_len) || !r.Bytes(summary_len, &summary) || !r.U64(&q.when_unix_ms) ||
+      !r.U32(&reason_len) || reason_len > kMaxReasonBytes || !r.Bytes(reason_len, &reason) ||
+      r.remaining() != 0) {
     return Bad("quarantine record", "malformed");
   }
   PC_ASSIGN_OR_RETURN(q.summary, DecodeSummary(summary));

@@ -108,7 +108,7 @@ struct Counters {
   std::uint64_t next_entry_id = 1;
   std::uint64_t next_scope_id = 1;
   std::uint64_t evictions = 0;
-  std::uint64_t hits = 0;                 // hits .. refusals: best effort (flushed with batches)
+  std::uint64_t hits = 0;  // hits .. refusals: best effort (flushed with batches)
   std::uint64_t misses = 0;
   std::uint64_t admission_refusals = 0;
   friend bool operator==(const Counters&, const Counters&) = default;

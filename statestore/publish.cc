@@ -44,11 +44,13 @@ class PublisherImpl final : public Publisher {
     PC_RETURN_IF_ERROR(Usable());
     if (!in_layer_) return Fail(Status::FailedPrecondition("AddChunk outside a layer"));
     if (bytes.empty() || bytes.size() > s_.opts.max_chunk_bytes) {
-      return Fail(Status::InvalidArgument("chunk of " + std::to_string(bytes.size()) + " bytes; must be in [1, " +
+      return Fail(Status::InvalidArgument("chunk of " + std::to_string(bytes.size()) +
+                                          " bytes; must be in [1, " +
                                           std::to_string(s_.opts.max_chunk_bytes) + "]"));
     }
     auto& layer = layers_.back();
-    if (layer.chunks.size() >= kMaxChunksPerLayer) return Fail(Status::InvalidArgument("too many chunks in a layer"));
+    if (layer.chunks.size() >= kMaxChunksPerLayer)
+      return Fail(Status::InvalidArgument("too many chunks in a layer"));
     Hash128 h = Checksum128(bytes);
     facts_.push_back({bytes.size(), Checksum64(bytes)});
     layer.chunks.push_back({h, bytes.size()});
@@ -56,7 +58,8 @@ class PublisherImpl final : public Publisher {
     auto [it, first] = staged_.try_emplace(h);
     Staged& st = it->second;
     if (!first) {
-      if (st.size != bytes.size()) return Fail(Status::InvalidArgument("two chunks with one address and two sizes"));
+      if (st.size != bytes.size())
+        return Fail(Status::InvalidArgument("two chunks with one address and two sizes"));
       ++st.count;
       return Status::Ok();
     }
@@ -202,7 +205,8 @@ Result<PublishResult> PublisherImpl::CommitImpl() {
       c.meta_bytes += sum.meta_bytes;
       c.raw_bytes += sum.raw_bytes;
       if (budget > 0) PC_RETURN_IF_ERROR(t.EvictToBudget(budget, id, &result.evicted));
-      PC_RETURN_IF_ERROR(t.Commit(s_.CommitWriteOptions(), "publish.commit.before_write", "publish.commit.after_write"));
+      PC_RETURN_IF_ERROR(
+          t.Commit(s_.CommitWriteOptions(), "publish.commit.before_write", "publish.commit.after_write"));
       result.id = id;
     }
   }
@@ -270,7 +274,8 @@ Status Store::Impl::WriteChunkBytes(const Hash128& h, std::span<const std::byte>
 void Store::Impl::AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128& h, std::uint64_t size) {
   if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
     std::uint64_t pieces = (size + params.piece_bytes - 1) / params.piece_bytes;
-    for (std::uint64_t i = 0; i < pieces; ++i) batch->Delete(cf_chunks, PieceKey(h, static_cast<std::uint32_t>(i)));
+    for (std::uint64_t i = 0; i < pieces; ++i)
+      batch->Delete(cf_chunks, PieceKey(h, static_cast<std::uint32_t>(i)));
   } else {
     batch->Delete(cf_chunks, ChunkKey(h));
   }
@@ -330,7 +335,8 @@ void Store::Impl::AbortPublish(const std::vector<Hash128>& chunks) {
       if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
         std::string ck = ChunkKey(h);
         std::unique_ptr<rocksdb::Iterator> pit(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
-        for (pit->Seek(ck); pit->Valid() && pit->key().starts_with(ck); pit->Next()) b.Delete(cf_chunks, pit->key());
+        for (pit->Seek(ck); pit->Valid() && pit->key().starts_with(ck); pit->Next())
+          b.Delete(cf_chunks, pit->key());
       } else {
         b.Delete(cf_chunks, ChunkKey(h));
       }
@@ -340,7 +346,8 @@ void Store::Impl::AbortPublish(const std::vector<Hash128>& chunks) {
   if (b.Count() > 0) {
     TEST_KILL_POINT("abort.before_write");
     Status s = Write(rocksdb::WriteOptions(), &b, "drop staged chunks");
-    if (!s.ok()) spdlog::warn("statestore {}: abandoned publish: {} (collected at next open)", path, s.ToString());
+    if (!s.ok())
+      spdlog::warn("statestore {}: abandoned publish: {} (collected at next open)", path, s.ToString());
   }
   std::lock_guard g(chunk_mu);
   for (const auto& h : deleting) {
@@ -358,7 +365,8 @@ Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
   if (req.tokens.empty()) return Status::InvalidArgument("a boundary needs at least one token");
   if (req.tokens.size() > kMaxTokens) return Status::InvalidArgument("boundary longer than 2^22 tokens");
   if (req.ns.size() > kMaxNamespaceBytes) return Status::InvalidArgument("namespace longer than 1024 bytes");
-  if (req.model_name.size() > kMaxModelNameBytes) return Status::InvalidArgument("model name longer than 1024 bytes");
+  if (req.model_name.size() > kMaxModelNameBytes)
+    return Status::InvalidArgument("model name longer than 1024 bytes");
   BoundaryPlace place = PlaceOf(*impl_->hasher, req.tokens, impl_->params.block_tokens);
   if (impl_->opts.admit_after_sightings > 1) {
     std::uint32_t seen =
@@ -371,7 +379,8 @@ Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
   }
   if (auto scope = impl_->FindScope(req.model, req.ns)) {
     PC_ASSIGN_OR_RETURN(auto existing, impl_->FindIdentity(*scope, req.tokens, place, /*quarantine=*/true));
-    if (existing) return Status::AlreadyExists("boundary already stored as entry " + std::to_string(*existing));
+    if (existing)
+      return Status::AlreadyExists("boundary already stored as entry " + std::to_string(*existing));
   }
   TEST_KILL_POINT("publish.begin");
   return std::unique_ptr<Publisher>(new PublisherImpl(*impl_, std::move(req), place));

@@ -49,7 +49,8 @@ Result<bool> Store::Impl::TokensMatch(EntryId id, std::span<const std::uint32_t>
   return false;
 }
 
-Result<std::optional<EntryId>> Store::Impl::FindIdentity(std::uint64_t scope, std::span<const std::uint32_t> tokens,
+Result<std::optional<EntryId>> Store::Impl::FindIdentity(std::uint64_t scope,
+                                                         std::span<const std::uint32_t> tokens,
                                                          const BoundaryPlace& place, bool quarantine) {
   std::string v;
   bool found = false;
@@ -68,13 +69,15 @@ Result<std::optional<EntryId>> Store::FindExact(const Hash128& model, std::strin
   if (tokens.empty() || tokens.size() > kMaxTokens) return std::optional<EntryId>();
   auto scope = impl_->FindScope(model, ns);
   if (!scope) return std::optional<EntryId>();
-  return impl_->FindIdentity(*scope, tokens, PlaceOf(*impl_->hasher, tokens, impl_->params.block_tokens), true);
+  return impl_->FindIdentity(*scope, tokens, PlaceOf(*impl_->hasher, tokens, impl_->params.block_tokens),
+                             true);
 }
 
 // ---- lookup ---------------------------------------------------------------------------------
 
 Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string_view ns,
-                                               std::span<const std::uint32_t> tokens, const LookupOptions& options) {
+                                               std::span<const std::uint32_t> tokens,
+                                               const LookupOptions& options) {
   if (tokens.empty()) return Status::InvalidArgument("lookup of no tokens");
   if (tokens.size() > kMaxTokens) return Status::InvalidArgument("lookup longer than 2^22 tokens");
   Impl& s = *impl_;
@@ -95,8 +98,10 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
     }
     std::vector<rocksdb::PinnableSlice> values(top + 1);
     std::vector<rocksdb::Status> statuses(top + 1);
-    s.db->MultiGet(rocksdb::ReadOptions(), s.cf_index, slices.size(), slices.data(), values.data(), statuses.data(),
-                   /*sorted_input=*/false);
+    // Node keys sort by level, which is the order they were made in.
+    s.db->MultiGet(rocksdb::ReadOptions(), s.cf_index, slices.size(), slices.data(), values.data(),
+                   statuses.data(),
+                   /*sorted_input=*/true);
     for (std::size_t a = top + 1; a-- > 0 && !hit;) {
       if (statuses[a].IsNotFound()) continue;
       PC_RETURN_IF_ERROR(FromRocks(statuses[a], "read index"));
@@ -108,8 +113,8 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
       for (auto it = slots->rbegin(); it != slots->rend() && !hit; ++it) {
         const std::size_t length = a * block + it->r;
         if (length > q) continue;
-        std::uint64_t exact = (it->r == block && a < top) ? h[a + 1]
-                                                           : s.hasher->Hash(tokens.subspan(a * block, it->r), h[a]);
+        std::uint64_t exact =
+            (it->r == block && a < top) ? h[a + 1] : s.hasher->Hash(tokens.subspan(a * block, it->r), h[a]);
         std::string v;
         bool found = false;
         PC_RETURN_IF_ERROR(s.GetValue(s.cf_index, ExactKey(*scope, length, exact), &v, &found));
@@ -151,7 +156,8 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
 // ---- leases -----------------------------------------------------------------------------------
 
 Result<Lease> Store::AcquireLease(EntryId id) {
-  if (!impl_->leases->TryAcquire(id)) return Status::NotFound("entry " + std::to_string(id) + " is being removed");
+  if (!impl_->leases->TryAcquire(id))
+    return Status::NotFound("entry " + std::to_string(id) + " is being removed");
   Lease lease(impl_->leases, id);
   std::string v;
   bool found = false;
@@ -197,8 +203,8 @@ Status Store::Impl::ReadChunk(const Hash128& h, std::uint64_t size, rocksdb::Pin
     data = pinned->ToStringView();
   }
   if (data.size() != size) {
-    return Status::Corruption("chunk " + HashHex(h) + " holds " + std::to_string(data.size()) + " bytes, not " +
-                              std::to_string(size));
+    return Status::Corruption("chunk " + HashHex(h) + " holds " + std::to_string(data.size()) +
+                              " bytes, not " + std::to_string(size));
   }
   auto bytes = std::as_bytes(std::span(data.data(), data.size()));
   if (!(Checksum128(bytes) == h)) {

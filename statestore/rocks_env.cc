@@ -2,10 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cstdarg>
-#include <algorithm>
-#include <cstdio>
 #include <rocksdb/system_clock.h>
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
@@ -24,9 +24,12 @@ using rocksdb::Slice;
 IOStatus ToIO(const Status& s) {
   if (s.ok()) return IOStatus::OK();
   switch (s.code()) {
-    case StatusCode::kNotFound: return IOStatus::PathNotFound(s.message());
-    case StatusCode::kResourceExhausted: return IOStatus::NoSpace(s.message());
-    default: return IOStatus::IOError(s.message());
+    case StatusCode::kNotFound:
+      return IOStatus::PathNotFound(s.message());
+    case StatusCode::kResourceExhausted:
+      return IOStatus::NoSpace(s.message());
+    default:
+      return IOStatus::IOError(s.message());
   }
 }
 
@@ -85,7 +88,10 @@ class WFile final : public rocksdb::FSWritableFile {
  public:
   WFile(std::string path, std::unique_ptr<WritableFile> f, std::uint64_t size, const FileOptions& o,
         Freezer freezer)
-      : rocksdb::FSWritableFile(o), path_(std::move(path)), f_(std::move(f)), size_(size),
+      : rocksdb::FSWritableFile(o),
+        path_(std::move(path)),
+        f_(std::move(f)),
+        size_(size),
         freezer_(std::move(freezer)) {}
   ~WFile() override {
     if (f_ != nullptr) {
@@ -131,7 +137,8 @@ class WFile final : public rocksdb::FSWritableFile {
 
 class Dir final : public rocksdb::FSDirectory {
  public:
-  Dir(Env* env, std::string path, Freezer freezer) : env_(env), path_(std::move(path)), freezer_(std::move(freezer)) {}
+  Dir(Env* env, std::string path, Freezer freezer)
+      : env_(env), path_(std::move(path)), freezer_(std::move(freezer)) {}
   IOStatus Fsync(const IOOptions&, IODebugContext*) override {
     TEST_KILL_POINT("fs.dirsync");
     if (freezer_.Stop()) return Frozen("sync directory " + path_);
@@ -177,8 +184,8 @@ class EnvFileSystem final : public rocksdb::FileSystem {
     return std::to_string(reinterpret_cast<std::uintptr_t>(env_)) + ":" + f;
   }
 
-  IOStatus NewSequentialFile(const std::string& f, const FileOptions&, std::unique_ptr<rocksdb::FSSequentialFile>* r,
-                             IODebugContext*) override {
+  IOStatus NewSequentialFile(const std::string& f, const FileOptions&,
+                             std::unique_ptr<rocksdb::FSSequentialFile>* r, IODebugContext*) override {
     auto file = env_->NewSequentialFile(f);
     if (!file.ok()) return ToIO(file.status());
     *r = std::make_unique<SeqFile>(std::move(file).value());
@@ -191,8 +198,8 @@ class EnvFileSystem final : public rocksdb::FileSystem {
     *r = std::make_unique<RandFile>(std::move(file).value());
     return IOStatus::OK();
   }
-  IOStatus NewWritableFile(const std::string& f, const FileOptions& o, std::unique_ptr<rocksdb::FSWritableFile>* r,
-                           IODebugContext*) override {
+  IOStatus NewWritableFile(const std::string& f, const FileOptions& o,
+                           std::unique_ptr<rocksdb::FSWritableFile>* r, IODebugContext*) override {
     TEST_KILL_POINT("fs.create");
     if (IsFrozen()) return Frozen("create " + f);
     auto file = env_->NewWritableFile(f);
@@ -271,17 +278,20 @@ class EnvFileSystem final : public rocksdb::FileSystem {
     *size = *s;
     return IOStatus::OK();
   }
-  IOStatus GetFileModificationTime(const std::string& f, const IOOptions&, uint64_t* t, IODebugContext*) override {
+  IOStatus GetFileModificationTime(const std::string& f, const IOOptions&, uint64_t* t,
+                                   IODebugContext*) override {
     if (!env_->FileExists(f)) return IOStatus::PathNotFound(f);
     *t = 0;  // the Env keeps no times; RocksDB only uses them for WAL TTLs, which are off
     return IOStatus::OK();
   }
-  IOStatus RenameFile(const std::string& from, const std::string& to, const IOOptions&, IODebugContext*) override {
+  IOStatus RenameFile(const std::string& from, const std::string& to, const IOOptions&,
+                      IODebugContext*) override {
     TEST_KILL_POINT("fs.rename");
     if (IsFrozen()) return Frozen("rename " + from);
     return ToIO(env_->RenameFile(from, to));
   }
-  IOStatus LockFile(const std::string& f, const IOOptions& o, rocksdb::FileLock** lock, IODebugContext* d) override {
+  IOStatus LockFile(const std::string& f, const IOOptions& o, rocksdb::FileLock** lock,
+                    IODebugContext* d) override {
     const std::string held = LockName(f);
     {
       std::lock_guard g(Locks().mu);
@@ -337,7 +347,8 @@ class EnvFileSystem final : public rocksdb::FileSystem {
     *result = NewSpdlogRocksLogger();
     return IOStatus::OK();
   }
-  IOStatus GetAbsolutePath(const std::string& db_path, const IOOptions&, std::string* out, IODebugContext*) override {
+  IOStatus GetAbsolutePath(const std::string& db_path, const IOOptions&, std::string* out,
+                           IODebugContext*) override {
     if (!db_path.empty() && db_path[0] == '/') {
       *out = db_path;
       return IOStatus::OK();
@@ -366,11 +377,19 @@ class SpdlogRocksLogger final : public rocksdb::Logger {
   void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
     spdlog::level::level_enum l = spdlog::level::debug;
     switch (level) {
-      case rocksdb::InfoLogLevel::DEBUG_LEVEL: l = spdlog::level::trace; break;
+      case rocksdb::InfoLogLevel::DEBUG_LEVEL:
+        l = spdlog::level::trace;
+        break;
       case rocksdb::InfoLogLevel::INFO_LEVEL:
-      case rocksdb::InfoLogLevel::HEADER_LEVEL: l = spdlog::level::debug; break;
-      case rocksdb::InfoLogLevel::WARN_LEVEL: l = spdlog::level::warn; break;
-      default: l = spdlog::level::err; break;
+      case rocksdb::InfoLogLevel::HEADER_LEVEL:
+        l = spdlog::level::debug;
+        break;
+      case rocksdb::InfoLogLevel::WARN_LEVEL:
+        l = spdlog::level::warn;
+        break;
+      default:
+        l = spdlog::level::err;
+        break;
     }
     if (!spdlog::should_log(l)) return;
     char buf[1024];
@@ -407,7 +426,9 @@ std::shared_ptr<rocksdb::FileSystem> NewEnvFileSystem(Env* env, EnvFileSystemOpt
   return std::make_shared<EnvFileSystem>(env, std::move(options));
 }
 
-std::shared_ptr<rocksdb::Logger> NewSpdlogRocksLogger() { return std::make_shared<SpdlogRocksLogger>(); }
+std::shared_ptr<rocksdb::Logger> NewSpdlogRocksLogger() {
+  return std::make_shared<SpdlogRocksLogger>();
+}
 
 Status FromRocks(const rocksdb::Status& s, std::string_view context) {
   if (s.ok()) return Status::Ok();
@@ -416,7 +437,8 @@ Status FromRocks(const rocksdb::Status& s, std::string_view context) {
   msg += s.ToString();
   if (s.IsNotFound()) return Status::NotFound(std::move(msg));
   if (s.IsCorruption()) return Status::Corruption(std::move(msg));
-  if (s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit) return Status::ResourceExhausted(std::move(msg));
+  if (s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit)
+    return Status::ResourceExhausted(std::move(msg));
   if (s.IsInvalidArgument()) return Status::InvalidArgument(std::move(msg));
   if (s.IsNotSupported()) return Status::NotSupported(std::move(msg));
   if (s.IsBusy() || s.IsTryAgain()) return Status::Unavailable(std::move(msg));

@@ -21,17 +21,17 @@ using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
 namespace statestore_internal {
 std::uint64_t NowUnixMs() {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count());
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
 }
 }  // namespace statestore_internal
 
 namespace {
 
 const std::vector<std::string>& OurColumnFamilies() {
-  static const std::vector<std::string> names = {kCfMeta,     kCfEntries,  kCfManifests, kCfTokens,    kCfChunks,
-                                                 kCfChunkRefs, kCfIndex, kCfLru,       kCfQuarantine};
+  static const std::vector<std::string> names = {
+      kCfMeta, kCfEntries, kCfManifests, kCfTokens, kCfChunks, kCfChunkRefs, kCfIndex, kCfLru, kCfQuarantine};
   return names;
 }
 
@@ -86,7 +86,9 @@ rocksdb::ColumnFamilyOptions CfOptions(const std::string& name, const Params& pa
   return cf;
 }
 
-Status Invalid(std::string msg) { return Status::InvalidArgument(std::move(msg)); }
+Status Invalid(std::string msg) {
+  return Status::InvalidArgument(std::move(msg));
+}
 
 }  // namespace
 
@@ -151,8 +153,12 @@ bool Lease::Table::Leased(EntryId id) {
   return it != slots.end() && it->second.count > 0;
 }
 
-Lease::~Lease() { Release(); }
-Lease::Lease(Lease&& other) noexcept : table_(std::move(other.table_)), id_(other.id_) { other.table_.reset(); }
+Lease::~Lease() {
+  Release();
+}
+Lease::Lease(Lease&& other) noexcept : table_(std::move(other.table_)), id_(other.id_) {
+  other.table_.reset();
+}
 Lease& Lease::operator=(Lease&& other) noexcept {
   if (this != &other) {
     Release();
@@ -171,7 +177,9 @@ void Lease::Release() {
 
 Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Store::~Store() = default;
-const std::string& Store::path() const { return impl_->path; }
+const std::string& Store::path() const {
+  return impl_->path;
+}
 
 Store::Impl::~Impl() {
   Status s = CloseDb();
@@ -184,7 +192,8 @@ rocksdb::WriteOptions Store::Impl::CommitWriteOptions() const {
   return wo;
 }
 
-Status Store::Impl::Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch, std::string_view what) {
+Status Store::Impl::Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch,
+                          std::string_view what) {
   PC_RETURN_IF_ERROR(Broken());
   return AfterWriteError(FromRocks(db->Write(wo, batch), what));
 }
@@ -200,12 +209,14 @@ Status Store::Impl::AfterWriteError(const Status& s) {
       s.code() == StatusCode::kCorruption) {
     rocksdb::Status r = db->Resume();
     if (!r.ok()) {
-      spdlog::error("statestore {}: RocksDB stays in its error state ({}); writes are refused until the store is "
-                    "reopened",
-                    path, r.ToString());
+      spdlog::error(
+          "statestore {}: RocksDB stays in its error state ({}); writes are refused until the store is "
+          "reopened",
+          path, r.ToString());
       std::lock_guard g(broken_mu);
       if (broken.ok()) {
-        broken = Status::Unavailable("the store must be reopened after a failed write (" + s.ToString() + ")");
+        broken =
+            Status::Unavailable("the store must be reopened after a failed write (" + s.ToString() + ")");
       }
     }
   }
@@ -297,7 +308,8 @@ Status Store::Impl::OpenDb() {
     rocksdb::DB* ro_db = nullptr;
     rocksdb::DBOptions rdo = dbo;
     rdo.create_if_missing = false;
-    PC_RETURN_IF_ERROR(FromRocks(rocksdb::DB::OpenForReadOnly(rdo, path, ro, &ro_handles, &ro_db), "open read-only"));
+    PC_RETURN_IF_ERROR(
+        FromRocks(rocksdb::DB::OpenForReadOnly(rdo, path, ro, &ro_handles, &ro_db), "open read-only"));
     rocksdb::ColumnFamilyHandle* meta = nullptr;
     bool empty = true;  // no key in any column family
     for (auto* h : ro_handles) {
@@ -340,7 +352,8 @@ Status Store::Impl::OpenDb() {
       }
       for (auto& n : existing) {
         if (n != rocksdb::kDefaultColumnFamilyName &&
-            std::find(OurColumnFamilies().begin(), OurColumnFamilies().end(), n) == OurColumnFamilies().end()) {
+            std::find(OurColumnFamilies().begin(), OurColumnFamilies().end(), n) ==
+                OurColumnFamilies().end()) {
           return Status::FailedPrecondition("store has an unknown column family '" + n + "'");
         }
       }
@@ -352,11 +365,13 @@ Status Store::Impl::OpenDb() {
   cfs.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
   for (const auto& n : OurColumnFamilies()) {
     cfs.emplace_back(n, CfOptions(n, params, opts, block_cache));
-    if (opts.test_hooks != nullptr && opts.test_hooks->no_compactions) cfs.back().options.disable_auto_compactions = true;
+    if (opts.test_hooks != nullptr && opts.test_hooks->no_compactions)
+      cfs.back().options.disable_auto_compactions = true;
   }
   PC_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(dbo, path, cfs, &handles, &db), "open RocksDB"));
-  rocksdb::ColumnFamilyHandle** slots[] = {&cf_meta,     &cf_entries, &cf_manifests, &cf_tokens,   &cf_chunks,
-                                          &cf_chunk_refs, &cf_index, &cf_lru,       &cf_quarantine};
+  rocksdb::ColumnFamilyHandle** slots[] = {&cf_meta,   &cf_entries, &cf_manifests,
+                                           &cf_tokens, &cf_chunks,  &cf_chunk_refs,
+                                           &cf_index,  &cf_lru,     &cf_quarantine};
   for (std::size_t i = 0; i < OurColumnFamilies().size(); ++i) *slots[i] = handles[i + 1];
 
   if (!has_schema) {
@@ -431,7 +446,8 @@ Status Store::Impl::CollectLeftovers() {
       end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
       // A 17-byte prefix: piece keys are ck + BE32.
       std::unique_ptr<rocksdb::Iterator> pit(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
-      for (pit->Seek(ck); pit->Valid() && pit->key().starts_with(ck); pit->Next()) b.Delete(cf_chunks, pit->key());
+      for (pit->Seek(ck); pit->Valid() && pit->key().starts_with(ck); pit->Next())
+        b.Delete(cf_chunks, pit->key());
       PC_RETURN_IF_ERROR(FromRocks(pit->status(), "collect pieces"));
     } else {
       b.Delete(cf_chunks, ChunkKey(h));
@@ -446,7 +462,8 @@ Status Store::Impl::CollectLeftovers() {
   rocksdb::WriteOptions wo;
   wo.sync = true;
   PC_RETURN_IF_ERROR(Write(wo, &b, "collect leftovers"));
-  if (dropped > 0) spdlog::info("statestore {}: collected {} chunks left by unfinished publishes", path, dropped);
+  if (dropped > 0)
+    spdlog::info("statestore {}: collected {} chunks left by unfinished publishes", path, dropped);
   (void)kept;
   return Status::Ok();
 }
@@ -633,7 +650,8 @@ Result<EntryInfo> Store::Impl::MakeInfo(EntryId id, const EntrySummary& s, Entry
     info.model_name = scope->model_name;
     info.ns = scope->ns;
   } else {
-    return Status::Corruption("entry " + std::to_string(id) + " names unknown scope " + std::to_string(s.scope));
+    return Status::Corruption("entry " + std::to_string(id) + " names unknown scope " +
+                              std::to_string(s.scope));
   }
   info.length = s.length;
   info.layers = s.layers;
@@ -826,6 +844,8 @@ Status Store::SetByteBudget(std::uint64_t bytes) {
   return t.Commit(impl_->CommitWriteOptions(), "evict.before_write", "evict.after_write");
 }
 
-Result<Store::VerifyReport> Store::Verify(bool read_chunks) { return impl_->Verify(read_chunks); }
+Result<Store::VerifyReport> Store::Verify(bool read_chunks) {
+  return impl_->Verify(read_chunks);
+}
 
 }  // namespace primecache

@@ -37,7 +37,9 @@ namespace primecache {
 namespace statestore_internal {
 
 struct Hash128Hasher {
-  std::size_t operator()(const Hash128& h) const { return static_cast<std::size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull)); }
+  std::size_t operator()(const Hash128& h) const {
+    return static_cast<std::size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull));
+  }
 };
 
 // A chunk pinned by at least one publish in flight (or being deleted).
@@ -63,7 +65,7 @@ struct Lease::Table {
 
   bool TryAcquire(EntryId id);  // false when the entry is being removed
   void Release(EntryId id);
-  bool MarkDying(EntryId id);   // false when leased
+  bool MarkDying(EntryId id);  // false when leased
   void ClearDying(EntryId id);
   bool Leased(EntryId id);
 };
@@ -174,7 +176,8 @@ struct Store::Impl {
   Result<bool> TokensMatch(EntryId id, std::span<const std::uint32_t> tokens, bool quarantine);
   // The entry stored under exactly this identity, if any.
   Result<std::optional<EntryId>> FindIdentity(std::uint64_t scope, std::span<const std::uint32_t> tokens,
-                                              const statestore_internal::BoundaryPlace& place, bool quarantine);
+                                              const statestore_internal::BoundaryPlace& place,
+                                              bool quarantine);
   // Reads one chunk's bytes into *out (pieces joined), checking the address.
   Status ReadChunk(const Hash128& h, std::uint64_t size, rocksdb::PinnableSlice* pinned, std::string* joined,
                    std::span<const std::byte>* out);
@@ -231,7 +234,6 @@ class Txn {
   // Removes a live entry (references, index, records); false when it is not
   // there. With a reason, it goes to quarantine instead of away.
   Result<bool> RemoveEntry(EntryId id, const std::optional<std::string>& quarantine_reason);
-  bool Removed(EntryId id) const { return removed_.count(id) != 0; }
   // A quarantined entry's manifest was unreadable, so its references could
   // not be dropped one by one: the caller rebuilds them after the commit.
   bool needs_rebuild() const { return needs_rebuild_; }
@@ -261,7 +263,7 @@ class Txn {
   std::unordered_map<Hash128, RefState, Hash128Hasher> refs_;
   std::map<std::string, std::optional<std::string>> index_;
   std::vector<EntryId> dying_;
-  std::set<EntryId> removed_;
+  std::set<EntryId> removed_;  // removed in this batch, or not to be picked again by eviction
   std::vector<ScopeRecord> new_scopes_;
   std::vector<Hash128> deleting_;  // chunk bytes this batch deletes (marked in live_chunks)
   bool needs_rebuild_ = false;

@@ -33,9 +33,9 @@ std::vector<std::uint64_t> ChainHashes(const TokenHasher& hasher, std::span<cons
 
 // Where a boundary of length L >= 1 hangs in the index.
 struct BoundaryPlace {
-  std::uint64_t level = 0;      // a = (L - 1) / B
-  std::uint64_t node_hash = 0;  // h_a
-  std::uint64_t exact_hash = 0; // hash of tokens[aB, L) seeded with h_a
+  std::uint64_t level = 0;       // a = (L - 1) / B
+  std::uint64_t node_hash = 0;   // h_a
+  std::uint64_t exact_hash = 0;  // hash of tokens[aB, L) seeded with h_a
 };
 BoundaryPlace PlaceOf(const TokenHasher& hasher, std::span<const std::uint32_t> tokens, std::uint32_t block);
 

@@ -56,7 +56,8 @@ Status Txn::AddRefs(const Hash128& h, std::uint64_t size, std::uint64_t n, bool 
   if (wrote_bytes) refs_[h].wrote_bytes = true;
   if (r->flags & kChunkCorrupt) {
     if (!refs_[h].wrote_bytes) {
-      return Status::Aborted("chunk " + HashHex(h) + " was found corrupt while this publish was in flight; publish again");
+      return Status::Aborted("chunk " + HashHex(h) +
+                             " was found corrupt while this publish was in flight; publish again");
     }
     r->flags &= ~kChunkCorrupt;  // the bytes were rewritten by this publish
   }
@@ -97,7 +98,9 @@ Result<std::optional<std::string>> Txn::IndexValue(const std::string& key) {
   return r;
 }
 
-void Txn::SetIndexValue(const std::string& key, std::optional<std::string> value) { index_[key] = std::move(value); }
+void Txn::SetIndexValue(const std::string& key, std::optional<std::string> value) {
+  index_[key] = std::move(value);
+}
 
 Status Txn::IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id) {
   const std::uint32_t block = s_.params.block_tokens;
@@ -117,9 +120,10 @@ Status Txn::IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPl
     PC_ASSIGN_OR_RETURN(auto nv, IndexValue(nk));
     std::vector<NodeSlot> slots;
     if (nv) {
-    PC_ASSIGN_OR_RETURN(slots, DecodeNode(*nv, block));
-  }
-    auto it = std::lower_bound(slots.begin(), slots.end(), r, [](const NodeSlot& s, std::uint32_t v) { return s.r < v; });
+      PC_ASSIGN_OR_RETURN(slots, DecodeNode(*nv, block));
+    }
+    auto it = std::lower_bound(slots.begin(), slots.end(), r,
+                               [](const NodeSlot& s, std::uint32_t v) { return s.r < v; });
     if (it != slots.end() && it->r == r) {
       ++it->count;
     } else {
@@ -151,10 +155,11 @@ Status Txn::IndexRemove(std::uint64_t scope, std::uint64_t length, const Boundar
     PC_ASSIGN_OR_RETURN(auto nv, IndexValue(nk));
     std::vector<NodeSlot> slots;
     if (nv) {
-    PC_ASSIGN_OR_RETURN(slots, DecodeNode(*nv, block));
-  }
+      PC_ASSIGN_OR_RETURN(slots, DecodeNode(*nv, block));
+    }
     auto it = std::find_if(slots.begin(), slots.end(), [&](const NodeSlot& s) { return s.r == r; });
-    if (it == slots.end()) return Status::Corruption("index node lacks the slot of entry " + std::to_string(id));
+    if (it == slots.end())
+      return Status::Corruption("index node lacks the slot of entry " + std::to_string(id));
     if (--it->count == 0) slots.erase(it);
     SetIndexValue(nk, slots.empty() ? std::nullopt : std::optional<std::string>(EncodeNode(slots)));
   } else {
@@ -221,9 +226,9 @@ Result<bool> Txn::RemoveEntry(EntryId id, const std::optional<std::string>& quar
     return Status::Corruption("entry " + std::to_string(id) + " has no manifest");
   }
 
-  PC_RETURN_IF_ERROR(IndexRemove(s.scope, s.length, BoundaryPlace{(s.length - 1) / s_.params.block_tokens,
-                                                                  s.node_hash, s.exact_hash},
-                                 id));
+  PC_RETURN_IF_ERROR(
+      IndexRemove(s.scope, s.length,
+                  BoundaryPlace{(s.length - 1) / s_.params.block_tokens, s.node_hash, s.exact_hash}, id));
   std::string av;
   PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_lru, AccessKey(id), &av, &found));
   if (found) {
@@ -337,13 +342,19 @@ Status Txn::EvictToBudget(std::uint64_t budget, std::optional<EntryId> keep, std
   while (s_.StoredBytes(c_) > budget) {
     PC_ASSIGN_OR_RETURN(auto victim, PickVictim(keep));
     if (!victim) {
-      return Status::ResourceExhausted("byte budget " + std::to_string(budget) + " exceeded: " +
-                                       std::to_string(s_.StoredBytes(c_)) +
+      return Status::ResourceExhausted("byte budget " + std::to_string(budget) +
+                                       " exceeded: " + std::to_string(s_.StoredBytes(c_)) +
                                        " bytes needed and nothing left that may be evicted");
     }
-    if (!MarkDying(*victim)) continue;  // leased since the scan: try the next
+    if (!MarkDying(*victim)) {  // leased since the scan: try the next
+      removed_.insert(*victim);
+      continue;
+    }
     PC_ASSIGN_OR_RETURN(bool removed, RemoveEntry(*victim, std::nullopt));
-    if (!removed) continue;
+    if (!removed) {  // a recency record without its entry: never pick it again here
+      removed_.insert(*victim);
+      continue;
+    }
     ++c_.evictions;
     ++*evicted;
   }

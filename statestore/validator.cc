@@ -24,12 +24,13 @@ class CodecValidator final : public LayerValidator {
       for (const auto& rec : plane.chunks) {
         const ChunkFacts& got = chunks[i];
         if (rec.encoded_bytes != got.size) {
-          return Status::InvalidArgument("chunk " + std::to_string(i) + " (" + std::string(PlaneName(plane.id)) +
-                                         ") has " + std::to_string(got.size) + " bytes; the header says " +
-                                         std::to_string(rec.encoded_bytes));
+          return Status::InvalidArgument(
+              "chunk " + std::to_string(i) + " (" + std::string(PlaneName(plane.id)) + ") has " +
+              std::to_string(got.size) + " bytes; the header says " + std::to_string(rec.encoded_bytes));
         }
         if (rec.encoded_checksum != got.checksum) {
-          return Status::InvalidArgument("chunk " + std::to_string(i) + " (" + std::string(PlaneName(plane.id)) +
+          return Status::InvalidArgument("chunk " + std::to_string(i) + " (" +
+                                         std::string(PlaneName(plane.id)) +
                                          ") does not match the header's checksum");
         }
         facts.raw_bytes += rec.raw_bytes;

@@ -15,11 +15,11 @@ using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 namespace {
 
 struct Expected {
-  std::map<std::string, ChunkRefRecord> refs;          // HashKey -> refs, size
-  std::map<std::string, std::string> index;            // index key -> value
-  Counters counters;                                   // entries .. raw_bytes, next ids
+  std::map<std::string, ChunkRefRecord> refs;  // HashKey -> refs, size
+  std::map<std::string, std::string> index;    // index key -> value
+  Counters counters;                           // entries .. raw_bytes, next ids
   std::vector<std::string> problems;
-  std::map<EntryId, std::uint64_t> access_ticks;       // from the E records of live entries
+  std::map<EntryId, std::uint64_t> access_ticks;  // from the E records of live entries
   std::vector<EntryId> live;
 };
 
@@ -76,7 +76,8 @@ Status Derive(Store::Impl& s, Expected* e) {
     for (const auto& layer : m->layers) {
       for (const auto& c : layer.chunks) {
         auto& r = e->refs[HashKey(c.hash)];
-        if (r.refs > 0 && r.size != c.size) Problem(e, where + "chunk " + HashHex(c.hash) + " with two sizes");
+        if (r.refs > 0 && r.size != c.size)
+          Problem(e, where + "chunk " + HashHex(c.hash) + " with two sizes");
         ++r.refs;
         r.size = c.size;
         chunk_bytes += c.size;
@@ -165,7 +166,8 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
       if (!r.ok()) {
         Problem(&e, "chunk " + name + ": " + r.status().ToString());
       } else if (want == e.refs.end()) {
-        Problem(&e, "chunk " + name + ": " + std::to_string(r->refs) + " references recorded, none by any entry");
+        Problem(&e,
+                "chunk " + name + ": " + std::to_string(r->refs) + " references recorded, none by any entry");
       } else if (r->refs != want->second.refs || r->size != want->second.size) {
         Problem(&e, "chunk " + name + ": " + std::to_string(r->refs) + " references recorded, " +
                         std::to_string(want->second.refs) + " held by entries");
@@ -175,7 +177,8 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
     PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan chunk references"));
   }
   for (auto& [k, r] : e.refs) {
-    if (seen.count(k) == 0) Problem(&e, "chunk " + HashHex(HashFromKey(k)) + ": referenced but has no record");
+    if (seen.count(k) == 0)
+      Problem(&e, "chunk " + HashHex(HashFromKey(k)) + ": referenced but has no record");
   }
 
   // Chunk bytes: every referenced chunk present (and intact when asked),
@@ -255,7 +258,8 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
       auto k = it->key().ToStringView();
       if (k.size() == 17 && k[0] == kAgeTag) {
         EntryId id = GetBE64(k.data() + 9);
-        if (!ages.emplace(id, GetBE64(k.data() + 1)).second) Problem(&e, "recency: two age records for one entry");
+        if (!ages.emplace(id, GetBE64(k.data() + 1)).second)
+          Problem(&e, "recency: two age records for one entry");
       } else if (k.size() == 9 && k[0] == kAccessTag) {
         ++access_records;
       } else {
@@ -263,10 +267,12 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
       }
     }
     PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan recency"));
-    if (access_records != e.access_ticks.size()) Problem(&e, "recency: access records of entries that are gone");
+    if (access_records != e.access_ticks.size())
+      Problem(&e, "recency: access records of entries that are gone");
     for (auto& [id, tick] : e.access_ticks) {
       auto a = ages.find(id);
-      if (a == ages.end() || a->second != tick) Problem(&e, "entry " + std::to_string(id) + ": age record missing");
+      if (a == ages.end() || a->second != tick)
+        Problem(&e, "entry " + std::to_string(id) + ": age record missing");
     }
     if (ages.size() != e.access_ticks.size()) Problem(&e, "recency: age records of entries that are gone");
   }
@@ -298,7 +304,8 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
       check("meta_bytes", c->meta_bytes, e.counters.meta_bytes);
       check("raw_bytes", c->raw_bytes, e.counters.raw_bytes);
       check("quarantined", c->quarantined, quarantined);
-      if (c->next_entry_id < e.counters.next_entry_id) Problem(&e, "counter next_entry_id is behind the entries");
+      if (c->next_entry_id < e.counters.next_entry_id)
+        Problem(&e, "counter next_entry_id is behind the entries");
       if (!(*c == counters)) {
         Counters mem = counters;
         mem.hits = c->hits;
@@ -363,7 +370,8 @@ Status Store::Impl::RebuildDerived() {
   PC_RETURN_IF_ERROR(Write(wo, &b, "rebuild derived records"));
   counters = c;
   PublishCounters(c);
-  spdlog::warn("statestore {}: rebuilt chunk references, index and counters from {} entries", path, e.live.size());
+  spdlog::warn("statestore {}: rebuilt chunk references, index and counters from {} entries", path,
+               e.live.size());
   return Status::Ok();
 }
 

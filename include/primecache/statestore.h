@@ -79,10 +79,10 @@ struct PublishRequest {
 
 struct PublishResult {
   EntryId id = 0;
-  bool existed = false;                 // the identity was stored already; nothing was written
-  std::uint64_t new_chunk_bytes = 0;    // chunk bytes this publish added to the store
-  std::uint64_t shared_chunk_bytes = 0; // chunk bytes it shares with entries already stored
-  std::uint64_t evicted = 0;            // entries evicted to make room
+  bool existed = false;                  // the identity was stored already; nothing was written
+  std::uint64_t new_chunk_bytes = 0;     // chunk bytes this publish added to the store
+  std::uint64_t shared_chunk_bytes = 0;  // chunk bytes it shares with entries already stored
+  std::uint64_t evicted = 0;             // entries evicted to make room
 };
 
 // One encoded layer as [codecs] produces it: the serialized layer header and
@@ -101,7 +101,9 @@ class Publisher {
   virtual ~Publisher() = default;
   virtual Status BeginLayer(std::string_view header) = 0;
   virtual Status AddChunk(std::span<const std::byte> bytes) = 0;
-  Status AddChunk(std::string_view bytes) { return AddChunk(std::as_bytes(std::span(bytes.data(), bytes.size()))); }
+  Status AddChunk(std::string_view bytes) {
+    return AddChunk(std::as_bytes(std::span(bytes.data(), bytes.size())));
+  }
   virtual Status EndLayer() = 0;
   Status AddLayer(const LayerBytes& layer);
   // Returns once the entry is durable. A publisher commits at most once.
@@ -158,8 +160,8 @@ class Lease {
 };
 
 struct LookupOptions {
-  bool take_lease = false;   // return the hit with a lease already held
-  bool record = true;        // count the hit or miss, refresh recency, note a miss as a sighting
+  bool take_lease = false;  // return the hit with a lease already held
+  bool record = true;       // count the hit or miss, refresh recency, note a miss as a sighting
 };
 
 struct LookupHit {
@@ -194,15 +196,15 @@ struct EntryInfo {
   std::uint64_t created_unix_ms = 0;
   std::uint64_t last_access = 0;  // logical clock; larger is more recent
   std::uint64_t hits = 0;
-  std::string reason;             // why it was quarantined
+  std::string reason;  // why it was quarantined
 };
 
 struct ListOptions {
-  std::optional<Hash128> model;      // only this fingerprint
-  std::optional<std::string> ns;     // only this namespace
+  std::optional<Hash128> model;   // only this fingerprint
+  std::optional<std::string> ns;  // only this namespace
   EntryState state = EntryState::kLive;
-  std::string page_token;            // from the previous page; empty: the first
-  std::size_t limit = 100;           // 1..1000
+  std::string page_token;   // from the previous page; empty: the first
+  std::size_t limit = 100;  // 1..1000
 };
 
 struct ListPage {
@@ -213,18 +215,18 @@ struct ListPage {
 struct StoreStats {
   std::uint64_t entries = 0;
   std::uint64_t quarantined = 0;
-  std::uint64_t chunks = 0;                 // distinct chunks stored
-  std::uint64_t stored_bytes = 0;           // what the budget counts: distinct chunk bytes + metadata
-  std::uint64_t logical_bytes = 0;          // what the entries would take without dedup
-  std::uint64_t raw_bytes = 0;              // decoded bytes of every entry's layers
-  std::uint64_t dedup_saved_bytes = 0;      // logical_bytes - stored_bytes
+  std::uint64_t chunks = 0;             // distinct chunks stored
+  std::uint64_t stored_bytes = 0;       // what the budget counts: distinct chunk bytes + metadata
+  std::uint64_t logical_bytes = 0;      // what the entries would take without dedup
+  std::uint64_t raw_bytes = 0;          // decoded bytes of every entry's layers
+  std::uint64_t dedup_saved_bytes = 0;  // logical_bytes - stored_bytes
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
   std::uint64_t evictions = 0;
   std::uint64_t admission_refusals = 0;
   std::uint64_t active_leases = 0;
-  std::uint64_t byte_budget = 0;            // 0: unlimited
-  std::uint64_t disk_bytes = 0;             // RocksDB's live SST and blob files
+  std::uint64_t byte_budget = 0;  // 0: unlimited
+  std::uint64_t disk_bytes = 0;   // RocksDB's live SST and blob files
 };
 
 enum class EvictionPolicy : std::uint8_t {
@@ -247,22 +249,22 @@ struct TestHooks;  // statestore/test_hooks.h
 }
 
 struct StoreOptions {
-  std::string path;             // the store's directory; empty: DefaultDataDir() + "/store"
-  Env* env = nullptr;           // nullptr: Env::Default(); must outlive the store
+  std::string path;    // the store's directory; empty: DefaultDataDir() + "/store"
+  Env* env = nullptr;  // nullptr: Env::Default(); must outlive the store
   bool create_if_missing = true;
 
   std::uint64_t byte_budget = 0;  // stored_bytes kept at or below this; 0: unlimited
   EvictionPolicy eviction = EvictionPolicy::kLru;
-  double utility_alpha = 1.0;           // weight of compute-per-byte against recency
-  std::size_t utility_window = 64;      // oldest evictable entries the utility compares
+  double utility_alpha = 1.0;               // weight of compute-per-byte against recency
+  std::size_t utility_window = 64;          // oldest evictable entries the utility compares
   std::uint32_t admit_after_sightings = 1;  // >1: a boundary is stored only once lookups missed it this often
-  std::size_t sighting_capacity = 1u << 16; // boundaries whose sightings are remembered (in memory)
+  std::size_t sighting_capacity = 1u << 16;  // boundaries whose sightings are remembered (in memory)
 
   // Creation-time format choices, recorded in the store; an existing store
   // keeps its own.
-  std::uint32_t block_tokens = 256;          // tokens per hashed index block
+  std::uint32_t block_tokens = 256;  // tokens per hashed index block
   ChunkLayout chunk_layout = ChunkLayout::kBlobFiles;
-  std::uint32_t piece_bytes = 64u << 10;     // kPieces: the largest value
+  std::uint32_t piece_bytes = 64u << 10;  // kPieces: the largest value
 
   std::uint64_t max_chunk_bytes = 64ull << 20;
   // A publish whose new chunk bytes reach this writes them past the WAL and
@@ -295,7 +297,8 @@ class Store {
 
   // The longest stored boundary whose tokens are a prefix of `tokens`, or none.
   Result<std::optional<LookupHit>> Lookup(const Hash128& model, std::string_view ns,
-                                          std::span<const std::uint32_t> tokens, const LookupOptions& options = {});
+                                          std::span<const std::uint32_t> tokens,
+                                          const LookupOptions& options = {});
   // The entry stored for exactly this identity, or none.
   Result<std::optional<EntryId>> FindExact(const Hash128& model, std::string_view ns,
                                            std::span<const std::uint32_t> tokens);

@@ -69,7 +69,9 @@ class RawDb {
   rocksdb::DB* db_ = nullptr;
 };
 
-Hash128 AddressOf(const std::string& chunk) { return Checksum128(AsBytes(chunk)); }
+Hash128 AddressOf(const std::string& chunk) {
+  return Checksum128(AsBytes(chunk));
+}
 
 void ExpectQuarantined(Store& s, EntryId id, const std::string& reason_part) {
   auto info = s.Describe(id);
@@ -140,7 +142,8 @@ TEST(Corruption, WithoutAHealingPublishEveryEntryOfTheBadChunkIsQuarantined) {
   m.store.reset();
   {
     RawDb raw(m.env.get(), m.options.path);
-    raw.Put(si::kCfChunks, si::ChunkKey(AddressOf(la[0].chunks[0])), std::string(la[0].chunks[0].size(), 'z'));
+    raw.Put(si::kCfChunks, si::ChunkKey(AddressOf(la[0].chunks[0])),
+            std::string(la[0].chunks[0].size(), 'z'));
   }
   m.Reopen();
   EXPECT_TRUE(m.store->FetchAll(b).status().IsCorruption());
@@ -228,7 +231,8 @@ TEST_P(FlippedFiles, ABitFlippedOnDiskIsNeverServed) {
   EXPECT_EQ(m.store->Stat()->quarantined, static_cast<std::uint64_t>(bad));
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, FlippedFiles, ::testing::Values(ChunkLayout::kBlobFiles, ChunkLayout::kPieces));
+INSTANTIATE_TEST_SUITE_P(Layouts, FlippedFiles,
+                         ::testing::Values(ChunkLayout::kBlobFiles, ChunkLayout::kPieces));
 
 TEST(Corruption, ACorruptManifestIsQuarantinedAndReferencesRebuilt) {
   MemStore m;

@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
         }
         // Report which entry went; then lift the budget again.
         for (auto& entry : before->entries) {
-          if (!(*store)->Describe(entry.id).ok()) Say("ACK " + std::to_string(i) + " evict " + std::to_string(entry.id));
+          if (!(*store)->Describe(entry.id).ok())
+            Say("ACK " + std::to_string(i) + " evict " + std::to_string(entry.id));
         }
         if (!(*store)->SetByteBudget(0).ok()) return 1;
         break;

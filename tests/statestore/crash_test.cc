@@ -139,8 +139,9 @@ void CheckStore(const std::string& dir, const Acks& acks, const std::string& wha
     int step = it->second;
     present_steps.insert(step);
     bool acked = acks.published.count(step) != 0;
-    EXPECT_TRUE(acked || step == acks.next_step) << "entry of step " << step << " present but neither acknowledged "
-                                                 << "nor in flight (next step " << acks.next_step << ")";
+    EXPECT_TRUE(acked || step == acks.next_step)
+        << "entry of step " << step << " present but neither acknowledged "
+        << "nor in flight (next step " << acks.next_step << ")";
     if (acked) {
       EXPECT_EQ(acks.published.at(step), e.id);
     }
@@ -154,8 +155,8 @@ void CheckStore(const std::string& dir, const Acks& acks, const std::string& wha
     if (acks.deleted.count(id) != 0) continue;
     // An acknowledged publish may only be gone through a later step in flight
     // (a delete or eviction that was not acknowledged yet).
-    bool later_removal_in_flight = acks.next_step < static_cast<int>(steps.size()) &&
-                                   steps[acks.next_step].kind != Step::kPublish;
+    bool later_removal_in_flight =
+        acks.next_step < static_cast<int>(steps.size()) && steps[acks.next_step].kind != Step::kPublish;
     if (!later_removal_in_flight) {
       EXPECT_EQ(present_steps.count(step), 1u) << "acknowledged step " << step << " lost";
     }
@@ -193,7 +194,8 @@ std::vector<int> Occurrences(int hits, int max) {
     for (int i = 1; i <= hits; ++i) out.push_back(i);
     return out;
   }
-  for (int k = 0; k < max; ++k) out.push_back(1 + static_cast<int>(static_cast<long long>(k) * (hits - 1) / (max - 1)));
+  for (int k = 0; k < max; ++k)
+    out.push_back(1 + static_cast<int>(static_cast<long long>(k) * (hits - 1) / (max - 1)));
   return out;
 }
 
@@ -255,7 +257,8 @@ TEST(Crash, KilledAtRandomTimes) {
   int killed = 0;
   for (int i = 0; i < 12; ++i) {
     TempDir dir;
-    std::chrono::microseconds after(static_cast<long long>(rng() % static_cast<std::uint64_t>(full.count() + 1)));
+    std::chrono::microseconds after(
+        static_cast<long long>(rng() % static_cast<std::uint64_t>(full.count() + 1)));
     ChildRun r = RunChild(dir.path + "/s", {}, after);
     if (r.killed) ++killed;
     if (!r.killed) {

@@ -53,12 +53,11 @@ TEST(Dedup, GrowingConversationStoresSharedChunksOnce) {
     if (i > 1) {
       EXPECT_GT(r->shared_chunk_bytes, 0u) << "boundary " << i << " shares rows with the one before";
     }
-    EXPECT_EQ(r->new_chunk_bytes + r->shared_chunk_bytes,
-              [&] {
-                Union u;
-                u.Add(layers);
-                return u.bytes();
-              }());
+    EXPECT_EQ(r->new_chunk_bytes + r->shared_chunk_bytes, [&] {
+      Union u;
+      u.Add(layers);
+      return u.bytes();
+    }());
     // What the last boundary needs in full, and each boundary's eager state.
     std::uint64_t recurrent = 0;
     for (std::uint32_t l = model.latent_layers; l < layers.size(); ++l) {
@@ -77,7 +76,8 @@ TEST(Dedup, GrowingConversationStoresSharedChunksOnce) {
   // Far below the sum of the snapshots; near the final planes plus K states
   // (each boundary adds its partial last chunks and its index tail).
   EXPECT_LT(stored_chunks * 2, all.logical);
-  EXPECT_LE(stored_chunks, final_planes + states + static_cast<std::uint64_t>(k) * model.latent_layers * 3 * 2048);
+  EXPECT_LE(stored_chunks,
+            final_planes + states + static_cast<std::uint64_t>(k) * model.latent_layers * 3 * 2048);
   ExpectConsistent(*m.store);
 
   // Every boundary still reads back exactly.

@@ -23,7 +23,9 @@ std::uint64_t EntryBytes(std::size_t len) {
   return m.store->Stat()->stored_bytes;
 }
 
-bool Present(Store& s, EntryId id) { return s.Describe(id).ok(); }
+bool Present(Store& s, EntryId id) {
+  return s.Describe(id).ok();
+}
 
 TEST(Eviction, LeastRecentlyUsedGoesFirstAndTheBudgetHolds) {
   const std::uint64_t one = EntryBytes(300);

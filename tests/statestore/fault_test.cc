@@ -51,7 +51,8 @@ struct FaultStore {
   explicit FaultStore(StoreOptions o = {}) : options(std::move(o)) {
     hooks->freeze_io = std::make_shared<std::atomic<bool>>(false);
     hooks->short_sleeps = true;
-    hooks->freeze_countdown = std::make_shared<std::atomic<std::int64_t>>(std::numeric_limits<std::int64_t>::max());
+    hooks->freeze_countdown =
+        std::make_shared<std::atomic<std::int64_t>>(std::numeric_limits<std::int64_t>::max());
     options.env = fenv.get();
     options.path = "/s";
     options.test_hooks = hooks;
@@ -158,8 +159,12 @@ void FailEveryOp(FaultOp op, const char* what, StoreOptions o = {}) {
   EXPECT_GT(failed, 0) << "some injected fault must reach the publish";
 }
 
-TEST(Faults, AFailedWriteAtAnyPointChangesNothing) { FailEveryOp(FaultOp::kWrite, "write"); }
-TEST(Faults, AFailedSyncAtAnyPointChangesNothing) { FailEveryOp(FaultOp::kSync, "sync"); }
+TEST(Faults, AFailedWriteAtAnyPointChangesNothing) {
+  FailEveryOp(FaultOp::kWrite, "write");
+}
+TEST(Faults, AFailedSyncAtAnyPointChangesNothing) {
+  FailEveryOp(FaultOp::kSync, "sync");
+}
 TEST(Faults, FailedWritesOnTheFlushPathChangeNothing) {
   StoreOptions o;
   o.direct_write_bytes = 0;  // every chunk past the WAL, flushed before the commit
@@ -216,8 +221,10 @@ TEST_P(PowerLoss, AtEveryMutatingOperation) {
   // Runs the workload; true when it was acknowledged.
   auto run = [&](FaultStore& f) -> bool {
     switch (pc.work) {
-      case Work::kPublish: return PublishTarget(*f.store).ok();
-      case Work::kDelete: return f.store->Delete(f.baseline[1]).ok();
+      case Work::kPublish:
+        return PublishTarget(*f.store).ok();
+      case Work::kDelete:
+        return f.store->Delete(f.baseline[1]).ok();
       case Work::kEvict: {
         auto st = f.store->Stat();
         return f.store->SetByteBudget(st->stored_bytes - 1).ok();

@@ -12,8 +12,8 @@
 
 using namespace primecache::statestore_internal;  // NOLINT(google-build-using-namespace)
 
-#define REQUIRE(cond) \
-  do {                \
+#define REQUIRE(cond)          \
+  do {                         \
     if (!(cond)) std::abort(); \
   } while (0)
 

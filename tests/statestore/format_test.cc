@@ -14,7 +14,8 @@ namespace {
 void ExpectRefusesDamage(const std::string& v, const std::function<bool(std::string_view)>& decodes,
                          bool checksummed = true) {
   ASSERT_TRUE(decodes(v)) << "the intact value decodes";
-  for (std::size_t n = 0; n < v.size(); ++n) EXPECT_FALSE(decodes(std::string_view(v).substr(0, n))) << "cut " << n;
+  for (std::size_t n = 0; n < v.size(); ++n)
+    EXPECT_FALSE(decodes(std::string_view(v).substr(0, n))) << "cut " << n;
   EXPECT_FALSE(decodes(v + "x")) << "trailing byte";
   if (!checksummed) return;
   for (std::size_t i = 0; i < v.size(); ++i) {

@@ -222,7 +222,7 @@ class LookupDifferential : public ::testing::TestWithParam<DiffCase> {};
 TEST_P(LookupDifferential, MatchesBruteForce) {
   CollidingHasher colliding;
   WeakHasher weak;
-  const TokenHasher* h = GetParam().hasher == 1 ? static_cast<const TokenHasher*>(&colliding)
+  const TokenHasher* h = GetParam().hasher == 1   ? static_cast<const TokenHasher*>(&colliding)
                          : GetParam().hasher == 2 ? static_cast<const TokenHasher*>(&weak)
                                                   : nullptr;
   MemStore m(WithHasher(h, GetParam().block));
@@ -262,7 +262,8 @@ TEST_P(LookupDifferential, MatchesBruteForce) {
     if (rng() % 3 == 0) q.push_back(static_cast<std::uint32_t>(rng() % 3));
     std::optional<std::pair<EntryId, std::size_t>> want;
     for (const auto& [t, id] : stored) {
-      if (t.size() <= q.size() && std::equal(t.begin(), t.end(), q.begin()) && (!want || t.size() > want->second)) {
+      if (t.size() <= q.size() && std::equal(t.begin(), t.end(), q.begin()) &&
+          (!want || t.size() > want->second)) {
         want = std::make_pair(id, t.size());
       }
     }

@@ -50,7 +50,8 @@ struct TestModel {
 
 // Row t of a layer depends on the tokens [0, t] only (a running hash), so
 // rows are shared exactly by boundaries of one conversation.
-inline std::vector<std::uint64_t> RunningHashes(const std::vector<std::uint32_t>& tokens, std::uint64_t seed) {
+inline std::vector<std::uint64_t> RunningHashes(const std::vector<std::uint32_t>& tokens,
+                                                std::uint64_t seed) {
   std::vector<std::uint64_t> h(tokens.size());
   std::uint64_t x = seed;
   for (std::size_t i = 0; i < tokens.size(); ++i) h[i] = x = Mix(x ^ (tokens[i] + 0x100000000ull * i));
@@ -84,11 +85,13 @@ inline std::vector<LayerBytes> MakeLayers(const std::vector<std::uint32_t>& toke
       s.pools_ready = len / m.pool;
       std::uint64_t first_tail = s.pools_ready * m.pool;
       for (std::uint64_t t = first_tail; t < len; ++t) {
-        for (std::uint32_t c = 0; c < s.index_width; ++c) s.index_tail_rows.push_back(ValueOf(h[t] + 100 + l, c));
+        for (std::uint32_t c = 0; c < s.index_width; ++c)
+          s.index_tail_rows.push_back(ValueOf(h[t] + 100 + l, c));
       }
       for (std::uint64_t p = 0; p < s.pools_ready; ++p) {
         std::uint64_t last = (p + 1) * m.pool - 1;
-        for (std::uint32_t c = 0; c < m.index_head_dim; ++c) s.pool_keys.push_back(ValueOf(h[last] + 200 + l, c));
+        for (std::uint32_t c = 0; c < m.index_head_dim; ++c)
+          s.pool_keys.push_back(ValueOf(h[last] + 200 + l, c));
       }
     }
     push(s);
@@ -124,7 +127,9 @@ inline std::vector<std::uint32_t> Prefix(const std::vector<std::uint32_t>& t, st
   return {t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)};
 }
 
-inline Hash128 ModelDigest(std::uint64_t n) { return Hash128{Mix(n), Mix(n + 1)}; }
+inline Hash128 ModelDigest(std::uint64_t n) {
+  return Hash128{Mix(n), Mix(n + 1)};
+}
 
 inline PublishRequest Request(const std::vector<std::uint32_t>& tokens, std::uint64_t model = 1,
                               std::string ns = "") {

@@ -37,8 +37,12 @@ namespace {
 using namespace primecache;  // NOLINT(google-build-using-namespace)
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-double GBs(std::uint64_t bytes, double s) { return static_cast<double>(bytes) / s / 1e9; }
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+double GBs(std::uint64_t bytes, double s) {
+  return static_cast<double>(bytes) / s / 1e9;
+}
 
 void Die(const Status& s, const char* what) {
   if (s.ok()) return;
@@ -55,14 +59,16 @@ std::uint64_t Mix(std::uint64_t x) {
 
 // A smooth plane with noise, as latent rows look; rows depend on the absolute
 // row only, so a longer boundary extends a shorter one.
-void Fill(std::vector<float>* v, std::uint64_t rows, std::uint32_t width, std::uint64_t seed, std::uint64_t first = 0) {
+void Fill(std::vector<float>* v, std::uint64_t rows, std::uint32_t width, std::uint64_t seed,
+          std::uint64_t first = 0) {
   v->resize(rows * width);
   for (std::uint64_t t = 0; t < rows; ++t) {
     for (std::uint32_t c = 0; c < width; ++c) {
       double x = static_cast<double>(first + t), y = c;
-      double noise = static_cast<double>(Mix(seed * 1000003 + (first + t) * 7919 + c) >> 40) / (1 << 24) - 0.5;
-      (*v)[t * width + c] =
-          static_cast<float>(std::sin(0.013 * x + 0.37 * y) + 0.5 * std::cos(0.0021 * x * (1 + y / 97.0)) + 0.05 * noise);
+      double noise =
+          static_cast<double>(Mix(seed * 1000003 + (first + t) * 7919 + c) >> 40) / (1 << 24) - 0.5;
+      (*v)[t * width + c] = static_cast<float>(std::sin(0.013 * x + 0.37 * y) +
+                                               0.5 * std::cos(0.0021 * x * (1 + y / 97.0)) + 0.05 * noise);
     }
   }
 }
@@ -76,7 +82,8 @@ struct Geometry {
   std::uint32_t heads = 32, head_dim = 128, kernel = 4;
 };
 
-std::vector<LayerBytes> Encode(const Geometry& g, std::uint64_t tokens, std::uint64_t seed, const EncodeOptions& eo) {
+std::vector<LayerBytes> Encode(const Geometry& g, std::uint64_t tokens, std::uint64_t seed,
+                               const EncodeOptions& eo) {
   std::vector<LayerBytes> out;
   auto push = [&](const LayerSnapshot& s) {
     auto enc = EncodeLayer(s, eo);
@@ -174,8 +181,8 @@ void Throughput(const std::string& dir, int mib, int reps) {
   std::size_t chunks = 0;
   for (auto& l : entries[0]) chunks += l.chunks.size();
   std::printf("\n## throughput: one entry of %llu tokens, %zu layers, %zu chunks, %.1f MiB; median of %d\n\n",
-              static_cast<unsigned long long>(tokens), entries[0].size(), chunks, static_cast<double>(bytes) / (1 << 20),
-              reps);
+              static_cast<unsigned long long>(tokens), entries[0].size(), chunks,
+              static_cast<double>(bytes) / (1 << 20), reps);
   std::printf("| what | GB/s |\n| --- | --- |\n");
   std::vector<char> dst(bytes);
 
@@ -251,7 +258,8 @@ void Throughput(const std::string& dir, int mib, int reps) {
       rocksdb::PinnableSlice v;
       for (std::size_t k = 0; k < i; ++k) {
         v.Reset();
-        if (!db->Get(rocksdb::ReadOptions(), db->DefaultColumnFamily(), std::to_string(r) + "/" + std::to_string(k), &v)
+        if (!db->Get(rocksdb::ReadOptions(), db->DefaultColumnFamily(),
+                     std::to_string(r) + "/" + std::to_string(k), &v)
                  .ok()) {
           Die(Status::IOError("get"), "rocksdb");
         }
@@ -303,7 +311,9 @@ void Throughput(const std::string& dir, int mib, int reps) {
       fetch.Add(GBs(bytes, Seconds(t0)));
       struct Null final : FetchSink {
         Status OnLayer(std::uint32_t, std::string_view, std::uint32_t) override { return Status::Ok(); }
-        Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte>) override { return Status::Ok(); }
+        Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte>) override {
+          return Status::Ok();
+        }
       } null;
       auto t1 = Clock::now();
       Die((*store)->Fetch(ids[r], {}, null), "fetch");
@@ -314,7 +324,8 @@ void Throughput(const std::string& dir, int mib, int reps) {
     std::printf("| store fetch, copied, %s | %.2f |\n", v.name, fetch.Get());
     std::printf("| store fetch, not copied, %s | %.2f |\n", v.name, fetch_nocopy.Get());
     std::printf("| (disk after publishing: %.1f MiB for %.1f MiB stored) | |\n",
-                static_cast<double>(st->disk_bytes) / (1 << 20), static_cast<double>(st->stored_bytes) / (1 << 20));
+                static_cast<double>(st->disk_bytes) / (1 << 20),
+                static_cast<double>(st->stored_bytes) / (1 << 20));
     store->reset();
     std::filesystem::remove_all(path);
   }
@@ -333,7 +344,9 @@ class AcceptAll final : public LayerValidator {
 
 void Lookup(const std::string& dir, std::uint64_t max_entries, int queries) {
   std::printf("\n## lookup: 32768-token queries, in process, latency in microseconds\n\n");
-  std::printf("| entries | hit p50 | hit p99 | miss p50 | miss p99 | hit length |\n| --- | --- | --- | --- | --- | --- |\n");
+  std::printf(
+      "| entries | hit p50 | hit p99 | miss p50 | miss p99 | hit length |\n| --- | --- | --- | --- | --- | "
+      "--- |\n");
   std::string path = dir + "/lookup-store";
   std::filesystem::remove_all(path);
   StoreOptions so;
@@ -390,10 +403,14 @@ void Lookup(const std::string& dir, std::uint64_t max_entries, int queries) {
     }
     std::sort(hit.begin(), hit.end());
     std::sort(miss.begin(), miss.end());
-    auto pct = [](const std::vector<double>& v, double p) { return v[static_cast<std::size_t>(p * (v.size() - 1))]; };
+    auto pct = [](const std::vector<double>& v, double p) {
+      return v[static_cast<std::size_t>(p * (v.size() - 1))];
+    };
     std::printf("| %llu | %.1f | %.1f | %.1f | %.1f | %llu |\n", static_cast<unsigned long long>(entries),
-                pct(hit, 0.5), pct(hit, 0.99), pct(miss, 0.5), pct(miss, 0.99), static_cast<unsigned long long>(hit_len));
-    std::fprintf(stderr, "lookup: %llu entries built in %.1f s\n", static_cast<unsigned long long>(entries), build);
+                pct(hit, 0.5), pct(hit, 0.99), pct(miss, 0.5), pct(miss, 0.99),
+                static_cast<unsigned long long>(hit_len));
+    std::fprintf(stderr, "lookup: %llu entries built in %.1f s\n", static_cast<unsigned long long>(entries),
+                 build);
     std::fflush(stdout);
   }
   store->reset();
@@ -439,8 +456,10 @@ void Dedup(const std::string& dir, std::uint64_t tokens, int k) {
   std::printf("| %d recurrent states | %.1f |\n", k, static_cast<double>(recurrent) / (1 << 20));
   std::printf("| stored chunk bytes | %.1f |\n", static_cast<double>(stored_chunks) / (1 << 20));
   std::printf("| stored bytes with metadata | %.1f |\n", static_cast<double>(st->stored_bytes) / (1 << 20));
-  std::printf("| ratio stored / (final planes + K states) | %.3f |\n", static_cast<double>(st->stored_bytes) / target);
-  std::printf("| ratio stored / sum of snapshots | %.3f |\n", static_cast<double>(st->stored_bytes) / static_cast<double>(sum));
+  std::printf("| ratio stored / (final planes + K states) | %.3f |\n",
+              static_cast<double>(st->stored_bytes) / target);
+  std::printf("| ratio stored / sum of snapshots | %.3f |\n",
+              static_cast<double>(st->stored_bytes) / static_cast<double>(sum));
   store->reset();
   std::filesystem::remove_all(path);
 }

@@ -1,0 +1,254 @@
+#include "engine/model/reference_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "engine/model/cpu_ops.h"
+#include "kernels/pool_keys.h"
+
+namespace primecache::model {
+
+using cpu::Dot;
+using cpu::MatVec;
+using cpu::RmsNorm;
+
+Result<ReferenceModel> ReferenceModel::Create(ModelConfig config, const Weights* weights) {
+  PC_RETURN_IF_ERROR(config.Validate());
+  PC_RETURN_IF_ERROR(weights->CheckAgainst(config));
+  return ReferenceModel(std::move(config), weights);
+}
+
+ReferenceModel::ReferenceModel(ModelConfig config, const Weights* weights)
+    : config_(std::move(config)), weights_(weights) {
+  for (LayerType t : config_.layers) {
+    if (t == LayerType::kMla) {
+      slot_.push_back(mla_.size());
+      mla_.emplace_back();
+    } else {
+      slot_.push_back(kda_.size());
+      KdaState s;
+      const std::size_t nd = config_.kda.channels(), d = config_.kda.head_dim;
+      s.conv_ring.assign(3 * nd * (config_.kda.conv_kernel - 1), 0.0f);
+      s.state.assign(config_.kda.heads * d * d, 0.0f);
+      kda_.push_back(std::move(s));
+    }
+  }
+}
+
+const float* ReferenceModel::W(std::size_t layer, const char* name) const {
+  std::string full = layer == SIZE_MAX ? name : "layers." + std::to_string(layer) + "." + name;
+  return weights_->Find(full)->data.data();  // presence checked by Create
+}
+
+Status ReferenceModel::Prime(std::span<const std::uint32_t> tokens, std::vector<float>* logits) {
+  for (std::uint32_t t : tokens) {
+    if (t >= config_.vocab) {
+      return Status::InvalidArgument("token " + std::to_string(t) + " is outside the vocabulary of " +
+                                     std::to_string(config_.vocab));
+    }
+  }
+  std::vector<float> row(config_.vocab);
+  for (std::uint32_t t : tokens) {
+    Step(t, logits ? row.data() : nullptr);
+    if (logits) logits->insert(logits->end(), row.begin(), row.end());
+  }
+  return Status::Ok();
+}
+
+void ReferenceModel::Step(std::uint32_t token, float* logits) {
+  const std::size_t H = config_.hidden;
+  std::vector<float> x(W(SIZE_MAX, "embed") + std::size_t{token} * H, W(SIZE_MAX, "embed") + (token + 1) * H);
+  std::vector<float> u(H), out(H);
+  for (std::size_t l = 0; l < config_.layers.size(); ++l) {
+    RmsNorm(x.data(), W(l, "attn_norm.weight"), H, config_.norm_eps, u.data());
+    if (config_.layers[l] == LayerType::kMla) {
+      MlaMixer(l, u.data(), out.data());
+    } else {
+      KdaMixer(l, u.data(), out.data());
+    }
+    for (std::size_t i = 0; i < H; ++i) x[i] += out[i];
+    RmsNorm(x.data(), W(l, "mlp_norm.weight"), H, config_.norm_eps, u.data());
+    Mlp(l, u.data(), out.data());
+    for (std::size_t i = 0; i < H; ++i) x[i] += out[i];
+  }
+  if (logits != nullptr) {
+    RmsNorm(x.data(), W(SIZE_MAX, "final_norm.weight"), H, config_.norm_eps, u.data());
+    MatVec(W(SIZE_MAX, "lm_head"), config_.vocab, H, u.data(), logits);
+  }
+  ++position_;
+}
+
+void ReferenceModel::Mlp(std::size_t l, const float* u, float* out) {
+  const std::size_t H = config_.hidden, F = config_.mlp_hidden;
+  std::vector<float> a(F), b(F);
+  MatVec(W(l, "mlp.w1"), F, H, u, a.data());
+  MatVec(W(l, "mlp.w3"), F, H, u, b.data());
+  for (std::size_t i = 0; i < F; ++i) a[i] = cpu::Silu(a[i]) * b[i];
+  MatVec(W(l, "mlp.w2"), H, F, a.data(), out);
+}
+
+void ReferenceModel::MlaMixer(std::size_t l, const float* u, float* out) {
+  const MlaConfig& m = config_.mla;
+  const std::size_t H = config_.hidden, r = m.kv_rank, dr = m.rope_dim, dn = m.nope_dim, dv = m.v_dim;
+  const std::size_t nh = m.heads, width = r + dr;
+  const std::uint64_t t = position_;
+  MlaState& st = mla_[slot_[l]];
+
+  // The latent row of this token.
+  std::vector<float> a(width), row(width);
+  MatVec(W(l, "mla.wdkv"), width, H, u, a.data());
+  RmsNorm(a.data(), W(l, "mla.kv_norm.weight"), r, config_.norm_eps, row.data());
+  std::copy(a.begin() + static_cast<std::ptrdiff_t>(r), a.end(), row.begin() + static_cast<std::ptrdiff_t>(r));
+  cpu::Rope(row.data() + r, dr, t, m.rope_theta);
+  st.rows.insert(st.rows.end(), row.begin(), row.end());
+
+  // The set of past tokens this query attends to.
+  std::vector<std::uint64_t> attend;
+  if (!m.indexer) {
+    attend.resize(t + 1);
+    std::iota(attend.begin(), attend.end(), 0);
+  } else {
+    const IndexerConfig& ix = *m.indexer;
+    const std::size_t di = ix.head_dim, P = ix.pool;
+    std::vector<float> irow(2 * di), kraw(di);
+    MatVec(W(l, "mla.idx.wk"), di, H, u, kraw.data());
+    RmsNorm(kraw.data(), W(l, "mla.idx.k_norm.weight"), di, config_.norm_eps, irow.data());
+    MatVec(W(l, "mla.idx.wg"), di, H, u, irow.data() + di);
+    st.index_rows.insert(st.index_rows.end(), irow.begin(), irow.end());
+    // Pools completed by this token get their final key.
+    const std::uint64_t ready = (t + 1) / P;
+    if (ready > st.pools_ready) {
+      st.pool_keys.resize(ready * di);
+      kernels::PoolKeyArgs args{st.index_rows.data(), 0, W(l, "mla.idx.ape"), st.pool_keys.data(), di, P,
+                                st.pools_ready, ready - st.pools_ready};
+      (void)kernels::BuildPoolKeysCpu(args);  // geometry validated with the config
+      st.pools_ready = ready;
+    }
+    // Score every visible pool and keep the top k (ties to the lower pool).
+    std::vector<float> qi(ix.heads * di), wt(ix.heads);
+    MatVec(W(l, "mla.idx.wq"), ix.heads * di, H, u, qi.data());
+    MatVec(W(l, "mla.idx.ww"), ix.heads, H, u, wt.data());
+    std::vector<std::pair<float, std::uint64_t>> scored(ready);
+    for (std::uint64_t p = 0; p < ready; ++p) {
+      float score = 0.0f;
+      for (std::size_t h = 0; h < ix.heads; ++h) {
+        score += wt[h] * std::max(0.0f, Dot(qi.data() + h * di, st.pool_keys.data() + p * di, di));
+      }
+      scored[p] = {score, p};
+    }
+    const std::size_t keep = std::min<std::size_t>(ix.topk, ready);
+    std::partial_sort(scored.begin(), scored.begin() + static_cast<std::ptrdiff_t>(keep), scored.end(),
+                      [](const auto& x, const auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
+    std::vector<std::uint64_t> pools;
+    for (std::size_t i = 0; i < keep; ++i) pools.push_back(scored[i].second);
+    std::sort(pools.begin(), pools.end());
+    for (std::uint64_t p : pools)
+      for (std::uint64_t j = 0; j < P; ++j) attend.push_back(p * P + j);
+    for (std::uint64_t s = ready * P; s <= t; ++s) attend.push_back(s);
+  }
+
+  // Absorbed attention over the latent rows.
+  std::vector<float> q(nh * (dn + dr)), qt(r), o(r), heads_out(nh * dv), scores(attend.size());
+  MatVec(W(l, "mla.wq"), nh * (dn + dr), H, u, q.data());
+  const float* wuk = W(l, "mla.wuk");
+  const float* wuv = W(l, "mla.wuv");
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
+  for (std::size_t h = 0; h < nh; ++h) {
+    float* qn = q.data() + h * (dn + dr);
+    float* qp = qn + dn;
+    cpu::Rope(qp, dr, t, m.rope_theta);
+    const float* wk = wuk + h * dn * r;  // [dn, r]
+    for (std::size_t j = 0; j < r; ++j) {
+      float s = 0.0f;
+      for (std::size_t i = 0; i < dn; ++i) s += wk[i * r + j] * qn[i];
+      qt[j] = s;
+    }
+    float mx = -INFINITY;
+    for (std::size_t k = 0; k < attend.size(); ++k) {
+      const float* c = st.rows.data() + attend[k] * width;
+      scores[k] = (Dot(qt.data(), c, r) + Dot(qp, c + r, dr)) * scale;
+      mx = std::max(mx, scores[k]);
+    }
+    float sum = 0.0f;
+    for (float& s : scores) {
+      s = std::exp(s - mx);
+      sum += s;
+    }
+    std::fill(o.begin(), o.end(), 0.0f);
+    for (std::size_t k = 0; k < attend.size(); ++k) {
+      const float p = scores[k] / sum;
+      const float* c = st.rows.data() + attend[k] * width;
+      for (std::size_t j = 0; j < r; ++j) o[j] += p * c[j];
+    }
+    MatVec(wuv + h * dv * r, dv, r, o.data(), heads_out.data() + h * dv);
+  }
+  MatVec(W(l, "mla.wo"), H, nh * dv, heads_out.data(), out);
+  ++st.len;
+}
+
+void ReferenceModel::KdaMixer(std::size_t l, const float* u, float* out) {
+  const KdaConfig& k = config_.kda;
+  const std::size_t H = config_.hidden, n = k.heads, d = k.head_dim, nd = n * d, K = k.conv_kernel;
+  KdaState& st = kda_[slot_[l]];
+
+  // Projections, then the short causal conv over each plane.
+  std::vector<float> raw(3 * nd), conv(3 * nd);
+  MatVec(W(l, "kda.wq"), nd, H, u, raw.data());
+  MatVec(W(l, "kda.wk"), nd, H, u, raw.data() + nd);
+  MatVec(W(l, "kda.wv"), nd, H, u, raw.data() + 2 * nd);
+  const float* taps[3] = {W(l, "kda.conv_q"), W(l, "kda.conv_k"), W(l, "kda.conv_v")};
+  for (std::size_t plane = 0; plane < 3; ++plane) {
+    for (std::size_t c = 0; c < nd; ++c) {
+      const std::size_t ch = plane * nd + c;
+      float* ring = st.conv_ring.data() + ch * (K - 1);
+      const float* w = taps[plane] + c * K;
+      float y = 0.0f;
+      for (std::size_t i = 0; i + 1 < K; ++i) y += w[i] * ring[i];
+      y += w[K - 1] * raw[ch];
+      conv[ch] = cpu::Silu(y);
+      for (std::size_t i = 0; i + 2 < K; ++i) ring[i] = ring[i + 1];
+      ring[K - 2] = raw[ch];
+    }
+  }
+
+  std::vector<float> g(nd), b(n), og(nd), o(nd), onorm(d);
+  MatVec(W(l, "kda.wg"), nd, H, u, g.data());
+  MatVec(W(l, "kda.wb"), n, H, u, b.data());
+  MatVec(W(l, "kda.wog"), nd, H, u, og.data());
+  const float* norm_w = W(l, "kda.o_norm.weight");
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<float> pred(d);
+  for (std::size_t h = 0; h < n; ++h) {
+    float* qh = conv.data() + h * d;
+    float* kh = conv.data() + nd + h * d;
+    const float* vh = conv.data() + 2 * nd + h * d;
+    cpu::L2Normalize(qh, d);
+    cpu::L2Normalize(kh, d);
+    const float beta = cpu::Sigmoid(b[h]);
+    float* S = st.state.data() + h * d * d;  // S[i*d + j]: row i key dim, column j value dim
+    for (std::size_t i = 0; i < d; ++i) {
+      const float alpha = std::exp(k.gate_lower_bound * cpu::Sigmoid(g[h * d + i]));
+      for (std::size_t j = 0; j < d; ++j) S[i * d + j] *= alpha;
+    }
+    for (std::size_t j = 0; j < d; ++j) {
+      float s = 0.0f;
+      for (std::size_t i = 0; i < d; ++i) s += S[i * d + j] * kh[i];
+      pred[j] = s;
+    }
+    for (std::size_t i = 0; i < d; ++i)
+      for (std::size_t j = 0; j < d; ++j) S[i * d + j] += beta * kh[i] * (vh[j] - pred[j]);
+    float* oh = o.data() + h * d;
+    for (std::size_t j = 0; j < d; ++j) {
+      float s = 0.0f;
+      for (std::size_t i = 0; i < d; ++i) s += S[i * d + j] * qh[i];
+      oh[j] = s * inv_sqrt_d;
+    }
+    RmsNorm(oh, norm_w, d, config_.norm_eps, onorm.data());
+    for (std::size_t j = 0; j < d; ++j) oh[j] = onorm[j] * cpu::Sigmoid(og[h * d + j]);
+  }
+  MatVec(W(l, "kda.wo"), H, nd, o.data(), out);
+}
+
+}  // namespace primecache::model

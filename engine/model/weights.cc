@@ -1,0 +1,160 @@
+// Tensor names and shapes of the reference model, deterministic weight
+// generation, the weights digest, and the byte tokenizer.
+#include <cmath>
+#include <cstring>
+
+#include "primecache/checksum.h"
+#include "primecache/model.h"
+
+namespace primecache::model {
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+
+std::uint64_t SplitMix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// A uniform value in [-1, 1) that depends only on (stream, i).
+float UniformAt(std::uint64_t stream, std::uint64_t i) {
+  std::uint64_t bits = SplitMix64(stream ^ SplitMix64(i));
+  return static_cast<float>(static_cast<double>(bits >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+std::string ShapeString(const Shape& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Shape>> ExpectedTensors(const ModelConfig& c) {
+  const std::int64_t H = c.hidden, F = c.mlp_hidden, V = c.vocab;
+  std::vector<std::pair<std::string, Shape>> t = {
+      {"embed", {V, H}}, {"final_norm.weight", {H}}, {"lm_head", {V, H}}};
+  for (std::size_t l = 0; l < c.layers.size(); ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    t.push_back({p + "attn_norm.weight", {H}});
+    t.push_back({p + "mlp_norm.weight", {H}});
+    t.push_back({p + "mlp.w1", {F, H}});
+    t.push_back({p + "mlp.w3", {F, H}});
+    t.push_back({p + "mlp.w2", {H, F}});
+    if (c.layers[l] == LayerType::kMla) {
+      const MlaConfig& m = c.mla;
+      const std::int64_t nh = m.heads, r = m.kv_rank, dr = m.rope_dim, dn = m.nope_dim, dv = m.v_dim;
+      t.push_back({p + "mla.wq", {nh * (dn + dr), H}});
+      t.push_back({p + "mla.wdkv", {r + dr, H}});
+      t.push_back({p + "mla.kv_norm.weight", {r}});
+      t.push_back({p + "mla.wuk", {nh, dn, r}});
+      t.push_back({p + "mla.wuv", {nh, dv, r}});
+      t.push_back({p + "mla.wo", {H, nh * dv}});
+      if (m.indexer) {
+        const std::int64_t di = m.indexer->head_dim, ih = m.indexer->heads, P = m.indexer->pool;
+        t.push_back({p + "mla.idx.wk", {di, H}});
+        t.push_back({p + "mla.idx.k_norm.weight", {di}});
+        t.push_back({p + "mla.idx.wg", {di, H}});
+        t.push_back({p + "mla.idx.ape", {P, di}});
+        t.push_back({p + "mla.idx.wq", {ih * di, H}});
+        t.push_back({p + "mla.idx.ww", {ih, H}});
+      }
+    } else {
+      const KdaConfig& k = c.kda;
+      const std::int64_t nd = std::int64_t{k.heads} * k.head_dim, K = k.conv_kernel;
+      for (const char* w : {"kda.wq", "kda.wk", "kda.wv"}) t.push_back({p + w, {nd, H}});
+      for (const char* w : {"kda.conv_q", "kda.conv_k", "kda.conv_v"}) t.push_back({p + w, {nd, K}});
+      t.push_back({p + "kda.wg", {nd, H}});
+      t.push_back({p + "kda.wb", {std::int64_t{k.heads}, H}});
+      t.push_back({p + "kda.wog", {nd, H}});
+      t.push_back({p + "kda.o_norm.weight", {std::int64_t{k.head_dim}}});
+      t.push_back({p + "kda.wo", {H, nd}});
+    }
+  }
+  return t;
+}
+
+Weights Weights::Generate(const ModelConfig& c, std::uint64_t seed) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, shape] : ExpectedTensors(c)) {
+    Tensor t;
+    t.shape = shape;
+    std::size_t n = 1;
+    for (std::int64_t d : shape) n *= static_cast<std::size_t>(d);
+    t.data.resize(n);
+    const std::uint64_t stream = seed ^ Checksum64(std::string_view(name));
+    const bool is_norm = name.find("norm.weight") != std::string::npos;
+    const bool is_vector = shape.size() == 1;
+    // Matrices get variance ~1/fan_in so activations stay O(1) through depth;
+    // norm weights sit near 1; other tables are O(1).
+    float scale = 1.0f;
+    if (!is_vector && name != "embed" && name.find("ape") == std::string::npos &&
+        name.find("conv_") == std::string::npos) {
+      scale = std::sqrt(3.0f / static_cast<float>(shape.back()));
+    }
+    if (name.find("conv_") != std::string::npos) scale = 0.5f;
+    for (std::size_t i = 0; i < n; ++i) {
+      float u = UniformAt(stream, i);
+      t.data[i] = is_norm ? 1.0f + 0.1f * u : scale * u;
+    }
+    out.emplace(name, std::move(t));
+  }
+  return Weights(std::move(out));
+}
+
+Status Weights::CheckAgainst(const ModelConfig& c) const {
+  auto expected = ExpectedTensors(c);
+  for (const auto& [name, shape] : expected) {
+    const Tensor* t = Find(name);
+    if (t == nullptr) return Status::InvalidArgument("weights lack tensor " + name + " " + ShapeString(shape));
+    if (t->shape != shape) {
+      return Status::InvalidArgument("tensor " + name + " has shape " + ShapeString(t->shape) + ", the config needs " +
+                                     ShapeString(shape));
+    }
+    for (float v : t->data) {
+      if (!std::isfinite(v)) return Status::InvalidArgument("tensor " + name + " holds a non-finite value");
+    }
+  }
+  if (tensors_.size() != expected.size()) {
+    for (const auto& [name, t] : tensors_) {
+      bool known = false;
+      for (const auto& e : expected) known = known || e.first == name;
+      if (!known) return Status::InvalidArgument("weights hold unexpected tensor " + name);
+    }
+  }
+  return Status::Ok();
+}
+
+const Tensor* Weights::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+std::uint64_t Weights::Digest() const {
+  Checksum64Stream h;
+  for (const auto& [name, t] : tensors_) {
+    h.Update(std::string_view(name));
+    h.Update(std::as_bytes(std::span(t.shape)));
+    h.Update(std::as_bytes(std::span(t.data)));
+  }
+  return h.Digest();
+}
+
+std::vector<std::uint32_t> Tokenize(std::string_view text) {
+  std::vector<std::uint32_t> out;
+  out.reserve(text.size() + 1);
+  out.push_back(kBosToken);
+  for (unsigned char ch : text) out.push_back(ch);
+  return out;
+}
+
+std::string Detokenize(const std::vector<std::uint32_t>& tokens) {
+  std::string out;
+  for (std::uint32_t t : tokens)
+    if (t < 256) out.push_back(static_cast<char>(t));
+  return out;
+}
+
+}  // namespace primecache::model

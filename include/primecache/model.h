@@ -1,0 +1,139 @@
+// The reference hybrid model (HRM): its configuration, its weights, and the
+// byte tokenizer. The arithmetic is fixed by docs/model.md; this header holds
+// what a caller needs to describe and load a model.
+//
+// ModelConfig and Weights are plain values: immutable once built, safe to read
+// from many threads.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "primecache/env.h"
+#include "primecache/status.h"
+
+namespace primecache::model {
+
+enum class LayerType : std::uint8_t { kKda, kMla };
+
+struct IndexerConfig {
+  std::uint32_t heads = 0;
+  std::uint32_t head_dim = 0;
+  std::uint32_t pool = 0;
+  std::uint32_t topk = 0;
+  friend bool operator==(const IndexerConfig&, const IndexerConfig&) = default;
+};
+
+struct MlaConfig {
+  std::uint32_t heads = 0;
+  std::uint32_t kv_rank = 0;
+  std::uint32_t rope_dim = 0;  // 0: NoPE, the latent row is kv_rank wide
+  std::uint32_t nope_dim = 0;
+  std::uint32_t v_dim = 0;
+  float rope_theta = 10000.0f;
+  std::optional<IndexerConfig> indexer;  // none: dense MLA
+  std::uint32_t row_width() const { return kv_rank + rope_dim; }
+  friend bool operator==(const MlaConfig&, const MlaConfig&) = default;
+};
+
+struct KdaConfig {
+  std::uint32_t heads = 0;
+  std::uint32_t head_dim = 0;
+  std::uint32_t conv_kernel = 0;
+  float gate_lower_bound = -5.0f;
+  std::uint32_t channels() const { return heads * head_dim; }
+  friend bool operator==(const KdaConfig&, const KdaConfig&) = default;
+};
+
+// Bounds applied to every configuration read from outside.
+struct ConfigLimits {
+  std::uint32_t max_vocab = 1u << 20;
+  std::uint32_t max_dim = 1u << 16;   // hidden, mlp_hidden, kv_rank, head dims, ...
+  std::uint32_t max_heads = 1024;
+  std::uint32_t max_layers = 1024;
+  std::uint32_t max_pool = 1024;
+  std::uint32_t max_conv_kernel = 64;
+};
+
+struct ModelConfig {
+  std::string name;
+  std::uint32_t vocab = 0;
+  std::uint32_t hidden = 0;
+  std::uint32_t mlp_hidden = 0;
+  float norm_eps = 1e-6f;
+  std::vector<LayerType> layers;
+  MlaConfig mla;  // used by every "mla" layer
+  KdaConfig kda;  // used by every "kda" layer
+
+  // Parses the JSON form (see docs/model.md) and validates it.
+  static Result<ModelConfig> FromJson(std::string_view json, const ConfigLimits& limits = {});
+  std::string ToJson() const;
+  // Every dimension positive and within limits; rope_dim even; vocab >= 258.
+  Status Validate(const ConfigLimits& limits = {}) const;
+  bool HasLayer(LayerType t) const;
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+};
+
+Result<ModelConfig> LoadModelConfig(Env* env, const std::string& path);
+
+// One f32 tensor, row-major.
+struct Tensor {
+  std::vector<std::int64_t> shape;
+  std::vector<float> data;
+  std::size_t numel() const { return data.size(); }
+};
+
+// The tensors a configuration needs, by name, with their shapes.
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> ExpectedTensors(const ModelConfig& config);
+
+// A named set of tensors, checked against a configuration.
+class Weights {
+ public:
+  Weights() = default;
+  explicit Weights(std::map<std::string, Tensor> tensors) : tensors_(std::move(tensors)) {}
+
+  // Deterministic weights for `config` from `seed`: every tensor the config
+  // needs, each value a function of (seed, name, index) only.
+  static Weights Generate(const ModelConfig& config, std::uint64_t seed);
+
+  // Every expected tensor present with its exact shape, no unexpected tensor,
+  // every value finite.
+  Status CheckAgainst(const ModelConfig& config) const;
+
+  const Tensor* Find(const std::string& name) const;
+  const std::map<std::string, Tensor>& tensors() const { return tensors_; }
+  // XXH3-64 over names, shapes and values in name order: the weights digest
+  // that goes into a model fingerprint.
+  std::uint64_t Digest() const;
+
+ private:
+  std::map<std::string, Tensor> tensors_;
+};
+
+// Bounds applied to a safetensors file read from outside.
+struct SafetensorsLimits {
+  std::uint64_t max_header_bytes = 64ull << 20;
+  std::uint64_t max_tensors = 1u << 16;
+  std::uint64_t max_rank = 8;
+  std::uint64_t max_file_bytes = 64ull << 30;
+};
+
+// Reads f32 tensors from a safetensors file; any other dtype, a bad header,
+// out-of-range or overlapping offsets, or bytes not covered by a tensor are
+// refused with the reason.
+Result<Weights> LoadSafetensors(Env* env, const std::string& path, const SafetensorsLimits& limits = {});
+Status SaveSafetensors(Env* env, const std::string& path, const Weights& weights);
+
+// The byte tokenizer: ids 0..255 are bytes, 256 BOS, 257 EOS.
+inline constexpr std::uint32_t kBosToken = 256;
+inline constexpr std::uint32_t kEosToken = 257;
+// BOS followed by the UTF-8 bytes of text.
+std::vector<std::uint32_t> Tokenize(std::string_view text);
+// The bytes of the byte tokens; BOS, EOS and padding ids are left out.
+std::string Detokenize(const std::vector<std::uint32_t>& tokens);
+
+}  // namespace primecache::model

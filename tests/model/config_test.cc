@@ -1,0 +1,98 @@
+#include <gtest/gtest.h>
+
+#include "primecache/model.h"
+
+namespace primecache::model {
+namespace {
+
+const char* kTiny = R"({
+  "name": "hrm-tiny", "vocab": 258, "hidden": 64, "mlp_hidden": 128, "norm_eps": 1e-6,
+  "layers": ["kda", "mla", "kda", "mla"],
+  "mla": {"heads": 4, "kv_rank": 32, "rope_dim": 8, "nope_dim": 16, "v_dim": 16, "rope_theta": 10000.0,
+          "indexer": {"heads": 2, "head_dim": 16, "pool": 4, "topk": 4}},
+  "kda": {"heads": 4, "head_dim": 16, "conv_kernel": 4, "gate_lower_bound": -5.0}})";
+
+TEST(ModelConfigTest, ParsesTheSpecExample) {
+  auto c = ModelConfig::FromJson(kTiny);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->name, "hrm-tiny");
+  EXPECT_EQ(c->layers.size(), 4u);
+  EXPECT_EQ(c->layers[0], LayerType::kKda);
+  EXPECT_EQ(c->layers[1], LayerType::kMla);
+  EXPECT_EQ(c->mla.row_width(), 40u);
+  ASSERT_TRUE(c->mla.indexer.has_value());
+  EXPECT_EQ(c->mla.indexer->pool, 4u);
+  EXPECT_EQ(c->kda.channels(), 64u);
+  EXPECT_FLOAT_EQ(c->kda.gate_lower_bound, -5.0f);
+}
+
+TEST(ModelConfigTest, JsonRoundTrip) {
+  auto c = ModelConfig::FromJson(kTiny);
+  ASSERT_TRUE(c.ok());
+  auto again = ModelConfig::FromJson(c->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, *c);
+}
+
+TEST(ModelConfigTest, NullIndexerAndNoPe) {
+  auto c = ModelConfig::FromJson(R"({"vocab": 300, "hidden": 8, "mlp_hidden": 8, "layers": ["mla"],
+    "mla": {"heads": 1, "kv_rank": 4, "rope_dim": 0, "nope_dim": 2, "v_dim": 2, "indexer": null}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->mla.indexer.has_value());
+  EXPECT_EQ(c->mla.row_width(), 4u);
+}
+
+TEST(ModelConfigTest, RefusesBadConfigsWithTheReason) {
+  struct Case {
+    const char* json;
+    const char* needle;
+  } cases[] = {
+      {"not json", "not valid JSON"},
+      {"[1,2]", "JSON object"},
+      {R"({"vocab": 100, "hidden": 8, "mlp_hidden": 8, "layers": ["kda"], "kda": {"heads":1,"head_dim":2,"conv_kernel":2}})", "vocab"},
+      {R"({"vocab": 258, "hidden": -1, "mlp_hidden": 8, "layers": []})", "hidden"},
+      {R"({"vocab": 258, "hidden": 8, "mlp_hidden": 8, "layers": ["gru"]})", "unknown layer type"},
+      {R"({"vocab": 258, "hidden": 8, "mlp_hidden": 8, "layers": []})", "layers"},
+      {R"({"vocab": 258, "hidden": 8, "mlp_hidden": 8, "layers": ["mla"]})", "config.mla"},
+      {R"({"vocab": 258, "hidden": 8, "mlp_hidden": 8, "layers": ["mla"],
+           "mla": {"heads": 1, "kv_rank": 4, "rope_dim": 3, "nope_dim": 2, "v_dim": 2}})", "rope_dim must be even"},
+      {R"({"vocab": 258, "hidden": 8, "mlp_hidden": 8, "layers": ["kda"],
+           "kda": {"heads": 1, "head_dim": 2, "conv_kernel": 0}})", "kda.conv_kernel"},
+      {R"({"vocab": 258, "hidden": 8, "mlp_hidden": 8, "layers": ["kda"],
+           "kda": {"heads": 1, "head_dim": 2, "conv_kernel": 2, "gate_lower_bound": 1.0}})", "negative"},
+      {R"({"vocab": 258, "hidden": 99999999, "mlp_hidden": 8, "layers": ["kda"],
+           "kda": {"heads": 1, "head_dim": 2, "conv_kernel": 2}})", "hidden"},
+      {R"({"vocab": 258, "hidden": 8, "mlp_hidden": 8, "layers": ["mla"],
+           "mla": {"heads": 1, "kv_rank": 4, "rope_dim": 2, "nope_dim": 2, "v_dim": 2,
+                   "indexer": {"heads": 1, "head_dim": 2, "pool": 0, "topk": 1}}})", "pool"},
+  };
+  for (const auto& c : cases) {
+    auto r = ModelConfig::FromJson(c.json);
+    ASSERT_FALSE(r.ok()) << c.json;
+    EXPECT_TRUE(r.status().IsInvalidArgument());
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos) << r.status().message();
+  }
+}
+
+TEST(ModelConfigTest, ShippedConfigsLoad) {
+  for (const char* name : {"hrm-tiny.json"}) {
+    auto c = LoadModelConfig(Env::Default(), std::string(PRIMECACHE_SOURCE_DIR) + "/configs/" + name);
+    EXPECT_TRUE(c.ok()) << name << ": " << c.status().ToString();
+  }
+  EXPECT_TRUE(LoadModelConfig(Env::Default(), "/nonexistent/x.json").status().IsNotFound());
+}
+
+TEST(TokenizerTest, BosThenBytes) {
+  auto t = Tokenize("hé");
+  ASSERT_EQ(t.size(), 4u);
+  EXPECT_EQ(t[0], kBosToken);
+  EXPECT_EQ(t[1], 'h');
+  EXPECT_EQ(t[2], 0xC3u);
+  EXPECT_EQ(t[3], 0xA9u);
+  t.push_back(kEosToken);
+  t.push_back(300);
+  EXPECT_EQ(Detokenize(t), "hé");
+}
+
+}  // namespace
+}  // namespace primecache::model

@@ -1,0 +1,325 @@
+// The CPU reference model against an independent, naive evaluation of the spec
+// in double precision that keeps the whole history (no rings, no incremental
+// pool keys), plus the structural properties restore exactness relies on.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "engine/model/reference_model.h"
+
+namespace primecache::model {
+namespace {
+
+using Vec = std::vector<double>;
+
+class Oracle {
+ public:
+  Oracle(const ModelConfig& c, const Weights& w) : c_(c), w_(w), hist_(c.layers.size()) {}
+
+  Vec Step(std::uint32_t token) {
+    const std::size_t H = c_.hidden;
+    Vec x(H);
+    for (std::size_t i = 0; i < H; ++i) x[i] = T("embed")[token * H + i];
+    for (std::size_t l = 0; l < c_.layers.size(); ++l) {
+      Vec u = Norm(x, L(l, "attn_norm.weight"));
+      Vec o = c_.layers[l] == LayerType::kMla ? Mla(l, u) : Kda(l, u);
+      for (std::size_t i = 0; i < H; ++i) x[i] += o[i];
+      u = Norm(x, L(l, "mlp_norm.weight"));
+      Vec a = Mv(L(l, "mlp.w1"), u), b = Mv(L(l, "mlp.w3"), u);
+      for (std::size_t i = 0; i < a.size(); ++i) a[i] = a[i] / (1 + std::exp(-a[i])) * b[i];
+      Vec m = Mv(L(l, "mlp.w2"), a);
+      for (std::size_t i = 0; i < H; ++i) x[i] += m[i];
+    }
+    ++t_;
+    return Mv(T("lm_head"), Norm(x, T("final_norm.weight")));
+  }
+
+ private:
+  const std::vector<float>& T(const std::string& n) const { return w_.Find(n)->data; }
+  const std::vector<float>& L(std::size_t l, const std::string& n) const {
+    return T("layers." + std::to_string(l) + "." + n);
+  }
+  static Vec Mv(const std::vector<float>& W, const Vec& x) {
+    Vec y(W.size() / x.size(), 0.0);
+    for (std::size_t o = 0; o < y.size(); ++o)
+      for (std::size_t i = 0; i < x.size(); ++i) y[o] += double(W[o * x.size() + i]) * x[i];
+    return y;
+  }
+  Vec Norm(const Vec& x, const std::vector<float>& w) const {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    double inv = 1 / std::sqrt(ss / double(x.size()) + c_.norm_eps);
+    Vec y(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) y[i] = w[i] * x[i] * inv;
+    return y;
+  }
+  static Vec Slice(const Vec& v, std::size_t a, std::size_t n) { return Vec(v.begin() + a, v.begin() + a + n); }
+  void Rope(Vec& v, std::size_t t) const {
+    const std::size_t n = v.size();
+    for (std::size_t i = 0; i < n / 2; ++i) {
+      double ang = double(t) * std::pow(double(c_.mla.rope_theta), -2.0 * double(i) / double(n));
+      double a = v[2 * i], b = v[2 * i + 1];
+      v[2 * i] = a * std::cos(ang) - b * std::sin(ang);
+      v[2 * i + 1] = a * std::sin(ang) + b * std::cos(ang);
+    }
+  }
+  static double Dot(const Vec& a, const Vec& b) {
+    double s = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+    return s;
+  }
+  static double Sig(double z) { return 1 / (1 + std::exp(-z)); }
+
+  Vec Mla(std::size_t l, const Vec& u) {
+    const MlaConfig& m = c_.mla;
+    const std::size_t r = m.kv_rank, dr = m.rope_dim, dn = m.nope_dim, dv = m.v_dim;
+    auto& h = hist_[l];
+    Vec a = Mv(L(l, "mla.wdkv"), u);
+    Vec c = Norm(Slice(a, 0, r), L(l, "mla.kv_norm.weight"));
+    Vec kpe = Slice(a, r, dr);
+    Rope(kpe, t_);
+    h.c.push_back(c);
+    h.kpe.push_back(kpe);
+    std::vector<std::size_t> S;
+    if (!m.indexer) {
+      for (std::size_t s = 0; s <= t_; ++s) S.push_back(s);
+    } else {
+      const auto& ix = *m.indexer;
+      const std::size_t di = ix.head_dim, P = ix.pool;
+      h.kidx.push_back(Norm(Mv(L(l, "mla.idx.wk"), u), L(l, "mla.idx.k_norm.weight")));
+      h.g.push_back(Mv(L(l, "mla.idx.wg"), u));
+      const auto& ape = L(l, "mla.idx.ape");
+      Vec qi = Mv(L(l, "mla.idx.wq"), u), wt = Mv(L(l, "mla.idx.ww"), u);
+      const std::size_t visible = (t_ + 1) / P;
+      std::vector<std::pair<double, std::size_t>> score;
+      for (std::size_t p = 0; p < visible; ++p) {
+        Vec K(di, 0.0);
+        for (std::size_t ch = 0; ch < di; ++ch) {
+          double mx = -1e300, z = 0;
+          for (std::size_t j = 0; j < P; ++j) mx = std::max(mx, h.g[p * P + j][ch] + ape[j * di + ch]);
+          for (std::size_t j = 0; j < P; ++j) z += std::exp(h.g[p * P + j][ch] + ape[j * di + ch] - mx);
+          for (std::size_t j = 0; j < P; ++j)
+            K[ch] += std::exp(h.g[p * P + j][ch] + ape[j * di + ch] - mx) / z * h.kidx[p * P + j][ch];
+        }
+        double I = 0;
+        for (std::size_t hh = 0; hh < ix.heads; ++hh) I += wt[hh] * std::max(0.0, Dot(Slice(qi, hh * di, di), K));
+        score.push_back({I, p});
+      }
+      std::stable_sort(score.begin(), score.end(), [](auto& x, auto& y) { return x.first > y.first; });
+      std::vector<std::size_t> pools;
+      for (std::size_t i = 0; i < std::min<std::size_t>(ix.topk, score.size()); ++i) pools.push_back(score[i].second);
+      std::sort(pools.begin(), pools.end());
+      for (std::size_t p : pools)
+        for (std::size_t j = 0; j < P; ++j) S.push_back(p * P + j);
+      for (std::size_t s = visible * P; s <= t_; ++s) S.push_back(s);
+    }
+    Vec q = Mv(L(l, "mla.wq"), u), cat;
+    const auto& wuk = L(l, "mla.wuk");
+    const auto& wuv = L(l, "mla.wuv");
+    for (std::size_t hh = 0; hh < m.heads; ++hh) {
+      Vec qn = Slice(q, hh * (dn + dr), dn), qp = Slice(q, hh * (dn + dr) + dn, dr);
+      Rope(qp, t_);
+      Vec qt(r, 0.0);
+      for (std::size_t j = 0; j < r; ++j)
+        for (std::size_t i = 0; i < dn; ++i) qt[j] += wuk[(hh * dn + i) * r + j] * qn[i];
+      Vec sc;
+      double mx = -1e300;
+      for (std::size_t s : S) {
+        sc.push_back((Dot(qt, h.c[s]) + Dot(qp, h.kpe[s])) / std::sqrt(double(dn + dr)));
+        mx = std::max(mx, sc.back());
+      }
+      double z = 0;
+      for (double& v : sc) z += (v = std::exp(v - mx));
+      Vec o(r, 0.0);
+      for (std::size_t k = 0; k < S.size(); ++k)
+        for (std::size_t j = 0; j < r; ++j) o[j] += sc[k] / z * h.c[S[k]][j];
+      for (std::size_t i = 0; i < dv; ++i) {
+        double s = 0;
+        for (std::size_t j = 0; j < r; ++j) s += wuv[(hh * dv + i) * r + j] * o[j];
+        cat.push_back(s);
+      }
+    }
+    return Mv(L(l, "mla.wo"), cat);
+  }
+
+  Vec Kda(std::size_t l, const Vec& u) {
+    const KdaConfig& k = c_.kda;
+    const std::size_t n = k.heads, d = k.head_dim, nd = n * d, K = k.conv_kernel;
+    auto& h = hist_[l];
+    Vec raw = Mv(L(l, "kda.wq"), u), rk = Mv(L(l, "kda.wk"), u), rv = Mv(L(l, "kda.wv"), u);
+    raw.insert(raw.end(), rk.begin(), rk.end());
+    raw.insert(raw.end(), rv.begin(), rv.end());
+    h.raw.push_back(raw);
+    if (h.S.empty()) h.S.assign(n * d * d, 0.0);
+    const std::vector<float>* taps[3] = {&L(l, "kda.conv_q"), &L(l, "kda.conv_k"), &L(l, "kda.conv_v")};
+    Vec cv(3 * nd);
+    for (std::size_t ch = 0; ch < 3 * nd; ++ch) {
+      double y = 0;
+      for (std::size_t i = 0; i < K; ++i) {
+        long src = long(t_) - long(K - 1) + long(i);
+        if (src >= 0) y += (*taps[ch / nd])[(ch % nd) * K + i] * h.raw[std::size_t(src)][ch];
+      }
+      cv[ch] = y * Sig(y);
+    }
+    Vec g = Mv(L(l, "kda.wg"), u), b = Mv(L(l, "kda.wb"), u), og = Mv(L(l, "kda.wog"), u), out;
+    for (std::size_t hh = 0; hh < n; ++hh) {
+      Vec q = Slice(cv, hh * d, d), kk = Slice(cv, nd + hh * d, d), v = Slice(cv, 2 * nd + hh * d, d);
+      double nq = std::sqrt(Dot(q, q) + 1e-6), nk = std::sqrt(Dot(kk, kk) + 1e-6);
+      for (auto& e : q) e /= nq;
+      for (auto& e : kk) e /= nk;
+      double* S = h.S.data() + hh * d * d;
+      for (std::size_t i = 0; i < d; ++i)
+        for (std::size_t j = 0; j < d; ++j) S[i * d + j] *= std::exp(k.gate_lower_bound * Sig(g[hh * d + i]));
+      Vec pred(d, 0.0);
+      for (std::size_t j = 0; j < d; ++j)
+        for (std::size_t i = 0; i < d; ++i) pred[j] += S[i * d + j] * kk[i];
+      for (std::size_t i = 0; i < d; ++i)
+        for (std::size_t j = 0; j < d; ++j) S[i * d + j] += Sig(b[hh]) * kk[i] * (v[j] - pred[j]);
+      Vec o(d, 0.0);
+      for (std::size_t j = 0; j < d; ++j) {
+        for (std::size_t i = 0; i < d; ++i) o[j] += S[i * d + j] * q[i];
+        o[j] /= std::sqrt(double(d));
+      }
+      o = Norm(o, L(l, "kda.o_norm.weight"));
+      for (std::size_t j = 0; j < d; ++j) out.push_back(o[j] * Sig(og[hh * d + j]));
+    }
+    return Mv(L(l, "kda.wo"), out);
+  }
+
+  struct History {
+    std::vector<Vec> c, kpe, kidx, g, raw;
+    Vec S;
+  };
+  const ModelConfig& c_;
+  const Weights& w_;
+  std::vector<History> hist_;
+  std::size_t t_ = 0;
+};
+
+ModelConfig Mixed() {
+  ModelConfig c;
+  c.name = "mixed";
+  c.vocab = 258;
+  c.hidden = 32;
+  c.mlp_hidden = 48;
+  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
+  c.mla = {3, 16, 4, 8, 8, 10000.0f, IndexerConfig{2, 8, 4, 2}};
+  c.kda = {2, 8, 4, -5.0f};
+  return c;
+}
+
+std::vector<std::uint32_t> Text(std::size_t n) {
+  std::vector<std::uint32_t> t = Tokenize(std::string(n - 1, 'x'));
+  for (std::size_t i = 1; i < t.size(); ++i) t[i] = static_cast<std::uint32_t>((i * 37 + i * i) % 256);
+  return t;
+}
+
+void ExpectMatchesOracle(const ModelConfig& c, std::size_t n) {
+  Weights w = Weights::Generate(c, 11);
+  auto model = ReferenceModel::Create(c, &w);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  Oracle oracle(c, w);
+  auto tokens = Text(n);
+  std::vector<float> logits;
+  ASSERT_TRUE(model->Prime(tokens, &logits).ok());
+  double num = 0, den = 0;
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    Vec want = oracle.Step(tokens[t]);
+    for (std::size_t v = 0; v < c.vocab; ++v) {
+      double d = logits[t * c.vocab + v] - want[v];
+      num += d * d;
+      den += want[v] * want[v];
+    }
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-5) << c.name;
+}
+
+TEST(ReferenceModelTest, MixedStackMatchesOracle) { ExpectMatchesOracle(Mixed(), 40); }
+
+TEST(ReferenceModelTest, DenseNoPeMatchesOracle) {
+  ModelConfig c = Mixed();
+  c.name = "dense-nope";
+  c.layers = {LayerType::kMla, LayerType::kMla};
+  c.mla.rope_dim = 0;
+  c.mla.indexer.reset();
+  ExpectMatchesOracle(c, 30);
+}
+
+TEST(ReferenceModelTest, KdaOnlyMatchesOracle) {
+  ModelConfig c = Mixed();
+  c.name = "kda";
+  c.layers = {LayerType::kKda, LayerType::kKda};
+  c.kda.conv_kernel = 2;
+  ExpectMatchesOracle(c, 30);
+}
+
+TEST(ReferenceModelTest, SparseIndexerMatchesOracle) {
+  ModelConfig c = Mixed();
+  c.name = "sparse";
+  c.layers = {LayerType::kMla};
+  c.mla.indexer = IndexerConfig{2, 8, 3, 1};  // one pool of three selected out of many
+  ExpectMatchesOracle(c, 45);
+}
+
+TEST(ReferenceModelTest, SplitPrimeIsBitIdentical) {
+  ModelConfig c = Mixed();
+  Weights w = Weights::Generate(c, 3);
+  auto tokens = Text(37);
+  auto one = ReferenceModel::Create(c, &w);
+  auto two = ReferenceModel::Create(c, &w);
+  ASSERT_TRUE(one.ok() && two.ok());
+  std::vector<float> a, b;
+  ASSERT_TRUE(one->Prime(tokens, &a).ok());
+  ASSERT_TRUE(two->Prime(std::span(tokens).first(13), &b).ok());
+  ASSERT_TRUE(two->Prime(std::span(tokens).subspan(13), &b).ok());
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+}
+
+TEST(ReferenceModelTest, TopkCoveringEveryPoolEqualsDense) {
+  ModelConfig sparse = Mixed();
+  sparse.layers = {LayerType::kMla, LayerType::kMla};
+  sparse.mla.indexer->topk = 1000;
+  ModelConfig dense = sparse;
+  dense.mla.indexer.reset();
+  Weights ws = Weights::Generate(sparse, 5);
+  std::map<std::string, Tensor> kept;
+  for (const auto& [name, t] : ws.tensors())
+    if (name.find(".idx.") == std::string::npos) kept.emplace(name, t);
+  Weights wd(std::move(kept));
+  auto a = ReferenceModel::Create(sparse, &ws);
+  auto b = ReferenceModel::Create(dense, &wd);
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status().ToString();
+  std::vector<float> la, lb;
+  auto tokens = Text(30);
+  ASSERT_TRUE(a->Prime(tokens, &la).ok());
+  ASSERT_TRUE(b->Prime(tokens, &lb).ok());
+  EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * 4), 0);
+}
+
+TEST(ReferenceModelTest, RefusesOutOfVocabularyTokensWithoutSideEffects) {
+  ModelConfig c = Mixed();
+  Weights w = Weights::Generate(c, 3);
+  auto m = ReferenceModel::Create(c, &w);
+  ASSERT_TRUE(m.ok());
+  std::vector<std::uint32_t> bad = {kBosToken, 65, 258};
+  std::vector<float> logits;
+  Status s = m->Prime(bad, &logits);
+  EXPECT_TRUE(s.IsInvalidArgument());
+  EXPECT_EQ(m->position(), 0u);
+  EXPECT_TRUE(logits.empty());
+}
+
+TEST(ReferenceModelTest, CreateRefusesMismatchedWeights) {
+  ModelConfig c = Mixed();
+  ModelConfig other = c;
+  other.hidden = 16;
+  Weights w = Weights::Generate(other, 3);
+  EXPECT_TRUE(ReferenceModel::Create(c, &w).status().IsInvalidArgument());
+}
+
+}  // namespace
+}  // namespace primecache::model
