@@ -138,6 +138,27 @@ TEST_F(DaemonTest, SharedMemoryPublishFetchedOverSocketAndBack) {
   ExpectSameLayers(layers, *got);
 }
 
+TEST_F(DaemonTest, RepublishingABoundaryAnswersTheStoredEntry) {
+  auto c = Client::Connect(d_.Options());
+  ASSERT_TRUE(c.ok());
+  const auto tokens = Tokens(48, 31);
+  const auto layers = MakeLayers(48, 2, 31);
+  auto first = (*c)->Publish(TestModel(), tokens, layers);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_FALSE(first->existed);
+  auto again = (*c)->Publish(TestModel(), tokens, layers);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->existed);
+  EXPECT_EQ(again->entry, first->entry);
+  EXPECT_EQ((*c)->Stat()->entries, 1u);
+  // A layer the store's validator refuses (its header says 40 tokens, the
+  // boundary has 48) fails the commit and stores nothing.
+  auto wrong = (*c)->Publish(TestModel(), Tokens(48, 32), MakeLayers(40, 1, 32));
+  EXPECT_FALSE(wrong.ok());
+  EXPECT_EQ((*c)->Stat()->entries, 1u);
+  EXPECT_FALSE((*c)->Lookup(TestModel(), Tokens(48, 32))->found);
+}
+
 TEST_F(DaemonTest, SocketModeIs0600AndPathsExist) {
   struct stat st {};
   ASSERT_EQ(stat(d_.socket().c_str(), &st), 0);
