@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/model/cpu_ops.h"
+#include "kernels/kda_scan.h"
 #include "kernels/pool_keys.h"
 
 namespace primecache::model {
@@ -217,34 +218,16 @@ void ReferenceModel::KdaMixer(std::size_t l, const float* u, float* out) {
   MatVec(W(l, "kda.wg"), nd, H, u, g.data());
   MatVec(W(l, "kda.wb"), n, H, u, b.data());
   MatVec(W(l, "kda.wog"), nd, H, u, og.data());
-  const float* norm_w = W(l, "kda.o_norm.weight");
-  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
-  std::vector<float> pred(d);
   for (std::size_t h = 0; h < n; ++h) {
-    float* qh = conv.data() + h * d;
-    float* kh = conv.data() + nd + h * d;
-    const float* vh = conv.data() + 2 * nd + h * d;
-    cpu::L2Normalize(qh, d);
-    cpu::L2Normalize(kh, d);
-    const float beta = cpu::Sigmoid(b[h]);
-    float* S = st.state.data() + h * d * d;  // S[i*d + j]: row i key dim, column j value dim
-    for (std::size_t i = 0; i < d; ++i) {
-      const float alpha = std::exp(k.gate_lower_bound * cpu::Sigmoid(g[h * d + i]));
-      for (std::size_t j = 0; j < d; ++j) S[i * d + j] *= alpha;
-    }
-    for (std::size_t j = 0; j < d; ++j) {
-      float s = 0.0f;
-      for (std::size_t i = 0; i < d; ++i) s += S[i * d + j] * kh[i];
-      pred[j] = s;
-    }
-    for (std::size_t i = 0; i < d; ++i)
-      for (std::size_t j = 0; j < d; ++j) S[i * d + j] += beta * kh[i] * (vh[j] - pred[j]);
+    cpu::L2Normalize(conv.data() + h * d, d);
+    cpu::L2Normalize(conv.data() + nd + h * d, d);
+  }
+  kernels::KdaScanArgs scan{conv.data(), conv.data() + nd, conv.data() + 2 * nd, g.data(), b.data(),
+                            st.state.data(), o.data(), n, d, 1, k.gate_lower_bound};
+  (void)kernels::KdaScanCpu(scan);  // shapes fixed by the validated config
+  const float* norm_w = W(l, "kda.o_norm.weight");
+  for (std::size_t h = 0; h < n; ++h) {
     float* oh = o.data() + h * d;
-    for (std::size_t j = 0; j < d; ++j) {
-      float s = 0.0f;
-      for (std::size_t i = 0; i < d; ++i) s += S[i * d + j] * qh[i];
-      oh[j] = s * inv_sqrt_d;
-    }
     RmsNorm(oh, norm_w, d, config_.norm_eps, onorm.data());
     for (std::size_t j = 0; j < d; ++j) oh[j] = onorm[j] * cpu::Sigmoid(og[h * d + j]);
   }
