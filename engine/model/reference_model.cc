@@ -7,6 +7,7 @@
 
 #include "engine/model/cpu_ops.h"
 #include "kernels/kda_scan.h"
+#include "kernels/mla_attention.h"
 #include "kernels/pool_keys.h"
 
 namespace primecache::model {
@@ -105,12 +106,38 @@ void ReferenceModel::MlaMixer(std::size_t l, const float* u, float* out) {
   cpu::Rope(row.data() + r, dr, t, m.rope_theta);
   st.rows.insert(st.rows.end(), row.begin(), row.end());
 
-  // The set of past tokens this query attends to.
-  std::vector<std::uint64_t> attend;
-  if (!m.indexer) {
-    attend.resize(t + 1);
-    std::iota(attend.begin(), attend.end(), 0);
-  } else {
+  // Queries: roped q_pe and the absorbed q_nope (wuk[h]^T q_nope, kv_rank wide).
+  std::vector<float> q(nh * (dn + dr)), qt(nh * r), qp(nh * dr), o(nh * r), heads_out(nh * dv);
+  MatVec(W(l, "mla.wq"), nh * (dn + dr), H, u, q.data());
+  const float* wuk = W(l, "mla.wuk");
+  for (std::size_t h = 0; h < nh; ++h) {
+    const float* qn = q.data() + h * (dn + dr);
+    std::copy(qn + dn, qn + dn + dr, qp.begin() + static_cast<std::ptrdiff_t>(h * dr));
+    cpu::Rope(qp.data() + h * dr, dr, t, m.rope_theta);
+    const float* wk = wuk + h * dn * r;  // [dn, r]
+    for (std::size_t j = 0; j < r; ++j) {
+      float s = 0.0f;
+      for (std::size_t i = 0; i < dn; ++i) s += wk[i * r + j] * qn[i];
+      qt[h * r + j] = s;
+    }
+  }
+  kernels::MlaAttentionArgs attn;
+  attn.qt = qt.data();
+  attn.qp = qp.data();
+  attn.rows = st.rows.data();
+  attn.out = o.data();
+  attn.count = 1;
+  attn.first_pos = t;
+  attn.heads = nh;
+  attn.kv_rank = r;
+  attn.rope_dim = dr;
+  attn.scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
+
+  std::vector<std::uint32_t> pools;
+  std::uint32_t pool_count = 0;
+  if (m.indexer) {
+    // The indexer: this token's index row, keys of pools it completes, and
+    // the top-k visible pools (ties to the lower pool), sorted ascending.
     const IndexerConfig& ix = *m.indexer;
     const std::size_t di = ix.head_dim, P = ix.pool;
     std::vector<float> irow(2 * di), kraw(di);
@@ -118,7 +145,6 @@ void ReferenceModel::MlaMixer(std::size_t l, const float* u, float* out) {
     RmsNorm(kraw.data(), W(l, "mla.idx.k_norm.weight"), di, config_.norm_eps, irow.data());
     MatVec(W(l, "mla.idx.wg"), di, H, u, irow.data() + di);
     st.index_rows.insert(st.index_rows.end(), irow.begin(), irow.end());
-    // Pools completed by this token get their final key.
     const std::uint64_t ready = (t + 1) / P;
     if (ready > st.pools_ready) {
       st.pool_keys.resize(ready * di);
@@ -127,7 +153,6 @@ void ReferenceModel::MlaMixer(std::size_t l, const float* u, float* out) {
       (void)kernels::BuildPoolKeysCpu(args);  // geometry validated with the config
       st.pools_ready = ready;
     }
-    // Score every visible pool and keep the top k (ties to the lower pool).
     std::vector<float> qi(ix.heads * di), wt(ix.heads);
     MatVec(W(l, "mla.idx.wq"), ix.heads * di, H, u, qi.data());
     MatVec(W(l, "mla.idx.ww"), ix.heads, H, u, wt.data());
@@ -142,49 +167,18 @@ void ReferenceModel::MlaMixer(std::size_t l, const float* u, float* out) {
     const std::size_t keep = std::min<std::size_t>(ix.topk, ready);
     std::partial_sort(scored.begin(), scored.begin() + static_cast<std::ptrdiff_t>(keep), scored.end(),
                       [](const auto& x, const auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
-    std::vector<std::uint64_t> pools;
-    for (std::size_t i = 0; i < keep; ++i) pools.push_back(scored[i].second);
+    for (std::size_t i = 0; i < keep; ++i) pools.push_back(static_cast<std::uint32_t>(scored[i].second));
     std::sort(pools.begin(), pools.end());
-    for (std::uint64_t p : pools)
-      for (std::uint64_t j = 0; j < P; ++j) attend.push_back(p * P + j);
-    for (std::uint64_t s = ready * P; s <= t; ++s) attend.push_back(s);
+    pool_count = static_cast<std::uint32_t>(keep);
+    if (pools.empty()) pools.push_back(0);  // a valid pointer; pool_count says none are used
+    attn.pools = pools.data();
+    attn.pool_count = &pool_count;
+    attn.pool = P;
+    attn.pool_stride = pools.size();
   }
-
-  // Absorbed attention over the latent rows.
-  std::vector<float> q(nh * (dn + dr)), qt(r), o(r), heads_out(nh * dv), scores(attend.size());
-  MatVec(W(l, "mla.wq"), nh * (dn + dr), H, u, q.data());
-  const float* wuk = W(l, "mla.wuk");
+  (void)kernels::MlaAttentionCpu(attn);  // shapes fixed by the validated config
   const float* wuv = W(l, "mla.wuv");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
-  for (std::size_t h = 0; h < nh; ++h) {
-    float* qn = q.data() + h * (dn + dr);
-    float* qp = qn + dn;
-    cpu::Rope(qp, dr, t, m.rope_theta);
-    const float* wk = wuk + h * dn * r;  // [dn, r]
-    for (std::size_t j = 0; j < r; ++j) {
-      float s = 0.0f;
-      for (std::size_t i = 0; i < dn; ++i) s += wk[i * r + j] * qn[i];
-      qt[j] = s;
-    }
-    float mx = -INFINITY;
-    for (std::size_t k = 0; k < attend.size(); ++k) {
-      const float* c = st.rows.data() + attend[k] * width;
-      scores[k] = (Dot(qt.data(), c, r) + Dot(qp, c + r, dr)) * scale;
-      mx = std::max(mx, scores[k]);
-    }
-    float sum = 0.0f;
-    for (float& s : scores) {
-      s = std::exp(s - mx);
-      sum += s;
-    }
-    std::fill(o.begin(), o.end(), 0.0f);
-    for (std::size_t k = 0; k < attend.size(); ++k) {
-      const float p = scores[k] / sum;
-      const float* c = st.rows.data() + attend[k] * width;
-      for (std::size_t j = 0; j < r; ++j) o[j] += p * c[j];
-    }
-    MatVec(wuv + h * dv * r, dv, r, o.data(), heads_out.data() + h * dv);
-  }
+  for (std::size_t h = 0; h < nh; ++h) MatVec(wuv + h * dv * r, dv, r, o.data() + h * r, heads_out.data() + h * dv);
   MatVec(W(l, "mla.wo"), H, nh * dv, heads_out.data(), out);
   ++st.len;
 }
