@@ -5,13 +5,15 @@
 #include <numeric>
 #include <string>
 
-#include "engine/model/cpu_ops.h"
+#include "kernels/cpu_math.h"
 #include "kernels/kda_scan.h"
 #include "kernels/mla_attention.h"
+#include "kernels/model_ops.h"
 #include "kernels/pool_keys.h"
 
 namespace primecache::model {
 
+namespace cpu = kernels::cpu;
 using cpu::Dot;
 using cpu::MatVec;
 using cpu::RmsNorm;
@@ -24,12 +26,19 @@ Result<ReferenceModel> ReferenceModel::Create(ModelConfig config, const Weights*
 
 ReferenceModel::ReferenceModel(ModelConfig config, const Weights* weights)
     : config_(std::move(config)), weights_(weights) {
-  for (LayerType t : config_.layers) {
-    if (t == LayerType::kMla) {
+  for (std::size_t l = 0; l < config_.layers.size(); ++l) {
+    if (config_.layers[l] == LayerType::kMla) {
       slot_.push_back(mla_.size());
       mla_.emplace_back();
     } else {
       slot_.push_back(kda_.size());
+      // The three planes' conv taps, fused into one [3*n*d, K] table.
+      std::vector<float> taps;
+      for (const char* name : {"kda.conv_q", "kda.conv_k", "kda.conv_v"}) {
+        const Tensor* t = weights_->Find("layers." + std::to_string(l) + "." + name);
+        taps.insert(taps.end(), t->data.begin(), t->data.end());
+      }
+      fused_taps_.push_back(std::move(taps));
       KdaState s;
       const std::size_t nd = config_.kda.channels(), d = config_.kda.head_dim;
       s.conv_ring.assign(3 * nd * (config_.kda.conv_kernel - 1), 0.0f);
@@ -87,7 +96,7 @@ void ReferenceModel::Mlp(std::size_t l, const float* u, float* out) {
   std::vector<float> a(F), b(F);
   MatVec(W(l, "mlp.w1"), F, H, u, a.data());
   MatVec(W(l, "mlp.w3"), F, H, u, b.data());
-  for (std::size_t i = 0; i < F; ++i) a[i] = cpu::Silu(a[i]) * b[i];
+  (void)kernels::SiluMulCpu(a.data(), b.data(), F);
   MatVec(W(l, "mlp.w2"), H, F, a.data(), out);
 }
 
@@ -99,12 +108,11 @@ void ReferenceModel::MlaMixer(std::size_t l, const float* u, float* out) {
   MlaState& st = mla_[slot_[l]];
 
   // The latent row of this token.
-  std::vector<float> a(width), row(width);
+  std::vector<float> a(width);
   MatVec(W(l, "mla.wdkv"), width, H, u, a.data());
-  RmsNorm(a.data(), W(l, "mla.kv_norm.weight"), r, config_.norm_eps, row.data());
-  std::copy(a.begin() + static_cast<std::ptrdiff_t>(r), a.end(), row.begin() + static_cast<std::ptrdiff_t>(r));
-  cpu::Rope(row.data() + r, dr, t, m.rope_theta);
-  st.rows.insert(st.rows.end(), row.begin(), row.end());
+  st.rows.resize(st.rows.size() + width);
+  (void)kernels::MlaRowsCpu(
+      {a.data(), W(l, "mla.kv_norm.weight"), st.rows.data() + t * width, 1, r, dr, width, t, config_.norm_eps, m.rope_theta});
 
   // Queries: roped q_pe and the absorbed q_nope (wuk[h]^T q_nope, kv_rank wide).
   std::vector<float> q(nh * (dn + dr)), qt(nh * r), qp(nh * dr), o(nh * r), heads_out(nh * dv);
@@ -188,27 +196,19 @@ void ReferenceModel::KdaMixer(std::size_t l, const float* u, float* out) {
   const std::size_t H = config_.hidden, n = k.heads, d = k.head_dim, nd = n * d, K = k.conv_kernel;
   KdaState& st = kda_[slot_[l]];
 
-  // Projections, then the short causal conv over each plane.
+  // Projections, then the short causal conv over the three fused planes.
   std::vector<float> raw(3 * nd), conv(3 * nd);
   MatVec(W(l, "kda.wq"), nd, H, u, raw.data());
   MatVec(W(l, "kda.wk"), nd, H, u, raw.data() + nd);
   MatVec(W(l, "kda.wv"), nd, H, u, raw.data() + 2 * nd);
-  const float* taps[3] = {W(l, "kda.conv_q"), W(l, "kda.conv_k"), W(l, "kda.conv_v")};
-  for (std::size_t plane = 0; plane < 3; ++plane) {
-    for (std::size_t c = 0; c < nd; ++c) {
-      const std::size_t ch = plane * nd + c;
-      float* ring = st.conv_ring.data() + ch * (K - 1);
-      const float* w = taps[plane] + c * K;
-      float y = 0.0f;
-      for (std::size_t i = 0; i + 1 < K; ++i) y += w[i] * ring[i];
-      y += w[K - 1] * raw[ch];
-      conv[ch] = cpu::Silu(y);
-      for (std::size_t i = 0; i + 2 < K; ++i) ring[i] = ring[i + 1];
-      ring[K - 2] = raw[ch];
-    }
+  (void)kernels::KdaConvCpu({raw.data(), fused_taps_[slot_[l]].data(), st.conv_ring.data(), conv.data(), 3 * nd, K, 1});
+  for (std::size_t ch = 0; ch < 3 * nd; ++ch) {
+    float* ring = st.conv_ring.data() + ch * (K - 1);
+    for (std::size_t i = 0; i + 2 < K; ++i) ring[i] = ring[i + 1];
+    ring[K - 2] = raw[ch];
   }
 
-  std::vector<float> g(nd), b(n), og(nd), o(nd), onorm(d);
+  std::vector<float> g(nd), b(n), og(nd), o(nd);
   MatVec(W(l, "kda.wg"), nd, H, u, g.data());
   MatVec(W(l, "kda.wb"), n, H, u, b.data());
   MatVec(W(l, "kda.wog"), nd, H, u, og.data());
@@ -219,12 +219,7 @@ void ReferenceModel::KdaMixer(std::size_t l, const float* u, float* out) {
   kernels::KdaScanArgs scan{conv.data(), conv.data() + nd, conv.data() + 2 * nd, g.data(), b.data(),
                             st.state.data(), o.data(), n, d, 1, k.gate_lower_bound};
   (void)kernels::KdaScanCpu(scan);  // shapes fixed by the validated config
-  const float* norm_w = W(l, "kda.o_norm.weight");
-  for (std::size_t h = 0; h < n; ++h) {
-    float* oh = o.data() + h * d;
-    RmsNorm(oh, norm_w, d, config_.norm_eps, onorm.data());
-    for (std::size_t j = 0; j < d; ++j) oh[j] = onorm[j] * cpu::Sigmoid(og[h * d + j]);
-  }
+  (void)kernels::KdaOutputCpu(o.data(), og.data(), W(l, "kda.o_norm.weight"), 1, n, d, config_.norm_eps);
   MatVec(W(l, "kda.wo"), H, nd, o.data(), out);
 }
 

@@ -59,6 +59,7 @@ class ReferenceModel {
   std::vector<std::size_t> slot_;
   std::vector<MlaState> mla_;
   std::vector<KdaState> kda_;
+  std::vector<std::vector<float>> fused_taps_;  // per KDA layer: [3*n*d, K]
   std::uint64_t position_ = 0;
 };
 
