@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/cpu_math.h"
+#include "kernels/indexer_select.h"
 #include "kernels/kda_scan.h"
 #include "kernels/mla_attention.h"
 #include "kernels/model_ops.h"
@@ -14,7 +15,6 @@
 namespace primecache::model {
 
 namespace cpu = kernels::cpu;
-using cpu::Dot;
 using cpu::MatVec;
 using cpu::RmsNorm;
 
@@ -164,21 +164,20 @@ void ReferenceModel::MlaMixer(std::size_t l, const float* u, float* out) {
     std::vector<float> qi(ix.heads * di), wt(ix.heads);
     MatVec(W(l, "mla.idx.wq"), ix.heads * di, H, u, qi.data());
     MatVec(W(l, "mla.idx.ww"), ix.heads, H, u, wt.data());
-    std::vector<std::pair<float, std::uint64_t>> scored(ready);
-    for (std::uint64_t p = 0; p < ready; ++p) {
-      float score = 0.0f;
-      for (std::size_t h = 0; h < ix.heads; ++h) {
-        score += wt[h] * std::max(0.0f, Dot(qi.data() + h * di, st.pool_keys.data() + p * di, di));
-      }
-      scored[p] = {score, p};
-    }
-    const std::size_t keep = std::min<std::size_t>(ix.topk, ready);
-    std::partial_sort(scored.begin(), scored.begin() + static_cast<std::ptrdiff_t>(keep), scored.end(),
-                      [](const auto& x, const auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
-    for (std::size_t i = 0; i < keep; ++i) pools.push_back(static_cast<std::uint32_t>(scored[i].second));
-    std::sort(pools.begin(), pools.end());
-    pool_count = static_cast<std::uint32_t>(keep);
-    if (pools.empty()) pools.push_back(0);  // a valid pointer; pool_count says none are used
+    pools.resize(ix.topk);
+    kernels::IndexerSelectArgs sel;
+    sel.qi = qi.data();
+    sel.wt = wt.data();
+    sel.keys = st.pool_keys.data();
+    sel.selected = pools.data();
+    sel.selected_count = &pool_count;
+    sel.count = 1;
+    sel.first_pos = t;
+    sel.heads = ix.heads;
+    sel.head_dim = di;
+    sel.pool = P;
+    sel.topk = ix.topk;
+    (void)kernels::IndexerSelectCpu(sel);
     attn.pools = pools.data();
     attn.pool_count = &pool_count;
     attn.pool = P;
