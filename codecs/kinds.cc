@@ -1,0 +1,204 @@
+// The built-in storage kinds: mla-latent/v1, kda-recurrent/v1, kv-plain/v1.
+// Each fixes its header fields and its planes (docs/codecs.md).
+#include <limits>
+
+#include "codecs/builtin.h"
+#include "codecs/bytes.h"
+#include "codecs/problems.h"
+
+namespace primecache::codecs {
+namespace {
+
+std::string N(std::uint64_t v) { return std::to_string(v); }
+
+Status WrongKind(std::string_view kind) {
+  return Status::InvalidArgument("shape is not a " + std::string(kind) + " shape");
+}
+
+Status CheckFieldCount(std::string_view kind, std::span<const std::uint64_t> fields, std::size_t want) {
+  if (fields.size() == want) return Status::Ok();
+  return Status::Corruption(std::string(kind) + " has " + N(want) + " header fields; got " + N(fields.size()));
+}
+
+// Reads a field that the shape keeps in 32 bits.
+Status Field32(std::span<const std::uint64_t> fields, std::size_t i, std::string_view name, std::uint32_t* out) {
+  if (fields[i] > std::numeric_limits<std::uint32_t>::max()) {
+    return Status::Corruption(std::string(name) + " " + N(fields[i]) + " does not fit 32 bits");
+  }
+  *out = static_cast<std::uint32_t>(fields[i]);
+  return Status::Ok();
+}
+
+Status CheckLen(std::uint64_t len, const CodecLimits& limits) {
+  if (len <= limits.max_tokens) return Status::Ok();
+  return Status::ResourceExhausted("len " + N(len) + " exceeds the limit of " + N(limits.max_tokens) + " tokens");
+}
+
+// The limits every kind's planes answer to: row width, one chunk for an
+// eager plane, and the layer's total.
+Status ApplyLimits(const std::vector<PlaneLayout>& planes, const CodecLimits& limits) {
+  Problems p;
+  std::uint64_t total = 0;
+  for (const PlaneLayout& plane : planes) {
+    if (plane.row_width > limits.max_row_values) {
+      p.Add(std::string(PlaneName(plane.id)) + " rows of " + N(plane.row_width) + " floats exceed the limit of " +
+            N(limits.max_row_values));
+    }
+    if (!plane.append_only && plane.raw_bytes() > limits.max_chunk_bytes) {
+      p.Add(std::string(PlaneName(plane.id)) + " (one chunk) takes " + N(plane.raw_bytes()) +
+            " bytes; chunks are limited to " + N(limits.max_chunk_bytes));
+    }
+    if (!CheckedAdd(total, plane.raw_bytes(), &total)) total = std::numeric_limits<std::uint64_t>::max();
+  }
+  if (total > limits.max_layer_bytes) {
+    p.Add("layer takes " + N(total) + " bytes decoded; the limit is " + N(limits.max_layer_bytes));
+  }
+  return p.ToStatus(StatusCode::kResourceExhausted);
+}
+
+template <typename Snapshot>
+const Snapshot& As(const LayerSnapshot& layer) {
+  return std::get<Snapshot>(layer);
+}
+
+class MlaLatentCodec final : public LayerCodec {
+ public:
+  std::string_view kind() const override { return kMlaLatentKind; }
+  bool Accepts(const LayerShape& shape) const override { return std::holds_alternative<LatentShape>(shape); }
+
+  std::vector<std::uint64_t> ShapeFields(const LayerShape& shape) const override {
+    const auto& s = std::get<LatentShape>(shape);
+    return {s.len, s.width, s.index_width, s.pool, s.pools_ready, s.index_is_ring ? 1u : 0u, s.index_ring_rows};
+  }
+
+  Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> f) const override {
+    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, 7));
+    LatentShape s;
+    s.len = f[0];
+    PC_RETURN_IF_ERROR(Field32(f, 1, "width", &s.width));
+    PC_RETURN_IF_ERROR(Field32(f, 2, "index_width", &s.index_width));
+    PC_RETURN_IF_ERROR(Field32(f, 3, "pool", &s.pool));
+    s.pools_ready = f[4];
+    if (f[5] > 1) return Status::Corruption("index_is_ring is " + N(f[5]) + "; it is 0 or 1");
+    s.index_is_ring = f[5] == 1;
+    s.index_ring_rows = f[6];
+    return LayerShape(s);
+  }
+
+  Result<std::vector<PlaneLayout>> Planes(const LayerShape& shape, const CodecLimits& limits) const override {
+    if (!Accepts(shape)) return WrongKind(kind());
+    PC_RETURN_IF_ERROR(CheckShape(shape));
+    const auto& s = std::get<LatentShape>(shape);
+    PC_RETURN_IF_ERROR(CheckLen(s.len, limits));
+    std::vector<PlaneLayout> planes = {
+        {PlaneId::kLatentRows, s.len, s.width, /*append_only=*/true, /*lossy_allowed=*/true},
+        {PlaneId::kIndexTailRows, s.tail_rows(), s.index_width, false, false},
+        {PlaneId::kPoolKeys, s.pools_ready, s.index_head_dim(), true, false},
+    };
+    PC_RETURN_IF_ERROR(ApplyLimits(planes, limits));
+    return planes;
+  }
+
+  std::vector<std::span<const float>> PlaneData(const LayerSnapshot& layer) const override {
+    const auto& l = As<LatentPlaneSnapshot>(layer);
+    return {l.latent_rows, l.index_tail_rows, l.pool_keys};
+  }
+  std::vector<std::span<float>> MutablePlaneData(LayerSnapshot& layer) const override {
+    auto& l = std::get<LatentPlaneSnapshot>(layer);
+    return {l.latent_rows, l.index_tail_rows, l.pool_keys};
+  }
+};
+
+class KdaRecurrentCodec final : public LayerCodec {
+ public:
+  std::string_view kind() const override { return kKdaRecurrentKind; }
+  bool Accepts(const LayerShape& shape) const override { return std::holds_alternative<RecurrentShape>(shape); }
+
+  std::vector<std::uint64_t> ShapeFields(const LayerShape& shape) const override {
+    const auto& s = std::get<RecurrentShape>(shape);
+    return {s.heads, s.head_dim, s.kernel};
+  }
+
+  Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> f) const override {
+    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, 3));
+    RecurrentShape s;
+    PC_RETURN_IF_ERROR(Field32(f, 0, "heads", &s.heads));
+    PC_RETURN_IF_ERROR(Field32(f, 1, "head_dim", &s.head_dim));
+    PC_RETURN_IF_ERROR(Field32(f, 2, "kernel", &s.kernel));
+    return LayerShape(s);
+  }
+
+  Result<std::vector<PlaneLayout>> Planes(const LayerShape& shape, const CodecLimits& limits) const override {
+    if (!Accepts(shape)) return WrongKind(kind());
+    PC_RETURN_IF_ERROR(CheckShape(shape));
+    const auto& s = std::get<RecurrentShape>(shape);
+    std::vector<PlaneLayout> planes = {
+        {PlaneId::kConvRing, s.conv_channels(), s.kernel - 1, false, false},
+        {PlaneId::kRecurrentState, std::uint64_t{s.heads} * s.head_dim, s.head_dim, false, false},
+    };
+    PC_RETURN_IF_ERROR(ApplyLimits(planes, limits));
+    return planes;
+  }
+
+  std::vector<std::span<const float>> PlaneData(const LayerSnapshot& layer) const override {
+    const auto& r = As<RecurrentSnapshot>(layer);
+    return {r.conv_ring, r.state};
+  }
+  std::vector<std::span<float>> MutablePlaneData(LayerSnapshot& layer) const override {
+    auto& r = std::get<RecurrentSnapshot>(layer);
+    return {r.conv_ring, r.state};
+  }
+};
+
+class KvPlainCodec final : public LayerCodec {
+ public:
+  std::string_view kind() const override { return kKvPlainKind; }
+  bool Accepts(const LayerShape& shape) const override { return std::holds_alternative<KvShape>(shape); }
+
+  std::vector<std::uint64_t> ShapeFields(const LayerShape& shape) const override {
+    const auto& s = std::get<KvShape>(shape);
+    return {s.len, s.k_width, s.v_width};
+  }
+
+  Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> f) const override {
+    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, 3));
+    KvShape s;
+    s.len = f[0];
+    PC_RETURN_IF_ERROR(Field32(f, 1, "k_width", &s.k_width));
+    PC_RETURN_IF_ERROR(Field32(f, 2, "v_width", &s.v_width));
+    return LayerShape(s);
+  }
+
+  Result<std::vector<PlaneLayout>> Planes(const LayerShape& shape, const CodecLimits& limits) const override {
+    if (!Accepts(shape)) return WrongKind(kind());
+    PC_RETURN_IF_ERROR(CheckShape(shape));
+    const auto& s = std::get<KvShape>(shape);
+    PC_RETURN_IF_ERROR(CheckLen(s.len, limits));
+    std::vector<PlaneLayout> planes = {
+        {PlaneId::kKeyRows, s.len, s.k_width, true, false},
+        {PlaneId::kValueRows, s.len, s.v_width, true, false},
+    };
+    PC_RETURN_IF_ERROR(ApplyLimits(planes, limits));
+    return planes;
+  }
+
+  std::vector<std::span<const float>> PlaneData(const LayerSnapshot& layer) const override {
+    const auto& kv = As<KvSnapshot>(layer);
+    return {kv.k_rows, kv.v_rows};
+  }
+  std::vector<std::span<float>> MutablePlaneData(LayerSnapshot& layer) const override {
+    auto& kv = std::get<KvSnapshot>(layer);
+    return {kv.k_rows, kv.v_rows};
+  }
+};
+
+}  // namespace
+
+std::vector<const LayerCodec*> BuiltinKinds() {
+  static const MlaLatentCodec mla;
+  static const KdaRecurrentCodec kda;
+  static const KvPlainCodec kv;
+  return {&mla, &kda, &kv};
+}
+
+}  // namespace primecache::codecs

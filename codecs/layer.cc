@@ -1,0 +1,288 @@
+// Encoding a layer into chunks, and the checked decoder.
+#include <algorithm>
+#include <limits>
+
+#include "codecs/bytes.h"
+#include "codecs/internal.h"
+#include "primecache/checksum.h"
+#include "primecache/codec.h"
+
+namespace primecache {
+
+using codecs::AsCorruption;
+using codecs::CheckedMul;
+
+namespace {
+
+std::string N(std::uint64_t v) { return std::to_string(v); }
+
+std::uint64_t ChecksumOf(std::span<const float> v) { return Checksum64(std::as_bytes(v)); }
+
+// The chunk rows an encoder uses for a plane: none for an empty plane, all
+// of them for an eager plane, fixed absolute boundaries for an append-only one.
+std::uint64_t EncoderChunkRows(const PlaneLayout& plane, std::uint64_t target_bytes) {
+  if (plane.values() == 0) return 0;
+  if (!plane.append_only) return plane.rows;
+  return ChunkRowsFor(std::uint64_t{plane.row_width} * sizeof(float), target_bytes);
+}
+
+// Encodes one chunk's values and fills its record. The raw checksum covers
+// the values decoding will give back: the input itself for a lossless
+// transform, the decoded approximation for a lossy one.
+Status EncodeChunk(const Transform& t, std::int32_t level, std::span<const float> values, std::string* out,
+                   ChunkRecord* rec) {
+  PC_RETURN_IF_ERROR(t.Encode(values, level, out));
+  rec->raw_bytes = values.size_bytes();
+  rec->encoded_bytes = out->size();
+  rec->encoded_checksum = Checksum64(AsBytes(*out));
+  if (!t.lossy()) {
+    rec->raw_checksum = ChecksumOf(values);
+    return Status::Ok();
+  }
+  thread_local std::vector<float> decoded;
+  decoded.resize(values.size());
+  PC_RETURN_IF_ERROR(t.Decode(AsBytes(*out), decoded).WithContext("decoding what was just encoded"));
+  rec->raw_checksum = ChecksumOf(decoded);
+  return Status::Ok();
+}
+
+// The number of chunks a plane of `rows` rows has at `chunk_rows` rows each.
+std::uint64_t ChunksFor(std::uint64_t rows, std::uint64_t chunk_rows) {
+  return chunk_rows == 0 ? 0 : rows / chunk_rows + (rows % chunk_rows != 0);
+}
+
+// Checks the chunking of one plane record against its layout: chunk_rows,
+// chunk count, and every chunk's raw and encoded size. Appends the chunks'
+// locations.
+Status CheckPlaneChunks(const PlaneRecord& rec, const PlaneLayout& lay, const Transform& t, std::size_t plane,
+                        const CodecLimits& limits, std::vector<ChunkLocation>* locations) {
+  const std::uint64_t row_bytes = std::uint64_t{lay.row_width} * sizeof(float);
+  if (lay.values() == 0) {
+    if (rec.chunk_rows != 0 || !rec.chunks.empty()) {
+      return Status::Corruption("holds no values but records chunk_rows " + N(rec.chunk_rows) + " and " +
+                                N(rec.chunks.size()) + " chunks");
+    }
+    return Status::Ok();
+  }
+  if (!lay.append_only && rec.chunk_rows != lay.rows) {
+    return Status::Corruption("is stored as one chunk of all " + N(lay.rows) + " rows; chunk_rows is " +
+                              N(rec.chunk_rows));
+  }
+  if (rec.chunk_rows == 0 || rec.chunk_rows > limits.max_chunk_bytes / row_bytes) {
+    return Status::Corruption("chunk_rows " + N(rec.chunk_rows) + " outside [1, " +
+                              N(limits.max_chunk_bytes / row_bytes) + "] for rows of " + N(row_bytes) + " bytes");
+  }
+  const std::uint64_t count = ChunksFor(lay.rows, rec.chunk_rows);
+  if (rec.chunks.size() != count) {
+    return Status::Corruption("records " + N(rec.chunks.size()) + " chunks; " + N(lay.rows) + " rows at " +
+                              N(rec.chunk_rows) + " a chunk make " + N(count));
+  }
+  for (std::size_t k = 0; k < rec.chunks.size(); ++k) {
+    const ChunkRecord& c = rec.chunks[k];
+    const std::uint64_t first_row = k * rec.chunk_rows;
+    const std::uint64_t rows = std::min(rec.chunk_rows, lay.rows - first_row);
+    const std::uint64_t values = rows * lay.row_width;
+    const std::string where = "chunk " + N(k) + " (rows [" + N(first_row) + ", " + N(first_row + rows) + "))";
+    if (c.raw_bytes != values * sizeof(float)) {
+      return Status::Corruption(where + " records " + N(c.raw_bytes) + " raw bytes; its rows make " +
+                                N(values * sizeof(float)));
+    }
+    if (auto exact = t.ExactEncodedSize(values); exact && c.encoded_bytes != *exact) {
+      return Status::Corruption(where + " records " + N(c.encoded_bytes) + " encoded bytes; " +
+                                std::string(t.id()) + " makes exactly " + N(*exact));
+    }
+    if (c.encoded_bytes > t.MaxEncodedSize(values)) {
+      return Status::Corruption(where + " records " + N(c.encoded_bytes) + " encoded bytes; " +
+                                std::string(t.id()) + " makes at most " + N(t.MaxEncodedSize(values)));
+    }
+    locations->push_back({plane, k, first_row, rows, first_row * lay.row_width, values});
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+namespace codecs {
+
+Status AsCorruption(Status s) {
+  if (s.code() != StatusCode::kInvalidArgument) return s;
+  return Status::Corruption(s.message());
+}
+
+Result<LayerSnapshot> DecodeLayer(const EncodedLayer& layer, const CodecLimits& limits, Checksums checksums) {
+  PC_ASSIGN_OR_RETURN(LayerDecoder decoder, LayerDecoder::Create(layer.header, limits));
+  if (checksums == Checksums::kSkip) LayerDecoderAccess::SkipChecksums(decoder);
+  return decoder.Decode(layer.chunks);
+}
+
+}  // namespace codecs
+
+// ---- Encoding ------------------------------------------------------------------------
+
+Result<EncodedLayer> EncodeLayer(const LayerSnapshot& layer, const EncodeOptions& options) {
+  const CodecRegistry& registry = CodecRegistry::Default();
+  const CodecLimits limits;
+  const LayerShape shape = ShapeOf(layer);
+  PC_ASSIGN_OR_RETURN(const LayerCodec* codec, registry.KindFor(shape));
+  PC_RETURN_IF_ERROR(CheckSnapshot(layer).WithContext(codec->kind()));
+  PC_ASSIGN_OR_RETURN(std::vector<PlaneLayout> layouts, codec->Planes(shape, limits));
+  if (options.target_chunk_bytes < sizeof(float) || options.target_chunk_bytes > limits.max_chunk_bytes) {
+    return Status::InvalidArgument("target_chunk_bytes " + N(options.target_chunk_bytes) + " outside [4, " +
+                                   N(limits.max_chunk_bytes) + "]");
+  }
+  const std::vector<std::span<const float>> data = codec->PlaneData(layer);
+
+  EncodedLayer out;
+  out.header.kind = std::string(codec->kind());
+  out.header.shape = shape;
+  for (std::size_t p = 0; p < layouts.size(); ++p) {
+    const PlaneLayout& lay = layouts[p];
+    const std::string where = std::string(codec->kind()) + " plane " + std::string(PlaneName(lay.id));
+    const TransformSpec spec = options.ForPlane(lay.id);
+    PC_ASSIGN_OR_RETURN(const Transform* t, registry.FindTransform(spec.id));
+    if (t->lossy() && !lay.lossy_allowed) {
+      return Status::InvalidArgument(where + " must be lossless; " + std::string(t->id()) +
+                                     " refused (only latent rows may be stored lossy)");
+    }
+    PC_RETURN_IF_ERROR(t->CheckLevel(spec.level).WithContext(where));
+
+    PlaneRecord rec{lay.id, spec.id, spec.level, lay.rows, lay.row_width, EncoderChunkRows(lay, options.target_chunk_bytes), {}};
+    for (std::uint64_t first = 0; first < lay.rows && rec.chunk_rows != 0; first += rec.chunk_rows) {
+      const std::uint64_t rows = std::min(rec.chunk_rows, lay.rows - first);
+      std::span<const float> values = data[p].subspan(first * lay.row_width, rows * lay.row_width);
+      std::string bytes;
+      ChunkRecord c;
+      PC_RETURN_IF_ERROR(EncodeChunk(*t, spec.level, values, &bytes, &c).WithContext(where));
+      rec.chunks.push_back(c);
+      out.chunks.push_back(std::move(bytes));
+    }
+    out.header.planes.push_back(std::move(rec));
+  }
+  if (out.chunks.size() > limits.max_chunks) {
+    return Status::ResourceExhausted(N(out.chunks.size()) + " chunks exceed the limit of " + N(limits.max_chunks) +
+                                     "; raise target_chunk_bytes");
+  }
+  return out;
+}
+
+// ---- Decoding --------------------------------------------------------------------------
+
+Result<LayerDecoder> LayerDecoder::Create(LayerHeader header, const CodecLimits& limits) {
+  const CodecRegistry& registry = CodecRegistry::Default();
+  PC_ASSIGN_OR_RETURN(const LayerCodec* codec, registry.FindKind(header.kind));
+  if (!codec->Accepts(header.shape)) {
+    return Status::Corruption("header of kind " + header.kind + " carries a shape of another kind");
+  }
+  Result<std::vector<PlaneLayout>> layouts = codec->Planes(header.shape, limits);
+  if (!layouts.ok()) return AsCorruption(layouts.status()).WithContext(header.kind);
+  if (header.planes.size() != layouts->size()) {
+    return Status::Corruption(header.kind + " has " + N(layouts->size()) + " planes; the header records " +
+                              N(header.planes.size()));
+  }
+
+  LayerDecoder d;
+  for (std::size_t p = 0; p < layouts->size(); ++p) {
+    const PlaneRecord& rec = header.planes[p];
+    const PlaneLayout& lay = (*layouts)[p];
+    const std::string where = header.kind + " plane " + std::to_string(p) + " (" + std::string(PlaneName(lay.id)) + ")";
+    if (rec.id != lay.id) {
+      return Status::Corruption(where + " is recorded as " + std::string(PlaneName(rec.id)));
+    }
+    if (rec.rows != lay.rows || rec.row_width != lay.row_width) {
+      return Status::Corruption(where + " records " + N(rec.rows) + " rows of " + N(rec.row_width) +
+                                " floats; the layer's metadata makes " + N(lay.rows) + " rows of " +
+                                N(lay.row_width));
+    }
+    Result<const Transform*> t = registry.FindTransform(rec.transform);
+    if (!t.ok()) return AsCorruption(t.status()).WithContext(where);
+    if ((*t)->lossy() && !lay.lossy_allowed) {
+      return Status::Corruption(where + " is stored " + rec.transform + "; it must be lossless");
+    }
+    PC_RETURN_IF_ERROR(AsCorruption((*t)->CheckLevel(rec.level)).WithContext(where));
+    if (rec.chunks.size() > limits.max_chunks - d.locations_.size()) {
+      return Status::ResourceExhausted(where + ": more than " + N(limits.max_chunks) + " chunks in the layer");
+    }
+    PC_RETURN_IF_ERROR(CheckPlaneChunks(rec, lay, **t, p, limits, &d.locations_).WithContext(where));
+    d.transforms_.push_back(*t);
+  }
+  d.layouts_ = std::move(layouts).value();
+  d.header_ = std::move(header);
+  return d;
+}
+
+Status LayerDecoder::DecodeChunk(std::size_t i, std::span<const std::byte> encoded, std::span<float> plane) const {
+  if (i >= locations_.size()) {
+    return Status::InvalidArgument("chunk " + N(i) + " of a layer of " + N(locations_.size()) + " chunks");
+  }
+  const ChunkLocation& loc = locations_[i];
+  const PlaneLayout& lay = layouts_[loc.plane];
+  const ChunkRecord& rec = header_.planes[loc.plane].chunks[loc.index];
+  const std::string where = header_.kind + " " + std::string(PlaneName(lay.id)) + " chunk " + N(loc.index) +
+                            " (rows [" + N(loc.first_row) + ", " + N(loc.first_row + loc.rows) + "))";
+  if (plane.size() != lay.values()) {
+    return Status::InvalidArgument(where + ": destination holds " + N(plane.size()) + " floats; the plane has " +
+                                   N(lay.values()));
+  }
+  if (encoded.size() != rec.encoded_bytes) {
+    return Status::Corruption(where + ": " + N(encoded.size()) + " encoded bytes; the header records " +
+                              N(rec.encoded_bytes));
+  }
+  if (verify_checksums_ && Checksum64(encoded) != rec.encoded_checksum) {
+    return Status::Corruption(where + ": checksum mismatch on the encoded bytes");
+  }
+  std::span<float> dst = plane.subspan(loc.value_offset, loc.value_count);
+  PC_RETURN_IF_ERROR(AsCorruption(transforms_[loc.plane]->Decode(encoded, dst)).WithContext(where));
+  if (verify_checksums_ && ChecksumOf(dst) != rec.raw_checksum) {
+    return Status::Corruption(where + ": checksum mismatch on the decoded (raw) bytes");
+  }
+  return Status::Ok();
+}
+
+Status LayerDecoder::DecodeInto(std::span<const std::string> chunks, std::span<const std::span<float>> planes) const {
+  if (chunks.size() != locations_.size()) {
+    return Status::Corruption(header_.kind + ": " + N(chunks.size()) + " chunks; the header records " +
+                              N(locations_.size()));
+  }
+  if (planes.size() != layouts_.size()) {
+    return Status::InvalidArgument(header_.kind + ": " + N(planes.size()) + " destination planes; the layer has " +
+                                   N(layouts_.size()));
+  }
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    PC_RETURN_IF_ERROR(DecodeChunk(i, AsBytes(chunks[i]), planes[locations_[i].plane]));
+  }
+  // Planes without values have no chunks; their destinations are checked here.
+  for (std::size_t p = 0; p < layouts_.size(); ++p) {
+    if (planes[p].size() != layouts_[p].values()) {
+      return Status::InvalidArgument(header_.kind + " " + std::string(PlaneName(layouts_[p].id)) +
+                                     ": destination holds " + N(planes[p].size()) + " floats; the plane has " +
+                                     N(layouts_[p].values()));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<LayerSnapshot> LayerDecoder::Decode(std::span<const std::string> chunks) const {
+  PC_ASSIGN_OR_RETURN(LayerSnapshot layer, MakeSnapshot(header_.shape));
+  PC_ASSIGN_OR_RETURN(const LayerCodec* codec, CodecRegistry::Default().FindKind(header_.kind));
+  std::vector<std::span<float>> planes = codec->MutablePlaneData(layer);
+  PC_RETURN_IF_ERROR(DecodeInto(chunks, planes));
+  return layer;
+}
+
+Result<LayerSnapshot> DecodeLayer(const EncodedLayer& layer, const CodecLimits& limits) {
+  return codecs::DecodeLayer(layer, limits, codecs::Checksums::kVerify);
+}
+
+Status DecodeLayerInto(const EncodedLayer& layer, std::span<const std::span<float>> planes,
+                       const CodecLimits& limits) {
+  PC_ASSIGN_OR_RETURN(LayerDecoder decoder, LayerDecoder::Create(layer.header, limits));
+  return decoder.DecodeInto(layer.chunks, planes);
+}
+
+Status CheckHeader(const LayerHeader& header, const CodecLimits& limits) {
+  return LayerDecoder::Create(header, limits).status();
+}
+
+Status Validate(const LayerHeader& header, const LayerGeometry& target) { return Validate(header.shape, target); }
+
+}  // namespace primecache

@@ -1,0 +1,283 @@
+// Shapes, snapshots, target geometry and the boundary: the checks that need
+// no codec.
+#include "primecache/snapshot.h"
+
+#include <type_traits>
+
+#include "codecs/bytes.h"
+#include "codecs/problems.h"
+
+namespace primecache {
+
+using codecs::CheckedMul;
+using codecs::Problems;
+
+namespace {
+
+std::string N(std::uint64_t v) { return std::to_string(v); }
+
+// Adds a problem when the f32 bytes of a * b (* c) overflow 64 bits.
+bool FitsBytes(Problems& p, std::string_view what, std::uint64_t a, std::uint64_t b, std::uint64_t c = 1) {
+  std::uint64_t v = 0;
+  if (CheckedMul(a, b, &v) && CheckedMul(v, c, &v) && CheckedMul(v, sizeof(float), &v)) return true;
+  p.Add(std::string(what) + " overflows 64 bits");
+  return false;
+}
+
+void CheckLatent(const LatentShape& s, Problems& p) {
+  if (s.len == 0) p.Add("len is 0; a layer that holds no token is recorded as absent, not snapshotted");
+  if (s.width == 0) p.Add("width is 0");
+  FitsBytes(p, "len * width (" + N(s.len) + " * " + N(s.width) + ")", s.len, s.width);
+  if (s.index_width == 0) {
+    if (s.pool != 0) p.Add("pool " + N(s.pool) + " without an indexer (index_width 0)");
+    if (s.pools_ready != 0) p.Add("pools_ready " + N(s.pools_ready) + " without an indexer (index_width 0)");
+    if (s.index_is_ring) p.Add("index_is_ring without an indexer (index_width 0)");
+    if (s.index_ring_rows != 0) p.Add("index_ring_rows " + N(s.index_ring_rows) + " without an indexer");
+    return;
+  }
+  if (s.index_width % 2 != 0) p.Add("index_width " + N(s.index_width) + " is odd; it is 2 * index_head_dim");
+  if (s.pool == 0) {
+    p.Add("pool is 0 with an indexer (index_width " + N(s.index_width) + ")");
+    return;
+  }
+  if (s.pools_ready != s.len / s.pool) {
+    p.Add("pools_ready " + N(s.pools_ready) + " != len / pool = " + N(s.len / s.pool) + " (len " + N(s.len) +
+          ", pool " + N(s.pool) + ")");
+    return;  // the tail is undefined
+  }
+  FitsBytes(p, "pools_ready * index_head_dim", s.pools_ready, s.index_head_dim());
+  FitsBytes(p, "tail rows * index_width", s.tail_rows(), s.index_width);
+  if (s.index_is_ring) {
+    if (s.index_ring_rows < s.pool || s.index_ring_rows % s.pool != 0) {
+      p.Add("index_ring_rows " + N(s.index_ring_rows) + " is not a positive multiple of pool " + N(s.pool));
+    } else if (s.tail_rows() > s.index_ring_rows) {
+      p.Add("tail of " + N(s.tail_rows()) + " rows exceeds the ring of " + N(s.index_ring_rows));
+    }
+  } else if (s.index_ring_rows != 0) {
+    p.Add("index_ring_rows " + N(s.index_ring_rows) + " on a flat index plane");
+  }
+}
+
+void CheckRecurrent(const RecurrentShape& s, Problems& p) {
+  if (s.heads == 0) p.Add("heads is 0");
+  if (s.head_dim == 0) p.Add("head_dim is 0");
+  if (s.kernel < 2) p.Add("kernel " + N(s.kernel) + " < 2 (no conv ring)");
+  FitsBytes(p, "conv ring 3 * heads * head_dim", 3ull * s.heads, s.head_dim,
+            s.kernel == 0 ? 0 : s.kernel - 1);
+  FitsBytes(p, "state heads * head_dim^2", s.heads, s.head_dim, s.head_dim);
+}
+
+void CheckKv(const KvShape& s, Problems& p) {
+  if (s.len == 0) p.Add("len is 0; a layer that holds no token is recorded as absent, not snapshotted");
+  if (s.k_width == 0) p.Add("k_width is 0");
+  if (s.v_width == 0) p.Add("v_width is 0");
+  FitsBytes(p, "len * k_width", s.len, s.k_width);
+  FitsBytes(p, "len * v_width", s.len, s.v_width);
+}
+
+const char* KindName(std::size_t index) {
+  constexpr const char* kNames[] = {"latent", "recurrent", "kv"};
+  return kNames[index];
+}
+
+void CheckPlaneSize(Problems& p, std::string_view plane, std::size_t have, std::uint64_t want,
+                    std::string_view formula) {
+  if (have != want) {
+    p.Add(std::string(plane) + " holds " + N(have) + " floats; " + std::string(formula) + " = " + N(want));
+  }
+}
+
+// The geometry type that matches each shape type.
+template <typename S>
+struct TargetOf;
+template <>
+struct TargetOf<LatentShape> {
+  using type = LatentGeometry;
+};
+template <>
+struct TargetOf<RecurrentShape> {
+  using type = RecurrentGeometry;
+};
+template <>
+struct TargetOf<KvShape> {
+  using type = KvGeometry;
+};
+
+// The target comparison for each pair of shape and geometry of the same kind.
+// `consistent`: the shape passed CheckShape, so derived counts are defined.
+void CompareTarget(const LatentShape& s, const LatentGeometry& g, bool consistent, Problems& p) {
+  if (s.width != g.width) p.Add("width " + N(s.width) + " != plan " + N(g.width));
+  if (s.index_width != g.index_width) p.Add("index_width " + N(s.index_width) + " != plan " + N(g.index_width));
+  if (s.pool != g.pool) p.Add("pool " + N(s.pool) + " != plan " + N(g.pool));
+  if (s.len > g.max_ctx) p.Add("len " + N(s.len) + " > max_ctx " + N(g.max_ctx));
+  if (consistent && g.index_ring_rows != 0 && s.tail_rows() > g.index_ring_rows) {
+    p.Add("tail of " + N(s.tail_rows()) + " rows exceeds the plan's ring of " + N(g.index_ring_rows));
+  }
+}
+void CompareTarget(const RecurrentShape& s, const RecurrentGeometry& g, bool, Problems& p) {
+  if (s.heads != g.heads) p.Add("heads " + N(s.heads) + " != plan " + N(g.heads));
+  if (s.head_dim != g.head_dim) p.Add("head_dim " + N(s.head_dim) + " != plan " + N(g.head_dim));
+  if (s.kernel != g.kernel) p.Add("kernel " + N(s.kernel) + " != plan " + N(g.kernel));
+}
+void CompareTarget(const KvShape& s, const KvGeometry& g, bool, Problems& p) {
+  if (s.k_width != g.k_width) p.Add("k_width " + N(s.k_width) + " != plan " + N(g.k_width));
+  if (s.v_width != g.v_width) p.Add("v_width " + N(s.v_width) + " != plan " + N(g.v_width));
+  if (s.len > g.max_ctx) p.Add("len " + N(s.len) + " > max_ctx " + N(g.max_ctx));
+}
+
+// Little-endian canonical encodings for the digests.
+void PutU64(std::string& out, std::uint64_t v) { codecs::ByteWriter(&out).U64(v); }
+void PutString(std::string& out, std::string_view s) {
+  PutU64(out, s.size());
+  out.append(s);
+}
+
+}  // namespace
+
+Status CheckShape(const LayerShape& shape) {
+  Problems p;
+  std::visit(
+      [&](const auto& s) {
+        using T = std::decay_t<decltype(s)>;
+        if constexpr (std::is_same_v<T, LatentShape>) CheckLatent(s, p);
+        if constexpr (std::is_same_v<T, RecurrentShape>) CheckRecurrent(s, p);
+        if constexpr (std::is_same_v<T, KvShape>) CheckKv(s, p);
+      },
+      shape);
+  return p.ToStatus();
+}
+
+LayerShape ShapeOf(const LayerSnapshot& layer) {
+  return std::visit([](const auto& l) -> LayerShape { return l.shape(); }, layer);
+}
+
+Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape) {
+  PC_RETURN_IF_ERROR(CheckShape(shape));
+  if (const auto* s = std::get_if<LatentShape>(&shape)) {
+    LatentPlaneSnapshot l{s->len, s->width, s->index_width, s->pool, s->pools_ready, s->index_is_ring,
+                          s->index_ring_rows, {}, {}, {}};
+    l.latent_rows.resize(s->latent_values());
+    l.index_tail_rows.resize(s->tail_values());
+    l.pool_keys.resize(s->pool_key_values());
+    return LayerSnapshot(std::move(l));
+  }
+  if (const auto* s = std::get_if<RecurrentShape>(&shape)) {
+    RecurrentSnapshot r{s->heads, s->head_dim, s->kernel, {}, {}};
+    r.conv_ring.resize(s->conv_values());
+    r.state.resize(s->state_values());
+    return LayerSnapshot(std::move(r));
+  }
+  const auto& s = std::get<KvShape>(shape);
+  KvSnapshot kv{s.len, s.k_width, s.v_width, {}, {}};
+  kv.k_rows.resize(s.k_values());
+  kv.v_rows.resize(s.v_values());
+  return LayerSnapshot(std::move(kv));
+}
+
+Status CheckSnapshot(const LayerSnapshot& layer) {
+  PC_RETURN_IF_ERROR(CheckShape(ShapeOf(layer)));
+  Problems p;
+  if (const auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) {
+    LatentShape s = l->shape();
+    CheckPlaneSize(p, "latent_rows", l->latent_rows.size(), s.latent_values(), "len * width");
+    CheckPlaneSize(p, "index_tail_rows", l->index_tail_rows.size(), s.tail_values(),
+                   "(len - pools_ready * pool) * index_width");
+    CheckPlaneSize(p, "pool_keys", l->pool_keys.size(), s.pool_key_values(), "pools_ready * index_width / 2");
+  } else if (const auto* r = std::get_if<RecurrentSnapshot>(&layer)) {
+    RecurrentShape s = r->shape();
+    CheckPlaneSize(p, "conv_ring", r->conv_ring.size(), s.conv_values(), "3 * heads * head_dim * (kernel - 1)");
+    CheckPlaneSize(p, "state", r->state.size(), s.state_values(), "heads * head_dim * head_dim");
+  } else {
+    const auto& kv = std::get<KvSnapshot>(layer);
+    KvShape s = kv.shape();
+    CheckPlaneSize(p, "k_rows", kv.k_rows.size(), s.k_values(), "len * k_width");
+    CheckPlaneSize(p, "v_rows", kv.v_rows.size(), s.v_values(), "len * v_width");
+  }
+  return p.ToStatus();
+}
+
+Status Validate(const LayerShape& shape, const LayerGeometry& target) {
+  if (shape.index() != target.index()) {
+    return Status::InvalidArgument(std::string("layer is a ") + KindName(shape.index()) +
+                                   " layer; the plan expects a " + KindName(target.index()) + " layer");
+  }
+  Problems p;
+  Status consistent = CheckShape(shape);
+  p.Add("", consistent);
+  std::visit(
+      [&](const auto& s) {
+        using G = typename TargetOf<std::decay_t<decltype(s)>>::type;
+        CompareTarget(s, std::get<G>(target), consistent.ok(), p);
+      },
+      shape);
+  return p.ToStatus();
+}
+
+Status Validate(const LayerSnapshot& layer, const LayerGeometry& target) {
+  PC_RETURN_IF_ERROR(Validate(ShapeOf(layer), target));
+  return CheckSnapshot(layer);
+}
+
+Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
+  std::string canon = "primecache-geometry/1";
+  PutU64(canon, layers.size());
+  for (const LayerGeometry& g : layers) {
+    PutU64(canon, g.index());
+    if (const auto* l = std::get_if<LatentGeometry>(&g)) {
+      for (std::uint64_t v : {std::uint64_t{l->width}, std::uint64_t{l->index_width}, std::uint64_t{l->pool},
+                              l->index_ring_rows, l->max_ctx}) {
+        PutU64(canon, v);
+      }
+    } else if (const auto* r = std::get_if<RecurrentGeometry>(&g)) {
+      for (std::uint64_t v : {r->heads, r->head_dim, r->kernel}) PutU64(canon, v);
+    } else {
+      const auto& kv = std::get<KvGeometry>(g);
+      for (std::uint64_t v : {std::uint64_t{kv.k_width}, std::uint64_t{kv.v_width}, kv.max_ctx}) PutU64(canon, v);
+    }
+  }
+  return Checksum128(std::as_bytes(std::span(canon.data(), canon.size())));
+}
+
+Hash128 ModelFingerprint::Digest() const {
+  std::string canon = "primecache-fingerprint/1";
+  PutString(canon, architecture);
+  for (std::uint64_t v : {plan_digest.lo, plan_digest.hi, weights_digest.lo, weights_digest.hi}) PutU64(canon, v);
+  PutU64(canon, codec_versions.size());
+  for (const std::string& c : codec_versions) PutString(canon, c);
+  return Checksum128(std::as_bytes(std::span(canon.data(), canon.size())));
+}
+
+Status CheckBoundary(const BoundaryHeader& header, std::span<const LayerShape> shapes) {
+  Problems p;
+  if (header.tokens.empty()) p.Add("no tokens");
+  if (header.boundary_len != header.tokens.size()) {
+    p.Add("boundary_len " + N(header.boundary_len) + " != " + N(header.tokens.size()) + " tokens");
+  }
+  if (shapes.empty()) p.Add("no layers");
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    std::uint64_t len = 0;
+    if (const auto* l = std::get_if<LatentShape>(&shapes[i])) len = l->len;
+    if (const auto* kv = std::get_if<KvShape>(&shapes[i])) len = kv->len;
+    if (!std::holds_alternative<RecurrentShape>(shapes[i]) && len != header.boundary_len) {
+      p.Add("layer " + N(i) + ": len " + N(len) + " != boundary_len " + N(header.boundary_len));
+    }
+  }
+  return p.ToStatus();
+}
+
+Status Validate(const BoundarySnapshot& snapshot, std::span<const LayerGeometry> targets) {
+  std::vector<LayerShape> shapes;
+  shapes.reserve(snapshot.layers.size());
+  for (const LayerSnapshot& l : snapshot.layers) shapes.push_back(ShapeOf(l));
+  Problems p;
+  p.Add("boundary", CheckBoundary(snapshot.header, shapes));
+  if (targets.size() != snapshot.layers.size()) {
+    p.Add(N(snapshot.layers.size()) + " layers; the plan has " + N(targets.size()));
+  }
+  for (std::size_t i = 0; i < snapshot.layers.size() && i < targets.size(); ++i) {
+    p.Add("layer " + N(i), Validate(snapshot.layers[i], targets[i]));
+  }
+  return p.ToStatus();
+}
+
+}  // namespace primecache

@@ -1,0 +1,42 @@
+// Engine-internal state shared by an Engine, its sessions and their pending
+// captures, so that none of them depends on the others' lifetimes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/device.h"
+#include "primecache/engine.h"
+#include "primecache/reserve.h"
+
+namespace primecache::engine {
+
+// Low-water marks of one eager capture: per cache layer, the lowest len any
+// rewind reached since the capture (UINT64_MAX: none). Layers that can rewind
+// (latent, KV) hold weak references and lower the marks in Truncate.
+struct RewindWatch {
+  std::vector<std::uint64_t> low;
+};
+
+struct EngineCore {
+  // Declared first so that it is destroyed last: every Memory below frees
+  // through it.
+  std::shared_ptr<Device> device;
+  ReservePlan plan;
+
+  std::mutex mu;  // guards the in-use flags and the id counter
+  std::vector<Memory> arenas;
+  std::vector<bool> arena_in_use;
+  std::vector<Memory> slots;         // device, slot_bytes each
+  std::vector<Memory> slot_staging;  // pinned twins
+  std::vector<bool> slot_in_use;
+  std::uint64_t next_session_id = 1;
+
+  // A free slot, marked in use; ResourceExhausted when none is free.
+  Result<std::uint32_t> AcquireSlot();
+  void ReleaseSlot(std::uint32_t slot);
+};
+
+}  // namespace primecache::engine

@@ -1,0 +1,221 @@
+#include "primecache/reserve.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace primecache::engine {
+namespace {
+
+constexpr std::uint64_t kF32 = sizeof(float);
+constexpr std::uint64_t kMaxCtx = static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max());
+
+// Lays buffers out one after the other, each aligned, and remembers whether
+// any size or offset overflowed.
+class Layout {
+ public:
+  std::uint64_t Mul(std::uint64_t a, std::uint64_t b) {
+    std::uint64_t r = 0;
+    if (__builtin_mul_overflow(a, b, &r)) overflow_ = true;
+    return r;
+  }
+  std::uint64_t Mul(std::uint64_t a, std::uint64_t b, std::uint64_t c) { return Mul(Mul(a, b), c); }
+  BufferSpan Take(std::uint64_t bytes) {
+    if (bytes == 0) return {end_, 0};
+    BufferSpan s{end_, bytes};
+    std::uint64_t next = 0;
+    if (__builtin_add_overflow(end_, bytes, &next) ||
+        __builtin_add_overflow(next, kReserveAlignment - 1, &next)) {
+      overflow_ = true;
+      return s;
+    }
+    end_ = next / kReserveAlignment * kReserveAlignment;
+    return s;
+  }
+  std::uint64_t end() const { return end_; }
+  bool overflow() const { return overflow_; }
+
+ private:
+  std::uint64_t end_ = 0;
+  bool overflow_ = false;
+};
+
+std::string Bytes(std::uint64_t b) {
+  char buf[64];
+  const double v = static_cast<double>(b);
+  if (b >= (1ull << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1ull << 30));
+  } else if (b >= (1ull << 20)) {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", v / (1ull << 20));
+  } else if (b >= (1ull << 10)) {
+    std::snprintf(buf, sizeof buf, "%.2f KiB", v / (1ull << 10));
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  }
+  return buf;
+}
+
+// The reserve's largest named terms (summed over sessions), largest first.
+std::vector<std::pair<std::string, std::uint64_t>> Terms(const ReservePlan& p) {
+  std::vector<std::pair<std::string, std::uint64_t>> t;
+  const std::uint64_t s = p.request.sessions;
+  for (std::size_t i = 0; i < p.layers.size(); ++i) {
+    const std::string l = "layer " + std::to_string(i) + " ";
+    std::visit(
+        [&](const auto& r) {
+          using T = std::decay_t<decltype(r)>;
+          if constexpr (std::is_same_v<T, LatentReserve>) {
+            t.emplace_back(l + "latent rows", r.rows.bytes * s);
+            t.emplace_back(l + (r.index_is_ring ? "index ring" : "flat index plane"), r.index_plane.bytes * s);
+            t.emplace_back(l + "pool keys", r.pool_keys.bytes * s);
+          } else if constexpr (std::is_same_v<T, RecurrentReserve>) {
+            t.emplace_back(l + "recurrent state pair", (r.state[0].bytes + r.state[1].bytes) * s);
+          } else {
+            t.emplace_back(l + "K/V rows", (r.k_rows.bytes + r.v_rows.bytes) * s);
+          }
+        },
+        p.layers[i]);
+  }
+  t.emplace_back("snapshot slots", p.slot_bytes * p.request.snapshot_slots);
+  std::stable_sort(t.begin(), t.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return t;
+}
+
+}  // namespace
+
+std::string ReservePlan::Summary() const {
+  return std::to_string(request.sessions) + " sessions x " + Bytes(session_bytes) + " + " +
+         std::to_string(request.snapshot_slots) + " slots x " + Bytes(slot_bytes) + " = " + Bytes(device_bytes) +
+         " device, " + Bytes(pinned_bytes) + " pinned";
+}
+
+Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
+  PC_RETURN_IF_ERROR(CheckPlan(req.plan));
+  if (req.max_ctx == 0 || req.max_ctx > kMaxCtx) {
+    return Status::InvalidArgument("reserve: max_ctx " + std::to_string(req.max_ctx) + " outside [1, " +
+                                   std::to_string(kMaxCtx) + "]");
+  }
+  if (req.sessions == 0) return Status::InvalidArgument("reserve: sessions must be >= 1");
+
+  ReservePlan p;
+  p.request = req;
+  Layout arena, slot;
+  std::string problems;
+  for (std::size_t i = 0; i < req.plan.layers.size(); ++i) {
+    std::visit(
+        [&](const auto& l) {
+          using T = std::decay_t<decltype(l)>;
+          if constexpr (std::is_same_v<T, LatentPlan>) {
+            LatentReserve r;
+            r.rows = arena.Take(arena.Mul(req.max_ctx, l.width(), kF32));
+            r.len_mirror = arena.Take(sizeof(std::int32_t));
+            SlotArea area;
+            if (l.has_indexer()) {
+              if (req.index_ring_rows != 0 && req.index_ring_rows < l.pool) {
+                problems += (problems.empty() ? "" : "; ") + std::string("layer ") + std::to_string(i) +
+                            ": a ring of " + std::to_string(req.index_ring_rows) + " rows holds less than one pool of " +
+                            std::to_string(l.pool);
+              }
+              r.index_is_ring = req.index_ring_rows != 0;
+              r.index_rows = r.index_is_ring ? req.index_ring_rows : req.max_ctx;
+              r.index_plane = arena.Take(arena.Mul(r.index_rows, l.index_width(), kF32));
+              r.pool_key_capacity = req.max_ctx / l.pool;
+              r.pool_keys = arena.Take(arena.Mul(r.pool_key_capacity, l.index_head_dim, kF32));
+              const std::uint64_t tail_bytes = arena.Mul(l.pool - 1, l.index_width(), kF32);
+              r.tail_scratch = arena.Take(tail_bytes);
+              area.tail = slot.Take(tail_bytes);
+            }
+            p.layers.emplace_back(r);
+            p.slot_areas.push_back(area);
+          } else if constexpr (std::is_same_v<T, RecurrentPlan>) {
+            RecurrentReserve r;
+            const std::uint64_t conv = arena.Mul(l.conv_values(), kF32);
+            const std::uint64_t state = arena.Mul(l.state_values(), kF32);
+            r.conv_ring = arena.Take(conv);
+            r.state[0] = arena.Take(state);
+            r.state[1] = arena.Take(state);
+            SlotArea area;
+            area.conv_ring = slot.Take(conv);
+            area.state = slot.Take(state);
+            p.layers.emplace_back(r);
+            p.slot_areas.push_back(area);
+          } else {
+            KvReserve r;
+            r.k_rows = arena.Take(arena.Mul(req.max_ctx, l.k_width, kF32));
+            r.v_rows = arena.Take(arena.Mul(req.max_ctx, l.v_width, kF32));
+            r.len_mirror = arena.Take(sizeof(std::int32_t));
+            p.layers.emplace_back(r);
+            p.slot_areas.emplace_back();
+          }
+        },
+        req.plan.layers[i]);
+  }
+  if (!problems.empty()) return Status::InvalidArgument("reserve: " + problems);
+  p.session_bytes = arena.end();
+  p.slot_bytes = slot.end();
+  Layout total;
+  const std::uint64_t sessions_bytes = total.Mul(p.session_bytes, req.sessions);
+  p.pinned_bytes = total.Mul(p.slot_bytes, req.snapshot_slots);
+  if (__builtin_add_overflow(sessions_bytes, p.pinned_bytes, &p.device_bytes) || arena.overflow() ||
+      slot.overflow() || total.overflow()) {
+    return Status::InvalidArgument("reserve: sizes overflow 64 bits (max_ctx " + std::to_string(req.max_ctx) +
+                                   ", sessions " + std::to_string(req.sessions) + ", slots " +
+                                   std::to_string(req.snapshot_slots) + ")");
+  }
+  return p;
+}
+
+Result<ReservePlan> Preflight(const ReserveRequest& request, std::uint64_t free_bytes) {
+  PC_ASSIGN_OR_RETURN(ReservePlan p, PlanReserve(request));
+  if (p.device_bytes <= free_bytes) return p;
+  std::string msg = "reserve of " + Bytes(p.device_bytes) + " (" + p.Summary() + ") exceeds free device memory " +
+                    Bytes(free_bytes) + " by " + Bytes(p.device_bytes - free_bytes) + "; largest terms:";
+  const auto terms = Terms(p);
+  for (std::size_t i = 0; i < terms.size() && i < 3; ++i) {
+    msg += (i ? ", " : " ") + terms[i].first + " " + Bytes(terms[i].second);
+  }
+  return Status::ResourceExhausted(msg);
+}
+
+std::vector<std::uint64_t> RingFitLadder(const ReserveRequest& request) {
+  std::vector<std::uint64_t> ladder{request.index_ring_rows};
+  std::uint64_t max_pool = 0;
+  for (const auto& l : request.plan.layers) {
+    if (const auto* lp = std::get_if<LatentPlan>(&l); lp != nullptr && lp->has_indexer()) {
+      max_pool = std::max<std::uint64_t>(max_pool, lp->pool);
+    }
+  }
+  if (max_pool == 0) return ladder;
+  const std::uint64_t start = request.index_ring_rows == 0 ? request.max_ctx : request.index_ring_rows;
+  for (std::uint64_t d = start / 2; d >= max_pool; d /= 2) ladder.push_back(d);
+  return ladder;
+}
+
+Result<FitResult> FitReserve(const ReserveRequest& wanted, std::uint64_t free_bytes, FitTarget target) {
+  if (target == FitTarget::kRingRows) {
+    Status last;
+    for (std::uint64_t depth : RingFitLadder(wanted)) {
+      ReserveRequest r = wanted;
+      r.index_ring_rows = depth;
+      Result<ReservePlan> p = Preflight(r, free_bytes);
+      if (p.ok()) return FitResult{std::move(r), std::move(p).value()};
+      if (!p.status().IsResourceExhausted()) return p.status();
+      last = p.status();
+    }
+    return last.WithContext("no index ring depth fits");
+  }
+  ReserveRequest base = wanted;
+  base.snapshot_slots = 0;
+  PC_ASSIGN_OR_RETURN(ReservePlan p0, Preflight(base, free_bytes));
+  std::uint64_t n = wanted.snapshot_slots;
+  if (p0.slot_bytes != 0) n = std::min<std::uint64_t>(n, (free_bytes - p0.device_bytes) / p0.slot_bytes);
+  ReserveRequest r = wanted;
+  r.snapshot_slots = static_cast<std::uint32_t>(n);
+  PC_ASSIGN_OR_RETURN(ReservePlan p, Preflight(r, free_bytes));
+  return FitResult{std::move(r), std::move(p)};
+}
+
+}  // namespace primecache::engine

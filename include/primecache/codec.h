@@ -1,0 +1,338 @@
+// Codecs: how one layer snapshot becomes bytes and comes back.
+//
+// A layer is stored by the codec of its storage kind, named by an exact,
+// versioned identity ("mla-latent/v1"). Each kind splits its snapshot into
+// planes (PlaneLayout); each plane is encoded by a transform ("raw/v1",
+// "shuffle-zstd/v1", lossy "bf16/v1" / "q8_0/v1" where the plane allows it)
+// in chunks:
+//  - an append-only plane (latent rows, pool keys, K/V rows) is cut at fixed
+//    absolute row boundaries, every chunk_rows rows, so the leading full
+//    chunks of a longer boundary of the same conversation are byte-identical
+//    to those of a shorter one (same transform and level) and a store can keep
+//    chunks content-addressed;
+//  - an eager plane (index tail, conv ring, recurrent state) is one chunk.
+// Every chunk is encoded independently and carries its raw and encoded sizes
+// and the XXH3-64 of both byte strings; decoding checks all four.
+//
+// An EncodedLayer is a LayerHeader (kind, geometry, per-plane transform and
+// chunk table) plus the chunks' bytes. SerializeLayer gives its flat form
+// (header then chunks) for the .pcsnap container and for transport; the
+// header also serializes alone. Byte layouts: docs/format-snapshot.md; kinds,
+// transforms and error bounds: docs/codecs.md.
+//
+// Nothing read is trusted: every size, count and offset is bounded against
+// the geometry, the buffer, CodecLimits and 64-bit overflow before use, and an
+// unknown kind, transform or version is refused (fail closed, no default).
+//
+// Thread-safety: transforms, codecs and the registry are immutable and safe
+// to use from many threads; encode/decode functions keep per-thread scratch
+// state only. LayerDecoder is immutable after Create.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "primecache/snapshot.h"
+#include "primecache/status.h"
+
+namespace primecache {
+
+// ---- Identities -------------------------------------------------------------
+
+inline constexpr std::string_view kMlaLatentKind = "mla-latent/v1";
+inline constexpr std::string_view kKdaRecurrentKind = "kda-recurrent/v1";
+inline constexpr std::string_view kKvPlainKind = "kv-plain/v1";
+
+inline constexpr std::string_view kRawTransform = "raw/v1";
+inline constexpr std::string_view kShuffleZstdTransform = "shuffle-zstd/v1";
+inline constexpr std::string_view kBf16Transform = "bf16/v1";
+inline constexpr std::string_view kQ8_0Transform = "q8_0/v1";
+
+// An identity "name/vN": name of [a-z0-9_-], 1 to 48 characters; N a decimal
+// in [1, 2^32) without leading zeros. Identities compare as exact strings.
+struct Identity {
+  std::string name;
+  std::uint32_t version = 0;
+  std::string ToString() const;  // "name/vN"
+};
+Result<Identity> ParseIdentity(std::string_view text);
+
+// The identity a wrapping transform reports for what it wraps: "outer(inner)".
+std::string WrappedIdentity(std::string_view outer, std::string_view inner);
+
+// ---- Planes -----------------------------------------------------------------
+
+// The planes any kind may have; each kind uses a fixed subset in a fixed order.
+enum class PlaneId : std::uint8_t {
+  kLatentRows = 1,      // mla-latent: [len, width]
+  kIndexTailRows = 2,   // mla-latent: [tail_rows, index_width]
+  kPoolKeys = 3,        // mla-latent: [pools_ready, index_head_dim]
+  kConvRing = 4,        // kda-recurrent: [3 * heads * head_dim, kernel - 1]
+  kRecurrentState = 5,  // kda-recurrent: [heads * head_dim, head_dim]
+  kKeyRows = 6,         // kv-plain: [len, k_width]
+  kValueRows = 7,       // kv-plain: [len, v_width]
+};
+std::string_view PlaneName(PlaneId id);  // "latent_rows", ...
+
+// One plane of a layer of a given shape.
+struct PlaneLayout {
+  PlaneId id = PlaneId::kLatentRows;
+  std::uint64_t rows = 0;
+  std::uint32_t row_width = 0;  // floats per row
+  bool append_only = false;     // chunked at fixed row boundaries; else one chunk
+  bool lossy_allowed = false;   // only latent rows
+  std::uint64_t values() const { return rows * row_width; }
+  std::uint64_t raw_bytes() const { return values() * sizeof(float); }
+  friend bool operator==(const PlaneLayout&, const PlaneLayout&) = default;
+};
+
+// Bounds applied to everything decoded (and to what is encoded, so that an
+// encoded layer always decodes under the defaults).
+struct CodecLimits {
+  std::uint64_t max_tokens = 1ull << 22;        // len of a layer; tokens of a boundary
+  std::uint64_t max_row_values = 1ull << 16;    // floats in one row of any plane
+  std::uint64_t max_layer_bytes = 16ull << 30;  // decoded bytes of one layer, all planes
+  std::uint64_t max_chunk_bytes = 64ull << 20;  // decoded bytes of one chunk
+  std::uint64_t max_chunks = 1ull << 20;        // chunks of one layer
+};
+
+// ---- Transforms ----------------------------------------------------------------
+
+// A transform turns a run of f32 values into bytes and back. Lossless ones
+// give back the exact bit patterns (NaN payloads and -0 included); lossy ones
+// stay within the bound docs/codecs.md states and the tests hold:
+//   bf16/v1: round to nearest even; |x - y| <= 2^-8 |x| for normal x,
+//            <= 2^-134 for subnormal x; finite values that would round past
+//            the largest bf16 saturate to it (|x - y| <= 2^-7 |x|); NaN stays
+//            NaN and infinities stay.
+//   q8_0/v1: blocks of 32 values (the last may be shorter), one f32 scale
+//            d = amax/127 each; |x - y| <= amax/254 + 2^-20 amax + 2^-140,
+//            amax the block's largest magnitude. Refuses non-finite input.
+// Thread-safety: stateless; safe from many threads.
+class Transform {
+ public:
+  virtual ~Transform() = default;
+  virtual std::string_view id() const = 0;
+  virtual bool lossy() const = 0;
+  // Only shuffle-zstd takes a level (zstd's, within [ZSTD_minCLevel,
+  // ZSTD_maxCLevel]); the others require 0.
+  virtual Status CheckLevel(std::int32_t level) const = 0;
+  // The exact encoded size of n values when it does not depend on the data.
+  virtual std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values) const = 0;
+  // An upper bound on the encoded size of n values, whatever the data.
+  virtual std::uint64_t MaxEncodedSize(std::uint64_t values) const = 0;
+  // Replaces *out with the encoding of values. Deterministic: equal input and
+  // level give equal bytes (this is what chunk dedup relies on).
+  virtual Status Encode(std::span<const float> values, std::int32_t level, std::string* out) const = 0;
+  // Decodes exactly out.size() values from encoded; anything that does not
+  // decode to exactly that many is refused as corruption.
+  virtual Status Decode(std::span<const std::byte> encoded, std::span<float> out) const = 0;
+  // This transform wrapping a storage kind: "id(inner_kind)".
+  std::string WrappedId(std::string_view inner_kind) const { return WrappedIdentity(id(), inner_kind); }
+};
+
+// ---- Layer codecs (one per storage kind) -----------------------------------------
+
+// The codec of one storage kind: the layer's metadata as header fields, and
+// its planes. Thread-safety: stateless; safe from many threads.
+class LayerCodec {
+ public:
+  virtual ~LayerCodec() = default;
+  virtual std::string_view kind() const = 0;
+  // Whether a shape is of this kind (the right variant alternative).
+  virtual bool Accepts(const LayerShape& shape) const = 0;
+  // The shape's metadata as the u64 fields the header stores, in fixed order.
+  // Requires Accepts(shape).
+  virtual std::vector<std::uint64_t> ShapeFields(const LayerShape& shape) const = 0;
+  // Reads those fields back; refuses a wrong count or a field out of range.
+  virtual Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> fields) const = 0;
+  // The planes of a layer of this shape, in stored order. Refuses a shape of
+  // another kind, one failing CheckShape, or one past the limits.
+  virtual Result<std::vector<PlaneLayout>> Planes(const LayerShape& shape, const CodecLimits& limits) const = 0;
+  // A snapshot's planes in that order. Requires a snapshot of this kind.
+  virtual std::vector<std::span<const float>> PlaneData(const LayerSnapshot& layer) const = 0;
+  virtual std::vector<std::span<float>> MutablePlaneData(LayerSnapshot& layer) const = 0;
+};
+
+// Maps exact identities to codecs and transforms. Unknown names, known names
+// at unknown versions and malformed identities are refused with a message
+// saying which (NotSupported, or InvalidArgument when malformed).
+// Thread-safety: immutable; safe from many threads.
+class CodecRegistry {
+ public:
+  // The built-in kinds and transforms. Never deleted.
+  static const CodecRegistry& Default();
+
+  Result<const LayerCodec*> FindKind(std::string_view identity) const;
+  Result<const Transform*> FindTransform(std::string_view identity) const;
+  // The current codec for a shape (the kind new snapshots are written with).
+  Result<const LayerCodec*> KindFor(const LayerShape& shape) const;
+  // Resolves a wrapped identity "transform(kind)"; both parts must be known
+  // exactly and nothing may surround or nest them.
+  Result<std::pair<const Transform*, const LayerCodec*>> ResolveWrapped(std::string_view identity) const;
+  // Every kind and transform identity, sorted: a model fingerprint's
+  // codec_versions when it uses the built-in codecs.
+  std::vector<std::string> Identities() const;
+
+  CodecRegistry(std::vector<const LayerCodec*> kinds, std::vector<const Transform*> transforms);
+
+ private:
+  std::vector<const LayerCodec*> kinds_;
+  std::vector<const Transform*> transforms_;
+};
+
+// ---- Encoding options -------------------------------------------------------------
+
+struct TransformSpec {
+  std::string id;
+  std::int32_t level = 0;
+  friend bool operator==(const TransformSpec&, const TransformSpec&) = default;
+};
+
+// The lossless transform each plane gets unless told otherwise, picked by
+// measurement (docs/BENCHMARKS.md): shuffle-zstd at level 1 everywhere.
+TransformSpec DefaultTransform(PlaneId plane);
+
+inline constexpr std::uint64_t kDefaultChunkBytes = 1ull << 20;
+
+struct EncodeOptions {
+  // Applied to every plane not named in plane_transforms; DefaultTransform when unset.
+  std::optional<TransformSpec> all_planes;
+  // Per-plane choices. A lossy transform is refused on any plane other than
+  // latent rows (index rows and pool keys decide top-k ties; they stay exact).
+  std::vector<std::pair<PlaneId, TransformSpec>> plane_transforms;
+  // Append-only planes are chunked every ChunkRowsFor(row bytes, this) rows.
+  std::uint64_t target_chunk_bytes = kDefaultChunkBytes;
+
+  TransformSpec ForPlane(PlaneId plane) const;
+};
+
+// The largest power of two of rows whose bytes fit target_bytes (at least 1):
+// a function of the row size alone, so chunk boundaries do not move with len.
+std::uint64_t ChunkRowsFor(std::uint64_t row_bytes, std::uint64_t target_bytes);
+
+// ---- The encoded layer ------------------------------------------------------------
+
+struct ChunkRecord {
+  std::uint64_t raw_bytes = 0;         // decoded f32 bytes
+  std::uint64_t encoded_bytes = 0;
+  std::uint64_t raw_checksum = 0;      // XXH3-64 of the f32 bytes decoding must produce
+  std::uint64_t encoded_checksum = 0;  // XXH3-64 of the encoded bytes
+  friend bool operator==(const ChunkRecord&, const ChunkRecord&) = default;
+};
+
+// One plane: its transform, its extent, and its chunks (plane rows
+// [k * chunk_rows, min((k + 1) * chunk_rows, rows)) for chunk k). A plane
+// without values has chunk_rows 0 and no chunks; an eager plane has
+// chunk_rows == rows.
+struct PlaneRecord {
+  PlaneId id = PlaneId::kLatentRows;
+  std::string transform;
+  std::int32_t level = 0;
+  std::uint64_t rows = 0;
+  std::uint32_t row_width = 0;
+  std::uint64_t chunk_rows = 0;
+  std::vector<ChunkRecord> chunks;
+  friend bool operator==(const PlaneRecord&, const PlaneRecord&) = default;
+};
+
+struct LayerHeader {
+  std::string kind;  // exact identity, e.g. "mla-latent/v1"
+  LayerShape shape;
+  std::vector<PlaneRecord> planes;
+
+  std::size_t chunk_count() const;
+  // The identity plane p is stored under: "transform(kind)"; empty when
+  // there is no plane p.
+  std::string PlaneIdentity(std::size_t plane) const;
+  friend bool operator==(const LayerHeader&, const LayerHeader&) = default;
+};
+
+// A header and the encoded bytes of its chunks: plane by plane, in chunk order.
+struct EncodedLayer {
+  LayerHeader header;
+  std::vector<std::string> chunks;
+};
+
+// Where chunk i of a layer lies.
+struct ChunkLocation {
+  std::size_t plane = 0;        // index into LayerHeader::planes
+  std::size_t index = 0;        // chunk index within the plane
+  std::uint64_t first_row = 0;  // absolute row within the plane
+  std::uint64_t rows = 0;
+  std::uint64_t value_offset = 0;  // first_row * row_width
+  std::uint64_t value_count = 0;   // rows * row_width
+};
+
+// Encodes a snapshot with the current codec of its kind. Refuses a snapshot
+// failing CheckSnapshot, one past the default CodecLimits, an unknown
+// transform, a bad level, and a lossy transform on a plane that must stay exact.
+Result<EncodedLayer> EncodeLayer(const LayerSnapshot& layer, const EncodeOptions& options = {});
+
+// A layer header that passed every structural check, ready to decode chunks:
+// the kind and every transform are known exactly, the shape passes CheckShape
+// and the limits, the planes are the kind's planes in order with the shape's
+// extents, chunk_rows and chunk counts agree with the rows, every chunk's raw
+// size is what its rows make, and fixed-size transforms' encoded sizes agree.
+// Thread-safety: immutable after Create; DecodeChunk may run concurrently for
+// different chunks (each writes only its own rows).
+class LayerDecoder {
+ public:
+  static Result<LayerDecoder> Create(LayerHeader header, const CodecLimits& limits = {});
+
+  const LayerHeader& header() const { return header_; }
+  const std::vector<PlaneLayout>& planes() const { return layouts_; }
+  std::size_t chunk_count() const { return locations_.size(); }
+  const ChunkLocation& chunk(std::size_t i) const { return locations_[i]; }
+
+  // Decodes chunk i into its rows of `plane`, the whole destination plane
+  // (planes()[chunk(i).plane].values() floats, e.g. a pinned staging buffer).
+  // Checks size and checksum of the encoded bytes before decoding and the
+  // checksum of the written f32 bytes after; on error those rows are garbage.
+  Status DecodeChunk(std::size_t i, std::span<const std::byte> encoded, std::span<float> plane) const;
+  // Every chunk into caller-provided planes, one span per plane in order.
+  Status DecodeInto(std::span<const std::string> chunks, std::span<const std::span<float>> planes) const;
+  // Every chunk into a freshly allocated snapshot.
+  Result<LayerSnapshot> Decode(std::span<const std::string> chunks) const;
+
+ private:
+  friend struct LayerDecoderAccess;  // codecs-internal (fuzzing)
+  LayerDecoder() = default;
+  LayerHeader header_;
+  std::vector<PlaneLayout> layouts_;
+  std::vector<const Transform*> transforms_;
+  std::vector<ChunkLocation> locations_;
+  bool verify_checksums_ = true;
+};
+
+Result<LayerSnapshot> DecodeLayer(const EncodedLayer& layer, const CodecLimits& limits = {});
+Status DecodeLayerInto(const EncodedLayer& layer, std::span<const std::span<float>> planes,
+                       const CodecLimits& limits = {});
+
+// Structural checks of a header (what LayerDecoder::Create runs).
+Status CheckHeader(const LayerHeader& header, const CodecLimits& limits = {});
+// Whether an encoded layer fits a cache layer: Validate(header.shape, target).
+Status Validate(const LayerHeader& header, const LayerGeometry& target);
+
+// The header alone, checksummed (for a store that keeps chunks apart).
+std::string SerializeLayerHeader(const LayerHeader& header);
+// Parses exactly one serialized header, refusing trailing bytes; runs CheckHeader.
+Result<LayerHeader> ParseLayerHeader(std::span<const std::byte> bytes, const CodecLimits& limits = {});
+
+// The flat layer: the serialized header, then every chunk's bytes in order.
+std::string SerializeLayer(const EncodedLayer& layer);
+// Parses a flat layer: the header as above, then exactly the chunk bytes it
+// announces (no more, no less), each checked against its encoded checksum.
+Result<EncodedLayer> ParseLayer(std::span<const std::byte> bytes, const CodecLimits& limits = {});
+
+inline std::span<const std::byte> AsBytes(std::string_view s) {
+  return std::as_bytes(std::span(s.data(), s.size()));
+}
+
+}  // namespace primecache

@@ -1,0 +1,276 @@
+// The engine's cache state: devices, session caches and their layers.
+//
+// An Engine owns one device's reserve (reserve.h): every session arena and
+// every snapshot slot is allocated by Engine::Create, exactly as PlanReserve
+// lays them out. A SessionCache is one session's state, one layer object per
+// state-plan layer:
+//
+//  - LatentLayer: rows [max_ctx, width] f32, one per token; len, and a device
+//    mirror of len kept in lock-step (every call that moves len rewrites it,
+//    in lane order); with an indexer, an index plane (flat, or a tail ring of
+//    the booked rows rounded down to a multiple of the pool when the pool is
+//    first seen), resident pool keys [max_ctx / pool, index_head_dim] f32 and
+//    pools_ready, the count of leading pools whose keys are final. len is
+//    authoritative for both planes. At every call boundary pools_ready ==
+//    len / pool; every call checks it, and anything that lowers len clamps
+//    pools_ready in the same place.
+//  - RecurrentLayer: a KDA layer's conv ring and recurrent state (a ping-pong
+//    pair: a step reads state() and writes next_state()).
+//  - KvLayer: plain K and V rows with len and its mirror.
+//
+// Pointers the layers take and return are device pointers of the engine's
+// device (host pointers on the CPU backend). A SessionCache and its layers are
+// used by one thread at a time; different sessions may be used concurrently
+// only on the CPU backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "primecache/reserve.h"
+#include "primecache/state_plan.h"
+#include "primecache/status.h"
+
+namespace primecache::engine {
+
+// ---- devices ----------------------------------------------------------------
+
+enum class DeviceKind : std::uint8_t { kCpu, kCuda };
+std::string_view DeviceKindName(DeviceKind kind);
+
+struct CpuDeviceOptions {
+  std::uint64_t memory_bytes = 8ull << 30;  // the "device memory" it hands out before refusing
+};
+
+struct CudaDeviceOptions {
+  int ordinal = 0;
+  std::size_t staging_chunk_bytes = 8u << 20;  // each of the two pinned staging buffers
+};
+
+class Device;  // the seam: engine/device.h
+std::shared_ptr<Device> NewCpuDevice(const CpuDeviceOptions& options = {});
+// NotSupported when built without CUDA; Unavailable without a device.
+Result<std::shared_ptr<Device>> NewCudaDevice(const CudaDeviceOptions& options = {});
+// Built with CUDA and at least one device present.
+bool CudaDeviceAvailable();
+
+// ---- layers -----------------------------------------------------------------
+
+// The indexer inputs the state plan does not carry, passed by every append:
+// the pool (which must match the plan, and once resolved never changes) and
+// the layer's constant ape, a device pointer to [pool, index_head_dim] f32.
+struct IndexerInputs {
+  std::uint32_t pool = 0;
+  const float* ape = nullptr;
+};
+
+struct RewindWatch;  // engine-internal: low-water marks for the deferred capture
+
+class LatentLayer {
+ public:
+  const LatentPlan& plan() const { return plan_; }
+  std::uint64_t max_ctx() const { return max_ctx_; }
+  std::uint64_t len() const { return len_; }
+  std::uint32_t width() const { return plan_.width(); }
+  std::uint32_t index_width() const { return plan_.index_width(); }
+  // 0 until the first append (or restore) resolves it.
+  std::uint32_t pool() const { return pool_; }
+  std::uint64_t pools_ready() const { return pools_ready_; }
+  bool index_is_ring() const { return ring_; }
+  // Physical rows booked for a ring (0 when flat).
+  std::uint64_t booked_ring_rows() const { return ring_ ? index_rows_ : 0; }
+  // The effective ring: booked rows rounded down to a multiple of the pool,
+  // once the pool is known; 0 before, and when flat.
+  std::uint64_t index_ring_rows() const { return ring_rows_; }
+  std::uint64_t pool_key_capacity() const { return key_capacity_; }
+  // The lowest token whose index row the plane still holds: rows below it were
+  // lapped by the ring or never restored (their pools' keys are final).
+  std::uint64_t index_floor() const { return floor_; }
+
+  const float* rows() const { return rows_; }
+  const std::int32_t* len_device() const { return len_d_; }
+  const float* index_rows() const { return index_; }
+  const float* pool_keys() const { return keys_; }
+
+  // Appends `count` tokens: latent rows [count, width] and, with an indexer,
+  // index rows [count, index_width] (device pointers, token-major) and the
+  // indexer inputs; without one, index_rows and indexer must be null. Both
+  // planes are written in the same call. With a ring the call drains it: it
+  // appends what fits, builds the keys of the pools that completes, and goes
+  // on, so count is bounded only by max_ctx. Keys are built only for pools
+  // completed by this call. Refuses (nothing written) when count would pass
+  // max_ctx, the pool disagrees with the plan or the resolved pool, or the
+  // layer's invariants do not hold.
+  Status Append(const float* latent_rows, const float* index_rows, std::uint64_t count,
+                const IndexerInputs* indexer);
+
+  // Lowers len to new_len <= len and clamps pools_ready to new_len / pool in
+  // the same place. Refuses when the rows of the new tail are no longer held
+  // (new_len / pool * pool < index_floor()).
+  Status Truncate(std::uint64_t new_len);
+
+  // Host-side invariants: len <= max_ctx; without a resolved pool no pools;
+  // with one, pools_ready == len / pool, the effective ring a positive multiple
+  // of the pool and the live tail within it, and index_floor() at or below the
+  // tail's first row. Internal error naming the first broken one.
+  Status CheckInvariants() const;
+
+ private:
+  friend class SessionCache;
+  friend class LatentLayerTestPeer;
+  friend struct CaptureOps;
+  LatentLayer() = default;
+  Status ResolvePool(std::uint32_t pool);
+  Status WriteLen();
+  void NoteRewind(std::uint64_t new_len);
+
+  Device* dev_ = nullptr;
+  std::size_t index_in_cache_ = 0;
+  LatentPlan plan_;
+  std::uint64_t max_ctx_ = 0;
+  float* rows_ = nullptr;
+  std::int32_t* len_d_ = nullptr;
+  float* index_ = nullptr;
+  std::uint64_t index_rows_ = 0;  // physical rows
+  bool ring_ = false;
+  float* keys_ = nullptr;
+  std::uint64_t key_capacity_ = 0;
+  float* tail_scratch_ = nullptr;
+
+  std::uint64_t len_ = 0;
+  std::uint32_t pool_ = 0;
+  std::uint64_t pools_ready_ = 0;
+  std::uint64_t ring_rows_ = 0;
+  std::uint64_t floor_ = 0;
+  bool touched_ = false;
+  std::vector<std::weak_ptr<RewindWatch>> watches_;
+};
+
+class RecurrentLayer {
+ public:
+  const RecurrentPlan& plan() const { return plan_; }
+  // [3 * heads * head_dim, kernel - 1]: per channel the last kernel-1 pre-conv
+  // inputs, oldest first.
+  float* conv_ring() { return conv_; }
+  const float* conv_ring() const { return conv_; }
+  // The current state [heads, head_dim, head_dim], and where a step writes the next.
+  const float* state() const { return state_[cur_]; }
+  float* next_state() { return state_[cur_ ^ 1]; }
+  // Completes a step of `count` tokens whose new state the caller wrote into
+  // next_state(): pushes the step's pre-conv inputs ([count, 3*heads*head_dim],
+  // device, token-major) into the conv ring and makes next_state() current.
+  Status Step(const float* conv_inputs, std::uint64_t count);
+
+ private:
+  friend class SessionCache;
+  friend struct CaptureOps;
+  RecurrentLayer() = default;
+  Device* dev_ = nullptr;
+  RecurrentPlan plan_;
+  float* conv_ = nullptr;
+  float* state_[2] = {nullptr, nullptr};
+  int cur_ = 0;
+  bool touched_ = false;
+};
+
+class KvLayer {
+ public:
+  const KvPlan& plan() const { return plan_; }
+  std::uint64_t max_ctx() const { return max_ctx_; }
+  std::uint64_t len() const { return len_; }
+  const float* k_rows() const { return k_; }
+  const float* v_rows() const { return v_; }
+  const std::int32_t* len_device() const { return len_d_; }
+  // Appends count rows of K [count, k_width] and V [count, v_width].
+  Status Append(const float* k_rows, const float* v_rows, std::uint64_t count);
+  Status Truncate(std::uint64_t new_len);
+  Status CheckInvariants() const;
+
+ private:
+  friend class SessionCache;
+  friend struct CaptureOps;
+  KvLayer() = default;
+  Status WriteLen();
+  void NoteRewind(std::uint64_t new_len);
+  Device* dev_ = nullptr;
+  std::size_t index_in_cache_ = 0;
+  KvPlan plan_;
+  std::uint64_t max_ctx_ = 0;
+  float* k_ = nullptr;
+  float* v_ = nullptr;
+  std::int32_t* len_d_ = nullptr;
+  std::uint64_t len_ = 0;
+  bool touched_ = false;
+  std::vector<std::weak_ptr<RewindWatch>> watches_;
+};
+
+// ---- sessions and the engine -------------------------------------------------
+
+struct EngineCore;  // engine-internal shared state (arenas, slots)
+
+class SessionCache {
+ public:
+  ~SessionCache();  // hands its arena back to the engine
+  SessionCache(const SessionCache&) = delete;
+  SessionCache& operator=(const SessionCache&) = delete;
+
+  std::uint64_t id() const { return id_; }
+  const StatePlan& plan() const;
+  std::uint64_t max_ctx() const;
+  std::size_t layer_count() const { return layers_.size(); }
+  // Layer i as its kind, or null when layer i is of another kind (or out of range).
+  LatentLayer* latent(std::size_t i);
+  RecurrentLayer* recurrent(std::size_t i);
+  KvLayer* kv(std::size_t i);
+  const LatentLayer* latent(std::size_t i) const;
+  const RecurrentLayer* recurrent(std::size_t i) const;
+  const KvLayer* kv(std::size_t i) const;
+
+  // Nothing appended, stepped or restored since the engine handed it out.
+  bool fresh() const;
+  // Every layer's CheckInvariants, and not left broken by a failed restore.
+  Status CheckInvariants() const;
+
+ private:
+  friend class Engine;
+  friend struct CaptureOps;
+  SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena, std::uint64_t id);
+  using Layer =
+      std::variant<std::unique_ptr<LatentLayer>, std::unique_ptr<RecurrentLayer>, std::unique_ptr<KvLayer>>;
+  std::shared_ptr<EngineCore> core_;
+  std::uint32_t arena_ = 0;
+  std::uint64_t id_ = 0;
+  std::vector<Layer> layers_;
+  std::string broken_;  // why a failed restore left it unusable; empty when healthy
+};
+
+class Engine {
+ public:
+  // Preflight(request, device free bytes), then allocation of every session
+  // arena and snapshot slot through the same reserve plan. ResourceExhausted
+  // with the preflight's reason when it does not fit.
+  static Result<std::unique_ptr<Engine>> Create(std::shared_ptr<Device> device, const ReserveRequest& request);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ReservePlan& reserve() const;
+  Device& device() const;
+  // A fresh session cache (its arena zeroed); ResourceExhausted when every
+  // reserved session is open.
+  Result<std::unique_ptr<SessionCache>> NewSession();
+  std::uint32_t open_sessions() const;
+  std::uint32_t free_snapshot_slots() const;
+
+ private:
+  explicit Engine(std::shared_ptr<EngineCore> core);
+  std::shared_ptr<EngineCore> core_;
+};
+
+}  // namespace primecache::engine

@@ -1,0 +1,120 @@
+// Reserve planning: one pure function (PlanReserve) turns a state plan and a
+// serving configuration into the size and place of every buffer the engine
+// allocates. The preflight (Preflight, FitReserve) calls it before anything is
+// allocated and refuses a configuration that will not fit, with the reason;
+// Engine::Create calls the same function and allocates exactly what it says,
+// so the two cannot disagree.
+//
+// Layout. Every session owns one device arena of session_bytes; each layer's
+// buffers sit at the offsets below, each aligned to kReserveAlignment. Every
+// snapshot slot is one device block of slot_bytes (per-layer areas below) plus
+// a pinned host twin of the same size, through which the slot's content
+// leaves the device.
+//
+// All functions here are pure and thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "primecache/state_plan.h"
+#include "primecache/status.h"
+
+namespace primecache::engine {
+
+inline constexpr std::uint64_t kReserveAlignment = 256;
+
+struct ReserveRequest {
+  StatePlan plan;
+  std::uint64_t max_ctx = 0;          // tokens per session (fits a 32-bit len mirror)
+  std::uint32_t sessions = 1;         // session caches reserved up front
+  std::uint32_t snapshot_slots = 0;   // device-resident eager-capture slots
+  std::uint64_t index_ring_rows = 0;  // booked physical rows of each index plane; 0: flat
+};
+
+// A buffer inside an arena (session) or a slot.
+struct BufferSpan {
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+  friend bool operator==(const BufferSpan&, const BufferSpan&) = default;
+};
+
+struct LatentReserve {
+  BufferSpan rows;          // [max_ctx, width] f32
+  BufferSpan len_mirror;    // one int32
+  BufferSpan index_plane;   // [index_rows, index_width] f32; empty without an indexer
+  BufferSpan pool_keys;     // [pool_key_capacity, index_head_dim] f32
+  BufferSpan tail_scratch;  // [pool - 1, index_width] f32: the tail on its way in or out
+  std::uint64_t index_rows = 0;         // physical rows: booked ring rows, or max_ctx when flat
+  bool index_is_ring = false;
+  std::uint64_t pool_key_capacity = 0;  // max_ctx / pool
+};
+
+struct RecurrentReserve {
+  BufferSpan conv_ring;  // [3 * heads * head_dim, kernel - 1] f32
+  BufferSpan state[2];   // the ping-pong pair, [heads, head_dim, head_dim] f32 each
+};
+
+struct KvReserve {
+  BufferSpan k_rows;  // [max_ctx, k_width] f32
+  BufferSpan v_rows;  // [max_ctx, v_width] f32
+  BufferSpan len_mirror;
+};
+
+using LayerReserve = std::variant<LatentReserve, RecurrentReserve, KvReserve>;
+
+// One layer's area in a snapshot slot: a latent layer's tail (at most pool - 1
+// index rows), a recurrent layer's conv ring and state; nothing for KV.
+struct SlotArea {
+  BufferSpan tail;
+  BufferSpan conv_ring;
+  BufferSpan state;
+};
+
+struct ReservePlan {
+  ReserveRequest request;
+  std::vector<LayerReserve> layers;   // offsets within one session arena
+  std::uint64_t session_bytes = 0;
+  std::vector<SlotArea> slot_areas;   // offsets within one slot
+  std::uint64_t slot_bytes = 0;
+  std::uint64_t device_bytes = 0;     // sessions * session_bytes + snapshot_slots * slot_bytes
+  std::uint64_t pinned_bytes = 0;     // snapshot_slots * slot_bytes
+
+  // "2 sessions x 1.2 GiB + 4 slots x 9.0 MiB = 2.4 GiB device, 36 MiB pinned".
+  std::string Summary() const;
+};
+
+// Every buffer's size and place. InvalidArgument for a bad plan or request
+// (CheckPlan, max_ctx outside [1, 2^31 - 1], sessions 0, a ring booked below
+// one pool of some indexer layer, any size overflowing 64 bits).
+Result<ReservePlan> PlanReserve(const ReserveRequest& request);
+
+// PlanReserve, then ResourceExhausted when device_bytes exceeds free_bytes; the
+// message gives the reserve, the shortfall and the largest terms.
+Result<ReservePlan> Preflight(const ReserveRequest& request, std::uint64_t free_bytes);
+
+// What a fit may shrink.
+enum class FitTarget : std::uint8_t {
+  kRingRows,       // the index planes: flat, then rings halving down to one pool
+  kSnapshotSlots,  // the eager-capture slots: the most that fit, up to the request
+};
+
+// The depths the ring fit tries, deepest first: the requested depth (0 =
+// flat), then, starting from max_ctx for a flat request, halvings that stay at
+// or above the largest pool of the plan. Just the request when the plan has no
+// indexer.
+std::vector<std::uint64_t> RingFitLadder(const ReserveRequest& request);
+
+struct FitResult {
+  ReserveRequest request;  // the request with the chosen depth or slot count
+  ReservePlan plan;        // PlanReserve(request)
+};
+
+// The deepest ring (kRingRows) or the most snapshot slots (kSnapshotSlots)
+// whose reserve fits free_bytes. ResourceExhausted, with Preflight's reason for
+// the smallest candidate, when none fits.
+Result<FitResult> FitReserve(const ReserveRequest& wanted, std::uint64_t free_bytes, FitTarget target);
+
+}  // namespace primecache::engine

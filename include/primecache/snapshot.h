@@ -1,0 +1,229 @@
+// Decoded cache-state snapshots: what an engine captures at a prime boundary
+// and what it restores from, one snapshot per model layer.
+//
+// Three layer kinds exist (see docs/codecs.md):
+//  - LatentPlaneSnapshot: an MLA layer's latent rows, plus, for a layer with a
+//    DSA k-pool indexer, the incomplete index tail and the final pool keys;
+//  - RecurrentSnapshot: a KDA layer's conv ring and recurrent state;
+//  - KvSnapshot: a standard attention layer's K and V rows.
+// Each has a Shape (its metadata without the data) that says how many floats
+// every plane holds, and a target Geometry (what a cache's state plan fixes)
+// to validate a snapshot against before the first byte is restored.
+//
+// The types are plain values (no sharing, no synchronisation). The checking
+// functions are pure and safe to call from any thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "primecache/checksum.h"
+#include "primecache/status.h"
+
+namespace primecache {
+
+// ---- Shapes: the metadata of a snapshot, without its planes -----------------
+
+// An MLA latent plane at a boundary. Invariants (CheckShape): len >= 1,
+// width >= 1; with an indexer (index_width > 0): index_width even, pool >= 1,
+// pools_ready == len / pool, and a ring (index_is_ring) whose effective size
+// index_ring_rows is a positive multiple of pool; without one, pool,
+// pools_ready, index_is_ring and index_ring_rows are all zero.
+struct LatentShape {
+  std::uint64_t len = 0;              // tokens; one latent row per token
+  std::uint32_t width = 0;            // kv_rank + rope_dim floats per latent row
+  std::uint32_t index_width = 0;      // 2 * index_head_dim floats per index row; 0: no indexer
+  std::uint32_t pool = 0;             // tokens per k-pool; 0 without an indexer
+  std::uint64_t pools_ready = 0;      // pools [0, pools_ready) hold final keys
+  bool index_is_ring = false;         // the source index plane was a tail ring
+  std::uint64_t index_ring_rows = 0;  // its effective size (multiple of pool); 0 when flat
+
+  std::uint32_t index_head_dim() const { return index_width / 2; }
+  // Index rows not yet folded into a pool key: [pools_ready * pool, len);
+  // none without an indexer.
+  std::uint64_t tail_rows() const { return index_width == 0 ? 0 : len - pools_ready * pool; }
+  // Floats per plane; meaningful once CheckShape passed (no overflow then).
+  std::uint64_t latent_values() const { return len * width; }
+  std::uint64_t tail_values() const { return tail_rows() * index_width; }
+  std::uint64_t pool_key_values() const { return pools_ready * index_head_dim(); }
+  friend bool operator==(const LatentShape&, const LatentShape&) = default;
+};
+
+// A KDA layer's state. Invariants: heads, head_dim >= 1 and kernel >= 2 (a
+// kernel of 1 would have no conv ring).
+struct RecurrentShape {
+  std::uint32_t heads = 0;
+  std::uint32_t head_dim = 0;
+  std::uint32_t kernel = 0;  // short-conv kernel; the ring keeps kernel - 1 inputs
+
+  std::uint64_t conv_channels() const { return 3ull * heads * head_dim; }  // q, k and v planes
+  std::uint64_t conv_values() const { return conv_channels() * (kernel - 1); }
+  std::uint64_t state_values() const { return std::uint64_t{heads} * head_dim * head_dim; }
+  friend bool operator==(const RecurrentShape&, const RecurrentShape&) = default;
+};
+
+// A plain attention layer's K and V rows. Invariants: len, k_width, v_width >= 1.
+struct KvShape {
+  std::uint64_t len = 0;
+  std::uint32_t k_width = 0;
+  std::uint32_t v_width = 0;
+
+  std::uint64_t k_values() const { return len * k_width; }
+  std::uint64_t v_values() const { return len * v_width; }
+  friend bool operator==(const KvShape&, const KvShape&) = default;
+};
+
+using LayerShape = std::variant<LatentShape, RecurrentShape, KvShape>;
+
+// Checks a shape's own invariants (above) and that no plane's byte count
+// overflows 64 bits. The message names every field that disagrees.
+Status CheckShape(const LayerShape& shape);
+
+// ---- Snapshots: shapes with their planes --------------------------------------
+
+// The latent-plane snapshot of one MLA layer. The metadata fields mean what
+// LatentShape's do; the planes are row-major f32:
+//   latent_rows      [len * width]                 rows [0, len)
+//   index_tail_rows  [tail_rows() * index_width]   rows [pools_ready * pool, len), logical token order
+//   pool_keys        [pools_ready * index_width/2] key p at p * index_head_dim
+struct LatentPlaneSnapshot {
+  std::uint64_t len = 0;
+  std::uint32_t width = 0;
+  std::uint32_t index_width = 0;
+  std::uint32_t pool = 0;
+  std::uint64_t pools_ready = 0;
+  bool index_is_ring = false;
+  std::uint64_t index_ring_rows = 0;
+  std::vector<float> latent_rows;
+  std::vector<float> index_tail_rows;
+  std::vector<float> pool_keys;
+
+  LatentShape shape() const {
+    return {len, width, index_width, pool, pools_ready, index_is_ring, index_ring_rows};
+  }
+};
+
+// The state of one KDA layer:
+//   conv_ring [3 * heads * head_dim, kernel - 1]  the last kernel-1 pre-conv inputs of q, k, v
+//   state     [heads, head_dim, head_dim]          row i = key dim, column j = value dim
+struct RecurrentSnapshot {
+  std::uint32_t heads = 0;
+  std::uint32_t head_dim = 0;
+  std::uint32_t kernel = 0;
+  std::vector<float> conv_ring;
+  std::vector<float> state;
+
+  RecurrentShape shape() const { return {heads, head_dim, kernel}; }
+};
+
+// The K and V rows of a plain attention layer: k_rows [len * k_width],
+// v_rows [len * v_width], row-major by token.
+struct KvSnapshot {
+  std::uint64_t len = 0;
+  std::uint32_t k_width = 0;
+  std::uint32_t v_width = 0;
+  std::vector<float> k_rows;
+  std::vector<float> v_rows;
+
+  KvShape shape() const { return {len, k_width, v_width}; }
+};
+
+using LayerSnapshot = std::variant<LatentPlaneSnapshot, RecurrentSnapshot, KvSnapshot>;
+
+LayerShape ShapeOf(const LayerSnapshot& layer);
+
+// A snapshot of this shape with every plane allocated (zero-filled).
+// Requires CheckShape(shape) to pass; returns its error otherwise.
+Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape);
+
+// CheckShape plus: every plane holds exactly the floats the shape says.
+Status CheckSnapshot(const LayerSnapshot& layer);
+
+// ---- Target geometry: what a cache's state plan fixes -------------------------
+
+// A latent layer of a fresh cache. index_ring_rows is the effective ring size
+// of its index plane (a multiple of pool), 0 for a flat plane. A snapshot's
+// tail rows are in logical order, so a ring snapshot restores into a flat
+// plane and the other way round; the tail only has to fit the ring.
+struct LatentGeometry {
+  std::uint32_t width = 0;
+  std::uint32_t index_width = 0;
+  std::uint32_t pool = 0;
+  std::uint64_t index_ring_rows = 0;
+  std::uint64_t max_ctx = 0;  // the cache's capacity in tokens
+  friend bool operator==(const LatentGeometry&, const LatentGeometry&) = default;
+};
+
+struct RecurrentGeometry {
+  std::uint32_t heads = 0;
+  std::uint32_t head_dim = 0;
+  std::uint32_t kernel = 0;
+  friend bool operator==(const RecurrentGeometry&, const RecurrentGeometry&) = default;
+};
+
+struct KvGeometry {
+  std::uint32_t k_width = 0;
+  std::uint32_t v_width = 0;
+  std::uint64_t max_ctx = 0;
+  friend bool operator==(const KvGeometry&, const KvGeometry&) = default;
+};
+
+using LayerGeometry = std::variant<LatentGeometry, RecurrentGeometry, KvGeometry>;
+
+// Checks that a layer of this shape can be restored into a cache layer of this
+// geometry: same kind, same widths and pool, len within capacity, tail within
+// the ring, and the shape's own invariants. Returns InvalidArgument whose
+// message lists every disagreement ("width 576 != plan 512; len 9000 > max_ctx 8192").
+Status Validate(const LayerShape& shape, const LayerGeometry& target);
+// The same, plus CheckSnapshot (the planes hold what the shape says).
+Status Validate(const LayerSnapshot& layer, const LayerGeometry& target);
+
+// A stable 128-bit digest of a state plan's per-layer geometries, in layer
+// order (for ModelFingerprint::plan_digest). Independent of host and build.
+Hash128 GeometryDigest(std::span<const LayerGeometry> layers);
+
+// ---- The boundary snapshot ------------------------------------------------------
+
+// Which model produced a snapshot. Two snapshots are interchangeable only when
+// their fingerprints are equal.
+struct ModelFingerprint {
+  std::string architecture;                 // e.g. "hrm-tiny"
+  Hash128 plan_digest;                      // GeometryDigest of the state plan
+  Hash128 weights_digest;                   // of the weights file(s)
+  std::vector<std::string> codec_versions;  // exact identities in use, e.g. "mla-latent/v1"
+
+  // Checksum128 over a canonical, length-prefixed encoding of every field:
+  // stable across hosts, builds and runs.
+  Hash128 Digest() const;
+  friend bool operator==(const ModelFingerprint&, const ModelFingerprint&) = default;
+};
+
+// What identifies one prime boundary. tokens are the exact token ids (BOS
+// included) and boundary_len == tokens.size() (checked).
+struct BoundaryHeader {
+  ModelFingerprint fingerprint;
+  std::string ns;  // namespace
+  std::vector<std::uint32_t> tokens;
+  std::uint64_t boundary_len = 0;
+  friend bool operator==(const BoundaryHeader&, const BoundaryHeader&) = default;
+};
+
+// One prime boundary, decoded: one layer per model layer, in layer order.
+struct BoundarySnapshot {
+  BoundaryHeader header;
+  std::vector<LayerSnapshot> layers;
+};
+
+// Checks boundary_len == tokens.size() and that every layer whose length is
+// per token (latent, KV) has len == boundary_len; shapes[i] is layer i's.
+Status CheckBoundary(const BoundaryHeader& header, std::span<const LayerShape> shapes);
+
+// A whole snapshot is valid only if every layer is: CheckBoundary, one target
+// per layer, and Validate(layer i, target i) for each. The message names every
+// failing layer ("layer 3: ...; layer 7: ...").
+Status Validate(const BoundarySnapshot& snapshot, std::span<const LayerGeometry> targets);
+
+}  // namespace primecache

@@ -1,0 +1,70 @@
+// The state plan: per model layer, the cache state the engine carries for it.
+//
+//  - LatentPlan: an MLA layer's latent plane, one row of width = kv_rank +
+//    rope_dim f32 per token (V is the first kv_rank elements of that row), and
+//    with a DSA k-pool indexer (index_head_dim > 0) an index plane of
+//    index_width = 2 * index_head_dim f32 per token and resident pool keys,
+//    index_head_dim f32 per pool of `pool` tokens.
+//  - RecurrentPlan: a KDA layer's conv ring (the last kernel-1 pre-conv inputs
+//    of the fused q, k, v planes: 3 * heads * head_dim channels) and its
+//    recurrent state, heads x head_dim x head_dim f32.
+//  - KvPlan: a plain attention layer's K and V rows.
+//
+// The types are plain values; CheckPlan is pure.
+#pragma once
+
+#include <cstdint>
+#include <variant>
+#include <vector>
+
+#include "primecache/status.h"
+
+namespace primecache::engine {
+
+struct LatentPlan {
+  std::uint32_t kv_rank = 0;
+  std::uint32_t rope_dim = 0;        // 0: NoPE, the row is kv_rank wide
+  std::uint32_t index_head_dim = 0;  // 0: no k-pool indexer
+  std::uint32_t pool = 0;            // tokens per k-pool; 0 without an indexer
+
+  std::uint32_t width() const { return kv_rank + rope_dim; }
+  std::uint32_t index_width() const { return 2 * index_head_dim; }
+  bool has_indexer() const { return index_head_dim != 0; }
+  friend bool operator==(const LatentPlan&, const LatentPlan&) = default;
+};
+
+struct RecurrentPlan {
+  std::uint32_t heads = 0;
+  std::uint32_t head_dim = 0;
+  std::uint32_t kernel = 0;  // short-conv kernel, >= 2
+
+  std::uint64_t conv_channels() const { return 3ull * heads * head_dim; }
+  std::uint64_t conv_values() const { return conv_channels() * (kernel - 1); }
+  std::uint64_t state_values() const { return std::uint64_t{heads} * head_dim * head_dim; }
+  friend bool operator==(const RecurrentPlan&, const RecurrentPlan&) = default;
+};
+
+struct KvPlan {
+  std::uint32_t k_width = 0;
+  std::uint32_t v_width = 0;
+  friend bool operator==(const KvPlan&, const KvPlan&) = default;
+};
+
+using LayerPlan = std::variant<LatentPlan, RecurrentPlan, KvPlan>;
+
+struct StatePlan {
+  std::vector<LayerPlan> layers;
+  friend bool operator==(const StatePlan&, const StatePlan&) = default;
+};
+
+// Largest value any single dimension of a plan may take (keeps every size
+// computation far from 64-bit overflow).
+inline constexpr std::uint32_t kMaxPlanDim = 1u << 20;
+
+// Checks every layer's own invariants: a latent width >= 1; an indexer with
+// pool >= 1, no pool without one; a recurrent layer with heads, head_dim >= 1
+// and kernel >= 2; KV widths >= 1; no dimension above kMaxPlanDim; at least
+// one layer. InvalidArgument naming every bad layer otherwise.
+Status CheckPlan(const StatePlan& plan);
+
+}  // namespace primecache::engine

@@ -1,0 +1,177 @@
+// Shape invariants, validation against a target geometry (every disagreement
+// named), whole-snapshot validation, and the stable digests.
+#include "codec_test_util.h"
+
+namespace primecache {
+namespace {
+
+using testing_util::GeometryOfBoundary;
+using testing_util::MakeBoundary;
+using testing_util::MakeKv;
+using testing_util::MakeLatent;
+using testing_util::MakeRecurrent;
+
+void ExpectSays(const Status& s, std::string_view says) {
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_NE(s.message().find(says), std::string::npos) << "message: " << s.message() << "\nwanted: " << says;
+}
+
+TEST(CheckShapeTest, AcceptsWhatEnginesCapture) {
+  EXPECT_TRUE(CheckShape(LatentShape{9, 576, 256, 4, 2, true, 64}).ok());
+  EXPECT_TRUE(CheckShape(LatentShape{9, 576, 256, 4, 2, false, 0}).ok());
+  EXPECT_TRUE(CheckShape(LatentShape{9, 512, 0, 0, 0, false, 0}).ok());
+  EXPECT_TRUE(CheckShape(RecurrentShape{64, 128, 4}).ok());
+  EXPECT_TRUE(CheckShape(KvShape{9, 128, 128}).ok());
+}
+
+TEST(CheckShapeTest, NamesEveryBrokenLatentInvariant) {
+  ExpectSays(CheckShape(LatentShape{0, 8, 0, 0, 0, false, 0}), "len is 0");
+  ExpectSays(CheckShape(LatentShape{9, 0, 0, 0, 0, false, 0}), "width is 0");
+  ExpectSays(CheckShape(LatentShape{9, 8, 7, 4, 2, false, 0}), "index_width 7 is odd");
+  ExpectSays(CheckShape(LatentShape{9, 8, 8, 0, 0, false, 0}), "pool is 0 with an indexer");
+  ExpectSays(CheckShape(LatentShape{9, 8, 8, 4, 3, false, 0}), "pools_ready 3 != len / pool = 2");
+  ExpectSays(CheckShape(LatentShape{9, 8, 8, 4, 2, true, 6}), "index_ring_rows 6 is not a positive multiple of pool 4");
+  ExpectSays(CheckShape(LatentShape{9, 8, 8, 4, 2, true, 0}), "not a positive multiple");
+  ExpectSays(CheckShape(LatentShape{9, 8, 8, 4, 2, false, 8}), "index_ring_rows 8 on a flat index plane");
+  Status s = CheckShape(LatentShape{9, 8, 0, 4, 2, true, 8});
+  ExpectSays(s, "pool 4 without an indexer");
+  ExpectSays(s, "pools_ready 2 without an indexer");
+  ExpectSays(s, "index_is_ring without an indexer");
+  ExpectSays(s, "index_ring_rows 8 without an indexer");
+}
+
+TEST(CheckShapeTest, NamesBrokenRecurrentAndKvInvariants) {
+  ExpectSays(CheckShape(RecurrentShape{0, 4, 4}), "heads is 0");
+  ExpectSays(CheckShape(RecurrentShape{2, 0, 4}), "head_dim is 0");
+  ExpectSays(CheckShape(RecurrentShape{2, 4, 1}), "kernel 1 < 2");
+  ExpectSays(CheckShape(KvShape{0, 4, 4}), "len is 0");
+  ExpectSays(CheckShape(KvShape{3, 0, 4}), "k_width is 0");
+  ExpectSays(CheckShape(KvShape{3, 4, 0}), "v_width is 0");
+}
+
+TEST(CheckSnapshotTest, PlanesMustHoldWhatTheShapeSays) {
+  LayerSnapshot l = MakeLatent(9, 8, 4, 4);
+  EXPECT_TRUE(CheckSnapshot(l).ok());
+  std::get<LatentPlaneSnapshot>(l).pool_keys.push_back(0);
+  ExpectSays(CheckSnapshot(l), "pool_keys holds 9 floats; pools_ready * index_width / 2 = 8");
+  LayerSnapshot r = MakeRecurrent(2, 4, 4);
+  std::get<RecurrentSnapshot>(r).conv_ring.pop_back();
+  ExpectSays(CheckSnapshot(r), "conv_ring holds 71 floats");
+  LayerSnapshot kv = MakeKv(3, 4, 4);
+  std::get<KvSnapshot>(kv).v_rows.clear();
+  ExpectSays(CheckSnapshot(kv), "v_rows holds 0 floats; len * v_width = 12");
+}
+
+TEST(MakeSnapshotTest, AllocatesEveryPlane) {
+  auto s = MakeSnapshot(LatentShape{9, 8, 8, 4, 2, true, 8});
+  ASSERT_TRUE(s.ok());
+  const auto& l = std::get<LatentPlaneSnapshot>(*s);
+  EXPECT_EQ(l.latent_rows.size(), 72u);
+  EXPECT_EQ(l.index_tail_rows.size(), 8u);
+  EXPECT_EQ(l.pool_keys.size(), 8u);
+  EXPECT_TRUE(CheckSnapshot(*s).ok());
+  EXPECT_FALSE(MakeSnapshot(RecurrentShape{1, 1, 1}).ok());
+}
+
+TEST(ValidateTest, AcceptsAMatchingPlanAndRingOrFlatTargets) {
+  LayerSnapshot l = MakeLatent(203, 24, 8, 4, 16);
+  EXPECT_TRUE(Validate(l, LatentGeometry{24, 16, 4, 16, 4096}).ok());
+  EXPECT_TRUE(Validate(l, LatentGeometry{24, 16, 4, 0, 4096}).ok()) << "a ring snapshot restores into a flat plane";
+  EXPECT_TRUE(Validate(l, LatentGeometry{24, 16, 4, 4, 203}).ok()) << "a tail of 3 fits a ring of one pool";
+  EXPECT_TRUE(Validate(MakeRecurrent(2, 4, 4), RecurrentGeometry{2, 4, 4}).ok());
+  EXPECT_TRUE(Validate(MakeKv(5, 4, 6), KvGeometry{4, 6, 5}).ok());
+}
+
+TEST(ValidateTest, ListsEveryDisagreementAtOnce) {
+  LayerSnapshot l = MakeLatent(203, 24, 8, 4, 16);
+  Status s = Validate(l, LatentGeometry{576, 256, 8, 0, 100});
+  ExpectSays(s, "width 24 != plan 576");
+  ExpectSays(s, "index_width 16 != plan 256");
+  ExpectSays(s, "pool 4 != plan 8");
+  ExpectSays(s, "len 203 > max_ctx 100");
+  s = Validate(MakeRecurrent(2, 4, 4), RecurrentGeometry{3, 5, 2});
+  ExpectSays(s, "heads 2 != plan 3");
+  ExpectSays(s, "head_dim 4 != plan 5");
+  ExpectSays(s, "kernel 4 != plan 2");
+  s = Validate(MakeKv(5, 4, 6), KvGeometry{6, 4, 4});
+  ExpectSays(s, "k_width 4 != plan 6");
+  ExpectSays(s, "v_width 6 != plan 4");
+  ExpectSays(s, "len 5 > max_ctx 4");
+}
+
+TEST(ValidateTest, RefusesAnotherKindAndAnInconsistentSnapshot) {
+  ExpectSays(Validate(MakeKv(5, 4, 6), LatentGeometry{4, 0, 0, 0, 9}),
+             "layer is a kv layer; the plan expects a latent layer");
+  LayerSnapshot l = MakeLatent(9, 8, 4, 4);
+  std::get<LatentPlaneSnapshot>(l).pools_ready = 1;
+  ExpectSays(Validate(l, LatentGeometry{8, 8, 4, 0, 64}), "pools_ready 1 != len / pool = 2");
+  LayerSnapshot m = MakeLatent(9, 8, 4, 4);
+  std::get<LatentPlaneSnapshot>(m).latent_rows.pop_back();
+  ExpectSays(Validate(m, LatentGeometry{8, 8, 4, 0, 64}), "latent_rows holds 71 floats");
+}
+
+TEST(ValidateBoundaryTest, AWholeSnapshotIsValidOnlyIfEveryLayerIs) {
+  BoundarySnapshot b = MakeBoundary(30);
+  auto plan = GeometryOfBoundary(64);
+  EXPECT_TRUE(Validate(b, plan).ok()) << Validate(b, plan).ToString();
+
+  std::get<KvSnapshot>(b.layers[4]).k_rows.pop_back();
+  plan[0] = RecurrentGeometry{2, 4, 3};
+  Status s = Validate(b, plan);
+  ExpectSays(s, "layer 0: kernel 4 != plan 3");
+  ExpectSays(s, "layer 4: k_rows holds 179 floats");
+  EXPECT_EQ(s.message().find("layer 1"), std::string::npos) << "layers that pass are not named";
+
+  plan.pop_back();
+  ExpectSays(Validate(b, plan), "5 layers; the plan has 4");
+}
+
+TEST(ValidateBoundaryTest, BoundaryLengthTokensAndLayerLengthsAgree) {
+  BoundarySnapshot b = MakeBoundary(30);
+  auto plan = GeometryOfBoundary(64);
+  b.header.boundary_len = 31;
+  ExpectSays(Validate(b, plan), "boundary_len 31 != 30 tokens");
+  b = MakeBoundary(30);
+  b.layers[1] = MakeLatent(29, 10, 4, 4, 8);
+  ExpectSays(Validate(b, plan), "layer 1: len 29 != boundary_len 30");
+  b.layers.clear();
+  ExpectSays(CheckBoundary(b.header, {}), "no layers");
+}
+
+// Digests feed persistent keys: their value must not move between builds.
+TEST(DigestTest, GeometryAndFingerprintDigestsAreStable) {
+  auto plan = GeometryOfBoundary(4096);
+  Hash128 g = GeometryDigest(plan);
+  EXPECT_EQ(g, GeometryDigest(GeometryOfBoundary(4096)));
+  EXPECT_NE(g, GeometryDigest(GeometryOfBoundary(4097)));
+  auto swapped = plan;
+  std::swap(swapped[0], swapped[1]);
+  EXPECT_NE(g, GeometryDigest(swapped));
+
+  ModelFingerprint f = testing_util::TestFingerprint();
+  Hash128 d = f.Digest();
+  for (int field = 0; field < 4; ++field) {
+    ModelFingerprint c = f;
+    if (field == 0) c.architecture += "x";
+    if (field == 1) c.plan_digest.hi ^= 1;
+    if (field == 2) c.weights_digest.lo ^= 1;
+    if (field == 3) c.codec_versions.back() = "shuffle-zstd/v2";
+    EXPECT_NE(c.Digest(), d) << field;
+  }
+  // Length prefixes keep field boundaries apart.
+  ModelFingerprint a = f, b = f;
+  a.codec_versions = {"ab", "c"};
+  b.codec_versions = {"a", "bc"};
+  EXPECT_NE(a.Digest(), b.Digest());
+
+  // Golden values: a change here changes every stored key; bump the format
+  // strings in snapshot.cc instead of editing these.
+  EXPECT_EQ(GeometryDigest(std::vector<LayerGeometry>{LatentGeometry{576, 256, 4, 64, 8192}}),
+            (Hash128{0x777972110deea1ebull, 0xe6d6fa9591022f0eull}));
+  ModelFingerprint golden{"hrm-tiny", {1, 2}, {3, 4}, {"kda-recurrent/v1", "mla-latent/v1"}};
+  const Hash128 gd = golden.Digest();
+  EXPECT_EQ(gd, (Hash128{0xef2b1125225e78fbull, 0xe98558b3283d182aull})) << std::hex << gd.lo << " " << gd.hi;
+}
+
+}  // namespace
+}  // namespace primecache
