@@ -18,7 +18,7 @@ __device__ float SigmoidF(float z) { return 1.0f / (1.0f + expf(-z)); }
 
 __global__ void KdaScanKernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                               const float* __restrict__ g, const float* __restrict__ b, float* __restrict__ state,
-                              float* __restrict__ out, int heads, int d, long long count, float lb) {
+                              float* __restrict__ out, int heads, int d, long long count, float lb, long long ts) {
   extern __shared__ float smem[];
   float* col = smem;                   // [d][kCols]: column lane at col[i*kCols + lane]
   float* sq = smem + d * kCols;        // [d]
@@ -34,11 +34,12 @@ __global__ void KdaScanKernel(const float* __restrict__ q, const float* __restri
     for (int i = 0; i < d; ++i) col[i * kCols + lane] = S[static_cast<long long>(i) * d + j];
   const float inv_sqrt_d = 1.0f / sqrtf(static_cast<float>(d));
   for (long long t = 0; t < count; ++t) {
-    const long long base = t * nd + static_cast<long long>(h) * d;
+    const long long base = t * nd + static_cast<long long>(h) * d;      // g and out
+    const long long qkv = t * ts + static_cast<long long>(h) * d;       // q, k and v
     __syncwarp();
     for (int i = lane; i < d; i += kCols) {
-      sq[i] = q[base + i];
-      sk[i] = k[base + i];
+      sq[i] = q[qkv + i];
+      sk[i] = k[qkv + i];
       salpha[i] = expf(lb * SigmoidF(g[base + i]));
     }
     __syncwarp();
@@ -50,7 +51,7 @@ __global__ void KdaScanKernel(const float* __restrict__ q, const float* __restri
       col[i * kCols + lane] = s;
       pred += s * sk[i];
     }
-    const float delta = beta * (v[base + j] - pred);
+    const float delta = beta * (v[qkv + j] - pred);
     float acc = 0.0f;
     for (int i = 0; i < d; ++i) {
       float s = col[i * kCols + lane] + sk[i] * delta;
@@ -78,7 +79,7 @@ Status KdaScanCuda(const KdaScanArgs& a, void* stream) {
   dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>((a.head_dim + kCols - 1) / kCols));
   KdaScanKernel<<<grid, kCols, smem, static_cast<cudaStream_t>(stream)>>>(
       a.q, a.k, a.v, a.g, a.b, a.state, a.out, static_cast<int>(a.heads), d, static_cast<long long>(a.count),
-      a.gate_lower_bound);
+      a.gate_lower_bound, static_cast<long long>(QkvTokenStride(a)));
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return Status::Internal(std::string("KDA scan launch: ") + cudaGetErrorString(err));
   return Status::Ok();

@@ -30,7 +30,13 @@ struct KdaScanArgs {
   std::size_t head_dim = 0;
   std::size_t count = 0;
   float gate_lower_bound = -5.0f;
+  std::size_t qkv_token_stride = 0;  // floats between tokens of q, k and v; 0: heads*d
 };
+
+// The q/k/v token stride with its default filled in.
+inline std::size_t QkvTokenStride(const KdaScanArgs& a) {
+  return a.qkv_token_stride ? a.qkv_token_stride : a.heads * a.head_dim;
+}
 
 Status ValidateKdaScanArgs(const KdaScanArgs& args);
 Status KdaScanCpu(const KdaScanArgs& args);

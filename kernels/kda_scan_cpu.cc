@@ -20,14 +20,14 @@ Status ValidateKdaScanArgs(const KdaScanArgs& a) {
 
 Status KdaScanCpu(const KdaScanArgs& a) {
   PC_RETURN_IF_ERROR(ValidateKdaScanArgs(a));
-  const std::size_t n = a.heads, d = a.head_dim, nd = n * d;
+  const std::size_t n = a.heads, d = a.head_dim, nd = n * d, ts = QkvTokenStride(a);
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<float> alpha(d);
   for (std::size_t t = 0; t < a.count; ++t) {
     for (std::size_t h = 0; h < n; ++h) {
-      const float* q = a.q + t * nd + h * d;
-      const float* k = a.k + t * nd + h * d;
-      const float* v = a.v + t * nd + h * d;
+      const float* q = a.q + t * ts + h * d;
+      const float* k = a.k + t * ts + h * d;
+      const float* v = a.v + t * ts + h * d;
       const float* g = a.g + t * nd + h * d;
       const float beta = Sigmoid(a.b[t * n + h]);
       float* S = a.state + h * d * d;

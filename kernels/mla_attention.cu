@@ -23,7 +23,7 @@ __device__ unsigned long long KeyAt(unsigned long long k, unsigned long long pos
   return (pos + 1) / pool * pool + (k - selected);
 }
 
-__global__ void MlaAttentionKernel(MlaAttentionArgs a) {
+__global__ void MlaAttentionKernel(MlaAttentionArgs a, unsigned long long qp_ts, unsigned long long qp_hs) {
   extern __shared__ float smem[];
   const int nh = static_cast<int>(a.heads), r = static_cast<int>(a.kv_rank), dr = static_cast<int>(a.rope_dim);
   const int width = r + dr;
@@ -43,7 +43,7 @@ __global__ void MlaAttentionKernel(MlaAttentionArgs a) {
     sqt[x] = a.qt[i * nh * r + x];
     acc[x] = 0.0f;
   }
-  for (int x = tid; x < nh * dr; x += kThreads) sqp[x] = a.qp[i * nh * dr + x];
+  for (int x = tid; x < nh * dr; x += kThreads) sqp[x] = a.qp[i * qp_ts + (x / dr) * qp_hs + x % dr];
   for (int h = tid; h < nh; h += kThreads) {
     run_max[h] = -INFINITY;
     run_sum[h] = 0.0f;
@@ -124,7 +124,7 @@ Status MlaAttentionCuda(const MlaAttentionArgs& a, void* stream) {
       return Status::Internal(std::string("MLA attention: shared memory: ") + cudaGetErrorString(err));
     }
   }
-  MlaAttentionKernel<<<static_cast<unsigned>(a.count), kThreads, smem, static_cast<cudaStream_t>(stream)>>>(a);
+  MlaAttentionKernel<<<static_cast<unsigned>(a.count), kThreads, smem, static_cast<cudaStream_t>(stream)>>>(a, QpTokenStride(a), QpHeadStride(a));
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return Status::Internal(std::string("MLA attention launch: ") + cudaGetErrorString(err));
   return Status::Ok();

@@ -23,7 +23,9 @@ namespace primecache::kernels {
 
 struct MlaAttentionArgs {
   const float* qt = nullptr;          // [count, heads, kv_rank]
-  const float* qp = nullptr;          // [count, heads, rope_dim]; unused when rope_dim == 0
+  const float* qp = nullptr;          // query i, head h at qp + i*qp_token_stride + h*qp_head_stride; unused when rope_dim == 0
+  std::size_t qp_token_stride = 0;    // 0: heads * rope_dim (contiguous)
+  std::size_t qp_head_stride = 0;     // 0: rope_dim
   const float* rows = nullptr;        // latent plane, row s at rows + s * (kv_rank + rope_dim)
   const std::uint32_t* pools = nullptr;       // [count, pool_stride] or null (dense)
   const std::uint32_t* pool_count = nullptr;  // [count] (sparse only)
@@ -39,6 +41,9 @@ struct MlaAttentionArgs {
 };
 
 Status ValidateMlaAttentionArgs(const MlaAttentionArgs& args);
+// The qp strides with the contiguous defaults filled in.
+std::size_t QpTokenStride(const MlaAttentionArgs& args);
+std::size_t QpHeadStride(const MlaAttentionArgs& args);
 Status MlaAttentionCpu(const MlaAttentionArgs& args);
 // Device pointers, enqueued on `stream`; NotSupported without CUDA.
 Status MlaAttentionCuda(const MlaAttentionArgs& args, void* stream);

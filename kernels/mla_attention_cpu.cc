@@ -6,6 +6,11 @@
 
 namespace primecache::kernels {
 
+std::size_t QpTokenStride(const MlaAttentionArgs& a) {
+  return a.qp_token_stride ? a.qp_token_stride : a.heads * a.rope_dim;
+}
+std::size_t QpHeadStride(const MlaAttentionArgs& a) { return a.qp_head_stride ? a.qp_head_stride : a.rope_dim; }
+
 Status ValidateMlaAttentionArgs(const MlaAttentionArgs& a) {
   if (a.count == 0) return Status::Ok();
   if (!a.qt || !a.rows || !a.out || (a.rope_dim > 0 && !a.qp)) {
@@ -40,7 +45,7 @@ Status MlaAttentionCpu(const MlaAttentionArgs& a) {
     score.resize(S.size());
     for (std::size_t h = 0; h < a.heads; ++h) {
       const float* qt = a.qt + (i * a.heads + h) * r;
-      const float* qp = dr ? a.qp + (i * a.heads + h) * dr : nullptr;
+      const float* qp = dr ? a.qp + i * QpTokenStride(a) + h * QpHeadStride(a) : nullptr;
       float mx = -INFINITY;
       for (std::size_t k = 0; k < S.size(); ++k) {
         const float* c = a.rows + S[k] * width;

@@ -61,8 +61,9 @@ __global__ void RmsNormKernel(RmsNormArgs a) {
   for (std::size_t i = threadIdx.x; i < a.n; i += kBlock) y[i] = a.w[i] * (x[i] * inv);
 }
 
-__global__ void L2NormKernel(float* x, std::size_t n) {
-  float* row = x + blockIdx.x * n;
+__global__ void L2NormKernel(L2NormArgs a) {
+  const std::size_t t = blockIdx.x / a.per_token, h = blockIdx.x % a.per_token, n = a.n;
+  float* row = a.x + t * a.token_stride + h * n;
   float ss = 0.0f;
   for (std::size_t i = threadIdx.x; i < n; i += kBlock) ss += row[i] * row[i];
   ss = BlockSum(ss);
@@ -181,9 +182,9 @@ Status RmsNormRowsCuda(const RmsNormArgs& a, void* stream) {
   return Launched("RMSNorm");
 }
 
-Status L2NormRowsCuda(float* x, std::size_t rows, std::size_t n, void* stream) {
-  if (rows == 0) return Status::Ok();
-  L2NormKernel<<<static_cast<unsigned>(rows), kBlock, 0, S(stream)>>>(x, n);
+Status L2NormRowsCuda(const L2NormArgs& a, void* stream) {
+  if (a.tokens * a.per_token == 0) return Status::Ok();
+  L2NormKernel<<<static_cast<unsigned>(a.tokens * a.per_token), kBlock, 0, S(stream)>>>(a);
   return Launched("L2 norm");
 }
 

@@ -25,9 +25,15 @@ struct RmsNormArgs {
 Status RmsNormRowsCpu(const RmsNormArgs& a);
 Status RmsNormRowsCuda(const RmsNormArgs& a, void* stream);
 
-// z / sqrt(Σz² + 1e-6) for `rows` contiguous groups of n values, in place.
-Status L2NormRowsCpu(float* x, std::size_t rows, std::size_t n);
-Status L2NormRowsCuda(float* x, std::size_t rows, std::size_t n, void* stream);
+// z / sqrt(Σz² + 1e-6) over groups of n values, in place: `per_token` groups
+// side by side (group h of token t at x + t*token_stride + h*n) for `tokens`
+// tokens.
+struct L2NormArgs {
+  float* x = nullptr;
+  std::size_t tokens = 0, per_token = 0, n = 0, token_stride = 0;
+};
+Status L2NormRowsCpu(const L2NormArgs& a);
+Status L2NormRowsCuda(const L2NormArgs& a, void* stream);
 
 // RoPE on one n-wide segment per (token, group): the segment of token i,
 // group h starts at v + i*token_stride + h*group_stride + offset and is

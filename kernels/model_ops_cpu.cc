@@ -11,8 +11,9 @@ Status RmsNormRowsCpu(const RmsNormArgs& a) {
   return Status::Ok();
 }
 
-Status L2NormRowsCpu(float* x, std::size_t rows, std::size_t n) {
-  for (std::size_t r = 0; r < rows; ++r) cpu::L2Normalize(x + r * n, n);
+Status L2NormRowsCpu(const L2NormArgs& a) {
+  for (std::size_t t = 0; t < a.tokens; ++t)
+    for (std::size_t h = 0; h < a.per_token; ++h) cpu::L2Normalize(a.x + t * a.token_stride + h * a.n, a.n);
   return Status::Ok();
 }
 
@@ -108,7 +109,7 @@ namespace {
 Status NoCuda() { return Status::NotSupported("primecache was built without CUDA"); }
 }  // namespace
 Status RmsNormRowsCuda(const RmsNormArgs&, void*) { return NoCuda(); }
-Status L2NormRowsCuda(float*, std::size_t, std::size_t, void*) { return NoCuda(); }
+Status L2NormRowsCuda(const L2NormArgs&, void*) { return NoCuda(); }
 Status RopeCuda(const RopeArgs&, void*) { return NoCuda(); }
 Status SiluMulCuda(float*, const float*, std::size_t, void*) { return NoCuda(); }
 Status AddCuda(float*, const float*, std::size_t, void*) { return NoCuda(); }

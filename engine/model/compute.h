@@ -43,7 +43,7 @@ class Compute {
                           std::size_t r, std::size_t dv) = 0;
 
   virtual Status RmsNormRows(const kernels::RmsNormArgs& a) = 0;
-  virtual Status L2NormRows(float* x, std::size_t rows, std::size_t n) = 0;
+  virtual Status L2NormRows(const kernels::L2NormArgs& a) = 0;
   virtual Status Rope(const kernels::RopeArgs& a) = 0;
   virtual Status SiluMul(float* a, const float* b, std::size_t n) = 0;
   virtual Status Add(float* x, const float* y, std::size_t n) = 0;

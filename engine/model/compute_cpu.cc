@@ -43,7 +43,7 @@ class CpuCompute final : public Compute {
   }
 
   Status RmsNormRows(const k::RmsNormArgs& a) override { return k::RmsNormRowsCpu(a); }
-  Status L2NormRows(float* x, std::size_t rows, std::size_t n) override { return k::L2NormRowsCpu(x, rows, n); }
+  Status L2NormRows(const k::L2NormArgs& a) override { return k::L2NormRowsCpu(a); }
   Status Rope(const k::RopeArgs& a) override { return k::RopeCpu(a); }
   Status SiluMul(float* a, const float* b, std::size_t n) override { return k::SiluMulCpu(a, b, n); }
   Status Add(float* x, const float* y, std::size_t n) override { return k::AddCpu(x, y, n); }

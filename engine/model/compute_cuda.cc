@@ -61,7 +61,7 @@ class CudaCompute final : public Compute {
   }
 
   Status RmsNormRows(const k::RmsNormArgs& a) override { return k::RmsNormRowsCuda(a, stream_); }
-  Status L2NormRows(float* x, std::size_t rows, std::size_t n) override { return k::L2NormRowsCuda(x, rows, n, stream_); }
+  Status L2NormRows(const k::L2NormArgs& a) override { return k::L2NormRowsCuda(a, stream_); }
   Status Rope(const k::RopeArgs& a) override { return k::RopeCuda(a, stream_); }
   Status SiluMul(float* a, const float* b, std::size_t n) override { return k::SiluMulCuda(a, b, n, stream_); }
   Status Add(float* x, const float* y, std::size_t n) override { return k::AddCuda(x, y, n, stream_); }

@@ -211,10 +211,7 @@ void ReferenceModel::KdaMixer(std::size_t l, const float* u, float* out) {
   MatVec(W(l, "kda.wg"), nd, H, u, g.data());
   MatVec(W(l, "kda.wb"), n, H, u, b.data());
   MatVec(W(l, "kda.wog"), nd, H, u, og.data());
-  for (std::size_t h = 0; h < n; ++h) {
-    cpu::L2Normalize(conv.data() + h * d, d);
-    cpu::L2Normalize(conv.data() + nd + h * d, d);
-  }
+  (void)kernels::L2NormRowsCpu({conv.data(), 1, 2 * n, d, 3 * nd});  // the q and k heads
   kernels::KdaScanArgs scan{conv.data(), conv.data() + nd, conv.data() + 2 * nd, g.data(), b.data(),
                             st.state.data(), o.data(), n, d, 1, k.gate_lower_bound};
   (void)kernels::KdaScanCpu(scan);  // shapes fixed by the validated config

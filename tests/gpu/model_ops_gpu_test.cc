@@ -69,10 +69,14 @@ TEST_F(ModelOpsGpuTest, RmsNormRows) {
 
 TEST_F(ModelOpsGpuTest, L2NormRows) {
   PC_SKIP_WITHOUT_CUDA();
-  auto x = Random(64 * 128);
+  // Two of every three heads of each token, as the KDA mixer normalises q and k.
+  const std::size_t T = 21, heads = 8, d = 128;
+  auto x = Random(T * 3 * heads * d);
   auto dx = Dev(x);
-  ASSERT_TRUE(L2NormRowsCpu(x.data(), 64, 128).ok());
-  ASSERT_TRUE(L2NormRowsCuda(dx->get(), 64, 128, nullptr).ok());
+  L2NormArgs a{x.data(), T, 2 * heads, d, 3 * heads * d};
+  ASSERT_TRUE(L2NormRowsCpu(a).ok());
+  a.x = dx->get();
+  ASSERT_TRUE(L2NormRowsCuda(a, nullptr).ok());
   Expect(*dx, x, "l2norm");
 }
 
