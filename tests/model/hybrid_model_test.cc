@@ -219,9 +219,9 @@ std::vector<std::uint32_t> Text(std::size_t n) {
 
 using testing::MakeCpuModel;
 
-void ExpectMatchesOracle(const ModelConfig& c, std::size_t n) {
+void ExpectMatchesOracle(const ModelConfig& c, std::size_t n, std::uint64_t ring_rows = 0) {
   Weights w = Weights::Generate(c, 11);
-  auto m = MakeCpuModel(c, w, 128, /*chunk=*/7);
+  auto m = MakeCpuModel(c, w, 128, /*chunk=*/7, 1, ring_rows);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   auto session = m->model->NewSession();
   ASSERT_TRUE(session.ok());
@@ -242,6 +242,10 @@ void ExpectMatchesOracle(const ModelConfig& c, std::size_t n) {
 }
 
 TEST(HybridModelCpuTest, MixedStackMatchesOracle) { ExpectMatchesOracle(Mixed(), 40); }
+
+TEST(HybridModelCpuTest, MixedStackOverARingIndexPlaneMatchesOracle) {
+  ExpectMatchesOracle(Mixed(), 45, /*ring_rows=*/10);  // effective ring 8 rows (pool 4), chunks of 7
+}
 
 TEST(HybridModelCpuTest, DenseNoPeMatchesOracle) {
   ModelConfig c = Mixed();
