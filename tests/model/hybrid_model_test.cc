@@ -397,3 +397,39 @@ TEST(HybridModelCpuTest, GreedyGenerationFeedsWhatItPicks) {
 
 }  // namespace
 }  // namespace primecache::model
+
+namespace primecache::model {
+namespace {
+
+TEST(HybridModelCpuTest, MediumStackAtRealCapacityMatchesOracle) {
+  ModelConfig c;
+  c.name = "medium";
+  c.vocab = 300;
+  c.hidden = 256;
+  c.mlp_hidden = 512;
+  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
+  c.mla = {8, 128, 32, 32, 32, 10000.0f, IndexerConfig{4, 64, 4, 8}};
+  c.kda = {4, 64, 4, -5.0f};
+  Weights w = Weights::Generate(c, 21);
+  auto m = testing::MakeCpuModel(c, w, 512, 64, 1, 0);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto session = m->model->NewSession();
+  ASSERT_TRUE(session.ok());
+  Oracle oracle(c, w);
+  auto tokens = Text(200);
+  std::vector<float> logits;
+  ASSERT_TRUE(m->model->Prime(*session, tokens, LogitsWanted::kAll, &logits).ok());
+  double num = 0, den = 0;
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    Vec want = oracle.Step(tokens[t]);
+    for (std::size_t v = 0; v < c.vocab; ++v) {
+      double d = logits[t * c.vocab + v] - want[v];
+      num += d * d;
+      den += want[v] * want[v];
+    }
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-5);
+}
+
+}  // namespace
+}  // namespace primecache::model
