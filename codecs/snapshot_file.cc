@@ -85,6 +85,28 @@ Result<BoundaryHeader> ReadBoundaryHeader(std::span<const std::byte> bytes, std:
   return h;
 }
 
+// What a reader under the default limits accepts: refused on the writing
+// side too, so that a file written is a file that reads.
+Status CheckWritable(const BoundaryHeader& h, std::size_t layers, const SnapshotLimits& limits) {
+  Problems p;
+  auto str = [&](std::string_view what, const std::string& s) {
+    if (s.size() > limits.max_string_bytes) {
+      p.Add(std::string(what) + " of " + N(s.size()) + " bytes exceeds " + N(limits.max_string_bytes));
+    }
+  };
+  str("architecture", h.fingerprint.architecture);
+  str("namespace", h.ns);
+  for (const std::string& c : h.fingerprint.codec_versions) str("codec version", c);
+  if (h.fingerprint.codec_versions.size() > limits.max_codec_versions) {
+    p.Add(N(h.fingerprint.codec_versions.size()) + " codec versions exceed " + N(limits.max_codec_versions));
+  }
+  if (h.tokens.size() > limits.codec.max_tokens) {
+    p.Add(N(h.tokens.size()) + " tokens exceed " + N(limits.codec.max_tokens));
+  }
+  if (layers > limits.max_layers) p.Add(N(layers) + " layers exceed " + N(limits.max_layers));
+  return p.ToStatus(StatusCode::kInvalidArgument);
+}
+
 // ---- Section table ------------------------------------------------------------------
 
 struct SectionEntry {
@@ -127,6 +149,7 @@ Result<EncodedSnapshot> EncodeSnapshot(const BoundarySnapshot& snapshot, const E
   std::vector<LayerShape> shapes;
   for (const LayerSnapshot& l : snapshot.layers) shapes.push_back(ShapeOf(l));
   PC_RETURN_IF_ERROR(CheckBoundary(snapshot.header, shapes));
+  PC_RETURN_IF_ERROR(CheckWritable(snapshot.header, snapshot.layers.size(), SnapshotLimits{}));
   EncodedSnapshot out;
   out.header = snapshot.header;
   for (std::size_t i = 0; i < snapshot.layers.size(); ++i) {
@@ -287,6 +310,7 @@ Result<EncodedSnapshot> ParsePcsnap(std::span<const std::byte> bytes, const Snap
 }
 
 Status WritePcsnap(Env* env, const std::string& path, const EncodedSnapshot& snapshot) {
+  PC_RETURN_IF_ERROR(CheckWritable(snapshot.header, snapshot.layers.size(), SnapshotLimits{}).WithContext(path));
   return WriteFileAtomically(env, path, SerializePcsnap(snapshot));
 }
 

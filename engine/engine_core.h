@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/device.h"
@@ -37,6 +39,14 @@ struct EngineCore {
   // A free slot, marked in use; ResourceExhausted when none is free.
   Result<std::uint32_t> AcquireSlot();
   void ReleaseSlot(std::uint32_t slot);
+};
+
+// Engine-internal access to a session's arena (tests and the fuzz target
+// compare its bytes before and after a refused restore).
+struct SessionCacheAccess {
+  static const Memory& Arena(const SessionCache& s) { return s.core_->arenas[s.arena_]; }
+  static Device& DeviceOf(const SessionCache& s) { return *s.core_->device; }
+  static void Break(SessionCache& s, std::string why) { s.broken_ = std::move(why); }
 };
 
 }  // namespace primecache::engine

@@ -67,7 +67,7 @@ Status LatentLayer::ResolvePool(std::uint32_t pool) {
   }
   std::uint64_t ring_rows = 0;
   if (ring_) {
-    ring_rows = index_rows_ / pool * pool;
+    ring_rows = EffectiveRingRows(index_rows_, pool);
     if (ring_rows == 0) {
       return Status::FailedPrecondition("a ring of " + N(index_rows_) + " rows holds no pool of " + N(pool));
     }

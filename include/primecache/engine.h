@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "primecache/reserve.h"
+#include "primecache/snapshot.h"
 #include "primecache/state_plan.h"
 #include "primecache/status.h"
 
@@ -71,6 +72,8 @@ struct IndexerInputs {
 };
 
 struct RewindWatch;  // engine-internal: low-water marks for the deferred capture
+struct EngineCore;   // engine-internal shared state (arenas, slots)
+class Event;         // engine/device.h
 
 class LatentLayer {
  public:
@@ -124,7 +127,6 @@ class LatentLayer {
  private:
   friend class SessionCache;
   friend class LatentLayerTestPeer;
-  friend struct CaptureOps;
   LatentLayer() = default;
   Status ResolvePool(std::uint32_t pool);
   Status WriteLen();
@@ -169,7 +171,6 @@ class RecurrentLayer {
 
  private:
   friend class SessionCache;
-  friend struct CaptureOps;
   RecurrentLayer() = default;
   Device* dev_ = nullptr;
   RecurrentPlan plan_;
@@ -194,7 +195,6 @@ class KvLayer {
 
  private:
   friend class SessionCache;
-  friend struct CaptureOps;
   KvLayer() = default;
   Status WriteLen();
   void NoteRewind(std::uint64_t new_len);
@@ -210,9 +210,96 @@ class KvLayer {
   std::vector<std::weak_ptr<RewindWatch>> watches_;
 };
 
-// ---- sessions and the engine -------------------------------------------------
+// ---- capture and restore ----------------------------------------------------
 
-struct EngineCore;  // engine-internal shared state (arenas, slots)
+// The eager half of a boundary capture, per layer: what generation destroys,
+// copied out at the boundary, plus the boundary's metadata that the deferred
+// half checks the live layers against.
+struct EagerLatent {
+  std::uint64_t len = 0;
+  std::uint64_t pools_ready = 0;
+  std::uint32_t width = 0;
+  std::uint32_t index_width = 0;
+  std::uint32_t pool = 0;
+  bool index_is_ring = false;
+  std::uint64_t index_ring_rows = 0;  // effective
+  std::vector<float> tail_rows;       // [(len - pools_ready * pool) * index_width], logical order
+};
+struct EagerKv {
+  std::uint64_t len = 0;
+  std::uint32_t k_width = 0;
+  std::uint32_t v_width = 0;
+};
+// A recurrent layer's eager half is its whole state.
+using EagerLayer = std::variant<EagerLatent, RecurrentSnapshot, EagerKv>;
+
+struct EagerHalf {
+  std::uint64_t session_id = 0;  // the cache it was captured from
+  std::vector<EagerLayer> layers;
+  // Rewinds of the captured cache since the capture (engine-internal).
+  std::shared_ptr<const RewindWatch> watch;
+};
+
+// An eager half on its way out of the device: its slot's on-device copy is
+// enqueued, and the slot's content leaves for pinned host memory on the
+// transfer lane. Collect waits for that and frees the slot; destroying an
+// uncollected capture waits for the copy too, then frees the slot. Move-only.
+class PendingCapture {
+ public:
+  PendingCapture(PendingCapture&& other) noexcept;
+  PendingCapture& operator=(PendingCapture&& other) noexcept;
+  PendingCapture(const PendingCapture&) = delete;
+  PendingCapture& operator=(const PendingCapture&) = delete;
+  ~PendingCapture();
+
+  // True once the slot's content is in pinned host memory (never blocks).
+  Result<bool> Ready() const;
+  // Waits for the slot's trip to host memory and returns the eager half.
+  // Only once: a second call is FailedPrecondition.
+  Result<EagerHalf> Collect();
+
+ private:
+  friend class SessionCache;
+  PendingCapture() = default;
+  void Release();
+  std::shared_ptr<EngineCore> core_;
+  std::uint32_t slot_ = 0;
+  bool held_ = false;
+  std::unique_ptr<Event> event_;
+  EagerHalf half_;  // metadata; the planes are filled in by Collect
+};
+
+// Borrowed views of one layer snapshot: its shape and its planes, which may
+// live anywhere in host memory (pinned memory restores at the bus rate). The
+// planes are laid out as in the matching snapshot type of snapshot.h.
+struct LatentView {
+  LatentShape shape;
+  std::span<const float> latent_rows, index_tail_rows, pool_keys;
+};
+struct RecurrentView {
+  RecurrentShape shape;
+  std::span<const float> conv_ring, state;
+};
+struct KvView {
+  KvShape shape;
+  std::span<const float> k_rows, v_rows;
+};
+using LayerSnapshotView = std::variant<LatentView, RecurrentView, KvView>;
+LayerSnapshotView ViewOf(const LayerSnapshot& layer);
+std::vector<LayerSnapshotView> ViewsOf(std::span<const LayerSnapshot> layers);
+
+// The geometry a session cache of this reserve restores into, per layer
+// (latent rings at their effective size).
+std::vector<LayerGeometry> RestoreGeometry(const ReserveRequest& request);
+
+// The device-independent restore validation: every layer against its target
+// (kind, widths, pool, heads, kernel, len within max_ctx, tail within the
+// ring, the shape's own invariants, every plane's size), the layer count, and
+// one len shared by every per-token layer. InvalidArgument naming every
+// failing layer; nothing is touched.
+Status ValidateRestore(std::span<const LayerSnapshotView> layers, std::span<const LayerGeometry> targets);
+
+// ---- sessions and the engine -------------------------------------------------
 
 class SessionCache {
  public:
@@ -237,15 +324,55 @@ class SessionCache {
   // Every layer's CheckInvariants, and not left broken by a failed restore.
   Status CheckInvariants() const;
 
+  // ---- capture: preconditions for all three: every per-token layer holds
+  // the same len > 0, every indexer's pool is resolved, pools_ready == len /
+  // pool, and the invariants hold.
+
+  // A full snapshot, every plane copied to host memory before it returns.
+  Result<std::vector<LayerSnapshot>> CaptureFull();
+  // The eager half: the incomplete tail-ring rows, each recurrent layer's
+  // conv ring and state, and the boundary metadata, copied on the device into
+  // a free snapshot slot (ResourceExhausted when none is free); the call
+  // returns once the copies are enqueued.
+  Result<PendingCapture> CaptureEager();
+  // The deferred half: slices latent rows [0, len) and final pool keys [0,
+  // pools_ready * index_head_dim) (and K/V rows [0, len)) at the captured
+  // boundary out of the live layers and joins them with the eager half.
+  // Refuses (FailedPrecondition, nothing returned) any disagreement: another
+  // session, fewer rows than the boundary, a rewind below the boundary since
+  // the capture, another pool, pools_ready behind the boundary, other widths
+  // or shapes, a tail that is not the boundary's.
+  Result<std::vector<LayerSnapshot>> CompleteCapture(EagerHalf eager);
+
+  // ---- restore
+
+  std::vector<LayerGeometry> Geometry() const;
+  // ValidateRestore against Geometry(), and FailedPrecondition unless the
+  // cache is fresh.
+  Status ValidateRestore(std::span<const LayerSnapshotView> layers) const;
+  Status ValidateRestore(std::span<const LayerSnapshot> layers) const;
+  // Also checks the boundary header (len == boundary_len == token count).
+  Status ValidateRestore(const BoundarySnapshot& snapshot) const;
+  // Validates every layer, then copies: latent rows [0, len), the final pool
+  // keys into the plane sized to the session's capacity, the tail rows at
+  // their physical ring (or flat) addresses, len, pools_ready, the pool and
+  // every len mirror; conv rings and states; K/V rows. A snapshot that fails
+  // validation leaves the cache exactly as it was. A device failure during
+  // the copies leaves the cache broken (every later call refuses).
+  Status Restore(std::span<const LayerSnapshotView> layers);
+  Status Restore(std::span<const LayerSnapshot> layers);
+  Status Restore(const BoundarySnapshot& snapshot);
+
  private:
   friend class Engine;
-  friend struct CaptureOps;
+  friend struct SessionCacheAccess;
   SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena, std::uint64_t id);
   using Layer =
       std::variant<std::unique_ptr<LatentLayer>, std::unique_ptr<RecurrentLayer>, std::unique_ptr<KvLayer>>;
   std::shared_ptr<EngineCore> core_;
   std::uint32_t arena_ = 0;
   std::uint64_t id_ = 0;
+  Status CheckCapturable() const;
   std::vector<Layer> layers_;
   std::string broken_;  // why a failed restore left it unusable; empty when healthy
 };

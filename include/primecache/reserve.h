@@ -86,6 +86,12 @@ struct ReservePlan {
   std::string Summary() const;
 };
 
+// The effective size of a tail ring of `booked` physical rows for a pool:
+// booked rounded down to a multiple of pool (0 when pool is 0).
+inline std::uint64_t EffectiveRingRows(std::uint64_t booked, std::uint32_t pool) {
+  return pool == 0 ? 0 : booked / pool * pool;
+}
+
 // Every buffer's size and place. InvalidArgument for a bad plan or request
 // (CheckPlan, max_ctx outside [1, 2^31 - 1], sessions 0, a ring booked below
 // one pool of some indexer layer, any size overflowing 64 bits).

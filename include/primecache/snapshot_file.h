@@ -38,8 +38,9 @@ struct SnapshotLimits {
   std::uint64_t max_codec_versions = 256;
 };
 
-// Encodes every layer (EncodeLayer) after checking the boundary: CheckBoundary
-// and CheckSnapshot of every layer.
+// Encodes every layer (EncodeLayer) after checking the boundary: CheckBoundary,
+// CheckSnapshot of every layer, and the default SnapshotLimits (strings,
+// tokens, layers), so that what is written reads back under the defaults.
 Result<EncodedSnapshot> EncodeSnapshot(const BoundarySnapshot& snapshot, const EncodeOptions& options = {});
 
 // Decodes every layer and checks the boundary (CheckBoundary) as above.
@@ -59,7 +60,8 @@ std::string SerializePcsnap(const EncodedSnapshot& snapshot);
 Result<EncodedSnapshot> ParsePcsnap(std::span<const std::byte> bytes, const SnapshotLimits& limits = {});
 
 // Writes atomically through env: after a crash `path` holds the old file or
-// the whole new one, never a torn mix.
+// the whole new one, never a torn mix. Refuses a header past the default
+// SnapshotLimits (it would not read back).
 Status WritePcsnap(Env* env, const std::string& path, const EncodedSnapshot& snapshot);
 
 // Reads and parses a .pcsnap through env; refuses a file over max_file_bytes

@@ -203,6 +203,18 @@ TEST(PcsnapTest, BoundaryDisagreementsAreRefused) {
   ExpectRefused(EncodeSnapshot(b).status(), StatusCode::kInvalidArgument, "boundary_len 9 != 8 tokens");
 }
 
+TEST(PcsnapTest, WhatWouldNotReadBackIsNotWritten) {
+  BoundarySnapshot b = MakeBoundary(9);
+  b.header.ns = std::string(5000, 'n');
+  ExpectRefused(EncodeSnapshot(b).status(), StatusCode::kInvalidArgument, "namespace of 5000 bytes exceeds 4096");
+  EncodedSnapshot e = Encoded(9);
+  e.header.fingerprint.architecture = std::string(4097, 'a');
+  auto env = NewMemEnv();
+  ExpectRefused(WritePcsnap(env.get(), "/x.pcsnap", e), StatusCode::kInvalidArgument,
+                "architecture of 4097 bytes exceeds 4096");
+  EXPECT_FALSE(env->FileExists("/x.pcsnap"));
+}
+
 TEST(PcsnapTest, ValidateBeforeDecodingNamesEveryFailingLayer) {
   EncodedSnapshot e = Encoded(40);
   auto plan = GeometryOfBoundary(4096);

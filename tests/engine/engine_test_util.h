@@ -40,7 +40,7 @@ inline std::shared_ptr<Device> MakeDevice(DeviceKind kind) {
 // Device memory holding a copy of a host vector.
 class DeviceVec {
  public:
-  DeviceVec(Device* dev, const std::vector<float>& host) : dev_(dev), n_(host.size()) {
+  DeviceVec(Device* dev, const std::vector<float>& host) : n_(host.size()) {
     auto m = dev->Allocate(host.size() * sizeof(float));
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     if (!m.ok()) return;
@@ -51,7 +51,6 @@ class DeviceVec {
   std::size_t size() const { return n_; }
 
  private:
-  Device* dev_;
   std::size_t n_;
   Memory mem_;
 };
@@ -158,6 +157,123 @@ inline void ExpectLatentMatches(Device* dev, const LatentLayer& l, const LatentR
   // Every row the plane still holds (from its floor) sits at its physical address.
   const std::uint64_t first = l.index_floor();
   EXPECT_TRUE(BitEqual(ReadIndexRows(dev, l, first, len), ref.IndexRows(first, len))) << "index rows differ";
+}
+
+// Rows that depend only on (seed, layer, position, salt): two sessions fed at
+// the same positions get the same inputs, whatever happened before.
+inline std::vector<float> DetRows(std::uint64_t seed, std::uint64_t layer, std::uint64_t pos, std::uint32_t salt,
+                                  std::size_t n) {
+  std::seed_seq seq{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
+                    static_cast<std::uint32_t>(layer), static_cast<std::uint32_t>(pos),
+                    static_cast<std::uint32_t>(pos >> 32), salt};
+  std::mt19937 rng(seq);
+  return RandomRows(rng, n);
+}
+
+// Appends deterministic tokens to one latent layer and to its reference.
+struct LatentDriver {
+  LatentDriver(Device* d, LatentLayer* l, std::uint64_t seed_, std::size_t layer_index = 0)
+      : dev(d), layer(l), seed(seed_), li(layer_index) {
+    ref.plan = l->plan();
+    if (ref.plan.has_indexer()) {
+      ref.ape = DetRows(seed, li, 0, 1, std::size_t{ref.plan.pool} * ref.plan.index_head_dim);
+      ape = std::make_unique<DeviceVec>(dev, ref.ape);
+    }
+  }
+  Status Append(std::uint64_t count) {
+    const std::uint64_t pos = layer->len();
+    auto lat = DetRows(seed, li, pos, 2, count * ref.plan.width());
+    auto idx = DetRows(seed, li, pos, 3, count * ref.plan.index_width());
+    DeviceVec dl(dev, lat), di(dev, idx);
+    IndexerInputs ix{ref.plan.pool, ape ? ape->get() : nullptr};
+    Status st = layer->Append(dl.get(), ref.plan.has_indexer() ? di.get() : nullptr, count,
+                              ref.plan.has_indexer() ? &ix : nullptr);
+    if (st.ok()) ref.Append(lat, idx);
+    return st;
+  }
+  Device* dev;
+  LatentLayer* layer;
+  std::uint64_t seed;
+  std::size_t li;
+  LatentReference ref;
+  std::unique_ptr<DeviceVec> ape;
+};
+
+// Feeds every layer of a session the same token count per call: latent
+// appends, recurrent steps (a deterministic "new state" written into
+// next_state, the step's pre-conv inputs pushed into the ring), K/V appends.
+struct SessionDriver {
+  SessionDriver(Device* d, SessionCache* s, std::uint64_t seed_, std::uint64_t start_pos = 0)
+      : dev(d), session(s), seed(seed_), pos(start_pos) {
+    for (std::size_t i = 0; i < s->layer_count(); ++i) {
+      latent.push_back(s->latent(i) ? std::make_unique<LatentDriver>(d, s->latent(i), seed, i) : nullptr);
+    }
+  }
+  Status Append(std::uint64_t count) {
+    for (std::size_t i = 0; i < session->layer_count(); ++i) {
+      if (latent[i]) {
+        PC_RETURN_IF_ERROR(latent[i]->Append(count));
+      } else if (RecurrentLayer* r = session->recurrent(i)) {
+        const RecurrentPlan& p = r->plan();
+        Write(dev, r->next_state(), DetRows(seed, i, pos, 4, p.state_values()));
+        DeviceVec in(dev, DetRows(seed, i, pos, 5, count * p.conv_channels()));
+        PC_RETURN_IF_ERROR(r->Step(in.get(), count));
+      } else if (KvLayer* kv = session->kv(i)) {
+        DeviceVec k(dev, DetRows(seed, i, pos, 6, count * kv->plan().k_width));
+        DeviceVec v(dev, DetRows(seed, i, pos, 7, count * kv->plan().v_width));
+        PC_RETURN_IF_ERROR(kv->Append(k.get(), v.get(), count));
+      }
+    }
+    pos += count;
+    return Status::Ok();
+  }
+  Device* dev;
+  SessionCache* session;
+  std::uint64_t seed;
+  std::uint64_t pos;
+  std::vector<std::unique_ptr<LatentDriver>> latent;
+};
+
+// Two layer snapshots equal field by field and bit by bit on every plane.
+// With `ignore_ring`, the latent planes' ring fields (which describe the
+// source's index plane, not the state) are not compared.
+inline void ExpectLayerEqual(const LayerSnapshot& a, const LayerSnapshot& b, bool ignore_ring = false) {
+  ASSERT_EQ(a.index(), b.index());
+  if (const auto* x = std::get_if<LatentPlaneSnapshot>(&a)) {
+    const auto& y = std::get<LatentPlaneSnapshot>(b);
+    EXPECT_EQ(x->len, y.len);
+    EXPECT_EQ(x->width, y.width);
+    EXPECT_EQ(x->index_width, y.index_width);
+    EXPECT_EQ(x->pool, y.pool);
+    EXPECT_EQ(x->pools_ready, y.pools_ready);
+    if (!ignore_ring) {
+      EXPECT_EQ(x->index_is_ring, y.index_is_ring);
+      EXPECT_EQ(x->index_ring_rows, y.index_ring_rows);
+    }
+    EXPECT_TRUE(BitEqual(x->latent_rows, y.latent_rows)) << "latent rows";
+    EXPECT_TRUE(BitEqual(x->index_tail_rows, y.index_tail_rows)) << "index tail rows";
+    EXPECT_TRUE(BitEqual(x->pool_keys, y.pool_keys)) << "pool keys";
+  } else if (const auto* r = std::get_if<RecurrentSnapshot>(&a)) {
+    const auto& q = std::get<RecurrentSnapshot>(b);
+    EXPECT_TRUE(r->shape() == q.shape());
+    EXPECT_TRUE(BitEqual(r->conv_ring, q.conv_ring)) << "conv ring";
+    EXPECT_TRUE(BitEqual(r->state, q.state)) << "recurrent state";
+  } else {
+    const auto& k = std::get<KvSnapshot>(a);
+    const auto& l = std::get<KvSnapshot>(b);
+    EXPECT_TRUE(k.shape() == l.shape());
+    EXPECT_TRUE(BitEqual(k.k_rows, l.k_rows)) << "K rows";
+    EXPECT_TRUE(BitEqual(k.v_rows, l.v_rows)) << "V rows";
+  }
+}
+
+inline void ExpectSnapshotsEqual(const std::vector<LayerSnapshot>& a, const std::vector<LayerSnapshot>& b,
+                                 bool ignore_ring = false) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE("layer " + std::to_string(i));
+    ExpectLayerEqual(a[i], b[i], ignore_ring);
+  }
 }
 
 }  // namespace primecache::engine::testing

@@ -43,32 +43,6 @@ class LayerSuite : public ::testing::TestWithParam<DeviceKind> {
   std::shared_ptr<Device> dev_;
 };
 
-// Appends random tokens to one latent layer and to its reference.
-struct LatentDriver {
-  LatentDriver(Device* d, LatentLayer* l, unsigned seed) : dev(d), layer(l), rng(seed) {
-    ref.plan = l->plan();
-    if (ref.plan.has_indexer()) {
-      ref.ape = RandomRows(rng, std::size_t{ref.plan.pool} * ref.plan.index_head_dim);
-      ape = std::make_unique<DeviceVec>(dev, ref.ape);
-    }
-  }
-  Status Append(std::uint64_t count) {
-    auto lat = RandomRows(rng, count * ref.plan.width());
-    auto idx = RandomRows(rng, count * ref.plan.index_width());
-    DeviceVec dl(dev, lat), di(dev, idx);
-    IndexerInputs ix{ref.plan.pool, ape ? ape->get() : nullptr};
-    Status st = layer->Append(dl.get(), ref.plan.has_indexer() ? di.get() : nullptr, count,
-                              ref.plan.has_indexer() ? &ix : nullptr);
-    if (st.ok()) ref.Append(lat, idx);
-    return st;
-  }
-  Device* dev;
-  LatentLayer* layer;
-  std::mt19937 rng;
-  LatentReference ref;
-  std::unique_ptr<DeviceVec> ape;
-};
-
 TEST_P(LayerSuite, FreshLatentLayerHoldsNothing) {
   auto e = NewEngine(OneLayer(Latent(8, 4, 4, 4)), 64, 0);
   auto s = e->NewSession().value();

@@ -5,6 +5,7 @@
 // and whatever decodes must pass CheckSnapshot.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 #include "codecs/internal.h"

@@ -5,6 +5,7 @@
 // re-serialize to exactly its own bytes.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 #include "codecs/internal.h"

@@ -1,0 +1,212 @@
+// Restore: validate every layer without touching anything, then copy into a
+// fresh cache.
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "engine/device.h"
+#include "engine/engine_core.h"
+#include "primecache/engine.h"
+
+namespace primecache::engine {
+namespace {
+
+std::string N(std::uint64_t v) { return std::to_string(v); }
+
+void Add(std::string* problems, const std::string& what) {
+  if (!problems->empty()) *problems += "; ";
+  *problems += what;
+}
+
+void PlaneSize(std::string* p, const char* plane, std::size_t have, std::uint64_t want) {
+  if (have != want) Add(p, std::string(plane) + " holds " + N(have) + " floats, the shape says " + N(want));
+}
+
+LayerShape ShapeOfView(const LayerSnapshotView& v) {
+  return std::visit([](const auto& x) -> LayerShape { return x.shape; }, v);
+}
+
+// The plane sizes of a view against its shape (CheckSnapshot for views).
+// Meaningful only once the shape passed CheckShape.
+std::string PlaneProblems(const LayerSnapshotView& v) {
+  std::string p;
+  if (const auto* l = std::get_if<LatentView>(&v)) {
+    PlaneSize(&p, "latent_rows", l->latent_rows.size(), l->shape.latent_values());
+    PlaneSize(&p, "index_tail_rows", l->index_tail_rows.size(), l->shape.tail_values());
+    PlaneSize(&p, "pool_keys", l->pool_keys.size(), l->shape.pool_key_values());
+  } else if (const auto* r = std::get_if<RecurrentView>(&v)) {
+    PlaneSize(&p, "conv_ring", r->conv_ring.size(), r->shape.conv_values());
+    PlaneSize(&p, "state", r->state.size(), r->shape.state_values());
+  } else {
+    const auto& kv = std::get<KvView>(v);
+    PlaneSize(&p, "k_rows", kv.k_rows.size(), kv.shape.k_values());
+    PlaneSize(&p, "v_rows", kv.v_rows.size(), kv.shape.v_values());
+  }
+  return p;
+}
+
+}  // namespace
+
+LayerSnapshotView ViewOf(const LayerSnapshot& layer) {
+  if (const auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) {
+    return LatentView{l->shape(), l->latent_rows, l->index_tail_rows, l->pool_keys};
+  }
+  if (const auto* r = std::get_if<RecurrentSnapshot>(&layer)) return RecurrentView{r->shape(), r->conv_ring, r->state};
+  const auto& kv = std::get<KvSnapshot>(layer);
+  return KvView{kv.shape(), kv.k_rows, kv.v_rows};
+}
+
+std::vector<LayerSnapshotView> ViewsOf(std::span<const LayerSnapshot> layers) {
+  std::vector<LayerSnapshotView> v;
+  v.reserve(layers.size());
+  for (const LayerSnapshot& l : layers) v.push_back(ViewOf(l));
+  return v;
+}
+
+std::vector<LayerGeometry> RestoreGeometry(const ReserveRequest& request) {
+  std::vector<LayerGeometry> g;
+  g.reserve(request.plan.layers.size());
+  for (const LayerPlan& lp : request.plan.layers) {
+    if (const auto* l = std::get_if<LatentPlan>(&lp)) {
+      const std::uint64_t ring = l->has_indexer() ? EffectiveRingRows(request.index_ring_rows, l->pool) : 0;
+      g.emplace_back(LatentGeometry{l->width(), l->index_width(), l->pool, ring, request.max_ctx});
+    } else if (const auto* r = std::get_if<RecurrentPlan>(&lp)) {
+      g.emplace_back(RecurrentGeometry{r->heads, r->head_dim, r->kernel});
+    } else {
+      const auto& kv = std::get<KvPlan>(lp);
+      g.emplace_back(KvGeometry{kv.k_width, kv.v_width, request.max_ctx});
+    }
+  }
+  return g;
+}
+
+Status ValidateRestore(std::span<const LayerSnapshotView> layers, std::span<const LayerGeometry> targets) {
+  std::string problems;
+  if (layers.size() != targets.size()) {
+    Add(&problems, N(layers.size()) + " layers; the cache has " + N(targets.size()));
+  }
+  bool have_len = false;
+  std::uint64_t boundary = 0;
+  std::size_t boundary_layer = 0;
+  for (std::size_t i = 0; i < layers.size() && i < targets.size(); ++i) {
+    const LayerShape shape = ShapeOfView(layers[i]);
+    Status st = Validate(shape, targets[i]);
+    if (!st.ok()) {
+      Add(&problems, "layer " + N(i) + ": " + st.message());
+      continue;
+    }
+    const std::string planes = PlaneProblems(layers[i]);
+    if (!planes.empty()) Add(&problems, "layer " + N(i) + ": " + planes);
+    std::uint64_t len = 0;
+    if (const auto* l = std::get_if<LatentShape>(&shape)) len = l->len;
+    if (const auto* kv = std::get_if<KvShape>(&shape)) len = kv->len;
+    if (std::holds_alternative<RecurrentShape>(shape)) continue;
+    if (have_len && len != boundary) {
+      Add(&problems, "layer " + N(i) + ": len " + N(len) + " != len " + N(boundary) + " of layer " +
+                         N(boundary_layer) + " (one boundary per snapshot)");
+    } else if (!have_len) {
+      have_len = true;
+      boundary = len;
+      boundary_layer = i;
+    }
+  }
+  if (!problems.empty()) return Status::InvalidArgument("restore: " + problems);
+  return Status::Ok();
+}
+
+// ---- SessionCache ----------------------------------------------------------------
+
+std::vector<LayerGeometry> SessionCache::Geometry() const { return RestoreGeometry(core_->plan.request); }
+
+Status SessionCache::ValidateRestore(std::span<const LayerSnapshotView> layers) const {
+  if (!fresh()) {
+    return Status::FailedPrecondition("restore needs a fresh session cache; session " + N(id_) +
+                                      (broken_.empty() ? " already holds state" : " is broken: " + broken_));
+  }
+  const std::vector<LayerGeometry> g = Geometry();
+  return engine::ValidateRestore(layers, g);
+}
+
+Status SessionCache::ValidateRestore(std::span<const LayerSnapshot> layers) const {
+  const std::vector<LayerSnapshotView> v = ViewsOf(layers);
+  return ValidateRestore(v);
+}
+
+Status SessionCache::ValidateRestore(const BoundarySnapshot& snapshot) const {
+  std::vector<LayerShape> shapes;
+  for (const LayerSnapshot& l : snapshot.layers) shapes.push_back(ShapeOf(l));
+  PC_RETURN_IF_ERROR(CheckBoundary(snapshot.header, shapes).WithContext("restore: boundary"));
+  return ValidateRestore(std::span<const LayerSnapshot>(snapshot.layers));
+}
+
+Status SessionCache::Restore(const BoundarySnapshot& snapshot) {
+  std::vector<LayerShape> shapes;
+  for (const LayerSnapshot& l : snapshot.layers) shapes.push_back(ShapeOf(l));
+  PC_RETURN_IF_ERROR(CheckBoundary(snapshot.header, shapes).WithContext("restore: boundary"));
+  return Restore(std::span<const LayerSnapshot>(snapshot.layers));
+}
+
+Status SessionCache::Restore(std::span<const LayerSnapshot> layers) {
+  const std::vector<LayerSnapshotView> v = ViewsOf(layers);
+  return Restore(v);
+}
+
+Status SessionCache::Restore(std::span<const LayerSnapshotView> layers) {
+  PC_RETURN_IF_ERROR(ValidateRestore(layers));
+  Device& dev = *core_->device;
+  // Pinned planes go up asynchronously and the lane is drained once at the
+  // end; pageable ones go through the device's pinned staging.
+  auto upload = [&dev](void* dst, std::span<const float> src) -> Status {
+    if (src.empty()) return Status::Ok();
+    if (dev.IsPinned(src.data())) return dev.UploadAsync(dst, src.data(), src.size_bytes(), Lane::kCompute);
+    return dev.Upload(dst, src.data(), src.size_bytes(), Lane::kCompute);
+  };
+  Status st;
+  for (std::size_t i = 0; i < layers_.size() && st.ok(); ++i) {
+    if (LatentLayer* l = latent(i)) {
+      const auto& v = std::get<LatentView>(layers[i]);
+      const LatentShape& s = v.shape;
+      l->touched_ = true;
+      st = upload(l->rows_, v.latent_rows);
+      if (st.ok() && l->plan_.has_indexer()) {
+        st = l->ResolvePool(s.pool);
+        if (st.ok()) st = upload(l->keys_, v.pool_keys);
+        const std::uint64_t first = s.pools_ready * s.pool, tail = s.len - first;
+        if (st.ok() && tail != 0) {
+          // Up into the layer's scratch in logical order, then out to the
+          // physical ring (or flat) addresses.
+          st = upload(l->tail_scratch_, v.index_tail_rows);
+          kernels::RingRowsArgs a{l->index_, l->tail_scratch_, s.index_width, l->ring_ ? l->ring_rows_ : 0, first,
+                                  tail};
+          if (st.ok()) st = dev.ScatterRows(a, Lane::kCompute);
+        }
+        l->pools_ready_ = s.pools_ready;
+        // Rows under the tail were never restored; their pools' keys are final.
+        l->floor_ = first;
+      }
+      l->len_ = s.len;
+      if (st.ok()) st = l->WriteLen();
+    } else if (RecurrentLayer* r = recurrent(i)) {
+      const auto& v = std::get<RecurrentView>(layers[i]);
+      r->touched_ = true;
+      st = upload(r->conv_, v.conv_ring);
+      if (st.ok()) st = upload(r->state_[r->cur_], v.state);
+    } else {
+      KvLayer* kv = this->kv(i);
+      const auto& v = std::get<KvView>(layers[i]);
+      kv->touched_ = true;
+      st = upload(kv->k_, v.k_rows);
+      if (st.ok()) st = upload(kv->v_, v.v_rows);
+      kv->len_ = v.shape.len;
+      if (st.ok()) st = kv->WriteLen();
+    }
+  }
+  if (st.ok()) st = dev.Synchronize(Lane::kCompute);
+  if (!st.ok()) {
+    broken_ = "a restore failed while copying: " + st.ToString();
+    return st.WithContext("restore");
+  }
+  return Status::Ok();
+}
+
+}  // namespace primecache::engine
