@@ -18,8 +18,9 @@
 
 namespace primecache::codecs {
 
-static_assert(std::endian::native == std::endian::little,
-              "primecache's formats are little-endian and read in place; a big-endian host needs byte swaps here");
+static_assert(
+    std::endian::native == std::endian::little,
+    "primecache's formats are little-endian and read in place; a big-endian host needs byte swaps here");
 
 // a * b and a + b, or false when the result does not fit 64 bits.
 inline bool CheckedMul(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {

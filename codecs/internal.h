@@ -26,7 +26,8 @@ enum class Checksums { kVerify, kSkip };
 // its length. ParseLayerHeader is this plus "nothing after it".
 Result<LayerHeader> ParseLayerHeaderPrefix(std::span<const std::byte> bytes, const CodecLimits& limits,
                                            Checksums checksums, std::size_t* consumed);
-Result<EncodedLayer> ParseLayer(std::span<const std::byte> bytes, const CodecLimits& limits, Checksums checksums);
+Result<EncodedLayer> ParseLayer(std::span<const std::byte> bytes, const CodecLimits& limits,
+                                Checksums checksums);
 Result<LayerSnapshot> DecodeLayer(const EncodedLayer& layer, const CodecLimits& limits, Checksums checksums);
 Result<EncodedSnapshot> ParsePcsnap(std::span<const std::byte> bytes, const SnapshotLimits& limits,
                                     Checksums checksums);

@@ -9,7 +9,9 @@
 namespace primecache::codecs {
 namespace {
 
-std::string N(std::uint64_t v) { return std::to_string(v); }
+std::string N(std::uint64_t v) {
+  return std::to_string(v);
+}
 
 Status WrongKind(std::string_view kind) {
   return Status::InvalidArgument("shape is not a " + std::string(kind) + " shape");
@@ -17,11 +19,13 @@ Status WrongKind(std::string_view kind) {
 
 Status CheckFieldCount(std::string_view kind, std::span<const std::uint64_t> fields, std::size_t want) {
   if (fields.size() == want) return Status::Ok();
-  return Status::Corruption(std::string(kind) + " has " + N(want) + " header fields; got " + N(fields.size()));
+  return Status::Corruption(std::string(kind) + " has " + N(want) + " header fields; got " +
+                            N(fields.size()));
 }
 
 // Reads a field that the shape keeps in 32 bits.
-Status Field32(std::span<const std::uint64_t> fields, std::size_t i, std::string_view name, std::uint32_t* out) {
+Status Field32(std::span<const std::uint64_t> fields, std::size_t i, std::string_view name,
+               std::uint32_t* out) {
   if (fields[i] > std::numeric_limits<std::uint32_t>::max()) {
     return Status::Corruption(std::string(name) + " " + N(fields[i]) + " does not fit 32 bits");
   }
@@ -31,7 +35,8 @@ Status Field32(std::span<const std::uint64_t> fields, std::size_t i, std::string
 
 Status CheckLen(std::uint64_t len, const CodecLimits& limits) {
   if (len <= limits.max_tokens) return Status::Ok();
-  return Status::ResourceExhausted("len " + N(len) + " exceeds the limit of " + N(limits.max_tokens) + " tokens");
+  return Status::ResourceExhausted("len " + N(len) + " exceeds the limit of " + N(limits.max_tokens) +
+                                   " tokens");
 }
 
 // The limits every kind's planes answer to: row width, one chunk for an
@@ -41,8 +46,8 @@ Status ApplyLimits(const std::vector<PlaneLayout>& planes, const CodecLimits& li
   std::uint64_t total = 0;
   for (const PlaneLayout& plane : planes) {
     if (plane.row_width > limits.max_row_values) {
-      p.Add(std::string(PlaneName(plane.id)) + " rows of " + N(plane.row_width) + " floats exceed the limit of " +
-            N(limits.max_row_values));
+      p.Add(std::string(PlaneName(plane.id)) + " rows of " + N(plane.row_width) +
+            " floats exceed the limit of " + N(limits.max_row_values));
     }
     if (!plane.append_only && plane.raw_bytes() > limits.max_chunk_bytes) {
       p.Add(std::string(PlaneName(plane.id)) + " (one chunk) takes " + N(plane.raw_bytes()) +
@@ -68,7 +73,8 @@ class MlaLatentCodec final : public LayerCodec {
 
   std::vector<std::uint64_t> ShapeFields(const LayerShape& shape) const override {
     const auto& s = std::get<LatentShape>(shape);
-    return {s.len, s.width, s.index_width, s.pool, s.pools_ready, s.index_is_ring ? 1u : 0u, s.index_ring_rows};
+    return {
+        s.len, s.width, s.index_width, s.pool, s.pools_ready, s.index_is_ring ? 1u : 0u, s.index_ring_rows};
   }
 
   Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> f) const override {
@@ -112,7 +118,9 @@ class MlaLatentCodec final : public LayerCodec {
 class KdaRecurrentCodec final : public LayerCodec {
  public:
   std::string_view kind() const override { return kKdaRecurrentKind; }
-  bool Accepts(const LayerShape& shape) const override { return std::holds_alternative<RecurrentShape>(shape); }
+  bool Accepts(const LayerShape& shape) const override {
+    return std::holds_alternative<RecurrentShape>(shape);
+  }
 
   std::vector<std::uint64_t> ShapeFields(const LayerShape& shape) const override {
     const auto& s = std::get<RecurrentShape>(shape);

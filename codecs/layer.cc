@@ -14,9 +14,13 @@ using codecs::CheckedMul;
 
 namespace {
 
-std::string N(std::uint64_t v) { return std::to_string(v); }
+std::string N(std::uint64_t v) {
+  return std::to_string(v);
+}
 
-std::uint64_t ChecksumOf(std::span<const float> v) { return Checksum64(std::as_bytes(v)); }
+std::uint64_t ChecksumOf(std::span<const float> v) {
+  return Checksum64(std::as_bytes(v));
+}
 
 // The chunk rows an encoder uses for a plane: none for an empty plane, all
 // of them for an eager plane, fixed absolute boundaries for an append-only one.
@@ -24,6 +28,12 @@ std::uint64_t EncoderChunkRows(const PlaneLayout& plane, std::uint64_t target_by
   if (plane.values() == 0) return 0;
   if (!plane.append_only) return plane.rows;
   return ChunkRowsFor(std::uint64_t{plane.row_width} * sizeof(float), target_bytes);
+}
+
+// raw/v1 stores the raw bytes themselves: its raw and encoded checksums are
+// one hash of one byte string, computed (and verified) once.
+bool IsIdentity(const Transform& t) {
+  return t.id() == kRawTransform;
 }
 
 // Encodes one chunk's values and fills its record. The raw checksum covers
@@ -34,11 +44,12 @@ Status EncodeChunk(const Transform& t, std::int32_t level, std::span<const float
   PC_RETURN_IF_ERROR(t.Encode(values, level, out));
   rec->raw_bytes = values.size_bytes();
   rec->encoded_bytes = out->size();
-  rec->encoded_checksum = Checksum64(AsBytes(*out));
   if (!t.lossy()) {
     rec->raw_checksum = ChecksumOf(values);
+    rec->encoded_checksum = IsIdentity(t) ? rec->raw_checksum : Checksum64(AsBytes(*out));
     return Status::Ok();
   }
+  rec->encoded_checksum = Checksum64(AsBytes(*out));
   thread_local std::vector<float> decoded;
   decoded.resize(values.size());
   PC_RETURN_IF_ERROR(t.Decode(AsBytes(*out), decoded).WithContext("decoding what was just encoded"));
@@ -70,7 +81,8 @@ Status CheckPlaneChunks(const PlaneRecord& rec, const PlaneLayout& lay, const Tr
   }
   if (rec.chunk_rows == 0 || rec.chunk_rows > limits.max_chunk_bytes / row_bytes) {
     return Status::Corruption("chunk_rows " + N(rec.chunk_rows) + " outside [1, " +
-                              N(limits.max_chunk_bytes / row_bytes) + "] for rows of " + N(row_bytes) + " bytes");
+                              N(limits.max_chunk_bytes / row_bytes) + "] for rows of " + N(row_bytes) +
+                              " bytes");
   }
   const std::uint64_t count = ChunksFor(lay.rows, rec.chunk_rows);
   if (rec.chunks.size() != count) {
@@ -146,7 +158,9 @@ Result<EncodedLayer> EncodeLayer(const LayerSnapshot& layer, const EncodeOptions
     }
     PC_RETURN_IF_ERROR(t->CheckLevel(spec.level).WithContext(where));
 
-    PlaneRecord rec{lay.id, spec.id, spec.level, lay.rows, lay.row_width, EncoderChunkRows(lay, options.target_chunk_bytes), {}};
+    PlaneRecord rec{lay.id,   spec.id,       spec.level,
+                    lay.rows, lay.row_width, EncoderChunkRows(lay, options.target_chunk_bytes),
+                    {}};
     for (std::uint64_t first = 0; first < lay.rows && rec.chunk_rows != 0; first += rec.chunk_rows) {
       const std::uint64_t rows = std::min(rec.chunk_rows, lay.rows - first);
       std::span<const float> values = data[p].subspan(first * lay.row_width, rows * lay.row_width);
@@ -159,8 +173,8 @@ Result<EncodedLayer> EncodeLayer(const LayerSnapshot& layer, const EncodeOptions
     out.header.planes.push_back(std::move(rec));
   }
   if (out.chunks.size() > limits.max_chunks) {
-    return Status::ResourceExhausted(N(out.chunks.size()) + " chunks exceed the limit of " + N(limits.max_chunks) +
-                                     "; raise target_chunk_bytes");
+    return Status::ResourceExhausted(N(out.chunks.size()) + " chunks exceed the limit of " +
+                                     N(limits.max_chunks) + "; raise target_chunk_bytes");
   }
   return out;
 }
@@ -184,7 +198,8 @@ Result<LayerDecoder> LayerDecoder::Create(LayerHeader header, const CodecLimits&
   for (std::size_t p = 0; p < layouts->size(); ++p) {
     const PlaneRecord& rec = header.planes[p];
     const PlaneLayout& lay = (*layouts)[p];
-    const std::string where = header.kind + " plane " + std::to_string(p) + " (" + std::string(PlaneName(lay.id)) + ")";
+    const std::string where =
+        header.kind + " plane " + std::to_string(p) + " (" + std::string(PlaneName(lay.id)) + ")";
     if (rec.id != lay.id) {
       return Status::Corruption(where + " is recorded as " + std::string(PlaneName(rec.id)));
     }
@@ -200,7 +215,8 @@ Result<LayerDecoder> LayerDecoder::Create(LayerHeader header, const CodecLimits&
     }
     PC_RETURN_IF_ERROR(AsCorruption((*t)->CheckLevel(rec.level)).WithContext(where));
     if (rec.chunks.size() > limits.max_chunks - d.locations_.size()) {
-      return Status::ResourceExhausted(where + ": more than " + N(limits.max_chunks) + " chunks in the layer");
+      return Status::ResourceExhausted(where + ": more than " + N(limits.max_chunks) +
+                                       " chunks in the layer");
     }
     PC_RETURN_IF_ERROR(CheckPlaneChunks(rec, lay, **t, p, limits, &d.locations_).WithContext(where));
     d.transforms_.push_back(*t);
@@ -210,7 +226,8 @@ Result<LayerDecoder> LayerDecoder::Create(LayerHeader header, const CodecLimits&
   return d;
 }
 
-Status LayerDecoder::DecodeChunk(std::size_t i, std::span<const std::byte> encoded, std::span<float> plane) const {
+Status LayerDecoder::DecodeChunk(std::size_t i, std::span<const std::byte> encoded,
+                                 std::span<float> plane) const {
   if (i >= locations_.size()) {
     return Status::InvalidArgument("chunk " + N(i) + " of a layer of " + N(locations_.size()) + " chunks");
   }
@@ -220,8 +237,8 @@ Status LayerDecoder::DecodeChunk(std::size_t i, std::span<const std::byte> encod
   const std::string where = header_.kind + " " + std::string(PlaneName(lay.id)) + " chunk " + N(loc.index) +
                             " (rows [" + N(loc.first_row) + ", " + N(loc.first_row + loc.rows) + "))";
   if (plane.size() != lay.values()) {
-    return Status::InvalidArgument(where + ": destination holds " + N(plane.size()) + " floats; the plane has " +
-                                   N(lay.values()));
+    return Status::InvalidArgument(where + ": destination holds " + N(plane.size()) +
+                                   " floats; the plane has " + N(lay.values()));
   }
   if (encoded.size() != rec.encoded_bytes) {
     return Status::Corruption(where + ": " + N(encoded.size()) + " encoded bytes; the header records " +
@@ -231,21 +248,27 @@ Status LayerDecoder::DecodeChunk(std::size_t i, std::span<const std::byte> encod
     return Status::Corruption(where + ": checksum mismatch on the encoded bytes");
   }
   std::span<float> dst = plane.subspan(loc.value_offset, loc.value_count);
-  PC_RETURN_IF_ERROR(AsCorruption(transforms_[loc.plane]->Decode(encoded, dst)).WithContext(where));
-  if (verify_checksums_ && ChecksumOf(dst) != rec.raw_checksum) {
+  const Transform& t = *transforms_[loc.plane];
+  PC_RETURN_IF_ERROR(AsCorruption(t.Decode(encoded, dst)).WithContext(where));
+  // For raw/v1 the bytes written are the encoded bytes just verified, so
+  // their hash is the encoded checksum.
+  const bool raw_ok =
+      IsIdentity(t) ? rec.raw_checksum == rec.encoded_checksum : ChecksumOf(dst) == rec.raw_checksum;
+  if (verify_checksums_ && !raw_ok) {
     return Status::Corruption(where + ": checksum mismatch on the decoded (raw) bytes");
   }
   return Status::Ok();
 }
 
-Status LayerDecoder::DecodeInto(std::span<const std::string> chunks, std::span<const std::span<float>> planes) const {
+Status LayerDecoder::DecodeInto(std::span<const std::string> chunks,
+                                std::span<const std::span<float>> planes) const {
   if (chunks.size() != locations_.size()) {
     return Status::Corruption(header_.kind + ": " + N(chunks.size()) + " chunks; the header records " +
                               N(locations_.size()));
   }
   if (planes.size() != layouts_.size()) {
-    return Status::InvalidArgument(header_.kind + ": " + N(planes.size()) + " destination planes; the layer has " +
-                                   N(layouts_.size()));
+    return Status::InvalidArgument(header_.kind + ": " + N(planes.size()) +
+                                   " destination planes; the layer has " + N(layouts_.size()));
   }
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     PC_RETURN_IF_ERROR(DecodeChunk(i, AsBytes(chunks[i]), planes[locations_[i].plane]));
@@ -254,8 +277,8 @@ Status LayerDecoder::DecodeInto(std::span<const std::string> chunks, std::span<c
   for (std::size_t p = 0; p < layouts_.size(); ++p) {
     if (planes[p].size() != layouts_[p].values()) {
       return Status::InvalidArgument(header_.kind + " " + std::string(PlaneName(layouts_[p].id)) +
-                                     ": destination holds " + N(planes[p].size()) + " floats; the plane has " +
-                                     N(layouts_[p].values()));
+                                     ": destination holds " + N(planes[p].size()) +
+                                     " floats; the plane has " + N(layouts_[p].values()));
     }
   }
   return Status::Ok();
@@ -283,6 +306,8 @@ Status CheckHeader(const LayerHeader& header, const CodecLimits& limits) {
   return LayerDecoder::Create(header, limits).status();
 }
 
-Status Validate(const LayerHeader& header, const LayerGeometry& target) { return Validate(header.shape, target); }
+Status Validate(const LayerHeader& header, const LayerGeometry& target) {
+  return Validate(header.shape, target);
+}
 
 }  // namespace primecache

@@ -23,19 +23,25 @@ constexpr std::uint8_t kMaxFields = 32;
 constexpr std::uint8_t kMaxPlanes = 16;
 constexpr std::uint64_t kMaxString = 255;
 
-std::string N(std::uint64_t v) { return std::to_string(v); }
+std::string N(std::uint64_t v) {
+  return std::to_string(v);
+}
 
-std::string_view Clip(std::string_view s) { return s.substr(0, kMaxString); }
+std::string_view Clip(std::string_view s) {
+  return s.substr(0, kMaxString);
+}
 
 bool KnownPlaneId(std::uint8_t id) {
-  return id >= static_cast<std::uint8_t>(PlaneId::kLatentRows) && id <= static_cast<std::uint8_t>(PlaneId::kValueRows);
+  return id >= static_cast<std::uint8_t>(PlaneId::kLatentRows) &&
+         id <= static_cast<std::uint8_t>(PlaneId::kValueRows);
 }
 
 void WriteBody(const LayerHeader& h, std::string* body) {
   ByteWriter w(body);
   w.Str8(Clip(h.kind));
   std::vector<std::uint64_t> fields;
-  if (auto codec = CodecRegistry::Default().KindFor(h.shape); codec.ok()) fields = (*codec)->ShapeFields(h.shape);
+  if (auto codec = CodecRegistry::Default().KindFor(h.shape); codec.ok())
+    fields = (*codec)->ShapeFields(h.shape);
   w.U8(static_cast<std::uint8_t>(fields.size()));
   for (std::uint64_t f : fields) w.U64(f);
   w.U8(static_cast<std::uint8_t>(h.planes.size()));
@@ -72,8 +78,9 @@ Status ReadPlane(ByteReader& r, const CodecLimits& limits, std::uint64_t* chunks
     return Status::ResourceExhausted("the layer records more than " + N(limits.max_chunks) + " chunks");
   }
   if (std::uint64_t{count} * kChunkRecordBytes > r.remaining()) {
-    return Status::Corruption("truncated: " + N(count) + " chunk records at offset " + N(r.offset()) + " need " +
-                              N(std::uint64_t{count} * kChunkRecordBytes) + " bytes, " + N(r.remaining()) + " left");
+    return Status::Corruption("truncated: " + N(count) + " chunk records at offset " + N(r.offset()) +
+                              " need " + N(std::uint64_t{count} * kChunkRecordBytes) + " bytes, " +
+                              N(r.remaining()) + " left");
   }
   *chunks_so_far += count;
   p->chunks.resize(count);
@@ -151,8 +158,8 @@ Result<LayerHeader> ParseLayerHeaderPrefix(std::span<const std::byte> bytes, con
   std::uint32_t version = 0, body_len = 0;
   PC_RETURN_IF_ERROR(r.U32(&version, "layer header version"));
   if (version != kHeaderVersion) {
-    return Status::NotSupported("layer header format version " + N(version) + " is not supported (this build reads " +
-                                N(kHeaderVersion) + ")");
+    return Status::NotSupported("layer header format version " + N(version) +
+                                " is not supported (this build reads " + N(kHeaderVersion) + ")");
   }
   PC_RETURN_IF_ERROR(r.U32(&body_len, "layer header length"));
   std::span<const std::byte> body;
@@ -168,7 +175,8 @@ Result<LayerHeader> ParseLayerHeaderPrefix(std::span<const std::byte> bytes, con
   return header;
 }
 
-Result<EncodedLayer> ParseLayer(std::span<const std::byte> bytes, const CodecLimits& limits, Checksums checksums) {
+Result<EncodedLayer> ParseLayer(std::span<const std::byte> bytes, const CodecLimits& limits,
+                                Checksums checksums) {
   std::size_t consumed = 0;
   EncodedLayer layer;
   PC_ASSIGN_OR_RETURN(layer.header, ParseLayerHeaderPrefix(bytes, limits, checksums, &consumed));

@@ -5,7 +5,6 @@
 
 #include <string>
 #include <string_view>
-#include <utility>
 
 #include "primecache/status.h"
 
@@ -13,9 +12,9 @@ namespace primecache::codecs {
 
 class Problems {
  public:
-  void Add(std::string problem) {
+  void Add(const std::string& problem) {
     if (!text_.empty()) text_ += "; ";
-    text_ += std::move(problem);
+    text_ += problem;
   }
   // Adds a failed status's message under a prefix ("layer 3: ...").
   // An empty prefix adds the message alone.

@@ -11,7 +11,9 @@ namespace primecache {
 
 using codecs::Quote;
 
-std::string Identity::ToString() const { return name + "/v" + std::to_string(version); }
+std::string Identity::ToString() const {
+  return name + "/v" + std::to_string(version);
+}
 
 Result<Identity> ParseIdentity(std::string_view text) {
   constexpr std::size_t kMaxName = 48;
@@ -50,13 +52,20 @@ std::string WrappedIdentity(std::string_view outer, std::string_view inner) {
 
 std::string_view PlaneName(PlaneId id) {
   switch (id) {
-    case PlaneId::kLatentRows: return "latent_rows";
-    case PlaneId::kIndexTailRows: return "index_tail_rows";
-    case PlaneId::kPoolKeys: return "pool_keys";
-    case PlaneId::kConvRing: return "conv_ring";
-    case PlaneId::kRecurrentState: return "state";
-    case PlaneId::kKeyRows: return "k_rows";
-    case PlaneId::kValueRows: return "v_rows";
+    case PlaneId::kLatentRows:
+      return "latent_rows";
+    case PlaneId::kIndexTailRows:
+      return "index_tail_rows";
+    case PlaneId::kPoolKeys:
+      return "pool_keys";
+    case PlaneId::kConvRing:
+      return "conv_ring";
+    case PlaneId::kRecurrentState:
+      return "state";
+    case PlaneId::kKeyRows:
+      return "k_rows";
+    case PlaneId::kValueRows:
+      return "v_rows";
   }
   return "unknown_plane";
 }
@@ -68,8 +77,8 @@ namespace {
 // Finds an entry whose identity is exactly `identity`, or explains why none:
 // malformed, a known name at another version, or an unknown name.
 template <typename T, typename IdOf>
-Result<const T*> FindExact(const std::vector<const T*>& entries, std::string_view identity, std::string_view what,
-                           IdOf id_of) {
+Result<const T*> FindExact(const std::vector<const T*>& entries, std::string_view identity,
+                           std::string_view what, IdOf id_of) {
   Result<Identity> parsed = ParseIdentity(identity);
   if (!parsed.ok()) return Status::InvalidArgument(std::string(what) + ": " + parsed.status().message());
   std::vector<std::string> known, same_name;
@@ -86,11 +95,13 @@ Result<const T*> FindExact(const std::vector<const T*>& entries, std::string_vie
     return out;
   };
   if (!same_name.empty()) {
-    return Status::NotSupported(std::string(what) + " " + Quote(identity) + " is not supported: this build knows " +
-                                parsed->name + " at " + join(same_name) + " only");
+    return Status::NotSupported(std::string(what) + " " + Quote(identity) +
+                                " is not supported: this build knows " + parsed->name + " at " +
+                                join(same_name) + " only");
   }
   std::sort(known.begin(), known.end());
-  return Status::NotSupported("unknown " + std::string(what) + " " + Quote(identity) + "; known: " + join(known));
+  return Status::NotSupported("unknown " + std::string(what) + " " + Quote(identity) +
+                              "; known: " + join(known));
 }
 
 }  // namespace
@@ -99,7 +110,8 @@ CodecRegistry::CodecRegistry(std::vector<const LayerCodec*> kinds, std::vector<c
     : kinds_(std::move(kinds)), transforms_(std::move(transforms)) {}
 
 const CodecRegistry& CodecRegistry::Default() {
-  static const CodecRegistry* registry = new CodecRegistry(codecs::BuiltinKinds(), codecs::BuiltinTransforms());
+  static const CodecRegistry* registry =
+      new CodecRegistry(codecs::BuiltinKinds(), codecs::BuiltinTransforms());
   return *registry;
 }
 
@@ -122,7 +134,8 @@ Result<std::pair<const Transform*, const LayerCodec*>> CodecRegistry::ResolveWra
     std::string_view identity) const {
   std::size_t open = identity.find('(');
   if (open == std::string_view::npos || identity.empty() || identity.back() != ')') {
-    return Status::InvalidArgument("malformed wrapped identity " + Quote(identity) + " (expected transform(kind))");
+    return Status::InvalidArgument("malformed wrapped identity " + Quote(identity) +
+                                   " (expected transform(kind))");
   }
   std::string_view outer = identity.substr(0, open);
   std::string_view inner = identity.substr(open + 1, identity.size() - open - 2);
@@ -145,7 +158,9 @@ std::vector<std::string> CodecRegistry::Identities() const {
 
 // ---- Encoding defaults -------------------------------------------------------------
 
-TransformSpec DefaultTransform(PlaneId) { return {std::string(kShuffleZstdTransform), 1}; }
+TransformSpec DefaultTransform(PlaneId) {
+  return {std::string(kShuffleZstdTransform), 1};
+}
 
 TransformSpec EncodeOptions::ForPlane(PlaneId plane) const {
   for (const auto& [id, spec] : plane_transforms) {

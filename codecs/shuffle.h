@@ -4,8 +4,10 @@
 //
 //   shuffled[b * n + i] = values[4 * i + b]      b in [0, 4), i in [0, n)
 //
-// SSE2 on x86-64 (16 values a step), scalar elsewhere and for the remainder.
-// Pure functions; in and out must not overlap.
+// Three implementations give identical bytes: AVX2 (32 values a step, chosen
+// at run time when the CPU has it), SSE2 (16 a step, the x86-64 baseline) and
+// scalar (everything else, and every remainder). Pure functions; in and out
+// must not overlap.
 #pragma once
 
 #include <cstddef>
@@ -14,5 +16,11 @@ namespace primecache::codecs {
 
 void ShuffleBytes4(const std::byte* in, std::size_t n, std::byte* out);
 void UnshuffleBytes4(const std::byte* in, std::size_t n, std::byte* out);
+
+// The implementations, for tests that compare them.
+enum class ShuffleIsa { kScalar, kSse2, kAvx2 };
+bool ShuffleIsaAvailable(ShuffleIsa isa);
+void ShuffleBytes4With(ShuffleIsa isa, const std::byte* in, std::size_t n, std::byte* out);
+void UnshuffleBytes4With(ShuffleIsa isa, const std::byte* in, std::size_t n, std::byte* out);
 
 }  // namespace primecache::codecs

@@ -14,7 +14,9 @@ using codecs::Problems;
 
 namespace {
 
-std::string N(std::uint64_t v) { return std::to_string(v); }
+std::string N(std::uint64_t v) {
+  return std::to_string(v);
+}
 
 // Adds a problem when the f32 bytes of a * b (* c) overflow 64 bits.
 bool FitsBytes(Problems& p, std::string_view what, std::uint64_t a, std::uint64_t b, std::uint64_t c = 1) {
@@ -107,7 +109,8 @@ struct TargetOf<KvShape> {
 // `consistent`: the shape passed CheckShape, so derived counts are defined.
 void CompareTarget(const LatentShape& s, const LatentGeometry& g, bool consistent, Problems& p) {
   if (s.width != g.width) p.Add("width " + N(s.width) + " != plan " + N(g.width));
-  if (s.index_width != g.index_width) p.Add("index_width " + N(s.index_width) + " != plan " + N(g.index_width));
+  if (s.index_width != g.index_width)
+    p.Add("index_width " + N(s.index_width) + " != plan " + N(g.index_width));
   if (s.pool != g.pool) p.Add("pool " + N(s.pool) + " != plan " + N(g.pool));
   if (s.len > g.max_ctx) p.Add("len " + N(s.len) + " > max_ctx " + N(g.max_ctx));
   if (consistent && g.index_ring_rows != 0 && s.tail_rows() > g.index_ring_rows) {
@@ -126,7 +129,9 @@ void CompareTarget(const KvShape& s, const KvGeometry& g, bool, Problems& p) {
 }
 
 // Little-endian canonical encodings for the digests.
-void PutU64(std::string& out, std::uint64_t v) { codecs::ByteWriter(&out).U64(v); }
+void PutU64(std::string& out, std::uint64_t v) {
+  codecs::ByteWriter(&out).U64(v);
+}
 void PutString(std::string& out, std::string_view s) {
   PutU64(out, s.size());
   out.append(s);
@@ -154,8 +159,9 @@ LayerShape ShapeOf(const LayerSnapshot& layer) {
 Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape) {
   PC_RETURN_IF_ERROR(CheckShape(shape));
   if (const auto* s = std::get_if<LatentShape>(&shape)) {
-    LatentPlaneSnapshot l{s->len, s->width, s->index_width, s->pool, s->pools_ready, s->index_is_ring,
-                          s->index_ring_rows, {}, {}, {}};
+    LatentPlaneSnapshot l{
+        s->len, s->width, s->index_width, s->pool, s->pools_ready, s->index_is_ring, s->index_ring_rows, {},
+        {},     {}};
     l.latent_rows.resize(s->latent_values());
     l.index_tail_rows.resize(s->tail_values());
     l.pool_keys.resize(s->pool_key_values());
@@ -185,7 +191,8 @@ Status CheckSnapshot(const LayerSnapshot& layer) {
     CheckPlaneSize(p, "pool_keys", l->pool_keys.size(), s.pool_key_values(), "pools_ready * index_width / 2");
   } else if (const auto* r = std::get_if<RecurrentSnapshot>(&layer)) {
     RecurrentShape s = r->shape();
-    CheckPlaneSize(p, "conv_ring", r->conv_ring.size(), s.conv_values(), "3 * heads * head_dim * (kernel - 1)");
+    CheckPlaneSize(p, "conv_ring", r->conv_ring.size(), s.conv_values(),
+                   "3 * heads * head_dim * (kernel - 1)");
     CheckPlaneSize(p, "state", r->state.size(), s.state_values(), "heads * head_dim * head_dim");
   } else {
     const auto& kv = std::get<KvSnapshot>(layer);
@@ -232,7 +239,8 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
       for (std::uint64_t v : {r->heads, r->head_dim, r->kernel}) PutU64(canon, v);
     } else {
       const auto& kv = std::get<KvGeometry>(g);
-      for (std::uint64_t v : {std::uint64_t{kv.k_width}, std::uint64_t{kv.v_width}, kv.max_ctx}) PutU64(canon, v);
+      for (std::uint64_t v : {std::uint64_t{kv.k_width}, std::uint64_t{kv.v_width}, kv.max_ctx})
+        PutU64(canon, v);
     }
   }
   return Checksum128(std::as_bytes(std::span(canon.data(), canon.size())));
@@ -241,7 +249,8 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
 Hash128 ModelFingerprint::Digest() const {
   std::string canon = "primecache-fingerprint/1";
   PutString(canon, architecture);
-  for (std::uint64_t v : {plan_digest.lo, plan_digest.hi, weights_digest.lo, weights_digest.hi}) PutU64(canon, v);
+  for (std::uint64_t v : {plan_digest.lo, plan_digest.hi, weights_digest.lo, weights_digest.hi})
+    PutU64(canon, v);
   PutU64(canon, codec_versions.size());
   for (const std::string& c : codec_versions) PutString(canon, c);
   return Checksum128(std::as_bytes(std::span(canon.data(), canon.size())));

@@ -26,7 +26,9 @@ constexpr std::size_t kPreambleChecked = 24;
 constexpr std::size_t kSectionEntryBytes = 32;
 constexpr std::uint32_t kLayerSection = 1;
 
-std::string N(std::uint64_t v) { return std::to_string(v); }
+std::string N(std::uint64_t v) {
+  return std::to_string(v);
+}
 
 std::vector<LayerShape> ShapesOf(const EncodedSnapshot& s) {
   std::vector<LayerShape> shapes;
@@ -68,7 +70,8 @@ Result<BoundaryHeader> ReadBoundaryHeader(std::span<const std::byte> bytes, std:
     return Status::Corruption(N(versions) + " codec versions; at most " + N(limits.max_codec_versions));
   }
   h.fingerprint.codec_versions.resize(versions);
-  for (std::string& c : h.fingerprint.codec_versions) PC_RETURN_IF_ERROR(r.Str16(&c, max_str, "codec version"));
+  for (std::string& c : h.fingerprint.codec_versions)
+    PC_RETURN_IF_ERROR(r.Str16(&c, max_str, "codec version"));
   PC_RETURN_IF_ERROR(r.Str16(&h.ns, max_str, "namespace"));
   PC_RETURN_IF_ERROR(r.U64(&h.boundary_len, "boundary length"));
   std::uint64_t tokens = 0;
@@ -77,8 +80,8 @@ Result<BoundaryHeader> ReadBoundaryHeader(std::span<const std::byte> bytes, std:
     return Status::ResourceExhausted(N(tokens) + " tokens exceed the limit of " + N(limits.codec.max_tokens));
   }
   if (tokens * sizeof(std::uint32_t) != r.remaining()) {
-    return Status::Corruption(N(tokens) + " tokens take " + N(tokens * sizeof(std::uint32_t)) + " bytes; the header has " +
-                              N(r.remaining()) + " left");
+    return Status::Corruption(N(tokens) + " tokens take " + N(tokens * sizeof(std::uint32_t)) +
+                              " bytes; the header has " + N(r.remaining()) + " left");
   }
   h.tokens.resize(tokens);
   for (std::uint32_t& t : h.tokens) PC_RETURN_IF_ERROR(r.U32(&t, "token"));
@@ -133,7 +136,8 @@ Status CheckSectionPlace(std::size_t i, const SectionEntry& e, std::uint64_t nex
                               " bytes after offset " + N(next));
   }
   std::uint64_t end = 0;
-  if (!CheckedAdd(e.offset, e.length, &end)) return Status::Corruption(name + ": offset + length overflows 64 bits");
+  if (!CheckedAdd(e.offset, e.length, &end))
+    return Status::Corruption(name + ": offset + length overflows 64 bits");
   if (end > file_size) {
     return Status::Corruption("truncated: " + name + " ends at " + N(end) + "; the file has " + N(file_size) +
                               " bytes");
@@ -233,7 +237,8 @@ Result<EncodedSnapshot> ParsePcsnap(std::span<const std::byte> bytes, const Snap
                                     Checksums checksums) {
   const bool verify = checksums == Checksums::kVerify;
   if (bytes.size() > limits.max_file_bytes) {
-    return Status::ResourceExhausted(N(bytes.size()) + " bytes exceed the limit of " + N(limits.max_file_bytes));
+    return Status::ResourceExhausted(N(bytes.size()) + " bytes exceed the limit of " +
+                                     N(limits.max_file_bytes));
   }
   ByteReader r(bytes);
   std::span<const std::byte> magic;
@@ -242,7 +247,8 @@ Result<EncodedSnapshot> ParsePcsnap(std::span<const std::byte> bytes, const Snap
                               N(kPreambleBytes));
   }
   PC_RETURN_IF_ERROR(r.Bytes(sizeof kMagic, &magic, "magic"));
-  if (std::memcmp(magic.data(), kMagic, sizeof kMagic) != 0) return Status::Corruption("not a .pcsnap file (bad magic)");
+  if (std::memcmp(magic.data(), kMagic, sizeof kMagic) != 0)
+    return Status::Corruption("not a .pcsnap file (bad magic)");
   std::uint32_t version = 0, header_len = 0, section_count = 0, flags = 0;
   std::uint64_t stored = 0;
   PC_RETURN_IF_ERROR(r.U32(&version, "version"));
@@ -262,17 +268,21 @@ Result<EncodedSnapshot> ParsePcsnap(std::span<const std::byte> bytes, const Snap
   std::span<const std::byte> header_bytes;
   PC_RETURN_IF_ERROR(r.Bytes(header_len, &header_bytes, "boundary header"));
   PC_RETURN_IF_ERROR(r.U64(&stored, "boundary header checksum"));
-  if (verify && Checksum64(header_bytes) != stored) return Status::Corruption("boundary header checksum mismatch");
+  if (verify && Checksum64(header_bytes) != stored)
+    return Status::Corruption("boundary header checksum mismatch");
   EncodedSnapshot out;
   PC_ASSIGN_OR_RETURN(out.header, ReadBoundaryHeader(header_bytes, kPreambleBytes, limits));
 
   if (section_count > limits.max_layers) {
-    return Status::ResourceExhausted(N(section_count) + " sections exceed the limit of " + N(limits.max_layers));
+    return Status::ResourceExhausted(N(section_count) + " sections exceed the limit of " +
+                                     N(limits.max_layers));
   }
   std::span<const std::byte> table_bytes;
-  PC_RETURN_IF_ERROR(r.Bytes(std::uint64_t{section_count} * kSectionEntryBytes, &table_bytes, "section table"));
+  PC_RETURN_IF_ERROR(
+      r.Bytes(std::uint64_t{section_count} * kSectionEntryBytes, &table_bytes, "section table"));
   PC_RETURN_IF_ERROR(r.U64(&stored, "section table checksum"));
-  if (verify && Checksum64(table_bytes) != stored) return Status::Corruption("section table checksum mismatch");
+  if (verify && Checksum64(table_bytes) != stored)
+    return Status::Corruption("section table checksum mismatch");
 
   ByteReader t(table_bytes, r.offset() - 8 - table_bytes.size());
   std::uint64_t next = r.offset();
@@ -291,7 +301,8 @@ Result<EncodedSnapshot> ParsePcsnap(std::span<const std::byte> bytes, const Snap
     return Status::Corruption(N(bytes.size() - next) + " bytes after the last section");
   }
   for (std::size_t i = 0; i < entries.size(); ++i) {
-    auto section = bytes.subspan(static_cast<std::size_t>(entries[i].offset), static_cast<std::size_t>(entries[i].length));
+    auto section = bytes.subspan(static_cast<std::size_t>(entries[i].offset),
+                                 static_cast<std::size_t>(entries[i].length));
     if (verify && Checksum64(section) != entries[i].checksum) {
       return Status::Corruption("section " + N(i) + " checksum mismatch");
     }
@@ -310,14 +321,16 @@ Result<EncodedSnapshot> ParsePcsnap(std::span<const std::byte> bytes, const Snap
 }
 
 Status WritePcsnap(Env* env, const std::string& path, const EncodedSnapshot& snapshot) {
-  PC_RETURN_IF_ERROR(CheckWritable(snapshot.header, snapshot.layers.size(), SnapshotLimits{}).WithContext(path));
+  PC_RETURN_IF_ERROR(
+      CheckWritable(snapshot.header, snapshot.layers.size(), SnapshotLimits{}).WithContext(path));
   return WriteFileAtomically(env, path, SerializePcsnap(snapshot));
 }
 
 Result<EncodedSnapshot> ReadPcsnap(Env* env, const std::string& path, const SnapshotLimits& limits) {
   PC_ASSIGN_OR_RETURN(std::uint64_t size, env->GetFileSize(path));
   if (size > limits.max_file_bytes) {
-    return Status::ResourceExhausted(path + ": " + N(size) + " bytes exceed the limit of " + N(limits.max_file_bytes));
+    return Status::ResourceExhausted(path + ": " + N(size) + " bytes exceed the limit of " +
+                                     N(limits.max_file_bytes));
   }
   PC_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path));
   Result<EncodedSnapshot> s = ParsePcsnap(AsBytes(bytes), limits);

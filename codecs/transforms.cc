@@ -16,7 +16,9 @@
 namespace primecache::codecs {
 namespace {
 
-std::span<const std::byte> FloatBytes(std::span<const float> v) { return std::as_bytes(v); }
+std::span<const std::byte> FloatBytes(std::span<const float> v) {
+  return std::as_bytes(v);
+}
 
 Status SizeMismatch(std::string_view id, std::uint64_t got, std::uint64_t want, std::uint64_t values) {
   return Status::Corruption(std::string(id) + ": " + std::to_string(got) + " encoded bytes; " +
@@ -68,7 +70,8 @@ class RawTransform final : public Transform {
   }
 
   Status Decode(std::span<const std::byte> encoded, std::span<float> out) const override {
-    if (encoded.size() != out.size_bytes()) return SizeMismatch(id(), encoded.size(), out.size_bytes(), out.size());
+    if (encoded.size() != out.size_bytes())
+      return SizeMismatch(id(), encoded.size(), out.size_bytes(), out.size());
     if (!encoded.empty()) std::memcpy(out.data(), encoded.data(), encoded.size());
     return Status::Ok();
   }
@@ -114,13 +117,15 @@ class ShuffleZstdTransform final : public Transform {
     std::byte* shuffled = ThreadScratch().Get(raw);
     ShuffleBytes4(FloatBytes(values).data(), n, shuffled);
     ZstdContexts& z = ThreadZstd();
-    if (z.c == nullptr && (z.c = ZSTD_createCCtx()) == nullptr) return Status::ResourceExhausted("ZSTD_createCCtx");
+    if (z.c == nullptr && (z.c = ZSTD_createCCtx()) == nullptr)
+      return Status::ResourceExhausted("ZSTD_createCCtx");
     out->resize(ZSTD_compressBound(raw));
     // ZSTD_compressCCtx sets every parameter from the level: the output is a
     // function of (input, level, library version) only, with the content size
     // recorded in the frame.
     std::size_t got = ZSTD_compressCCtx(z.c, out->data(), out->size(), shuffled, raw, level);
-    if (ZSTD_isError(got)) return Status::Internal(std::string("zstd compression: ") + ZSTD_getErrorName(got));
+    if (ZSTD_isError(got))
+      return Status::Internal(std::string("zstd compression: ") + ZSTD_getErrorName(got));
     out->resize(got);
     return Status::Ok();
   }
@@ -128,7 +133,8 @@ class ShuffleZstdTransform final : public Transform {
   Status Decode(std::span<const std::byte> encoded, std::span<float> out) const override {
     const std::size_t raw = out.size_bytes();
     unsigned long long content = ZSTD_getFrameContentSize(encoded.data(), encoded.size());
-    if (content == ZSTD_CONTENTSIZE_ERROR) return Status::Corruption(std::string(id()) + ": not a zstd frame");
+    if (content == ZSTD_CONTENTSIZE_ERROR)
+      return Status::Corruption(std::string(id()) + ": not a zstd frame");
     if (content == ZSTD_CONTENTSIZE_UNKNOWN) {
       return Status::Corruption(std::string(id()) + ": zstd frame does not record its content size");
     }
@@ -141,15 +147,16 @@ class ShuffleZstdTransform final : public Transform {
       return Status::Corruption(std::string(id()) + ": encoded bytes are not exactly one zstd frame");
     }
     ZstdContexts& z = ThreadZstd();
-    if (z.d == nullptr && (z.d = ZSTD_createDCtx()) == nullptr) return Status::ResourceExhausted("ZSTD_createDCtx");
+    if (z.d == nullptr && (z.d = ZSTD_createDCtx()) == nullptr)
+      return Status::ResourceExhausted("ZSTD_createDCtx");
     std::byte* shuffled = ThreadScratch().Get(raw);
     std::size_t got = ZSTD_decompressDCtx(z.d, shuffled, raw, encoded.data(), encoded.size());
     if (ZSTD_isError(got)) {
       return Status::Corruption(std::string(id()) + ": zstd: " + ZSTD_getErrorName(got));
     }
     if (got != raw) {
-      return Status::Corruption(std::string(id()) + ": zstd gave " + std::to_string(got) + " bytes; expected " +
-                                std::to_string(raw));
+      return Status::Corruption(std::string(id()) + ": zstd gave " + std::to_string(got) +
+                                " bytes; expected " + std::to_string(raw));
     }
     UnshuffleBytes4(shuffled, out.size(), reinterpret_cast<std::byte*>(out.data()));
     return Status::Ok();
@@ -171,7 +178,9 @@ std::uint16_t ToBf16(float x) {
   return out;
 }
 
-float FromBf16(std::uint16_t b) { return std::bit_cast<float>(std::uint32_t{b} << 16); }
+float FromBf16(std::uint16_t b) {
+  return std::bit_cast<float>(std::uint32_t{b} << 16);
+}
 
 class Bf16Transform final : public Transform {
  public:
@@ -193,7 +202,8 @@ class Bf16Transform final : public Transform {
   }
 
   Status Decode(std::span<const std::byte> encoded, std::span<float> out) const override {
-    if (encoded.size() != out.size() * 2) return SizeMismatch(id(), encoded.size(), out.size() * 2, out.size());
+    if (encoded.size() != out.size() * 2)
+      return SizeMismatch(id(), encoded.size(), out.size() * 2, out.size());
     for (std::size_t i = 0; i < out.size(); ++i) {
       std::uint16_t b;
       std::memcpy(&b, encoded.data() + 2 * i, 2);

@@ -154,7 +154,8 @@ class LayerCodec {
   virtual Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> fields) const = 0;
   // The planes of a layer of this shape, in stored order. Refuses a shape of
   // another kind, one failing CheckShape, or one past the limits.
-  virtual Result<std::vector<PlaneLayout>> Planes(const LayerShape& shape, const CodecLimits& limits) const = 0;
+  virtual Result<std::vector<PlaneLayout>> Planes(const LayerShape& shape,
+                                                  const CodecLimits& limits) const = 0;
   // A snapshot's planes in that order. Requires a snapshot of this kind.
   virtual std::vector<std::span<const float>> PlaneData(const LayerSnapshot& layer) const = 0;
   virtual std::vector<std::span<float>> MutablePlaneData(LayerSnapshot& layer) const = 0;
@@ -220,7 +221,7 @@ std::uint64_t ChunkRowsFor(std::uint64_t row_bytes, std::uint64_t target_bytes);
 // ---- The encoded layer ------------------------------------------------------------
 
 struct ChunkRecord {
-  std::uint64_t raw_bytes = 0;         // decoded f32 bytes
+  std::uint64_t raw_bytes = 0;  // decoded f32 bytes
   std::uint64_t encoded_bytes = 0;
   std::uint64_t raw_checksum = 0;      // XXH3-64 of the f32 bytes decoding must produce
   std::uint64_t encoded_checksum = 0;  // XXH3-64 of the encoded bytes

@@ -31,10 +31,10 @@ struct EncodedSnapshot {
 };
 
 struct SnapshotLimits {
-  CodecLimits codec;                            // per layer; max_tokens also bounds the header's tokens
+  CodecLimits codec;  // per layer; max_tokens also bounds the header's tokens
   std::uint64_t max_layers = 4096;
   std::uint64_t max_file_bytes = 1ull << 40;
-  std::uint64_t max_string_bytes = 4096;        // architecture, namespace, each codec version
+  std::uint64_t max_string_bytes = 4096;  // architecture, namespace, each codec version
   std::uint64_t max_codec_versions = 256;
 };
 

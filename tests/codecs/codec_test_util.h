@@ -40,7 +40,8 @@ class Rng {
 inline float Smooth(std::uint64_t seed, std::uint64_t t, std::uint64_t c) {
   Rng r(seed * 1000003u + t * 7919u + c);
   const double x = static_cast<double>(t), y = static_cast<double>(c);
-  double v = std::sin(0.013 * x + 0.37 * y) + 0.5 * std::cos(0.0021 * x * (1 + y / 97.0)) + 0.05 * r.Uniform();
+  double v =
+      std::sin(0.013 * x + 0.37 * y) + 0.5 * std::cos(0.0021 * x * (1 + y / 97.0)) + 0.05 * r.Uniform();
   return static_cast<float>(v);
 }
 
@@ -56,7 +57,8 @@ inline std::vector<float> SmoothPlane(std::uint64_t seed, std::uint64_t first_ro
 // A latent snapshot at boundary `len`, as an engine would capture it.
 // index_head_dim 0 means no indexer.
 inline LatentPlaneSnapshot MakeLatent(std::uint64_t len, std::uint32_t width, std::uint32_t index_head_dim,
-                                      std::uint32_t pool, std::uint64_t ring_rows = 0, std::uint64_t seed = 1) {
+                                      std::uint32_t pool, std::uint64_t ring_rows = 0,
+                                      std::uint64_t seed = 1) {
   LatentPlaneSnapshot s;
   s.len = len;
   s.width = width;
@@ -82,7 +84,8 @@ inline RecurrentSnapshot MakeRecurrent(std::uint32_t heads, std::uint32_t head_d
   return s;
 }
 
-inline KvSnapshot MakeKv(std::uint64_t len, std::uint32_t k_width, std::uint32_t v_width, std::uint64_t seed = 5) {
+inline KvSnapshot MakeKv(std::uint64_t len, std::uint32_t k_width, std::uint32_t v_width,
+                         std::uint64_t seed = 5) {
   return {len, k_width, v_width, SmoothPlane(seed, 0, len, k_width), SmoothPlane(seed + 1, 0, len, v_width)};
 }
 
@@ -100,7 +103,8 @@ inline BoundarySnapshot MakeBoundary(std::uint64_t len) {
   BoundarySnapshot b;
   b.header.fingerprint = TestFingerprint();
   b.header.ns = "tests";
-  for (std::uint64_t i = 0; i < len; ++i) b.header.tokens.push_back(i == 0 ? 256u : static_cast<std::uint32_t>(i % 256));
+  for (std::uint64_t i = 0; i < len; ++i)
+    b.header.tokens.push_back(i == 0 ? 256u : static_cast<std::uint32_t>(i % 256));
   b.header.boundary_len = len;
   b.layers.push_back(MakeRecurrent(2, 4, 4, 10));
   b.layers.push_back(MakeLatent(len, 10, 4, 4, 8, 11));
@@ -117,7 +121,8 @@ inline std::vector<LayerGeometry> GeometryOfBoundary(std::uint64_t max_ctx) {
 
 // True when a and b hold the same bit patterns.
 inline bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 inline bool BitEqual(const LayerSnapshot& a, const LayerSnapshot& b) {

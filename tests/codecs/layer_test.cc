@@ -1,7 +1,9 @@
 // Encoding and decoding whole layers: every kind x transform round trip,
 // decoding into caller memory and chunk by chunk, the chunking rules, and the
 // dedup property the statestore builds on.
+#include <atomic>
 #include <cmath>
+#include <thread>
 
 #include "codec_test_util.h"
 
@@ -20,12 +22,12 @@ struct KindCase {
 
 std::vector<KindCase> Kinds() {
   return {
-      {"latent_ring", MakeLatent(203, 24, 8, 4, 16)},         // indexer, ring, tail of 3
-      {"latent_flat", MakeLatent(203, 24, 8, 4, 0)},          // indexer, flat index plane
-      {"latent_no_tail", MakeLatent(200, 24, 8, 4, 16)},      // len a multiple of pool: empty tail
-      {"latent_short", MakeLatent(3, 24, 8, 4, 8)},           // no pool ready yet: empty key plane
-      {"latent_dense", MakeLatent(203, 24, 0, 0)},            // no indexer
-      {"latent_nope", MakeLatent(77, 16, 4, 2, 0)},           // NoPE width, pool 2
+      {"latent_ring", MakeLatent(203, 24, 8, 4, 16)},     // indexer, ring, tail of 3
+      {"latent_flat", MakeLatent(203, 24, 8, 4, 0)},      // indexer, flat index plane
+      {"latent_no_tail", MakeLatent(200, 24, 8, 4, 16)},  // len a multiple of pool: empty tail
+      {"latent_short", MakeLatent(3, 24, 8, 4, 8)},       // no pool ready yet: empty key plane
+      {"latent_dense", MakeLatent(203, 24, 0, 0)},        // no indexer
+      {"latent_nope", MakeLatent(77, 16, 4, 2, 0)},       // NoPE width, pool 2
       {"recurrent", MakeRecurrent(3, 8, 4)},
       {"recurrent_k2", MakeRecurrent(1, 5, 2)},
       {"kv", MakeKv(203, 12, 20)},
@@ -60,8 +62,8 @@ EncodeOptions OptionsFor(const TransformSpec& spec, std::uint64_t chunk_bytes) {
 }
 
 // q8_0 blocks start afresh in every chunk (chunks are encoded independently).
-void ExpectLatentRowsWithinBound(const std::string& id, const std::vector<float>& in, const std::vector<float>& out,
-                                 std::uint64_t chunk_values) {
+void ExpectLatentRowsWithinBound(const std::string& id, const std::vector<float>& in,
+                                 const std::vector<float>& out, std::uint64_t chunk_values) {
   ASSERT_EQ(in.size(), out.size());
   for (std::size_t chunk = 0; chunk < in.size(); chunk += chunk_values) {
     const std::size_t chunk_end = std::min<std::size_t>(in.size(), chunk + chunk_values);
@@ -72,7 +74,7 @@ void ExpectLatentRowsWithinBound(const std::string& id, const std::vector<float>
       for (std::size_t i = start; i < end; ++i) {
         const double err = std::fabs(double{in[i]} - double{out[i]});
         const double bound = id == "bf16/v1" ? std::ldexp(std::fabs(double{in[i]}), -8)
-                                              : amax / 254 + std::ldexp(amax, -20) + std::ldexp(1.0, -140);
+                                             : amax / 254 + std::ldexp(amax, -20) + std::ldexp(1.0, -140);
         ASSERT_LE(err, bound) << id << " value " << i;
       }
     }
@@ -115,24 +117,24 @@ TEST_P(RoundTripTest, DecodesWhatWasEncoded) {
   EXPECT_TRUE(BitEqual(in.pool_keys, out.pool_keys)) << "pool keys are never lossy";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EveryKindAndTransform, RoundTripTest,
-    ::testing::Combine(::testing::ValuesIn(Kinds()), ::testing::ValuesIn(Transforms()),
-                       ::testing::Values(std::uint64_t{256}, kDefaultChunkBytes)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name + "_" +
-             std::to_string(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(EveryKindAndTransform, RoundTripTest,
+                         ::testing::Combine(::testing::ValuesIn(Kinds()), ::testing::ValuesIn(Transforms()),
+                                            ::testing::Values(std::uint64_t{256}, kDefaultChunkBytes)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).name) + "_" +
+                                  std::get<1>(info.param).name + "_" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
 
 TEST(LayerTest, LossyIsRefusedOnEveryPlaneButLatentRows) {
   for (auto lossy : {kBf16Transform, kQ8_0Transform}) {
-    for (auto [plane, layer] : std::vector<std::pair<PlaneId, LayerSnapshot>>{
-             {PlaneId::kIndexTailRows, MakeLatent(9, 8, 4, 4)},
-             {PlaneId::kPoolKeys, MakeLatent(9, 8, 4, 4)},
-             {PlaneId::kConvRing, MakeRecurrent(1, 4, 4)},
-             {PlaneId::kRecurrentState, MakeRecurrent(1, 4, 4)},
-             {PlaneId::kKeyRows, MakeKv(9, 4, 4)},
-             {PlaneId::kValueRows, MakeKv(9, 4, 4)}}) {
+    for (auto [plane, layer] :
+         std::vector<std::pair<PlaneId, LayerSnapshot>>{{PlaneId::kIndexTailRows, MakeLatent(9, 8, 4, 4)},
+                                                        {PlaneId::kPoolKeys, MakeLatent(9, 8, 4, 4)},
+                                                        {PlaneId::kConvRing, MakeRecurrent(1, 4, 4)},
+                                                        {PlaneId::kRecurrentState, MakeRecurrent(1, 4, 4)},
+                                                        {PlaneId::kKeyRows, MakeKv(9, 4, 4)},
+                                                        {PlaneId::kValueRows, MakeKv(9, 4, 4)}}) {
       EncodeOptions o;
       o.plane_transforms = {{plane, {std::string(lossy), 0}}};
       auto r = EncodeLayer(layer, o);
@@ -183,7 +185,7 @@ TEST(LayerTest, ChunksAppendOnlyPlanesAtFixedRowsAndEagerPlanesOnce) {
   EXPECT_EQ(planes[0].chunks.back().raw_bytes, 3u * 24 * 4);
   EXPECT_EQ(planes[1].chunk_rows, 3u);  // the tail: one chunk
   EXPECT_EQ(planes[1].chunks.size(), 1u);
-  EXPECT_EQ(planes[2].chunk_rows, 16u);  // keys of 8 floats: 32 bytes a row
+  EXPECT_EQ(planes[2].chunk_rows, 16u);    // keys of 8 floats: 32 bytes a row
   EXPECT_EQ(planes[2].chunks.size(), 4u);  // 50 pools
 
   auto rec = EncodeLayer(MakeRecurrent(64, 128, 4));  // realistic KDA: 4 MiB state, one chunk
@@ -198,7 +200,7 @@ TEST(LayerTest, DefaultChunksHoldBetweenAQuarterAndOneMebibyte) {
     EXPECT_LE(rows * row_bytes, 1024u * 1024) << row_bytes;
     EXPECT_EQ(rows & (rows - 1), 0u) << "a power of two";
   }
-  EXPECT_EQ(ChunkRowsFor(576 * 4, kDefaultChunkBytes), 256u);  // GLM-5-class latent rows
+  EXPECT_EQ(ChunkRowsFor(576 * 4, kDefaultChunkBytes), 256u);   // GLM-5-class latent rows
   EXPECT_EQ(ChunkRowsFor(128 * 4, kDefaultChunkBytes), 2048u);  // pool keys of head_dim 128
   EXPECT_EQ(ChunkRowsFor(4 << 20, kDefaultChunkBytes), 1u);
 }
@@ -275,6 +277,44 @@ TEST(DecodeIntoTest, WritesStraightIntoCallerMemory) {
   std::fill(staging.begin(), staging.end(), 0.0f);
   ASSERT_TRUE(DecodeLayerInto(*enc, spans).ok());
   EXPECT_TRUE(BitEqual(l.latent_rows, std::vector<float>(spans[0].begin(), spans[0].end())));
+}
+
+// LayerDecoder is immutable and each chunk writes only its rows: chunks of one
+// layer decode from several threads at once into one plane (and encoding runs
+// concurrently too: per-thread scratch only).
+TEST(DecodeIntoTest, ChunksDecodeConcurrentlyIntoOnePlane) {
+  LatentPlaneSnapshot l = MakeLatent(4000, 24, 8, 4, 16);
+  EncodeOptions o;
+  o.target_chunk_bytes = 4096;
+  std::vector<Result<EncodedLayer>> encoded(4, Status::Internal("not run"));
+  std::vector<std::thread> encoders;
+  for (int t = 0; t < 4; ++t) encoders.emplace_back([&, t] { encoded[t] = EncodeLayer(l, o); });
+  for (auto& th : encoders) th.join();
+  for (const auto& e : encoded) {
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->chunks, encoded[0]->chunks);
+  }
+  auto decoder = LayerDecoder::Create(encoded[0]->header);
+  ASSERT_TRUE(decoder.ok());
+  std::vector<std::vector<float>> planes;
+  for (const auto& p : decoder->planes()) planes.emplace_back(p.values());
+  std::atomic<std::size_t> next{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 4; ++t) {
+    workers.emplace_back([&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < decoder->chunk_count();) {
+        if (!decoder->DecodeChunk(i, AsBytes(encoded[0]->chunks[i]), planes[decoder->chunk(i).plane]).ok()) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& th : workers) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_TRUE(BitEqual(l.latent_rows, planes[0]));
+  EXPECT_TRUE(BitEqual(l.index_tail_rows, planes[1]));
+  EXPECT_TRUE(BitEqual(l.pool_keys, planes[2]));
 }
 
 TEST(DecodeIntoTest, RefusesDestinationsOfTheWrongSize) {

@@ -30,7 +30,8 @@ class RefusalTest : public ::testing::Test {
 
   static void ExpectRefused(const Status& s, StatusCode code, std::string_view says) {
     EXPECT_EQ(s.code(), code) << s.ToString();
-    EXPECT_NE(s.message().find(says), std::string::npos) << "message: " << s.message() << "\nwanted: " << says;
+    EXPECT_NE(s.message().find(says), std::string::npos)
+        << "message: " << s.message() << "\nwanted: " << says;
   }
 
   LatentShape& Shape(EncodedLayer& l) { return std::get<LatentShape>(l.header.shape); }
@@ -105,7 +106,8 @@ TEST_F(RefusalTest, TrailingBytes) {
 TEST_F(RefusalTest, HeaderChecksumMismatch) {
   std::string flat = SerializeLayer(layer_);
   flat[20] ^= 1;
-  ExpectRefused(ParseLayer(AsBytes(flat)).status(), StatusCode::kCorruption, "layer header checksum mismatch");
+  ExpectRefused(ParseLayer(AsBytes(flat)).status(), StatusCode::kCorruption,
+                "layer header checksum mismatch");
 }
 
 TEST_F(RefusalTest, EncodedChecksumMismatch) {
@@ -136,7 +138,8 @@ TEST_F(RefusalTest, RawChecksumMismatchUnderEveryTransform) {
 TEST_F(RefusalTest, GeometryMismatchBetweenPlanesAndMetadata) {
   EncodedLayer l = layer_;
   l.header.planes[0].row_width = 23;
-  ExpectRefused(Reparse(l), StatusCode::kCorruption, "records 203 rows of 23 floats; the layer's metadata makes 203 rows of 24");
+  ExpectRefused(Reparse(l), StatusCode::kCorruption,
+                "records 203 rows of 23 floats; the layer's metadata makes 203 rows of 24");
   l = layer_;
   l.header.planes[0].rows = 202;
   ExpectRefused(Reparse(l), StatusCode::kCorruption, "records 202 rows");
@@ -159,11 +162,13 @@ TEST_F(RefusalTest, GeometryMismatchAgainstTheTarget) {
 
 TEST_F(RefusalTest, PoolsReadyDisagreesWithLenOverPool) {
   Shape(layer_).pools_ready = 49;
-  ExpectRefused(Reparse(layer_), StatusCode::kCorruption, "pools_ready 49 != len / pool = 50 (len 203, pool 4)");
+  ExpectRefused(Reparse(layer_), StatusCode::kCorruption,
+                "pools_ready 49 != len / pool = 50 (len 203, pool 4)");
   ExpectRefused(Redecode(layer_), StatusCode::kCorruption, "pools_ready 49 != len / pool = 50");
   LayerSnapshot snap = MakeLatent(203, 24, 8, 4, 16);
   std::get<LatentPlaneSnapshot>(snap).pools_ready = 51;
-  ExpectRefused(EncodeLayer(snap).status(), StatusCode::kInvalidArgument, "pools_ready 51 != len / pool = 50");
+  ExpectRefused(EncodeLayer(snap).status(), StatusCode::kInvalidArgument,
+                "pools_ready 51 != len / pool = 50");
 }
 
 TEST_F(RefusalTest, TailRowCountDisagreesWithLenAndPoolsReady) {
@@ -181,11 +186,13 @@ TEST_F(RefusalTest, OverflowingLengths) {
   Shape(l).len = 1ull << 62;
   Shape(l).pools_ready = (1ull << 62) / 4;
   CodecLimits huge{~0ull, ~0ull, ~0ull, ~0ull, ~0ull};
-  ExpectRefused(Reparse(l, huge), StatusCode::kCorruption, "len * width (4611686018427387904 * 24) overflows 64 bits");
+  ExpectRefused(Reparse(l, huge), StatusCode::kCorruption,
+                "len * width (4611686018427387904 * 24) overflows 64 bits");
 
   RecurrentShape r{0xffffffffu, 0xffffffffu, 0xffffffffu};
   ExpectRefused(CheckShape(r), StatusCode::kInvalidArgument, "overflows 64 bits");
-  ExpectRefused(CheckShape(KvShape{1ull << 63, 2, 2}), StatusCode::kInvalidArgument, "len * k_width overflows");
+  ExpectRefused(CheckShape(KvShape{1ull << 63, 2, 2}), StatusCode::kInvalidArgument,
+                "len * k_width overflows");
   LatentShape keys{1ull << 63, 1, 0xfffffffeu, 1, 1ull << 63, false, 0};
   ExpectRefused(CheckShape(keys), StatusCode::kInvalidArgument, "overflows 64 bits");
 
@@ -203,7 +210,8 @@ TEST_F(RefusalTest, OverflowingLengths) {
 TEST_F(RefusalTest, Limits) {
   CodecLimits l;
   l.max_tokens = 200;
-  ExpectRefused(Reparse(layer_, l), StatusCode::kResourceExhausted, "len 203 exceeds the limit of 200 tokens");
+  ExpectRefused(Reparse(layer_, l), StatusCode::kResourceExhausted,
+                "len 203 exceeds the limit of 200 tokens");
   l = {};
   l.max_chunks = 20;
   ExpectRefused(Reparse(layer_, l), StatusCode::kResourceExhausted, "more than 20 chunks");

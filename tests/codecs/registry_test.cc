@@ -5,7 +5,9 @@
 namespace primecache {
 namespace {
 
-const CodecRegistry& R() { return CodecRegistry::Default(); }
+const CodecRegistry& R() {
+  return CodecRegistry::Default();
+}
 
 TEST(IdentityTest, ParsesStrictly) {
   auto id = ParseIdentity("mla-latent/v1");
@@ -14,9 +16,10 @@ TEST(IdentityTest, ParsesStrictly) {
   EXPECT_EQ(id->version, 1u);
   EXPECT_EQ(id->ToString(), "mla-latent/v1");
   EXPECT_TRUE(ParseIdentity("q8_0/v4294967295").ok());
-  for (std::string_view bad : {"", "mla-latent", "mla-latent/", "mla-latent/v", "mla-latent/1", "mla-latent/v0",
-                               "mla-latent/v01", "mla-latent/v1 ", " mla-latent/v1", "MLA-latent/v1",
-                               "mla latent/v1", "mla-latent/v4294967296", "/v1", "a/b/v1", "mla-latent/v1x"}) {
+  for (std::string_view bad :
+       {"", "mla-latent", "mla-latent/", "mla-latent/v", "mla-latent/1", "mla-latent/v0", "mla-latent/v01",
+        "mla-latent/v1 ", " mla-latent/v1", "MLA-latent/v1", "mla latent/v1", "mla-latent/v4294967296", "/v1",
+        "a/b/v1", "mla-latent/v1x"}) {
     auto r = ParseIdentity(bad);
     EXPECT_TRUE(r.status().IsInvalidArgument()) << "'" << bad << "' " << r.status().ToString();
   }
@@ -49,7 +52,8 @@ TEST(RegistryTest, RefusesAnUnknownKind) {
 TEST(RegistryTest, RefusesAKnownKindAtAnUnknownVersion) {
   auto r = R().FindKind("mla-latent/v2");
   ASSERT_EQ(r.status().code(), StatusCode::kNotSupported) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("knows mla-latent at v1 only"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("knows mla-latent at v1 only"), std::string::npos)
+      << r.status().message();
   auto t = R().FindTransform("shuffle-zstd/v2");
   ASSERT_EQ(t.status().code(), StatusCode::kNotSupported);
   EXPECT_NE(t.status().message().find("shuffle-zstd at v1 only"), std::string::npos) << t.status().message();
@@ -68,8 +72,9 @@ TEST(RegistryTest, ResolvesWrappedIdentitiesExactly) {
   EXPECT_EQ(ok->second->kind(), kMlaLatentKind);
   EXPECT_EQ(R().ResolveWrapped("shuffle-zstd/v1(mla-latent/v2)").status().code(), StatusCode::kNotSupported);
   EXPECT_EQ(R().ResolveWrapped("shuffle-zstd/v3(mla-latent/v1)").status().code(), StatusCode::kNotSupported);
-  for (std::string_view bad : {"shuffle-zstd/v1", "shuffle-zstd/v1(mla-latent/v1) ", "shuffle-zstd/v1 (mla-latent/v1)",
-                               "raw/v1(shuffle-zstd/v1(mla-latent/v1))", "(mla-latent/v1)", "raw/v1()"}) {
+  for (std::string_view bad :
+       {"shuffle-zstd/v1", "shuffle-zstd/v1(mla-latent/v1) ", "shuffle-zstd/v1 (mla-latent/v1)",
+        "raw/v1(shuffle-zstd/v1(mla-latent/v1))", "(mla-latent/v1)", "raw/v1()"}) {
     EXPECT_FALSE(R().ResolveWrapped(bad).ok()) << bad;
   }
 }
@@ -82,8 +87,8 @@ TEST(RegistryTest, KindForPicksTheCurrentCodecOfAShape) {
 
 TEST(RegistryTest, IdentitiesAreSortedAndComplete) {
   auto ids = R().Identities();
-  EXPECT_EQ(ids, (std::vector<std::string>{"bf16/v1", "kda-recurrent/v1", "kv-plain/v1", "mla-latent/v1", "q8_0/v1",
-                                           "raw/v1", "shuffle-zstd/v1"}));
+  EXPECT_EQ(ids, (std::vector<std::string>{"bf16/v1", "kda-recurrent/v1", "kv-plain/v1", "mla-latent/v1",
+                                           "q8_0/v1", "raw/v1", "shuffle-zstd/v1"}));
 }
 
 TEST(RegistryTest, ShapeFieldsRoundTripAndRefuseWrongCounts) {

@@ -23,7 +23,9 @@ void ExpectRefused(const Status& s, StatusCode code, std::string_view says) {
   EXPECT_NE(s.message().find(says), std::string::npos) << "message: " << s.message() << "\nwanted: " << says;
 }
 
-Status Parse(const std::string& f) { return ParsePcsnap(AsBytes(f)).status(); }
+Status Parse(const std::string& f) {
+  return ParsePcsnap(AsBytes(f)).status();
+}
 
 EncodedSnapshot Encoded(std::uint64_t len, const EncodeOptions& o = {}) {
   auto e = EncodeSnapshot(MakeBoundary(len), o);
@@ -34,7 +36,8 @@ EncodedSnapshot Encoded(std::uint64_t len, const EncodeOptions& o = {}) {
 void ExpectSameBoundary(const BoundarySnapshot& a, const BoundarySnapshot& b) {
   EXPECT_EQ(a.header, b.header);
   ASSERT_EQ(a.layers.size(), b.layers.size());
-  for (std::size_t i = 0; i < a.layers.size(); ++i) EXPECT_TRUE(BitEqual(a.layers[i], b.layers[i])) << "layer " << i;
+  for (std::size_t i = 0; i < a.layers.size(); ++i)
+    EXPECT_TRUE(BitEqual(a.layers[i], b.layers[i])) << "layer " << i;
 }
 
 TEST(PcsnapTest, RoundTripsThroughAMemEnv) {
@@ -130,7 +133,8 @@ TEST(PcsnapTest, OverlappingSections) {
   std::string f = SerializePcsnap(Encoded(9));
   auto l = LayoutOf(f);
   const std::size_t entry1 = l.table_at + 32;
-  Store<std::uint64_t>(f, entry1 + 8, Load<std::uint64_t>(f, entry1 + 8) - 16);  // section 1 starts 16 bytes early
+  Store<std::uint64_t>(f, entry1 + 8,
+                       Load<std::uint64_t>(f, entry1 + 8) - 16);  // section 1 starts 16 bytes early
   ResealPcsnap(f);
   ExpectRefused(Parse(f), StatusCode::kCorruption, "section 1 at offset");
   ExpectRefused(Parse(f), StatusCode::kCorruption, "overlaps section 0");
@@ -174,7 +178,8 @@ TEST(PcsnapTest, SectionCountAndTokenCountAreBounded) {
   ExpectRefused(ParsePcsnap(AsBytes(f), limits).status(), StatusCode::kResourceExhausted,
                 "4294967295 sections exceed the limit of 4096");
   limits.max_layers = ~0ull;
-  ExpectRefused(ParsePcsnap(AsBytes(f), limits).status(), StatusCode::kCorruption, "truncated: section table");
+  ExpectRefused(ParsePcsnap(AsBytes(f), limits).status(), StatusCode::kCorruption,
+                "truncated: section table");
 
   f = SerializePcsnap(Encoded(9));
   auto l = LayoutOf(f);
@@ -206,7 +211,8 @@ TEST(PcsnapTest, BoundaryDisagreementsAreRefused) {
 TEST(PcsnapTest, WhatWouldNotReadBackIsNotWritten) {
   BoundarySnapshot b = MakeBoundary(9);
   b.header.ns = std::string(5000, 'n');
-  ExpectRefused(EncodeSnapshot(b).status(), StatusCode::kInvalidArgument, "namespace of 5000 bytes exceeds 4096");
+  ExpectRefused(EncodeSnapshot(b).status(), StatusCode::kInvalidArgument,
+                "namespace of 5000 bytes exceeds 4096");
   EncodedSnapshot e = Encoded(9);
   e.header.fingerprint.architecture = std::string(4097, 'a');
   auto env = NewMemEnv();

@@ -1,10 +1,11 @@
 // Each transform on its own: exact round trips for the lossless ones (every
 // bit pattern, NaN payloads included), the stated error bounds for the lossy
 // ones, determinism, and refusal of encodings of the wrong size or content.
+#include <cstdio>
 #include <limits>
 
-#include "codecs/shuffle.h"
 #include "codec_test_util.h"
+#include "codecs/shuffle.h"
 
 namespace primecache {
 namespace {
@@ -84,18 +85,33 @@ TEST_P(LosslessTest, RefusesAnEncodingOfAnotherLength) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transforms, LosslessTest, ::testing::Values(kRawTransform, kShuffleZstdTransform),
-                         [](const auto& info) { return std::string(info.param == kRawTransform ? "raw" : "shuffle_zstd"); });
+                         [](const auto& info) {
+                           return std::string(info.param == kRawTransform ? "raw" : "shuffle_zstd");
+                         });
 
-TEST(ShuffleTest, GroupsBytesBySignificance) {
-  for (std::size_t n : {0u, 1u, 15u, 16u, 17u, 48u, 50u}) {
-    std::vector<std::byte> in(4 * n), shuffled(4 * n), back(4 * n);
-    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::byte>(i * 7 + 3);
-    codecs::ShuffleBytes4(in.data(), n, shuffled.data());
-    for (std::size_t i = 0; i < n; ++i) {
-      for (std::size_t b = 0; b < 4; ++b) ASSERT_EQ(shuffled[b * n + i], in[4 * i + b]) << n << " " << i << " " << b;
+TEST(ShuffleTest, EveryImplementationGroupsBytesBySignificance) {
+  using codecs::ShuffleIsa;
+  for (ShuffleIsa isa : {ShuffleIsa::kScalar, ShuffleIsa::kSse2, ShuffleIsa::kAvx2}) {
+    if (!codecs::ShuffleIsaAvailable(isa)) {
+      std::printf("shuffle ISA %d not available here; not tested\n", static_cast<int>(isa));
+      continue;
     }
-    codecs::UnshuffleBytes4(shuffled.data(), n, back.data());
-    EXPECT_EQ(in, back);
+    for (std::size_t n : {0u, 1u, 15u, 16u, 17u, 31u, 32u, 33u, 48u, 50u, 64u, 95u, 96u, 1000u, 4099u}) {
+      std::vector<std::byte> in(4 * n), shuffled(4 * n), back(4 * n);
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::byte>(i * 7 + 3 + i / 251);
+      codecs::ShuffleBytes4With(isa, in.data(), n, shuffled.data());
+      for (std::size_t i = 0; i < n; ++i) {
+        for (std::size_t b = 0; b < 4; ++b) {
+          ASSERT_EQ(shuffled[b * n + i], in[4 * i + b])
+              << static_cast<int>(isa) << " n=" << n << " " << i << " " << b;
+        }
+      }
+      codecs::UnshuffleBytes4With(isa, shuffled.data(), n, back.data());
+      EXPECT_EQ(in, back) << static_cast<int>(isa) << " n=" << n;
+      std::vector<std::byte> dispatched(4 * n);
+      codecs::ShuffleBytes4(in.data(), n, dispatched.data());
+      EXPECT_EQ(dispatched, shuffled);
+    }
   }
 }
 
@@ -204,7 +220,8 @@ TEST(Q8Test, StaysWithinTheStatedBound) {
   for (int e : {-149, -140, -130, -126, -100, -20, -1, 0, 3, 30, 100, 127}) {
     for (int i = 0; i < 32 * 40; ++i) v.push_back(std::ldexp(r.Uniform(), e));
   }
-  for (int i = 0; i < 32; ++i) v.push_back(i % 2 ? std::numeric_limits<float>::max() : -std::numeric_limits<float>::max());
+  for (int i = 0; i < 32; ++i)
+    v.push_back(i % 2 ? std::numeric_limits<float>::max() : -std::numeric_limits<float>::max());
   for (float x : SmoothPlane(6, 0, 37, 77)) v.push_back(x);  // a short last block
   std::string enc;
   ASSERT_TRUE(t.Encode(v, 0, &enc).ok());

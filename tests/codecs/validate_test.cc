@@ -30,7 +30,8 @@ TEST(CheckShapeTest, NamesEveryBrokenLatentInvariant) {
   ExpectSays(CheckShape(LatentShape{9, 8, 7, 4, 2, false, 0}), "index_width 7 is odd");
   ExpectSays(CheckShape(LatentShape{9, 8, 8, 0, 0, false, 0}), "pool is 0 with an indexer");
   ExpectSays(CheckShape(LatentShape{9, 8, 8, 4, 3, false, 0}), "pools_ready 3 != len / pool = 2");
-  ExpectSays(CheckShape(LatentShape{9, 8, 8, 4, 2, true, 6}), "index_ring_rows 6 is not a positive multiple of pool 4");
+  ExpectSays(CheckShape(LatentShape{9, 8, 8, 4, 2, true, 6}),
+             "index_ring_rows 6 is not a positive multiple of pool 4");
   ExpectSays(CheckShape(LatentShape{9, 8, 8, 4, 2, true, 0}), "not a positive multiple");
   ExpectSays(CheckShape(LatentShape{9, 8, 8, 4, 2, false, 8}), "index_ring_rows 8 on a flat index plane");
   Status s = CheckShape(LatentShape{9, 8, 0, 4, 2, true, 8});
@@ -76,7 +77,8 @@ TEST(MakeSnapshotTest, AllocatesEveryPlane) {
 TEST(ValidateTest, AcceptsAMatchingPlanAndRingOrFlatTargets) {
   LayerSnapshot l = MakeLatent(203, 24, 8, 4, 16);
   EXPECT_TRUE(Validate(l, LatentGeometry{24, 16, 4, 16, 4096}).ok());
-  EXPECT_TRUE(Validate(l, LatentGeometry{24, 16, 4, 0, 4096}).ok()) << "a ring snapshot restores into a flat plane";
+  EXPECT_TRUE(Validate(l, LatentGeometry{24, 16, 4, 0, 4096}).ok())
+      << "a ring snapshot restores into a flat plane";
   EXPECT_TRUE(Validate(l, LatentGeometry{24, 16, 4, 4, 203}).ok()) << "a tail of 3 fits a ring of one pool";
   EXPECT_TRUE(Validate(MakeRecurrent(2, 4, 4), RecurrentGeometry{2, 4, 4}).ok());
   EXPECT_TRUE(Validate(MakeKv(5, 4, 6), KvGeometry{4, 6, 5}).ok());

@@ -27,8 +27,8 @@ inline SnapshotLimits SmallSnapshotLimits() {
 }
 
 // Aborts the run (a finding) when a property that must hold does not.
-#define PC_FUZZ_CHECK(cond) \
-  do {                      \
+#define PC_FUZZ_CHECK(cond)        \
+  do {                             \
     if (!(cond)) __builtin_trap(); \
   } while (0)
 

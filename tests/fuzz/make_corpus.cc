@@ -30,8 +30,8 @@ std::vector<std::pair<std::string, EncodeOptions>> Options() {
     o.target_chunk_bytes = 128;
     out.emplace_back(name, o);
   }
-  for (auto [name, spec] : std::vector<std::pair<std::string, TransformSpec>>{
-           {"bf16", {"bf16/v1", 0}}, {"q8_0", {"q8_0/v1", 0}}}) {
+  for (auto [name, spec] : std::vector<std::pair<std::string, TransformSpec>>{{"bf16", {"bf16/v1", 0}},
+                                                                              {"q8_0", {"q8_0/v1", 0}}}) {
     EncodeOptions o;
     o.plane_transforms = {{PlaneId::kLatentRows, spec}};
     o.target_chunk_bytes = 128;
@@ -42,16 +42,21 @@ std::vector<std::pair<std::string, EncodeOptions>> Options() {
 
 Status Run(const std::string& root) {
   std::vector<std::pair<std::string, LayerSnapshot>> layers = {
-      {"mla_latent-ring", MakeLatent(9, 6, 2, 4, 4)},   {"mla_latent-flat", MakeLatent(7, 6, 2, 2)},
-      {"mla_latent-dense", MakeLatent(5, 8, 0, 0)},     {"mla_latent-short", MakeLatent(3, 4, 2, 4, 4)},
-      {"kda_recurrent-a", MakeRecurrent(1, 3, 4)},      {"kda_recurrent-b", MakeRecurrent(2, 2, 2)},
-      {"kv_plain-a", MakeKv(6, 3, 5)},                  {"kv_plain-b", MakeKv(1, 4, 4)},
+      {"mla_latent-ring", MakeLatent(9, 6, 2, 4, 4)},
+      {"mla_latent-flat", MakeLatent(7, 6, 2, 2)},
+      {"mla_latent-dense", MakeLatent(5, 8, 0, 0)},
+      {"mla_latent-short", MakeLatent(3, 4, 2, 4, 4)},
+      {"kda_recurrent-a", MakeRecurrent(1, 3, 4)},
+      {"kda_recurrent-b", MakeRecurrent(2, 2, 2)},
+      {"kv_plain-a", MakeKv(6, 3, 5)},
+      {"kv_plain-b", MakeKv(1, 4, 4)},
   };
   for (const auto& [oname, options] : Options()) {
     for (const auto& [lname, layer] : layers) {
       const std::string kind = lname.substr(0, lname.find('-'));
       const bool lossy = !options.plane_transforms.empty();
-      if (lossy && kind != "mla_latent") continue;  // would equal the zstd seed: lossy applies to latent rows only
+      if (lossy && kind != "mla_latent")
+        continue;  // would equal the zstd seed: lossy applies to latent rows only
       PC_ASSIGN_OR_RETURN(EncodedLayer enc, EncodeLayer(layer, options));
       PC_RETURN_IF_ERROR(Put(root + "/layer_" + kind, lname + "-" + oname, SerializeLayer(enc)));
     }
@@ -59,7 +64,8 @@ Status Run(const std::string& root) {
       BoundarySnapshot b = MakeBoundary(len);
       b.layers = {MakeRecurrent(1, 2, 3), MakeLatent(len, 4, 2, 2, 2), MakeKv(len, 2, 3)};
       PC_ASSIGN_OR_RETURN(EncodedSnapshot e, EncodeSnapshot(b, options));
-      PC_RETURN_IF_ERROR(Put(root + "/pcsnap", "len" + std::to_string(len) + "-" + oname, SerializePcsnap(e)));
+      PC_RETURN_IF_ERROR(
+          Put(root + "/pcsnap", "len" + std::to_string(len) + "-" + oname, SerializePcsnap(e)));
     }
   }
   // Transforms: a u16 value count, then the encoding.

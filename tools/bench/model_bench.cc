@@ -15,9 +15,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "engine/device.h"
+#include "primecache/codec.h"
 #include "engine/model/hybrid_model.h"
 
 using namespace primecache;
@@ -71,6 +73,65 @@ Result<PinnedSnapshot> Pin(engine::Device& dev, const std::vector<LayerSnapshot>
     }
   }
   return p;
+}
+
+// Encodes every layer of a real snapshot with each transform and reports,
+// per plane, the compression ratio and the encode and decode rates (one
+// thread): the measurement the codecs' default choice rests on.
+void ReportRatios(const std::vector<LayerSnapshot>& layers) {
+  struct Choice {
+    const char* name;
+    TransformSpec spec;
+  };
+  const Choice choices[] = {{"raw", {"raw/v1", 0}},
+                            {"shuffle-zstd-1", {"shuffle-zstd/v1", 1}},
+                            {"shuffle-zstd-3", {"shuffle-zstd/v1", 3}},
+                            {"bf16 (latent only)", {"bf16/v1", 0}},
+                            {"q8_0 (latent only)", {"q8_0/v1", 0}}};
+  for (const Choice& c : choices) {
+    EncodeOptions opt;
+    const bool lossy = c.spec.id == "bf16/v1" || c.spec.id == "q8_0/v1";
+    if (lossy) {
+      opt.plane_transforms.push_back({PlaneId::kLatentRows, c.spec});
+    } else {
+      opt.all_planes = c.spec;
+    }
+    std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> per_plane;  // raw, encoded
+    double enc_s = 0, dec_s = 0;
+    std::uint64_t raw_total = 0;
+    for (const LayerSnapshot& layer : layers) {
+      auto t0 = Clock::now();
+      auto enc = EncodeLayer(layer, opt);
+      enc_s += Ms(t0) / 1e3;
+      if (!enc.ok()) {
+        std::printf("model-bench: ratios: %s: %s\n", c.name, enc.status().ToString().c_str());
+        return;
+      }
+      for (const PlaneRecord& p : enc->header.planes) {
+        auto& acc = per_plane[std::string(PlaneName(p.id)) + (lossy && p.id != PlaneId::kLatentRows ? " (default)" : "")];
+        for (const ChunkRecord& ch : p.chunks) {
+          acc.first += ch.raw_bytes;
+          acc.second += ch.encoded_bytes;
+          raw_total += ch.raw_bytes;
+        }
+      }
+      t0 = Clock::now();
+      auto dec = DecodeLayer(enc->header, enc->chunks);
+      dec_s += Ms(t0) / 1e3;
+      if (!dec.ok()) {
+        std::printf("model-bench: ratios: %s decode: %s\n", c.name, dec.status().ToString().c_str());
+        return;
+      }
+    }
+    std::string planes;
+    for (const auto& [name, v] : per_plane) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " %s %.3f", name.c_str(), double(v.first) / double(std::max<std::uint64_t>(v.second, 1)));
+      planes += buf;
+    }
+    std::printf("model-bench: ratios %-19s encode %5.2f GB/s decode %5.2f GB/s |%s\n", c.name,
+                double(raw_total) / 1e9 / enc_s, double(raw_total) / 1e9 / dec_s, planes.c_str());
+  }
 }
 
 }  // namespace
@@ -191,6 +252,7 @@ int main(int argc, char** argv) {
         ttft_restore_ms, full_ms / ttft_restore_ms, capture_ms, exact ? "bit-identical" : "DIFFERENT",
         std::sqrt(num / den));
     if (!exact) return 1;
+    if (P == longest) ReportRatios(*snap);
   }
   return 0;
 }
