@@ -116,7 +116,7 @@ void ReportRatios(const std::vector<LayerSnapshot>& layers) {
         }
       }
       t0 = Clock::now();
-      auto dec = DecodeLayer(enc->header, enc->chunks);
+      auto dec = DecodeLayer(*enc);
       dec_s += Ms(t0) / 1e3;
       if (!dec.ok()) {
         std::printf("model-bench: ratios: %s decode: %s\n", c.name, dec.status().ToString().c_str());
