@@ -1,0 +1,229 @@
+// The primecache client library: what an inference engine links to talk to
+// the daemon `primecached` over its Unix socket (or loopback TCP).
+//
+// Calls are synchronous (returning Status / Result) or asynchronous (returning
+// std::future of the same). Every call has a deadline (ClientOptions::timeout);
+// a missed deadline is kDeadlineExceeded. Requests are pipelined on one
+// connection: many may be in flight from many threads at once.
+//
+// Everything here is in namespace primecache::client.
+//
+// Errors are typed by StatusCode: kNotFound (no such entry or publish),
+// kInvalidArgument (a bad request; a message starting "protocol: " means the
+// daemon could not read it), kFailedPrecondition (a message starting
+// "permission denied: " means the operation needs the admin socket or another
+// namespace), kResourceExhausted (a limit, e.g. publishes in flight),
+// kCorruption (stored bytes failed their checksum), kUnavailable (no daemon, or
+// the connection dropped), kDeadlineExceeded, kNotSupported (no common
+// protocol version).
+//
+// Reconnection: when the connection drops (daemon restart), calls in flight
+// fail with kUnavailable and the next call reconnects (up to
+// reconnect_attempts tries, reconnect_backoff apart), redoing the hello and
+// the shared-memory handshake. Idempotent calls (Lookup, Fetch, List, Stat,
+// Verify) are retried once on a fresh connection; a publish is not (its
+// stream was lost with the connection; the daemon aborted it).
+//
+// Shared memory: with ClientOptions::shared_memory the client creates a memfd
+// region, maps it and passes it to the daemon. Publish chunks are placed in it
+// and fetched chunks arrive in it; only offsets cross the socket. region()
+// exposes it so an engine can register it as pinned memory
+// (cudaHostRegister(region().base, region().size, ...)) and copy straight from
+// the bytes a FetchCallbacks::on_chunk sees.
+//
+// Thread-safety: a Client may be used from many threads at once. Callbacks
+// run on the client's reader thread; they must not call the Client.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "primecache/checksum.h"
+#include "primecache/status.h"
+
+namespace primecache::client {
+
+struct ClientOptions {
+  // "/path/to.sock", or "tcp:127.0.0.1:PORT" (no shared memory over TCP).
+  std::string endpoint;
+  std::string client_name = "primecache-client";
+  std::string ns;  // the tenant namespace this client acts for
+  std::chrono::milliseconds timeout{10000};
+  std::chrono::milliseconds connect_timeout{2000};
+  int reconnect_attempts = 20;
+  std::chrono::milliseconds reconnect_backoff{50};
+  bool shared_memory = false;
+  std::size_t shared_memory_bytes = 64u << 20;  // half for publishing, half for fetching
+};
+
+struct ModelId {
+  Hash128 digest;    // architecture, geometry, weights, codec versions
+  std::string name;  // readable
+};
+
+struct LookupResult {
+  bool found = false;
+  std::uint64_t entry = 0;
+  std::uint32_t length = 0;  // matched boundary length in tokens
+  std::uint32_t layer_count = 0;
+  std::uint64_t bytes = 0;
+};
+
+// One encoded layer: its serialized header (SerializeLayerHeader) and its
+// chunks' bytes, as the codecs make them.
+struct LayerData {
+  std::vector<std::byte> header;
+  std::vector<std::vector<std::byte>> chunks;
+};
+
+struct PublishResult {
+  std::uint64_t entry = 0;
+  bool existed = false;  // this boundary was stored already; nothing new was written
+};
+
+struct FetchCallbacks {
+  std::function<Status(std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunk_count)> on_layer;
+  // `bytes` is valid only during the call; with shared memory it lies inside
+  // region(). A non-OK return cancels the fetch and becomes its result.
+  std::function<Status(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes)> on_chunk;
+};
+
+struct FetchedLayer {
+  std::uint32_t layer = 0;
+  LayerData data;
+};
+
+struct EntryInfo {
+  std::uint64_t entry = 0;
+  ModelId model;
+  std::string ns;
+  std::vector<std::uint32_t> tokens;
+  std::uint32_t layer_count = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t raw_bytes = 0;
+  std::uint64_t created_unix_ms = 0;
+  std::uint64_t last_access = 0;  // the store's logical clock; larger is more recent
+  std::uint64_t hits = 0;
+};
+
+struct ListOptions {
+  std::optional<Hash128> model;
+  std::string page_token;  // from the previous page; empty: the first
+  std::uint32_t page_size = 100;
+  bool all_namespaces = false;  // admin connections only
+};
+
+struct ListResult {
+  std::vector<EntryInfo> entries;
+  std::string next_page_token;  // empty: last page
+};
+
+struct StatResult {
+  std::uint64_t entries = 0, bytes_stored = 0, bytes_raw = 0, hits = 0, misses = 0, evictions = 0;
+  std::uint64_t capacity_bytes = 0;
+  std::uint32_t connections = 0, publishes_in_flight = 0;
+};
+
+struct VerifyResult {
+  bool ok = false;
+  std::string message;
+  std::uint32_t layers = 0;
+  std::uint64_t bytes = 0;
+};
+
+struct ServerInfo {
+  std::uint32_t version = 0;
+  std::string server;
+  std::uint64_t max_message_bytes = 0;
+  std::uint64_t max_chunk_bytes = 0;
+  std::uint32_t max_publishes_in_flight = 0;
+  bool admin = false;
+};
+
+struct SharedRegion {
+  void* base = nullptr;
+  std::size_t size = 0;
+  int fd = -1;
+};
+
+class Client;
+
+// A publish being streamed: layers in order, each a header then its chunks,
+// then Commit (or Abort). Chunks are pipelined: AddChunk returns once the
+// chunk is sent, not when it is stored. Destroying an uncommitted stream
+// aborts it. One thread at a time.
+class PublishStream {
+ public:
+  ~PublishStream();
+  PublishStream(const PublishStream&) = delete;
+  PublishStream& operator=(const PublishStream&) = delete;
+
+  Status BeginLayer(std::span<const std::byte> header, std::uint32_t chunk_count);
+  Status AddChunk(std::span<const std::byte> bytes);
+  Result<PublishResult> Commit();
+  Status Abort();
+
+  struct State;
+
+ private:
+  friend class Client;
+  explicit PublishStream(std::unique_ptr<State> st);
+  std::unique_ptr<State> st_;
+};
+
+class Client {
+ public:
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Connects and says hello (and attaches shared memory when asked).
+  static Result<std::unique_ptr<Client>> Connect(ClientOptions options);
+
+  const ServerInfo& server_info() const;
+  // The shared region (base null without shared memory).
+  SharedRegion region() const;
+  // True while a connection is up.
+  bool connected() const;
+
+  Result<LookupResult> Lookup(const ModelId& model, std::span<const std::uint32_t> tokens);
+  Result<std::unique_ptr<PublishStream>> BeginPublish(const ModelId& model, std::span<const std::uint32_t> tokens,
+                                                      std::uint32_t layer_count);
+  // Streams every layer and commits.
+  Result<PublishResult> Publish(const ModelId& model, std::span<const std::uint32_t> tokens,
+                                const std::vector<LayerData>& layers);
+  // Streams the entry's layers (empty: all) through the callbacks.
+  Status Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb);
+  Result<std::vector<FetchedLayer>> FetchLayers(std::uint64_t entry, std::span<const std::uint32_t> layers = {});
+  Result<ListResult> List(const ListOptions& options = {});
+  Result<StatResult> Stat();
+  Result<VerifyResult> Verify(std::uint64_t entry);
+  // Admin socket only. SetCapacity changes the store's byte budget (0:
+  // unlimited) and evicts down to it.
+  Status Delete(std::uint64_t entry);
+  Status SetCapacity(std::uint64_t bytes);
+
+  // Asynchronous forms: the same work, finished on the client's threads.
+  std::future<Result<LookupResult>> LookupAsync(const ModelId& model, std::vector<std::uint32_t> tokens);
+  std::future<Result<PublishResult>> PublishAsync(const ModelId& model, std::vector<std::uint32_t> tokens,
+                                                  std::vector<LayerData> layers);
+  std::future<Result<std::vector<FetchedLayer>>> FetchLayersAsync(std::uint64_t entry,
+                                                                  std::vector<std::uint32_t> layers = {});
+  std::future<Result<StatResult>> StatAsync();
+
+  struct Impl;
+
+ private:
+  explicit Client(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace primecache::client

@@ -1,0 +1,342 @@
+// statestore: the persistent store of prefix snapshots, on RocksDB.
+//
+// An entry is one boundary's snapshot: the encoded layers an engine captured
+// after prefilling an exact token sequence, for one model fingerprint and one
+// namespace (tenant). Its identity is (fingerprint digest, namespace, tokens);
+// lookups never cross fingerprints or namespaces.
+//
+//  - Publish streams the encoded layers of one boundary in, chunk by chunk,
+//    and commits them in one atomic, synced RocksDB write batch: after a crash
+//    there is either no entry or a complete one, and Commit returns only once
+//    the entry is durable. Leftovers of crashed or abandoned publishes are
+//    collected when the store is opened.
+//  - Lookup returns the longest stored boundary whose tokens are an exact
+//    prefix of the query. Token blocks are hashed into a persisted index, so
+//    the cost does not grow with the number of entries; hashes only find
+//    candidates, and the stored tokens are compared before a hit is reported.
+//  - Fetch streams the layers back and checks every chunk against its
+//    content address (XXH3-128) before handing it out; a corrupt entry is
+//    reported, never served, and moved to quarantine.
+//  - Chunks are content-addressed and reference-counted, so the append-only
+//    planes that K boundaries of one conversation share are stored once.
+//  - A byte budget is kept by evicting entries (LRU, or a utility that weighs
+//    recency against compute saved per stored byte); leased entries are never
+//    evicted; admission can require a prefix to be seen N times first.
+//
+// Every file access, RocksDB's included, goes through primecache::Env.
+// Byte layouts: docs/format-store.md.
+//
+// Thread-safety: Store is safe to use from many threads at once. A Publisher
+// is used by one thread at a time; many publishers may run concurrently.
+// Leases may be released from any thread. Store must outlive its publishers;
+// leases may outlive the store (releasing them then does nothing).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "primecache/checksum.h"
+#include "primecache/env.h"
+#include "primecache/status.h"
+
+namespace primecache {
+
+using EntryId = std::uint64_t;
+
+// What the model costs to prefill, for the utility eviction policy.
+// EstimatePrefillFlops(L) = L * flops_per_token
+//                         + attention_layers * attention_flops_per_pair * L * (L + 1) / 2
+// flops_per_token covers every per-token cost that does not grow with the
+// context (projections, MLPs, recurrent/linear-attention layers: about 2 x
+// active parameters); attention_flops_per_pair is one attention layer's cost
+// for one (query, key) pair (2 x (qk width + v width) x heads). All zero: the
+// estimate falls back to L.
+struct ModelCost {
+  std::uint64_t flops_per_token = 0;
+  std::uint32_t attention_layers = 0;
+  std::uint64_t attention_flops_per_pair = 0;
+};
+double EstimatePrefillFlops(const ModelCost& cost, std::uint64_t tokens);
+
+// The boundary a publish stores. The model is named by the digest of its
+// fingerprint (ModelFingerprint::Digest() in primecache/snapshot.h: the
+// architecture, state-plan geometry, weights and codec versions); the name
+// (e.g. the architecture) is only shown by List and Describe.
+struct PublishRequest {
+  Hash128 model;
+  std::string model_name;             // at most 1024 bytes
+  std::string ns;                     // namespace; may be empty; at most 1024 bytes
+  std::vector<std::uint32_t> tokens;  // the boundary's exact tokens; its length is tokens.size() >= 1
+  ModelCost cost;
+};
+
+struct PublishResult {
+  EntryId id = 0;
+  bool existed = false;                 // the identity was stored already; nothing was written
+  std::uint64_t new_chunk_bytes = 0;    // chunk bytes this publish added to the store
+  std::uint64_t shared_chunk_bytes = 0; // chunk bytes it shares with entries already stored
+  std::uint64_t evicted = 0;            // entries evicted to make room
+};
+
+// One encoded layer as [codecs] produces it: the serialized layer header and
+// its chunks' bytes, in the header's chunk order.
+struct LayerBytes {
+  std::string header;
+  std::vector<std::string> chunks;
+};
+
+// One publish in progress. Layers arrive in order: BeginLayer(header), its
+// chunks with AddChunk, EndLayer; Commit checks every layer (see
+// LayerValidator) and makes the entry durable in one atomic write. Abort, or
+// destroying an uncommitted publisher, forgets the staged bytes.
+class Publisher {
+ public:
+  virtual ~Publisher() = default;
+  virtual Status BeginLayer(std::string_view header) = 0;
+  virtual Status AddChunk(std::span<const std::byte> bytes) = 0;
+  Status AddChunk(std::string_view bytes) { return AddChunk(std::as_bytes(std::span(bytes.data(), bytes.size()))); }
+  virtual Status EndLayer() = 0;
+  Status AddLayer(const LayerBytes& layer);
+  // Returns once the entry is durable. A publisher commits at most once.
+  virtual Result<PublishResult> Commit() = 0;
+  virtual void Abort() = 0;
+};
+
+// What the validator learned about one layer.
+struct LayerFacts {
+  std::uint64_t raw_bytes = 0;  // decoded bytes of the layer (for Stat)
+};
+
+// The size and XXH3-64 (seed 0) of one chunk as received.
+struct ChunkFacts {
+  std::uint64_t size = 0;
+  std::uint64_t checksum = 0;
+};
+
+// Checks one layer at commit: the header parses, its chunk table agrees with
+// the chunks received, and it describes this boundary. Anything it refuses
+// fails the publish (fail closed). Must be safe to call from many threads.
+class LayerValidator {
+ public:
+  virtual ~LayerValidator() = default;
+  virtual Result<LayerFacts> Check(std::string_view header, std::span<const ChunkFacts> chunks,
+                                   std::uint64_t boundary_tokens) const = 0;
+};
+
+// The validator of [codecs]' encoded layers (the default).
+std::shared_ptr<const LayerValidator> CodecLayerValidator();
+
+// A lease keeps an entry from eviction and deletion while it is held
+// (fetches take one for their duration). Move-only; released on destruction.
+class Lease {
+ public:
+  Lease() = default;
+  ~Lease();
+  Lease(Lease&& other) noexcept;
+  Lease& operator=(Lease&& other) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+
+  bool held() const { return table_ != nullptr; }
+  EntryId id() const { return id_; }
+  void Release();
+
+  struct Table;  // internal
+
+ private:
+  friend class Store;
+  Lease(std::shared_ptr<Table> table, EntryId id) : table_(std::move(table)), id_(id) {}
+  std::shared_ptr<Table> table_;
+  EntryId id_ = 0;
+};
+
+struct LookupOptions {
+  bool take_lease = false;   // return the hit with a lease already held
+  bool record = true;        // count the hit or miss, refresh recency, note a miss as a sighting
+};
+
+struct LookupHit {
+  EntryId id = 0;
+  std::uint64_t length = 0;  // boundary length: tokens[0, length) of the query are stored
+  Lease lease;               // held when LookupOptions::take_lease
+};
+
+// Receives a fetched entry. Only bytes whose checksum matched are handed
+// out; if Fetch returns an error, what was received must be discarded.
+class FetchSink {
+ public:
+  virtual ~FetchSink() = default;
+  virtual Status OnLayer(std::uint32_t layer, std::string_view header, std::uint32_t chunk_count) = 0;
+  virtual Status OnChunk(std::uint32_t layer, std::uint32_t chunk, std::span<const std::byte> bytes) = 0;
+};
+
+enum class EntryState : std::uint8_t { kLive = 0, kQuarantined = 1 };
+
+struct EntryInfo {
+  EntryId id = 0;
+  EntryState state = EntryState::kLive;
+  Hash128 model;
+  std::string model_name;
+  std::string ns;
+  std::uint64_t length = 0;
+  std::uint32_t layers = 0;
+  std::uint64_t chunk_bytes = 0;  // the entry's chunk bytes, shared ones included
+  std::uint64_t raw_bytes = 0;    // decoded bytes of its layers
+  std::uint64_t meta_bytes = 0;   // its manifest, tokens and records
+  double flops = 0;               // estimated prefill compute a hit saves
+  std::uint64_t created_unix_ms = 0;
+  std::uint64_t last_access = 0;  // logical clock; larger is more recent
+  std::uint64_t hits = 0;
+  std::string reason;             // why it was quarantined
+};
+
+struct ListOptions {
+  std::optional<Hash128> model;      // only this fingerprint
+  std::optional<std::string> ns;     // only this namespace
+  EntryState state = EntryState::kLive;
+  std::string page_token;            // from the previous page; empty: the first
+  std::size_t limit = 100;           // 1..1000
+};
+
+struct ListPage {
+  std::vector<EntryInfo> entries;
+  std::string next_page_token;  // empty: no more
+};
+
+struct StoreStats {
+  std::uint64_t entries = 0;
+  std::uint64_t quarantined = 0;
+  std::uint64_t chunks = 0;                 // distinct chunks stored
+  std::uint64_t stored_bytes = 0;           // what the budget counts: distinct chunk bytes + metadata
+  std::uint64_t logical_bytes = 0;          // what the entries would take without dedup
+  std::uint64_t raw_bytes = 0;              // decoded bytes of every entry's layers
+  std::uint64_t dedup_saved_bytes = 0;      // logical_bytes - stored_bytes
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t evictions = 0;
+  std::uint64_t admission_refusals = 0;
+  std::uint64_t active_leases = 0;
+  std::uint64_t byte_budget = 0;            // 0: unlimited
+  std::uint64_t disk_bytes = 0;             // RocksDB's live SST and blob files
+};
+
+enum class EvictionPolicy : std::uint8_t {
+  kLru = 0,      // least recently used first
+  kUtility = 1,  // Marconi-style: recency + alpha * (FLOPs saved / bytes freed), lowest first
+};
+
+// How chunk bytes are laid out in RocksDB (fixed when a store is created).
+enum class ChunkLayout : std::uint8_t {
+  kBlobFiles = 1,  // one value per chunk, in integrated BlobDB blob files
+  kPieces = 2,     // chunks cut into bounded values kept in the SST files
+};
+
+// The default data directory: $XDG_DATA_HOME/primecache, else
+// $HOME/.local/share/primecache.
+Result<std::string> DefaultDataDir();
+
+namespace statestore_internal {
+struct TestHooks;  // statestore/test_hooks.h
+}
+
+struct StoreOptions {
+  std::string path;             // the store's directory; empty: DefaultDataDir() + "/store"
+  Env* env = nullptr;           // nullptr: Env::Default(); must outlive the store
+  bool create_if_missing = true;
+
+  std::uint64_t byte_budget = 0;  // stored_bytes kept at or below this; 0: unlimited
+  EvictionPolicy eviction = EvictionPolicy::kLru;
+  double utility_alpha = 1.0;           // weight of compute-per-byte against recency
+  std::size_t utility_window = 64;      // oldest evictable entries the utility compares
+  std::uint32_t admit_after_sightings = 1;  // >1: a boundary is stored only once lookups missed it this often
+  std::size_t sighting_capacity = 1u << 16; // boundaries whose sightings are remembered (in memory)
+
+  // Creation-time format choices, recorded in the store; an existing store
+  // keeps its own.
+  std::uint32_t block_tokens = 256;          // tokens per hashed index block
+  ChunkLayout chunk_layout = ChunkLayout::kBlobFiles;
+  std::uint32_t piece_bytes = 64u << 10;     // kPieces: the largest value
+
+  std::uint64_t max_chunk_bytes = 64ull << 20;
+  // A publish whose new chunk bytes reach this writes them past the WAL and
+  // flushes them before its commit (each byte written once, not twice).
+  std::uint64_t direct_write_bytes = 4ull << 20;
+  std::uint64_t block_cache_bytes = 256ull << 20;
+  // false: commits are not synced (for building throwaway stores in benchmarks only).
+  bool sync_commits = true;
+
+  std::shared_ptr<const LayerValidator> validator;  // nullptr: CodecLayerValidator()
+  std::shared_ptr<const statestore_internal::TestHooks> test_hooks;
+};
+
+class Store {
+ public:
+  static Result<std::unique_ptr<Store>> Open(StoreOptions options);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  const std::string& path() const;
+
+  // Starts a publish. kAlreadyExists: this identity is stored (FindExact
+  // gives its id); kAborted: not admitted yet (seen fewer times than
+  // admit_after_sightings); kInvalidArgument: a malformed request.
+  Result<std::unique_ptr<Publisher>> BeginPublish(PublishRequest request);
+  // BeginPublish, every layer, Commit. An existing identity is not an error:
+  // the result says existed.
+  Result<PublishResult> Publish(PublishRequest request, std::span<const LayerBytes> layers);
+
+  // The longest stored boundary whose tokens are a prefix of `tokens`, or none.
+  Result<std::optional<LookupHit>> Lookup(const Hash128& model, std::string_view ns,
+                                          std::span<const std::uint32_t> tokens, const LookupOptions& options = {});
+  // The entry stored for exactly this identity, or none.
+  Result<std::optional<EntryId>> FindExact(const Hash128& model, std::string_view ns,
+                                           std::span<const std::uint32_t> tokens);
+  // Counts a sighting of a boundary for admission (as a missed lookup does).
+  void RecordSighting(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> tokens);
+
+  // Streams layers (all when `layers` is empty; else those, in that order).
+  // kCorruption: a check failed; the entry is quarantined. kNotFound: no
+  // such live entry.
+  Status Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink);
+  Result<std::vector<LayerBytes>> FetchAll(EntryId id);
+  // The stored tokens of a live entry.
+  Result<std::vector<std::uint32_t>> Tokens(EntryId id);
+
+  Result<Lease> AcquireLease(EntryId id);
+
+  // Removes a live or quarantined entry. kUnavailable while leased.
+  Status Delete(EntryId id);
+  Result<EntryInfo> Describe(EntryId id);
+  Result<ListPage> List(const ListOptions& options);
+  Result<StoreStats> Stat();
+
+  // Changes the budget and evicts down to it.
+  Status SetByteBudget(std::uint64_t bytes);
+
+  // Cross-checks everything the store records: every manifest against the
+  // chunk reference counts, the index, the recency records and the counters;
+  // with read_chunks, every chunk's bytes against its address. The problems
+  // found, in words (empty: consistent).
+  struct VerifyReport {
+    std::uint64_t entries = 0;
+    std::uint64_t chunks = 0;
+    std::vector<std::string> problems;
+  };
+  Result<VerifyReport> Verify(bool read_chunks);
+
+  struct Impl;
+
+ private:
+  explicit Store(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace primecache

@@ -1,0 +1,916 @@
+#include "primecache/client.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <kj/exception.h>
+
+#include "ipc/framing.h"
+#include "ipc/session.h"
+#include "ipc/shm.h"
+#include "ipc/wire.h"
+
+namespace primecache::client {
+
+using ipc::BuildRequest;
+using ipc::Frame;
+using ipc::FrameDecoder;
+using ipc::FrameLimits;
+using ipc::OutMessage;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+kj::ArrayPtr<const kj::byte> KjBytes(std::span<const std::byte> b) {
+  return kj::arrayPtr(reinterpret_cast<const kj::byte*>(b.data()), b.size());
+}
+std::span<const std::byte> Bytes(capnp::Data::Reader d) {
+  return {reinterpret_cast<const std::byte*>(d.begin()), d.size()};
+}
+
+// One request waiting for its final response.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  std::optional<Frame> frame;  // the final response on success
+  Clock::time_point last_activity = Clock::now();
+  // Streamed (non-final) responses, on the reader thread.
+  std::function<Status(wire::Response::Reader)> on_stream;
+  // Runs on completion, on the reader thread (or the failing thread).
+  std::function<void(const Status&)> on_done;
+};
+
+bool IsFinal(wire::Response::Which w) {
+  return w != wire::Response::FETCH_LAYER && w != wire::Response::FETCH_CHUNK;
+}
+
+FrameLimits ClientLimits() {
+  FrameLimits l;
+  l.max_message_bytes = 256u << 20;  // trust the daemon more, still bounded
+  l.max_segments = 512;
+  l.nesting_limit = 32;
+  return l;
+}
+
+}  // namespace
+
+// One connection: a socket, its reader thread and its pending requests.
+struct Conn {
+  int fd = -1;
+  std::thread reader;
+  std::mutex write_mu;
+  std::mutex mu;
+  std::map<std::uint64_t, std::shared_ptr<Pending>> pending;
+  std::atomic<bool> dead{false};
+  Status death;
+  ServerInfo info;
+  std::shared_ptr<ipc::ShmRegion> shm;
+  FrameLimits limits = ClientLimits();
+
+  ~Conn() {
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+    if (reader.joinable()) reader.join();
+    if (fd >= 0) close(fd);
+  }
+
+  void Register(std::uint64_t id, std::shared_ptr<Pending> p) {
+    std::lock_guard<std::mutex> l(mu);
+    pending[id] = std::move(p);
+  }
+  void Forget(std::uint64_t id) {
+    std::lock_guard<std::mutex> l(mu);
+    pending.erase(id);
+  }
+
+  Status Send(const OutMessage& m) {
+    std::lock_guard<std::mutex> l(write_mu);
+    if (dead) return Status::Unavailable("connection to primecached lost");
+    std::vector<iovec> iov = m.iov();
+    std::size_t i = 0;
+    while (i < iov.size()) {
+      msghdr msg{};
+      msg.msg_iov = iov.data() + i;
+      msg.msg_iovlen = std::min<std::size_t>(iov.size() - i, IOV_MAX);
+      ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::DeadlineExceeded("send to primecached timed out");
+        return Status::Unavailable(Errno("send to primecached"));
+      }
+      auto left = static_cast<std::size_t>(n);
+      while (i < iov.size() && left >= iov[i].iov_len) left -= iov[i++].iov_len;
+      if (i < iov.size()) {
+        iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + left;
+        iov[i].iov_len -= left;
+      }
+    }
+    return Status::Ok();
+  }
+
+  void Fail(const Status& s) {
+    std::map<std::uint64_t, std::shared_ptr<Pending>> all;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      dead = true;
+      death = s;
+      all.swap(pending);
+    }
+    for (auto& [id, p] : all) Complete(p, s, std::nullopt);
+  }
+
+  static void Complete(const std::shared_ptr<Pending>& p, Status s, std::optional<Frame> frame) {
+    std::function<void(const Status&)> done;
+    {
+      std::lock_guard<std::mutex> l(p->mu);
+      if (p->done) return;
+      p->done = true;
+      p->status = std::move(s);
+      p->frame = std::move(frame);
+      done = std::move(p->on_done);
+    }
+    p->cv.notify_all();
+    if (done) done(p->status);
+  }
+
+  void ReadLoop() {
+    FrameDecoder dec(limits, 256 << 10);
+    std::vector<Frame> frames;
+    for (;;) {
+      auto buf = dec.ReadBuffer();
+      ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        Fail(Status::Unavailable(n == 0 ? "primecached closed the connection" : Errno("recv from primecached")));
+        return;
+      }
+      Status s = dec.Consume(static_cast<std::size_t>(n), &frames);
+      for (auto& f : frames) Handle(std::move(f));
+      frames.clear();
+      if (!s.ok()) {
+        Fail(Status::Unavailable("unreadable reply from primecached: " + s.message()));
+        shutdown(fd, SHUT_RDWR);
+        return;
+      }
+    }
+  }
+
+  void Handle(Frame f) {
+    std::shared_ptr<Pending> p;
+    try {
+      auto reader = f.Reader(limits);
+      auto r = reader->getRoot<wire::Response>();
+      const std::uint64_t id = r.getId();
+      const auto which = r.which();
+      {
+        std::lock_guard<std::mutex> l(mu);
+        auto it = pending.find(id);
+        if (it == pending.end()) return;  // timed out, or an id-0 notice
+        p = it->second;
+        if (IsFinal(which)) pending.erase(it);
+      }
+      if (!IsFinal(which)) {
+        {
+          std::lock_guard<std::mutex> l(p->mu);
+          p->last_activity = Clock::now();
+        }
+        if (p->on_stream) {
+          Status s = p->on_stream(r);
+          if (!s.ok()) {
+            // Stop the fetch; its final reply completes it.
+            {
+              std::lock_guard<std::mutex> l(p->mu);
+              if (p->status.ok()) p->status = s;
+              p->on_stream = nullptr;
+            }
+            auto cancel = BuildRequest(0, [id](wire::Request::Builder q) { q.initCancel().setTarget(id); });
+            (void)Send(*cancel);
+          }
+        }
+        return;
+      }
+      Status st;
+      if (which == wire::Response::ERROR) {
+        auto e = r.getError();
+        st = ipc::FromWireError(e.getCode(), std::string(e.getMessage().cStr(), e.getMessage().size()));
+      }
+      {
+        std::lock_guard<std::mutex> l(p->mu);
+        if (!p->status.ok()) st = p->status;  // a callback's error wins
+      }
+      reader.reset();
+      Complete(p, std::move(st), std::move(f));
+    } catch (const kj::Exception& e) {
+      if (p) Complete(p, Status::Internal(std::string("malformed reply: ") + e.getDescription().cStr()), std::nullopt);
+    }
+  }
+};
+
+struct Client::Impl {
+  ClientOptions opts;
+  std::mutex mu;
+  std::shared_ptr<Conn> conn;
+  std::atomic<std::uint64_t> next_id{1};
+  ServerInfo info;
+
+  // Shared-memory publish slots (first half of the region).
+  std::mutex slot_mu;
+  std::condition_variable slot_cv;
+  std::vector<std::size_t> free_slots;
+  std::size_t slot_bytes = 0;
+  std::uint64_t slot_gen = 0;  // bumped per connection: old slots never come back
+  std::mutex shm_fetch_mu;  // one fetch at a time uses the fetch window
+
+  // The connection (and its reader thread, which calls back into the slots
+  // below) goes first.
+  ~Impl() {
+    std::shared_ptr<Conn> c;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      c = std::move(conn);
+    }
+    c.reset();
+  }
+
+  std::uint64_t NextId() { return next_id.fetch_add(1); }
+
+  Result<std::shared_ptr<Conn>> Dial();
+  Result<std::shared_ptr<Conn>> Get();
+  // Sends a request and waits for its final reply (streamed ones go to on_stream).
+  Result<Frame> Call(const std::shared_ptr<Conn>& c, std::uint64_t id, const OutMessage& m,
+                     std::function<Status(wire::Response::Reader)> on_stream = nullptr);
+  template <typename F>
+  auto Retry(F f) -> decltype(f()) {
+    auto r = f();
+    if (!r.ok() && r.status().IsUnavailable()) r = f();
+    return r;
+  }
+};
+
+namespace {
+
+Result<int> OpenSocket(const std::string& endpoint, std::chrono::milliseconds timeout) {
+  int fd = -1;
+  if (endpoint.rfind("tcp:", 0) == 0) {
+    const std::string rest = endpoint.substr(4);
+    const auto colon = rest.rfind(':');
+    if (colon == std::string::npos) return Status::InvalidArgument("tcp endpoint needs HOST:PORT: " + endpoint);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    int port = 0;
+    try {
+      port = std::stoi(rest.substr(colon + 1));
+    } catch (...) {
+      return Status::InvalidArgument("bad port in " + endpoint);
+    }
+    if (port <= 0 || port > 65535) return Status::InvalidArgument("bad port in " + endpoint);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    if (inet_pton(AF_INET, rest.substr(0, colon).c_str(), &a.sin_addr) != 1) {
+      return Status::InvalidArgument("bad IPv4 address in " + endpoint);
+    }
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Status::IOError(Errno("socket"));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      Status s = Status::Unavailable(Errno("connect " + endpoint));
+      close(fd);
+      return s;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  } else {
+    sockaddr_un a{};
+    if (endpoint.empty() || endpoint.size() >= sizeof(a.sun_path)) {
+      return Status::InvalidArgument("bad socket path '" + endpoint + "'");
+    }
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, endpoint.c_str(), endpoint.size() + 1);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Status::IOError(Errno("socket"));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      Status s = Status::Unavailable(Errno("connect " + endpoint));
+      close(fd);
+      return s;
+    }
+  }
+  int buf = 4 << 20;  // large chunks in fewer wake-ups; the kernel caps it
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  timeval tv{};
+  tv.tv_sec = timeout.count() / 1000;
+  tv.tv_usec = (timeout.count() % 1000) * 1000;
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+}  // namespace
+
+Result<Frame> Client::Impl::Call(const std::shared_ptr<Conn>& c, std::uint64_t id, const OutMessage& m,
+                                 std::function<Status(wire::Response::Reader)> on_stream) {
+  auto p = std::make_shared<Pending>();
+  p->on_stream = std::move(on_stream);
+  c->Register(id, p);
+  if (c->dead) {
+    c->Forget(id);
+    return Status::Unavailable("connection to primecached lost");
+  }
+  Status s = c->Send(m);
+  if (!s.ok()) {
+    c->Forget(id);
+    if (s.IsUnavailable()) shutdown(c->fd, SHUT_RDWR);
+    return s;
+  }
+  std::unique_lock<std::mutex> l(p->mu);
+  for (;;) {
+    if (p->done) break;
+    const auto deadline = p->last_activity + opts.timeout;
+    if (p->cv.wait_until(l, deadline) == std::cv_status::timeout && !p->done &&
+        Clock::now() >= p->last_activity + opts.timeout) {
+      l.unlock();
+      c->Forget(id);
+      if (p->on_stream) {
+        auto cancel = BuildRequest(0, [id](wire::Request::Builder q) { q.initCancel().setTarget(id); });
+        (void)c->Send(*cancel);
+      }
+      return Status::DeadlineExceeded("no reply from primecached within " + std::to_string(opts.timeout.count()) +
+                                      " ms");
+    }
+  }
+  if (!p->status.ok()) return p->status;
+  return std::move(*p->frame);
+}
+
+Result<std::shared_ptr<Conn>> Client::Impl::Dial() {
+  if (opts.shared_memory && opts.endpoint.rfind("tcp:", 0) == 0) {
+    return Status::NotSupported("shared memory needs a Unix socket endpoint");
+  }
+  PC_ASSIGN_OR_RETURN(int fd, OpenSocket(opts.endpoint, opts.connect_timeout));
+  auto c = std::make_shared<Conn>();
+  c->fd = fd;
+  Conn* raw = c.get();
+  c->reader = std::thread([raw] { raw->ReadLoop(); });
+
+  const std::uint64_t hid = NextId();
+  auto hello = BuildRequest(hid, [&](wire::Request::Builder r) {
+    auto h = r.initHello();
+    h.setMinVersion(ipc::kMinProtocolVersion);
+    h.setMaxVersion(ipc::kMaxProtocolVersion);
+    h.setClient(opts.client_name);
+    h.setNamespace(opts.ns);
+  });
+  PC_ASSIGN_OR_RETURN(Frame hf, Call(c, hid, *hello));
+  {
+    auto rd = hf.Reader(c->limits);
+    auto r = rd->getRoot<wire::Response>();
+    if (r.which() != wire::Response::HELLO) return Status::Internal("hello answered with something else");
+    auto h = r.getHello();
+    c->info.version = h.getVersion();
+    c->info.server = h.getServer();
+    c->info.max_message_bytes = h.getMaxMessageBytes();
+    c->info.max_chunk_bytes = h.getMaxChunkBytes();
+    c->info.max_publishes_in_flight = h.getMaxPublishesInFlight();
+    c->info.admin = h.getAdmin();
+  }
+  if (opts.shared_memory) {
+    auto region = ipc::ShmRegion::Create(opts.shared_memory_bytes, "primecache-client");
+    if (!region.ok()) return region.status();
+    c->shm = std::shared_ptr<ipc::ShmRegion>(std::move(region).value());
+    const std::uint64_t aid = NextId();
+    auto attach = BuildRequest(aid, [&](wire::Request::Builder r) { r.initShmAttach().setSize(c->shm->size()); });
+    auto p = std::make_shared<Pending>();
+    c->Register(aid, p);
+    auto flat = ipc::Flatten(*attach);
+    {
+      std::lock_guard<std::mutex> l(c->write_mu);
+      Status s = ipc::SendWithFd(c->fd, flat, c->shm->fd());
+      if (!s.ok()) return s;
+    }
+    std::unique_lock<std::mutex> l(p->mu);
+    if (!p->cv.wait_for(l, opts.timeout, [&] { return p->done; })) {
+      return Status::DeadlineExceeded("shared-memory handshake timed out");
+    }
+    if (!p->status.ok()) return p->status.WithContext("shared-memory handshake");
+  }
+  return c;
+}
+
+Result<std::shared_ptr<Conn>> Client::Impl::Get() {
+  std::lock_guard<std::mutex> l(mu);
+  if (conn && !conn->dead) return conn;
+  Status last = Status::Unavailable("not connected");
+  for (int attempt = 0; attempt <= std::max(0, opts.reconnect_attempts); ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(opts.reconnect_backoff);
+    auto c = Dial();
+    if (c.ok()) {
+      conn = *c;
+      info = conn->info;
+      if (conn->shm) {
+        std::lock_guard<std::mutex> sl(slot_mu);
+        const std::size_t half = conn->shm->size() / 2;
+        slot_bytes = std::min<std::size_t>(half, conn->info.max_chunk_bytes);
+        free_slots.clear();
+        ++slot_gen;
+        for (std::size_t off = 0; slot_bytes > 0 && off + slot_bytes <= half; off += slot_bytes) free_slots.push_back(off);
+      }
+      return conn;
+    }
+    last = c.status();
+    if (!last.IsUnavailable()) break;  // a refusal, not an absence: do not insist
+  }
+  return last;
+}
+
+Client::Client(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() {
+  std::shared_ptr<Conn> c;
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    c = std::move(impl_->conn);
+  }
+  c.reset();
+}
+
+Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+  auto impl = std::make_shared<Impl>();
+  impl->opts = std::move(options);
+  PC_ASSIGN_OR_RETURN(auto c, impl->Get());
+  (void)c;
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+const ServerInfo& Client::server_info() const { return impl_->info; }
+
+SharedRegion Client::region() const {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  if (!impl_->conn || !impl_->conn->shm) return {};
+  return {impl_->conn->shm->data(), impl_->conn->shm->size(), impl_->conn->shm->fd()};
+}
+
+bool Client::connected() const {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  return impl_->conn && !impl_->conn->dead;
+}
+
+namespace {
+
+void SetFingerprint(wire::Fingerprint::Builder fp, const ModelId& m) {
+  fp.setDigestLo(m.digest.lo);
+  fp.setDigestHi(m.digest.hi);
+  fp.setName(m.name);
+}
+
+void SetTokens(wire::Boundary::Builder b, std::span<const std::uint32_t> tokens) {
+  auto t = b.initTokens(static_cast<unsigned>(tokens.size()));
+  for (unsigned i = 0; i < tokens.size(); ++i) t.set(i, tokens[i]);
+  b.setLength(static_cast<std::uint32_t>(tokens.size()));
+}
+
+template <typename T>
+Result<T> Expect(Result<Frame> f, const FrameLimits& lim, wire::Response::Which want,
+                 const std::function<T(wire::Response::Reader)>& read) {
+  if (!f.ok()) return f.status();
+  try {
+    auto rd = f->Reader(lim);
+    auto r = rd->getRoot<wire::Response>();
+    if (r.which() != want) return Status::Internal("unexpected reply kind " + std::to_string(static_cast<int>(r.which())));
+    return read(r);
+  } catch (const kj::Exception& e) {
+    return Status::Internal(std::string("malformed reply: ") + e.getDescription().cStr());
+  }
+}
+
+}  // namespace
+
+Result<LookupResult> Client::Lookup(const ModelId& model, std::span<const std::uint32_t> tokens) {
+  return impl_->Retry([&]() -> Result<LookupResult> {
+    PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+    const std::uint64_t id = impl_->NextId();
+    auto m = BuildRequest(
+        id,
+        [&](wire::Request::Builder r) {
+          auto q = r.initLookup().initQuery();
+          SetFingerprint(q.initFingerprint(), model);
+          q.setNamespace(impl_->opts.ns);
+          SetTokens(q, tokens);
+        },
+        tokens.size() / 2 + 64);
+    return Expect<LookupResult>(impl_->Call(c, id, *m), c->limits, wire::Response::LOOKUP,
+                                [](wire::Response::Reader r) {
+                                  auto l = r.getLookup();
+                                  LookupResult out;
+                                  out.found = l.getFound();
+                                  out.entry = l.getEntry();
+                                  out.length = l.getLength();
+                                  out.layer_count = l.getLayerCount();
+                                  out.bytes = l.getBytes();
+                                  return out;
+                                });
+  });
+}
+
+// ---- publishing ---------------------------------------------------------------
+
+struct PublishStream::State {
+  std::shared_ptr<Client::Impl> impl_owner;  // the stream may outlive its Client
+  Client::Impl* impl = nullptr;
+  std::shared_ptr<Conn> conn;
+  std::uint64_t publish = 0;
+  std::uint32_t layer_count = 0;
+  std::uint32_t layer = 0;  // layers begun
+  std::uint32_t chunk = 0;  // chunks sent of the current layer
+  bool open = true;
+  // Replies to begin/layer/chunk arrive asynchronously; the first error sticks.
+  std::shared_ptr<std::mutex> mu = std::make_shared<std::mutex>();
+  std::shared_ptr<std::condition_variable> cv = std::make_shared<std::condition_variable>();
+  std::shared_ptr<Status> error = std::make_shared<Status>();
+  std::shared_ptr<std::size_t> outstanding = std::make_shared<std::size_t>(0);
+
+  Status Sticky() {
+    std::lock_guard<std::mutex> l(*mu);
+    return *error;
+  }
+
+  // Sends a request whose ack is only awaited at commit; `after` runs when it
+  // is answered (frees a shared-memory slot).
+  Status SendPipelined(std::uint64_t id, const OutMessage& m, std::function<void()> after = nullptr) {
+    auto p = std::make_shared<Pending>();
+    {
+      std::lock_guard<std::mutex> l(*mu);
+      ++*outstanding;
+    }
+    p->on_done = [mu = mu, cv = cv, error = error, outstanding = outstanding, after](const Status& s) {
+      if (after) after();
+      std::lock_guard<std::mutex> l(*mu);
+      if (!s.ok() && error->ok()) *error = s;
+      --*outstanding;
+      cv->notify_all();
+    };
+    conn->Register(id, p);
+    Status s = conn->Send(m);
+    if (!s.ok()) {
+      conn->Forget(id);
+      Conn::Complete(p, s, std::nullopt);
+    }
+    return s;
+  }
+};
+
+PublishStream::PublishStream(std::unique_ptr<State> st) : st_(std::move(st)) {}
+PublishStream::~PublishStream() {
+  if (st_ && st_->open) (void)Abort();
+}
+
+Result<std::unique_ptr<PublishStream>> Client::BeginPublish(const ModelId& model, std::span<const std::uint32_t> tokens,
+                                                            std::uint32_t layer_count) {
+  PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+  auto st = std::make_unique<PublishStream::State>();
+  st->impl_owner = impl_;
+  st->impl = impl_.get();
+  st->conn = c;
+  st->publish = impl_->NextId();
+  st->layer_count = layer_count;
+  auto m = BuildRequest(
+      st->publish,
+      [&](wire::Request::Builder r) {
+        auto pb = r.initPublishBegin();
+        pb.setLayerCount(layer_count);
+        auto b = pb.initBoundary();
+        SetFingerprint(b.initFingerprint(), model);
+        b.setNamespace(impl_->opts.ns);
+        SetTokens(b, tokens);
+      },
+      tokens.size() / 2 + 64);
+  PC_RETURN_IF_ERROR(st->SendPipelined(st->publish, *m));
+  return std::unique_ptr<PublishStream>(new PublishStream(std::move(st)));
+}
+
+Status PublishStream::BeginLayer(std::span<const std::byte> header, std::uint32_t chunk_count) {
+  if (!st_->open) return Status::FailedPrecondition("publish is closed");
+  PC_RETURN_IF_ERROR(st_->Sticky());
+  const std::uint64_t id = st_->impl->NextId();
+  const std::uint32_t layer = st_->layer;
+  auto m = BuildRequest(
+      id,
+      [&](wire::Request::Builder r) {
+        auto l = r.initPublishLayer();
+        l.setPublish(st_->publish);
+        l.setLayer(layer);
+        l.setChunkCount(chunk_count);
+        l.setHeader(KjBytes(header));
+      },
+      ipc::WordsFor(header.size()));
+  PC_RETURN_IF_ERROR(st_->SendPipelined(id, *m));
+  ++st_->layer;
+  st_->chunk = 0;
+  return Status::Ok();
+}
+
+Status PublishStream::AddChunk(std::span<const std::byte> bytes) {
+  if (!st_->open) return Status::FailedPrecondition("publish is closed");
+  PC_RETURN_IF_ERROR(st_->Sticky());
+  if (st_->layer == 0) return Status::FailedPrecondition("AddChunk before BeginLayer");
+  Client::Impl* impl = st_->impl;
+  const std::uint64_t id = impl->NextId();
+  const std::uint32_t layer = st_->layer - 1;
+  const std::uint32_t index = st_->chunk;
+  auto& shm = st_->conn->shm;
+  if (shm && !bytes.empty() && bytes.size() <= impl->slot_bytes) {
+    std::size_t slot = 0;
+    std::uint64_t gen = 0;
+    {
+      std::unique_lock<std::mutex> l(impl->slot_mu);
+      gen = impl->slot_gen;
+      if (!impl->slot_cv.wait_for(l, impl->opts.timeout, [&] { return !impl->free_slots.empty() || st_->conn->dead; })) {
+        return Status::DeadlineExceeded("no shared-memory slot freed in time");
+      }
+      if (st_->conn->dead) return Status::Unavailable("connection to primecached lost");
+      slot = impl->free_slots.back();
+      impl->free_slots.pop_back();
+    }
+    std::memcpy(shm->data() + slot, bytes.data(), bytes.size());
+    auto m = BuildRequest(id, [&](wire::Request::Builder r) {
+      auto c = r.initPublishChunk();
+      c.setPublish(st_->publish);
+      c.setLayer(layer);
+      c.setIndex(index);
+      auto s = c.initData().initShm();
+      s.setOffset(slot);
+      s.setLength(bytes.size());
+    });
+    PC_RETURN_IF_ERROR(st_->SendPipelined(id, *m, [impl, slot, gen] {
+      {
+        std::lock_guard<std::mutex> l(impl->slot_mu);
+        if (impl->slot_gen == gen) impl->free_slots.push_back(slot);
+      }
+      impl->slot_cv.notify_one();
+    }));
+  } else {
+    auto m = BuildRequest(
+        id,
+        [&](wire::Request::Builder r) {
+          auto c = r.initPublishChunk();
+          c.setPublish(st_->publish);
+          c.setLayer(layer);
+          c.setIndex(index);
+          c.initData().setInline(KjBytes(bytes));
+        },
+        ipc::WordsFor(bytes.size()));
+    PC_RETURN_IF_ERROR(st_->SendPipelined(id, *m));
+  }
+  ++st_->chunk;
+  return Status::Ok();
+}
+
+Result<PublishResult> PublishStream::Commit() {
+  if (!st_->open) return Status::FailedPrecondition("publish is closed");
+  st_->open = false;
+  Client::Impl* impl = st_->impl;
+  const std::uint64_t id = impl->NextId();
+  auto m = BuildRequest(id, [&](wire::Request::Builder r) { r.initPublishCommit().setPublish(st_->publish); });
+  auto reply = impl->Call(st_->conn, id, *m);
+  {
+    // Every earlier ack has arrived before the commit's reply (one queue per
+    // publish), unless the connection died; wait briefly for stragglers.
+    std::unique_lock<std::mutex> l(*st_->mu);
+    st_->cv->wait_for(l, impl->opts.timeout, [&] { return *st_->outstanding == 0; });
+    if (!st_->error->ok()) return *st_->error;
+  }
+  return Expect<PublishResult>(std::move(reply), st_->conn->limits, wire::Response::PUBLISHED,
+                               [](wire::Response::Reader r) {
+                                 return PublishResult{r.getPublished().getEntry(), r.getPublished().getExisted()};
+                               });
+}
+
+Status PublishStream::Abort() {
+  if (!st_->open) return Status::Ok();
+  st_->open = false;
+  Client::Impl* impl = st_->impl;
+  const std::uint64_t id = impl->NextId();
+  auto m = BuildRequest(id, [&](wire::Request::Builder r) { r.initPublishAbort().setPublish(st_->publish); });
+  auto reply = impl->Call(st_->conn, id, *m);
+  if (!reply.ok() && !reply.status().IsNotFound()) return reply.status();
+  return Status::Ok();
+}
+
+Result<PublishResult> Client::Publish(const ModelId& model, std::span<const std::uint32_t> tokens,
+                                      const std::vector<LayerData>& layers) {
+  PC_ASSIGN_OR_RETURN(auto stream, BeginPublish(model, tokens, static_cast<std::uint32_t>(layers.size())));
+  for (const auto& layer : layers) {
+    PC_RETURN_IF_ERROR(stream->BeginLayer(layer.header, static_cast<std::uint32_t>(layer.chunks.size())));
+    for (const auto& ch : layer.chunks) PC_RETURN_IF_ERROR(stream->AddChunk(ch));
+  }
+  return stream->Commit();
+}
+
+// ---- fetching -----------------------------------------------------------------
+
+Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb) {
+  auto once = [&]() -> Result<bool> {
+    PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+    std::unique_lock<std::mutex> window(impl_->shm_fetch_mu, std::defer_lock);
+    const bool use_shm = c->shm != nullptr && window.try_lock();
+    const std::uint64_t half = c->shm ? c->shm->size() / 2 : 0;
+    const std::uint64_t id = impl_->NextId();
+    auto m = BuildRequest(id, [&](wire::Request::Builder r) {
+      auto f = r.initFetch();
+      f.setEntry(entry);
+      auto l = f.initLayers(static_cast<unsigned>(layers.size()));
+      for (unsigned i = 0; i < layers.size(); ++i) l.set(i, layers[i]);
+      if (use_shm) {
+        auto w = f.initShmWindow();
+        w.setOffset(half);
+        w.setLength(c->shm->size() - half);
+      }
+    });
+    bool streamed = false;
+    Conn* raw = c.get();
+    auto reply = impl_->Call(c, id, *m, [&, raw](wire::Response::Reader r) -> Status {
+      streamed = true;
+      if (r.which() == wire::Response::FETCH_LAYER) {
+        auto l = r.getFetchLayer();
+        return cb.on_layer ? cb.on_layer(l.getLayer(), Bytes(l.getHeader()), l.getChunkCount()) : Status::Ok();
+      }
+      auto ch = r.getFetchChunk();
+      auto d = ch.getData();
+      if (d.which() == wire::Payload::INLINE) {
+        return cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), Bytes(d.getInline())) : Status::Ok();
+      }
+      auto ref = d.getShm();
+      if (!raw->shm || !raw->shm->Contains(ref.getOffset(), ref.getLength())) {
+        return Status::Corruption("daemon pointed outside the shared region");
+      }
+      std::span<const std::byte> bytes{raw->shm->data() + ref.getOffset(), static_cast<std::size_t>(ref.getLength())};
+      Status s = cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), bytes) : Status::Ok();
+      auto rel = BuildRequest(0, [&](wire::Request::Builder q) {
+        auto x = q.initShmRelease();
+        x.setOffset(ref.getOffset());
+        x.setLength(ref.getLength());
+      });
+      (void)raw->Send(*rel);
+      return s;
+    });
+    if (!reply.ok()) {
+      // Only a fetch that delivered nothing may be retried.
+      if (streamed && reply.status().IsUnavailable()) return Status::Aborted(reply.status().message());
+      return reply.status();
+    }
+    return true;
+  };
+  auto r = once();
+  if (!r.ok() && r.status().IsUnavailable()) r = once();
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+Result<std::vector<FetchedLayer>> Client::FetchLayers(std::uint64_t entry, std::span<const std::uint32_t> layers) {
+  std::vector<FetchedLayer> out;
+  FetchCallbacks cb;
+  cb.on_layer = [&](std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunks) {
+    FetchedLayer f;
+    f.layer = layer;
+    f.data.header.assign(header.begin(), header.end());
+    f.data.chunks.reserve(chunks);
+    out.push_back(std::move(f));
+    return Status::Ok();
+  };
+  cb.on_chunk = [&](std::uint32_t layer, std::uint32_t, std::span<const std::byte> bytes) {
+    if (out.empty() || out.back().layer != layer) return Status::Corruption("chunk of a layer that was not announced");
+    out.back().data.chunks.emplace_back(bytes.begin(), bytes.end());
+    return Status::Ok();
+  };
+  for (int attempt = 0;; ++attempt) {
+    out.clear();
+    Status s = Fetch(entry, layers, cb);
+    if (s.ok()) return out;
+    if (attempt > 0 || s.code() != StatusCode::kAborted) return s;
+  }
+}
+
+// ---- the rest -------------------------------------------------------------------
+
+Result<ListResult> Client::List(const ListOptions& options) {
+  return impl_->Retry([&]() -> Result<ListResult> {
+    PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+    const std::uint64_t id = impl_->NextId();
+    auto m = BuildRequest(id, [&](wire::Request::Builder r) {
+      auto l = r.initList();
+      if (options.model) {
+        l.setDigestLo(options.model->lo);
+        l.setDigestHi(options.model->hi);
+      }
+      l.setPageToken(KjBytes(std::as_bytes(std::span(options.page_token.data(), options.page_token.size()))));
+      l.setPageSize(options.page_size);
+      l.setAllNamespaces(options.all_namespaces);
+    });
+    return Expect<ListResult>(impl_->Call(c, id, *m), c->limits, wire::Response::LIST, [](wire::Response::Reader r) {
+      ListResult out;
+      auto l = r.getList();
+      out.next_page_token.assign(reinterpret_cast<const char*>(l.getNextPageToken().begin()),
+                                 l.getNextPageToken().size());
+      for (auto e : l.getEntries()) {
+        EntryInfo info;
+        info.entry = e.getEntry();
+        auto b = e.getBoundary();
+        info.model.digest = {b.getFingerprint().getDigestLo(), b.getFingerprint().getDigestHi()};
+        info.model.name = b.getFingerprint().getName();
+        info.ns = b.getNamespace();
+        info.tokens = ipc::ToVector(b.getTokens());
+        info.layer_count = e.getLayerCount();
+        info.bytes = e.getBytes();
+        info.raw_bytes = e.getRawBytes();
+        info.created_unix_ms = e.getCreatedUnixMs();
+        info.last_access = e.getLastAccess();
+        info.hits = e.getHits();
+        out.entries.push_back(std::move(info));
+      }
+      return out;
+    });
+  });
+}
+
+Result<StatResult> Client::Stat() {
+  return impl_->Retry([&]() -> Result<StatResult> {
+    PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+    const std::uint64_t id = impl_->NextId();
+    auto m = BuildRequest(id, [](wire::Request::Builder r) { r.setStat(); });
+    return Expect<StatResult>(impl_->Call(c, id, *m), c->limits, wire::Response::STAT, [](wire::Response::Reader r) {
+      auto s = r.getStat();
+      StatResult out;
+      out.entries = s.getEntries();
+      out.bytes_stored = s.getBytesStored();
+      out.bytes_raw = s.getBytesRaw();
+      out.hits = s.getHits();
+      out.misses = s.getMisses();
+      out.evictions = s.getEvictions();
+      out.capacity_bytes = s.getCapacityBytes();
+      out.connections = s.getConnections();
+      out.publishes_in_flight = s.getPublishesInFlight();
+      return out;
+    });
+  });
+}
+
+Result<VerifyResult> Client::Verify(std::uint64_t entry) {
+  return impl_->Retry([&]() -> Result<VerifyResult> {
+    PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+    const std::uint64_t id = impl_->NextId();
+    auto m = BuildRequest(id, [&](wire::Request::Builder r) { r.initVerify().setEntry(entry); });
+    return Expect<VerifyResult>(impl_->Call(c, id, *m), c->limits, wire::Response::VERIFY, [](wire::Response::Reader r) {
+      auto v = r.getVerify();
+      return VerifyResult{v.getOk(), v.getMessage(), v.getLayers(), v.getBytes()};
+    });
+  });
+}
+
+Status Client::Delete(std::uint64_t entry) {
+  PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+  const std::uint64_t id = impl_->NextId();
+  auto m = BuildRequest(id, [&](wire::Request::Builder r) { r.initDelete().setEntry(entry); });
+  auto reply = impl_->Call(c, id, *m);
+  return reply.ok() ? Status::Ok() : reply.status();
+}
+
+Status Client::SetCapacity(std::uint64_t bytes) {
+  PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+  const std::uint64_t id = impl_->NextId();
+  auto m = BuildRequest(id, [bytes](wire::Request::Builder r) { r.initSetCapacity().setBytes(bytes); });
+  auto reply = impl_->Call(c, id, *m);
+  return reply.ok() ? Status::Ok() : reply.status();
+}
+
+std::future<Result<LookupResult>> Client::LookupAsync(const ModelId& model, std::vector<std::uint32_t> tokens) {
+  return std::async(std::launch::async,
+                    [this, model, tokens = std::move(tokens)] { return Lookup(model, tokens); });
+}
+
+std::future<Result<PublishResult>> Client::PublishAsync(const ModelId& model, std::vector<std::uint32_t> tokens,
+                                                        std::vector<LayerData> layers) {
+  return std::async(std::launch::async, [this, model, tokens = std::move(tokens), layers = std::move(layers)] {
+    return Publish(model, tokens, layers);
+  });
+}
+
+std::future<Result<std::vector<FetchedLayer>>> Client::FetchLayersAsync(std::uint64_t entry,
+                                                                        std::vector<std::uint32_t> layers) {
+  return std::async(std::launch::async, [this, entry, layers = std::move(layers)] { return FetchLayers(entry, layers); });
+}
+
+std::future<Result<StatResult>> Client::StatAsync() {
+  return std::async(std::launch::async, [this] { return Stat(); });
+}
+
+}  // namespace primecache::client

@@ -1,0 +1,273 @@
+# primecache wire protocol, version 1.
+#
+# Every message on the socket is one standard, unpacked Cap'n Proto message in
+# Cap'n Proto's own stream framing (segment table, then segments). A client
+# sends `Request` messages; the daemon sends `Response` messages. Each request
+# carries an id chosen by the client; every response names the id it answers,
+# so a client may keep many requests in flight (pipelining). docs/protocol.md
+# describes the rules: ordering, limits, the shared-memory handshake, errors.
+@0xc51a35e972f8f6d5;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("primecache::wire");
+
+const protocolVersion :UInt32 = 1;
+
+# The identity of a model: a 128-bit digest of architecture, state-plan
+# geometry, weights and codec versions, plus a readable name.
+struct Fingerprint {
+  digestLo @0 :UInt64;
+  digestHi @1 :UInt64;
+  name @2 :Text;
+}
+
+# One prime boundary: which model, which tenant, the exact tokens.
+struct Boundary {
+  fingerprint @0 :Fingerprint;
+  namespace @1 :Text;
+  tokens @2 :List(UInt32);
+  # The boundary length in tokens; equals tokens.length for a publish.
+  length @3 :UInt32;
+}
+
+# Bytes placed in the connection's shared-memory region.
+struct ShmRef {
+  offset @0 :UInt64;
+  length @1 :UInt64;
+}
+
+# Chunk bytes: carried in the message, or placed in the shared region.
+struct Payload {
+  union {
+    inline @0 :Data;
+    shm @1 :ShmRef;
+  }
+}
+
+enum ErrorCode {
+  internal @0;
+  invalidArgument @1;
+  notFound @2;
+  corruption @3;
+  ioError @4;
+  resourceExhausted @5;
+  failedPrecondition @6;
+  unavailable @7;
+  alreadyExists @8;
+  aborted @9;
+  deadlineExceeded @10;
+  notSupported @11;
+  permissionDenied @12;
+  # The message could not be read: framing, limits, nesting, unknown union
+  # member, a request sent before hello.
+  protocol @13;
+}
+
+struct Error {
+  code @0 :ErrorCode;
+  message @1 :Text;
+}
+
+struct Request {
+  # Chosen by the client; echoed in every response to this request. Id 0 is
+  # reserved for messages that expect no response (shmRelease).
+  id @0 :UInt64;
+  union {
+    hello @1 :Hello;
+    publishBegin @2 :PublishBegin;
+    publishLayer @3 :PublishLayer;
+    publishChunk @4 :PublishChunk;
+    publishCommit @5 :PublishRef;
+    publishAbort @6 :PublishRef;
+    lookup @7 :Lookup;
+    fetch @8 :Fetch;
+    delete @9 :EntryRef;
+    list @10 :ListRequest;
+    stat @11 :Void;
+    verify @12 :EntryRef;
+    shmAttach @13 :ShmAttach;
+    shmRelease @14 :ShmRef;
+    setCapacity @15 :SetCapacity;
+    cancel @16 :Cancel;
+  }
+}
+
+# The first request on a connection. The daemon picks the highest version in
+# both [minVersion, maxVersion] and its own range, or answers notSupported.
+struct Hello {
+  minVersion @0 :UInt32;
+  maxVersion @1 :UInt32;
+  client @2 :Text;
+  # The tenant this connection acts for. Every boundary and entry the
+  # connection names must belong to it. Empty: the default namespace "".
+  namespace @3 :Text;
+}
+
+struct HelloReply {
+  version @0 :UInt32;
+  server @1 :Text;
+  maxMessageBytes @2 :UInt64;
+  maxChunkBytes @3 :UInt64;
+  maxPublishesInFlight @4 :UInt32;
+  admin @5 :Bool;
+}
+
+# Opens a publish. Later publish messages name it by this request's id.
+struct PublishBegin {
+  boundary @0 :Boundary;
+  layerCount @1 :UInt32;
+}
+
+# Starts the next layer of an open publish: its encoded header bytes.
+struct PublishLayer {
+  publish @0 :UInt64;
+  layer @1 :UInt32;
+  header @2 :Data;
+  chunkCount @3 :UInt32;
+}
+
+# One chunk of the current layer.
+struct PublishChunk {
+  publish @0 :UInt64;
+  layer @1 :UInt32;
+  index @2 :UInt32;
+  data @3 :Payload;
+}
+
+struct PublishRef {
+  publish @0 :UInt64;
+}
+
+struct Published {
+  entry @0 :UInt64;
+  # The boundary was stored already; the bytes sent were not written again.
+  existed @1 :Bool;
+}
+
+# Admin: changes the store's byte budget (0: unlimited) and evicts down to it.
+struct SetCapacity {
+  bytes @0 :UInt64;
+}
+
+struct Lookup {
+  # fingerprint, namespace and the query tokens; length is ignored.
+  query @0 :Boundary;
+}
+
+struct EntryInfo {
+  entry @0 :UInt64;
+  boundary @1 :Boundary;
+  layerCount @2 :UInt32;
+  bytes @3 :UInt64;
+  rawBytes @4 :UInt64;
+  createdUnixMs @5 :UInt64;
+  # The store's logical access clock: larger is more recent.
+  lastAccess @6 :UInt64;
+  hits @7 :UInt64;
+}
+
+struct LookupReply {
+  found @0 :Bool;
+  # Matched boundary length; the entry's tokens are the query's first `length`.
+  length @1 :UInt32;
+  entry @2 :UInt64;
+  layerCount @3 :UInt32;
+  bytes @4 :UInt64;
+}
+
+struct Fetch {
+  entry @0 :UInt64;
+  # Layer indices to stream, in this order; empty means every layer.
+  layers @1 :List(UInt32);
+  # Deliver chunk bytes through the shared region inside this window (a ring);
+  # absent (length 0) means inline in the messages.
+  shmWindow @2 :ShmRef;
+}
+
+# Streamed answers to a fetch, in order: for each layer a FetchLayer, then its
+# chunks, and finally fetchDone (or an error, which ends the stream).
+struct FetchLayer {
+  layer @0 :UInt32;
+  header @1 :Data;
+  chunkCount @2 :UInt32;
+}
+
+struct FetchChunk {
+  layer @0 :UInt32;
+  index @1 :UInt32;
+  data @2 :Payload;
+}
+
+struct FetchDone {
+  layers @0 :UInt32;
+  bytes @1 :UInt64;
+}
+
+struct EntryRef {
+  entry @0 :UInt64;
+}
+
+struct ListRequest {
+  # Filters: a zero digest means any model. Entries of the connection's own
+  # namespace only, unless allNamespaces is set on an admin connection.
+  digestLo @0 :UInt64;
+  digestHi @1 :UInt64;
+  # Opaque, from the previous page; empty starts from the beginning.
+  pageToken @2 :Data;
+  pageSize @3 :UInt32;
+  allNamespaces @4 :Bool;
+}
+
+struct ListReply {
+  entries @0 :List(EntryInfo);
+  # Empty when there are no more pages. A page may hold fewer than pageSize
+  # entries (even none) while more follow: continue until this is empty.
+  nextPageToken @1 :Data;
+}
+
+struct StatReply {
+  entries @0 :UInt64;
+  bytesStored @1 :UInt64;
+  bytesRaw @2 :UInt64;
+  hits @3 :UInt64;
+  misses @4 :UInt64;
+  evictions @5 :UInt64;
+  connections @6 :UInt32;
+  publishesInFlight @7 :UInt32;
+  capacityBytes @8 :UInt64;
+}
+
+struct VerifyReply {
+  ok @0 :Bool;
+  message @1 :Text;
+  layers @2 :UInt32;
+  bytes @3 :UInt64;
+}
+
+# Announces the shared-memory region: the memfd travels in the same sendmsg
+# as this message's first byte, as SCM_RIGHTS ancillary data.
+struct ShmAttach {
+  size @0 :UInt64;
+}
+
+struct Cancel {
+  # The id of the fetch to stop.
+  target @0 :UInt64;
+}
+
+struct Response {
+  id @0 :UInt64;
+  union {
+    error @1 :Error;
+    hello @2 :HelloReply;
+    ack @3 :Void;
+    published @4 :Published;
+    lookup @5 :LookupReply;
+    fetchLayer @6 :FetchLayer;
+    fetchChunk @7 :FetchChunk;
+    fetchDone @8 :FetchDone;
+    list @9 :ListReply;
+    stat @10 :StatReply;
+    verify @11 :VerifyReply;
+  }
+}

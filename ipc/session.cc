@@ -1,0 +1,848 @@
+#include "ipc/session.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include <kj/exception.h>
+
+#include "ipc/wire.h"
+
+namespace primecache::ipc {
+
+using wire::ErrorCode;
+
+// ---- per-publish and per-fetch state ---------------------------------------
+
+struct Session::Publish {
+  std::uint64_t id = 0;
+  BoundaryKey key;
+  std::uint32_t layer_count = 0;
+
+  // Protocol position, loop thread only.
+  std::uint32_t layers_begun = 0;
+  std::uint32_t chunks_expected = 0;  // of the current layer
+  std::uint32_t chunks_seen = 0;
+
+  // Applied in order on workers.
+  std::mutex mu;
+  std::deque<std::function<void()>> ops;
+  bool running = false;
+  // Worker side (touched by one op at a time).
+  std::unique_ptr<PublishSink> sink;
+  Status failed;
+  bool finished = false;
+};
+
+struct Session::FetchState {
+  std::uint64_t id = 0;
+  std::atomic<bool> cancelled{false};
+  std::shared_ptr<ShmRegion> shm;  // null: inline
+  std::uint64_t win_off = 0, win_len = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t head = 0, used = 0;  // ring inside the window
+  struct Alloc {
+    std::uint64_t pos, len, span;  // span includes the skipped tail before pos
+  };
+  std::deque<Alloc> allocs;
+
+  void Cancel() {
+    cancelled = true;
+    std::lock_guard<std::mutex> l(mu);
+    cv.notify_all();
+  }
+};
+
+namespace {
+
+// Copies capnp text out, bounded.
+Result<std::string> ReadText(capnp::Text::Reader t, std::size_t max, const char* what) {
+  if (t.size() > max) return Status::InvalidArgument(std::string(what) + " longer than " + std::to_string(max) + " bytes");
+  return std::string(t.cStr(), t.size());
+}
+
+std::span<const std::byte> AsBytes(capnp::Data::Reader d) {
+  return {reinterpret_cast<const std::byte*>(d.begin()), d.size()};
+}
+
+class FetchSender : public FetchVisitor {
+ public:
+  FetchSender(std::uint64_t id, Session::FetchState* st, ResponseSink* sink)
+      : id_(id), st_(st), sink_(sink) {}
+
+  Status OnLayer(std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunk_count) override {
+    PC_RETURN_IF_ERROR(Gate());
+    sink_->Send(BuildResponse(
+        id_,
+        [&](wire::Response::Builder r) {
+          auto l = r.initFetchLayer();
+          l.setLayer(layer);
+          l.setChunkCount(chunk_count);
+          l.setHeader(kj::arrayPtr(reinterpret_cast<const kj::byte*>(header.data()), header.size()));
+        },
+        WordsFor(header.size())));
+    ++layers_;
+    return Status::Ok();
+  }
+
+  Status OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) override {
+    PC_RETURN_IF_ERROR(Gate());
+    bytes_ += bytes.size();
+    if (st_->shm != nullptr && !bytes.empty() && bytes.size() <= st_->win_len) {
+      std::uint64_t pos = 0;
+      PC_RETURN_IF_ERROR(Reserve(bytes.size(), &pos));
+      std::memcpy(st_->shm->data() + st_->win_off + pos, bytes.data(), bytes.size());
+      sink_->Send(BuildResponse(id_, [&](wire::Response::Builder r) {
+        auto c = r.initFetchChunk();
+        c.setLayer(layer);
+        c.setIndex(index);
+        auto s = c.initData().initShm();
+        s.setOffset(st_->win_off + pos);
+        s.setLength(bytes.size());
+      }));
+      return Status::Ok();
+    }
+    sink_->Send(BuildResponse(
+        id_,
+        [&](wire::Response::Builder r) {
+          auto c = r.initFetchChunk();
+          c.setLayer(layer);
+          c.setIndex(index);
+          c.initData().setInline(kj::arrayPtr(reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));
+        },
+        WordsFor(bytes.size())));
+    return Status::Ok();
+  }
+
+  std::uint32_t layers() const { return layers_; }
+  std::uint64_t bytes() const { return bytes_; }
+
+ private:
+  Status Gate() {
+    if (st_->cancelled.load()) return Status::Aborted("fetch cancelled");
+    // Backpressure: produce nothing more while the connection's queue is full.
+    if (!sink_->WaitForRoom() || st_->cancelled.load()) return Status::Aborted("connection closed");
+    return Status::Ok();
+  }
+
+  // A place for `len` bytes in the window ring, waiting for the client's
+  // releases when it is full.
+  Status Reserve(std::uint64_t len, std::uint64_t* pos) {
+    std::unique_lock<std::mutex> l(st_->mu);
+    for (;;) {
+      if (st_->cancelled.load() || sink_->Closed()) return Status::Aborted("fetch cancelled");
+      std::uint64_t at = st_->head;
+      std::uint64_t skip = 0;
+      if (at + len > st_->win_len) {
+        skip = st_->win_len - at;
+        at = 0;
+      }
+      if (st_->used + skip + len <= st_->win_len) {
+        st_->used += skip + len;
+        st_->head = at + len == st_->win_len ? 0 : at + len;
+        st_->allocs.push_back({at, len, skip + len});
+        *pos = at;
+        return Status::Ok();
+      }
+      if (st_->cv.wait_for(l, std::chrono::seconds(60)) == std::cv_status::timeout) {
+        return Status::DeadlineExceeded("client released no shared-memory bytes for 60 s");
+      }
+    }
+  }
+
+  std::uint64_t id_;
+  Session::FetchState* st_;
+  ResponseSink* sink_;
+  std::uint32_t layers_ = 0;
+  std::uint64_t bytes_ = 0;
+};
+
+class CountingVisitor : public FetchVisitor {
+ public:
+  Status OnLayer(std::uint32_t, std::span<const std::byte> header, std::uint32_t) override {
+    ++layers;
+    bytes += header.size();
+    return Status::Ok();
+  }
+  Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte> b) override {
+    bytes += b.size();
+    return Status::Ok();
+  }
+  std::uint32_t layers = 0;
+  std::uint64_t bytes = 0;
+};
+
+}  // namespace
+
+Session::Session(StoreBackend* store, Executor* executor, Executor* fetch_executor,
+                 std::shared_ptr<ResponseSink> sink, SessionLimits limits, PeerInfo peer, ServerCounters* counters)
+    : store_(store), executor_(executor), fetch_executor_(fetch_executor), sink_(std::move(sink)), limits_(limits), peer_(std::move(peer)),
+      counters_(counters) {}
+
+Session::~Session() = default;
+
+void Session::SendError(std::uint64_t id, const Status& s) { sink_->Send(ErrorResponse(id, s)); }
+
+void Session::SendProtocolError(std::uint64_t id, const std::string& msg) {
+  sink_->Send(ErrorResponse(id, ErrorCode::PROTOCOL, msg));
+}
+
+bool Session::InboundBlocked() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return backlog_bytes_ > limits_.max_publish_backlog_bytes;
+}
+
+void Session::ReleaseBacklog(std::size_t bytes) {
+  std::function<void()> cb;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const bool was_blocked = backlog_bytes_ > limits_.max_publish_backlog_bytes;
+    backlog_bytes_ -= std::min(bytes, backlog_bytes_);
+    if (was_blocked && backlog_bytes_ <= limits_.max_publish_backlog_bytes) cb = unblocked_cb_;
+  }
+  if (cb) cb();
+}
+
+void Session::RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t bytes, std::function<void()> op) {
+  if (bytes != 0) {
+    std::lock_guard<std::mutex> l(mu_);
+    backlog_bytes_ += bytes;
+  }
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> l(pub->mu);
+    pub->ops.push_back([this, op = std::move(op), bytes] {
+      op();
+      if (bytes != 0) ReleaseBacklog(bytes);
+    });
+    if (!pub->running) start = pub->running = true;
+  }
+  if (!start) return;
+  executor_->Post([self = shared_from_this(), pub] {
+    for (;;) {
+      std::function<void()> next;
+      {
+        std::lock_guard<std::mutex> l(pub->mu);
+        if (pub->ops.empty()) {
+          pub->running = false;
+          return;
+        }
+        next = std::move(pub->ops.front());
+        pub->ops.pop_front();
+      }
+      next();
+    }
+  });
+}
+
+void Session::FinishPublish(const std::shared_ptr<Publish>& pub) {
+  // Worker side, inside the publish's serial queue.
+  if (pub->finished) return;
+  pub->finished = true;
+  if (pub->sink) {
+    pub->sink->Abort();  // no-op after a commit
+    pub->sink.reset();
+  }
+  counters_->publishes_in_flight.fetch_sub(1);
+  std::lock_guard<std::mutex> l(mu_);
+  --publishes_open_;
+}
+
+Status Session::CheckEntryNamespace(std::uint64_t entry) {
+  if (peer_.admin) return Status::Ok();
+  PC_ASSIGN_OR_RETURN(EntrySummary e, store_->Describe(entry));
+  // Another tenant's entry is reported as absent, not as forbidden.
+  if (e.boundary.ns != ns_) return Status::NotFound("no entry " + std::to_string(entry));
+  return Status::Ok();
+}
+
+void Session::OnClose() {
+  std::vector<std::shared_ptr<Publish>> pubs;
+  std::vector<std::shared_ptr<FetchState>> fetches;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return;
+    closed_ = true;
+    for (auto& [id, p] : publishes_) pubs.push_back(p);
+    for (auto& [id, f] : fetches_) fetches.push_back(f);
+    publishes_.clear();
+  }
+  for (auto& f : fetches) f->Cancel();
+  for (auto& p : pubs) {
+    RunPublishOp(p, 0, [this, p] { FinishPublish(p); });  // abort: leaves nothing
+  }
+}
+
+bool Session::OnFrame(Frame frame, std::vector<int>* fds) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return false;
+  }
+  try {
+    return Dispatch(frame, &frame, fds);
+  } catch (const kj::Exception& e) {
+    SendProtocolError(0, std::string("malformed message: ") + e.getDescription().cStr());
+    return true;
+  } catch (const std::exception& e) {
+    SendProtocolError(0, std::string("malformed message: ") + e.what());
+    return true;
+  }
+}
+
+bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* fds) {
+  auto reader = frame_ref.Reader(limits_.frame);
+  {
+    // Walk the whole message once: any pointer anywhere that is out of
+    // bounds, too deep, or that aliases its way past the traversal budget
+    // is refused here, before a field is used.
+    auto any = reader->getRoot<capnp::AnyPointer>();
+    (void)any.targetSize();
+  }
+  auto req = reader->getRoot<wire::Request>();
+  const std::uint64_t id = req.getId();
+  const auto which = req.which();
+
+  if (!hello_done_ && which != wire::Request::HELLO) {
+    SendProtocolError(id, "the first request must be hello");
+    return true;
+  }
+
+  switch (which) {
+    case wire::Request::HELLO: {
+      auto h = req.getHello();
+      if (hello_done_) {
+        SendProtocolError(id, "hello sent twice");
+        return true;
+      }
+      const std::uint32_t lo = std::max(h.getMinVersion(), kMinProtocolVersion);
+      const std::uint32_t hi = std::min(h.getMaxVersion(), kMaxProtocolVersion);
+      if (lo > hi) {
+        sink_->Send(ErrorResponse(id, ErrorCode::NOT_SUPPORTED,
+                                  "no common protocol version: daemon speaks " + std::to_string(kMinProtocolVersion) +
+                                      ".." + std::to_string(kMaxProtocolVersion)));
+        return true;
+      }
+      auto ns = ReadText(h.getNamespace(), limits_.max_text_bytes, "namespace");
+      if (!ns.ok()) {
+        SendError(id, ns.status());
+        return true;
+      }
+      if (peer_.allowed_namespaces.has_value() &&
+          std::find(peer_.allowed_namespaces->begin(), peer_.allowed_namespaces->end(), *ns) ==
+              peer_.allowed_namespaces->end()) {
+        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "namespace '" + *ns + "' is not allowed for uid " +
+                                                                        std::to_string(peer_.uid)));
+        return true;
+      }
+      ns_ = *ns;
+      hello_done_ = true;
+      sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
+        auto hr = r.initHello();
+        hr.setVersion(hi);
+        hr.setServer("primecached");
+        hr.setMaxMessageBytes(limits_.frame.max_message_bytes);
+        hr.setMaxChunkBytes(limits_.max_chunk_bytes);
+        hr.setMaxPublishesInFlight(limits_.max_publishes_in_flight);
+        hr.setAdmin(peer_.admin);
+      }));
+      return true;
+    }
+
+    case wire::Request::PUBLISH_BEGIN: {
+      auto pb = req.getPublishBegin();
+      auto b = pb.getBoundary();
+      auto fp = b.getFingerprint();
+      auto name = ReadText(fp.getName(), limits_.max_text_bytes, "model name");
+      if (!name.ok()) return SendError(id, name.status()), true;
+      auto ns = ReadText(b.getNamespace(), limits_.max_text_bytes, "namespace");
+      if (!ns.ok()) return SendError(id, ns.status()), true;
+      if (!ns->empty() && *ns != ns_) {
+        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "namespace differs from the connection's"));
+        return true;
+      }
+      auto tokens = b.getTokens();
+      if (tokens.size() == 0 || tokens.size() > limits_.max_tokens) {
+        SendError(id, Status::InvalidArgument("boundary needs 1.." + std::to_string(limits_.max_tokens) + " tokens"));
+        return true;
+      }
+      if (b.getLength() != tokens.size()) {
+        SendError(id, Status::InvalidArgument("boundary length " + std::to_string(b.getLength()) + " != " +
+                                              std::to_string(tokens.size()) + " tokens"));
+        return true;
+      }
+      const std::uint32_t layer_count = pb.getLayerCount();
+      if (layer_count == 0 || layer_count > limits_.max_layers) {
+        SendError(id, Status::InvalidArgument("layer count must be 1.." + std::to_string(limits_.max_layers)));
+        return true;
+      }
+      auto pub = std::make_shared<Publish>();
+      pub->id = id;
+      pub->layer_count = layer_count;
+      pub->key.digest = {fp.getDigestLo(), fp.getDigestHi()};
+      pub->key.model_name = std::move(*name);
+      pub->key.ns = ns_;
+      pub->key.tokens = ToVector(tokens);
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (publishes_.count(id) != 0) {
+          sink_->Send(ErrorResponse(id, ErrorCode::ALREADY_EXISTS, "a publish with this id is open"));
+          return true;
+        }
+        if (publishes_open_ >= limits_.max_publishes_in_flight) {
+          SendError(id, Status::ResourceExhausted("too many publishes in flight on this connection (limit " +
+                                                  std::to_string(limits_.max_publishes_in_flight) + ")"));
+          return true;
+        }
+        ++publishes_open_;
+        publishes_[id] = pub;
+      }
+      counters_->publishes_in_flight.fetch_add(1);
+      RunPublishOp(pub, 0, [this, pub, id] {
+        auto sink = store_->BeginPublish(pub->key, pub->layer_count);
+        if (!sink.ok()) {
+          pub->failed = sink.status();
+          SendError(id, pub->failed);
+          return;
+        }
+        pub->sink = std::move(sink).value();
+        sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+      });
+      return true;
+    }
+
+    case wire::Request::PUBLISH_LAYER:
+    case wire::Request::PUBLISH_CHUNK:
+    case wire::Request::PUBLISH_COMMIT:
+    case wire::Request::PUBLISH_ABORT: {
+      std::uint64_t pid = 0;
+      if (which == wire::Request::PUBLISH_LAYER) pid = req.getPublishLayer().getPublish();
+      if (which == wire::Request::PUBLISH_CHUNK) pid = req.getPublishChunk().getPublish();
+      if (which == wire::Request::PUBLISH_COMMIT) pid = req.getPublishCommit().getPublish();
+      if (which == wire::Request::PUBLISH_ABORT) pid = req.getPublishAbort().getPublish();
+      std::shared_ptr<Publish> pub;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        auto it = publishes_.find(pid);
+        if (it != publishes_.end()) pub = it->second;
+      }
+      if (!pub) {
+        SendError(id, Status::NotFound("no open publish " + std::to_string(pid)));
+        return true;
+      }
+      // Protocol position checks happen here, so a client learns at once.
+      auto fail_and_abort = [&](Status s) {
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          publishes_.erase(pid);
+        }
+        SendError(id, s);
+        RunPublishOp(pub, 0, [this, pub] { FinishPublish(pub); });
+        return true;
+      };
+      if (which == wire::Request::PUBLISH_LAYER) {
+        auto pl = req.getPublishLayer();
+        if (pub->layers_begun > 0 && pub->chunks_seen != pub->chunks_expected) {
+          return fail_and_abort(Status::InvalidArgument("layer " + std::to_string(pub->layers_begun - 1) + " got " +
+                                                        std::to_string(pub->chunks_seen) + " of " +
+                                                        std::to_string(pub->chunks_expected) + " chunks"));
+        }
+        if (pl.getLayer() != pub->layers_begun || pub->layers_begun >= pub->layer_count) {
+          return fail_and_abort(Status::InvalidArgument("expected layer " + std::to_string(pub->layers_begun) +
+                                                        ", got " + std::to_string(pl.getLayer())));
+        }
+        if (pl.getHeader().size() > limits_.max_header_bytes) {
+          return fail_and_abort(Status::InvalidArgument("layer header over " + std::to_string(limits_.max_header_bytes) +
+                                                        " bytes"));
+        }
+        if (pl.getChunkCount() > limits_.max_chunks_per_layer) {
+          return fail_and_abort(Status::InvalidArgument("too many chunks in a layer"));
+        }
+        pub->chunks_expected = pl.getChunkCount();
+        pub->chunks_seen = 0;
+        const std::uint32_t layer = pub->layers_begun++;
+        auto header = AsBytes(pl.getHeader());
+        const std::uint32_t chunks = pl.getChunkCount();
+        auto keep = std::make_shared<Frame>(std::move(*owned));
+        RunPublishOp(pub, header.size(), [this, pub, id, layer, header, chunks, keep] {
+          if (!pub->failed.ok() || !pub->sink) {
+            SendError(id, pub->failed.ok() ? Status::Aborted("publish not open") : pub->failed);
+            return;
+          }
+          Status s = pub->sink->BeginLayer(layer, header, chunks);
+          if (!s.ok()) {
+            pub->failed = s;
+            SendError(id, s);
+            return;
+          }
+          sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+        });
+        return true;
+      }
+      if (which == wire::Request::PUBLISH_CHUNK) {
+        auto pc = req.getPublishChunk();
+        if (pub->layers_begun == 0 || pc.getLayer() != pub->layers_begun - 1 ||
+            pc.getIndex() != pub->chunks_seen || pub->chunks_seen >= pub->chunks_expected) {
+          return fail_and_abort(Status::InvalidArgument("chunk out of order"));
+        }
+        auto data = pc.getData();
+        std::span<const std::byte> bytes;
+        std::shared_ptr<ShmRegion> region;
+        if (data.which() == wire::Payload::INLINE) {
+          bytes = AsBytes(data.getInline());
+        } else if (data.which() == wire::Payload::SHM) {
+          auto ref = data.getShm();
+          if (!shm_) return fail_and_abort(Status::FailedPrecondition("no shared region attached"));
+          if (!shm_->Contains(ref.getOffset(), ref.getLength())) {
+            return fail_and_abort(Status::InvalidArgument("shared-memory reference outside the region"));
+          }
+          region = shm_;
+          bytes = {shm_->data() + ref.getOffset(), static_cast<std::size_t>(ref.getLength())};
+        } else {
+          return fail_and_abort(Status::InvalidArgument("unknown payload kind"));
+        }
+        if (bytes.size() > limits_.max_chunk_bytes) {
+          return fail_and_abort(Status::InvalidArgument("chunk of " + std::to_string(bytes.size()) +
+                                                        " bytes over the limit of " +
+                                                        std::to_string(limits_.max_chunk_bytes)));
+        }
+        ++pub->chunks_seen;
+        auto keep = std::make_shared<Frame>(std::move(*owned));
+        RunPublishOp(pub, bytes.size(), [this, pub, id, bytes, keep, region] {
+          if (!pub->failed.ok() || !pub->sink) {
+            SendError(id, pub->failed.ok() ? Status::Aborted("publish not open") : pub->failed);
+            return;
+          }
+          Status s = pub->sink->AddChunk(bytes);
+          if (!s.ok()) {
+            pub->failed = s;
+            SendError(id, s);
+            return;
+          }
+          // The ack also tells a shared-memory client its bytes may be reused.
+          sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+        });
+        return true;
+      }
+      // Commit or abort: the publish leaves the table now.
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        publishes_.erase(pid);
+      }
+      if (which == wire::Request::PUBLISH_ABORT) {
+        RunPublishOp(pub, 0, [this, pub, id] {
+          FinishPublish(pub);
+          sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+        });
+        return true;
+      }
+      if (pub->layers_begun != pub->layer_count || pub->chunks_seen != pub->chunks_expected) {
+        SendError(id, Status::InvalidArgument("commit before every layer and chunk arrived: " +
+                                              std::to_string(pub->layers_begun) + " of " +
+                                              std::to_string(pub->layer_count) + " layers"));
+        RunPublishOp(pub, 0, [this, pub] { FinishPublish(pub); });
+        return true;
+      }
+      RunPublishOp(pub, 0, [this, pub, id] {
+        if (!pub->failed.ok() || !pub->sink) {
+          SendError(id, pub->failed.ok() ? Status::Aborted("publish not open") : pub->failed);
+          FinishPublish(pub);
+          return;
+        }
+        auto done = pub->sink->Commit();
+        if (!done.ok()) {
+          SendError(id, done.status());
+        } else {
+          const Committed c = *done;
+          sink_->Send(BuildResponse(id, [c](wire::Response::Builder r) {
+            auto p = r.initPublished();
+            p.setEntry(c.entry);
+            p.setExisted(c.existed);
+          }));
+        }
+        FinishPublish(pub);
+      });
+      return true;
+    }
+
+    case wire::Request::LOOKUP: {
+      auto q = req.getLookup().getQuery();
+      auto ns = ReadText(q.getNamespace(), limits_.max_text_bytes, "namespace");
+      if (!ns.ok()) return SendError(id, ns.status()), true;
+      if (!ns->empty() && *ns != ns_) {
+        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "namespace differs from the connection's"));
+        return true;
+      }
+      auto tokens = q.getTokens();
+      if (tokens.size() > limits_.max_tokens) {
+        SendError(id, Status::InvalidArgument("query over " + std::to_string(limits_.max_tokens) + " tokens"));
+        return true;
+      }
+      Hash128 digest{q.getFingerprint().getDigestLo(), q.getFingerprint().getDigestHi()};
+      std::vector<std::uint32_t> toks = ToVector(tokens);
+      executor_->Post([self = shared_from_this(), this, id, digest, toks = std::move(toks)] {
+        auto hit = store_->Lookup(digest, ns_, toks);
+        if (!hit.ok()) return SendError(id, hit.status());
+        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
+          auto l = r.initLookup();
+          if (!hit->has_value()) return;
+          const LookupHit& h = **hit;
+          l.setFound(true);
+          l.setEntry(h.entry);
+          l.setLength(h.length);
+          l.setLayerCount(h.layer_count);
+          l.setBytes(h.bytes);
+        }));
+      });
+      return true;
+    }
+
+    case wire::Request::FETCH: {
+      auto f = req.getFetch();
+      auto layers_r = f.getLayers();
+      if (layers_r.size() > limits_.max_layers) {
+        SendError(id, Status::InvalidArgument("fetch names over " + std::to_string(limits_.max_layers) + " layers"));
+        return true;
+      }
+      auto st = std::make_shared<FetchState>();
+      st->id = id;
+      if (f.hasShmWindow() && f.getShmWindow().getLength() != 0) {
+        auto w = f.getShmWindow();
+        if (!shm_) {
+          SendError(id, Status::FailedPrecondition("no shared region attached"));
+          return true;
+        }
+        if (!shm_->Contains(w.getOffset(), w.getLength())) {
+          SendError(id, Status::InvalidArgument("fetch window outside the shared region"));
+          return true;
+        }
+        st->shm = shm_;
+        st->win_off = w.getOffset();
+        st->win_len = w.getLength();
+      }
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (fetches_.count(id) != 0) {
+          sink_->Send(ErrorResponse(id, ErrorCode::ALREADY_EXISTS, "a fetch with this id is running"));
+          return true;
+        }
+        if (fetches_.size() >= limits_.max_fetches_in_flight) {
+          SendError(id, Status::ResourceExhausted("too many fetches in flight on this connection"));
+          return true;
+        }
+        for (auto& [oid, other] : fetches_) {
+          if (st->shm && other->shm && st->win_off < other->win_off + other->win_len &&
+              other->win_off < st->win_off + st->win_len) {
+            SendError(id, Status::InvalidArgument("fetch window overlaps the window of fetch " + std::to_string(oid)));
+            return true;
+          }
+        }
+        fetches_[id] = st;
+      }
+      std::vector<std::uint32_t> layers = ToVector(layers_r);
+      const std::uint64_t entry = f.getEntry();
+      fetch_executor_->Post([self = shared_from_this(), this, id, st, entry, layers = std::move(layers)] {
+        Status s = CheckEntryNamespace(entry);
+        FetchSender sender(id, st.get(), sink_.get());
+        if (s.ok()) s = store_->Fetch(entry, layers, &sender);
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          fetches_.erase(id);
+        }
+        if (!s.ok()) return SendError(id, s);
+        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
+          auto d = r.initFetchDone();
+          d.setLayers(sender.layers());
+          d.setBytes(sender.bytes());
+        }));
+      });
+      return true;
+    }
+
+    case wire::Request::SHM_RELEASE: {
+      auto ref = req.getShmRelease();
+      std::shared_ptr<FetchState> st;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        for (auto& [fid, f] : fetches_) {
+          if (f->shm && ref.getOffset() >= f->win_off && ref.getOffset() - f->win_off < f->win_len) st = f;
+        }
+      }
+      if (!st) return true;  // the fetch has ended; nothing to free
+      std::lock_guard<std::mutex> l(st->mu);
+      if (st->allocs.empty() || st->allocs.front().pos != ref.getOffset() - st->win_off ||
+          st->allocs.front().len != ref.getLength()) {
+        SendProtocolError(id, "shmRelease out of order: release chunks in the order they arrived");
+        return true;
+      }
+      st->used -= st->allocs.front().span;
+      st->allocs.pop_front();
+      st->cv.notify_all();
+      return true;
+    }
+
+    case wire::Request::CANCEL: {
+      const std::uint64_t target = req.getCancel().getTarget();
+      std::shared_ptr<FetchState> st;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        auto it = fetches_.find(target);
+        if (it != fetches_.end()) st = it->second;
+      }
+      if (st) st->Cancel();
+      sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+      return true;
+    }
+
+    case wire::Request::DELETE:
+    case wire::Request::SET_CAPACITY: {
+      if (!peer_.admin) {
+        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED,
+                                  "delete and setCapacity are served on the admin socket only"));
+        return true;
+      }
+      const bool is_delete = which == wire::Request::DELETE;
+      const std::uint64_t arg = is_delete ? req.getDelete().getEntry() : req.getSetCapacity().getBytes();
+      executor_->Post([self = shared_from_this(), this, id, is_delete, arg] {
+        Status s = is_delete ? store_->Delete(arg) : store_->SetCapacity(arg);
+        if (!s.ok()) return SendError(id, s);
+        sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+      });
+      return true;
+    }
+
+    case wire::Request::LIST: {
+      auto lr = req.getList();
+      ListFilter filter;
+      if (lr.getDigestLo() != 0 || lr.getDigestHi() != 0) filter.digest = Hash128{lr.getDigestLo(), lr.getDigestHi()};
+      if (lr.getAllNamespaces()) {
+        if (!peer_.admin) {
+          sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "listing every namespace needs the admin socket"));
+          return true;
+        }
+      } else {
+        filter.ns = ns_;
+      }
+      if (lr.getPageToken().size() > 4096) {
+        SendError(id, Status::InvalidArgument("page token over 4096 bytes"));
+        return true;
+      }
+      filter.page_token.assign(reinterpret_cast<const char*>(lr.getPageToken().begin()), lr.getPageToken().size());
+      filter.page_size = lr.getPageSize() == 0 ? 100 : std::min(lr.getPageSize(), limits_.max_page_size);
+      executor_->Post([self = shared_from_this(), this, id, filter] {
+        auto page = store_->List(filter);
+        if (!page.ok()) return SendError(id, page.status());
+        std::size_t words = 64;
+        for (const auto& e : page->entries) words += e.boundary.tokens.size() / 2 + 32;
+        sink_->Send(BuildResponse(
+            id,
+            [&](wire::Response::Builder r) {
+              auto out = r.initList();
+              out.setNextPageToken(kj::arrayPtr(reinterpret_cast<const kj::byte*>(page->next_page_token.data()),
+                                                page->next_page_token.size()));
+              auto list = out.initEntries(static_cast<unsigned>(page->entries.size()));
+              for (unsigned i = 0; i < list.size(); ++i) {
+                const EntrySummary& e = page->entries[i];
+                auto w = list[i];
+                w.setEntry(e.entry);
+                w.setLayerCount(e.layer_count);
+                w.setBytes(e.bytes);
+                w.setRawBytes(e.raw_bytes);
+                w.setCreatedUnixMs(e.created_unix_ms);
+                w.setLastAccess(e.last_access);
+                w.setHits(e.hits);
+                auto b = w.initBoundary();
+                b.setNamespace(e.boundary.ns);
+                b.setLength(static_cast<std::uint32_t>(e.boundary.tokens.size()));
+                auto fp = b.initFingerprint();
+                fp.setDigestLo(e.boundary.digest.lo);
+                fp.setDigestHi(e.boundary.digest.hi);
+                fp.setName(e.boundary.model_name);
+                auto t = b.initTokens(static_cast<unsigned>(e.boundary.tokens.size()));
+                for (unsigned k = 0; k < t.size(); ++k) t.set(k, e.boundary.tokens[k]);
+              }
+            },
+            words));
+      });
+      return true;
+    }
+
+    case wire::Request::STAT: {
+      executor_->Post([self = shared_from_this(), this, id] {
+        auto st = store_->Stat();
+        if (!st.ok()) return SendError(id, st.status());
+        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
+          auto s = r.initStat();
+          s.setEntries(st->entries);
+          s.setBytesStored(st->bytes_stored);
+          s.setBytesRaw(st->bytes_raw);
+          s.setHits(st->hits);
+          s.setMisses(st->misses);
+          s.setEvictions(st->evictions);
+          s.setCapacityBytes(st->capacity_bytes);
+          s.setConnections(counters_->connections.load());
+          s.setPublishesInFlight(counters_->publishes_in_flight.load());
+        }));
+      });
+      return true;
+    }
+
+    case wire::Request::VERIFY: {
+      const std::uint64_t entry = req.getVerify().getEntry();
+      fetch_executor_->Post([self = shared_from_this(), this, id, entry] {
+        Status s = CheckEntryNamespace(entry);
+        CountingVisitor v;
+        if (s.ok()) s = store_->Fetch(entry, {}, &v);
+        if (!s.ok() && !s.IsCorruption()) return SendError(id, s);
+        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
+          auto out = r.initVerify();
+          out.setOk(s.ok());
+          out.setMessage(s.ok() ? "" : s.ToString());
+          out.setLayers(v.layers);
+          out.setBytes(v.bytes);
+        }));
+      });
+      return true;
+    }
+
+    case wire::Request::SHM_ATTACH: {
+      const std::uint64_t size = req.getShmAttach().getSize();
+      if (fds->empty()) {
+        SendError(id, Status::InvalidArgument("shmAttach arrived without a descriptor (send it with SCM_RIGHTS)"));
+        return true;
+      }
+      int fd = fds->front();
+      fds->erase(fds->begin());
+      if (!peer_.local) {
+        close(fd);
+        SendError(id, Status::NotSupported("shared memory needs a Unix socket"));
+        return true;
+      }
+      if (shm_) {
+        close(fd);
+        sink_->Send(ErrorResponse(id, ErrorCode::ALREADY_EXISTS, "a shared region is already attached"));
+        return true;
+      }
+      if (size > limits_.max_shm_bytes) {
+        close(fd);
+        SendError(id, Status::InvalidArgument("shared region over " + std::to_string(limits_.max_shm_bytes) + " bytes"));
+        return true;
+      }
+      auto region = ShmRegion::Adopt(fd, static_cast<std::size_t>(size));
+      if (!region.ok()) return SendError(id, region.status()), true;
+      shm_ = std::shared_ptr<ShmRegion>(std::move(region).value());
+      sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+      return true;
+    }
+
+    default:
+      SendProtocolError(id, "unknown request kind " + std::to_string(static_cast<int>(which)));
+      return true;
+  }
+}
+
+}  // namespace primecache::ipc

@@ -1,0 +1,135 @@
+// One client connection's protocol state, independent of the event loop.
+//
+// The server feeds a Session whole frames (on its loop thread); the Session
+// decodes and checks each request there, then runs the store work through an
+// Executor (worker threads) and sends responses through a ResponseSink. The
+// fuzzer drives the same class with an inline executor and a sink that keeps
+// what it is given, so decoding and dispatch are fuzzed exactly as served.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ipc/backend.h"
+#include "ipc/framing.h"
+#include "ipc/shm.h"
+#include "primecache/status.h"
+
+namespace primecache::ipc {
+
+inline constexpr std::uint32_t kMinProtocolVersion = 1;
+inline constexpr std::uint32_t kMaxProtocolVersion = 1;
+
+struct SessionLimits {
+  FrameLimits frame;
+  std::size_t max_chunk_bytes = 4u << 20;
+  std::size_t max_header_bytes = 1u << 20;
+  std::uint32_t max_layers = 4096;
+  std::uint32_t max_chunks_per_layer = 1u << 20;
+  std::size_t max_tokens = 1u << 20;
+  std::size_t max_text_bytes = 256;
+  std::uint32_t max_publishes_in_flight = 4;
+  std::uint32_t max_fetches_in_flight = 8;
+  std::uint32_t max_page_size = 1000;
+  std::uint64_t max_shm_bytes = 4ull << 30;
+  // Unapplied publish bytes after which the connection stops being read.
+  std::size_t max_publish_backlog_bytes = 32u << 20;
+};
+
+// Where a session's responses go. Thread-safe.
+class ResponseSink {
+ public:
+  virtual ~ResponseSink() = default;
+  virtual void Send(std::unique_ptr<OutMessage> msg) = 0;
+  // Blocks while the connection's unwritten bytes are above its bound.
+  // False when the connection is gone (stop producing).
+  virtual bool WaitForRoom() = 0;
+  virtual bool Closed() const = 0;
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual void Post(std::function<void()> job) = 0;
+};
+
+struct PeerInfo {
+  bool admin = false;      // accepted on the admin socket and passed its check
+  bool local = true;       // Unix socket (shared memory allowed)
+  uid_t uid = static_cast<uid_t>(-1);
+  pid_t pid = 0;
+  // Namespaces this peer may name in its hello; nullopt: any.
+  std::optional<std::vector<std::string>> allowed_namespaces;
+};
+
+// Counters the server shares among sessions.
+struct ServerCounters {
+  std::atomic<std::uint32_t> connections{0};
+  std::atomic<std::uint32_t> publishes_in_flight{0};
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  // `executor` runs short store work; `fetch_executor` runs fetches, which
+  // may wait on a slow reader (they never hold up the short work).
+  Session(StoreBackend* store, Executor* executor, Executor* fetch_executor, std::shared_ptr<ResponseSink> sink,
+          SessionLimits limits, PeerInfo peer, ServerCounters* counters);
+  ~Session();
+
+  // Handles one frame; `fds` are descriptors that arrived with its bytes (the
+  // session takes them). False: close the connection (after flushing).
+  bool OnFrame(Frame frame, std::vector<int>* fds);
+  // The connection is gone: abort open publishes, stop fetches.
+  void OnClose();
+  // True while applying queued publish data lags too far behind: stop reading.
+  bool InboundBlocked() const;
+  // Called by a worker when the backlog has drained (set by the server).
+  void SetUnblockedCallback(std::function<void()> cb) { unblocked_cb_ = std::move(cb); }
+
+  struct Publish;
+  struct FetchState;
+
+ private:
+  bool Dispatch(const Frame& frame, Frame* owned, std::vector<int>* fds);
+  void SendError(std::uint64_t id, const Status& s);
+  void SendProtocolError(std::uint64_t id, const std::string& msg);
+  void RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t bytes, std::function<void()> op);
+  void FinishPublish(const std::shared_ptr<Publish>& pub);
+  void ReleaseBacklog(std::size_t bytes);
+  Status CheckEntryNamespace(std::uint64_t entry);
+
+  StoreBackend* store_;
+  Executor* executor_;
+  Executor* fetch_executor_;
+  std::shared_ptr<ResponseSink> sink_;
+  SessionLimits limits_;
+  PeerInfo peer_;
+  ServerCounters* counters_;
+
+  // Loop-thread state.
+  bool hello_done_ = false;
+  std::string ns_;
+  std::shared_ptr<ShmRegion> shm_;
+
+  mutable std::mutex mu_;  // guards the maps, the count and the backlog below
+  std::map<std::uint64_t, std::shared_ptr<Publish>> publishes_;
+  std::map<std::uint64_t, std::shared_ptr<FetchState>> fetches_;
+  std::uint32_t publishes_open_ = 0;  // begun and not yet finished (commit/abort done)
+  std::size_t backlog_bytes_ = 0;
+  bool closed_ = false;
+  std::function<void()> unblocked_cb_;
+};
+
+}  // namespace primecache::ipc

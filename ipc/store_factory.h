@@ -1,0 +1,21 @@
+// Opens the store the daemon serves.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ipc/backend.h"
+#include "primecache/status.h"
+
+namespace primecache::ipc {
+
+struct StoreConfig {
+  std::string data_dir;
+  std::uint64_t capacity_bytes = 0;  // 0: unlimited
+  bool sync_commits = true;          // false only for throwaway stores (the fuzzer)
+};
+
+Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config);
+
+}  // namespace primecache::ipc

@@ -1,0 +1,65 @@
+// Helpers shared by the daemon and the client: status <-> wire error codes,
+// response building.
+#pragma once
+
+#include <capnp/message.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "ipc/framing.h"
+#include "ipc/primecache.capnp.h"
+#include "primecache/status.h"
+
+namespace primecache::ipc {
+
+wire::ErrorCode ToWireCode(StatusCode code);
+// The Status a client sees for a wire error. permissionDenied and protocol
+// have no StatusCode of their own: they map to kFailedPrecondition and
+// kInvalidArgument, and the message starts with "permission denied: " or
+// "protocol: ".
+Status FromWireError(wire::ErrorCode code, std::string message);
+
+// A Response with `id`, filled by `fill(wire::Response::Builder)`.
+// first_segment_words sizes the builder's first segment (0: default).
+template <typename F>
+std::unique_ptr<OutMessage> BuildResponse(std::uint64_t id, F&& fill, std::size_t first_segment_words = 0) {
+  auto b = first_segment_words != 0
+               ? std::make_unique<capnp::MallocMessageBuilder>(static_cast<unsigned>(first_segment_words))
+               : std::make_unique<capnp::MallocMessageBuilder>();
+  auto r = b->initRoot<wire::Response>();
+  r.setId(id);
+  std::forward<F>(fill)(r);
+  return std::make_unique<OutMessage>(std::move(b));
+}
+
+template <typename F>
+std::unique_ptr<OutMessage> BuildRequest(std::uint64_t id, F&& fill, std::size_t first_segment_words = 0) {
+  auto b = first_segment_words != 0
+               ? std::make_unique<capnp::MallocMessageBuilder>(static_cast<unsigned>(first_segment_words))
+               : std::make_unique<capnp::MallocMessageBuilder>();
+  auto r = b->initRoot<wire::Request>();
+  r.setId(id);
+  std::forward<F>(fill)(r);
+  return std::make_unique<OutMessage>(std::move(b));
+}
+
+std::unique_ptr<OutMessage> ErrorResponse(std::uint64_t id, wire::ErrorCode code, const std::string& message);
+inline std::unique_ptr<OutMessage> ErrorResponse(std::uint64_t id, const Status& s) {
+  return ErrorResponse(id, ToWireCode(s.code()), s.message());
+}
+
+// A UInt32 list copied out (capnp's iterators are not std iterators).
+inline std::vector<std::uint32_t> ToVector(capnp::List<std::uint32_t>::Reader l) {
+  std::vector<std::uint32_t> v;
+  v.reserve(l.size());
+  for (unsigned i = 0; i < l.size(); ++i) v.push_back(l[i]);
+  return v;
+}
+
+// Words to reserve for a message carrying `bytes` of payload.
+inline std::size_t WordsFor(std::size_t bytes) { return bytes / 8 + 64; }
+
+}  // namespace primecache::ipc

@@ -1,0 +1,18 @@
+// Kill points: named places where a crash test can have the process killed.
+//
+// TEST_KILL_POINT("publish.commit.before_write") is compiled into every build;
+// unarmed it costs one relaxed atomic load. A child process is armed through
+// its environment:
+//   PRIMECACHE_KILL_POINT=name[@n]   raise SIGKILL at the n-th hit (default 1)
+//                                    of the point called `name` ("*" = any point)
+//   PRIMECACHE_KILL_TRACE=1          write "killpoint <name>" to stderr at every hit
+// Both are read once, on the first hit.
+#pragma once
+
+namespace primecache::killpoint {
+
+void Hit(const char* name);
+
+}  // namespace primecache::killpoint
+
+#define TEST_KILL_POINT(name) ::primecache::killpoint::Hit(name)

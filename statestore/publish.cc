@@ -1,0 +1,396 @@
+// Publishing: admission, staging chunk bytes, and the atomic commit.
+//
+// Chunk bytes are staged as they arrive, each under its content address with
+// a collection record beside it ('G' + hash), outside the store's write lock.
+// The first direct_write_bytes of a publish go through the WAL; the rest skip
+// it and are flushed to SST/blob files before the commit, so big entries are
+// written once. The commit is one synced batch: manifest, tokens, summary,
+// reference counts, index, recency and counters. A crash before it leaves
+// only staged bytes with collection records, which the next open removes.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "statestore/kill_point.h"
+#include "statestore/rocks_env.h"
+#include "statestore/store_impl.h"
+
+namespace primecache {
+
+using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
+
+namespace {
+
+class PublisherImpl final : public Publisher {
+ public:
+  PublisherImpl(Store::Impl& s, PublishRequest req, BoundaryPlace place)
+      : s_(s), req_(std::move(req)), place_(place) {}
+  ~PublisherImpl() override {
+    if (!done_) Abort();
+  }
+
+  Status BeginLayer(std::string_view header) override {
+    PC_RETURN_IF_ERROR(Usable());
+    if (in_layer_) return Fail(Status::FailedPrecondition("BeginLayer inside a layer"));
+    if (header.size() > kMaxHeaderBytes) return Fail(Status::InvalidArgument("layer header too long"));
+    if (layers_.size() >= kMaxLayers) return Fail(Status::InvalidArgument("too many layers"));
+    layers_.push_back(ManifestLayer{std::string(header), {}});
+    facts_.clear();
+    in_layer_ = true;
+    return Status::Ok();
+  }
+
+  Status AddChunk(std::span<const std::byte> bytes) override {
+    PC_RETURN_IF_ERROR(Usable());
+    if (!in_layer_) return Fail(Status::FailedPrecondition("AddChunk outside a layer"));
+    if (bytes.empty() || bytes.size() > s_.opts.max_chunk_bytes) {
+      return Fail(Status::InvalidArgument("chunk of " + std::to_string(bytes.size()) + " bytes; must be in [1, " +
+                                          std::to_string(s_.opts.max_chunk_bytes) + "]"));
+    }
+    auto& layer = layers_.back();
+    if (layer.chunks.size() >= kMaxChunksPerLayer) return Fail(Status::InvalidArgument("too many chunks in a layer"));
+    Hash128 h = Checksum128(bytes);
+    facts_.push_back({bytes.size(), Checksum64(bytes)});
+    layer.chunks.push_back({h, bytes.size()});
+    chunk_bytes_ += bytes.size();
+    auto [it, first] = staged_.try_emplace(h);
+    Staged& st = it->second;
+    if (!first) {
+      if (st.size != bytes.size()) return Fail(Status::InvalidArgument("two chunks with one address and two sizes"));
+      ++st.count;
+      return Status::Ok();
+    }
+    st.size = bytes.size();
+    st.count = 1;
+    Store::Impl::StageDecision d = s_.PinChunk(h);
+    pinned_.push_back(h);
+    needs_flush_ |= d.needs_flush;
+    if (d.write) {
+      bool direct = written_bytes_ >= s_.opts.direct_write_bytes;
+      Status ws = s_.WriteChunkBytes(h, bytes, direct);
+      if (!ws.ok()) return Fail(ws.WithContext("stage chunk"));
+      st.wrote = true;
+      written_bytes_ += bytes.size();
+      needs_flush_ |= direct;
+    }
+    return Status::Ok();
+  }
+
+  Status EndLayer() override {
+    PC_RETURN_IF_ERROR(Usable());
+    if (!in_layer_) return Fail(Status::FailedPrecondition("EndLayer outside a layer"));
+    in_layer_ = false;
+    auto facts = s_.validator->Check(layers_.back().header, facts_, req_.tokens.size());
+    if (!facts.ok()) {
+      return Fail(facts.status().WithContext("layer " + std::to_string(layers_.size() - 1) + " refused"));
+    }
+    raw_bytes_ += facts->raw_bytes;
+    return Status::Ok();
+  }
+
+  Result<PublishResult> Commit() override {
+    PC_RETURN_IF_ERROR(Usable());
+    if (in_layer_) return Fail(Status::FailedPrecondition("Commit inside a layer"));
+    if (layers_.empty()) return Fail(Status::FailedPrecondition("Commit of a publish with no layers"));
+    auto r = CommitImpl();
+    if (!r.ok()) return Fail(r.status());
+    return r;
+  }
+
+  void Abort() override {
+    if (done_) return;
+    done_ = true;
+    s_.AbortPublish(pinned_);
+    pinned_.clear();
+  }
+
+ private:
+  struct Staged {
+    std::uint64_t size = 0;
+    std::uint64_t count = 0;
+    bool wrote = false;
+  };
+
+  Status Usable() const {
+    if (done_) return Status::FailedPrecondition("the publish is over");
+    return failed_;
+  }
+  Status Fail(Status s) {
+    if (failed_.ok()) failed_ = s;
+    return s;
+  }
+
+  Result<PublishResult> CommitImpl();
+
+  Store::Impl& s_;
+  PublishRequest req_;
+  BoundaryPlace place_;
+  std::vector<ManifestLayer> layers_;
+  std::vector<ChunkFacts> facts_;
+  bool in_layer_ = false;
+  bool done_ = false;
+  Status failed_;
+  std::unordered_map<Hash128, Staged, Hash128Hasher> staged_;
+  std::vector<Hash128> pinned_;
+  std::uint64_t chunk_bytes_ = 0;
+  std::uint64_t raw_bytes_ = 0;
+  std::uint64_t written_bytes_ = 0;
+  bool needs_flush_ = false;
+};
+
+Result<PublishResult> PublisherImpl::CommitImpl() {
+  if (needs_flush_) {
+    TEST_KILL_POINT("publish.commit.before_flush");
+    PC_RETURN_IF_ERROR(s_.FlushChunks());
+    TEST_KILL_POINT("publish.commit.after_flush");
+  }
+  PublishResult result;
+  {
+    std::lock_guard wl(s_.write_mu);
+    const std::uint64_t budget = s_.byte_budget;
+    if (budget > 0) PC_RETURN_IF_ERROR(s_.FlushTouches());
+    Txn t(s_);
+    const std::uint64_t length = req_.tokens.size();
+    bool scope_existed = s_.FindScope(req_.model, req_.ns).has_value();
+    PC_ASSIGN_OR_RETURN(std::uint64_t scope, t.ScopeFor(req_.model, req_.model_name, req_.ns));
+    if (scope_existed) {
+      PC_ASSIGN_OR_RETURN(auto existing, s_.FindIdentity(scope, req_.tokens, place_, /*quarantine=*/false));
+      if (existing) {
+        result.id = *existing;
+        result.existed = true;
+      }
+    }
+    if (!result.existed) {
+      const EntryId id = t.counters().next_entry_id++;
+      const std::string key = IdKey(id);
+      Manifest m;
+      m.layers = std::move(layers_);
+      std::string manifest = EncodeManifest(m);
+      layers_ = std::move(m.layers);
+      std::string tokens = EncodeTokens(req_.tokens);
+      EntrySummary sum;
+      sum.scope = scope;
+      sum.length = length;
+      sum.layers = static_cast<std::uint32_t>(layers_.size());
+      sum.chunk_bytes = chunk_bytes_;
+      sum.raw_bytes = raw_bytes_;
+      sum.flops = EstimatePrefillFlops(req_.cost, length);
+      sum.created_unix_ms = NowUnixMs();
+      sum.node_hash = place_.node_hash;
+      sum.exact_hash = place_.exact_hash;
+      sum.meta_bytes = manifest.size() + tokens.size() + EncodeSummary(sum).size();
+
+      for (const auto& [h, st] : staged_) {
+        PC_ASSIGN_OR_RETURN(ChunkRefRecord * r, t.Ref(h));
+        if (r->refs > 0) {
+          result.shared_chunk_bytes += st.size;
+        } else {
+          result.new_chunk_bytes += st.size;
+        }
+        PC_RETURN_IF_ERROR(t.AddRefs(h, st.size, st.count, st.wrote));
+      }
+      PC_RETURN_IF_ERROR(t.IndexAdd(scope, length, place_, id));
+      std::uint64_t tick = s_.clock.fetch_add(1);
+      t.batch().Put(s_.cf_lru, AgeKey(tick, id), "");
+      t.batch().Put(s_.cf_lru, AccessKey(id), EncodeAccess({tick, 0}));
+      t.batch().Put(s_.cf_entries, key, EncodeSummary(sum));
+      t.batch().Put(s_.cf_manifests, key, manifest);
+      t.batch().Put(s_.cf_tokens, key, tokens);
+      auto& c = t.counters();
+      ++c.entries;
+      c.logical_chunk_bytes += sum.chunk_bytes;
+      c.meta_bytes += sum.meta_bytes;
+      c.raw_bytes += sum.raw_bytes;
+      if (budget > 0) PC_RETURN_IF_ERROR(t.EvictToBudget(budget, id, &result.evicted));
+      PC_RETURN_IF_ERROR(t.Commit(s_.CommitWriteOptions(), "publish.commit.before_write", "publish.commit.after_write"));
+      result.id = id;
+    }
+  }
+  if (result.existed) {
+    // Someone else stored this boundary first: forget our staged bytes.
+    Abort();
+    return result;
+  }
+  done_ = true;
+  s_.UnpinChunks(pinned_, needs_flush_);
+  pinned_.clear();
+  return result;
+}
+
+}  // namespace
+
+// ---- chunk pinning and staging ---------------------------------------------------------
+
+Store::Impl::StageDecision Store::Impl::PinChunk(const Hash128& h) {
+  std::unique_lock lk(chunk_mu);
+  chunk_cv.wait(lk, [&] {
+    auto it = live_chunks.find(h);
+    return it == live_chunks.end() || !it->second.deleting;
+  });
+  LiveChunk& lc = live_chunks[h];
+  ++lc.pins;
+  if (lc.present) return {false, lc.unflushed};
+  std::string v;
+  bool found = false;
+  Status s = GetValue(cf_chunk_refs, HashKey(h), &v, &found);
+  if (s.ok() && found) {
+    auto r = DecodeChunkRef(v);
+    if (r.ok() && r->refs > 0 && (r->flags & kChunkCorrupt) == 0) {
+      lc.present = true;
+      return {false, false};
+    }
+  }
+  return {true, false};  // absent, corrupt, or unreadable: write the bytes
+}
+
+Status Store::Impl::WriteChunkBytes(const Hash128& h, std::span<const std::byte> bytes, bool direct) {
+  rocksdb::WriteBatch b;
+  std::string_view data(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
+    std::uint32_t piece = 0;
+    for (std::size_t off = 0; off < data.size(); off += params.piece_bytes, ++piece) {
+      b.Put(cf_chunks, PieceKey(h, piece), data.substr(off, params.piece_bytes));
+    }
+  } else {
+    b.Put(cf_chunks, ChunkKey(h), data);
+  }
+  b.Put(cf_chunks, GcKey(h), "");
+  rocksdb::WriteOptions wo;
+  wo.disableWAL = direct;
+  TEST_KILL_POINT("publish.stage.before_write");
+  PC_RETURN_IF_ERROR(Write(wo, &b, "write chunk"));
+  TEST_KILL_POINT("publish.stage.after_write");
+  std::lock_guard g(chunk_mu);
+  LiveChunk& lc = live_chunks[h];
+  lc.present = true;
+  if (direct) lc.unflushed = true;
+  return Status::Ok();
+}
+
+void Store::Impl::AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128& h, std::uint64_t size) {
+  if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
+    std::uint64_t pieces = (size + params.piece_bytes - 1) / params.piece_bytes;
+    for (std::uint64_t i = 0; i < pieces; ++i) batch->Delete(cf_chunks, PieceKey(h, static_cast<std::uint32_t>(i)));
+  } else {
+    batch->Delete(cf_chunks, ChunkKey(h));
+  }
+  batch->Delete(cf_chunks, GcKey(h));
+}
+
+Status Store::Impl::FlushChunks() {
+  PC_RETURN_IF_ERROR(Broken());
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  fo.allow_write_stall = true;
+  return AfterWriteError(FromRocks(db->Flush(fo, cf_chunks), "flush staged chunks"));
+}
+
+void Store::Impl::UnpinChunks(const std::vector<Hash128>& chunks, bool flushed) {
+  std::lock_guard g(chunk_mu);
+  for (const auto& h : chunks) {
+    auto it = live_chunks.find(h);
+    if (it == live_chunks.end()) continue;
+    if (flushed) it->second.unflushed = false;
+    if (it->second.pins > 0) --it->second.pins;
+    if (it->second.pins == 0 && !it->second.deleting) live_chunks.erase(it);
+  }
+}
+
+// Forgets a publish's staged chunks: those nobody references or pins any
+// more lose their bytes and collection records.
+void Store::Impl::AbortPublish(const std::vector<Hash128>& chunks) {
+  if (chunks.empty()) return;
+  std::lock_guard wl(write_mu);
+  rocksdb::WriteBatch b;
+  std::vector<Hash128> deleting;
+  {
+    std::lock_guard g(chunk_mu);
+    for (const auto& h : chunks) {
+      auto it = live_chunks.find(h);
+      if (it == live_chunks.end()) continue;
+      if (it->second.pins > 0) --it->second.pins;
+      if (it->second.pins > 0 || it->second.deleting) continue;
+      std::string v;
+      bool found = false;
+      Status s = GetValue(cf_chunk_refs, HashKey(h), &v, &found);
+      std::uint64_t size = 0;
+      bool referenced = false;
+      if (s.ok() && found) {
+        auto r = DecodeChunkRef(v);
+        referenced = r.ok() && r->refs > 0;
+      }
+      if (!s.ok() || referenced) {
+        live_chunks.erase(it);  // referenced: keep; unreadable: leave it to the start-up collection
+        continue;
+      }
+      (void)size;
+      it->second.deleting = true;
+      deleting.push_back(h);
+      // The size is not recorded anywhere once unreferenced: delete every piece.
+      if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
+        std::string ck = ChunkKey(h);
+        std::unique_ptr<rocksdb::Iterator> pit(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
+        for (pit->Seek(ck); pit->Valid() && pit->key().starts_with(ck); pit->Next()) b.Delete(cf_chunks, pit->key());
+      } else {
+        b.Delete(cf_chunks, ChunkKey(h));
+      }
+      b.Delete(cf_chunks, GcKey(h));
+    }
+  }
+  if (b.Count() > 0) {
+    TEST_KILL_POINT("abort.before_write");
+    Status s = Write(rocksdb::WriteOptions(), &b, "drop staged chunks");
+    if (!s.ok()) spdlog::warn("statestore {}: abandoned publish: {} (collected at next open)", path, s.ToString());
+  }
+  std::lock_guard g(chunk_mu);
+  for (const auto& h : deleting) {
+    auto it = live_chunks.find(h);
+    if (it == live_chunks.end()) continue;
+    it->second.deleting = false;
+    if (it->second.pins == 0) live_chunks.erase(it);
+  }
+  chunk_cv.notify_all();
+}
+
+// ---- BeginPublish / Publish ---------------------------------------------------------------
+
+Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
+  if (req.tokens.empty()) return Status::InvalidArgument("a boundary needs at least one token");
+  if (req.tokens.size() > kMaxTokens) return Status::InvalidArgument("boundary longer than 2^22 tokens");
+  if (req.ns.size() > kMaxNamespaceBytes) return Status::InvalidArgument("namespace longer than 1024 bytes");
+  if (req.model_name.size() > kMaxModelNameBytes) return Status::InvalidArgument("model name longer than 1024 bytes");
+  BoundaryPlace place = PlaceOf(*impl_->hasher, req.tokens, impl_->params.block_tokens);
+  if (impl_->opts.admit_after_sightings > 1) {
+    std::uint32_t seen =
+        impl_->Sightings(Impl::SightingKey(req.model, req.ns, req.tokens.size(), place.exact_hash));
+    if (seen < impl_->opts.admit_after_sightings) {
+      ++impl_->refusals;
+      return Status::Aborted("not admitted: boundary seen " + std::to_string(seen) + " of " +
+                             std::to_string(impl_->opts.admit_after_sightings) + " times");
+    }
+  }
+  if (auto scope = impl_->FindScope(req.model, req.ns)) {
+    PC_ASSIGN_OR_RETURN(auto existing, impl_->FindIdentity(*scope, req.tokens, place, /*quarantine=*/true));
+    if (existing) return Status::AlreadyExists("boundary already stored as entry " + std::to_string(*existing));
+  }
+  TEST_KILL_POINT("publish.begin");
+  return std::unique_ptr<Publisher>(new PublisherImpl(*impl_, std::move(req), place));
+}
+
+Result<PublishResult> Store::Publish(PublishRequest req, std::span<const LayerBytes> layers) {
+  auto model = req.model;
+  std::string ns = req.ns;
+  std::vector<std::uint32_t> tokens = req.tokens;
+  auto p = BeginPublish(std::move(req));
+  if (!p.ok()) {
+    if (p.status().code() == StatusCode::kAlreadyExists) {
+      PC_ASSIGN_OR_RETURN(auto id, FindExact(model, ns, tokens));
+      if (id) return PublishResult{*id, true, 0, 0, 0};
+    }
+    return p.status();
+  }
+  for (const auto& layer : layers) PC_RETURN_IF_ERROR((*p)->AddLayer(layer));
+  return (*p)->Commit();
+}
+
+}  // namespace primecache

@@ -1,0 +1,327 @@
+// Reading: lookup through the prefix index, fetch with checks, leases, and
+// quarantine of what fails a check.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "statestore/kill_point.h"
+#include "statestore/rocks_env.h"
+#include "statestore/store_impl.h"
+
+namespace primecache {
+
+using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
+
+Status Store::Impl::GetValue(rocksdb::ColumnFamilyHandle* cf, const std::string& key, std::string* value,
+                             bool* found) {
+  rocksdb::Status s = db->Get(rocksdb::ReadOptions(), cf, key, value);
+  *found = s.ok();
+  if (s.IsNotFound()) return Status::Ok();
+  return FromRocks(s, std::string("read ") + cf->GetName());
+}
+
+Result<bool> Store::Impl::TokensMatch(EntryId id, std::span<const std::uint32_t> tokens, bool quarantine) {
+  rocksdb::PinnableSlice v;
+  rocksdb::Status s = db->Get(rocksdb::ReadOptions(), cf_tokens, IdKey(id), &v);
+  if (s.IsNotFound()) return false;  // removed meanwhile
+  Status st = FromRocks(s, "read tokens");
+  if (st.ok()) {
+    auto body = CheckTrailer(v.ToStringView(), "tokens record");
+    if (body.ok()) {
+      // body: count (LE32) then the tokens (LE32 each), which is their native layout.
+      if (body->size() != 4 + tokens.size_bytes()) return false;
+      Reader r(*body);
+      std::uint32_t n = 0;
+      r.U32(&n);
+      if (n != tokens.size()) return false;
+      return std::memcmp(body->data() + 4, tokens.data(), tokens.size_bytes()) == 0;
+    }
+    st = body.status();
+  }
+  if (!st.IsCorruption()) return st;
+  if (quarantine) {
+    v.Reset();
+    Quarantine(id, "tokens record: " + st.message(), std::nullopt);
+  } else {
+    spdlog::error("statestore {}: entry {}: {}", path, id, st.ToString());
+  }
+  return false;
+}
+
+Result<std::optional<EntryId>> Store::Impl::FindIdentity(std::uint64_t scope, std::span<const std::uint32_t> tokens,
+                                                         const BoundaryPlace& place, bool quarantine) {
+  std::string v;
+  bool found = false;
+  PC_RETURN_IF_ERROR(GetValue(cf_index, ExactKey(scope, tokens.size(), place.exact_hash), &v, &found));
+  if (!found) return std::optional<EntryId>();
+  PC_ASSIGN_OR_RETURN(auto ids, DecodeIds(v));
+  for (EntryId id : ids) {
+    PC_ASSIGN_OR_RETURN(bool match, TokensMatch(id, tokens, quarantine));
+    if (match) return std::optional<EntryId>(id);
+  }
+  return std::optional<EntryId>();
+}
+
+Result<std::optional<EntryId>> Store::FindExact(const Hash128& model, std::string_view ns,
+                                                std::span<const std::uint32_t> tokens) {
+  if (tokens.empty() || tokens.size() > kMaxTokens) return std::optional<EntryId>();
+  auto scope = impl_->FindScope(model, ns);
+  if (!scope) return std::optional<EntryId>();
+  return impl_->FindIdentity(*scope, tokens, PlaceOf(*impl_->hasher, tokens, impl_->params.block_tokens), true);
+}
+
+// ---- lookup ---------------------------------------------------------------------------------
+
+Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string_view ns,
+                                               std::span<const std::uint32_t> tokens, const LookupOptions& options) {
+  if (tokens.empty()) return Status::InvalidArgument("lookup of no tokens");
+  if (tokens.size() > kMaxTokens) return Status::InvalidArgument("lookup longer than 2^22 tokens");
+  Impl& s = *impl_;
+  const std::uint32_t block = s.params.block_tokens;
+  const std::size_t q = tokens.size();
+  const std::size_t top = (q - 1) / block;  // deepest node a with a*B < q
+  std::vector<std::uint64_t> h = ChainHashes(*s.hasher, tokens, block, top);
+  auto query_hash = [&] { return s.hasher->Hash(tokens.subspan(top * block), h[top]); };
+
+  std::optional<LookupHit> hit;
+  if (auto scope = s.FindScope(model, ns)) {
+    // One probe per chain node of the query, deepest first once read.
+    std::vector<std::string> keys(top + 1);
+    std::vector<rocksdb::Slice> slices(top + 1);
+    for (std::size_t a = 0; a <= top; ++a) {
+      keys[a] = NodeKey(*scope, a, h[a]);
+      slices[a] = keys[a];
+    }
+    std::vector<rocksdb::PinnableSlice> values(top + 1);
+    std::vector<rocksdb::Status> statuses(top + 1);
+    s.db->MultiGet(rocksdb::ReadOptions(), s.cf_index, slices.size(), slices.data(), values.data(), statuses.data(),
+                   /*sorted_input=*/false);
+    for (std::size_t a = top + 1; a-- > 0 && !hit;) {
+      if (statuses[a].IsNotFound()) continue;
+      PC_RETURN_IF_ERROR(FromRocks(statuses[a], "read index"));
+      auto slots = DecodeNode(values[a].ToStringView(), block);
+      if (!slots.ok()) {
+        spdlog::error("statestore {}: index node {}/{}: {}", s.path, *scope, a, slots.status().ToString());
+        continue;
+      }
+      for (auto it = slots->rbegin(); it != slots->rend() && !hit; ++it) {
+        const std::size_t length = a * block + it->r;
+        if (length > q) continue;
+        std::uint64_t exact = (it->r == block && a < top) ? h[a + 1]
+                                                           : s.hasher->Hash(tokens.subspan(a * block, it->r), h[a]);
+        std::string v;
+        bool found = false;
+        PC_RETURN_IF_ERROR(s.GetValue(s.cf_index, ExactKey(*scope, length, exact), &v, &found));
+        if (!found) continue;
+        auto ids = DecodeIds(v);
+        if (!ids.ok()) {
+          spdlog::error("statestore {}: index: {}", s.path, ids.status().ToString());
+          continue;
+        }
+        for (EntryId id : *ids) {
+          PC_ASSIGN_OR_RETURN(bool match, s.TokensMatch(id, tokens.first(length), true));
+          if (!match) continue;
+          LookupHit candidate;
+          candidate.id = id;
+          candidate.length = length;
+          if (options.take_lease) {
+            auto lease = AcquireLease(id);
+            if (!lease.ok()) continue;  // being removed: look further
+            candidate.lease = std::move(lease).value();
+          }
+          hit = std::move(candidate);
+          break;
+        }
+      }
+    }
+  }
+  if (options.record) {
+    if (hit) {
+      ++s.hits;
+      s.Touch(hit->id, true);
+    } else {
+      ++s.misses;
+    }
+    if (!hit || hit->length < q) s.NoteSighting(Impl::SightingKey(model, ns, q, query_hash()));
+  }
+  return hit;
+}
+
+// ---- leases -----------------------------------------------------------------------------------
+
+Result<Lease> Store::AcquireLease(EntryId id) {
+  if (!impl_->leases->TryAcquire(id)) return Status::NotFound("entry " + std::to_string(id) + " is being removed");
+  Lease lease(impl_->leases, id);
+  std::string v;
+  bool found = false;
+  PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_entries, IdKey(id), &v, &found));
+  if (!found) return Status::NotFound("no live entry " + std::to_string(id));
+  return lease;
+}
+
+// ---- fetch ------------------------------------------------------------------------------------
+
+Status Store::Impl::ReadChunk(const Hash128& h, std::uint64_t size, rocksdb::PinnableSlice* pinned,
+                              std::string* joined, std::span<const std::byte>* out) {
+  rocksdb::ReadOptions ro;
+  // The content address below covers every byte; RocksDB's own block
+  // checksums on this path would only check the same bytes again.
+  ro.verify_checksums = false;
+  std::string_view data;
+  if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
+    const std::uint64_t pieces = (size + params.piece_bytes - 1) / params.piece_bytes;
+    std::vector<std::string> keys(pieces);
+    std::vector<rocksdb::Slice> slices(pieces);
+    for (std::uint64_t i = 0; i < pieces; ++i) {
+      keys[i] = PieceKey(h, static_cast<std::uint32_t>(i));
+      slices[i] = keys[i];
+    }
+    std::vector<rocksdb::PinnableSlice> values(pieces);
+    std::vector<rocksdb::Status> statuses(pieces);
+    db->MultiGet(ro, cf_chunks, pieces, slices.data(), values.data(), statuses.data(), /*sorted_input=*/true);
+    joined->clear();
+    joined->reserve(size);
+    for (std::uint64_t i = 0; i < pieces; ++i) {
+      if (statuses[i].IsNotFound()) {
+        return Status::Corruption("chunk " + HashHex(h) + " piece " + std::to_string(i) + " is missing");
+      }
+      PC_RETURN_IF_ERROR(FromRocks(statuses[i], "read chunk " + HashHex(h)));
+      joined->append(values[i].data(), values[i].size());
+    }
+    data = *joined;
+  } else {
+    rocksdb::Status s = db->Get(ro, cf_chunks, ChunkKey(h), pinned);
+    if (s.IsNotFound()) return Status::Corruption("chunk " + HashHex(h) + " is missing");
+    PC_RETURN_IF_ERROR(FromRocks(s, "read chunk " + HashHex(h)));
+    data = pinned->ToStringView();
+  }
+  if (data.size() != size) {
+    return Status::Corruption("chunk " + HashHex(h) + " holds " + std::to_string(data.size()) + " bytes, not " +
+                              std::to_string(size));
+  }
+  auto bytes = std::as_bytes(std::span(data.data(), data.size()));
+  if (!(Checksum128(bytes) == h)) {
+    return Status::Corruption("chunk " + HashHex(h) + ": content does not match its address (XXH3-128)");
+  }
+  *out = bytes;
+  return Status::Ok();
+}
+
+Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink) {
+  Impl& s = *impl_;
+  PC_ASSIGN_OR_RETURN(Lease lease, AcquireLease(id));
+  std::string mv;
+  bool found = false;
+  Status ms = s.GetValue(s.cf_manifests, IdKey(id), &mv, &found);
+  if (ms.IsCorruption()) {
+    lease.Release();
+    s.Quarantine(id, "manifest unreadable: " + ms.message(), std::nullopt);
+    return ms.WithContext("entry " + std::to_string(id) + " quarantined");
+  }
+  PC_RETURN_IF_ERROR(ms);
+  if (!found) {
+    s.Quarantine(id, "manifest missing", std::nullopt);
+    return Status::Corruption("entry " + std::to_string(id) + ": manifest missing; quarantined");
+  }
+  auto manifest = DecodeManifest(mv, kMaxChunkBytesLimit);
+  if (!manifest.ok()) {
+    lease.Release();
+    s.Quarantine(id, manifest.status().message(), std::nullopt);
+    return manifest.status().WithContext("entry " + std::to_string(id) + " quarantined");
+  }
+  std::vector<std::uint32_t> order;
+  if (layers.empty()) {
+    order.resize(manifest->layers.size());
+    for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  } else {
+    for (std::uint32_t l : layers) {
+      if (l >= manifest->layers.size()) {
+        return Status::InvalidArgument("entry " + std::to_string(id) + " has " +
+                                       std::to_string(manifest->layers.size()) + " layers; asked for layer " +
+                                       std::to_string(l));
+      }
+    }
+    order.assign(layers.begin(), layers.end());
+  }
+  rocksdb::PinnableSlice pinned;
+  std::string joined;
+  for (std::uint32_t l : order) {
+    const auto& layer = manifest->layers[l];
+    PC_RETURN_IF_ERROR(sink.OnLayer(l, layer.header, static_cast<std::uint32_t>(layer.chunks.size())));
+    for (std::uint32_t c = 0; c < layer.chunks.size(); ++c) {
+      pinned.Reset();
+      std::span<const std::byte> bytes;
+      Status rs = s.ReadChunk(layer.chunks[c].hash, layer.chunks[c].size, &pinned, &joined, &bytes);
+      if (rs.IsCorruption()) {
+        pinned.Reset();
+        lease.Release();
+        s.Quarantine(id, "layer " + std::to_string(l) + " chunk " + std::to_string(c) + ": " + rs.message(),
+                     layer.chunks[c].hash);
+        return rs.WithContext("entry " + std::to_string(id) + " quarantined");
+      }
+      PC_RETURN_IF_ERROR(rs);
+      PC_RETURN_IF_ERROR(sink.OnChunk(l, c, bytes));
+    }
+  }
+  s.Touch(id, false);
+  return Status::Ok();
+}
+
+Result<std::vector<LayerBytes>> Store::FetchAll(EntryId id) {
+  class Collect final : public FetchSink {
+   public:
+    std::vector<LayerBytes> layers;
+    Status OnLayer(std::uint32_t, std::string_view header, std::uint32_t chunks) override {
+      layers.push_back({std::string(header), {}});
+      layers.back().chunks.reserve(chunks);
+      return Status::Ok();
+    }
+    Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte> bytes) override {
+      layers.back().chunks.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      return Status::Ok();
+    }
+  } sink;
+  PC_RETURN_IF_ERROR(Fetch(id, {}, sink));
+  return std::move(sink.layers);
+}
+
+Result<std::vector<std::uint32_t>> Store::Tokens(EntryId id) {
+  std::string v;
+  bool found = false;
+  PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_tokens, IdKey(id), &v, &found));
+  if (!found) return Status::NotFound("no live entry " + std::to_string(id));
+  return DecodeTokens(v);
+}
+
+// ---- quarantine -------------------------------------------------------------------------------
+
+void Store::Impl::Quarantine(EntryId id, const std::string& reason, std::optional<Hash128> bad_chunk) {
+  std::lock_guard wl(write_mu);
+  Txn t(*this);
+  auto removed = t.RemoveEntry(id, reason);
+  Status s;
+  if (!removed.ok()) {
+    // Its own record is unreadable: drop what is keyed by its id and rebuild
+    // what the remaining entries imply.
+    spdlog::error("statestore {}: entry {}: {}", path, id, removed.status().ToString());
+    Status fs = ForceRemove(id);
+    if (!fs.ok()) spdlog::error("statestore {}: removing entry {}: {}", path, id, fs.ToString());
+    return;
+  } else if (!*removed) {
+    return;  // already gone
+  }
+  if (bad_chunk) {
+    auto r = t.Ref(*bad_chunk);
+    if (r.ok() && (*r)->refs > 0) (*r)->flags |= kChunkCorrupt;  // rewritten by the next publish that has it
+  }
+  s = t.Commit(CommitWriteOptions(), "quarantine.before_write", "quarantine.after_write");
+  if (s.ok() && t.needs_rebuild()) s = RebuildDerived();
+  if (s.ok()) {
+    spdlog::error("statestore {}: entry {} quarantined: {}", path, id, reason);
+  } else {
+    spdlog::error("statestore {}: quarantining entry {} ({}) failed: {}", path, id, reason, s.ToString());
+  }
+}
+
+}  // namespace primecache

@@ -1,0 +1,271 @@
+// Store::Impl: the state behind primecache::Store, shared by store.cc
+// (open, close, scopes, stats, listing), publish.cc (staging and commit),
+// read.cc (lookup, fetch, leases, quarantine), txn.cc (metadata batches:
+// references, index, recency, eviction, deletion) and verify.cc.
+//
+// Locking, outermost first:
+//   write_mu  serialises every metadata batch (commit, delete, eviction,
+//             quarantine, abort clean-up, touch flushes);
+//   chunk_mu  guards live_chunks, the chunks pinned by publishes in flight;
+//   scope_mu, touch_mu, sight_mu, Lease::Table::mu: leaf locks.
+// Chunk bytes are written outside write_mu; readers take no store lock.
+#pragma once
+
+#include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "primecache/statestore.h"
+#include "statestore/format.h"
+#include "statestore/token_hash.h"
+
+namespace primecache {
+
+namespace statestore_internal {
+
+struct Hash128Hasher {
+  std::size_t operator()(const Hash128& h) const { return static_cast<std::size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull)); }
+};
+
+// A chunk pinned by at least one publish in flight (or being deleted).
+struct LiveChunk {
+  std::uint32_t pins = 0;
+  bool present = false;    // its bytes are in the database (written, or referenced when pinned)
+  bool unflushed = false;  // written past the WAL and not yet flushed
+  bool deleting = false;   // a batch deleting its bytes is being written
+};
+
+std::uint64_t NowUnixMs();
+
+}  // namespace statestore_internal
+
+struct Lease::Table {
+  struct Slot {
+    std::uint32_t count = 0;
+    bool dying = false;
+  };
+  std::mutex mu;
+  std::unordered_map<EntryId, Slot> slots;
+  std::uint64_t active = 0;
+
+  bool TryAcquire(EntryId id);  // false when the entry is being removed
+  void Release(EntryId id);
+  bool MarkDying(EntryId id);   // false when leased
+  void ClearDying(EntryId id);
+  bool Leased(EntryId id);
+};
+
+struct Store::Impl {
+  using Counters = statestore_internal::Counters;
+  using Params = statestore_internal::Params;
+
+  StoreOptions opts;
+  Env* env = nullptr;
+  std::string path;
+  Params params;
+  const statestore_internal::TokenHasher* hasher = nullptr;
+  std::shared_ptr<const LayerValidator> validator;
+  std::shared_ptr<std::atomic<bool>> frozen;
+
+  std::shared_ptr<rocksdb::FileSystem> fs;
+  std::unique_ptr<rocksdb::Env> rocks_env;
+  std::shared_ptr<rocksdb::Cache> block_cache;
+  rocksdb::DB* db = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::ColumnFamilyHandle* cf_meta = nullptr;
+  rocksdb::ColumnFamilyHandle* cf_entries = nullptr;
+  rocksdb::ColumnFamilyHandle* cf_manifests = nullptr;
+  rocksdb::ColumnFamilyHandle* cf_tokens = nullptr;
+  rocksdb::ColumnFamilyHandle* cf_chunks = nullptr;
+  rocksdb::ColumnFamilyHandle* cf_chunk_refs = nullptr;
+  rocksdb::ColumnFamilyHandle* cf_index = nullptr;
+  rocksdb::ColumnFamilyHandle* cf_lru = nullptr;
+  rocksdb::ColumnFamilyHandle* cf_quarantine = nullptr;
+
+  // Write path.
+  std::mutex write_mu;
+  Counters counters;  // as last committed; guarded by write_mu
+  mutable std::mutex stats_mu;
+  Counters stats_copy;  // counters for Stat(); guarded by stats_mu
+  std::atomic<std::uint64_t> hits{0}, misses{0}, refusals{0};
+  std::atomic<std::uint64_t> byte_budget{0};
+
+  // Scopes.
+  mutable std::shared_mutex scope_mu;
+  std::unordered_map<std::string, std::uint64_t> scope_by_name;  // ScopeByNameKey -> id
+  std::map<std::uint64_t, statestore_internal::ScopeRecord> scopes;
+
+  // Publishes in flight.
+  std::mutex chunk_mu;
+  std::condition_variable chunk_cv;
+  std::unordered_map<Hash128, statestore_internal::LiveChunk, statestore_internal::Hash128Hasher> live_chunks;
+
+  std::shared_ptr<Lease::Table> leases = std::make_shared<Lease::Table>();
+
+  // Recency: a logical clock; accesses are buffered and written in batches.
+  std::atomic<std::uint64_t> clock{1};
+  struct PendingTouch {
+    std::uint64_t tick = 0;
+    std::uint64_t hits = 0;
+  };
+  std::mutex touch_mu;
+  std::unordered_map<EntryId, PendingTouch> pending_touches;
+
+  // Admission: sightings of boundaries, in memory, bounded.
+  std::mutex sight_mu;
+  std::unordered_map<std::string, std::uint32_t> sightings;
+  std::deque<std::string> sighting_order;
+
+  ~Impl();
+
+  // ---- store.cc
+  Status OpenDb();
+  Status LoadState();
+  Status CollectLeftovers();
+  Status CloseDb();
+  rocksdb::WriteOptions CommitWriteOptions() const;
+  // db->Write; after a failure (a failed or full disk), asks RocksDB to leave
+  // its read-only error state so that the store works again once the disk
+  // does.
+  Status Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch, std::string_view what);
+  Status AfterWriteError(const Status& s);
+  // Set when RocksDB stays in its error state after a failed write (it
+  // treats a failed WAL write as fatal): every later write is refused with
+  // kUnavailable until the store is reopened. Reads go on.
+  Status Broken() const;
+  mutable std::mutex broken_mu;
+  Status broken;
+  std::optional<std::uint64_t> FindScope(const Hash128& digest, std::string_view ns) const;
+  std::optional<statestore_internal::ScopeRecord> ScopeById(std::uint64_t id) const;
+  Result<EntryInfo> MakeInfo(EntryId id, const statestore_internal::EntrySummary& s, EntryState state);
+  void PublishCounters(const Counters& c);
+  std::uint64_t StoredBytes(const Counters& c) const { return c.chunk_bytes + c.meta_bytes; }
+  Counters WithLiveStats(Counters c) const;
+
+  // Sightings.
+  static std::string SightingKey(const Hash128& model, std::string_view ns, std::uint64_t length,
+                                 std::uint64_t exact_hash);
+  void NoteSighting(const std::string& key);
+  std::uint32_t Sightings(const std::string& key);
+
+  // Recency.
+  void Touch(EntryId id, bool hit);
+  Status FlushTouches();  // requires write_mu
+
+  // ---- read.cc
+  Status GetValue(rocksdb::ColumnFamilyHandle* cf, const std::string& key, std::string* value, bool* found);
+  // Whether the stored tokens of `id` equal `tokens`; quarantines an entry
+  // whose token record is corrupt (and answers false).
+  // (Under write_mu, pass quarantine = false: a corrupt record then only
+  // answers false.)
+  Result<bool> TokensMatch(EntryId id, std::span<const std::uint32_t> tokens, bool quarantine);
+  // The entry stored under exactly this identity, if any.
+  Result<std::optional<EntryId>> FindIdentity(std::uint64_t scope, std::span<const std::uint32_t> tokens,
+                                              const statestore_internal::BoundaryPlace& place, bool quarantine);
+  // Reads one chunk's bytes into *out (pieces joined), checking the address.
+  Status ReadChunk(const Hash128& h, std::uint64_t size, rocksdb::PinnableSlice* pinned, std::string* joined,
+                   std::span<const std::byte>* out);
+  void Quarantine(EntryId id, const std::string& reason, std::optional<Hash128> bad_chunk);
+  // Removes an entry whose own records are unreadable, then rebuilds the
+  // derived records; requires write_mu.
+  Status ForceRemove(EntryId id);
+
+  // ---- publish.cc: chunk pinning
+  struct StageDecision {
+    bool write = false;
+    bool needs_flush = false;
+  };
+  StageDecision PinChunk(const Hash128& h);
+  void UnpinChunks(const std::vector<Hash128>& chunks, bool flushed);
+  void AbortPublish(const std::vector<Hash128>& chunks);
+  Status WriteChunkBytes(const Hash128& h, std::span<const std::byte> bytes, bool direct);
+  void AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128& h, std::uint64_t size);
+  Status FlushChunks();
+
+  // ---- verify.cc
+  Result<VerifyReport> Verify(bool read_chunks);
+  // Recomputes what the entries imply (chunk references, the index, the
+  // counters) and rewrites what disagrees; requires write_mu. For damage
+  // that cannot be undone entry by entry.
+  Status RebuildDerived();
+};
+
+namespace statestore_internal {
+
+// One metadata batch, built under write_mu and written atomically.
+class Txn {
+ public:
+  explicit Txn(Store::Impl& s) : s_(s), c_(s.counters) {}
+  ~Txn();
+
+  rocksdb::WriteBatch& batch() { return batch_; }
+  Counters& counters() { return c_; }
+
+  // Chunk references, read through this batch's own changes.
+  Result<ChunkRefRecord*> Ref(const Hash128& h);  // nullptr-free: refs == 0 when none
+  Status AddRefs(const Hash128& h, std::uint64_t size, std::uint64_t n, bool wrote_bytes);
+  Status DropRefs(const Hash128& h, std::uint64_t n);
+
+  // Index values, read through this batch's own changes.
+  Result<std::optional<std::string>> IndexValue(const std::string& key);
+  void SetIndexValue(const std::string& key, std::optional<std::string> value);
+  Status IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id);
+  Status IndexRemove(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id);
+
+  // Scope for (digest, ns), created in this batch when new.
+  Result<std::uint64_t> ScopeFor(const Hash128& model, std::string_view model_name, std::string_view ns);
+
+  // Removes a live entry (references, index, records); false when it is not
+  // there. With a reason, it goes to quarantine instead of away.
+  Result<bool> RemoveEntry(EntryId id, const std::optional<std::string>& quarantine_reason);
+  bool Removed(EntryId id) const { return removed_.count(id) != 0; }
+  // A quarantined entry's manifest was unreadable, so its references could
+  // not be dropped one by one: the caller rebuilds them after the commit.
+  bool needs_rebuild() const { return needs_rebuild_; }
+
+  // Marks an entry as being removed (fails when leased); cleared at the end.
+  bool MarkDying(EntryId id);
+
+  // Evicts until stored bytes fit the budget (protecting `keep`).
+  Status EvictToBudget(std::uint64_t budget, std::optional<EntryId> keep, std::uint64_t* evicted);
+
+  // Writes everything: reference records, chunk deletions, index values,
+  // counters. On success the store's counters and scopes take the new values.
+  Status Commit(const rocksdb::WriteOptions& wo, const char* kill_before, const char* kill_after);
+
+ private:
+  struct RefState {
+    bool loaded_present = false;  // a record existed before this batch
+    ChunkRefRecord rec;
+    bool wrote_bytes = false;
+  };
+  Result<std::optional<EntryId>> PickVictim(std::optional<EntryId> keep);
+  Result<double> ExclusiveBytes(EntryId id, const EntrySummary& s);
+
+  Store::Impl& s_;
+  rocksdb::WriteBatch batch_;
+  Counters c_;
+  std::unordered_map<Hash128, RefState, Hash128Hasher> refs_;
+  std::map<std::string, std::optional<std::string>> index_;
+  std::vector<EntryId> dying_;
+  std::set<EntryId> removed_;
+  std::vector<ScopeRecord> new_scopes_;
+  std::vector<Hash128> deleting_;  // chunk bytes this batch deletes (marked in live_chunks)
+  bool needs_rebuild_ = false;
+};
+
+}  // namespace statestore_internal
+}  // namespace primecache

@@ -1,0 +1,32 @@
+// Test-only knobs of a Store (StoreOptions::test_hooks). Not for production use.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "statestore/token_hash.h"
+
+namespace primecache::statestore_internal {
+
+struct TestHooks {
+  // Replaces the index's token hasher (e.g. one that always collides). The
+  // store records the hasher's id and refuses to open with another.
+  const TokenHasher* hasher = nullptr;
+  // When set and true, every mutating file operation of RocksDB fails with no
+  // effect: the disk is frozen as at a power loss, so a test can then
+  // FaultInjectionEnv::SimulateCrash() and reopen.
+  std::shared_ptr<std::atomic<bool>> freeze_io;
+  // When set: every mutating file operation (create, append, sync, rename,
+  // delete, directory sync) first decrements it, and the one that takes it
+  // to zero sets freeze_io before it runs: a power loss at exactly that
+  // operation. Start it at INT64_MAX to count a workload's operations.
+  std::shared_ptr<std::atomic<std::int64_t>> freeze_countdown;
+  // Caps RocksDB's back-off sleeps (a second after every failed flush).
+  bool short_sleeps = false;
+  // No background compactions (a test that plants damage in files decides
+  // alone who reads them).
+  bool no_compactions = false;
+};
+
+}  // namespace primecache::statestore_internal

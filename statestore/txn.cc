@@ -1,0 +1,410 @@
+// Metadata batches: chunk references, the prefix index, entry removal,
+// eviction, and the atomic write that ends each batch.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "statestore/kill_point.h"
+#include "statestore/rocks_env.h"
+#include "statestore/store_impl.h"
+
+namespace primecache::statestore_internal {
+
+Txn::~Txn() {
+  for (EntryId id : dying_) s_.leases->ClearDying(id);
+  if (!deleting_.empty()) {
+    std::lock_guard g(s_.chunk_mu);
+    for (const auto& h : deleting_) {
+      auto it = s_.live_chunks.find(h);
+      if (it == s_.live_chunks.end()) continue;
+      it->second.deleting = false;
+      if (it->second.pins == 0) s_.live_chunks.erase(it);
+    }
+    s_.chunk_cv.notify_all();
+  }
+}
+
+bool Txn::MarkDying(EntryId id) {
+  if (!s_.leases->MarkDying(id)) return false;
+  dying_.push_back(id);
+  return true;
+}
+
+// ---- references -----------------------------------------------------------------------
+
+Result<ChunkRefRecord*> Txn::Ref(const Hash128& h) {
+  auto it = refs_.find(h);
+  if (it != refs_.end()) return &it->second.rec;
+  RefState st;
+  std::string v;
+  bool found = false;
+  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_chunk_refs, HashKey(h), &v, &found));
+  if (found) {
+    PC_ASSIGN_OR_RETURN(st.rec, DecodeChunkRef(v));
+    st.loaded_present = st.rec.refs > 0;
+  }
+  return &refs_.emplace(h, st).first->second.rec;
+}
+
+Status Txn::AddRefs(const Hash128& h, std::uint64_t size, std::uint64_t n, bool wrote_bytes) {
+  PC_ASSIGN_OR_RETURN(ChunkRefRecord * r, Ref(h));
+  if (r->refs > 0 && r->size != size) {
+    return Status::Corruption("chunk " + HashHex(h) + " is recorded with size " + std::to_string(r->size) +
+                              ", published with " + std::to_string(size));
+  }
+  if (wrote_bytes) refs_[h].wrote_bytes = true;
+  if (r->flags & kChunkCorrupt) {
+    if (!refs_[h].wrote_bytes) {
+      return Status::Aborted("chunk " + HashHex(h) + " was found corrupt while this publish was in flight; publish again");
+    }
+    r->flags &= ~kChunkCorrupt;  // the bytes were rewritten by this publish
+  }
+  if (r->refs == 0) {
+    r->size = size;
+    ++c_.chunks;
+    c_.chunk_bytes += size;
+  }
+  r->refs += n;
+  return Status::Ok();
+}
+
+Status Txn::DropRefs(const Hash128& h, std::uint64_t n) {
+  PC_ASSIGN_OR_RETURN(ChunkRefRecord * r, Ref(h));
+  if (r->refs < n) {
+    return Status::Corruption("chunk " + HashHex(h) + " has " + std::to_string(r->refs) +
+                              " references; dropping " + std::to_string(n));
+  }
+  r->refs -= n;
+  if (r->refs == 0) {
+    --c_.chunks;
+    c_.chunk_bytes -= r->size;
+  }
+  return Status::Ok();
+}
+
+// ---- index ------------------------------------------------------------------------------
+
+Result<std::optional<std::string>> Txn::IndexValue(const std::string& key) {
+  auto it = index_.find(key);
+  if (it != index_.end()) return it->second;
+  std::string v;
+  bool found = false;
+  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_index, key, &v, &found));
+  std::optional<std::string> r;
+  if (found) r = std::move(v);
+  index_[key] = r;
+  return r;
+}
+
+void Txn::SetIndexValue(const std::string& key, std::optional<std::string> value) { index_[key] = std::move(value); }
+
+Status Txn::IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id) {
+  const std::uint32_t block = s_.params.block_tokens;
+  std::uint32_t r = static_cast<std::uint32_t>(length - place.level * block);
+  std::string nk = NodeKey(scope, place.level, place.node_hash);
+  std::string xk = ExactKey(scope, length, place.exact_hash);
+  PC_ASSIGN_OR_RETURN(auto xv, IndexValue(xk));
+  std::vector<std::uint64_t> ids;
+  if (xv) {
+    PC_ASSIGN_OR_RETURN(ids, DecodeIds(*xv));
+  }
+  bool new_exact = ids.empty();
+  ids.push_back(id);
+  SetIndexValue(xk, EncodeIds(ids));
+  if (new_exact) {
+    // A new (length, hash) under this node: count it in the node's slot.
+    PC_ASSIGN_OR_RETURN(auto nv, IndexValue(nk));
+    std::vector<NodeSlot> slots;
+    if (nv) {
+    PC_ASSIGN_OR_RETURN(slots, DecodeNode(*nv, block));
+  }
+    auto it = std::lower_bound(slots.begin(), slots.end(), r, [](const NodeSlot& s, std::uint32_t v) { return s.r < v; });
+    if (it != slots.end() && it->r == r) {
+      ++it->count;
+    } else {
+      slots.insert(it, NodeSlot{r, 1});
+    }
+    SetIndexValue(nk, EncodeNode(slots));
+  }
+  batch_.Put(s_.cf_index, MemberKey(scope, id), "");
+  return Status::Ok();
+}
+
+Status Txn::IndexRemove(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id) {
+  const std::uint32_t block = s_.params.block_tokens;
+  std::uint32_t r = static_cast<std::uint32_t>(length - place.level * block);
+  std::string nk = NodeKey(scope, place.level, place.node_hash);
+  std::string xk = ExactKey(scope, length, place.exact_hash);
+  PC_ASSIGN_OR_RETURN(auto xv, IndexValue(xk));
+  std::vector<std::uint64_t> ids;
+  if (xv) {
+    PC_ASSIGN_OR_RETURN(ids, DecodeIds(*xv));
+  }
+  auto pos = std::find(ids.begin(), ids.end(), id);
+  if (pos == ids.end()) {
+    return Status::Corruption("index has no exact record for entry " + std::to_string(id));
+  }
+  ids.erase(pos);
+  if (ids.empty()) {
+    SetIndexValue(xk, std::nullopt);
+    PC_ASSIGN_OR_RETURN(auto nv, IndexValue(nk));
+    std::vector<NodeSlot> slots;
+    if (nv) {
+    PC_ASSIGN_OR_RETURN(slots, DecodeNode(*nv, block));
+  }
+    auto it = std::find_if(slots.begin(), slots.end(), [&](const NodeSlot& s) { return s.r == r; });
+    if (it == slots.end()) return Status::Corruption("index node lacks the slot of entry " + std::to_string(id));
+    if (--it->count == 0) slots.erase(it);
+    SetIndexValue(nk, slots.empty() ? std::nullopt : std::optional<std::string>(EncodeNode(slots)));
+  } else {
+    SetIndexValue(xk, EncodeIds(ids));
+  }
+  batch_.Delete(s_.cf_index, MemberKey(scope, id));
+  return Status::Ok();
+}
+
+// ---- scopes -------------------------------------------------------------------------------
+
+Result<std::uint64_t> Txn::ScopeFor(const Hash128& model, std::string_view model_name, std::string_view ns) {
+  if (auto id = s_.FindScope(model, ns)) return *id;
+  for (const auto& sc : new_scopes_) {
+    if (sc.digest == model && sc.ns == ns) return sc.id;
+  }
+  ScopeRecord rec;
+  rec.id = c_.next_scope_id++;
+  rec.digest = model;
+  rec.model_name = std::string(model_name.substr(0, kMaxModelNameBytes));
+  rec.ns = std::string(ns);
+  std::string id_value;
+  PutLE64(&id_value, rec.id);
+  batch_.Put(s_.cf_meta, ScopeByNameKey(rec.digest, rec.ns), id_value);
+  batch_.Put(s_.cf_meta, ScopeByIdKey(rec.id), EncodeScope(rec));
+  new_scopes_.push_back(rec);
+  return rec.id;
+}
+
+// ---- removal --------------------------------------------------------------------------------
+
+Result<bool> Txn::RemoveEntry(EntryId id, const std::optional<std::string>& quarantine_reason) {
+  if (removed_.count(id) != 0) return false;
+  std::string sv;
+  bool found = false;
+  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_entries, IdKey(id), &sv, &found));
+  if (!found) return false;
+  auto summary = DecodeSummary(sv);
+  if (!summary.ok()) {
+    // Without its record the entry cannot be unlinked piece by piece; the
+    // references are rebuilt from the manifests that remain.
+    return summary.status();
+  }
+  const EntrySummary& s = *summary;
+  const std::string key = IdKey(id);
+
+  std::string mv;
+  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_manifests, key, &mv, &found));
+  bool refs_released = false;
+  if (found) {
+    auto manifest = DecodeManifest(mv, kMaxChunkBytesLimit);
+    if (manifest.ok()) {
+      std::unordered_map<Hash128, std::uint64_t, Hash128Hasher> counts;
+      for (const auto& layer : manifest->layers) {
+        for (const auto& c : layer.chunks) ++counts[c.hash];
+      }
+      for (const auto& [h, n] : counts) PC_RETURN_IF_ERROR(DropRefs(h, n));
+      refs_released = true;
+    } else if (!quarantine_reason) {
+      return manifest.status().WithContext("entry " + std::to_string(id));
+    }
+  }
+  if (!refs_released && !quarantine_reason) {
+    return Status::Corruption("entry " + std::to_string(id) + " has no manifest");
+  }
+
+  PC_RETURN_IF_ERROR(IndexRemove(s.scope, s.length, BoundaryPlace{(s.length - 1) / s_.params.block_tokens,
+                                                                  s.node_hash, s.exact_hash},
+                                 id));
+  std::string av;
+  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_lru, AccessKey(id), &av, &found));
+  if (found) {
+    PC_ASSIGN_OR_RETURN(AccessRecord a, DecodeAccess(av));
+    batch_.Delete(s_.cf_lru, AgeKey(a.tick, id));
+    batch_.Delete(s_.cf_lru, AccessKey(id));
+  }
+  batch_.Delete(s_.cf_entries, key);
+  batch_.Delete(s_.cf_manifests, key);
+  batch_.Delete(s_.cf_tokens, key);
+  --c_.entries;
+  c_.logical_chunk_bytes -= s.chunk_bytes;
+  c_.meta_bytes -= s.meta_bytes;
+  c_.raw_bytes -= s.raw_bytes;
+  if (quarantine_reason) {
+    QuarantineRecord q;
+    q.summary = s;
+    q.when_unix_ms = NowUnixMs();
+    q.reason = *quarantine_reason;
+    batch_.Put(s_.cf_quarantine, key, EncodeQuarantine(q));
+    ++c_.quarantined;
+    if (!refs_released) needs_rebuild_ = true;
+  }
+  removed_.insert(id);
+  return true;
+}
+
+// ---- eviction ---------------------------------------------------------------------------------
+
+// Bytes evicting `id` would free now: its chunks no other entry references,
+// plus its metadata.
+Result<double> Txn::ExclusiveBytes(EntryId id, const EntrySummary& s) {
+  std::string mv;
+  bool found = false;
+  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_manifests, IdKey(id), &mv, &found));
+  double bytes = static_cast<double>(s.meta_bytes);
+  if (!found) return bytes;
+  PC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(mv, kMaxChunkBytesLimit));
+  std::unordered_map<Hash128, std::pair<std::uint64_t, std::uint64_t>, Hash128Hasher> counts;  // n, size
+  for (const auto& layer : m.layers) {
+    for (const auto& c : layer.chunks) {
+      auto& e = counts[c.hash];
+      ++e.first;
+      e.second = c.size;
+    }
+  }
+  for (const auto& [h, e] : counts) {
+    PC_ASSIGN_OR_RETURN(ChunkRefRecord * r, Ref(h));
+    if (r->refs <= e.first) bytes += static_cast<double>(e.second);
+  }
+  return bytes;
+}
+
+Result<std::optional<EntryId>> Txn::PickVictim(std::optional<EntryId> keep) {
+  struct Candidate {
+    EntryId id;
+    std::uint64_t tick;
+    double flops_per_byte;
+  };
+  std::vector<Candidate> window;
+  const bool lru = s_.opts.eviction == EvictionPolicy::kLru;
+  const std::size_t want = lru ? 1 : s_.opts.utility_window;
+  std::unique_ptr<rocksdb::Iterator> it(s_.db->NewIterator(rocksdb::ReadOptions(), s_.cf_lru));
+  std::string prefix(1, kAgeTag);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix) && window.size() < want; it->Next()) {
+    if (it->key().size() != 17) return Status::Corruption("malformed recency key");
+    std::uint64_t tick = GetBE64(it->key().data() + 1);
+    EntryId id = GetBE64(it->key().data() + 9);
+    if ((keep && id == *keep) || removed_.count(id) != 0 || s_.leases->Leased(id)) continue;
+    if (lru) {
+      window.push_back({id, tick, 0});
+      break;
+    }
+    std::string sv;
+    bool found = false;
+    PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_entries, IdKey(id), &sv, &found));
+    if (!found) continue;
+    PC_ASSIGN_OR_RETURN(EntrySummary s, DecodeSummary(sv));
+    PC_ASSIGN_OR_RETURN(double freed, ExclusiveBytes(id, s));
+    window.push_back({id, tick, s.flops / std::max(freed, 1.0)});
+  }
+  PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan recency"));
+  if (window.empty()) return std::optional<EntryId>();
+  if (lru) return std::optional<EntryId>(window.front().id);
+
+  // Marconi-style utility: recency and FLOPs saved per byte freed, each
+  // normalised over the window; the lowest goes (ties: the older).
+  std::uint64_t t0 = window.front().tick, t1 = window.front().tick;
+  double e1 = 0;
+  for (const auto& c : window) {
+    t0 = std::min(t0, c.tick);
+    t1 = std::max(t1, c.tick);
+    e1 = std::max(e1, c.flops_per_byte);
+  }
+  const Candidate* best = nullptr;
+  double best_u = 0;
+  for (const auto& c : window) {
+    double rec = t1 > t0 ? static_cast<double>(c.tick - t0) / static_cast<double>(t1 - t0) : 0.0;
+    double eff = e1 > 0 ? c.flops_per_byte / e1 : 0.0;
+    double u = rec + s_.opts.utility_alpha * eff;
+    if (best == nullptr || u < best_u || (u == best_u && c.tick < best->tick)) {
+      best = &c;
+      best_u = u;
+    }
+  }
+  return std::optional<EntryId>(best->id);
+}
+
+Status Txn::EvictToBudget(std::uint64_t budget, std::optional<EntryId> keep, std::uint64_t* evicted) {
+  *evicted = 0;
+  while (s_.StoredBytes(c_) > budget) {
+    PC_ASSIGN_OR_RETURN(auto victim, PickVictim(keep));
+    if (!victim) {
+      return Status::ResourceExhausted("byte budget " + std::to_string(budget) + " exceeded: " +
+                                       std::to_string(s_.StoredBytes(c_)) +
+                                       " bytes needed and nothing left that may be evicted");
+    }
+    if (!MarkDying(*victim)) continue;  // leased since the scan: try the next
+    PC_ASSIGN_OR_RETURN(bool removed, RemoveEntry(*victim, std::nullopt));
+    if (!removed) continue;
+    ++c_.evictions;
+    ++*evicted;
+  }
+  return Status::Ok();
+}
+
+// ---- commit ------------------------------------------------------------------------------------
+
+Status Txn::Commit(const rocksdb::WriteOptions& wo, const char* kill_before, const char* kill_after) {
+  // Reference records, and the bytes of chunks that lost their last one.
+  std::vector<std::pair<Hash128, std::uint64_t>> to_delete;
+  for (auto& [h, st] : refs_) {
+    if (st.rec.refs > 0) {
+      batch_.Put(s_.cf_chunk_refs, HashKey(h), EncodeChunkRef(st.rec));
+      if (st.wrote_bytes || !st.loaded_present) batch_.Delete(s_.cf_chunks, GcKey(h));
+    } else if (st.loaded_present) {
+      batch_.Delete(s_.cf_chunk_refs, HashKey(h));
+      to_delete.emplace_back(h, st.rec.size);
+    }
+  }
+  if (!to_delete.empty()) {
+    std::lock_guard g(s_.chunk_mu);
+    for (const auto& [h, size] : to_delete) {
+      auto it = s_.live_chunks.find(h);
+      if (it != s_.live_chunks.end() && it->second.pins > 0) {
+        // A publish in flight counts on these bytes: keep them, and leave a
+        // collection record in case it never commits.
+        batch_.Put(s_.cf_chunks, GcKey(h), "");
+        continue;
+      }
+      s_.live_chunks[h].deleting = true;
+      deleting_.push_back(h);
+      s_.AppendChunkDeletion(&batch_, h, size);
+    }
+  }
+  for (auto& [k, v] : index_) {
+    if (v) {
+      batch_.Put(s_.cf_index, k, *v);
+    } else {
+      batch_.Delete(s_.cf_index, k);
+    }
+  }
+  c_.hits = s_.hits;
+  c_.misses = s_.misses;
+  c_.admission_refusals = s_.refusals;
+  batch_.Put(s_.cf_meta, std::string(kMetaCountersKey), EncodeCounters(c_));
+
+  TEST_KILL_POINT(kill_before);
+  PC_RETURN_IF_ERROR(s_.Write(wo, &batch_, "commit"));
+  TEST_KILL_POINT(kill_after);
+
+  s_.counters = c_;
+  s_.PublishCounters(c_);
+  if (!new_scopes_.empty()) {
+    std::unique_lock g(s_.scope_mu);
+    for (auto& sc : new_scopes_) {
+      s_.scope_by_name[ScopeByNameKey(sc.digest, sc.ns)] = sc.id;
+      s_.scopes[sc.id] = sc;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace primecache::statestore_internal

@@ -1,0 +1,370 @@
+// Verify: recompute what the entries imply and compare it with what the
+// store records. RebuildDerived: rewrite what disagrees.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+
+#include "statestore/rocks_env.h"
+#include "statestore/store_impl.h"
+
+namespace primecache {
+
+using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
+
+namespace {
+
+struct Expected {
+  std::map<std::string, ChunkRefRecord> refs;          // HashKey -> refs, size
+  std::map<std::string, std::string> index;            // index key -> value
+  Counters counters;                                   // entries .. raw_bytes, next ids
+  std::vector<std::string> problems;
+  std::map<EntryId, std::uint64_t> access_ticks;       // from the E records of live entries
+  std::vector<EntryId> live;
+};
+
+void Problem(Expected* e, std::string p) {
+  if (e->problems.size() < 1000) e->problems.push_back(std::move(p));
+}
+
+// Reads every live entry and derives references, index and counters.
+Status Derive(Store::Impl& s, Expected* e) {
+  std::map<std::string, std::map<std::uint32_t, std::uint32_t>> nodes;  // key -> r -> count
+  std::map<std::string, std::vector<std::uint64_t>> exacts;
+  const std::uint32_t block = s.params.block_tokens;
+  std::unique_ptr<rocksdb::Iterator> it(s.db->NewIterator(rocksdb::ReadOptions(), s.cf_entries));
+  std::uint64_t max_id = 0;
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    auto id_r = IdFromKey(it->key().ToStringView());
+    if (!id_r.ok()) {
+      Problem(e, "entries: malformed key");
+      continue;
+    }
+    EntryId id = *id_r;
+    max_id = std::max(max_id, id);
+    std::string where = "entry " + std::to_string(id) + ": ";
+    auto sum = DecodeSummary(it->value().ToStringView());
+    if (!sum.ok()) {
+      Problem(e, where + sum.status().ToString());
+      continue;
+    }
+    if (!s.ScopeById(sum->scope)) Problem(e, where + "unknown scope");
+    std::string mv, tv;
+    bool found = false;
+    PC_RETURN_IF_ERROR(s.GetValue(s.cf_manifests, IdKey(id), &mv, &found));
+    if (!found) {
+      Problem(e, where + "no manifest");
+      continue;
+    }
+    auto m = DecodeManifest(mv, kMaxChunkBytesLimit);
+    if (!m.ok()) {
+      Problem(e, where + m.status().ToString());
+      continue;
+    }
+    PC_RETURN_IF_ERROR(s.GetValue(s.cf_tokens, IdKey(id), &tv, &found));
+    if (!found) {
+      Problem(e, where + "no tokens");
+      continue;
+    }
+    auto tokens = DecodeTokens(tv);
+    if (!tokens.ok()) {
+      Problem(e, where + tokens.status().ToString());
+      continue;
+    }
+    e->live.push_back(id);
+    std::uint64_t chunk_bytes = 0;
+    for (const auto& layer : m->layers) {
+      for (const auto& c : layer.chunks) {
+        auto& r = e->refs[HashKey(c.hash)];
+        if (r.refs > 0 && r.size != c.size) Problem(e, where + "chunk " + HashHex(c.hash) + " with two sizes");
+        ++r.refs;
+        r.size = c.size;
+        chunk_bytes += c.size;
+      }
+    }
+    if (m->layers.size() != sum->layers) Problem(e, where + "layer count disagrees with its record");
+    if (chunk_bytes != sum->chunk_bytes) Problem(e, where + "chunk bytes disagree with its record");
+    if (tokens->size() != sum->length) Problem(e, where + "token count disagrees with its length");
+    if (sum->meta_bytes != mv.size() + tv.size() + it->value().size()) {
+      Problem(e, where + "meta bytes disagree with its records");
+    }
+    BoundaryPlace place = PlaceOf(*s.hasher, *tokens, block);
+    if (place.node_hash != sum->node_hash || place.exact_hash != sum->exact_hash) {
+      Problem(e, where + "index hashes disagree with its tokens");
+    }
+    std::uint32_t r = static_cast<std::uint32_t>(sum->length - place.level * block);
+    std::string xk = ExactKey(sum->scope, sum->length, place.exact_hash);
+    auto& ids = exacts[xk];
+    if (ids.empty()) ++nodes[NodeKey(sum->scope, place.level, place.node_hash)][r];
+    ids.push_back(id);
+    e->index[MemberKey(sum->scope, id)] = "";
+    std::string av;
+    PC_RETURN_IF_ERROR(s.GetValue(s.cf_lru, AccessKey(id), &av, &found));
+    if (!found) {
+      Problem(e, where + "no access record");
+    } else if (auto a = DecodeAccess(av); a.ok()) {
+      e->access_ticks[id] = a->tick;
+    } else {
+      Problem(e, where + a.status().ToString());
+    }
+    ++e->counters.entries;
+    e->counters.logical_chunk_bytes += sum->chunk_bytes;
+    e->counters.meta_bytes += sum->meta_bytes;
+    e->counters.raw_bytes += sum->raw_bytes;
+  }
+  PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan entries"));
+  for (auto& [k, slots] : nodes) {
+    std::vector<NodeSlot> v;
+    for (auto& [r, n] : slots) v.push_back({r, n});
+    e->index[k] = EncodeNode(v);
+  }
+  for (auto& [k, ids] : exacts) {
+    std::sort(ids.begin(), ids.end());
+    e->index[k] = EncodeIds(ids);
+  }
+  for (auto& [h, r] : e->refs) {
+    ++e->counters.chunks;
+    e->counters.chunk_bytes += r.size;
+  }
+  e->counters.next_entry_id = max_id + 1;
+  return Status::Ok();
+}
+
+std::string Canonical(const std::string& key, const std::string& value) {
+  // Id lists compare as sets.
+  if (!key.empty() && key[0] == kExactTag) {
+    auto ids = DecodeIds(value);
+    if (ids.ok()) {
+      std::sort(ids->begin(), ids->end());
+      return EncodeIds(*ids);
+    }
+  }
+  return value;
+}
+
+}  // namespace
+
+Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
+  std::lock_guard wl(write_mu);
+  PC_RETURN_IF_ERROR(FlushTouches());
+  Expected e;
+  PC_RETURN_IF_ERROR(Derive(*this, &e));
+  VerifyReport report;
+  report.entries = e.live.size();
+  report.chunks = e.refs.size();
+
+  // Reference records.
+  std::set<std::string> seen;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunk_refs));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      std::string k = it->key().ToString();
+      std::string name = k.size() == 16 ? HashHex(HashFromKey(k)) : "(malformed)";
+      auto r = DecodeChunkRef(it->value().ToStringView());
+      auto want = e.refs.find(k);
+      if (!r.ok()) {
+        Problem(&e, "chunk " + name + ": " + r.status().ToString());
+      } else if (want == e.refs.end()) {
+        Problem(&e, "chunk " + name + ": " + std::to_string(r->refs) + " references recorded, none by any entry");
+      } else if (r->refs != want->second.refs || r->size != want->second.size) {
+        Problem(&e, "chunk " + name + ": " + std::to_string(r->refs) + " references recorded, " +
+                        std::to_string(want->second.refs) + " held by entries");
+      }
+      seen.insert(k);
+    }
+    PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan chunk references"));
+  }
+  for (auto& [k, r] : e.refs) {
+    if (seen.count(k) == 0) Problem(&e, "chunk " + HashHex(HashFromKey(k)) + ": referenced but has no record");
+  }
+
+  // Chunk bytes: every referenced chunk present (and intact when asked),
+  // nothing else, and no collection record outside a publish in flight.
+  {
+    std::set<std::string> present;
+    std::map<std::string, std::string> joined;  // pieces layout
+    const bool pieces = params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      auto k = it->key().ToStringView();
+      if (k.size() == 17 && k[0] == kGcTag) {
+        std::lock_guard g(chunk_mu);
+        if (live_chunks.count(HashFromKey(k.substr(1))) == 0) {
+          Problem(&e, "collection record left for chunk " + HashHex(HashFromKey(k.substr(1))));
+        }
+        continue;
+      }
+      if (k.empty() || k[0] != kChunkTag || k.size() != (pieces ? 21u : 17u)) {
+        Problem(&e, "chunks: malformed key");
+        continue;
+      }
+      std::string hk(k.substr(1, 16));
+      present.insert(hk);
+      if (read_chunks) {
+        if (pieces) {
+          joined[hk].append(it->value().data(), it->value().size());
+        } else if (!(Checksum128(std::as_bytes(std::span(it->value().data(), it->value().size()))) ==
+                     HashFromKey(hk))) {
+          Problem(&e, "chunk " + HashHex(HashFromKey(hk)) + ": content does not match its address");
+        }
+      }
+    }
+    PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan chunks"));
+    for (auto& [hk, data] : joined) {
+      if (!(Checksum128(std::as_bytes(std::span(data.data(), data.size()))) == HashFromKey(hk))) {
+        Problem(&e, "chunk " + HashHex(HashFromKey(hk)) + ": content does not match its address");
+      }
+    }
+    for (auto& [k, r] : e.refs) {
+      if (present.count(k) == 0) Problem(&e, "chunk " + HashHex(HashFromKey(k)) + ": referenced but missing");
+    }
+    std::lock_guard g(chunk_mu);
+    for (auto& k : present) {
+      if (e.refs.count(k) == 0 && live_chunks.count(HashFromKey(k)) == 0) {
+        Problem(&e, "chunk " + HashHex(HashFromKey(k)) + ": stored but referenced by no entry");
+      }
+    }
+  }
+
+  // The index.
+  {
+    std::set<std::string> index_seen;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_index));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      std::string k = it->key().ToString();
+      auto want = e.index.find(k);
+      if (want == e.index.end()) {
+        Problem(&e, std::string("index: record '") + k[0] + "' that no entry implies");
+      } else if (Canonical(k, it->value().ToString()) != want->second) {
+        Problem(&e, std::string("index: record '") + k[0] + "' disagrees with the entries");
+      }
+      index_seen.insert(k);
+    }
+    PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan index"));
+    for (auto& [k, v] : e.index) {
+      if (index_seen.count(k) == 0) Problem(&e, std::string("index: record '") + k[0] + "' missing");
+    }
+  }
+
+  // Recency records.
+  {
+    std::map<EntryId, std::uint64_t> ages;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_lru));
+    std::uint64_t access_records = 0;
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      auto k = it->key().ToStringView();
+      if (k.size() == 17 && k[0] == kAgeTag) {
+        EntryId id = GetBE64(k.data() + 9);
+        if (!ages.emplace(id, GetBE64(k.data() + 1)).second) Problem(&e, "recency: two age records for one entry");
+      } else if (k.size() == 9 && k[0] == kAccessTag) {
+        ++access_records;
+      } else {
+        Problem(&e, "recency: malformed key");
+      }
+    }
+    PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan recency"));
+    if (access_records != e.access_ticks.size()) Problem(&e, "recency: access records of entries that are gone");
+    for (auto& [id, tick] : e.access_ticks) {
+      auto a = ages.find(id);
+      if (a == ages.end() || a->second != tick) Problem(&e, "entry " + std::to_string(id) + ": age record missing");
+    }
+    if (ages.size() != e.access_ticks.size()) Problem(&e, "recency: age records of entries that are gone");
+  }
+
+  // Counters.
+  {
+    std::uint64_t quarantined = 0;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_quarantine));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) ++quarantined;
+    PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan quarantine"));
+    std::string v;
+    bool found = false;
+    PC_RETURN_IF_ERROR(GetValue(cf_meta, std::string(kMetaCountersKey), &v, &found));
+    if (!found) {
+      Problem(&e, "no counters record");
+    } else if (auto c = DecodeCounters(v); !c.ok()) {
+      Problem(&e, c.status().ToString());
+    } else {
+      auto check = [&](const char* name, std::uint64_t got, std::uint64_t want) {
+        if (got != want) {
+          Problem(&e, std::string("counter ") + name + " is " + std::to_string(got) + ", entries imply " +
+                          std::to_string(want));
+        }
+      };
+      check("entries", c->entries, e.counters.entries);
+      check("chunks", c->chunks, e.counters.chunks);
+      check("chunk_bytes", c->chunk_bytes, e.counters.chunk_bytes);
+      check("logical_chunk_bytes", c->logical_chunk_bytes, e.counters.logical_chunk_bytes);
+      check("meta_bytes", c->meta_bytes, e.counters.meta_bytes);
+      check("raw_bytes", c->raw_bytes, e.counters.raw_bytes);
+      check("quarantined", c->quarantined, quarantined);
+      if (c->next_entry_id < e.counters.next_entry_id) Problem(&e, "counter next_entry_id is behind the entries");
+      if (!(*c == counters)) {
+        Counters mem = counters;
+        mem.hits = c->hits;
+        mem.misses = c->misses;
+        mem.admission_refusals = c->admission_refusals;
+        if (!(mem == *c)) Problem(&e, "counters in memory differ from the stored ones");
+      }
+    }
+  }
+  report.problems = std::move(e.problems);
+  return report;
+}
+
+Status Store::Impl::RebuildDerived() {
+  Expected e;
+  PC_RETURN_IF_ERROR(Derive(*this, &e));
+  rocksdb::WriteBatch b;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunk_refs));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      std::string k = it->key().ToString();
+      auto want = e.refs.find(k);
+      auto r = DecodeChunkRef(it->value().ToStringView());
+      if (want == e.refs.end()) {
+        b.Delete(cf_chunk_refs, k);
+        if (k.size() == 16 && r.ok()) {
+          std::lock_guard g(chunk_mu);
+          if (live_chunks.count(HashFromKey(k)) == 0) {
+            AppendChunkDeletion(&b, HashFromKey(k), r->size);
+          } else {
+            b.Put(cf_chunks, GcKey(HashFromKey(k)), "");
+          }
+        }
+      } else {
+        ChunkRefRecord rec = want->second;
+        if (r.ok()) rec.flags = r->flags;
+        b.Put(cf_chunk_refs, k, EncodeChunkRef(rec));
+      }
+    }
+    PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan chunk references"));
+    for (auto& [k, r] : e.refs) b.Put(cf_chunk_refs, k, EncodeChunkRef(r));
+  }
+  {
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_index));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      if (e.index.count(it->key().ToString()) == 0) b.Delete(cf_index, it->key());
+    }
+    PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan index"));
+    for (auto& [k, v] : e.index) b.Put(cf_index, k, v);
+  }
+  Counters c = counters;
+  c.entries = e.counters.entries;
+  c.chunks = e.counters.chunks;
+  c.chunk_bytes = e.counters.chunk_bytes;
+  c.logical_chunk_bytes = e.counters.logical_chunk_bytes;
+  c.meta_bytes = e.counters.meta_bytes;
+  c.raw_bytes = e.counters.raw_bytes;
+  c.next_entry_id = std::max(c.next_entry_id, e.counters.next_entry_id);
+  b.Put(cf_meta, std::string(kMetaCountersKey), EncodeCounters(c));
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  PC_RETURN_IF_ERROR(Write(wo, &b, "rebuild derived records"));
+  counters = c;
+  PublishCounters(c);
+  spdlog::warn("statestore {}: rebuilt chunk references, index and counters from {} entries", path, e.live.size());
+  return Status::Ok();
+}
+
+}  // namespace primecache

@@ -1,0 +1,104 @@
+// libFuzzer target: the daemon's message decoding and dispatch. Input bytes
+// are a client's byte stream: framed by FrameDecoder exactly as the server
+// frames a socket, each frame handed to a Session over the real store (a
+// throwaway one in a temporary directory), store work run inline.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "ipc/framing.h"
+#include "ipc/session.h"
+#include "ipc/store_factory.h"
+
+namespace {
+
+using namespace primecache::ipc;  // NOLINT
+
+class Inline : public Executor {
+ public:
+  void Post(std::function<void()> job) override { job(); }
+};
+
+// Keeps nothing but walks every response, as a client would read it.
+class Drain : public ResponseSink {
+ public:
+  void Send(std::unique_ptr<OutMessage> m) override { bytes += m->size(); }
+  bool WaitForRoom() override { return true; }
+  bool Closed() const override { return false; }
+  std::size_t bytes = 0;
+};
+
+struct World {
+  std::string dir;
+  std::unique_ptr<StoreBackend> store;
+  ServerCounters counters;
+  Inline ex;
+  World() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "pcfuzz-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) std::abort();
+    dir = tmpl;
+    StoreConfig c;
+    c.data_dir = dir;
+    c.sync_commits = false;
+    auto s = OpenStore(c);
+    if (!s.ok()) std::abort();
+    store = std::move(s).value();
+  }
+  ~World() {
+    store.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
+World* TheWorld() {
+  static World* w = [] {
+    auto* x = new World();
+    std::atexit([] { delete TheWorld(); });
+    return x;
+  }();
+  return w;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  World* w = TheWorld();
+  SessionLimits limits;
+  limits.frame.max_message_bytes = 1u << 20;
+  limits.max_chunk_bytes = 256u << 10;
+  PeerInfo peer;
+  peer.admin = size > 0 && (data[0] & 1) != 0;  // both kinds of connection
+  auto sink = std::make_shared<Drain>();
+  auto session = std::make_shared<Session>(w->store.get(), &w->ex, &w->ex, sink, limits, peer, &w->counters);
+  FrameDecoder dec(limits.frame, 4096);
+  std::vector<Frame> frames;
+  std::vector<int> fds;
+  std::size_t pos = 0;
+  bool open = true;
+  while (pos < size && open) {
+    auto buf = dec.ReadBuffer();
+    // Odd-sized reads, as a socket delivers them.
+    const std::size_t n = std::min({buf.size(), size - pos, std::size_t{1} + (pos * 7919) % 3001});
+    std::memcpy(buf.data(), data + pos, n);
+    pos += n;
+    if (!dec.Consume(n, &frames).ok()) break;
+    for (auto& f : frames) {
+      if (!session->OnFrame(std::move(f), &fds)) {
+        open = false;
+        break;
+      }
+    }
+    frames.clear();
+  }
+  session->OnClose();
+  return 0;
+}

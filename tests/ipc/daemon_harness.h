@@ -1,0 +1,299 @@
+// Runs the real primecached on a temporary data dir and socket for a test,
+// and speaks raw frames to it when a test needs to misbehave.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/framing.h"
+#include "ipc/wire.h"
+#include "primecache/client.h"
+#include "primecache/codec.h"
+#include "primecache/snapshot.h"
+
+namespace primecache::testing {
+
+using namespace primecache::client;  // NOLINT
+
+inline std::string MakeTempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "pcipc-XXXXXX").string();
+  char* d = mkdtemp(tmpl.data());
+  if (d == nullptr) std::abort();
+  return tmpl;
+}
+
+class Daemon {
+ public:
+  // A fresh data dir, or `data_dir` to reuse one (a restart).
+  explicit Daemon(std::vector<std::string> extra = {}, std::string dir = "") : extra_(std::move(extra)) {
+    own_dir_ = dir.empty();
+    dir_ = own_dir_ ? MakeTempDir() : dir;
+  }
+  ~Daemon() {
+    Kill();
+    if (own_dir_) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
+    }
+  }
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  std::string socket() const { return dir_ + "/d.sock"; }
+  std::string admin_socket() const { return dir_ + "/a.sock"; }
+  std::string data_dir() const { return dir_ + "/data"; }
+  pid_t pid() const { return pid_; }
+  void DisownDir() { own_dir_ = false; }
+  void OwnDir() { own_dir_ = true; }
+
+  // Starts and waits for readiness (the --ready-fd pipe).
+  bool Start() {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) return false;
+    std::vector<std::string> args = {PRIMECACHED_PATH,  "--socket",   socket(),   "--admin-socket", admin_socket(),
+                                     "--data-dir",      data_dir(),   "--ready-fd", std::to_string(p[1]),
+                                     "--log-level",     "warn"};
+    for (auto& e : extra_) args.push_back(e);
+    pid_ = fork();
+    if (pid_ == 0) {
+      fcntl(p[1], F_SETFD, 0);  // the write end survives exec
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(p[1]);
+    pollfd pf{p[0], POLLIN, 0};
+    char buf[16] = {};
+    bool ok = poll(&pf, 1, 20000) == 1 && read(p[0], buf, sizeof(buf)) > 0 && std::string(buf).rfind("ready", 0) == 0;
+    close(p[0]);
+    if (!ok) Kill();
+    return ok;
+  }
+
+  // SIGTERM and wait; the exit status (-1 if it had to be killed).
+  int Stop(std::chrono::milliseconds limit = std::chrono::milliseconds(20000)) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, SIGTERM);
+    return Wait(limit);
+  }
+  int Wait(std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    int st = 0;
+    while (std::chrono::steady_clock::now() < end) {
+      pid_t r = waitpid(pid_, &st, WNOHANG);
+      if (r == pid_) {
+        pid_ = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    Kill();
+    return -1;
+  }
+  void Kill() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+  bool Alive() const { return pid_ > 0 && kill(pid_, 0) == 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+
+  // Resident memory of the daemon in KiB.
+  long RssKiB() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+    }
+    return -1;
+  }
+
+  ClientOptions Options(std::string ns = "", bool shm = false) const {
+    ClientOptions o;
+    o.endpoint = socket();
+    o.ns = std::move(ns);
+    o.shared_memory = shm;
+    o.timeout = std::chrono::milliseconds(15000);
+    return o;
+  }
+
+ private:
+  std::vector<std::string> extra_;
+  std::string dir_;
+  bool own_dir_ = true;
+  pid_t pid_ = -1;
+};
+
+// A raw socket that speaks frames, for tests that misbehave.
+class RawConn {
+ public:
+  explicit RawConn(const std::string& path) {
+    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~RawConn() { Close(); }
+  bool ok() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+  bool SendBytes(const void* p, std::size_t n) {
+    auto* b = static_cast<const char*>(p);
+    while (n > 0) {
+      ssize_t k = send(fd_, b, n, MSG_NOSIGNAL);
+      if (k <= 0) return false;
+      b += k;
+      n -= static_cast<std::size_t>(k);
+    }
+    return true;
+  }
+  bool Send(const ipc::OutMessage& m) {
+    auto flat = ipc::Flatten(m);
+    return SendBytes(flat.data(), flat.size());
+  }
+  bool Hello(const std::string& ns = "") {
+    auto m = ipc::BuildRequest(1, [&](wire::Request::Builder r) {
+      auto h = r.initHello();
+      h.setMinVersion(1);
+      h.setMaxVersion(1);
+      h.setNamespace(ns);
+    });
+    if (!Send(*m)) return false;
+    auto f = Next();
+    if (!f) return false;
+    auto rd = f->Reader({});
+    return rd->getRoot<wire::Response>().which() == wire::Response::HELLO;
+  }
+
+  // The next response frame, or nullopt on EOF / timeout.
+  std::optional<ipc::Frame> Next(int timeout_ms = 10000) {
+    ipc::FrameLimits lim;
+    lim.max_message_bytes = 512u << 20;
+    while (frames_.empty()) {
+      pollfd pf{fd_, POLLIN, 0};
+      if (poll(&pf, 1, timeout_ms) != 1) return std::nullopt;
+      auto buf = dec_.ReadBuffer();
+      ssize_t n = recv(fd_, buf.data(), buf.size(), 0);
+      if (n <= 0) return std::nullopt;
+      if (!dec_.Consume(static_cast<std::size_t>(n), &frames_).ok()) return std::nullopt;
+    }
+    ipc::Frame f = std::move(frames_.front());
+    frames_.erase(frames_.begin());
+    return f;
+  }
+  // True when the daemon closed the connection (EOF) within the timeout.
+  bool ClosedByPeer(int timeout_ms = 10000) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < end) {
+      pollfd pf{fd_, POLLIN, 0};
+      if (poll(&pf, 1, 100) == 1) {
+        char buf[4096];
+        ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+        if (n <= 0) return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  int fd_ = -1;
+  ipc::FrameDecoder dec_{[] {
+    ipc::FrameLimits l;
+    l.max_message_bytes = 512u << 20;
+    return l;
+  }()};
+  std::vector<ipc::Frame> frames_;
+};
+
+// Deterministic test content.
+inline std::vector<std::byte> Bytes(std::size_t n, std::uint32_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937 g(seed);
+  for (auto& b : v) b = static_cast<std::byte>(g());
+  return v;
+}
+
+// Real encoded layers (the store's validator checks every header): even
+// layers are MLA latent planes of `len` tokens and `width` floats per row,
+// cut every `rows_per_chunk` rows (a power of two); odd layers are KDA
+// recurrent states (two eager chunks). Raw transform: bytes are the floats.
+inline LayerData ToLayerData(const primecache::EncodedLayer& e) {
+  LayerData d;
+  const std::string h = SerializeLayerHeader(e.header);
+  d.header.assign(reinterpret_cast<const std::byte*>(h.data()), reinterpret_cast<const std::byte*>(h.data()) + h.size());
+  for (const auto& c : e.chunks) {
+    d.chunks.emplace_back(reinterpret_cast<const std::byte*>(c.data()), reinterpret_cast<const std::byte*>(c.data()) + c.size());
+  }
+  return d;
+}
+
+inline std::vector<LayerData> MakeLayers(std::uint64_t len, std::uint32_t layers, std::uint32_t seed,
+                                         std::uint32_t width = 64, std::uint64_t rows_per_chunk = 64) {
+  std::vector<LayerData> out;
+  std::mt19937 g(seed);
+  for (std::uint32_t l = 0; l < layers; ++l) {
+    primecache::LayerShape shape;
+    if (l % 2 == 0) {
+      shape = primecache::LatentShape{len, width, 0, 0, 0, false, 0};
+    } else {
+      shape = primecache::RecurrentShape{2, 8, 4};
+    }
+    auto snap = primecache::MakeSnapshot(shape);
+    if (!snap.ok()) std::abort();
+    for (auto plane : primecache::CodecRegistry::Default().KindFor(shape).value()->MutablePlaneData(*snap)) {
+      for (float& x : plane) x = static_cast<float>(g() % 100000) * 1e-3f;
+    }
+    primecache::EncodeOptions eo;
+    eo.all_planes = primecache::TransformSpec{std::string(primecache::kRawTransform), 0};
+    eo.target_chunk_bytes = rows_per_chunk * width * sizeof(float);
+    auto enc = primecache::EncodeLayer(*snap, eo);
+    if (!enc.ok()) std::abort();
+    out.push_back(ToLayerData(*enc));
+  }
+  return out;
+}
+
+inline std::size_t ChunkCount(const std::vector<LayerData>& layers) {
+  std::size_t n = 0;
+  for (const auto& l : layers) n += l.chunks.size();
+  return n;
+}
+
+inline std::vector<std::uint32_t> Tokens(std::size_t n, std::uint32_t seed) {
+  std::vector<std::uint32_t> t(n);
+  std::mt19937 g(seed);
+  for (auto& x : t) x = g() % 150000;
+  return t;
+}
+
+inline ModelId TestModel(std::uint64_t k = 1) { return ModelId{Hash128{0x1234 + k, 0xabcd * k}, "test-model"}; }
+
+}  // namespace primecache::testing

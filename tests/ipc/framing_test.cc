@@ -1,0 +1,214 @@
+// The framing decoder and the session's dispatch, in process.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "ipc/framing.h"
+#include "ipc/store_factory.h"
+#include "ipc/session.h"
+#include "ipc/wire.h"
+
+namespace primecache::ipc {
+namespace {
+
+std::vector<std::byte> Encode(std::uint64_t id, std::size_t blob) {
+  auto m = BuildRequest(id, [&](wire::Request::Builder r) {
+    auto c = r.initPublishChunk();
+    c.setPublish(id * 3);
+    auto d = c.initData().initInline(static_cast<unsigned>(blob));
+    for (std::size_t i = 0; i < blob; ++i) d[i] = static_cast<kj::byte>(i * 7 + id);
+  });
+  return Flatten(*m);
+}
+
+void Check(const Frame& f, std::uint64_t id, std::size_t blob) {
+  auto rd = f.Reader({});
+  auto r = rd->getRoot<wire::Request>();
+  ASSERT_EQ(r.getId(), id);
+  auto d = r.getPublishChunk().getData().getInline();
+  ASSERT_EQ(d.size(), blob);
+  for (std::size_t i = 0; i < blob; ++i) ASSERT_EQ(d[i], static_cast<kj::byte>(i * 7 + id));
+}
+
+TEST(Framing, DecodesAcrossEveryReadSize) {
+  // Small and stage-overflowing frames, back to back, fed in random pieces.
+  const std::vector<std::size_t> sizes = {0, 1, 100, 70000, 5, 300000, 8};
+  std::vector<std::byte> stream;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    auto e = Encode(i + 1, sizes[i]);
+    stream.insert(stream.end(), e.begin(), e.end());
+  }
+  std::mt19937 g(1);
+  for (int trial = 0; trial < 20; ++trial) {
+    FrameDecoder dec({}, 4096);
+    std::vector<Frame> frames;
+    std::size_t pos = 0;
+    while (pos < stream.size()) {
+      auto buf = dec.ReadBuffer();
+      ASSERT_FALSE(buf.empty());
+      std::size_t n = std::min<std::size_t>({buf.size(), stream.size() - pos, 1 + g() % (trial < 10 ? 7 : 100000)});
+      std::memcpy(buf.data(), stream.data() + pos, n);
+      pos += n;
+      ASSERT_TRUE(dec.Consume(n, &frames).ok());
+    }
+    ASSERT_EQ(frames.size(), sizes.size());
+    EXPECT_EQ(dec.Pending(), 0u);
+    for (std::size_t i = 0; i < sizes.size(); ++i) Check(frames[i], i + 1, sizes[i]);
+  }
+}
+
+TEST(Framing, RefusesOversizeAndTooManySegments) {
+  FrameLimits lim;
+  lim.max_message_bytes = 1 << 20;
+  lim.max_segments = 8;
+  {
+    FrameDecoder dec(lim);
+    std::uint32_t t[2] = {0, (2u << 20) / 8};
+    auto buf = dec.ReadBuffer();
+    std::memcpy(buf.data(), t, 8);
+    std::vector<Frame> out;
+    Status s = dec.Consume(8, &out);
+    EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  }
+  {
+    FrameDecoder dec(lim);
+    std::uint32_t t[1] = {8};  // nine segments
+    auto buf = dec.ReadBuffer();
+    std::memcpy(buf.data(), t, 4);
+    std::vector<Frame> out;
+    EXPECT_TRUE(dec.Consume(4, &out).IsInvalidArgument());
+  }
+  {
+    FrameDecoder dec(lim);
+    std::uint32_t t[1] = {0xFFFFFFFFu};  // 2^32 segments: the +1 must not wrap
+    auto buf = dec.ReadBuffer();
+    std::memcpy(buf.data(), t, 4);
+    std::vector<Frame> out;
+    EXPECT_TRUE(dec.Consume(4, &out).IsInvalidArgument());
+  }
+  {
+    // Sizes that sum past 2^32 words.
+    FrameDecoder dec(lim);
+    std::uint32_t t[4] = {2, 0xFFFFFFFFu, 0xFFFFFFFFu, 2};
+    auto buf = dec.ReadBuffer();
+    std::memcpy(buf.data(), t, 16);
+    std::vector<Frame> out;
+    EXPECT_TRUE(dec.Consume(16, &out).IsInvalidArgument());
+  }
+}
+
+TEST(Framing, MultiSegmentMessagesRoundTrip) {
+  auto b = std::make_unique<capnp::MallocMessageBuilder>(16, capnp::AllocationStrategy::FIXED_SIZE);
+  auto r = b->initRoot<wire::Request>();
+  r.setId(5);
+  auto t = r.initLookup().initQuery().initTokens(1000);
+  for (unsigned i = 0; i < 1000; ++i) t.set(i, i * 3);
+  OutMessage m(std::move(b));
+  ASSERT_GT(m.iov().size(), 2u);  // table + several segments
+  auto flat = Flatten(m);
+  FrameDecoder dec({});
+  auto buf = dec.ReadBuffer();
+  ASSERT_GE(buf.size(), flat.size());
+  std::memcpy(buf.data(), flat.data(), flat.size());
+  std::vector<Frame> out;
+  ASSERT_TRUE(dec.Consume(flat.size(), &out).ok());
+  ASSERT_EQ(out.size(), 1u);
+  auto rd = out[0].Reader({});
+  auto q = rd->getRoot<wire::Request>().getLookup().getQuery().getTokens();
+  ASSERT_EQ(q.size(), 1000u);
+  EXPECT_EQ(q[999], 2997u);
+}
+
+// ---- the session, driven in process ------------------------------------------
+
+class Inline : public Executor {
+ public:
+  void Post(std::function<void()> job) override { job(); }
+};
+
+class Collect : public ResponseSink {
+ public:
+  void Send(std::unique_ptr<OutMessage> m) override {
+    auto flat = Flatten(*m);
+    FrameDecoder dec({});
+    auto buf = dec.ReadBuffer();
+    std::vector<Frame> out;
+    std::size_t pos = 0;
+    while (pos < flat.size()) {
+      buf = dec.ReadBuffer();
+      std::size_t n = std::min(buf.size(), flat.size() - pos);
+      std::memcpy(buf.data(), flat.data() + pos, n);
+      pos += n;
+      ASSERT_TRUE(dec.Consume(n, &out).ok());
+    }
+    for (auto& f : out) frames.push_back(std::move(f));
+  }
+  bool WaitForRoom() override { return true; }
+  bool Closed() const override { return false; }
+  std::vector<Frame> frames;
+};
+
+Frame ToFrame(const OutMessage& m) {
+  auto flat = Flatten(m);
+  FrameDecoder dec({});
+  std::vector<Frame> out;
+  std::size_t pos = 0;
+  while (pos < flat.size()) {
+    auto buf = dec.ReadBuffer();
+    std::size_t n = std::min(buf.size(), flat.size() - pos);
+    std::memcpy(buf.data(), flat.data() + pos, n);
+    pos += n;
+    EXPECT_TRUE(dec.Consume(n, &out).ok());
+  }
+  return std::move(out.at(0));
+}
+
+TEST(Session, PublishOutOfOrderIsRefusedAndAborted) {
+  std::string dir = (std::filesystem::temp_directory_path() / "pcsess-XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  StoreConfig sc;
+  sc.data_dir = dir;
+  auto opened = OpenStore(sc);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto store = std::move(opened).value();
+  Inline ex;
+  auto sink = std::make_shared<Collect>();
+  ServerCounters counters;
+  auto s = std::make_shared<Session>(store.get(), &ex, &ex, sink, SessionLimits{}, PeerInfo{}, &counters);
+  std::vector<int> fds;
+  auto send = [&](std::uint64_t id, auto fill) { return s->OnFrame(ToFrame(*BuildRequest(id, fill)), &fds); };
+  ASSERT_TRUE(send(1, [](wire::Request::Builder r) { r.initHello().setMaxVersion(1); }));
+  ASSERT_TRUE(send(2, [](wire::Request::Builder r) {
+    auto pb = r.initPublishBegin();
+    pb.setLayerCount(2);
+    pb.initBoundary().initTokens(3);
+    pb.getBoundary().setLength(3);
+  }));
+  EXPECT_EQ(counters.publishes_in_flight.load(), 1u);
+  // Layer 1 before layer 0.
+  ASSERT_TRUE(send(3, [](wire::Request::Builder r) {
+    auto l = r.initPublishLayer();
+    l.setPublish(2);
+    l.setLayer(1);
+  }));
+  ASSERT_EQ(sink->frames.size(), 3u);
+  auto rd = sink->frames[2].Reader({});
+  auto resp = rd->getRoot<wire::Response>();
+  EXPECT_EQ(resp.getId(), 3u);
+  ASSERT_EQ(resp.which(), wire::Response::ERROR);
+  EXPECT_EQ(resp.getError().getCode(), wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_EQ(counters.publishes_in_flight.load(), 0u);  // aborted
+  // The publish is gone.
+  ASSERT_TRUE(send(4, [](wire::Request::Builder r) { r.initPublishCommit().setPublish(2); }));
+  auto rd2 = sink->frames.back().Reader({});
+  EXPECT_EQ(rd2->getRoot<wire::Response>().getError().getCode(), wire::ErrorCode::NOT_FOUND);
+  EXPECT_EQ(store->Stat()->entries, 0u);
+  s.reset();
+  store.reset();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace primecache::ipc

@@ -1,0 +1,302 @@
+// Corruption planted in stored bytes, behind the store's back: chunk values
+// replaced, bytes flipped in the blob and table files, manifests, tokens and
+// entry records overwritten. Each is detected, reported, never served, and
+// the entry is quarantined; references stay exact.
+#include <rocksdb/db.h>
+
+#include <map>
+#include <set>
+
+#include "statestore/format.h"
+#include "statestore/rocks_env.h"
+#include "statestore/test_hooks.h"
+#include "store_test_util.h"
+
+namespace primecache {
+namespace {
+
+using namespace store_test;  // NOLINT(google-build-using-namespace)
+namespace si = statestore_internal;
+
+const TestModel kModel = [] {
+  TestModel m;
+  m.chunk_bytes = 1024;
+  return m;
+}();
+
+// The store's RocksDB opened directly (the store closed), over the same Env.
+class RawDb {
+ public:
+  explicit RawDb(Env* env, const std::string& path) {
+    fs_ = si::NewEnvFileSystem(env, {});
+    renv_ = si::NewRocksEnv(fs_, false);
+    rocksdb::DBOptions o;
+    o.env = renv_.get();
+    std::vector<std::string> names;
+    EXPECT_TRUE(rocksdb::DB::ListColumnFamilies(o, path, &names).ok());
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
+    rocksdb::ColumnFamilyOptions cfo;
+    cfo.disable_auto_compactions = true;  // the files listed stay the files there
+    for (auto& n : names) cfs.emplace_back(n, cfo);
+    rocksdb::Status s = rocksdb::DB::Open(o, path, cfs, &handles_, &db_);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  ~RawDb() {
+    for (auto* h : handles_) (void)db_->DestroyColumnFamilyHandle(h);
+    delete db_;
+  }
+  rocksdb::ColumnFamilyHandle* cf(const std::string& name) {
+    for (auto* h : handles_) {
+      if (h->GetName() == name) return h;
+    }
+    ADD_FAILURE() << "no column family " << name;
+    return nullptr;
+  }
+  std::string Get(const std::string& cfname, const std::string& key) {
+    std::string v;
+    EXPECT_TRUE(db_->Get(rocksdb::ReadOptions(), cf(cfname), key, &v).ok()) << cfname;
+    return v;
+  }
+  void Put(const std::string& cfname, const std::string& key, const std::string& value) {
+    EXPECT_TRUE(db_->Put(rocksdb::WriteOptions(), cf(cfname), key, value).ok());
+  }
+  rocksdb::DB* db() { return db_; }
+
+ private:
+  std::shared_ptr<rocksdb::FileSystem> fs_;
+  std::unique_ptr<rocksdb::Env> renv_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  rocksdb::DB* db_ = nullptr;
+};
+
+Hash128 AddressOf(const std::string& chunk) { return Checksum128(AsBytes(chunk)); }
+
+void ExpectQuarantined(Store& s, EntryId id, const std::string& reason_part) {
+  auto info = s.Describe(id);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->state, EntryState::kQuarantined);
+  EXPECT_NE(info->reason.find(reason_part), std::string::npos) << info->reason;
+  EXPECT_TRUE(s.FetchAll(id).status().IsNotFound()) << "a quarantined entry is never served";
+}
+
+TEST(Corruption, AReplacedChunkIsDetectedAndItsEntriesQuarantined) {
+  MemStore m;
+  auto conv = Conversation(600, 1);
+  auto la = MakeLayers(Prefix(conv, 300), kModel);
+  auto lb = MakeLayers(Prefix(conv, 500), kModel);
+  EntryId a = MustPublish(*m.store, Prefix(conv, 300), 1, "", kModel);
+  EntryId b = MustPublish(*m.store, Prefix(conv, 500), 1, "", kModel);
+  // The first latent chunk is shared by both boundaries.
+  const std::string& shared = la[0].chunks[0];
+  ASSERT_EQ(shared, lb[0].chunks[0]);
+  m.store.reset();
+  {
+    RawDb raw(m.env.get(), m.options.path);
+    std::string bad = shared;
+    bad[bad.size() / 2] ^= 0x01;
+    raw.Put(si::kCfChunks, si::ChunkKey(AddressOf(shared)), bad);
+  }
+  m.Reopen();
+  auto r = m.store->FetchAll(a);
+  ASSERT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("address"), std::string::npos) << r.status().ToString();
+  ExpectQuarantined(*m.store, a, "does not match its address");
+  // Lookups no longer find it.
+  auto hit = m.store->Lookup(ModelDigest(1), "", Prefix(conv, 400));
+  ASSERT_TRUE(hit.ok());
+  EXPECT_FALSE(hit->has_value());
+  auto st = m.store->Stat();
+  EXPECT_EQ(st->entries, 1u);
+  EXPECT_EQ(st->quarantined, 1u);
+  ListOptions q;
+  q.state = EntryState::kQuarantined;
+  auto page = m.store->List(q);
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->entries.size(), 1u);
+  EXPECT_EQ(page->entries[0].id, a);
+
+  // A publish that carries the same chunk rewrites it: b heals.
+  auto lc = MakeLayers(Prefix(conv, 550), kModel);
+  auto rc = m.store->Publish(Request(Prefix(conv, 550)), lc);
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  auto back = m.store->FetchAll(b);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSameLayers(*back, lb);
+  ExpectConsistent(*m.store);
+  // The quarantine record goes with Delete.
+  ASSERT_TRUE(m.store->Delete(a).ok());
+  EXPECT_TRUE(m.store->Describe(a).status().IsNotFound());
+  EXPECT_EQ(m.store->Stat()->quarantined, 0u);
+  ExpectConsistent(*m.store);
+}
+
+TEST(Corruption, WithoutAHealingPublishEveryEntryOfTheBadChunkIsQuarantined) {
+  MemStore m;
+  auto conv = Conversation(600, 2);
+  auto la = MakeLayers(Prefix(conv, 300), kModel);
+  EntryId a = MustPublish(*m.store, Prefix(conv, 300), 1, "", kModel);
+  EntryId b = MustPublish(*m.store, Prefix(conv, 500), 1, "", kModel);
+  EntryId other = MustPublish(*m.store, Conversation(200, 3), 1, "", kModel);
+  m.store.reset();
+  {
+    RawDb raw(m.env.get(), m.options.path);
+    raw.Put(si::kCfChunks, si::ChunkKey(AddressOf(la[0].chunks[0])), std::string(la[0].chunks[0].size(), 'z'));
+  }
+  m.Reopen();
+  EXPECT_TRUE(m.store->FetchAll(b).status().IsCorruption());
+  EXPECT_TRUE(m.store->FetchAll(a).status().IsCorruption());
+  ExpectQuarantined(*m.store, a, "chunk");
+  ExpectQuarantined(*m.store, b, "chunk");
+  EXPECT_TRUE(m.store->FetchAll(other).ok());
+  // The bad chunk lost its last reference: its bytes are gone, counts exact.
+  ExpectConsistent(*m.store);
+  EXPECT_EQ(m.store->Stat()->entries, 1u);
+}
+
+// Flips one byte in every file the chunks column family has
+// (SST files, and blob files when `blobs`), through the Env.
+int FlipChunkFiles(Env* env, const std::string& dir, bool blobs) {
+  std::set<std::string> files;
+  {
+    RawDb raw(env, dir);
+    EXPECT_TRUE(raw.db()->Flush(rocksdb::FlushOptions(), raw.cf(si::kCfChunks)).ok());
+    rocksdb::ColumnFamilyMetaData meta;
+    raw.db()->GetColumnFamilyMetaData(raw.cf(si::kCfChunks), &meta);
+    for (auto& level : meta.levels) {
+      for (auto& f : level.files) {
+        if (!blobs) files.insert(f.relative_filename);
+      }
+    }
+    for (auto& b : meta.blob_files) files.insert(b.blob_file_name);
+  }
+  int flipped = 0;
+  for (std::string name : files) {
+    if (name.empty()) continue;
+    if (name[0] == '/') name = name.substr(name.rfind('/') + 1);
+    std::string path = dir + "/" + name;
+    auto data = ReadFileToString(env, path);
+    EXPECT_TRUE(data.ok()) << path;
+    // Only files with chunk bytes, flipped in their data (not in a table's
+    // metadata, which RocksDB checks when it opens).
+    if (!data.ok() || data->size() < 16384) continue;
+    (*data)[data->size() / 4] ^= 0x40;
+    auto f = env->NewWritableFile(path);
+    EXPECT_TRUE(f.ok());
+    EXPECT_TRUE((*f)->Append(AsBytes(*data)).ok());
+    EXPECT_TRUE((*f)->Close().ok());
+    ++flipped;
+  }
+  return flipped;
+}
+
+class FlippedFiles : public ::testing::TestWithParam<ChunkLayout> {};
+
+TEST_P(FlippedFiles, ABitFlippedOnDiskIsNeverServed) {
+  StoreOptions o;
+  o.chunk_layout = GetParam();
+  o.piece_bytes = 4096;
+  o.direct_write_bytes = 0;  // the store flushes chunks to their files itself
+  auto hooks = std::make_shared<si::TestHooks>();
+  hooks->no_compactions = true;  // only fetches read the damaged files
+  o.test_hooks = hooks;
+  MemStore m(o);
+  TestModel model = kModel;
+  model.chunk_bytes = 8192;  // chunks of two pieces, and well above the blob threshold
+  std::map<EntryId, std::vector<LayerBytes>> want;
+  for (int i = 0; i < 4; ++i) {
+    auto t = Conversation(800, 10 + i);
+    want[MustPublish(*m.store, t, 1, "", model)] = MakeLayers(t, model);
+  }
+  m.store.reset();
+  int flipped = FlipChunkFiles(m.env.get(), m.options.path, GetParam() == ChunkLayout::kBlobFiles);
+  ASSERT_GT(flipped, 0);
+  m.Reopen();
+  int bad = 0;
+  for (auto& [id, layers] : want) {
+    auto back = m.store->FetchAll(id);
+    if (back.ok()) {
+      ExpectSameLayers(*back, layers);
+      continue;
+    }
+    ++bad;
+    EXPECT_TRUE(back.status().IsCorruption()) << back.status().ToString();
+    auto info = m.store->Describe(id);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->state, EntryState::kQuarantined) << "entry " << id << ": " << back.status().ToString();
+  }
+  EXPECT_GT(bad, 0) << "a flipped byte in the chunk files must hit some entry";
+  EXPECT_EQ(m.store->Stat()->quarantined, static_cast<std::uint64_t>(bad));
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, FlippedFiles, ::testing::Values(ChunkLayout::kBlobFiles, ChunkLayout::kPieces));
+
+TEST(Corruption, ACorruptManifestIsQuarantinedAndReferencesRebuilt) {
+  MemStore m;
+  auto conv = Conversation(600, 4);
+  EntryId a = MustPublish(*m.store, Prefix(conv, 300), 1, "", kModel);
+  EntryId b = MustPublish(*m.store, Prefix(conv, 500), 1, "", kModel);
+  m.store.reset();
+  {
+    RawDb raw(m.env.get(), m.options.path);
+    std::string v = raw.Get(si::kCfManifests, si::IdKey(b));
+    v[v.size() / 2] ^= 0x10;
+    raw.Put(si::kCfManifests, si::IdKey(b), v);
+  }
+  m.Reopen();
+  auto r = m.store->FetchAll(b);
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  ExpectQuarantined(*m.store, b, "manifest");
+  // b's chunks were released although its manifest could not say which.
+  ExpectConsistent(*m.store);
+  auto back = m.store->FetchAll(a);
+  ASSERT_TRUE(back.ok());
+  ExpectSameLayers(*back, MakeLayers(Prefix(conv, 300), kModel));
+  EXPECT_EQ(m.store->Stat()->entries, 1u);
+}
+
+TEST(Corruption, CorruptStoredTokensAreNeverMatched) {
+  MemStore m;
+  auto conv = Conversation(600, 5);
+  EntryId a = MustPublish(*m.store, Prefix(conv, 300), 1, "", kModel);
+  EntryId b = MustPublish(*m.store, Prefix(conv, 500), 1, "", kModel);
+  m.store.reset();
+  {
+    RawDb raw(m.env.get(), m.options.path);
+    std::string v = raw.Get(si::kCfTokens, si::IdKey(b));
+    v[20] ^= 0x01;  // a token, under the record's checksum
+    raw.Put(si::kCfTokens, si::IdKey(b), v);
+  }
+  m.Reopen();
+  auto hit = m.store->Lookup(ModelDigest(1), "", conv);
+  ASSERT_TRUE(hit.ok());
+  ASSERT_TRUE(hit->has_value());
+  EXPECT_EQ((*hit)->id, a) << "the corrupt longer boundary is skipped, the shorter one served";
+  ExpectQuarantined(*m.store, b, "tokens");
+  ExpectConsistent(*m.store);
+}
+
+TEST(Corruption, AnUnreadableEntryRecordCanStillBeDeleted) {
+  MemStore m;
+  auto conv = Conversation(600, 6);
+  EntryId a = MustPublish(*m.store, Prefix(conv, 300), 1, "", kModel);
+  EntryId b = MustPublish(*m.store, Prefix(conv, 500), 1, "", kModel);
+  m.store.reset();
+  {
+    RawDb raw(m.env.get(), m.options.path);
+    raw.Put(si::kCfEntries, si::IdKey(b), "garbage");
+  }
+  m.Reopen();
+  EXPECT_TRUE(m.store->Describe(b).status().IsCorruption());
+  auto v = m.store->Verify(false);
+  ASSERT_TRUE(v.ok());
+  EXPECT_FALSE(v->problems.empty()) << "verify reports the damage";
+  ASSERT_TRUE(m.store->Delete(b).ok());
+  ExpectConsistent(*m.store);
+  EXPECT_TRUE(m.store->FetchAll(a).ok());
+  auto hit = m.store->Lookup(ModelDigest(1), "", conv);
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+  EXPECT_EQ((*hit)->id, a);
+}
+
+}  // namespace
+}  // namespace primecache

@@ -1,0 +1,51 @@
+// The workload of the crash tests, shared by the child that runs it (and is
+// killed) and the parent that checks what survived.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "store_test_util.h"
+
+namespace primecache::crash_test {
+
+struct Step {
+  enum Kind { kPublish, kDelete, kEvict } kind = kPublish;
+  std::vector<std::uint32_t> tokens;  // kPublish
+  int target = -1;                    // kDelete: the step whose entry goes
+};
+
+inline const store_test::TestModel& Model() {
+  static const store_test::TestModel m = [] {
+    store_test::TestModel t;
+    t.chunk_bytes = 1024;
+    return t;
+  }();
+  return m;
+}
+
+// Boundaries of two conversations that share chunks, a delete of a boundary
+// whose chunks a longer one keeps, a publish large enough to go past the WAL
+// (direct_write_bytes below), an eviction, and a last publish.
+inline const std::vector<Step>& Workload() {
+  static const std::vector<Step> steps = [] {
+    using store_test::Conversation;
+    using store_test::Prefix;
+    auto a = Conversation(800, 501), b = Conversation(400, 502), c = Conversation(600, 503);
+    std::vector<Step> s;
+    s.push_back({Step::kPublish, Prefix(a, 200), -1});
+    s.push_back({Step::kPublish, Prefix(b, 300), -1});
+    s.push_back({Step::kPublish, Prefix(a, 450), -1});
+    s.push_back({Step::kDelete, {}, 0});
+    s.push_back({Step::kPublish, Prefix(a, 700), -1});
+    s.push_back({Step::kPublish, Prefix(b, 260), -1});
+    s.push_back({Step::kEvict, {}, -1});
+    s.push_back({Step::kPublish, Prefix(c, 500), -1});
+    return s;
+  }();
+  return steps;
+}
+
+inline constexpr std::uint64_t kDirectWriteBytes = 16 << 10;
+
+}  // namespace primecache::crash_test

@@ -1,0 +1,346 @@
+// Faults injected into RocksDB's own I/O through the Env seam: a failed
+// write or sync at every operation of a publish, a full disk, and a power
+// loss at every mutating operation of a publish, a delete and an eviction.
+// Each gives a clear error, changes nothing that was not acknowledged, and
+// loses nothing that was.
+#include <cstdio>
+#include <limits>
+
+#include "statestore/test_hooks.h"
+#include "store_test_util.h"
+
+namespace primecache {
+namespace {
+
+using namespace store_test;  // NOLINT(google-build-using-namespace)
+using statestore_internal::TestHooks;
+
+const TestModel kModel = [] {
+  TestModel m;
+  m.chunk_bytes = 1024;
+  return m;
+}();
+
+const std::vector<std::uint32_t>& Conv() {
+  static const auto conv = Conversation(700, 77);
+  return conv;
+}
+
+// The operations to break, out of 1..ops: every one of the first and last
+// ten, and evenly spaced ones between, at most `budget` in all (each costs
+// two store opens; the suite must stay fast).
+std::vector<std::int64_t> Sample(std::int64_t ops, std::int64_t budget = 48) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t n = 1; n <= ops; ++n) {
+    bool edge = n <= 10 || n > ops - 10;
+    std::int64_t middle = ops - 20;
+    std::int64_t stride = middle > budget - 20 ? (middle + budget - 21) / (budget - 20) : 1;
+    if (edge || (n - 10) % stride == 0) out.push_back(n);
+  }
+  return out;
+}
+
+struct FaultStore {
+  std::unique_ptr<Env> base = NewMemEnv();
+  std::unique_ptr<FaultInjectionEnv> fenv = std::make_unique<FaultInjectionEnv>(base.get());
+  std::shared_ptr<TestHooks> hooks = std::make_shared<TestHooks>();
+  StoreOptions options;
+  std::unique_ptr<Store> store;
+  std::vector<EntryId> baseline;
+
+  explicit FaultStore(StoreOptions o = {}) : options(std::move(o)) {
+    hooks->freeze_io = std::make_shared<std::atomic<bool>>(false);
+    hooks->short_sleeps = true;
+    hooks->freeze_countdown = std::make_shared<std::atomic<std::int64_t>>(std::numeric_limits<std::int64_t>::max());
+    options.env = fenv.get();
+    options.path = "/s";
+    options.test_hooks = hooks;
+    Open();
+  }
+  void Open() {
+    store.reset();
+    auto s = Store::Open(options);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    store = std::move(s).value();
+  }
+  // Two boundaries of one conversation, and one of another.
+  void Baseline() {
+    baseline.push_back(MustPublish(*store, Prefix(Conv(), 200), 1, "", kModel));
+    baseline.push_back(MustPublish(*store, Prefix(Conv(), 400), 1, "", kModel));
+    baseline.push_back(MustPublish(*store, Conversation(300, 5), 1, "", kModel));
+  }
+  // A power loss now: the disk freezes, the process goes, unsynced data is lost.
+  void PowerLoss() {
+    hooks->freeze_io->store(true);
+    store.reset();
+    ASSERT_TRUE(fenv->SimulateCrash().ok());
+    hooks->freeze_io->store(false);
+    hooks->freeze_countdown->store(std::numeric_limits<std::int64_t>::max());
+    fenv->ClearFaults();
+    Open();
+  }
+  void ExpectBaselineIntact(std::optional<EntryId> deleted = std::nullopt) {
+    const std::vector<std::vector<std::uint32_t>> tokens = {Prefix(Conv(), 200), Prefix(Conv(), 400),
+                                                            Conversation(300, 5)};
+    for (std::size_t i = 0; i < baseline.size(); ++i) {
+      if (deleted && baseline[i] == *deleted) continue;
+      auto back = store->FetchAll(baseline[i]);
+      ASSERT_TRUE(back.ok()) << "baseline " << i << ": " << back.status().ToString();
+      ExpectSameLayers(*back, MakeLayers(tokens[i], kModel));
+    }
+  }
+};
+
+Result<PublishResult> PublishTarget(Store& s) {
+  auto t = Conv();
+  return s.Publish(Request(t), MakeLayers(t, kModel));
+}
+
+// A store's content, to compare before and after a failure.
+std::vector<EntryId> Ids(Store& s) {
+  ListOptions o;
+  o.limit = 1000;
+  auto page = s.List(o);
+  EXPECT_TRUE(page.ok());
+  std::vector<EntryId> ids;
+  for (auto& e : page->entries) ids.push_back(e.id);
+  return ids;
+}
+
+void FailEveryOp(FaultOp op, const char* what, StoreOptions o = {}) {
+  std::uint64_t ops = 0;
+  {
+    FaultStore f(o);
+    f.Baseline();
+    std::uint64_t before = f.fenv->OpCount(op);
+    ASSERT_TRUE(PublishTarget(*f.store).ok());
+    ops = f.fenv->OpCount(op) - before;
+  }
+  ASSERT_GT(ops, 0u);
+  std::printf("[ info     ] %llu %s operations\n", static_cast<unsigned long long>(ops), what);
+  int failed = 0;
+  for (std::int64_t n : Sample(static_cast<std::int64_t>(ops))) {
+    SCOPED_TRACE(std::string(what) + " #" + std::to_string(n) + " of " + std::to_string(ops));
+    FaultStore f(o);
+    f.Baseline();
+    auto ids = Ids(*f.store);
+    auto stats = *f.store->Stat();
+    f.fenv->FailNth(op, n);
+    auto r = PublishTarget(*f.store);
+    f.fenv->ClearFaults();
+    if (!r.ok()) {
+      ++failed;
+      EXPECT_NE(r.status().message().find("injected"), std::string::npos) << r.status().ToString();
+      EXPECT_EQ(Ids(*f.store), ids) << "a failed publish adds nothing";
+      auto now = *f.store->Stat();
+      EXPECT_EQ(now.entries, stats.entries);
+      EXPECT_EQ(now.chunks, stats.chunks);
+      EXPECT_EQ(now.stored_bytes, stats.stored_bytes);
+      // RocksDB may keep the handle in its error state (a failed WAL write
+      // is fatal to it): then writes are refused, clearly, until a reopen.
+      auto again = PublishTarget(*f.store);
+      if (!again.ok()) {
+        EXPECT_EQ(again.status().code(), StatusCode::kUnavailable) << again.status().ToString();
+        EXPECT_NE(again.status().message().find("reopened"), std::string::npos) << again.status().ToString();
+      } else {
+        ExpectConsistent(*f.store);
+      }
+    } else {
+      EXPECT_TRUE(f.store->Describe(r->id).ok());
+      ExpectConsistent(*f.store);
+    }
+    f.Open();
+    ExpectConsistent(*f.store);
+    f.ExpectBaselineIntact();
+    auto after = PublishTarget(*f.store);
+    EXPECT_TRUE(after.ok()) << after.status().ToString();
+  }
+  EXPECT_GT(failed, 0) << "some injected fault must reach the publish";
+}
+
+TEST(Faults, AFailedWriteAtAnyPointChangesNothing) { FailEveryOp(FaultOp::kWrite, "write"); }
+TEST(Faults, AFailedSyncAtAnyPointChangesNothing) { FailEveryOp(FaultOp::kSync, "sync"); }
+TEST(Faults, FailedWritesOnTheFlushPathChangeNothing) {
+  StoreOptions o;
+  o.direct_write_bytes = 0;  // every chunk past the WAL, flushed before the commit
+  FailEveryOp(FaultOp::kWrite, "write (direct)", o);
+}
+TEST(Faults, FailedSyncsOnTheFlushPathChangeNothing) {
+  StoreOptions o;
+  o.direct_write_bytes = 0;
+  FailEveryOp(FaultOp::kSync, "sync (direct)", o);
+}
+
+TEST(Faults, AFullDiskFailsClearlyAndChangesNothing) {
+  for (std::uint64_t room : {0ull, 64ull, 1000ull, 8000ull, 40000ull}) {
+    SCOPED_TRACE("room " + std::to_string(room));
+    FaultStore f;
+    f.Baseline();
+    auto ids = Ids(*f.store);
+    auto stats = *f.store->Stat();
+    f.fenv->SetSpaceLimit(f.fenv->BytesWritten() + room);
+    auto r = PublishTarget(*f.store);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("space"), std::string::npos) << r.status().ToString();
+    EXPECT_EQ(Ids(*f.store), ids);
+    EXPECT_EQ(f.store->Stat()->stored_bytes, stats.stored_bytes);
+    f.fenv->ClearSpaceLimit();
+    auto again = PublishTarget(*f.store);
+    if (!again.ok()) {
+      EXPECT_EQ(again.status().code(), StatusCode::kUnavailable) << again.status().ToString();
+    }
+    f.Open();
+    ExpectConsistent(*f.store);
+    f.ExpectBaselineIntact();
+    EXPECT_TRUE(PublishTarget(*f.store).ok());
+  }
+}
+
+// ---- power loss --------------------------------------------------------------------
+
+enum class Work { kPublish, kDelete, kEvict };
+
+struct PowerCase {
+  const char* name;
+  Work work;
+  bool direct;
+};
+
+class PowerLoss : public ::testing::TestWithParam<PowerCase> {};
+
+TEST_P(PowerLoss, AtEveryMutatingOperation) {
+  const PowerCase& pc = GetParam();
+  StoreOptions o;
+  if (pc.direct) o.direct_write_bytes = 0;
+  // Runs the workload; true when it was acknowledged.
+  auto run = [&](FaultStore& f) -> bool {
+    switch (pc.work) {
+      case Work::kPublish: return PublishTarget(*f.store).ok();
+      case Work::kDelete: return f.store->Delete(f.baseline[1]).ok();
+      case Work::kEvict: {
+        auto st = f.store->Stat();
+        return f.store->SetByteBudget(st->stored_bytes - 1).ok();
+      }
+    }
+    return false;
+  };
+  std::int64_t ops = 0;
+  {
+    FaultStore f(o);
+    f.Baseline();
+    std::int64_t before = f.hooks->freeze_countdown->load();
+    ASSERT_TRUE(run(f));
+    ops = before - f.hooks->freeze_countdown->load();
+  }
+  ASSERT_GT(ops, 0);
+  std::printf("[ info     ] %lld mutating operations\n", static_cast<long long>(ops));
+  int lost = 0;
+  for (std::int64_t n : Sample(ops + 1)) {
+    SCOPED_TRACE("power lost at mutating operation " + std::to_string(n) + " of " + std::to_string(ops));
+    FaultStore f(o);
+    f.Baseline();
+    f.hooks->freeze_countdown->store(n);
+    bool acked = run(f);
+    f.PowerLoss();
+    ExpectConsistent(*f.store);
+    switch (pc.work) {
+      case Work::kPublish: {
+        auto found = f.store->FindExact(ModelDigest(1), "", Conv());
+        ASSERT_TRUE(found.ok());
+        if (acked) {
+          EXPECT_TRUE(found->has_value()) << "an acknowledged publish is durable";
+        }
+        if (found->has_value()) {
+          auto back = f.store->FetchAll(**found);
+          ASSERT_TRUE(back.ok()) << back.status().ToString();
+          ExpectSameLayers(*back, MakeLayers(Conv(), kModel));
+        } else {
+          ++lost;
+        }
+        f.ExpectBaselineIntact();
+        break;
+      }
+      case Work::kDelete: {
+        bool present = f.store->Describe(f.baseline[1]).ok();
+        if (acked) {
+          EXPECT_FALSE(present) << "an acknowledged delete is durable";
+        }
+        if (present) ++lost;
+        f.ExpectBaselineIntact(present ? std::nullopt : std::optional<EntryId>(f.baseline[1]));
+        break;
+      }
+      case Work::kEvict: {
+        auto st = f.store->Stat();
+        if (acked) {
+          EXPECT_EQ(st->entries, 2u) << "an acknowledged eviction is durable";
+        }
+        if (st->entries == 3) ++lost;
+        EXPECT_GE(st->entries, 2u);
+        for (EntryId id : f.baseline) {
+          auto d = f.store->Describe(id);
+          if (d.ok()) {
+            EXPECT_TRUE(f.store->FetchAll(id).ok());
+          }
+        }
+        break;
+      }
+    }
+    // The store goes on working after the crash.
+    auto more = f.store->Publish(Request(Conversation(90, 1234)), MakeLayers(Conversation(90, 1234), kModel));
+    EXPECT_TRUE(more.ok()) << more.status().ToString();
+  }
+  EXPECT_GT(lost, 0) << "early crashes must lose the unacknowledged work";
+}
+
+INSTANTIATE_TEST_SUITE_P(Workloads, PowerLoss,
+                         ::testing::Values(PowerCase{"publish", Work::kPublish, false},
+                                           PowerCase{"publish_direct", Work::kPublish, true},
+                                           PowerCase{"delete", Work::kDelete, false},
+                                           PowerCase{"evict", Work::kEvict, false}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace primecache
+
+namespace primecache {
+namespace {
+
+// A power loss while a store is being created leaves either no store or one
+// that opens (empty and consistent).
+TEST(PowerLossAtCreation, TheStoreOpensAfterwards) {
+  std::int64_t ops = 0;
+  {
+    FaultStore f;  // counts its own creation
+    ops = std::numeric_limits<std::int64_t>::max() - f.hooks->freeze_countdown->load();
+  }
+  ASSERT_GT(ops, 0);
+  for (std::int64_t n : Sample(ops)) {
+    SCOPED_TRACE("power lost at creation operation " + std::to_string(n) + " of " + std::to_string(ops));
+    auto base = NewMemEnv();
+    FaultInjectionEnv fenv(base.get());
+    auto hooks = std::make_shared<TestHooks>();
+    hooks->freeze_io = std::make_shared<std::atomic<bool>>(false);
+    hooks->freeze_countdown = std::make_shared<std::atomic<std::int64_t>>(n);
+    hooks->short_sleeps = true;
+    StoreOptions o;
+    o.env = &fenv;
+    o.path = "/s";
+    o.test_hooks = hooks;
+    {
+      auto s = Store::Open(o);  // fails or not: the power goes either way
+      hooks->freeze_io->store(true);
+    }
+    ASSERT_TRUE(fenv.SimulateCrash().ok());
+    hooks->freeze_io->store(false);
+    hooks->freeze_countdown->store(std::numeric_limits<std::int64_t>::max());
+    auto s = Store::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ((*s)->Stat()->entries, 0u);
+    ExpectConsistent(**s);
+    EXPECT_TRUE(PublishTarget(**s).ok());
+  }
+}
+
+}  // namespace
+}  // namespace primecache

@@ -1,0 +1,196 @@
+// Shared helpers of the statestore tests: real encoded layers ([codecs]) of a
+// small hybrid model at a boundary, derived from the tokens so that two
+// boundaries of one conversation share their leading rows exactly and two
+// branches differ after the point where they diverge; temporary directories;
+// store options on the in-memory Env.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "primecache/checksum.h"
+#include "primecache/codec.h"
+#include "primecache/env.h"
+#include "primecache/snapshot.h"
+#include "primecache/statestore.h"
+
+namespace primecache::store_test {
+
+inline std::uint64_t Mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+inline float ValueOf(std::uint64_t h, std::uint64_t c) {
+  return static_cast<float>(static_cast<double>(Mix(h * 131 + c) >> 40) / static_cast<double>(1 << 24) - 0.5);
+}
+
+// The geometry of the small test model: MLA latent layers (with a DSA
+// indexer) and KDA recurrent layers.
+struct TestModel {
+  std::uint32_t latent_layers = 2;
+  std::uint32_t recurrent_layers = 1;
+  std::uint32_t width = 16;          // latent floats per row
+  std::uint32_t index_head_dim = 4;  // 0: no indexer
+  std::uint32_t pool = 4;
+  std::uint32_t heads = 2, head_dim = 4, kernel = 4;
+  std::uint64_t chunk_bytes = 1024;  // the codec's target chunk size
+  TransformSpec transform{"raw/v1", 0};
+  std::uint64_t seed = 1;
+};
+
+// Row t of a layer depends on the tokens [0, t] only (a running hash), so
+// rows are shared exactly by boundaries of one conversation.
+inline std::vector<std::uint64_t> RunningHashes(const std::vector<std::uint32_t>& tokens, std::uint64_t seed) {
+  std::vector<std::uint64_t> h(tokens.size());
+  std::uint64_t x = seed;
+  for (std::size_t i = 0; i < tokens.size(); ++i) h[i] = x = Mix(x ^ (tokens[i] + 0x100000000ull * i));
+  return h;
+}
+
+inline std::vector<LayerBytes> MakeLayers(const std::vector<std::uint32_t>& tokens, const TestModel& m = {}) {
+  auto h = RunningHashes(tokens, m.seed);
+  const std::uint64_t len = tokens.size();
+  EncodeOptions eo;
+  eo.all_planes = m.transform;
+  eo.target_chunk_bytes = m.chunk_bytes;
+  std::vector<LayerBytes> out;
+  auto push = [&](const LayerSnapshot& snap) {
+    auto enc = EncodeLayer(snap, eo);
+    EXPECT_TRUE(enc.ok()) << enc.status().ToString();
+    if (!enc.ok()) return;
+    out.push_back({SerializeLayerHeader(enc->header), std::move(enc->chunks)});
+  };
+  for (std::uint32_t l = 0; l < m.latent_layers; ++l) {
+    LatentPlaneSnapshot s;
+    s.len = len;
+    s.width = m.width;
+    s.latent_rows.resize(len * m.width);
+    for (std::uint64_t t = 0; t < len; ++t) {
+      for (std::uint32_t c = 0; c < m.width; ++c) s.latent_rows[t * m.width + c] = ValueOf(h[t] + l, c);
+    }
+    if (m.index_head_dim > 0) {
+      s.index_width = 2 * m.index_head_dim;
+      s.pool = m.pool;
+      s.pools_ready = len / m.pool;
+      std::uint64_t first_tail = s.pools_ready * m.pool;
+      for (std::uint64_t t = first_tail; t < len; ++t) {
+        for (std::uint32_t c = 0; c < s.index_width; ++c) s.index_tail_rows.push_back(ValueOf(h[t] + 100 + l, c));
+      }
+      for (std::uint64_t p = 0; p < s.pools_ready; ++p) {
+        std::uint64_t last = (p + 1) * m.pool - 1;
+        for (std::uint32_t c = 0; c < m.index_head_dim; ++c) s.pool_keys.push_back(ValueOf(h[last] + 200 + l, c));
+      }
+    }
+    push(s);
+  }
+  for (std::uint32_t l = 0; l < m.recurrent_layers; ++l) {
+    RecurrentSnapshot s{m.heads, m.head_dim, m.kernel, {}, {}};
+    std::uint64_t at = h.empty() ? 0 : h.back();
+    s.conv_ring.resize(3ull * m.heads * m.head_dim * (m.kernel - 1));
+    for (std::size_t i = 0; i < s.conv_ring.size(); ++i) s.conv_ring[i] = ValueOf(at + 300 + l, i);
+    s.state.resize(std::uint64_t{m.heads} * m.head_dim * m.head_dim);
+    for (std::size_t i = 0; i < s.state.size(); ++i) s.state[i] = ValueOf(at + 400 + l, i);
+    push(s);
+  }
+  return out;
+}
+
+inline std::uint64_t LayerBytesSize(const std::vector<LayerBytes>& layers) {
+  std::uint64_t n = 0;
+  for (const auto& l : layers) {
+    for (const auto& c : l.chunks) n += c.size();
+  }
+  return n;
+}
+
+// Tokens of a conversation: `n` tokens drawn from `seed`.
+inline std::vector<std::uint32_t> Conversation(std::size_t n, std::uint64_t seed) {
+  std::vector<std::uint32_t> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<std::uint32_t>(Mix(seed * 1000003 + i) % 50000);
+  return t;
+}
+
+inline std::vector<std::uint32_t> Prefix(const std::vector<std::uint32_t>& t, std::size_t n) {
+  return {t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)};
+}
+
+inline Hash128 ModelDigest(std::uint64_t n) { return Hash128{Mix(n), Mix(n + 1)}; }
+
+inline PublishRequest Request(const std::vector<std::uint32_t>& tokens, std::uint64_t model = 1,
+                              std::string ns = "") {
+  PublishRequest r;
+  r.model = ModelDigest(model);
+  r.model_name = "test-model-" + std::to_string(model);
+  r.ns = std::move(ns);
+  r.tokens = tokens;
+  r.cost = {1000, 2, 64};
+  return r;
+}
+
+// A store on a fresh in-memory Env.
+struct MemStore {
+  std::unique_ptr<Env> env = NewMemEnv();
+  StoreOptions options;
+  std::unique_ptr<Store> store;
+
+  explicit MemStore(StoreOptions o = {}) : options(std::move(o)) {
+    options.env = env.get();
+    if (options.path.empty()) options.path = "/store";
+    Reopen();
+  }
+  void Reopen() {
+    store.reset();
+    auto s = Store::Open(options);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    store = std::move(s).value();
+  }
+};
+
+// A temporary directory on the real file system, removed at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/primecache-store-XXXXXX";
+    char* p = ::mkdtemp(tmpl);
+    EXPECT_NE(p, nullptr);
+    path = p != nullptr ? p : "/tmp/primecache-store-failed";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+inline EntryId MustPublish(Store& s, const std::vector<std::uint32_t>& tokens, std::uint64_t model = 1,
+                           const std::string& ns = "", const TestModel& m = {}) {
+  auto layers = MakeLayers(tokens, m);
+  auto r = s.Publish(Request(tokens, model, ns), layers);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? r->id : 0;
+}
+
+inline void ExpectConsistent(Store& s) {
+  auto v = s.Verify(true);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  for (const auto& p : v->problems) ADD_FAILURE() << "verify: " << p;
+}
+
+inline void ExpectSameLayers(const std::vector<LayerBytes>& a, const std::vector<LayerBytes>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].header, b[i].header) << "layer " << i;
+    EXPECT_EQ(a[i].chunks, b[i].chunks) << "layer " << i;
+  }
+}
+
+}  // namespace primecache::store_test

@@ -1,0 +1,248 @@
+// ipc_bench: fetch throughput over the socket and over shared memory against
+// memcpy of the same bytes, and lookup round-trip latency, in one run against
+// a real primecached (started here on a temporary data dir).
+//
+//   ipc_bench [--daemon PATH] [--mib 256] [--reps 3] [--lookups 20000]
+//
+// A fetch's callback copies every chunk into a destination buffer, as an
+// engine copies into its staging (or pinned) memory; memcpy is the same copy
+// of the same bytes from one buffer to another.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "primecache/client.h"
+#include "primecache/codec.h"
+
+using namespace primecache;          // NOLINT
+using namespace primecache::client;  // NOLINT
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+struct Daemon {
+  pid_t pid = -1;
+  std::string dir;
+  std::string sock;
+  ~Daemon() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+  bool Start(const std::string& bin) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "pcbench-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) return false;
+    dir = tmpl;
+    sock = dir + "/d.sock";
+    int p[2];
+    if (pipe(p) != 0) return false;
+    pid = fork();
+    if (pid == 0) {
+      close(p[0]);
+      std::string fd = std::to_string(p[1]);
+      execl(bin.c_str(), bin.c_str(), "--socket", sock.c_str(), "--no-admin-socket", "--data-dir",
+            (dir + "/data").c_str(), "--ready-fd", fd.c_str(), "--log-level", "warn", "--max-chunk", "8M",
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(p[1]);
+    pollfd pf{p[0], POLLIN, 0};
+    char buf[8];
+    bool ok = poll(&pf, 1, 30000) == 1 && read(p[0], buf, sizeof(buf)) > 0;
+    close(p[0]);
+    return ok;
+  }
+};
+
+// Real encoded layers (the store validates them): latent planes of `len`
+// tokens, width 576 (kv_rank 512 + rope 64), raw transform, ~2.4 MB chunks.
+std::vector<LayerData> MakeLayers(std::uint64_t len, int layers) {
+  std::vector<LayerData> out;
+  std::mt19937 g(1);
+  for (int l = 0; l < layers; ++l) {
+    LatentShape shape{len, 576, 0, 0, 0, false, 0};
+    auto snap = MakeSnapshot(shape);
+    auto& lat = std::get<LatentPlaneSnapshot>(*snap);
+    for (auto& x : lat.latent_rows) x = static_cast<float>(g() % 20000) * 1e-3f - 10.f;
+    EncodeOptions eo;
+    eo.all_planes = TransformSpec{std::string(kRawTransform), 0};
+    eo.target_chunk_bytes = 4u << 20;
+    auto enc = EncodeLayer(*snap, eo);
+    if (!enc.ok()) {
+      std::fprintf(stderr, "encode: %s\n", enc.status().ToString().c_str());
+      std::exit(1);
+    }
+    LayerData d;
+    const std::string h = SerializeLayerHeader(enc->header);
+    d.header.assign(reinterpret_cast<const std::byte*>(h.data()), reinterpret_cast<const std::byte*>(h.data()) + h.size());
+    for (const auto& c : enc->chunks) {
+      d.chunks.emplace_back(reinterpret_cast<const std::byte*>(c.data()), reinterpret_cast<const std::byte*>(c.data()) + c.size());
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<std::size_t>(p * (v.size() - 1))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ipc_bench"};
+  std::string daemon = PRIMECACHED_PATH;
+  int mib = 256, reps = 3, lookups = 20000;
+  app.add_option("--daemon", daemon, "primecached binary");
+  app.add_option("--mib", mib, "entry size to fetch, MiB");
+  app.add_option("--reps", reps, "fetch repetitions (best and median reported)");
+  app.add_option("--lookups", lookups, "lookup round trips timed");
+  CLI11_PARSE(app, argc, argv);
+
+  Daemon d;
+  if (!d.Start(daemon)) {
+    std::fprintf(stderr, "cannot start %s\n", daemon.c_str());
+    return 1;
+  }
+  const std::uint64_t len = 8192;
+  const std::uint64_t layer_bytes = len * 576 * 4;
+  const int layers = std::max<int>(1, static_cast<int>((std::uint64_t(mib) << 20) / layer_bytes));
+  auto data = MakeLayers(len, layers);
+  std::uint64_t total = 0;
+  for (auto& l : data) {
+    for (auto& c : l.chunks) total += c.size();
+  }
+  std::vector<std::uint32_t> tokens(len);
+  for (std::uint64_t i = 0; i < len; ++i) tokens[i] = static_cast<std::uint32_t>((i * 2654435761u) % 150000);
+  const ModelId model{Hash128{7, 7}, "bench"};
+
+  ClientOptions o;
+  o.endpoint = d.sock;
+  o.timeout = std::chrono::seconds(60);
+  auto sc = Client::Connect(o);
+  o.shared_memory = true;
+  o.shared_memory_bytes = 128u << 20;
+  auto mc = Client::Connect(o);
+  if (!sc.ok() || !mc.ok()) {
+    std::fprintf(stderr, "connect: %s %s\n", sc.status().ToString().c_str(), mc.status().ToString().c_str());
+    return 1;
+  }
+  const auto tp0 = Clock::now();
+  auto pub = (*sc)->Publish(model, tokens, data);
+  const double pub_s = Seconds(Clock::now() - tp0);
+  if (!pub.ok()) {
+    std::fprintf(stderr, "publish: %s\n", pub.status().ToString().c_str());
+    return 1;
+  }
+  data.clear();
+
+  std::vector<std::byte> src(total), dst(total);
+  std::memset(src.data(), 1, total);
+  std::memset(dst.data(), 2, total);
+  auto fetch_rate = [&](Client& c) {
+    std::vector<double> r;
+    for (int i = 0; i < reps; ++i) {
+      std::uint64_t at = 0;
+      FetchCallbacks cb;
+      cb.on_chunk = [&](std::uint32_t, std::uint32_t, std::span<const std::byte> b) {
+        if (at + b.size() > dst.size()) return Status::Internal("more bytes than published");
+        std::memcpy(dst.data() + at, b.data(), b.size());
+        at += b.size();
+        return Status::Ok();
+      };
+      const auto t0 = Clock::now();
+      Status s = c.Fetch(pub->entry, {}, cb);
+      const double sec = Seconds(Clock::now() - t0);
+      if (!s.ok() || at != total) {
+        std::fprintf(stderr, "fetch: %s (%llu of %llu bytes)\n", s.ToString().c_str(),
+                     static_cast<unsigned long long>(at), static_cast<unsigned long long>(total));
+        std::exit(1);
+      }
+      r.push_back(total / sec / 1e9);
+    }
+    return r;
+  };
+  auto memcpy_rate = [&] {
+    std::vector<double> r;
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = Clock::now();
+      // In the same pieces a fetch delivers (~2.4 MB).
+      for (std::uint64_t at = 0; at < total; at += 2359296) {
+        std::memcpy(dst.data() + at, src.data() + at, std::min<std::uint64_t>(2359296, total - at));
+      }
+      r.push_back(total / Seconds(Clock::now() - t0) / 1e9);
+    }
+    return r;
+  };
+  // Warm the store's and the page cache once.
+  (void)fetch_rate(**sc);
+  auto mem = memcpy_rate();
+  auto sock = fetch_rate(**sc);
+  auto shm = fetch_rate(**mc);
+  auto med = [](std::vector<double> v) { return Percentile(std::move(v), 0.5); };
+  auto best = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+
+  auto lat = [&](std::span<const std::uint32_t> q, int n) {
+    std::vector<double> us;
+    us.reserve(n);
+    for (int i = 0; i < n + 200; ++i) {
+      const auto t0 = Clock::now();
+      auto r = (*sc)->Lookup(model, q);
+      const double u = Seconds(Clock::now() - t0) * 1e6;
+      if (!r.ok() || !r->found) {
+        std::fprintf(stderr, "lookup failed\n");
+        std::exit(1);
+      }
+      if (i >= 200) us.push_back(u);
+    }
+    return us;
+  };
+  std::vector<std::uint32_t> longq = tokens;
+  for (int i = 0; i < 64; ++i) longq.push_back(i);
+  auto l_long = lat(longq, lookups);
+  auto l_short = lat(std::span(tokens).first(len), lookups);
+  // The same round trip with next to no store work (an unknown model, one
+  // token): what the transport and the thread hand-offs cost alone.
+  std::vector<double> l_min;
+  for (int i = 0; i < lookups + 200; ++i) {
+    const std::uint32_t one = 1;
+    const auto t0 = Clock::now();
+    auto r = (*sc)->Lookup(ModelId{Hash128{1, 1}, "none"}, std::span(&one, 1));
+    const double u = Seconds(Clock::now() - t0) * 1e6;
+    if (!r.ok()) return 1;
+    if (i >= 200) l_min.push_back(u);
+  }
+
+  std::printf("entry: %d latent layers x %llu tokens, %.1f MiB in %zu-byte-ish chunks; publish %.2f s (%.2f GB/s)\n",
+              layers, static_cast<unsigned long long>(len), total / 1048576.0, static_cast<std::size_t>(2359296),
+              pub_s, total / pub_s / 1e9);
+  std::printf("%-28s %10s %10s %8s\n", "copy", "median GB/s", "best GB/s", "x memcpy");
+  std::printf("%-28s %10.2f %10.2f %8s\n", "memcpy (same bytes)", med(mem), best(mem), "1.00");
+  std::printf("%-28s %10.2f %10.2f %8.2f\n", "fetch over the socket", med(sock), best(sock), med(sock) / med(mem));
+  std::printf("%-28s %10.2f %10.2f %8.2f\n", "fetch over shared memory", med(shm), best(shm), med(shm) / med(mem));
+  std::printf("lookup round trip, %zu-token query (hit of %llu): p50 %.1f us, p99 %.1f us\n", longq.size(),
+              static_cast<unsigned long long>(len), Percentile(l_long, 0.5), Percentile(l_long, 0.99));
+  std::printf("lookup round trip, %llu-token query (exact):    p50 %.1f us, p99 %.1f us\n",
+              static_cast<unsigned long long>(len), Percentile(l_short, 0.5), Percentile(l_short, 0.99));
+  std::printf("lookup round trip, 1-token miss (transport alone): p50 %.1f us, p99 %.1f us\n",
+              Percentile(l_min, 0.5), Percentile(l_min, 0.99));
+  return 0;
+}

@@ -1,0 +1,473 @@
+// statestore_bench: the store's figures against what the machine gives, side
+// by side in one run (docs/BENCHMARKS.md records them).
+//
+//  throughput  publish and fetch of one entry (real encoded layers) against
+//              writing the same bytes to a plain file with fsync and reading
+//              them back, against plain RocksDB Put/Get of the same chunks,
+//              and fetch against memcpy; for each chunk layout.
+//  lookup      p50/p99 lookup latency with 32K-token queries as the store
+//              grows to 10^3 .. 10^6 entries (small synthetic entries).
+//  dedup       K boundaries of one growing conversation: stored bytes against
+//              the final planes plus K recurrent states.
+#include <fcntl.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "primecache/codec.h"
+#include "primecache/env.h"
+#include "primecache/logging.h"
+#include "primecache/snapshot.h"
+#include "primecache/statestore.h"
+
+namespace {
+
+using namespace primecache;  // NOLINT(google-build-using-namespace)
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double GBs(std::uint64_t bytes, double s) { return static_cast<double>(bytes) / s / 1e9; }
+
+void Die(const Status& s, const char* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "statestore_bench: %s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
+
+std::uint64_t Mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A smooth plane with noise, as latent rows look; rows depend on the absolute
+// row only, so a longer boundary extends a shorter one.
+void Fill(std::vector<float>* v, std::uint64_t rows, std::uint32_t width, std::uint64_t seed, std::uint64_t first = 0) {
+  v->resize(rows * width);
+  for (std::uint64_t t = 0; t < rows; ++t) {
+    for (std::uint32_t c = 0; c < width; ++c) {
+      double x = static_cast<double>(first + t), y = c;
+      double noise = static_cast<double>(Mix(seed * 1000003 + (first + t) * 7919 + c) >> 40) / (1 << 24) - 0.5;
+      (*v)[t * width + c] =
+          static_cast<float>(std::sin(0.013 * x + 0.37 * y) + 0.5 * std::cos(0.0021 * x * (1 + y / 97.0)) + 0.05 * noise);
+    }
+  }
+}
+
+struct Geometry {
+  std::uint32_t latent_layers = 4;
+  std::uint32_t recurrent_layers = 4;
+  std::uint32_t width = 576;          // kv_rank 512 + rope 64
+  std::uint32_t index_head_dim = 64;  // DSA indexer
+  std::uint32_t pool = 4;
+  std::uint32_t heads = 32, head_dim = 128, kernel = 4;
+};
+
+std::vector<LayerBytes> Encode(const Geometry& g, std::uint64_t tokens, std::uint64_t seed, const EncodeOptions& eo) {
+  std::vector<LayerBytes> out;
+  auto push = [&](const LayerSnapshot& s) {
+    auto enc = EncodeLayer(s, eo);
+    Die(enc.status(), "encode");
+    out.push_back({SerializeLayerHeader(enc->header), std::move(enc->chunks)});
+  };
+  for (std::uint32_t l = 0; l < g.latent_layers; ++l) {
+    LatentPlaneSnapshot s;
+    s.len = tokens;
+    s.width = g.width;
+    Fill(&s.latent_rows, tokens, g.width, seed * 100 + l);
+    if (g.index_head_dim > 0) {
+      s.index_width = 2 * g.index_head_dim;
+      s.pool = g.pool;
+      s.pools_ready = tokens / g.pool;
+      std::uint64_t first_tail = s.pools_ready * g.pool;
+      Fill(&s.index_tail_rows, tokens - first_tail, s.index_width, seed * 100 + 50 + l, first_tail);
+      Fill(&s.pool_keys, s.pools_ready, g.index_head_dim, seed * 100 + 70 + l);
+    }
+    push(s);
+  }
+  for (std::uint32_t l = 0; l < g.recurrent_layers; ++l) {
+    RecurrentSnapshot s{g.heads, g.head_dim, g.kernel, {}, {}};
+    // The state depends on the boundary: seed it with the length.
+    Fill(&s.conv_ring, 3ull * g.heads * g.head_dim, g.kernel - 1, seed * 1000 + tokens * 7 + l);
+    Fill(&s.state, std::uint64_t{g.heads} * g.head_dim, g.head_dim, seed * 1000 + tokens * 7 + 500 + l);
+    push(s);
+  }
+  return out;
+}
+
+std::uint64_t ChunkBytes(const std::vector<LayerBytes>& layers) {
+  std::uint64_t n = 0;
+  for (auto& l : layers) {
+    for (auto& c : l.chunks) n += c.size();
+  }
+  return n;
+}
+
+std::vector<std::uint32_t> Tokens(std::size_t n, std::uint64_t seed) {
+  std::vector<std::uint32_t> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<std::uint32_t>(Mix(seed * 1000003 + i) % 150000);
+  return t;
+}
+
+PublishRequest Request(std::vector<std::uint32_t> tokens, std::string ns = "bench") {
+  PublishRequest r;
+  r.model = Hash128{0x1234, 0x5678};
+  r.model_name = "bench-model";
+  r.ns = std::move(ns);
+  r.tokens = std::move(tokens);
+  r.cost = {2'000'000'000ull, 4, 2 * (576 + 512) * 16};
+  return r;
+}
+
+// ---- throughput -------------------------------------------------------------------------
+
+// Copies every fetched chunk into one destination buffer (as a restore into
+// a staging buffer would).
+class CopySink final : public FetchSink {
+ public:
+  explicit CopySink(std::vector<char>* dst) : dst_(dst) {}
+  Status OnLayer(std::uint32_t, std::string_view, std::uint32_t) override { return Status::Ok(); }
+  Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte> b) override {
+    std::memcpy(dst_->data() + off_, b.data(), b.size());
+    off_ += b.size();
+    return Status::Ok();
+  }
+  std::size_t off_ = 0;
+
+ private:
+  std::vector<char>* dst_;
+};
+
+struct Median {
+  std::vector<double> v;
+  void Add(double x) { v.push_back(x); }
+  double Get() {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+  }
+};
+
+void Throughput(const std::string& dir, int mib, int reps) {
+  Geometry g;
+  g.index_head_dim = 0;
+  g.recurrent_layers = 2;
+  EncodeOptions eo;
+  eo.all_planes = TransformSpec{"raw/v1", 0};
+  // Tokens so that the latent planes come to about `mib`.
+  const std::uint64_t tokens = (static_cast<std::uint64_t>(mib) << 20) / (g.latent_layers * g.width * 4ull);
+  std::vector<std::vector<LayerBytes>> entries;
+  for (int r = 0; r < reps; ++r) entries.push_back(Encode(g, tokens, 1000 + r, eo));
+  const std::uint64_t bytes = ChunkBytes(entries[0]);
+  std::size_t chunks = 0;
+  for (auto& l : entries[0]) chunks += l.chunks.size();
+  std::printf("\n## throughput: one entry of %llu tokens, %zu layers, %zu chunks, %.1f MiB; median of %d\n\n",
+              static_cast<unsigned long long>(tokens), entries[0].size(), chunks, static_cast<double>(bytes) / (1 << 20),
+              reps);
+  std::printf("| what | GB/s |\n| --- | --- |\n");
+  std::vector<char> dst(bytes);
+
+  // memcpy of the same chunks into one buffer.
+  {
+    Median m;
+    for (int r = 0; r < reps; ++r) {
+      auto t0 = Clock::now();
+      std::size_t off = 0;
+      for (auto& l : entries[r]) {
+        for (auto& c : l.chunks) {
+          std::memcpy(dst.data() + off, c.data(), c.size());
+          off += c.size();
+        }
+      }
+      m.Add(GBs(bytes, Seconds(t0)));
+    }
+    std::printf("| memcpy of the chunks into one buffer | %.2f |\n", m.Get());
+  }
+
+  // Plain file: write + fsync, then read back (page cached).
+  {
+    Median w, rd;
+    Env* env = Env::Default();
+    for (int r = 0; r < reps; ++r) {
+      std::string path = dir + "/plain-" + std::to_string(r);
+      auto t0 = Clock::now();
+      auto f = env->NewWritableFile(path);
+      Die(f.status(), "plain file");
+      for (auto& l : entries[r]) {
+        for (auto& c : l.chunks) Die((*f)->Append(AsBytes(c)), "append");
+      }
+      Die((*f)->Sync(), "fsync");
+      Die((*f)->Close(), "close");
+      Die(env->SyncDir(dir), "sync dir");
+      w.Add(GBs(bytes, Seconds(t0)));
+      auto t1 = Clock::now();
+      auto rf = env->NewRandomAccessFile(path);
+      Die(rf.status(), "open");
+      std::size_t got = 0;
+      Die((*rf)->Read(0, std::as_writable_bytes(std::span(dst)), &got), "read");
+      rd.Add(GBs(got, Seconds(t1)));
+      Die(env->RemoveFile(path), "remove");
+    }
+    std::printf("| plain file: write + fsync | %.2f |\n", w.Get());
+    std::printf("| plain file: read (page cache) | %.2f |\n", rd.Get());
+  }
+
+  // Plain RocksDB (default options): Put every chunk, a synced write at the
+  // end; Get every chunk, copied into the buffer.
+  {
+    Median w, rd;
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    rocksdb::DB* db = nullptr;
+    std::string path = dir + "/plain-rocksdb";
+    if (!rocksdb::DB::Open(o, path, &db).ok()) Die(Status::IOError("open plain RocksDB"), "rocksdb");
+    for (int r = 0; r < reps; ++r) {
+      auto t0 = Clock::now();
+      std::size_t i = 0;
+      for (auto& l : entries[r]) {
+        for (auto& c : l.chunks) {
+          std::string key = std::to_string(r) + "/" + std::to_string(i++);
+          if (!db->Put(rocksdb::WriteOptions(), key, c).ok()) Die(Status::IOError("put"), "rocksdb");
+        }
+      }
+      rocksdb::WriteOptions sync;
+      sync.sync = true;
+      if (!db->Put(sync, "done/" + std::to_string(r), "").ok()) Die(Status::IOError("put"), "rocksdb");
+      w.Add(GBs(bytes, Seconds(t0)));
+      auto t1 = Clock::now();
+      std::size_t off = 0;
+      rocksdb::PinnableSlice v;
+      for (std::size_t k = 0; k < i; ++k) {
+        v.Reset();
+        if (!db->Get(rocksdb::ReadOptions(), db->DefaultColumnFamily(), std::to_string(r) + "/" + std::to_string(k), &v)
+                 .ok()) {
+          Die(Status::IOError("get"), "rocksdb");
+        }
+        std::memcpy(dst.data() + off, v.data(), v.size());
+        off += v.size();
+      }
+      rd.Add(GBs(bytes, Seconds(t1)));
+    }
+    delete db;
+    std::filesystem::remove_all(path);
+    std::printf("| plain RocksDB: Put each chunk + synced write | %.2f |\n", w.Get());
+    std::printf("| plain RocksDB: Get each chunk, copied | %.2f |\n", rd.Get());
+  }
+
+  // The store, per chunk layout and write path.
+  struct Variant {
+    const char* name;
+    ChunkLayout layout;
+    std::uint64_t direct;
+  };
+  for (Variant v : {Variant{"blob files, past the WAL (default)", ChunkLayout::kBlobFiles, 4ull << 20},
+                    Variant{"blob files, all through the WAL", ChunkLayout::kBlobFiles, ~0ull},
+                    Variant{"64 KiB pieces in SSTs, past the WAL", ChunkLayout::kPieces, 4ull << 20},
+                    Variant{"64 KiB pieces in SSTs, all through the WAL", ChunkLayout::kPieces, ~0ull}}) {
+    std::string path = dir + "/store";
+    std::filesystem::remove_all(path);
+    StoreOptions so;
+    so.path = path;
+    so.chunk_layout = v.layout;
+    so.direct_write_bytes = v.direct;
+    auto store = Store::Open(so);
+    Die(store.status(), "open store");
+    Median pub, fetch, fetch_nocopy;
+    std::vector<EntryId> ids;
+    for (int r = 0; r < reps; ++r) {
+      auto t0 = Clock::now();
+      auto p = (*store)->BeginPublish(Request(Tokens(tokens, 77 + r)));
+      Die(p.status(), "begin");
+      for (auto& l : entries[r]) Die((*p)->AddLayer(l), "layer");
+      auto res = (*p)->Commit();
+      Die(res.status(), "commit");
+      pub.Add(GBs(bytes, Seconds(t0)));
+      ids.push_back(res->id);
+    }
+    for (int r = 0; r < reps; ++r) {
+      CopySink sink(&dst);
+      auto t0 = Clock::now();
+      Die((*store)->Fetch(ids[r], {}, sink), "fetch");
+      fetch.Add(GBs(bytes, Seconds(t0)));
+      struct Null final : FetchSink {
+        Status OnLayer(std::uint32_t, std::string_view, std::uint32_t) override { return Status::Ok(); }
+        Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte>) override { return Status::Ok(); }
+      } null;
+      auto t1 = Clock::now();
+      Die((*store)->Fetch(ids[r], {}, null), "fetch");
+      fetch_nocopy.Add(GBs(bytes, Seconds(t1)));
+    }
+    auto st = (*store)->Stat();
+    std::printf("| store publish, %s | %.2f |\n", v.name, pub.Get());
+    std::printf("| store fetch, copied, %s | %.2f |\n", v.name, fetch.Get());
+    std::printf("| store fetch, not copied, %s | %.2f |\n", v.name, fetch_nocopy.Get());
+    std::printf("| (disk after publishing: %.1f MiB for %.1f MiB stored) | |\n",
+                static_cast<double>(st->disk_bytes) / (1 << 20), static_cast<double>(st->stored_bytes) / (1 << 20));
+    store->reset();
+    std::filesystem::remove_all(path);
+  }
+}
+
+// ---- lookup ------------------------------------------------------------------------------
+
+// Accepts any layer: the lookup scale test stores millions of tiny entries
+// whose layers are one placeholder chunk (lookups never read layers).
+class AcceptAll final : public LayerValidator {
+ public:
+  Result<LayerFacts> Check(std::string_view, std::span<const ChunkFacts>, std::uint64_t) const override {
+    return LayerFacts{};
+  }
+};
+
+void Lookup(const std::string& dir, std::uint64_t max_entries, int queries) {
+  std::printf("\n## lookup: 32768-token queries, in process, latency in microseconds\n\n");
+  std::printf("| entries | hit p50 | hit p99 | miss p50 | miss p99 | hit length |\n| --- | --- | --- | --- | --- | --- |\n");
+  std::string path = dir + "/lookup-store";
+  std::filesystem::remove_all(path);
+  StoreOptions so;
+  so.path = path;
+  so.validator = std::make_shared<AcceptAll>();
+  so.sync_commits = false;  // a throwaway store, built fast
+  auto store = Store::Open(so);
+  Die(store.status(), "open store");
+  LayerBytes layer{"placeholder", {"x"}};
+  const std::size_t q = 32768;
+  // The queried conversation: boundaries stored at a few depths.
+  auto conv = Tokens(q + 4096, 4242);
+  for (std::size_t len : {4096u, 12000u, 24000u, 30000u}) {
+    auto r = (*store)->Publish(Request({conv.begin(), conv.begin() + static_cast<long>(len)}), {&layer, 1});
+    Die(r.status(), "publish");
+  }
+  // Filler entries: other conversations, 16..271 tokens, one in 16 sharing
+  // the first 1024 tokens of the queried conversation.
+  std::mt19937_64 rng(99);
+  std::uint64_t entries = 4;
+  std::vector<std::uint32_t> t;
+  for (std::uint64_t target = 1000; target <= max_entries; target *= 10) {
+    auto t0 = Clock::now();
+    while (entries < target) {
+      std::size_t len = 16 + rng() % 256;
+      if (rng() % 16 == 0) {
+        t.assign(conv.begin(), conv.begin() + 1024);
+        for (std::size_t i = 0; i < len; ++i) t.push_back(static_cast<std::uint32_t>(rng() % 150000));
+      } else {
+        t = Tokens(len, rng());
+      }
+      auto r = (*store)->Publish(Request(t), {&layer, 1});
+      Die(r.status(), "publish");
+      ++entries;
+    }
+    double build = Seconds(t0);
+    // Queries: the conversation extended differently each time (hits the
+    // 30000 boundary), and fresh random tokens (misses).
+    std::vector<double> hit, miss;
+    std::uint64_t hit_len = 0;
+    for (int i = 0; i < queries; ++i) {
+      std::vector<std::uint32_t> qh(conv.begin(), conv.begin() + q);
+      qh[q - 1 - (i % 100)] ^= static_cast<std::uint32_t>(i + 1);
+      auto h0 = Clock::now();
+      auto r = (*store)->Lookup(Hash128{0x1234, 0x5678}, "bench", qh);
+      hit.push_back(std::chrono::duration<double, std::micro>(Clock::now() - h0).count());
+      if (!r.ok() || !r->has_value()) Die(Status::Internal("expected a hit"), "lookup");
+      hit_len = (*r)->length;
+      auto qm = Tokens(q, 1'000'000'000ull + static_cast<std::uint64_t>(i));
+      auto m0 = Clock::now();
+      auto rm = (*store)->Lookup(Hash128{0x1234, 0x5678}, "bench", qm);
+      miss.push_back(std::chrono::duration<double, std::micro>(Clock::now() - m0).count());
+      if (!rm.ok() || rm->has_value()) Die(Status::Internal("expected a miss"), "lookup");
+    }
+    std::sort(hit.begin(), hit.end());
+    std::sort(miss.begin(), miss.end());
+    auto pct = [](const std::vector<double>& v, double p) { return v[static_cast<std::size_t>(p * (v.size() - 1))]; };
+    std::printf("| %llu | %.1f | %.1f | %.1f | %.1f | %llu |\n", static_cast<unsigned long long>(entries),
+                pct(hit, 0.5), pct(hit, 0.99), pct(miss, 0.5), pct(miss, 0.99), static_cast<unsigned long long>(hit_len));
+    std::fprintf(stderr, "lookup: %llu entries built in %.1f s\n", static_cast<unsigned long long>(entries), build);
+    std::fflush(stdout);
+  }
+  store->reset();
+  std::filesystem::remove_all(path);
+}
+
+// ---- dedup -------------------------------------------------------------------------------
+
+void Dedup(const std::string& dir, std::uint64_t tokens, int k) {
+  Geometry g;
+  EncodeOptions eo;  // the default transform (shuffle-zstd level 1), 1 MiB chunks
+  std::string path = dir + "/dedup-store";
+  std::filesystem::remove_all(path);
+  StoreOptions so;
+  so.path = path;
+  auto store = Store::Open(so);
+  Die(store.status(), "open store");
+  auto conv = Tokens(tokens, 31337);
+  std::uint64_t sum = 0, recurrent = 0, final_planes = 0;
+  for (int i = 1; i <= k; ++i) {
+    std::uint64_t len = tokens * static_cast<std::uint64_t>(i) / static_cast<std::uint64_t>(k);
+    auto layers = Encode(g, len, 7, eo);
+    sum += ChunkBytes(layers);
+    std::uint64_t rec = 0;
+    for (std::size_t l = g.latent_layers; l < layers.size(); ++l) {
+      for (auto& c : layers[l].chunks) rec += c.size();
+    }
+    recurrent += rec;
+    if (i == k) final_planes = ChunkBytes(layers) - rec;
+    auto r = (*store)->Publish(Request({conv.begin(), conv.begin() + static_cast<long>(len)}), layers);
+    Die(r.status(), "publish");
+  }
+  auto st = (*store)->Stat();
+  Die(st.status(), "stat");
+  const std::uint64_t stored_chunks = st->stored_bytes - (st->logical_bytes - sum);
+  const double target = static_cast<double>(final_planes + recurrent);
+  std::printf("\n## dedup: %d boundaries of one conversation up to %llu tokens\n\n", k,
+              static_cast<unsigned long long>(tokens));
+  std::printf("| figure | MiB |\n| --- | --- |\n");
+  std::printf("| sum of the %d snapshots | %.1f |\n", k, static_cast<double>(sum) / (1 << 20));
+  std::printf("| final planes (last boundary without its recurrent layers) | %.1f |\n",
+              static_cast<double>(final_planes) / (1 << 20));
+  std::printf("| %d recurrent states | %.1f |\n", k, static_cast<double>(recurrent) / (1 << 20));
+  std::printf("| stored chunk bytes | %.1f |\n", static_cast<double>(stored_chunks) / (1 << 20));
+  std::printf("| stored bytes with metadata | %.1f |\n", static_cast<double>(st->stored_bytes) / (1 << 20));
+  std::printf("| ratio stored / (final planes + K states) | %.3f |\n", static_cast<double>(st->stored_bytes) / target);
+  std::printf("| ratio stored / sum of snapshots | %.3f |\n", static_cast<double>(st->stored_bytes) / static_cast<double>(sum));
+  store->reset();
+  std::filesystem::remove_all(path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"statestore benchmark: throughput, lookup latency, dedup"};
+  std::string dir = "/tmp/statestore-bench";
+  int mib = 256, reps = 3, queries = 200, boundaries = 8;
+  std::uint64_t max_entries = 1'000'000, dedup_tokens = 32768;
+  bool no_throughput = false, no_lookup = false, no_dedup = false;
+  app.add_option("--dir", dir, "scratch directory (on the disk to measure)");
+  app.add_option("--mib", mib, "throughput: MiB per entry")->check(CLI::Range(1, 8192));
+  app.add_option("--reps", reps, "throughput: entries timed per case")->check(CLI::Range(1, 100));
+  app.add_option("--max-entries", max_entries, "lookup: grow the store up to this many entries");
+  app.add_option("--queries", queries, "lookup: queries per size and kind")->check(CLI::Range(10, 100000));
+  app.add_option("--dedup-tokens", dedup_tokens, "dedup: tokens of the last boundary");
+  app.add_option("--boundaries", boundaries, "dedup: boundaries K")->check(CLI::Range(1, 1000));
+  app.add_flag("--no-throughput", no_throughput);
+  app.add_flag("--no-lookup", no_lookup);
+  app.add_flag("--no-dedup", no_dedup);
+  CLI11_PARSE(app, argc, argv);
+  Die(InitLogging("warn"), "logging");
+  std::filesystem::create_directories(dir);
+  if (!no_throughput) Throughput(dir, mib, reps);
+  if (!no_dedup) Dedup(dir, dedup_tokens, boundaries);
+  if (!no_lookup) Lookup(dir, max_entries, queries);
+  return 0;
+}

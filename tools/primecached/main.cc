@@ -1,0 +1,236 @@
+// primecached: the primecache daemon. Serves the prefix-cache store to the
+// engines of this host over a Unix socket (docs/protocol.md).
+//
+//   primecached [--config FILE] [--socket PATH] [--admin-socket PATH]
+//               [--data-dir DIR] [--capacity BYTES] [--log-level LEVEL]
+//               [--ready-fd FD] [--ready-file PATH] ...
+//
+// Readiness: the socket path appears only once the daemon accepts on it; a
+// script may also pass --ready-fd (the daemon writes "ready\n" to it and
+// closes it) or --ready-file (written atomically once serving).
+// SIGTERM/SIGINT: stop accepting, abort publishes in flight, close the store,
+// remove the socket files, exit 0.
+#include <grp.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ipc/server.h"
+#include "primecache/env.h"
+#include "primecache/logging.h"
+#include "ipc/store_factory.h"
+
+namespace {
+
+using primecache::Result;
+using primecache::Status;
+
+std::string DefaultDataDir() {
+  if (const char* x = std::getenv("XDG_DATA_HOME"); x != nullptr && *x != '\0') return std::string(x) + "/primecache";
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return std::string(h) + "/.local/share/primecache";
+  return "./primecache-data";
+}
+
+// "123", "64K", "10M", "2G", "1T" (powers of 1024).
+Result<std::uint64_t> ParseBytes(const std::string& text) {
+  if (text.empty()) return Status::InvalidArgument("empty size");
+  std::size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &pos);
+  } catch (...) {
+    return Status::InvalidArgument("bad size '" + text + "'");
+  }
+  std::string suffix = text.substr(pos);
+  int shift = 0;
+  if (suffix == "" || suffix == "B") shift = 0;
+  else if (suffix == "K" || suffix == "KiB") shift = 10;
+  else if (suffix == "M" || suffix == "MiB") shift = 20;
+  else if (suffix == "G" || suffix == "GiB") shift = 30;
+  else if (suffix == "T" || suffix == "TiB") shift = 40;
+  else return Status::InvalidArgument("bad size suffix in '" + text + "'");
+  if (shift > 0 && v > (~0ull >> shift)) return Status::InvalidArgument("size overflows: " + text);
+  return static_cast<std::uint64_t>(v) << shift;
+}
+
+struct Flags {
+  std::string config;
+  std::string socket;
+  std::string admin_socket;
+  std::string data_dir;
+  std::string capacity = "0";
+  std::string log_level;
+  std::string socket_group;
+  int tcp_port = -1;
+  int ready_fd = -1;
+  std::string ready_file;
+  std::size_t workers = 4;
+  std::size_t fetch_workers = 16;
+  std::uint32_t max_publishes = 4;
+  std::string max_chunk = "4M";
+  std::string write_queue = "8M";
+  std::vector<unsigned> admin_uids;
+  bool no_admin_socket = false;
+};
+
+// Applies the JSON config's keys to flags the command line did not give.
+Status ApplyConfig(const std::string& path, const CLI::App& app, Flags* f,
+                   std::map<uid_t, std::vector<std::string>>* tenants) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound("cannot read config file " + path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument("config " + path + ": " + e.what());
+  }
+  if (!j.is_object()) return Status::InvalidArgument("config " + path + ": not a JSON object");
+  try {
+    auto str = [&](const char* key, const char* flag, std::string* out) {
+      if (j.contains(key) && app.count(flag) == 0) *out = j.at(key).get<std::string>();
+    };
+    str("socket", "--socket", &f->socket);
+    str("admin_socket", "--admin-socket", &f->admin_socket);
+    str("data_dir", "--data-dir", &f->data_dir);
+    str("log_level", "--log-level", &f->log_level);
+    str("socket_group", "--socket-group", &f->socket_group);
+    str("max_chunk", "--max-chunk", &f->max_chunk);
+    str("write_queue", "--write-queue", &f->write_queue);
+    if (j.contains("capacity") && app.count("--capacity") == 0) {
+      f->capacity = j["capacity"].is_number() ? std::to_string(j["capacity"].get<std::uint64_t>())
+                                              : j["capacity"].get<std::string>();
+    }
+    if (j.contains("tcp_port") && app.count("--tcp-port") == 0) f->tcp_port = j["tcp_port"].get<int>();
+    if (j.contains("workers") && app.count("--workers") == 0) f->workers = j["workers"].get<std::size_t>();
+    if (j.contains("fetch_workers") && app.count("--fetch-workers") == 0) f->fetch_workers = j["fetch_workers"].get<std::size_t>();
+    if (j.contains("max_publishes") && app.count("--max-publishes") == 0) f->max_publishes = j["max_publishes"].get<std::uint32_t>();
+    if (j.contains("admin_uids") && app.count("--admin-uid") == 0) f->admin_uids = j["admin_uids"].get<std::vector<unsigned>>();
+    if (j.contains("tenants")) {
+      // {"1000": ["team-a", "team-b"], ...}: uid -> namespaces it may use.
+      for (auto& [uid, list] : j["tenants"].items()) {
+        (*tenants)[static_cast<uid_t>(std::stoul(uid))] = list.get<std::vector<std::string>>();
+      }
+    }
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument("config " + path + ": " + e.what());
+  }
+  return Status::Ok();
+}
+
+Status WriteReady(const Flags& f) {
+  if (!f.ready_file.empty()) {
+    PC_RETURN_IF_ERROR(primecache::WriteFileAtomically(primecache::Env::Default(), f.ready_file,
+                                                       std::to_string(getpid()) + "\n"));
+  }
+  // The descriptor last: whoever waits on it finds the ready file there.
+  if (f.ready_fd >= 0) {
+    const char msg[] = "ready\n";
+    if (write(f.ready_fd, msg, sizeof(msg) - 1) != static_cast<ssize_t>(sizeof(msg) - 1)) {
+      return Status::IOError(std::string("write --ready-fd: ") + std::strerror(errno));
+    }
+    close(f.ready_fd);
+  }
+  return Status::Ok();
+}
+
+int Fail(const Status& s) {
+  spdlog::error("primecached: {}", s.ToString());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"primecached: the primecache daemon"};
+  Flags f;
+  app.add_option("--config", f.config, "JSON config file (keys as the flags, with underscores); flags win");
+  app.add_option("--socket", f.socket, "Unix socket path (default DATA_DIR/primecached.sock)");
+  app.add_option("--admin-socket", f.admin_socket,
+                 "admin socket for delete/compact (default DATA_DIR/primecached-admin.sock)");
+  app.add_flag("--no-admin-socket", f.no_admin_socket, "serve no admin socket (destructive ops refused)");
+  app.add_option("--data-dir", f.data_dir, "store directory (default $XDG_DATA_HOME/primecache)");
+  app.add_option("--capacity", f.capacity, "store byte budget, e.g. 64G (0: unlimited)");
+  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error|critical|off");
+  app.add_option("--socket-group", f.socket_group, "group allowed on the socket (mode 0660 instead of 0600)");
+  app.add_option("--tcp-port", f.tcp_port, "also listen on 127.0.0.1:PORT (0 picks one; no shared memory)");
+  app.add_option("--ready-fd", f.ready_fd, "write 'ready' to this descriptor once serving");
+  app.add_option("--ready-file", f.ready_file, "write this file (our pid) once serving");
+  app.add_option("--workers", f.workers, "worker threads for store work")->check(CLI::Range(1, 256));
+  app.add_option("--fetch-workers", f.fetch_workers, "worker threads for fetches")->check(CLI::Range(1, 1024));
+  app.add_option("--max-publishes", f.max_publishes, "publishes in flight per client")->check(CLI::Range(1, 1024));
+  app.add_option("--max-chunk", f.max_chunk, "largest chunk a message may carry, e.g. 4M");
+  app.add_option("--write-queue", f.write_queue, "unwritten bytes per connection before fetches pause, e.g. 8M");
+  app.add_option("--admin-uid", f.admin_uids, "uids allowed on the admin socket besides ours and root");
+  CLI11_PARSE(app, argc, argv);
+
+  std::map<uid_t, std::vector<std::string>> tenants;
+  if (!f.config.empty()) {
+    if (Status s = ApplyConfig(f.config, app, &f, &tenants); !s.ok()) return Fail(s);
+  }
+  if (Status s = primecache::InitLogging(f.log_level); !s.ok()) return Fail(s);
+  if (f.data_dir.empty()) f.data_dir = DefaultDataDir();
+  if (f.socket.empty()) f.socket = f.data_dir + "/primecached.sock";
+  if (f.admin_socket.empty() && !f.no_admin_socket) f.admin_socket = f.data_dir + "/primecached-admin.sock";
+  if (f.no_admin_socket) f.admin_socket.clear();
+
+  auto capacity = ParseBytes(f.capacity);
+  if (!capacity.ok()) return Fail(capacity.status());
+  auto max_chunk = ParseBytes(f.max_chunk);
+  if (!max_chunk.ok()) return Fail(max_chunk.status());
+  auto write_queue = ParseBytes(f.write_queue);
+  if (!write_queue.ok()) return Fail(write_queue.status());
+  if (*max_chunk == 0 || *max_chunk > (256u << 20)) return Fail(Status::InvalidArgument("--max-chunk must be 1..256M"));
+
+  if (Status s = primecache::CreateDirs(primecache::Env::Default(), f.data_dir); !s.ok()) return Fail(s);
+
+  primecache::ipc::ServerOptions opts;
+  opts.socket_path = f.socket;
+  opts.admin_socket_path = f.admin_socket;
+  opts.tcp_port = f.tcp_port;
+  opts.workers = f.workers;
+  opts.fetch_workers = f.fetch_workers;
+  opts.write_queue_bound = *write_queue;
+  opts.tenants = tenants;
+  for (unsigned u : f.admin_uids) opts.admin_uids.push_back(static_cast<uid_t>(u));
+  opts.limits.max_chunk_bytes = *max_chunk;
+  opts.limits.frame.max_message_bytes = *max_chunk + opts.limits.max_header_bytes + (64u << 10);
+  opts.limits.max_publishes_in_flight = f.max_publishes;
+  if (!f.socket_group.empty()) {
+    group* g = getgrnam(f.socket_group.c_str());
+    if (g == nullptr) return Fail(Status::NotFound("no group '" + f.socket_group + "'"));
+    opts.socket_group = g->gr_gid;
+  }
+
+  primecache::ipc::StoreConfig sc;
+  sc.data_dir = f.data_dir;
+  sc.capacity_bytes = *capacity;
+  auto store = primecache::ipc::OpenStore(sc);
+  if (!store.ok()) return Fail(store.status());
+
+  int rc = 0;
+  {
+    auto server = primecache::ipc::Server::Create(store->get(), opts);
+    if (!server.ok()) return Fail(server.status());
+    if (Status s = (*server)->HandleSignals(); !s.ok()) return Fail(s);
+    if (Status s = (*server)->Listen(); !s.ok()) return Fail(s);
+    spdlog::info("primecached: serving {} (admin {}), data {}, pid {}", f.socket,
+                 f.admin_socket.empty() ? "off" : f.admin_socket, f.data_dir, getpid());
+    if ((*server)->tcp_port() >= 0) spdlog::info("primecached: also on 127.0.0.1:{}", (*server)->tcp_port());
+    if (Status s = WriteReady(f); !s.ok()) {
+      rc = Fail(s);
+      (*server)->Stop();
+    }
+    if (Status s = (*server)->Run(); !s.ok()) rc = Fail(s);
+  }  // the server (and its workers) go before the store
+  store->reset();
+  if (!f.ready_file.empty()) unlink(f.ready_file.c_str());
+  spdlog::info("primecached: stopped");
+  return rc;
+}
