@@ -148,14 +148,17 @@ const Tensor* Weights::Find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
-std::uint64_t Weights::Digest() const {
-  Checksum64Stream h;
+Hash128 Weights::Digest() const {
+  std::string record;
   for (const auto& [name, t] : tensors_) {
-    h.Update(std::string_view(name));
-    h.Update(std::as_bytes(std::span(t.shape)));
-    h.Update(std::as_bytes(std::span(t.data)));
+    const std::uint64_t name_len = name.size(), rank = t.shape.size(), values = Checksum64(std::as_bytes(std::span(t.data)));
+    record.append(reinterpret_cast<const char*>(&name_len), sizeof name_len);
+    record += name;
+    record.append(reinterpret_cast<const char*>(&rank), sizeof rank);
+    record.append(reinterpret_cast<const char*>(t.shape.data()), t.shape.size() * sizeof(std::int64_t));
+    record.append(reinterpret_cast<const char*>(&values), sizeof values);
   }
-  return h.Digest();
+  return Checksum128(std::as_bytes(std::span(record.data(), record.size())));
 }
 
 std::vector<std::uint32_t> Tokenize(std::string_view text) {
