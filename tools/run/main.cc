@@ -56,6 +56,43 @@ std::string Printable(const std::string& bytes) {
   return out;
 }
 
+// Lists the namespace's entries and the store's totals, through a client of
+// its own (the cache's may be gone with a dead daemon).
+void ShowStore(const std::string& socket, const std::string& ns) {
+  client::ClientOptions o;
+  o.endpoint = socket;
+  o.ns = ns;
+  o.client_name = "primecache-run";
+  o.reconnect_attempts = 1;
+  auto c = client::Client::Connect(o);
+  if (!c.ok()) {
+    std::printf("store: unavailable (%s)\n", c.status().ToString().c_str());
+    return;
+  }
+  auto stat = (*c)->Stat();
+  if (stat.ok()) {
+    std::printf("store: %llu entries, %llu bytes stored (%llu raw), %llu hits, %llu misses\n",
+                static_cast<unsigned long long>(stat->entries), static_cast<unsigned long long>(stat->bytes_stored),
+                static_cast<unsigned long long>(stat->bytes_raw), static_cast<unsigned long long>(stat->hits),
+                static_cast<unsigned long long>(stat->misses));
+  }
+  client::ListOptions lo;
+  for (;;) {
+    auto page = (*c)->List(lo);
+    if (!page.ok()) {
+      std::printf("store: list failed: %s\n", page.status().ToString().c_str());
+      return;
+    }
+    for (const auto& e : page->entries) {
+      std::printf("  entry %llu  %-14s %5zu tokens  %2u layers  %9llu bytes  %llu hits\n",
+                  static_cast<unsigned long long>(e.entry), e.model.name.c_str(), e.tokens.size(), e.layer_count,
+                  static_cast<unsigned long long>(e.bytes), static_cast<unsigned long long>(e.hits));
+    }
+    if (page->next_page_token.empty()) break;
+    lo.page_token = page->next_page_token;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,7 +101,7 @@ int main(int argc, char** argv) {
                                                              dump_logits, log_level;
   std::uint64_t seed = 1;
   std::size_t max_new = 32, chunk = 1024;
-  bool no_cache = false;
+  bool no_cache = false, show_store = false;
   app.add_option("--model", model_path, "model config (JSON)")->required();
   app.add_option("--weights", weights_path, "f32 safetensors weights (default: generated from --seed)");
   app.add_option("--seed", seed, "seed of the generated weights");
@@ -79,6 +116,7 @@ int main(int argc, char** argv) {
   app.add_option("--dump-logits", dump_logits, "write every position's logits (f32 LE) to FILE");
   app.add_option("--chunk", chunk, "tokens per forward call")->check(CLI::Range(1, 1 << 20));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off");
+  app.add_flag("--show-store", show_store, "after the run, list what the store holds for this namespace");
   CLI11_PARSE(app, argc, argv);
   if (Status s = InitLogging(log_level); !s.ok()) return Fail(s);
   if (prompt.empty() && prompt_file.empty()) return Fail(Status::InvalidArgument("give --prompt or --prompt-file"));
@@ -153,6 +191,7 @@ int main(int argc, char** argv) {
   }
   const std::size_t failed = cache.Drain();
   if (failed != 0) spdlog::warn("{} publish(es) failed", failed);
+  if (show_store) ShowStore(socket, ns);
   std::printf("summary: restored_tokens=%llu prefilled_tokens=%llu ttft_ms=%.1f\n",
               static_cast<unsigned long long>(r->restored_tokens), static_cast<unsigned long long>(r->prefilled_tokens),
               r->ttft_ms);
