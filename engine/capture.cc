@@ -1,9 +1,11 @@
 // Capture: the full snapshot, the eager half through a snapshot slot, and the
 // deferred half that joins it at the captured boundary.
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
@@ -12,7 +14,17 @@
 namespace primecache::engine {
 namespace {
 
-std::string N(std::uint64_t v) { return std::to_string(v); }
+std::string N(std::uint64_t v) {
+  return std::to_string(v);
+}
+
+// Registers a capture's watch with a layer, dropping the watches of captures
+// that are gone (a session that is captured often and never rewinds would
+// otherwise collect them).
+void AddWatch(std::vector<std::weak_ptr<RewindWatch>>* watches, const std::shared_ptr<RewindWatch>& w) {
+  std::erase_if(*watches, [](const std::weak_ptr<RewindWatch>& x) { return x.expired(); });
+  watches->push_back(w);
+}
 
 Status LayerRefusal(std::size_t i, const std::string& why) {
   return Status::FailedPrecondition("layer " + N(i) + ": " + why);
@@ -34,7 +46,8 @@ Status SessionCache::CheckCapturable() const {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     std::uint64_t len = 0;
     if (const LatentLayer* l = latent(i)) {
-      if (l->plan().has_indexer() && l->pool() == 0) return LayerRefusal(i, "the indexer's pool is unresolved");
+      if (l->plan().has_indexer() && l->pool() == 0)
+        return LayerRefusal(i, "the indexer's pool is unresolved");
       PC_RETURN_IF_ERROR(l->CheckInvariants().WithContext("layer " + N(i)));
       len = l->len();
     } else if (const KvLayer* kv = this->kv(i)) {
@@ -45,7 +58,8 @@ Status SessionCache::CheckCapturable() const {
     }
     if (len == 0) return LayerRefusal(i, "len 0: nothing to capture");
     if (have && len != boundary) {
-      return LayerRefusal(i, "len " + N(len) + " != len " + N(boundary) + " of the layers before it (not a call boundary)");
+      return LayerRefusal(
+          i, "len " + N(len) + " != len " + N(boundary) + " of the layers before it (not a call boundary)");
     }
     boundary = len;
     have = true;
@@ -71,8 +85,8 @@ Result<std::vector<LayerSnapshot>> SessionCache::CaptureFull() {
       s.index_is_ring = l->ring_ && l->plan_.has_indexer();
       s.index_ring_rows = s.index_is_ring ? l->ring_rows_ : 0;
       s.latent_rows.resize(s.len * s.width);
-      PC_RETURN_IF_ERROR(dev.Download(s.latent_rows.data(), l->rows_, s.latent_rows.size() * sizeof(float),
-                                      Lane::kCompute));
+      PC_RETURN_IF_ERROR(
+          dev.Download(s.latent_rows.data(), l->rows_, s.latent_rows.size() * sizeof(float), Lane::kCompute));
       if (l->plan_.has_indexer()) {
         s.pool_keys.resize(s.pools_ready * l->plan_.index_head_dim);
         PC_RETURN_IF_ERROR(
@@ -80,8 +94,8 @@ Result<std::vector<LayerSnapshot>> SessionCache::CaptureFull() {
         const std::uint64_t first = s.pools_ready * s.pool, tail = s.len - first;
         s.index_tail_rows.resize(tail * s.index_width);
         if (tail != 0) {
-          kernels::RingRowsArgs g{l->index_, l->tail_scratch_, s.index_width, s.index_is_ring ? l->ring_rows_ : 0,
-                                  first, tail};
+          kernels::RingRowsArgs g{
+              l->index_, l->tail_scratch_, s.index_width, s.index_is_ring ? l->ring_rows_ : 0, first, tail};
           PC_RETURN_IF_ERROR(dev.GatherRows(g, Lane::kCompute));
           PC_RETURN_IF_ERROR(dev.Download(s.index_tail_rows.data(), l->tail_scratch_,
                                           s.index_tail_rows.size() * sizeof(float), Lane::kCompute));
@@ -94,15 +108,18 @@ Result<std::vector<LayerSnapshot>> SessionCache::CaptureFull() {
       s.state.resize(r->plan_.state_values());
       PC_RETURN_IF_ERROR(
           dev.Download(s.conv_ring.data(), r->conv_, s.conv_ring.size() * sizeof(float), Lane::kCompute));
-      PC_RETURN_IF_ERROR(dev.Download(s.state.data(), r->state(), s.state.size() * sizeof(float), Lane::kCompute));
+      PC_RETURN_IF_ERROR(
+          dev.Download(s.state.data(), r->state(), s.state.size() * sizeof(float), Lane::kCompute));
       out.emplace_back(std::move(s));
     } else {
       KvLayer* kv = this->kv(i);
       KvSnapshot s{kv->len_, kv->plan_.k_width, kv->plan_.v_width, {}, {}};
       s.k_rows.resize(s.len * s.k_width);
       s.v_rows.resize(s.len * s.v_width);
-      PC_RETURN_IF_ERROR(dev.Download(s.k_rows.data(), kv->k_, s.k_rows.size() * sizeof(float), Lane::kCompute));
-      PC_RETURN_IF_ERROR(dev.Download(s.v_rows.data(), kv->v_, s.v_rows.size() * sizeof(float), Lane::kCompute));
+      PC_RETURN_IF_ERROR(
+          dev.Download(s.k_rows.data(), kv->k_, s.k_rows.size() * sizeof(float), Lane::kCompute));
+      PC_RETURN_IF_ERROR(
+          dev.Download(s.v_rows.data(), kv->v_, s.v_rows.size() * sizeof(float), Lane::kCompute));
       out.emplace_back(std::move(s));
     }
   }
@@ -139,11 +156,11 @@ Result<PendingCapture> SessionCache::CaptureEager() {
       e.index_ring_rows = e.index_is_ring ? l->ring_rows_ : 0;
       const std::uint64_t first = e.pools_ready * e.pool, tail = e.len - first;
       if (l->plan_.has_indexer() && tail != 0) {
-        kernels::RingRowsArgs g{l->index_, dslot.at<float>(areas[i].tail.offset), e.index_width,
-                                e.index_ring_rows, first, tail};
+        kernels::RingRowsArgs g{
+            l->index_, dslot.at<float>(areas[i].tail.offset), e.index_width, e.index_ring_rows, first, tail};
         PC_RETURN_IF_ERROR(dev.GatherRows(g, Lane::kCompute));
       }
-      l->watches_.push_back(watch);
+      AddWatch(&l->watches_, watch);
       half.layers.emplace_back(std::move(e));
     } else if (RecurrentLayer* r = recurrent(i)) {
       const RecurrentPlan& p = r->plan_;
@@ -154,7 +171,7 @@ Result<PendingCapture> SessionCache::CaptureEager() {
       half.layers.emplace_back(RecurrentSnapshot{p.heads, p.head_dim, p.kernel, {}, {}});
     } else {
       KvLayer* kv = this->kv(i);
-      kv->watches_.push_back(watch);
+      AddWatch(&kv->watches_, watch);
       half.layers.emplace_back(EagerKv{kv->len_, kv->plan_.k_width, kv->plan_.v_width});
     }
   }
@@ -163,14 +180,19 @@ Result<PendingCapture> SessionCache::CaptureEager() {
   // filled it; the compute lane does not wait for that.
   PC_ASSIGN_OR_RETURN(Event filled, dev.Record(Lane::kCompute));
   PC_RETURN_IF_ERROR(dev.Wait(Lane::kTransfer, filled));
-  PC_RETURN_IF_ERROR(dev.DownloadAsync(core_->slot_staging[slot].data(), dslot.data(), dslot.bytes(), Lane::kTransfer));
+  PC_RETURN_IF_ERROR(
+      dev.DownloadAsync(core_->slot_staging[slot].data(), dslot.data(), dslot.bytes(), Lane::kTransfer));
   PC_ASSIGN_OR_RETURN(Event staged, dev.Record(Lane::kTransfer));
   pc.event_ = std::make_unique<Event>(std::move(staged));
   return pc;
 }
 
 PendingCapture::PendingCapture(PendingCapture&& o) noexcept
-    : core_(std::move(o.core_)), slot_(o.slot_), held_(o.held_), event_(std::move(o.event_)), half_(std::move(o.half_)) {
+    : core_(std::move(o.core_)),
+      slot_(o.slot_),
+      held_(o.held_),
+      event_(std::move(o.event_)),
+      half_(std::move(o.half_)) {
   o.held_ = false;
 }
 
@@ -187,7 +209,9 @@ PendingCapture& PendingCapture::operator=(PendingCapture&& o) noexcept {
   return *this;
 }
 
-PendingCapture::~PendingCapture() { Release(); }
+PendingCapture::~PendingCapture() {
+  Release();
+}
 
 void PendingCapture::Release() {
   if (!held_) return;
@@ -242,8 +266,8 @@ Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager
                                       ", not from session " + N(id_));
   }
   if (eager.layers.size() != layers_.size()) {
-    return Status::FailedPrecondition("the eager half has " + N(eager.layers.size()) + " layers; the cache has " +
-                                      N(layers_.size()));
+    return Status::FailedPrecondition("the eager half has " + N(eager.layers.size()) +
+                                      " layers; the cache has " + N(layers_.size()));
   }
   if (eager.watch == nullptr || eager.watch->low.size() != layers_.size()) {
     return Status::FailedPrecondition("the eager half carries no rewind watch of this cache");
@@ -261,28 +285,34 @@ Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager
       }
       if (e->len == 0) return LayerRefusal(i, "boundary len 0");
       if (l->len() < e->len) {
-        return LayerRefusal(i, "the layer holds " + N(l->len()) + " rows, fewer than the boundary's " + N(e->len));
+        return LayerRefusal(
+            i, "the layer holds " + N(l->len()) + " rows, fewer than the boundary's " + N(e->len));
       }
       if (low[i] < e->len) {
-        return LayerRefusal(i, "rewound to " + N(low[i]) + ", below the boundary " + N(e->len) + ", since the capture");
+        return LayerRefusal(
+            i, "rewound to " + N(low[i]) + ", below the boundary " + N(e->len) + ", since the capture");
       }
-      if (e->pool != l->pool()) return LayerRefusal(i, "pool " + N(e->pool) + " != the layer's pool " + N(l->pool()));
+      if (e->pool != l->pool())
+        return LayerRefusal(i, "pool " + N(e->pool) + " != the layer's pool " + N(l->pool()));
       if (l->plan().has_indexer()) {
         if (e->pool == 0 || e->pools_ready != e->len / e->pool) {
           return LayerRefusal(i, "boundary pools_ready " + N(e->pools_ready) + " != len / pool");
         }
         if (l->pools_ready() < e->pools_ready) {
-          return LayerRefusal(i, "pools_ready " + N(l->pools_ready()) + " is behind the boundary's " +
-                                     N(e->pools_ready));
+          return LayerRefusal(
+              i, "pools_ready " + N(l->pools_ready()) + " is behind the boundary's " + N(e->pools_ready));
         }
         if (e->tail_rows.size() != (e->len - e->pools_ready * e->pool) * e->index_width) {
-          return LayerRefusal(i, "the eager tail holds " + N(e->tail_rows.size()) + " floats, not the boundary's " +
+          return LayerRefusal(i, "the eager tail holds " + N(e->tail_rows.size()) +
+                                     " floats, not the boundary's " +
                                      N((e->len - e->pools_ready * e->pool) * e->index_width));
         }
         if (e->index_is_ring != (l->index_ring_rows() != 0) || e->index_ring_rows != l->index_ring_rows()) {
-          return LayerRefusal(i, "index ring " + N(e->index_ring_rows) + " != the layer's " + N(l->index_ring_rows()));
+          return LayerRefusal(
+              i, "index ring " + N(e->index_ring_rows) + " != the layer's " + N(l->index_ring_rows()));
         }
-      } else if (e->pools_ready != 0 || !e->tail_rows.empty() || e->index_is_ring || e->index_ring_rows != 0) {
+      } else if (e->pools_ready != 0 || !e->tail_rows.empty() || e->index_is_ring ||
+                 e->index_ring_rows != 0) {
         return LayerRefusal(i, "pool state on a layer without an indexer");
       }
       PC_RETURN_IF_ERROR(l->CheckInvariants().WithContext("layer " + N(i)));
@@ -303,10 +333,12 @@ Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager
       }
       if (e->len == 0) return LayerRefusal(i, "boundary len 0");
       if (kv->len() < e->len) {
-        return LayerRefusal(i, "the layer holds " + N(kv->len()) + " rows, fewer than the boundary's " + N(e->len));
+        return LayerRefusal(
+            i, "the layer holds " + N(kv->len()) + " rows, fewer than the boundary's " + N(e->len));
       }
       if (low[i] < e->len) {
-        return LayerRefusal(i, "rewound to " + N(low[i]) + ", below the boundary " + N(e->len) + ", since the capture");
+        return LayerRefusal(
+            i, "rewound to " + N(low[i]) + ", below the boundary " + N(e->len) + ", since the capture");
       }
     }
   }
@@ -327,8 +359,8 @@ Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager
       s.index_is_ring = e.index_is_ring;
       s.index_ring_rows = e.index_ring_rows;
       s.latent_rows.resize(s.len * s.width);
-      PC_RETURN_IF_ERROR(dev.Download(s.latent_rows.data(), l->rows_, s.latent_rows.size() * sizeof(float),
-                                      Lane::kCompute));
+      PC_RETURN_IF_ERROR(
+          dev.Download(s.latent_rows.data(), l->rows_, s.latent_rows.size() * sizeof(float), Lane::kCompute));
       s.pool_keys.resize(s.pools_ready * l->plan_.index_head_dim);
       PC_RETURN_IF_ERROR(
           dev.Download(s.pool_keys.data(), l->keys_, s.pool_keys.size() * sizeof(float), Lane::kCompute));
@@ -342,8 +374,10 @@ Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager
       KvSnapshot s{e.len, e.k_width, e.v_width, {}, {}};
       s.k_rows.resize(s.len * s.k_width);
       s.v_rows.resize(s.len * s.v_width);
-      PC_RETURN_IF_ERROR(dev.Download(s.k_rows.data(), kv->k_, s.k_rows.size() * sizeof(float), Lane::kCompute));
-      PC_RETURN_IF_ERROR(dev.Download(s.v_rows.data(), kv->v_, s.v_rows.size() * sizeof(float), Lane::kCompute));
+      PC_RETURN_IF_ERROR(
+          dev.Download(s.k_rows.data(), kv->k_, s.k_rows.size() * sizeof(float), Lane::kCompute));
+      PC_RETURN_IF_ERROR(
+          dev.Download(s.v_rows.data(), kv->v_, s.v_rows.size() * sizeof(float), Lane::kCompute));
       out.emplace_back(std::move(s));
     }
   }

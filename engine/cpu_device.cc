@@ -25,13 +25,21 @@ class CpuDevice final : public Device {
   bool IsPinned(const void*) const override { return true; }
   void* native_stream(Lane) const override { return nullptr; }
 
-  Status Upload(void* dst, const void* src, std::size_t bytes, Lane) override { return Copy(dst, src, bytes); }
-  Status UploadAsync(void* dst, const void* src, std::size_t bytes, Lane) override { return Copy(dst, src, bytes); }
-  Status Download(void* dst, const void* src, std::size_t bytes, Lane) override { return Copy(dst, src, bytes); }
+  Status Upload(void* dst, const void* src, std::size_t bytes, Lane) override {
+    return Copy(dst, src, bytes);
+  }
+  Status UploadAsync(void* dst, const void* src, std::size_t bytes, Lane) override {
+    return Copy(dst, src, bytes);
+  }
+  Status Download(void* dst, const void* src, std::size_t bytes, Lane) override {
+    return Copy(dst, src, bytes);
+  }
   Status DownloadAsync(void* dst, const void* src, std::size_t bytes, Lane) override {
     return Copy(dst, src, bytes);
   }
-  Status CopyOnDevice(void* dst, const void* src, std::size_t bytes, Lane) override { return Copy(dst, src, bytes); }
+  Status CopyOnDevice(void* dst, const void* src, std::size_t bytes, Lane) override {
+    return Copy(dst, src, bytes);
+  }
   Status Zero(void* dst, std::size_t bytes, Lane) override {
     if (bytes == 0) return Status::Ok();
     if (dst == nullptr) return Status::InvalidArgument("zero: null pointer");
@@ -48,7 +56,9 @@ class CpuDevice final : public Device {
   Status GatherRows(const kernels::RingRowsArgs& a, Lane) override { return kernels::GatherRowsCpu(a); }
   Status ScatterRows(const kernels::RingRowsArgs& a, Lane) override { return kernels::ScatterRowsCpu(a); }
   Status BuildPoolKeys(const kernels::PoolKeyArgs& a, Lane) override { return kernels::BuildPoolKeysCpu(a); }
-  Status PushConvRing(const kernels::ConvRingPushArgs& a, Lane) override { return kernels::PushConvRingCpu(a); }
+  Status PushConvRing(const kernels::ConvRingPushArgs& a, Lane) override {
+    return kernels::PushConvRingCpu(a);
+  }
 
   Result<Event> Record(Lane) override { return MakeEvent(nullptr); }
   Status Wait(Lane, const Event& e) override { return CheckEvent(e); }
@@ -63,8 +73,8 @@ class CpuDevice final : public Device {
   void* DoAllocate(std::size_t bytes, Status* st) override {
     if (bytes > limit_ || allocated_bytes() > limit_ - bytes) {
       *st = Status::ResourceExhausted("cpu device: " + std::to_string(bytes) + " bytes requested, " +
-                                      std::to_string(limit_ - allocated_bytes()) + " of " + std::to_string(limit_) +
-                                      " free");
+                                      std::to_string(limit_ - allocated_bytes()) + " of " +
+                                      std::to_string(limit_) + " free");
       return nullptr;
     }
     return Raw(bytes, st);
@@ -88,7 +98,8 @@ class CpuDevice final : public Device {
     const std::size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
     void* p = std::aligned_alloc(kAlign, rounded);
     if (p == nullptr) {
-      *st = Status::ResourceExhausted("cpu device: host allocation of " + std::to_string(bytes) + " bytes failed");
+      *st = Status::ResourceExhausted("cpu device: host allocation of " + std::to_string(bytes) +
+                                      " bytes failed");
       return nullptr;
     }
     std::memset(p, 0, rounded);
@@ -108,7 +119,9 @@ std::shared_ptr<Device> NewCpuDevice(const CpuDeviceOptions& options) {
 Result<std::shared_ptr<Device>> NewCudaDeviceImpl(const CudaDeviceOptions&) {
   return Status::NotSupported("primecache was built without CUDA");
 }
-bool CudaDeviceAvailable() { return false; }
+bool CudaDeviceAvailable() {
+  return false;
+}
 #endif
 
 }  // namespace primecache::engine

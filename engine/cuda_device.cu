@@ -15,7 +15,9 @@
 namespace primecache::engine {
 namespace {
 
-__global__ void WriteI32Kernel(std::int32_t* dst, std::int32_t value) { *dst = value; }
+__global__ void WriteI32Kernel(std::int32_t* dst, std::int32_t value) {
+  *dst = value;
+}
 
 Status CudaStatus(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::Ok();
@@ -130,7 +132,8 @@ class CudaDevice final : public Device {
       const int k = static_cast<int>(i % 2);
       PC_RETURN_IF_ERROR(ReclaimStaging(k));
       const std::size_t off = i * chunk_, n = std::min(chunk_, bytes - off);
-      PC_CUDA_RETURN(cudaMemcpyAsync(staging_[k], from + off, n, cudaMemcpyDeviceToHost, s), "staged download");
+      PC_CUDA_RETURN(cudaMemcpyAsync(staging_[k], from + off, n, cudaMemcpyDeviceToHost, s),
+                     "staged download");
       PC_CUDA_RETURN(cudaEventRecord(staging_event_[k], s), "staging event");
       staging_busy_[k] = true;
       return Status::Ok();
@@ -150,7 +153,8 @@ class CudaDevice final : public Device {
   Status DownloadAsync(void* dst, const void* src, std::size_t bytes, Lane lane) override {
     if (bytes == 0) return Status::Ok();
     if (dst == nullptr || src == nullptr) return Status::InvalidArgument("async download: null pointer");
-    if (!IsPinned(dst)) return Status::InvalidArgument("async download: destination is not pinned host memory");
+    if (!IsPinned(dst))
+      return Status::InvalidArgument("async download: destination is not pinned host memory");
     cudaSetDevice(ordinal_);
     PC_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(lane)), "async download");
     return Status::Ok();
@@ -278,7 +282,8 @@ class CudaDevice final : public Device {
     cudaDeviceProp prop{};
     PC_CUDA_RETURN(cudaGetDeviceProperties(&prop, ordinal_), "device properties");
     name_ = std::string(prop.name) + " (cuda " + std::to_string(ordinal_) + ")";
-    for (auto& s : streams_) PC_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream create");
+    for (auto& s : streams_)
+      PC_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream create");
     for (int k = 0; k < 2; ++k) {
       PC_CUDA_RETURN(cudaMallocHost(&staging_[k], chunk_), "staging allocation");
       PC_CUDA_RETURN(cudaEventCreateWithFlags(&staging_event_[k], cudaEventDisableTiming), "staging event");
@@ -298,7 +303,8 @@ class CudaDevice final : public Device {
   }
 
   static Status CheckEvent(const Event& e) {
-    return e.valid() && e.handle() != nullptr ? Status::Ok() : Status::InvalidArgument("cuda device: invalid event");
+    return e.valid() && e.handle() != nullptr ? Status::Ok()
+                                              : Status::InvalidArgument("cuda device: invalid event");
   }
 
   int ordinal_;

@@ -69,7 +69,8 @@ Result<Memory> Device::AllocatePinned(std::size_t bytes) {
   Status st;
   void* p = DoAllocatePinned(bytes, &st);
   if (p == nullptr) {
-    if (st.ok()) st = Status::ResourceExhausted("pinned allocation of " + std::to_string(bytes) + " bytes failed");
+    if (st.ok())
+      st = Status::ResourceExhausted("pinned allocation of " + std::to_string(bytes) + " bytes failed");
     return st;
   }
   return Memory(this, p, bytes, true);
@@ -91,6 +92,8 @@ Result<std::int32_t> Device::ReadI32(const std::int32_t* src, Lane lane) {
   return v;
 }
 
-Result<std::shared_ptr<Device>> NewCudaDevice(const CudaDeviceOptions& options) { return NewCudaDeviceImpl(options); }
+Result<std::shared_ptr<Device>> NewCudaDevice(const CudaDeviceOptions& options) {
+  return NewCudaDeviceImpl(options);
+}
 
 }  // namespace primecache::engine

@@ -10,11 +10,16 @@
 namespace primecache::engine {
 namespace {
 
-std::string N(std::uint64_t v) { return std::to_string(v); }
+std::string N(std::uint64_t v) {
+  return std::to_string(v);
+}
 
-Status Broken(const std::string& what) { return Status::Internal("latent layer invariant broken: " + what); }
+Status Broken(const std::string& what) {
+  return Status::Internal("latent layer invariant broken: " + what);
+}
 
-void LowerWatches(std::vector<std::weak_ptr<RewindWatch>>* watches, std::size_t layer, std::uint64_t new_len) {
+void LowerWatches(std::vector<std::weak_ptr<RewindWatch>>* watches, std::size_t layer,
+                  std::uint64_t new_len) {
   auto it = watches->begin();
   while (it != watches->end()) {
     if (auto w = it->lock()) {
@@ -45,24 +50,30 @@ Status LatentLayer::CheckInvariants() const {
   if (pools_ready_ != len_ / pool_) {
     return Broken("pools_ready " + N(pools_ready_) + " != len " + N(len_) + " / pool " + N(pool_));
   }
-  if (pools_ready_ > key_capacity_) return Broken("pools_ready " + N(pools_ready_) + " > key capacity " + N(key_capacity_));
+  if (pools_ready_ > key_capacity_)
+    return Broken("pools_ready " + N(pools_ready_) + " > key capacity " + N(key_capacity_));
   const std::uint64_t tail_start = pools_ready_ * pool_;
   if (ring_) {
     if (ring_rows_ == 0 || ring_rows_ % pool_ != 0 || ring_rows_ > index_rows_) {
-      return Broken("effective ring " + N(ring_rows_) + " of booked " + N(index_rows_) + " rows, pool " + N(pool_));
+      return Broken("effective ring " + N(ring_rows_) + " of booked " + N(index_rows_) + " rows, pool " +
+                    N(pool_));
     }
-    if (len_ - tail_start > ring_rows_) return Broken("tail of " + N(len_ - tail_start) + " rows exceeds the ring");
+    if (len_ - tail_start > ring_rows_)
+      return Broken("tail of " + N(len_ - tail_start) + " rows exceeds the ring");
   }
-  if (floor_ > tail_start) return Broken("index floor " + N(floor_) + " above the tail start " + N(tail_start));
+  if (floor_ > tail_start)
+    return Broken("index floor " + N(floor_) + " above the tail start " + N(tail_start));
   return Status::Ok();
 }
 
 Status LatentLayer::ResolvePool(std::uint32_t pool) {
   if (pool != plan_.pool) {
-    return Status::InvalidArgument("indexer pool " + N(pool) + " disagrees with the plan's pool " + N(plan_.pool));
+    return Status::InvalidArgument("indexer pool " + N(pool) + " disagrees with the plan's pool " +
+                                   N(plan_.pool));
   }
   if (pool_ != 0) {
-    if (pool != pool_) return Status::InvalidArgument("indexer pool " + N(pool) + " != resolved pool " + N(pool_));
+    if (pool != pool_)
+      return Status::InvalidArgument("indexer pool " + N(pool) + " != resolved pool " + N(pool_));
     return Status::Ok();
   }
   std::uint64_t ring_rows = 0;
@@ -81,7 +92,9 @@ Status LatentLayer::WriteLen() {
   return dev_->WriteI32(len_d_, static_cast<std::int32_t>(len_), Lane::kCompute);
 }
 
-void LatentLayer::NoteRewind(std::uint64_t new_len) { LowerWatches(&watches_, index_in_cache_, new_len); }
+void LatentLayer::NoteRewind(std::uint64_t new_len) {
+  LowerWatches(&watches_, index_in_cache_, new_len);
+}
 
 Status LatentLayer::Append(const float* latent_rows, const float* index_rows, std::uint64_t count,
                            const IndexerInputs* indexer) {
@@ -89,13 +102,14 @@ Status LatentLayer::Append(const float* latent_rows, const float* index_rows, st
   if (count == 0) return Status::Ok();
   if (latent_rows == nullptr) return Status::InvalidArgument("append: null latent rows");
   if (count > max_ctx_ - len_) {
-    return Status::ResourceExhausted("append of " + N(count) + " tokens at len " + N(len_) + " passes max_ctx " +
-                                     N(max_ctx_));
+    return Status::ResourceExhausted("append of " + N(count) + " tokens at len " + N(len_) +
+                                     " passes max_ctx " + N(max_ctx_));
   }
   const bool ix = plan_.has_indexer();
   if (ix) {
     if (indexer == nullptr || index_rows == nullptr || indexer->ape == nullptr) {
-      return Status::InvalidArgument("append: the layer has an indexer; index rows, pool and ape are required");
+      return Status::InvalidArgument(
+          "append: the layer has an indexer; index rows, pool and ape are required");
     }
     PC_RETURN_IF_ERROR(ResolvePool(indexer->pool));
   } else if (index_rows != nullptr || indexer != nullptr) {
@@ -161,8 +175,8 @@ Status LatentLayer::Truncate(std::uint64_t new_len) {
     ready = std::min(pools_ready_, new_len / pool_);
     if (ready * pool_ < floor_) {
       return Status::FailedPrecondition("truncate to " + N(new_len) + ": the index rows of its tail [" +
-                                        N(ready * pool_) + ", " + N(new_len) + ") are gone; the plane holds rows from " +
-                                        N(floor_));
+                                        N(ready * pool_) + ", " + N(new_len) +
+                                        ") are gone; the plane holds rows from " + N(floor_));
     }
   }
   // len and pools_ready move together: keys of pools at or past new_len / pool
@@ -194,21 +208,26 @@ Status RecurrentLayer::Step(const float* conv_inputs, std::uint64_t count) {
 
 Status KvLayer::CheckInvariants() const {
   if (dev_ == nullptr) return Status::FailedPrecondition("KV layer is not part of a cache");
-  if (len_ > max_ctx_) return Status::Internal("KV layer invariant broken: len " + N(len_) + " > max_ctx " + N(max_ctx_));
+  if (len_ > max_ctx_)
+    return Status::Internal("KV layer invariant broken: len " + N(len_) + " > max_ctx " + N(max_ctx_));
   return Status::Ok();
 }
 
-Status KvLayer::WriteLen() { return dev_->WriteI32(len_d_, static_cast<std::int32_t>(len_), Lane::kCompute); }
+Status KvLayer::WriteLen() {
+  return dev_->WriteI32(len_d_, static_cast<std::int32_t>(len_), Lane::kCompute);
+}
 
-void KvLayer::NoteRewind(std::uint64_t new_len) { LowerWatches(&watches_, index_in_cache_, new_len); }
+void KvLayer::NoteRewind(std::uint64_t new_len) {
+  LowerWatches(&watches_, index_in_cache_, new_len);
+}
 
 Status KvLayer::Append(const float* k_rows, const float* v_rows, std::uint64_t count) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (count == 0) return Status::Ok();
   if (k_rows == nullptr || v_rows == nullptr) return Status::InvalidArgument("KV append: null rows");
   if (count > max_ctx_ - len_) {
-    return Status::ResourceExhausted("KV append of " + N(count) + " tokens at len " + N(len_) + " passes max_ctx " +
-                                     N(max_ctx_));
+    return Status::ResourceExhausted("KV append of " + N(count) + " tokens at len " + N(len_) +
+                                     " passes max_ctx " + N(max_ctx_));
   }
   touched_ = true;
   const std::uint64_t kw = plan_.k_width, vw = plan_.v_width;
@@ -220,7 +239,8 @@ Status KvLayer::Append(const float* k_rows, const float* v_rows, std::uint64_t c
 
 Status KvLayer::Truncate(std::uint64_t new_len) {
   PC_RETURN_IF_ERROR(CheckInvariants());
-  if (new_len > len_) return Status::InvalidArgument("KV truncate to " + N(new_len) + " above len " + N(len_));
+  if (new_len > len_)
+    return Status::InvalidArgument("KV truncate to " + N(new_len) + " above len " + N(len_));
   if (new_len == len_) return Status::Ok();
   len_ = new_len;
   NoteRewind(new_len);

@@ -35,6 +35,11 @@ class Layout {
     end_ = next / kReserveAlignment * kReserveAlignment;
     return s;
   }
+  std::uint64_t RoundUp(std::uint64_t v, std::uint64_t to) {
+    std::uint64_t r = 0;
+    if (__builtin_add_overflow(v, to - 1, &r)) overflow_ = true;
+    return r / to * to;
+  }
   std::uint64_t end() const { return end_; }
   bool overflow() const { return overflow_; }
 
@@ -69,7 +74,8 @@ std::vector<std::pair<std::string, std::uint64_t>> Terms(const ReservePlan& p) {
           using T = std::decay_t<decltype(r)>;
           if constexpr (std::is_same_v<T, LatentReserve>) {
             t.emplace_back(l + "latent rows", r.rows.bytes * s);
-            t.emplace_back(l + (r.index_is_ring ? "index ring" : "flat index plane"), r.index_plane.bytes * s);
+            t.emplace_back(l + (r.index_is_ring ? "index ring" : "flat index plane"),
+                           r.index_plane.bytes * s);
             t.emplace_back(l + "pool keys", r.pool_keys.bytes * s);
           } else if constexpr (std::is_same_v<T, RecurrentReserve>) {
             t.emplace_back(l + "recurrent state pair", (r.state[0].bytes + r.state[1].bytes) * s);
@@ -88,8 +94,8 @@ std::vector<std::pair<std::string, std::uint64_t>> Terms(const ReservePlan& p) {
 
 std::string ReservePlan::Summary() const {
   return std::to_string(request.sessions) + " sessions x " + Bytes(session_bytes) + " + " +
-         std::to_string(request.snapshot_slots) + " slots x " + Bytes(slot_bytes) + " = " + Bytes(device_bytes) +
-         " device, " + Bytes(pinned_bytes) + " pinned";
+         std::to_string(request.snapshot_slots) + " slots x " + Bytes(slot_bytes) + " = " +
+         Bytes(device_bytes) + " device, " + Bytes(pinned_bytes) + " pinned";
 }
 
 Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
@@ -116,8 +122,8 @@ Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
             if (l.has_indexer()) {
               if (req.index_ring_rows != 0 && req.index_ring_rows < l.pool) {
                 problems += (problems.empty() ? "" : "; ") + std::string("layer ") + std::to_string(i) +
-                            ": a ring of " + std::to_string(req.index_ring_rows) + " rows holds less than one pool of " +
-                            std::to_string(l.pool);
+                            ": a ring of " + std::to_string(req.index_ring_rows) +
+                            " rows holds less than one pool of " + std::to_string(l.pool);
               }
               r.index_is_ring = req.index_ring_rows != 0;
               r.index_rows = r.index_is_ring ? req.index_ring_rows : req.max_ctx;
@@ -154,12 +160,13 @@ Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
         req.plan.layers[i]);
   }
   if (!problems.empty()) return Status::InvalidArgument("reserve: " + problems);
-  p.session_bytes = arena.end();
-  p.slot_bytes = slot.end();
   Layout total;
+  p.session_bytes = total.RoundUp(arena.end(), kAllocationGranule);
+  p.slot_bytes = total.RoundUp(slot.end(), kAllocationGranule);
   const std::uint64_t sessions_bytes = total.Mul(p.session_bytes, req.sessions);
-  p.pinned_bytes = total.Mul(p.slot_bytes, req.snapshot_slots);
-  if (__builtin_add_overflow(sessions_bytes, p.pinned_bytes, &p.device_bytes) || arena.overflow() ||
+  const std::uint64_t slots_bytes = total.Mul(p.slot_bytes, req.snapshot_slots);
+  p.pinned_bytes = slots_bytes;
+  if (__builtin_add_overflow(sessions_bytes, slots_bytes, &p.device_bytes) || arena.overflow() ||
       slot.overflow() || total.overflow()) {
     return Status::InvalidArgument("reserve: sizes overflow 64 bits (max_ctx " + std::to_string(req.max_ctx) +
                                    ", sessions " + std::to_string(req.sessions) + ", slots " +
@@ -171,8 +178,9 @@ Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
 Result<ReservePlan> Preflight(const ReserveRequest& request, std::uint64_t free_bytes) {
   PC_ASSIGN_OR_RETURN(ReservePlan p, PlanReserve(request));
   if (p.device_bytes <= free_bytes) return p;
-  std::string msg = "reserve of " + Bytes(p.device_bytes) + " (" + p.Summary() + ") exceeds free device memory " +
-                    Bytes(free_bytes) + " by " + Bytes(p.device_bytes - free_bytes) + "; largest terms:";
+  std::string msg = "reserve of " + Bytes(p.device_bytes) + " (" + p.Summary() +
+                    ") exceeds free device memory " + Bytes(free_bytes) + " by " +
+                    Bytes(p.device_bytes - free_bytes) + "; largest terms:";
   const auto terms = Terms(p);
   for (std::size_t i = 0; i < terms.size() && i < 3; ++i) {
     msg += (i ? ", " : " ") + terms[i].first + " " + Bytes(terms[i].second);

@@ -11,7 +11,9 @@
 namespace primecache::engine {
 namespace {
 
-std::string N(std::uint64_t v) { return std::to_string(v); }
+std::string N(std::uint64_t v) {
+  return std::to_string(v);
+}
 
 void Add(std::string* problems, const std::string& what) {
   if (!problems->empty()) *problems += "; ";
@@ -51,7 +53,8 @@ LayerSnapshotView ViewOf(const LayerSnapshot& layer) {
   if (const auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) {
     return LatentView{l->shape(), l->latent_rows, l->index_tail_rows, l->pool_keys};
   }
-  if (const auto* r = std::get_if<RecurrentSnapshot>(&layer)) return RecurrentView{r->shape(), r->conv_ring, r->state};
+  if (const auto* r = std::get_if<RecurrentSnapshot>(&layer))
+    return RecurrentView{r->shape(), r->conv_ring, r->state};
   const auto& kv = std::get<KvSnapshot>(layer);
   return KvView{kv.shape(), kv.k_rows, kv.v_rows};
 }
@@ -116,7 +119,9 @@ Status ValidateRestore(std::span<const LayerSnapshotView> layers, std::span<cons
 
 // ---- SessionCache ----------------------------------------------------------------
 
-std::vector<LayerGeometry> SessionCache::Geometry() const { return RestoreGeometry(core_->plan.request); }
+std::vector<LayerGeometry> SessionCache::Geometry() const {
+  return RestoreGeometry(core_->plan.request);
+}
 
 Status SessionCache::ValidateRestore(std::span<const LayerSnapshotView> layers) const {
   if (!fresh()) {
@@ -176,8 +181,8 @@ Status SessionCache::Restore(std::span<const LayerSnapshotView> layers) {
           // Up into the layer's scratch in logical order, then out to the
           // physical ring (or flat) addresses.
           st = upload(l->tail_scratch_, v.index_tail_rows);
-          kernels::RingRowsArgs a{l->index_, l->tail_scratch_, s.index_width, l->ring_ ? l->ring_rows_ : 0, first,
-                                  tail};
+          kernels::RingRowsArgs a{
+              l->index_, l->tail_scratch_, s.index_width, l->ring_ ? l->ring_rows_ : 0, first, tail};
           if (st.ok()) st = dev.ScatterRows(a, Lane::kCompute);
         }
         l->pools_ready_ = s.pools_ready;

@@ -19,7 +19,8 @@ Result<std::uint32_t> EngineCore::AcquireSlot() {
       return i;
     }
   }
-  return Status::ResourceExhausted("no free snapshot slot (" + std::to_string(slot_in_use.size()) + " reserved)");
+  return Status::ResourceExhausted("no free snapshot slot (" + std::to_string(slot_in_use.size()) +
+                                   " reserved)");
 }
 
 void EngineCore::ReleaseSlot(std::uint32_t slot) {
@@ -32,7 +33,8 @@ void EngineCore::ReleaseSlot(std::uint32_t slot) {
 Engine::Engine(std::shared_ptr<EngineCore> core) : core_(std::move(core)) {}
 Engine::~Engine() = default;
 
-Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Device> device, const ReserveRequest& request) {
+Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Device> device,
+                                               const ReserveRequest& request) {
   if (device == nullptr) return Status::InvalidArgument("engine: no device");
   PC_ASSIGN_OR_RETURN(std::uint64_t free_bytes, device->FreeBytes());
   PC_ASSIGN_OR_RETURN(ReservePlan plan, Preflight(request, free_bytes));
@@ -53,7 +55,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Device> device, c
     Result<Memory> m = core->device->Allocate(p.slot_bytes);
     if (!m.ok()) return m.status().WithContext("allocating snapshot slot " + std::to_string(s));
     Result<Memory> h = core->device->AllocatePinned(p.slot_bytes);
-    if (!h.ok()) return h.status().WithContext("allocating the pinned twin of snapshot slot " + std::to_string(s));
+    if (!h.ok())
+      return h.status().WithContext("allocating the pinned twin of snapshot slot " + std::to_string(s));
     core->slots.push_back(std::move(m).value());
     core->slot_staging.push_back(std::move(h).value());
     core->slot_in_use.push_back(false);
@@ -61,8 +64,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Device> device, c
   return std::unique_ptr<Engine>(new Engine(std::move(core)));
 }
 
-const ReservePlan& Engine::reserve() const { return core_->plan; }
-Device& Engine::device() const { return *core_->device; }
+const ReservePlan& Engine::reserve() const {
+  return core_->plan;
+}
+Device& Engine::device() const {
+  return *core_->device;
+}
 
 std::uint32_t Engine::open_sessions() const {
   std::lock_guard<std::mutex> lock(core_->mu);
@@ -152,8 +159,12 @@ SessionCache::~SessionCache() {
   core_->arena_in_use[arena_] = false;
 }
 
-const StatePlan& SessionCache::plan() const { return core_->plan.request.plan; }
-std::uint64_t SessionCache::max_ctx() const { return core_->plan.request.max_ctx; }
+const StatePlan& SessionCache::plan() const {
+  return core_->plan.request.plan;
+}
+std::uint64_t SessionCache::max_ctx() const {
+  return core_->plan.request.max_ctx;
+}
 
 namespace {
 template <typename T, typename Layers>
@@ -164,12 +175,24 @@ T* Get(Layers& layers, std::size_t i) {
 }
 }  // namespace
 
-LatentLayer* SessionCache::latent(std::size_t i) { return Get<LatentLayer>(layers_, i); }
-RecurrentLayer* SessionCache::recurrent(std::size_t i) { return Get<RecurrentLayer>(layers_, i); }
-KvLayer* SessionCache::kv(std::size_t i) { return Get<KvLayer>(layers_, i); }
-const LatentLayer* SessionCache::latent(std::size_t i) const { return Get<LatentLayer>(layers_, i); }
-const RecurrentLayer* SessionCache::recurrent(std::size_t i) const { return Get<RecurrentLayer>(layers_, i); }
-const KvLayer* SessionCache::kv(std::size_t i) const { return Get<KvLayer>(layers_, i); }
+LatentLayer* SessionCache::latent(std::size_t i) {
+  return Get<LatentLayer>(layers_, i);
+}
+RecurrentLayer* SessionCache::recurrent(std::size_t i) {
+  return Get<RecurrentLayer>(layers_, i);
+}
+KvLayer* SessionCache::kv(std::size_t i) {
+  return Get<KvLayer>(layers_, i);
+}
+const LatentLayer* SessionCache::latent(std::size_t i) const {
+  return Get<LatentLayer>(layers_, i);
+}
+const RecurrentLayer* SessionCache::recurrent(std::size_t i) const {
+  return Get<RecurrentLayer>(layers_, i);
+}
+const KvLayer* SessionCache::kv(std::size_t i) const {
+  return Get<KvLayer>(layers_, i);
+}
 
 bool SessionCache::fresh() const {
   if (!broken_.empty()) return false;

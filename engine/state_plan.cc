@@ -12,7 +12,8 @@ void Problem(std::string* out, std::size_t layer, const std::string& what) {
 }
 
 void CheckDim(std::string* out, std::size_t layer, const char* name, std::uint32_t v) {
-  if (v > kMaxPlanDim) Problem(out, layer, std::string(name) + " " + std::to_string(v) + " > " + std::to_string(kMaxPlanDim));
+  if (v > kMaxPlanDim)
+    Problem(out, layer, std::string(name) + " " + std::to_string(v) + " > " + std::to_string(kMaxPlanDim));
 }
 
 }  // namespace
@@ -31,7 +32,8 @@ Status CheckPlan(const StatePlan& plan) {
             CheckDim(&problems, i, "pool", l.pool);
             if (std::uint64_t{l.kv_rank} + l.rope_dim == 0) Problem(&problems, i, "latent width 0");
             if (l.has_indexer() && l.pool == 0) Problem(&problems, i, "indexer without a pool");
-            if (!l.has_indexer() && l.pool != 0) Problem(&problems, i, "pool " + std::to_string(l.pool) + " without an indexer");
+            if (!l.has_indexer() && l.pool != 0)
+              Problem(&problems, i, "pool " + std::to_string(l.pool) + " without an indexer");
           } else if constexpr (std::is_same_v<T, RecurrentPlan>) {
             CheckDim(&problems, i, "heads", l.heads);
             CheckDim(&problems, i, "head_dim", l.head_dim);

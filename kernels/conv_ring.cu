@@ -31,7 +31,8 @@ Status PushConvRingCuda(const ConvRingPushArgs& a, void* stream) {
   ConvRingPushKernel<<<static_cast<unsigned>(blocks), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
       a.ring, a.inputs, a.channels, a.kernel - 1, a.count);
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return Status::Internal(std::string("conv ring push launch: ") + cudaGetErrorString(err));
+  if (err != cudaSuccess)
+    return Status::Internal(std::string("conv ring push launch: ") + cudaGetErrorString(err));
   return Status::Ok();
 }
 

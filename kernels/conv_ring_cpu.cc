@@ -8,7 +8,8 @@ Status ValidateConvRingPushArgs(const ConvRingPushArgs& a) {
   if (a.kernel < 2) return Status::InvalidArgument("conv ring push: kernel must be >= 2");
   if (a.channels == 0) return Status::InvalidArgument("conv ring push: channels must be > 0");
   if (a.count == 0) return Status::Ok();
-  if (a.ring == nullptr || a.inputs == nullptr) return Status::InvalidArgument("conv ring push: null pointer");
+  if (a.ring == nullptr || a.inputs == nullptr)
+    return Status::InvalidArgument("conv ring push: null pointer");
   return Status::Ok();
 }
 

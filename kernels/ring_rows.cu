@@ -17,8 +17,8 @@ __device__ __forceinline__ u64 PhysicalRow(u64 logical, u64 ring_rows) {
 }
 
 __global__ void AppendRowsKernel(float* __restrict__ latent, const float* __restrict__ latent_src, u64 width,
-                                 float* __restrict__ index, const float* __restrict__ index_src, u64 index_width,
-                                 u64 ring_rows, u64 first_row, u64 count) {
+                                 float* __restrict__ index, const float* __restrict__ index_src,
+                                 u64 index_width, u64 ring_rows, u64 first_row, u64 count) {
   const u64 latent_n = count * width;
   const u64 total = latent_n + count * index_width;
   for (u64 i = blockIdx.x * static_cast<u64>(blockDim.x) + threadIdx.x; i < total;
@@ -36,8 +36,8 @@ __global__ void AppendRowsKernel(float* __restrict__ latent, const float* __rest
 
 // gather: linear <- plane; scatter: plane <- linear.
 template <bool kGather>
-__global__ void RingRowsKernel(float* __restrict__ plane, float* __restrict__ linear, u64 width, u64 ring_rows,
-                               u64 first_row, u64 count) {
+__global__ void RingRowsKernel(float* __restrict__ plane, float* __restrict__ linear, u64 width,
+                               u64 ring_rows, u64 first_row, u64 count) {
   const u64 total = count * width;
   for (u64 i = blockIdx.x * static_cast<u64>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<u64>(gridDim.x) * blockDim.x) {
@@ -71,25 +71,26 @@ Status AppendRowsCuda(const AppendRowsArgs& a, void* stream) {
   if (a.count == 0) return Status::Ok();
   const u64 total = static_cast<u64>(a.count) * (a.width + a.index_width);
   AppendRowsKernel<<<Blocks(total), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
-      a.latent, a.latent_src, a.width, a.index, a.index_src, a.index_width, a.ring_rows, a.first_row, a.count);
+      a.latent, a.latent_src, a.width, a.index, a.index_src, a.index_width, a.ring_rows, a.first_row,
+      a.count);
   return LaunchStatus("row append");
 }
 
 Status GatherRowsCuda(const RingRowsArgs& a, void* stream) {
   PC_RETURN_IF_ERROR(ValidateRingRowsArgs(a));
   if (a.count == 0) return Status::Ok();
-  RingRowsKernel<true><<<Blocks(static_cast<u64>(a.count) * a.width), kBlock, 0,
-                         static_cast<cudaStream_t>(stream)>>>(a.plane, a.linear, a.width, a.ring_rows, a.first_row,
-                                                              a.count);
+  RingRowsKernel<true>
+      <<<Blocks(static_cast<u64>(a.count) * a.width), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+          a.plane, a.linear, a.width, a.ring_rows, a.first_row, a.count);
   return LaunchStatus("tail-ring gather");
 }
 
 Status ScatterRowsCuda(const RingRowsArgs& a, void* stream) {
   PC_RETURN_IF_ERROR(ValidateRingRowsArgs(a));
   if (a.count == 0) return Status::Ok();
-  RingRowsKernel<false><<<Blocks(static_cast<u64>(a.count) * a.width), kBlock, 0,
-                          static_cast<cudaStream_t>(stream)>>>(a.plane, a.linear, a.width, a.ring_rows, a.first_row,
-                                                               a.count);
+  RingRowsKernel<false>
+      <<<Blocks(static_cast<u64>(a.count) * a.width), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+          a.plane, a.linear, a.width, a.ring_rows, a.first_row, a.count);
   return LaunchStatus("restore scatter");
 }
 

@@ -24,11 +24,11 @@ struct AppendRowsArgs {
   float* latent = nullptr;            // flat latent plane, `width` floats per row
   const float* latent_src = nullptr;  // [count * width]
   std::size_t width = 0;
-  float* index = nullptr;             // index plane; null with index_width == 0
-  const float* index_src = nullptr;   // [count * index_width]
-  std::size_t index_width = 0;        // 0: no index plane
-  std::size_t ring_rows = 0;          // index plane: 0 flat, else its ring size
-  std::size_t first_row = 0;          // logical row of the first token
+  float* index = nullptr;            // index plane; null with index_width == 0
+  const float* index_src = nullptr;  // [count * index_width]
+  std::size_t index_width = 0;       // 0: no index plane
+  std::size_t ring_rows = 0;         // index plane: 0 flat, else its ring size
+  std::size_t first_row = 0;         // logical row of the first token
   std::size_t count = 0;
 };
 

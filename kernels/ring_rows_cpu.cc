@@ -8,8 +8,8 @@ namespace {
 
 Status CheckRingCount(std::size_t ring_rows, std::size_t count, const char* what) {
   if (ring_rows != 0 && count > ring_rows) {
-    return Status::InvalidArgument(std::string(what) + ": " + std::to_string(count) + " rows exceed the ring of " +
-                                   std::to_string(ring_rows) + " rows");
+    return Status::InvalidArgument(std::string(what) + ": " + std::to_string(count) +
+                                   " rows exceed the ring of " + std::to_string(ring_rows) + " rows");
   }
   return Status::Ok();
 }
@@ -22,7 +22,8 @@ std::size_t Physical(std::size_t logical, std::size_t ring_rows) {
 
 Status ValidateAppendRowsArgs(const AppendRowsArgs& a) {
   if (a.count == 0) return Status::Ok();
-  if (a.latent == nullptr || a.latent_src == nullptr) return Status::InvalidArgument("row append: null latent pointer");
+  if (a.latent == nullptr || a.latent_src == nullptr)
+    return Status::InvalidArgument("row append: null latent pointer");
   if (a.width == 0) return Status::InvalidArgument("row append: width must be > 0");
   if (a.index_width != 0) {
     if (a.index == nullptr || a.index_src == nullptr) {
@@ -70,9 +71,15 @@ Status ScatterRowsCpu(const RingRowsArgs& a) {
 }
 
 #ifndef PRIMECACHE_HAVE_CUDA
-Status AppendRowsCuda(const AppendRowsArgs&, void*) { return Status::NotSupported("primecache was built without CUDA"); }
-Status GatherRowsCuda(const RingRowsArgs&, void*) { return Status::NotSupported("primecache was built without CUDA"); }
-Status ScatterRowsCuda(const RingRowsArgs&, void*) { return Status::NotSupported("primecache was built without CUDA"); }
+Status AppendRowsCuda(const AppendRowsArgs&, void*) {
+  return Status::NotSupported("primecache was built without CUDA");
+}
+Status GatherRowsCuda(const RingRowsArgs&, void*) {
+  return Status::NotSupported("primecache was built without CUDA");
+}
+Status ScatterRowsCuda(const RingRowsArgs&, void*) {
+  return Status::NotSupported("primecache was built without CUDA");
+}
 #endif
 
 }  // namespace primecache::kernels

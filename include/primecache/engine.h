@@ -19,7 +19,9 @@
 //  - KvLayer: plain K and V rows with len and its mirror.
 //
 // Pointers the layers take and return are device pointers of the engine's
-// device (host pointers on the CPU backend). A SessionCache and its layers are
+// device (host pointers on the CPU backend). The layers' work runs in order on
+// the device's compute lane: inputs handed to an append or a step must stay
+// valid until the lane has passed the call. A SessionCache and its layers are
 // used by one thread at a time; different sessions may be used concurrently
 // only on the CPU backend.
 #pragma once
@@ -63,9 +65,10 @@ bool CudaDeviceAvailable();
 
 // ---- layers -----------------------------------------------------------------
 
-// The indexer inputs the state plan does not carry, passed by every append:
-// the pool (which must match the plan, and once resolved never changes) and
-// the layer's constant ape, a device pointer to [pool, index_head_dim] f32.
+// What the model's indexer passes with every append: the pool it runs with
+// (refused unless it equals the plan's; the layer resolves its pool from the
+// first append and never changes it) and the layer's constant ape, a device
+// pointer to [pool, index_head_dim] f32 (weights; not part of the state).
 struct IndexerInputs {
   std::uint32_t pool = 0;
   const float* ape = nullptr;
@@ -382,7 +385,8 @@ class Engine {
   // Preflight(request, device free bytes), then allocation of every session
   // arena and snapshot slot through the same reserve plan. ResourceExhausted
   // with the preflight's reason when it does not fit.
-  static Result<std::unique_ptr<Engine>> Create(std::shared_ptr<Device> device, const ReserveRequest& request);
+  static Result<std::unique_ptr<Engine>> Create(std::shared_ptr<Device> device,
+                                                const ReserveRequest& request);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -9,7 +9,7 @@
 // buffers sit at the offsets below, each aligned to kReserveAlignment. Every
 // snapshot slot is one device block of slot_bytes (per-layer areas below) plus
 // a pinned host twin of the same size, through which the slot's content
-// leaves the device.
+// leaves the device. Both block sizes are rounded up to kAllocationGranule.
 //
 // All functions here are pure and thread-safe.
 #pragma once
@@ -25,6 +25,10 @@
 namespace primecache::engine {
 
 inline constexpr std::uint64_t kReserveAlignment = 256;
+// Every allocated block (a session arena, a slot) is a multiple of this, the
+// CUDA allocator's large-page granule, so that device_bytes bounds what the
+// allocations really take from the device.
+inline constexpr std::uint64_t kAllocationGranule = 2ull << 20;
 
 struct ReserveRequest {
   StatePlan plan;
@@ -42,12 +46,12 @@ struct BufferSpan {
 };
 
 struct LatentReserve {
-  BufferSpan rows;          // [max_ctx, width] f32
-  BufferSpan len_mirror;    // one int32
-  BufferSpan index_plane;   // [index_rows, index_width] f32; empty without an indexer
-  BufferSpan pool_keys;     // [pool_key_capacity, index_head_dim] f32
-  BufferSpan tail_scratch;  // [pool - 1, index_width] f32: the tail on its way in or out
-  std::uint64_t index_rows = 0;         // physical rows: booked ring rows, or max_ctx when flat
+  BufferSpan rows;               // [max_ctx, width] f32
+  BufferSpan len_mirror;         // one int32
+  BufferSpan index_plane;        // [index_rows, index_width] f32; empty without an indexer
+  BufferSpan pool_keys;          // [pool_key_capacity, index_head_dim] f32
+  BufferSpan tail_scratch;       // [pool - 1, index_width] f32: the tail on its way in or out
+  std::uint64_t index_rows = 0;  // physical rows: booked ring rows, or max_ctx when flat
   bool index_is_ring = false;
   std::uint64_t pool_key_capacity = 0;  // max_ctx / pool
 };
@@ -75,12 +79,12 @@ struct SlotArea {
 
 struct ReservePlan {
   ReserveRequest request;
-  std::vector<LayerReserve> layers;   // offsets within one session arena
+  std::vector<LayerReserve> layers;  // offsets within one session arena
   std::uint64_t session_bytes = 0;
-  std::vector<SlotArea> slot_areas;   // offsets within one slot
+  std::vector<SlotArea> slot_areas;  // offsets within one slot
   std::uint64_t slot_bytes = 0;
-  std::uint64_t device_bytes = 0;     // sessions * session_bytes + snapshot_slots * slot_bytes
-  std::uint64_t pinned_bytes = 0;     // snapshot_slots * slot_bytes
+  std::uint64_t device_bytes = 0;  // sessions * session_bytes + snapshot_slots * slot_bytes
+  std::uint64_t pinned_bytes = 0;  // snapshot_slots * slot_bytes
 
   // "2 sessions x 1.2 GiB + 4 slots x 9.0 MiB = 2.4 GiB device, 36 MiB pinned".
   std::string Summary() const;

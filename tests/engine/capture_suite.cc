@@ -364,25 +364,36 @@ TEST_P(CaptureSuite, RestoreRefusesEveryMismatchAndMovesNoByte) {
     return std::get<LatentPlaneSnapshot>(s[i]);
   };
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).width = 25; }), "width 25 != plan 24");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).pool = 2; L(s, 0).pools_ready = 11; }),
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) {
+                           L(s, 0).pool = 2;
+                           L(s, 0).pools_ready = 11;
+                         }),
                          "pool 2 != plan 4");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).pools_ready = 4; }), "pools_ready 4 != len / pool");
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).pools_ready = 4; }),
+                         "pools_ready 4 != len / pool");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).index_width = 6; }), "index_width");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).pool_keys.pop_back(); }), "pool_keys holds");
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).pool_keys.pop_back(); }),
+                         "pool_keys holds");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).index_tail_rows.push_back(1); }),
                          "index_tail_rows holds");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).latent_rows.resize(1); }), "latent_rows holds");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).index_is_ring = true; L(s, 0).index_ring_rows = 6; }),
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).latent_rows.resize(1); }),
+                         "latent_rows holds");
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) {
+                           L(s, 0).index_is_ring = true;
+                           L(s, 0).index_ring_rows = 6;
+                         }),
                          "not a positive multiple of pool");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 2).pool = 4; }), "pool 4 without an indexer");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::get<RecurrentSnapshot>(s[1]).kernel = 3; }),
                          "kernel 3 != plan 4");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::get<RecurrentSnapshot>(s[3]).state.pop_back(); }),
+  ExpectRefusedUntouched(dst.get(),
+                         mutate([&](auto& s) { std::get<RecurrentSnapshot>(s[3]).state.pop_back(); }),
                          "layer 3: state holds");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::get<KvSnapshot>(s[4]).k_width = 5; }),
                          "k_width 5 != plan 6");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::swap(s[1], s[3]); }), "heads 3 != plan 2");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::swap(s[0], s[1]); }), "the plan expects a latent");
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::swap(s[0], s[1]); }),
+                         "the plan expects a latent");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { s.pop_back(); }), "4 layers; the cache has 5");
   // A different but self-consistent boundary in one layer.
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) {
@@ -502,8 +513,8 @@ TEST_P(CaptureSuite, RestoreFromPinnedViewsEqualsRestoreFromVectors) {
         v);
     views.push_back(v);
   }
-  EXPECT_TRUE(dev_->IsPinned(views.front().index() == 0 ? std::get<LatentView>(views.front()).latent_rows.data()
-                                                        : nullptr));
+  EXPECT_TRUE(dev_->IsPinned(
+      views.front().index() == 0 ? std::get<LatentView>(views.front()).latent_rows.data() : nullptr));
   auto dst = e->NewSession().value();
   ASSERT_TRUE(dst->Restore(views).ok());
   ExpectSnapshotsEqual(dst->CaptureFull().value(), snap);

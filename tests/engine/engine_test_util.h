@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +19,13 @@
 #include "engine/device.h"
 #include "kernels/pool_keys.h"
 #include "primecache/engine.h"
+
+namespace primecache::engine {
+// Test names read "cpu" / "cuda" rather than raw bytes.
+inline void PrintTo(DeviceKind kind, std::ostream* os) {
+  *os << DeviceKindName(kind);
+}
+}  // namespace primecache::engine
 
 namespace primecache::engine::testing {
 
@@ -28,13 +36,12 @@ inline std::shared_ptr<Device> MakeDevice(DeviceKind kind) {
 }
 
 // Skips (or, with PRIMECACHE_REQUIRE_GPU, fails) when a CUDA test has no device.
-#define PC_ENGINE_REQUIRE_DEVICE(kind)                                                  \
-  do {                                                                                  \
-    if ((kind) == ::primecache::engine::DeviceKind::kCuda &&                            \
-        !::primecache::engine::CudaDeviceAvailable()) {                                 \
-      if (std::getenv("PRIMECACHE_REQUIRE_GPU") != nullptr) FAIL() << "no CUDA device"; \
-      GTEST_SKIP() << "no CUDA device";                                                 \
-    }                                                                                   \
+#define PC_ENGINE_REQUIRE_DEVICE(kind)                                                                       \
+  do {                                                                                                       \
+    if ((kind) == ::primecache::engine::DeviceKind::kCuda && !::primecache::engine::CudaDeviceAvailable()) { \
+      if (std::getenv("PRIMECACHE_REQUIRE_GPU") != nullptr) FAIL() << "no CUDA device";                      \
+      GTEST_SKIP() << "no CUDA device";                                                                      \
+    }                                                                                                        \
   } while (0)
 
 // Device memory holding a copy of a host vector.
@@ -75,7 +82,8 @@ inline std::vector<float> RandomRows(std::mt19937& rng, std::size_t n, float sd 
 }
 
 inline bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // Largest |a-b| / max(1, |b|) over two vectors of equal size; inf when sizes differ.
@@ -126,7 +134,8 @@ struct LatentReference {
 
 // The index rows [first, last) as the device plane holds them, read at their
 // physical (ring or flat) addresses.
-inline std::vector<float> ReadIndexRows(Device* dev, const LatentLayer& l, std::uint64_t first, std::uint64_t last) {
+inline std::vector<float> ReadIndexRows(Device* dev, const LatentLayer& l, std::uint64_t first,
+                                        std::uint64_t last) {
   const std::size_t iw = l.index_width();
   const std::uint64_t physical = l.index_is_ring() ? l.booked_ring_rows() : l.max_ctx();
   const std::vector<float> plane = Read(dev, l.index_rows(), physical * iw);
@@ -161,10 +170,10 @@ inline void ExpectLatentMatches(Device* dev, const LatentLayer& l, const LatentR
 
 // Rows that depend only on (seed, layer, position, salt): two sessions fed at
 // the same positions get the same inputs, whatever happened before.
-inline std::vector<float> DetRows(std::uint64_t seed, std::uint64_t layer, std::uint64_t pos, std::uint32_t salt,
-                                  std::size_t n) {
-  std::seed_seq seq{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
-                    static_cast<std::uint32_t>(layer), static_cast<std::uint32_t>(pos),
+inline std::vector<float> DetRows(std::uint64_t seed, std::uint64_t layer, std::uint64_t pos,
+                                  std::uint32_t salt, std::size_t n) {
+  std::seed_seq seq{static_cast<std::uint32_t>(seed),      static_cast<std::uint32_t>(seed >> 32),
+                    static_cast<std::uint32_t>(layer),     static_cast<std::uint32_t>(pos),
                     static_cast<std::uint32_t>(pos >> 32), salt};
   std::mt19937 rng(seq);
   return RandomRows(rng, n);

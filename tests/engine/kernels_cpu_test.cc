@@ -21,7 +21,8 @@ TEST(RingRowsCpuTest, AppendWritesLatentFlatAndIndexAtRingAddresses) {
   const std::size_t w = 5, iw = 4, ring = 6, first = 9, count = 6;
   std::vector<float> latent(20 * w, -1.0f), index(ring * iw, -1.0f);
   auto ls = RandomRows(rng, count * w), is = RandomRows(rng, count * iw);
-  ASSERT_TRUE(AppendRowsCpu({latent.data(), ls.data(), w, index.data(), is.data(), iw, ring, first, count}).ok());
+  ASSERT_TRUE(
+      AppendRowsCpu({latent.data(), ls.data(), w, index.data(), is.data(), iw, ring, first, count}).ok());
   for (std::size_t r = 0; r < 20; ++r) {
     for (std::size_t c = 0; c < w; ++c) {
       const float want = (r >= first && r < first + count) ? ls[(r - first) * w + c] : -1.0f;
@@ -47,8 +48,10 @@ TEST(RingRowsCpuTest, AppendWithoutIndexAndFlatIndex) {
 
 TEST(RingRowsCpuTest, RefusesALaunchThatLapsItsRingAndNullPointers) {
   std::vector<float> latent(64), index(16), src(64);
-  EXPECT_TRUE(AppendRowsCpu({latent.data(), src.data(), 1, index.data(), src.data(), 2, 8, 0, 9}).IsInvalidArgument());
-  EXPECT_TRUE(AppendRowsCpu({latent.data(), src.data(), 1, nullptr, src.data(), 2, 8, 0, 1}).IsInvalidArgument());
+  EXPECT_TRUE(AppendRowsCpu({latent.data(), src.data(), 1, index.data(), src.data(), 2, 8, 0, 9})
+                  .IsInvalidArgument());
+  EXPECT_TRUE(
+      AppendRowsCpu({latent.data(), src.data(), 1, nullptr, src.data(), 2, 8, 0, 1}).IsInvalidArgument());
   EXPECT_TRUE(AppendRowsCpu({nullptr, src.data(), 1, nullptr, nullptr, 0, 0, 0, 1}).IsInvalidArgument());
   EXPECT_TRUE(AppendRowsCpu({nullptr, nullptr, 0, nullptr, nullptr, 0, 0, 0, 0}).ok());  // nothing to move
   EXPECT_TRUE(GatherRowsCpu({index.data(), src.data(), 2, 8, 0, 9}).IsInvalidArgument());
@@ -81,7 +84,8 @@ TEST(RingRowsCpuTest, GatherAndScatterAddressEveryRingSizeAndStart) {
         }
         for (std::size_t p = 0; p < phys; ++p) {
           if (!hit[p]) {
-            for (std::size_t c = 0; c < w; ++c) ASSERT_EQ(plane[p * w + c], orig[p * w + c]) << "untouched row " << p;
+            for (std::size_t c = 0; c < w; ++c)
+              ASSERT_EQ(plane[p * w + c], orig[p * w + c]) << "untouched row " << p;
           }
         }
         std::vector<float> back(count * w);
@@ -100,12 +104,13 @@ TEST(ConvRingCpuTest, PushKeepsTheLastKernelMinusOneInputsOfEveryChannel) {
     std::vector<std::vector<float>> history;
     for (std::size_t count : {1, 2, 1, 5, 3, 9, 1}) {
       auto in = RandomRows(rng, count * C);
-      for (std::size_t t = 0; t < count; ++t) history.emplace_back(in.begin() + t * C, in.begin() + (t + 1) * C);
+      for (std::size_t t = 0; t < count; ++t)
+        history.emplace_back(in.begin() + t * C, in.begin() + (t + 1) * C);
       ASSERT_TRUE(PushConvRingCpu({ring.data(), in.data(), C, kernel, count}).ok());
       for (std::size_t c = 0; c < C; ++c) {
         for (std::size_t i = 0; i < keep; ++i) {
-          const std::ptrdiff_t pos = static_cast<std::ptrdiff_t>(history.size()) - static_cast<std::ptrdiff_t>(keep) +
-                                    static_cast<std::ptrdiff_t>(i);
+          const std::ptrdiff_t pos = static_cast<std::ptrdiff_t>(history.size()) -
+                                     static_cast<std::ptrdiff_t>(keep) + static_cast<std::ptrdiff_t>(i);
           const float want = pos >= 0 ? history[pos][c] : 0.0f;
           ASSERT_EQ(ring[c * keep + i], want) << "kernel " << kernel << " channel " << c << " slot " << i;
         }

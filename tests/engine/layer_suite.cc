@@ -19,7 +19,9 @@ class LatentLayerTestPeer {
 namespace testing {
 namespace {
 
-StatePlan OneLayer(LayerPlan l) { return StatePlan{{l}}; }
+StatePlan OneLayer(LayerPlan l) {
+  return StatePlan{{l}};
+}
 LatentPlan Latent(std::uint32_t kv_rank, std::uint32_t rope, std::uint32_t d, std::uint32_t pool) {
   return LatentPlan{kv_rank, rope, d, pool};
 }
@@ -93,7 +95,8 @@ TEST_P(LayerSuite, KeysAreBuiltOnlyForNewlyCompletedPools) {
   auto keys = Read(dev_.get(), l->pool_keys(), 5 * 4);
   EXPECT_TRUE(BitEqual({keys.begin(), keys.begin() + 8}, marker));
   auto want = drv.ref.Keys(4);
-  EXPECT_LE(MaxRelErr({keys.begin() + 8, keys.begin() + 16}, {want.begin() + 8, want.begin() + 16}), kKeyTolerance);
+  EXPECT_LE(MaxRelErr({keys.begin() + 8, keys.begin() + 16}, {want.begin() + 8, want.begin() + 16}),
+            kKeyTolerance);
   // Pool 4 is incomplete (len 19): its key slot was never written.
   EXPECT_TRUE(BitEqual({keys.begin() + 16, keys.end()}, std::vector<float>(4, 0.0f)));
 }
@@ -104,7 +107,10 @@ TEST_P(LayerSuite, RingWrapsAcrossRingSizesAndCallSizesAndMatchesTheFlatPlane) {
   for (std::uint64_t booked : {4, 5, 8, 11, 30, 64}) {
     for (std::vector<std::uint64_t> calls :
          {std::vector<std::uint64_t>{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
-          {3, 3, 3, 3, 3, 3, 3, 3}, {4, 4, 4, 4, 4}, {7, 9, 2, 31, 1, 6}, {booked - 1, booked, booked + 1, 1},
+          {3, 3, 3, 3, 3, 3, 3, 3},
+          {4, 4, 4, 4, 4},
+          {7, 9, 2, 31, 1, 6},
+          {booked - 1, booked, booked + 1, 1},
           {3 * booked + 2, 1, 5 * booked + 3}}) {
       SCOPED_TRACE("booked ring rows " + std::to_string(booked));
       auto e = NewEngine(OneLayer(Latent(8, 4, 4, pool)), 2048, booked);
@@ -149,7 +155,8 @@ TEST_P(LayerSuite, RingKeysEqualFlatKeysForTheSameTokens) {
     ASSERT_TRUE(b.Append(t).ok());
   }
   const std::uint64_t n = s->latent(0)->pools_ready() * 16;
-  EXPECT_TRUE(BitEqual(Read(dev_.get(), s->latent(0)->pool_keys(), n), Read(dev_.get(), f->latent(0)->pool_keys(), n)));
+  EXPECT_TRUE(BitEqual(Read(dev_.get(), s->latent(0)->pool_keys(), n),
+                       Read(dev_.get(), f->latent(0)->pool_keys(), n)));
 }
 
 TEST_P(LayerSuite, TruncateClampsPoolsReadyInTheSameCall) {
@@ -199,7 +206,8 @@ TEST_P(LayerSuite, AppendRefusalsLeaveTheLayerUnchanged) {
   LatentLayer* l = s->latent(0);
   LatentDriver drv(dev_.get(), l, 8);
   ASSERT_TRUE(drv.Append(30).ok());
-  DeviceVec rows(dev_.get(), std::vector<float>(3 * 12, 1.0f)), idx(dev_.get(), std::vector<float>(3 * 8, 1.0f));
+  DeviceVec rows(dev_.get(), std::vector<float>(3 * 12, 1.0f)),
+      idx(dev_.get(), std::vector<float>(3 * 8, 1.0f));
   IndexerInputs ix{4, drv.ape->get()};
   EXPECT_TRUE(l->Append(rows.get(), idx.get(), 3, &ix).IsResourceExhausted());  // passes max_ctx 32
   IndexerInputs wrong_pool{2, drv.ape->get()};
@@ -257,7 +265,8 @@ TEST_P(LayerSuite, RecurrentStepPushesTheConvRingAndSwapsThePingPongPair) {
   std::mt19937 rng(17);
   std::vector<std::vector<float>> history;  // every token's inputs
   EXPECT_TRUE(BitEqual(Read(dev_.get(), r->conv_ring(), C * keep), std::vector<float>(C * keep, 0.0f)));
-  EXPECT_TRUE(BitEqual(Read(dev_.get(), r->state(), rp.state_values()), std::vector<float>(rp.state_values(), 0.0f)));
+  EXPECT_TRUE(
+      BitEqual(Read(dev_.get(), r->state(), rp.state_values()), std::vector<float>(rp.state_values(), 0.0f)));
   for (std::uint64_t t : {1, 2, 5, 1, 3, 7}) {
     auto in = RandomRows(rng, t * C);
     for (std::uint64_t i = 0; i < t; ++i) history.emplace_back(in.begin() + i * C, in.begin() + (i + 1) * C);

@@ -12,10 +12,16 @@ namespace primecache::engine {
 namespace {
 
 constexpr std::uint64_t A = kReserveAlignment;
-std::uint64_t Up(std::uint64_t b) { return (b + A - 1) / A * A; }
+std::uint64_t Block(std::uint64_t b) {
+  return (b + kAllocationGranule - 1) / kAllocationGranule * kAllocationGranule;
+}
+std::uint64_t Up(std::uint64_t b) {
+  return (b + A - 1) / A * A;
+}
 
 StatePlan Hybrid() {
-  return StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentPlan{64, 128, 4}, LatentPlan{512, 0, 0, 0}, KvPlan{96, 80}}};
+  return StatePlan{
+      {LatentPlan{512, 64, 128, 4}, RecurrentPlan{64, 128, 4}, LatentPlan{512, 0, 0, 0}, KvPlan{96, 80}}};
 }
 
 TEST(StatePlanTest, ChecksEveryLayer) {
@@ -25,9 +31,9 @@ TEST(StatePlanTest, ChecksEveryLayer) {
                                    RecurrentPlan{0, 4, 4}, RecurrentPlan{1, 4, 1}, KvPlan{0, 3},
                                    LatentPlan{kMaxPlanDim + 1, 0, 0, 0}}});
   ASSERT_TRUE(st.IsInvalidArgument());
-  for (const char* want : {"layer 0: latent width 0", "layer 1: indexer without a pool", "layer 2: pool 4 without",
-                           "layer 3: recurrent heads 0", "layer 4: conv kernel 1 < 2", "layer 5: KV width 0",
-                           "layer 6: kv_rank"}) {
+  for (const char* want : {"layer 0: latent width 0", "layer 1: indexer without a pool",
+                           "layer 2: pool 4 without", "layer 3: recurrent heads 0",
+                           "layer 4: conv kernel 1 < 2", "layer 5: KV width 0", "layer 6: kv_rank"}) {
     EXPECT_NE(st.message().find(want), std::string::npos) << want << " in " << st.message();
   }
   LatentPlan l{512, 64, 128, 4};
@@ -64,14 +70,14 @@ TEST(ReserveTest, SizesEveryBufferInClosedForm) {
   EXPECT_EQ(k3.k_rows.bytes, 1000u * 96 * 4);
   EXPECT_EQ(k3.v_rows.bytes, 1000u * 80 * 4);
 
-  const std::uint64_t session = Up(1000 * 576 * 4) + A + Up(37 * 256 * 4) + Up(250 * 128 * 4) + Up(3 * 256 * 4) +
-                                Up(3 * 64 * 128 * 3 * 4) + 2 * Up(64 * 128 * 128 * 4) + Up(1000 * 512 * 4) + A +
-                                Up(1000 * 96 * 4) + Up(1000 * 80 * 4) + A;
-  EXPECT_EQ(p.session_bytes, session);
+  const std::uint64_t session = Up(1000 * 576 * 4) + A + Up(37 * 256 * 4) + Up(250 * 128 * 4) +
+                                Up(3 * 256 * 4) + Up(3 * 64 * 128 * 3 * 4) + 2 * Up(64 * 128 * 128 * 4) +
+                                Up(1000 * 512 * 4) + A + Up(1000 * 96 * 4) + Up(1000 * 80 * 4) + A;
+  EXPECT_EQ(p.session_bytes, Block(session));
   const std::uint64_t slot = Up(3 * 256 * 4) + Up(3 * 64 * 128 * 3 * 4) + Up(64 * 128 * 128 * 4);
-  EXPECT_EQ(p.slot_bytes, slot);
-  EXPECT_EQ(p.device_bytes, 3 * session + 5 * slot);
-  EXPECT_EQ(p.pinned_bytes, 5 * slot);
+  EXPECT_EQ(p.slot_bytes, Block(slot));
+  EXPECT_EQ(p.device_bytes, 3 * Block(session) + 5 * Block(slot));
+  EXPECT_EQ(p.pinned_bytes, 5 * Block(slot));
   EXPECT_NE(p.Summary().find("3 sessions"), std::string::npos);
 
   // Flat: max_ctx index rows.
@@ -155,25 +161,36 @@ TEST(ReserveTest, RingLadderHalvesDownToOnePool) {
 
 TEST(ReserveTest, FitPicksTheDeepestRingThatFits) {
   ReserveRequest req{Hybrid(), 8192, 2, 1, 0};
-  auto ladder = RingFitLadder(req);
-  for (std::size_t i = 0; i < ladder.size(); ++i) {
+  const auto ladder = RingFitLadder(req);
+  std::vector<std::uint64_t> need;
+  for (std::uint64_t depth : ladder) {
     ReserveRequest r = req;
-    r.index_ring_rows = ladder[i];
-    const std::uint64_t need = PlanReserve(r).value().device_bytes;
-    auto exact = FitReserve(req, need, FitTarget::kRingRows);
-    ASSERT_TRUE(exact.ok()) << exact.status().ToString();
-    EXPECT_EQ(exact->request.index_ring_rows, ladder[i]) << "exactly enough for depth " << ladder[i];
-    EXPECT_EQ(exact->plan.device_bytes, need);
-    auto shy = FitReserve(req, need - 1, FitTarget::kRingRows);
-    if (i + 1 < ladder.size()) {
-      ASSERT_TRUE(shy.ok());
-      EXPECT_EQ(shy->request.index_ring_rows, ladder[i + 1]);
-    } else {
-      EXPECT_TRUE(shy.status().IsResourceExhausted());
-      EXPECT_NE(shy.status().message().find("no index ring depth fits"), std::string::npos);
+    r.index_ring_rows = depth;
+    need.push_back(PlanReserve(r).value().device_bytes);
+  }
+  ASSERT_GT(need.front(), need.back());
+  std::size_t distinct = 0;
+  for (std::size_t i = 0; i < ladder.size(); ++i) {
+    distinct += (i == 0 || need[i] != need[i - 1]) ? 1 : 0;
+    for (std::uint64_t free_bytes : {need[i], need[i] - 1}) {
+      // The deepest depth whose reserve fits.
+      std::size_t want = 0;
+      while (want < ladder.size() && need[want] > free_bytes) ++want;
+      auto fit = FitReserve(req, free_bytes, FitTarget::kRingRows);
+      if (want == ladder.size()) {
+        ASSERT_TRUE(fit.status().IsResourceExhausted());
+        EXPECT_NE(fit.status().message().find("no index ring depth fits"), std::string::npos);
+        continue;
+      }
+      ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+      EXPECT_EQ(fit->request.index_ring_rows, ladder[want]) << "free " << free_bytes;
+      EXPECT_EQ(fit->plan.device_bytes, need[want]);
+      EXPECT_LE(fit->plan.device_bytes, free_bytes);
     }
   }
-  EXPECT_TRUE(FitReserve({Hybrid(), 0, 1, 0, 0}, 1ull << 40, FitTarget::kRingRows).status().IsInvalidArgument());
+  EXPECT_GE(distinct, 4u) << "the ladder steps must change the reserve";
+  EXPECT_TRUE(
+      FitReserve({Hybrid(), 0, 1, 0, 0}, 1ull << 40, FitTarget::kRingRows).status().IsInvalidArgument());
 }
 
 TEST(ReserveTest, FitPicksTheMostSnapshotSlotsThatFit) {
@@ -190,7 +207,8 @@ TEST(ReserveTest, FitPicksTheMostSnapshotSlotsThatFit) {
   }
   auto f = FitReserve(req, 1ull << 50, FitTarget::kSnapshotSlots);
   EXPECT_EQ(f->request.snapshot_slots, 16u) << "never more than requested";
-  EXPECT_TRUE(FitReserve(req, base.device_bytes - 1, FitTarget::kSnapshotSlots).status().IsResourceExhausted());
+  EXPECT_TRUE(
+      FitReserve(req, base.device_bytes - 1, FitTarget::kSnapshotSlots).status().IsResourceExhausted());
 }
 
 // The preflight and the allocation agree: on a device that hands out exactly
@@ -218,7 +236,8 @@ TEST(ReserveTest, PreflightAndAllocationAgree) {
           plan.layers.push_back(KvPlan{4 * small(rng), 4 * small(rng)});
       }
     }
-    ReserveRequest req{plan, 16u * small(rng) * small(rng), small(rng), pick(rng), pick(rng) ? 6u + small(rng) : 0u};
+    ReserveRequest req{plan, 16u * small(rng) * small(rng), small(rng), pick(rng),
+                       pick(rng) ? 6u + small(rng) : 0u};
     auto planned = PlanReserve(req);
     ASSERT_TRUE(planned.ok()) << planned.status().ToString();
     const std::uint64_t need = planned->device_bytes;
@@ -232,7 +251,8 @@ TEST(ReserveTest, PreflightAndAllocationAgree) {
         EXPECT_EQ(dev->allocated_bytes(), need);
         // Every reserved session opens without allocating anything more.
         std::vector<std::unique_ptr<SessionCache>> sessions;
-        for (std::uint32_t s = 0; s < req.sessions; ++s) sessions.push_back(engine.value()->NewSession().value());
+        for (std::uint32_t s = 0; s < req.sessions; ++s)
+          sessions.push_back(engine.value()->NewSession().value());
         EXPECT_EQ(dev->allocated_bytes(), need);
       } else {
         ++refusals;

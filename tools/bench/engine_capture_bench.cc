@@ -1,0 +1,346 @@
+// primecache-engine-bench: the engine's capture and restore costs on a
+// GLM-5-class hybrid (by default 12 MLA layers: latent row 512 + 64, DSA
+// indexer head_dim 128, pool 4, index tail ring; 36 KDA layers: 64 heads x
+// 128, conv kernel 4), on one CUDA device.
+//
+// For each boundary length it primes a session to that length and measures:
+//  - the full snapshot (CaptureFull: every plane to host memory);
+//  - the eager half on the decode path: CaptureEager plus the compute lane
+//    draining its on-device copies into the snapshot slot (median), and,
+//    apart, the slot's asynchronous trip to pinned host memory (Collect);
+//  - the restore of the full snapshot from pinned host memory into a fresh
+//    session cache, against a pinned cudaMemcpy of the same bytes measured in
+//    the same run.
+// Targets (exit status 1 when one is missed, or when a restored cache does
+// not equal its source): eager half <= 5 % of the full snapshot at the first
+// length; restore >= 0.8 x the pinned copy rate at every length.
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/device.h"
+#include "primecache/engine.h"
+
+using namespace primecache;
+using namespace primecache::engine;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+double GiB(double bytes) {
+  return bytes / double(1ull << 30);
+}
+
+#define BENCH_OK(expr)                                                               \
+  do {                                                                               \
+    ::primecache::Status st_ = (expr);                                               \
+    if (!st_.ok()) {                                                                 \
+      std::fprintf(stderr, "engine-bench: %s: %s\n", #expr, st_.ToString().c_str()); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+template <typename T>
+T Must(Result<T> r, const char* what) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "engine-bench: %s: %s\n", what, r.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(r).value();
+}
+
+Memory RandomDevice(Device& dev, std::size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> h(n);
+  for (auto& x : h) x = nd(rng);
+  Memory m = Must(dev.Allocate(n * sizeof(float)), "allocate inputs");
+  BENCH_OK(dev.Upload(m.data(), h.data(), n * sizeof(float), Lane::kCompute));
+  return m;
+}
+
+// Feeds the model's per-call state to every layer: latent and index rows of
+// `count` tokens to each MLA layer (the ring drains inside the call); to each
+// KDA layer a new state and the last kernel-1 pre-conv inputs of the call
+// (the only ones its conv ring keeps).
+struct Primer {
+  Device& dev;
+  const StatePlan& plan;
+  std::uint64_t chunk;
+  Memory latent, index, ape, state, conv;
+  Primer(Device& d, const StatePlan& p, std::uint64_t chunk_tokens, std::mt19937& rng)
+      : dev(d), plan(p), chunk(chunk_tokens) {
+    const auto& mla = std::get<LatentPlan>(plan.layers.back());
+    RecurrentPlan kda{};
+    for (const auto& l : plan.layers) {
+      if (const auto* r = std::get_if<RecurrentPlan>(&l)) kda = *r;
+    }
+    latent = RandomDevice(dev, chunk * mla.width(), rng);
+    index = RandomDevice(dev, chunk * mla.index_width(), rng);
+    ape = RandomDevice(dev, std::size_t{mla.pool} * mla.index_head_dim, rng);
+    state = RandomDevice(dev, kda.state_values(), rng);
+    conv = RandomDevice(dev, (kda.kernel - 1) * kda.conv_channels(), rng);
+  }
+  void Prime(SessionCache& s, std::uint64_t to) {
+    for (std::uint64_t len = s.latent(plan.layers.size() - 1)->len(); len < to;) {
+      const std::uint64_t t = std::min(chunk, to - len);
+      for (std::size_t i = 0; i < s.layer_count(); ++i) {
+        if (LatentLayer* l = s.latent(i)) {
+          IndexerInputs ix{l->plan().pool, static_cast<const float*>(ape.data())};
+          BENCH_OK(l->Append(static_cast<const float*>(latent.data()),
+                             static_cast<const float*>(index.data()), t, &ix));
+        } else if (RecurrentLayer* r = s.recurrent(i)) {
+          BENCH_OK(dev.CopyOnDevice(r->next_state(), state.data(), state.bytes(), Lane::kCompute));
+          BENCH_OK(r->Step(static_cast<const float*>(conv.data()), r->plan().kernel - 1));
+        }
+      }
+      len += t;
+    }
+    BENCH_OK(dev.Synchronize(Lane::kCompute));
+  }
+};
+
+std::uint64_t SnapshotBytes(const std::vector<LayerSnapshot>& snap) {
+  std::uint64_t b = 0;
+  for (const auto& l : snap) {
+    if (const auto* x = std::get_if<LatentPlaneSnapshot>(&l)) {
+      b += (x->latent_rows.size() + x->index_tail_rows.size() + x->pool_keys.size()) * 4;
+    } else if (const auto* r = std::get_if<RecurrentSnapshot>(&l)) {
+      b += (r->conv_ring.size() + r->state.size()) * 4;
+    } else {
+      const auto& kv = std::get<KvSnapshot>(l);
+      b += (kv.k_rows.size() + kv.v_rows.size()) * 4;
+    }
+  }
+  return b;
+}
+
+bool Same(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+bool SameSnapshot(const std::vector<LayerSnapshot>& a, const std::vector<LayerSnapshot>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].index() != b[i].index()) return false;
+    if (const auto* x = std::get_if<LatentPlaneSnapshot>(&a[i])) {
+      const auto& y = std::get<LatentPlaneSnapshot>(b[i]);
+      if (!(x->shape() == y.shape()) || !Same(x->latent_rows, y.latent_rows) ||
+          !Same(x->index_tail_rows, y.index_tail_rows) || !Same(x->pool_keys, y.pool_keys)) {
+        return false;
+      }
+    } else if (const auto* r = std::get_if<RecurrentSnapshot>(&a[i])) {
+      const auto& q = std::get<RecurrentSnapshot>(b[i]);
+      if (!(r->shape() == q.shape()) || !Same(r->conv_ring, q.conv_ring) || !Same(r->state, q.state))
+        return false;
+    }
+  }
+  return true;
+}
+
+// The snapshot copied into one pinned block, and views of it.
+struct PinnedSnapshot {
+  Memory block;
+  std::vector<LayerSnapshotView> views;
+  PinnedSnapshot(Device& dev, const std::vector<LayerSnapshot>& snap) {
+    block = Must(dev.AllocatePinned(SnapshotBytes(snap)), "pinned snapshot");
+    float* at = static_cast<float*>(block.data());
+    auto place = [&](std::span<const float> s) {
+      if (!s.empty()) std::memcpy(at, s.data(), s.size_bytes());
+      std::span<const float> out(at, s.size());
+      at += s.size();
+      return out;
+    };
+    for (const auto& l : snap) {
+      LayerSnapshotView v = ViewOf(l);
+      if (auto* x = std::get_if<LatentView>(&v)) {
+        x->latent_rows = place(x->latent_rows);
+        x->index_tail_rows = place(x->index_tail_rows);
+        x->pool_keys = place(x->pool_keys);
+      } else if (auto* r = std::get_if<RecurrentView>(&v)) {
+        r->conv_ring = place(r->conv_ring);
+        r->state = place(r->state);
+      } else {
+        auto& kv = std::get<KvView>(v);
+        kv.k_rows = place(kv.k_rows);
+        kv.v_rows = place(kv.v_rows);
+      }
+      views.push_back(v);
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Capture and restore costs of the engine on a GLM-5-class hybrid"};
+  std::vector<std::uint64_t> tokens{32767, 131071};
+  std::uint32_t mla_layers = 12, kda_layers = 36, eager_reps = 20, full_reps = 3, restore_reps = 5;
+  std::uint64_t ring = 4096, chunk = 8192;
+  app.add_option("--tokens", tokens, "boundary lengths, ascending")->delimiter(',');
+  app.add_option("--mla-layers", mla_layers)->check(CLI::Range(1, 200));
+  app.add_option("--kda-layers", kda_layers)->check(CLI::Range(0, 400));
+  app.add_option("--ring", ring, "booked index ring rows (0: flat)");
+  app.add_option("--chunk", chunk, "tokens per priming call")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--eager-reps", eager_reps)->check(CLI::Range(1, 1000));
+  app.add_option("--full-reps", full_reps)->check(CLI::Range(1, 100));
+  app.add_option("--restore-reps", restore_reps)->check(CLI::Range(1, 100));
+  bool cpu = false;
+  app.add_flag("--cpu", cpu, "run on the CPU reference backend (a smoke test of the benchmark itself)");
+  CLI11_PARSE(app, argc, argv);
+  std::sort(tokens.begin(), tokens.end());
+
+  if (!cpu && !CudaDeviceAvailable()) {
+    std::printf("engine-bench: no CUDA device; nothing measured\n");
+    return 0;
+  }
+  auto device =
+      cpu ? NewCpuDevice({.memory_bytes = 64ull << 30}) : Must(NewCudaDevice({}), "open CUDA device");
+  Device& dev = *device;
+
+  // kda, kda, kda, mla, ... with the MLA layers spread evenly, an MLA layer last.
+  StatePlan plan;
+  const LatentPlan mla{512, 64, 128, 4};
+  const RecurrentPlan kda{64, 128, 4};
+  for (std::uint32_t m = 0; m < mla_layers; ++m) {
+    const std::uint32_t k_here = (kda_layers * (m + 1)) / mla_layers - (kda_layers * m) / mla_layers;
+    for (std::uint32_t k = 0; k < k_here; ++k) plan.layers.push_back(kda);
+    plan.layers.push_back(mla);
+  }
+  const std::uint64_t max_ctx = tokens.back() + 1;
+  const ReserveRequest req{plan, max_ctx, 2, 2, ring};
+  auto engine = Must(Engine::Create(device, req), "engine");
+  std::printf(
+      "engine-bench: %s; %u MLA layers (row %u f32, indexer %u, pool %u, ring %llu booked) + %u KDA layers "
+      "(%ux%u, kernel %u); reserve %s\n",
+      dev.name().c_str(), mla_layers, mla.width(), mla.index_head_dim, mla.pool,
+      static_cast<unsigned long long>(ring), kda_layers, kda.heads, kda.head_dim, kda.kernel,
+      engine->reserve().Summary().c_str());
+
+  std::mt19937 rng(1234);
+  Primer primer(dev, plan, chunk, rng);
+  auto source = Must(engine->NewSession(), "source session");
+  bool pass = true;
+  const auto bench_start = Clock::now();
+
+  for (std::size_t ti = 0; ti < tokens.size(); ++ti) {
+    const std::uint64_t len = tokens[ti];
+    auto t0 = Clock::now();
+    primer.Prime(*source, len);
+    const double prime_s = Seconds(t0, Clock::now());
+
+    // Full snapshot.
+    std::vector<double> full_s;
+    std::vector<LayerSnapshot> full;
+    for (std::uint32_t r = 0; r < full_reps; ++r) {
+      BENCH_OK(dev.Synchronize(Lane::kCompute));
+      t0 = Clock::now();
+      full = Must(source->CaptureFull(), "full snapshot");
+      full_s.push_back(Seconds(t0, Clock::now()));
+    }
+    const double full_bytes = static_cast<double>(SnapshotBytes(full));
+    const double full_med = Median(full_s);
+
+    // Eager half: the decode path's share, then the asynchronous leg.
+    std::vector<double> eager_s, leg_s;
+    for (std::uint32_t r = 0; r < eager_reps; ++r) {
+      BENCH_OK(dev.Synchronize(Lane::kCompute));
+      BENCH_OK(dev.Synchronize(Lane::kTransfer));
+      t0 = Clock::now();
+      PendingCapture pending = Must(source->CaptureEager(), "eager capture");
+      BENCH_OK(dev.Synchronize(Lane::kCompute));
+      const auto t1 = Clock::now();
+      EagerHalf half = Must(pending.Collect(), "collect");
+      const auto t2 = Clock::now();
+      eager_s.push_back(Seconds(t0, t1));
+      leg_s.push_back(Seconds(t1, t2));
+      if (r + 1 == eager_reps) {
+        // The deferred half joins it into the same snapshot as the full one.
+        auto joined = Must(source->CompleteCapture(std::move(half)), "deferred half");
+        if (!SameSnapshot(joined, full)) {
+          std::printf("engine-bench: [%llu tokens] eager + deferred != full snapshot\n",
+                      static_cast<unsigned long long>(len));
+          pass = false;
+        }
+      }
+    }
+    const double eager_med = Median(eager_s);
+    const double ratio = eager_med / full_med;
+    std::printf(
+        "engine-bench: [%llu tokens] primed in %.2f s; full snapshot %.3f GiB in %.1f ms (median of %u, "
+        "%.1f GB/s)\n",
+        static_cast<unsigned long long>(len), prime_s, GiB(full_bytes), full_med * 1e3, full_reps,
+        full_bytes / full_med / 1e9);
+    const bool eager_target = ti != 0 || ratio <= 0.05;
+    std::printf(
+        "engine-bench: [%llu tokens] eager half on the decode path %.1f us (median of %u), slot to pinned "
+        "host %.1f us more; eager / full = %.3f %%%s\n",
+        static_cast<unsigned long long>(len), eager_med * 1e6, eager_reps, Median(leg_s) * 1e6, ratio * 100,
+        ti == 0 ? (eager_target ? " (target <= 5 %: PASS)" : " (target <= 5 %: FAIL)") : "");
+    pass = pass && eager_target;
+
+    // Restore from pinned host memory into fresh session caches.
+    PinnedSnapshot pinned(dev, full);
+    std::vector<double> restore_s;
+    for (std::uint32_t r = 0; r < restore_reps; ++r) {
+      auto target = Must(engine->NewSession(), "target session");
+      BENCH_OK(dev.Synchronize(Lane::kCompute));  // its arena's zeroing is not the restore's
+      t0 = Clock::now();
+      BENCH_OK(target->Restore(pinned.views));
+      restore_s.push_back(Seconds(t0, Clock::now()));
+      if (r == 0) {
+        auto back = Must(target->CaptureFull(), "capture of the restored cache");
+        if (!SameSnapshot(back, full)) {
+          std::printf("engine-bench: [%llu tokens] restored cache != source\n",
+                      static_cast<unsigned long long>(len));
+          pass = false;
+        }
+      }
+    }
+    // The bus rate for the same bytes, same pinned block, same run.
+    Memory scratch = Must(dev.Allocate(static_cast<std::size_t>(full_bytes)), "copy-rate scratch");
+    std::vector<double> copy_s;
+    for (std::uint32_t r = 0; r < restore_reps + 1; ++r) {
+      t0 = Clock::now();
+      if (cpu) {
+        std::memcpy(scratch.data(), pinned.block.data(), static_cast<std::size_t>(full_bytes));
+      } else {
+        cudaDeviceSynchronize();
+        t0 = Clock::now();
+        if (cudaMemcpy(scratch.data(), pinned.block.data(), static_cast<std::size_t>(full_bytes),
+                       cudaMemcpyHostToDevice) != cudaSuccess) {
+          std::fprintf(stderr, "engine-bench: pinned cudaMemcpy failed\n");
+          return 1;
+        }
+      }
+      if (r > 0) copy_s.push_back(Seconds(t0, Clock::now()));  // the first warms up
+    }
+    const double restore_gbs = full_bytes / Median(restore_s) / 1e9;
+    const double copy_gbs = full_bytes / Median(copy_s) / 1e9;
+    const bool restore_target = restore_gbs >= 0.8 * copy_gbs;
+    std::printf(
+        "engine-bench: [%llu tokens] restore from pinned host %.3f GiB in %.1f ms = %.1f GB/s (median of "
+        "%u); "
+        "%s %.1f GB/s; ratio %.2f (target >= 0.8: %s)\n",
+        static_cast<unsigned long long>(len), GiB(full_bytes), Median(restore_s) * 1e3, restore_gbs,
+        restore_reps, cpu ? "pinned memcpy" : "pinned cudaMemcpy H2D", copy_gbs, restore_gbs / copy_gbs,
+        restore_target ? "PASS" : "FAIL");
+    pass = pass && restore_target;
+  }
+  std::printf("engine-bench: %s in %.1f s\n", pass ? "all targets met" : "TARGET MISSED OR MISMATCH",
+              Seconds(bench_start, Clock::now()));
+  return pass ? 0 : 1;
+}
