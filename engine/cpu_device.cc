@@ -23,6 +23,7 @@ class CpuDevice final : public Device {
     return used >= limit_ ? 0 : limit_ - used;
   }
   bool IsPinned(const void*) const override { return true; }
+  void* native_stream(Lane) const override { return nullptr; }
 
   Status Upload(void* dst, const void* src, std::size_t bytes, Lane) override {
     return Copy(dst, src, bytes);

@@ -292,6 +292,7 @@ class CudaDevice final : public Device {
   }
 
   cudaStream_t stream(Lane lane) const { return streams_[static_cast<int>(lane)]; }
+  void* native_stream(Lane lane) const override { return stream(lane); }
 
   // Waits until staging buffer k's last copy has run.
   Status ReclaimStaging(int k) {

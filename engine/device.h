@@ -114,6 +114,9 @@ class Device {
   virtual Result<std::uint64_t> FreeBytes() const = 0;
   // Whether a host pointer may be used with UploadAsync / DownloadAsync.
   virtual bool IsPinned(const void* host) const = 0;
+  // The backend's native queue behind a lane (a cudaStream_t on CUDA; null on
+  // the CPU backend), for code that launches its own kernels in lane order.
+  virtual void* native_stream(Lane lane) const = 0;
 
   // ---- transfers and fills, in lane order ----
   virtual Status Upload(void* dst, const void* host_src, std::size_t bytes, Lane lane) = 0;

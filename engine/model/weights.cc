@@ -1,7 +1,10 @@
 // Tensor names and shapes of the reference model, deterministic weight
 // generation, the weights digest, and the byte tokenizer.
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "primecache/checksum.h"
 #include "primecache/model.h"
@@ -77,30 +80,43 @@ std::vector<std::pair<std::string, Shape>> ExpectedTensors(const ModelConfig& c)
 }
 
 Weights Weights::Generate(const ModelConfig& c, std::uint64_t seed) {
-  std::map<std::string, Tensor> out;
-  for (const auto& [name, shape] : ExpectedTensors(c)) {
-    Tensor t;
+  auto expected = ExpectedTensors(c);
+  std::vector<Tensor> made(expected.size());
+  // Each value depends on (seed, name, index) alone, so tensors can be made
+  // in any order, on any number of threads, with the same result.
+  auto make = [&](std::size_t k) {
+    const auto& [name, shape] = expected[k];
+    Tensor& t = made[k];
     t.shape = shape;
     std::size_t n = 1;
     for (std::int64_t d : shape) n *= static_cast<std::size_t>(d);
     t.data.resize(n);
     const std::uint64_t stream = seed ^ Checksum64(std::string_view(name));
     const bool is_norm = name.find("norm.weight") != std::string::npos;
-    const bool is_vector = shape.size() == 1;
+    const bool is_conv = name.find("conv_") != std::string::npos;
     // Matrices get variance ~1/fan_in so activations stay O(1) through depth;
-    // norm weights sit near 1; other tables are O(1).
+    // norm weights sit near 1; conv taps in ±0.5; the embedding and ape O(1).
     float scale = 1.0f;
-    if (!is_vector && name != "embed" && name.find("ape") == std::string::npos &&
-        name.find("conv_") == std::string::npos) {
+    if (shape.size() > 1 && name != "embed" && name.find("ape") == std::string::npos && !is_conv) {
       scale = std::sqrt(3.0f / static_cast<float>(shape.back()));
     }
-    if (name.find("conv_") != std::string::npos) scale = 0.5f;
+    if (is_conv) scale = 0.5f;
     for (std::size_t i = 0; i < n; ++i) {
-      float u = UniformAt(stream, i);
+      const float u = UniformAt(stream, i);
       t.data[i] = is_norm ? 1.0f + 0.1f * u : scale * u;
     }
-    out.emplace(name, std::move(t));
+  };
+  const std::size_t threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> pool;
+  for (std::size_t w = 0; w < threads; ++w) {
+    pool.emplace_back([&] {
+      for (std::size_t k = next++; k < expected.size(); k = next++) make(k);
+    });
   }
+  for (auto& th : pool) th.join();
+  std::map<std::string, Tensor> out;
+  for (std::size_t k = 0; k < expected.size(); ++k) out.emplace(expected[k].first, std::move(made[k]));
   return Weights(std::move(out));
 }
 
@@ -132,14 +148,17 @@ const Tensor* Weights::Find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
-std::uint64_t Weights::Digest() const {
-  Checksum64Stream h;
+Hash128 Weights::Digest() const {
+  std::string record;
   for (const auto& [name, t] : tensors_) {
-    h.Update(std::string_view(name));
-    h.Update(std::as_bytes(std::span(t.shape)));
-    h.Update(std::as_bytes(std::span(t.data)));
+    const std::uint64_t name_len = name.size(), rank = t.shape.size(), values = Checksum64(std::as_bytes(std::span(t.data)));
+    record.append(reinterpret_cast<const char*>(&name_len), sizeof name_len);
+    record += name;
+    record.append(reinterpret_cast<const char*>(&rank), sizeof rank);
+    record.append(reinterpret_cast<const char*>(t.shape.data()), t.shape.size() * sizeof(std::int64_t));
+    record.append(reinterpret_cast<const char*>(&values), sizeof values);
   }
-  return h.Digest();
+  return Checksum128(std::as_bytes(std::span(record.data(), record.size())));
 }
 
 std::vector<std::uint32_t> Tokenize(std::string_view text) {

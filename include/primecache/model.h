@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "primecache/checksum.h"
 #include "primecache/env.h"
 #include "primecache/status.h"
 
@@ -106,9 +107,9 @@ class Weights {
 
   const Tensor* Find(const std::string& name) const;
   const std::map<std::string, Tensor>& tensors() const { return tensors_; }
-  // XXH3-64 over names, shapes and values in name order: the weights digest
-  // that goes into a model fingerprint.
-  std::uint64_t Digest() const;
+  // The weights digest that goes into a model fingerprint: XXH3-128 over each
+  // tensor's name, shape and the XXH3-64 of its values, in name order.
+  Hash128 Digest() const;
 
  private:
   std::map<std::string, Tensor> tensors_;

@@ -75,7 +75,7 @@ TEST(ModelConfigTest, RefusesBadConfigsWithTheReason) {
 }
 
 TEST(ModelConfigTest, ShippedConfigsLoad) {
-  for (const char* name : {"hrm-tiny.json"}) {
+  for (const char* name : {"hrm-tiny.json", "hrm-glm5-class.json"}) {
     auto c = LoadModelConfig(Env::Default(), std::string(PRIMECACHE_SOURCE_DIR) + "/configs/" + name);
     EXPECT_TRUE(c.ok()) << name << ": " << c.status().ToString();
   }

@@ -1,14 +1,13 @@
-// The reference model's arithmetic on the CPU: f32, one fixed reduction order
-// (index order, left to right), no threads. Obviously right first; these are
-// the twins the CUDA model is held to. All functions are pure over their
-// arguments and thread-compatible.
+// Scalar f32 math shared by the CPU twins and the CPU reference model: one
+// fixed reduction order (index order, left to right, one accumulator), no
+// threads. Obviously right first. All functions are pure over their arguments.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
-namespace primecache::model::cpu {
+namespace primecache::kernels::cpu {
 
 // y[o] = sum_i W[o, i] x[i]; W is [out, in] row-major.
 void MatVec(const float* w, std::size_t out, std::size_t in, const float* x, float* y);
@@ -27,4 +26,4 @@ void L2Normalize(float* z, std::size_t n);
 
 float Dot(const float* a, const float* b, std::size_t n);
 
-}  // namespace primecache::model::cpu
+}  // namespace primecache::kernels::cpu

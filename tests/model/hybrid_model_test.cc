@@ -8,7 +8,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "engine/model/reference_model.h"
+#include "tests/model/model_test_util.h"
 
 namespace primecache::model {
 namespace {
@@ -217,14 +217,18 @@ std::vector<std::uint32_t> Text(std::size_t n) {
   return t;
 }
 
-void ExpectMatchesOracle(const ModelConfig& c, std::size_t n) {
+using testing::MakeCpuModel;
+
+void ExpectMatchesOracle(const ModelConfig& c, std::size_t n, std::uint64_t ring_rows = 0) {
   Weights w = Weights::Generate(c, 11);
-  auto model = ReferenceModel::Create(c, &w);
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto m = MakeCpuModel(c, w, 128, /*chunk=*/7, 1, ring_rows);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto session = m->model->NewSession();
+  ASSERT_TRUE(session.ok());
   Oracle oracle(c, w);
   auto tokens = Text(n);
   std::vector<float> logits;
-  ASSERT_TRUE(model->Prime(tokens, &logits).ok());
+  ASSERT_TRUE(m->model->Prime(*session, tokens, LogitsWanted::kAll, &logits).ok());
   double num = 0, den = 0;
   for (std::size_t t = 0; t < tokens.size(); ++t) {
     Vec want = oracle.Step(tokens[t]);
@@ -237,9 +241,13 @@ void ExpectMatchesOracle(const ModelConfig& c, std::size_t n) {
   EXPECT_LT(std::sqrt(num / den), 1e-5) << c.name;
 }
 
-TEST(ReferenceModelTest, MixedStackMatchesOracle) { ExpectMatchesOracle(Mixed(), 40); }
+TEST(HybridModelCpuTest, MixedStackMatchesOracle) { ExpectMatchesOracle(Mixed(), 40); }
 
-TEST(ReferenceModelTest, DenseNoPeMatchesOracle) {
+TEST(HybridModelCpuTest, MixedStackOverARingIndexPlaneMatchesOracle) {
+  ExpectMatchesOracle(Mixed(), 45, /*ring_rows=*/10);  // effective ring 8 rows (pool 4), chunks of 7
+}
+
+TEST(HybridModelCpuTest, DenseNoPeMatchesOracle) {
   ModelConfig c = Mixed();
   c.name = "dense-nope";
   c.layers = {LayerType::kMla, LayerType::kMla};
@@ -248,7 +256,7 @@ TEST(ReferenceModelTest, DenseNoPeMatchesOracle) {
   ExpectMatchesOracle(c, 30);
 }
 
-TEST(ReferenceModelTest, KdaOnlyMatchesOracle) {
+TEST(HybridModelCpuTest, KdaOnlyMatchesOracle) {
   ModelConfig c = Mixed();
   c.name = "kda";
   c.layers = {LayerType::kKda, LayerType::kKda};
@@ -256,7 +264,7 @@ TEST(ReferenceModelTest, KdaOnlyMatchesOracle) {
   ExpectMatchesOracle(c, 30);
 }
 
-TEST(ReferenceModelTest, SparseIndexerMatchesOracle) {
+TEST(HybridModelCpuTest, SparseIndexerMatchesOracle) {
   ModelConfig c = Mixed();
   c.name = "sparse";
   c.layers = {LayerType::kMla};
@@ -264,22 +272,43 @@ TEST(ReferenceModelTest, SparseIndexerMatchesOracle) {
   ExpectMatchesOracle(c, 45);
 }
 
-TEST(ReferenceModelTest, SplitPrimeIsBitIdentical) {
+TEST(HybridModelCpuTest, ChunkingAndSplitCallsAreBitIdentical) {
   ModelConfig c = Mixed();
   Weights w = Weights::Generate(c, 3);
   auto tokens = Text(37);
-  auto one = ReferenceModel::Create(c, &w);
-  auto two = ReferenceModel::Create(c, &w);
+  auto one = MakeCpuModel(c, w, 128, /*chunk=*/64);
+  auto two = MakeCpuModel(c, w, 128, /*chunk=*/5);
   ASSERT_TRUE(one.ok() && two.ok());
+  auto s1 = one->model->NewSession();
+  auto s2 = two->model->NewSession();
+  ASSERT_TRUE(s1.ok() && s2.ok());
   std::vector<float> a, b;
-  ASSERT_TRUE(one->Prime(tokens, &a).ok());
-  ASSERT_TRUE(two->Prime(std::span(tokens).first(13), &b).ok());
-  ASSERT_TRUE(two->Prime(std::span(tokens).subspan(13), &b).ok());
+  ASSERT_TRUE(one->model->Prime(*s1, tokens, LogitsWanted::kAll, &a).ok());
+  ASSERT_TRUE(two->model->Prime(*s2, std::span(tokens).first(13), LogitsWanted::kAll, &b).ok());
+  ASSERT_TRUE(two->model->Prime(*s2, std::span(tokens).subspan(13), LogitsWanted::kAll, &b).ok());
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+  EXPECT_EQ(s1->position, 37u);
+  EXPECT_EQ(s2->position, 37u);
 }
 
-TEST(ReferenceModelTest, TopkCoveringEveryPoolEqualsDense) {
+TEST(HybridModelCpuTest, LastLogitsEqualTheLastRowOfAll) {
+  ModelConfig c = Mixed();
+  Weights w = Weights::Generate(c, 3);
+  auto m = MakeCpuModel(c, w, 128, 8);
+  ASSERT_TRUE(m.ok());
+  auto s1 = m->model->NewSession();
+  auto s2 = m->model->NewSession();
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  auto tokens = Text(20);
+  std::vector<float> all, last;
+  ASSERT_TRUE(m->model->Prime(*s1, tokens, LogitsWanted::kAll, &all).ok());
+  ASSERT_TRUE(m->model->Prime(*s2, tokens, LogitsWanted::kLast, &last).ok());
+  ASSERT_EQ(last.size(), c.vocab);
+  EXPECT_EQ(std::memcmp(last.data(), all.data() + 19 * c.vocab, c.vocab * 4), 0);
+}
+
+TEST(HybridModelCpuTest, TopkCoveringEveryPoolEqualsDense) {
   ModelConfig sparse = Mixed();
   sparse.layers = {LayerType::kMla, LayerType::kMla};
   sparse.mla.indexer->topk = 1000;
@@ -290,35 +319,116 @@ TEST(ReferenceModelTest, TopkCoveringEveryPoolEqualsDense) {
   for (const auto& [name, t] : ws.tensors())
     if (name.find(".idx.") == std::string::npos) kept.emplace(name, t);
   Weights wd(std::move(kept));
-  auto a = ReferenceModel::Create(sparse, &ws);
-  auto b = ReferenceModel::Create(dense, &wd);
+  auto a = MakeCpuModel(sparse, ws);
+  auto b = MakeCpuModel(dense, wd);
   ASSERT_TRUE(a.ok() && b.ok()) << b.status().ToString();
+  auto sa = a->model->NewSession();
+  auto sb = b->model->NewSession();
+  ASSERT_TRUE(sa.ok() && sb.ok());
   std::vector<float> la, lb;
   auto tokens = Text(30);
-  ASSERT_TRUE(a->Prime(tokens, &la).ok());
-  ASSERT_TRUE(b->Prime(tokens, &lb).ok());
+  ASSERT_TRUE(a->model->Prime(*sa, tokens, LogitsWanted::kAll, &la).ok());
+  ASSERT_TRUE(b->model->Prime(*sb, tokens, LogitsWanted::kAll, &lb).ok());
   EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * 4), 0);
 }
 
-TEST(ReferenceModelTest, RefusesOutOfVocabularyTokensWithoutSideEffects) {
+TEST(HybridModelCpuTest, RefusesBadTokensAndOverflowWithoutSideEffects) {
   ModelConfig c = Mixed();
   Weights w = Weights::Generate(c, 3);
-  auto m = ReferenceModel::Create(c, &w);
+  auto m = MakeCpuModel(c, w, 16, 8);
   ASSERT_TRUE(m.ok());
+  auto s = m->model->NewSession();
+  ASSERT_TRUE(s.ok());
   std::vector<std::uint32_t> bad = {kBosToken, 65, 258};
   std::vector<float> logits;
-  Status s = m->Prime(bad, &logits);
-  EXPECT_TRUE(s.IsInvalidArgument());
-  EXPECT_EQ(m->position(), 0u);
+  EXPECT_TRUE(m->model->Prime(*s, bad, LogitsWanted::kAll, &logits).IsInvalidArgument());
+  EXPECT_TRUE(m->model->Prime(*s, Text(17), LogitsWanted::kAll, &logits).IsResourceExhausted());
+  EXPECT_EQ(s->position, 0u);
   EXPECT_TRUE(logits.empty());
+  EXPECT_TRUE(s->cache->fresh());
 }
 
-TEST(ReferenceModelTest, CreateRefusesMismatchedWeights) {
+TEST(HybridModelCpuTest, CreateRefusesMismatchedWeightsAndPlans) {
   ModelConfig c = Mixed();
   ModelConfig other = c;
   other.hidden = 16;
   Weights w = Weights::Generate(other, 3);
-  EXPECT_TRUE(ReferenceModel::Create(c, &w).status().IsInvalidArgument());
+  EXPECT_TRUE(MakeCpuModel(c, w).status().IsInvalidArgument());
+  // An engine planned for a model whose latent rows are narrower.
+  ModelConfig narrow = c;
+  narrow.mla.kv_rank = 8;
+  auto m = MakeCpuModel(narrow, Weights::Generate(narrow, 3));
+  ASSERT_TRUE(m.ok());
+  Status s = HybridModel::Create(c, Weights::Generate(c, 3), m->engine.get()).status();
+  EXPECT_TRUE(s.IsInvalidArgument());
+  EXPECT_NE(s.message().find("state plan"), std::string::npos);
+}
+
+TEST(HybridModelCpuTest, GreedyGenerationFeedsWhatItPicks) {
+  ModelConfig c = Mixed();
+  Weights w = Weights::Generate(c, 9);
+  auto m = MakeCpuModel(c, w, 128, 16);
+  ASSERT_TRUE(m.ok());
+  auto s = m->model->NewSession();
+  ASSERT_TRUE(s.ok());
+  auto prompt = Text(10);
+  std::vector<float> last;
+  ASSERT_TRUE(m->model->Prime(*s, prompt, LogitsWanted::kLast, &last).ok());
+  std::vector<float> gen_logits;
+  auto gen = m->model->Generate(*s, last, 6, &gen_logits);
+  ASSERT_TRUE(gen.ok()) << gen.status().ToString();
+  ASSERT_FALSE(gen->empty());
+  // Replaying prompt + generated tokens in one session gives the same picks.
+  auto r = m->model->NewSession();
+  ASSERT_TRUE(r.ok());
+  std::vector<std::uint32_t> all = prompt;
+  all.insert(all.end(), gen->begin(), gen->end());
+  std::vector<float> replay;
+  ASSERT_TRUE(m->model->Prime(*r, all, LogitsWanted::kAll, &replay).ok());
+  for (std::size_t i = 0; i < gen->size(); ++i) {
+    const float* row = replay.data() + (prompt.size() - 1 + i) * c.vocab;
+    std::uint32_t best = 0;
+    for (std::uint32_t v = 1; v < c.vocab; ++v)
+      if (row[v] > row[best]) best = v;
+    EXPECT_EQ(best, (*gen)[i]) << "step " << i;
+  }
+  EXPECT_EQ(s->position, prompt.size() + gen->size() - ((*gen).back() == kEosToken ? 1 : 0));
+}
+
+}  // namespace
+}  // namespace primecache::model
+
+namespace primecache::model {
+namespace {
+
+TEST(HybridModelCpuTest, MediumStackAtRealCapacityMatchesOracle) {
+  ModelConfig c;
+  c.name = "medium";
+  c.vocab = 300;
+  c.hidden = 256;
+  c.mlp_hidden = 512;
+  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
+  c.mla = {8, 128, 32, 32, 32, 10000.0f, IndexerConfig{4, 64, 4, 8}};
+  c.kda = {4, 64, 4, -5.0f};
+  Weights w = Weights::Generate(c, 21);
+  auto m = testing::MakeCpuModel(c, w, 512, 64, 1, 0);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto session = m->model->NewSession();
+  ASSERT_TRUE(session.ok());
+  Oracle oracle(c, w);
+  auto tokens = Text(200);
+  std::vector<float> logits;
+  ASSERT_TRUE(m->model->Prime(*session, tokens, LogitsWanted::kAll, &logits).ok());
+  double num = 0, den = 0;
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    Vec want = oracle.Step(tokens[t]);
+    for (std::size_t v = 0; v < c.vocab; ++v) {
+      double d = logits[t * c.vocab + v] - want[v];
+      num += d * d;
+      den += want[v] * want[v];
+    }
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-5);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
-#include "engine/model/cpu_ops.h"
+#include "kernels/cpu_math.h"
 
 #include <cmath>
 
-namespace primecache::model::cpu {
+namespace primecache::kernels::cpu {
 
 float Dot(const float* a, const float* b, std::size_t n) {
   float s = 0.0f;
@@ -43,4 +43,4 @@ void L2Normalize(float* z, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) z[i] *= inv;
 }
 
-}  // namespace primecache::model::cpu
+}  // namespace primecache::kernels::cpu

@@ -1,0 +1,112 @@
+// PrefixCache: a HybridModel served through the store. For each request it
+// looks the longest stored prefix up in the daemon, fetches and decodes it
+// straight into pinned staging memory, validates every layer against the
+// fresh cache before a byte moves, restores, and primes only the rest. At the
+// prompt's end it takes the eager half of the boundary capture; after
+// generation Finish completes the deferred half and hands it to a background
+// thread that encodes and publishes it, so decoding never waits on the daemon.
+//
+// With no daemon (or when it goes away) every request falls back to a full
+// prefill; the first such fallback is logged, later ones are not.
+//
+// Thread-safety: one thread drives requests; publishing runs on the
+// PrefixCache's own worker thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/model/hybrid_model.h"
+#include "primecache/client.h"
+#include "primecache/codec.h"
+#include "primecache/snapshot.h"
+
+namespace primecache::model {
+
+struct PrefixCacheOptions {
+  EncodeOptions encode;         // how published layers are encoded
+  bool publish = true;          // publish each prompt's boundary
+  std::size_t min_prefix = 1;   // shortest stored prefix worth restoring
+};
+
+// One request in flight: its session, what it cost, and the eager half of
+// its boundary capture (when one could be taken).
+struct Request {
+  ModelSession session;
+  std::vector<std::uint32_t> prompt;
+  std::vector<float> last_logits;   // the prompt's last position
+  std::vector<float> all_logits;    // every primed position, when asked for
+  std::uint64_t restored_tokens = 0;
+  std::uint64_t prefilled_tokens = 0;
+  double ttft_ms = 0;
+  std::optional<engine::PendingCapture> capture;
+};
+
+class PrefixCache {
+ public:
+  // `client` may be null: the model then runs without the store.
+  PrefixCache(HybridModel* model, std::unique_ptr<client::Client> client, client::ModelId model_id,
+              PrefixCacheOptions options = {});
+  ~PrefixCache();  // waits for queued publishes
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  // The identity entries of this model are stored under: the fingerprint of
+  // architecture, state-plan geometry (widths, not capacities), weights and
+  // codec versions.
+  static client::ModelId ModelIdFor(const ModelConfig& config, const Hash128& weights_digest);
+
+  // Runs a prompt in a fresh session. all_logits: also keep every position's
+  // logits (restored positions have none).
+  Result<Request> Prime(std::span<const std::uint32_t> prompt, bool all_logits = false);
+
+  // After generation: completes the deferred capture and queues the publish.
+  // A capture that cannot be completed is dropped with a log line; it never
+  // fails the request.
+  void Finish(Request& request);
+
+  // Waits until every queued publish has been tried; the number that failed.
+  std::size_t Drain();
+
+  bool connected() const { return client_ != nullptr; }
+  std::uint64_t published() const;
+
+ private:
+  // Restores the longest stored prefix of `tokens` into the fresh session;
+  // 0 when nothing was restored (the session is then fresh again).
+  Result<std::uint64_t> TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens);
+  void NoteDaemonDown(const Status& why);
+  void PublishLoop();
+
+  HybridModel* model_;
+  std::unique_ptr<client::Client> client_;
+  client::ModelId model_id_;
+  PrefixCacheOptions options_;
+  std::atomic<bool> warned_down_{false};
+  engine::Memory staging_;  // pinned; fetched layers decode into it
+
+  struct Job {
+    std::vector<std::uint32_t> tokens;
+    std::vector<LayerSnapshot> layers;
+  };
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::size_t failed_ = 0;
+  std::uint64_t published_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace primecache::model

@@ -1,0 +1,282 @@
+// The session through the real daemon: restore exactness (a restored session
+// continues bit for bit like the one that never stopped), across a daemon
+// restart, refusals that fall back to a full prefill, and the daemon down.
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "engine/model/prefix_cache.h"
+#include "tests/ipc/daemon_harness.h"
+#include "tests/model/model_test_util.h"
+
+namespace primecache::model {
+namespace {
+
+using primecache::testing::Daemon;
+
+ModelConfig Mixed() {
+  ModelConfig c;
+  c.name = "mixed";
+  c.vocab = 258;
+  c.hidden = 32;
+  c.mlp_hidden = 48;
+  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
+  c.mla = {3, 16, 4, 8, 8, 10000.0f, IndexerConfig{2, 8, 4, 2}};
+  c.kda = {2, 8, 4, -5.0f};
+  return c;
+}
+
+struct Variant {
+  const char* name;
+  ModelConfig config;
+  std::uint64_t ring_rows;
+};
+
+std::vector<Variant> Variants() {
+  std::vector<Variant> v;
+  ModelConfig dense = Mixed();
+  dense.layers = {LayerType::kMla, LayerType::kMla};
+  dense.mla.indexer.reset();
+  v.push_back({"dense_mla", dense, 0});
+  ModelConfig ix = Mixed();
+  ix.layers = {LayerType::kMla, LayerType::kMla};
+  v.push_back({"indexer_flat", ix, 0});
+  v.push_back({"indexer_ring", ix, 10});
+  ModelConfig kda = Mixed();
+  kda.layers = {LayerType::kKda, LayerType::kKda};
+  v.push_back({"kda", kda, 0});
+  v.push_back({"mixed", Mixed(), 0});
+  v.push_back({"mixed_ring", Mixed(), 10});
+  return v;
+}
+
+std::vector<std::uint32_t> Prompt(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::uint32_t> t = {kBosToken};
+  while (t.size() < n) t.push_back(rng() % 256);
+  return t;
+}
+
+// Every plane of a session, captured in full.
+std::vector<LayerSnapshot> Planes(ModelSession& s) {
+  auto layers = s.cache->CaptureFull();
+  EXPECT_TRUE(layers.ok()) << layers.status().ToString();
+  return layers.ok() ? std::move(layers).value() : std::vector<LayerSnapshot>{};
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+bool SamePlanes(const std::vector<LayerSnapshot>& a, const std::vector<LayerSnapshot>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t l = 0; l < a.size(); ++l) {
+    if (a[l].index() != b[l].index()) return false;
+    bool same = std::visit(
+        [&](const auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          const T& y = std::get<T>(b[l]);
+          if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
+            return x.shape() == y.shape() && SameBits(x.latent_rows, y.latent_rows) &&
+                   SameBits(x.index_tail_rows, y.index_tail_rows) && SameBits(x.pool_keys, y.pool_keys);
+          } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
+            return x.shape() == y.shape() && SameBits(x.conv_ring, y.conv_ring) && SameBits(x.state, y.state);
+          } else {
+            return x.shape() == y.shape() && SameBits(x.k_rows, y.k_rows) && SameBits(x.v_rows, y.v_rows);
+          }
+        },
+        a[l]);
+    if (!same) return false;
+  }
+  return true;
+}
+
+struct Harness {
+  ModelConfig config;
+  Weights weights;
+  testing::CpuModel cpu;
+  client::ModelId id;
+
+  Harness(const ModelConfig& c, std::uint64_t ring_rows)
+      : config(c), weights(Weights::Generate(c, 17)) {
+    auto m = testing::MakeCpuModel(c, weights, 256, 8, 3, ring_rows);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    cpu = std::move(m).value();
+    id = PrefixCache::ModelIdFor(c, weights.Digest());
+  }
+  std::unique_ptr<PrefixCache> Cache(const Daemon* d, const std::string& ns = "t") {
+    std::unique_ptr<client::Client> cl;
+    if (d != nullptr) {
+      client::ClientOptions o = d->Options(ns);
+      o.reconnect_attempts = 2;
+      auto c = client::Client::Connect(o);
+      EXPECT_TRUE(c.ok()) << c.status().ToString();
+      if (c.ok()) cl = std::move(c).value();
+    }
+    return std::make_unique<PrefixCache>(cpu.model.get(), std::move(cl), id);
+  }
+};
+
+class RestoreExactnessTest : public ::testing::TestWithParam<Variant> {};
+
+// A session primes a prefix, is captured (published through the daemon), and
+// primes a suffix; a fresh session restores that capture from the daemon and
+// primes the same suffix with the same call shapes: logits and every plane
+// bit-identical.
+TEST_P(RestoreExactnessTest, RestoredSessionContinuesBitForBit) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  Harness h(GetParam().config, GetParam().ring_rows);
+  auto cache = h.Cache(&daemon);
+  const auto prefix = Prompt(45, 1), suffix = Prompt(14, 2);
+  std::vector<std::uint32_t> full = prefix;
+  full.insert(full.end(), suffix.begin() + 1, suffix.end());  // 58 tokens: the prefix, then 13 more
+
+  auto first = cache->Prime(prefix);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->restored_tokens, 0u);
+  EXPECT_EQ(first->prefilled_tokens, prefix.size());
+  cache->Finish(*first);
+  ASSERT_EQ(cache->Drain(), 0u);
+  ASSERT_EQ(cache->published(), 1u);
+  // The never-stopped reference: the captured session goes on with the suffix.
+  std::vector<float> reference;
+  ASSERT_TRUE(h.cpu.model->Prime(first->session, std::span(full).subspan(prefix.size()), LogitsWanted::kAll, &reference).ok());
+
+  auto second = cache->Prime(full, /*all_logits=*/true);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->restored_tokens, prefix.size());
+  EXPECT_EQ(second->prefilled_tokens, full.size() - prefix.size());
+  EXPECT_TRUE(SameBits(second->all_logits, reference)) << "logits after the restore differ";
+  EXPECT_TRUE(SamePlanes(Planes(second->session), Planes(first->session))) << "planes after the restore differ";
+  EXPECT_TRUE(second->session.cache->CheckInvariants().ok());
+
+  // Priming prefix + suffix in one call is a different computation, held to 1e-5.
+  auto one = h.cpu.model->NewSession();
+  ASSERT_TRUE(one.ok());
+  std::vector<float> one_call;
+  ASSERT_TRUE(h.cpu.model->Prime(*one, full, LogitsWanted::kAll, &one_call).ok());
+  const std::size_t V = h.config.vocab;
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < reference.size(); ++i) {
+    double d = double(one_call[prefix.size() * V + i]) - reference[i];
+    num += d * d;
+    den += double(reference[i]) * reference[i];
+  }
+  EXPECT_LE(std::sqrt(num / den), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stacks, RestoreExactnessTest, ::testing::ValuesIn(Variants()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(PrefixCacheTest, EntriesSurviveADaemonRestart) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  daemon.DisownDir();
+  Harness h(Mixed(), 0);
+  const auto prefix = Prompt(40, 3);
+  std::vector<std::uint32_t> full = prefix;
+  for (std::uint32_t t : {7u, 8u, 9u}) full.push_back(t);
+  std::vector<float> reference;
+  {
+    auto cache = h.Cache(&daemon);
+    auto r = cache->Prime(prefix);
+    ASSERT_TRUE(r.ok());
+    cache->Finish(*r);
+    ASSERT_EQ(cache->Drain(), 0u);
+    ASSERT_TRUE(h.cpu.model->Prime(r->session, std::span(full).subspan(prefix.size()), LogitsWanted::kLast, &reference).ok());
+  }
+  ASSERT_EQ(daemon.Stop(), 0);
+  Daemon again({}, daemon.dir());
+  again.OwnDir();
+  ASSERT_TRUE(again.Start());
+  auto cache = h.Cache(&again);
+  auto r = cache->Prime(full);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->restored_tokens, prefix.size());
+  EXPECT_TRUE(SameBits(r->last_logits, reference));
+}
+
+TEST(PrefixCacheTest, OtherWeightsOrNamespacesNeverRestore) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  Harness h(Mixed(), 0);
+  const auto prefix = Prompt(30, 4);
+  {
+    auto cache = h.Cache(&daemon, "tenant-a");
+    auto r = cache->Prime(prefix);
+    ASSERT_TRUE(r.ok());
+    cache->Finish(*r);
+    ASSERT_EQ(cache->Drain(), 0u);
+  }
+  std::vector<std::uint32_t> longer = prefix;
+  longer.push_back(5);
+  auto other_ns = h.Cache(&daemon, "tenant-b");
+  auto r = other_ns->Prime(longer);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->restored_tokens, 0u) << "a namespace must not see another's entries";
+  Harness other(Mixed(), 0);
+  other.weights = Weights::Generate(other.config, 99);
+  other.id = PrefixCache::ModelIdFor(other.config, other.weights.Digest());
+  auto cache = other.Cache(&daemon, "tenant-a");
+  auto r2 = cache->Prime(longer);
+  ASSERT_TRUE(r2.ok());
+  EXPECT_EQ(r2->restored_tokens, 0u) << "other weights must not see these entries";
+  auto same = h.Cache(&daemon, "tenant-a");
+  auto r3 = same->Prime(longer);
+  ASSERT_TRUE(r3.ok());
+  EXPECT_EQ(r3->restored_tokens, prefix.size());
+}
+
+TEST(PrefixCacheTest, DaemonDownFallsBackAndSaysSoOnce) {
+  std::ostringstream log;
+  auto saved = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("t", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  Harness h(Mixed(), 0);
+  std::vector<float> expected;
+  {
+    auto plain = h.cpu.model->NewSession();
+    ASSERT_TRUE(plain.ok());
+    ASSERT_TRUE(h.cpu.model->Prime(*plain, Prompt(25, 5), LogitsWanted::kLast, &expected).ok());
+  }
+  {
+    Daemon daemon;
+    ASSERT_TRUE(daemon.Start());
+    auto cache = h.Cache(&daemon);
+    daemon.Kill();  // the daemon goes away under a connected client
+    for (int i = 0; i < 3; ++i) {
+      auto r = cache->Prime(Prompt(25, 5));
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->restored_tokens, 0u);
+      EXPECT_EQ(r->prefilled_tokens, 25u);
+      EXPECT_TRUE(SameBits(r->last_logits, expected));
+      cache->Finish(*r);
+    }
+    cache->Drain();
+  }
+  spdlog::set_default_logger(saved);
+  const std::string text = log.str();
+  std::size_t count = 0;
+  const std::string needle = "the daemon is unavailable";
+  for (std::size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++count;
+  EXPECT_EQ(count, 1u) << text;
+}
+
+TEST(PrefixCacheTest, NoClientRunsWithoutTheStore) {
+  Harness h(Mixed(), 0);
+  auto cache = h.Cache(nullptr);
+  EXPECT_FALSE(cache->connected());
+  auto r = cache->Prime(Prompt(20, 6));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->restored_tokens, 0u);
+  EXPECT_FALSE(r->capture.has_value());
+  cache->Finish(*r);
+  EXPECT_EQ(cache->Drain(), 0u);
+}
+
+}  // namespace
+}  // namespace primecache::model

@@ -1,0 +1,265 @@
+// primecache-model-bench: time to first token on the GPU with and without a
+// restored prefix, for the realistic-geometry model.
+//
+// For each prefix length P (random tokens, then a suffix of S tokens):
+//   full     one session primes P + S tokens; time to the last token's logits;
+//   restore  a second session primes P, is captured in full into pinned host
+//            memory; a fresh session restores that snapshot and primes the
+//            S-token suffix; time from the restore's start to the logits;
+//   copy     the same bytes copied host-to-device from pinned memory, in the
+//            same run, as the bus rate the restore is held to.
+// It also checks restore exactness: the captured session, continued with the
+// same suffix, must give bit-identical logits to the restored one.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "engine/device.h"
+#include "primecache/codec.h"
+#include "engine/model/hybrid_model.h"
+
+using namespace primecache;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Ms(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+int Fail(const Status& s, const char* what) {
+  std::fprintf(stderr, "model-bench: %s: %s\n", what, s.ToString().c_str());
+  return 1;
+}
+
+// A snapshot's planes copied into one pinned block, with views onto them.
+struct PinnedSnapshot {
+  engine::Memory block;
+  std::vector<engine::LayerSnapshotView> views;
+  std::uint64_t bytes = 0;
+};
+
+Result<PinnedSnapshot> Pin(engine::Device& dev, const std::vector<LayerSnapshot>& layers) {
+  PinnedSnapshot p;
+  for (const auto& v : engine::ViewsOf(layers)) {
+    std::visit([&](const auto& view) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(view)>, engine::LatentView>) {
+        p.bytes += (view.latent_rows.size() + view.index_tail_rows.size() + view.pool_keys.size()) * 4;
+      } else if constexpr (std::is_same_v<std::decay_t<decltype(view)>, engine::RecurrentView>) {
+        p.bytes += (view.conv_ring.size() + view.state.size()) * 4;
+      } else {
+        p.bytes += (view.k_rows.size() + view.v_rows.size()) * 4;
+      }
+    }, v);
+  }
+  PC_ASSIGN_OR_RETURN(p.block, dev.AllocatePinned(p.bytes));
+  float* at = p.block.at<float>(0);
+  auto place = [&](std::span<const float> src) {
+    std::memcpy(at, src.data(), src.size_bytes());
+    std::span<const float> out(at, src.size());
+    at += src.size();
+    return out;
+  };
+  for (const auto& v : engine::ViewsOf(layers)) {
+    if (auto* l = std::get_if<engine::LatentView>(&v)) {
+      p.views.push_back(engine::LatentView{l->shape, place(l->latent_rows), place(l->index_tail_rows), place(l->pool_keys)});
+    } else if (auto* r = std::get_if<engine::RecurrentView>(&v)) {
+      p.views.push_back(engine::RecurrentView{r->shape, place(r->conv_ring), place(r->state)});
+    } else {
+      const auto& k = std::get<engine::KvView>(v);
+      p.views.push_back(engine::KvView{k.shape, place(k.k_rows), place(k.v_rows)});
+    }
+  }
+  return p;
+}
+
+// Encodes every layer of a real snapshot with each transform and reports,
+// per plane, the compression ratio and the encode and decode rates (one
+// thread): the measurement the codecs' default choice rests on.
+void ReportRatios(const std::vector<LayerSnapshot>& layers) {
+  struct Choice {
+    const char* name;
+    TransformSpec spec;
+  };
+  const Choice choices[] = {{"raw", {"raw/v1", 0}},
+                            {"shuffle-zstd-1", {"shuffle-zstd/v1", 1}},
+                            {"shuffle-zstd-3", {"shuffle-zstd/v1", 3}},
+                            {"bf16 (latent only)", {"bf16/v1", 0}},
+                            {"q8_0 (latent only)", {"q8_0/v1", 0}}};
+  for (const Choice& c : choices) {
+    EncodeOptions opt;
+    const bool lossy = c.spec.id == "bf16/v1" || c.spec.id == "q8_0/v1";
+    if (lossy) {
+      opt.plane_transforms.push_back({PlaneId::kLatentRows, c.spec});
+    } else {
+      opt.all_planes = c.spec;
+    }
+    std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> per_plane;  // raw, encoded
+    double enc_s = 0, dec_s = 0;
+    std::uint64_t raw_total = 0;
+    for (const LayerSnapshot& layer : layers) {
+      auto t0 = Clock::now();
+      auto enc = EncodeLayer(layer, opt);
+      enc_s += Ms(t0) / 1e3;
+      if (!enc.ok()) {
+        std::printf("model-bench: ratios: %s: %s\n", c.name, enc.status().ToString().c_str());
+        return;
+      }
+      for (const PlaneRecord& p : enc->header.planes) {
+        auto& acc = per_plane[std::string(PlaneName(p.id)) + (lossy && p.id != PlaneId::kLatentRows ? " (default)" : "")];
+        for (const ChunkRecord& ch : p.chunks) {
+          acc.first += ch.raw_bytes;
+          acc.second += ch.encoded_bytes;
+          raw_total += ch.raw_bytes;
+        }
+      }
+      // Decode into planes allocated and touched beforehand, as a restore
+      // decodes into its staging: the rate is the codec's, not the allocator's.
+      auto dst = MakeSnapshot(ShapeOf(layer));
+      auto codec = CodecRegistry::Default().KindFor(ShapeOf(layer));
+      if (!dst.ok() || !codec.ok()) return;
+      const std::vector<std::span<float>> spans = (*codec)->MutablePlaneData(*dst);
+      t0 = Clock::now();
+      Status dec = DecodeLayerInto(*enc, spans);
+      dec_s += Ms(t0) / 1e3;
+      if (!dec.ok()) {
+        std::printf("model-bench: ratios: %s decode: %s\n", c.name, dec.ToString().c_str());
+        return;
+      }
+    }
+    std::string planes;
+    for (const auto& [name, v] : per_plane) {
+      if (v.first == 0) continue;  // an empty plane (the index tail at a pool multiple)
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " %s %.3f", name.c_str(), double(v.first) / double(std::max<std::uint64_t>(v.second, 1)));
+      planes += buf;
+    }
+    std::printf("model-bench: ratios %-19s encode %5.2f GB/s decode %5.2f GB/s |%s\n", c.name,
+                double(raw_total) / 1e9 / enc_s, double(raw_total) / 1e9 / dec_s, planes.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Time to first token with and without a restored prefix (CUDA)"};
+  std::string config_path = "configs/hrm-glm5-class.json";
+  std::vector<std::size_t> prefixes = {4096, 32768};
+  std::size_t suffix = 16, chunk = 2048;
+  std::uint64_t seed = 1;
+  app.add_option("--config", config_path, "model config (JSON)");
+  app.add_option("--prefix", prefixes, "prefix lengths in tokens")->expected(1, 16);
+  app.add_option("--suffix", suffix, "suffix tokens primed after the prefix")->check(CLI::Range(1, 4096));
+  app.add_option("--chunk", chunk, "tokens per forward call")->check(CLI::Range(1, 65536));
+  app.add_option("--seed", seed, "weights seed");
+  CLI11_PARSE(app, argc, argv);
+
+  if (!engine::CudaDeviceAvailable()) {
+    std::printf("model-bench: no CUDA device; nothing measured\n");
+    return 0;
+  }
+  auto config = model::LoadModelConfig(Env::Default(), config_path);
+  if (!config.ok()) return Fail(config.status(), "config");
+  auto t0 = Clock::now();
+  model::Weights weights = model::Weights::Generate(*config, seed);
+  std::printf("model-bench: %s, %zu layers, weights generated in %.0f ms\n", config->name.c_str(),
+              config->layers.size(), Ms(t0));
+  std::size_t longest = 0;
+  for (std::size_t p : prefixes) longest = std::max(longest, p);
+
+  auto device = engine::NewCudaDevice();
+  if (!device.ok()) return Fail(device.status(), "device");
+  engine::ReserveRequest req;
+  req.plan = model::HybridModel::PlanFor(*config);
+  req.max_ctx = longest + suffix;
+  req.sessions = 3;
+  req.snapshot_slots = 1;
+  auto eng = engine::Engine::Create(*device, req);
+  if (!eng.ok()) return Fail(eng.status(), "engine");
+  t0 = Clock::now();
+  auto m = model::HybridModel::Create(*config, weights, eng->get(), {chunk});
+  if (!m.ok()) return Fail(m.status(), "model");
+  std::printf("model-bench: weights on the device in %.0f ms; chunks of %zu tokens\n", Ms(t0), chunk);
+  engine::Device& dev = (*eng)->device();
+
+  std::mt19937 rng(7);
+  for (std::size_t P : prefixes) {
+    std::vector<std::uint32_t> tokens(P + suffix);
+    tokens[0] = model::kBosToken;
+    for (std::size_t i = 1; i < tokens.size(); ++i) tokens[i] = rng() % 256;
+    std::span<const std::uint32_t> prefix(tokens.data(), P), rest(tokens.data() + P, suffix);
+
+    // Without a restore: the whole prompt.
+    std::vector<float> full_logits;
+    double full_ms;
+    {
+      auto s = (*m)->NewSession();
+      if (!s.ok()) return Fail(s.status(), "session");
+      t0 = Clock::now();
+      Status st = (*m)->Prime(*s, tokens, model::LogitsWanted::kLast, &full_logits);
+      full_ms = Ms(t0);
+      if (!st.ok()) return Fail(st, "full prefill");
+    }
+    // The captured session, continued with the suffix: the exactness reference.
+    auto src = (*m)->NewSession();
+    if (!src.ok()) return Fail(src.status(), "session");
+    if (Status st = (*m)->Prime(*src, prefix, model::LogitsWanted::kNone, nullptr); !st.ok()) return Fail(st, "prefix");
+    t0 = Clock::now();
+    auto snap = src->cache->CaptureFull();
+    const double capture_ms = Ms(t0);
+    if (!snap.ok()) return Fail(snap.status(), "capture");
+    auto pinned = Pin(dev, *snap);
+    if (!pinned.ok()) return Fail(pinned.status(), "pinning the snapshot");
+    std::vector<float> cont_logits;
+    if (Status st = (*m)->Prime(*src, rest, model::LogitsWanted::kLast, &cont_logits); !st.ok()) return Fail(st, "suffix");
+    src->cache.reset();
+
+    // The bus rate for the same bytes, pinned host to device.
+    auto scratch = dev.Allocate(pinned->bytes);
+    if (!scratch.ok()) return Fail(scratch.status(), "scratch");
+    double copy_ms = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      t0 = Clock::now();
+      Status st = dev.UploadAsync(scratch->data(), pinned->block.data(), pinned->bytes, engine::Lane::kCompute);
+      if (st.ok()) st = dev.Synchronize(engine::Lane::kCompute);
+      if (!st.ok()) return Fail(st, "pinned copy");
+      copy_ms = std::min(copy_ms, Ms(t0));
+    }
+    scratch->Reset();
+
+    // With a restore: restore the prefix, then the suffix.
+    auto dst = (*m)->NewSession();
+    if (!dst.ok()) return Fail(dst.status(), "session");
+    std::vector<float> restored_logits;
+    t0 = Clock::now();
+    Status st = dst->cache->Restore(pinned->views);
+    if (st.ok()) st = dev.Synchronize(engine::Lane::kCompute);
+    const double restore_ms = Ms(t0);
+    if (!st.ok()) return Fail(st, "restore");
+    dst->position = P;
+    st = (*m)->Prime(*dst, rest, model::LogitsWanted::kLast, &restored_logits);
+    const double ttft_restore_ms = Ms(t0);
+    if (!st.ok()) return Fail(st, "suffix after restore");
+    const bool exact = restored_logits.size() == cont_logits.size() &&
+                       std::memcmp(restored_logits.data(), cont_logits.data(), cont_logits.size() * 4) == 0;
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < full_logits.size(); ++i) {
+      const double d = double(restored_logits[i]) - full_logits[i];
+      num += d * d;
+      den += double(full_logits[i]) * full_logits[i];
+    }
+    const double gb = static_cast<double>(pinned->bytes) / 1e9;
+    std::printf(
+        "model-bench: prefix %6zu + %zu: ttft full %9.1f ms | restore %7.1f ms (%.3f GB at %.1f GB/s; pinned copy %.1f GB/s, "
+        "ratio %.2f) + suffix = ttft %7.1f ms | speedup %.1fx | capture %.0f ms | restored == continued: %s | "
+        "vs one-call prefill rel %.2g\n",
+        P, suffix, full_ms, restore_ms, gb, gb / (restore_ms / 1e3), gb / (copy_ms / 1e3), copy_ms / restore_ms,
+        ttft_restore_ms, full_ms / ttft_restore_ms, capture_ms, exact ? "bit-identical" : "DIFFERENT",
+        std::sqrt(num / den));
+    if (!exact) return 1;
+    if (P == longest) ReportRatios(*snap);
+  }
+  return 0;
+}
