@@ -54,6 +54,12 @@ function(primecache_gpu_bench target)
   set_property(GLOBAL APPEND PROPERTY PRIMECACHE_GPU_BENCH_TARGETS ${target})
 endfunction()
 
+# primecache_gpu_bundle(TARGET): a program the GPU benchmarks need beside them
+# (shipped by tools/gpu-check, not run by itself).
+function(primecache_gpu_bundle target)
+  set_property(GLOBAL APPEND PROPERTY PRIMECACHE_GPU_BENCH_TARGETS ${target})
+endfunction()
+
 # Writes gpu-manifest.txt in the build tree: what tools/gpu-check ships.
 #   test <path>            a gtest binary labelled gpu
 #   bench <path>           a benchmark binary

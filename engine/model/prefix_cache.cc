@@ -77,7 +77,8 @@ void PrefixCache::NoteDaemonDown(const Status& why) {
   spdlog::warn("prefix cache: the daemon is unavailable ({}); prefilling every prompt in full", why.ToString());
 }
 
-Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens) {
+Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens,
+                                              std::uint64_t* restored_bytes) {
   if (client_ == nullptr || tokens.size() < options_.min_prefix) return std::uint64_t{0};
   auto found = client_->Lookup(model_id_, tokens);
   if (!found.ok()) {
@@ -166,7 +167,9 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
     return std::uint64_t{0};
   }
   PC_RETURN_IF_ERROR(cache.Restore(views));
+  PC_RETURN_IF_ERROR(model_->engine().device().Synchronize(engine::Lane::kCompute));
   session.position = len;
+  *restored_bytes = used * sizeof(float);
   return len;
 }
 
@@ -177,7 +180,8 @@ Result<Request> PrefixCache::Prime(std::span<const std::uint32_t> prompt, bool a
   r.prompt.assign(prompt.begin(), prompt.end());
   PC_ASSIGN_OR_RETURN(r.session, model_->NewSession());
   // At least the last prompt token is primed: its logits pick the first new token.
-  auto restored = TryRestore(r.session, prompt.first(prompt.size() - 1));
+  auto restored = TryRestore(r.session, prompt.first(prompt.size() - 1), &r.restored_bytes);
+  r.restore_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (!restored.ok()) {
     // A device failure mid-restore leaves the cache unusable: start afresh.
     spdlog::warn("prefix cache: restore failed ({}); prefilling in full", restored.status().ToString());
@@ -230,6 +234,20 @@ std::size_t PrefixCache::Drain() {
   return failed_;
 }
 
+Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::vector<LayerSnapshot> layers) {
+  if (client_ == nullptr) return Status::Unavailable("prefix cache: no daemon");
+  PC_ASSIGN_OR_RETURN(auto stream,
+                      client_->BeginPublish(model_id_, tokens, static_cast<std::uint32_t>(layers.size())));
+  for (LayerSnapshot& layer : layers) {
+    PC_ASSIGN_OR_RETURN(EncodedLayer enc, EncodeLayer(layer, options_.encode));
+    layer = LayerSnapshot{};  // the raw planes are no longer needed
+    const std::string header = SerializeLayerHeader(enc.header);
+    PC_RETURN_IF_ERROR(stream->BeginLayer(AsBytes(header), static_cast<std::uint32_t>(enc.chunks.size())));
+    for (const std::string& chunk : enc.chunks) PC_RETURN_IF_ERROR(stream->AddChunk(AsBytes(chunk)));
+  }
+  return stream->Commit().status();
+}
+
 void PrefixCache::PublishLoop() {
   for (;;) {
     Job job;
@@ -241,18 +259,7 @@ void PrefixCache::PublishLoop() {
       queue_.pop_front();
       busy_ = true;
     }
-    Status s = [&]() -> Status {
-      PC_ASSIGN_OR_RETURN(auto stream, client_->BeginPublish(model_id_, job.tokens,
-                                                             static_cast<std::uint32_t>(job.layers.size())));
-      for (std::size_t l = 0; l < job.layers.size(); ++l) {
-        PC_ASSIGN_OR_RETURN(EncodedLayer enc, EncodeLayer(job.layers[l], options_.encode));
-        job.layers[l] = LayerSnapshot{};  // the raw planes are no longer needed
-        const std::string header = SerializeLayerHeader(enc.header);
-        PC_RETURN_IF_ERROR(stream->BeginLayer(AsBytes(header), static_cast<std::uint32_t>(enc.chunks.size())));
-        for (const std::string& chunk : enc.chunks) PC_RETURN_IF_ERROR(stream->AddChunk(AsBytes(chunk)));
-      }
-      return stream->Commit().status();
-    }();
+    Status s = Publish(job.tokens, std::move(job.layers));
     {
       std::lock_guard lock(mu_);
       busy_ = false;

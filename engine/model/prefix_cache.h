@@ -49,6 +49,8 @@ struct Request {
   std::uint64_t restored_tokens = 0;
   std::uint64_t prefilled_tokens = 0;
   double ttft_ms = 0;
+  double restore_ms = 0;             // lookup, fetch, decode, validation and restore
+  std::uint64_t restored_bytes = 0;  // decoded bytes of the restored planes
   std::optional<engine::PendingCapture> capture;
 };
 
@@ -78,13 +80,18 @@ class PrefixCache {
   // Waits until every queued publish has been tried; the number that failed.
   std::size_t Drain();
 
+  // Encodes and publishes one boundary now, on the calling thread (the
+  // worker's path; also for tools that hold a capture already).
+  Status Publish(std::span<const std::uint32_t> tokens, std::vector<LayerSnapshot> layers);
+
   bool connected() const { return client_ != nullptr; }
   std::uint64_t published() const;
 
  private:
   // Restores the longest stored prefix of `tokens` into the fresh session;
   // 0 when nothing was restored (the session is then fresh again).
-  Result<std::uint64_t> TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens);
+  Result<std::uint64_t> TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens,
+                                   std::uint64_t* restored_bytes);
   void NoteDaemonDown(const Status& why);
   void PublishLoop();
 

@@ -12,7 +12,14 @@
 // same suffix, must give bit-identical logits to the restored one.
 #include <CLI/CLI.hpp>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -21,6 +28,7 @@
 #include "engine/device.h"
 #include "primecache/codec.h"
 #include "engine/model/hybrid_model.h"
+#include "engine/model/prefix_cache.h"
 
 using namespace primecache;
 
@@ -141,6 +149,88 @@ void ReportRatios(const std::vector<LayerSnapshot>& layers) {
   }
 }
 
+// A primecached child on a temporary data dir, for the daemon restore path.
+class DaemonProcess {
+ public:
+  ~DaemonProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  }
+  Status Start(const std::string& binary) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "pcbench-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) return Status::IOError("mkdtemp");
+    dir_ = tmpl;
+    int p[2];
+    if (pipe(p) != 0) return Status::IOError("pipe");
+    std::vector<std::string> args = {binary, "--data-dir", dir_ + "/data", "--socket", socket(), "--no-admin-socket",
+                                     "--ready-fd", std::to_string(p[1]), "--log-level", "warn"};
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(p[1]);
+    pollfd pf{p[0], POLLIN, 0};
+    char buf[8] = {};
+    const bool ok = poll(&pf, 1, 30000) == 1 && read(p[0], buf, sizeof buf) > 0;
+    close(p[0]);
+    return ok ? Status::Ok() : Status::Unavailable("primecached did not become ready");
+  }
+  std::string socket() const { return dir_ + "/d.sock"; }
+
+ private:
+  std::string dir_;
+  pid_t pid_ = -1;
+};
+
+// The restore path from the daemon: the capture published under each
+// transform, then a fresh request through PrefixCache (lookup, fetch over
+// shared memory, decode into pinned staging, validate, restore, suffix).
+int DaemonPath(const std::string& daemon_bin, model::HybridModel& m, const model::ModelConfig& config,
+               const model::Weights& weights, const std::vector<LayerSnapshot>& snap,
+               std::span<const std::uint32_t> prefix, std::span<const std::uint32_t> tokens,
+               const std::vector<float>& continued, double pinned_gbs) {
+  DaemonProcess daemon;
+  if (Status s = daemon.Start(daemon_bin); !s.ok()) return Fail(s, "daemon");
+  for (const char* transform : {"raw/v1", "shuffle-zstd/v1"}) {
+    client::ClientOptions o;
+    o.endpoint = daemon.socket();
+    o.ns = transform;
+    o.shared_memory = true;
+    o.shared_memory_bytes = 256u << 20;
+    o.timeout = std::chrono::milliseconds(120000);
+    auto cl = client::Client::Connect(o);
+    if (!cl.ok()) return Fail(cl.status(), "client");
+    model::PrefixCacheOptions opt;
+    opt.encode.all_planes = TransformSpec{transform, transform == std::string("raw/v1") ? 0 : 1};
+    opt.publish = false;
+    model::PrefixCache cache(&m, std::move(cl).value(), model::PrefixCache::ModelIdFor(config, weights.Digest()), opt);
+    auto t0 = Clock::now();
+    if (Status s = cache.Publish(prefix, snap); !s.ok()) return Fail(s, "publish");
+    const double publish_ms = Ms(t0);
+    auto r = cache.Prime(tokens);
+    if (!r.ok()) return Fail(r.status(), "request through the daemon");
+    const bool exact = r->last_logits.size() == continued.size() &&
+                       std::memcmp(r->last_logits.data(), continued.data(), continued.size() * 4) == 0;
+    const double gb = double(r->restored_bytes) / 1e9;
+    std::printf(
+        "model-bench: daemon path, %-15s publish %.0f ms | restored %llu tokens, %.3f GB in %.1f ms = %.2f GB/s "
+        "(%.2f x the pinned copy rate) | ttft %.1f ms | restored == continued: %s\n",
+        transform, publish_ms, static_cast<unsigned long long>(r->restored_tokens), gb, r->restore_ms,
+        gb / (r->restore_ms / 1e3), gb / (r->restore_ms / 1e3) / pinned_gbs, r->ttft_ms,
+        exact ? "bit-identical" : "DIFFERENT");
+    if (!exact || r->restored_tokens != prefix.size()) return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,6 +244,8 @@ int main(int argc, char** argv) {
   app.add_option("--suffix", suffix, "suffix tokens primed after the prefix")->check(CLI::Range(1, 4096));
   app.add_option("--chunk", chunk, "tokens per forward call")->check(CLI::Range(1, 65536));
   app.add_option("--seed", seed, "weights seed");
+  std::string daemon_bin;
+  app.add_option("--daemon", daemon_bin, "primecached binary: also measure the restore path through the daemon");
   CLI11_PARSE(app, argc, argv);
 
   if (!engine::CudaDeviceAvailable()) {
@@ -259,7 +351,14 @@ int main(int argc, char** argv) {
         ttft_restore_ms, full_ms / ttft_restore_ms, capture_ms, exact ? "bit-identical" : "DIFFERENT",
         std::sqrt(num / den));
     if (!exact) return 1;
-    if (P == longest) ReportRatios(*snap);
+    if (P == longest) {
+      ReportRatios(*snap);
+      if (!daemon_bin.empty()) {
+        const int rc = DaemonPath(daemon_bin, **m, *config, weights, *snap, prefix, tokens, cont_logits,
+                                  gb / (copy_ms / 1e3));
+        if (rc != 0) return rc;
+      }
+    }
   }
   return 0;
 }
