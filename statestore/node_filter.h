@@ -1,13 +1,15 @@
-// NodeFilter: which prefix-index nodes exist, in memory.
+// NodeFilter: which prefix-index records exist, in memory (the store keeps
+// one for node records and one for exact records).
 //
 // A lookup of Q tokens has Q/B + 1 candidate nodes, and almost all of them
-// are absent; asking RocksDB about each costs a bloom probe per level of the
-// LSM, at random places. The filter answers "absent" from one compact hash
-// table instead, so RocksDB is asked only about nodes that exist (and the rare
-// fingerprint collision). It is exact about absence: a node is in it while
-// its persisted record holds at least one slot. It is loaded from the index's
-// node keys at open (a scan of the index, never of chunk bytes) and kept in
-// step by every committed batch.
+// are absent; a node on the path may list many boundary lengths, most of
+// which the query does not share. Asking RocksDB about each costs a bloom
+// probe per level of the LSM, at random places. The filter answers "absent"
+// from one compact hash table instead, so RocksDB is asked only about
+// records that exist (and the rare 64-bit fingerprint collision). It is exact
+// about absence: a key is in it while its persisted record holds at least one
+// slot or id. It is loaded from the index's keys at open (a scan of the
+// index, never of chunk bytes) and kept in step by every committed batch.
 //
 // Thread-safety: Adjust and Reset under an exclusive lock of `mu`;
 // MayContain under a shared one.

@@ -126,6 +126,10 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
         if (length > q) continue;
         std::uint64_t exact =
             (it->r == block && a < top) ? h[a + 1] : s.hasher->Hash(tokens.subspan(a * block, it->r), h[a]);
+        {
+          std::shared_lock g(s.exact_filter.mu);
+          if (!s.exact_filter.MayContain(NodeFilter::Fingerprint(*scope, length, exact))) continue;
+        }
         std::string v;
         bool found = false;
         PC_RETURN_IF_ERROR(s.GetValue(s.cf_index, ExactKey(*scope, length, exact), &v, &found));
