@@ -1,13 +1,17 @@
-// NodeFilter: which prefix-index nodes exist, in memory.
+// NodeFilter: which prefix-index records exist, in memory (the store keeps
+// one for node records and one for exact records).
 //
 // A lookup of Q tokens has Q/B + 1 candidate nodes, and almost all of them
-// are absent; asking RocksDB about each costs a bloom probe per level of the
-// LSM, at random places. The filter answers "absent" from one compact hash
-// table instead, so RocksDB is asked only about nodes that exist (and the rare
-// fingerprint collision). It is exact about absence: a node is in it while
-// its persisted record holds at least one slot. It is loaded from the index's
-// node keys at open (a scan of the index, never of chunk bytes) and kept in
-// step by every committed batch.
+// are absent; a node on the path may list many boundary lengths, most of
+// which the query does not share. Asking RocksDB about each costs a bloom
+// probe per level of the LSM, at random places. The filter answers "absent"
+// from one compact hash table instead, so RocksDB is asked only about
+// records that exist (and the rare 64-bit fingerprint collision). It is exact
+// about absence: a key is in it while its persisted record holds at least one
+// slot or id. Fingerprints are 32 bits and counts add up across keys that
+// share one, so absence stays exact while a table of a million keys takes
+// 16 MiB. It is loaded from the index's keys at open (a scan of the index,
+// never of chunk bytes) and kept in step by every committed batch.
 //
 // Thread-safety: Adjust and Reset under an exclusive lock of `mu`;
 // MayContain under a shared one.
@@ -21,11 +25,11 @@ namespace primecache::statestore_internal {
 
 class NodeFilter {
  public:
-  static std::uint64_t Fingerprint(std::uint64_t scope, std::uint64_t level, std::uint64_t node_hash);
+  static std::uint32_t Fingerprint(std::uint64_t scope, std::uint64_t level, std::uint64_t node_hash);
 
-  // Adds delta to a fingerprint's slot count; at zero it is removed.
-  void Adjust(std::uint64_t fp, std::int64_t delta);
-  bool MayContain(std::uint64_t fp) const;
+  // Adds delta to a fingerprint's count; at zero it is removed.
+  void Adjust(std::uint32_t fp, std::int64_t delta);
+  bool MayContain(std::uint32_t fp) const;
   void Reset();
   std::size_t size() const { return used_; }
 
@@ -33,10 +37,10 @@ class NodeFilter {
 
  private:
   struct Cell {
-    std::uint64_t key = 0;  // 0: empty
-    std::uint64_t count = 0;
+    std::uint32_t key = 0;  // 0: empty
+    std::uint32_t count = 0;
   };
-  std::size_t Find(std::uint64_t key) const;  // its cell, or the empty cell where it would go
+  std::size_t Find(std::uint32_t key) const;  // its cell, or the empty cell where it would go
   void Grow();
 
   std::vector<Cell> cells_ = std::vector<Cell>(1024);

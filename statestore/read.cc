@@ -121,11 +121,28 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
         spdlog::error("statestore {}: index node {}/{}: {}", s.path, *scope, a, slots.status().ToString());
         continue;
       }
-      for (auto it = slots->rbegin(); it != slots->rend() && !hit; ++it) {
-        const std::size_t length = a * block + it->r;
-        if (length > q) continue;
-        std::uint64_t exact =
-            (it->r == block && a < top) ? h[a + 1] : s.hasher->Hash(tokens.subspan(a * block, it->r), h[a]);
+      // The query's hash at every slot length it covers, in one pass, then
+      // the exact records that exist, longest first.
+      std::vector<std::uint32_t> rs;
+      for (const auto& sl : *slots) {
+        if (a * block + sl.r <= q) rs.push_back(sl.r);
+      }
+      std::vector<std::uint64_t> exacts(rs.size());
+      s.hasher->HashPrefixes(tokens.subspan(a * block, std::min<std::size_t>(block, q - a * block)), h[a], rs,
+                             exacts);
+      std::vector<std::pair<std::size_t, std::uint64_t>> present;  // (length, exact hash), longest first
+      {
+        std::shared_lock g(s.exact_filter.mu);
+        for (std::size_t k = rs.size(); k-- > 0;) {
+          const std::size_t length = a * block + rs[k];
+          if (s.exact_filter.MayContain(NodeFilter::Fingerprint(*scope, length, exacts[k]))) {
+            present.emplace_back(length, exacts[k]);
+          }
+        }
+      }
+      for (auto it = present.begin(); it != present.end() && !hit; ++it) {
+        const std::size_t length = it->first;
+        const std::uint64_t exact = it->second;
         std::string v;
         bool found = false;
         PC_RETURN_IF_ERROR(s.GetValue(s.cf_index, ExactKey(*scope, length, exact), &v, &found));

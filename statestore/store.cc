@@ -413,7 +413,7 @@ Status Store::Impl::LoadState() {
   }
   PC_RETURN_IF_ERROR(FromRocks(it->status(), "load scopes"));
 
-  PC_RETURN_IF_ERROR(LoadNodeFilter());
+  PC_RETURN_IF_ERROR(LoadFilters());
 
   // The clock continues after the most recent access recorded.
   std::unique_ptr<rocksdb::Iterator> lit(db->NewIterator(rocksdb::ReadOptions(), cf_lru));
@@ -424,20 +424,27 @@ Status Store::Impl::LoadState() {
   return FromRocks(lit->status(), "load recency clock");
 }
 
-Status Store::Impl::LoadNodeFilter() {
-  std::unique_lock g(node_filter.mu);
+Status Store::Impl::LoadFilters() {
+  std::unique_lock gn(node_filter.mu);
+  std::unique_lock gx(exact_filter.mu);
   node_filter.Reset();
-  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_index));
-  std::string prefix(1, kNodeTag);
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    auto k = it->key();
-    if (k.size() != 25) return Status::Corruption("malformed index node key");
-    std::uint64_t total = SlotTotal(std::string(it->value().ToStringView()), params.block_tokens);
-    node_filter.Adjust(
-        NodeFilter::Fingerprint(GetBE64(k.data() + 1), GetBE64(k.data() + 9), GetBE64(k.data() + 17)),
-        static_cast<std::int64_t>(total));
+  exact_filter.Reset();
+  for (char tag : {kNodeTag, kExactTag}) {
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_index));
+    std::string prefix(1, tag);
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      auto k = it->key();
+      if (k.size() != 25) return Status::Corruption("malformed index key");
+      std::optional<std::string> v(std::string(it->value().ToStringView()));
+      std::uint64_t n = tag == kNodeTag ? SlotTotal(v, params.block_tokens) : IdCount(v);
+      (tag == kNodeTag ? node_filter : exact_filter)
+          .Adjust(
+              NodeFilter::Fingerprint(GetBE64(k.data() + 1), GetBE64(k.data() + 9), GetBE64(k.data() + 17)),
+              static_cast<std::int64_t>(n));
+    }
+    PC_RETURN_IF_ERROR(FromRocks(it->status(), "load index"));
   }
-  return FromRocks(it->status(), "load index nodes");
+  return Status::Ok();
 }
 
 // Chunk bytes written by publishes that never committed carry a collection
@@ -869,6 +876,21 @@ Status Store::SetByteBudget(std::uint64_t bytes) {
 
 Result<Store::VerifyReport> Store::Verify(bool read_chunks) {
   return impl_->Verify(read_chunks);
+}
+
+}  // namespace primecache
+
+namespace primecache {
+
+Status Store::Compact() {
+  PC_RETURN_IF_ERROR(impl_->Broken());
+  rocksdb::CompactRangeOptions o;
+  o.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  for (auto* cf : impl_->handles) {
+    PC_RETURN_IF_ERROR(impl_->AfterWriteError(statestore_internal::FromRocks(
+        impl_->db->CompactRange(o, cf, nullptr, nullptr), "compact " + cf->GetName())));
+  }
+  return Status::Ok();
 }
 
 }  // namespace primecache

@@ -127,9 +127,10 @@ struct Store::Impl {
   std::mutex touch_mu;
   std::unordered_map<EntryId, PendingTouch> pending_touches;
 
-  // Which index nodes exist (see node_filter.h).
-  statestore_internal::NodeFilter node_filter;
-  Status LoadNodeFilter();
+  // Which index nodes and exact records exist (see node_filter.h).
+  statestore_internal::NodeFilter node_filter;   // 'N' keys, by slot total
+  statestore_internal::NodeFilter exact_filter;  // 'X' keys, by id count
+  Status LoadFilters();
 
   // Admission: sightings of boundaries, in memory, bounded.
   std::mutex sight_mu;
@@ -214,8 +215,10 @@ struct Store::Impl {
 
 namespace statestore_internal {
 
-// The sum of the slot counts of an index node value (0 when absent or malformed).
+// What the in-memory filters count for an index value: the slot total of a
+// node, the ids of an exact record (0 when absent or malformed).
 std::uint64_t SlotTotal(const std::optional<std::string>& v, std::uint32_t block);
+std::uint64_t IdCount(const std::optional<std::string>& v);
 
 // One metadata batch, built under write_mu and written atomically.
 class Txn {
@@ -271,7 +274,7 @@ class Txn {
   Counters c_;
   std::unordered_map<Hash128, RefState, Hash128Hasher> refs_;
   std::map<std::string, std::optional<std::string>> index_;
-  std::map<std::string, std::uint64_t> node_base_;  // slot total of each node key before this batch
+  std::map<std::string, std::uint64_t> filter_base_;  // each N/X key's filter count before this batch
   std::vector<EntryId> dying_;
   std::set<EntryId> removed_;  // removed in this batch, or not to be picked again by eviction
   std::vector<ScopeRecord> new_scopes_;

@@ -16,6 +16,18 @@ class XxhTokenHasher final : public TokenHasher {
   std::uint64_t Hash(std::span<const std::uint32_t> tokens, std::uint64_t seed) const override {
     return XXH3_64bits_withSeed(tokens.data(), tokens.size_bytes(), seed);
   }
+  // One streaming pass; XXH3's streaming digest equals its one-shot hash.
+  void HashPrefixes(std::span<const std::uint32_t> tokens, std::uint64_t seed,
+                    std::span<const std::uint32_t> lengths, std::span<std::uint64_t> out) const override {
+    XXH3_state_t state{};
+    XXH3_64bits_reset_withSeed(&state, seed);
+    std::size_t done = 0;
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      XXH3_64bits_update(&state, tokens.data() + done, (lengths[i] - done) * sizeof(std::uint32_t));
+      done = lengths[i];
+      out[i] = XXH3_64bits_digest(&state);
+    }
+  }
 };
 
 }  // namespace

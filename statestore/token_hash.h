@@ -22,6 +22,12 @@ class TokenHasher {
   // Recorded in the store; opening with another hasher is refused.
   virtual std::uint32_t id() const = 0;
   virtual std::uint64_t Hash(std::span<const std::uint32_t> tokens, std::uint64_t seed) const = 0;
+  // out[i] = Hash(tokens.first(lengths[i]), seed) for ascending lengths, each
+  // at most tokens.size(); a hasher may share the work between them.
+  virtual void HashPrefixes(std::span<const std::uint32_t> tokens, std::uint64_t seed,
+                            std::span<const std::uint32_t> lengths, std::span<std::uint64_t> out) const {
+    for (std::size_t i = 0; i < lengths.size(); ++i) out[i] = Hash(tokens.first(lengths[i]), seed);
+  }
 };
 
 // XXH3-64 over the tokens' bytes, seeded (id 1).

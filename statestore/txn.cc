@@ -11,6 +11,12 @@
 
 namespace primecache::statestore_internal {
 
+std::uint64_t IdCount(const std::optional<std::string>& v) {
+  if (!v) return 0;
+  auto ids = DecodeIds(*v);
+  return ids.ok() ? ids->size() : 0;
+}
+
 std::uint64_t SlotTotal(const std::optional<std::string>& v, std::uint32_t block) {
   if (!v) return 0;
   auto slots = DecodeNode(*v, block);
@@ -103,7 +109,8 @@ Result<std::optional<std::string>> Txn::IndexValue(const std::string& key) {
   PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_index, key, &v, &found));
   std::optional<std::string> r;
   if (found) r = std::move(v);
-  if (!key.empty() && key[0] == kNodeTag) node_base_[key] = SlotTotal(r, s_.params.block_tokens);
+  if (!key.empty() && key[0] == kNodeTag) filter_base_[key] = SlotTotal(r, s_.params.block_tokens);
+  if (!key.empty() && key[0] == kExactTag) filter_base_[key] = IdCount(r);
   index_[key] = r;
   return r;
 }
@@ -418,14 +425,17 @@ Status Txn::Commit(const rocksdb::WriteOptions& wo, const char* kill_before, con
 
   s_.counters = c_;
   s_.PublishCounters(c_);
-  if (!node_base_.empty()) {
-    std::unique_lock g(s_.node_filter.mu);
-    for (const auto& [key, base] : node_base_) {
-      std::uint64_t after = SlotTotal(index_[key], s_.params.block_tokens);
+  if (!filter_base_.empty()) {
+    std::unique_lock gn(s_.node_filter.mu);
+    std::unique_lock gx(s_.exact_filter.mu);
+    for (const auto& [key, base] : filter_base_) {
+      const bool node = key[0] == kNodeTag;
+      std::uint64_t after = node ? SlotTotal(index_[key], s_.params.block_tokens) : IdCount(index_[key]);
       if (after == base || key.size() != 25) continue;
-      s_.node_filter.Adjust(
-          NodeFilter::Fingerprint(GetBE64(key.data() + 1), GetBE64(key.data() + 9), GetBE64(key.data() + 17)),
-          static_cast<std::int64_t>(after) - static_cast<std::int64_t>(base));
+      (node ? s_.node_filter : s_.exact_filter)
+          .Adjust(NodeFilter::Fingerprint(GetBE64(key.data() + 1), GetBE64(key.data() + 9),
+                                          GetBE64(key.data() + 17)),
+                  static_cast<std::int64_t>(after) - static_cast<std::int64_t>(base));
     }
   }
   if (!new_scopes_.empty()) {

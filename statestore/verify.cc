@@ -370,7 +370,7 @@ Status Store::Impl::RebuildDerived() {
   PC_RETURN_IF_ERROR(Write(wo, &b, "rebuild derived records"));
   counters = c;
   PublishCounters(c);
-  PC_RETURN_IF_ERROR(LoadNodeFilter());
+  PC_RETURN_IF_ERROR(LoadFilters());
   spdlog::warn("statestore {}: rebuilt chunk references, index and counters from {} entries", path,
                e.live.size());
   return Status::Ok();

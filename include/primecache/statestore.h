@@ -327,6 +327,10 @@ class Store {
   // Changes the budget and evicts down to it.
   Status SetByteBudget(std::uint64_t bytes);
 
+  // Compacts every column family now (reclaiming the space of deleted chunks
+  // and garbage-collecting blob files) and returns when done.
+  Status Compact();
+
   // Cross-checks everything the store records: every manifest against the
   // chunk reference counts, the index, the recency records and the counters;
   // with read_chunks, every chunk's bytes against its address. The problems

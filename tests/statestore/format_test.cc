@@ -188,7 +188,7 @@ namespace {
 // shift probe runs.
 TEST(NodeFilter, AgreesWithAMap) {
   NodeFilter f;
-  std::map<std::uint64_t, std::int64_t> want;
+  std::map<std::uint32_t, std::int64_t> want;
   std::uint64_t x = 12345;
   auto next = [&] {
     x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -197,7 +197,7 @@ TEST(NodeFilter, AgreesWithAMap) {
   for (int step = 0; step < 200000; ++step) {
     // Few distinct keys at first, then many (forces growth), all colliding in
     // their low bits now and then.
-    std::uint64_t key = NodeFilter::Fingerprint(1, next() % (step < 100000 ? 300 : 30000), 7);
+    std::uint32_t key = NodeFilter::Fingerprint(1, next() % (step < 100000 ? 300 : 30000), 7);
     std::int64_t delta = static_cast<std::int64_t>(next() % 5) - 2;
     f.Adjust(key, delta);
     std::int64_t& w = want[key];
@@ -211,7 +211,27 @@ TEST(NodeFilter, AgreesWithAMap) {
   for (auto& [k, v] : want) EXPECT_TRUE(f.MayContain(k));
   int absent_hits = 0;
   for (int i = 0; i < 10000; ++i) absent_hits += f.MayContain(NodeFilter::Fingerprint(2, i, 9)) ? 1 : 0;
-  EXPECT_EQ(absent_hits, 0);
+  EXPECT_LE(absent_hits, 3)
+      << "32-bit fingerprints: a rare false positive is allowed, absence is what is exact";
+}
+
+}  // namespace
+}  // namespace primecache::statestore_internal
+
+namespace primecache::statestore_internal {
+namespace {
+
+TEST(TokenHash, PrefixHashesEqualOneShotHashes) {
+  const auto& h = DefaultTokenHasher();
+  std::vector<std::uint32_t> t(700);
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<std::uint32_t>(i * 2654435761u);
+  // Short inputs, the 240-byte boundary of XXH3's short path, and long ones.
+  std::vector<std::uint32_t> lengths = {0, 1, 3, 16, 59, 60, 61, 64, 100, 255, 256, 257, 512, 700};
+  std::vector<std::uint64_t> out(lengths.size());
+  h.HashPrefixes(t, 77, lengths, out);
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    EXPECT_EQ(out[i], h.Hash(std::span(t).first(lengths[i]), 77)) << "length " << lengths[i];
+  }
 }
 
 }  // namespace

@@ -559,3 +559,31 @@ TEST(StoreBasic, PiecesLayoutRoundTrips) {
 
 }  // namespace
 }  // namespace primecache
+
+namespace primecache {
+namespace {
+
+using namespace store_test;  // NOLINT(google-build-using-namespace)
+
+TEST(StoreBasic, CompactReclaimsTheSpaceOfDeletedEntries) {
+  StoreOptions o;
+  o.direct_write_bytes = 0;  // chunk bytes go to blob files at once
+  MemStore m(o);
+  TestModel big;
+  big.chunk_bytes = 8192;
+  std::vector<EntryId> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(MustPublish(*m.store, Conversation(1500, 40 + i), 1, "", big));
+  ASSERT_TRUE(m.store->Compact().ok());
+  std::uint64_t before = m.store->Stat()->disk_bytes;
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(m.store->Delete(ids[i]).ok());
+  ASSERT_TRUE(m.store->Compact().ok());
+  std::uint64_t after = m.store->Stat()->disk_bytes;
+  EXPECT_LT(after * 2, before) << "before " << before << ", after " << after;
+  auto back = m.store->FetchAll(ids[5]);
+  ASSERT_TRUE(back.ok());
+  ExpectSameLayers(*back, MakeLayers(Conversation(1500, 45), big));
+  ExpectConsistent(*m.store);
+}
+
+}  // namespace
+}  // namespace primecache
