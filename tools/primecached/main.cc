@@ -25,18 +25,13 @@
 #include "ipc/server.h"
 #include "primecache/env.h"
 #include "primecache/logging.h"
+#include "primecache/statestore.h"
 #include "ipc/store_factory.h"
 
 namespace {
 
 using primecache::Result;
 using primecache::Status;
-
-std::string DefaultDataDir() {
-  if (const char* x = std::getenv("XDG_DATA_HOME"); x != nullptr && *x != '\0') return std::string(x) + "/primecache";
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return std::string(h) + "/.local/share/primecache";
-  return "./primecache-data";
-}
 
 // "123", "64K", "10M", "2G", "1T" (powers of 1024).
 Result<std::uint64_t> ParseBytes(const std::string& text) {
@@ -175,7 +170,11 @@ int main(int argc, char** argv) {
     if (Status s = ApplyConfig(f.config, app, &f, &tenants); !s.ok()) return Fail(s);
   }
   if (Status s = primecache::InitLogging(f.log_level); !s.ok()) return Fail(s);
-  if (f.data_dir.empty()) f.data_dir = DefaultDataDir();
+  if (f.data_dir.empty()) {
+    auto dir = primecache::DefaultDataDir();
+    if (!dir.ok()) return Fail(dir.status());
+    f.data_dir = *dir;
+  }
   if (f.socket.empty()) f.socket = f.data_dir + "/primecached.sock";
   if (f.admin_socket.empty() && !f.no_admin_socket) f.admin_socket = f.data_dir + "/primecached-admin.sock";
   if (f.no_admin_socket) f.admin_socket.clear();
