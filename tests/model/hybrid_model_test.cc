@@ -199,17 +199,7 @@ class Oracle {
   std::size_t t_ = 0;
 };
 
-ModelConfig Mixed() {
-  ModelConfig c;
-  c.name = "mixed";
-  c.vocab = 258;
-  c.hidden = 32;
-  c.mlp_hidden = 48;
-  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
-  c.mla = {3, 16, 4, 8, 8, 10000.0f, IndexerConfig{2, 8, 4, 2}};
-  c.kda = {2, 8, 4, -5.0f};
-  return c;
-}
+using testing::Mixed;
 
 std::vector<std::uint32_t> Text(std::size_t n) {
   std::vector<std::uint32_t> t = Tokenize(std::string(n - 1, 'x'));

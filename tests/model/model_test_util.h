@@ -29,4 +29,17 @@ inline Result<CpuModel> MakeCpuModel(const ModelConfig& c, const Weights& w, std
   return m;
 }
 
+// A small mixed stack (KDA, MLA with indexer, KDA, MLA) the CPU tests share.
+inline ModelConfig Mixed() {
+  ModelConfig c;
+  c.name = "mixed";
+  c.vocab = 258;
+  c.hidden = 32;
+  c.mlp_hidden = 48;
+  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
+  c.mla = {3, 16, 4, 8, 8, 10000.0f, IndexerConfig{2, 8, 4, 2}};
+  c.kda = {2, 8, 4, -5.0f};
+  return c;
+}
+
 }  // namespace primecache::model::testing

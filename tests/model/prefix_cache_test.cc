@@ -18,17 +18,7 @@ namespace {
 
 using primecache::testing::Daemon;
 
-ModelConfig Mixed() {
-  ModelConfig c;
-  c.name = "mixed";
-  c.vocab = 258;
-  c.hidden = 32;
-  c.mlp_hidden = 48;
-  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
-  c.mla = {3, 16, 4, 8, 8, 10000.0f, IndexerConfig{2, 8, 4, 2}};
-  c.kda = {2, 8, 4, -5.0f};
-  return c;
-}
+using testing::Mixed;
 
 struct Variant {
   const char* name;
