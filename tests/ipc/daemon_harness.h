@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -73,6 +74,9 @@ class Daemon {
     for (auto& e : extra_) args.push_back(e);
     pid_ = fork();
     if (pid_ == 0) {
+      // A test that dies (a failed sanitizer check aborts it) takes its daemon
+      // along, so no orphan keeps the test's output pipe, and ctest, waiting.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       fcntl(p[1], F_SETFD, 0);  // the write end survives exec
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());

@@ -59,7 +59,8 @@ std::vector<LayerSnapshot> Planes(ModelSession& s) {
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // memcmp must not see the null data() of an empty plane.
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 bool SamePlanes(const std::vector<LayerSnapshot>& a, const std::vector<LayerSnapshot>& b) {
