@@ -246,13 +246,54 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
   return Checksum128(std::as_bytes(std::span(canon.data(), canon.size())));
 }
 
-Hash128 ModelFingerprint::Digest() const {
-  std::string canon = "primecache-fingerprint/1";
-  PutString(canon, architecture);
-  for (std::uint64_t v : {plan_digest.lo, plan_digest.hi, weights_digest.lo, weights_digest.hi})
+namespace {
+constexpr std::string_view kFingerprintTag = "primecache-fingerprint/1";
+}  // namespace
+
+std::string EncodeFingerprint(const ModelFingerprint& fp) {
+  std::string canon(kFingerprintTag);
+  PutString(canon, fp.architecture);
+  for (std::uint64_t v : {fp.plan_digest.lo, fp.plan_digest.hi, fp.weights_digest.lo, fp.weights_digest.hi})
     PutU64(canon, v);
-  PutU64(canon, codec_versions.size());
-  for (const std::string& c : codec_versions) PutString(canon, c);
+  PutU64(canon, fp.codec_versions.size());
+  for (const std::string& c : fp.codec_versions) PutString(canon, c);
+  return canon;
+}
+
+Result<ModelFingerprint> DecodeFingerprint(std::string_view bytes, std::uint64_t max_string_bytes,
+                                           std::uint64_t max_codec_versions) {
+  if (!bytes.starts_with(kFingerprintTag)) return Status::Corruption("model descriptor: not a fingerprint encoding");
+  bytes.remove_prefix(kFingerprintTag.size());
+  codecs::ByteReader r(std::as_bytes(std::span(bytes.data(), bytes.size())), kFingerprintTag.size());
+  auto str = [&](std::string* out, std::string_view field) -> Status {
+    std::uint64_t len = 0;
+    PC_RETURN_IF_ERROR(r.U64(&len, field));
+    if (len > max_string_bytes) {
+      return Status::Corruption("model descriptor: " + std::string(field) + " of " + N(len) + " bytes exceeds " +
+                                N(max_string_bytes));
+    }
+    std::span<const std::byte> b;
+    PC_RETURN_IF_ERROR(r.Bytes(len, &b, field));
+    out->assign(reinterpret_cast<const char*>(b.data()), b.size());
+    return Status::Ok();
+  };
+  ModelFingerprint fp;
+  PC_RETURN_IF_ERROR(str(&fp.architecture, "architecture"));
+  for (std::uint64_t* v : {&fp.plan_digest.lo, &fp.plan_digest.hi, &fp.weights_digest.lo, &fp.weights_digest.hi})
+    PC_RETURN_IF_ERROR(r.U64(v, "digest"));
+  std::uint64_t versions = 0;
+  PC_RETURN_IF_ERROR(r.U64(&versions, "codec version count"));
+  if (versions > max_codec_versions) {
+    return Status::Corruption("model descriptor: " + N(versions) + " codec versions exceed " + N(max_codec_versions));
+  }
+  fp.codec_versions.resize(versions);
+  for (std::string& c : fp.codec_versions) PC_RETURN_IF_ERROR(str(&c, "codec version"));
+  if (r.remaining() != 0) return Status::Corruption("model descriptor: " + N(r.remaining()) + " trailing bytes");
+  return fp;
+}
+
+Hash128 ModelFingerprint::Digest() const {
+  const std::string canon = EncodeFingerprint(*this);
   return Checksum128(std::as_bytes(std::span(canon.data(), canon.size())));
 }
 

@@ -22,6 +22,7 @@ namespace primecache::ipc {
 struct BoundaryKey {
   Hash128 digest;
   std::string model_name;
+  std::string descriptor;  // the canonical fingerprint encoding; may be empty
   std::string ns;
   std::vector<std::uint32_t> tokens;
 };
@@ -35,6 +36,22 @@ struct EntrySummary {
   std::uint64_t created_unix_ms = 0;
   std::uint64_t last_access = 0;  // logical clock; larger is more recent
   std::uint64_t hits = 0;
+  std::uint64_t length = 0;  // boundary length (tokens may be left out)
+  bool quarantined = false;
+  std::string reason;  // why it was quarantined
+};
+
+// An entry with, when asked, its serialized layer headers.
+struct EntryDetail {
+  EntrySummary summary;
+  std::vector<std::string> layer_headers;
+};
+
+// What a store-wide consistency check found.
+struct StoreReport {
+  std::uint64_t entries = 0;
+  std::uint64_t chunks = 0;
+  std::vector<std::string> problems;  // empty: consistent
 };
 
 struct LookupHit {
@@ -52,6 +69,13 @@ struct StoreStats {
   std::uint64_t misses = 0;
   std::uint64_t evictions = 0;
   std::uint64_t capacity_bytes = 0;
+  std::uint64_t quarantined = 0;
+  std::uint64_t chunks = 0;
+  std::uint64_t bytes_logical = 0;
+  std::uint64_t dedup_saved_bytes = 0;
+  std::uint64_t admission_refusals = 0;
+  std::uint64_t active_leases = 0;
+  std::uint64_t disk_bytes = 0;
 };
 
 struct ListFilter {
@@ -59,6 +83,7 @@ struct ListFilter {
   std::optional<std::string> ns;  // nullopt: every namespace
   std::string page_token;  // empty: the first page
   std::uint32_t page_size = 100;
+  bool quarantined = false;  // quarantined entries instead of live ones (without tokens)
 };
 
 struct ListPage {
@@ -106,6 +131,9 @@ class StoreBackend {
                                                   std::span<const std::uint32_t> tokens) = 0;
   // The entry's description (namespace checks before a fetch or delete).
   virtual Result<EntrySummary> Describe(std::uint64_t entry) = 0;
+  // A live entry with its tokens, or a quarantined one; with layer_headers,
+  // a live entry's layer headers too.
+  virtual Result<EntryDetail> Inspect(std::uint64_t entry, bool layer_headers) = 0;
   // Streams the layers (empty: all) with checksums re-checked.
   virtual Status Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
                        FetchVisitor* visitor) = 0;
@@ -114,6 +142,10 @@ class StoreBackend {
   virtual Result<StoreStats> Stat() = 0;
   // Changes the byte budget (0: unlimited), evicting down to it.
   virtual Status SetCapacity(std::uint64_t bytes) = 0;
+  // Cross-checks the store's records; with read_chunks, every chunk's bytes.
+  virtual Result<StoreReport> VerifyStore(bool read_chunks) = 0;
+  // Compacts now, reclaiming the space of deleted entries; returns when done.
+  virtual Status Compact() = 0;
 };
 
 }  // namespace primecache::ipc

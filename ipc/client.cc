@@ -472,6 +472,29 @@ void SetFingerprint(wire::Fingerprint::Builder fp, const ModelId& m) {
   fp.setDigestLo(m.digest.lo);
   fp.setDigestHi(m.digest.hi);
   fp.setName(m.name);
+  fp.setDescriptor(kj::arrayPtr(reinterpret_cast<const kj::byte*>(m.descriptor.data()), m.descriptor.size()));
+}
+
+EntryInfo ReadEntryInfo(wire::EntryInfo::Reader e) {
+  EntryInfo info;
+  info.entry = e.getEntry();
+  auto b = e.getBoundary();
+  auto fp = b.getFingerprint();
+  info.model.digest = {fp.getDigestLo(), fp.getDigestHi()};
+  info.model.name = fp.getName();
+  info.model.descriptor.assign(reinterpret_cast<const char*>(fp.getDescriptor().begin()), fp.getDescriptor().size());
+  info.ns = b.getNamespace();
+  info.length = b.getLength();
+  info.tokens = ipc::ToVector(b.getTokens());
+  info.layer_count = e.getLayerCount();
+  info.bytes = e.getBytes();
+  info.raw_bytes = e.getRawBytes();
+  info.created_unix_ms = e.getCreatedUnixMs();
+  info.last_access = e.getLastAccess();
+  info.hits = e.getHits();
+  info.quarantined = e.getQuarantined();
+  info.reason = e.getReason();
+  return info;
 }
 
 void SetTokens(wire::Boundary::Builder b, std::span<const std::uint32_t> tokens) {
@@ -815,28 +838,14 @@ Result<ListResult> Client::List(const ListOptions& options) {
       l.setPageToken(KjBytes(std::as_bytes(std::span(options.page_token.data(), options.page_token.size()))));
       l.setPageSize(options.page_size);
       l.setAllNamespaces(options.all_namespaces);
+      l.setQuarantined(options.quarantined);
     });
     return Expect<ListResult>(impl_->Call(c, id, *m), c->limits, wire::Response::LIST, [](wire::Response::Reader r) {
       ListResult out;
       auto l = r.getList();
       out.next_page_token.assign(reinterpret_cast<const char*>(l.getNextPageToken().begin()),
                                  l.getNextPageToken().size());
-      for (auto e : l.getEntries()) {
-        EntryInfo info;
-        info.entry = e.getEntry();
-        auto b = e.getBoundary();
-        info.model.digest = {b.getFingerprint().getDigestLo(), b.getFingerprint().getDigestHi()};
-        info.model.name = b.getFingerprint().getName();
-        info.ns = b.getNamespace();
-        info.tokens = ipc::ToVector(b.getTokens());
-        info.layer_count = e.getLayerCount();
-        info.bytes = e.getBytes();
-        info.raw_bytes = e.getRawBytes();
-        info.created_unix_ms = e.getCreatedUnixMs();
-        info.last_access = e.getLastAccess();
-        info.hits = e.getHits();
-        out.entries.push_back(std::move(info));
-      }
+      for (auto e : l.getEntries()) out.entries.push_back(ReadEntryInfo(e));
       return out;
     });
   });
@@ -859,6 +868,13 @@ Result<StatResult> Client::Stat() {
       out.capacity_bytes = s.getCapacityBytes();
       out.connections = s.getConnections();
       out.publishes_in_flight = s.getPublishesInFlight();
+      out.quarantined = s.getQuarantined();
+      out.chunks = s.getChunks();
+      out.bytes_logical = s.getBytesLogical();
+      out.dedup_saved_bytes = s.getDedupSavedBytes();
+      out.admission_refusals = s.getAdmissionRefusals();
+      out.active_leases = s.getActiveLeases();
+      out.disk_bytes = s.getDiskBytes();
       return out;
     });
   });
@@ -874,6 +890,53 @@ Result<VerifyResult> Client::Verify(std::uint64_t entry) {
       return VerifyResult{v.getOk(), v.getMessage(), v.getLayers(), v.getBytes()};
     });
   });
+}
+
+Result<EntryDetail> Client::Describe(std::uint64_t entry, bool layer_headers) {
+  return impl_->Retry([&]() -> Result<EntryDetail> {
+    PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+    const std::uint64_t id = impl_->NextId();
+    auto m = BuildRequest(id, [&](wire::Request::Builder r) {
+      auto d = r.initDescribe();
+      d.setEntry(entry);
+      d.setLayerHeaders(layer_headers);
+    });
+    return Expect<EntryDetail>(impl_->Call(c, id, *m), c->limits, wire::Response::DESCRIBE,
+                               [](wire::Response::Reader r) {
+                                 auto d = r.getDescribe();
+                                 EntryDetail out;
+                                 out.info = ReadEntryInfo(d.getInfo());
+                                 for (auto h : d.getLayerHeaders()) {
+                                   auto b = reinterpret_cast<const std::byte*>(h.begin());
+                                   out.layer_headers.emplace_back(b, b + h.size());
+                                 }
+                                 return out;
+                               });
+  });
+}
+
+Result<StoreReport> Client::VerifyStore(bool read_chunks) {
+  PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+  const std::uint64_t id = impl_->NextId();
+  auto m = BuildRequest(id, [&](wire::Request::Builder r) { r.initVerifyStore().setReadChunks(read_chunks); });
+  return Expect<StoreReport>(impl_->Call(c, id, *m), c->limits, wire::Response::STORE_REPORT,
+                             [](wire::Response::Reader r) {
+                               auto s = r.getStoreReport();
+                               StoreReport out;
+                               out.entries = s.getEntries();
+                               out.chunks = s.getChunks();
+                               out.problem_count = s.getProblemCount();
+                               for (auto p : s.getProblems()) out.problems.emplace_back(p.cStr(), p.size());
+                               return out;
+                             });
+}
+
+Status Client::Compact() {
+  PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+  const std::uint64_t id = impl_->NextId();
+  auto m = BuildRequest(id, [](wire::Request::Builder r) { r.setCompact(); });
+  auto reply = impl_->Call(c, id, *m);
+  return reply.ok() ? Status::Ok() : reply.status();
 }
 
 Status Client::Delete(std::uint64_t entry) {

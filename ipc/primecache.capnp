@@ -19,6 +19,10 @@ struct Fingerprint {
   digestLo @0 :UInt64;
   digestHi @1 :UInt64;
   name @2 :Text;
+  # The canonical fingerprint encoding whose XXH3-128 is the digest (at most
+  # 64 KiB; may be empty). Given with a publish, it is checked against the
+  # digest and stored, so the entry can later be exported whole.
+  descriptor @3 :Data;
 }
 
 # One prime boundary: which model, which tenant, the exact tokens.
@@ -89,6 +93,9 @@ struct Request {
     shmRelease @14 :ShmRef;
     setCapacity @15 :SetCapacity;
     cancel @16 :Cancel;
+    describe @17 :Describe;
+    verifyStore @18 :VerifyStore;
+    compact @19 :Void;
   }
 }
 
@@ -164,6 +171,10 @@ struct EntryInfo {
   # The store's logical access clock: larger is more recent.
   lastAccess @6 :UInt64;
   hits @7 :UInt64;
+  # A quarantined entry failed a check and is never served; reason says why.
+  # Its tokens are not kept (boundary.tokens is empty; length is right).
+  quarantined @8 :Bool;
+  reason @9 :Text;
 }
 
 struct LookupReply {
@@ -216,6 +227,8 @@ struct ListRequest {
   pageToken @2 :Data;
   pageSize @3 :UInt32;
   allNamespaces @4 :Bool;
+  # Admin only: list quarantined entries instead of live ones.
+  quarantined @5 :Bool;
 }
 
 struct ListReply {
@@ -235,6 +248,44 @@ struct StatReply {
   connections @6 :UInt32;
   publishesInFlight @7 :UInt32;
   capacityBytes @8 :UInt64;
+  quarantined @9 :UInt64;
+  # Distinct chunks, and what the entries would take without sharing them.
+  chunks @10 :UInt64;
+  bytesLogical @11 :UInt64;
+  dedupSavedBytes @12 :UInt64;
+  admissionRefusals @13 :UInt64;
+  activeLeases @14 :UInt64;
+  # RocksDB's live table and blob files.
+  diskBytes @15 :UInt64;
+}
+
+# One entry in full: what List gives, and, when asked, every layer's
+# serialized header (kind, shape, transforms, chunk sizes and checksums)
+# without the chunk bytes. A quarantined entry is described only on the
+# admin socket, without tokens or headers.
+struct Describe {
+  entry @0 :UInt64;
+  layerHeaders @1 :Bool;
+}
+
+struct DescribeReply {
+  info @0 :EntryInfo;
+  layerHeaders @1 :List(Data);
+}
+
+# Admin: cross-checks everything the store records (manifests against chunk
+# reference counts, the index, recency records, counters); with readChunks,
+# every chunk's bytes against its address too.
+struct VerifyStore {
+  readChunks @0 :Bool;
+}
+
+struct StoreReport {
+  entries @0 :UInt64;
+  chunks @1 :UInt64;
+  # Empty: consistent. At most 1000 are sent; problemCount has them all.
+  problems @2 :List(Text);
+  problemCount @3 :UInt64;
 }
 
 struct VerifyReply {
@@ -269,5 +320,7 @@ struct Response {
     list @9 :ListReply;
     stat @10 :StatReply;
     verify @11 :VerifyReply;
+    describe @12 :DescribeReply;
+    storeReport @13 :StoreReport;
   }
 }

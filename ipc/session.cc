@@ -70,6 +70,36 @@ std::span<const std::byte> AsBytes(capnp::Data::Reader d) {
   return {reinterpret_cast<const std::byte*>(d.begin()), d.size()};
 }
 
+// Writes one entry's description (EntryInfo of the schema).
+void FillEntryInfo(const EntrySummary& e, wire::EntryInfo::Builder w) {
+  w.setEntry(e.entry);
+  w.setLayerCount(e.layer_count);
+  w.setBytes(e.bytes);
+  w.setRawBytes(e.raw_bytes);
+  w.setCreatedUnixMs(e.created_unix_ms);
+  w.setLastAccess(e.last_access);
+  w.setHits(e.hits);
+  w.setQuarantined(e.quarantined);
+  w.setReason(e.reason);
+  auto b = w.initBoundary();
+  b.setNamespace(e.boundary.ns);
+  b.setLength(static_cast<std::uint32_t>(e.length != 0 ? e.length : e.boundary.tokens.size()));
+  auto fp = b.initFingerprint();
+  fp.setDigestLo(e.boundary.digest.lo);
+  fp.setDigestHi(e.boundary.digest.hi);
+  fp.setName(e.boundary.model_name);
+  fp.setDescriptor(kj::arrayPtr(reinterpret_cast<const kj::byte*>(e.boundary.descriptor.data()),
+                                e.boundary.descriptor.size()));
+  auto t = b.initTokens(static_cast<unsigned>(e.boundary.tokens.size()));
+  for (unsigned k = 0; k < t.size(); ++k) t.set(k, e.boundary.tokens[k]);
+}
+
+// Message words an entry's description takes, with room to spare.
+std::size_t EntryInfoWords(const EntrySummary& e) {
+  return 48 + e.boundary.tokens.size() / 2 + (e.boundary.descriptor.size() + e.boundary.model_name.size() +
+                                              e.boundary.ns.size() + e.reason.size()) / 8;
+}
+
 class FetchSender : public FetchVisitor {
  public:
   FetchSender(std::uint64_t id, Session::FetchState* st, ResponseSink* sink)
@@ -365,6 +395,11 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "namespace differs from the connection's"));
         return true;
       }
+      if (fp.getDescriptor().size() > limits_.max_descriptor_bytes) {
+        SendError(id, Status::InvalidArgument("model descriptor over " + std::to_string(limits_.max_descriptor_bytes) +
+                                              " bytes"));
+        return true;
+      }
       auto tokens = b.getTokens();
       if (tokens.size() == 0 || tokens.size() > limits_.max_tokens) {
         SendError(id, Status::InvalidArgument("boundary needs 1.." + std::to_string(limits_.max_tokens) + " tokens"));
@@ -385,6 +420,8 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       pub->layer_count = layer_count;
       pub->key.digest = {fp.getDigestLo(), fp.getDigestHi()};
       pub->key.model_name = std::move(*name);
+      pub->key.descriptor.assign(reinterpret_cast<const char*>(fp.getDescriptor().begin()),
+                                 fp.getDescriptor().size());
       pub->key.ns = ns_;
       pub->key.tokens = ToVector(tokens);
       {
@@ -727,6 +764,11 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       } else {
         filter.ns = ns_;
       }
+      if (lr.getQuarantined() && !peer_.admin) {
+        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "listing quarantined entries needs the admin socket"));
+        return true;
+      }
+      filter.quarantined = lr.getQuarantined();
       if (lr.getPageToken().size() > 4096) {
         SendError(id, Status::InvalidArgument("page token over 4096 bytes"));
         return true;
@@ -736,8 +778,8 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       executor_->Post([self = shared_from_this(), this, id, filter] {
         auto page = store_->List(filter);
         if (!page.ok()) return SendError(id, page.status());
-        std::size_t words = 64;
-        for (const auto& e : page->entries) words += e.boundary.tokens.size() / 2 + 32;
+        std::size_t words = 64 + page->next_page_token.size() / 8;
+        for (const auto& e : page->entries) words += EntryInfoWords(e);
         sink_->Send(BuildResponse(
             id,
             [&](wire::Response::Builder r) {
@@ -745,26 +787,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
               out.setNextPageToken(kj::arrayPtr(reinterpret_cast<const kj::byte*>(page->next_page_token.data()),
                                                 page->next_page_token.size()));
               auto list = out.initEntries(static_cast<unsigned>(page->entries.size()));
-              for (unsigned i = 0; i < list.size(); ++i) {
-                const EntrySummary& e = page->entries[i];
-                auto w = list[i];
-                w.setEntry(e.entry);
-                w.setLayerCount(e.layer_count);
-                w.setBytes(e.bytes);
-                w.setRawBytes(e.raw_bytes);
-                w.setCreatedUnixMs(e.created_unix_ms);
-                w.setLastAccess(e.last_access);
-                w.setHits(e.hits);
-                auto b = w.initBoundary();
-                b.setNamespace(e.boundary.ns);
-                b.setLength(static_cast<std::uint32_t>(e.boundary.tokens.size()));
-                auto fp = b.initFingerprint();
-                fp.setDigestLo(e.boundary.digest.lo);
-                fp.setDigestHi(e.boundary.digest.hi);
-                fp.setName(e.boundary.model_name);
-                auto t = b.initTokens(static_cast<unsigned>(e.boundary.tokens.size()));
-                for (unsigned k = 0; k < t.size(); ++k) t.set(k, e.boundary.tokens[k]);
-              }
+              for (unsigned i = 0; i < list.size(); ++i) FillEntryInfo(page->entries[i], list[i]);
             },
             words));
       });
@@ -786,7 +809,81 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
           s.setCapacityBytes(st->capacity_bytes);
           s.setConnections(counters_->connections.load());
           s.setPublishesInFlight(counters_->publishes_in_flight.load());
+          s.setQuarantined(st->quarantined);
+          s.setChunks(st->chunks);
+          s.setBytesLogical(st->bytes_logical);
+          s.setDedupSavedBytes(st->dedup_saved_bytes);
+          s.setAdmissionRefusals(st->admission_refusals);
+          s.setActiveLeases(st->active_leases);
+          s.setDiskBytes(st->disk_bytes);
         }));
+      });
+      return true;
+    }
+
+    case wire::Request::DESCRIBE: {
+      const std::uint64_t entry = req.getDescribe().getEntry();
+      const bool headers = req.getDescribe().getLayerHeaders();
+      executor_->Post([self = shared_from_this(), this, id, entry, headers] {
+        auto d = store_->Inspect(entry, headers);
+        // Other tenants' entries, and quarantined ones off the admin socket,
+        // are reported as absent.
+        if (d.ok() && !peer_.admin && (d->summary.quarantined || d->summary.boundary.ns != ns_)) {
+          d = Status::NotFound("no entry " + std::to_string(entry));
+        }
+        if (!d.ok()) return SendError(id, d.status());
+        std::size_t words = 64 + EntryInfoWords(d->summary);
+        for (const auto& h : d->layer_headers) words += WordsFor(h.size()) + 1;
+        sink_->Send(BuildResponse(
+            id,
+            [&](wire::Response::Builder r) {
+              auto out = r.initDescribe();
+              FillEntryInfo(d->summary, out.initInfo());
+              auto hs = out.initLayerHeaders(static_cast<unsigned>(d->layer_headers.size()));
+              for (unsigned i = 0; i < hs.size(); ++i) {
+                const std::string& h = d->layer_headers[i];
+                hs.set(i, kj::arrayPtr(reinterpret_cast<const kj::byte*>(h.data()), h.size()));
+              }
+            },
+            words));
+      });
+      return true;
+    }
+
+    case wire::Request::VERIFY_STORE:
+    case wire::Request::COMPACT: {
+      if (!peer_.admin) {
+        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED,
+                                  "verifyStore and compact are served on the admin socket only"));
+        return true;
+      }
+      if (which == wire::Request::COMPACT) {
+        executor_->Post([self = shared_from_this(), this, id] {
+          Status s = store_->Compact();
+          if (!s.ok()) return SendError(id, s);
+          sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+        });
+        return true;
+      }
+      const bool read_chunks = req.getVerifyStore().getReadChunks();
+      executor_->Post([self = shared_from_this(), this, id, read_chunks] {
+        auto report = store_->VerifyStore(read_chunks);
+        if (!report.ok()) return SendError(id, report.status());
+        constexpr std::size_t kMaxProblemsSent = 1000;
+        const std::size_t sent = std::min(report->problems.size(), kMaxProblemsSent);
+        std::size_t words = 64;
+        for (std::size_t i = 0; i < sent; ++i) words += report->problems[i].size() / 8 + 2;
+        sink_->Send(BuildResponse(
+            id,
+            [&](wire::Response::Builder r) {
+              auto out = r.initStoreReport();
+              out.setEntries(report->entries);
+              out.setChunks(report->chunks);
+              out.setProblemCount(report->problems.size());
+              auto ps = out.initProblems(static_cast<unsigned>(sent));
+              for (unsigned i = 0; i < sent; ++i) ps.set(i, report->problems[i]);
+            },
+            words));
       });
       return true;
     }

@@ -40,6 +40,7 @@ struct SessionLimits {
   std::uint32_t max_chunks_per_layer = 1u << 20;
   std::size_t max_tokens = 1u << 20;
   std::size_t max_text_bytes = 256;
+  std::size_t max_descriptor_bytes = 64u << 10;  // the store's own bound
   std::uint32_t max_publishes_in_flight = 4;
   std::uint32_t max_fetches_in_flight = 8;
   std::uint32_t max_page_size = 1000;

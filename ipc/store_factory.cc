@@ -85,6 +85,10 @@ EntrySummary Summarize(const primecache::EntryInfo& e) {
   s.created_unix_ms = e.created_unix_ms;
   s.last_access = e.last_access;
   s.hits = e.hits;
+  s.length = e.length;
+  s.boundary.descriptor = e.model_descriptor;
+  s.quarantined = e.state == EntryState::kQuarantined;
+  s.reason = e.reason;
   return s;
 }
 
@@ -96,6 +100,7 @@ class StatestoreBackend : public StoreBackend {
     PublishRequest req;
     req.model = b.digest;
     req.model_name = b.model_name;
+    req.model_descriptor = b.descriptor;
     req.ns = b.ns;
     req.tokens = b.tokens;
     auto p = store_->BeginPublish(std::move(req));
@@ -129,6 +134,18 @@ class StatestoreBackend : public StoreBackend {
     return Summarize(e);
   }
 
+  Result<EntryDetail> Inspect(std::uint64_t entry, bool layer_headers) override {
+    PC_ASSIGN_OR_RETURN(auto e, store_->Describe(entry));
+    EntryDetail d;
+    d.summary = Summarize(e);
+    if (e.state != EntryState::kLive) return d;
+    PC_ASSIGN_OR_RETURN(d.summary.boundary.tokens, store_->Tokens(entry));
+    if (layer_headers) {
+      PC_ASSIGN_OR_RETURN(d.layer_headers, store_->LayerHeaders(entry));
+    }
+    return d;
+  }
+
   Status Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, FetchVisitor* visitor) override {
     // Held for the fetch: the entry is neither evicted nor deleted under it.
     PC_ASSIGN_OR_RETURN(Lease lease, store_->AcquireLease(entry));
@@ -146,12 +163,17 @@ class StatestoreBackend : public StoreBackend {
     if (f.digest.has_value()) o.ns = f.ns;
     o.page_token = f.page_token;
     o.limit = f.page_size;
+    o.state = f.quarantined ? EntryState::kQuarantined : EntryState::kLive;
     PC_ASSIGN_OR_RETURN(auto page, store_->List(o));
     ipc::ListPage out;
     out.next_page_token = page.next_page_token;
     for (const auto& e : page.entries) {
       if (f.ns.has_value() && e.ns != *f.ns) continue;
       EntrySummary s = Summarize(e);
+      if (f.quarantined) {
+        out.entries.push_back(std::move(s));
+        continue;
+      }
       auto toks = store_->Tokens(e.id);
       if (!toks.ok()) {
         if (toks.status().IsNotFound()) continue;  // evicted while listing
@@ -173,10 +195,24 @@ class StatestoreBackend : public StoreBackend {
     s.misses = st.misses;
     s.evictions = st.evictions;
     s.capacity_bytes = st.byte_budget;
+    s.quarantined = st.quarantined;
+    s.chunks = st.chunks;
+    s.bytes_logical = st.logical_bytes;
+    s.dedup_saved_bytes = st.dedup_saved_bytes;
+    s.admission_refusals = st.admission_refusals;
+    s.active_leases = st.active_leases;
+    s.disk_bytes = st.disk_bytes;
     return s;
   }
 
   Status SetCapacity(std::uint64_t bytes) override { return store_->SetByteBudget(bytes); }
+
+  Result<StoreReport> VerifyStore(bool read_chunks) override {
+    PC_ASSIGN_OR_RETURN(auto r, store_->Verify(read_chunks));
+    return StoreReport{r.entries, r.chunks, std::move(r.problems)};
+  }
+
+  Status Compact() override { return store_->Compact(); }
 
  private:
   std::unique_ptr<Store> store_;

@@ -8,7 +8,7 @@ namespace {
 constexpr std::uint32_t kParamsMagic = 0x50435350;  // "PCSP"
 constexpr std::uint8_t kSummaryVersion = 1;
 constexpr std::uint8_t kManifestVersion = 1;
-constexpr std::uint8_t kScopeVersion = 1;
+constexpr std::uint8_t kScopeVersion = 2;  // 1: without the descriptor
 constexpr std::uint8_t kQuarantineVersion = 1;
 constexpr std::uint32_t kCounterFields = 13;
 
@@ -199,6 +199,8 @@ std::string EncodeScope(const ScopeRecord& s) {
   v += s.model_name;
   PutLE32(&v, static_cast<std::uint32_t>(s.ns.size()));
   v += s.ns;
+  PutLE32(&v, static_cast<std::uint32_t>(s.descriptor.size()));
+  v += s.descriptor;
   AppendChecksum(&v);
   return v;
 }
@@ -208,17 +210,22 @@ Result<ScopeRecord> DecodeScope(std::uint64_t id, std::string_view v) {
   ScopeRecord s;
   s.id = id;
   std::uint8_t version = 0;
-  std::string_view digest, name, ns;
-  std::uint32_t name_len = 0, ns_len = 0;
-  if (!r.U8(&version) || version != kScopeVersion) return Bad("scope record", "unknown version");
+  std::string_view digest, name, ns, descriptor;
+  std::uint32_t name_len = 0, ns_len = 0, descriptor_len = 0;
+  if (!r.U8(&version) || version < 1 || version > kScopeVersion) return Bad("scope record", "unknown version");
   if (!r.Bytes(16, &digest) || !r.U32(&name_len) || name_len > kMaxModelNameBytes ||
-      !r.Bytes(name_len, &name) || !r.U32(&ns_len) || ns_len > kMaxNamespaceBytes || !r.Bytes(ns_len, &ns) ||
-      r.remaining() != 0) {
+      !r.Bytes(name_len, &name) || !r.U32(&ns_len) || ns_len > kMaxNamespaceBytes || !r.Bytes(ns_len, &ns)) {
     return Bad("scope record", "malformed");
   }
+  if (version >= 2 && (!r.U32(&descriptor_len) || descriptor_len > kMaxDescriptorBytes ||
+                       !r.Bytes(descriptor_len, &descriptor))) {
+    return Bad("scope record", "malformed descriptor");
+  }
+  if (r.remaining() != 0) return Bad("scope record", "trailing bytes");
   s.digest = HashFromKey(digest);
   s.model_name = std::string(name);
   s.ns = std::string(ns);
+  s.descriptor = std::string(descriptor);
   return s;
 }
 

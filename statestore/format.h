@@ -18,7 +18,9 @@
 
 namespace primecache::statestore_internal {
 
-inline constexpr std::uint32_t kSchemaVersion = 1;
+// 2: scope records may carry the model descriptor. A version 1 store is
+// read as it is and marked 2 when opened for writing.
+inline constexpr std::uint32_t kSchemaVersion = 2;
 
 // Column families.
 inline constexpr const char* kCfMeta = "meta";
@@ -36,6 +38,7 @@ inline constexpr int kCfCount = 9;  // besides RocksDB's "default", which stays 
 inline constexpr std::uint64_t kMaxTokens = 1ull << 22;
 inline constexpr std::size_t kMaxNamespaceBytes = 1024;
 inline constexpr std::size_t kMaxModelNameBytes = 1024;
+inline constexpr std::size_t kMaxDescriptorBytes = 64u << 10;
 inline constexpr std::uint32_t kMaxLayers = 1u << 16;
 inline constexpr std::uint32_t kMaxChunksPerLayer = 1u << 20;
 inline constexpr std::uint32_t kMaxHeaderBytes = 16u << 20;
@@ -126,6 +129,7 @@ struct ScopeRecord {
   Hash128 digest;
   std::string model_name;
   std::string ns;
+  std::string descriptor;  // the model's canonical fingerprint encoding; may be empty
 };
 std::string EncodeScope(const ScopeRecord& s);
 Result<ScopeRecord> DecodeScope(std::uint64_t id, std::string_view v);

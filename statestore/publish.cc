@@ -167,7 +167,7 @@ Result<PublishResult> PublisherImpl::CommitImpl() {
     Txn t(s_);
     const std::uint64_t length = req_.tokens.size();
     bool scope_existed = s_.FindScope(req_.model, req_.ns).has_value();
-    PC_ASSIGN_OR_RETURN(std::uint64_t scope, t.ScopeFor(req_.model, req_.model_name, req_.ns));
+    PC_ASSIGN_OR_RETURN(std::uint64_t scope, t.ScopeFor(req_.model, req_.model_name, req_.ns, req_.model_descriptor));
     if (scope_existed) {
       PC_ASSIGN_OR_RETURN(auto existing, s_.FindIdentity(scope, req_.tokens, place_, /*quarantine=*/false));
       if (existing) {
@@ -387,6 +387,14 @@ Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
   if (req.ns.size() > kMaxNamespaceBytes) return Status::InvalidArgument("namespace longer than 1024 bytes");
   if (req.model_name.size() > kMaxModelNameBytes)
     return Status::InvalidArgument("model name longer than 1024 bytes");
+  if (req.model_descriptor.size() > kMaxDescriptorBytes)
+    return Status::InvalidArgument("model descriptor longer than 64 KiB");
+  if (!req.model_descriptor.empty() &&
+      Checksum128(std::as_bytes(std::span(req.model_descriptor.data(), req.model_descriptor.size()))) !=
+          req.model) {
+    return Status::InvalidArgument("the model descriptor does not hash to the model digest");
+  }
+  PC_RETURN_IF_ERROR(impl_->Writable());
   BoundaryPlace place = PlaceOf(*impl_->hasher, req.tokens, impl_->params.block_tokens);
   if (impl_->opts.admit_after_sightings > 1) {
     std::uint32_t seen =

@@ -328,9 +328,27 @@ Result<std::vector<std::uint32_t>> Store::Tokens(EntryId id) {
   return DecodeTokens(v);
 }
 
+Result<std::vector<std::string>> Store::LayerHeaders(EntryId id) {
+  std::string v;
+  bool found = false;
+  PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_manifests, IdKey(id), &v, &found));
+  if (!found) return Status::NotFound("no live entry " + std::to_string(id));
+  auto manifest = DecodeManifest(v, kMaxChunkBytesLimit);
+  if (!manifest.ok()) return manifest.status().WithContext("entry " + std::to_string(id));
+  std::vector<std::string> headers;
+  headers.reserve(manifest->layers.size());
+  for (auto& layer : manifest->layers) headers.push_back(std::move(layer.header));
+  return headers;
+}
+
 // ---- quarantine -------------------------------------------------------------------------------
 
 void Store::Impl::Quarantine(EntryId id, const std::string& reason, std::optional<Hash128> bad_chunk) {
+  if (opts.read_only) {
+    spdlog::error("statestore {}: entry {} is damaged ({}); open read-only, so it is not quarantined", path, id,
+                  reason);
+    return;
+  }
   std::lock_guard wl(write_mu);
   Txn t(*this);
   auto removed = t.RemoveEntry(id, reason);

@@ -198,8 +198,14 @@ rocksdb::WriteOptions Store::Impl::CommitWriteOptions() const {
 
 Status Store::Impl::Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch,
                           std::string_view what) {
+  PC_RETURN_IF_ERROR(Writable());
   PC_RETURN_IF_ERROR(Broken());
   return AfterWriteError(FromRocks(db->Write(wo, batch), what));
+}
+
+Status Store::Impl::Writable() const {
+  if (opts.read_only) return Status::FailedPrecondition("the store at " + path + " is open read-only");
+  return Status::Ok();
 }
 
 Status Store::Impl::Broken() const {
@@ -259,14 +265,17 @@ Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
   impl->opts = std::move(options);
   PC_RETURN_IF_ERROR(impl->OpenDb().WithContext("open store " + impl->path));
   PC_RETURN_IF_ERROR(impl->LoadState().WithContext("open store " + impl->path));
-  PC_RETURN_IF_ERROR(impl->CollectLeftovers().WithContext("open store " + impl->path));
+  if (!impl->opts.read_only) {
+    PC_RETURN_IF_ERROR(impl->CollectLeftovers().WithContext("open store " + impl->path));
+  }
   spdlog::debug("statestore {}: open, {} entries, {} chunks", impl->path, impl->counters.entries,
                 impl->counters.chunks);
   return std::unique_ptr<Store>(new Store(std::move(impl)));
 }
 
 Status Store::Impl::OpenDb() {
-  PC_RETURN_IF_ERROR(CreateDirs(env, path));
+  if (opts.read_only && !env->FileExists(path + "/CURRENT")) return Status::NotFound("no store at " + path);
+  if (!opts.read_only) PC_RETURN_IF_ERROR(CreateDirs(env, path));
   EnvFileSystemOptions fso;
   fso.posix_locks = opts.env == nullptr || opts.env == Env::Default();
   fso.frozen = frozen;
@@ -278,7 +287,7 @@ Status Store::Impl::OpenDb() {
   rocksdb::DBOptions dbo;
   dbo.env = rocks_env.get();
   dbo.info_log = NewSpdlogRocksLogger();
-  dbo.create_if_missing = opts.create_if_missing;
+  dbo.create_if_missing = opts.create_if_missing && !opts.read_only;
   dbo.create_missing_column_families = true;
   dbo.max_background_jobs = 4;
   dbo.delayed_write_rate = 1ull << 30;  // when RocksDB must slow writers, not to its 16 MiB/s default
@@ -306,6 +315,7 @@ Status Store::Impl::OpenDb() {
   params.piece_bytes = opts.chunk_layout == ChunkLayout::kPieces ? opts.piece_bytes : 0;
   params.created_unix_ms = NowUnixMs();
   bool has_schema = false;
+  std::uint32_t stored_version = 0;
   if (!fresh) {
     std::vector<rocksdb::ColumnFamilyDescriptor> ro;
     for (auto& n : existing) ro.emplace_back(n, rocksdb::ColumnFamilyOptions());
@@ -348,6 +358,7 @@ Status Store::Impl::OpenDb() {
                                     "); open it with a newer primecache");
       }
       if (version < 1) return Status::Corruption("store schema version 0 is not valid");
+      stored_version = version;
       PC_RETURN_IF_ERROR(FromRocks(s2, "read store parameters"));
       PC_ASSIGN_OR_RETURN(params, DecodeParams(stored_params));
       if (params.hasher_id != hasher->id()) {
@@ -373,7 +384,13 @@ Status Store::Impl::OpenDb() {
     if (opts.test_hooks != nullptr && opts.test_hooks->no_compactions)
       cfs.back().options.disable_auto_compactions = true;
   }
-  PC_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(dbo, path, cfs, &handles, &db), "open RocksDB"));
+  if (opts.read_only) {
+    if (!has_schema) return Status::NotFound(path + " holds no primecache store yet");
+    PC_RETURN_IF_ERROR(
+        FromRocks(rocksdb::DB::OpenForReadOnly(dbo, path, cfs, &handles, &db), "open RocksDB read-only"));
+  } else {
+    PC_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(dbo, path, cfs, &handles, &db), "open RocksDB"));
+  }
   rocksdb::ColumnFamilyHandle** slots[] = {&cf_meta,   &cf_entries, &cf_manifests,
                                            &cf_tokens, &cf_chunks,  &cf_chunk_refs,
                                            &cf_index,  &cf_lru,     &cf_quarantine};
@@ -387,6 +404,13 @@ Status Store::Impl::OpenDb() {
     rocksdb::WriteOptions wo;
     wo.sync = true;
     PC_RETURN_IF_ERROR(FromRocks(db->Write(wo, &b), "initialise store"));
+  } else if (stored_version < kSchemaVersion && !opts.read_only) {
+    // Every version-1 record reads as it is; only the mark changes.
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    PC_RETURN_IF_ERROR(FromRocks(db->Put(wo, cf_meta, std::string(kMetaSchemaKey), EncodeSchema(kSchemaVersion)),
+                                 "upgrade schema version"));
+    spdlog::info("statestore {}: schema version {} marked {}", path, stored_version, kSchemaVersion);
   }
   return Status::Ok();
 }
@@ -501,7 +525,7 @@ Status Store::Impl::CollectLeftovers() {
 Status Store::Impl::CloseDb() {
   if (db == nullptr) return Status::Ok();
   Status result;
-  if (!(frozen && frozen->load()) && Broken().ok()) {
+  if (!(frozen && frozen->load()) && Broken().ok() && !opts.read_only) {
     std::lock_guard wl(write_mu);
     result = FlushTouches();
     if (result.ok()) {
@@ -629,6 +653,7 @@ void Store::RecordSighting(const Hash128& model, std::string_view ns, std::span<
 // ---- recency ---------------------------------------------------------------------------
 
 void Store::Impl::Touch(EntryId id, bool hit) {
+  if (opts.read_only) return;
   bool flush = false;
   {
     std::lock_guard g(touch_mu);
@@ -679,6 +704,7 @@ Result<EntryInfo> Store::Impl::MakeInfo(EntryId id, const EntrySummary& s, Entry
     info.model = scope->digest;
     info.model_name = scope->model_name;
     info.ns = scope->ns;
+    info.model_descriptor = scope->descriptor;
   } else {
     return Status::Corruption("entry " + std::to_string(id) + " names unknown scope " +
                               std::to_string(s.scope));
@@ -821,6 +847,7 @@ Result<ListPage> Store::List(const ListOptions& o) {
 // ---- delete, budget ----------------------------------------------------------------------
 
 Status Store::Delete(EntryId id) {
+  PC_RETURN_IF_ERROR(impl_->Writable());
   std::lock_guard wl(impl_->write_mu);
   Txn t(*impl_);
   // A quarantined entry holds no references: only its record goes.
@@ -863,6 +890,7 @@ Status Store::Impl::ForceRemove(EntryId id) {
 }
 
 Status Store::SetByteBudget(std::uint64_t bytes) {
+  PC_RETURN_IF_ERROR(impl_->Writable());
   impl_->byte_budget = bytes;
   if (bytes == 0) return Status::Ok();
   std::lock_guard wl(impl_->write_mu);
@@ -883,6 +911,7 @@ Result<Store::VerifyReport> Store::Verify(bool read_chunks) {
 namespace primecache {
 
 Status Store::Compact() {
+  PC_RETURN_IF_ERROR(impl_->Writable());
   PC_RETURN_IF_ERROR(impl_->Broken());
   rocksdb::CompactRangeOptions o;
   o.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;

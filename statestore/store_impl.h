@@ -154,6 +154,8 @@ struct Store::Impl {
   // treats a failed WAL write as fatal): every later write is refused with
   // kUnavailable until the store is reopened. Reads go on.
   Status Broken() const;
+  // kFailedPrecondition when the store was opened read-only.
+  Status Writable() const;
   mutable std::mutex broken_mu;
   Status broken;
   std::optional<std::uint64_t> FindScope(const Hash128& digest, std::string_view ns) const;
@@ -240,8 +242,10 @@ class Txn {
   Status IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id);
   Status IndexRemove(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id);
 
-  // Scope for (digest, ns), created in this batch when new.
-  Result<std::uint64_t> ScopeFor(const Hash128& model, std::string_view model_name, std::string_view ns);
+  // Scope for (digest, ns), created in this batch when new; a descriptor is
+  // added to a scope stored without one.
+  Result<std::uint64_t> ScopeFor(const Hash128& model, std::string_view model_name, std::string_view ns,
+                                 std::string_view descriptor);
 
   // Removes a live entry (references, index, records); false when it is not
   // there. With a reason, it goes to quarantine instead of away.
@@ -277,7 +281,7 @@ class Txn {
   std::map<std::string, std::uint64_t> filter_base_;  // each N/X key's filter count before this batch
   std::vector<EntryId> dying_;
   std::set<EntryId> removed_;  // removed in this batch, or not to be picked again by eviction
-  std::vector<ScopeRecord> new_scopes_;
+  std::vector<ScopeRecord> new_scopes_;  // created or rewritten in this batch
   std::vector<Hash128> deleting_;  // chunk bytes this batch deletes (marked in live_chunks)
   bool needs_rebuild_ = false;
 };

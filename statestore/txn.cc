@@ -188,16 +188,25 @@ Status Txn::IndexRemove(std::uint64_t scope, std::uint64_t length, const Boundar
 
 // ---- scopes -------------------------------------------------------------------------------
 
-Result<std::uint64_t> Txn::ScopeFor(const Hash128& model, std::string_view model_name, std::string_view ns) {
-  if (auto id = s_.FindScope(model, ns)) return *id;
+Result<std::uint64_t> Txn::ScopeFor(const Hash128& model, std::string_view model_name, std::string_view ns,
+                                    std::string_view descriptor) {
   for (const auto& sc : new_scopes_) {
     if (sc.digest == model && sc.ns == ns) return sc.id;
+  }
+  if (auto id = s_.FindScope(model, ns)) {
+    std::optional<ScopeRecord> rec = s_.ScopeById(*id);
+    if (descriptor.empty() || !rec.has_value() || !rec->descriptor.empty()) return *id;
+    rec->descriptor = std::string(descriptor);
+    batch_.Put(s_.cf_meta, ScopeByIdKey(rec->id), EncodeScope(*rec));
+    new_scopes_.push_back(std::move(*rec));
+    return *id;
   }
   ScopeRecord rec;
   rec.id = c_.next_scope_id++;
   rec.digest = model;
   rec.model_name = std::string(model_name.substr(0, kMaxModelNameBytes));
   rec.ns = std::string(ns);
+  rec.descriptor = std::string(descriptor);
   std::string id_value;
   PutLE64(&id_value, rec.id);
   batch_.Put(s_.cf_meta, ScopeByNameKey(rec.digest, rec.ns), id_value);

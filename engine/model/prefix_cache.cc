@@ -49,7 +49,7 @@ client::ModelId PrefixCache::ModelIdFor(const ModelConfig& config, const Hash128
   fp.plan_digest = GeometryDigest(geometry);
   fp.weights_digest = weights_digest;
   fp.codec_versions = CodecRegistry::Default().Identities();
-  return client::ModelId{fp.Digest(), config.name};
+  return client::ModelId{fp.Digest(), config.name, EncodeFingerprint(fp)};
 }
 
 PrefixCache::PrefixCache(HybridModel* model, std::unique_ptr<client::Client> client, client::ModelId model_id,

@@ -67,6 +67,10 @@ struct ClientOptions {
 struct ModelId {
   Hash128 digest;    // architecture, geometry, weights, codec versions
   std::string name;  // readable
+  // The canonical fingerprint encoding (EncodeFingerprint in
+  // primecache/snapshot.h) whose Checksum128 is `digest`; may be empty. Sent
+  // with a publish, it lets the entry be exported whole later.
+  std::string descriptor;
 };
 
 struct LookupResult {
@@ -103,15 +107,24 @@ struct FetchedLayer {
 
 struct EntryInfo {
   std::uint64_t entry = 0;
-  ModelId model;
+  ModelId model;  // descriptor included when the store has one
   std::string ns;
-  std::vector<std::uint32_t> tokens;
+  std::uint64_t length = 0;           // boundary length in tokens
+  std::vector<std::uint32_t> tokens;  // empty for a quarantined entry
   std::uint32_t layer_count = 0;
   std::uint64_t bytes = 0;
   std::uint64_t raw_bytes = 0;
   std::uint64_t created_unix_ms = 0;
   std::uint64_t last_access = 0;  // the store's logical clock; larger is more recent
   std::uint64_t hits = 0;
+  bool quarantined = false;  // failed a check; never served
+  std::string reason;        // why it was quarantined
+};
+
+// An entry and, when asked for, its layers' serialized headers.
+struct EntryDetail {
+  EntryInfo info;
+  std::vector<std::vector<std::byte>> layer_headers;
 };
 
 struct ListOptions {
@@ -119,6 +132,7 @@ struct ListOptions {
   std::string page_token;  // from the previous page; empty: the first
   std::uint32_t page_size = 100;
   bool all_namespaces = false;  // admin connections only
+  bool quarantined = false;     // admin: quarantined entries instead of live ones
 };
 
 struct ListResult {
@@ -130,6 +144,18 @@ struct StatResult {
   std::uint64_t entries = 0, bytes_stored = 0, bytes_raw = 0, hits = 0, misses = 0, evictions = 0;
   std::uint64_t capacity_bytes = 0;
   std::uint32_t connections = 0, publishes_in_flight = 0;
+  std::uint64_t quarantined = 0, chunks = 0;
+  std::uint64_t bytes_logical = 0;      // what the entries would take without shared chunks
+  std::uint64_t dedup_saved_bytes = 0;  // bytes_logical - bytes_stored
+  std::uint64_t admission_refusals = 0, active_leases = 0;
+  std::uint64_t disk_bytes = 0;  // the database's live files
+};
+
+// A store-wide consistency check (Client::VerifyStore).
+struct StoreReport {
+  std::uint64_t entries = 0, chunks = 0;
+  std::vector<std::string> problems;  // empty: consistent; at most 1000
+  std::uint64_t problem_count = 0;    // all of them
 };
 
 struct VerifyResult {
@@ -206,10 +232,17 @@ class Client {
   Result<ListResult> List(const ListOptions& options = {});
   Result<StatResult> Stat();
   Result<VerifyResult> Verify(std::uint64_t entry);
+  // One entry; with layer_headers, every layer's header too (no chunk bytes).
+  // Quarantined entries are described on the admin socket only.
+  Result<EntryDetail> Describe(std::uint64_t entry, bool layer_headers = false);
   // Admin socket only. SetCapacity changes the store's byte budget (0:
-  // unlimited) and evicts down to it.
+  // unlimited) and evicts down to it. VerifyStore cross-checks the store's
+  // records (and with read_chunks every chunk's bytes); Compact reclaims the
+  // space of deleted entries. Both can take long: mind ClientOptions::timeout.
   Status Delete(std::uint64_t entry);
   Status SetCapacity(std::uint64_t bytes);
+  Result<StoreReport> VerifyStore(bool read_chunks);
+  Status Compact();
 
   // Asynchronous forms: the same work, finished on the client's threads.
   std::future<Result<LookupResult>> LookupAsync(const ModelId& model, std::vector<std::uint32_t> tokens);

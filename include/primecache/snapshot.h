@@ -201,6 +201,17 @@ struct ModelFingerprint {
   friend bool operator==(const ModelFingerprint&, const ModelFingerprint&) = default;
 };
 
+// The canonical encoding Digest() hashes: Digest() == Checksum128 of these
+// bytes. A store keeps them beside its entries (the "model descriptor"), so
+// that an entry can be exported with its whole fingerprint and anyone can
+// check the descriptor against the digest it is filed under.
+std::string EncodeFingerprint(const ModelFingerprint& fingerprint);
+// Parses EncodeFingerprint's bytes, refusing anything else: a wrong tag,
+// strings over max_string_bytes, more than max_codec_versions versions,
+// truncation, trailing bytes.
+Result<ModelFingerprint> DecodeFingerprint(std::string_view bytes, std::uint64_t max_string_bytes = 4096,
+                                           std::uint64_t max_codec_versions = 256);
+
 // What identifies one prime boundary. tokens are the exact token ids (BOS
 // included) and boundary_len == tokens.size() (checked).
 struct BoundaryHeader {

@@ -72,6 +72,11 @@ double EstimatePrefillFlops(const ModelCost& cost, std::uint64_t tokens);
 struct PublishRequest {
   Hash128 model;
   std::string model_name;             // at most 1024 bytes
+  // The model's canonical fingerprint encoding (EncodeFingerprint in
+  // primecache/snapshot.h), at most 64 KiB; may be empty. When given, its
+  // Checksum128 must be `model`; it is kept once per (model, namespace) and
+  // lets an entry be exported with its whole fingerprint.
+  std::string model_descriptor;
   std::string ns;                     // namespace; may be empty; at most 1024 bytes
   std::vector<std::uint32_t> tokens;  // the boundary's exact tokens; its length is tokens.size() >= 1
   ModelCost cost;
@@ -186,6 +191,7 @@ struct EntryInfo {
   EntryState state = EntryState::kLive;
   Hash128 model;
   std::string model_name;
+  std::string model_descriptor;  // empty when no publish of this model and namespace gave one
   std::string ns;
   std::uint64_t length = 0;
   std::uint32_t layers = 0;
@@ -252,6 +258,11 @@ struct StoreOptions {
   std::string path;    // the store's directory; empty: DefaultDataDir() + "/store"
   Env* env = nullptr;  // nullptr: Env::Default(); must outlive the store
   bool create_if_missing = true;
+  // Opens an existing store for reading only (RocksDB's read-only mode: no
+  // lock taken, nothing written, not even recency, hit counts or a
+  // quarantine). Publish, Delete, SetByteBudget and Compact answer
+  // kFailedPrecondition. For inspecting the store of a stopped daemon.
+  bool read_only = false;
 
   std::uint64_t byte_budget = 0;  // stored_bytes kept at or below this; 0: unlimited
   EvictionPolicy eviction = EvictionPolicy::kLru;
@@ -315,6 +326,10 @@ class Store {
   Result<std::vector<LayerBytes>> FetchAll(EntryId id);
   // The stored tokens of a live entry.
   Result<std::vector<std::uint32_t>> Tokens(EntryId id);
+  // The serialized layer headers of a live entry, in layer order, from its
+  // manifest (no chunk is read). kCorruption: the manifest is unreadable
+  // (reported, not quarantined: Fetch or Verify does that).
+  Result<std::vector<std::string>> LayerHeaders(EntryId id);
 
   Result<Lease> AcquireLease(EntryId id);
 

@@ -175,5 +175,34 @@ TEST(DigestTest, GeometryAndFingerprintDigestsAreStable) {
   EXPECT_EQ(gd, (Hash128{0xef2b1125225e78fbull, 0xe98558b3283d182aull})) << std::hex << gd.lo << " " << gd.hi;
 }
 
+// The descriptor is the digest's preimage: it round-trips, hashes to the
+// digest, and anything that is not exactly one encoding is refused.
+TEST(FingerprintDescriptorTest, RoundTripsHashesToTheDigestAndRefusesDamage) {
+  const ModelFingerprint f = testing_util::TestFingerprint();
+  const std::string d = EncodeFingerprint(f);
+  EXPECT_EQ(Checksum128(std::as_bytes(std::span(d.data(), d.size()))), f.Digest());
+  auto back = DecodeFingerprint(d);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, f);
+
+  for (std::size_t cut = 0; cut < d.size(); ++cut) {
+    EXPECT_FALSE(DecodeFingerprint(std::string_view(d).substr(0, cut)).ok()) << "cut at " << cut;
+  }
+  EXPECT_FALSE(DecodeFingerprint(d + "x").ok());
+  std::string wrong_tag = d;
+  wrong_tag[0] ^= 1;
+  EXPECT_FALSE(DecodeFingerprint(wrong_tag).ok());
+  // Bounds are applied before anything is allocated.
+  ModelFingerprint big = f;
+  big.architecture.assign(5000, 'a');
+  auto s = DecodeFingerprint(EncodeFingerprint(big));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("architecture"), std::string::npos) << s.status().ToString();
+  ModelFingerprint many = f;
+  many.codec_versions.assign(300, "raw/v1");
+  EXPECT_FALSE(DecodeFingerprint(EncodeFingerprint(many)).ok());
+  EXPECT_TRUE(DecodeFingerprint(EncodeFingerprint(many), 4096, 300).ok());
+}
+
 }  // namespace
 }  // namespace primecache

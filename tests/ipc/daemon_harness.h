@@ -298,6 +298,6 @@ inline std::vector<std::uint32_t> Tokens(std::size_t n, std::uint32_t seed) {
   return t;
 }
 
-inline ModelId TestModel(std::uint64_t k = 1) { return ModelId{Hash128{0x1234 + k, 0xabcd * k}, "test-model"}; }
+inline ModelId TestModel(std::uint64_t k = 1) { return ModelId{Hash128{0x1234 + k, 0xabcd * k}, "test-model", ""}; }
 
 }  // namespace primecache::testing

@@ -108,14 +108,29 @@ TEST(Format, MetaRecordsRoundTripAndRefuseDamage) {
   EXPECT_EQ(*cb, c);
   ExpectRefusesDamage(cv, [](std::string_view x) { return DecodeCounters(x).ok(); });
 
-  ScopeRecord sc{3, Hash128{9, 8}, "model", "tenant"};
+  ScopeRecord sc{3, Hash128{9, 8}, "model", "tenant", "descriptor bytes"};
   std::string sv = EncodeScope(sc);
   auto sb = DecodeScope(3, sv);
   ASSERT_TRUE(sb.ok());
   EXPECT_EQ(sb->model_name, "model");
   EXPECT_EQ(sb->ns, "tenant");
   EXPECT_EQ(sb->digest, (Hash128{9, 8}));
+  EXPECT_EQ(sb->descriptor, "descriptor bytes");
   ExpectRefusesDamage(sv, [](std::string_view x) { return DecodeScope(1, x).ok(); });
+
+  // A version-1 record (schema 1 stores) has no descriptor and still reads.
+  std::string v1(1, '\x01');
+  v1 += HashKey(Hash128{9, 8});
+  PutLE32(&v1, 5);
+  v1 += "model";
+  PutLE32(&v1, 6);
+  v1 += "tenant";
+  AppendChecksum(&v1);
+  auto old = DecodeScope(4, v1);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(old->model_name, "model");
+  EXPECT_EQ(old->ns, "tenant");
+  EXPECT_TRUE(old->descriptor.empty());
 
   EXPECT_EQ(*DecodeSchema(EncodeSchema(kSchemaVersion)), kSchemaVersion);
   EXPECT_FALSE(DecodeSchema("abc").ok());

@@ -587,3 +587,153 @@ TEST(StoreBasic, CompactReclaimsTheSpaceOfDeletedEntries) {
 
 }  // namespace
 }  // namespace primecache
+
+namespace primecache {
+namespace {
+
+using namespace store_test;  // NOLINT(google-build-using-namespace)
+
+// A descriptor is kept per (model, namespace), checked against the digest,
+// and comes back with every entry of that scope.
+TEST(StoreDescriptor, KeptCheckedAndReturned) {
+  MemStore m;
+  const std::string descriptor = "primecache-fingerprint/1 of some model";
+  const Hash128 digest = Checksum128(std::as_bytes(std::span(descriptor.data(), descriptor.size())));
+  auto tokens = Conversation(64, 7);
+  auto layers = MakeLayers(tokens);
+
+  PublishRequest wrong = Request(tokens);
+  wrong.model = digest;
+  wrong.model_descriptor = descriptor + "x";
+  auto refused = m.store->Publish(wrong, layers);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
+
+  // First publish without a descriptor, then one with: the scope gains it.
+  PublishRequest plain = Request(Prefix(tokens, 32));
+  plain.model = digest;
+  auto first = m.store->Publish(plain, MakeLayers(Prefix(tokens, 32)));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_TRUE(m.store->Describe(first->id)->model_descriptor.empty());
+  PublishRequest full = Request(tokens);
+  full.model = digest;
+  full.model_descriptor = descriptor;
+  auto second = m.store->Publish(full, layers);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(m.store->Describe(second->id)->model_descriptor, descriptor);
+  EXPECT_EQ(m.store->Describe(first->id)->model_descriptor, descriptor);
+  m.Reopen();
+  EXPECT_EQ(m.store->Describe(first->id)->model_descriptor, descriptor);
+  ExpectConsistent(*m.store);
+}
+
+TEST(StoreLayerHeaders, AreTheManifestsHeadersInOrder) {
+  MemStore m;
+  auto tokens = Conversation(200, 3);
+  auto layers = MakeLayers(tokens);
+  EntryId id = MustPublish(*m.store, tokens);
+  auto headers = m.store->LayerHeaders(id);
+  ASSERT_TRUE(headers.ok()) << headers.status().ToString();
+  ASSERT_EQ(headers->size(), layers.size());
+  for (std::size_t i = 0; i < layers.size(); ++i) EXPECT_EQ((*headers)[i], layers[i].header) << i;
+  EXPECT_TRUE(m.store->LayerHeaders(id + 100).status().IsNotFound());
+}
+
+// Read-only: everything reads, nothing writes, and the store on disk is the
+// same afterwards (a damaged entry is reported, not quarantined).
+TEST(StoreReadOnly, ReadsEverythingWritesNothing) {
+  TempDir dir;
+  StoreOptions o;
+  o.path = dir.path;
+  auto tokens = Conversation(300, 11);
+  auto layers = MakeLayers(tokens);
+  EntryId id = 0;
+  {
+    auto s = Store::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    id = MustPublish(**s, tokens);
+  }
+  StoreOptions ro = o;
+  ro.read_only = true;
+  {
+    auto s = Store::Open(ro);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    Store& st = **s;
+    auto hit = st.Lookup(ModelDigest(1), "", tokens);
+    ASSERT_TRUE(hit.ok() && hit->has_value());
+    EXPECT_EQ((*hit)->id, id);
+    auto back = st.FetchAll(id);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ExpectSameLayers(*back, layers);
+    EXPECT_TRUE(st.Verify(true).ok());
+    EXPECT_TRUE(st.Verify(true)->problems.empty());
+    EXPECT_TRUE(st.Stat().ok());
+    auto list = st.List({});
+    ASSERT_TRUE(list.ok());
+    EXPECT_EQ(list->entries.size(), 1u);
+    EXPECT_TRUE(st.Delete(id).IsFailedPrecondition());
+    EXPECT_TRUE(st.Compact().IsFailedPrecondition());
+    EXPECT_TRUE(st.SetByteBudget(1).IsFailedPrecondition());
+    EXPECT_TRUE(st.BeginPublish(Request(Conversation(10, 99))).status().IsFailedPrecondition());
+  }
+  // Nothing changed: the entry is there, and no hit was recorded.
+  auto s = Store::Open(o);
+  ASSERT_TRUE(s.ok());
+  auto info = (*s)->Describe(id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->hits, 0u);
+  // No store there: refused, nothing created.
+  StoreOptions none = ro;
+  none.path = dir.path + "/absent";
+  EXPECT_TRUE(Store::Open(none).status().IsNotFound());
+  EXPECT_FALSE(std::filesystem::exists(none.path));
+}
+
+// A schema-1 store (scope records without descriptors) opens read-only as it
+// is, and opened for writing is marked 2 with every entry intact.
+TEST(StoreSchema, Version1IsReadAndUpgraded) {
+  TempDir dir;
+  StoreOptions o;
+  o.path = dir.path;
+  EntryId id = 0;
+  {
+    auto s = Store::Open(o);
+    ASSERT_TRUE(s.ok());
+    id = MustPublish(**s, Conversation(64, 5));
+  }
+  PutMeta(dir.path, "schema", statestore_internal::EncodeSchema(1));
+  StoreOptions ro = o;
+  ro.read_only = true;
+  {
+    auto s = Store::Open(ro);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_TRUE((*s)->Describe(id).ok());
+  }
+  {
+    auto s = Store::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_TRUE((*s)->Describe(id).ok());
+  }
+  // Now marked with this build's version, so an older build refuses it.
+  std::vector<std::string> names;
+  ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), dir.path, &names).ok());
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
+  for (auto& n : names) cfs.emplace_back(n, rocksdb::ColumnFamilyOptions());
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  ASSERT_TRUE(rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(), dir.path, cfs, &handles, &db).ok());
+  std::string schema;
+  for (auto* h : handles) {
+    if (h->GetName() == statestore_internal::kCfMeta) {
+      EXPECT_TRUE(db->Get(rocksdb::ReadOptions(), h, "schema", &schema).ok());
+    }
+  }
+  for (auto* h : handles) EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  delete db;
+  auto version = statestore_internal::DecodeSchema(schema);
+  ASSERT_TRUE(version.ok());
+  EXPECT_EQ(*version, statestore_internal::kSchemaVersion);
+}
+
+}  // namespace
+}  // namespace primecache

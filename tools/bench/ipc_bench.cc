@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   }
   std::vector<std::uint32_t> tokens(len);
   for (std::uint64_t i = 0; i < len; ++i) tokens[i] = static_cast<std::uint32_t>((i * 2654435761u) % 150000);
-  const ModelId model{Hash128{7, 7}, "bench"};
+  const ModelId model{Hash128{7, 7}, "bench", ""};
 
   ClientOptions o;
   o.endpoint = d.sock;
@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < lookups + 200; ++i) {
     const std::uint32_t one = 1;
     const auto t0 = Clock::now();
-    auto r = (*sc)->Lookup(ModelId{Hash128{1, 1}, "none"}, std::span(&one, 1));
+    auto r = (*sc)->Lookup(ModelId{Hash128{1, 1}, "none", ""}, std::span(&one, 1));
     const double u = Seconds(Clock::now() - t0) * 1e6;
     if (!r.ok()) return 1;
     if (i >= 200) l_min.push_back(u);
