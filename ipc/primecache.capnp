@@ -255,7 +255,7 @@ struct StatReply {
   dedupSavedBytes @12 :UInt64;
   admissionRefusals @13 :UInt64;
   activeLeases @14 :UInt64;
-  # RocksDB's live table and blob files.
+  # Every file of the store directory: tables, blob files, the log.
   diskBytes @15 :UInt64;
 }
 

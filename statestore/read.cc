@@ -244,6 +244,8 @@ Status Store::Impl::ReadChunk(const Hash128& h, std::uint64_t size, rocksdb::Pin
 
 Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink) {
   Impl& s = *impl_;
+  // What becomes of a damaged entry (a read-only store leaves it as it is).
+  const std::string fate = s.opts.read_only ? "" : " quarantined";
   PC_ASSIGN_OR_RETURN(Lease lease, AcquireLease(id));
   std::string mv;
   bool found = false;
@@ -251,18 +253,18 @@ Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink
   if (ms.IsCorruption()) {
     lease.Release();
     s.Quarantine(id, "manifest unreadable: " + ms.message(), std::nullopt);
-    return ms.WithContext("entry " + std::to_string(id) + " quarantined");
+    return ms.WithContext("entry " + std::to_string(id) + fate);
   }
   PC_RETURN_IF_ERROR(ms);
   if (!found) {
     s.Quarantine(id, "manifest missing", std::nullopt);
-    return Status::Corruption("entry " + std::to_string(id) + ": manifest missing; quarantined");
+    return Status::Corruption("entry " + std::to_string(id) + ": manifest missing" + (fate.empty() ? "" : ";" + fate));
   }
   auto manifest = DecodeManifest(mv, kMaxChunkBytesLimit);
   if (!manifest.ok()) {
     lease.Release();
     s.Quarantine(id, manifest.status().message(), std::nullopt);
-    return manifest.status().WithContext("entry " + std::to_string(id) + " quarantined");
+    return manifest.status().WithContext("entry " + std::to_string(id) + fate);
   }
   std::vector<std::uint32_t> order;
   if (layers.empty()) {
@@ -292,7 +294,7 @@ Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink
         lease.Release();
         s.Quarantine(id, "layer " + std::to_string(l) + " chunk " + std::to_string(c) + ": " + rs.message(),
                      layer.chunks[c].hash);
-        return rs.WithContext("entry " + std::to_string(id) + " quarantined");
+        return rs.WithContext("entry " + std::to_string(id) + fate);
       }
       PC_RETURN_IF_ERROR(rs);
       PC_RETURN_IF_ERROR(sink.OnChunk(l, c, bytes));

@@ -604,11 +604,12 @@ Result<StoreStats> Store::Stat() {
     st.active_leases = impl_->leases->active;
   }
   st.byte_budget = impl_->byte_budget;
-  for (auto* cf : {impl_->cf_meta, impl_->cf_entries, impl_->cf_manifests, impl_->cf_tokens, impl_->cf_chunks,
-                   impl_->cf_chunk_refs, impl_->cf_index, impl_->cf_lru, impl_->cf_quarantine}) {
-    std::uint64_t v = 0;
-    if (impl_->db->GetIntProperty(cf, "rocksdb.live-sst-files-size", &v)) st.disk_bytes += v;
-    if (impl_->db->GetIntProperty(cf, "rocksdb.total-blob-file-size", &v)) st.disk_bytes += v;
+  // Every file of the directory: tables, blob files, the write-ahead log and
+  // RocksDB's own records (files vanishing meanwhile are skipped).
+  if (auto files = impl_->env->GetChildren(impl_->path); files.ok()) {
+    for (const std::string& f : *files) {
+      if (auto size = impl_->env->GetFileSize(impl_->path + "/" + f); size.ok()) st.disk_bytes += *size;
+    }
   }
   return st;
 }

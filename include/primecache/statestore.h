@@ -232,7 +232,7 @@ struct StoreStats {
   std::uint64_t admission_refusals = 0;
   std::uint64_t active_leases = 0;
   std::uint64_t byte_budget = 0;  // 0: unlimited
-  std::uint64_t disk_bytes = 0;   // RocksDB's live SST and blob files
+  std::uint64_t disk_bytes = 0;   // every file in the store's directory (tables, blobs, log)
 };
 
 enum class EvictionPolicy : std::uint8_t {

@@ -1,0 +1,570 @@
+// primecachectl against a real primecached (and against its stopped store):
+// every command, its --json documents, its exit statuses; verify finding
+// damage planted in the database and in .pcsnap files; export -> import ->
+// export byte-exact.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <rocksdb/db.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "daemon_harness.h"
+#include "primecache/model.h"
+#include "primecache/snapshot.h"
+#include "statestore/format.h"
+
+extern char** environ;
+
+namespace primecache::testing {
+namespace {
+
+namespace si = statestore_internal;
+using nlohmann::json;
+
+struct CtlRun {
+  int rc = -1;
+  std::string out, err;
+  json Json() const {
+    json j = json::parse(out, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(j.is_discarded()) << "stdout is not JSON:\n" << out << "\nstderr:\n" << err;
+    return j;
+  }
+};
+
+// Runs primecachectl with these arguments, collecting stdout and stderr.
+CtlRun Ctl(const std::vector<std::string>& args) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) std::abort();
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
+  std::vector<std::string> all = {PRIMECACHECTL_PATH};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  CtlRun r;
+  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) std::abort();
+  posix_spawn_file_actions_destroy(&fa);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&r.out, &r.err};
+  int open_fds = 2;
+  while (open_fds > 0) {
+    if (poll(fds, 2, 60000) <= 0) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buf[65536];
+      ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n <= 0) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      } else {
+        sinks[i]->append(buf, static_cast<std::size_t>(n));
+      }
+    }
+  }
+  for (auto& f : fds) {
+    if (f.fd >= 0) close(f.fd);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+// The model a test publishes for: a real fingerprint, its descriptor sent.
+ModelFingerprint Fingerprint(std::string arch = "cli-model") {
+  ModelFingerprint fp;
+  fp.architecture = std::move(arch);
+  fp.plan_digest = {11, 12};
+  fp.weights_digest = {13, 14};
+  fp.codec_versions = {"kda-recurrent/v1", "mla-latent/v1", "raw/v1"};
+  return fp;
+}
+ModelId IdOf(const ModelFingerprint& fp) {
+  return ModelId{fp.Digest(), fp.architecture, EncodeFingerprint(fp)};
+}
+
+// The byte tokenizer's tokens of a text (BOS, then the bytes).
+std::vector<std::uint32_t> TextTokens(const std::string& text) {
+  std::vector<std::uint32_t> t = {model::kBosToken};
+  for (unsigned char c : text) t.push_back(c);
+  return t;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(d_.Start()); }
+
+  std::vector<std::string> At(std::vector<std::string> args) const {
+    std::vector<std::string> a = {"--data-dir", d_.data_dir(), "--socket", d_.admin_socket(), "--no-progress"};
+    a.insert(a.end(), args.begin(), args.end());
+    return a;
+  }
+  CtlRun Ctl(std::vector<std::string> args) const { return testing::Ctl(At(std::move(args))); }
+
+  std::unique_ptr<Client> Connect(const std::string& ns = "") {
+    auto c = Client::Connect(d_.Options(ns));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+  std::uint64_t Publish(const ModelId& m, const std::vector<std::uint32_t>& tokens, std::uint32_t layers,
+                        std::uint32_t seed, const std::string& ns = "") {
+    auto c = Connect(ns);
+    if (!c) return 0;
+    auto r = c->Publish(m, tokens, MakeLayers(tokens.size(), layers, seed));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->entry : 0;
+  }
+
+  Daemon d_;
+};
+
+TEST_F(CliTest, LsFiltersSortsAndPrintsJson) {
+  const auto fp_a = Fingerprint("model-a"), fp_b = Fingerprint("model-b");
+  const std::uint64_t e1 = Publish(IdOf(fp_a), TextTokens("short prompt"), 2, 1);
+  const std::uint64_t e2 = Publish(IdOf(fp_a), TextTokens(std::string(300, 'x')), 4, 2, "tenant");
+  const std::uint64_t e3 = Publish(IdOf(fp_b), TextTokens("another prompt of middle size"), 2, 3);
+
+  CtlRun r = Ctl({"ls", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = r.Json();
+  ASSERT_EQ(j["entries"].size(), 3u);
+  std::set<std::uint64_t> ids;
+  for (const auto& e : j["entries"]) ids.insert(e["id"].get<std::uint64_t>());
+  EXPECT_EQ(ids, (std::set<std::uint64_t>{e1, e2, e3}));
+  const json& first = j["entries"][0];
+  EXPECT_EQ(first["id"], e1);
+  EXPECT_EQ(first["state"], "live");
+  EXPECT_EQ(first["model"]["name"], "model-a");
+  EXPECT_EQ(first["model"]["digest"].get<std::string>().size(), 32u);
+  EXPECT_EQ(first["namespace"], "");
+  EXPECT_EQ(first["length"], TextTokens("short prompt").size());
+  EXPECT_EQ(first["layers"], 2);
+  EXPECT_GT(first["stored_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(first["raw_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(first["exportable"], true);
+  EXPECT_TRUE(first.contains("age_seconds") && first.contains("hits") && first.contains("created_unix_ms"));
+
+  j = Ctl({"ls", "--json", "--namespace", "tenant"}).Json();
+  ASSERT_EQ(j["entries"].size(), 1u);
+  EXPECT_EQ(j["entries"][0]["id"], e2);
+  j = Ctl({"ls", "--json", "--model", "model-b"}).Json();
+  ASSERT_EQ(j["entries"].size(), 1u);
+  EXPECT_EQ(j["entries"][0]["id"], e3);
+  const std::string digest = Ctl({"ls", "--json"}).Json()["entries"][2]["model"]["digest"];
+  j = Ctl({"ls", "--json", "--model", digest.substr(0, 8)}).Json();
+  ASSERT_EQ(j["entries"].size(), 1u);
+  EXPECT_EQ(j["entries"][0]["id"], e3);
+  j = Ctl({"ls", "--json", "--sort", "length", "--reverse"}).Json();
+  ASSERT_EQ(j["entries"].size(), 3u);
+  EXPECT_EQ(j["entries"][0]["id"], e2);
+  EXPECT_EQ(j["entries"][2]["id"], e1);
+  j = Ctl({"ls", "--json", "--min-length", "20", "--sort", "length", "--limit", "1"}).Json();
+  ASSERT_EQ(j["entries"].size(), 1u);
+  EXPECT_EQ(j["entries"][0]["id"], e3);
+
+  // For people: a table with a header and one row per entry.
+  r = Ctl({"ls"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("FINGERPRINT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("model-b"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tenant"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 entries"), std::string::npos) << r.out;
+  EXPECT_EQ(Ctl({"ls", "--sort", "colour"}).rc, 2);
+}
+
+TEST_F(CliTest, ShowGivesLayersFingerprintAndText) {
+  const auto fp = Fingerprint();
+  const std::string prompt = "The quick brown fox\tjumps over the lazy dog";
+  const std::uint64_t id = Publish(IdOf(fp), TextTokens(prompt), 4, 5);
+  CtlRun r = Ctl({"show", std::to_string(id), "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = r.Json();
+  EXPECT_EQ(j["entry"]["id"], id);
+  EXPECT_EQ(j["tokens"]["count"], TextTokens(prompt).size());
+  EXPECT_EQ(j["tokens"]["text"], "<bos>The quick brown fox\\tjumps over the lazy dog");
+  EXPECT_EQ(j["tokens"]["shortened"], false);
+  EXPECT_EQ(j["fingerprint"]["architecture"], "cli-model");
+  EXPECT_EQ(j["fingerprint"]["codec_versions"].size(), 3u);
+  ASSERT_EQ(j["layers"].size(), 4u);
+  EXPECT_EQ(j["layers"][0]["kind"], "mla-latent/v1");
+  EXPECT_EQ(j["layers"][0]["geometry"]["len"], TextTokens(prompt).size());
+  EXPECT_EQ(j["layers"][0]["geometry"]["width"], 64);
+  EXPECT_EQ(j["layers"][1]["kind"], "kda-recurrent/v1");
+  EXPECT_EQ(j["layers"][1]["geometry"]["heads"], 2);
+  EXPECT_EQ(j["layers"][0]["planes"][0]["transform"], "raw/v1");
+  EXPECT_EQ(j["layers"][0]["checksum"].get<std::string>().size(), 16u);
+  std::uint64_t encoded = 0;
+  for (const auto& l : j["layers"]) encoded += l["encoded_bytes"].get<std::uint64_t>();
+  EXPECT_EQ(encoded, j["entry"]["stored_bytes"].get<std::uint64_t>());
+
+  // Long text is shortened in the middle, keeping both ends.
+  j = Ctl({"show", std::to_string(id), "--json", "--text-chars", "20"}).Json();
+  EXPECT_EQ(j["tokens"]["shortened"], true);
+  const std::string text = j["tokens"]["text"];
+  EXPECT_EQ(text.rfind("<bos>The", 0), 0u) << text;
+  EXPECT_NE(text.find("more tokens"), std::string::npos) << text;
+  EXPECT_TRUE(text.ends_with("dog")) << text;
+
+  r = Ctl({"show", std::to_string(id)});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("mla-latent/v1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("jumps over"), std::string::npos) << r.out;
+
+  r = Ctl({"show", "9999", "--json"});
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_EQ(r.Json()["error"]["code"], "not_found");
+  EXPECT_EQ(Ctl({"show"}).rc, 2);
+  EXPECT_EQ(Ctl({"show", "abc"}).rc, 2);
+}
+
+TEST_F(CliTest, StatsCountHitsBytesAndDedup) {
+  const auto fp = Fingerprint();
+  auto tokens = Tokens(512, 9);
+  // Two boundaries of one conversation share their leading latent rows.
+  auto c = Connect();
+  ASSERT_TRUE(c);
+  const ModelId m = IdOf(fp);
+  auto full = MakeLayers(512, 2, 4, 64, 64);
+  ASSERT_TRUE(c->Publish(m, tokens, full).ok());
+  auto half = MakeLayers(256, 2, 4, 64, 64);
+  std::vector<std::uint32_t> prefix(tokens.begin(), tokens.begin() + 256);
+  ASSERT_TRUE(c->Publish(m, prefix, half).ok());
+  ASSERT_TRUE(c->Lookup(m, tokens).ok());
+  ASSERT_TRUE(c->Lookup(m, Tokens(40, 77)).ok());
+
+  CtlRun r = Ctl({"stats", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = r.Json();
+  EXPECT_EQ(j["entries"], 2);
+  EXPECT_EQ(j["quarantined"], 0);
+  EXPECT_EQ(j["hits"], 1);
+  EXPECT_EQ(j["misses"], 1);
+  EXPECT_DOUBLE_EQ(j["hit_rate"].get<double>(), 0.5);
+  EXPECT_GT(j["stored_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(j["dedup_saved_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(j["dedup_ratio"].get<double>(), 1.0);
+  EXPECT_EQ(j["logical_bytes"].get<std::uint64_t>() - j["stored_bytes"].get<std::uint64_t>(),
+            j["dedup_saved_bytes"].get<std::uint64_t>());
+  EXPECT_GT(j["disk_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_TRUE(j["daemon"].is_object());
+  r = Ctl({"stats"});
+  ASSERT_EQ(r.rc, 0);
+  EXPECT_NE(r.out.find("hit rate 50.0%"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dedup savings"), std::string::npos) << r.out;
+}
+
+// Chunk bytes overwritten and a reference count altered behind the store's
+// back: verify finds both, says where, and exits 1; gc then clears the
+// quarantine and verify passes again.
+TEST_F(CliTest, VerifyFindsDamagePlantedInTheDatabase) {
+  const auto fp = Fingerprint();
+  const ModelId m = IdOf(fp);
+  auto tokens_a = Tokens(300, 21), tokens_b = Tokens(200, 22);
+  auto layers_a = MakeLayers(tokens_a.size(), 2, 31), layers_b = MakeLayers(tokens_b.size(), 2, 32);
+  auto c = Connect();
+  ASSERT_TRUE(c);
+  auto a = c->Publish(m, tokens_a, layers_a);
+  auto b = c->Publish(m, tokens_b, layers_b);
+  ASSERT_TRUE(a.ok() && b.ok());
+  c.reset();
+
+  CtlRun r = Ctl({"verify", "--all", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.Json()["ok"], true);
+  EXPECT_EQ(r.Json()["checked"]["entries"], 2);
+  EXPECT_EQ(r.Json()["checked"]["layers"], 4);
+
+  ASSERT_EQ(d_.Stop(), 0);
+  const auto& bad = layers_a[0].chunks[1];
+  const Hash128 bad_hash = Checksum128(bad);
+  const auto& counted = layers_b[0].chunks[0];
+  const Hash128 counted_hash = Checksum128(counted);
+  {
+    const std::string path = d_.data_dir() + "/store";
+    std::vector<std::string> names;
+    ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), path, &names).ok());
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
+    for (auto& n : names) cfs.emplace_back(n, rocksdb::ColumnFamilyOptions());
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, cfs, &handles, &db).ok());
+    auto cf = [&](const char* name) {
+      for (auto* h : handles) {
+        if (h->GetName() == name) return h;
+      }
+      return static_cast<rocksdb::ColumnFamilyHandle*>(nullptr);
+    };
+    std::string flipped(reinterpret_cast<const char*>(bad.data()), bad.size());
+    flipped[flipped.size() / 2] ^= 0x10;
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), cf(si::kCfChunks), si::ChunkKey(bad_hash), flipped).ok());
+    std::string ref;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), cf(si::kCfChunkRefs), si::HashKey(counted_hash), &ref).ok());
+    auto rec = si::DecodeChunkRef(ref);
+    ASSERT_TRUE(rec.ok());
+    rec->refs += 3;
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), cf(si::kCfChunkRefs), si::HashKey(counted_hash),
+                        si::EncodeChunkRef(*rec))
+                    .ok());
+    for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+    delete db;
+  }
+  const std::string a_name = "entry " + std::to_string(a->entry);
+  auto mentions = [](const json& problems, const std::string& where, const std::string& what) {
+    for (const auto& p : problems) {
+      if (p["where"].get<std::string>().find(where) != std::string::npos &&
+          p["what"].get<std::string>().find(what) != std::string::npos)
+        return true;
+    }
+    return false;
+  };
+
+  // The daemon is down: read-only, damage reported, nothing quarantined.
+  r = Ctl({"verify", "--all", "--json"});
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  json j = r.Json();
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_TRUE(mentions(j["problems"], a_name, "does not match its address")) << j.dump(2);
+  EXPECT_TRUE(mentions(j["problems"], "store", si::HashHex(counted_hash))) << j.dump(2);
+  EXPECT_NE(r.err.find("no daemon answers"), std::string::npos) << r.err;
+  r = Ctl({"verify", std::to_string(b->entry), "--json"});
+  EXPECT_EQ(r.rc, 0) << r.out;  // entry b's own bytes are intact
+  r = Ctl({"verify", std::to_string(a->entry)});
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("DAMAGE"), std::string::npos) << r.out;
+
+  // Through the daemon: the fetch quarantines entry a.
+  ASSERT_TRUE(d_.Start());
+  r = Ctl({"verify", "--all", "--json"});
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_TRUE(mentions(r.Json()["problems"], a_name, "quarantined")) << r.out;
+  j = Ctl({"ls", "--quarantined", "--json"}).Json();
+  ASSERT_EQ(j["entries"].size(), 1u);
+  EXPECT_EQ(j["entries"][0]["id"], a->entry);
+  EXPECT_EQ(j["entries"][0]["state"], "quarantined");
+  EXPECT_NE(j["entries"][0]["reason"].get<std::string>().find("chunk"), std::string::npos);
+  // Still damage until gc removes it.
+  EXPECT_EQ(Ctl({"verify", "--all"}).rc, 1);
+
+  j = Ctl({"gc", "--json"}).Json();
+  ASSERT_EQ(j["removed"].size(), 1u);
+  EXPECT_EQ(j["removed"][0]["id"], a->entry);
+  EXPECT_EQ(j["compacted"], true);
+  EXPECT_TRUE(Ctl({"ls", "--quarantined", "--json"}).Json()["entries"].empty());
+  // The altered count remains (a store-level problem gc does not hide).
+  r = Ctl({"verify", "--all", "--json"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(mentions(r.Json()["problems"], "store", si::HashHex(counted_hash))) << r.out;
+}
+
+TEST_F(CliTest, VerifyFindsDamageInFiles) {
+  const auto fp = Fingerprint();
+  const std::uint64_t id = Publish(IdOf(fp), Tokens(150, 3), 2, 8);
+  const std::string file = d_.dir() + "/e.pcsnap";
+  CtlRun r = Ctl({"export", std::to_string(id), file, "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.Json()["layers"], 2);
+  r = Ctl({"verify", "--file", file, "--json"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.Json()["checked"]["layers"], 2);
+
+  const std::string good = ReadFile(file);
+  ASSERT_GT(good.size(), 1000u);
+  const std::string damaged = d_.dir() + "/damaged.pcsnap";
+  for (std::size_t at : {std::size_t{3}, std::size_t{40}, good.size() / 2, good.size() - 1}) {
+    std::string bytes = good;
+    bytes[at] ^= 0x01;
+    WriteFile(damaged, bytes);
+    r = Ctl({"verify", "--file", damaged, "--json"});
+    EXPECT_EQ(r.rc, 1) << "flip at " << at << ": " << r.out;
+    json j = r.Json();
+    EXPECT_EQ(j["ok"], false);
+    ASSERT_FALSE(j["problems"].empty());
+    EXPECT_NE(j["problems"][0]["where"].get<std::string>().find(damaged), std::string::npos);
+  }
+  WriteFile(damaged, good.substr(0, good.size() - 7));
+  EXPECT_EQ(Ctl({"verify", "--file", damaged}).rc, 1);
+  EXPECT_EQ(Ctl({"verify", "--file", d_.dir() + "/absent.pcsnap"}).rc, 3);
+  // A damaged file is refused by import before anything is stored.
+  r = Ctl({"import", damaged, "--json"});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(r.Json().contains("error"));
+  EXPECT_EQ(Ctl({"ls", "--json"}).Json()["entries"].size(), 1u);
+  EXPECT_EQ(Ctl({"verify"}).rc, 2);
+  EXPECT_EQ(Ctl({"verify", "1", "--all"}).rc, 2);
+}
+
+// export -> import into another daemon -> export: the same bytes, and the
+// imported entry serves the same layers.
+TEST_F(CliTest, ExportImportRoundTripIsByteExact) {
+  const auto fp = Fingerprint();
+  auto tokens = TextTokens("a prompt whose snapshot moves between stores");
+  const std::uint64_t id = Publish(IdOf(fp), tokens, 4, 12, "tenant-x");
+  const std::string f1 = d_.dir() + "/one.pcsnap", f2 = d_.dir() + "/two.pcsnap";
+  ASSERT_EQ(Ctl({"export", std::to_string(id), f1}).rc, 0);
+  EXPECT_EQ(Ctl({"export", std::to_string(id), f1}).rc, 5);  // exists, no --force
+  ASSERT_EQ(Ctl({"export", std::to_string(id), f1, "--force"}).rc, 0);
+
+  Daemon other;
+  ASSERT_TRUE(other.Start());
+  auto at_other = [&](std::vector<std::string> args) {
+    std::vector<std::string> a = {"--data-dir", other.data_dir(), "--socket", other.admin_socket()};
+    a.insert(a.end(), args.begin(), args.end());
+    return testing::Ctl(a);
+  };
+  CtlRun r = at_other({"import", f1, "--json"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  json j = r.Json();
+  EXPECT_EQ(j["existed"], false);
+  EXPECT_EQ(j["namespace"], "tenant-x");
+  const std::uint64_t imported = j["entry"];
+  ASSERT_EQ(at_other({"export", std::to_string(imported), f2}).rc, 0);
+  EXPECT_EQ(ReadFile(f1), ReadFile(f2));
+  // Importing again stores nothing new.
+  EXPECT_EQ(at_other({"import", f1, "--json"}).Json()["existed"], true);
+
+  // The imported entry is found by lookup in its namespace and serves the same layers.
+  auto oc = Client::Connect(other.Options("tenant-x"));
+  ASSERT_TRUE(oc.ok());
+  auto hit = (*oc)->Lookup(IdOf(fp), tokens);
+  ASSERT_TRUE(hit.ok() && hit->found);
+  EXPECT_EQ(hit->entry, imported);
+  auto mine = Connect("tenant-x");
+  auto x = mine->FetchLayers(id);
+  auto y = (*oc)->FetchLayers(imported);
+  ASSERT_TRUE(x.ok() && y.ok());
+  ASSERT_EQ(x->size(), y->size());
+  for (std::size_t i = 0; i < x->size(); ++i) {
+    EXPECT_EQ((*x)[i].data.header, (*y)[i].data.header);
+    EXPECT_EQ((*x)[i].data.chunks, (*y)[i].data.chunks);
+  }
+  // Into another namespace on request.
+  j = at_other({"import", f1, "--namespace", "elsewhere", "--json"}).Json();
+  EXPECT_EQ(j["namespace"], "elsewhere");
+  EXPECT_EQ(j["existed"], false);
+
+  // An entry published without a descriptor cannot be exported whole.
+  const std::uint64_t bare = Publish(TestModel(5), Tokens(50, 5), 2, 13);
+  r = Ctl({"export", std::to_string(bare), d_.dir() + "/bare.pcsnap", "--json"});
+  EXPECT_EQ(r.rc, 5) << r.out;
+  EXPECT_NE(r.Json()["error"]["message"].get<std::string>().find("descriptor"), std::string::npos);
+  EXPECT_EQ(Ctl({"show", std::to_string(bare), "--json"}).Json()["entry"]["exportable"], false);
+}
+
+TEST_F(CliTest, RmGcAndCompact) {
+  const auto fp = Fingerprint();
+  const std::uint64_t e1 = Publish(IdOf(fp), Tokens(100, 1), 2, 1);
+  const std::uint64_t e2 = Publish(IdOf(fp), Tokens(100, 2), 2, 2);
+  const std::uint64_t e3 = Publish(IdOf(fp), Tokens(100, 3), 2, 3);
+
+  CtlRun r = Ctl({"rm", std::to_string(e1), "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.Json()["removed"], json::array({e1}));
+  r = Ctl({"rm", std::to_string(e1), "--json"});
+  EXPECT_EQ(r.rc, 3);
+  EXPECT_EQ(r.Json()["failed"][0]["id"], e1);
+  EXPECT_EQ(Ctl({"ls", "--json"}).Json()["entries"].size(), 2u);
+
+  // --dry-run removes nothing; --older-than 0s removes every entry.
+  json j = Ctl({"gc", "--older-than", "0s", "--dry-run", "--json"}).Json();
+  EXPECT_EQ(j["dry_run"], true);
+  EXPECT_EQ(j["removed"].size(), 2u);
+  EXPECT_EQ(Ctl({"ls", "--json"}).Json()["entries"].size(), 2u);
+  j = Ctl({"gc", "--older-than", "1d", "--json"}).Json();
+  EXPECT_TRUE(j["removed"].empty());
+  EXPECT_EQ(Ctl({"gc", "--older-than", "soon"}).rc, 2);
+  r = Ctl({"gc", "--older-than", "0s", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  j = r.Json();
+  std::set<std::uint64_t> gone;
+  for (const auto& x : j["removed"]) gone.insert(x["id"].get<std::uint64_t>());
+  EXPECT_EQ(gone, (std::set<std::uint64_t>{e2, e3}));
+  EXPECT_LT(j["stored_bytes_after"].get<std::uint64_t>(), j["stored_bytes_before"].get<std::uint64_t>());
+  EXPECT_TRUE(Ctl({"ls", "--json"}).Json()["entries"].empty());
+
+  r = Ctl({"compact", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  j = r.Json();
+  EXPECT_TRUE(j.contains("disk_bytes_before") && j.contains("disk_bytes_after"));
+  EXPECT_EQ(Ctl({"verify", "--all"}).rc, 0);
+}
+
+// With the daemon stopped, reading works from the store itself; changes are
+// refused with exit 5 and nothing on disk moves.
+TEST_F(CliTest, ReadOnlyWhenTheDaemonIsStopped) {
+  const auto fp = Fingerprint();
+  const std::uint64_t id = Publish(IdOf(fp), TextTokens("kept while the daemon sleeps"), 2, 4);
+  const std::string file = d_.dir() + "/ro.pcsnap";
+  ASSERT_EQ(d_.Stop(), 0);
+
+  CtlRun r = Ctl({"ls", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.Json()["entries"].size(), 1u);
+  EXPECT_NE(r.Json()["source"].get<std::string>().find("read-only"), std::string::npos);
+  EXPECT_NE(r.err.find("no daemon answers"), std::string::npos);
+  EXPECT_EQ(Ctl({"show", std::to_string(id), "--json"}).Json()["tokens"]["text"], "<bos>kept while the daemon sleeps");
+  EXPECT_EQ(Ctl({"stats", "--json"}).Json()["daemon"], nullptr);
+  EXPECT_EQ(Ctl({"verify", "--all"}).rc, 0);
+  EXPECT_EQ(Ctl({"export", std::to_string(id), file}).rc, 0);
+  EXPECT_EQ(Ctl({"--offline", "ls", "--json"}).Json()["entries"].size(), 1u);
+  for (const auto& args : std::vector<std::vector<std::string>>{{"rm", std::to_string(id)},
+                                                                {"gc"},
+                                                                {"compact"},
+                                                                {"import", file}}) {
+    r = Ctl(args);
+    EXPECT_EQ(r.rc, 5) << args[0] << ": " << r.err;
+    EXPECT_NE(r.err.find("daemon"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(Ctl({"gc", "--dry-run"}).rc, 0);
+
+  // Back up: the entry is there, unharmed.
+  ASSERT_TRUE(d_.Start());
+  EXPECT_EQ(Ctl({"ls", "--json"}).Json()["entries"].size(), 1u);
+  EXPECT_EQ(Ctl({"verify", std::to_string(id)}).rc, 0);
+}
+
+TEST(CliUsage, HelpUsageErrorsAndNoStore) {
+  CtlRun r = Ctl({"--help"});
+  EXPECT_EQ(r.rc, 0);
+  for (const char* word : {"ls", "show", "verify", "rm", "gc", "stats", "export", "import", "compact", "Exit status"}) {
+    EXPECT_NE(r.out.find(word), std::string::npos) << word << "\n" << r.out;
+  }
+  EXPECT_EQ(Ctl({}).rc, 2);
+  EXPECT_EQ(Ctl({"frobnicate"}).rc, 2);
+  const std::string empty = MakeTempDir();
+  r = Ctl({"--data-dir", empty, "ls", "--json"});
+  EXPECT_EQ(r.rc, 4) << r.err;
+  EXPECT_EQ(r.Json()["error"]["code"], "unavailable");
+  std::filesystem::remove_all(empty);
+}
+
+// The tenant socket is not the admin socket: refused, not half-served.
+TEST_F(CliTest, RefusesANonAdminSocket) {
+  CtlRun r = testing::Ctl({"--data-dir", d_.data_dir(), "--socket", d_.socket(), "ls"});
+  EXPECT_EQ(r.rc, 5) << r.err;
+  EXPECT_NE(r.err.find("admin"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace primecache::testing

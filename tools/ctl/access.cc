@@ -1,0 +1,295 @@
+// The two ways primecachectl reaches a store (see access.h).
+#include "tools/ctl/access.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <utility>
+
+#include "primecache/client.h"
+#include "primecache/codec.h"
+#include "primecache/statestore.h"
+
+namespace primecache::ctl {
+
+namespace {
+
+// ---- through the daemon ----------------------------------------------------------
+
+Entry FromClient(const client::EntryInfo& e) {
+  Entry out;
+  out.id = e.entry;
+  out.model = e.model.digest;
+  out.model_name = e.model.name;
+  out.descriptor = e.model.descriptor;
+  out.ns = e.ns;
+  out.length = e.length != 0 ? e.length : e.tokens.size();
+  out.layers = e.layer_count;
+  out.stored_bytes = e.bytes;
+  out.raw_bytes = e.raw_bytes;
+  out.created_unix_ms = e.created_unix_ms;
+  out.last_access = e.last_access;
+  out.hits = e.hits;
+  out.quarantined = e.quarantined;
+  out.reason = e.reason;
+  out.tokens = e.tokens;
+  return out;
+}
+
+class DaemonAccess final : public StoreAccess {
+ public:
+  DaemonAccess(client::ClientOptions options, std::unique_ptr<client::Client> admin)
+      : options_(std::move(options)), admin_(std::move(admin)) {}
+
+  std::string where() const override { return "primecached (" + options_.endpoint + ")"; }
+  bool writable() const override { return true; }
+
+  Result<std::vector<Entry>> List(bool quarantined) override {
+    std::vector<Entry> out;
+    client::ListOptions lo;
+    lo.all_namespaces = true;
+    lo.quarantined = quarantined;
+    lo.page_size = 1000;
+    for (;;) {
+      PC_ASSIGN_OR_RETURN(auto page, admin_->List(lo));
+      for (auto& e : page.entries) {
+        Entry x = FromClient(e);
+        x.tokens.clear();  // List carries them; the CLI reads them with Describe
+        out.push_back(std::move(x));
+      }
+      if (page.next_page_token.empty()) break;
+      lo.page_token = page.next_page_token;
+    }
+    return out;
+  }
+
+  Result<Entry> Describe(std::uint64_t id, std::vector<std::string>* headers) override {
+    PC_ASSIGN_OR_RETURN(auto d, admin_->Describe(id, headers != nullptr));
+    if (headers != nullptr) {
+      headers->clear();
+      for (auto& h : d.layer_headers) headers->emplace_back(reinterpret_cast<const char*>(h.data()), h.size());
+    }
+    return FromClient(d.info);
+  }
+
+  Status Fetch(std::uint64_t id, const FetchHandlers& h) override {
+    client::FetchCallbacks cb;
+    cb.on_layer = [&](std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunks) {
+      return h.on_layer(layer, std::string_view(reinterpret_cast<const char*>(header.data()), header.size()), chunks);
+    };
+    cb.on_chunk = h.on_chunk;
+    return admin_->Fetch(id, {}, cb);
+  }
+
+  Result<Stats> Stat() override {
+    PC_ASSIGN_OR_RETURN(auto s, admin_->Stat());
+    Stats out;
+    out.entries = s.entries;
+    out.quarantined = s.quarantined;
+    out.chunks = s.chunks;
+    out.stored_bytes = s.bytes_stored;
+    out.logical_bytes = s.bytes_logical;
+    out.raw_bytes = s.bytes_raw;
+    out.dedup_saved_bytes = s.dedup_saved_bytes;
+    out.hits = s.hits;
+    out.misses = s.misses;
+    out.evictions = s.evictions;
+    out.admission_refusals = s.admission_refusals;
+    out.active_leases = s.active_leases;
+    out.capacity_bytes = s.capacity_bytes;
+    out.disk_bytes = s.disk_bytes;
+    out.connections = s.connections;
+    out.publishes_in_flight = s.publishes_in_flight;
+    return out;
+  }
+
+  Result<StoreCheck> CheckStore(bool read_chunks) override {
+    PC_ASSIGN_OR_RETURN(auto r, admin_->VerifyStore(read_chunks));
+    return StoreCheck{r.entries, r.chunks, std::move(r.problems), r.problem_count};
+  }
+
+  Status Delete(std::uint64_t id) override { return admin_->Delete(id); }
+  Status Compact() override { return admin_->Compact(); }
+
+  Result<Imported> Import(const EncodedSnapshot& snap, const std::string& ns) override {
+    // A publish lands in the namespace of its connection.
+    client::ClientOptions o = options_;
+    o.ns = ns;
+    PC_ASSIGN_OR_RETURN(auto c, client::Client::Connect(o));
+    const ModelFingerprint& fp = snap.header.fingerprint;
+    client::ModelId model{fp.Digest(), fp.architecture, EncodeFingerprint(fp)};
+    std::vector<client::LayerData> layers;
+    layers.reserve(snap.layers.size());
+    for (const EncodedLayer& l : snap.layers) {
+      client::LayerData d;
+      const std::string header = SerializeLayerHeader(l.header);
+      auto hb = AsBytes(header);
+      d.header.assign(hb.begin(), hb.end());
+      for (const std::string& chunk : l.chunks) {
+        auto cb = AsBytes(chunk);
+        d.chunks.emplace_back(cb.begin(), cb.end());
+      }
+      layers.push_back(std::move(d));
+    }
+    PC_ASSIGN_OR_RETURN(auto r, c->Publish(model, snap.header.tokens, layers));
+    return Imported{r.entry, r.existed};
+  }
+
+ private:
+  client::ClientOptions options_;
+  std::unique_ptr<client::Client> admin_;
+};
+
+// ---- the store itself, read-only --------------------------------------------------
+
+Entry FromStore(const EntryInfo& e) {
+  Entry out;
+  out.id = e.id;
+  out.model = e.model;
+  out.model_name = e.model_name;
+  out.descriptor = e.model_descriptor;
+  out.ns = e.ns;
+  out.length = e.length;
+  out.layers = e.layers;
+  out.stored_bytes = e.chunk_bytes;
+  out.raw_bytes = e.raw_bytes;
+  out.created_unix_ms = e.created_unix_ms;
+  out.last_access = e.last_access;
+  out.hits = e.hits;
+  out.quarantined = e.state == EntryState::kQuarantined;
+  out.reason = e.reason;
+  return out;
+}
+
+class DirectAccess final : public StoreAccess {
+ public:
+  explicit DirectAccess(std::unique_ptr<Store> store) : store_(std::move(store)) {}
+
+  std::string where() const override { return store_->path() + " (read-only)"; }
+  bool writable() const override { return false; }
+
+  Result<std::vector<Entry>> List(bool quarantined) override {
+    std::vector<Entry> out;
+    ListOptions lo;
+    lo.state = quarantined ? EntryState::kQuarantined : EntryState::kLive;
+    lo.limit = 1000;
+    for (;;) {
+      PC_ASSIGN_OR_RETURN(auto page, store_->List(lo));
+      for (const auto& e : page.entries) out.push_back(FromStore(e));
+      if (page.next_page_token.empty()) break;
+      lo.page_token = page.next_page_token;
+    }
+    return out;
+  }
+
+  Result<Entry> Describe(std::uint64_t id, std::vector<std::string>* headers) override {
+    PC_ASSIGN_OR_RETURN(auto info, store_->Describe(id));
+    Entry e = FromStore(info);
+    if (e.quarantined) {
+      if (headers != nullptr) headers->clear();
+      return e;
+    }
+    PC_ASSIGN_OR_RETURN(e.tokens, store_->Tokens(id));
+    if (headers != nullptr) {
+      PC_ASSIGN_OR_RETURN(*headers, store_->LayerHeaders(id));
+    }
+    return e;
+  }
+
+  Status Fetch(std::uint64_t id, const FetchHandlers& h) override {
+    struct Sink final : FetchSink {
+      const FetchHandlers* h;
+      Status OnLayer(std::uint32_t layer, std::string_view header, std::uint32_t chunks) override {
+        return h->on_layer(layer, header, chunks);
+      }
+      Status OnChunk(std::uint32_t layer, std::uint32_t chunk, std::span<const std::byte> bytes) override {
+        return h->on_chunk(layer, chunk, bytes);
+      }
+    } sink;
+    sink.h = &h;
+    return store_->Fetch(id, {}, sink);
+  }
+
+  Result<Stats> Stat() override {
+    PC_ASSIGN_OR_RETURN(auto s, store_->Stat());
+    Stats out;
+    out.entries = s.entries;
+    out.quarantined = s.quarantined;
+    out.chunks = s.chunks;
+    out.stored_bytes = s.stored_bytes;
+    out.logical_bytes = s.logical_bytes;
+    out.raw_bytes = s.raw_bytes;
+    out.dedup_saved_bytes = s.dedup_saved_bytes;
+    out.hits = s.hits;
+    out.misses = s.misses;
+    out.evictions = s.evictions;
+    out.admission_refusals = s.admission_refusals;
+    out.active_leases = s.active_leases;
+    out.capacity_bytes = s.byte_budget;
+    out.disk_bytes = s.disk_bytes;
+    return out;
+  }
+
+  Result<StoreCheck> CheckStore(bool read_chunks) override {
+    PC_ASSIGN_OR_RETURN(auto r, store_->Verify(read_chunks));
+    const std::uint64_t n = r.problems.size();
+    return StoreCheck{r.entries, r.chunks, std::move(r.problems), n};
+  }
+
+  Status Delete(std::uint64_t) override { return ReadOnly("rm"); }
+  Status Compact() override { return ReadOnly("compact"); }
+  Result<Imported> Import(const EncodedSnapshot&, const std::string&) override { return ReadOnly("import"); }
+
+ private:
+  Status ReadOnly(const char* what) const {
+    return Status::FailedPrecondition(std::string(what) + " needs the running daemon; the store at " +
+                                      store_->path() + " is open read-only");
+  }
+  std::unique_ptr<Store> store_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<StoreAccess>> OpenAccess(const AccessOptions& o, bool* fell_back) {
+  *fell_back = false;
+  const std::string socket = o.admin_socket.empty() ? o.data_dir + "/primecached-admin.sock" : o.admin_socket;
+  Status daemon_status = Status::Unavailable("--offline given");
+  if (!o.offline) {
+    std::error_code ec;
+    if (std::filesystem::exists(socket, ec)) {
+      client::ClientOptions co;
+      co.endpoint = socket;
+      co.client_name = "primecachectl";
+      co.timeout = o.timeout;
+      co.reconnect_attempts = 1;
+      auto c = client::Client::Connect(co);
+      if (c.ok()) {
+        if (!(*c)->server_info().admin) {
+          return Status::FailedPrecondition(socket + " is not primecached's admin socket (no admin rights there)");
+        }
+        return std::unique_ptr<StoreAccess>(new DaemonAccess(co, std::move(c).value()));
+      }
+      if (!c.status().IsUnavailable()) return c.status();
+      daemon_status = c.status();
+    } else {
+      daemon_status = Status::Unavailable("no daemon socket at " + socket);
+    }
+  }
+  StoreOptions so;
+  so.path = o.data_dir + "/store";
+  so.read_only = true;
+  so.create_if_missing = false;
+  so.block_cache_bytes = 32ull << 20;
+  auto store = Store::Open(so);
+  if (!store.ok()) {
+    if (store.status().IsNotFound()) {
+      return Status::Unavailable(daemon_status.message() + "; and no store at " + so.path);
+    }
+    return store.status();
+  }
+  *fell_back = !o.offline;
+  spdlog::debug("primecachectl: daemon unavailable ({}); reading {} directly", daemon_status.message(), so.path);
+  return std::unique_ptr<StoreAccess>(new DirectAccess(std::move(store).value()));
+}
+
+}  // namespace primecache::ctl

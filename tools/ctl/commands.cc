@@ -1,0 +1,519 @@
+// ls, show, rm, gc, stats, export, import, compact (verify: verify.cc).
+#include "tools/ctl/commands.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <variant>
+
+#include "primecache/codec.h"
+#include "primecache/env.h"
+#include "primecache/snapshot.h"
+
+namespace primecache::ctl {
+
+namespace {
+
+std::uint64_t NowUnixMs() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+std::string AgeOf(const Entry& e, std::uint64_t now_ms);
+
+// One entry as `ls --json` and `show --json` give it (docs/cli.md).
+nlohmann::json EntryJson(const Entry& e, std::uint64_t now_ms) {
+  nlohmann::json j = {{"id", e.id},
+                      {"state", e.quarantined ? "quarantined" : "live"},
+                      {"model", {{"name", e.model_name}, {"digest", Hex(e.model)}}},
+                      {"namespace", e.ns},
+                      {"length", e.length},
+                      {"layers", e.layers},
+                      {"stored_bytes", e.stored_bytes},
+                      {"raw_bytes", e.raw_bytes},
+                      {"created_unix_ms", e.created_unix_ms},
+                      {"age_seconds", now_ms > e.created_unix_ms ? (now_ms - e.created_unix_ms) / 1000 : 0},
+                      {"hits", e.hits},
+                      {"last_access", e.last_access},
+                      {"exportable", !e.descriptor.empty()}};
+  if (e.quarantined) j["reason"] = e.reason;
+  return j;
+}
+
+std::string NamespaceLabel(const std::string& ns) {
+  return ns.empty() ? "(default)" : ns;
+}
+
+bool Matches(const Entry& e, const LsOptions& o) {
+  if (!o.model.empty() && e.model_name != o.model && !HexPrefixMatches(e.model, o.model)) return false;
+  if (o.ns.has_value() && e.ns != *o.ns) return false;
+  return e.length >= o.min_length;
+}
+
+// Orders by the chosen key, then by id (so every order is total).
+void SortEntries(std::vector<Entry>& v, const std::string& key, bool reverse) {
+  auto value = [&](const Entry& e) -> std::uint64_t {
+    if (key == "age") return ~e.created_unix_ms;  // oldest first
+    if (key == "size") return e.stored_bytes;
+    if (key == "raw") return e.raw_bytes;
+    if (key == "length") return e.length;
+    if (key == "layers") return e.layers;
+    if (key == "hits") return e.hits;
+    if (key == "recent") return ~e.last_access;  // most recently used first
+    return e.id;
+  };
+  std::stable_sort(v.begin(), v.end(), [&](const Entry& a, const Entry& b) {
+    const std::uint64_t x = value(a), y = value(b);
+    if (x != y) return reverse ? x > y : x < y;
+    return reverse ? a.id > b.id : a.id < b.id;
+  });
+}
+
+std::string AgeOf(const Entry& e, std::uint64_t now_ms) {
+  return HumanAge(now_ms > e.created_unix_ms ? (now_ms - e.created_unix_ms) / 1000 : 0);
+}
+
+nlohmann::json GeometryJson(const LayerShape& shape) {
+  if (const auto* l = std::get_if<LatentShape>(&shape)) {
+    return {{"len", l->len},
+            {"width", l->width},
+            {"index_width", l->index_width},
+            {"pool", l->pool},
+            {"pools_ready", l->pools_ready},
+            {"index_is_ring", l->index_is_ring},
+            {"index_ring_rows", l->index_ring_rows}};
+  }
+  if (const auto* r = std::get_if<RecurrentShape>(&shape)) {
+    return {{"heads", r->heads}, {"head_dim", r->head_dim}, {"kernel", r->kernel}};
+  }
+  const auto& kv = std::get<KvShape>(shape);
+  return {{"len", kv.len}, {"k_width", kv.k_width}, {"v_width", kv.v_width}};
+}
+
+std::string GeometryText(const LayerShape& shape) {
+  if (const auto* l = std::get_if<LatentShape>(&shape)) {
+    std::string s = "len " + std::to_string(l->len) + ", width " + std::to_string(l->width);
+    if (l->index_width > 0) {
+      s += ", index " + std::to_string(l->index_width) + " pool " + std::to_string(l->pool) + " (" +
+           std::to_string(l->pools_ready) + " ready, " +
+           (l->index_is_ring ? "ring " + std::to_string(l->index_ring_rows) : std::string("flat")) + ")";
+    }
+    return s;
+  }
+  if (const auto* r = std::get_if<RecurrentShape>(&shape)) {
+    return std::to_string(r->heads) + " heads x " + std::to_string(r->head_dim) + ", kernel " +
+           std::to_string(r->kernel);
+  }
+  const auto& kv = std::get<KvShape>(shape);
+  return "len " + std::to_string(kv.len) + ", k " + std::to_string(kv.k_width) + ", v " + std::to_string(kv.v_width);
+}
+
+// The entry's fingerprint, from its descriptor; null when there is none.
+nlohmann::json FingerprintJson(const Entry& e, std::string* problem) {
+  if (e.descriptor.empty()) return nullptr;
+  auto fp = DecodeFingerprint(e.descriptor);
+  if (!fp.ok()) {
+    *problem = fp.status().message();
+    return nullptr;
+  }
+  nlohmann::json versions = nlohmann::json::array();
+  for (const auto& v : fp->codec_versions) versions.push_back(v);
+  return {{"architecture", fp->architecture},
+          {"plan_digest", Hex(fp->plan_digest)},
+          {"weights_digest", Hex(fp->weights_digest)},
+          {"codec_versions", versions}};
+}
+
+}  // namespace
+
+// ---- ls ---------------------------------------------------------------------------------
+
+int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
+  auto all = access.List(o.quarantined);
+  if (!all.ok()) return out.Error(all.status());
+  std::vector<Entry> entries;
+  for (auto& e : *all) {
+    if (Matches(e, o)) entries.push_back(std::move(e));
+  }
+  SortEntries(entries, o.sort, o.reverse);
+  if (o.limit > 0 && entries.size() > o.limit) entries.resize(o.limit);
+  const std::uint64_t now = NowUnixMs();
+  if (out.json()) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& e : entries) list.push_back(EntryJson(e, now));
+    out.Json({{"source", access.where()}, {"entries", list}});
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  std::uint64_t stored = 0, raw = 0;
+  for (const auto& e : entries) {
+    std::vector<std::string> row = {std::to_string(e.id),
+                                    e.model_name,
+                                    Hex(e.model).substr(0, 12),
+                                    NamespaceLabel(e.ns),
+                                    std::to_string(e.length),
+                                    std::to_string(e.layers),
+                                    HumanBytes(e.stored_bytes),
+                                    HumanBytes(e.raw_bytes),
+                                    AgeOf(e, now)};
+    if (o.quarantined) {
+      row.push_back(e.reason);
+    } else {
+      row.push_back(std::to_string(e.hits));
+    }
+    rows.push_back(std::move(row));
+    stored += e.stored_bytes;
+    raw += e.raw_bytes;
+  }
+  std::vector<std::string> header = {">ID",     "MODEL",   "FINGERPRINT", "NAMESPACE", ">LENGTH",
+                                     ">LAYERS", ">STORED", ">RAW",        ">AGE"};
+  header.push_back(o.quarantined ? "REASON" : ">HITS");
+  out.Line(RenderTable(header, rows));
+  out.Line(std::to_string(entries.size()) + (o.quarantined ? " quarantined" : "") + " entries, " +
+           HumanBytes(stored) + " stored (shared chunks counted in each), " + HumanBytes(raw) + " raw; " +
+           access.where());
+  return kExitOk;
+}
+
+// ---- show ---------------------------------------------------------------------------------
+
+int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Output& out) {
+  std::vector<std::string> headers;
+  auto e = access.Describe(id, &headers);
+  if (!e.ok()) return out.Error(e.status());
+  const std::uint64_t now = NowUnixMs();
+  bool shortened = false;
+  const std::string text = TokensAsText(e->tokens, text_chars, &shortened);
+  std::string fp_problem;
+  const nlohmann::json fingerprint = FingerprintJson(*e, &fp_problem);
+
+  nlohmann::json layers = nlohmann::json::array();
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> problems;
+  for (std::size_t i = 0; i < headers.size(); ++i) {
+    const std::string& bytes = headers[i];
+    const std::string checksum = Hex64(Checksum64(bytes));
+    auto h = ParseLayerHeader(AsBytes(bytes));
+    if (!h.ok()) {
+      problems.push_back("layer " + std::to_string(i) + ": " + h.status().message());
+      layers.push_back({{"index", i}, {"error", h.status().message()}, {"checksum", checksum}});
+      rows.push_back({std::to_string(i), "(unreadable header)", h.status().message(), "", "", "", "", checksum});
+      continue;
+    }
+    std::uint64_t raw = 0, enc = 0, chunks = 0;
+    nlohmann::json planes = nlohmann::json::array();
+    std::string transforms;
+    for (const PlaneRecord& p : h->planes) {
+      std::uint64_t pr = 0, pe = 0;
+      for (const ChunkRecord& c : p.chunks) {
+        pr += c.raw_bytes;
+        pe += c.encoded_bytes;
+      }
+      raw += pr;
+      enc += pe;
+      chunks += p.chunks.size();
+      planes.push_back({{"plane", std::string(PlaneName(p.id))},
+                        {"transform", p.transform},
+                        {"level", p.level},
+                        {"rows", p.rows},
+                        {"row_width", p.row_width},
+                        {"chunk_rows", p.chunk_rows},
+                        {"chunks", p.chunks.size()},
+                        {"raw_bytes", pr},
+                        {"encoded_bytes", pe}});
+      const std::string t = p.transform + (p.level != 0 ? ":" + std::to_string(p.level) : "");
+      if (transforms.find(t) == std::string::npos) transforms += (transforms.empty() ? "" : ",") + t;
+    }
+    layers.push_back({{"index", i},
+                      {"kind", h->kind},
+                      {"geometry", GeometryJson(h->shape)},
+                      {"planes", planes},
+                      {"chunks", chunks},
+                      {"raw_bytes", raw},
+                      {"encoded_bytes", enc},
+                      {"checksum", checksum}});
+    rows.push_back({std::to_string(i), h->kind, GeometryText(h->shape), transforms, std::to_string(chunks),
+                    HumanBytes(raw), HumanBytes(enc), checksum});
+  }
+
+  if (out.json()) {
+    nlohmann::json doc = {{"entry", EntryJson(*e, now)},
+                          {"tokens", {{"count", e->tokens.size()}, {"text", text}, {"shortened", shortened}}},
+                          {"fingerprint", fingerprint},
+                          {"layers", layers}};
+    if (!fp_problem.empty()) doc["fingerprint_error"] = fp_problem;
+    out.Json(doc);
+  } else {
+    out.Line("entry " + std::to_string(e->id) + (e->quarantined ? "  QUARANTINED: " + e->reason : ""));
+    out.Line("  model      " + e->model_name + "  " + Hex(e->model));
+    if (!fingerprint.is_null()) {
+      std::string versions;
+      for (const auto& v : fingerprint["codec_versions"]) versions += (versions.empty() ? "" : ", ") + v.get<std::string>();
+      out.Line("  plan       " + fingerprint["plan_digest"].get<std::string>());
+      out.Line("  weights    " + fingerprint["weights_digest"].get<std::string>());
+      out.Line("  codecs     " + versions);
+    } else {
+      out.Line("  (no model descriptor stored" + (fp_problem.empty() ? "" : ": " + fp_problem) +
+               "; the entry cannot be exported)");
+    }
+    out.Line("  namespace  " + NamespaceLabel(e->ns));
+    out.Line("  boundary   " + std::to_string(e->length) + " tokens, " + std::to_string(e->layers) + " layers");
+    out.Line("  size       " + HumanBytes(e->stored_bytes) + " stored, " + HumanBytes(e->raw_bytes) + " raw");
+    out.Line("  age        " + AgeOf(*e, now) + ", " + std::to_string(e->hits) + " hits");
+    if (!e->quarantined) out.Line("  text       " + text);
+    if (!rows.empty()) {
+      out.Line("");
+      out.Line(RenderTable({">LAYER", "KIND", "GEOMETRY", "TRANSFORM", ">CHUNKS", ">RAW", ">ENCODED", "HEADER XXH3"},
+                           rows));
+    }
+  }
+  for (const auto& p : problems) out.Note(p);
+  return problems.empty() ? kExitOk : kExitDamage;
+}
+
+// ---- rm ---------------------------------------------------------------------------------
+
+int Rm(StoreAccess& access, const std::vector<std::uint64_t>& ids, const Output& out) {
+  nlohmann::json removed = nlohmann::json::array();
+  nlohmann::json failed = nlohmann::json::array();
+  int code = kExitOk;
+  for (std::uint64_t id : ids) {
+    Status s = access.Delete(id);
+    if (s.ok()) {
+      removed.push_back(id);
+      out.Line("removed entry " + std::to_string(id));
+      continue;
+    }
+    if (s.IsUnavailable() && access.writable()) {
+      s = Status::FailedPrecondition("entry " + std::to_string(id) + " is in use (" + s.message() + "); retry later");
+    }
+    if (code == kExitOk) code = ExitCodeFor(s);
+    failed.push_back({{"id", id}, {"error", s.message()}});
+    out.Note(s.ToString());
+  }
+  out.Json({{"removed", removed}, {"failed", failed}});
+  return code;
+}
+
+// ---- gc ---------------------------------------------------------------------------------
+
+int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
+  if (!access.writable() && !o.dry_run) {
+    return out.Error(Status::FailedPrecondition("gc needs the running daemon (" + access.where() +
+                                                "); --dry-run shows what it would remove"));
+  }
+  auto before = access.Stat();
+  if (!before.ok()) return out.Error(before.status());
+  struct Victim {
+    Entry e;
+    std::string why;
+  };
+  std::vector<Victim> victims;
+  auto quarantined = access.List(true);
+  if (!quarantined.ok()) return out.Error(quarantined.status());
+  for (auto& e : *quarantined) victims.push_back({e, "quarantined: " + e.reason});
+  if (o.older_than_seconds.has_value()) {
+    auto live = access.List(false);
+    if (!live.ok()) return out.Error(live.status());
+    const std::uint64_t now = NowUnixMs();
+    for (auto& e : *live) {
+      if (now > e.created_unix_ms && (now - e.created_unix_ms) / 1000 >= *o.older_than_seconds) {
+        victims.push_back({e, "created " + AgeOf(e, now) + " ago"});
+      }
+    }
+  }
+  nlohmann::json removed = nlohmann::json::array();
+  nlohmann::json failed = nlohmann::json::array();
+  std::uint64_t freed_logical = 0;
+  for (std::size_t i = 0; i < victims.size(); ++i) {
+    const Victim& v = victims[i];
+    out.Progress("gc", i, victims.size());
+    Status s = o.dry_run ? Status::Ok() : access.Delete(v.e.id);
+    if (!s.ok()) {
+      failed.push_back({{"id", v.e.id}, {"error", s.message()}});
+      out.Note("entry " + std::to_string(v.e.id) + ": " + s.ToString());
+      continue;
+    }
+    if (!v.e.quarantined) freed_logical += v.e.stored_bytes;
+    removed.push_back({{"id", v.e.id}, {"why", v.why}, {"stored_bytes", v.e.stored_bytes}});
+    out.Line((o.dry_run ? "would remove entry " : "removed entry ") + std::to_string(v.e.id) + " (" + v.why + ")");
+  }
+  out.EndProgress();
+  bool compacted = false;
+  if (!o.dry_run && o.compact) {
+    Status s = access.Compact();
+    if (!s.ok()) return out.Error(s.WithContext("compact after gc"));
+    compacted = true;
+  }
+  auto after = access.Stat();
+  if (!after.ok()) return out.Error(after.status());
+  const std::uint64_t freed = before->stored_bytes > after->stored_bytes ? before->stored_bytes - after->stored_bytes : 0;
+  out.Json({{"dry_run", o.dry_run},
+            {"removed", removed},
+            {"failed", failed},
+            {"compacted", compacted},
+            {"stored_bytes_before", before->stored_bytes},
+            {"stored_bytes_after", after->stored_bytes},
+            {"freed_stored_bytes", freed},
+            {"disk_bytes_before", before->disk_bytes},
+            {"disk_bytes_after", after->disk_bytes}});
+  if (o.dry_run) {
+    out.Line(std::to_string(victims.size()) + " entries would be removed (up to " + HumanBytes(freed_logical) +
+             " of chunks, less what other entries share)");
+  } else {
+    out.Line("removed " + std::to_string(removed.size()) + " entries; stored " + HumanBytes(before->stored_bytes) +
+             " -> " + HumanBytes(after->stored_bytes) + ", on disk " + HumanBytes(before->disk_bytes) + " -> " +
+             HumanBytes(after->disk_bytes));
+  }
+  return failed.empty() ? kExitOk : kExitFailed;
+}
+
+// ---- stats ----------------------------------------------------------------------------
+
+int Stats(StoreAccess& access, const Output& out) {
+  auto s = access.Stat();
+  if (!s.ok()) return out.Error(s.status());
+  const std::uint64_t lookups = s->hits + s->misses;
+  const nlohmann::json hit_rate =
+      lookups == 0 ? nlohmann::json(nullptr) : nlohmann::json(static_cast<double>(s->hits) / lookups);
+  // What the entries would take without sharing chunks, per byte stored.
+  const double dedup_ratio =
+      s->stored_bytes == 0 ? 1.0 : static_cast<double>(s->logical_bytes) / static_cast<double>(s->stored_bytes);
+  nlohmann::json daemon = nullptr;
+  if (s->connections.has_value()) {
+    daemon = {{"connections", *s->connections}, {"publishes_in_flight", s->publishes_in_flight.value_or(0)}};
+  }
+  out.Json({{"source", access.where()},
+            {"entries", s->entries},
+            {"quarantined", s->quarantined},
+            {"chunks", s->chunks},
+            {"stored_bytes", s->stored_bytes},
+            {"logical_bytes", s->logical_bytes},
+            {"raw_bytes", s->raw_bytes},
+            {"dedup_saved_bytes", s->dedup_saved_bytes},
+            {"dedup_ratio", dedup_ratio},
+            {"hits", s->hits},
+            {"misses", s->misses},
+            {"hit_rate", hit_rate},
+            {"evictions", s->evictions},
+            {"admission_refusals", s->admission_refusals},
+            {"active_leases", s->active_leases},
+            {"capacity_bytes", s->capacity_bytes},
+            {"disk_bytes", s->disk_bytes},
+            {"daemon", daemon}});
+  char rate[32] = "n/a";
+  if (lookups > 0) std::snprintf(rate, sizeof rate, "%.1f%%", 100.0 * static_cast<double>(s->hits) / lookups);
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.2fx", dedup_ratio);
+  std::vector<std::vector<std::string>> rows = {
+      {"entries", std::to_string(s->entries) + " (" + std::to_string(s->quarantined) + " quarantined)"},
+      {"chunks", std::to_string(s->chunks)},
+      {"stored", HumanBytes(s->stored_bytes) + (s->capacity_bytes > 0 ? " of " + HumanBytes(s->capacity_bytes) + " budget"
+                                                                        : " (no budget)")},
+      {"raw (decoded)", HumanBytes(s->raw_bytes)},
+      {"dedup savings", HumanBytes(s->dedup_saved_bytes) + " (" + ratio + ")"},
+      {"on disk", HumanBytes(s->disk_bytes)},
+      {"lookups", std::to_string(s->hits) + " hits, " + std::to_string(s->misses) + " misses, hit rate " + rate},
+      {"evictions", std::to_string(s->evictions)},
+      {"admission refusals", std::to_string(s->admission_refusals)},
+      {"leases held", std::to_string(s->active_leases)}};
+  if (s->connections.has_value()) {
+    rows.push_back({"daemon", std::to_string(*s->connections) + " connections, " +
+                                  std::to_string(s->publishes_in_flight.value_or(0)) + " publishes in flight"});
+  }
+  out.Line(RenderTable({"STORE", access.where()}, rows));
+  return kExitOk;
+}
+
+// ---- export / import / compact ------------------------------------------------------------
+
+int Export(StoreAccess& access, std::uint64_t id, const std::string& file, bool force, const Output& out) {
+  Env* env = Env::Default();
+  if (!force && env->FileExists(file)) {
+    return out.Error(Status::FailedPrecondition(file + " exists; pass --force to replace it"));
+  }
+  auto e = access.Describe(id, nullptr);
+  if (!e.ok()) return out.Error(e.status());
+  if (e->quarantined) return out.Error(Status::Corruption("entry " + std::to_string(id) + " is quarantined: " + e->reason));
+  if (e->descriptor.empty()) {
+    return out.Error(Status::FailedPrecondition(
+        "entry " + std::to_string(id) +
+        " was published without its model descriptor (an older client); it cannot be exported whole"));
+  }
+  auto fp = DecodeFingerprint(e->descriptor);
+  if (!fp.ok()) return out.Error(fp.status().WithContext("entry " + std::to_string(id) + " model descriptor"));
+  EncodedSnapshot snap;
+  snap.header.fingerprint = std::move(fp).value();
+  snap.header.ns = e->ns;
+  snap.header.tokens = e->tokens;
+  snap.header.boundary_len = e->tokens.size();
+  FetchHandlers h;
+  h.on_layer = [&](std::uint32_t layer, std::string_view header, std::uint32_t chunks) -> Status {
+    if (layer != snap.layers.size()) return Status::Corruption("layer " + std::to_string(layer) + " out of order");
+    auto parsed = ParseLayerHeader(AsBytes(header));
+    if (!parsed.ok()) return parsed.status().WithContext("layer " + std::to_string(layer));
+    snap.layers.push_back({std::move(parsed).value(), {}});
+    snap.layers.back().chunks.reserve(chunks);
+    out.Progress("export", layer, e->layers);
+    return Status::Ok();
+  };
+  h.on_chunk = [&](std::uint32_t, std::uint32_t, std::span<const std::byte> bytes) -> Status {
+    snap.layers.back().chunks.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    return Status::Ok();
+  };
+  Status s = access.Fetch(id, h);
+  out.EndProgress();
+  if (!s.ok()) return out.Error(s.WithContext("export entry " + std::to_string(id)));
+  s = WritePcsnap(env, file, snap);
+  if (!s.ok()) return out.Error(s);
+  auto size = env->GetFileSize(file);
+  const std::uint64_t bytes = size.ok() ? *size : 0;
+  out.Json({{"entry", id}, {"file", file}, {"bytes", bytes}, {"layers", snap.layers.size()}, {"tokens", e->tokens.size()}});
+  out.Line("exported entry " + std::to_string(id) + " (" + std::to_string(snap.layers.size()) + " layers, " +
+           std::to_string(e->tokens.size()) + " tokens) to " + file + ", " + HumanBytes(bytes));
+  return kExitOk;
+}
+
+int Import(StoreAccess& access, const std::string& file, const std::optional<std::string>& ns, const Output& out) {
+  if (!access.writable()) {
+    return out.Error(Status::FailedPrecondition("import needs the running daemon (" + access.where() + ")"));
+  }
+  auto snap = ReadPcsnap(Env::Default(), file);
+  if (!snap.ok()) return out.Error(snap.status().WithContext(file));
+  // Every chunk decodes to what its header promises before anything is sent.
+  auto decoded = DecodeSnapshot(*snap);
+  if (!decoded.ok()) return out.Error(decoded.status().WithContext(file));
+  const std::string target = ns.value_or(snap->header.ns);
+  auto r = access.Import(*snap, target);
+  if (!r.ok()) return out.Error(r.status().WithContext("import " + file));
+  out.Json({{"file", file},
+            {"entry", r->entry},
+            {"existed", r->existed},
+            {"namespace", target},
+            {"layers", snap->layers.size()},
+            {"tokens", snap->header.tokens.size()}});
+  out.Line((r->existed ? "already stored as entry " : "imported as entry ") + std::to_string(r->entry) + " (" +
+           std::to_string(snap->layers.size()) + " layers, " + std::to_string(snap->header.tokens.size()) +
+           " tokens, namespace " + NamespaceLabel(target) + ")");
+  return kExitOk;
+}
+
+int Compact(StoreAccess& access, const Output& out) {
+  auto before = access.Stat();
+  if (!before.ok()) return out.Error(before.status());
+  const auto start = std::chrono::steady_clock::now();
+  Status s = access.Compact();
+  if (!s.ok()) return out.Error(s);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto after = access.Stat();
+  if (!after.ok()) return out.Error(after.status());
+  out.Json({{"disk_bytes_before", before->disk_bytes}, {"disk_bytes_after", after->disk_bytes}, {"seconds", seconds}});
+  char took[32];
+  std::snprintf(took, sizeof took, "%.2f s", seconds);
+  out.Line("compacted in " + std::string(took) + "; on disk " + HumanBytes(before->disk_bytes) + " -> " +
+           HumanBytes(after->disk_bytes));
+  return kExitOk;
+}
+
+}  // namespace primecache::ctl

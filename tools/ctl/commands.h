@@ -1,0 +1,51 @@
+// primecachectl's commands. Each runs against a StoreAccess (or, for
+// `verify --file`, a file alone), writes through Output, and returns the
+// process exit status (docs/cli.md).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tools/ctl/access.h"
+#include "tools/ctl/output.h"
+
+namespace primecache::ctl {
+
+struct LsOptions {
+  std::string model;  // a model name, or a fingerprint hex prefix (4+ digits)
+  std::optional<std::string> ns;
+  std::uint64_t min_length = 0;
+  bool quarantined = false;
+  std::string sort = "id";  // id, age, size, raw, length, layers, hits, recent
+  bool reverse = false;
+  std::size_t limit = 0;  // 0: all
+};
+int Ls(StoreAccess& access, const LsOptions& options, const Output& out);
+
+int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Output& out);
+
+struct VerifyOptions {
+  std::optional<std::uint64_t> entry;
+  bool all = false;
+  std::string file;  // a .pcsnap; needs no store
+};
+// `access` may be null for a file.
+int Verify(StoreAccess* access, const VerifyOptions& options, const Output& out);
+
+int Rm(StoreAccess& access, const std::vector<std::uint64_t>& ids, const Output& out);
+
+struct GcOptions {
+  std::optional<std::uint64_t> older_than_seconds;
+  bool dry_run = false;
+  bool compact = true;
+};
+int Gc(StoreAccess& access, const GcOptions& options, const Output& out);
+
+int Stats(StoreAccess& access, const Output& out);
+int Export(StoreAccess& access, std::uint64_t id, const std::string& file, bool force, const Output& out);
+int Import(StoreAccess& access, const std::string& file, const std::optional<std::string>& ns, const Output& out);
+int Compact(StoreAccess& access, const Output& out);
+
+}  // namespace primecache::ctl
