@@ -51,7 +51,8 @@ struct EntryDetail {
 struct StoreReport {
   std::uint64_t entries = 0;
   std::uint64_t chunks = 0;
-  std::vector<std::string> problems;  // empty: consistent
+  std::vector<std::string> problems;  // empty: consistent; the first 1000
+  std::uint64_t problem_count = 0;    // all of them
 };
 
 struct LookupHit {
@@ -84,6 +85,7 @@ struct ListFilter {
   std::string page_token;  // empty: the first page
   std::uint32_t page_size = 100;
   bool quarantined = false;  // quarantined entries instead of live ones (without tokens)
+  bool omit_tokens = false;  // leave tokens out
 };
 
 struct ListPage {

@@ -839,6 +839,7 @@ Result<ListResult> Client::List(const ListOptions& options) {
       l.setPageSize(options.page_size);
       l.setAllNamespaces(options.all_namespaces);
       l.setQuarantined(options.quarantined);
+      l.setOmitTokens(options.omit_tokens);
     });
     return Expect<ListResult>(impl_->Call(c, id, *m), c->limits, wire::Response::LIST, [](wire::Response::Reader r) {
       ListResult out;

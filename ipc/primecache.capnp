@@ -229,6 +229,8 @@ struct ListRequest {
   allNamespaces @4 :Bool;
   # Admin only: list quarantined entries instead of live ones.
   quarantined @5 :Bool;
+  # Leave every entry's tokens out (boundary.length still says how many).
+  omitTokens @6 :Bool;
 }
 
 struct ListReply {

@@ -769,6 +769,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         return true;
       }
       filter.quarantined = lr.getQuarantined();
+      filter.omit_tokens = lr.getOmitTokens();
       if (lr.getPageToken().size() > 4096) {
         SendError(id, Status::InvalidArgument("page token over 4096 bytes"));
         return true;
@@ -825,12 +826,11 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       const std::uint64_t entry = req.getDescribe().getEntry();
       const bool headers = req.getDescribe().getLayerHeaders();
       executor_->Post([self = shared_from_this(), this, id, entry, headers] {
-        auto d = store_->Inspect(entry, headers);
         // Other tenants' entries, and quarantined ones off the admin socket,
-        // are reported as absent.
-        if (d.ok() && !peer_.admin && (d->summary.quarantined || d->summary.boundary.ns != ns_)) {
-          d = Status::NotFound("no entry " + std::to_string(entry));
-        }
+        // are reported as absent (Describe knows only live entries).
+        Status allowed = CheckEntryNamespace(entry);
+        if (!allowed.ok()) return SendError(id, allowed);
+        auto d = store_->Inspect(entry, headers);
         if (!d.ok()) return SendError(id, d.status());
         std::size_t words = 64 + EntryInfoWords(d->summary);
         for (const auto& h : d->layer_headers) words += WordsFor(h.size()) + 1;
@@ -879,7 +879,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
               auto out = r.initStoreReport();
               out.setEntries(report->entries);
               out.setChunks(report->chunks);
-              out.setProblemCount(report->problems.size());
+              out.setProblemCount(std::max<std::uint64_t>(report->problem_count, report->problems.size()));
               auto ps = out.initProblems(static_cast<unsigned>(sent));
               for (unsigned i = 0; i < sent; ++i) ps.set(i, report->problems[i]);
             },

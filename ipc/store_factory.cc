@@ -170,7 +170,7 @@ class StatestoreBackend : public StoreBackend {
     for (const auto& e : page.entries) {
       if (f.ns.has_value() && e.ns != *f.ns) continue;
       EntrySummary s = Summarize(e);
-      if (f.quarantined) {
+      if (f.quarantined || f.omit_tokens) {
         out.entries.push_back(std::move(s));
         continue;
       }
@@ -209,7 +209,7 @@ class StatestoreBackend : public StoreBackend {
 
   Result<StoreReport> VerifyStore(bool read_chunks) override {
     PC_ASSIGN_OR_RETURN(auto r, store_->Verify(read_chunks));
-    return StoreReport{r.entries, r.chunks, std::move(r.problems)};
+    return StoreReport{r.entries, r.chunks, std::move(r.problems), r.problem_count};
   }
 
   Status Compact() override { return store_->Compact(); }

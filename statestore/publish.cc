@@ -396,6 +396,21 @@ Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
   }
   PC_RETURN_IF_ERROR(impl_->Writable());
   BoundaryPlace place = PlaceOf(*impl_->hasher, req.tokens, impl_->params.block_tokens);
+  // Already stored: admission does not apply; a descriptor the scope lacks is
+  // kept (so an entry published without one becomes exportable).
+  if (auto scope = impl_->FindScope(req.model, req.ns)) {
+    PC_ASSIGN_OR_RETURN(auto existing, impl_->FindIdentity(*scope, req.tokens, place, /*quarantine=*/true));
+    if (existing) {
+      auto rec = impl_->ScopeById(*scope);
+      if (!req.model_descriptor.empty() && rec.has_value() && rec->descriptor.empty()) {
+        std::lock_guard wl(impl_->write_mu);
+        Txn t(*impl_);
+        PC_RETURN_IF_ERROR(t.ScopeFor(req.model, req.model_name, req.ns, req.model_descriptor).status());
+        PC_RETURN_IF_ERROR(t.Commit(impl_->CommitWriteOptions(), "scope.before_write", "scope.after_write"));
+      }
+      return Status::AlreadyExists("boundary already stored as entry " + std::to_string(*existing));
+    }
+  }
   if (impl_->opts.admit_after_sightings > 1) {
     std::uint32_t seen =
         impl_->Sightings(Impl::SightingKey(req.model, req.ns, req.tokens.size(), place.exact_hash));
@@ -404,11 +419,6 @@ Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
       return Status::Aborted("not admitted: boundary seen " + std::to_string(seen) + " of " +
                              std::to_string(impl_->opts.admit_after_sightings) + " times");
     }
-  }
-  if (auto scope = impl_->FindScope(req.model, req.ns)) {
-    PC_ASSIGN_OR_RETURN(auto existing, impl_->FindIdentity(*scope, req.tokens, place, /*quarantine=*/true));
-    if (existing)
-      return Status::AlreadyExists("boundary already stored as entry " + std::to_string(*existing));
   }
   TEST_KILL_POINT("publish.begin");
   return std::unique_ptr<Publisher>(new PublisherImpl(*impl_, std::move(req), place));

@@ -14,8 +14,8 @@ namespace primecache {
 using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
 Status Store::Impl::GetValue(rocksdb::ColumnFamilyHandle* cf, const std::string& key, std::string* value,
-                             bool* found) {
-  rocksdb::Status s = db->Get(rocksdb::ReadOptions(), cf, key, value);
+                             bool* found, const rocksdb::ReadOptions& ro) {
+  rocksdb::Status s = db->Get(ro, cf, key, value);
   *found = s.ok();
   if (s.IsNotFound()) return Status::Ok();
   return FromRocks(s, std::string("read ") + cf->GetName());

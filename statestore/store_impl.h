@@ -176,7 +176,8 @@ struct Store::Impl {
   Status FlushTouches();  // requires write_mu
 
   // ---- read.cc
-  Status GetValue(rocksdb::ColumnFamilyHandle* cf, const std::string& key, std::string* value, bool* found);
+  Status GetValue(rocksdb::ColumnFamilyHandle* cf, const std::string& key, std::string* value, bool* found,
+                  const rocksdb::ReadOptions& ro = rocksdb::ReadOptions());
   // Whether the stored tokens of `id` equal `tokens`; quarantines an entry
   // whose token record is corrupt (and answers false).
   // (Under write_mu, pass quarantine = false: a corrupt record then only

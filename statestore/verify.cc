@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <functional>
+#include <unordered_set>
 #include <map>
 
 #include "statestore/rocks_env.h"
@@ -18,21 +20,23 @@ struct Expected {
   std::map<std::string, ChunkRefRecord> refs;  // HashKey -> refs, size
   std::map<std::string, std::string> index;    // index key -> value
   Counters counters;                           // entries .. raw_bytes, next ids
-  std::vector<std::string> problems;
+  std::vector<std::string> problems;  // the first 1000
+  std::uint64_t problem_count = 0;    // all of them
   std::map<EntryId, std::uint64_t> access_ticks;  // from the E records of live entries
   std::vector<EntryId> live;
 };
 
 void Problem(Expected* e, std::string p) {
+  ++e->problem_count;
   if (e->problems.size() < 1000) e->problems.push_back(std::move(p));
 }
 
 // Reads every live entry and derives references, index and counters.
-Status Derive(Store::Impl& s, Expected* e) {
+Status Derive(Store::Impl& s, const rocksdb::ReadOptions& ro, Expected* e) {
   std::map<std::string, std::map<std::uint32_t, std::uint32_t>> nodes;  // key -> r -> count
   std::map<std::string, std::vector<std::uint64_t>> exacts;
   const std::uint32_t block = s.params.block_tokens;
-  std::unique_ptr<rocksdb::Iterator> it(s.db->NewIterator(rocksdb::ReadOptions(), s.cf_entries));
+  std::unique_ptr<rocksdb::Iterator> it(s.db->NewIterator(ro, s.cf_entries));
   std::uint64_t max_id = 0;
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     auto id_r = IdFromKey(it->key().ToStringView());
@@ -51,7 +55,7 @@ Status Derive(Store::Impl& s, Expected* e) {
     if (!s.ScopeById(sum->scope)) Problem(e, where + "unknown scope");
     std::string mv, tv;
     bool found = false;
-    PC_RETURN_IF_ERROR(s.GetValue(s.cf_manifests, IdKey(id), &mv, &found));
+    PC_RETURN_IF_ERROR(s.GetValue(s.cf_manifests, IdKey(id), &mv, &found, ro));
     if (!found) {
       Problem(e, where + "no manifest");
       continue;
@@ -61,7 +65,7 @@ Status Derive(Store::Impl& s, Expected* e) {
       Problem(e, where + m.status().ToString());
       continue;
     }
-    PC_RETURN_IF_ERROR(s.GetValue(s.cf_tokens, IdKey(id), &tv, &found));
+    PC_RETURN_IF_ERROR(s.GetValue(s.cf_tokens, IdKey(id), &tv, &found, ro));
     if (!found) {
       Problem(e, where + "no tokens");
       continue;
@@ -100,7 +104,7 @@ Status Derive(Store::Impl& s, Expected* e) {
     ids.push_back(id);
     e->index[MemberKey(sum->scope, id)] = "";
     std::string av;
-    PC_RETURN_IF_ERROR(s.GetValue(s.cf_lru, AccessKey(id), &av, &found));
+    PC_RETURN_IF_ERROR(s.GetValue(s.cf_lru, AccessKey(id), &av, &found, ro));
     if (!found) {
       Problem(e, where + "no access record");
     } else if (auto a = DecodeAccess(av); a.ok()) {
@@ -146,10 +150,28 @@ std::string Canonical(const std::string& key, const std::string& value) {
 }  // namespace
 
 Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
-  std::lock_guard wl(write_mu);
-  PC_RETURN_IF_ERROR(FlushTouches());
+  // Every metadata change is one batch under write_mu, so a snapshot taken
+  // under it is consistent; the checks then read that snapshot while
+  // publishes, deletes and evictions go on. Chunks pinned by publishes in
+  // flight at that moment are remembered (their bytes may have no reference yet).
+  Counters mem;
+  std::unordered_set<Hash128, Hash128Hasher> in_flight;
+  const rocksdb::Snapshot* snapshot = nullptr;
+  {
+    std::lock_guard wl(write_mu);
+    if (!opts.read_only) PC_RETURN_IF_ERROR(FlushTouches());
+    snapshot = db->GetSnapshot();
+    mem = counters;
+    std::lock_guard g(chunk_mu);
+    for (const auto& [h, live] : live_chunks) in_flight.insert(h);
+  }
+  std::unique_ptr<const rocksdb::Snapshot, std::function<void(const rocksdb::Snapshot*)>> release(
+      snapshot, [this](const rocksdb::Snapshot* x) { db->ReleaseSnapshot(x); });
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snapshot;
+  ro.fill_cache = false;  // one pass over everything must not evict what lookups use
   Expected e;
-  PC_RETURN_IF_ERROR(Derive(*this, &e));
+  PC_RETURN_IF_ERROR(Derive(*this, ro, &e));
   VerifyReport report;
   report.entries = e.live.size();
   report.chunks = e.refs.size();
@@ -157,7 +179,7 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
   // Reference records.
   std::set<std::string> seen;
   {
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunk_refs));
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf_chunk_refs));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       std::string k = it->key().ToString();
       std::string name = k.size() == 16 ? HashHex(HashFromKey(k)) : "(malformed)";
@@ -185,16 +207,20 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
   // nothing else, and no collection record outside a publish in flight.
   {
     std::set<std::string> present;
+    std::set<std::string> uncollected;          // read-only: leftovers the next writer collects
     std::map<std::string, std::string> joined;  // pieces layout
     const bool pieces = params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces);
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf_chunks));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       auto k = it->key().ToStringView();
       if (k.size() == 17 && k[0] == kGcTag) {
-        std::lock_guard g(chunk_mu);
-        if (live_chunks.count(HashFromKey(k.substr(1))) == 0) {
+        // Open for writing, the store collects these when it opens; one left
+        // behind outside a publish in flight is damage. Read-only, it is the
+        // leftover of a publish the daemon has not collected yet.
+        if (in_flight.count(HashFromKey(k.substr(1))) == 0 && !opts.read_only) {
           Problem(&e, "collection record left for chunk " + HashHex(HashFromKey(k.substr(1))));
         }
+        if (opts.read_only) uncollected.insert(std::string(k.substr(1)));
         continue;
       }
       if (k.empty() || k[0] != kChunkTag || k.size() != (pieces ? 21u : 17u)) {
@@ -221,9 +247,8 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
     for (auto& [k, r] : e.refs) {
       if (present.count(k) == 0) Problem(&e, "chunk " + HashHex(HashFromKey(k)) + ": referenced but missing");
     }
-    std::lock_guard g(chunk_mu);
     for (auto& k : present) {
-      if (e.refs.count(k) == 0 && live_chunks.count(HashFromKey(k)) == 0) {
+      if (e.refs.count(k) == 0 && in_flight.count(HashFromKey(k)) == 0 && uncollected.count(k) == 0) {
         Problem(&e, "chunk " + HashHex(HashFromKey(k)) + ": stored but referenced by no entry");
       }
     }
@@ -232,7 +257,7 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
   // The index.
   {
     std::set<std::string> index_seen;
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_index));
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf_index));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       std::string k = it->key().ToString();
       auto want = e.index.find(k);
@@ -252,7 +277,7 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
   // Recency records.
   {
     std::map<EntryId, std::uint64_t> ages;
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_lru));
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf_lru));
     std::uint64_t access_records = 0;
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       auto k = it->key().ToStringView();
@@ -280,12 +305,12 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
   // Counters.
   {
     std::uint64_t quarantined = 0;
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_quarantine));
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf_quarantine));
     for (it->SeekToFirst(); it->Valid(); it->Next()) ++quarantined;
     PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan quarantine"));
     std::string v;
     bool found = false;
-    PC_RETURN_IF_ERROR(GetValue(cf_meta, std::string(kMetaCountersKey), &v, &found));
+    PC_RETURN_IF_ERROR(GetValue(cf_meta, std::string(kMetaCountersKey), &v, &found, ro));
     if (!found) {
       Problem(&e, "no counters record");
     } else if (auto c = DecodeCounters(v); !c.ok()) {
@@ -306,8 +331,7 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
       check("quarantined", c->quarantined, quarantined);
       if (c->next_entry_id < e.counters.next_entry_id)
         Problem(&e, "counter next_entry_id is behind the entries");
-      if (!(*c == counters)) {
-        Counters mem = counters;
+      if (!(*c == mem)) {
         mem.hits = c->hits;
         mem.misses = c->misses;
         mem.admission_refusals = c->admission_refusals;
@@ -316,12 +340,13 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
     }
   }
   report.problems = std::move(e.problems);
+  report.problem_count = e.problem_count;
   return report;
 }
 
 Status Store::Impl::RebuildDerived() {
   Expected e;
-  PC_RETURN_IF_ERROR(Derive(*this, &e));
+  PC_RETURN_IF_ERROR(Derive(*this, rocksdb::ReadOptions(), &e));
   rocksdb::WriteBatch b;
   {
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunk_refs));

@@ -21,7 +21,7 @@
 // fail with kUnavailable and the next call reconnects (up to
 // reconnect_attempts tries, reconnect_backoff apart), redoing the hello and
 // the shared-memory handshake. Idempotent calls (Lookup, Fetch, List, Stat,
-// Verify) are retried once on a fresh connection; a publish is not (its
+// Verify, Describe) are retried once on a fresh connection; a publish is not (its
 // stream was lost with the connection; the daemon aborted it).
 //
 // Shared memory: with ClientOptions::shared_memory the client creates a memfd
@@ -133,6 +133,7 @@ struct ListOptions {
   std::uint32_t page_size = 100;
   bool all_namespaces = false;  // admin connections only
   bool quarantined = false;     // admin: quarantined entries instead of live ones
+  bool omit_tokens = false;     // leave EntryInfo::tokens empty (length still set)
 };
 
 struct ListResult {
@@ -148,7 +149,7 @@ struct StatResult {
   std::uint64_t bytes_logical = 0;      // what the entries would take without shared chunks
   std::uint64_t dedup_saved_bytes = 0;  // bytes_logical - bytes_stored
   std::uint64_t admission_refusals = 0, active_leases = 0;
-  std::uint64_t disk_bytes = 0;  // the database's live files
+  std::uint64_t disk_bytes = 0;  // every file of the store's directory
 };
 
 // A store-wide consistency check (Client::VerifyStore).

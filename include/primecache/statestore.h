@@ -348,12 +348,15 @@ class Store {
 
   // Cross-checks everything the store records: every manifest against the
   // chunk reference counts, the index, the recency records and the counters;
-  // with read_chunks, every chunk's bytes against its address. The problems
-  // found, in words (empty: consistent).
+  // with read_chunks, every chunk's bytes against its address. Reads one
+  // consistent snapshot, so writers go on meanwhile. The problems found, in
+  // words (empty: consistent). Read-only, the chunks of publishes a writer
+  // has not collected yet are not counted as problems.
   struct VerifyReport {
     std::uint64_t entries = 0;
     std::uint64_t chunks = 0;
-    std::vector<std::string> problems;
+    std::vector<std::string> problems;  // the first 1000
+    std::uint64_t problem_count = 0;    // all of them
   };
   Result<VerifyReport> Verify(bool read_chunks);
 

@@ -470,6 +470,15 @@ TEST_F(CliTest, ExportImportRoundTripIsByteExact) {
   EXPECT_EQ(r.rc, 5) << r.out;
   EXPECT_NE(r.Json()["error"]["message"].get<std::string>().find("descriptor"), std::string::npos);
   EXPECT_EQ(Ctl({"show", std::to_string(bare), "--json"}).Json()["entry"]["exportable"], false);
+  // Published without a descriptor by one client, then again by one that
+  // sends it: the stored entry becomes exportable.
+  const ModelFingerprint late = Fingerprint("late");
+  ModelId without = IdOf(late);
+  without.descriptor.clear();
+  const std::uint64_t first = Publish(without, Tokens(60, 6), 2, 14);
+  EXPECT_EQ(Ctl({"export", std::to_string(first), d_.dir() + "/late.pcsnap"}).rc, 5);
+  EXPECT_EQ(Publish(IdOf(late), Tokens(60, 6), 2, 14), first);
+  EXPECT_EQ(Ctl({"export", std::to_string(first), d_.dir() + "/late.pcsnap"}).rc, 0);
 }
 
 TEST_F(CliTest, RmGcAndCompact) {

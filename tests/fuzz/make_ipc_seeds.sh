@@ -25,6 +25,11 @@ seed fetch "$hello" "(id = 2, fetch = (entry = 1, layers = [0, 1]))" "(id = 3, c
   "(id = 4, fetch = (entry = 1, shmWindow = (offset = 0, length = 4096)))"
 seed admin "$hello" "(id = 2, list = (pageSize = 5, allNamespaces = true))" "(id = 3, stat = void)" \
   "(id = 4, verify = (entry = 1))" "(id = 5, delete = (entry = 1))" "(id = 6, setCapacity = (bytes = 1000000))"
+seed inspect "$hello" "(id = 2, describe = (entry = 1, layerHeaders = true))" \
+  "(id = 3, list = (pageSize = 10, allNamespaces = true, quarantined = true))" \
+  "(id = 4, verifyStore = (readChunks = true))" "(id = 5, compact = void)"
+seed publish_descriptor "$hello" \
+  "(id = 2, publishBegin = (boundary = (fingerprint = (digestLo = 1, digestHi = 2, name = \"m\", descriptor = 0x\"70726963\"), namespace = \"t\", tokens = [5, 6], length = 2), layerCount = 1))"
 seed shm "$hello" "(id = 2, shmAttach = (size = 65536))" "(id = 0, shmRelease = (offset = 0, length = 10))"
 seed no_hello "(id = 7, stat = void)" "$hello" "(id = 8, hello = (minVersion = 3, maxVersion = 9))"
 echo "seeds in $out: $(ls "$out" | wc -l)"

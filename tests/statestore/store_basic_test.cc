@@ -625,6 +625,40 @@ TEST(StoreDescriptor, KeptCheckedAndReturned) {
   m.Reopen();
   EXPECT_EQ(m.store->Describe(first->id)->model_descriptor, descriptor);
   ExpectConsistent(*m.store);
+
+  // Republishing a stored boundary with a descriptor gives its scope one.
+  PublishRequest other = Request(Prefix(tokens, 16), 1, "tenant");
+  other.model = digest;
+  auto bare = m.store->Publish(other, MakeLayers(Prefix(tokens, 16)));
+  ASSERT_TRUE(bare.ok());
+  EXPECT_TRUE(m.store->Describe(bare->id)->model_descriptor.empty());
+  other.model_descriptor = descriptor;
+  auto again = m.store->Publish(other, MakeLayers(Prefix(tokens, 16)));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->existed);
+  EXPECT_EQ(again->id, bare->id);
+  EXPECT_EQ(m.store->Describe(bare->id)->model_descriptor, descriptor);
+  m.Reopen();
+  EXPECT_EQ(m.store->Describe(bare->id)->model_descriptor, descriptor);
+  ExpectConsistent(*m.store);
+}
+
+// Admission applies to new boundaries only: one already stored is reported
+// as stored, never refused.
+TEST(StoreAdmission, AStoredBoundaryIsNeverRefused) {
+  StoreOptions o;
+  o.admit_after_sightings = 2;
+  MemStore m(o);
+  auto tokens = Conversation(64, 8);
+  EXPECT_EQ(m.store->BeginPublish(Request(tokens)).status().code(), StatusCode::kAborted);
+  m.store->RecordSighting(ModelDigest(1), "", tokens);
+  m.store->RecordSighting(ModelDigest(1), "", tokens);
+  EntryId id = MustPublish(*m.store, tokens);
+  m.Reopen();  // sightings are forgotten; the entry is not
+  auto r = m.store->Publish(Request(tokens), MakeLayers(tokens));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->existed);
+  EXPECT_EQ(r->id, id);
 }
 
 TEST(StoreLayerHeaders, AreTheManifestsHeadersInOrder) {

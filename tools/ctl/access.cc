@@ -2,8 +2,12 @@
 #include "tools/ctl/access.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
-#include <filesystem>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "primecache/client.h"
@@ -49,14 +53,11 @@ class DaemonAccess final : public StoreAccess {
     client::ListOptions lo;
     lo.all_namespaces = true;
     lo.quarantined = quarantined;
+    lo.omit_tokens = true;  // a page of long boundaries would be large; Describe gives them
     lo.page_size = 1000;
     for (;;) {
       PC_ASSIGN_OR_RETURN(auto page, admin_->List(lo));
-      for (auto& e : page.entries) {
-        Entry x = FromClient(e);
-        x.tokens.clear();  // List carries them; the CLI reads them with Describe
-        out.push_back(std::move(x));
-      }
+      for (auto& e : page.entries) out.push_back(FromClient(e));
       if (page.next_page_token.empty()) break;
       lo.page_token = page.next_page_token;
     }
@@ -232,8 +233,7 @@ class DirectAccess final : public StoreAccess {
 
   Result<StoreCheck> CheckStore(bool read_chunks) override {
     PC_ASSIGN_OR_RETURN(auto r, store_->Verify(read_chunks));
-    const std::uint64_t n = r.problems.size();
-    return StoreCheck{r.entries, r.chunks, std::move(r.problems), n};
+    return StoreCheck{r.entries, r.chunks, std::move(r.problems), r.problem_count};
   }
 
   Status Delete(std::uint64_t) override { return ReadOnly("rm"); }
@@ -248,32 +248,50 @@ class DirectAccess final : public StoreAccess {
   std::unique_ptr<Store> store_;
 };
 
+// Whether a daemon listens at a Unix socket: OK when one accepts; kNotFound
+// when none does (no socket file, or a stale one nobody listens on: the
+// cases where reading the store directly is safe and meant); any other
+// failure (no permission, a path too long) is an error to report.
+Status ProbeDaemon(const std::string& path) {
+  sockaddr_un a{};
+  if (path.size() >= sizeof(a.sun_path)) return Status::InvalidArgument("socket path too long: " + path);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::IOError(std::string("socket: ") + std::strerror(errno));
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  const int rc = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  const int err = errno;
+  close(fd);
+  if (rc == 0) return Status::Ok();
+  if (err == ENOENT || err == ECONNREFUSED) {
+    return Status::NotFound("no daemon listens at " + path + " (" + std::strerror(err) + ")");
+  }
+  return Status::Unavailable("connect " + path + ": " + std::strerror(err));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<StoreAccess>> OpenAccess(const AccessOptions& o, bool* fell_back) {
   *fell_back = false;
   const std::string socket = o.admin_socket.empty() ? o.data_dir + "/primecached-admin.sock" : o.admin_socket;
-  Status daemon_status = Status::Unavailable("--offline given");
+  Status daemon_status = Status::NotFound("--offline given");
   if (!o.offline) {
-    std::error_code ec;
-    if (std::filesystem::exists(socket, ec)) {
+    daemon_status = ProbeDaemon(socket);
+    if (daemon_status.ok()) {
+      // A daemon is there: it is used, or its failure reported (reading its
+      // store behind its back is for when it is stopped).
       client::ClientOptions co;
       co.endpoint = socket;
       co.client_name = "primecachectl";
       co.timeout = o.timeout;
       co.reconnect_attempts = 1;
-      auto c = client::Client::Connect(co);
-      if (c.ok()) {
-        if (!(*c)->server_info().admin) {
-          return Status::FailedPrecondition(socket + " is not primecached's admin socket (no admin rights there)");
-        }
-        return std::unique_ptr<StoreAccess>(new DaemonAccess(co, std::move(c).value()));
+      PC_ASSIGN_OR_RETURN(auto c, client::Client::Connect(co));
+      if (!c->server_info().admin) {
+        return Status::FailedPrecondition(socket + " is not primecached's admin socket (no admin rights there)");
       }
-      if (!c.status().IsUnavailable()) return c.status();
-      daemon_status = c.status();
-    } else {
-      daemon_status = Status::Unavailable("no daemon socket at " + socket);
+      return std::unique_ptr<StoreAccess>(new DaemonAccess(co, std::move(c)));
     }
+    if (!daemon_status.IsNotFound()) return daemon_status;
   }
   StoreOptions so;
   so.path = o.data_dir + "/store";

@@ -41,6 +41,16 @@ nlohmann::json EntryJson(const Entry& e, std::uint64_t now_ms) {
   return j;
 }
 
+// The store refuses to remove a leased entry (a fetch is reading it) with
+// kUnavailable, as it does a lost connection; for the exit status it is a
+// refusal, not an absent daemon.
+Status InUseAsRefusal(const Status& s) {
+  if (s.IsUnavailable() && s.message().find("leased") != std::string::npos) {
+    return Status::FailedPrecondition(s.message());
+  }
+  return s;
+}
+
 std::string NamespaceLabel(const std::string& ns) {
   return ns.empty() ? "(default)" : ns;
 }
@@ -203,7 +213,7 @@ int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Ou
     }
     std::uint64_t raw = 0, enc = 0, chunks = 0;
     nlohmann::json planes = nlohmann::json::array();
-    std::string transforms;
+    std::vector<std::string> transforms;
     for (const PlaneRecord& p : h->planes) {
       std::uint64_t pr = 0, pe = 0;
       for (const ChunkRecord& c : p.chunks) {
@@ -223,7 +233,7 @@ int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Ou
                         {"raw_bytes", pr},
                         {"encoded_bytes", pe}});
       const std::string t = p.transform + (p.level != 0 ? ":" + std::to_string(p.level) : "");
-      if (transforms.find(t) == std::string::npos) transforms += (transforms.empty() ? "" : ",") + t;
+      if (std::find(transforms.begin(), transforms.end(), t) == transforms.end()) transforms.push_back(t);
     }
     layers.push_back({{"index", i},
                       {"kind", h->kind},
@@ -233,7 +243,9 @@ int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Ou
                       {"raw_bytes", raw},
                       {"encoded_bytes", enc},
                       {"checksum", checksum}});
-    rows.push_back({std::to_string(i), h->kind, GeometryText(h->shape), transforms, std::to_string(chunks),
+    std::string transform_list;
+    for (const auto& t : transforms) transform_list += (transform_list.empty() ? "" : ",") + t;
+    rows.push_back({std::to_string(i), h->kind, GeometryText(h->shape), transform_list, std::to_string(chunks),
                     HumanBytes(raw), HumanBytes(enc), checksum});
   }
 
@@ -285,9 +297,7 @@ int Rm(StoreAccess& access, const std::vector<std::uint64_t>& ids, const Output&
       out.Line("removed entry " + std::to_string(id));
       continue;
     }
-    if (s.IsUnavailable() && access.writable()) {
-      s = Status::FailedPrecondition("entry " + std::to_string(id) + " is in use (" + s.message() + "); retry later");
-    }
+    s = InUseAsRefusal(s);
     if (code == kExitOk) code = ExitCodeFor(s);
     failed.push_back({{"id", id}, {"error", s.message()}});
     out.Note(s.ToString());
@@ -326,11 +336,14 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
   nlohmann::json removed = nlohmann::json::array();
   nlohmann::json failed = nlohmann::json::array();
   std::uint64_t freed_logical = 0;
+  int code = kExitOk;
   for (std::size_t i = 0; i < victims.size(); ++i) {
     const Victim& v = victims[i];
     out.Progress("gc", i, victims.size());
-    Status s = o.dry_run ? Status::Ok() : access.Delete(v.e.id);
+    Status s = o.dry_run ? Status::Ok() : InUseAsRefusal(access.Delete(v.e.id));
+    if (s.IsNotFound()) continue;  // removed meanwhile
     if (!s.ok()) {
+      if (code == kExitOk) code = ExitCodeFor(s);
       failed.push_back({{"id", v.e.id}, {"error", s.message()}});
       out.Note("entry " + std::to_string(v.e.id) + ": " + s.ToString());
       continue;
@@ -341,10 +354,15 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
   }
   out.EndProgress();
   bool compacted = false;
+  nlohmann::json compact_error = nullptr;
   if (!o.dry_run && o.compact) {
     Status s = access.Compact();
-    if (!s.ok()) return out.Error(s.WithContext("compact after gc"));
-    compacted = true;
+    compacted = s.ok();
+    if (!s.ok()) {
+      if (code == kExitOk) code = ExitCodeFor(s);
+      compact_error = s.message();
+      out.Note("compact after gc: " + s.ToString());
+    }
   }
   auto after = access.Stat();
   if (!after.ok()) return out.Error(after.status());
@@ -353,6 +371,7 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
             {"removed", removed},
             {"failed", failed},
             {"compacted", compacted},
+            {"compact_error", compact_error},
             {"stored_bytes_before", before->stored_bytes},
             {"stored_bytes_after", after->stored_bytes},
             {"freed_stored_bytes", freed},
@@ -366,7 +385,7 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
              " -> " + HumanBytes(after->stored_bytes) + ", on disk " + HumanBytes(before->disk_bytes) + " -> " +
              HumanBytes(after->disk_bytes));
   }
-  return failed.empty() ? kExitOk : kExitFailed;
+  return code;
 }
 
 // ---- stats ----------------------------------------------------------------------------

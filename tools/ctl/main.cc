@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
   CLI::App app(
       "primecachectl: inspect and manage a primecache store of prefix snapshots.\n\n"
       "Talks to the running primecached over its admin socket (DATA_DIR/primecached-admin.sock).\n"
-      "When no daemon answers, the commands that only read (ls, show, verify, stats, export)\n"
-      "open DATA_DIR/store directly, read-only.  Every command takes --json for scripts.",
+      "When no daemon answers, the commands that only read (ls, show, verify, stats, export,\n"
+      "gc --dry-run) open DATA_DIR/store directly, read-only.  Every command takes --json.",
       "primecachectl");
   app.footer(kFooter);
   app.require_subcommand(1);
