@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -742,6 +743,60 @@ Result<PublishResult> Client::Publish(const ModelId& model, std::span<const std:
 
 // ---- fetching -----------------------------------------------------------------
 
+namespace {
+
+// The shared-memory chunks of one fetch handed over with on_chunk_held: the
+// daemon frees window space in arrival order, so a release is sent only once
+// every chunk before it was released too.
+class HeldChunks : public std::enable_shared_from_this<HeldChunks> {
+ public:
+  HeldChunks(std::weak_ptr<Conn> conn, std::shared_ptr<ipc::ShmRegion> region)
+      : conn_(std::move(conn)), region_(std::move(region)) {}
+
+  ChunkRelease Hold(std::uint64_t offset, std::uint64_t length) {
+    std::lock_guard<std::mutex> l(mu_);
+    const std::uint64_t seq = first_ + queue_.size();
+    queue_.push_back({offset, length, false});
+    // The closure keeps the mapping alive while the bytes are in use.
+    auto self = shared_from_this();
+    auto once = std::make_shared<std::atomic<bool>>(false);
+    return [self, seq, once] {
+      if (!once->exchange(true)) self->Release(seq);
+    };
+  }
+
+ private:
+  struct Held {
+    std::uint64_t offset, length;
+    bool done;
+  };
+  void Release(std::uint64_t seq) {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_[seq - first_].done = true;
+    auto conn = conn_.lock();
+    while (!queue_.empty() && queue_.front().done) {
+      if (conn) {
+        auto rel = BuildRequest(0, [&](wire::Request::Builder q) {
+          auto x = q.initShmRelease();
+          x.setOffset(queue_.front().offset);
+          x.setLength(queue_.front().length);
+        });
+        (void)conn->Send(*rel);  // a lost connection has ended the fetch anyway
+      }
+      queue_.pop_front();
+      ++first_;
+    }
+  }
+
+  std::mutex mu_;
+  std::weak_ptr<Conn> conn_;
+  std::shared_ptr<ipc::ShmRegion> region_;
+  std::deque<Held> queue_;
+  std::uint64_t first_ = 0;  // sequence number of queue_.front()
+};
+
+}  // namespace
+
 Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb) {
   auto once = [&]() -> Result<bool> {
     PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
@@ -762,6 +817,8 @@ Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
     });
     bool streamed = false;
     Conn* raw = c.get();
+    std::shared_ptr<HeldChunks> held;
+    if (cb.on_chunk_held && use_shm) held = std::make_shared<HeldChunks>(c, c->shm);
     auto reply = impl_->Call(c, id, *m, [&, raw](wire::Response::Reader r) -> Status {
       streamed = true;
       if (r.which() == wire::Response::FETCH_LAYER) {
@@ -771,6 +828,11 @@ Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
       auto ch = r.getFetchChunk();
       auto d = ch.getData();
       if (d.which() == wire::Payload::INLINE) {
+        if (cb.on_chunk_held) {
+          // The message's bytes go with the frame: the chunk gets a copy of its own.
+          auto copy = std::make_shared<std::vector<std::byte>>(Bytes(d.getInline()).begin(), Bytes(d.getInline()).end());
+          return cb.on_chunk_held(ch.getLayer(), ch.getIndex(), *copy, [copy]() mutable { copy.reset(); });
+        }
         return cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), Bytes(d.getInline())) : Status::Ok();
       }
       auto ref = d.getShm();
@@ -778,6 +840,9 @@ Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
         return Status::Corruption("daemon pointed outside the shared region");
       }
       std::span<const std::byte> bytes{raw->shm->data() + ref.getOffset(), static_cast<std::size_t>(ref.getLength())};
+      if (cb.on_chunk_held && held) {
+        return cb.on_chunk_held(ch.getLayer(), ch.getIndex(), bytes, held->Hold(ref.getOffset(), ref.getLength()));
+      }
       Status s = cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), bytes) : Status::Ok();
       auto rel = BuildRequest(0, [&](wire::Request::Builder q) {
         auto x = q.initShmRelease();

@@ -23,6 +23,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/worker_pool.h"
 #include "ipc/wire.h"
 
 namespace primecache::ipc {
@@ -33,53 +34,15 @@ std::string Errno(const std::string& what) { return what + ": " + std::strerror(
 
 constexpr std::size_t kMaxFdsQueued = 4;
 
+// The daemon's worker pools, as the sessions see them.
 class WorkerPool : public Executor {
  public:
-  explicit WorkerPool(std::size_t n) {
-    for (std::size_t i = 0; i < std::max<std::size_t>(n, 1); ++i) threads_.emplace_back([this] { Loop(); });
-  }
-  ~WorkerPool() override { Shutdown(); }
-
-  void Post(std::function<void()> job) override {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_one();
-  }
-
-  // Runs every queued job, then joins.
-  void Shutdown() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (stopping_ && threads_.empty()) return;
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-    threads_.clear();
-  }
+  explicit WorkerPool(std::size_t n) : pool_(n) {}
+  void Post(std::function<void()> job) override { pool_.Post(std::move(job)); }
+  void Shutdown() { pool_.Shutdown(); }
 
  private:
-  void Loop() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [this] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::vector<std::thread> threads_;
+  primecache::WorkerPool pool_;
 };
 
 }  // namespace

@@ -3,7 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 
 #include "statestore/kill_point.h"
 #include "statestore/rocks_env.h"
@@ -280,25 +283,105 @@ Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink
     }
     order.assign(layers.begin(), layers.end());
   }
-  rocksdb::PinnableSlice pinned;
-  std::string joined;
+  // Chunks are read (and their addresses checked) ahead on the store's read
+  // pool, up to a window of chunks and bytes, and handed to the sink in order
+  // on this thread; so reading overlaps the sink's work and other reads.
+  struct Slot {
+    std::uint32_t layer = 0, chunk = 0;
+    rocksdb::PinnableSlice pinned;
+    std::string joined;
+    std::span<const std::byte> bytes;
+    Status status;
+    bool done = false;
+  };
+  // What the sink receives, in order: each layer announced, then its chunks.
+  struct Step {
+    std::uint32_t layer;
+    std::int64_t chunk;  // -1: the layer's announcement
+  };
+  std::vector<Step> steps;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> plan;  // the chunk steps: (layer, chunk)
   for (std::uint32_t l : order) {
-    const auto& layer = manifest->layers[l];
-    PC_RETURN_IF_ERROR(sink.OnLayer(l, layer.header, static_cast<std::uint32_t>(layer.chunks.size())));
-    for (std::uint32_t c = 0; c < layer.chunks.size(); ++c) {
-      pinned.Reset();
-      std::span<const std::byte> bytes;
-      Status rs = s.ReadChunk(layer.chunks[c].hash, layer.chunks[c].size, &pinned, &joined, &bytes);
-      if (rs.IsCorruption()) {
-        pinned.Reset();
-        lease.Release();
-        s.Quarantine(id, "layer " + std::to_string(l) + " chunk " + std::to_string(c) + ": " + rs.message(),
-                     layer.chunks[c].hash);
-        return rs.WithContext("entry " + std::to_string(id) + fate);
-      }
-      PC_RETURN_IF_ERROR(rs);
-      PC_RETURN_IF_ERROR(sink.OnChunk(l, c, bytes));
+    steps.push_back({l, -1});
+    for (std::uint32_t c = 0; c < manifest->layers[l].chunks.size(); ++c) {
+      steps.push_back({l, c});
+      plan.emplace_back(l, c);
     }
+  }
+  const std::size_t window = s.read_pool ? s.opts.fetch_read_ahead : 1;
+  std::deque<Slot> slots;  // stable addresses: slots are added at the back, removed at the front
+  std::mutex slot_mu;
+  std::condition_variable slot_cv;
+  std::size_t outstanding = 0;
+  std::uint64_t bytes_ahead = 0;
+  // No read may outlive this frame, whatever path leaves it.
+  struct Drain {
+    std::mutex& mu;
+    std::condition_variable& cv;
+    std::size_t& n;
+    ~Drain() {
+      std::unique_lock g(mu);
+      cv.wait(g, [&] { return n == 0; });
+    }
+  } drain{slot_mu, slot_cv, outstanding};
+  std::size_t next_read = 0;
+  auto start_reads = [&] {
+    while (next_read < plan.size() && slots.size() < window &&
+           (slots.empty() || bytes_ahead < s.opts.fetch_read_ahead_bytes)) {
+      const auto [l, c] = plan[next_read++];
+      const ChunkRef& ref = manifest->layers[l].chunks[c];
+      Slot& slot = slots.emplace_back();
+      slot.layer = l;
+      slot.chunk = c;
+      bytes_ahead += ref.size;
+      if (!s.read_pool) {
+        slot.status = s.ReadChunk(ref.hash, ref.size, &slot.pinned, &slot.joined, &slot.bytes);
+        slot.done = true;
+        continue;
+      }
+      {
+        std::lock_guard g(slot_mu);
+        ++outstanding;
+      }
+      s.read_pool->Post([&s, &slot, &slot_mu, &slot_cv, &outstanding, ref] {
+        Status st = s.ReadChunk(ref.hash, ref.size, &slot.pinned, &slot.joined, &slot.bytes);
+        std::lock_guard g(slot_mu);
+        slot.status = std::move(st);
+        slot.done = true;
+        --outstanding;
+        slot_cv.notify_all();
+      });
+    }
+  };
+  for (const Step& step : steps) {
+    start_reads();
+    if (step.chunk < 0) {
+      const auto& ml = manifest->layers[step.layer];
+      PC_RETURN_IF_ERROR(sink.OnLayer(step.layer, ml.header, static_cast<std::uint32_t>(ml.chunks.size())));
+      continue;
+    }
+    Slot& slot = slots.front();
+    {
+      std::unique_lock g(slot_mu);
+      slot_cv.wait(g, [&] { return slot.done; });
+    }
+    const std::uint32_t l = slot.layer, c = slot.chunk;
+    Status rs = std::move(slot.status);
+    if (rs.IsCorruption()) {
+      lease.Release();
+      const Hash128 bad = manifest->layers[l].chunks[c].hash;
+      {
+        std::unique_lock g(slot_mu);  // reads in flight finish before the quarantine batch
+        slot_cv.wait(g, [&] { return outstanding == 0; });
+      }
+      slots.clear();
+      s.Quarantine(id, "layer " + std::to_string(l) + " chunk " + std::to_string(c) + ": " + rs.message(), bad);
+      return rs.WithContext("entry " + std::to_string(id) + fate);
+    }
+    PC_RETURN_IF_ERROR(rs);
+    PC_RETURN_IF_ERROR(sink.OnChunk(l, c, slot.bytes));
+    bytes_ahead -= manifest->layers[l].chunks[c].size;
+    slots.pop_front();
   }
   s.Touch(id, false);
   return Status::Ok();

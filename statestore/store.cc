@@ -263,6 +263,10 @@ Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
   }
   impl->byte_budget = options.byte_budget;
   impl->opts = std::move(options);
+  if (impl->opts.fetch_read_threads > 0) {
+    impl->opts.fetch_read_ahead = std::max<std::size_t>(impl->opts.fetch_read_ahead, 1);
+    impl->read_pool = std::make_unique<WorkerPool>(impl->opts.fetch_read_threads);
+  }
   PC_RETURN_IF_ERROR(impl->OpenDb().WithContext("open store " + impl->path));
   PC_RETURN_IF_ERROR(impl->LoadState().WithContext("open store " + impl->path));
   if (!impl->opts.read_only) {

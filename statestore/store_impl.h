@@ -28,6 +28,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/worker_pool.h"
 #include "primecache/statestore.h"
 #include "statestore/format.h"
 #include "statestore/node_filter.h"
@@ -117,6 +118,9 @@ struct Store::Impl {
   std::unordered_map<Hash128, statestore_internal::LiveChunk, statestore_internal::Hash128Hasher> live_chunks;
 
   std::shared_ptr<Lease::Table> leases = std::make_shared<Lease::Table>();
+
+  // Reads ahead for fetches (null when StoreOptions::fetch_read_threads is 0).
+  std::unique_ptr<WorkerPool> read_pool;
 
   // Recency: a logical clock; accesses are buffered and written in batches.
   std::atomic<std::uint64_t> clock{1};

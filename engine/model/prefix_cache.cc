@@ -2,7 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 
 namespace primecache::model {
 
@@ -55,6 +58,12 @@ client::ModelId PrefixCache::ModelIdFor(const ModelConfig& config, const Hash128
 PrefixCache::PrefixCache(HybridModel* model, std::unique_ptr<client::Client> client, client::ModelId model_id,
                          PrefixCacheOptions options)
     : model_(model), client_(std::move(client)), model_id_(std::move(model_id)), options_(std::move(options)) {
+  if (client_ != nullptr) {
+    const std::size_t threads =
+        options_.decode_threads != 0 ? options_.decode_threads
+                                     : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 8);
+    decode_pool_ = std::make_unique<WorkerPool>(threads);
+  }
   if (client_ != nullptr && options_.publish) worker_ = std::thread([this] { PublishLoop(); });
 }
 
@@ -77,10 +86,21 @@ void PrefixCache::NoteDaemonDown(const Status& why) {
   spdlog::warn("prefix cache: the daemon is unavailable ({}); prefilling every prompt in full", why.ToString());
 }
 
+Status PrefixCache::ReserveStaging(std::uint64_t tokens) {
+  PC_ASSIGN_OR_RETURN(auto session, model_->NewSession());
+  const std::uint64_t bound = StagingFloats(session.cache->plan(), tokens) * sizeof(float);
+  if (staging_.bytes() >= bound) return Status::Ok();
+  staging_.Reset();
+  PC_ASSIGN_OR_RETURN(staging_, model_->engine().device().AllocatePinned(bound));
+  return Status::Ok();
+}
+
 Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens,
-                                              std::uint64_t* restored_bytes) {
+                                              Request* figures) {
   if (client_ == nullptr || tokens.size() < options_.min_prefix) return std::uint64_t{0};
+  const auto t_lookup = Clock::now();
   auto found = client_->Lookup(model_id_, tokens);
+  figures->lookup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_lookup).count();
   if (!found.ok()) {
     if (found.status().IsUnavailable()) {
       NoteDaemonDown(found.status());
@@ -104,10 +124,16 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
   float* const base = staging_.at<float>(0);
   const std::uint64_t capacity = staging_.bytes() / sizeof(float);
   std::uint64_t used = 0;
+  const auto t_fetch = Clock::now();
 
   std::vector<std::optional<LayerDecoder>> decoders(layers);
   std::vector<std::vector<std::span<float>>> planes(layers);
   std::vector<std::vector<bool>> seen(layers);
+  // Chunks decode on the pool as they arrive; each returns its loan when done.
+  std::mutex decode_mu;
+  std::condition_variable decode_cv;
+  std::size_t decoding = 0;
+  Status decode_status;
   client::FetchCallbacks cb;
   cb.on_layer = [&](std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunks) -> Status {
     if (layer >= layers || decoders[layer]) {
@@ -127,16 +153,42 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
     decoders[layer].emplace(std::move(d));
     return Status::Ok();
   };
-  cb.on_chunk = [&](std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) -> Status {
+  cb.on_chunk_held = [&](std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                         client::ChunkRelease release) -> Status {
     if (layer >= layers || !decoders[layer] || index >= seen[layer].size() || seen[layer][index]) {
+      release();
       return Status::Corruption("fetch sent chunk " + std::to_string(index) + " of layer " + std::to_string(layer) +
                                 " out of place");
     }
     seen[layer][index] = true;
-    const LayerDecoder& d = *decoders[layer];
-    return d.DecodeChunk(index, bytes, planes[layer][d.chunk(index).plane]);
+    {
+      std::lock_guard lock(decode_mu);
+      if (!decode_status.ok()) {
+        release();
+        return decode_status;
+      }
+      ++decoding;
+    }
+    // The decoder sits in a slot of a vector sized up front: its address holds.
+    const LayerDecoder* d = &*decoders[layer];
+    const std::span<float> plane = planes[layer][d->chunk(index).plane];
+    decode_pool_->Post([&, d, plane, layer, index, bytes, release = std::move(release)] {
+      Status s = d->DecodeChunk(index, bytes, plane);
+      release();
+      std::lock_guard lock(decode_mu);
+      if (!s.ok() && decode_status.ok()) decode_status = s.WithContext("layer " + std::to_string(layer));
+      if (--decoding == 0) decode_cv.notify_all();
+    });
+    return Status::Ok();
   };
   Status fetched = client_->Fetch(found->entry, {}, cb);
+  {
+    // Whatever happened, no decode may outlive this frame.
+    std::unique_lock lock(decode_mu);
+    decode_cv.wait(lock, [&] { return decoding == 0; });
+    if (fetched.ok()) fetched = decode_status;
+  }
+  figures->fetch_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fetch).count();
   for (std::size_t l = 0; fetched.ok() && l < layers; ++l) {
     if (!decoders[l]) fetched = Status::Corruption("the entry has no layer " + std::to_string(l));
     for (bool s : seen[l])
@@ -148,6 +200,7 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
     return std::uint64_t{0};
   }
 
+  const auto t_copy = Clock::now();
   std::vector<engine::LayerSnapshotView> views;
   for (std::size_t l = 0; l < layers; ++l) {
     const LayerShape& shape = decoders[l]->header().shape;
@@ -169,7 +222,8 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
   PC_RETURN_IF_ERROR(cache.Restore(views));
   PC_RETURN_IF_ERROR(model_->engine().device().Synchronize(engine::Lane::kCompute));
   session.position = len;
-  *restored_bytes = used * sizeof(float);
+  figures->copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_copy).count();
+  figures->restored_bytes = used * sizeof(float);
   return len;
 }
 
@@ -180,7 +234,7 @@ Result<Request> PrefixCache::Prime(std::span<const std::uint32_t> prompt, bool a
   r.prompt.assign(prompt.begin(), prompt.end());
   PC_ASSIGN_OR_RETURN(r.session, model_->NewSession());
   // At least the last prompt token is primed: its logits pick the first new token.
-  auto restored = TryRestore(r.session, prompt.first(prompt.size() - 1), &r.restored_bytes);
+  auto restored = TryRestore(r.session, prompt.first(prompt.size() - 1), &r);
   r.restore_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (!restored.ok()) {
     // A device failure mid-restore leaves the cache unusable: start afresh.

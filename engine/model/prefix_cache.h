@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/worker_pool.h"
 #include "engine/model/hybrid_model.h"
 #include "primecache/client.h"
 #include "primecache/codec.h"
@@ -37,6 +38,9 @@ struct PrefixCacheOptions {
   EncodeOptions encode;         // how published layers are encoded
   bool publish = true;          // publish each prompt's boundary
   std::size_t min_prefix = 1;   // shortest stored prefix worth restoring
+  // Threads that decode fetched chunks into pinned staging while the next
+  // ones arrive; 0: the hardware's threads, at most 8.
+  std::size_t decode_threads = 0;
 };
 
 // One request in flight: its session, what it cost, and the eager half of
@@ -50,6 +54,9 @@ struct Request {
   std::uint64_t prefilled_tokens = 0;
   double ttft_ms = 0;
   double restore_ms = 0;             // lookup, fetch, decode, validation and restore
+  // Its parts: the lookup round trip; fetching and decoding into pinned
+  // staging (they overlap); validating and copying to the device.
+  double lookup_ms = 0, fetch_ms = 0, copy_ms = 0;
   std::uint64_t restored_bytes = 0;  // decoded bytes of the restored planes
   std::optional<engine::PendingCapture> capture;
 };
@@ -84,14 +91,19 @@ class PrefixCache {
   // worker's path; also for tools that hold a capture already).
   Status Publish(std::span<const std::uint32_t> tokens, std::vector<LayerSnapshot> layers);
 
+  // Allocates the pinned staging a restore of a boundary this long needs,
+  // now rather than on the first restore (an engine does this at start-up:
+  // pinning hundreds of MiB takes a while).
+  Status ReserveStaging(std::uint64_t tokens);
+
   bool connected() const { return client_ != nullptr; }
   std::uint64_t published() const;
 
  private:
   // Restores the longest stored prefix of `tokens` into the fresh session;
   // 0 when nothing was restored (the session is then fresh again).
-  Result<std::uint64_t> TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens,
-                                   std::uint64_t* restored_bytes);
+  // Fills the request's restore figures.
+  Result<std::uint64_t> TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens, Request* figures);
   void NoteDaemonDown(const Status& why);
   void PublishLoop();
 
@@ -101,6 +113,7 @@ class PrefixCache {
   PrefixCacheOptions options_;
   std::atomic<bool> warned_down_{false};
   engine::Memory staging_;  // pinned; fetched layers decode into it
+  std::unique_ptr<WorkerPool> decode_pool_;
 
   struct Job {
     std::vector<std::uint32_t> tokens;

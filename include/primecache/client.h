@@ -93,11 +93,25 @@ struct PublishResult {
   bool existed = false;  // this boundary was stored already; nothing new was written
 };
 
+// Ends a held chunk's loan (FetchCallbacks::on_chunk_held). Call it exactly
+// once, from any thread; later calls do nothing.
+using ChunkRelease = std::function<void()>;
+
 struct FetchCallbacks {
   std::function<Status(std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunk_count)> on_layer;
   // `bytes` is valid only during the call; with shared memory it lies inside
   // region(). A non-OK return cancels the fetch and becomes its result.
   std::function<Status(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes)> on_chunk;
+  // Instead of on_chunk (which is then not called): the chunk is handed over,
+  // its bytes valid until `release` is called, while the fetch goes on
+  // streaming; so an engine decodes chunks on threads of its own as the next
+  // ones arrive. Every release received must be called: with shared memory
+  // the daemon reuses window space only after it (in arrival order), and a
+  // fetch whose window fills up waits. Fetch returns when every chunk has been
+  // handed over, not when they are released.
+  std::function<Status(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                       ChunkRelease release)>
+      on_chunk_held;
 };
 
 struct FetchedLayer {

@@ -285,6 +285,13 @@ struct StoreOptions {
   // every this many bytes, so that writing files overlaps receiving chunks.
   std::uint64_t flush_step_bytes = 16ull << 20;
   std::uint64_t block_cache_bytes = 256ull << 20;
+  // Fetch reads chunks ahead of the sink, in parallel on a pool of this many
+  // threads shared by every fetch (0: one chunk at a time, on the caller's
+  // thread), at most fetch_read_ahead chunks and, past the first,
+  // fetch_read_ahead_bytes bytes ahead.
+  std::size_t fetch_read_threads = 4;
+  std::size_t fetch_read_ahead = 16;
+  std::uint64_t fetch_read_ahead_bytes = 8ull << 20;
   // false: commits are not synced (for building throwaway stores in benchmarks only).
   bool sync_commits = true;
 

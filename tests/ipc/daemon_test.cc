@@ -138,6 +138,77 @@ TEST_F(DaemonTest, SharedMemoryPublishFetchedOverSocketAndBack) {
   ExpectSameLayers(layers, *got);
 }
 
+// Chunks handed over (on_chunk_held) and released later, from other threads
+// and out of order: the bytes stay intact until released (a window reused too
+// early would overwrite them), and a window smaller than the entry wraps as
+// releases come back.
+TEST_F(DaemonTest, HeldChunksAreReleasedFromOtherThreadsOutOfOrder) {
+  const auto tokens = Tokens(64, 19);
+  const auto layers = MakeLayers(64, 3, 19, 4096, 4);  // 64 KiB chunks, 34 in all
+  {
+    auto pc = Client::Connect(d_.Options());
+    ASSERT_TRUE(pc.ok());
+    ASSERT_TRUE((*pc)->Publish(TestModel(), tokens, layers).ok());
+  }
+  for (bool shm : {true, false}) {
+    ClientOptions o = d_.Options("", shm);
+    o.shared_memory_bytes = 1u << 20;  // a 512 KiB window: 8 chunks at a time
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok());
+    auto hit = (*c)->Lookup(TestModel(), tokens);
+    ASSERT_TRUE(hit.ok() && hit->found);
+    struct Held {
+      std::uint32_t layer, index;
+      std::span<const std::byte> bytes;
+      ChunkRelease release;
+    };
+    std::mutex mu;
+    std::vector<FetchedLayer> got(layers.size());
+    std::vector<Held> held;
+    std::vector<std::thread> releasers;
+    int in_region = 0;
+    // Copies each chunk, newest first, then releases it (twice: the second does nothing).
+    auto settle = [&](std::vector<Held> batch) {
+      for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
+        {
+          std::lock_guard l(mu);
+          got[it->layer].data.chunks[it->index].assign(it->bytes.begin(), it->bytes.end());
+        }
+        it->release();
+        it->release();
+      }
+    };
+    FetchCallbacks cb;
+    cb.on_layer = [&](std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunks) {
+      std::lock_guard l(mu);
+      got[layer].layer = layer;
+      got[layer].data.header.assign(header.begin(), header.end());
+      got[layer].data.chunks.resize(chunks);
+      return Status::Ok();
+    };
+    cb.on_chunk_held = [&](std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                           ChunkRelease release) {
+      const auto region = (*c)->region();
+      const auto* base = static_cast<const std::byte*>(region.base);
+      if (base != nullptr && bytes.data() >= base && bytes.data() < base + region.size) ++in_region;
+      held.push_back({layer, index, bytes, std::move(release)});
+      if (held.size() == 3) {
+        releasers.emplace_back(settle, std::move(held));
+        held.clear();
+      }
+      return Status::Ok();
+    };
+    Status s = (*c)->Fetch(hit->entry, {}, cb);
+    settle(std::move(held));
+    for (auto& t : releasers) t.join();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    if (shm) {
+      EXPECT_EQ(in_region, static_cast<int>(ChunkCount(layers)));
+    }
+    ExpectSameLayers(layers, got);
+  }
+}
+
 TEST_F(DaemonTest, RepublishingABoundaryAnswersTheStoredEntry) {
   auto c = Client::Connect(d_.Options());
   ASSERT_TRUE(c.ok());
