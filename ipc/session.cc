@@ -735,17 +735,25 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       return true;
     }
 
+    // Admin requests answered with an ack.
     case wire::Request::DELETE:
-    case wire::Request::SET_CAPACITY: {
+    case wire::Request::SET_CAPACITY:
+    case wire::Request::COMPACT: {
       if (!peer_.admin) {
         sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED,
-                                  "delete and setCapacity are served on the admin socket only"));
+                                  "delete, setCapacity and compact are served on the admin socket only"));
         return true;
       }
-      const bool is_delete = which == wire::Request::DELETE;
-      const std::uint64_t arg = is_delete ? req.getDelete().getEntry() : req.getSetCapacity().getBytes();
-      executor_->Post([self = shared_from_this(), this, id, is_delete, arg] {
-        Status s = is_delete ? store_->Delete(arg) : store_->SetCapacity(arg);
+      std::function<Status()> op;
+      if (which == wire::Request::DELETE) {
+        op = [this, entry = req.getDelete().getEntry()] { return store_->Delete(entry); };
+      } else if (which == wire::Request::SET_CAPACITY) {
+        op = [this, bytes = req.getSetCapacity().getBytes()] { return store_->SetCapacity(bytes); };
+      } else {
+        op = [this] { return store_->Compact(); };
+      }
+      executor_->Post([self = shared_from_this(), this, id, op = std::move(op)] {
+        Status s = op();
         if (!s.ok()) return SendError(id, s);
         sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
       });
@@ -850,19 +858,9 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       return true;
     }
 
-    case wire::Request::VERIFY_STORE:
-    case wire::Request::COMPACT: {
+    case wire::Request::VERIFY_STORE: {
       if (!peer_.admin) {
-        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED,
-                                  "verifyStore and compact are served on the admin socket only"));
-        return true;
-      }
-      if (which == wire::Request::COMPACT) {
-        executor_->Post([self = shared_from_this(), this, id] {
-          Status s = store_->Compact();
-          if (!s.ok()) return SendError(id, s);
-          sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
-        });
+        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "verifyStore is served on the admin socket only"));
         return true;
       }
       const bool read_chunks = req.getVerifyStore().getReadChunks();

@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
-#include <rocksdb/db.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +17,7 @@
 #include "daemon_harness.h"
 #include "primecache/model.h"
 #include "primecache/snapshot.h"
+#include "raw_db.h"
 #include "statestore/format.h"
 
 extern char** environ;
@@ -302,33 +302,14 @@ TEST_F(CliTest, VerifyFindsDamagePlantedInTheDatabase) {
   const auto& counted = layers_b[0].chunks[0];
   const Hash128 counted_hash = Checksum128(counted);
   {
-    const std::string path = d_.data_dir() + "/store";
-    std::vector<std::string> names;
-    ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), path, &names).ok());
-    std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
-    for (auto& n : names) cfs.emplace_back(n, rocksdb::ColumnFamilyOptions());
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    rocksdb::DB* db = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, cfs, &handles, &db).ok());
-    auto cf = [&](const char* name) {
-      for (auto* h : handles) {
-        if (h->GetName() == name) return h;
-      }
-      return static_cast<rocksdb::ColumnFamilyHandle*>(nullptr);
-    };
+    store_test::RawDb db(Env::Default(), d_.data_dir() + "/store");
     std::string flipped(reinterpret_cast<const char*>(bad.data()), bad.size());
     flipped[flipped.size() / 2] ^= 0x10;
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), cf(si::kCfChunks), si::ChunkKey(bad_hash), flipped).ok());
-    std::string ref;
-    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), cf(si::kCfChunkRefs), si::HashKey(counted_hash), &ref).ok());
-    auto rec = si::DecodeChunkRef(ref);
+    db.Put(si::kCfChunks, si::ChunkKey(bad_hash), flipped);
+    auto rec = si::DecodeChunkRef(db.Get(si::kCfChunkRefs, si::HashKey(counted_hash)));
     ASSERT_TRUE(rec.ok());
     rec->refs += 3;
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), cf(si::kCfChunkRefs), si::HashKey(counted_hash),
-                        si::EncodeChunkRef(*rec))
-                    .ok());
-    for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-    delete db;
+    db.Put(si::kCfChunkRefs, si::HashKey(counted_hash), si::EncodeChunkRef(*rec));
   }
   const std::string a_name = "entry " + std::to_string(a->entry);
   auto mentions = [](const json& problems, const std::string& where, const std::string& what) {

@@ -10,6 +10,7 @@
 #include "statestore/format.h"
 #include "statestore/rocks_env.h"
 #include "statestore/test_hooks.h"
+#include "raw_db.h"
 #include "store_test_util.h"
 
 namespace primecache {
@@ -23,51 +24,6 @@ const TestModel kModel = [] {
   m.chunk_bytes = 1024;
   return m;
 }();
-
-// The store's RocksDB opened directly (the store closed), over the same Env.
-class RawDb {
- public:
-  explicit RawDb(Env* env, const std::string& path) {
-    fs_ = si::NewEnvFileSystem(env, {});
-    renv_ = si::NewRocksEnv(fs_, false);
-    rocksdb::DBOptions o;
-    o.env = renv_.get();
-    std::vector<std::string> names;
-    EXPECT_TRUE(rocksdb::DB::ListColumnFamilies(o, path, &names).ok());
-    std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
-    rocksdb::ColumnFamilyOptions cfo;
-    cfo.disable_auto_compactions = true;  // the files listed stay the files there
-    for (auto& n : names) cfs.emplace_back(n, cfo);
-    rocksdb::Status s = rocksdb::DB::Open(o, path, cfs, &handles_, &db_);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-  }
-  ~RawDb() {
-    for (auto* h : handles_) (void)db_->DestroyColumnFamilyHandle(h);
-    delete db_;
-  }
-  rocksdb::ColumnFamilyHandle* cf(const std::string& name) {
-    for (auto* h : handles_) {
-      if (h->GetName() == name) return h;
-    }
-    ADD_FAILURE() << "no column family " << name;
-    return nullptr;
-  }
-  std::string Get(const std::string& cfname, const std::string& key) {
-    std::string v;
-    EXPECT_TRUE(db_->Get(rocksdb::ReadOptions(), cf(cfname), key, &v).ok()) << cfname;
-    return v;
-  }
-  void Put(const std::string& cfname, const std::string& key, const std::string& value) {
-    EXPECT_TRUE(db_->Put(rocksdb::WriteOptions(), cf(cfname), key, value).ok());
-  }
-  rocksdb::DB* db() { return db_; }
-
- private:
-  std::shared_ptr<rocksdb::FileSystem> fs_;
-  std::unique_ptr<rocksdb::Env> renv_;
-  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
-  rocksdb::DB* db_ = nullptr;
-};
 
 Hash128 AddressOf(const std::string& chunk) {
   return Checksum128(AsBytes(chunk));

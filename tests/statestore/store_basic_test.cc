@@ -7,6 +7,7 @@
 #include <set>
 
 #include "statestore/format.h"
+#include "raw_db.h"
 #include "store_test_util.h"
 
 namespace primecache {
@@ -344,32 +345,25 @@ TEST(StoreBasic, MissingStoreWithoutCreateIsNotFound) {
 
 // Writes a value into a store's meta column family with RocksDB directly.
 void PutMeta(const std::string& path, const std::string& key, const std::string& value) {
-  std::vector<std::string> names;
-  ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), path, &names).ok());
-  std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
-  for (auto& n : names) cfs.emplace_back(n, rocksdb::ColumnFamilyOptions());
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, cfs, &handles, &db).ok());
-  for (auto* h : handles) {
-    if (h->GetName() == statestore_internal::kCfMeta) {
-      ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), h, key, value).ok());
-    }
-  }
-  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  delete db;
+  RawDb(Env::Default(), path).Put(statestore_internal::kCfMeta, key, value);
+}
+
+// Creates a store at `path` holding one entry, closes it, and returns the
+// entry's id (0 on failure, reported).
+EntryId OneEntryOnDisk(const std::string& path, std::uint64_t seed) {
+  StoreOptions o;
+  o.path = path;
+  auto s = Store::Open(o);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? MustPublish(**s, Conversation(64, seed)) : 0;
 }
 
 TEST(StoreBasic, NewerSchemaIsRefusedUntouched) {
   TempDir dir;
   StoreOptions o;
   o.path = dir.path;
-  EntryId id = 0;
-  {
-    auto s = Store::Open(o);
-    ASSERT_TRUE(s.ok());
-    id = MustPublish(**s, Conversation(64, 1));
-  }
+  const EntryId id = OneEntryOnDisk(dir.path, 1);
+  ASSERT_NE(id, 0u);
   PutMeta(dir.path, "schema", statestore_internal::EncodeSchema(statestore_internal::kSchemaVersion + 1));
   auto s = Store::Open(o);
   ASSERT_FALSE(s.ok());
@@ -729,12 +723,8 @@ TEST(StoreSchema, Version1IsReadAndUpgraded) {
   TempDir dir;
   StoreOptions o;
   o.path = dir.path;
-  EntryId id = 0;
-  {
-    auto s = Store::Open(o);
-    ASSERT_TRUE(s.ok());
-    id = MustPublish(**s, Conversation(64, 5));
-  }
+  const EntryId id = OneEntryOnDisk(dir.path, 5);
+  ASSERT_NE(id, 0u);
   PutMeta(dir.path, "schema", statestore_internal::EncodeSchema(1));
   StoreOptions ro = o;
   ro.read_only = true;
@@ -749,21 +739,7 @@ TEST(StoreSchema, Version1IsReadAndUpgraded) {
     EXPECT_TRUE((*s)->Describe(id).ok());
   }
   // Now marked with this build's version, so an older build refuses it.
-  std::vector<std::string> names;
-  ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), dir.path, &names).ok());
-  std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
-  for (auto& n : names) cfs.emplace_back(n, rocksdb::ColumnFamilyOptions());
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  ASSERT_TRUE(rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(), dir.path, cfs, &handles, &db).ok());
-  std::string schema;
-  for (auto* h : handles) {
-    if (h->GetName() == statestore_internal::kCfMeta) {
-      EXPECT_TRUE(db->Get(rocksdb::ReadOptions(), h, "schema", &schema).ok());
-    }
-  }
-  for (auto* h : handles) EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  delete db;
+  const std::string schema = RawDb(Env::Default(), dir.path).Get(statestore_internal::kCfMeta, "schema");
   auto version = statestore_internal::DecodeSchema(schema);
   ASSERT_TRUE(version.ok());
   EXPECT_EQ(*version, statestore_internal::kSchemaVersion);
