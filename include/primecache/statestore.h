@@ -327,8 +327,9 @@ class Store {
   void RecordSighting(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> tokens);
 
   // Streams layers (all when `layers` is empty; else those, in that order).
-  // kCorruption: a check failed; the entry is quarantined. kNotFound: no
-  // such live entry.
+  // The sink is called on this thread, in order, while the next chunks are
+  // read (and checked) ahead on the store's read pool. kCorruption: a check
+  // failed; the entry is quarantined. kNotFound: no such live entry.
   Status Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink);
   Result<std::vector<LayerBytes>> FetchAll(EntryId id);
   // The stored tokens of a live entry.
