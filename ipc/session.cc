@@ -126,7 +126,7 @@ class FetchSender : public FetchVisitor {
     if (st_->shm != nullptr && !bytes.empty() && bytes.size() <= st_->win_len) {
       std::uint64_t pos = 0;
       PC_RETURN_IF_ERROR(Reserve(bytes.size(), &pos));
-      std::memcpy(st_->shm->data() + st_->win_off + pos, bytes.data(), bytes.size());
+      ParallelCopy(st_->shm->data() + st_->win_off + pos, bytes.data(), bytes.size());
       sink_->Send(BuildResponse(id_, [&](wire::Response::Builder r) {
         auto c = r.initFetchChunk();
         c.setLayer(layer);

@@ -138,6 +138,23 @@ TEST_F(DaemonTest, SharedMemoryPublishFetchedOverSocketAndBack) {
   ExpectSameLayers(layers, *got);
 }
 
+// Chunks large enough that the daemon copies them into the region in pieces
+// on several threads, of sizes that are no multiple of anything convenient.
+TEST_F(DaemonTest, LargeOddChunksOverSharedMemoryArriveIntact) {
+  const auto tokens = Tokens(300, 23);
+  // 64 rows of 1567 floats: 401152-byte chunks, copied in 3 pieces (401152 = 3 x 133717 + 1).
+  const auto layers = MakeLayers(300, 3, 23, 1567, 64);
+  auto c = Client::Connect(d_.Options("", true));
+  ASSERT_TRUE(c.ok());
+  auto pub = (*c)->Publish(TestModel(), tokens, layers);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  for (int rep = 0; rep < 3; ++rep) {
+    auto got = (*c)->FetchLayers(pub->entry);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ExpectSameLayers(layers, *got);
+  }
+}
+
 // Chunks handed over (on_chunk_held) and released later, from other threads
 // and out of order: the bytes stay intact until released (a window reused too
 // early would overwrite them), and a window smaller than the entry wraps as
