@@ -607,6 +607,58 @@ TEST(DaemonLifecycle, RestartKeepsEntriesAndClientReconnects) {
   EXPECT_TRUE(client->connected());
 }
 
+// The daemon dies while the client holds fetched chunks in its region: the
+// fetch fails, the held bytes stay readable and intact until released,
+// releasing them then is harmless, and the same client fetches whole from a
+// restarted daemon.
+TEST(DaemonLifecycle, KilledMidFetchWhileChunksAreHeld) {
+  const auto tokens = Tokens(64, 29);
+  const auto layers = MakeLayers(64, 3, 29, 4096, 4);  // 64 KiB chunks, 34 in all
+  Daemon d;
+  ASSERT_TRUE(d.Start());
+  d.DisownDir();
+  const std::string dir = d.dir();
+  ClientOptions o = d.Options("", true);
+  o.shared_memory_bytes = 1u << 20;  // a 512 KiB window: the fetch stalls after 8 held chunks
+  o.reconnect_backoff = std::chrono::milliseconds(20);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  auto pub = (*c)->Publish(TestModel(), tokens, layers);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+
+  struct Held {
+    std::uint32_t layer, index;
+    std::span<const std::byte> bytes;
+    ChunkRelease release;
+  };
+  std::vector<Held> held;
+  FetchCallbacks cb;
+  cb.on_layer = [](std::uint32_t, std::span<const std::byte>, std::uint32_t) { return Status::Ok(); };
+  cb.on_chunk_held = [&](std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                         ChunkRelease release) {
+    held.push_back({layer, index, bytes, std::move(release)});
+    if (held.size() == 8) d.Kill();  // the window is full: the daemon waits for releases that never come
+    return Status::Ok();
+  };
+  Status s = (*c)->Fetch(pub->entry, {}, cb);
+  EXPECT_FALSE(s.ok());
+  ASSERT_EQ(held.size(), 8u);
+  for (const Held& h : held) {
+    const auto& want = layers[h.layer].chunks[h.index];
+    ASSERT_EQ(h.bytes.size(), want.size());
+    EXPECT_EQ(std::memcmp(h.bytes.data(), want.data(), want.size()), 0) << h.layer << "/" << h.index;
+  }
+  for (Held& h : held) h.release();
+  held.clear();
+
+  Daemon again({}, dir);
+  again.OwnDir();
+  ASSERT_TRUE(again.Start());
+  auto got = (*c)->FetchLayers(pub->entry);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameLayers(layers, *got);
+}
+
 TEST(DaemonLifecycle, SigtermDuringPublishAbortsItAndExitsCleanly) {
   std::string dir;
   const auto tokens = Tokens(60, 21);
