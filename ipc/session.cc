@@ -283,6 +283,19 @@ void Session::FinishPublish(const std::shared_ptr<Publish>& pub) {
   --publishes_open_;
 }
 
+bool Session::AcceptNamespace(std::uint64_t id, capnp::Text::Reader ns) {
+  auto text = ReadText(ns, limits_.max_text_bytes, "namespace");
+  if (!text.ok()) {
+    SendError(id, text.status());
+    return false;
+  }
+  if (!text->empty() && *text != ns_) {
+    sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "namespace differs from the connection's"));
+    return false;
+  }
+  return true;
+}
+
 Status Session::CheckEntryNamespace(std::uint64_t entry) {
   if (peer_.admin) return Status::Ok();
   PC_ASSIGN_OR_RETURN(EntrySummary e, store_->Describe(entry));
@@ -389,12 +402,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       auto fp = b.getFingerprint();
       auto name = ReadText(fp.getName(), limits_.max_text_bytes, "model name");
       if (!name.ok()) return SendError(id, name.status()), true;
-      auto ns = ReadText(b.getNamespace(), limits_.max_text_bytes, "namespace");
-      if (!ns.ok()) return SendError(id, ns.status()), true;
-      if (!ns->empty() && *ns != ns_) {
-        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "namespace differs from the connection's"));
-        return true;
-      }
+      if (!AcceptNamespace(id, b.getNamespace())) return true;
       if (fp.getDescriptor().size() > limits_.max_descriptor_bytes) {
         SendError(id, Status::InvalidArgument("model descriptor over " + std::to_string(limits_.max_descriptor_bytes) +
                                               " bytes"));
@@ -608,12 +616,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
 
     case wire::Request::LOOKUP: {
       auto q = req.getLookup().getQuery();
-      auto ns = ReadText(q.getNamespace(), limits_.max_text_bytes, "namespace");
-      if (!ns.ok()) return SendError(id, ns.status()), true;
-      if (!ns->empty() && *ns != ns_) {
-        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "namespace differs from the connection's"));
-        return true;
-      }
+      if (!AcceptNamespace(id, q.getNamespace())) return true;
       auto tokens = q.getTokens();
       if (tokens.size() > limits_.max_tokens) {
         SendError(id, Status::InvalidArgument("query over " + std::to_string(limits_.max_tokens) + " tokens"));

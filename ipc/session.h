@@ -110,6 +110,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void FinishPublish(const std::shared_ptr<Publish>& pub);
   void ReleaseBacklog(std::size_t bytes);
   Status CheckEntryNamespace(std::uint64_t entry);
+  // A boundary's or query's namespace: empty (the connection's) or the
+  // connection's own; otherwise the error is sent and false returned.
+  bool AcceptNamespace(std::uint64_t id, capnp::Text::Reader ns);
 
   StoreBackend* store_;
   Executor* executor_;

@@ -97,7 +97,7 @@ class DaemonAccess final : public StoreAccess {
     out.evictions = s.evictions;
     out.admission_refusals = s.admission_refusals;
     out.active_leases = s.active_leases;
-    out.capacity_bytes = s.capacity_bytes;
+    out.byte_budget = s.capacity_bytes;
     out.disk_bytes = s.disk_bytes;
     out.connections = s.connections;
     out.publishes_in_flight = s.publishes_in_flight;
@@ -214,20 +214,7 @@ class DirectAccess final : public StoreAccess {
   Result<Stats> Stat() override {
     PC_ASSIGN_OR_RETURN(auto s, store_->Stat());
     Stats out;
-    out.entries = s.entries;
-    out.quarantined = s.quarantined;
-    out.chunks = s.chunks;
-    out.stored_bytes = s.stored_bytes;
-    out.logical_bytes = s.logical_bytes;
-    out.raw_bytes = s.raw_bytes;
-    out.dedup_saved_bytes = s.dedup_saved_bytes;
-    out.hits = s.hits;
-    out.misses = s.misses;
-    out.evictions = s.evictions;
-    out.admission_refusals = s.admission_refusals;
-    out.active_leases = s.active_leases;
-    out.capacity_bytes = s.byte_budget;
-    out.disk_bytes = s.disk_bytes;
+    static_cast<StoreStats&>(out) = s;
     return out;
   }
 

@@ -19,6 +19,7 @@
 
 #include "primecache/checksum.h"
 #include "primecache/snapshot_file.h"
+#include "primecache/statestore.h"
 #include "primecache/status.h"
 
 namespace primecache::ctl {
@@ -42,12 +43,8 @@ struct Entry {
   std::vector<std::uint32_t> tokens;  // filled by Describe for a live entry
 };
 
-struct Stats {
-  std::uint64_t entries = 0, quarantined = 0, chunks = 0;
-  std::uint64_t stored_bytes = 0, logical_bytes = 0, raw_bytes = 0, dedup_saved_bytes = 0;
-  std::uint64_t hits = 0, misses = 0, evictions = 0, admission_refusals = 0, active_leases = 0;
-  std::uint64_t capacity_bytes = 0, disk_bytes = 0;
-  // Only through the daemon.
+// The store's totals, and through the daemon its connection figures.
+struct Stats : StoreStats {
   std::optional<std::uint32_t> connections, publishes_in_flight;
 };
 

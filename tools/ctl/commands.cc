@@ -418,7 +418,7 @@ int Stats(StoreAccess& access, const Output& out) {
             {"evictions", s->evictions},
             {"admission_refusals", s->admission_refusals},
             {"active_leases", s->active_leases},
-            {"capacity_bytes", s->capacity_bytes},
+            {"capacity_bytes", s->byte_budget},
             {"disk_bytes", s->disk_bytes},
             {"daemon", daemon}});
   char rate[32] = "n/a";
@@ -428,7 +428,7 @@ int Stats(StoreAccess& access, const Output& out) {
   std::vector<std::vector<std::string>> rows = {
       {"entries", std::to_string(s->entries) + " (" + std::to_string(s->quarantined) + " quarantined)"},
       {"chunks", std::to_string(s->chunks)},
-      {"stored", HumanBytes(s->stored_bytes) + (s->capacity_bytes > 0 ? " of " + HumanBytes(s->capacity_bytes) + " budget"
+      {"stored", HumanBytes(s->stored_bytes) + (s->byte_budget > 0 ? " of " + HumanBytes(s->byte_budget) + " budget"
                                                                         : " (no budget)")},
       {"raw (decoded)", HumanBytes(s->raw_bytes)},
       {"dedup savings", HumanBytes(s->dedup_saved_bytes) + " (" + ratio + ")"},
