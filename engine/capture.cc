@@ -30,6 +30,17 @@ Status LayerRefusal(std::size_t i, const std::string& why) {
   return Status::FailedPrecondition("layer " + N(i) + ": " + why);
 }
 
+// Rows [0, len) of a KV layer's K and V planes, downloaded on the compute lane.
+Result<KvSnapshot> DownloadKv(Device& dev, const KvLayer& kv, std::uint64_t len, std::uint32_t k_width,
+                              std::uint32_t v_width) {
+  KvSnapshot s{len, k_width, v_width, {}, {}};
+  s.k_rows.resize(s.len * s.k_width);
+  s.v_rows.resize(s.len * s.v_width);
+  PC_RETURN_IF_ERROR(dev.Download(s.k_rows.data(), kv.k_rows(), s.k_rows.size() * sizeof(float), Lane::kCompute));
+  PC_RETURN_IF_ERROR(dev.Download(s.v_rows.data(), kv.v_rows(), s.v_rows.size() * sizeof(float), Lane::kCompute));
+  return s;
+}
+
 template <typename T>
 std::vector<T> ToVector(const T* host, std::size_t n) {
   return std::vector<T>(host, host + n);
@@ -112,14 +123,8 @@ Result<std::vector<LayerSnapshot>> SessionCache::CaptureFull() {
           dev.Download(s.state.data(), r->state(), s.state.size() * sizeof(float), Lane::kCompute));
       out.emplace_back(std::move(s));
     } else {
-      KvLayer* kv = this->kv(i);
-      KvSnapshot s{kv->len_, kv->plan_.k_width, kv->plan_.v_width, {}, {}};
-      s.k_rows.resize(s.len * s.k_width);
-      s.v_rows.resize(s.len * s.v_width);
-      PC_RETURN_IF_ERROR(
-          dev.Download(s.k_rows.data(), kv->k_, s.k_rows.size() * sizeof(float), Lane::kCompute));
-      PC_RETURN_IF_ERROR(
-          dev.Download(s.v_rows.data(), kv->v_, s.v_rows.size() * sizeof(float), Lane::kCompute));
+      const KvLayer* kv = this->kv(i);
+      PC_ASSIGN_OR_RETURN(KvSnapshot s, DownloadKv(dev, *kv, kv->len_, kv->plan_.k_width, kv->plan_.v_width));
       out.emplace_back(std::move(s));
     }
   }
@@ -369,15 +374,8 @@ Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager
     } else if (recurrent(i) != nullptr) {
       out.emplace_back(std::move(std::get<RecurrentSnapshot>(el)));
     } else {
-      const KvLayer* kv = this->kv(i);
       const auto& e = std::get<EagerKv>(el);
-      KvSnapshot s{e.len, e.k_width, e.v_width, {}, {}};
-      s.k_rows.resize(s.len * s.k_width);
-      s.v_rows.resize(s.len * s.v_width);
-      PC_RETURN_IF_ERROR(
-          dev.Download(s.k_rows.data(), kv->k_, s.k_rows.size() * sizeof(float), Lane::kCompute));
-      PC_RETURN_IF_ERROR(
-          dev.Download(s.v_rows.data(), kv->v_, s.v_rows.size() * sizeof(float), Lane::kCompute));
+      PC_ASSIGN_OR_RETURN(KvSnapshot s, DownloadKv(dev, *this->kv(i), e.len, e.k_width, e.v_width));
       out.emplace_back(std::move(s));
     }
   }
