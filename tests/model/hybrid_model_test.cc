@@ -209,9 +209,13 @@ std::vector<std::uint32_t> Text(std::size_t n) {
 
 using testing::MakeCpuModel;
 
-void ExpectMatchesOracle(const ModelConfig& c, std::size_t n, std::uint64_t ring_rows = 0) {
-  Weights w = Weights::Generate(c, 11);
-  auto m = MakeCpuModel(c, w, 128, /*chunk=*/7, 1, ring_rows);
+// Primes n tokens through the CPU model (weights from `seed`, a cache of
+// max_ctx tokens, `chunk` tokens per call) and holds every position's logits
+// to the double-precision oracle.
+void ExpectMatchesOracle(const ModelConfig& c, std::size_t n, std::uint64_t ring_rows = 0, std::uint64_t seed = 11,
+                         std::uint64_t max_ctx = 128, std::size_t chunk = 7) {
+  Weights w = Weights::Generate(c, seed);
+  auto m = MakeCpuModel(c, w, max_ctx, chunk, 1, ring_rows);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   auto session = m->model->NewSession();
   ASSERT_TRUE(session.ok());
@@ -400,25 +404,7 @@ TEST(HybridModelCpuTest, MediumStackAtRealCapacityMatchesOracle) {
   c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
   c.mla = {8, 128, 32, 32, 32, 10000.0f, IndexerConfig{4, 64, 4, 8}};
   c.kda = {4, 64, 4, -5.0f};
-  Weights w = Weights::Generate(c, 21);
-  auto m = testing::MakeCpuModel(c, w, 512, 64, 1, 0);
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  auto session = m->model->NewSession();
-  ASSERT_TRUE(session.ok());
-  Oracle oracle(c, w);
-  auto tokens = Text(200);
-  std::vector<float> logits;
-  ASSERT_TRUE(m->model->Prime(*session, tokens, LogitsWanted::kAll, &logits).ok());
-  double num = 0, den = 0;
-  for (std::size_t t = 0; t < tokens.size(); ++t) {
-    Vec want = oracle.Step(tokens[t]);
-    for (std::size_t v = 0; v < c.vocab; ++v) {
-      double d = logits[t * c.vocab + v] - want[v];
-      num += d * d;
-      den += want[v] * want[v];
-    }
-  }
-  EXPECT_LT(std::sqrt(num / den), 1e-5);
+  ExpectMatchesOracle(c, 200, /*ring_rows=*/0, /*seed=*/21, /*max_ctx=*/512, /*chunk=*/64);
 }
 
 }  // namespace
