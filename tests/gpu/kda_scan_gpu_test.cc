@@ -13,7 +13,9 @@
 namespace primecache::kernels {
 namespace {
 
+using primecache::testing::Agreement;
 using primecache::testing::DeviceBuffer;
+using primecache::testing::ExpectCloseToCpu;
 
 struct Geometry {
   std::size_t heads, d, count;
@@ -71,30 +73,10 @@ TEST_P(KdaScanGpuTest, MatchesCpuTwin) {
   PC_CUDA_OK(dout.Download(&gpu_out));
   PC_CUDA_OK(ds.Download(&gpu_state));
 
-  auto compare = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
-    double num = 0, den = 0, worst = 0;
-    std::size_t bad = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      if (!std::isfinite(got[i])) {
-        ++bad;
-        continue;
-      }
-      double d = double(got[i]) - want[i];
-      num += d * d;
-      den += double(want[i]) * want[i];
-      double rel = std::abs(d) / std::max(1.0, std::abs(double(want[i])));
-      worst = std::max(worst, rel);
-      if (rel > 1e-4) ++bad;
-    }
-    EXPECT_EQ(bad, 0u) << what;
-    double norm_rel = std::sqrt(num / std::max(den, 1e-30));
-    EXPECT_LE(norm_rel, 1e-5) << what;
-    return std::make_pair(norm_rel, worst);
-  };
-  auto o = compare(gpu_out, cpu_out, "output");
-  auto s = compare(gpu_state, cpu_state, "state");
+  const Agreement o = ExpectCloseToCpu(gpu_out, cpu_out, "output");
+  const Agreement s = ExpectCloseToCpu(gpu_state, cpu_state, "state");
   std::printf("[ kda-scan ] heads=%zu d=%zu tokens=%zu: out rel %.3g (max %.3g), state rel %.3g (max %.3g), %.2f ms\n",
-              g.heads, g.d, g.count, o.first, o.second, s.first, s.second, ms);
+              g.heads, g.d, g.count, o.norm_rel, o.worst, s.norm_rel, s.worst, ms);
 }
 
 INSTANTIATE_TEST_SUITE_P(Geometries, KdaScanGpuTest,

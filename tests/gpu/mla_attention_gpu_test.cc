@@ -13,7 +13,9 @@
 namespace primecache::kernels {
 namespace {
 
+using primecache::testing::Agreement;
 using primecache::testing::DeviceBuffer;
+using primecache::testing::ExpectCloseToCpu;
 
 struct Geometry {
   std::size_t heads, r, dr, count, first_pos, pool, topk;  // pool 0: dense
@@ -95,24 +97,9 @@ TEST_P(MlaAttentionGpuTest, MatchesCpuTwin) {
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::vector<float> gpu;
   PC_CUDA_OK(dout.Download(&gpu));
-  double num = 0, den = 0, worst = 0;
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < cpu.size(); ++i) {
-    if (!std::isfinite(gpu[i])) {
-      ++bad;
-      continue;
-    }
-    double diff = double(gpu[i]) - cpu[i];
-    num += diff * diff;
-    den += double(cpu[i]) * cpu[i];
-    double rel = std::abs(diff) / std::max(1.0, std::abs(double(cpu[i])));
-    worst = std::max(worst, rel);
-    if (rel > 1e-4) ++bad;
-  }
-  EXPECT_EQ(bad, 0u);
-  EXPECT_LE(std::sqrt(num / den), 1e-5);
+  const Agreement agree = ExpectCloseToCpu(gpu, cpu);
   std::printf("[ mla-attn ] heads=%zu r=%zu dr=%zu queries=%zu from %zu pool=%zu topk=%zu: rel %.3g (max %.3g), %.2f ms\n",
-              g.heads, g.r, g.dr, g.count, g.first_pos, g.pool, g.topk, std::sqrt(num / den), worst, ms);
+              g.heads, g.r, g.dr, g.count, g.first_pos, g.pool, g.topk, agree.norm_rel, agree.worst, ms);
 }
 
 INSTANTIATE_TEST_SUITE_P(
