@@ -81,6 +81,7 @@ struct Conn {
   std::map<std::uint64_t, std::shared_ptr<Pending>> pending;
   std::atomic<bool> dead{false};
   Status death;
+  std::string notice;  // the daemon's last id-0 error: why it may hang up
   ServerInfo info;
   std::shared_ptr<ipc::ShmRegion> shm;
   FrameLimits limits = ClientLimits();
@@ -158,7 +159,12 @@ struct Conn {
       ssize_t n = recv(fd, buf.data(), buf.size(), 0);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        Fail(Status::Unavailable(n == 0 ? "primecached closed the connection" : Errno("recv from primecached")));
+        std::string why = n == 0 ? "primecached closed the connection" : Errno("recv from primecached");
+        {
+          std::lock_guard<std::mutex> l(mu);
+          if (!notice.empty()) why = "primecached closed the connection: " + notice;
+        }
+        Fail(Status::Unavailable(why));
         return;
       }
       Status s = dec.Consume(static_cast<std::size_t>(n), &frames);
@@ -182,7 +188,11 @@ struct Conn {
       {
         std::lock_guard<std::mutex> l(mu);
         auto it = pending.find(id);
-        if (it == pending.end()) return;  // timed out, or an id-0 notice
+        if (it == pending.end()) {
+          // Timed out, or an id-0 notice (kept: it may explain a hang-up).
+          if (id == 0 && which == wire::Response::ERROR) notice = r.getError().getMessage().cStr();
+          return;
+        }
         p = it->second;
         if (IsFinal(which)) pending.erase(it);
       }
@@ -941,6 +951,7 @@ Result<StatResult> Client::Stat() {
       out.admission_refusals = s.getAdmissionRefusals();
       out.active_leases = s.getActiveLeases();
       out.disk_bytes = s.getDiskBytes();
+      out.uncommitted_bytes = s.getUncommittedBytes();
       return out;
     });
   });

@@ -259,6 +259,9 @@ struct StatReply {
   activeLeases @14 :UInt64;
   # Every file of the store directory: tables, blob files, the log.
   diskBytes @15 :UInt64;
+  # Header and chunk bytes of publishes begun and not yet committed or
+  # aborted, over every connection (bounded by --max-uncommitted-total).
+  uncommittedBytes @16 :UInt64;
 }
 
 # One entry in full: what List gives, and, when asked, every layer's

@@ -172,6 +172,9 @@ class ConnSink : public ResponseSink {
 struct Conn {
   std::uint64_t id = 0;
   int fd = -1;
+  bool admin = false;  // accepted on the admin socket (counted apart)
+  uid_t uid = static_cast<uid_t>(-1);
+  std::chrono::steady_clock::time_point accepted, last_read;
   uv_poll_t poll{};
   int events = 0;
   bool closing = false;
@@ -203,6 +206,11 @@ struct Server::Impl {
   ServerCounters counters;
   std::vector<std::unique_ptr<Listener>> listeners;
   std::unordered_map<std::uint64_t, Conn*> conns;
+  std::size_t data_conns = 0, admin_conns = 0;
+  std::unordered_map<uid_t, std::size_t> conns_per_uid;  // data connections
+  uv_timer_t timer{};  // the deadlines (hello, idle, publish)
+  std::chrono::steady_clock::time_point last_refusal_log{};
+  std::size_t refusals_unlogged = 0;
   std::uint64_t next_id = 1;
   int tcp_port = -1;
 
@@ -223,6 +231,14 @@ struct Server::Impl {
   Status ListenUnix(const std::string& path, bool admin);
   Status ListenTcp(int port);
   void OnAccept(Listener* l);
+  // Why a new connection from this peer is refused ("" if it is not).
+  std::string AcceptRefusal(bool admin, uid_t uid) const;
+  void LogRefusal(uid_t uid, const std::string& why);
+  void Admit(int fd, const PeerInfo& peer);
+  void OnTick();
+  std::chrono::milliseconds TickPeriod() const;
+  // Closes a connection after telling it why (an id-0 notice).
+  void Expel(Conn* c, wire::ErrorCode code, const std::string& why);
   void OnEvents(Conn* c, int status, int events);
   void ReadSome(Conn* c);
   void Flush(Conn* c);
@@ -259,6 +275,7 @@ Server::~Server() {
       impl_->async_closed = true;
     }
     uv_close(reinterpret_cast<uv_handle_t*>(&impl_->async), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&impl_->timer), nullptr);
     if (impl_->signals) {
       uv_close(reinterpret_cast<uv_handle_t*>(&impl_->sigterm), nullptr);
       uv_close(reinterpret_cast<uv_handle_t*>(&impl_->sigint), nullptr);
@@ -276,6 +293,8 @@ Result<std::unique_ptr<Server>> Server::Create(StoreBackend* store, ServerOption
   if (int rc = uv_loop_init(&impl->loop); rc != 0) return Status::Internal(std::string("uv_loop_init: ") + uv_strerror(rc));
   impl->async.data = impl.get();
   uv_async_init(&impl->loop, &impl->async, [](uv_async_t* a) { static_cast<Impl*>(a->data)->OnAsync(); });
+  uv_timer_init(&impl->loop, &impl->timer);
+  impl->timer.data = impl.get();
   impl->pool = std::make_unique<WorkerPool>(impl->opts.workers);
   impl->fetch_pool = std::make_unique<WorkerPool>(impl->opts.fetch_workers);
   return std::unique_ptr<Server>(new Server(std::move(impl)));
@@ -372,6 +391,8 @@ Status Server::Listen() {
     });
   }
   s->loop.data = s;
+  const auto period = static_cast<std::uint64_t>(s->TickPeriod().count());
+  uv_timer_start(&s->timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->OnTick(); }, period, period);
   return Status::Ok();
 }
 
@@ -409,6 +430,54 @@ Status Server::Run() {
   return Status::Ok();
 }
 
+namespace {
+
+// Tells a peer refused at accept why, if its socket takes the bytes now
+// (it is never waited on), then closes it.
+void RefuseAtAccept(int fd, const std::string& why) {
+  auto flat = Flatten(*ErrorResponse(0, wire::ErrorCode::RESOURCE_EXHAUSTED, why));
+  (void)send(fd, flat.data(), flat.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  close(fd);
+}
+
+}  // namespace
+
+void Server::Impl::LogRefusal(uid_t uid, const std::string& why) {
+  // A flood of refused connections makes one line a second, not one each.
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_refusal_log < std::chrono::seconds(1)) {
+    ++refusals_unlogged;
+    return;
+  }
+  last_refusal_log = now;
+  if (refusals_unlogged == 0) {
+    spdlog::warn("primecached: connection from uid {} refused: {}", uid, why);
+  } else {
+    spdlog::warn("primecached: connection from uid {} refused: {} ({} more refused in the last second)", uid, why,
+                 refusals_unlogged);
+  }
+  refusals_unlogged = 0;
+}
+
+std::string Server::Impl::AcceptRefusal(bool admin, uid_t uid) const {
+  if (admin) {
+    if (admin_conns < opts.max_admin_connections) return "";
+    return "the admin socket's connection limit (" + std::to_string(opts.max_admin_connections) +
+           ", --max-admin-connections) is reached";
+  }
+  if (data_conns >= opts.max_connections) {
+    return "the daemon's connection limit (" + std::to_string(opts.max_connections) +
+           ", --max-connections) is reached";
+  }
+  if (opts.max_connections_per_uid == 0) return "";
+  auto it = conns_per_uid.find(uid);
+  if (it == conns_per_uid.end() || it->second < opts.max_connections_per_uid) return "";
+  const std::string who =
+      uid == static_cast<uid_t>(-1) ? "TCP peers (no uid) hold their" : "uid " + std::to_string(uid) + " holds its";
+  return who + " limit of " + std::to_string(opts.max_connections_per_uid) +
+         " connections (--max-connections-per-uid)";
+}
+
 void Server::Impl::OnAccept(Listener* l) {
   for (int i = 0; i < 64; ++i) {
     int fd = accept4(l->fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -416,18 +485,9 @@ void Server::Impl::OnAccept(Listener* l) {
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) spdlog::warn("accept: {}", std::strerror(errno));
       return;
     }
-    if (conns.size() >= opts.max_connections) {
-      spdlog::warn("primecached: connection limit {} reached; refusing", opts.max_connections);
-      close(fd);
-      continue;
-    }
-    if (opts.socket_buffer_bytes > 0) {
-      // Fewer wake-ups per large chunk; the kernel caps it (net.core.wmem_max).
-      int sz = static_cast<int>(opts.socket_buffer_bytes);
-      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
-    }
     PeerInfo peer;
     peer.local = l->unix_socket;
+    peer.admin = l->admin;
     if (l->unix_socket) {
       ucred cred{};
       socklen_t len = sizeof(cred);
@@ -439,40 +499,101 @@ void Server::Impl::OnAccept(Listener* l) {
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     }
+    if (const std::string why = AcceptRefusal(l->admin, peer.uid); !why.empty()) {
+      LogRefusal(peer.uid, why);
+      RefuseAtAccept(fd, why);
+      continue;
+    }
     if (l->admin) {
       const bool ok = peer.uid == geteuid() || peer.uid == 0 ||
                       std::find(opts.admin_uids.begin(), opts.admin_uids.end(), peer.uid) != opts.admin_uids.end();
       if (!ok) {
+        // Kept until its first request, which is answered with the refusal.
         spdlog::warn("primecached: admin connection from uid {} refused", peer.uid);
-        close(fd);
-        continue;
+        peer.refused = "uid " + std::to_string(peer.uid) + " may not use the admin socket (allowed: uid " +
+                       std::to_string(geteuid()) + ", root and --admin-uid)";
       }
-      peer.admin = true;
     }
     if (!opts.tenants.empty()) {
       auto it = opts.tenants.find(peer.uid);
       peer.allowed_namespaces = it != opts.tenants.end() ? it->second : std::vector<std::string>{};
       if (peer.admin) peer.allowed_namespaces.reset();
     }
-    auto* c = new Conn();
-    c->id = next_id++;
-    c->fd = fd;
-    c->decoder = std::make_unique<FrameDecoder>(opts.limits.frame);
-    c->sink = std::make_shared<ConnSink>(c->id, fd, opts.write_queue_bound, opts.stall_timeout, [this](std::uint64_t id) { Notify(id); });
-    c->session = std::make_shared<Session>(store, pool.get(), fetch_pool.get(), c->sink, opts.limits, peer, &counters);
-    const std::uint64_t cid = c->id;
-    c->session->SetUnblockedCallback([this, cid] { Notify(cid); });
-    conns[c->id] = c;
-    counters.connections.fetch_add(1);
-    uv_poll_init(&loop, &c->poll, fd);
-    c->poll.data = c;
-    c->events = UV_READABLE;
-    uv_poll_start(&c->poll, c->events, [](uv_poll_t* p, int status, int events) {
-      auto* conn = static_cast<Conn*>(p->data);
-      static_cast<Impl*>(p->loop->data)->OnEvents(conn, status, events);
-    });
-    spdlog::debug("primecached: connection {} (uid {}, pid {}, admin {})", c->id, peer.uid, peer.pid, peer.admin);
+    Admit(fd, peer);
   }
+}
+
+void Server::Impl::Admit(int fd, const PeerInfo& peer) {
+  if (opts.socket_buffer_bytes > 0) {
+    // Fewer wake-ups per large chunk; the kernel caps it (net.core.wmem_max).
+    int sz = static_cast<int>(opts.socket_buffer_bytes);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+  }
+  auto* c = new Conn();
+  c->id = next_id++;
+  c->fd = fd;
+  c->admin = peer.admin;
+  c->uid = peer.uid;
+  c->accepted = c->last_read = std::chrono::steady_clock::now();
+  c->decoder = std::make_unique<FrameDecoder>(opts.limits.frame);
+  c->sink = std::make_shared<ConnSink>(c->id, fd, opts.write_queue_bound, opts.stall_timeout, [this](std::uint64_t id) { Notify(id); });
+  c->session = std::make_shared<Session>(store, pool.get(), fetch_pool.get(), c->sink, opts.limits, peer, &counters);
+  const std::uint64_t cid = c->id;
+  c->session->SetUnblockedCallback([this, cid] { Notify(cid); });
+  conns[c->id] = c;
+  counters.connections.fetch_add(1);
+  if (c->admin) {
+    ++admin_conns;
+  } else {
+    ++data_conns;
+    ++conns_per_uid[c->uid];
+  }
+  uv_poll_init(&loop, &c->poll, fd);
+  c->poll.data = c;
+  c->events = UV_READABLE;
+  uv_poll_start(&c->poll, c->events, [](uv_poll_t* p, int status, int events) {
+    auto* conn = static_cast<Conn*>(p->data);
+    static_cast<Impl*>(p->loop->data)->OnEvents(conn, status, events);
+  });
+  spdlog::debug("primecached: connection {} (uid {}, pid {}, admin {})", c->id, peer.uid, peer.pid, peer.admin);
+}
+
+std::chrono::milliseconds Server::Impl::TickPeriod() const {
+  // A quarter of the shortest deadline: each is kept to within 25% late.
+  std::chrono::milliseconds shortest{4000};
+  for (auto t : {opts.hello_timeout, opts.idle_timeout, opts.limits.publish_timeout}) {
+    if (t.count() > 0) shortest = std::min(shortest, t);
+  }
+  return std::clamp(shortest / 4, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
+}
+
+void Server::Impl::OnTick() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::pair<Conn*, std::string>> expired;
+  for (auto& [id, c] : conns) {
+    if (c->closing) continue;
+    c->session->ExpireStalledPublishes(now);
+    if (!c->session->hello_done()) {
+      if (opts.hello_timeout.count() > 0 && now - c->accepted >= opts.hello_timeout) {
+        expired.emplace_back(c, "no hello within " + std::to_string(opts.hello_timeout.count()) + " ms (--hello-timeout)");
+      }
+      continue;
+    }
+    if (opts.idle_timeout.count() > 0 && !c->session->Busy() &&
+        now - std::max(c->last_read, c->session->last_answer()) >= opts.idle_timeout) {
+      expired.emplace_back(c, "idle for " + std::to_string(opts.idle_timeout.count()) + " ms (--idle-timeout)");
+    }
+  }
+  for (auto& [c, why] : expired) {
+    spdlog::info("primecached: connection {} (uid {}) closed: {}", c->id, c->uid, why);
+    Expel(c, wire::ErrorCode::DEADLINE_EXCEEDED, "connection closed: " + why);
+  }
+}
+
+void Server::Impl::Expel(Conn* c, wire::ErrorCode code, const std::string& why) {
+  c->sink->Send(ErrorResponse(0, code, why));
+  Flush(c);  // best effort: a peer that does not read never holds us up
+  if (!c->closing) CloseConn(c);
 }
 
 void Server::Impl::UpdatePoll(Conn* c) {
@@ -544,6 +665,7 @@ void Server::Impl::ReadSome(Conn* c) {
       CloseConn(c);
       return;
     }
+    c->last_read = std::chrono::steady_clock::now();
     Status s = c->decoder->Consume(static_cast<std::size_t>(n), &frames);
     for (auto& f : frames) {
       if (c->closing || c->close_after_flush) break;
@@ -578,6 +700,13 @@ void Server::Impl::CloseConn(Conn* c) {
   c->fds.clear();
   conns.erase(c->id);
   counters.connections.fetch_sub(1);
+  if (c->admin) {
+    --admin_conns;
+  } else {
+    --data_conns;
+    auto it = conns_per_uid.find(c->uid);
+    if (it != conns_per_uid.end() && --it->second == 0) conns_per_uid.erase(it);
+  }
   uv_poll_stop(&c->poll);
   uv_close(reinterpret_cast<uv_handle_t*>(&c->poll), [](uv_handle_t* h) {
     auto* conn = static_cast<Conn*>(h->data);
@@ -625,6 +754,8 @@ void Server::Impl::BeginStop() {
     async_closed = true;
   }
   uv_close(reinterpret_cast<uv_handle_t*>(&async), nullptr);
+  uv_timer_stop(&timer);
+  uv_close(reinterpret_cast<uv_handle_t*>(&timer), nullptr);
   if (signals) {
     uv_close(reinterpret_cast<uv_handle_t*>(&sigterm), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&sigint), nullptr);

@@ -35,7 +35,19 @@ struct ServerOptions {
   // A fetch whose reader takes nothing for this long is aborted.
   std::chrono::milliseconds stall_timeout{60000};
   std::size_t write_queue_bound = 8u << 20;  // unwritten bytes per connection
+  // Data connections (the socket and TCP), in all and per peer uid (TCP
+  // peers, which have none, share one count); 0 per uid: no per-uid limit.
   std::size_t max_connections = 1024;
+  std::size_t max_connections_per_uid = 256;
+  // Admin-socket connections, counted apart: data clients never crowd out
+  // an operator.
+  std::size_t max_admin_connections = 16;
+  // A connection that sends no hello within hello_timeout, or that has no
+  // request being served and has sent nothing and been answered nothing for
+  // idle_timeout, is closed (after an id-0 deadlineExceeded notice).
+  // 0: never.
+  std::chrono::milliseconds hello_timeout{10000};
+  std::chrono::milliseconds idle_timeout{300000};
   std::size_t socket_buffer_bytes = 4u << 20;  // SO_SNDBUF asked for each connection (0: the kernel's)
 };
 

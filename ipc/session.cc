@@ -36,6 +36,12 @@ struct Session::Publish {
   std::unique_ptr<PublishSink> sink;
   Status failed;
   bool finished = false;
+
+  // Bytes counted against the uncommitted bounds (released when finished).
+  std::atomic<std::uint64_t> reserved{0};
+  // When data last arrived for it or an op of it was applied (steady ns).
+  std::atomic<std::int64_t> progress_ns{0};
+  std::atomic<std::uint32_t> ops_pending{0};  // queued or running
 };
 
 struct Session::FetchState {
@@ -59,6 +65,11 @@ struct Session::FetchState {
 };
 
 namespace {
+
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // Copies capnp text out, bounded.
 Result<std::string> ReadText(capnp::Text::Reader t, std::size_t max, const char* what) {
@@ -212,9 +223,100 @@ class CountingVisitor : public FetchVisitor {
 Session::Session(StoreBackend* store, Executor* executor, Executor* fetch_executor,
                  std::shared_ptr<ResponseSink> sink, SessionLimits limits, PeerInfo peer, ServerCounters* counters)
     : store_(store), executor_(executor), fetch_executor_(fetch_executor), sink_(std::move(sink)), limits_(limits), peer_(std::move(peer)),
-      counters_(counters) {}
+      counters_(counters) {
+  last_answer_ns_ = NowNs();
+}
 
 Session::~Session() = default;
+
+void Session::Serve(Executor* executor, std::function<void()> job) {
+  jobs_in_flight_.fetch_add(1);
+  executor->Post([self = shared_from_this(), job = std::move(job)] {
+    job();
+    self->last_answer_ns_ = NowNs();
+    self->jobs_in_flight_.fetch_sub(1);
+  });
+}
+
+bool Session::Busy() const {
+  if (jobs_in_flight_.load() != 0) return true;
+  std::lock_guard<std::mutex> l(mu_);
+  return publishes_open_ != 0 || !fetches_.empty();
+}
+
+std::chrono::steady_clock::time_point Session::last_answer() const {
+  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(last_answer_ns_.load()));
+}
+
+Status Session::ReserveUncommitted(Publish& pub, std::size_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (uncommitted_ + bytes > limits_.max_uncommitted_bytes) {
+    return Status::ResourceExhausted(
+        "publish " + std::to_string(pub.id) + " would take this connection's uncommitted publish bytes past its limit of " +
+        std::to_string(limits_.max_uncommitted_bytes) + " bytes (--max-uncommitted-per-connection); " +
+        std::to_string(uncommitted_) + " are held by its open publishes");
+  }
+  std::uint64_t total = counters_->uncommitted_bytes.load();
+  do {
+    if (total + bytes > limits_.max_uncommitted_total_bytes) {
+      return Status::ResourceExhausted("publish " + std::to_string(pub.id) +
+                                       " would take the daemon's uncommitted publish bytes past its limit of " +
+                                       std::to_string(limits_.max_uncommitted_total_bytes) +
+                                       " bytes (--max-uncommitted-total); " + std::to_string(total) +
+                                       " are held by open publishes");
+    }
+  } while (!counters_->uncommitted_bytes.compare_exchange_weak(total, total + bytes));
+  uncommitted_ += bytes;
+  pub.reserved += bytes;
+  return Status::Ok();
+}
+
+void Session::ReleaseUncommitted(Publish& pub) {
+  const std::uint64_t bytes = pub.reserved.exchange(0);
+  if (bytes == 0) return;
+  counters_->uncommitted_bytes.fetch_sub(bytes);
+  std::lock_guard<std::mutex> l(mu_);
+  uncommitted_ -= std::min(bytes, uncommitted_);
+}
+
+void Session::ExpireStalledPublishes(std::chrono::steady_clock::time_point now) {
+  if (limits_.publish_timeout.count() <= 0) return;
+  const std::int64_t limit_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(limits_.publish_timeout).count();
+  const std::int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  std::vector<std::shared_ptr<Publish>> stalled;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = publishes_.begin(); it != publishes_.end();) {
+      const Publish& p = *it->second;
+      // Ops queued or running: the daemon, not the client, is behind.
+      if (p.ops_pending.load() == 0 && now_ns - p.progress_ns.load() >= limit_ns) {
+        stalled.push_back(it->second);
+        it = publishes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& p : stalled) {
+      expired_.emplace_back(p->id, "publish " + std::to_string(p->id) + " was aborted: nothing arrived for it for " +
+                                       std::to_string(limits_.publish_timeout.count()) + " ms (--publish-timeout)");
+      if (expired_.size() > kExpiredKept) expired_.pop_front();
+    }
+  }
+  for (const auto& p : stalled) {
+    spdlog::info("primecached: publish {} of uid {} made no progress for {} ms; aborted", p->id, peer_.uid,
+                 limits_.publish_timeout.count());
+    sink_->Send(ErrorResponse(0, ErrorCode::DEADLINE_EXCEEDED, ExpiredReason(p->id)));
+    RunPublishOp(p, 0, [this, p] { FinishPublish(p); });
+  }
+}
+
+std::string Session::ExpiredReason(std::uint64_t publish) const {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto& [id, why] : expired_) {
+    if (id == publish) return why;
+  }
+  return "";
+}
 
 void Session::SendError(std::uint64_t id, const Status& s) { sink_->Send(ErrorResponse(id, s)); }
 
@@ -244,11 +346,14 @@ void Session::RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t byte
     backlog_bytes_ += bytes;
   }
   bool start = false;
+  pub->ops_pending.fetch_add(1);
   {
     std::lock_guard<std::mutex> l(pub->mu);
-    pub->ops.push_back([this, op = std::move(op), bytes] {
+    pub->ops.push_back([this, pub, op = std::move(op), bytes] {
       op();
       if (bytes != 0) ReleaseBacklog(bytes);
+      pub->progress_ns = NowNs();
+      pub->ops_pending.fetch_sub(1);
     });
     if (!pub->running) start = pub->running = true;
   }
@@ -278,6 +383,7 @@ void Session::FinishPublish(const std::shared_ptr<Publish>& pub) {
     pub->sink->Abort();  // no-op after a commit
     pub->sink.reset();
   }
+  ReleaseUncommitted(*pub);
   counters_->publishes_in_flight.fetch_sub(1);
   std::lock_guard<std::mutex> l(mu_);
   --publishes_open_;
@@ -350,6 +456,11 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
   const std::uint64_t id = req.getId();
   const auto which = req.which();
 
+  if (!peer_.refused.empty()) {
+    // Answered (rather than hung up on) so the peer learns why; then closed.
+    sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, peer_.refused));
+    return false;
+  }
   if (!hello_done_ && which != wire::Request::HELLO) {
     SendProtocolError(id, "the first request must be hello");
     return true;
@@ -426,6 +537,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       auto pub = std::make_shared<Publish>();
       pub->id = id;
       pub->layer_count = layer_count;
+      pub->progress_ns = NowNs();
       pub->key.digest = {fp.getDigestLo(), fp.getDigestHi()};
       pub->key.model_name = std::move(*name);
       pub->key.descriptor.assign(reinterpret_cast<const char*>(fp.getDescriptor().begin()),
@@ -476,9 +588,15 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         if (it != publishes_.end()) pub = it->second;
       }
       if (!pub) {
-        SendError(id, Status::NotFound("no open publish " + std::to_string(pid)));
+        const std::string expired = ExpiredReason(pid);
+        if (!expired.empty()) {
+          sink_->Send(ErrorResponse(id, ErrorCode::DEADLINE_EXCEEDED, expired));
+        } else {
+          SendError(id, Status::NotFound("no open publish " + std::to_string(pid)));
+        }
         return true;
       }
+      pub->progress_ns = NowNs();
       // Protocol position checks happen here, so a client learns at once.
       auto fail_and_abort = [&](Status s) {
         {
@@ -496,7 +614,12 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
                                                         std::to_string(pub->chunks_seen) + " of " +
                                                         std::to_string(pub->chunks_expected) + " chunks"));
         }
-        if (pl.getLayer() != pub->layers_begun || pub->layers_begun >= pub->layer_count) {
+        if (pub->layers_begun >= pub->layer_count) {
+          return fail_and_abort(Status::InvalidArgument(
+              "layer " + std::to_string(pl.getLayer()) + " is one too many: publishBegin announced " +
+              std::to_string(pub->layer_count) + " layer(s), and all of them were sent"));
+        }
+        if (pl.getLayer() != pub->layers_begun) {
           return fail_and_abort(Status::InvalidArgument("expected layer " + std::to_string(pub->layers_begun) +
                                                         ", got " + std::to_string(pl.getLayer())));
         }
@@ -507,6 +630,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         if (pl.getChunkCount() > limits_.max_chunks_per_layer) {
           return fail_and_abort(Status::InvalidArgument("too many chunks in a layer"));
         }
+        if (Status r = ReserveUncommitted(*pub, pl.getHeader().size()); !r.ok()) return fail_and_abort(r);
         pub->chunks_expected = pl.getChunkCount();
         pub->chunks_seen = 0;
         const std::uint32_t layer = pub->layers_begun++;
@@ -555,6 +679,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
                                                         " bytes over the limit of " +
                                                         std::to_string(limits_.max_chunk_bytes)));
         }
+        if (Status r = ReserveUncommitted(*pub, bytes.size()); !r.ok()) return fail_and_abort(r);
         ++pub->chunks_seen;
         auto keep = std::make_shared<Frame>(std::move(*owned));
         RunPublishOp(pub, bytes.size(), [this, pub, id, bytes, keep, region] {
@@ -624,7 +749,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       }
       Hash128 digest{q.getFingerprint().getDigestLo(), q.getFingerprint().getDigestHi()};
       std::vector<std::uint32_t> toks = ToVector(tokens);
-      executor_->Post([self = shared_from_this(), this, id, digest, toks = std::move(toks)] {
+      Serve(executor_, [this, id, digest, toks = std::move(toks)] {
         auto hit = store_->Lookup(digest, ns_, toks);
         if (!hit.ok()) return SendError(id, hit.status());
         sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
@@ -685,7 +810,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       }
       std::vector<std::uint32_t> layers = ToVector(layers_r);
       const std::uint64_t entry = f.getEntry();
-      fetch_executor_->Post([self = shared_from_this(), this, id, st, entry, layers = std::move(layers)] {
+      Serve(fetch_executor_, [this, id, st, entry, layers = std::move(layers)] {
         Status s = CheckEntryNamespace(entry);
         FetchSender sender(id, st.get(), sink_.get());
         if (s.ok()) s = store_->Fetch(entry, layers, &sender);
@@ -733,7 +858,11 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         auto it = fetches_.find(target);
         if (it != fetches_.end()) st = it->second;
       }
-      if (st) st->Cancel();
+      if (!st) {
+        SendError(id, Status::NotFound("no fetch " + std::to_string(target) + " is running on this connection"));
+        return true;
+      }
+      st->Cancel();
       sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
       return true;
     }
@@ -755,7 +884,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       } else {
         op = [this] { return store_->Compact(); };
       }
-      executor_->Post([self = shared_from_this(), this, id, op = std::move(op)] {
+      Serve(executor_, [this, id, op = std::move(op)] {
         Status s = op();
         if (!s.ok()) return SendError(id, s);
         sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
@@ -787,7 +916,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       }
       filter.page_token.assign(reinterpret_cast<const char*>(lr.getPageToken().begin()), lr.getPageToken().size());
       filter.page_size = lr.getPageSize() == 0 ? 100 : std::min(lr.getPageSize(), limits_.max_page_size);
-      executor_->Post([self = shared_from_this(), this, id, filter] {
+      Serve(executor_, [this, id, filter] {
         auto page = store_->List(filter);
         if (!page.ok()) return SendError(id, page.status());
         std::size_t words = 64 + page->next_page_token.size() / 8;
@@ -807,7 +936,15 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
     }
 
     case wire::Request::STAT: {
-      executor_->Post([self = shared_from_this(), this, id] {
+      if (peer_.allowed_namespaces.has_value()) {
+        // The totals are the whole store's, every tenant's together.
+        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED,
+                                  "stat reports the whole store, every namespace together; uid " +
+                                      std::to_string(peer_.uid) +
+                                      " is limited to its tenant namespaces (the admin socket serves it)"));
+        return true;
+      }
+      Serve(executor_, [this, id] {
         auto st = store_->Stat();
         if (!st.ok()) return SendError(id, st.status());
         sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
@@ -828,6 +965,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
           s.setAdmissionRefusals(st->admission_refusals);
           s.setActiveLeases(st->active_leases);
           s.setDiskBytes(st->disk_bytes);
+          s.setUncommittedBytes(counters_->uncommitted_bytes.load());
         }));
       });
       return true;
@@ -836,7 +974,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
     case wire::Request::DESCRIBE: {
       const std::uint64_t entry = req.getDescribe().getEntry();
       const bool headers = req.getDescribe().getLayerHeaders();
-      executor_->Post([self = shared_from_this(), this, id, entry, headers] {
+      Serve(executor_, [this, id, entry, headers] {
         // Other tenants' entries, and quarantined ones off the admin socket,
         // are reported as absent (Describe knows only live entries).
         Status allowed = CheckEntryNamespace(entry);
@@ -867,7 +1005,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         return true;
       }
       const bool read_chunks = req.getVerifyStore().getReadChunks();
-      executor_->Post([self = shared_from_this(), this, id, read_chunks] {
+      Serve(executor_, [this, id, read_chunks] {
         auto report = store_->VerifyStore(read_chunks);
         if (!report.ok()) return SendError(id, report.status());
         constexpr std::size_t kMaxProblemsSent = 1000;
@@ -891,7 +1029,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
 
     case wire::Request::VERIFY: {
       const std::uint64_t entry = req.getVerify().getEntry();
-      fetch_executor_->Post([self = shared_from_this(), this, id, entry] {
+      Serve(fetch_executor_, [this, id, entry] {
         Status s = CheckEntryNamespace(entry);
         CountingVisitor v;
         if (s.ok()) s = store_->Fetch(entry, {}, &v);

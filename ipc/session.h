@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +48,14 @@ struct SessionLimits {
   std::uint64_t max_shm_bytes = 4ull << 30;
   // Unapplied publish bytes after which the connection stops being read.
   std::size_t max_publish_backlog_bytes = 32u << 20;
+  // Bytes (layer headers and chunks) of publishes begun and not yet
+  // committed or aborted: on one connection, and on all of them together.
+  // Past either, the publish that would cross it is refused and aborted.
+  std::uint64_t max_uncommitted_bytes = 4ull << 30;
+  std::uint64_t max_uncommitted_total_bytes = 16ull << 30;
+  // An open publish that receives nothing (and has nothing being applied)
+  // for this long is aborted, its bytes released. 0: never.
+  std::chrono::milliseconds publish_timeout{60000};
 };
 
 // Where a session's responses go. Thread-safe.
@@ -73,12 +82,16 @@ struct PeerInfo {
   pid_t pid = 0;
   // Namespaces this peer may name in its hello; nullopt: any.
   std::optional<std::vector<std::string>> allowed_namespaces;
+  // Non-empty: the peer may not use this socket; its first request is
+  // answered permissionDenied with this text and the connection closed.
+  std::string refused;
 };
 
 // Counters the server shares among sessions.
 struct ServerCounters {
   std::atomic<std::uint32_t> connections{0};
   std::atomic<std::uint32_t> publishes_in_flight{0};
+  std::atomic<std::uint64_t> uncommitted_bytes{0};  // of every open publish (SessionLimits)
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -99,6 +112,17 @@ class Session : public std::enable_shared_from_this<Session> {
   // Called by a worker when the backlog has drained (set by the server).
   void SetUnblockedCallback(std::function<void()> cb) { unblocked_cb_ = std::move(cb); }
 
+  // For the server's deadlines (loop thread).
+  bool hello_done() const { return hello_done_; }
+  // A request is being served: a publish is open, a fetch streams, or a
+  // request's store work has not answered yet.
+  bool Busy() const;
+  // When the session last finished a request's work (steady clock).
+  std::chrono::steady_clock::time_point last_answer() const;
+  // Aborts the open publishes that made no progress for the publish
+  // timeout, telling the client (an id-0 deadlineExceeded notice).
+  void ExpireStalledPublishes(std::chrono::steady_clock::time_point now);
+
   struct Publish;
   struct FetchState;
 
@@ -109,6 +133,15 @@ class Session : public std::enable_shared_from_this<Session> {
   void RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t bytes, std::function<void()> op);
   void FinishPublish(const std::shared_ptr<Publish>& pub);
   void ReleaseBacklog(std::size_t bytes);
+  // Counts `bytes` against the connection's and the daemon's bound on
+  // uncommitted publish bytes; ResourceExhausted (naming the limit) past one.
+  Status ReserveUncommitted(Publish& pub, std::size_t bytes);
+  void ReleaseUncommitted(Publish& pub);
+  // Why publish `publish` was aborted by its deadline; empty if it was not.
+  std::string ExpiredReason(std::uint64_t publish) const;
+  static constexpr std::size_t kExpiredKept = 16;
+  // Runs a request's store work on `executor`, counted as in flight.
+  void Serve(Executor* executor, std::function<void()> job);
   Status CheckEntryNamespace(std::uint64_t entry);
   // A boundary's or query's namespace: empty (the connection's) or the
   // connection's own; otherwise the error is sent and false returned.
@@ -132,7 +165,13 @@ class Session : public std::enable_shared_from_this<Session> {
   std::map<std::uint64_t, std::shared_ptr<FetchState>> fetches_;
   std::uint32_t publishes_open_ = 0;  // begun and not yet finished (commit/abort done)
   std::size_t backlog_bytes_ = 0;
+  std::uint64_t uncommitted_ = 0;  // this connection's share of counters_->uncommitted_bytes
+  // Publishes aborted by their deadline, newest last (a few), so that a
+  // late request for one says why it is gone.
+  std::deque<std::pair<std::uint64_t, std::string>> expired_;
   bool closed_ = false;
+  std::atomic<std::uint32_t> jobs_in_flight_{0};
+  std::atomic<std::int64_t> last_answer_ns_{0};  // steady clock
   std::function<void()> unblocked_cb_;
 };
 

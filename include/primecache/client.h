@@ -164,6 +164,7 @@ struct StatResult {
   std::uint64_t dedup_saved_bytes = 0;  // bytes_logical - bytes_stored
   std::uint64_t admission_refusals = 0, active_leases = 0;
   std::uint64_t disk_bytes = 0;  // every file of the store's directory
+  std::uint64_t uncommitted_bytes = 0;  // of the daemon's open publishes
 };
 
 // A store-wide consistency check (Client::VerifyStore).

@@ -16,6 +16,9 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <chrono>
+#include <map>
+#include <type_traits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -73,6 +76,15 @@ struct Flags {
   std::string write_queue = "8M";
   std::vector<unsigned> admin_uids;
   bool no_admin_socket = false;
+  // Connection limits and deadlines (seconds; 0: never).
+  std::size_t max_connections = 1024;
+  std::size_t max_connections_per_uid = 256;
+  std::size_t max_admin_connections = 16;
+  double hello_timeout = 10;
+  double idle_timeout = 300;
+  double publish_timeout = 60;
+  std::string max_uncommitted_per_connection = "4G";
+  std::string max_uncommitted_total = "16G";
 };
 
 // Applies the JSON config's keys to flags the command line did not give.
@@ -98,6 +110,17 @@ Status ApplyConfig(const std::string& path, const CLI::App& app, Flags* f,
     str("socket_group", "--socket-group", &f->socket_group);
     str("max_chunk", "--max-chunk", &f->max_chunk);
     str("write_queue", "--write-queue", &f->write_queue);
+    str("max_uncommitted_per_connection", "--max-uncommitted-per-connection", &f->max_uncommitted_per_connection);
+    str("max_uncommitted_total", "--max-uncommitted-total", &f->max_uncommitted_total);
+    auto num = [&](const char* key, const char* flag, auto* out) {
+      if (j.contains(key) && app.count(flag) == 0) *out = j.at(key).get<std::remove_pointer_t<decltype(out)>>();
+    };
+    num("max_connections", "--max-connections", &f->max_connections);
+    num("max_connections_per_uid", "--max-connections-per-uid", &f->max_connections_per_uid);
+    num("max_admin_connections", "--max-admin-connections", &f->max_admin_connections);
+    num("hello_timeout", "--hello-timeout", &f->hello_timeout);
+    num("idle_timeout", "--idle-timeout", &f->idle_timeout);
+    num("publish_timeout", "--publish-timeout", &f->publish_timeout);
     if (j.contains("capacity") && app.count("--capacity") == 0) {
       f->capacity = j["capacity"].is_number() ? std::to_string(j["capacity"].get<std::uint64_t>())
                                               : j["capacity"].get<std::string>();
@@ -135,6 +158,86 @@ Status WriteReady(const Flags& f) {
   return Status::Ok();
 }
 
+void AddFlags(CLI::App* app, Flags* f) {
+  app->add_option("--config", f->config, "JSON config file (keys as the flags, with underscores); flags win");
+  app->add_option("--socket", f->socket, "Unix socket path (default DATA_DIR/primecached.sock)");
+  app->add_option("--admin-socket", f->admin_socket,
+                 "admin socket for delete/compact (default DATA_DIR/primecached-admin.sock)");
+  app->add_flag("--no-admin-socket", f->no_admin_socket, "serve no admin socket (destructive ops refused)");
+  app->add_option("--data-dir", f->data_dir, "store directory (default $XDG_DATA_HOME/primecache)");
+  app->add_option("--capacity", f->capacity, "store byte budget, e.g. 64G (0: unlimited)");
+  app->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|critical|off");
+  app->add_option("--socket-group", f->socket_group, "group allowed on the socket (mode 0660 instead of 0600)");
+  app->add_option("--tcp-port", f->tcp_port, "also listen on 127.0.0.1:PORT (0 picks one; no shared memory)");
+  app->add_option("--ready-fd", f->ready_fd, "write 'ready' to this descriptor once serving");
+  app->add_option("--ready-file", f->ready_file, "write this file (our pid) once serving");
+  app->add_option("--workers", f->workers, "worker threads for store work")->check(CLI::Range(1, 256));
+  app->add_option("--fetch-workers", f->fetch_workers, "worker threads for fetches")->check(CLI::Range(1, 1024));
+  app->add_option("--max-publishes", f->max_publishes, "publishes in flight per client")->check(CLI::Range(1, 1024));
+  app->add_option("--max-chunk", f->max_chunk, "largest chunk a message may carry, e.g. 4M");
+  app->add_option("--write-queue", f->write_queue, "unwritten bytes per connection before fetches pause, e.g. 8M");
+  app->add_option("--admin-uid", f->admin_uids, "uids allowed on the admin socket besides ours and root");
+  app->add_option("--max-connections", f->max_connections, "data connections (socket and TCP) at once")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--max-connections-per-uid", f->max_connections_per_uid,
+                  "data connections of one peer uid at once (0: no such limit)");
+  app->add_option("--max-admin-connections", f->max_admin_connections,
+                  "admin-socket connections at once (counted apart from data ones)")
+      ->check(CLI::Range(1, 1 << 16));
+  app->add_option("--hello-timeout", f->hello_timeout, "seconds a new connection has to say hello (0: forever)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--idle-timeout", f->idle_timeout,
+                  "seconds a connection with nothing in flight may stay silent (0: forever)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--publish-timeout", f->publish_timeout,
+                  "seconds an open publish may receive nothing before it is aborted (0: forever)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--max-uncommitted-per-connection", f->max_uncommitted_per_connection,
+                  "bytes of open (uncommitted) publishes per connection, e.g. 4G");
+  app->add_option("--max-uncommitted-total", f->max_uncommitted_total,
+                  "bytes of open (uncommitted) publishes over all connections, e.g. 16G");
+}
+
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+
+// The server's options from the flags (sizes parsed and checked).
+Result<primecache::ipc::ServerOptions> ServerOptionsFrom(const Flags& f,
+                                                         const std::map<uid_t, std::vector<std::string>>& tenants) {
+  PC_ASSIGN_OR_RETURN(std::uint64_t max_chunk, ParseBytes(f.max_chunk));
+  PC_ASSIGN_OR_RETURN(std::uint64_t write_queue, ParseBytes(f.write_queue));
+  PC_ASSIGN_OR_RETURN(std::uint64_t per_conn, ParseBytes(f.max_uncommitted_per_connection));
+  PC_ASSIGN_OR_RETURN(std::uint64_t total, ParseBytes(f.max_uncommitted_total));
+  if (max_chunk == 0 || max_chunk > (256u << 20)) return Status::InvalidArgument("--max-chunk must be 1..256M");
+  primecache::ipc::ServerOptions opts;
+  opts.socket_path = f.socket;
+  opts.admin_socket_path = f.admin_socket;
+  opts.tcp_port = f.tcp_port;
+  opts.workers = f.workers;
+  opts.fetch_workers = f.fetch_workers;
+  opts.write_queue_bound = write_queue;
+  opts.tenants = tenants;
+  for (unsigned u : f.admin_uids) opts.admin_uids.push_back(static_cast<uid_t>(u));
+  opts.max_connections = f.max_connections;
+  opts.max_connections_per_uid = f.max_connections_per_uid;
+  opts.max_admin_connections = f.max_admin_connections;
+  opts.hello_timeout = Millis(f.hello_timeout);
+  opts.idle_timeout = Millis(f.idle_timeout);
+  opts.limits.publish_timeout = Millis(f.publish_timeout);
+  opts.limits.max_uncommitted_bytes = per_conn;
+  opts.limits.max_uncommitted_total_bytes = total;
+  opts.limits.max_chunk_bytes = max_chunk;
+  opts.limits.frame.max_message_bytes = max_chunk + opts.limits.max_header_bytes + (64u << 10);
+  opts.limits.max_publishes_in_flight = f.max_publishes;
+  if (!f.socket_group.empty()) {
+    group* g = getgrnam(f.socket_group.c_str());
+    if (g == nullptr) return Status::NotFound("no group '" + f.socket_group + "'");
+    opts.socket_group = g->gr_gid;
+  }
+  return opts;
+}
+
 int Fail(const Status& s) {
   spdlog::error("primecached: {}", s.ToString());
   return 1;
@@ -145,24 +248,7 @@ int Fail(const Status& s) {
 int main(int argc, char** argv) {
   CLI::App app{"primecached: the primecache daemon"};
   Flags f;
-  app.add_option("--config", f.config, "JSON config file (keys as the flags, with underscores); flags win");
-  app.add_option("--socket", f.socket, "Unix socket path (default DATA_DIR/primecached.sock)");
-  app.add_option("--admin-socket", f.admin_socket,
-                 "admin socket for delete/compact (default DATA_DIR/primecached-admin.sock)");
-  app.add_flag("--no-admin-socket", f.no_admin_socket, "serve no admin socket (destructive ops refused)");
-  app.add_option("--data-dir", f.data_dir, "store directory (default $XDG_DATA_HOME/primecache)");
-  app.add_option("--capacity", f.capacity, "store byte budget, e.g. 64G (0: unlimited)");
-  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error|critical|off");
-  app.add_option("--socket-group", f.socket_group, "group allowed on the socket (mode 0660 instead of 0600)");
-  app.add_option("--tcp-port", f.tcp_port, "also listen on 127.0.0.1:PORT (0 picks one; no shared memory)");
-  app.add_option("--ready-fd", f.ready_fd, "write 'ready' to this descriptor once serving");
-  app.add_option("--ready-file", f.ready_file, "write this file (our pid) once serving");
-  app.add_option("--workers", f.workers, "worker threads for store work")->check(CLI::Range(1, 256));
-  app.add_option("--fetch-workers", f.fetch_workers, "worker threads for fetches")->check(CLI::Range(1, 1024));
-  app.add_option("--max-publishes", f.max_publishes, "publishes in flight per client")->check(CLI::Range(1, 1024));
-  app.add_option("--max-chunk", f.max_chunk, "largest chunk a message may carry, e.g. 4M");
-  app.add_option("--write-queue", f.write_queue, "unwritten bytes per connection before fetches pause, e.g. 8M");
-  app.add_option("--admin-uid", f.admin_uids, "uids allowed on the admin socket besides ours and root");
+  AddFlags(&app, &f);
   CLI11_PARSE(app, argc, argv);
 
   std::map<uid_t, std::vector<std::string>> tenants;
@@ -181,31 +267,10 @@ int main(int argc, char** argv) {
 
   auto capacity = ParseBytes(f.capacity);
   if (!capacity.ok()) return Fail(capacity.status());
-  auto max_chunk = ParseBytes(f.max_chunk);
-  if (!max_chunk.ok()) return Fail(max_chunk.status());
-  auto write_queue = ParseBytes(f.write_queue);
-  if (!write_queue.ok()) return Fail(write_queue.status());
-  if (*max_chunk == 0 || *max_chunk > (256u << 20)) return Fail(Status::InvalidArgument("--max-chunk must be 1..256M"));
+  auto opts = ServerOptionsFrom(f, tenants);
+  if (!opts.ok()) return Fail(opts.status());
 
   if (Status s = primecache::CreateDirs(primecache::Env::Default(), f.data_dir); !s.ok()) return Fail(s);
-
-  primecache::ipc::ServerOptions opts;
-  opts.socket_path = f.socket;
-  opts.admin_socket_path = f.admin_socket;
-  opts.tcp_port = f.tcp_port;
-  opts.workers = f.workers;
-  opts.fetch_workers = f.fetch_workers;
-  opts.write_queue_bound = *write_queue;
-  opts.tenants = tenants;
-  for (unsigned u : f.admin_uids) opts.admin_uids.push_back(static_cast<uid_t>(u));
-  opts.limits.max_chunk_bytes = *max_chunk;
-  opts.limits.frame.max_message_bytes = *max_chunk + opts.limits.max_header_bytes + (64u << 10);
-  opts.limits.max_publishes_in_flight = f.max_publishes;
-  if (!f.socket_group.empty()) {
-    group* g = getgrnam(f.socket_group.c_str());
-    if (g == nullptr) return Fail(Status::NotFound("no group '" + f.socket_group + "'"));
-    opts.socket_group = g->gr_gid;
-  }
 
   primecache::ipc::StoreConfig sc;
   sc.data_dir = f.data_dir;
@@ -215,7 +280,7 @@ int main(int argc, char** argv) {
 
   int rc = 0;
   {
-    auto server = primecache::ipc::Server::Create(store->get(), opts);
+    auto server = primecache::ipc::Server::Create(store->get(), *std::move(opts));
     if (!server.ok()) return Fail(server.status());
     if (Status s = (*server)->HandleSignals(); !s.ok()) return Fail(s);
     if (Status s = (*server)->Listen(); !s.ok()) return Fail(s);
