@@ -5,10 +5,11 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
-#include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -20,17 +21,13 @@
 #include "raw_db.h"
 #include "statestore/format.h"
 
-extern char** environ;
-
 namespace primecache::testing {
 namespace {
 
 namespace si = statestore_internal;
 using nlohmann::json;
 
-struct CtlRun {
-  int rc = -1;
-  std::string out, err;
+struct CtlRun : ProcessResult {
   json Json() const {
     json j = json::parse(out, nullptr, /*allow_exceptions=*/false);
     EXPECT_FALSE(j.is_discarded()) << "stdout is not JSON:\n" << out << "\nstderr:\n" << err;
@@ -38,50 +35,11 @@ struct CtlRun {
   }
 };
 
-// Runs primecachectl with these arguments, collecting stdout and stderr.
-CtlRun Ctl(const std::vector<std::string>& args) {
-  int out_pipe[2], err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) std::abort();
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
+// Runs primecachectl with these arguments (as another uid when given).
+CtlRun Ctl(const std::vector<std::string>& args, std::optional<uid_t> as_uid = std::nullopt) {
   std::vector<std::string> all = {PRIMECACHECTL_PATH};
   all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  CtlRun r;
-  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) std::abort();
-  posix_spawn_file_actions_destroy(&fa);
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  std::string* sinks[2] = {&r.out, &r.err};
-  int open_fds = 2;
-  while (open_fds > 0) {
-    if (poll(fds, 2, 60000) <= 0) break;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      char buf[65536];
-      ssize_t n = read(fds[i].fd, buf, sizeof buf);
-      if (n <= 0) {
-        close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_fds;
-      } else {
-        sinks[i]->append(buf, static_cast<std::size_t>(n));
-      }
-    }
-  }
-  for (auto& f : fds) {
-    if (f.fd >= 0) close(f.fd);
-  }
-  int st = 0;
-  waitpid(pid, &st, 0);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
+  return CtlRun{RunProcess(std::move(all), as_uid)};
 }
 
 // The model a test publishes for: a real fingerprint, its descriptor sent.
@@ -554,6 +512,35 @@ TEST_F(CliTest, RefusesANonAdminSocket) {
   CtlRun r = testing::Ctl({"--data-dir", d_.data_dir(), "--socket", d_.socket(), "ls"});
   EXPECT_EQ(r.rc, 5) << r.err;
   EXPECT_NE(r.err.find("admin"), std::string::npos) << r.err;
+}
+
+// With every data connection held by silent peers, the operator is served.
+TEST(CliLimits, StatsAnswersWhileSilentClientsHoldEveryDataConnection) {
+  Daemon d({"--max-connections", "4", "--hello-timeout", "0"});
+  ASSERT_TRUE(d.Start());
+  std::vector<std::unique_ptr<RawConn>> silent;
+  for (int i = 0; i < 4; ++i) {
+    silent.push_back(std::make_unique<RawConn>(d.socket()));
+    ASSERT_TRUE(silent.back()->ok());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  CtlRun r = Ctl({"--data-dir", d.data_dir(), "--socket", d.admin_socket(), "--timeout", "5", "stats", "--json"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.Json()["daemon"]["connections"], 5);  // the 4 silent ones and the CLI's
+}
+
+// A uid that reaches the admin socket (its mode loosened) but is not an
+// admin is told so, and the CLI exits 5 ("refused").
+TEST_F(CliTest, ARefusedUidOnTheAdminSocketIsToldWhy) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the CLI as a second uid";
+  ASSERT_EQ(chmod(d_.dir().c_str(), 0711), 0);
+  ASSERT_EQ(chmod(d_.admin_socket().c_str(), 0666), 0);
+  CtlRun r = testing::Ctl({"--data-dir", d_.data_dir(), "--socket", d_.admin_socket(), "stats"}, 65534);
+  EXPECT_EQ(r.rc, 5) << r.err;
+  EXPECT_NE(r.err.find("permission denied"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("may not use the admin socket"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("reset by peer"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -298,6 +298,56 @@ inline std::vector<std::uint32_t> Tokens(std::size_t n, std::uint32_t seed) {
   return t;
 }
 
+// Runs a program to its end, collecting its exit status, stdout and stderr;
+// as another uid (and gid of the same number) when `as_uid` is given.
+struct ProcessResult {
+  int rc = -1;  // the exit status, or 128 + the signal
+  std::string out, err;
+};
+inline ProcessResult RunProcess(std::vector<std::string> argv_in, std::optional<uid_t> as_uid = std::nullopt) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) std::abort();
+  std::vector<char*> argv;
+  for (auto& a : argv_in) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec.
+    if (dup2(out_pipe[1], 1) < 0 || dup2(err_pipe[1], 2) < 0) _exit(126);
+    if (as_uid.has_value() && (setgid(*as_uid) != 0 || setuid(*as_uid) != 0)) _exit(126);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  ProcessResult r;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&r.out, &r.err};
+  int open_fds = 2;
+  while (open_fds > 0) {
+    if (poll(fds, 2, 120000) <= 0) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buf[65536];
+      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n <= 0) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      } else {
+        sinks[i]->append(buf, static_cast<std::size_t>(n));
+      }
+    }
+  }
+  for (auto& f : fds) {
+    if (f.fd >= 0) close(f.fd);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
 inline ModelId TestModel(std::uint64_t k = 1) { return ModelId{Hash128{0x1234 + k, 0xabcd * k}, "test-model", ""}; }
 
 }  // namespace primecache::testing

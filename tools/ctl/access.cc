@@ -101,6 +101,7 @@ class DaemonAccess final : public StoreAccess {
     out.disk_bytes = s.disk_bytes;
     out.connections = s.connections;
     out.publishes_in_flight = s.publishes_in_flight;
+    out.uncommitted_bytes = s.uncommitted_bytes;
     return out;
   }
 

@@ -46,6 +46,7 @@ struct Entry {
 // The store's totals, and through the daemon its connection figures.
 struct Stats : StoreStats {
   std::optional<std::uint32_t> connections, publishes_in_flight;
+  std::optional<std::uint64_t> uncommitted_bytes;
 };
 
 struct StoreCheck {

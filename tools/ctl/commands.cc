@@ -401,7 +401,9 @@ int Stats(StoreAccess& access, const Output& out) {
       s->stored_bytes == 0 ? 1.0 : static_cast<double>(s->logical_bytes) / static_cast<double>(s->stored_bytes);
   nlohmann::json daemon = nullptr;
   if (s->connections.has_value()) {
-    daemon = {{"connections", *s->connections}, {"publishes_in_flight", s->publishes_in_flight.value_or(0)}};
+    daemon = {{"connections", *s->connections},
+              {"publishes_in_flight", s->publishes_in_flight.value_or(0)},
+              {"uncommitted_bytes", s->uncommitted_bytes.value_or(0)}};
   }
   out.Json({{"source", access.where()},
             {"entries", s->entries},
@@ -439,7 +441,8 @@ int Stats(StoreAccess& access, const Output& out) {
       {"leases held", std::to_string(s->active_leases)}};
   if (s->connections.has_value()) {
     rows.push_back({"daemon", std::to_string(*s->connections) + " connections, " +
-                                  std::to_string(s->publishes_in_flight.value_or(0)) + " publishes in flight"});
+                                  std::to_string(s->publishes_in_flight.value_or(0)) + " publishes in flight (" +
+                                  HumanBytes(s->uncommitted_bytes.value_or(0)) + " uncommitted)"});
   }
   out.Line(RenderTable({"STORE", access.where()}, rows));
   return kExitOk;
