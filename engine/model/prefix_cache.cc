@@ -81,9 +81,19 @@ std::uint64_t PrefixCache::published() const {
   return published_;
 }
 
-void PrefixCache::NoteDaemonDown(const Status& why) {
-  if (warned_down_.exchange(true)) return;
-  spdlog::warn("prefix cache: the daemon is unavailable ({}); prefilling every prompt in full", why.ToString());
+void PrefixCache::NoteFailure(const std::string& what, const Status& why) {
+  // kUnavailable is also what the daemon answers for a store that cannot
+  // write; the daemon is gone only when the connection is.
+  if (why.IsUnavailable() && !client_->connected()) {
+    if (warned_down_.exchange(true)) return;
+    spdlog::warn("prefix cache: the daemon is unavailable ({}); prefilling every prompt in full", why.ToString());
+    return;
+  }
+  if (why.IsUnavailable()) {
+    spdlog::warn("prefix cache: {} failed: the daemon is up, but answered {}", what, why.ToString());
+    return;
+  }
+  spdlog::warn("prefix cache: {} failed: {}", what, why.ToString());
 }
 
 Status PrefixCache::ReserveStaging(std::uint64_t tokens) {
@@ -102,11 +112,7 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
   auto found = client_->Lookup(model_id_, tokens);
   figures->lookup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_lookup).count();
   if (!found.ok()) {
-    if (found.status().IsUnavailable()) {
-      NoteDaemonDown(found.status());
-    } else {
-      spdlog::warn("prefix cache: lookup failed: {}", found.status().ToString());
-    }
+    NoteFailure("lookup", found.status());
     return std::uint64_t{0};
   }
   if (!found->found || found->length < options_.min_prefix) return std::uint64_t{0};
@@ -195,8 +201,7 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
       if (!s && fetched.ok()) fetched = Status::Corruption("layer " + std::to_string(l) + " is missing chunks");
   }
   if (!fetched.ok()) {
-    if (fetched.IsUnavailable()) NoteDaemonDown(fetched);
-    spdlog::warn("prefix cache: entry {} not restored: {}", found->entry, fetched.ToString());
+    NoteFailure("restoring entry " + std::to_string(found->entry), fetched);
     return std::uint64_t{0};
   }
 
@@ -323,13 +328,7 @@ void PrefixCache::PublishLoop() {
         ++failed_;
       }
     }
-    if (!s.ok()) {
-      if (s.IsUnavailable()) {
-        NoteDaemonDown(s);
-      } else {
-        spdlog::warn("prefix cache: publish of a {}-token boundary failed: {}", job.tokens.size(), s.ToString());
-      }
-    }
+    if (!s.ok()) NoteFailure("the publish of a " + std::to_string(job.tokens.size()) + "-token boundary", s);
     cv_.notify_all();
   }
 }

@@ -104,7 +104,9 @@ class PrefixCache {
   // 0 when nothing was restored (the session is then fresh again).
   // Fills the request's restore figures.
   Result<std::uint64_t> TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens, Request* figures);
-  void NoteDaemonDown(const Status& why);
+  // Logs a failed lookup, restore or publish: "the daemon is unavailable"
+  // (once) when the connection is gone, else what the daemon answered.
+  void NoteFailure(const std::string& what, const Status& why);
   void PublishLoop();
 
   HybridModel* model_;

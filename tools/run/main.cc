@@ -7,7 +7,9 @@
 //                  [--no-cache] [--dump-logits FILE]
 //
 // Prints the generated text, then, as its last line,
-//   summary: restored_tokens=N prefilled_tokens=M ttft_ms=T
+//   summary: restored_tokens=N prefilled_tokens=M ttft_ms=T published=P publish_failures=F
+// Exit status: 0 ok; 1 the run failed (nothing generated); 3 the text was
+// generated but a publish to the store failed (publish_failures > 0).
 // --dump-logits writes f32 little-endian rows of vocab logits: every prompt
 // position, then every generated token's. Rows of restored positions, which
 // this run did not compute, are NaN.
@@ -27,6 +29,8 @@
 using namespace primecache;
 
 namespace {
+
+constexpr int kExitPublishFailed = 3;
 
 int Fail(const Status& s) {
   std::fprintf(stderr, "primecache-run: %s\n", s.ToString().c_str());
@@ -189,10 +193,11 @@ int main(int argc, char** argv) {
     if (Status s = WriteFileAtomically(Env::Default(), dump_logits, bytes); !s.ok()) return Fail(s);
   }
   const std::size_t failed = cache.Drain();
-  if (failed != 0) spdlog::warn("{} publish(es) failed", failed);
+  if (failed != 0) spdlog::warn("{} publish(es) failed; the store did not keep this prompt's prefix", failed);
   if (show_store) ShowStore(socket, ns);
-  std::printf("summary: restored_tokens=%llu prefilled_tokens=%llu ttft_ms=%.1f\n",
+  std::printf("summary: restored_tokens=%llu prefilled_tokens=%llu ttft_ms=%.1f published=%llu publish_failures=%zu\n",
               static_cast<unsigned long long>(r->restored_tokens), static_cast<unsigned long long>(r->prefilled_tokens),
-              r->ttft_ms);
-  return 0;
+              r->ttft_ms, static_cast<unsigned long long>(cache.published()), failed);
+  // The answer above is good either way; 3 tells a script the cache missed out.
+  return failed != 0 ? kExitPublishFailed : 0;
 }

@@ -1,0 +1,83 @@
+// primecache-run end to end against the real daemon: its summary and exit
+// status when a publish fails, and what it says when the daemon is up but
+// its store cannot write.
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/ipc/daemon_harness.h"
+
+namespace primecache::testing {
+namespace {
+
+const char kPrompt[] =
+    "The lighthouse keeper counted the ships that passed each night and wrote their names in a ledger.";
+
+ProcessResult RunThrough(const Daemon& d) {
+  return RunProcess({PRIMECACHE_RUN_PATH, "--model", std::string(PRIMECACHE_SOURCE_DIR) + "/configs/hrm-tiny.json",
+                     "--prompt", kPrompt, "--socket", d.socket(), "--max-new-tokens", "2", "--log-level", "warn"});
+}
+
+std::string LastLine(const std::string& text) {
+  std::string t = text;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  const auto nl = t.rfind('\n');
+  return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
+TEST(RunTool, TheSummaryCountsPublishesAndAFailedOneExitsThree) {
+  Daemon ok;
+  ASSERT_TRUE(ok.Start());
+  ProcessResult r = RunThrough(ok);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(LastLine(r.out).find("published=1 publish_failures=0"), std::string::npos) << r.out;
+
+  // A daemon that refuses the entry: the text is still printed, but the
+  // run exits 3 and says why.
+  Daemon tight({"--max-uncommitted-per-connection", "1K"});
+  ASSERT_TRUE(tight.Start());
+  r = RunThrough(tight);
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_NE(LastLine(r.out).find("published=0 publish_failures=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("--max-uncommitted-per-connection"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("the daemon is unavailable"), std::string::npos) << r.err;
+}
+
+// The data dir on a small tmpfs, filled until the store refuses writes.
+TEST(RunTool, AStoreThatCannotWriteIsNotReportedAsTheDaemonDown) {
+  const std::string dir = MakeTempDir();
+  const std::string data = dir + "/data";
+  ASSERT_EQ(mkdir(data.c_str(), 0700), 0);
+  if (mount("tmpfs", data.c_str(), "tmpfs", 0, "size=16m") != 0) {
+    std::filesystem::remove_all(dir);
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  }
+  {
+    Daemon d({}, dir);
+    ASSERT_TRUE(d.Start());
+    auto c = Client::Connect(d.Options("default"));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    Status refused;
+    for (std::uint32_t i = 0; i < 100 && refused.ok(); ++i) {
+      // 1 MiB entries of distinct content.
+      refused = (*c)->Publish(TestModel(), Tokens(4096, i), MakeLayers(4096, 1, i)).status();
+    }
+    ASSERT_FALSE(refused.ok()) << "16 MiB never filled";
+    ASSERT_TRUE(d.Alive());
+    ProcessResult r = RunThrough(d);
+    EXPECT_EQ(r.rc, 3) << r.out << r.err;
+    EXPECT_NE(LastLine(r.out).find("publish_failures=1"), std::string::npos) << r.out;
+    EXPECT_EQ(r.err.find("the daemon is unavailable"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("publish of a"), std::string::npos) << r.err;
+    d.Kill();
+  }
+  umount2(data.c_str(), MNT_DETACH);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace primecache::testing
