@@ -338,13 +338,19 @@ Result<Frame> Client::Impl::Call(const std::shared_ptr<Conn>& c, std::uint64_t i
   c->Register(id, p);
   if (c->dead) {
     c->Forget(id);
-    return Status::Unavailable("connection to primecached lost");
+    std::lock_guard<std::mutex> l(c->mu);
+    return c->death.ok() ? Status::Unavailable("connection to primecached lost") : c->death;
   }
   Status s = c->Send(m);
   if (!s.ok()) {
-    c->Forget(id);
-    if (s.IsUnavailable()) shutdown(c->fd, SHUT_RDWR);
-    return s;
+    if (!s.IsUnavailable()) {
+      c->Forget(id);
+      return s;
+    }
+    // The daemon hung up. The reader still reads what it sent first (a
+    // notice saying why, say a connection limit) and then fails this call
+    // with that reason; the wait below takes it.
+    shutdown(c->fd, SHUT_RDWR);
   }
   std::unique_lock<std::mutex> l(p->mu);
   for (;;) {
