@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -434,6 +435,13 @@ namespace {
 
 // Tells a peer refused at accept why, if its socket takes the bytes now
 // (it is never waited on), then closes it.
+// Whether a request arrived that the loop has not read yet (then the
+// connection is not idle, whatever its last read says).
+bool HasUnreadBytes(int fd) {
+  int n = 0;
+  return ioctl(fd, FIONREAD, &n) == 0 && n > 0;
+}
+
 void RefuseAtAccept(int fd, const std::string& why) {
   auto flat = Flatten(*ErrorResponse(0, wire::ErrorCode::RESOURCE_EXHAUSTED, why));
   (void)send(fd, flat.data(), flat.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -580,7 +588,7 @@ void Server::Impl::OnTick() {
       continue;
     }
     if (opts.idle_timeout.count() > 0 && !c->session->Busy() &&
-        now - std::max(c->last_read, c->session->last_answer()) >= opts.idle_timeout) {
+        now - std::max(c->last_read, c->session->last_answer()) >= opts.idle_timeout && !HasUnreadBytes(c->fd)) {
       expired.emplace_back(c, "idle for " + std::to_string(opts.idle_timeout.count()) + " ms (--idle-timeout)");
     }
   }
