@@ -375,6 +375,18 @@ void Session::RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t byte
   });
 }
 
+void Session::FailPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id, Status s) {
+  // Worker side. The store's staging of it, and its count against the
+  // uncommitted bounds, go now rather than when the client gives up on it.
+  pub->failed = std::move(s);
+  if (pub->sink) {
+    pub->sink->Abort();
+    pub->sink.reset();
+  }
+  ReleaseUncommitted(*pub);
+  SendError(id, pub->failed);
+}
+
 void Session::FinishPublish(const std::shared_ptr<Publish>& pub) {
   // Worker side, inside the publish's serial queue.
   if (pub->finished) return;
@@ -561,11 +573,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       counters_->publishes_in_flight.fetch_add(1);
       RunPublishOp(pub, 0, [this, pub, id] {
         auto sink = store_->BeginPublish(pub->key, pub->layer_count);
-        if (!sink.ok()) {
-          pub->failed = sink.status();
-          SendError(id, pub->failed);
-          return;
-        }
+        if (!sink.ok()) return FailPublish(pub, id, sink.status());
         pub->sink = std::move(sink).value();
         sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
       });
@@ -639,15 +647,12 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         auto keep = std::make_shared<Frame>(std::move(*owned));
         RunPublishOp(pub, header.size(), [this, pub, id, layer, header, chunks, keep] {
           if (!pub->failed.ok() || !pub->sink) {
+            ReleaseUncommitted(*pub);  // this message's bytes were counted on arrival
             SendError(id, pub->failed.ok() ? Status::Aborted("publish not open") : pub->failed);
             return;
           }
           Status s = pub->sink->BeginLayer(layer, header, chunks);
-          if (!s.ok()) {
-            pub->failed = s;
-            SendError(id, s);
-            return;
-          }
+          if (!s.ok()) return FailPublish(pub, id, s);
           sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
         });
         return true;
@@ -684,15 +689,12 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         auto keep = std::make_shared<Frame>(std::move(*owned));
         RunPublishOp(pub, bytes.size(), [this, pub, id, bytes, keep, region] {
           if (!pub->failed.ok() || !pub->sink) {
+            ReleaseUncommitted(*pub);  // this message's bytes were counted on arrival
             SendError(id, pub->failed.ok() ? Status::Aborted("publish not open") : pub->failed);
             return;
           }
           Status s = pub->sink->AddChunk(bytes);
-          if (!s.ok()) {
-            pub->failed = s;
-            SendError(id, s);
-            return;
-          }
+          if (!s.ok()) return FailPublish(pub, id, s);
           // The ack also tells a shared-memory client its bytes may be reused.
           sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
         });

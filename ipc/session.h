@@ -132,6 +132,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void SendProtocolError(std::uint64_t id, const std::string& msg);
   void RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t bytes, std::function<void()> op);
   void FinishPublish(const std::shared_ptr<Publish>& pub);
+  // A store step of the publish failed: answers `id` with `s`; later steps
+  // of it answer the same, and nothing of it stays staged or counted.
+  void FailPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id, Status s);
   void ReleaseBacklog(std::size_t bytes);
   // Counts `bytes` against the connection's and the daemon's bound on
   // uncommitted publish bytes; ResourceExhausted (naming the limit) past one.

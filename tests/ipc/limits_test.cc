@@ -312,6 +312,44 @@ TEST(UncommittedBytes, APublishIdlePastItsDeadlineIsAbortedAndReleased) {
   EXPECT_TRUE((*c)->Publish(TestModel(), Tokens(64, 2), MakeLayers(64, 1, 2)).ok());
 }
 
+TEST(UncommittedBytes, APublishTheStoreRefusesIsReleasedAtOnce) {
+  const std::string dir = MakeTempDir();
+  const std::string data = dir + "/data";
+  ASSERT_EQ(mkdir(data.c_str(), 0700), 0);
+  {
+    TmpfsMount small(data, "16m");
+    if (!small.ok()) GTEST_SKIP() << "cannot mount a tmpfs here: " << small.error();
+    Daemon d({"--publish-timeout", "0"}, dir);
+    ASSERT_TRUE(d.Start());
+    auto c = Client::Connect(d.Options());
+    ASSERT_TRUE(c.ok());
+    ASSERT_FALSE(FillStore(**c).ok()) << "16 MiB never filled";
+    auto admin = Admin(d);
+    ASSERT_NE(admin, nullptr);
+    // A publish into the full store: its chunks are refused (the steps
+    // before may be staged in memory), and while the client keeps it open
+    // nothing of it stays counted.
+    RawConn r(d.socket());
+    ASSERT_TRUE(r.Hello());
+    ASSERT_TRUE(SendBegin(r, 10, 1, 99));
+    ASSERT_TRUE(SendLayer(r, 11, 10, 0, 4));
+    for (std::uint32_t i = 0; i < 4; ++i) ASSERT_TRUE(SendChunk(r, 12 + i, 10, 0, i, 100000));
+    for (int i = 0; i < 6; ++i) {
+      auto e = NextReply(r);
+      ASSERT_TRUE(e.has_value());
+      if (e->id >= 12) {
+        EXPECT_EQ(e->which, wire::Response::ERROR) << "chunk " << e->id - 12;
+      }
+    }
+    EXPECT_TRUE(StatBecomes(*admin, [](const StatResult& s) { return s.uncommitted_bytes == 0; }));
+    auto st = admin->Stat();
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->publishes_in_flight, 1u);  // still open: the client has not given up on it
+    d.Kill();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // ---- smaller refusals ------------------------------------------------------------
 
 TEST(Refusals, OneLayerTooManyIsNamed) {

@@ -2,7 +2,6 @@
 // status when a publish fails, and what it says when the daemon is up but
 // its store cannot write.
 #include <gtest/gtest.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -52,21 +51,14 @@ TEST(RunTool, AStoreThatCannotWriteIsNotReportedAsTheDaemonDown) {
   const std::string dir = MakeTempDir();
   const std::string data = dir + "/data";
   ASSERT_EQ(mkdir(data.c_str(), 0700), 0);
-  if (mount("tmpfs", data.c_str(), "tmpfs", 0, "size=16m") != 0) {
-    std::filesystem::remove_all(dir);
-    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
-  }
   {
+    TmpfsMount small(data, "16m");
+    if (!small.ok()) GTEST_SKIP() << "cannot mount a tmpfs here: " << small.error();
     Daemon d({}, dir);
     ASSERT_TRUE(d.Start());
     auto c = Client::Connect(d.Options("default"));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
-    Status refused;
-    for (std::uint32_t i = 0; i < 100 && refused.ok(); ++i) {
-      // 1 MiB entries of distinct content.
-      refused = (*c)->Publish(TestModel(), Tokens(4096, i), MakeLayers(4096, 1, i)).status();
-    }
-    ASSERT_FALSE(refused.ok()) << "16 MiB never filled";
+    ASSERT_FALSE(FillStore(**c).ok()) << "16 MiB never filled";
     ASSERT_TRUE(d.Alive());
     ProcessResult r = RunThrough(d);
     EXPECT_EQ(r.rc, 3) << r.out << r.err;
@@ -75,7 +67,6 @@ TEST(RunTool, AStoreThatCannotWriteIsNotReportedAsTheDaemonDown) {
     EXPECT_NE(r.err.find("publish of a"), std::string::npos) << r.err;
     d.Kill();
   }
-  umount2(data.c_str(), MNT_DETACH);
   std::filesystem::remove_all(dir);
 }
 
