@@ -193,6 +193,7 @@ struct Conn {
           if (id == 0 && which == wire::Response::ERROR) notice = r.getError().getMessage().cStr();
           return;
         }
+        notice.clear();  // answers came after it: it did not end the connection
         p = it->second;
         if (IsFinal(which)) pending.erase(it);
       }
