@@ -231,6 +231,29 @@ TEST(ConnectionLimits, IdleConnectionsCloseButNotWhileAPublishIsOpen) {
   EXPECT_TRUE(hit.ok()) << hit.status().ToString();
 }
 
+TEST(ConnectionLimits, TheConfigFileSetsThem) {
+  const std::string dir = MakeTempDir();
+  const std::string cfg = dir + "/cfg.json";
+  {
+    std::ofstream out(cfg);
+    out << R"({"max_connections": 2, "hello_timeout": 0, "max_uncommitted_total": "1M"})";
+  }
+  Daemon d({"--config", cfg});
+  ASSERT_TRUE(d.Start());
+  RawConn a(d.socket()), b(d.socket()), c(d.socket());
+  auto why = NextReply(c);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->message.find("connection limit (2, --max-connections)"), std::string::npos) << why->message;
+  a.Close();
+  b.Close();
+  auto client = Client::Connect(d.Options());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto big = (*client)->Publish(TestModel(), Tokens(8192, 1), MakeLayers(8192, 1, 1));  // 2 MiB
+  EXPECT_NE(big.status().message().find("limit of 1048576 bytes (--max-uncommitted-total)"), std::string::npos)
+      << big.status().ToString();
+  std::filesystem::remove_all(dir);
+}
+
 // ---- publishes that never commit --------------------------------------------------
 
 TEST(UncommittedBytes, BoundedPerConnection) {
