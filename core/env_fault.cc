@@ -270,6 +270,13 @@ Status FaultInjectionEnv::RemoveFile(const std::string& path) {
   return Status::Ok();
 }
 
+Result<FileMode> FaultInjectionEnv::GetFileMode(const std::string& path) {
+  return state_->base->GetFileMode(path);
+}
+Status FaultInjectionEnv::SetPermissions(const std::string& path, std::uint32_t permissions) {
+  return state_->base->SetPermissions(path, permissions);
+}
+
 Status FaultInjectionEnv::CreateDir(const std::string& path) { return state_->base->CreateDir(path); }
 Status FaultInjectionEnv::RemoveDir(const std::string& path) { return state_->base->RemoveDir(path); }
 
