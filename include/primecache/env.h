@@ -138,6 +138,9 @@ inline constexpr int kFaultOpCount = 4;
 //    with kIOError and has no effect;
 //  - SetSpaceLimit(bytes): appends that would take the bytes written through
 //    this Env past the limit fail with kResourceExhausted ("no space left");
+//  - SetDiskSize(bytes): a disk of that size: appends fail the same way when
+//    the files written through this Env that still exist would take more,
+//    so removing files frees space again;
 //  - SimulateCrash(): the machine loses power. Every file written through
 //    this Env is cut back to its last synced length, and directory entries
 //    created or renamed since their directory's last SyncDir are undone
@@ -154,6 +157,10 @@ class FaultInjectionEnv : public Env {
   void ClearFaults();
   void SetSpaceLimit(std::uint64_t bytes);
   void ClearSpaceLimit();
+  void SetDiskSize(std::uint64_t bytes);
+  void ClearDiskSize();
+  // The bytes of the files written through this Env that still exist.
+  std::uint64_t LiveBytes() const;
   std::uint64_t OpCount(FaultOp op) const;
   std::uint64_t BytesWritten() const;
   Status SimulateCrash();
