@@ -221,8 +221,11 @@ Status Store::Impl::AfterWriteError(const Status& s) {
     stopped.store(true);
   }
   // Often RocksDB can go on at once (the failure left nothing to redo).
-  (void)Recover();
-  return s;
+  const bool still_stopped = !Recover().ok();
+  if (s.code() != StatusCode::kResourceExhausted) return s;
+  return Status::ResourceExhausted("no space left on the disk of the store at " + path + " (" + s.message() +
+                                   (still_stopped ? "); writes are refused until space is freed, reads go on"
+                                                  : ")"));
 }
 
 Status Store::Impl::Recover() {
