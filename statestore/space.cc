@@ -118,13 +118,18 @@ Status Store::Impl::ReclaimNow() {
   o.exclusive_manual_compaction = false;  // background compactions go on
   o.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
   o.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kDisable;
-  PC_RETURN_IF_ERROR(
-      AfterWriteError(FromRocks(db->CompactRange(o, cf_chunks, nullptr, nullptr), "compact dropped chunks")));
+  // Cut short by StopReclaimer: nothing failed.
+  auto compact = [&](const char* what) -> Status {
+    rocksdb::Status r = db->CompactRange(o, cf_chunks, nullptr, nullptr);
+    if (r.IsManualCompactionPaused()) return Status::Ok();
+    return AfterWriteError(FromRocks(r, what));
+  };
+  PC_RETURN_IF_ERROR(compact("compact dropped chunks"));
   const BlobGarbage g = FindBlobGarbage(db, cf_chunks);
   if (g.cutoff == 0 || g.live_bytes > g.garbage_bytes) return Status::Ok();
   o.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kForce;
   o.blob_garbage_collection_age_cutoff = g.cutoff;
-  return AfterWriteError(FromRocks(db->CompactRange(o, cf_chunks, nullptr, nullptr), "collect dropped chunks"));
+  return compact("collect dropped chunks");
 }
 
 void Store::Impl::StopReclaimer() {
@@ -133,7 +138,11 @@ void Store::Impl::StopReclaimer() {
     reclaim_stop = true;
   }
   reclaim_cv.notify_all();
-  if (reclaimer.joinable()) reclaimer.join();
+  if (!reclaimer.joinable()) return;
+  // A reclaim under way is cut short rather than waited for (the next open
+  // collects and compacts again).
+  if (db != nullptr) db->DisableManualCompaction();
+  reclaimer.join();
 }
 
 // ---- Compact ----------------------------------------------------------------------------
