@@ -194,7 +194,7 @@ class PosixEnv final : public Env {
   }
 
   Result<FileMode> GetFileMode(const std::string& path) override {
-    struct stat st{};
+    struct stat st {};
     if (::lstat(path.c_str(), &st) != 0) return ErrnoStatus("lstat", path, errno);
     FileMode m;
     m.kind = S_ISREG(st.st_mode)   ? FileMode::Kind::kFile

@@ -52,7 +52,8 @@ Status RestrictTree(Env* env, const std::string& path, int levels, std::vector<T
   }
   if (mode->kind != FileMode::Kind::kDirectory || levels == 0) return Status::Ok();
   PC_ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(path));
-  for (const std::string& c : children) PC_RETURN_IF_ERROR(RestrictTree(env, path + "/" + c, levels - 1, out));
+  for (const std::string& c : children)
+    PC_RETURN_IF_ERROR(RestrictTree(env, path + "/" + c, levels - 1, out));
   return Status::Ok();
 }
 
@@ -77,7 +78,8 @@ std::string DescribeTightened(const std::vector<TightenedPath>& changed) {
   std::string out = std::to_string(changed.size()) + (changed.size() == 1 ? " path: " : " paths: ");
   for (std::size_t i = 0; i < changed.size() && i < kShown; ++i) {
     if (i > 0) out += ", ";
-    out += changed[i].path + " " + octal(changed[i].old_permissions) + " -> " + octal(changed[i].new_permissions);
+    out += changed[i].path + " " + octal(changed[i].old_permissions) + " -> " +
+           octal(changed[i].new_permissions);
   }
   if (changed.size() > kShown) out += ", ...";
   return out;

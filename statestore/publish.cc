@@ -369,8 +369,11 @@ Status Store::Impl::DropStaged(const std::vector<Hash128>& chunks, bool unpin, c
       std::optional<ChunkRefRecord> ref;
       if (rs.ok() && found) {
         auto r = DecodeChunkRef(v);
-        if (r.ok()) ref = *r;
-        else rs = r.status();
+        if (r.ok()) {
+          ref = *r;
+        } else {
+          rs = r.status();
+        }
       }
       if (!rs.ok() || (ref && ref->refs > 0)) {
         // Referenced: the bytes stay, the collection record goes. Unreadable:
@@ -415,7 +418,8 @@ Status Store::Impl::AppendStagedDeletion(rocksdb::WriteBatch* batch, const Hash1
     const std::string ck = ChunkKey(h);
     std::vector<std::string> pieces;
     std::unique_ptr<rocksdb::Iterator> pit(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
-    for (pit->Seek(ck); pit->Valid() && pit->key().starts_with(ck); pit->Next()) pieces.push_back(pit->key().ToString());
+    for (pit->Seek(ck); pit->Valid() && pit->key().starts_with(ck); pit->Next())
+      pieces.push_back(pit->key().ToString());
     PC_RETURN_IF_ERROR(FromRocks(pit->status(), "find staged pieces"));
     for (const auto& k : pieces) batch->Delete(cf_chunks, k);
   } else {

@@ -305,7 +305,8 @@ class EnvFileSystem final : public rocksdb::FileSystem {
     rocksdb::FileLock* posix = nullptr;
     if (s.ok() && o_.posix_locks) {
       s = rocksdb::FileSystem::Default()->LockFile(f, o, &posix, d);
-      if (!s.ok()) s = IOStatus::IOError("lock " + f + " (is another process using the store?): " + s.ToString());
+      if (!s.ok())
+        s = IOStatus::IOError("lock " + f + " (is another process using the store?): " + s.ToString());
     }
     if (!s.ok()) {
       std::lock_guard g(Locks().mu);

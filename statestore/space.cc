@@ -20,8 +20,9 @@ Status Store::Impl::ReserveStaged(std::uint64_t bytes) {
   do {
     if (bound != 0 && (bytes > bound || cur > bound - bytes)) {
       return Status::ResourceExhausted("publishes not committed yet hold " + std::to_string(cur) +
-                                       " bytes; " + std::to_string(bytes) + " more would pass the store's bound of " +
-                                       std::to_string(bound) + " uncommitted bytes (commit or abort publishes first)");
+                                       " bytes; " + std::to_string(bytes) +
+                                       " more would pass the store's bound of " + std::to_string(bound) +
+                                       " uncommitted bytes (commit or abort publishes first)");
     }
   } while (!staged_bytes.compare_exchange_weak(cur, cur + bytes));
   return Status::Ok();
@@ -58,14 +59,14 @@ BlobGarbage FindBlobGarbage(rocksdb::DB* db, rocksdb::ColumnFamilyHandle* cf) {
   if (newest == 0) return g;
   for (std::size_t i = 0; i < newest; ++i) {
     g.garbage_bytes += blobs[i].garbage_blob_bytes;
-    g.live_bytes += blobs[i].total_blob_bytes - std::min(blobs[i].garbage_blob_bytes, blobs[i].total_blob_bytes);
+    g.live_bytes +=
+        blobs[i].total_blob_bytes - std::min(blobs[i].garbage_blob_bytes, blobs[i].total_blob_bytes);
   }
   g.cutoff = static_cast<double>(newest) / static_cast<double>(blobs.size());
   return g;
 }
 
 }  // namespace
-
 
 void Store::Impl::NoteDropped(std::uint64_t bytes) {
   if (opts.read_only) return;
@@ -92,8 +93,8 @@ void Store::Impl::ReclaimLoop() {
       reclaim_cv.notify_all();
       continue;
     }
-    spdlog::warn("statestore {}: reclaiming the space of dropped chunks: {} (retried after the next drop)", path,
-                 s.ToString());
+    spdlog::warn("statestore {}: reclaiming the space of dropped chunks: {} (retried after the next drop)",
+                 path, s.ToString());
     // Try again once more is dropped (or at the next Compact).
     reclaim_pending += pending;
     reclaim_cv.wait(g, [&] { return reclaim_stop || reclaim_pending > pending; });
@@ -159,8 +160,8 @@ Status Store::Compact() {
   // nothing else).
   o.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kDisable;
   for (auto* cf : s.handles) {
-    PC_RETURN_IF_ERROR(
-        s.AfterWriteError(FromRocks(s.db->CompactRange(o, cf, nullptr, nullptr), "compact " + cf->GetName())));
+    PC_RETURN_IF_ERROR(s.AfterWriteError(
+        FromRocks(s.db->CompactRange(o, cf, nullptr, nullptr), "compact " + cf->GetName())));
   }
   // Then the live chunks of blob files that hold dead ones are moved out,
   // and those files go.

@@ -223,9 +223,9 @@ Status Store::Impl::AfterWriteError(const Status& s) {
   // Often RocksDB can go on at once (the failure left nothing to redo).
   const bool still_stopped = !Recover().ok();
   if (s.code() != StatusCode::kResourceExhausted) return s;
-  return Status::ResourceExhausted("no space left on the disk of the store at " + path + " (" + s.message() +
-                                   (still_stopped ? "); writes are refused until space is freed, reads go on"
-                                                  : ")"));
+  return Status::ResourceExhausted(
+      "no space left on the disk of the store at " + path + " (" + s.message() +
+      (still_stopped ? "); writes are refused until space is freed, reads go on" : ")"));
 }
 
 Status Store::Impl::Recover() {
@@ -240,19 +240,22 @@ Status Store::Impl::Recover() {
     return Status::Ok();
   }
   if (r.severity() >= rocksdb::Status::Severity::kFatalError) {
-    spdlog::error("statestore {}: RocksDB cannot resume after {} ({}); writes are refused until the store is "
-                  "reopened", path, stop_cause.ToString(), r.ToString());
-    fatal = Status::Unavailable("the store must be reopened after a failed write (" + stop_cause.ToString() + ")");
+    spdlog::error(
+        "statestore {}: RocksDB cannot resume after {} ({}); writes are refused until the store is "
+        "reopened",
+        path, stop_cause.ToString(), r.ToString());
+    fatal = Status::Unavailable("the store must be reopened after a failed write (" + stop_cause.ToString() +
+                                ")");
     return fatal;
   }
   Status why = FromRocks(r, "resume writes");
   if (why.code() == StatusCode::kResourceExhausted || stop_cause.code() == StatusCode::kResourceExhausted) {
-    return Status::ResourceExhausted("the disk of the store at " + path +
-                                     " is full: writes are refused until space is freed (reads go on): " +
-                                     why.message());
+    return Status::ResourceExhausted(
+        "the disk of the store at " + path +
+        " is full: writes are refused until space is freed (reads go on): " + why.message());
   }
-  return Status::Unavailable("writes to the store at " + path + " are refused until a failed write is redone: " +
-                             why.message());
+  return Status::Unavailable("writes to the store at " + path +
+                             " are refused until a failed write is redone: " + why.message());
 }
 
 Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {

@@ -243,8 +243,8 @@ struct Store::Impl {
   std::thread reclaimer;
   std::mutex reclaim_mu;
   std::condition_variable reclaim_cv;
-  std::uint64_t reclaim_pending = 0;  // guarded by reclaim_mu
-  bool reclaim_stop = false;          // guarded by reclaim_mu
+  std::uint64_t reclaim_pending = 0;       // guarded by reclaim_mu
+  bool reclaim_stop = false;               // guarded by reclaim_mu
   std::atomic<std::uint64_t> reclaims{0};  // completed (for tests)
   Status WriteChunkBytes(const Hash128& h, std::span<const std::byte> bytes, bool direct);
   void AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128& h, std::uint64_t size);

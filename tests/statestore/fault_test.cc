@@ -224,7 +224,8 @@ TEST(Faults, AFullDiskRecoversOnceSpaceIsFreed) {
   const auto big = Conversation(900, 31);
   Status failed;
   for (int i = 0; i < 20 && failed.ok(); ++i) {
-    auto r = f.store->Publish(Request(Conversation(900, 100 + i)), MakeLayers(Conversation(900, 100 + i), kModel));
+    auto r =
+        f.store->Publish(Request(Conversation(900, 100 + i)), MakeLayers(Conversation(900, 100 + i), kModel));
     failed = r.status();
   }
   ASSERT_EQ(failed.code(), StatusCode::kResourceExhausted) << failed.ToString();

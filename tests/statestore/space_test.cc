@@ -119,9 +119,8 @@ TEST(Space, CompactReclaimsDeadChunksSharingBlobFilesWithLiveOnes) {
   const auto st = s.Stat();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->entries, 5u);
-  EXPECT_LE(compacted, st->stored_bytes + kSlack)
-      << "one Compact leaves no dead chunk: " << aborted << " -> " << compacted << " bytes, "
-      << st->stored_bytes << " stored";
+  EXPECT_LE(compacted, st->stored_bytes + kSlack) << "one Compact leaves no dead chunk: " << aborted << " -> "
+                                                  << compacted << " bytes, " << st->stored_bytes << " stored";
   ExpectConsistent(s);
 }
 
