@@ -41,9 +41,16 @@ struct FaultInjectionEnv::State {
   std::array<std::uint64_t, kFaultOpCount> counts{};
   std::array<std::uint64_t, kFaultOpCount> fail_at{};  // 0: no fault armed
   std::optional<std::uint64_t> space_limit;
+  std::optional<std::uint64_t> disk_size;
   std::uint64_t bytes_written = 0;
   std::map<std::string, std::shared_ptr<FileInfo>> files;
   std::vector<DirOp> pending;
+
+  std::uint64_t LiveBytesLocked() const {
+    std::uint64_t n = 0;
+    for (const auto& [path, info] : files) n += info->size;
+    return n;
+  }
 
   // Counts one operation; returns the injected error when it is the armed one.
   Status Tick(FaultOp op, const std::string& what) {
@@ -108,7 +115,8 @@ class FaultWritableFile final : public WritableFile {
   Status Append(std::span<const std::byte> data) override {
     std::lock_guard lock(st_->mu);
     PC_RETURN_IF_ERROR(st_->TickLocked(FaultOp::kWrite, path_));
-    if (st_->space_limit && st_->bytes_written + data.size() > *st_->space_limit) {
+    if ((st_->space_limit && st_->bytes_written + data.size() > *st_->space_limit) ||
+        (st_->disk_size && st_->LiveBytesLocked() + data.size() > *st_->disk_size)) {
       return Status::ResourceExhausted("no space left on device (injected) writing " + path_);
     }
     PC_RETURN_IF_ERROR(f_->Append(data));
@@ -176,6 +184,21 @@ void FaultInjectionEnv::SetSpaceLimit(std::uint64_t bytes) {
 void FaultInjectionEnv::ClearSpaceLimit() {
   std::lock_guard lock(state_->mu);
   state_->space_limit.reset();
+}
+
+void FaultInjectionEnv::SetDiskSize(std::uint64_t bytes) {
+  std::lock_guard lock(state_->mu);
+  state_->disk_size = bytes;
+}
+
+void FaultInjectionEnv::ClearDiskSize() {
+  std::lock_guard lock(state_->mu);
+  state_->disk_size.reset();
+}
+
+std::uint64_t FaultInjectionEnv::LiveBytes() const {
+  std::lock_guard lock(state_->mu);
+  return state_->LiveBytesLocked();
 }
 
 std::uint64_t FaultInjectionEnv::OpCount(FaultOp op) const {
@@ -268,6 +291,13 @@ Status FaultInjectionEnv::RemoveFile(const std::string& path) {
   PC_RETURN_IF_ERROR(state_->base->RemoveFile(path));
   state_->files.erase(path);
   return Status::Ok();
+}
+
+Result<FileMode> FaultInjectionEnv::GetFileMode(const std::string& path) {
+  return state_->base->GetFileMode(path);
+}
+Status FaultInjectionEnv::SetPermissions(const std::string& path, std::uint32_t permissions) {
+  return state_->base->SetPermissions(path, permissions);
 }
 
 Status FaultInjectionEnv::CreateDir(const std::string& path) { return state_->base->CreateDir(path); }

@@ -13,6 +13,10 @@
 namespace primecache {
 namespace {
 
+// Everything primecache creates is its user's alone (see env.h).
+constexpr mode_t kFileMode = 0600;
+constexpr mode_t kDirMode = 0700;
+
 Status ErrnoStatus(std::string_view what, const std::string& path, int err) {
   std::string msg(what);
   msg += " ";
@@ -136,13 +140,13 @@ class PosixEnv final : public Env {
   }
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, kFileMode);
     if (fd < 0) return ErrnoStatus("create", path, errno);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
   }
 
   Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, kFileMode);
     if (fd < 0) return ErrnoStatus("open for append", path, errno);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
   }
@@ -175,7 +179,7 @@ class PosixEnv final : public Env {
   }
 
   Status CreateDir(const std::string& path) override {
-    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoStatus("mkdir", path, errno);
+    if (::mkdir(path.c_str(), kDirMode) != 0 && errno != EEXIST) return ErrnoStatus("mkdir", path, errno);
     return Status::Ok();
   }
 
@@ -186,6 +190,28 @@ class PosixEnv final : public Env {
 
   Status RenameFile(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoStatus("rename to " + to + " from", from, errno);
+    return Status::Ok();
+  }
+
+  Result<FileMode> GetFileMode(const std::string& path) override {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return ErrnoStatus("lstat", path, errno);
+    FileMode m;
+    m.kind = S_ISREG(st.st_mode)   ? FileMode::Kind::kFile
+             : S_ISDIR(st.st_mode) ? FileMode::Kind::kDirectory
+                                   : FileMode::Kind::kOther;
+    m.permissions = static_cast<std::uint32_t>(st.st_mode & 0777);
+    return m;
+  }
+
+  Status SetPermissions(const std::string& path, std::uint32_t permissions) override {
+    // O_NOFOLLOW: a symbolic link planted in place of the path is refused.
+    int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return ErrnoStatus("open for chmod", path, errno);
+    int rc = ::fchmod(fd, static_cast<mode_t>(permissions & 0777));
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) return ErrnoStatus("chmod", path, err);
     return Status::Ok();
   }
 

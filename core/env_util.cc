@@ -1,5 +1,6 @@
 // Helpers layered on any Env.
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 
 #include <unistd.h>
@@ -21,6 +22,67 @@ Status CreateDirs(Env* env, const std::string& path) {
   std::string parent = DirName(path);
   if (parent != path) PC_RETURN_IF_ERROR(CreateDirs(env, parent));
   return env->CreateDir(path);
+}
+
+Result<FileMode> Env::GetFileMode(const std::string& path) {
+  return Status::NotSupported("this Env keeps no permissions (" + path + ")");
+}
+
+Status Env::SetPermissions(const std::string& path, std::uint32_t) {
+  return Status::NotSupported("this Env keeps no permissions (" + path + ")");
+}
+
+namespace {
+
+constexpr int kMaxRestrictDepth = 16;
+
+// Deeper than `levels` nothing is walked: a private directory already keeps
+// other users from everything under it.
+Status RestrictTree(Env* env, const std::string& path, int levels, std::vector<TightenedPath>* out) {
+  auto mode = env->GetFileMode(path);
+  if (!mode.ok()) {
+    if (mode.status().IsNotFound()) return Status::Ok();  // removed meanwhile
+    return mode.status();
+  }
+  if (mode->kind == FileMode::Kind::kOther) return Status::Ok();
+  if ((mode->permissions & 077) != 0) {
+    const std::uint32_t tight = mode->permissions & 0700;
+    PC_RETURN_IF_ERROR(env->SetPermissions(path, tight));
+    out->push_back({path, mode->permissions, tight});
+  }
+  if (mode->kind != FileMode::Kind::kDirectory || levels == 0) return Status::Ok();
+  PC_ASSIGN_OR_RETURN(std::vector<std::string> children, env->GetChildren(path));
+  for (const std::string& c : children)
+    PC_RETURN_IF_ERROR(RestrictTree(env, path + "/" + c, levels - 1, out));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<TightenedPath>> RestrictToOwner(Env* env, const std::string& path, bool recursive) {
+  std::vector<TightenedPath> changed;
+  auto probe = env->GetFileMode(path);
+  if (!probe.ok() && probe.status().code() == StatusCode::kNotSupported) return changed;
+  PC_RETURN_IF_ERROR(RestrictTree(env, path, recursive ? kMaxRestrictDepth : 0, &changed)
+                         .WithContext("making " + path + " private"));
+  return changed;
+}
+
+std::string DescribeTightened(const std::vector<TightenedPath>& changed) {
+  constexpr std::size_t kShown = 4;
+  auto octal = [](std::uint32_t m) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "%04o", m);
+    return std::string(buf);
+  };
+  std::string out = std::to_string(changed.size()) + (changed.size() == 1 ? " path: " : " paths: ");
+  for (std::size_t i = 0; i < changed.size() && i < kShown; ++i) {
+    if (i > 0) out += ", ";
+    out += changed[i].path + " " + octal(changed[i].old_permissions) + " -> " +
+           octal(changed[i].new_permissions);
+  }
+  if (changed.size() > kShown) out += ", ...";
+  return out;
 }
 
 Result<std::string> ReadFileToString(Env* env, const std::string& path) {

@@ -1,10 +1,13 @@
 // The daemon's StoreBackend over the real store (primecache/statestore.h).
 #include "ipc/store_factory.h"
 
+#include <spdlog/spdlog.h>
+
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "primecache/env.h"
 #include "primecache/statestore.h"
 
 namespace primecache::ipc {
@@ -221,6 +224,14 @@ class StatestoreBackend : public StoreBackend {
 }  // namespace
 
 Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config) {
+  // The data directory itself is made private (its sockets keep their own
+  // modes); the store makes its own directory and files private.
+  PC_ASSIGN_OR_RETURN(std::vector<TightenedPath> tightened,
+                      RestrictToOwner(Env::Default(), config.data_dir, /*recursive=*/false));
+  if (!tightened.empty()) {
+    spdlog::warn("primecached: the data directory was open to other users; made private: {}",
+                 DescribeTightened(tightened));
+  }
   StoreOptions o;
   o.path = config.data_dir + "/store";
   o.byte_budget = config.capacity_bytes;

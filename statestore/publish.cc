@@ -69,6 +69,9 @@ class PublisherImpl final : public Publisher {
     pinned_.push_back(h);
     needs_flush_ |= d.needs_flush;
     if (d.write) {
+      Status rs = s_.ReserveStaged(bytes.size());
+      if (!rs.ok()) return Fail(rs);
+      reserved_ += bytes.size();
       bool direct = written_bytes_ >= s_.opts.direct_write_bytes;
       Status ws = s_.WriteChunkBytes(h, bytes, direct);
       if (!ws.ok()) return Fail(ws.WithContext("stage chunk"));
@@ -114,8 +117,10 @@ class PublisherImpl final : public Publisher {
   void Abort() override {
     if (done_) return;
     done_ = true;
-    s_.AbortPublish(pinned_);
+    s_.AbortPublish(pinned_, written_bytes_);
     pinned_.clear();
+    s_.ReleaseStaged(reserved_);
+    reserved_ = 0;
   }
 
  private:
@@ -149,6 +154,7 @@ class PublisherImpl final : public Publisher {
   std::uint64_t chunk_bytes_ = 0;
   std::uint64_t raw_bytes_ = 0;
   std::uint64_t written_bytes_ = 0;
+  std::uint64_t reserved_ = 0;  // counted against max_staged_bytes
   std::uint64_t unflushed_bytes_ = 0;
   bool needs_flush_ = false;
 };
@@ -230,6 +236,8 @@ Result<PublishResult> PublisherImpl::CommitImpl() {
   done_ = true;
   s_.UnpinChunks(pinned_, needs_flush_);
   pinned_.clear();
+  s_.ReleaseStaged(reserved_);
+  reserved_ = 0;
   return result;
 }
 
@@ -295,7 +303,7 @@ void Store::Impl::AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128&
 }
 
 Status Store::Impl::StartFlush() {
-  PC_RETURN_IF_ERROR(Broken());
+  PC_RETURN_IF_ERROR(Recover());
   rocksdb::FlushOptions fo;
   fo.wait = false;
   fo.allow_write_stall = true;
@@ -303,7 +311,7 @@ Status Store::Impl::StartFlush() {
 }
 
 Status Store::Impl::FlushChunks() {
-  PC_RETURN_IF_ERROR(Broken());
+  PC_RETURN_IF_ERROR(Recover());
   rocksdb::FlushOptions fo;
   fo.wait = true;
   fo.allow_write_stall = true;
@@ -322,61 +330,131 @@ void Store::Impl::UnpinChunks(const std::vector<Hash128>& chunks, bool flushed) 
 }
 
 // Forgets a publish's staged chunks: those nobody references or pins any
-// more lose their bytes and collection records.
-void Store::Impl::AbortPublish(const std::vector<Hash128>& chunks) {
+// more lose their bytes and collection records, and the space they took is
+// reclaimed (Reclaim) without waiting for a compaction to pass by.
+void Store::Impl::AbortPublish(const std::vector<Hash128>& chunks, std::uint64_t written_bytes) {
   if (chunks.empty()) return;
-  std::lock_guard wl(write_mu);
+  std::uint64_t dropped = 0;
+  Status s;
+  {
+    std::lock_guard wl(write_mu);
+    s = DropStaged(chunks, /*unpin=*/true, "abort.before_write", &dropped);
+  }
+  if (!s.ok()) {
+    // Collected by the next CollectStaged (Compact, the next publish, or the next open).
+    collect_pending.store(true);
+    spdlog::warn("statestore {}: abandoned publish: {} (collected later)", path, s.ToString());
+    return;
+  }
+  if (dropped > 0) NoteDropped(written_bytes);
+}
+
+Status Store::Impl::DropStaged(const std::vector<Hash128>& chunks, bool unpin, const char* kill_point,
+                               std::uint64_t* dropped) {
   rocksdb::WriteBatch b;
   std::vector<Hash128> deleting;
+  Status first_error;
   {
     std::lock_guard g(chunk_mu);
     for (const auto& h : chunks) {
       auto it = live_chunks.find(h);
-      if (it == live_chunks.end()) continue;
-      if (it->second.pins > 0) --it->second.pins;
-      if (it->second.pins > 0 || it->second.deleting) continue;
+      if (unpin) {
+        if (it == live_chunks.end()) continue;
+        if (it->second.pins > 0) --it->second.pins;
+      }
+      if (it != live_chunks.end() && (it->second.pins > 0 || it->second.deleting)) continue;
       std::string v;
       bool found = false;
-      Status s = GetValue(cf_chunk_refs, HashKey(h), &v, &found);
-      std::uint64_t size = 0;
-      bool referenced = false;
-      if (s.ok() && found) {
+      Status rs = GetValue(cf_chunk_refs, HashKey(h), &v, &found);
+      std::optional<ChunkRefRecord> ref;
+      if (rs.ok() && found) {
         auto r = DecodeChunkRef(v);
-        referenced = r.ok() && r->refs > 0;
+        if (r.ok()) {
+          ref = *r;
+        } else {
+          rs = r.status();
+        }
       }
-      if (!s.ok() || referenced) {
-        live_chunks.erase(it);  // referenced: keep; unreadable: leave it to the start-up collection
+      if (!rs.ok() || (ref && ref->refs > 0)) {
+        // Referenced: the bytes stay, the collection record goes. Unreadable:
+        // left for Verify to report.
+        if (rs.ok()) b.Delete(cf_chunks, GcKey(h));
+        if (first_error.ok() && !rs.ok()) first_error = rs;
+        if (it != live_chunks.end()) live_chunks.erase(it);
         continue;
       }
-      (void)size;
-      it->second.deleting = true;
-      deleting.push_back(h);
-      // The size is not recorded anywhere once unreferenced: delete every piece.
-      if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
-        std::string ck = ChunkKey(h);
-        std::unique_ptr<rocksdb::Iterator> pit(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
-        for (pit->Seek(ck); pit->Valid() && pit->key().starts_with(ck); pit->Next())
-          b.Delete(cf_chunks, pit->key());
-      } else {
-        b.Delete(cf_chunks, ChunkKey(h));
+      Status ds = AppendStagedDeletion(&b, h);
+      if (!ds.ok()) {
+        if (first_error.ok()) first_error = ds;
+        continue;
       }
-      b.Delete(cf_chunks, GcKey(h));
+      if (ref) b.Delete(cf_chunk_refs, HashKey(h));  // a record of no reference
+      live_chunks[h].deleting = true;
+      deleting.push_back(h);
     }
   }
+  Status s;
   if (b.Count() > 0) {
-    TEST_KILL_POINT("abort.before_write");
-    Status s = Write(rocksdb::WriteOptions(), &b, "drop staged chunks");
-    if (!s.ok())
-      spdlog::warn("statestore {}: abandoned publish: {} (collected at next open)", path, s.ToString());
+    TEST_KILL_POINT(kill_point);
+    s = Write(rocksdb::WriteOptions(), &b, "drop staged chunks");
   }
-  std::lock_guard g(chunk_mu);
-  for (const auto& h : deleting) {
-    auto it = live_chunks.find(h);
-    if (it == live_chunks.end()) continue;
-    it->second.deleting = false;
-    if (it->second.pins == 0) live_chunks.erase(it);
+  {
+    std::lock_guard g(chunk_mu);
+    for (const auto& h : deleting) {
+      auto it = live_chunks.find(h);
+      if (it == live_chunks.end()) continue;
+      it->second.deleting = false;
+      if (it->second.pins == 0) live_chunks.erase(it);
+    }
   }
   chunk_cv.notify_all();
+  if (s.ok()) *dropped += deleting.size();
+  return s.ok() ? first_error : s;
+}
+
+Status Store::Impl::AppendStagedDeletion(rocksdb::WriteBatch* batch, const Hash128& h) {
+  if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
+    // An unreferenced chunk's size is recorded nowhere: every piece there is.
+    const std::string ck = ChunkKey(h);
+    std::vector<std::string> pieces;
+    std::unique_ptr<rocksdb::Iterator> pit(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
+    for (pit->Seek(ck); pit->Valid() && pit->key().starts_with(ck); pit->Next())
+      pieces.push_back(pit->key().ToString());
+    PC_RETURN_IF_ERROR(FromRocks(pit->status(), "find staged pieces"));
+    for (const auto& k : pieces) batch->Delete(cf_chunks, k);
+  } else {
+    batch->Delete(cf_chunks, ChunkKey(h));
+  }
+  batch->Delete(cf_chunks, GcKey(h));
+  return Status::Ok();
+}
+
+// Chunk bytes staged by publishes that never committed carry a collection
+// record; those no publish pins and no entry references go now.
+Status Store::Impl::CollectStaged() {
+  collect_pending.store(false);
+  std::uint64_t dropped = 0;
+  {
+    std::lock_guard wl(write_mu);
+    std::vector<Hash128> staged;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
+    const std::string prefix(1, kGcTag);
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      if (it->key().size() != 17) return Status::Corruption("malformed collection key in chunks");
+      staged.push_back(HashFromKey(it->key().ToStringView().substr(1)));
+    }
+    PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan collection records"));
+    Status s = DropStaged(staged, /*unpin=*/false, "gc.before_write", &dropped);
+    if (!s.ok()) {
+      collect_pending.store(true);
+      return s;
+    }
+  }
+  if (dropped > 0) {
+    spdlog::info("statestore {}: collected {} chunks of publishes that never committed", path, dropped);
+    NoteDropped(opts.reclaim_after_bytes);
+  }
+  return Status::Ok();
 }
 
 // ---- BeginPublish / Publish ---------------------------------------------------------------
@@ -395,6 +473,10 @@ Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
     return Status::InvalidArgument("the model descriptor does not hash to the model digest");
   }
   PC_RETURN_IF_ERROR(impl_->Writable());
+  if (impl_->collect_pending.load()) {
+    Status c = impl_->CollectStaged();
+    if (!c.ok()) spdlog::warn("statestore {}: collecting abandoned chunks: {}", impl_->path, c.ToString());
+  }
   BoundaryPlace place = PlaceOf(*impl_->hasher, req.tokens, impl_->params.block_tokens);
   // Already stored: admission does not apply; a descriptor the scope lacks is
   // kept (so an entry published without one becomes exportable).

@@ -299,33 +299,28 @@ class EnvFileSystem final : public rocksdb::FileSystem {
         return IOStatus::IOError("lock " + f + ": already held by this process (the store is open)");
       }
     }
+    // The file is created through the Env (so it is private to our user,
+    // as RocksDB's own LockFile would create it 0644) before it is locked.
+    IOStatus s = env_->FileExists(f) ? IOStatus::OK() : CreateEmpty(f);
     rocksdb::FileLock* posix = nullptr;
-    if (o_.posix_locks) {
-      IOStatus s = rocksdb::FileSystem::Default()->LockFile(f, o, &posix, d);
-      if (!s.ok()) {
-        std::lock_guard g(Locks().mu);
-        Locks().held.erase(held);
-        return IOStatus::IOError("lock " + f + " (is another process using the store?): " + s.ToString());
-      }
-    } else if (!env_->FileExists(f)) {
-      IOStatus s = IsFrozen() ? Frozen("create " + f) : IOStatus::OK();
-      if (s.ok()) {
-        auto file = env_->NewWritableFile(f);
-        if (file.ok()) {
-          Status ignored = (*file)->Close();
-          (void)ignored;
-        } else {
-          s = ToIO(file.status());
-        }
-      }
-      if (!s.ok()) {
-        std::lock_guard g(Locks().mu);
-        Locks().held.erase(held);
-        return s;
-      }
+    if (s.ok() && o_.posix_locks) {
+      s = rocksdb::FileSystem::Default()->LockFile(f, o, &posix, d);
+      if (!s.ok())
+        s = IOStatus::IOError("lock " + f + " (is another process using the store?): " + s.ToString());
+    }
+    if (!s.ok()) {
+      std::lock_guard g(Locks().mu);
+      Locks().held.erase(held);
+      return s;
     }
     *lock = new EnvLock(held, posix);
     return IOStatus::OK();
+  }
+  IOStatus CreateEmpty(const std::string& f) {
+    if (IsFrozen()) return Frozen("create " + f);
+    auto file = env_->NewWritableFile(f);
+    if (!file.ok()) return ToIO(file.status());
+    return ToIO((*file)->Close());
   }
   IOStatus UnlockFile(rocksdb::FileLock* lock, const IOOptions& o, IODebugContext* d) override {
     auto* l = static_cast<EnvLock*>(lock);

@@ -186,6 +186,7 @@ const std::string& Store::path() const {
 }
 
 Store::Impl::~Impl() {
+  StopReclaimer();
   Status s = CloseDb();
   if (!s.ok()) spdlog::warn("statestore {}: close: {}", path, s.ToString());
 }
@@ -199,7 +200,7 @@ rocksdb::WriteOptions Store::Impl::CommitWriteOptions() const {
 Status Store::Impl::Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch,
                           std::string_view what) {
   PC_RETURN_IF_ERROR(Writable());
-  PC_RETURN_IF_ERROR(Broken());
+  PC_RETURN_IF_ERROR(Recover());
   return AfterWriteError(FromRocks(db->Write(wo, batch), what));
 }
 
@@ -208,29 +209,53 @@ Status Store::Impl::Writable() const {
   return Status::Ok();
 }
 
-Status Store::Impl::Broken() const {
-  std::lock_guard g(broken_mu);
-  return broken;
-}
-
 Status Store::Impl::AfterWriteError(const Status& s) {
   if (s.ok() || (frozen && frozen->load())) return s;
-  if (s.code() == StatusCode::kIOError || s.code() == StatusCode::kResourceExhausted ||
-      s.code() == StatusCode::kCorruption) {
-    rocksdb::Status r = db->Resume();
-    if (!r.ok()) {
-      spdlog::error(
-          "statestore {}: RocksDB stays in its error state ({}); writes are refused until the store is "
-          "reopened",
-          path, r.ToString());
-      std::lock_guard g(broken_mu);
-      if (broken.ok()) {
-        broken =
-            Status::Unavailable("the store must be reopened after a failed write (" + s.ToString() + ")");
-      }
-    }
+  if (s.code() != StatusCode::kIOError && s.code() != StatusCode::kResourceExhausted &&
+      s.code() != StatusCode::kCorruption) {
+    return s;
   }
-  return s;
+  {
+    std::lock_guard g(recover_mu);
+    if (!stopped.load()) stop_cause = s;
+    stopped.store(true);
+  }
+  // Often RocksDB can go on at once (the failure left nothing to redo).
+  const bool still_stopped = !Recover().ok();
+  if (s.code() != StatusCode::kResourceExhausted) return s;
+  return Status::ResourceExhausted(
+      "no space left on the disk of the store at " + path + " (" + s.message() +
+      (still_stopped ? "); writes are refused until space is freed, reads go on" : ")"));
+}
+
+Status Store::Impl::Recover() {
+  if (!stopped.load()) return Status::Ok();
+  std::unique_lock g(recover_mu);
+  if (!fatal.ok()) return fatal;
+  if (!stopped.load()) return Status::Ok();
+  rocksdb::Status r = db->Resume();
+  if (r.ok()) {
+    stopped.store(false);
+    spdlog::info("statestore {}: writes resumed after: {}", path, stop_cause.ToString());
+    return Status::Ok();
+  }
+  if (r.severity() >= rocksdb::Status::Severity::kFatalError) {
+    spdlog::error(
+        "statestore {}: RocksDB cannot resume after {} ({}); writes are refused until the store is "
+        "reopened",
+        path, stop_cause.ToString(), r.ToString());
+    fatal = Status::Unavailable("the store must be reopened after a failed write (" + stop_cause.ToString() +
+                                ")");
+    return fatal;
+  }
+  Status why = FromRocks(r, "resume writes");
+  if (why.code() == StatusCode::kResourceExhausted || stop_cause.code() == StatusCode::kResourceExhausted) {
+    return Status::ResourceExhausted(
+        "the disk of the store at " + path +
+        " is full: writes are refused until space is freed (reads go on): " + why.message());
+  }
+  return Status::Unavailable("writes to the store at " + path +
+                             " are refused until a failed write is redone: " + why.message());
 }
 
 Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
@@ -270,7 +295,7 @@ Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
   PC_RETURN_IF_ERROR(impl->OpenDb().WithContext("open store " + impl->path));
   PC_RETURN_IF_ERROR(impl->LoadState().WithContext("open store " + impl->path));
   if (!impl->opts.read_only) {
-    PC_RETURN_IF_ERROR(impl->CollectLeftovers().WithContext("open store " + impl->path));
+    PC_RETURN_IF_ERROR(impl->CollectStaged().WithContext("open store " + impl->path));
   }
   spdlog::debug("statestore {}: open, {} entries, {} chunks", impl->path, impl->counters.entries,
                 impl->counters.chunks);
@@ -279,7 +304,16 @@ Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
 
 Status Store::Impl::OpenDb() {
   if (opts.read_only && !env->FileExists(path + "/CURRENT")) return Status::NotFound("no store at " + path);
-  if (!opts.read_only) PC_RETURN_IF_ERROR(CreateDirs(env, path));
+  if (!opts.read_only) {
+    PC_RETURN_IF_ERROR(CreateDirs(env, path));
+    // A directory left open to other users (an older primecache made it
+    // 0755 with 0644 files) is made private before anything is read.
+    PC_ASSIGN_OR_RETURN(std::vector<TightenedPath> tightened, RestrictToOwner(env, path));
+    if (!tightened.empty()) {
+      spdlog::warn("statestore {}: other users could read the store; made private: {}", path,
+                   DescribeTightened(tightened));
+    }
+  }
   EnvFileSystemOptions fso;
   fso.posix_locks = opts.env == nullptr || opts.env == Env::Default();
   fso.frozen = frozen;
@@ -475,61 +509,10 @@ Status Store::Impl::LoadFilters() {
   return Status::Ok();
 }
 
-// Chunk bytes written by publishes that never committed carry a collection
-// record; those whose chunk has no reference go now.
-Status Store::Impl::CollectLeftovers() {
-  std::lock_guard wl(write_mu);
-  rocksdb::WriteBatch b;
-  std::uint64_t dropped = 0, kept = 0;
-  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
-  std::string prefix(1, kGcTag);
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    if (it->key().size() != 17) return Status::Corruption("malformed collection key in chunks");
-    Hash128 h = HashFromKey(it->key().ToStringView().substr(1));
-    std::string rv;
-    bool found = false;
-    PC_RETURN_IF_ERROR(GetValue(cf_chunk_refs, HashKey(h), &rv, &found));
-    if (found) {
-      PC_ASSIGN_OR_RETURN(ChunkRefRecord r, DecodeChunkRef(rv));
-      if (r.refs > 0) {
-        b.Delete(cf_chunks, it->key());
-        ++kept;
-        continue;
-      }
-    }
-    // The size is unknown here (no reference): delete every piece there is.
-    if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
-      std::string ck = ChunkKey(h);
-      std::string end = ck;
-      end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
-      // A 17-byte prefix: piece keys are ck + BE32.
-      std::unique_ptr<rocksdb::Iterator> pit(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
-      for (pit->Seek(ck); pit->Valid() && pit->key().starts_with(ck); pit->Next())
-        b.Delete(cf_chunks, pit->key());
-      PC_RETURN_IF_ERROR(FromRocks(pit->status(), "collect pieces"));
-    } else {
-      b.Delete(cf_chunks, ChunkKey(h));
-    }
-    if (found) b.Delete(cf_chunk_refs, HashKey(h));
-    b.Delete(cf_chunks, it->key());
-    ++dropped;
-  }
-  PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan collection records"));
-  if (b.Count() == 0) return Status::Ok();
-  TEST_KILL_POINT("gc.before_write");
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  PC_RETURN_IF_ERROR(Write(wo, &b, "collect leftovers"));
-  if (dropped > 0)
-    spdlog::info("statestore {}: collected {} chunks left by unfinished publishes", path, dropped);
-  (void)kept;
-  return Status::Ok();
-}
-
 Status Store::Impl::CloseDb() {
   if (db == nullptr) return Status::Ok();
   Status result;
-  if (!(frozen && frozen->load()) && Broken().ok() && !opts.read_only) {
+  if (!(frozen && frozen->load()) && !opts.read_only && Recover().ok()) {
     std::lock_guard wl(write_mu);
     result = FlushTouches();
     if (result.ok()) {
@@ -608,6 +591,11 @@ Result<StoreStats> Store::Stat() {
     st.active_leases = impl_->leases->active;
   }
   st.byte_budget = impl_->byte_budget;
+  st.staged_bytes = impl_->staged_bytes.load();
+  if (impl_->stopped.load()) {
+    std::lock_guard g(impl_->recover_mu);
+    st.write_error = impl_->fatal.ok() ? impl_->stop_cause.ToString() : impl_->fatal.ToString();
+  }
   // Every file of the directory: tables, blob files, the write-ahead log and
   // RocksDB's own records (files vanishing meanwhile are skipped).
   if (auto files = impl_->env->GetChildren(impl_->path); files.ok()) {
@@ -909,22 +897,6 @@ Status Store::SetByteBudget(std::uint64_t bytes) {
 
 Result<Store::VerifyReport> Store::Verify(bool read_chunks) {
   return impl_->Verify(read_chunks);
-}
-
-}  // namespace primecache
-
-namespace primecache {
-
-Status Store::Compact() {
-  PC_RETURN_IF_ERROR(impl_->Writable());
-  PC_RETURN_IF_ERROR(impl_->Broken());
-  rocksdb::CompactRangeOptions o;
-  o.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
-  for (auto* cf : impl_->handles) {
-    PC_RETURN_IF_ERROR(impl_->AfterWriteError(statestore_internal::FromRocks(
-        impl_->db->CompactRange(o, cf, nullptr, nullptr), "compact " + cf->GetName())));
-  }
-  return Status::Ok();
 }
 
 }  // namespace primecache

@@ -24,6 +24,7 @@
 #include <set>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -146,22 +147,27 @@ struct Store::Impl {
   // ---- store.cc
   Status OpenDb();
   Status LoadState();
-  Status CollectLeftovers();
   Status CloseDb();
   rocksdb::WriteOptions CommitWriteOptions() const;
-  // db->Write; after a failure (a failed or full disk), asks RocksDB to leave
-  // its read-only error state so that the store works again once the disk
-  // does.
+  // db->Write, once Recover() allows it; after a failure, AfterWriteError.
   Status Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch, std::string_view what);
+  // After a failed write RocksDB takes no more writes until DB::Resume()
+  // succeeds. A full disk (and any other error RocksDB can resume from) is
+  // left as soon as Resume() can flush again: every later write, flush and
+  // compaction first calls Recover(), which retries it. A fatal error (e.g. a WAL
+  // write that failed for another reason than space) cannot be resumed:
+  // writes are then refused with kUnavailable until the store is reopened.
+  // Reads go on throughout.
   Status AfterWriteError(const Status& s);
-  // Set when RocksDB stays in its error state after a failed write (it
-  // treats a failed WAL write as fatal): every later write is refused with
-  // kUnavailable until the store is reopened. Reads go on.
-  Status Broken() const;
+  // OK when writes may go on; else why not (kResourceExhausted while the
+  // disk stays full, kUnavailable otherwise).
+  Status Recover();
   // kFailedPrecondition when the store was opened read-only.
   Status Writable() const;
-  mutable std::mutex broken_mu;
-  Status broken;
+  std::atomic<bool> stopped{false};  // RocksDB is in its error state
+  std::mutex recover_mu;
+  Status stop_cause;  // the write error that stopped it; guarded by recover_mu
+  Status fatal;       // set when Resume() cannot help; guarded by recover_mu
   std::optional<std::uint64_t> FindScope(const Hash128& digest, std::string_view ns) const;
   std::optional<statestore_internal::ScopeRecord> ScopeById(std::uint64_t id) const;
   Result<EntryInfo> MakeInfo(EntryId id, const statestore_internal::EntrySummary& s, EntryState state);
@@ -206,7 +212,40 @@ struct Store::Impl {
   };
   StageDecision PinChunk(const Hash128& h);
   void UnpinChunks(const std::vector<Hash128>& chunks, bool flushed);
-  void AbortPublish(const std::vector<Hash128>& chunks);
+  // Drops a publish's staged chunks (it wrote written_bytes of them).
+  void AbortPublish(const std::vector<Hash128>& chunks, std::uint64_t written_bytes);
+  // Deletes the staged bytes and collection records of those `chunks` no
+  // entry references and no publish pins (with unpin, each first loses one
+  // pin of the caller's); referenced ones only lose their collection
+  // record. Adds the chunks deleted to *dropped. Requires write_mu.
+  Status DropStaged(const std::vector<Hash128>& chunks, bool unpin, const char* kill_point,
+                    std::uint64_t* dropped);
+  Status AppendStagedDeletion(rocksdb::WriteBatch* batch, const Hash128& h);
+  // Drops every staged chunk no publish in flight pins (the leftovers of
+  // crashed publishes, or of aborts whose deletion failed); takes write_mu.
+  Status CollectStaged();
+  std::atomic<bool> collect_pending{false};  // an abort could not delete its chunks
+
+  // The bound on uncommitted bytes (StoreOptions::max_staged_bytes).
+  Status ReserveStaged(std::uint64_t bytes);
+  void ReleaseStaged(std::uint64_t bytes);
+  std::atomic<std::uint64_t> staged_bytes{0};
+
+  // Reclaiming the space of dropped chunks. Their deletions only free disk
+  // space once a compaction has met the bytes they delete and RocksDB has
+  // dropped the blob files left with no live chunk; the reclaimer thread
+  // runs that compaction (flush, then compact the chunk records, without
+  // rewriting live blobs) once reclaim_after_bytes were dropped.
+  void NoteDropped(std::uint64_t bytes);
+  void ReclaimLoop();
+  Status ReclaimNow();
+  void StopReclaimer();
+  std::thread reclaimer;
+  std::mutex reclaim_mu;
+  std::condition_variable reclaim_cv;
+  std::uint64_t reclaim_pending = 0;       // guarded by reclaim_mu
+  bool reclaim_stop = false;               // guarded by reclaim_mu
+  std::atomic<std::uint64_t> reclaims{0};  // completed (for tests)
   Status WriteChunkBytes(const Hash128& h, std::span<const std::byte> bytes, bool direct);
   void AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128& h, std::uint64_t size);
   Status FlushChunks();  // waits until staged chunk bytes are in synced files

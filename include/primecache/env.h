@@ -6,6 +6,11 @@
 // chosen operations, runs out of space, or forgets unsynced writes as a power
 // loss would.
 //
+// Files are private to the process's user: the POSIX Env creates every file
+// 0600 and every directory 0700 (a umask can only take more away), so what
+// primecache writes (the store, RocksDB's own files included, exports) is
+// never readable by other local users.
+//
 // Thread-safety: Env implementations are safe to call from many threads at
 // once. A file object is used by one thread at a time.
 #pragma once
@@ -49,6 +54,13 @@ class WritableFile {
   virtual Status Close() = 0;
 };
 
+// What a path is, and its permission bits (0777), as lstat sees it.
+struct FileMode {
+  enum class Kind : std::uint8_t { kFile, kDirectory, kOther };  // kOther: links, sockets, devices
+  Kind kind = Kind::kOther;
+  std::uint32_t permissions = 0;
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -73,6 +85,13 @@ class Env {
   // Makes the directory's entries (creations, renames) durable.
   virtual Status SyncDir(const std::string& dir) = 0;
 
+  // The kind and permissions of a path, not following a final symbolic
+  // link. kNotSupported where the Env keeps no permissions (the in-memory
+  // Env: nobody else can see it).
+  virtual Result<FileMode> GetFileMode(const std::string& path);
+  // Sets a file's or directory's permission bits (0777).
+  virtual Status SetPermissions(const std::string& path, std::uint32_t permissions);
+
   // The process-wide POSIX Env. Never deleted.
   static Env* Default();
 };
@@ -89,6 +108,23 @@ Status CreateDirs(Env* env, const std::string& path);
 // Reads a whole file.
 Result<std::string> ReadFileToString(Env* env, const std::string& path);
 
+// A path whose group or other permission bits were taken away.
+struct TightenedPath {
+  std::string path;
+  std::uint32_t old_permissions = 0;
+  std::uint32_t new_permissions = 0;
+};
+
+// Makes `path` and, when it is a directory and `recursive`, every file and
+// directory under it private to the owner: their group and other bits are
+// cleared (0755 -> 0700, 0644 -> 0600). Symbolic links and special files
+// (sockets) are left as they are and never followed; at most 16 directory
+// levels are walked. Returns what changed (nothing on an Env that keeps no
+// permissions).
+Result<std::vector<TightenedPath>> RestrictToOwner(Env* env, const std::string& path, bool recursive = true);
+// For a log line: "2 paths: /d 0755 -> 0700, /d/f 0644 -> 0600" (the first few).
+std::string DescribeTightened(const std::vector<TightenedPath>& changed);
+
 // Writes a whole file so that after a crash the path holds either its old
 // content or `data`, never a torn mix: temp file, sync, rename, sync directory.
 Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data);
@@ -102,6 +138,9 @@ inline constexpr int kFaultOpCount = 4;
 //    with kIOError and has no effect;
 //  - SetSpaceLimit(bytes): appends that would take the bytes written through
 //    this Env past the limit fail with kResourceExhausted ("no space left");
+//  - SetDiskSize(bytes): a disk of that size: appends fail the same way when
+//    the files written through this Env that still exist would take more,
+//    so removing files frees space again;
 //  - SimulateCrash(): the machine loses power. Every file written through
 //    this Env is cut back to its last synced length, and directory entries
 //    created or renamed since their directory's last SyncDir are undone
@@ -118,6 +157,10 @@ class FaultInjectionEnv : public Env {
   void ClearFaults();
   void SetSpaceLimit(std::uint64_t bytes);
   void ClearSpaceLimit();
+  void SetDiskSize(std::uint64_t bytes);
+  void ClearDiskSize();
+  // The bytes of the files written through this Env that still exist.
+  std::uint64_t LiveBytes() const;
   std::uint64_t OpCount(FaultOp op) const;
   std::uint64_t BytesWritten() const;
   Status SimulateCrash();
@@ -134,6 +177,8 @@ class FaultInjectionEnv : public Env {
   Status RemoveDir(const std::string& path) override;
   Status RenameFile(const std::string& from, const std::string& to) override;
   Status SyncDir(const std::string& dir) override;
+  Result<FileMode> GetFileMode(const std::string& path) override;
+  Status SetPermissions(const std::string& path, std::uint32_t permissions) override;
 
   struct State;  // shared with the file wrappers; defined in the .cc
 

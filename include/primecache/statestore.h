@@ -233,6 +233,10 @@ struct StoreStats {
   std::uint64_t active_leases = 0;
   std::uint64_t byte_budget = 0;  // 0: unlimited
   std::uint64_t disk_bytes = 0;   // every file in the store's directory (tables, blobs, log)
+  std::uint64_t staged_bytes = 0;  // chunk bytes written by publishes not committed yet
+  // Set while writes are refused after a failed write (a full disk): why, in
+  // words; empty when writes go on. Reads are served either way.
+  std::string write_error;
 };
 
 enum class EvictionPolicy : std::uint8_t {
@@ -295,6 +299,17 @@ struct StoreOptions {
   // false: commits are not synced (for building throwaway stores in benchmarks only).
   bool sync_commits = true;
 
+  // The most chunk bytes all uncommitted publishes together may have written
+  // (0: no bound). A chunk that would pass it is refused with
+  // kResourceExhausted and fails its publish; commits and aborts give their
+  // bytes back.
+  std::uint64_t max_staged_bytes = 8ull << 30;
+  // Once aborted publishes have dropped this many chunk bytes, the store
+  // flushes and compacts its chunk records in the background, so that their
+  // space comes back within seconds rather than at some later compaction
+  // (0: after every abort that dropped bytes).
+  std::uint64_t reclaim_after_bytes = 16ull << 20;
+
   std::shared_ptr<const LayerValidator> validator;  // nullptr: CodecLayerValidator()
   std::shared_ptr<const statestore_internal::TestHooks> test_hooks;
 };
@@ -350,8 +365,10 @@ class Store {
   // Changes the budget and evicts down to it.
   Status SetByteBudget(std::uint64_t bytes);
 
-  // Compacts every column family now (reclaiming the space of deleted chunks
-  // and garbage-collecting blob files) and returns when done.
+  // Collects the chunks of publishes that never committed, compacts every
+  // column family and garbage-collects every blob file that holds dead
+  // chunks (the live chunks in them are rewritten), so that every dead byte
+  // is reclaimed; returns when done.
   Status Compact();
 
   // Cross-checks everything the store records: every manifest against the

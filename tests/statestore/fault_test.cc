@@ -191,15 +191,72 @@ TEST(Faults, AFullDiskFailsClearlyAndChangesNothing) {
     EXPECT_EQ(Ids(*f.store), ids);
     EXPECT_EQ(f.store->Stat()->stored_bytes, stats.stored_bytes);
     f.fenv->ClearSpaceLimit();
+    // Space is back: the running store takes writes again, no reopen needed.
     auto again = PublishTarget(*f.store);
-    if (!again.ok()) {
-      EXPECT_EQ(again.status().code(), StatusCode::kUnavailable) << again.status().ToString();
-    }
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_TRUE(f.store->Stat()->write_error.empty());
+    ExpectConsistent(*f.store);
+    f.ExpectBaselineIntact();
+    ASSERT_TRUE(f.store->Delete(again->id).ok());
     f.Open();
     ExpectConsistent(*f.store);
     f.ExpectBaselineIntact();
     EXPECT_TRUE(PublishTarget(*f.store).ok());
   }
+}
+
+// A disk that fills up: publishes fail clearly while reads go on; once files
+// are removed, the same store (no reopen) publishes again, and everything
+// committed before and after survives a reopen.
+TEST(Faults, AFullDiskRecoversOnceSpaceIsFreed) {
+  FaultStore f;
+  f.Baseline();
+  // Ballast that fills all but a little of the disk; removing it frees space.
+  const std::string ballast = "/ballast";
+  {
+    auto b = f.fenv->NewWritableFile(ballast);
+    ASSERT_TRUE(b.ok());
+    const std::string mib(1 << 20, 'b');
+    ASSERT_TRUE((*b)->Append(std::as_bytes(std::span(mib.data(), mib.size()))).ok());
+    ASSERT_TRUE((*b)->Close().ok());
+  }
+  f.fenv->SetDiskSize(f.fenv->LiveBytes() + 20000);
+  const auto big = Conversation(900, 31);
+  Status failed;
+  for (int i = 0; i < 20 && failed.ok(); ++i) {
+    auto r =
+        f.store->Publish(Request(Conversation(900, 100 + i)), MakeLayers(Conversation(900, 100 + i), kModel));
+    failed = r.status();
+  }
+  ASSERT_EQ(failed.code(), StatusCode::kResourceExhausted) << failed.ToString();
+  // Still full: refused clearly (not "reopen"), and reads are served.
+  auto refused = f.store->Publish(Request(big), MakeLayers(big, kModel));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("space"), std::string::npos) << refused.status().ToString();
+  f.ExpectBaselineIntact();
+  EXPECT_FALSE(f.store->Stat()->write_error.empty());
+  auto hit = f.store->Lookup(ModelDigest(1), "", Prefix(Conv(), 400));
+  ASSERT_TRUE(hit.ok() && hit->has_value()) << hit.status().ToString();
+
+  ASSERT_TRUE(f.fenv->RemoveFile(ballast).ok());
+  auto again = f.store->Publish(Request(big), MakeLayers(big, kModel));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(f.store->Stat()->write_error.empty());
+  auto back = f.store->FetchAll(again->id);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSameLayers(*back, MakeLayers(big, kModel));
+  f.ExpectBaselineIntact();
+  ExpectConsistent(*f.store);
+  ASSERT_TRUE(f.store->Compact().ok());
+
+  f.fenv->ClearDiskSize();
+  f.Open();
+  ExpectConsistent(*f.store);
+  f.ExpectBaselineIntact();
+  auto durable = f.store->FetchAll(again->id);
+  ASSERT_TRUE(durable.ok()) << durable.status().ToString();
+  ExpectSameLayers(*durable, MakeLayers(big, kModel));
 }
 
 // ---- power loss --------------------------------------------------------------------

@@ -53,6 +53,42 @@ class EnvContractTest : public ::testing::TestWithParam<EnvCase> {
   std::string root_;
 };
 
+// What the POSIX Env creates is its user's alone, whatever the umask; the
+// in-memory Env keeps no permissions.
+TEST_P(EnvContractTest, CreatesPrivateFilesAndDirectories) {
+  const mode_t old = ::umask(0);
+  ASSERT_TRUE(CreateDirs(env_, P("x/y")).ok());
+  ASSERT_TRUE(Write(P("x/y/f"), "secret").ok());
+  {
+    auto app = env_->NewAppendableFile(P("x/g"));
+    ASSERT_TRUE(app.ok());
+    ASSERT_TRUE((*app)->Close().ok());
+  }
+  ASSERT_TRUE(WriteFileAtomically(env_, P("x/h"), "data").ok());
+  ::umask(old);
+  auto mode = env_->GetFileMode(P("x"));
+  if (!GetParam().posix) {
+    EXPECT_EQ(mode.status().code(), StatusCode::kNotSupported);
+    return;
+  }
+  ASSERT_TRUE(mode.ok()) << mode.status().ToString();
+  EXPECT_EQ(mode->kind, FileMode::Kind::kDirectory);
+  EXPECT_EQ(mode->permissions, 0700u);
+  EXPECT_EQ(env_->GetFileMode(P("x/y"))->permissions, 0700u);
+  for (const char* f : {"x/y/f", "x/g", "x/h"}) {
+    auto m = env_->GetFileMode(P(f));
+    ASSERT_TRUE(m.ok()) << f;
+    EXPECT_EQ(m->kind, FileMode::Kind::kFile) << f;
+    EXPECT_EQ(m->permissions, 0600u) << f;
+  }
+  ASSERT_TRUE(env_->SetPermissions(P("x/g"), 0640).ok());
+  EXPECT_EQ(env_->GetFileMode(P("x/g"))->permissions, 0640u);
+  ASSERT_EQ(::symlink(P("x/g").c_str(), P("x/link").c_str()), 0);
+  EXPECT_EQ(env_->GetFileMode(P("x/link"))->kind, FileMode::Kind::kOther);
+  EXPECT_FALSE(env_->SetPermissions(P("x/link"), 0600).ok()) << "a symbolic link is refused, not followed";
+  EXPECT_EQ(env_->GetFileMode(P("x/g"))->permissions, 0640u);
+}
+
 TEST_P(EnvContractTest, WriteThenReadBack) {
   ASSERT_TRUE(Write(P("a"), "hello world").ok());
   EXPECT_TRUE(env_->FileExists(P("a")));

@@ -94,6 +94,23 @@ TEST_F(FaultEnvTest, DiskFullRefusesWritesPastTheLimit) {
   EXPECT_TRUE((*f)->Append(Bytes("more")).ok());
 }
 
+TEST_F(FaultEnvTest, ADiskOfFixedSizeGetsSpaceBackWhenFilesGo) {
+  ASSERT_TRUE(Write("/d/a", "0123456789", true).ok());
+  env_->SetDiskSize(env_->LiveBytes() + 5);
+  EXPECT_EQ(env_->LiveBytes(), 10u);
+  Status full = Write("/d/b", "0123456789", true);
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted) << full.ToString();
+  EXPECT_TRUE(Write("/d/c", "01234", true).ok()) << "what fits is written";
+  ASSERT_TRUE(env_->RemoveFile("/d/a").ok());
+  EXPECT_EQ(env_->LiveBytes(), 5u);
+  EXPECT_TRUE(Write("/d/b", "0123456789", true).ok()) << "the removed file's space is free again";
+  // Truncating a file by creating it again frees its bytes too.
+  EXPECT_TRUE(Write("/d/b", "", true).ok());
+  EXPECT_EQ(env_->LiveBytes(), 5u);
+  env_->ClearDiskSize();
+  EXPECT_TRUE(Write("/d/e", std::string(100, 'x'), true).ok());
+}
+
 TEST_F(FaultEnvTest, CrashDropsUnsyncedTail) {
   auto f = env_->NewWritableFile("/d/log");
   ASSERT_TRUE(f.ok());

@@ -164,7 +164,8 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--admin-socket", f->admin_socket,
                  "admin socket for delete/compact (default DATA_DIR/primecached-admin.sock)");
   app->add_flag("--no-admin-socket", f->no_admin_socket, "serve no admin socket (destructive ops refused)");
-  app->add_option("--data-dir", f->data_dir, "store directory (default $XDG_DATA_HOME/primecache)");
+  app->add_option("--data-dir", f->data_dir,
+                  "store directory (default $XDG_DATA_HOME/primecache); made private (0700, files 0600) at start");
   app->add_option("--capacity", f->capacity, "store byte budget, e.g. 64G (0: unlimited)");
   app->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|critical|off");
   app->add_option("--socket-group", f->socket_group, "group allowed on the socket (mode 0660 instead of 0600)");

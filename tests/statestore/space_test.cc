@@ -1,0 +1,169 @@
+// Disk space: publishes that never commit give their bytes back without a
+// restart (in the background after an abort, and all of them at Compact),
+// and the bound on uncommitted bytes refuses clearly and recovers.
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <thread>
+
+#include "store_test_util.h"
+
+namespace primecache {
+namespace {
+
+using namespace store_test;  // NOLINT(google-build-using-namespace)
+
+// Every byte of every file under dir, as the file system reports it.
+std::uint64_t DiskBytes(const std::string& dir) {
+  std::uint64_t n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) n += e.file_size();
+  }
+  return n;
+}
+
+std::string RandomChunk(std::mt19937_64& rng, std::size_t n) {
+  std::string s(n, '\0');
+  for (std::size_t i = 0; i + 8 <= n; i += 8) {
+    const std::uint64_t v = rng();
+    std::memcpy(&s[i], &v, 8);
+  }
+  return s;
+}
+
+// Publishers that each stage `chunks` random chunks of `chunk_bytes` in one
+// layer, interleaved (as concurrent clients would); between rounds, a small
+// entry is committed when `commit_between` (so flushes mix live and dead
+// chunks in one blob file).
+std::vector<std::unique_ptr<Publisher>> StageAbandoned(Store& s, int publishers, int chunks,
+                                                       std::size_t chunk_bytes, bool commit_between) {
+  std::mt19937_64 rng(7);
+  std::vector<std::unique_ptr<Publisher>> pubs;
+  for (int p = 0; p < publishers; ++p) {
+    auto pub = s.BeginPublish(Request(Conversation(100, 500 + p)));
+    EXPECT_TRUE(pub.ok()) << pub.status().ToString();
+    if (!pub.ok()) return pubs;
+    EXPECT_TRUE((*pub)->BeginLayer("never validated: the publish is abandoned").ok());
+    pubs.push_back(std::move(pub).value());
+  }
+  for (int i = 0; i < chunks; ++i) {
+    for (auto& p : pubs) EXPECT_TRUE(p->AddChunk(RandomChunk(rng, chunk_bytes)).ok());
+    if (commit_between && i % 4 == 0) MustPublish(s, Conversation(300, 900 + i));
+  }
+  return pubs;
+}
+
+// Waits (up to 30 s) for the directory to shrink to at most `limit` bytes.
+std::uint64_t WaitForDiskAtMost(const std::string& dir, std::uint64_t limit) {
+  std::uint64_t now = DiskBytes(dir);
+  for (int i = 0; i < 300 && now > limit; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    now = DiskBytes(dir);
+  }
+  return now;
+}
+
+constexpr std::uint64_t kSlack = 2u << 20;  // OPTIONS files, logs, small tables
+
+TEST(Space, AbandonedPublishesAreReclaimedWithoutRestartOrCompact) {
+  TempDir dir;
+  StoreOptions o;
+  o.path = dir.path + "/store";
+  auto opened = Store::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Store& s = **opened;
+  const auto tokens = Conversation(300, 1);
+  const EntryId kept = MustPublish(s, tokens);
+  const std::uint64_t before = DiskBytes(o.path);
+
+  // 4 x 24 MiB staged: mostly past the WAL, flushed to blob files.
+  auto pubs = StageAbandoned(s, 4, 24, 1u << 20, /*commit_between=*/false);
+  ASSERT_EQ(pubs.size(), 4u);
+  EXPECT_EQ(s.Stat()->staged_bytes, 96ull << 20);
+  const std::uint64_t staged = DiskBytes(o.path);
+  EXPECT_GT(staged, before + (32u << 20)) << "the staged bytes reached the disk";
+  // Aborted, or dropped as a closed connection drops its publisher.
+  pubs[0]->Abort();
+  pubs[1]->Abort();
+  pubs.clear();
+  EXPECT_EQ(s.Stat()->staged_bytes, 0u);
+
+  const std::uint64_t after = WaitForDiskAtMost(o.path, before + kSlack);
+  EXPECT_LE(after, before + kSlack) << "before " << before << ", staged " << staged << ", after " << after;
+  std::printf("[ info     ] disk: %llu before, %llu staged, %llu after the aborts\n",
+              static_cast<unsigned long long>(before), static_cast<unsigned long long>(staged),
+              static_cast<unsigned long long>(after));
+  auto back = s.FetchAll(kept);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSameLayers(*back, MakeLayers(tokens));
+  ExpectConsistent(s);
+}
+
+TEST(Space, CompactReclaimsDeadChunksSharingBlobFilesWithLiveOnes) {
+  TempDir dir;
+  StoreOptions o;
+  o.path = dir.path + "/store";
+  o.reclaim_after_bytes = std::numeric_limits<std::uint64_t>::max();  // only Compact reclaims here
+  auto opened = Store::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Store& s = **opened;
+  MustPublish(s, Conversation(300, 1));
+  auto pubs = StageAbandoned(s, 4, 16, 1u << 20, /*commit_between=*/true);
+  for (auto& p : pubs) p->Abort();
+  const std::uint64_t aborted = DiskBytes(o.path);
+  EXPECT_GT(aborted, 8u << 20);
+  ASSERT_TRUE(s.Compact().ok());
+  const std::uint64_t compacted = DiskBytes(o.path);
+  const auto st = s.Stat();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->entries, 5u);
+  EXPECT_LE(compacted, st->stored_bytes + kSlack) << "one Compact leaves no dead chunk: " << aborted << " -> "
+                                                  << compacted << " bytes, " << st->stored_bytes << " stored";
+  ExpectConsistent(s);
+}
+
+TEST(Space, TheBoundOnUncommittedBytesRefusesAndRecovers) {
+  const auto tokens = Conversation(300, 3);
+  const auto layers = MakeLayers(tokens);
+  const std::uint64_t entry = LayerBytesSize(layers);
+  StoreOptions o;
+  o.max_staged_bytes = entry + 3000;
+  MemStore m(o);
+  Store& s = *m.store;
+
+  // One publish holds its staged bytes until it commits.
+  auto first = s.BeginPublish(Request(tokens));
+  ASSERT_TRUE(first.ok());
+  for (const auto& l : layers) ASSERT_TRUE((*first)->AddLayer(l).ok());
+  EXPECT_EQ(s.Stat()->staged_bytes, entry);
+
+  // A second one is refused once the total would pass the bound.
+  auto second = s.BeginPublish(Request(Conversation(50, 4)));
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE((*second)->BeginLayer("h").ok());
+  ASSERT_TRUE((*second)->AddChunk(std::string(2000, 'a')).ok());
+  Status refused = (*second)->AddChunk(std::string(2000, 'b'));
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
+  EXPECT_NE(refused.message().find("uncommitted"), std::string::npos) << refused.ToString();
+  EXPECT_FALSE((*second)->AddChunk(std::string(10, 'c')).ok()) << "a refused publish stays failed";
+  EXPECT_EQ(s.Stat()->staged_bytes, entry + 2000);
+
+  // Abort and commit give the bytes back.
+  (*second)->Abort();
+  EXPECT_EQ(s.Stat()->staged_bytes, entry);
+  auto committed = (*first)->Commit();
+  ASSERT_TRUE(committed.ok()) << committed.status().ToString();
+  EXPECT_EQ(s.Stat()->staged_bytes, 0u);
+
+  // Then a publish of the whole bound's worth goes through.
+  const auto other = Conversation(300, 5);
+  auto again = s.Publish(Request(other), MakeLayers(other));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(s.Stat()->staged_bytes, 0u);
+  ExpectConsistent(s);
+}
+
+}  // namespace
+}  // namespace primecache
