@@ -236,6 +236,7 @@ Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config) {
   o.path = config.data_dir + "/store";
   o.byte_budget = config.capacity_bytes;
   o.sync_commits = config.sync_commits;
+  o.max_staged_bytes = config.max_staged_bytes;
   PC_ASSIGN_OR_RETURN(auto store, Store::Open(std::move(o)));
   return std::unique_ptr<StoreBackend>(new StatestoreBackend(std::move(store)));
 }

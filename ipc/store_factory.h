@@ -14,6 +14,9 @@ struct StoreConfig {
   std::string data_dir;
   std::uint64_t capacity_bytes = 0;  // 0: unlimited
   bool sync_commits = true;          // false only for throwaway stores (the fuzzer)
+  // Chunk bytes all uncommitted publishes together may have written
+  // (StoreOptions::max_staged_bytes; 0: no bound).
+  std::uint64_t max_staged_bytes = 16ull << 30;
 };
 
 Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config);

@@ -772,6 +772,15 @@ TEST(DaemonLifecycle, SocketGroupReadyFileAndTenants) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(DaemonLifecycle, RefusesASocketGroupOnASocketInsideThePrivateDataDir) {
+  const std::string dir = MakeTempDir();
+  const ProcessResult r = RunProcess({PRIMECACHED_PATH, "--data-dir", dir, "--socket-group", "root"});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--socket-group needs a --socket outside the data dir"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/primecached.sock"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DaemonLifecycle, RefusesSecondDaemonOnALiveSocket) {
   Daemon d;
   ASSERT_TRUE(d.Start());

@@ -17,13 +17,14 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
-#include <map>
-#include <type_traits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
 
 #include "ipc/server.h"
 #include "primecache/env.h"
@@ -196,7 +197,8 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--max-uncommitted-per-connection", f->max_uncommitted_per_connection,
                   "bytes of open (uncommitted) publishes per connection, e.g. 4G");
   app->add_option("--max-uncommitted-total", f->max_uncommitted_total,
-                  "bytes of open (uncommitted) publishes over all connections, e.g. 16G");
+                  "bytes of open (uncommitted) publishes over all connections, also the store's bound on "
+                  "their staged chunks, e.g. 16G");
 }
 
 std::chrono::milliseconds Millis(double seconds) {
@@ -239,6 +241,18 @@ Result<primecache::ipc::ServerOptions> ServerOptionsFrom(const Flags& f,
   return opts;
 }
 
+// The data dir is private (0700), so a group given the socket could not
+// reach one inside it: refuse that at start rather than serve nobody.
+Status CheckSocketGroup(const Flags& f) {
+  if (f.socket_group.empty()) return Status::Ok();
+  const auto dir = std::filesystem::path(f.data_dir).lexically_normal();
+  const auto sock = std::filesystem::path(f.socket).lexically_normal();
+  const auto rel = sock.lexically_relative(dir);
+  if (rel.empty() || *rel.begin() == "..") return Status::Ok();
+  return Status::InvalidArgument("--socket-group needs a --socket outside the data dir " + f.data_dir +
+                                 ", which is private (0700): the group could not reach " + f.socket);
+}
+
 int Fail(const Status& s) {
   spdlog::error("primecached: {}", s.ToString());
   return 1;
@@ -270,12 +284,14 @@ int main(int argc, char** argv) {
   if (!capacity.ok()) return Fail(capacity.status());
   auto opts = ServerOptionsFrom(f, tenants);
   if (!opts.ok()) return Fail(opts.status());
+  if (Status s = CheckSocketGroup(f); !s.ok()) return Fail(s);
 
   if (Status s = primecache::CreateDirs(primecache::Env::Default(), f.data_dir); !s.ok()) return Fail(s);
 
   primecache::ipc::StoreConfig sc;
   sc.data_dir = f.data_dir;
   sc.capacity_bytes = *capacity;
+  sc.max_staged_bytes = opts->limits.max_uncommitted_total_bytes;
   auto store = primecache::ipc::OpenStore(sc);
   if (!store.ok()) return Fail(store.status());
 
