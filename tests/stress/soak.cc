@@ -197,18 +197,20 @@ void Soak::Sampler() {
 // Past the warm-up, the peak may exceed the warm-up's peak by the slack only.
 bool Soak::Bounded(double warmup) const {
   long rss_warm = 0, fds_warm = 0, rss_max = 0, fds_max = 0, rss_last = 0, fds_last = 0;
+  double rss_max_at = 0;
   for (const auto& s : samples_) {
     long& rss = s.t <= warmup ? rss_warm : rss_max;
     long& fds = s.t <= warmup ? fds_warm : fds_max;
+    if (s.t > warmup && s.p.rss_kib > rss_max) rss_max_at = s.t;
     rss = std::max(rss, s.p.rss_kib);
     fds = std::max(fds, s.p.fds);
     rss_last = s.p.rss_kib;
     fds_last = s.p.fds;
   }
   const bool ok = rss_warm > 0 && rss_max - rss_warm <= o_.rss_slack_mib * 1024 && fds_max - fds_warm <= o_.fd_slack;
-  Say("soak: daemon RSS %.1f MiB at the warm-up's peak (%.0f s), %.1f MiB peak after, %.1f MiB last (bound +%ld MiB); "
-      "open files %ld, %ld, %ld (bound +%ld); %zu samples",
-      static_cast<double>(rss_warm) / 1024, warmup, static_cast<double>(rss_max) / 1024,
+  Say("soak: daemon RSS %.1f MiB at the warm-up's peak (first %.0f s), %.1f MiB peak after (at %.0f s), %.1f MiB "
+      "last (bound +%ld MiB); open files %ld, %ld, %ld (bound +%ld); %zu samples",
+      static_cast<double>(rss_warm) / 1024, warmup, static_cast<double>(rss_max) / 1024, rss_max_at,
       static_cast<double>(rss_last) / 1024, o_.rss_slack_mib, fds_warm, fds_max, fds_last, o_.fd_slack,
       samples_.size());
   return ok;
@@ -226,7 +228,16 @@ int Soak::Run() {
   std::thread janitor([this] { Janitor(); });
   std::vector<std::thread> clients;
   for (int i = 0; i < o_.clients; ++i) clients.emplace_back([this, i] { ClientLoop(i); });
-  std::this_thread::sleep_for(std::chrono::duration<double>(o_.seconds));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (double next = 60; SecondsSince(t0) < o_.seconds;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (SecondsSince(t0) < next) continue;
+    next += 60;
+    const ProcSample p = SampleProcess(d_.pid());
+    Say("soak: %.0f s, %llu publishes, %llu fetches, %llu errors; daemon RSS %.1f MiB, %ld open files",
+        SecondsSince(t0), U(publishes_.load()), U(fetches_.load()), U(errors_.load()),
+        static_cast<double>(p.rss_kib) / 1024, p.fds);
+  }
   stop_.store(true);
   for (auto& c : clients) c.join();
   janitor.join();
