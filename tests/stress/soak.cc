@@ -8,7 +8,9 @@
 // beyond the bound.
 #include <algorithm>
 #include <deque>
+#include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "tests/stress/stress_modes.h"
@@ -22,6 +24,8 @@ struct Own {
   std::uint64_t entry = 0;
   std::uint64_t digest = 0;
 };
+
+constexpr int kJanitors = 4;
 
 struct Sample {
   double t = 0;
@@ -43,6 +47,8 @@ class Soak {
   bool PublishOne(int i, client::Client& c, std::mt19937_64& rng, std::deque<Own>& own);
   bool CheckOwn(int i, client::Client& c, const Own& e);
   void Janitor();
+  client::ClientOptions AdminOptions() const;
+  std::string StoreLine(client::Client* admin);
   void Sampler();
   void Error(int i, const std::string& what);
   bool Bounded(double warmup) const;
@@ -152,34 +158,60 @@ void Soak::ClientLoop(int i) {
   while (!stop_.load()) Step(i, **c, rng, own);
 }
 
+// Deletes retired entries, one at a time, until the run ends; several run at
+// once so that their synced commits are grouped as the publishes' are.
 void Soak::Janitor() {
-  auto opts = d_.Options();
-  opts.endpoint = d_.admin_socket();
-  opts.timeout = std::chrono::seconds(120);
-  auto admin = client::Client::Connect(opts);
+  auto admin = client::Client::Connect(AdminOptions());
   if (!admin.ok()) {
     Error(-1, "admin connect: " + admin.status().ToString());
     return;
   }
   while (!stop_.load()) {
-    std::deque<std::uint64_t> batch;
+    std::optional<std::uint64_t> id;
     {
       std::lock_guard lock(mu_);
-      batch.swap(retired_);
-    }
-    for (std::uint64_t id : batch) {
-      Status s = (*admin)->Delete(id);
-      std::lock_guard lock(mu_);
-      if (s.ok()) {
-        ++deleted_;
-      } else if (s.message().find("leased") != std::string::npos) {
-        retired_.push_back(id);  // a fetch still ends on the daemon's side: later
-      } else {
-        Error(-1, "delete " + std::to_string(id) + ": " + s.ToString());
+      if (!retired_.empty()) {
+        id = retired_.front();
+        retired_.pop_front();
       }
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (!id) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    Status s = (*admin)->Delete(*id);
+    std::lock_guard lock(mu_);
+    if (s.ok()) {
+      ++deleted_;
+    } else if (s.message().find("leased") != std::string::npos) {
+      retired_.push_back(*id);  // a fetch still ends on the daemon's side: later
+    } else {
+      Error(-1, "delete " + std::to_string(*id) + ": " + s.ToString());
+    }
   }
+}
+
+client::ClientOptions Soak::AdminOptions() const {
+  auto opts = d_.Options();
+  opts.endpoint = d_.admin_socket();
+  opts.timeout = std::chrono::seconds(120);
+  return opts;
+}
+
+// "N entries, S MiB stored, D MiB on disk, B awaiting deletion".
+std::string Soak::StoreLine(client::Client* admin) {
+  auto st = admin != nullptr ? admin->Stat() : Result<client::StatResult>(Status::Unavailable("no admin client"));
+  std::size_t backlog = 0;
+  {
+    std::lock_guard lock(mu_);
+    backlog = retired_.size();
+  }
+  if (!st.ok()) return "store stats: " + st.status().ToString();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%llu entries, %.1f MiB stored, %.1f MiB on disk, %zu awaiting deletion",
+                U(st->entries), static_cast<double>(st->bytes_stored) / (1 << 20),
+                static_cast<double>(st->disk_bytes) / (1 << 20), backlog);
+  return buf;
 }
 
 void Soak::Sampler() {
@@ -225,23 +257,25 @@ int Soak::Run() {
     return 1;
   }
   std::thread sampler([this] { Sampler(); });
-  std::thread janitor([this] { Janitor(); });
-  std::vector<std::thread> clients;
-  for (int i = 0; i < o_.clients; ++i) clients.emplace_back([this, i] { ClientLoop(i); });
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kJanitors; ++k) threads.emplace_back([this] { Janitor(); });
+  for (int i = 0; i < o_.clients; ++i) threads.emplace_back([this, i] { ClientLoop(i); });
+  auto admin = client::Client::Connect(AdminOptions());
+  client::Client* stats = admin.ok() ? admin->get() : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   for (double next = 60; SecondsSince(t0) < o_.seconds;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (SecondsSince(t0) < next) continue;
     next += 60;
     const ProcSample p = SampleProcess(d_.pid());
-    Say("soak: %.0f s, %llu publishes, %llu fetches, %llu errors; daemon RSS %.1f MiB, %ld open files",
+    Say("soak: %.0f s, %llu publishes, %llu fetches, %llu errors; daemon RSS %.1f MiB, %ld open files; store %s",
         SecondsSince(t0), U(publishes_.load()), U(fetches_.load()), U(errors_.load()),
-        static_cast<double>(p.rss_kib) / 1024, p.fds);
+        static_cast<double>(p.rss_kib) / 1024, p.fds, StoreLine(stats).c_str());
   }
   stop_.store(true);
-  for (auto& c : clients) c.join();
-  janitor.join();
+  for (auto& t : threads) t.join();
   sampler.join();
+  Say("soak: at the end, store %s", StoreLine(stats).c_str());
   const bool bounded = Bounded(warmup);
   ProcResult v = Ctl(d_, {"verify", "--all"});
   if (v.rc != 0) Say("soak: verify --all exit %d\n%s%s", v.rc, v.out.c_str(), v.err.c_str());
