@@ -1,8 +1,10 @@
 // The soak: N clients (half with shared memory) in four namespaces, each
 // publishing entries, looking up and fetching its own (which must hit and read
 // back byte-exact), looking up another namespace's (which must miss) and
-// asking for stats, against one daemon for a fixed time; an admin connection
-// deletes what the clients retire, so the store stays small. Any failed call
+// asking for stats, against one daemon for a fixed time. The daemon runs with
+// a byte budget (--capacity) several times the clients' working set, so the
+// store stays bounded by evicting what the clients no longer use (LRU); an
+// entry a client still uses must never be the one evicted. Any failed call
 // or wrong answer is an error. The daemon's resident memory and open
 // descriptors are sampled every second; past the warm-up they may not grow
 // beyond the bound.
@@ -25,8 +27,6 @@ struct Own {
   std::uint64_t digest = 0;
 };
 
-constexpr int kJanitors = 4;
-
 struct Sample {
   double t = 0;
   ProcSample p;
@@ -37,7 +37,7 @@ class Soak {
   explicit Soak(const SoakOptions& o)
       : o_(o),
         dir_(MakeWorkDir(o.common.work_dir, "pcstress-soak")),
-        d_({}, dir_),
+        d_({"--capacity", std::to_string(o.capacity_mib) + "M"}, dir_),
         latest_(static_cast<std::size_t>(o.clients)) {}
   int Run();
 
@@ -46,7 +46,6 @@ class Soak {
   bool Step(int i, client::Client& c, std::mt19937_64& rng, std::deque<Own>& own);
   bool PublishOne(int i, client::Client& c, std::mt19937_64& rng, std::deque<Own>& own);
   bool CheckOwn(int i, client::Client& c, const Own& e);
-  void Janitor();
   client::ClientOptions AdminOptions() const;
   std::string StoreLine(client::Client* admin);
   void Sampler();
@@ -60,10 +59,8 @@ class Soak {
   std::atomic<std::uint64_t> errors_{0}, publishes_{0}, lookups_{0}, fetches_{0}, misses_checked_{0}, stats_{0};
   std::atomic<std::uint32_t> next_seed_{1};
   std::mutex mu_;  // guards the members below
-  std::deque<std::uint64_t> retired_;
   std::vector<std::vector<std::uint32_t>> latest_;  // each client's newest tokens
   std::vector<Sample> samples_;
-  std::uint64_t deleted_ = 0;
 };
 
 void Soak::Error(int i, const std::string& what) {
@@ -91,11 +88,7 @@ bool Soak::PublishOne(int i, client::Client& c, std::mt19937_64& rng, std::deque
     latest_[static_cast<std::size_t>(i)] = e.tokens;
   }
   own.push_back(std::move(e));
-  if (own.size() > static_cast<std::size_t>(o_.window)) {
-    std::lock_guard lock(mu_);
-    retired_.push_back(own.front().entry);  // no longer used by its client
-    own.pop_front();
-  }
+  if (own.size() > static_cast<std::size_t>(o_.window)) own.pop_front();  // no longer used: evictable
   return true;
 }
 
@@ -158,39 +151,6 @@ void Soak::ClientLoop(int i) {
   while (!stop_.load()) Step(i, **c, rng, own);
 }
 
-// Deletes retired entries, one at a time, until the run ends; several run at
-// once so that their synced commits are grouped as the publishes' are.
-void Soak::Janitor() {
-  auto admin = client::Client::Connect(AdminOptions());
-  if (!admin.ok()) {
-    Error(-1, "admin connect: " + admin.status().ToString());
-    return;
-  }
-  while (!stop_.load()) {
-    std::optional<std::uint64_t> id;
-    {
-      std::lock_guard lock(mu_);
-      if (!retired_.empty()) {
-        id = retired_.front();
-        retired_.pop_front();
-      }
-    }
-    if (!id) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      continue;
-    }
-    Status s = (*admin)->Delete(*id);
-    std::lock_guard lock(mu_);
-    if (s.ok()) {
-      ++deleted_;
-    } else if (s.message().find("leased") != std::string::npos) {
-      retired_.push_back(*id);  // a fetch still ends on the daemon's side: later
-    } else {
-      Error(-1, "delete " + std::to_string(*id) + ": " + s.ToString());
-    }
-  }
-}
-
 client::ClientOptions Soak::AdminOptions() const {
   auto opts = d_.Options();
   opts.endpoint = d_.admin_socket();
@@ -198,19 +158,14 @@ client::ClientOptions Soak::AdminOptions() const {
   return opts;
 }
 
-// "N entries, S MiB stored, D MiB on disk, B awaiting deletion".
+// "N entries, S MiB stored, D MiB on disk, E evicted".
 std::string Soak::StoreLine(client::Client* admin) {
   auto st = admin != nullptr ? admin->Stat() : Result<client::StatResult>(Status::Unavailable("no admin client"));
-  std::size_t backlog = 0;
-  {
-    std::lock_guard lock(mu_);
-    backlog = retired_.size();
-  }
   if (!st.ok()) return "store stats: " + st.status().ToString();
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%llu entries, %.1f MiB stored, %.1f MiB on disk, %zu awaiting deletion",
-                U(st->entries), static_cast<double>(st->bytes_stored) / (1 << 20),
-                static_cast<double>(st->disk_bytes) / (1 << 20), backlog);
+  std::snprintf(buf, sizeof buf, "%llu entries, %.1f MiB stored, %.1f MiB on disk, %llu evicted", U(st->entries),
+                static_cast<double>(st->bytes_stored) / (1 << 20), static_cast<double>(st->disk_bytes) / (1 << 20),
+                U(st->evictions));
   return buf;
 }
 
@@ -258,7 +213,6 @@ int Soak::Run() {
   }
   std::thread sampler([this] { Sampler(); });
   std::vector<std::thread> threads;
-  for (int k = 0; k < kJanitors; ++k) threads.emplace_back([this] { Janitor(); });
   for (int i = 0; i < o_.clients; ++i) threads.emplace_back([this, i] { ClientLoop(i); });
   auto admin = client::Client::Connect(AdminOptions());
   client::Client* stats = admin.ok() ? admin->get() : nullptr;
@@ -283,9 +237,9 @@ int Soak::Run() {
   const int stop_rc = d_.Stop();
   const bool ok = errors_ == 0 && bounded && v.rc == 0 && alive && stop_rc == 0;
   Say("RESULT soak %s: clients=%d seconds=%.0f errors=%llu publishes=%llu lookups=%llu fetches=%llu "
-      "cross_namespace_misses=%llu stats=%llu deleted=%llu verify_all=%d daemon_exit=%d",
+      "cross_namespace_misses=%llu stats=%llu capacity_mib=%ld verify_all=%d daemon_exit=%d",
       ok ? "PASS" : "FAIL", o_.clients, o_.seconds, U(errors_.load()), U(publishes_.load()), U(lookups_.load()),
-      U(fetches_.load()), U(misses_checked_.load()), U(stats_.load()), U(deleted_), v.rc, stop_rc);
+      U(fetches_.load()), U(misses_checked_.load()), U(stats_.load()), o_.capacity_mib, v.rc, stop_rc);
   std::error_code ec;
   if (ok && !o_.common.keep) std::filesystem::remove_all(dir_, ec);
   return ok ? 0 : 1;

@@ -51,7 +51,8 @@ CLI::App* AddSoak(CLI::App& app, SoakOptions* o) {
   s->add_option("--warmup-seconds", o->warmup_seconds, "samples up to here set the baseline (default: a tenth, >= 3 s)");
   s->add_option("--rss-slack-mib", o->rss_slack_mib, "RSS growth allowed past the warm-up's peak");
   s->add_option("--fd-slack", o->fd_slack, "open-file growth allowed past the warm-up's peak");
-  s->add_option("--window", o->window, "entries each client keeps")->check(CLI::Range(1, 1000));
+  s->add_option("--window", o->window, "entries each client keeps using")->check(CLI::Range(1, 1000));
+  s->add_option("--capacity-mib", o->capacity_mib, "the daemon's byte budget (--capacity)")->check(CLI::Range(16, 1 << 20));
   return s;
 }
 

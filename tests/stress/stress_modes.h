@@ -45,7 +45,8 @@ struct SoakOptions {
   double warmup_seconds = -1;  // <0: a tenth of the run, at least 3 s
   long rss_slack_mib = 128;    // growth allowed past the warm-up's peak
   long fd_slack = 64;
-  int window = 4;  // entries each client keeps before handing the oldest to the janitor
+  int window = 4;            // entries each client keeps using
+  long capacity_mib = 256;  // the daemon's byte budget; eviction keeps the store within it
 };
 int RunSoak(const SoakOptions& o);
 
