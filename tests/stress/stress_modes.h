@@ -1,0 +1,70 @@
+// The campaigns of primecache-stress (docs/RELIABILITY.md). Each returns the
+// process exit status: 0 when every check held, 1 when one failed, 77 when
+// the campaign cannot run here (ctest's skip code).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace primecache::stress {
+
+// Options every campaign shares.
+struct CommonOptions {
+  std::string work_dir;    // where the campaign's directory goes (TMPDIR or /tmp when empty)
+  std::uint64_t seed = 0;  // of every random choice
+  bool keep = false;       // keep the campaign's directory even when it passed
+};
+
+// SIGKILL of the real daemon during 1..max_publishers concurrent publishes.
+struct CrashOptions {
+  CommonOptions common;
+  int iterations = 5;
+  int max_publishers = 3;
+  int kill_max_ms = 400;  // the kill comes uniformly in [0, this] after the publishers start
+  int epoch = 20;         // a fresh store every this many iterations
+};
+int RunCrashLoop(const CrashOptions& o);
+
+// A power loss (unsynced data dropped, through FaultInjectionEnv) during
+// 1..max_publishers concurrent publishes into the store.
+struct PowerLossOptions {
+  CommonOptions common;
+  int iterations = 5;
+  int max_publishers = 3;
+  int freeze_max_ms = 300;
+  int epoch = 20;
+};
+int RunPowerLoss(const PowerLossOptions& o);
+
+// Many clients doing lookups, fetches and publishes against one daemon for a
+// while; no error, and the daemon's memory and open files stay bounded.
+struct SoakOptions {
+  CommonOptions common;
+  int clients = 8;
+  double seconds = 10;
+  double warmup_seconds = -1;  // <0: a tenth of the run, at least 3 s
+  long rss_slack_mib = 128;    // growth allowed past the warm-up's peak
+  long fd_slack = 64;
+  int window = 4;            // entries each client keeps using
+  long capacity_mib = 256;  // the daemon's byte budget; eviction keeps the store within it
+};
+int RunSoak(const SoakOptions& o);
+
+// Damaged copies of an exported .pcsnap: every one refused by
+// `primecachectl verify --file` and by `import`.
+struct FlipOptions {
+  CommonOptions common;
+  int copies = 50;
+};
+int RunFlips(const FlipOptions& o);
+
+// The daemon on a small tmpfs: filled until publishes are refused, then
+// freed, and publishing again without a restart.
+struct DiskFullOptions {
+  CommonOptions common;
+  int tmpfs_mib = 48;
+  int recover_seconds = 60;  // how long the daemon may take to accept writes again
+};
+int RunDiskFull(const DiskFullOptions& o);
+
+}  // namespace primecache::stress
