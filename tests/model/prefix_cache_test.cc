@@ -41,6 +41,21 @@ std::vector<Variant> Variants() {
   v.push_back({"kda", kda, 0});
   v.push_back({"mixed", Mixed(), 0});
   v.push_back({"mixed_ring", Mixed(), 10});
+  // Attention layers; the boundary is the 45-token prefix, 58 tokens in all.
+  auto attn = [](std::uint32_t window, std::uint32_t bits) {
+    ModelConfig c = Mixed();
+    c.layers = {LayerType::kKda, LayerType::kAttn, LayerType::kMla, LayerType::kAttn};
+    c.attn = {4, 2, 16, window, 10000.0f, bits};
+    return c;
+  };
+  v.push_back({"attn_full", attn(0, 0), 0});
+  v.push_back({"attn_window_shorter", attn(16, 0), 0});
+  v.push_back({"attn_window_longer", attn(100, 0), 0});
+  v.push_back({"attn_window_full_at_boundary", attn(45, 0), 0});
+  v.push_back({"attn_wrapped_by_one_at_boundary", attn(44, 0), 0});
+  v.push_back({"attn_tq4_full", attn(0, 4), 0});
+  v.push_back({"attn_tq2_window_shorter", attn(16, 2), 0});
+  v.push_back({"attn_tq4_wrapped_by_one_at_boundary", attn(44, 4), 0});
   return v;
 }
 
@@ -97,7 +112,7 @@ struct Harness {
     auto m = testing::MakeCpuModel(c, weights, 256, 8, 3, ring_rows);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     cpu = std::move(m).value();
-    id = PrefixCache::ModelIdFor(c, weights.Digest());
+    id = PrefixCache::ModelIdFor(c, weights);
   }
   std::unique_ptr<PrefixCache> Cache(const Daemon* d, const std::string& ns = "t") {
     std::unique_ptr<client::Client> cl;
@@ -212,7 +227,7 @@ TEST(PrefixCacheTest, OtherWeightsOrNamespacesNeverRestore) {
   EXPECT_EQ(r->restored_tokens, 0u) << "a namespace must not see another's entries";
   Harness other(Mixed(), 0);
   other.weights = Weights::Generate(other.config, 99);
-  other.id = PrefixCache::ModelIdFor(other.config, other.weights.Digest());
+  other.id = PrefixCache::ModelIdFor(other.config, other.weights);
   auto cache = other.Cache(&daemon, "tenant-a");
   auto r2 = cache->Prime(longer);
   ASSERT_TRUE(r2.ok());
