@@ -4,6 +4,12 @@
 
 namespace primecache::codecs {
 
+std::string Hex64(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 std::string Quote(std::string_view text) {
   constexpr std::size_t kMax = 64;
   std::string out = "'";

@@ -34,6 +34,9 @@ inline bool CheckedAdd(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
 // \xNN, cut at 64 characters, in single quotes.
 std::string Quote(std::string_view text);
 
+// v as 16 lower-case hex digits with a 0x prefix.
+std::string Hex64(std::uint64_t v);
+
 class ByteWriter {
  public:
   explicit ByteWriter(std::string* out) : out_(out) {}

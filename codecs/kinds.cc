@@ -1,4 +1,5 @@
-// The built-in storage kinds: mla-latent/v1, kda-recurrent/v1, kv-plain/v1.
+// The built-in storage kinds: mla-latent/v1, kda-recurrent/v1 and the KV
+// kinds (plain, rotating, and TurboQuant 2/4 around either).
 // Each fixes its header fields and its planes (docs/codecs.md).
 #include <limits>
 
@@ -158,22 +159,46 @@ class KdaRecurrentCodec final : public LayerCodec {
   }
 };
 
-class KvPlainCodec final : public LayerCodec {
+// Every KV kind: plain or rotating rows, f32 or TurboQuant words. The header
+// fields are len, k_width, v_width, then window and rows when rotating, then
+// head_dim and signs_digest when TurboQuant. A rotating kind's planes are
+// eager (generation overwrites every held row, so they are captured at the
+// boundary); a plain kind's are append-only. No KV plane may be lossy.
+class KvCodec final : public LayerCodec {
  public:
-  std::string_view kind() const override { return kKvPlainKind; }
-  bool Accepts(const LayerShape& shape) const override { return std::holds_alternative<KvShape>(shape); }
+  KvCodec(std::string_view kind, bool rotating, std::uint32_t bits) : kind_(kind), rotating_(rotating), bits_(bits) {}
+  std::string_view kind() const override { return kind_; }
+  bool Accepts(const LayerShape& shape) const override {
+    const auto* kv = std::get_if<KvShape>(&shape);
+    return kv != nullptr && KvKindOf(kv->format) == kind_;
+  }
 
   std::vector<std::uint64_t> ShapeFields(const LayerShape& shape) const override {
     const auto& s = std::get<KvShape>(shape);
-    return {s.len, s.k_width, s.v_width};
+    std::vector<std::uint64_t> f = {s.len, s.k_width, s.v_width};
+    if (rotating_) f.insert(f.end(), {s.format.window, s.rows});
+    if (bits_ != 0) f.insert(f.end(), {s.format.head_dim, s.format.signs_digest});
+    return f;
   }
 
   Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> f) const override {
-    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, 3));
+    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, 3 + (rotating_ ? 2 : 0) + (bits_ != 0 ? 2 : 0)));
     KvShape s;
     s.len = f[0];
     PC_RETURN_IF_ERROR(Field32(f, 1, "k_width", &s.k_width));
     PC_RETURN_IF_ERROR(Field32(f, 2, "v_width", &s.v_width));
+    std::size_t next = 3;
+    if (rotating_) {
+      PC_RETURN_IF_ERROR(Field32(f, next, "window", &s.format.window));
+      if (s.format.window == 0) return Status::Corruption(std::string(kind_) + " with window 0");
+      s.rows = f[next + 1];
+      next += 2;
+    }
+    if (bits_ != 0) {
+      s.format.quant_bits = bits_;
+      PC_RETURN_IF_ERROR(Field32(f, next, "head_dim", &s.format.head_dim));
+      s.format.signs_digest = f[next + 1];
+    }
     return LayerShape(s);
   }
 
@@ -182,9 +207,10 @@ class KvPlainCodec final : public LayerCodec {
     PC_RETURN_IF_ERROR(CheckShape(shape));
     const auto& s = std::get<KvShape>(shape);
     PC_RETURN_IF_ERROR(CheckLen(s.len, limits));
+    const bool append_only = !rotating_;
     std::vector<PlaneLayout> planes = {
-        {PlaneId::kKeyRows, s.len, s.k_width, true, false},
-        {PlaneId::kValueRows, s.len, s.v_width, true, false},
+        {PlaneId::kKeyRows, s.held_rows(), s.k_width, append_only, false},
+        {PlaneId::kValueRows, s.held_rows(), s.v_width, append_only, false},
     };
     PC_RETURN_IF_ERROR(ApplyLimits(planes, limits));
     return planes;
@@ -198,6 +224,11 @@ class KvPlainCodec final : public LayerCodec {
     auto& kv = std::get<KvSnapshot>(layer);
     return {kv.k_rows, kv.v_rows};
   }
+
+ private:
+  std::string_view kind_;
+  bool rotating_;
+  std::uint32_t bits_;
 };
 
 }  // namespace
@@ -205,8 +236,27 @@ class KvPlainCodec final : public LayerCodec {
 std::vector<const LayerCodec*> BuiltinKinds() {
   static const MlaLatentCodec mla;
   static const KdaRecurrentCodec kda;
-  static const KvPlainCodec kv;
-  return {&mla, &kda, &kv};
+  static const KvCodec plain(kKvPlainKind, false, 0), rotating(kKvRotatingKind, true, 0),
+      tq2_plain(kTurboQuant2PlainKind, false, 2), tq4_plain(kTurboQuant4PlainKind, false, 4),
+      tq2_rotating(kTurboQuant2RotatingKind, true, 2), tq4_rotating(kTurboQuant4RotatingKind, true, 4);
+  return {&mla, &kda, &plain, &rotating, &tq2_plain, &tq4_plain, &tq2_rotating, &tq4_rotating};
 }
 
 }  // namespace primecache::codecs
+
+namespace primecache {
+
+std::string_view KvKindOf(const KvFormat& f) {
+  switch (f.quant_bits) {
+    case 0:
+      return f.rotating() ? kKvRotatingKind : kKvPlainKind;
+    case 2:
+      return f.rotating() ? kTurboQuant2RotatingKind : kTurboQuant2PlainKind;
+    case 4:
+      return f.rotating() ? kTurboQuant4RotatingKind : kTurboQuant4PlainKind;
+    default:
+      return {};
+  }
+}
+
+}  // namespace primecache

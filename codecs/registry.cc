@@ -116,7 +116,32 @@ const CodecRegistry& CodecRegistry::Default() {
 }
 
 Result<const LayerCodec*> CodecRegistry::FindKind(std::string_view identity) const {
-  return FindExact(kinds_, identity, "storage kind", [](const LayerCodec* c) { return c->kind(); });
+  const std::size_t open = identity.find('(');
+  if (open == std::string_view::npos) {
+    return FindExact(kinds_, identity, "storage kind", [](const LayerCodec* c) { return c->kind(); });
+  }
+  // A wrapper kind: both parts well formed, one level, then an exact match.
+  const std::string_view outer = identity.substr(0, open);
+  const std::string_view inner =
+      identity.back() == ')' ? identity.substr(open + 1, identity.size() - open - 2) : std::string_view();
+  if (inner.empty() || inner.find_first_of("()") != std::string_view::npos) {
+    return Status::InvalidArgument("storage kind: malformed wrapper kind " + Quote(identity) +
+                                   " (expected outer/vN(inner/vM))");
+  }
+  for (std::string_view part : {outer, inner}) {
+    if (Result<Identity> p = ParseIdentity(part); !p.ok()) {
+      return Status::InvalidArgument("storage kind: " + p.status().message());
+    }
+  }
+  std::vector<std::string> known;
+  for (const LayerCodec* c : kinds_) {
+    if (c->kind() == identity) return c;
+    known.emplace_back(c->kind());
+  }
+  std::sort(known.begin(), known.end());
+  std::string list;
+  for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+  return Status::NotSupported("unknown storage kind " + Quote(identity) + "; known: " + list);
 }
 
 Result<const Transform*> CodecRegistry::FindTransform(std::string_view identity) const {
@@ -139,9 +164,12 @@ Result<std::pair<const Transform*, const LayerCodec*>> CodecRegistry::ResolveWra
   }
   std::string_view outer = identity.substr(0, open);
   std::string_view inner = identity.substr(open + 1, identity.size() - open - 2);
-  if (inner.find_first_of("()") != std::string_view::npos) {
-    return Status::InvalidArgument("malformed wrapped identity " + Quote(identity) +
-                                   ": transforms wrap a storage kind, not another transform");
+  // The kind may be a wrapper kind itself; FindKind accepts exactly the known ones.
+  if (inner.find('(') != std::string_view::npos) {
+    if (Result<const LayerCodec*> k = FindKind(inner); !k.ok() && k.status().IsInvalidArgument()) {
+      return Status::InvalidArgument("malformed wrapped identity " + Quote(identity) +
+                                     ": transforms wrap a storage kind, not another transform");
+    }
   }
   PC_ASSIGN_OR_RETURN(const Transform* t, FindTransform(outer));
   PC_ASSIGN_OR_RETURN(const LayerCodec* c, FindKind(inner));

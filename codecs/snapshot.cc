@@ -2,6 +2,7 @@
 // no codec.
 #include "primecache/snapshot.h"
 
+#include <algorithm>
 #include <type_traits>
 
 #include "codecs/bytes.h"
@@ -69,12 +70,47 @@ void CheckRecurrent(const RecurrentShape& s, Problems& p) {
   FitsBytes(p, "state heads * head_dim^2", s.heads, s.head_dim, s.head_dim);
 }
 
+// The format's own rules: a known kind; TurboQuant geometry (bits 2 or 4, a
+// power-of-two head_dim in 16..512, widths of whole entries); nothing
+// TurboQuant on f32 rows.
+void CheckKvFormat(const KvShape& s, Problems& p) {
+  const KvFormat& f = s.format;
+  if (KvKindOf(f).empty()) {
+    p.Add("kv_quant bits " + N(f.quant_bits) + " name no storage kind (0, 2 or 4)");
+    return;
+  }
+  if (!f.quantized()) {
+    if (f.head_dim != 0 || f.signs_digest != 0) p.Add("head_dim or sign digest on f32 rows");
+    return;
+  }
+  if (f.head_dim < 16 || f.head_dim > 512 || (f.head_dim & (f.head_dim - 1)) != 0) {
+    p.Add("TurboQuant head_dim " + N(f.head_dim) + " is not a power of two in 16..512");
+    return;
+  }
+  const std::uint64_t entry = 1 + std::uint64_t{f.head_dim} * f.quant_bits / 32;
+  if (s.k_width % entry != 0 || s.v_width % entry != 0) {
+    p.Add("widths " + N(s.k_width) + "/" + N(s.v_width) + " are not whole TurboQuant entries of " + N(entry) +
+          " words");
+  }
+}
+
 void CheckKv(const KvShape& s, Problems& p) {
   if (s.len == 0) p.Add("len is 0; a layer that holds no token is recorded as absent, not snapshotted");
   if (s.k_width == 0) p.Add("k_width is 0");
   if (s.v_width == 0) p.Add("v_width is 0");
-  FitsBytes(p, "len * k_width", s.len, s.k_width);
-  FitsBytes(p, "len * v_width", s.len, s.v_width);
+  CheckKvFormat(s, p);
+  if (s.format.rotating()) {
+    const std::uint64_t full = std::min<std::uint64_t>(s.len, s.format.window);
+    if (s.rows == 0 || s.rows > full || s.rows + 1 < full) {
+      p.Add("rotating buffer holds " + N(s.rows) + " rows; with len " + N(s.len) + " and window " +
+            N(s.format.window) + " it holds " + N(full) + (full > 1 ? " or " + N(full - 1) : std::string()));
+    }
+  } else if (s.rows != 0) {
+    p.Add("rows " + N(s.rows) + " on a plain KV layer (it holds every position)");
+  }
+  const std::string rows = s.format.rotating() ? "rows" : "len";
+  FitsBytes(p, rows + " * k_width", s.held_rows(), s.k_width);
+  FitsBytes(p, rows + " * v_width", s.held_rows(), s.v_width);
 }
 
 const char* KindName(std::size_t index) {
@@ -123,6 +159,19 @@ void CompareTarget(const RecurrentShape& s, const RecurrentGeometry& g, bool, Pr
   if (s.kernel != g.kernel) p.Add("kernel " + N(s.kernel) + " != plan " + N(g.kernel));
 }
 void CompareTarget(const KvShape& s, const KvGeometry& g, bool, Problems& p) {
+  const std::string_view kind = KvKindOf(s.format), plan = KvKindOf(g.format);
+  if (kind != plan) {
+    // Another kind is refused by name, never read as a near relative.
+    p.Add("kind " + std::string(kind.empty() ? "(none)" : kind) + " != plan " + std::string(plan));
+    return;
+  }
+  if (s.format.window != g.format.window) p.Add("window " + N(s.format.window) + " != plan " + N(g.format.window));
+  if (s.format.head_dim != g.format.head_dim)
+    p.Add("TurboQuant head_dim " + N(s.format.head_dim) + " != plan " + N(g.format.head_dim));
+  if (s.format.signs_digest != g.format.signs_digest) {
+    p.Add("TurboQuant sign vector (digest " + codecs::Hex64(s.format.signs_digest) + ") != plan's (" +
+          codecs::Hex64(g.format.signs_digest) + ")");
+  }
   if (s.k_width != g.k_width) p.Add("k_width " + N(s.k_width) + " != plan " + N(g.k_width));
   if (s.v_width != g.v_width) p.Add("v_width " + N(s.v_width) + " != plan " + N(g.v_width));
   if (s.len > g.max_ctx) p.Add("len " + N(s.len) + " > max_ctx " + N(g.max_ctx));
@@ -174,7 +223,7 @@ Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape) {
     return LayerSnapshot(std::move(r));
   }
   const auto& s = std::get<KvShape>(shape);
-  KvSnapshot kv{s.len, s.k_width, s.v_width, {}, {}};
+  KvSnapshot kv{s.len, s.k_width, s.v_width, {}, {}, s.format, s.rows};
   kv.k_rows.resize(s.k_values());
   kv.v_rows.resize(s.v_values());
   return LayerSnapshot(std::move(kv));
@@ -197,8 +246,9 @@ Status CheckSnapshot(const LayerSnapshot& layer) {
   } else {
     const auto& kv = std::get<KvSnapshot>(layer);
     KvShape s = kv.shape();
-    CheckPlaneSize(p, "k_rows", kv.k_rows.size(), s.k_values(), "len * k_width");
-    CheckPlaneSize(p, "v_rows", kv.v_rows.size(), s.v_values(), "len * v_width");
+    const std::string rows = s.format.rotating() ? "rows" : "len";
+    CheckPlaneSize(p, "k_rows", kv.k_rows.size(), s.k_values(), rows + " * k_width");
+    CheckPlaneSize(p, "v_rows", kv.v_rows.size(), s.v_values(), rows + " * v_width");
   }
   return p.ToStatus();
 }
@@ -241,6 +291,13 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
       const auto& kv = std::get<KvGeometry>(g);
       for (std::uint64_t v : {std::uint64_t{kv.k_width}, std::uint64_t{kv.v_width}, kv.max_ctx})
         PutU64(canon, v);
+      // The default (plain f32) adds nothing, so digests of plain plans stay as they were.
+      if (!(kv.format == KvFormat{})) {
+        PutString(canon, KvKindOf(kv.format));
+        for (std::uint64_t v : {std::uint64_t{kv.format.window}, std::uint64_t{kv.format.quant_bits},
+                                std::uint64_t{kv.format.head_dim}, kv.format.signs_digest})
+          PutU64(canon, v);
+      }
     }
   }
   return Checksum128(std::as_bytes(std::span(canon.data(), canon.size())));

@@ -30,15 +30,35 @@ Status LayerRefusal(std::size_t i, const std::string& why) {
   return Status::FailedPrecondition("layer " + N(i) + ": " + why);
 }
 
-// Rows [0, len) of a KV layer's K and V planes, downloaded on the compute lane.
-Result<KvSnapshot> DownloadKv(Device& dev, const KvLayer& kv, std::uint64_t len, std::uint32_t k_width,
-                              std::uint32_t v_width) {
-  KvSnapshot s{len, k_width, v_width, {}, {}};
-  s.k_rows.resize(s.len * s.k_width);
-  s.v_rows.resize(s.len * s.v_width);
-  PC_RETURN_IF_ERROR(dev.Download(s.k_rows.data(), kv.k_rows(), s.k_rows.size() * sizeof(float), Lane::kCompute));
-  PC_RETURN_IF_ERROR(dev.Download(s.v_rows.data(), kv.v_rows(), s.v_rows.size() * sizeof(float), Lane::kCompute));
+// A KV layer's held rows at a boundary of `len` tokens, downloaded on the
+// compute lane in logical order: rows [0, len) of a plain layer, the live
+// buffer's [first_held, len) of a rotating one (len is then the layer's own).
+Result<KvSnapshot> DownloadKv(Device& dev, const KvLayer& kv, std::uint64_t len) {
+  const KvPlan& p = kv.plan();
+  KvSnapshot s{len, p.k_width, p.v_width, {}, {}, p.format, p.format.rotating() ? kv.held_rows() : 0};
+  const std::uint64_t held = s.shape().held_rows(), first = p.format.rotating() ? kv.first_held() : 0;
+  s.k_rows.resize(held * s.k_width);
+  s.v_rows.resize(held * s.v_width);
+  for (const RingRun& r : RingRuns(first, held, kv.capacity())) {
+    PC_RETURN_IF_ERROR(dev.Download(s.k_rows.data() + r.offset * s.k_width, kv.k_rows() + r.physical * s.k_width,
+                                    r.rows * s.k_width * sizeof(float), Lane::kCompute));
+    PC_RETURN_IF_ERROR(dev.Download(s.v_rows.data() + r.offset * s.v_width, kv.v_rows() + r.physical * s.v_width,
+                                    r.rows * s.v_width * sizeof(float), Lane::kCompute));
+  }
   return s;
+}
+
+// The eager capture of a rotating layer: its held rows, copied on the device
+// into the slot in logical order.
+Status CopyRotatingToSlot(Device& dev, const KvLayer& kv, float* k_dst, float* v_dst) {
+  const std::uint64_t kw = kv.plan().k_width, vw = kv.plan().v_width;
+  for (const RingRun& r : RingRuns(kv.first_held(), kv.held_rows(), kv.capacity())) {
+    PC_RETURN_IF_ERROR(dev.CopyOnDevice(k_dst + r.offset * kw, kv.k_rows() + r.physical * kw,
+                                        r.rows * kw * sizeof(float), Lane::kCompute));
+    PC_RETURN_IF_ERROR(dev.CopyOnDevice(v_dst + r.offset * vw, kv.v_rows() + r.physical * vw,
+                                        r.rows * vw * sizeof(float), Lane::kCompute));
+  }
+  return Status::Ok();
 }
 
 template <typename T>
@@ -124,7 +144,7 @@ Result<std::vector<LayerSnapshot>> SessionCache::CaptureFull() {
       out.emplace_back(std::move(s));
     } else {
       const KvLayer* kv = this->kv(i);
-      PC_ASSIGN_OR_RETURN(KvSnapshot s, DownloadKv(dev, *kv, kv->len_, kv->plan_.k_width, kv->plan_.v_width));
+      PC_ASSIGN_OR_RETURN(KvSnapshot s, DownloadKv(dev, *kv, kv->len_));
       out.emplace_back(std::move(s));
     }
   }
@@ -176,8 +196,15 @@ Result<PendingCapture> SessionCache::CaptureEager() {
       half.layers.emplace_back(RecurrentSnapshot{p.heads, p.head_dim, p.kernel, {}, {}});
     } else {
       KvLayer* kv = this->kv(i);
-      AddWatch(&kv->watches_, watch);
-      half.layers.emplace_back(EagerKv{kv->len_, kv->plan_.k_width, kv->plan_.v_width});
+      EagerKv e{kv->len_, kv->plan_.k_width, kv->plan_.v_width, kv->plan_.format, 0, {}, {}};
+      if (e.format.rotating()) {
+        e.rows = kv->held_rows();
+        PC_RETURN_IF_ERROR(CopyRotatingToSlot(dev, *kv, dslot.at<float>(areas[i].k_rows.offset),
+                                              dslot.at<float>(areas[i].v_rows.offset)));
+      } else {
+        AddWatch(&kv->watches_, watch);
+      }
+      half.layers.emplace_back(std::move(e));
     }
   }
   half.watch = std::move(watch);
@@ -255,6 +282,9 @@ Result<EagerHalf> PendingCapture::Collect() {
       const RecurrentShape s = r->shape();
       r->conv_ring = ToVector(staged.at<const float>(areas[i].conv_ring.offset), s.conv_values());
       r->state = ToVector(staged.at<const float>(areas[i].state.offset), s.state_values());
+    } else if (auto* kv = std::get_if<EagerKv>(&half_.layers[i]); kv != nullptr && kv->format.rotating()) {
+      kv->k_rows = ToVector(staged.at<const float>(areas[i].k_rows.offset), kv->rows * kv->k_width);
+      kv->v_rows = ToVector(staged.at<const float>(areas[i].v_rows.offset), kv->rows * kv->v_width);
     }
   }
   EagerHalf out = std::move(half_);
@@ -336,7 +366,19 @@ Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager
       if (e->k_width != kv->plan().k_width || e->v_width != kv->plan().v_width) {
         return LayerRefusal(i, "K/V widths differ from the layer's");
       }
+      if (!(e->format == kv->plan().format)) {
+        return LayerRefusal(i, "the eager half is of kind " + std::string(KvKindOf(e->format)) + ", the layer of " +
+                                   std::string(KvKindOf(kv->plan().format)));
+      }
       if (e->len == 0) return LayerRefusal(i, "boundary len 0");
+      if (e->format.rotating()) {
+        // Every row was captured eagerly; the live layer is not read again.
+        const KvShape shape{e->len, e->k_width, e->v_width, e->format, e->rows};
+        if (!CheckShape(shape).ok() || e->k_rows.size() != shape.k_values() || e->v_rows.size() != shape.v_values()) {
+          return LayerRefusal(i, "the eager rotating rows do not have the boundary's shape");
+        }
+        continue;
+      }
       if (kv->len() < e->len) {
         return LayerRefusal(
             i, "the layer holds " + N(kv->len()) + " rows, fewer than the boundary's " + N(e->len));
@@ -374,8 +416,13 @@ Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager
     } else if (recurrent(i) != nullptr) {
       out.emplace_back(std::move(std::get<RecurrentSnapshot>(el)));
     } else {
-      const auto& e = std::get<EagerKv>(el);
-      PC_ASSIGN_OR_RETURN(KvSnapshot s, DownloadKv(dev, *this->kv(i), e.len, e.k_width, e.v_width));
+      auto& e = std::get<EagerKv>(el);
+      if (e.format.rotating()) {
+        out.emplace_back(KvSnapshot{e.len, e.k_width, e.v_width, std::move(e.k_rows), std::move(e.v_rows), e.format,
+                                    e.rows});
+        continue;
+      }
+      PC_ASSIGN_OR_RETURN(KvSnapshot s, DownloadKv(dev, *this->kv(i), e.len));
       out.emplace_back(std::move(s));
     }
   }

@@ -2,6 +2,7 @@
 // captures, so that none of them depends on the others' lifetimes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,21 @@ namespace primecache::engine {
 struct RewindWatch {
   std::vector<std::uint64_t> low;
 };
+
+// Logical rows [first, first + count) of a ring of `ring` rows (count <=
+// ring) as at most two runs of physical rows: run k covers logical offsets
+// [offset, offset + rows) at physical rows [physical, physical + rows).
+struct RingRun {
+  std::uint64_t physical = 0, offset = 0, rows = 0;
+};
+inline std::vector<RingRun> RingRuns(std::uint64_t first, std::uint64_t count, std::uint64_t ring) {
+  std::vector<RingRun> runs;
+  if (count == 0) return runs;
+  const std::uint64_t start = first % ring, head = std::min(count, ring - start);
+  runs.push_back({start, 0, head});
+  if (head < count) runs.push_back({0, head, count - head});
+  return runs;
+}
 
 struct EngineCore {
   // Declared first so that it is destroyed last: every Memory below frees

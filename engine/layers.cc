@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
@@ -206,10 +207,26 @@ Status RecurrentLayer::Step(const float* conv_inputs, std::uint64_t count) {
 
 // ---- KvLayer -------------------------------------------------------------------
 
+std::uint64_t KvLayer::resumable_floor() const {
+  if (!plan_.format.rotating() || lo_ == 0) return 0;
+  return lo_ + plan_.format.window - 1;
+}
+
 Status KvLayer::CheckInvariants() const {
   if (dev_ == nullptr) return Status::FailedPrecondition("KV layer is not part of a cache");
-  if (len_ > max_ctx_)
-    return Status::Internal("KV layer invariant broken: len " + N(len_) + " > max_ctx " + N(max_ctx_));
+  auto broken = [](const std::string& what) { return Status::Internal("KV layer invariant broken: " + what); };
+  if (len_ > max_ctx_) return broken("len " + N(len_) + " > max_ctx " + N(max_ctx_));
+  if (!plan_.format.rotating()) {
+    if (lo_ != 0) return broken("a plain layer with first held row " + N(lo_));
+    return Status::Ok();
+  }
+  const std::uint64_t w = plan_.format.window;
+  if (lo_ > len_ || len_ - lo_ > rows_ || len_ - lo_ > w) {
+    return broken("holds positions [" + N(lo_) + ", " + N(len_) + ") in a buffer of " + N(rows_) + " rows");
+  }
+  if (lo_ != 0 && len_ - lo_ + 1 < w) {
+    return broken("wrapped, yet holds " + N(len_ - lo_) + " rows of a window of " + N(w));
+  }
   return Status::Ok();
 }
 
@@ -231,9 +248,21 @@ Status KvLayer::Append(const float* k_rows, const float* v_rows, std::uint64_t c
   }
   touched_ = true;
   const std::uint64_t kw = plan_.k_width, vw = plan_.v_width;
-  PC_RETURN_IF_ERROR(dev_->CopyOnDevice(k_ + len_ * kw, k_rows, count * kw * sizeof(float), Lane::kCompute));
-  PC_RETURN_IF_ERROR(dev_->CopyOnDevice(v_ + len_ * vw, v_rows, count * vw * sizeof(float), Lane::kCompute));
+  if (!plan_.format.rotating()) {
+    PC_RETURN_IF_ERROR(dev_->CopyOnDevice(k_ + len_ * kw, k_rows, count * kw * sizeof(float), Lane::kCompute));
+    PC_RETURN_IF_ERROR(dev_->CopyOnDevice(v_ + len_ * vw, v_rows, count * vw * sizeof(float), Lane::kCompute));
+    len_ += count;
+    return WriteLen();
+  }
+  // Only the last `rows_` rows of the call survive; earlier ones would be
+  // overwritten within the call.
+  const std::uint64_t keep = std::min(count, rows_), skip = count - keep;
+  for (auto [plane, src, width] : {std::tuple{k_, k_rows, kw}, std::tuple{v_, v_rows, vw}}) {
+    kernels::RingRowsArgs a{plane, const_cast<float*>(src + skip * width), width, rows_, len_ + skip, keep};
+    PC_RETURN_IF_ERROR(dev_->ScatterRows(a, Lane::kCompute));
+  }
   len_ += count;
+  if (len_ - lo_ > rows_) lo_ = len_ - rows_;
   return WriteLen();
 }
 
@@ -242,7 +271,13 @@ Status KvLayer::Truncate(std::uint64_t new_len) {
   if (new_len > len_)
     return Status::InvalidArgument("KV truncate to " + N(new_len) + " above len " + N(len_));
   if (new_len == len_) return Status::Ok();
+  if (new_len < resumable_floor()) {
+    return Status::FailedPrecondition("KV truncate to " + N(new_len) + ": the rotating buffer of " +
+                                      N(plan_.format.window) + " rows has wrapped (it holds positions from " +
+                                      N(lo_) + "); its resumable floor is " + N(resumable_floor()));
+  }
   len_ = new_len;
+  if (lo_ > len_) lo_ = len_;  // unreachable above the floor; keeps the invariant obvious
   NoteRewind(new_len);
   return WriteLen();
 }

@@ -80,7 +80,8 @@ std::vector<std::pair<std::string, std::uint64_t>> Terms(const ReservePlan& p) {
           } else if constexpr (std::is_same_v<T, RecurrentReserve>) {
             t.emplace_back(l + "recurrent state pair", (r.state[0].bytes + r.state[1].bytes) * s);
           } else {
-            t.emplace_back(l + "K/V rows", (r.k_rows.bytes + r.v_rows.bytes) * s);
+            t.emplace_back(l + (r.rows < p.request.max_ctx ? "rotating K/V rows" : "K/V rows"),
+                           (r.k_rows.bytes + r.v_rows.bytes) * s);
           }
         },
         p.layers[i]);
@@ -91,6 +92,14 @@ std::vector<std::pair<std::string, std::uint64_t>> Terms(const ReservePlan& p) {
 }
 
 }  // namespace
+
+std::uint64_t BytesPerToken(const LayerPlan& layer, std::uint64_t len) {
+  if (const auto* l = std::get_if<LatentPlan>(&layer)) return std::uint64_t{l->width()} * kF32;
+  if (std::holds_alternative<RecurrentPlan>(layer)) return 0;
+  const auto& kv = std::get<KvPlan>(layer);
+  if (kv.format.rotating() && len >= kv.format.window) return 0;
+  return (std::uint64_t{kv.k_width} + kv.v_width) * kF32;
+}
 
 std::string ReservePlan::Summary() const {
   return std::to_string(request.sessions) + " sessions x " + Bytes(session_bytes) + " + " +
@@ -150,11 +159,19 @@ Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
             p.slot_areas.push_back(area);
           } else {
             KvReserve r;
-            r.k_rows = arena.Take(arena.Mul(req.max_ctx, l.k_width, kF32));
-            r.v_rows = arena.Take(arena.Mul(req.max_ctx, l.v_width, kF32));
+            r.rows = l.capacity(req.max_ctx);
+            const std::uint64_t k_bytes = arena.Mul(r.rows, l.k_width, kF32);
+            const std::uint64_t v_bytes = arena.Mul(r.rows, l.v_width, kF32);
+            r.k_rows = arena.Take(k_bytes);
+            r.v_rows = arena.Take(v_bytes);
             r.len_mirror = arena.Take(sizeof(std::int32_t));
+            SlotArea area;
+            if (l.format.rotating()) {
+              area.k_rows = slot.Take(k_bytes);
+              area.v_rows = slot.Take(v_bytes);
+            }
             p.layers.emplace_back(r);
-            p.slot_areas.emplace_back();
+            p.slot_areas.push_back(area);
           }
         },
         req.plan.layers[i]);

@@ -77,7 +77,7 @@ std::vector<LayerGeometry> RestoreGeometry(const ReserveRequest& request) {
       g.emplace_back(RecurrentGeometry{r->heads, r->head_dim, r->kernel});
     } else {
       const auto& kv = std::get<KvPlan>(lp);
-      g.emplace_back(KvGeometry{kv.k_width, kv.v_width, request.max_ctx});
+      g.emplace_back(KvGeometry{kv.k_width, kv.v_width, request.max_ctx, kv.format});
     }
   }
   return g;
@@ -200,9 +200,15 @@ Status SessionCache::Restore(std::span<const LayerSnapshotView> layers) {
       KvLayer* kv = this->kv(i);
       const auto& v = std::get<KvView>(layers[i]);
       kv->touched_ = true;
-      st = upload(kv->k_, v.k_rows);
-      if (st.ok()) st = upload(kv->v_, v.v_rows);
+      // Held rows in logical order, to their physical rows (one run when plain).
+      const std::uint64_t held = v.shape.held_rows(), first = v.shape.len - held;
+      const std::uint64_t kw = v.shape.k_width, vw = v.shape.v_width;
+      for (const RingRun& r : RingRuns(first, held, kv->rows_)) {
+        if (st.ok()) st = upload(kv->k_ + r.physical * kw, v.k_rows.subspan(r.offset * kw, r.rows * kw));
+        if (st.ok()) st = upload(kv->v_ + r.physical * vw, v.v_rows.subspan(r.offset * vw, r.rows * vw));
+      }
       kv->len_ = v.shape.len;
+      kv->lo_ = first;
       if (st.ok()) st = kv->WriteLen();
     }
   }

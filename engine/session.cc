@@ -148,6 +148,7 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
       l->max_ctx_ = p.request.max_ctx;
       l->k_ = m.at<float>(kr.k_rows.offset);
       l->v_ = m.at<float>(kr.v_rows.offset);
+      l->rows_ = kr.rows;
       l->len_d_ = m.at<std::int32_t>(kr.len_mirror.offset);
       layers_.emplace_back(std::move(l));
     }

@@ -45,6 +45,9 @@ Status CheckPlan(const StatePlan& plan) {
             CheckDim(&problems, i, "k_width", l.k_width);
             CheckDim(&problems, i, "v_width", l.v_width);
             if (l.k_width == 0 || l.v_width == 0) Problem(&problems, i, "KV width 0");
+            // The format's own rules are the snapshot shape's (one place).
+            const Status f = CheckShape(KvShape{1, l.k_width, l.v_width, l.format, l.format.rotating() ? 1u : 0u});
+            if (!f.ok() && l.k_width != 0 && l.v_width != 0) Problem(&problems, i, f.message());
           }
         },
         plan.layers[i]);

@@ -13,6 +13,7 @@
 
 #include "kernels/indexer_select.h"
 #include "kernels/kda_scan.h"
+#include "kernels/kv_attention.h"
 #include "kernels/mla_attention.h"
 #include "kernels/model_ops.h"
 #include "kernels/pool_keys.h"
@@ -56,6 +57,9 @@ class Compute {
   virtual Status MlaRows(const kernels::MlaRowsArgs& a) = 0;
   virtual Status MlaAttention(const kernels::MlaAttentionArgs& a) = 0;
   virtual Status IndexerSelect(const kernels::IndexerSelectArgs& a) = 0;
+  virtual Status HadamardRows(const kernels::HadamardArgs& a) = 0;
+  virtual Status TurboQuantEncode(const kernels::TurboQuantEncodeArgs& a) = 0;
+  virtual Status KvAttention(const kernels::KvAttentionArgs& a) = 0;
   virtual Status ArgmaxRows(const float* x, std::size_t rows, std::size_t n, std::uint32_t* out) = 0;
 };
 

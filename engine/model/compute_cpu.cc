@@ -60,6 +60,9 @@ class CpuCompute final : public Compute {
   Status MlaRows(const k::MlaRowsArgs& a) override { return k::MlaRowsCpu(a); }
   Status MlaAttention(const k::MlaAttentionArgs& a) override { return k::MlaAttentionCpu(a); }
   Status IndexerSelect(const k::IndexerSelectArgs& a) override { return k::IndexerSelectCpu(a); }
+  Status HadamardRows(const k::HadamardArgs& a) override { return k::HadamardRowsCpu(a); }
+  Status TurboQuantEncode(const k::TurboQuantEncodeArgs& a) override { return k::TurboQuantEncodeCpu(a); }
+  Status KvAttention(const k::KvAttentionArgs& a) override { return k::KvAttentionCpu(a); }
   Status ArgmaxRows(const float* x, std::size_t rows, std::size_t n, std::uint32_t* out) override {
     return k::ArgmaxRowsCpu(x, rows, n, out);
   }

@@ -78,6 +78,9 @@ class CudaCompute final : public Compute {
   Status MlaRows(const k::MlaRowsArgs& a) override { return k::MlaRowsCuda(a, stream_); }
   Status MlaAttention(const k::MlaAttentionArgs& a) override { return k::MlaAttentionCuda(a, stream_); }
   Status IndexerSelect(const k::IndexerSelectArgs& a) override { return k::IndexerSelectCuda(a, stream_); }
+  Status HadamardRows(const k::HadamardArgs& a) override { return k::HadamardRowsCuda(a, stream_); }
+  Status TurboQuantEncode(const k::TurboQuantEncodeArgs& a) override { return k::TurboQuantEncodeCuda(a, stream_); }
+  Status KvAttention(const k::KvAttentionArgs& a) override { return k::KvAttentionCuda(a, stream_); }
   Status ArgmaxRows(const float* x, std::size_t rows, std::size_t n, std::uint32_t* out) override {
     return k::ArgmaxRowsCuda(x, rows, n, out, stream_);
   }

@@ -43,6 +43,43 @@ Status CheckDim(std::uint32_t v, std::uint32_t max, const char* name, bool allow
   return Status::Ok();
 }
 
+// Reads an integer that may be null (0).
+Status ReadOptionalU32(const Json& obj, const char* key, std::uint32_t* out, std::string_view where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) {
+    *out = 0;
+    return Status::Ok();
+  }
+  return ReadU32(obj, key, out, where);
+}
+
+Status ReadAttn(const Json& j, AttnConfig* a) {
+  auto it = j.find("attn");
+  if (it == j.end() || !it->is_object()) return Status::InvalidArgument("config.attn must be an object");
+  const Json& o = *it;
+  PC_RETURN_IF_ERROR(ReadU32(o, "heads", &a->heads, "attn"));
+  PC_RETURN_IF_ERROR(ReadU32(o, "kv_heads", &a->kv_heads, "attn"));
+  PC_RETURN_IF_ERROR(ReadU32(o, "head_dim", &a->head_dim, "attn"));
+  PC_RETURN_IF_ERROR(ReadOptionalU32(o, "window", &a->window, "attn"));
+  if (auto w = o.find("window"); w != o.end() && !w->is_null() && a->window == 0) {
+    return Status::InvalidArgument("attn.window must be null or >= 1");
+  }
+  PC_RETURN_IF_ERROR(ReadFloat(o, "rope_theta", &a->rope_theta, "attn", /*required=*/false));
+  a->kv_quant_bits = 0;
+  if (auto q = o.find("kv_quant"); q != o.end() && !q->is_null()) {
+    if (!q->is_object()) return Status::InvalidArgument("attn.kv_quant must be an object or null");
+    auto kind = q->find("kind");
+    if (kind == q->end() || *kind != "turboquant") {
+      return Status::InvalidArgument("attn.kv_quant.kind must be \"turboquant\"");
+    }
+    PC_RETURN_IF_ERROR(ReadU32(*q, "bits", &a->kv_quant_bits, "attn.kv_quant"));
+    if (a->kv_quant_bits != 2 && a->kv_quant_bits != 4) {
+      return Status::InvalidArgument("attn.kv_quant.bits must be 2 or 4");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool ModelConfig::HasLayer(LayerType t) const {
@@ -87,6 +124,29 @@ Status ModelConfig::Validate(const ConfigLimits& lim) const {
       return Status::InvalidArgument("kda.gate_lower_bound must be negative");
     }
   }
+  if (HasLayer(LayerType::kAttn)) PC_RETURN_IF_ERROR(ValidateAttn(attn, lim));
+  return Status::Ok();
+}
+
+Status ValidateAttn(const AttnConfig& a, const ConfigLimits& lim) {
+  PC_RETURN_IF_ERROR(CheckDim(a.heads, lim.max_heads, "attn.heads"));
+  PC_RETURN_IF_ERROR(CheckDim(a.kv_heads, lim.max_heads, "attn.kv_heads"));
+  PC_RETURN_IF_ERROR(CheckDim(a.head_dim, lim.max_dim, "attn.head_dim"));
+  if (a.heads % a.kv_heads != 0) return Status::InvalidArgument("attn.heads must be a multiple of attn.kv_heads");
+  if (a.head_dim % 2 != 0) return Status::InvalidArgument("attn.head_dim must be even");
+  if (a.window > lim.max_window) {
+    return Status::InvalidArgument("attn.window = " + std::to_string(a.window) + " is above " +
+                                   std::to_string(lim.max_window));
+  }
+  if (!(a.rope_theta > 0.0f) || !std::isfinite(a.rope_theta)) {
+    return Status::InvalidArgument("attn.rope_theta must be > 0");
+  }
+  if (a.kv_quant_bits != 0) {
+    if (a.kv_quant_bits != 2 && a.kv_quant_bits != 4) return Status::InvalidArgument("attn.kv_quant.bits must be 2 or 4");
+    if (a.head_dim < 16 || a.head_dim > 512 || (a.head_dim & (a.head_dim - 1)) != 0) {
+      return Status::InvalidArgument("attn.head_dim must be a power of two in 16..512 with TurboQuant rows");
+    }
+  }
   return Status::Ok();
 }
 
@@ -111,8 +171,11 @@ Result<ModelConfig> ModelConfig::FromJson(std::string_view text, const ConfigLim
       c.layers.push_back(LayerType::kKda);
     } else if (l == "mla") {
       c.layers.push_back(LayerType::kMla);
+    } else if (l == "attn") {
+      c.layers.push_back(LayerType::kAttn);
     } else {
-      return Status::InvalidArgument("config.layers: unknown layer type " + l.dump() + " (expected \"kda\" or \"mla\")");
+      return Status::InvalidArgument("config.layers: unknown layer type " + l.dump() +
+                                     " (expected \"kda\", \"mla\" or \"attn\")");
     }
   }
   if (c.HasLayer(LayerType::kMla)) {
@@ -143,6 +206,7 @@ Result<ModelConfig> ModelConfig::FromJson(std::string_view text, const ConfigLim
     PC_RETURN_IF_ERROR(ReadU32(*k, "conv_kernel", &c.kda.conv_kernel, "kda"));
     PC_RETURN_IF_ERROR(ReadFloat(*k, "gate_lower_bound", &c.kda.gate_lower_bound, "kda", /*required=*/false));
   }
+  if (c.HasLayer(LayerType::kAttn)) PC_RETURN_IF_ERROR(ReadAttn(j, &c.attn));
   PC_RETURN_IF_ERROR(c.Validate(limits));
   return c;
 }
@@ -155,7 +219,7 @@ std::string ModelConfig::ToJson() const {
   j["mlp_hidden"] = mlp_hidden;
   j["norm_eps"] = norm_eps;
   Json ls = Json::array();
-  for (LayerType l : layers) ls.push_back(l == LayerType::kKda ? "kda" : "mla");
+  for (LayerType l : layers) ls.push_back(l == LayerType::kKda ? "kda" : l == LayerType::kMla ? "mla" : "attn");
   j["layers"] = ls;
   if (HasLayer(LayerType::kMla)) {
     Json m = {{"heads", mla.heads},       {"kv_rank", mla.kv_rank}, {"rope_dim", mla.rope_dim},
@@ -175,6 +239,14 @@ std::string ModelConfig::ToJson() const {
                 {"head_dim", kda.head_dim},
                 {"conv_kernel", kda.conv_kernel},
                 {"gate_lower_bound", kda.gate_lower_bound}};
+  }
+  if (HasLayer(LayerType::kAttn)) {
+    Json a = {{"heads", attn.heads}, {"kv_heads", attn.kv_heads}, {"head_dim", attn.head_dim},
+              {"rope_theta", attn.rope_theta}};
+    a["window"] = attn.window == 0 ? Json(nullptr) : Json(attn.window);
+    a["kv_quant"] = attn.kv_quant_bits == 0 ? Json(nullptr)
+                                            : Json{{"kind", "turboquant"}, {"bits", attn.kv_quant_bits}};
+    j["attn"] = a;
   }
   return j.dump(2);
 }

@@ -4,14 +4,17 @@
 #include <string>
 
 #include "kernels/cpu_math.h"
+#include "kernels/kv_attention.h"
+#include "primecache/checksum.h"
 
 namespace primecache::model {
 
 using engine::Lane;
 
-engine::StatePlan HybridModel::PlanFor(const ModelConfig& c) {
+engine::StatePlan HybridModel::PlanFor(const ModelConfig& c, const Weights& weights) {
   engine::StatePlan plan;
-  for (LayerType t : c.layers) {
+  for (std::size_t l = 0; l < c.layers.size(); ++l) {
+    const LayerType t = c.layers[l];
     if (t == LayerType::kMla) {
       engine::LatentPlan p;
       p.kv_rank = c.mla.kv_rank;
@@ -20,6 +23,21 @@ engine::StatePlan HybridModel::PlanFor(const ModelConfig& c) {
         p.index_head_dim = c.mla.indexer->head_dim;
         p.pool = c.mla.indexer->pool;
       }
+      plan.layers.emplace_back(p);
+    } else if (t == LayerType::kAttn) {
+      const AttnConfig& a = c.attn;
+      engine::KvPlan p;
+      p.format.window = a.window;
+      p.format.quant_bits = a.kv_quant_bits;
+      std::uint32_t entry = a.head_dim;
+      if (a.kv_quant_bits != 0) {
+        p.format.head_dim = a.head_dim;
+        entry = static_cast<std::uint32_t>(kernels::KvEntryWords(a.head_dim, a.kv_quant_bits));
+        if (const Tensor* signs = weights.Find("layers." + std::to_string(l) + ".attn.tq_signs")) {
+          p.format.signs_digest = Checksum64(std::as_bytes(std::span(signs->data)));
+        }
+      }
+      p.k_width = p.v_width = a.kv_heads * entry;
       plan.layers.emplace_back(p);
     } else {
       plan.layers.emplace_back(engine::RecurrentPlan{c.kda.heads, c.kda.head_dim, c.kda.conv_kernel});
@@ -38,7 +56,7 @@ Result<std::unique_ptr<HybridModel>> HybridModel::Create(const ModelConfig& conf
   PC_RETURN_IF_ERROR(config.Validate());
   PC_RETURN_IF_ERROR(weights.CheckAgainst(config));
   if (engine == nullptr) return Status::InvalidArgument("model: no engine");
-  if (!(engine->reserve().request.plan == PlanFor(config))) {
+  if (!(engine->reserve().request.plan == PlanFor(config, weights))) {
     return Status::InvalidArgument("model: the engine's state plan is not the one model " + config.name + " needs");
   }
   if (options.chunk_tokens == 0) return Status::InvalidArgument("model: chunk_tokens must be > 0");
@@ -109,6 +127,13 @@ Status HybridModel::AllocateScratch() {
     sizes.insert(sizes.end(), {{"raw", T * 3 * nd}, {"conv", T * 3 * nd}, {"g", T * nd}, {"b", T * n}, {"og", T * nd},
                                {"ko", T * nd}});
   }
+  if (config_.HasLayer(LayerType::kAttn)) {
+    const AttnConfig& at = config_.attn;
+    const std::size_t qw = at.q_width(), kw = at.kv_width();
+    // Encoded rows are never wider than f32 ones.
+    sizes.insert(sizes.end(), {{"aq", T * qw}, {"ak", T * kw}, {"av", T * kw}, {"ek", T * kw}, {"ev", T * kw},
+                               {"ao", T * qw}});
+  }
   for (const auto& [name, floats] : sizes) {
     auto m = device_->Allocate(floats * sizeof(float));
     if (!m.ok()) return m.status().WithContext(std::string("model scratch '") + name + "'");
@@ -163,7 +188,18 @@ Status HybridModel::Forward(ModelSession& s, const std::uint32_t* tokens, std::s
   PC_RETURN_IF_ERROR(c.GatherRows(W("embed"), V, H, tok, count, x));
   for (std::size_t l = 0; l < config_.layers.size(); ++l) {
     PC_RETURN_IF_ERROR(c.RmsNormRows({x, u, L(l, "attn_norm.weight"), count, H, H, H, eps}));
-    Status mixed = config_.layers[l] == LayerType::kMla ? MlaMixer(s, l, count) : KdaMixer(s, l, count);
+    Status mixed;
+    switch (config_.layers[l]) {
+      case LayerType::kMla:
+        mixed = MlaMixer(s, l, count);
+        break;
+      case LayerType::kKda:
+        mixed = KdaMixer(s, l, count);
+        break;
+      case LayerType::kAttn:
+        mixed = AttnMixer(s, l, count);
+        break;
+    }
     if (!mixed.ok()) return mixed.WithContext("layer " + std::to_string(l));
     PC_RETURN_IF_ERROR(c.Add(x, out, count * H));
     PC_RETURN_IF_ERROR(c.RmsNormRows({x, u, L(l, "mlp_norm.weight"), count, H, H, H, eps}));
@@ -303,6 +339,63 @@ Status HybridModel::KdaMixer(ModelSession& s, std::size_t l, std::size_t count) 
   PC_RETURN_IF_ERROR(rec->Step(raw, count));
   PC_RETURN_IF_ERROR(c.KdaOutput(ko, og, L(l, "kda.o_norm.weight"), count, n, d, config_.norm_eps));
   return c.Gemm(ko, nd, L(l, "kda.wo"), S("out"), H, count, nd, H);
+}
+
+// Grouped-query attention over the layer's plain or rotating KV rows, f32 or
+// TurboQuant. The call's own rows are read from scratch (encoded first when
+// quantized, so every position reads back what is stored), and appended only
+// after the queries have read the cache: a rotating buffer never loses a row
+// a query of the same call still needs.
+Status HybridModel::AttnMixer(ModelSession& s, std::size_t l, std::size_t count) {
+  Compute& c = *compute_;
+  const AttnConfig& at = config_.attn;
+  const std::size_t H = config_.hidden, hd = at.head_dim, qw = at.q_width(), kw = at.kv_width();
+  engine::KvLayer* kv = s.cache->kv(l);
+  if (kv == nullptr) return Status::Internal("the cache's layer is not a KV layer");
+  if (kv->len() != s.position) {
+    return Status::FailedPrecondition("KV len " + std::to_string(kv->len()) + " != session position " +
+                                      std::to_string(s.position));
+  }
+  const float* u = S("u");
+  float *q = S("aq"), *k = S("ak"), *v = S("av"), *o = S("ao");
+  const std::uint64_t p0 = s.position;
+  PC_RETURN_IF_ERROR(c.Gemm(u, H, L(l, "attn.wq"), q, qw, count, H, qw));
+  PC_RETURN_IF_ERROR(c.Gemm(u, H, L(l, "attn.wk"), k, kw, count, H, kw));
+  PC_RETURN_IF_ERROR(c.Gemm(u, H, L(l, "attn.wv"), v, kw, count, H, kw));
+  PC_RETURN_IF_ERROR(c.Rope({q, count, at.heads, qw, hd, 0, hd, p0, at.rope_theta}));
+  PC_RETURN_IF_ERROR(c.Rope({k, count, at.kv_heads, kw, hd, 0, hd, p0, at.rope_theta}));
+  const float* new_k = k;
+  const float* new_v = v;
+  const float* signs = at.kv_quant_bits != 0 ? L(l, "attn.tq_signs") : nullptr;
+  if (signs != nullptr) {
+    auto* ek = reinterpret_cast<std::uint32_t*>(S("ek"));
+    auto* ev = reinterpret_cast<std::uint32_t*>(S("ev"));
+    PC_RETURN_IF_ERROR(c.TurboQuantEncode({k, ek, signs, count, at.kv_heads, hd, kw, at.kv_quant_bits}));
+    PC_RETURN_IF_ERROR(c.TurboQuantEncode({v, ev, signs, count, at.kv_heads, hd, kw, at.kv_quant_bits}));
+    PC_RETURN_IF_ERROR(c.HadamardRows({q, signs, count, at.heads, hd, qw, /*inverse=*/false}));
+    new_k = S("ek");
+    new_v = S("ev");
+  }
+  kernels::KvAttentionArgs a;
+  a.q = q;
+  a.cache_k = kv->k_rows();
+  a.cache_v = kv->v_rows();
+  a.cache_rows = kv->capacity();
+  a.new_k = new_k;
+  a.new_v = new_v;
+  a.out = o;
+  a.count = count;
+  a.first_pos = p0;
+  a.heads = at.heads;
+  a.kv_heads = at.kv_heads;
+  a.head_dim = hd;
+  a.window = at.window;
+  a.bits = at.kv_quant_bits;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  PC_RETURN_IF_ERROR(c.KvAttention(a));
+  if (signs != nullptr) PC_RETURN_IF_ERROR(c.HadamardRows({o, signs, count, at.heads, hd, qw, /*inverse=*/true}));
+  PC_RETURN_IF_ERROR(kv->Append(new_k, new_v, count));
+  return c.Gemm(o, qw, L(l, "attn.wo"), S("out"), H, count, qw, H);
 }
 
 Result<std::vector<std::uint32_t>> HybridModel::Generate(ModelSession& s, std::span<const float> last_logits,

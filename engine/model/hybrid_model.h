@@ -39,11 +39,13 @@ struct HybridModelOptions {
 class HybridModel {
  public:
   // The state plan a configuration needs: a latent plan per MLA layer, a
-  // recurrent plan per KDA layer.
-  static engine::StatePlan PlanFor(const ModelConfig& config);
+  // recurrent plan per KDA layer, a KV plan per attn layer (its format: the
+  // window, the TurboQuant bits and head_dim, and the digest of the layer's
+  // attn.tq_signs from `weights`, 0 when absent).
+  static engine::StatePlan PlanFor(const ModelConfig& config, const Weights& weights);
 
   // Checks the weights against the config and the engine's plan against
-  // PlanFor(config), uploads the weights to the engine's device and books
+  // PlanFor(config, weights), uploads the weights to the engine's device and books
   // the scratch buffers for one chunk.
   static Result<std::unique_ptr<HybridModel>> Create(const ModelConfig& config, const Weights& weights,
                                                      engine::Engine* engine, const HybridModelOptions& options = {});
@@ -79,6 +81,7 @@ class HybridModel {
                  std::vector<float>* logits);
   Status MlaMixer(ModelSession& session, std::size_t layer, std::size_t count);
   Status KdaMixer(ModelSession& session, std::size_t layer, std::size_t count);
+  Status AttnMixer(ModelSession& session, std::size_t layer, std::size_t count);
 
   ModelConfig config_;
   engine::Engine* engine_;

@@ -25,7 +25,7 @@ std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
       total += r->conv_values() + r->state_values();
     } else {
       const auto& k = std::get<engine::KvPlan>(layer);
-      total += len * (std::uint64_t{k.k_width} + k.v_width);
+      total += std::min<std::uint64_t>(len, k.capacity(len)) * (std::uint64_t{k.k_width} + k.v_width);
     }
   }
   return total;
@@ -33,24 +33,24 @@ std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
 
 }  // namespace
 
-client::ModelId PrefixCache::ModelIdFor(const ModelConfig& config, const Hash128& weights_digest) {
+client::ModelId PrefixCache::ModelIdFor(const ModelConfig& config, const Weights& weights) {
   // The plan's intrinsic geometry: widths, pools, heads; no capacity or ring
   // size, since a snapshot restores into caches of any capacity that holds it.
   std::vector<LayerGeometry> geometry;
-  for (const auto& layer : HybridModel::PlanFor(config).layers) {
+  for (const auto& layer : HybridModel::PlanFor(config, weights).layers) {
     if (const auto* l = std::get_if<engine::LatentPlan>(&layer)) {
       geometry.push_back(LatentGeometry{l->width(), l->index_width(), l->pool, 0, 0});
     } else if (const auto* r = std::get_if<engine::RecurrentPlan>(&layer)) {
       geometry.push_back(RecurrentGeometry{r->heads, r->head_dim, r->kernel});
     } else {
       const auto& k = std::get<engine::KvPlan>(layer);
-      geometry.push_back(KvGeometry{k.k_width, k.v_width, 0});
+      geometry.push_back(KvGeometry{k.k_width, k.v_width, 0, k.format});
     }
   }
   ModelFingerprint fp;
   fp.architecture = config.name;
   fp.plan_digest = GeometryDigest(geometry);
-  fp.weights_digest = weights_digest;
+  fp.weights_digest = weights.Digest();
   fp.codec_versions = CodecRegistry::Default().Identities();
   return client::ModelId{fp.Digest(), config.name, EncodeFingerprint(fp)};
 }

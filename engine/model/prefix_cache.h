@@ -73,7 +73,7 @@ class PrefixCache {
   // The identity entries of this model are stored under: the fingerprint of
   // architecture, state-plan geometry (widths, not capacities), weights and
   // codec versions.
-  static client::ModelId ModelIdFor(const ModelConfig& config, const Hash128& weights_digest);
+  static client::ModelId ModelIdFor(const ModelConfig& config, const Weights& weights);
 
   // Runs a prompt in a fresh session. all_logits: also keep every position's
   // logits (restored positions have none).

@@ -64,6 +64,13 @@ std::vector<std::pair<std::string, Shape>> ExpectedTensors(const ModelConfig& c)
         t.push_back({p + "mla.idx.wq", {ih * di, H}});
         t.push_back({p + "mla.idx.ww", {ih, H}});
       }
+    } else if (c.layers[l] == LayerType::kAttn) {
+      const AttnConfig& a = c.attn;
+      t.push_back({p + "attn.wq", {std::int64_t{a.q_width()}, H}});
+      t.push_back({p + "attn.wk", {std::int64_t{a.kv_width()}, H}});
+      t.push_back({p + "attn.wv", {std::int64_t{a.kv_width()}, H}});
+      t.push_back({p + "attn.wo", {H, std::int64_t{a.q_width()}}});
+      if (a.kv_quant_bits != 0) t.push_back({p + "attn.tq_signs", {std::int64_t{a.head_dim}}});
     } else {
       const KdaConfig& k = c.kda;
       const std::int64_t nd = std::int64_t{k.heads} * k.head_dim, K = k.conv_kernel;
@@ -94,6 +101,7 @@ Weights Weights::Generate(const ModelConfig& c, std::uint64_t seed) {
     const std::uint64_t stream = seed ^ Checksum64(std::string_view(name));
     const bool is_norm = name.find("norm.weight") != std::string::npos;
     const bool is_conv = name.find("conv_") != std::string::npos;
+    const bool is_signs = name.find("tq_signs") != std::string::npos;
     // Matrices get variance ~1/fan_in so activations stay O(1) through depth;
     // norm weights sit near 1; conv taps in ±0.5; the embedding and ape O(1).
     float scale = 1.0f;
@@ -103,7 +111,11 @@ Weights Weights::Generate(const ModelConfig& c, std::uint64_t seed) {
     if (is_conv) scale = 0.5f;
     for (std::size_t i = 0; i < n; ++i) {
       const float u = UniformAt(stream, i);
-      t.data[i] = is_norm ? 1.0f + 0.1f * u : scale * u;
+      if (is_signs) {
+        t.data[i] = u < 0.0f ? -1.0f : 1.0f;
+      } else {
+        t.data[i] = is_norm ? 1.0f + 0.1f * u : scale * u;
+      }
     }
   };
   const std::size_t threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
@@ -129,8 +141,12 @@ Status Weights::CheckAgainst(const ModelConfig& c) const {
       return Status::InvalidArgument("tensor " + name + " has shape " + ShapeString(t->shape) + ", the config needs " +
                                      ShapeString(shape));
     }
+    const bool signs = name.ends_with("tq_signs");
     for (float v : t->data) {
       if (!std::isfinite(v)) return Status::InvalidArgument("tensor " + name + " holds a non-finite value");
+      if (signs && v != 1.0f && v != -1.0f) {
+        return Status::InvalidArgument("tensor " + name + " holds " + std::to_string(v) + "; every sign is +1 or -1");
+      }
     }
   }
   if (tensors_.size() != expected.size()) {

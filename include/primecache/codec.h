@@ -48,6 +48,12 @@ namespace primecache {
 inline constexpr std::string_view kMlaLatentKind = "mla-latent/v1";
 inline constexpr std::string_view kKdaRecurrentKind = "kda-recurrent/v1";
 inline constexpr std::string_view kKvPlainKind = "kv-plain/v1";
+inline constexpr std::string_view kKvRotatingKind = "kv-rotating/v1";
+// TurboQuant wraps the row store it encodes into: "outer/vN(inner/vM)".
+inline constexpr std::string_view kTurboQuant2PlainKind = "turboquant2/v1(kv-plain/v1)";
+inline constexpr std::string_view kTurboQuant4PlainKind = "turboquant4/v1(kv-plain/v1)";
+inline constexpr std::string_view kTurboQuant2RotatingKind = "turboquant2/v1(kv-rotating/v1)";
+inline constexpr std::string_view kTurboQuant4RotatingKind = "turboquant4/v1(kv-rotating/v1)";
 
 inline constexpr std::string_view kRawTransform = "raw/v1";
 inline constexpr std::string_view kShuffleZstdTransform = "shuffle-zstd/v1";
@@ -75,8 +81,8 @@ enum class PlaneId : std::uint8_t {
   kPoolKeys = 3,        // mla-latent: [pools_ready, index_head_dim]
   kConvRing = 4,        // kda-recurrent: [3 * heads * head_dim, kernel - 1]
   kRecurrentState = 5,  // kda-recurrent: [heads * head_dim, head_dim]
-  kKeyRows = 6,         // kv-plain: [len, k_width]
-  kValueRows = 7,       // kv-plain: [len, v_width]
+  kKeyRows = 6,         // KV kinds: [held rows, k_width]
+  kValueRows = 7,       // KV kinds: [held rows, v_width]
 };
 std::string_view PlaneName(PlaneId id);  // "latent_rows", ...
 
@@ -170,12 +176,15 @@ class CodecRegistry {
   // The built-in kinds and transforms. Never deleted.
   static const CodecRegistry& Default();
 
+  // A kind by its exact identity: "name/vN", or a wrapper kind with its
+  // inner kind "name/vN(inner/vM)"; each part must be well formed.
   Result<const LayerCodec*> FindKind(std::string_view identity) const;
   Result<const Transform*> FindTransform(std::string_view identity) const;
   // The current codec for a shape (the kind new snapshots are written with).
   Result<const LayerCodec*> KindFor(const LayerShape& shape) const;
   // Resolves a wrapped identity "transform(kind)"; both parts must be known
-  // exactly and nothing may surround or nest them.
+  // exactly and nothing may surround them. The kind may itself be a wrapped
+  // kind ("turboquant4/v1(kv-plain/v1)"), known exactly as a whole.
   Result<std::pair<const Transform*, const LayerCodec*>> ResolveWrapped(std::string_view identity) const;
   // Every kind and transform identity, sorted: a model fingerprint's
   // codec_versions when it uses the built-in codecs.

@@ -183,16 +183,35 @@ class RecurrentLayer {
   bool touched_ = false;
 };
 
+// An attention layer's K and V rows: plain (row of position p at physical
+// row p, append-only, trimmable to any length) or rotating (a buffer of W
+// rows, position p at physical row p % W; it holds positions [first_held,
+// len)). Rows are f32 or TurboQuant words (KvFormat); the layer moves them
+// as 4-byte words and never looks inside.
+//
+// Rotating invariants: len - first_held <= W, and first_held == 0 (never
+// wrapped) or len - first_held >= W - 1. The resumable floor is the lowest
+// length a trim may reach with every row the next query's window reads still
+// held: 0 while nothing was overwritten, first_held + W - 1 after a wrap. A
+// plain layer's floor is 0.
 class KvLayer {
  public:
   const KvPlan& plan() const { return plan_; }
   std::uint64_t max_ctx() const { return max_ctx_; }
   std::uint64_t len() const { return len_; }
+  // Physical rows of each plane (W when rotating, max_ctx when plain).
+  std::uint64_t capacity() const { return rows_; }
+  std::uint64_t first_held() const { return lo_; }
+  std::uint64_t held_rows() const { return len_ - lo_; }
+  std::uint64_t resumable_floor() const;
   const float* k_rows() const { return k_; }
   const float* v_rows() const { return v_; }
   const std::int32_t* len_device() const { return len_d_; }
-  // Appends count rows of K [count, k_width] and V [count, v_width].
+  // Appends count rows of K [count, k_width] and V [count, v_width] (device
+  // pointers, token-major). A rotating layer keeps the last W of them, written
+  // by one row-scatter launch per plane.
   Status Append(const float* k_rows, const float* v_rows, std::uint64_t count);
+  // Lowers len to new_len; FailedPrecondition below resumable_floor().
   Status Truncate(std::uint64_t new_len);
   Status CheckInvariants() const;
 
@@ -207,8 +226,10 @@ class KvLayer {
   std::uint64_t max_ctx_ = 0;
   float* k_ = nullptr;
   float* v_ = nullptr;
+  std::uint64_t rows_ = 0;
   std::int32_t* len_d_ = nullptr;
   std::uint64_t len_ = 0;
+  std::uint64_t lo_ = 0;  // first held position (rotating)
   bool touched_ = false;
   std::vector<std::weak_ptr<RewindWatch>> watches_;
 };
@@ -232,6 +253,10 @@ struct EagerKv {
   std::uint64_t len = 0;
   std::uint32_t k_width = 0;
   std::uint32_t v_width = 0;
+  KvFormat format = {};
+  std::uint64_t rows = 0;  // rotating: rows held, captured eagerly in logical order
+  std::vector<float> k_rows = {};
+  std::vector<float> v_rows = {};
 };
 // A recurrent layer's eager half is its whole state.
 using EagerLayer = std::variant<EagerLatent, RecurrentSnapshot, EagerKv>;

@@ -19,7 +19,7 @@
 
 namespace primecache::model {
 
-enum class LayerType : std::uint8_t { kKda, kMla };
+enum class LayerType : std::uint8_t { kKda, kMla, kAttn };
 
 struct IndexerConfig {
   std::uint32_t heads = 0;
@@ -50,6 +50,22 @@ struct KdaConfig {
   friend bool operator==(const KdaConfig&, const KdaConfig&) = default;
 };
 
+// The attention of every "attn" layer: grouped KV heads, RoPE over the whole
+// head, full causal (window 0, a plain KV cache) or sliding-window (window W,
+// a rotating buffer of W rows), rows stored f32 (kv_quant_bits 0) or as
+// TurboQuant rows of 2 or 4 bits (head_dim then a power of two >= 16).
+struct AttnConfig {
+  std::uint32_t heads = 0;
+  std::uint32_t kv_heads = 0;
+  std::uint32_t head_dim = 0;
+  std::uint32_t window = 0;         // 0: null (full attention)
+  float rope_theta = 10000.0f;
+  std::uint32_t kv_quant_bits = 0;  // 0: null; 2 or 4: TurboQuant
+  std::uint32_t q_width() const { return heads * head_dim; }
+  std::uint32_t kv_width() const { return kv_heads * head_dim; }
+  friend bool operator==(const AttnConfig&, const AttnConfig&) = default;
+};
+
 // Bounds applied to every configuration read from outside.
 struct ConfigLimits {
   std::uint32_t max_vocab = 1u << 20;
@@ -58,6 +74,7 @@ struct ConfigLimits {
   std::uint32_t max_layers = 1024;
   std::uint32_t max_pool = 1024;
   std::uint32_t max_conv_kernel = 64;
+  std::uint32_t max_window = 1u << 24;
 };
 
 struct ModelConfig {
@@ -69,6 +86,7 @@ struct ModelConfig {
   std::vector<LayerType> layers;
   MlaConfig mla;  // used by every "mla" layer
   KdaConfig kda;  // used by every "kda" layer
+  AttnConfig attn;  // used by every "attn" layer
 
   // Parses the JSON form (see docs/model.md) and validates it.
   static Result<ModelConfig> FromJson(std::string_view json, const ConfigLimits& limits = {});
@@ -78,6 +96,9 @@ struct ModelConfig {
   bool HasLayer(LayerType t) const;
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
+
+// The attn block's own checks (what Validate runs when an attn layer exists).
+Status ValidateAttn(const AttnConfig& attn, const ConfigLimits& limits = {});
 
 Result<ModelConfig> LoadModelConfig(Env* env, const std::string& path);
 

@@ -62,20 +62,32 @@ struct RecurrentReserve {
 };
 
 struct KvReserve {
-  BufferSpan k_rows;  // [max_ctx, k_width] f32
-  BufferSpan v_rows;  // [max_ctx, v_width] f32
+  BufferSpan k_rows;  // [rows, k_width] words
+  BufferSpan v_rows;  // [rows, v_width] words
   BufferSpan len_mirror;
+  std::uint64_t rows = 0;  // physical rows: max_ctx, or min(window, max_ctx) when rotating
 };
 
 using LayerReserve = std::variant<LatentReserve, RecurrentReserve, KvReserve>;
 
 // One layer's area in a snapshot slot: a latent layer's tail (at most pool - 1
-// index rows), a recurrent layer's conv ring and state; nothing for KV.
+// index rows), a recurrent layer's conv ring and state, a rotating KV layer's
+// whole buffer (every held row is overwritten by later appends); nothing for
+// plain KV (append-only, sliced by the deferred half).
 struct SlotArea {
   BufferSpan tail;
   BufferSpan conv_ring;
   BufferSpan state;
+  BufferSpan k_rows;
+  BufferSpan v_rows;
 };
+
+// Device bytes one more token costs a session's layer of this plan once it
+// holds `len` tokens: a row per token for latent and plain KV layers, 0 for a
+// recurrent layer, and 0 for a rotating layer past its window (its buffer
+// stops growing at W rows). What the reserve books for a session is the sum
+// of these up to max_ctx (plus the fixed buffers).
+std::uint64_t BytesPerToken(const LayerPlan& layer, std::uint64_t len);
 
 struct ReservePlan {
   ReserveRequest request;

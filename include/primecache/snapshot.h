@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -65,14 +66,49 @@ struct RecurrentShape {
   friend bool operator==(const RecurrentShape&, const RecurrentShape&) = default;
 };
 
-// A plain attention layer's K and V rows. Invariants: len, k_width, v_width >= 1.
+// How an attention layer stores its K and V rows; each combination is its
+// own storage kind (KvKindOf):
+//  - window 0: plain KV, every position's row, append-only ("kv-plain/v1");
+//    window W: a rotating buffer of the last W positions' rows
+//    ("kv-rotating/v1");
+//  - quant_bits 0: f32 rows; 2 or 4: TurboQuant rows, a wrapper around the
+//    plain or rotating kind ("turboquant4/v1(kv-rotating/v1)"). A TurboQuant
+//    row is kv_heads entries of 1 + head_dim*bits/32 32-bit words (the norm
+//    as f32, then the packed codes); the planes carry those words as they
+//    are (the "floats" of such a plane are opaque 4-byte words: they are
+//    copied, never decoded, rotated or requantized). head_dim and the digest
+//    of the rotation's sign vector (XXH3-64 of its f32 bytes) are part of the
+//    kind's geometry: rows encoded with other signs decode to other values.
+struct KvFormat {
+  std::uint32_t window = 0;
+  std::uint32_t quant_bits = 0;
+  std::uint32_t head_dim = 0;         // TurboQuant only (0 otherwise)
+  std::uint64_t signs_digest = 0;     // TurboQuant only (0 otherwise)
+  bool rotating() const { return window != 0; }
+  bool quantized() const { return quant_bits != 0; }
+  friend bool operator==(const KvFormat&, const KvFormat&) = default;
+};
+
+// The storage kind of a format, or "" for a format that names none (bits
+// other than 0, 2, 4).
+std::string_view KvKindOf(const KvFormat& format);
+
+// An attention layer's K and V rows. Invariants: len, k_width, v_width >= 1
+// (widths in 4-byte words: floats, or TurboQuant words, a whole number of
+// entries); plain: rows 0 (every position [0, len) is held); rotating: the
+// held rows are positions [len - rows, len) with rows <= min(len, window)
+// and rows >= min(len, window) - 1 (a trim of one row after a wrap; see
+// docs/engine.md), rows >= 1.
 struct KvShape {
   std::uint64_t len = 0;
   std::uint32_t k_width = 0;
   std::uint32_t v_width = 0;
+  KvFormat format = {};
+  std::uint64_t rows = 0;  // rotating only: rows held
 
-  std::uint64_t k_values() const { return len * k_width; }
-  std::uint64_t v_values() const { return len * v_width; }
+  std::uint64_t held_rows() const { return format.rotating() ? rows : len; }
+  std::uint64_t k_values() const { return held_rows() * k_width; }
+  std::uint64_t v_values() const { return held_rows() * v_width; }
   friend bool operator==(const KvShape&, const KvShape&) = default;
 };
 
@@ -121,14 +157,17 @@ struct RecurrentSnapshot {
 
 // The K and V rows of a plain attention layer: k_rows [len * k_width],
 // v_rows [len * v_width], row-major by token.
+// A rotating layer's planes hold its held rows, oldest first.
 struct KvSnapshot {
   std::uint64_t len = 0;
   std::uint32_t k_width = 0;
   std::uint32_t v_width = 0;
   std::vector<float> k_rows;
   std::vector<float> v_rows;
+  KvFormat format = {};
+  std::uint64_t rows = 0;  // rotating only: rows held
 
-  KvShape shape() const { return {len, k_width, v_width}; }
+  KvShape shape() const { return {len, k_width, v_width, format, rows}; }
 };
 
 using LayerSnapshot = std::variant<LatentPlaneSnapshot, RecurrentSnapshot, KvSnapshot>;
@@ -168,6 +207,7 @@ struct KvGeometry {
   std::uint32_t k_width = 0;
   std::uint32_t v_width = 0;
   std::uint64_t max_ctx = 0;
+  KvFormat format = {};  // the kind, window, TurboQuant bits, head_dim and sign digest
   friend bool operator==(const KvGeometry&, const KvGeometry&) = default;
 };
 

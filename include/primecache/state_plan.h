@@ -8,7 +8,8 @@
 //  - RecurrentPlan: a KDA layer's conv ring (the last kernel-1 pre-conv inputs
 //    of the fused q, k, v planes: 3 * heads * head_dim channels) and its
 //    recurrent state, heads x head_dim x head_dim f32.
-//  - KvPlan: a plain attention layer's K and V rows.
+//  - KvPlan: an attention layer's K and V rows (plain or rotating, f32 or
+//    TurboQuant).
 //
 // The types are plain values; CheckPlan is pure.
 #pragma once
@@ -17,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "primecache/snapshot.h"
 #include "primecache/status.h"
 
 namespace primecache::engine {
@@ -44,9 +46,16 @@ struct RecurrentPlan {
   friend bool operator==(const RecurrentPlan&, const RecurrentPlan&) = default;
 };
 
+// k_width, v_width in 4-byte words per token (KvShape); format: plain or
+// rotating, f32 or TurboQuant (snapshot.h).
 struct KvPlan {
   std::uint32_t k_width = 0;
   std::uint32_t v_width = 0;
+  KvFormat format = {};
+  // Physical rows a session holds: the window when rotating, else max_ctx.
+  std::uint64_t capacity(std::uint64_t max_ctx) const {
+    return format.rotating() && format.window < max_ctx ? format.window : max_ctx;
+  }
   friend bool operator==(const KvPlan&, const KvPlan&) = default;
 };
 

@@ -35,11 +35,17 @@ struct CtlRun : ProcessResult {
   }
 };
 
-// Runs primecachectl with these arguments (as another uid when given).
-CtlRun Ctl(const std::vector<std::string>& args, std::optional<uid_t> as_uid = std::nullopt) {
-  std::vector<std::string> all = {PRIMECACHECTL_PATH};
+// Runs a program with these arguments (as another uid when given).
+CtlRun Spawn(const std::string& program, const std::vector<std::string>& args,
+             std::optional<uid_t> as_uid = std::nullopt) {
+  std::vector<std::string> all = {program};
   all.insert(all.end(), args.begin(), args.end());
   return CtlRun{RunProcess(std::move(all), as_uid)};
+}
+
+// Runs primecachectl with these arguments (as another uid when given).
+CtlRun Ctl(const std::vector<std::string>& args, std::optional<uid_t> as_uid = std::nullopt) {
+  return Spawn(PRIMECACHECTL_PATH, args, as_uid);
 }
 
 // The model a test publishes for: a real fingerprint, its descriptor sent.
@@ -195,6 +201,67 @@ TEST_F(CliTest, ShowGivesLayersFingerprintAndText) {
   EXPECT_EQ(r.Json()["error"]["code"], "not_found");
   EXPECT_EQ(Ctl({"show"}).rc, 2);
   EXPECT_EQ(Ctl({"show", "abc"}).rc, 2);
+}
+
+// The reference model with attention layers through the daemon: the first
+// run publishes its boundary, the second restores it; show prints each KV
+// kind with its geometry.
+TEST_F(CliTest, ModelRunsWithAttnLayersRestoreAndShowTheirKinds) {
+  struct Case {
+    const char* config;
+    const char* kind;
+    std::uint32_t window;
+    std::uint32_t bits;
+  };
+  const Case cases[] = {{"hrm-tiny-swa.json", "kv-rotating/v1", 64, 0},
+                        {"hrm-tiny-tq.json", "turboquant4/v1(kv-plain/v1)", 0, 4},
+                        {"hrm-tiny-swa-tq2.json", "turboquant2/v1(kv-rotating/v1)", 32, 2}};
+  const std::string prompt(90, 'q');
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.config);
+    const std::string ns = std::string("run-") + c.config;
+    auto run = [&](const std::string& text) {
+      return Spawn(PRIMECACHE_RUN_PATH, {"--model", std::string(PRIMECACHE_SOURCE_DIR) + "/configs/" + c.config,
+                                         "--socket", d_.socket(), "--namespace", ns, "--prompt", text,
+                                         "--max-new-tokens", "3", "--log-level", "warn"});
+    };
+    CtlRun first = run(prompt);
+    ASSERT_EQ(first.rc, 0) << first.err;
+    EXPECT_NE(first.out.find("restored_tokens=0 "), std::string::npos) << first.out;
+    CtlRun second = run(prompt + " and then some more");
+    ASSERT_EQ(second.rc, 0) << second.err;
+    // The first run's boundary: BOS + the prompt (the generated tokens are not published).
+    EXPECT_NE(second.out.find("restored_tokens=" + std::to_string(prompt.size() + 1) + " "), std::string::npos)
+        << second.out;
+
+    json ls = Ctl({"ls", "--namespace", ns, "--json"}).Json();
+    ASSERT_FALSE(ls["entries"].empty()) << ls.dump();
+    const std::string id = std::to_string(ls["entries"][0]["id"].get<std::uint64_t>());
+    json j = Ctl({"show", id, "--json"}).Json();
+    ASSERT_EQ(j["layers"].size(), 6u) << j.dump();
+    for (std::size_t l : {2u, 5u}) {
+      const json& layer = j["layers"][l];
+      EXPECT_EQ(layer["kind"], c.kind);
+      const json& g = layer["geometry"];
+      EXPECT_EQ(g["len"], prompt.size() + 1);
+      if (c.window != 0) {
+        EXPECT_EQ(g["window"], c.window);
+        EXPECT_EQ(g["rows"], std::min<std::size_t>(c.window, prompt.size() + 1));
+      } else {
+        EXPECT_FALSE(g.contains("window"));
+      }
+      if (c.bits != 0) {
+        EXPECT_EQ(g["turboquant_bits"], c.bits);
+        EXPECT_EQ(g["head_dim"], 16);
+        EXPECT_EQ(g["k_width"], 2 * (1 + 16 * c.bits / 32));
+      } else {
+        EXPECT_EQ(g["k_width"], 32);
+      }
+    }
+    CtlRun text = Ctl({"show", id});
+    ASSERT_EQ(text.rc, 0) << text.err;
+    EXPECT_NE(text.out.find(c.kind), std::string::npos) << text.out;
+  }
 }
 
 TEST_F(CliTest, StatsCountHitsBytesAndDedup) {

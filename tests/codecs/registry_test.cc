@@ -26,7 +26,7 @@ TEST(IdentityTest, ParsesStrictly) {
 }
 
 TEST(RegistryTest, FindsEveryBuiltInByItsExactIdentity) {
-  for (auto k : {kMlaLatentKind, kKdaRecurrentKind, kKvPlainKind}) {
+  for (auto k : {kMlaLatentKind, kKdaRecurrentKind, kKvPlainKind, kKvRotatingKind, kTurboQuant4PlainKind}) {
     auto c = R().FindKind(k);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     EXPECT_EQ((*c)->kind(), k);
@@ -87,8 +87,58 @@ TEST(RegistryTest, KindForPicksTheCurrentCodecOfAShape) {
 
 TEST(RegistryTest, IdentitiesAreSortedAndComplete) {
   auto ids = R().Identities();
-  EXPECT_EQ(ids, (std::vector<std::string>{"bf16/v1", "kda-recurrent/v1", "kv-plain/v1", "mla-latent/v1",
-                                           "q8_0/v1", "raw/v1", "shuffle-zstd/v1"}));
+  EXPECT_EQ(ids, (std::vector<std::string>{"bf16/v1", "kda-recurrent/v1", "kv-plain/v1", "kv-rotating/v1",
+                                           "mla-latent/v1", "q8_0/v1", "raw/v1", "shuffle-zstd/v1",
+                                           "turboquant2/v1(kv-plain/v1)", "turboquant2/v1(kv-rotating/v1)",
+                                           "turboquant4/v1(kv-plain/v1)", "turboquant4/v1(kv-rotating/v1)"}));
+}
+
+// Each KV format has its own kind, found only by its exact string; a wrapper
+// kind never resolves as its inner kind or as a sibling.
+TEST(RegistryTest, KvKindsAreExactStringsAndWrappersNameTheirInnerKind) {
+  const std::pair<KvFormat, std::string_view> kinds[] = {
+      {KvFormat{}, kKvPlainKind},
+      {KvFormat{64, 0, 0, 0}, kKvRotatingKind},
+      {KvFormat{0, 2, 16, 5}, kTurboQuant2PlainKind},
+      {KvFormat{0, 4, 16, 5}, kTurboQuant4PlainKind},
+      {KvFormat{64, 2, 16, 5}, kTurboQuant2RotatingKind},
+      {KvFormat{64, 4, 16, 5}, kTurboQuant4RotatingKind},
+  };
+  for (const auto& [format, kind] : kinds) {
+    EXPECT_EQ(KvKindOf(format), kind);
+    auto c = R().FindKind(kind);
+    ASSERT_TRUE(c.ok()) << kind << ": " << c.status().ToString();
+    EXPECT_EQ((*c)->kind(), kind);
+    KvShape shape{20, 6, 6, format, format.rotating() ? 20u : 0u};
+    EXPECT_EQ((*R().KindFor(shape))->kind(), kind);
+    // Another kind's codec does not accept the shape.
+    for (const auto& entry : kinds) {
+      const std::string_view other = entry.second;
+      if (other != kind) {
+        EXPECT_FALSE((*R().FindKind(other))->Accepts(shape)) << other << " accepts " << kind;
+      }
+    }
+    // Header fields round-trip, and a field short is corruption.
+    auto f = (*c)->ShapeFields(shape);
+    auto back = (*c)->ShapeFromFields(f);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_TRUE(std::get<KvShape>(*back) == shape) << kind;
+    f.pop_back();
+    EXPECT_TRUE((*c)->ShapeFromFields(f).status().IsCorruption()) << kind;
+  }
+  EXPECT_EQ(KvKindOf(KvFormat{0, 3, 16, 0}), "");
+  EXPECT_EQ(R().FindKind("turboquant3/v1(kv-plain/v1)").status().code(), StatusCode::kNotSupported);
+  EXPECT_EQ(R().FindKind("turboquant4/v2(kv-plain/v1)").status().code(), StatusCode::kNotSupported);
+  EXPECT_EQ(R().FindKind("turboquant4/v1(kv-plain/v2)").status().code(), StatusCode::kNotSupported);
+  EXPECT_EQ(R().FindKind("turboquant4/v1").status().code(), StatusCode::kNotSupported);
+  for (std::string_view bad : {"turboquant4/v1(kv-plain/v1", "turboquant4/v1()", "turboquant4/v1(kv-plain)",
+                               "turboquant4/v1(turboquant2/v1(kv-plain/v1))", "Turboquant4/v1(kv-plain/v1)"}) {
+    EXPECT_TRUE(R().FindKind(bad).status().IsInvalidArgument()) << bad;
+  }
+  auto plane = R().ResolveWrapped("shuffle-zstd/v1(turboquant4/v1(kv-rotating/v1))");
+  ASSERT_TRUE(plane.ok()) << plane.status().ToString();
+  EXPECT_EQ(plane->second->kind(), kTurboQuant4RotatingKind);
+  EXPECT_FALSE(R().ResolveWrapped("shuffle-zstd/v1(raw/v1(kv-plain/v1))").ok());
 }
 
 TEST(RegistryTest, ShapeFieldsRoundTripAndRefuseWrongCounts) {

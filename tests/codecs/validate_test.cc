@@ -1,5 +1,7 @@
 // Shape invariants, validation against a target geometry (every disagreement
 // named), whole-snapshot validation, and the stable digests.
+#include <set>
+
 #include "codec_test_util.h"
 
 namespace primecache {
@@ -110,6 +112,51 @@ TEST(ValidateTest, RefusesAnotherKindAndAnInconsistentSnapshot) {
   LayerSnapshot m = MakeLatent(9, 8, 4, 4);
   std::get<LatentPlaneSnapshot>(m).latent_rows.pop_back();
   ExpectSays(Validate(m, LatentGeometry{8, 8, 4, 0, 64}), "latent_rows holds 71 floats");
+}
+
+TEST(ValidateTest, KvShapesOfEveryKindCheckTheirOwnRules) {
+  const KvFormat rot{8, 0, 0, 0}, tq{0, 4, 16, 7}, tq_rot{8, 2, 16, 7};
+  EXPECT_TRUE(CheckShape(KvShape{5, 6, 6, rot, 5}).ok());
+  EXPECT_TRUE(CheckShape(KvShape{20, 6, 6, rot, 8}).ok());
+  EXPECT_TRUE(CheckShape(KvShape{20, 6, 6, rot, 7}).ok()) << "a trim of one row at the floor";
+  ExpectSays(CheckShape(KvShape{20, 6, 6, rot, 6}), "rotating buffer holds 6 rows");
+  ExpectSays(CheckShape(KvShape{20, 6, 6, rot, 9}), "rotating buffer holds 9 rows");
+  ExpectSays(CheckShape(KvShape{5, 6, 6, rot, 0}), "rotating buffer holds 0 rows");
+  ExpectSays(CheckShape(KvShape{5, 6, 6, {}, 3}), "rows 3 on a plain KV layer");
+  EXPECT_TRUE(CheckShape(KvShape{5, 6, 6, tq, 0}).ok());                // 2 entries of 3 words
+  ExpectSays(CheckShape(KvShape{5, 7, 6, tq, 0}), "not whole TurboQuant entries of 3 words");
+  ExpectSays(CheckShape(KvShape{5, 6, 6, KvFormat{0, 4, 24, 7}, 0}), "head_dim 24 is not a power of two");
+  ExpectSays(CheckShape(KvShape{5, 6, 6, KvFormat{0, 4, 8, 7}, 0}), "head_dim 8 is not a power of two");
+  ExpectSays(CheckShape(KvShape{5, 6, 6, KvFormat{0, 3, 16, 7}, 0}), "bits 3 name no storage kind");
+  ExpectSays(CheckShape(KvShape{5, 6, 6, KvFormat{0, 0, 16, 0}, 0}), "head_dim or sign digest on f32 rows");
+  EXPECT_TRUE(CheckShape(KvShape{20, 4, 4, tq_rot, 8}).ok());
+  // A rotating snapshot's planes hold its rows, not len.
+  auto snap = MakeSnapshot(KvShape{20, 6, 6, rot, 8});
+  ASSERT_TRUE(snap.ok());
+  EXPECT_EQ(std::get<KvSnapshot>(*snap).k_rows.size(), 48u);
+  std::get<KvSnapshot>(*snap).v_rows.pop_back();
+  ExpectSays(CheckSnapshot(*snap), "v_rows holds 47 floats; rows * v_width = 48");
+}
+
+TEST(ValidateTest, KvKindsWindowsAndSignVectorsAreComparedByName) {
+  const KvFormat rot{8, 0, 0, 0}, tq4{0, 4, 16, 7}, tq2{0, 2, 16, 7};
+  ExpectSays(Validate(KvShape{5, 6, 6, rot, 5}, KvGeometry{6, 6, 64, {}}), "kind kv-rotating/v1 != plan kv-plain/v1");
+  ExpectSays(Validate(KvShape{5, 6, 6, tq4, 0}, KvGeometry{6, 6, 64, tq2}),
+             "kind turboquant4/v1(kv-plain/v1) != plan turboquant2/v1(kv-plain/v1)");
+  ExpectSays(Validate(KvShape{5, 6, 6, rot, 5}, KvGeometry{6, 6, 64, KvFormat{16, 0, 0, 0}}), "window 8 != plan 16");
+  ExpectSays(Validate(KvShape{5, 6, 6, tq4, 0}, KvGeometry{6, 6, 64, KvFormat{0, 4, 16, 8}}), "sign vector");
+  ExpectSays(Validate(KvShape{5, 6, 6, tq4, 0}, KvGeometry{6, 6, 64, KvFormat{0, 4, 32, 7}}),
+             "TurboQuant head_dim 16 != plan 32");
+  EXPECT_TRUE(Validate(KvShape{5, 6, 6, tq4, 0}, KvGeometry{6, 6, 64, tq4}).ok());
+  // The geometry digest tells every format apart (a plain f32 plan's golden
+  // value is held by the digest tests below, unchanged).
+  std::set<std::pair<std::uint64_t, std::uint64_t>> digests;
+  for (KvFormat f : {KvFormat{}, rot, KvFormat{16, 0, 0, 0}, tq4, tq2, KvFormat{0, 4, 16, 8}}) {
+    const std::vector<LayerGeometry> g = {KvGeometry{6, 6, 64, f}};
+    const Hash128 h = GeometryDigest(g);
+    digests.insert({h.lo, h.hi});
+  }
+  EXPECT_EQ(digests.size(), 6u);
 }
 
 TEST(ValidateBoundaryTest, AWholeSnapshotIsValidOnlyIfEveryLayerIs) {

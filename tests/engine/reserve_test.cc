@@ -150,6 +150,36 @@ TEST(ReserveTest, PreflightRefusesOneByteShortWithTheLargestTerms) {
   EXPECT_NE(r.status().message().find("layer 0 latent rows"), std::string::npos) << r.status().message();
 }
 
+// A rotating KV layer books W rows (at most max_ctx) in the arena and the
+// same again in every slot; a plain one books max_ctx rows and no slot area.
+// BytesPerToken stops at W for the rotating one.
+TEST(ReserveTest, RotatingKvStopsGrowingAtItsWindow) {
+  const KvPlan rotating{8, 8, KvFormat{64, 0, 0, 0}}, plain{8, 8, {}}, tq{6, 6, KvFormat{64, 4, 16, 1}};
+  for (std::uint64_t max_ctx : {32ull, 64ull, 1000ull, 100000ull}) {
+    auto p = PlanReserve(ReserveRequest{StatePlan{{rotating, plain, tq}}, max_ctx, 1, 2, 0});
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    const std::uint64_t w = std::min<std::uint64_t>(64, max_ctx);
+    const auto& r = std::get<KvReserve>(p->layers[0]);
+    EXPECT_EQ(r.rows, w);
+    EXPECT_EQ(r.k_rows.bytes, w * 8 * 4);
+    EXPECT_EQ(p->slot_areas[0].k_rows.bytes, w * 8 * 4);
+    EXPECT_EQ(p->slot_areas[0].v_rows.bytes, w * 8 * 4);
+    EXPECT_EQ(std::get<KvReserve>(p->layers[1]).rows, max_ctx);
+    EXPECT_EQ(p->slot_areas[1].k_rows.bytes, 0u);
+    EXPECT_EQ(std::get<KvReserve>(p->layers[2]).k_rows.bytes, w * 6 * 4);
+  }
+  EXPECT_EQ(BytesPerToken(rotating, 10), 64u);
+  EXPECT_EQ(BytesPerToken(rotating, 64), 0u);
+  EXPECT_EQ(BytesPerToken(plain, 100000), 64u);
+  EXPECT_EQ(BytesPerToken(tq, 63), 48u);
+  EXPECT_EQ(BytesPerToken(RecurrentPlan{2, 4, 3}, 0), 0u);
+  EXPECT_EQ(BytesPerToken(LatentPlan{16, 8, 0, 0}, 5), 96u);
+  // A format the kinds do not know is refused by the plan check.
+  auto bad = PlanReserve(ReserveRequest{StatePlan{{KvPlan{8, 8, KvFormat{0, 3, 16, 0}}}}, 100, 1, 0, 0});
+  EXPECT_TRUE(bad.status().IsInvalidArgument());
+  EXPECT_NE(bad.status().message().find("bits 3"), std::string::npos) << bad.status().message();
+}
+
 TEST(ReserveTest, RingLadderHalvesDownToOnePool) {
   ReserveRequest req{Hybrid(), 1000, 1, 0, 0};
   EXPECT_EQ(RingFitLadder(req), (std::vector<std::uint64_t>{0, 500, 250, 125, 62, 31, 15, 7}));
@@ -232,8 +262,15 @@ TEST(ReserveTest, PreflightAndAllocationAgree) {
         case 2:
           plan.layers.push_back(RecurrentPlan{small(rng), 4 * small(rng), 1 + small(rng)});
           break;
-        default:
-          plan.layers.push_back(KvPlan{4 * small(rng), 4 * small(rng)});
+        default: {
+          // Plain or rotating, f32 or TurboQuant-4 over head_dim 16 (3 words an entry).
+          const std::uint32_t window = pick(rng) % 2 ? small(rng) : 0;
+          if (pick(rng) % 2) {
+            plan.layers.push_back(KvPlan{3 * small(rng), 3 * small(rng), KvFormat{window, 4, 16, 9}});
+          } else {
+            plan.layers.push_back(KvPlan{4 * small(rng), 4 * small(rng), KvFormat{window, 0, 0, 0}});
+          }
+        }
       }
     }
     ReserveRequest req{plan, 16u * small(rng) * small(rng), small(rng), pick(rng),

@@ -75,11 +75,70 @@ TEST(ModelConfigTest, RefusesBadConfigsWithTheReason) {
 }
 
 TEST(ModelConfigTest, ShippedConfigsLoad) {
-  for (const char* name : {"hrm-tiny.json", "hrm-glm5-class.json"}) {
+  for (const char* name : {"hrm-tiny.json", "hrm-glm5-class.json", "hrm-tiny-swa.json", "hrm-tiny-tq.json",
+                           "hrm-tiny-swa-tq2.json", "hrm-glm5-class-swa.json", "hrm-glm5-class-tq4.json",
+                           "hrm-glm5-class-swa-tq4.json"}) {
     auto c = LoadModelConfig(Env::Default(), std::string(PRIMECACHE_SOURCE_DIR) + "/configs/" + name);
     EXPECT_TRUE(c.ok()) << name << ": " << c.status().ToString();
   }
   EXPECT_TRUE(LoadModelConfig(Env::Default(), "/nonexistent/x.json").status().IsNotFound());
+}
+
+TEST(ModelConfigTest, AttnBlockRoundTripsAndEveryBadValueIsNamed) {
+  auto c = ModelConfig::FromJson(R"({"vocab": 258, "hidden": 8, "mlp_hidden": 8, "layers": ["attn", "kda"],
+      "kda": {"heads": 1, "head_dim": 2, "conv_kernel": 2},
+      "attn": {"heads": 4, "kv_heads": 2, "head_dim": 16, "window": 12, "rope_theta": 500.0,
+               "kv_quant": {"kind": "turboquant", "bits": 2}}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->layers[0], LayerType::kAttn);
+  EXPECT_EQ(c->attn, (AttnConfig{4, 2, 16, 12, 500.0f, 2}));
+  auto back = ModelConfig::FromJson(c->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, *c);
+  auto plain = ModelConfig::FromJson(R"({"vocab": 258, "hidden": 8, "mlp_hidden": 8, "layers": ["attn"],
+      "attn": {"heads": 2, "kv_heads": 2, "head_dim": 6, "window": null, "kv_quant": null}})");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->attn.window, 0u);
+  EXPECT_EQ(plain->attn.kv_quant_bits, 0u);
+
+  const std::string head = R"({"vocab": 258, "hidden": 8, "mlp_hidden": 8, "layers": ["attn"], "attn": )";
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"heads": 3, "kv_heads": 2, "head_dim": 16})", "multiple of attn.kv_heads"},
+      {R"({"heads": 2, "kv_heads": 2, "head_dim": 15})", "even"},
+      {R"({"heads": 2, "kv_heads": 2, "head_dim": 16, "window": 0})", "attn.window"},
+      {R"({"heads": 2, "kv_heads": 2, "head_dim": 24, "kv_quant": {"kind": "turboquant", "bits": 4}})",
+       "power of two"},
+      {R"({"heads": 2, "kv_heads": 2, "head_dim": 8, "kv_quant": {"kind": "turboquant", "bits": 4}})",
+       "power of two"},
+      {R"({"heads": 2, "kv_heads": 2, "head_dim": 16, "kv_quant": {"kind": "turboquant", "bits": 3}})", "bits"},
+      {R"({"heads": 2, "kv_heads": 2, "head_dim": 16, "kv_quant": {"kind": "int8", "bits": 4}})", "turboquant"},
+      {R"({"heads": 0, "kv_heads": 2, "head_dim": 16})", "attn.heads"},
+  };
+  for (const auto& [attn, needle] : bad) {
+    auto r = ModelConfig::FromJson(head + attn + "}");
+    ASSERT_FALSE(r.ok()) << attn;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+  }
+  EXPECT_FALSE(ModelConfig::FromJson(R"({"vocab": 258, "hidden": 8, "mlp_hidden": 8, "layers": ["attn"]})").ok());
+}
+
+TEST(ModelConfigTest, SignVectorsAreRefusedUnlessEveryValueIsPlusOrMinusOne) {
+  ModelConfig c;
+  c.vocab = 258;
+  c.hidden = 8;
+  c.mlp_hidden = 8;
+  c.layers = {LayerType::kAttn};
+  c.attn = {2, 1, 16, 0, 10000.0f, 4};
+  Weights w = Weights::Generate(c, 1);
+  const Tensor* signs = w.Find("layers.0.attn.tq_signs");
+  ASSERT_NE(signs, nullptr);
+  for (float v : signs->data) EXPECT_TRUE(v == 1.0f || v == -1.0f);
+  EXPECT_TRUE(w.CheckAgainst(c).ok());
+  auto tensors = w.tensors();
+  tensors["layers.0.attn.tq_signs"].data[3] = 0.5f;
+  Status s = Weights(tensors).CheckAgainst(c);
+  EXPECT_TRUE(s.IsInvalidArgument());
+  EXPECT_NE(s.message().find("+1 or -1"), std::string::npos) << s.message();
 }
 
 TEST(TokenizerTest, BosThenBytes) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -25,7 +26,7 @@ class Oracle {
     for (std::size_t i = 0; i < H; ++i) x[i] = T("embed")[token * H + i];
     for (std::size_t l = 0; l < c_.layers.size(); ++l) {
       Vec u = Norm(x, L(l, "attn_norm.weight"));
-      Vec o = c_.layers[l] == LayerType::kMla ? Mla(l, u) : Kda(l, u);
+      Vec o = c_.layers[l] == LayerType::kMla ? Mla(l, u) : c_.layers[l] == LayerType::kKda ? Kda(l, u) : Attn(l, u);
       for (std::size_t i = 0; i < H; ++i) x[i] += o[i];
       u = Norm(x, L(l, "mlp_norm.weight"));
       Vec a = Mv(L(l, "mlp.w1"), u), b = Mv(L(l, "mlp.w3"), u);
@@ -57,10 +58,11 @@ class Oracle {
     return y;
   }
   static Vec Slice(const Vec& v, std::size_t a, std::size_t n) { return Vec(v.begin() + a, v.begin() + a + n); }
-  void Rope(Vec& v, std::size_t t) const {
+  void Rope(Vec& v, std::size_t t) const { Rope(v, t, c_.mla.rope_theta); }
+  static void Rope(Vec& v, std::size_t t, float theta) {
     const std::size_t n = v.size();
     for (std::size_t i = 0; i < n / 2; ++i) {
-      double ang = double(t) * std::pow(double(c_.mla.rope_theta), -2.0 * double(i) / double(n));
+      double ang = double(t) * std::pow(double(theta), -2.0 * double(i) / double(n));
       double a = v[2 * i], b = v[2 * i + 1];
       v[2 * i] = a * std::cos(ang) - b * std::sin(ang);
       v[2 * i + 1] = a * std::sin(ang) + b * std::cos(ang);
@@ -189,8 +191,98 @@ class Oracle {
     return Mv(L(l, "kda.wo"), out);
   }
 
+  // The spec's Walsh-Hadamard product, written as its recursion
+  // H2n = [[Hn, Hn], [Hn, -Hn]] in f32 (the encoder's arithmetic is f32).
+  static std::vector<float> Sylvester(std::vector<float> x) {
+    if (x.size() == 1) return x;
+    const std::size_t h = x.size() / 2;
+    std::vector<float> top = Sylvester({x.begin(), x.begin() + h}), bot = Sylvester({x.begin() + h, x.end()});
+    for (std::size_t i = 0; i < h; ++i) {
+      x[i] = top[i] + bot[i];
+      x[i + h] = top[i] - bot[i];
+    }
+    return x;
+  }
+  // A stored row's TurboQuant read-back: encode as the spec says (f32), then
+  // decode in double with the Hadamard matrix written out (H[j][i] = -1 when
+  // popcount(i & j) is odd).
+  static Vec TurboQuantReadBack(const Vec& xd, const std::vector<float>& signs, std::uint32_t bits) {
+    static const std::vector<float> c2 = {-1.5104f, -0.4528f, 0.4528f, 1.5104f};
+    static const std::vector<float> c4 = {-2.7326f, -2.0690f, -1.6181f, -1.2562f, -0.9424f, -0.6568f,
+                                          -0.3881f, -0.1284f, 0.1284f,  0.3881f,  0.6568f,  0.9424f,
+                                          1.2562f,  1.6181f,  2.0690f,  2.7326f};
+    const std::vector<float>& C = bits == 2 ? c2 : c4;
+    const std::size_t n = xd.size();
+    std::vector<float> x(n);
+    float ss = 0.0f;
+    for (std::size_t i = 0; i < n; ++i) {
+      x[i] = static_cast<float>(xd[i]);
+      ss += x[i] * x[i];
+    }
+    const float norm = std::sqrt(ss);
+    Vec out(n, 0.0);
+    if (norm == 0.0f) return out;
+    for (std::size_t i = 0; i < n; ++i) x[i] *= signs[i];
+    std::vector<float> y = Sylvester(x);
+    const float root = std::sqrt(static_cast<float>(n));
+    Vec yhat(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float z = y[i] / root * root / norm;
+      std::size_t best = 0;
+      for (std::size_t j = 1; j < C.size(); ++j)
+        if (std::fabs(z - C[j]) < std::fabs(z - C[best])) best = j;
+      yhat[i] = double(norm) * C[best] / std::sqrt(double(n));
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (std::size_t i = 0; i < n; ++i) s += (std::popcount(i & j) % 2 ? -1.0 : 1.0) * yhat[i];
+      out[j] = signs[j] * s / std::sqrt(double(n));
+    }
+    return out;
+  }
+
+  Vec Attn(std::size_t l, const Vec& u) {
+    const AttnConfig& a = c_.attn;
+    const std::size_t hd = a.head_dim;
+    auto& h = hist_[l];
+    Vec q = Mv(L(l, "attn.wq"), u), k = Mv(L(l, "attn.wk"), u), v = Mv(L(l, "attn.wv"), u);
+    Vec krow, vrow;
+    for (std::size_t g = 0; g < a.kv_heads; ++g) {
+      Vec kg = Slice(k, g * hd, hd), vg = Slice(v, g * hd, hd);
+      Rope(kg, t_, a.rope_theta);
+      if (a.kv_quant_bits != 0) {
+        kg = TurboQuantReadBack(kg, L(l, "attn.tq_signs"), a.kv_quant_bits);
+        vg = TurboQuantReadBack(vg, L(l, "attn.tq_signs"), a.kv_quant_bits);
+      }
+      krow.insert(krow.end(), kg.begin(), kg.end());
+      vrow.insert(vrow.end(), vg.begin(), vg.end());
+    }
+    h.c.push_back(krow);
+    h.kpe.push_back(vrow);
+    const std::size_t lo = a.window != 0 && t_ + 1 > a.window ? t_ + 1 - a.window : 0;
+    Vec cat;
+    for (std::size_t hh = 0; hh < a.heads; ++hh) {
+      const std::size_t g = hh * a.kv_heads / a.heads;
+      Vec qh = Slice(q, hh * hd, hd);
+      Rope(qh, t_, a.rope_theta);
+      Vec sc;
+      double mx = -1e300;
+      for (std::size_t s = lo; s <= t_; ++s) {
+        sc.push_back(Dot(qh, Slice(h.c[s], g * hd, hd)) / std::sqrt(double(hd)));
+        mx = std::max(mx, sc.back());
+      }
+      double z = 0;
+      for (double& e : sc) z += (e = std::exp(e - mx));
+      Vec o(hd, 0.0);
+      for (std::size_t s = lo; s <= t_; ++s)
+        for (std::size_t j = 0; j < hd; ++j) o[j] += sc[s - lo] / z * h.kpe[s][g * hd + j];
+      cat.insert(cat.end(), o.begin(), o.end());
+    }
+    return Mv(L(l, "attn.wo"), cat);
+  }
+
   struct History {
-    std::vector<Vec> c, kpe, kidx, g, raw;
+    std::vector<Vec> c, kpe, kidx, g, raw;  // attn layers keep K rows in c, V rows in kpe
     Vec S;
   };
   const ModelConfig& c_;
@@ -264,6 +356,66 @@ TEST(HybridModelCpuTest, SparseIndexerMatchesOracle) {
   c.layers = {LayerType::kMla};
   c.mla.indexer = IndexerConfig{2, 8, 3, 1};  // one pool of three selected out of many
   ExpectMatchesOracle(c, 45);
+}
+
+// Attention layers: full and sliding, f32 and TurboQuant, windows shorter
+// and longer than the prompt, chunks that straddle the window.
+ModelConfig WithAttn(const char* name, std::uint32_t window, std::uint32_t bits) {
+  ModelConfig c = Mixed();
+  c.name = name;
+  c.layers = {LayerType::kKda, LayerType::kAttn, LayerType::kMla, LayerType::kAttn};
+  c.attn = {4, 2, 16, window, 10000.0f, bits};
+  return c;
+}
+
+TEST(HybridModelCpuTest, FullAttentionMatchesOracle) { ExpectMatchesOracle(WithAttn("attn-full", 0, 0), 40); }
+
+TEST(HybridModelCpuTest, SlidingWindowShorterThanThePromptMatchesOracle) {
+  ExpectMatchesOracle(WithAttn("attn-swa", 9, 0), 45);  // chunks of 7 straddle the window of 9
+}
+
+TEST(HybridModelCpuTest, SlidingWindowLongerThanThePromptMatchesOracle) {
+  ExpectMatchesOracle(WithAttn("attn-swa-long", 100, 0), 45);
+}
+
+TEST(HybridModelCpuTest, SlidingWindowOfOneAndMultiQueryMatchOracle) {
+  ModelConfig c = WithAttn("attn-w1-mqa", 1, 0);
+  c.attn.kv_heads = 1;
+  ExpectMatchesOracle(c, 20);
+}
+
+TEST(HybridModelCpuTest, TurboQuant4FullAttentionMatchesOracle) {
+  ExpectMatchesOracle(WithAttn("attn-tq4", 0, 4), 40);
+}
+
+TEST(HybridModelCpuTest, TurboQuant2SlidingWindowMatchesOracle) {
+  ExpectMatchesOracle(WithAttn("attn-swa-tq2", 8, 2), 45);
+}
+
+TEST(HybridModelCpuTest, TurboQuantWiderHeadsMatchOracle) {
+  ModelConfig c = WithAttn("attn-tq4-hd64", 16, 4);
+  c.attn = {2, 1, 64, 16, 10000.0f, 4};
+  ExpectMatchesOracle(c, 30);
+}
+
+TEST(HybridModelCpuTest, AttnChunkingIsBitIdenticalAcrossWindowsAndQuantization) {
+  for (auto [window, bits] : {std::pair{0u, 0u}, {5u, 0u}, {5u, 4u}, {0u, 2u}}) {
+    ModelConfig c = WithAttn("attn-chunks", window, bits);
+    Weights w = Weights::Generate(c, 3);
+    auto tokens = Text(37);
+    auto one = MakeCpuModel(c, w, 128, /*chunk=*/64);
+    auto two = MakeCpuModel(c, w, 128, /*chunk=*/3);
+    ASSERT_TRUE(one.ok() && two.ok());
+    auto s1 = one->model->NewSession();
+    auto s2 = two->model->NewSession();
+    ASSERT_TRUE(s1.ok() && s2.ok());
+    std::vector<float> a, b;
+    ASSERT_TRUE(one->model->Prime(*s1, tokens, LogitsWanted::kAll, &a).ok());
+    ASSERT_TRUE(two->model->Prime(*s2, std::span(tokens).first(13), LogitsWanted::kAll, &b).ok());
+    ASSERT_TRUE(two->model->Prime(*s2, std::span(tokens).subspan(13), LogitsWanted::kAll, &b).ok());
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "window " << window << " bits " << bits;
+  }
 }
 
 TEST(HybridModelCpuTest, ChunkingAndSplitCallsAreBitIdentical) {

@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <tuple>
 
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/model/model_test_util.h"
@@ -77,6 +79,16 @@ std::vector<Case> Cases() {
   dense_rope.name = "mla_dense_rope";
   dense_rope.mla.indexer.reset();
   out.push_back({"mla_dense_rope", dense_rope, 300, 0});
+  // Attention layers: full and sliding (windows shorter than the prompt, so
+  // the rotating buffer wraps inside the 64-token chunks), f32 and TurboQuant.
+  for (auto [name, window, bits] : {std::tuple{"attn_full", 0u, 0u}, {"attn_swa", 100u, 0u}, {"attn_tq4", 0u, 4u},
+                                    {"attn_swa_tq2", 48u, 2u}, {"attn_swa_tq4", 100u, 4u}}) {
+    ModelConfig a = Medium();
+    a.name = name;
+    a.layers = {LayerType::kKda, LayerType::kAttn, LayerType::kMla, LayerType::kAttn};
+    a.attn = {8, 2, 64, window, 10000.0f, bits};
+    out.push_back({name, a, 300, 0});
+  }
   return out;
 }
 
@@ -94,6 +106,63 @@ std::vector<float> Fetch(engine::Device& dev, const float* src, std::size_t n) {
   std::vector<float> v(n);
   EXPECT_TRUE(dev.Download(v.data(), src, n * sizeof(float), engine::Lane::kCompute).ok());
   return v;
+}
+
+// A KV layer's held rows on both backends. f32 rows within 1e-4 relative.
+// TurboQuant words: the norms within 1e-4 relative; a code may differ only
+// where the two backends' inputs fall on either side of a decision boundary
+// (they come from GEMMs that round differently), so a differing code must be
+// a neighbouring level, and such codes must be rare.
+double CompareKv(engine::Device& gd, const engine::KvLayer& kc, const engine::KvLayer& kg, std::size_t l) {
+  EXPECT_EQ(kg.len(), kc.len());
+  EXPECT_EQ(kg.first_held(), kc.first_held());
+  const engine::KvPlan& p = kc.plan();
+  const std::size_t n = kc.capacity() * p.k_width;
+  double worst = 0;
+  for (bool key : {true, false}) {
+    const float* cpu_rows = key ? kc.k_rows() : kc.v_rows();
+    std::vector<float> want(cpu_rows, cpu_rows + n), got = Fetch(gd, key ? kg.k_rows() : kg.v_rows(), n);
+    // Only the held rows are compared (the rest of the buffer is unwritten).
+    std::vector<float> w, g;
+    for (std::uint64_t pos = kc.first_held(); pos < kc.len(); ++pos) {
+      const std::size_t row = pos % kc.capacity();
+      w.insert(w.end(), want.begin() + row * p.k_width, want.begin() + (row + 1) * p.k_width);
+      g.insert(g.end(), got.begin() + row * p.k_width, got.begin() + (row + 1) * p.k_width);
+    }
+    if (!p.format.quantized()) {
+      const double e = RelErr(g, w);
+      EXPECT_LE(e, 1e-4) << "layer " << l << (key ? " K" : " V") << " rows";
+      worst = std::max(worst, e);
+      continue;
+    }
+    const std::size_t bits = p.format.quant_bits, entry = 1 + p.format.head_dim * bits / 32;
+    std::vector<float> norms_w, norms_g;
+    std::size_t codes = 0, differ = 0;
+    for (std::size_t e = 0; e < w.size() / entry; ++e) {
+      norms_w.push_back(w[e * entry]);
+      norms_g.push_back(g[e * entry]);
+      for (std::size_t i = 0; i < p.format.head_dim; ++i) {
+        const std::size_t word = e * entry + 1 + i * bits / 32, shift = (i * bits) % 32;
+        std::uint32_t a, b;
+        std::memcpy(&a, &w[word], 4);
+        std::memcpy(&b, &g[word], 4);
+        const int ca = static_cast<int>((a >> shift) & ((1u << bits) - 1));
+        const int cb = static_cast<int>((b >> shift) & ((1u << bits) - 1));
+        ++codes;
+        if (ca != cb) {
+          ++differ;
+          EXPECT_EQ(std::abs(ca - cb), 1) << "layer " << l << " entry " << e << " code " << i;
+        }
+      }
+    }
+    const double e = RelErr(norms_g, norms_w);
+    EXPECT_LE(e, 1e-4) << "layer " << l << " TurboQuant norms";
+    EXPECT_LE(double(differ), 1e-3 * double(codes) + 1) << "layer " << l << ": " << differ << " of " << codes
+                                                         << " TurboQuant codes differ";
+    std::printf("[ model-gpu ] layer %zu %s: %zu of %zu TurboQuant codes differ\n", l, key ? "K" : "V", differ, codes);
+    worst = std::max(worst, e);
+  }
+  return worst;
 }
 
 class ModelGpuTest : public ::testing::TestWithParam<Case> {};
@@ -116,7 +185,7 @@ TEST_P(ModelGpuTest, CudaMatchesCpuOnLogitsAndEveryPlane) {
   auto dev = engine::NewCudaDevice();
   ASSERT_TRUE(dev.ok()) << dev.status().ToString();
   engine::ReserveRequest req;
-  req.plan = HybridModel::PlanFor(c);
+  req.plan = HybridModel::PlanFor(c, w);
   req.max_ctx = 512;
   req.sessions = 1;
   req.snapshot_slots = 1;
@@ -169,6 +238,9 @@ TEST_P(ModelGpuTest, CudaMatchesCpuOnLogitsAndEveryPlane) {
         EXPECT_LE(e, 1e-4) << "layer " << l << " pool keys";
         worst_plane = std::max(worst_plane, e);
       }
+    } else if (auto* kc = cs->cache->kv(l)) {
+      const double e = CompareKv(gd, *kc, *gs->cache->kv(l), l);
+      worst_plane = std::max(worst_plane, e);
     } else {
       auto* rc = cs->cache->recurrent(l);
       auto* rg = gs->cache->recurrent(l);

@@ -18,7 +18,7 @@ inline Result<CpuModel> MakeCpuModel(const ModelConfig& c, const Weights& w, std
                                      std::size_t chunk = 64, std::uint32_t sessions = 2,
                                      std::uint64_t ring_rows = 0) {
   engine::ReserveRequest req;
-  req.plan = HybridModel::PlanFor(c);
+  req.plan = HybridModel::PlanFor(c, w);
   req.max_ctx = max_ctx;
   req.sessions = sessions;
   req.snapshot_slots = 1;

@@ -6,7 +6,9 @@
 #include <spdlog/spdlog.h>
 
 #include <cstring>
+#include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "engine/model/prefix_cache.h"
@@ -41,6 +43,21 @@ std::vector<Variant> Variants() {
   v.push_back({"kda", kda, 0});
   v.push_back({"mixed", Mixed(), 0});
   v.push_back({"mixed_ring", Mixed(), 10});
+  // Attention layers; the boundary is the 45-token prefix, 58 tokens in all.
+  auto attn = [](std::uint32_t window, std::uint32_t bits) {
+    ModelConfig c = Mixed();
+    c.layers = {LayerType::kKda, LayerType::kAttn, LayerType::kMla, LayerType::kAttn};
+    c.attn = {4, 2, 16, window, 10000.0f, bits};
+    return c;
+  };
+  v.push_back({"attn_full", attn(0, 0), 0});
+  v.push_back({"attn_window_shorter", attn(16, 0), 0});
+  v.push_back({"attn_window_longer", attn(100, 0), 0});
+  v.push_back({"attn_window_full_at_boundary", attn(45, 0), 0});
+  v.push_back({"attn_wrapped_by_one_at_boundary", attn(44, 0), 0});
+  v.push_back({"attn_tq4_full", attn(0, 4), 0});
+  v.push_back({"attn_tq2_window_shorter", attn(16, 2), 0});
+  v.push_back({"attn_tq4_wrapped_by_one_at_boundary", attn(44, 4), 0});
   return v;
 }
 
@@ -97,7 +114,7 @@ struct Harness {
     auto m = testing::MakeCpuModel(c, weights, 256, 8, 3, ring_rows);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     cpu = std::move(m).value();
-    id = PrefixCache::ModelIdFor(c, weights.Digest());
+    id = PrefixCache::ModelIdFor(c, weights);
   }
   std::unique_ptr<PrefixCache> Cache(const Daemon* d, const std::string& ns = "t") {
     std::unique_ptr<client::Client> cl;
@@ -212,7 +229,7 @@ TEST(PrefixCacheTest, OtherWeightsOrNamespacesNeverRestore) {
   EXPECT_EQ(r->restored_tokens, 0u) << "a namespace must not see another's entries";
   Harness other(Mixed(), 0);
   other.weights = Weights::Generate(other.config, 99);
-  other.id = PrefixCache::ModelIdFor(other.config, other.weights.Digest());
+  other.id = PrefixCache::ModelIdFor(other.config, other.weights);
   auto cache = other.Cache(&daemon, "tenant-a");
   auto r2 = cache->Prime(longer);
   ASSERT_TRUE(r2.ok());
@@ -221,6 +238,45 @@ TEST(PrefixCacheTest, OtherWeightsOrNamespacesNeverRestore) {
   auto r3 = same->Prime(longer);
   ASSERT_TRUE(r3.ok());
   EXPECT_EQ(r3->restored_tokens, prefix.size());
+}
+
+// The model identity covers each attn layer's kind, window, quantization and
+// sign vector: the plan digest differs even where the name and every other
+// weight are the same.
+TEST(PrefixCacheTest, ModelIdentityCoversKvKindWindowQuantizationAndSigns) {
+  auto with = [](std::uint32_t window, std::uint32_t bits) {
+    ModelConfig c = Mixed();
+    c.name = "same-name";
+    c.layers = {LayerType::kKda, LayerType::kAttn};
+    c.attn = {4, 2, 16, window, 10000.0f, bits};
+    return c;
+  };
+  std::set<std::pair<std::uint64_t, std::uint64_t>> plans, ids;
+  for (auto [window, bits] : {std::pair{0u, 0u}, {16u, 0u}, {32u, 0u}, {0u, 4u}, {0u, 2u}, {16u, 4u}}) {
+    const ModelConfig c = with(window, bits);
+    // One weight set for every variant (the f32 ones carry no signs).
+    const Weights w = Weights::Generate(with(0, 4), 5);
+    std::map<std::string, Tensor> t = w.tensors();
+    if (bits == 0) t.erase("layers.1.attn.tq_signs");
+    const Weights weights(std::move(t));
+    ASSERT_TRUE(weights.CheckAgainst(c).ok()) << weights.CheckAgainst(c).ToString();
+    const auto id = PrefixCache::ModelIdFor(c, weights);
+    ids.insert({id.digest.lo, id.digest.hi});
+    auto fp = DecodeFingerprint(id.descriptor);
+    ASSERT_TRUE(fp.ok());
+    plans.insert({fp->plan_digest.lo, fp->plan_digest.hi});
+  }
+  EXPECT_EQ(ids.size(), 6u);
+  EXPECT_EQ(plans.size(), 6u) << "the plan digest alone tells every KV format apart";
+  // Flipping one sign changes the plan digest, not only the weights digest.
+  const ModelConfig c = with(16, 4);
+  const Weights w = Weights::Generate(c, 5);
+  std::map<std::string, Tensor> t = w.tensors();
+  t["layers.1.attn.tq_signs"].data[0] *= -1.0f;
+  const auto a = DecodeFingerprint(PrefixCache::ModelIdFor(c, w).descriptor);
+  const auto b = DecodeFingerprint(PrefixCache::ModelIdFor(c, Weights(std::move(t))).descriptor);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_FALSE(a->plan_digest == b->plan_digest);
 }
 
 TEST(PrefixCacheTest, DaemonDownFallsBackAndSaysSoOnce) {

@@ -27,6 +27,7 @@
 
 #include "engine/device.h"
 #include "primecache/engine.h"
+#include "tools/bench/kv_kinds_bench.h"
 
 using namespace primecache;
 using namespace primecache::engine;
@@ -198,8 +199,10 @@ int main(int argc, char** argv) {
   app.add_option("--eager-reps", eager_reps)->check(CLI::Range(1, 1000));
   app.add_option("--full-reps", full_reps)->check(CLI::Range(1, 100));
   app.add_option("--restore-reps", restore_reps)->check(CLI::Range(1, 100));
-  bool cpu = false;
+  bool cpu = false, kv_kinds = false;
   app.add_flag("--cpu", cpu, "run on the CPU reference backend (a smoke test of the benchmark itself)");
+  app.add_flag("--kv-kinds", kv_kinds,
+               "measure the KV storage kinds (plain, rotating, TurboQuant) at the first --tokens length instead");
   CLI11_PARSE(app, argc, argv);
   std::sort(tokens.begin(), tokens.end());
 
@@ -210,6 +213,7 @@ int main(int argc, char** argv) {
   auto device =
       cpu ? NewCpuDevice({.memory_bytes = 64ull << 30}) : Must(NewCudaDevice({}), "open CUDA device");
   Device& dev = *device;
+  if (kv_kinds) return KvKindsBench(device, tokens.front(), restore_reps);
 
   // kda, kda, kda, mla, ... with the MLA layers spread evenly, an MLA layer last.
   StatePlan plan;

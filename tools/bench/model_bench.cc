@@ -211,7 +211,7 @@ int DaemonPath(const std::string& daemon_bin, model::HybridModel& m, const model
     model::PrefixCacheOptions opt;
     opt.encode.all_planes = TransformSpec{transform, transform == std::string("raw/v1") ? 0 : 1};
     opt.publish = false;
-    model::PrefixCache cache(&m, std::move(cl).value(), model::PrefixCache::ModelIdFor(config, weights.Digest()), opt);
+    model::PrefixCache cache(&m, std::move(cl).value(), model::PrefixCache::ModelIdFor(config, weights), opt);
     // As an engine does at start-up: pinning the staging is not a request's cost.
     if (Status s = cache.ReserveStaging(prefix.size()); !s.ok()) return Fail(s, "reserve staging");
     auto t0 = Clock::now();
@@ -234,6 +234,67 @@ int DaemonPath(const std::string& daemon_bin, model::HybridModel& m, const model
   return 0;
 }
 
+// TurboQuant against f32 on the same weights: the config as given (its
+// attn layers quantized) and its twin with kv_quant null, both priming the
+// same `tokens` random tokens in one session; the relative error of every
+// position's logits, and the KV bytes per token of each.
+int QuantError(const model::ModelConfig& config, const model::Weights& weights, std::size_t tokens,
+               std::size_t chunk, const std::shared_ptr<engine::Device>& device) {
+  if (!config.HasLayer(model::LayerType::kAttn) || config.attn.kv_quant_bits == 0) {
+    std::fprintf(stderr, "model-bench: --quant-error needs a config with quantized attn layers\n");
+    return 1;
+  }
+  model::ModelConfig f32 = config;
+  f32.attn.kv_quant_bits = 0;
+  std::map<std::string, model::Tensor> kept;
+  for (const auto& [name, t] : weights.tensors())
+    if (!name.ends_with("tq_signs")) kept.emplace(name, t);
+  const model::Weights f32_weights(std::move(kept));
+  std::mt19937 rng(3);
+  std::vector<std::uint32_t> prompt(tokens);
+  prompt[0] = model::kBosToken;
+  for (std::size_t i = 1; i < tokens; ++i) prompt[i] = rng() % 256;
+  std::vector<float> logits[2];
+  std::uint64_t kv_bytes[2] = {0, 0};
+  for (int q = 0; q < 2; ++q) {
+    const model::ModelConfig& c = q ? config : f32;
+    const model::Weights& w = q ? weights : f32_weights;
+    engine::ReserveRequest req;
+    req.plan = model::HybridModel::PlanFor(c, w);
+    req.max_ctx = tokens;
+    req.sessions = 1;
+    req.snapshot_slots = 0;
+    auto eng = engine::Engine::Create(device, req);
+    if (!eng.ok()) return Fail(eng.status(), "engine");
+    auto m = model::HybridModel::Create(c, w, eng->get(), {chunk});
+    if (!m.ok()) return Fail(m.status(), "model");
+    auto s = (*m)->NewSession();
+    if (!s.ok()) return Fail(s.status(), "session");
+    if (Status st = (*m)->Prime(*s, prompt, model::LogitsWanted::kAll, &logits[q]); !st.ok()) return Fail(st, "prime");
+    for (const auto& l : req.plan.layers)
+      if (const auto* kv = std::get_if<engine::KvPlan>(&l)) kv_bytes[q] += (kv->k_width + kv->v_width) * 4ull;
+  }
+  double num = 0, den = 0, worst = 0;
+  const std::size_t V = config.vocab;
+  for (std::size_t t = 0; t < tokens; ++t) {
+    double n = 0, d = 0;
+    for (std::size_t v = 0; v < V; ++v) {
+      const double e = double(logits[1][t * V + v]) - logits[0][t * V + v];
+      n += e * e;
+      d += double(logits[0][t * V + v]) * logits[0][t * V + v];
+    }
+    num += n;
+    den += d;
+    worst = std::max(worst, std::sqrt(n / d));
+  }
+  std::printf("model-bench: %s, %zu tokens on %s: TurboQuant-%u KV %llu B/token vs f32 %llu B/token (%.2fx smaller); "
+              "logits rel err vs f32 %.3g overall, %.3g at the worst position\n",
+              config.name.c_str(), tokens, device->name().c_str(), config.attn.kv_quant_bits,
+              static_cast<unsigned long long>(kv_bytes[1]), static_cast<unsigned long long>(kv_bytes[0]),
+              double(kv_bytes[0]) / double(kv_bytes[1]), std::sqrt(num / den), worst);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -249,8 +310,28 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "weights seed");
   std::string daemon_bin;
   app.add_option("--daemon", daemon_bin, "primecached binary: also measure the restore path through the daemon");
+  std::size_t quant_error = 0;
+  bool cpu = false;
+  app.add_option("--quant-error", quant_error,
+                 "instead: prime this many tokens through the config (quantized attn) and its f32 twin on the same "
+                 "weights, and compare their logits")
+      ->check(CLI::Range(2, 1 << 20));
+  app.add_flag("--cpu", cpu, "with --quant-error: run on the CPU reference");
   CLI11_PARSE(app, argc, argv);
 
+  if (quant_error != 0) {
+    auto config = model::LoadModelConfig(Env::Default(), config_path);
+    if (!config.ok()) return Fail(config.status(), "config");
+    std::shared_ptr<engine::Device> dev;
+    if (cpu) {
+      dev = engine::NewCpuDevice({.memory_bytes = 64ull << 30});
+    } else {
+      auto d = engine::NewCudaDevice();
+      if (!d.ok()) return Fail(d.status(), "device");
+      dev = *d;
+    }
+    return QuantError(*config, model::Weights::Generate(*config, seed), quant_error, chunk, dev);
+  }
   if (!engine::CudaDeviceAvailable()) {
     std::printf("model-bench: no CUDA device; nothing measured\n");
     return 0;
@@ -267,7 +348,7 @@ int main(int argc, char** argv) {
   auto device = engine::NewCudaDevice();
   if (!device.ok()) return Fail(device.status(), "device");
   engine::ReserveRequest req;
-  req.plan = model::HybridModel::PlanFor(*config);
+  req.plan = model::HybridModel::PlanFor(*config, weights);
   req.max_ctx = longest + suffix;
   req.sessions = 3;
   req.snapshot_slots = 1;

@@ -2,6 +2,7 @@
 #include "tools/ctl/commands.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <map>
 #include <variant>
@@ -98,7 +99,19 @@ nlohmann::json GeometryJson(const LayerShape& shape) {
     return {{"heads", r->heads}, {"head_dim", r->head_dim}, {"kernel", r->kernel}};
   }
   const auto& kv = std::get<KvShape>(shape);
-  return {{"len", kv.len}, {"k_width", kv.k_width}, {"v_width", kv.v_width}};
+  nlohmann::json j = {{"len", kv.len}, {"k_width", kv.k_width}, {"v_width", kv.v_width}};
+  if (kv.format.rotating()) {
+    j["window"] = kv.format.window;
+    j["rows"] = kv.rows;
+  }
+  if (kv.format.quantized()) {
+    j["turboquant_bits"] = kv.format.quant_bits;
+    j["head_dim"] = kv.format.head_dim;
+    char digest[24];
+    std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(kv.format.signs_digest));
+    j["signs_digest"] = digest;
+  }
+  return j;
 }
 
 std::string GeometryText(const LayerShape& shape) {
@@ -116,7 +129,16 @@ std::string GeometryText(const LayerShape& shape) {
            std::to_string(r->kernel);
   }
   const auto& kv = std::get<KvShape>(shape);
-  return "len " + std::to_string(kv.len) + ", k " + std::to_string(kv.k_width) + ", v " + std::to_string(kv.v_width);
+  std::string s = "len " + std::to_string(kv.len) + ", k " + std::to_string(kv.k_width) + ", v " +
+                  std::to_string(kv.v_width);
+  if (kv.format.rotating()) {
+    s += ", window " + std::to_string(kv.format.window) + " (" + std::to_string(kv.rows) + " rows held)";
+  }
+  if (kv.format.quantized()) {
+    s += ", turboquant " + std::to_string(kv.format.quant_bits) + "-bit head_dim " +
+         std::to_string(kv.format.head_dim);
+  }
+  return s;
 }
 
 // The entry's fingerprint, from its descriptor; null when there is none.

@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
     device = engine::NewCpuDevice();
   }
   engine::ReserveRequest req;
-  req.plan = model::HybridModel::PlanFor(*config);
+  req.plan = model::HybridModel::PlanFor(*config, weights);
   req.max_ctx = tokens.size() + max_new + 1;
   req.sessions = 1;
   req.snapshot_slots = 1;
@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
       spdlog::warn("no daemon at {} ({}); running without the prefix cache", socket, c.status().ToString());
     }
   }
-  model::PrefixCache cache(m->get(), std::move(cl), model::PrefixCache::ModelIdFor(*config, weights.Digest()));
+  model::PrefixCache cache(m->get(), std::move(cl), model::PrefixCache::ModelIdFor(*config, weights));
 
   auto r = cache.Prime(tokens, !dump_logits.empty());
   if (!r.ok()) return Fail(r.status());
