@@ -278,49 +278,6 @@ TEST_P(ModelGpuTest, CudaMatchesCpuOnLogitsAndEveryPlane) {
 // (a chunk's multi-token path); the sliding windows wrap along the way.
 class ModelGpuStateForcedTest : public ::testing::TestWithParam<Case> {};
 
-struct StepTally {
-  std::size_t steps = 0, strict = 0, flip_steps = 0, codes = 0, flips = 0;
-  double worst_logits = 0, worst_plane = 0;
-};
-
-// One step from the GPU session's state: restores it into a fresh CPU
-// session (none at position 0), runs both, compares, tallies.
-void ForcedStep(Backends& b, ModelSession& gs, ModelSession& cs, std::span<const std::uint32_t> step,
-                StepTally* t) {
-  const std::uint64_t first_new = gs.position;
-  if (first_new > 0) {
-    auto state = gs.cache->CaptureFull();
-    ASSERT_TRUE(state.ok()) << state.status().ToString();
-    cs = ModelSession{};  // hands the CPU engine's only arena back
-    auto fresh = b.cpu.model->NewSession();
-    ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
-    cs = std::move(fresh).value();
-    ASSERT_TRUE(cs.cache->Restore(std::span<const LayerSnapshot>(*state)).ok());
-    cs.position = first_new;
-  }
-  std::vector<float> gl, cl;
-  ASSERT_TRUE(b.gpu->Prime(gs, step, LogitsWanted::kAll, &gl).ok());
-  ASSERT_TRUE(b.cpu.model->Prime(cs, step, LogitsWanted::kAll, &cl).ok());
-  auto after_g = gs.cache->CaptureFull();
-  auto after_c = cs.cache->CaptureFull();
-  ASSERT_TRUE(after_g.ok() && after_c.ok());
-  const testing::StepReport r = testing::CompareStep(*after_g, *after_c, gl, cl, first_new);
-  for (const std::string& f : r.failures) ADD_FAILURE() << "step at position " << first_new << ": " << f;
-  ++t->steps;
-  t->strict += r.strict ? 1 : 0;
-  t->codes += r.codes;
-  t->flips += r.flips;
-  if (r.strict) {
-    t->worst_logits = std::max(t->worst_logits, r.logit_err);
-  } else {
-    ++t->flip_steps;
-    std::printf("[ model-gpu ] flip step at position %llu (+%zu tokens): %zu of %zu codes one level apart, logits "
-                "rel err %.3g\n",
-                static_cast<unsigned long long>(first_new), step.size(), r.flips, r.codes, r.logit_err);
-  }
-  t->worst_plane = std::max(t->worst_plane, r.plane_err);
-}
-
 TEST_P(ModelGpuStateForcedTest, CudaMatchesCpuStepByStepFromTheSameState) {
   PC_SKIP_WITHOUT_CUDA();
   const Case& k = GetParam();
@@ -331,12 +288,8 @@ TEST_P(ModelGpuStateForcedTest, CudaMatchesCpuStepByStepFromTheSameState) {
   auto gs = b.gpu->NewSession();
   auto cs = b.cpu.model->NewSession();
   ASSERT_TRUE(gs.ok() && cs.ok());
-  StepTally t;
-  for (std::size_t at = 0, call = 0; at < tokens.size(); ++call) {
-    const std::size_t n = std::min<std::size_t>(call % 10 == 9 ? 13 : 1, tokens.size() - at);
-    ASSERT_NO_FATAL_FAILURE(ForcedStep(b, *gs, *cs, std::span(tokens).subspan(at, n), &t));
-    at += n;
-  }
+  testing::StepTally t;
+  ASSERT_NO_FATAL_FAILURE(testing::RunStateForced(*b.gpu, *gs, *b.cpu.model, *cs, tokens, &t));
   std::printf("[ model-gpu ] %-12s %zu tokens in %zu steps: %zu strict, %zu flip steps, %zu of %zu codes flipped; "
               "strict steps' worst logits rel err %.3g, worst strict plane rel err %.3g\n",
               k.name, tokens.size(), t.steps, t.strict, t.flip_steps, t.flips, t.codes, t.worst_logits,

@@ -21,11 +21,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "engine/model/hybrid_model.h"
 #include "primecache/snapshot.h"
 
 namespace primecache::model::testing {
@@ -146,6 +151,63 @@ inline StepReport CompareStep(const std::vector<LayerSnapshot>& gpu, const std::
     }
   }
   return r;
+}
+
+struct StepTally {
+  std::size_t steps = 0, strict = 0, flip_steps = 0, codes = 0, flips = 0;
+  double worst_logits = 0;  // of the strict steps
+  double worst_plane = 0;   // of the planes held to kStrict
+};
+
+// One step from the leader's state: restores it into a fresh follower
+// session (none at position 0), runs the step on both, compares the
+// leader's result against the follower's, reports failures, tallies.
+inline void ForcedStep(HybridModel& leader, ModelSession& ls, HybridModel& follower, ModelSession& fs,
+                       std::span<const std::uint32_t> step, StepTally* t) {
+  const std::uint64_t first_new = ls.position;
+  if (first_new > 0) {
+    auto state = ls.cache->CaptureFull();
+    ASSERT_TRUE(state.ok()) << state.status().ToString();
+    fs = ModelSession{};  // hands the follower's arena back before taking a fresh one
+    auto fresh = follower.NewSession();
+    ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+    fs = std::move(fresh).value();
+    const Status restored = fs.cache->Restore(std::span<const LayerSnapshot>(*state));
+    ASSERT_TRUE(restored.ok()) << restored.ToString();
+    fs.position = first_new;
+  }
+  std::vector<float> gl, cl;
+  ASSERT_TRUE(leader.Prime(ls, step, LogitsWanted::kAll, &gl).ok());
+  ASSERT_TRUE(follower.Prime(fs, step, LogitsWanted::kAll, &cl).ok());
+  auto after_l = ls.cache->CaptureFull();
+  auto after_f = fs.cache->CaptureFull();
+  ASSERT_TRUE(after_l.ok() && after_f.ok());
+  const StepReport r = CompareStep(*after_l, *after_f, gl, cl, first_new);
+  for (const std::string& f : r.failures) ADD_FAILURE() << "step at position " << first_new << ": " << f;
+  ++t->steps;
+  t->codes += r.codes;
+  t->flips += r.flips;
+  if (r.strict) {
+    ++t->strict;
+    t->worst_logits = std::max(t->worst_logits, r.logit_err);
+  } else {
+    ++t->flip_steps;
+    std::printf("[ model-gpu ] flip step at position %llu (+%zu tokens): %zu of %zu codes one level apart, "
+                "logits rel err %.3g\n",
+                static_cast<unsigned long long>(first_new), step.size(), r.flips, r.codes, r.logit_err);
+  }
+  t->worst_plane = std::max(t->worst_plane, r.plane_err);
+}
+
+// The whole prompt, state-forced: calls of one token, every tenth of 13
+// (a chunk's multi-token path), each a ForcedStep.
+inline void RunStateForced(HybridModel& leader, ModelSession& ls, HybridModel& follower, ModelSession& fs,
+                           std::span<const std::uint32_t> tokens, StepTally* t) {
+  for (std::size_t at = 0, call = 0; at < tokens.size(); ++call) {
+    const std::size_t n = std::min<std::size_t>(call % 10 == 9 ? 13 : 1, tokens.size() - at);
+    ASSERT_NO_FATAL_FAILURE(ForcedStep(leader, ls, follower, fs, tokens.subspan(at, n), t));
+    at += n;
+  }
 }
 
 }  // namespace primecache::model::testing

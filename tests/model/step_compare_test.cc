@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <span>
+#include <utility>
 
 #include "tests/model/model_test_util.h"
 
@@ -150,6 +151,37 @@ TEST_F(StepCompareTest, ShapeMismatchFails) {
   const StepReport r = Compare();
   ASSERT_EQ(r.failures.size(), 1u);
   EXPECT_NE(r.failures[0].find("shape"), std::string::npos);
+}
+
+// The state-forced driver itself, CPU against CPU: every step restores the
+// leader's state into a fresh follower session (rotating windows wrapped,
+// calls longer than the window), and since the backends are the same the
+// comparison must be strict and bit-exact at every step.
+TEST(StateForcedDriverTest, CpuAgainstCpuIsStrictAndExactAtEveryStep) {
+  for (auto [window, bits] : {std::pair{9u, 4u}, {0u, 2u}}) {
+    ModelConfig c = testing::Mixed();
+    c.name = "forced-driver";
+    c.layers = {LayerType::kKda, LayerType::kAttn, LayerType::kMla, LayerType::kAttn};
+    c.attn = {4, 2, 16, window, 10000.0f, bits};
+    Weights w = Weights::Generate(c, 9);
+    auto leader = testing::MakeCpuModel(c, w, 128, 16, 1);
+    auto follower = testing::MakeCpuModel(c, w, 128, 16, 1);
+    ASSERT_TRUE(leader.ok() && follower.ok());
+    auto ls = leader->model->NewSession();
+    auto fs = follower->model->NewSession();
+    ASSERT_TRUE(ls.ok() && fs.ok());
+    std::mt19937 rng(3);
+    std::vector<std::uint32_t> tokens = {kBosToken};
+    while (tokens.size() < 70) tokens.push_back(rng() % 256);
+    testing::StepTally t;
+    ASSERT_NO_FATAL_FAILURE(testing::RunStateForced(*leader->model, *ls, *follower->model, *fs, tokens, &t));
+    EXPECT_EQ(t.steps, 34u);  // 3 rounds of nine 1-token calls and a 13-token one, then 4 more
+    EXPECT_EQ(t.strict, t.steps) << "window " << window;
+    EXPECT_EQ(t.flips, 0u);
+    EXPECT_GT(t.codes, 0u);
+    EXPECT_EQ(t.worst_logits, 0.0);
+    EXPECT_EQ(t.worst_plane, 0.0);
+  }
 }
 
 }  // namespace
