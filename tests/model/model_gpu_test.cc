@@ -294,10 +294,13 @@ TEST_P(ModelGpuStateForcedTest, CudaMatchesCpuStepByStepFromTheSameState) {
               "strict steps' worst logits rel err %.3g, worst strict plane rel err %.3g\n",
               k.name, tokens.size(), t.steps, t.strict, t.flip_steps, t.flips, t.codes, t.worst_logits,
               t.worst_plane);
-  // Not vacuous: codes were compared, and nearly every step at full strictness.
+  // Not vacuous: codes were compared, and nearly every step at full
+  // strictness. Near ties are rare (the whole-sequence runs saw about one
+  // flip per layer in 300 tokens, ~1e-5 of the codes), so a handful of flip
+  // steps is expected; a wrong encoder or attention flips far more.
   EXPECT_GT(t.codes, 0u);
   EXPECT_EQ(t.strict + t.flip_steps, t.steps);
-  EXPECT_LE(double(t.flip_steps), 0.02 * double(t.steps) + 1) << "near ties should be rare";
+  EXPECT_GE(double(t.strict), 0.95 * double(t.steps)) << t.flip_steps << " flip steps: near ties should be rare";
   EXPECT_LE(double(t.flips), 1e-3 * double(t.codes) + 1);
 }
 
