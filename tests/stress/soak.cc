@@ -9,10 +9,9 @@
 // descriptors are sampled every second; past the warm-up they may not grow
 // beyond the bound.
 #include <algorithm>
-#include <deque>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
-#include <optional>
 #include <thread>
 
 #include "tests/stress/stress_modes.h"
