@@ -392,6 +392,7 @@ Status Txn::EvictToBudget(std::uint64_t budget, std::optional<EntryId> keep, std
 Status Txn::Commit(const rocksdb::WriteOptions& wo, const char* kill_before, const char* kill_after) {
   // Reference records, and the bytes of chunks that lost their last one.
   std::vector<std::pair<Hash128, std::uint64_t>> to_delete;
+  std::uint64_t deleted_bytes = 0;
   for (auto& [h, st] : refs_) {
     if (st.rec.refs > 0) {
       batch_.Put(s_.cf_chunk_refs, HashKey(h), EncodeChunkRef(st.rec));
@@ -414,6 +415,7 @@ Status Txn::Commit(const rocksdb::WriteOptions& wo, const char* kill_before, con
       s_.live_chunks[h].deleting = true;
       deleting_.push_back(h);
       s_.AppendChunkDeletion(&batch_, h, size);
+      deleted_bytes += size;
     }
   }
   for (auto& [k, v] : index_) {
@@ -434,6 +436,11 @@ Status Txn::Commit(const rocksdb::WriteOptions& wo, const char* kill_before, con
 
   s_.counters = c_;
   s_.PublishCounters(c_);
+  // Deleted chunks (an entry removed or evicted) free their disk space only
+  // once a flush and a compaction meet their deletions: the same reclaim as
+  // for aborted publishes, or churn under a byte budget grows the directory
+  // without bound.
+  if (deleted_bytes > 0) s_.NoteDropped(deleted_bytes);
   if (!filter_base_.empty()) {
     std::unique_lock gn(s_.node_filter.mu);
     std::unique_lock gx(s_.exact_filter.mu);

@@ -101,6 +101,42 @@ TEST(Space, AbandonedPublishesAreReclaimedWithoutRestartOrCompact) {
   ExpectConsistent(s);
 }
 
+TEST(Space, RemovedAndEvictedEntriesAreReclaimedWithoutRestartOrCompact) {
+  TempDir dir;
+  StoreOptions o;
+  o.path = dir.path + "/store";
+  auto opened = Store::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Store& s = **opened;
+  const auto kept_tokens = Conversation(300, 1);
+  const EntryId kept = MustPublish(s, kept_tokens);
+  const std::uint64_t before = DiskBytes(o.path);
+
+  // Entries of 2 x 2000 rows x 2048 floats (~32 MiB each) in 1 MiB chunks.
+  TestModel big;
+  big.width = 2048;
+  big.index_head_dim = 0;
+  big.chunk_bytes = 1u << 20;
+  std::vector<EntryId> gone;
+  for (std::uint64_t i = 0; i < 3; ++i) gone.push_back(MustPublish(s, Conversation(2000, 50 + i), 1, "", big));
+  const std::uint64_t full = DiskBytes(o.path);
+  EXPECT_GT(full, before + (64u << 20)) << "the entries reached the disk";
+  // Two removed, the third evicted by a byte budget that only the small
+  // entry fits.
+  ASSERT_TRUE(s.Delete(gone[0]).ok());
+  ASSERT_TRUE(s.Delete(gone[1]).ok());
+  ASSERT_TRUE(s.FetchAll(kept).ok());  // now the most recent
+  ASSERT_TRUE(s.SetByteBudget(s.Stat()->stored_bytes - 1).ok());
+  EXPECT_FALSE(s.Describe(gone[2]).ok()) << "evicted";
+
+  const std::uint64_t after = WaitForDiskAtMost(o.path, before + kSlack);
+  EXPECT_LE(after, before + kSlack) << "before " << before << ", full " << full << ", after " << after;
+  auto back = s.FetchAll(kept);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSameLayers(*back, MakeLayers(kept_tokens));
+  ExpectConsistent(s);
+}
+
 TEST(Space, CompactReclaimsDeadChunksSharingBlobFilesWithLiveOnes) {
   TempDir dir;
   StoreOptions o;
