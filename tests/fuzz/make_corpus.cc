@@ -3,6 +3,7 @@
 // Small, valid inputs of every kind and transform, so that mutation starts
 // from inputs that reach deep into the decoders. The committed corpora were
 // made with this program; rerun it after a format change.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,6 +16,21 @@ using namespace primecache;
 using namespace primecache::testing_util;
 
 namespace {
+
+// A plain or rotating, f32 or TurboQuant layer of `len` positions (the
+// widths, in 4-byte words, must be whole TurboQuant entries when quantized);
+// the rows are smooth floats, opaque words to a TurboQuant kind.
+KvSnapshot MakeKvOf(KvShape shape, std::uint64_t len, std::uint32_t k_width, std::uint32_t v_width) {
+  shape.len = len;
+  shape.k_width = k_width;
+  shape.v_width = v_width;
+  if (shape.format.rotating()) shape.rows = std::min<std::uint64_t>(len, shape.format.window);
+  KvSnapshot s = MakeKv(shape.held_rows(), k_width, v_width);
+  s.len = len;
+  s.format = shape.format;
+  s.rows = shape.rows;
+  return s;
+}
 
 Status Put(const std::string& dir, const std::string& name, const std::string& bytes) {
   PC_RETURN_IF_ERROR(CreateDirs(Env::Default(), dir));
@@ -50,6 +66,12 @@ Status Run(const std::string& root) {
       {"kda_recurrent-b", MakeRecurrent(2, 2, 2)},
       {"kv_plain-a", MakeKv(6, 3, 5)},
       {"kv_plain-b", MakeKv(1, 4, 4)},
+      {"kv_rotating-wrapped", MakeKvOf({0, 0, 0, {4, 0, 0, 0}, 0}, 9, 3, 5)},
+      {"kv_rotating-short", MakeKvOf({0, 0, 0, {8, 0, 0, 0}, 0}, 3, 2, 2)},
+      {"tq4_kv_plain-a", MakeKvOf({0, 0, 0, {0, 4, 16, 0x5eed}, 0}, 5, 3, 6)},
+      {"tq2_kv_plain-a", MakeKvOf({0, 0, 0, {0, 2, 16, 0x5eed}, 0}, 5, 2, 4)},
+      {"tq4_kv_rotating-a", MakeKvOf({0, 0, 0, {4, 4, 16, 0x5eed}, 0}, 7, 3, 3)},
+      {"tq2_kv_rotating-a", MakeKvOf({0, 0, 0, {4, 2, 16, 0x5eed}, 0}, 7, 2, 2)},
   };
   for (const auto& [oname, options] : Options()) {
     for (const auto& [lname, layer] : layers) {
