@@ -67,50 +67,62 @@ std::uint64_t WaitForDiskAtMost(const std::string& dir, std::uint64_t limit) {
 
 constexpr std::uint64_t kSlack = 2u << 20;  // OPTIONS files, logs, small tables
 
-TEST(Space, AbandonedPublishesAreReclaimedWithoutRestartOrCompact) {
+// A store on a temporary directory holding one small entry that every test
+// keeps, and the directory's bytes then.
+struct OneEntryStore {
   TempDir dir;
-  StoreOptions o;
-  o.path = dir.path + "/store";
-  auto opened = Store::Open(o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  Store& s = **opened;
-  const auto tokens = Conversation(300, 1);
-  const EntryId kept = MustPublish(s, tokens);
-  const std::uint64_t before = DiskBytes(o.path);
+  std::string path = dir.path + "/store";
+  std::unique_ptr<Store> store;
+  std::vector<std::uint32_t> tokens = Conversation(300, 1);
+  EntryId kept = 0;
+  std::uint64_t before = 0;
+
+  void Open() {
+    StoreOptions o;
+    o.path = path;
+    auto opened = Store::Open(o);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    store = std::move(opened).value();
+    kept = MustPublish(*store, tokens);
+    before = DiskBytes(path);
+  }
+  // The directory shrinks back to about `before` and the kept entry reads back.
+  void ExpectReclaimed(std::uint64_t peak) {
+    const std::uint64_t after = WaitForDiskAtMost(path, before + kSlack);
+    EXPECT_LE(after, before + kSlack) << "before " << before << ", peak " << peak << ", after " << after;
+    std::printf("[ info     ] disk: %llu before, %llu at the peak, %llu after\n",
+                static_cast<unsigned long long>(before), static_cast<unsigned long long>(peak),
+                static_cast<unsigned long long>(after));
+    auto back = store->FetchAll(kept);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ExpectSameLayers(*back, MakeLayers(tokens));
+    ExpectConsistent(*store);
+  }
+};
+
+TEST(Space, AbandonedPublishesAreReclaimedWithoutRestartOrCompact) {
+  OneEntryStore w;
+  ASSERT_NO_FATAL_FAILURE(w.Open());
+  Store& s = *w.store;
 
   // 4 x 24 MiB staged: mostly past the WAL, flushed to blob files.
   auto pubs = StageAbandoned(s, 4, 24, 1u << 20, /*commit_between=*/false);
   ASSERT_EQ(pubs.size(), 4u);
   EXPECT_EQ(s.Stat()->staged_bytes, 96ull << 20);
-  const std::uint64_t staged = DiskBytes(o.path);
-  EXPECT_GT(staged, before + (32u << 20)) << "the staged bytes reached the disk";
+  const std::uint64_t staged = DiskBytes(w.path);
+  EXPECT_GT(staged, w.before + (32u << 20)) << "the staged bytes reached the disk";
   // Aborted, or dropped as a closed connection drops its publisher.
   pubs[0]->Abort();
   pubs[1]->Abort();
   pubs.clear();
   EXPECT_EQ(s.Stat()->staged_bytes, 0u);
-
-  const std::uint64_t after = WaitForDiskAtMost(o.path, before + kSlack);
-  EXPECT_LE(after, before + kSlack) << "before " << before << ", staged " << staged << ", after " << after;
-  std::printf("[ info     ] disk: %llu before, %llu staged, %llu after the aborts\n",
-              static_cast<unsigned long long>(before), static_cast<unsigned long long>(staged),
-              static_cast<unsigned long long>(after));
-  auto back = s.FetchAll(kept);
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
-  ExpectSameLayers(*back, MakeLayers(tokens));
-  ExpectConsistent(s);
+  w.ExpectReclaimed(staged);
 }
 
 TEST(Space, RemovedAndEvictedEntriesAreReclaimedWithoutRestartOrCompact) {
-  TempDir dir;
-  StoreOptions o;
-  o.path = dir.path + "/store";
-  auto opened = Store::Open(o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  Store& s = **opened;
-  const auto kept_tokens = Conversation(300, 1);
-  const EntryId kept = MustPublish(s, kept_tokens);
-  const std::uint64_t before = DiskBytes(o.path);
+  OneEntryStore w;
+  ASSERT_NO_FATAL_FAILURE(w.Open());
+  Store& s = *w.store;
 
   // Entries of 2 x 2000 rows x 2048 floats (~32 MiB each) in 1 MiB chunks.
   TestModel big;
@@ -119,22 +131,16 @@ TEST(Space, RemovedAndEvictedEntriesAreReclaimedWithoutRestartOrCompact) {
   big.chunk_bytes = 1u << 20;
   std::vector<EntryId> gone;
   for (std::uint64_t i = 0; i < 3; ++i) gone.push_back(MustPublish(s, Conversation(2000, 50 + i), 1, "", big));
-  const std::uint64_t full = DiskBytes(o.path);
-  EXPECT_GT(full, before + (64u << 20)) << "the entries reached the disk";
+  const std::uint64_t full = DiskBytes(w.path);
+  EXPECT_GT(full, w.before + (64u << 20)) << "the entries reached the disk";
   // Two removed, the third evicted by a byte budget that only the small
   // entry fits.
   ASSERT_TRUE(s.Delete(gone[0]).ok());
   ASSERT_TRUE(s.Delete(gone[1]).ok());
-  ASSERT_TRUE(s.FetchAll(kept).ok());  // now the most recent
+  ASSERT_TRUE(s.FetchAll(w.kept).ok());  // now the most recent
   ASSERT_TRUE(s.SetByteBudget(s.Stat()->stored_bytes - 1).ok());
   EXPECT_FALSE(s.Describe(gone[2]).ok()) << "evicted";
-
-  const std::uint64_t after = WaitForDiskAtMost(o.path, before + kSlack);
-  EXPECT_LE(after, before + kSlack) << "before " << before << ", full " << full << ", after " << after;
-  auto back = s.FetchAll(kept);
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
-  ExpectSameLayers(*back, MakeLayers(kept_tokens));
-  ExpectConsistent(s);
+  w.ExpectReclaimed(full);
 }
 
 TEST(Space, CompactReclaimsDeadChunksSharingBlobFilesWithLiveOnes) {
