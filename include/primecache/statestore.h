@@ -304,10 +304,10 @@ struct StoreOptions {
   // kResourceExhausted and fails its publish; commits and aborts give their
   // bytes back.
   std::uint64_t max_staged_bytes = 8ull << 30;
-  // Once aborted publishes have dropped this many chunk bytes, the store
-  // flushes and compacts its chunk records in the background, so that their
-  // space comes back within seconds rather than at some later compaction
-  // (0: after every abort that dropped bytes).
+  // Once aborted publishes, removals and evictions have dropped this many
+  // chunk bytes, the store flushes and compacts its chunk records in the
+  // background, so that their space comes back within seconds rather than
+  // at some later compaction (0: after every drop).
   std::uint64_t reclaim_after_bytes = 16ull << 20;
 
   std::shared_ptr<const LayerValidator> validator;  // nullptr: CodecLayerValidator()
