@@ -300,12 +300,14 @@ inline std::vector<std::uint32_t> Tokens(std::size_t n, std::uint32_t seed) {
 }
 
 // Runs a program to its end, collecting its exit status, stdout and stderr;
-// as another uid (and gid of the same number) when `as_uid` is given.
+// as another uid (and gid of the same number) when `as_uid` is given. A
+// program still running after `limit` is killed (and said so in err).
 struct ProcessResult {
   int rc = -1;  // the exit status, or 128 + the signal
   std::string out, err;
 };
-inline ProcessResult RunProcess(std::vector<std::string> argv_in, std::optional<uid_t> as_uid = std::nullopt) {
+inline ProcessResult RunProcess(std::vector<std::string> argv_in, std::optional<uid_t> as_uid = std::nullopt,
+                                std::chrono::seconds limit = std::chrono::seconds(120)) {
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) std::abort();
   std::vector<char*> argv;
@@ -324,9 +326,15 @@ inline ProcessResult RunProcess(std::vector<std::string> argv_in, std::optional<
   ProcessResult r;
   pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
   std::string* sinks[2] = {&r.out, &r.err};
+  const auto deadline = std::chrono::steady_clock::now() + limit;
   int open_fds = 2;
   while (open_fds > 0) {
-    if (poll(fds, 2, 120000) <= 0) break;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || poll(fds, 2, static_cast<int>(left.count())) <= 0) {
+      kill(pid, SIGKILL);
+      r.err += "\n[harness] killed after " + std::to_string(limit.count()) + " s";
+      break;
+    }
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || fds[i].revents == 0) continue;
       char buf[65536];

@@ -2,9 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,8 +11,6 @@
 #include <fstream>
 
 #include "primecache/checksum.h"
-
-extern char** environ;
 
 namespace primecache::stress {
 
@@ -159,68 +155,10 @@ void AckLog::Record(const std::string& line) {
   fdatasync(fileno(f_));
 }
 
-namespace {
-
-// Reads both pipes until they close or the deadline passes.
-bool Drain(int out_fd, int err_fd, ProcResult* r, std::chrono::steady_clock::time_point deadline) {
-  pollfd fds[2] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
-  std::string* sinks[2] = {&r->out, &r->err};
-  int open_fds = 2;
-  while (open_fds > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0 || poll(fds, 2, static_cast<int>(left.count())) <= 0) return false;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      char buf[65536];
-      ssize_t n = read(fds[i].fd, buf, sizeof buf);
-      if (n <= 0) {
-        fds[i].fd = -1;
-        --open_fds;
-      } else {
-        sinks[i]->append(buf, static_cast<std::size_t>(n));
-      }
-    }
-  }
-  return true;
-}
-
-}  // namespace
-
 ProcResult RunProgram(const std::string& path, const std::vector<std::string>& args, std::chrono::seconds limit) {
-  ProcResult r;
-  int out_pipe[2], err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) return r;
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-    close(out_pipe[0]);
-    close(out_pipe[1]);
-    return r;
-  }
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
   std::vector<std::string> all = {path};
   all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int spawned = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  if (spawned == 0) {
-    if (!Drain(out_pipe[0], err_pipe[0], &r, std::chrono::steady_clock::now() + limit)) {
-      kill(pid, SIGKILL);
-      r.err += "\n[stress] killed after " + std::to_string(limit.count()) + " s";
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  }
-  close(out_pipe[0]);
-  close(err_pipe[0]);
-  return r;
+  return testing::RunProcess(std::move(all), std::nullopt, limit);
 }
 
 ProcResult Ctl(const testing::Daemon& d, std::vector<std::string> args) {

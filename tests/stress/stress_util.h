@@ -89,10 +89,7 @@ class AckLog {
   std::FILE* f_ = nullptr;
 };
 
-struct ProcResult {
-  int rc = -1;  // exit status; 128 + signal when killed; -1 when it could not run
-  std::string out, err;
-};
+using ProcResult = testing::ProcessResult;
 
 // Runs a program to its end (killed after `limit`), collecting its output.
 ProcResult RunProgram(const std::string& path, const std::vector<std::string>& args,
