@@ -290,9 +290,19 @@ Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink
     std::uint32_t layer = 0, chunk = 0;
     rocksdb::PinnableSlice pinned;
     std::string joined;
+    std::span<std::byte> target;  // the sink's buffer; empty: the store's own
     std::span<const std::byte> bytes;
     Status status;
     bool done = false;
+  };
+  // Reads one chunk, checked, into the sink's buffer when it gave one.
+  auto read_chunk = [&s](const ChunkRef& ref, Slot* slot) {
+    Status st = s.ReadChunk(ref.hash, ref.size, &slot->pinned, &slot->joined, &slot->bytes);
+    if (st.ok() && !slot->target.empty()) {
+      std::memcpy(slot->target.data(), slot->bytes.data(), slot->bytes.size());
+      slot->bytes = slot->target;
+    }
+    return st;
   };
   // What the sink receives, in order: each layer announced, then its chunks.
   struct Step {
@@ -325,17 +335,28 @@ Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink
     }
   } drain{slot_mu, slot_cv, outstanding};
   std::size_t next_read = 0;
-  auto start_reads = [&] {
+  auto start_reads = [&]() -> Status {
     while (next_read < plan.size() && slots.size() < window &&
            (slots.empty() || bytes_ahead < s.opts.fetch_read_ahead_bytes)) {
-      const auto [l, c] = plan[next_read++];
+      const auto [l, c] = plan[next_read];
       const ChunkRef& ref = manifest->layers[l].chunks[c];
+      const bool may_wait = slots.empty();
+      PC_ASSIGN_OR_RETURN(auto target, sink.ChunkBuffer(l, c, ref.size, may_wait));
+      if (!target) {
+        if (may_wait) return Status::Internal("fetch sink gave no buffer for a chunk it had to take");
+        break;  // no room yet: asked again after the next chunk is handed out
+      }
+      if (!target->empty() && target->size() != ref.size) {
+        return Status::Internal("fetch sink gave a buffer of the wrong size");
+      }
+      ++next_read;
       Slot& slot = slots.emplace_back();
       slot.layer = l;
       slot.chunk = c;
+      slot.target = *target;
       bytes_ahead += ref.size;
       if (!s.read_pool) {
-        slot.status = s.ReadChunk(ref.hash, ref.size, &slot.pinned, &slot.joined, &slot.bytes);
+        slot.status = read_chunk(ref, &slot);
         slot.done = true;
         continue;
       }
@@ -343,8 +364,8 @@ Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink
         std::lock_guard g(slot_mu);
         ++outstanding;
       }
-      s.read_pool->Post([&s, &slot, &slot_mu, &slot_cv, &outstanding, ref] {
-        Status st = s.ReadChunk(ref.hash, ref.size, &slot.pinned, &slot.joined, &slot.bytes);
+      s.read_pool->Post([&read_chunk, &slot, &slot_mu, &slot_cv, &outstanding, ref] {
+        Status st = read_chunk(ref, &slot);
         std::lock_guard g(slot_mu);
         slot.status = std::move(st);
         slot.done = true;
@@ -352,9 +373,10 @@ Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink
         slot_cv.notify_all();
       });
     }
+    return Status::Ok();
   };
   for (const Step& step : steps) {
-    start_reads();
+    PC_RETURN_IF_ERROR(start_reads());
     if (step.chunk < 0) {
       const auto& ml = manifest->layers[step.layer];
       PC_RETURN_IF_ERROR(sink.OnLayer(step.layer, ml.header, static_cast<std::uint32_t>(ml.chunks.size())));

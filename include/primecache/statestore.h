@@ -177,11 +177,32 @@ struct LookupHit {
 
 // Receives a fetched entry. Only bytes whose checksum matched are handed
 // out; if Fetch returns an error, what was received must be discarded.
+//
+// A sink may also say where each chunk is to be read to (ChunkBuffer), so
+// that a fetch reads straight into the caller's memory (a shared region, a
+// registered buffer) and copies nothing itself.
 class FetchSink {
  public:
   virtual ~FetchSink() = default;
   virtual Status OnLayer(std::uint32_t layer, std::string_view header, std::uint32_t chunk_count) = 0;
+  // `bytes` is what ChunkBuffer gave for this chunk when it gave a buffer.
   virtual Status OnChunk(std::uint32_t layer, std::uint32_t chunk, std::span<const std::byte> bytes) = 0;
+
+  // Where chunk `chunk` of `layer` (`size` bytes) is to be read to. Called on
+  // the fetching thread, in the order chunks are handed out, before the chunk
+  // is read (possibly ahead of OnChunk for earlier chunks). Answers:
+  //  - a span of exactly `size` bytes: the store reads the chunk into it and
+  //    checks its address there; it stays the sink's memory, untouched by the
+  //    store once OnChunk for it returned (or Fetch returned).
+  //  - an empty span: the store reads into a buffer of its own (the default).
+  //  - nullopt: no room now; asked again after the next OnChunk. Only when
+  //    `may_wait` is false; with it true (every earlier chunk was handed
+  //    out) the sink waits for room or fails.
+  virtual Result<std::optional<std::span<std::byte>>> ChunkBuffer(std::uint32_t layer, std::uint32_t chunk,
+                                                                  std::uint64_t size, bool may_wait) {
+    (void)layer, (void)chunk, (void)size, (void)may_wait;
+    return std::optional<std::span<std::byte>>(std::span<std::byte>());
+  }
 };
 
 enum class EntryState : std::uint8_t { kLive = 0, kQuarantined = 1 };

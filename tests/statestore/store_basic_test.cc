@@ -100,6 +100,45 @@ TEST(StoreBasic, SinkErrorStopsFetch) {
   EXPECT_EQ(info->state, EntryState::kLive) << "a sink error is not corruption";
 }
 
+// A sink that gives its own buffers gets every chunk read into them, in
+// order; one that has no room yet (nullopt) is asked again later, and the
+// fetch neither stalls nor skips a chunk.
+TEST(StoreBasic, FetchReadsIntoTheSinksBuffers) {
+  MemStore m;
+  auto tokens = Conversation(300, 5);
+  auto layers = MakeLayers(tokens);
+  EntryId id = MustPublish(*m.store, tokens);
+  struct Sink : FetchSink {
+    std::vector<std::string> buffers;  // one per chunk, in the order asked for
+    std::vector<std::string> got;
+    std::size_t handed = 0, refusals = 0;
+    Status OnLayer(std::uint32_t, std::string_view, std::uint32_t) override { return Status::Ok(); }
+    Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte> b) override {
+      const std::string& mine = buffers.at(handed++);
+      if (static_cast<const void*>(b.data()) != mine.data()) return Status::Internal("not read into my buffer");
+      got.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+      return Status::Ok();
+    }
+    Result<std::optional<std::span<std::byte>>> ChunkBuffer(std::uint32_t, std::uint32_t, std::uint64_t size,
+                                                            bool may_wait) override {
+      // Room for one chunk ahead of those handed out.
+      if (!may_wait && buffers.size() > handed + 1) {
+        ++refusals;
+        return std::optional<std::span<std::byte>>();
+      }
+      buffers.reserve(64);  // stable addresses for this test's sizes
+      auto& b = buffers.emplace_back(size, '\0');
+      return std::optional(std::as_writable_bytes(std::span(b.data(), b.size())));
+    }
+  } sink;
+  ASSERT_TRUE(m.store->Fetch(id, {}, sink).ok());
+  std::vector<std::string> want;
+  for (const auto& l : layers) want.insert(want.end(), l.chunks.begin(), l.chunks.end());
+  ASSERT_LE(want.size(), 64u);
+  EXPECT_EQ(sink.got, want);
+  EXPECT_GT(sink.refusals, 0u);
+}
+
 // Every refused publish leaves the store as it was: no entry, no chunk.
 void ExpectEmpty(Store& s) {
   auto st = s.Stat();
