@@ -166,6 +166,24 @@ void ReservedChunk::GiveBack() {
   offset_ = reserved_ = 0;
 }
 
+// The fetch window (the second half of a connection's region): one fetch at a
+// time streams through it, and it stays taken after that fetch until every
+// chunk it handed over (FetchCallbacks::on_chunk_held) is released, since
+// the daemon would write the next fetch's chunks over them. A fetch that
+// finds it taken streams inline. Thread-safe.
+struct FetchWindow {
+  std::mutex mu;
+  bool busy = false;
+  bool TryTake() {
+    std::lock_guard<std::mutex> l(mu);
+    return !std::exchange(busy, true);
+  }
+  void Free() {
+    std::lock_guard<std::mutex> l(mu);
+    busy = false;
+  }
+};
+
 // One connection: a socket, its reader thread and its pending requests.
 struct Conn {
   int fd = -1;
@@ -179,6 +197,7 @@ struct Conn {
   ServerInfo info;
   std::shared_ptr<ipc::ShmRegion> shm;
   std::shared_ptr<ReservedChunk::Space> space;  // the publish half of shm
+  std::shared_ptr<FetchWindow> window = std::make_shared<FetchWindow>();
   FrameLimits limits = ClientLimits();
 
   ~Conn() {
@@ -337,7 +356,6 @@ struct Client::Impl {
   std::atomic<std::uint64_t> next_id{1};
   ServerInfo info;
 
-  std::mutex shm_fetch_mu;  // one fetch at a time uses the fetch window
 
   // The connection (and its reader thread, which calls back into the slots
   // below) goes first.
@@ -576,28 +594,6 @@ void SetFingerprint(wire::Fingerprint::Builder fp, const ModelId& m) {
   fp.setDescriptor(kj::arrayPtr(reinterpret_cast<const kj::byte*>(m.descriptor.data()), m.descriptor.size()));
 }
 
-EntryInfo ReadEntryInfo(wire::EntryInfo::Reader e) {
-  EntryInfo info;
-  info.entry = e.getEntry();
-  auto b = e.getBoundary();
-  auto fp = b.getFingerprint();
-  info.model.digest = {fp.getDigestLo(), fp.getDigestHi()};
-  info.model.name = fp.getName();
-  info.model.descriptor.assign(reinterpret_cast<const char*>(fp.getDescriptor().begin()), fp.getDescriptor().size());
-  info.ns = b.getNamespace();
-  info.length = b.getLength();
-  info.tokens = ipc::ToVector(b.getTokens());
-  info.layer_count = e.getLayerCount();
-  info.bytes = e.getBytes();
-  info.raw_bytes = e.getRawBytes();
-  info.created_unix_ms = e.getCreatedUnixMs();
-  info.last_access = e.getLastAccess();
-  info.hits = e.getHits();
-  info.quarantined = e.getQuarantined();
-  info.reason = e.getReason();
-  return info;
-}
-
 void SetTokens(wire::Boundary::Builder b, std::span<const std::uint32_t> tokens) {
   auto t = b.initTokens(static_cast<unsigned>(tokens.size()));
   for (unsigned i = 0; i < tokens.size(); ++i) t.set(i, tokens[i]);
@@ -620,8 +616,8 @@ Result<T> Expect(Result<Frame> f, const FrameLimits& lim, wire::Response::Which 
 
 }  // namespace
 
-Result<LookupResult> Client::Lookup(const ModelId& model, std::span<const std::uint32_t> tokens) {
-  return impl_->Retry([&]() -> Result<LookupResult> {
+Result<std::optional<LookupHit>> Client::Lookup(const ModelId& model, std::span<const std::uint32_t> tokens) {
+  return impl_->Retry([&]() -> Result<std::optional<LookupHit>> {
     PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
     const std::uint64_t id = impl_->NextId();
     auto m = BuildRequest(
@@ -633,17 +629,8 @@ Result<LookupResult> Client::Lookup(const ModelId& model, std::span<const std::u
           SetTokens(q, tokens);
         },
         tokens.size() / 2 + 64);
-    return Expect<LookupResult>(impl_->Call(c, id, *m), c->limits, wire::Response::LOOKUP,
-                                [](wire::Response::Reader r) {
-                                  auto l = r.getLookup();
-                                  LookupResult out;
-                                  out.found = l.getFound();
-                                  out.entry = l.getEntry();
-                                  out.length = l.getLength();
-                                  out.layer_count = l.getLayerCount();
-                                  out.bytes = l.getBytes();
-                                  return out;
-                                });
+    return Expect<std::optional<LookupHit>>(impl_->Call(c, id, *m), c->limits, wire::Response::LOOKUP,
+                                            [](wire::Response::Reader r) { return ipc::ReadLookupHit(r.getLookup()); });
   });
 }
 
@@ -858,9 +845,7 @@ Result<PublishResult> PublishStream::Commit() {
     if (!st_->error->ok()) return *st_->error;
   }
   return Expect<PublishResult>(std::move(reply), st_->conn->limits, wire::Response::PUBLISHED,
-                               [](wire::Response::Reader r) {
-                                 return PublishResult{r.getPublished().getEntry(), r.getPublished().getExisted()};
-                               });
+                               [](wire::Response::Reader r) { return ipc::ReadPublishResult(r.getPublished()); });
 }
 
 Status PublishStream::Abort() {
@@ -893,8 +878,15 @@ namespace {
 // every chunk before it was released too.
 class HeldChunks : public std::enable_shared_from_this<HeldChunks> {
  public:
-  HeldChunks(std::weak_ptr<Conn> conn, std::shared_ptr<ipc::ShmRegion> region)
-      : conn_(std::move(conn)), region_(std::move(region)) {}
+  HeldChunks(std::weak_ptr<Conn> conn, std::shared_ptr<ipc::ShmRegion> region, std::shared_ptr<FetchWindow> window)
+      : conn_(std::move(conn)), region_(std::move(region)), window_(std::move(window)) {}
+
+  // The fetch has ended: the window is freed once every chunk is released.
+  void EndFetch() {
+    std::lock_guard<std::mutex> l(mu_);
+    ended_ = true;
+    if (queue_.empty()) window_->Free();
+  }
 
   ChunkRelease Hold(std::uint64_t offset, std::uint64_t length) {
     std::lock_guard<std::mutex> l(mu_);
@@ -929,11 +921,14 @@ class HeldChunks : public std::enable_shared_from_this<HeldChunks> {
       queue_.pop_front();
       ++first_;
     }
+    if (ended_ && queue_.empty()) window_->Free();
   }
 
   std::mutex mu_;
   std::weak_ptr<Conn> conn_;
   std::shared_ptr<ipc::ShmRegion> region_;
+  std::shared_ptr<FetchWindow> window_;
+  bool ended_ = false;
   std::deque<Held> queue_;
   std::uint64_t first_ = 0;  // sequence number of queue_.front()
 };
@@ -943,8 +938,22 @@ class HeldChunks : public std::enable_shared_from_this<HeldChunks> {
 Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb) {
   auto once = [&]() -> Result<bool> {
     PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
-    std::unique_lock<std::mutex> window(impl_->shm_fetch_mu, std::defer_lock);
-    const bool use_shm = c->shm != nullptr && window.try_lock();
+    const bool use_shm = c->shm != nullptr && c->window->TryTake();
+    std::shared_ptr<HeldChunks> held;
+    if (use_shm && cb.on_chunk_held) held = std::make_shared<HeldChunks>(c, c->shm, c->window);
+    // However the fetch ends, the window is freed (once held chunks are released).
+    struct WindowGuard {
+      const bool taken;
+      FetchWindow* window;
+      HeldChunks* held;
+      ~WindowGuard() {
+        if (held != nullptr) {
+          held->EndFetch();
+        } else if (taken) {
+          window->Free();
+        }
+      }
+    } guard{use_shm, c->window.get(), held.get()};
     const std::uint64_t half = c->shm ? c->shm->size() / 2 : 0;
     const std::uint64_t id = impl_->NextId();
     auto m = BuildRequest(id, [&](wire::Request::Builder r) {
@@ -960,8 +969,6 @@ Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
     });
     bool streamed = false;
     Conn* raw = c.get();
-    std::shared_ptr<HeldChunks> held;
-    if (cb.on_chunk_held && use_shm) held = std::make_shared<HeldChunks>(c, c->shm);
     auto reply = impl_->Call(c, id, *m, [&, raw](wire::Response::Reader r) -> Status {
       streamed = true;
       if (r.which() == wire::Response::FETCH_LAYER) {
@@ -1033,8 +1040,8 @@ Result<std::vector<FetchedLayer>> Client::FetchLayers(std::uint64_t entry, std::
 
 // ---- the rest -------------------------------------------------------------------
 
-Result<ListResult> Client::List(const ListOptions& options) {
-  return impl_->Retry([&]() -> Result<ListResult> {
+Result<ListPage> Client::List(const ListOptions& options) {
+  return impl_->Retry([&]() -> Result<ListPage> {
     PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
     const std::uint64_t id = impl_->NextId();
     auto m = BuildRequest(id, [&](wire::Request::Builder r) {
@@ -1049,44 +1056,18 @@ Result<ListResult> Client::List(const ListOptions& options) {
       l.setQuarantined(options.quarantined);
       l.setOmitTokens(options.omit_tokens);
     });
-    return Expect<ListResult>(impl_->Call(c, id, *m), c->limits, wire::Response::LIST, [](wire::Response::Reader r) {
-      ListResult out;
-      auto l = r.getList();
-      out.next_page_token.assign(reinterpret_cast<const char*>(l.getNextPageToken().begin()),
-                                 l.getNextPageToken().size());
-      for (auto e : l.getEntries()) out.entries.push_back(ReadEntryInfo(e));
-      return out;
-    });
+    return Expect<ListPage>(impl_->Call(c, id, *m), c->limits, wire::Response::LIST,
+                            [](wire::Response::Reader r) { return ipc::ReadListPage(r.getList()); });
   });
 }
 
-Result<StatResult> Client::Stat() {
-  return impl_->Retry([&]() -> Result<StatResult> {
+Result<DaemonStats> Client::Stat() {
+  return impl_->Retry([&]() -> Result<DaemonStats> {
     PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
     const std::uint64_t id = impl_->NextId();
     auto m = BuildRequest(id, [](wire::Request::Builder r) { r.setStat(); });
-    return Expect<StatResult>(impl_->Call(c, id, *m), c->limits, wire::Response::STAT, [](wire::Response::Reader r) {
-      auto s = r.getStat();
-      StatResult out;
-      out.entries = s.getEntries();
-      out.bytes_stored = s.getBytesStored();
-      out.bytes_raw = s.getBytesRaw();
-      out.hits = s.getHits();
-      out.misses = s.getMisses();
-      out.evictions = s.getEvictions();
-      out.capacity_bytes = s.getCapacityBytes();
-      out.connections = s.getConnections();
-      out.publishes_in_flight = s.getPublishesInFlight();
-      out.quarantined = s.getQuarantined();
-      out.chunks = s.getChunks();
-      out.bytes_logical = s.getBytesLogical();
-      out.dedup_saved_bytes = s.getDedupSavedBytes();
-      out.admission_refusals = s.getAdmissionRefusals();
-      out.active_leases = s.getActiveLeases();
-      out.disk_bytes = s.getDiskBytes();
-      out.uncommitted_bytes = s.getUncommittedBytes();
-      return out;
-    });
+    return Expect<DaemonStats>(impl_->Call(c, id, *m), c->limits, wire::Response::STAT,
+                               [](wire::Response::Reader r) { return ipc::ReadDaemonStats(r.getStat()); });
   });
 }
 
@@ -1112,33 +1093,16 @@ Result<EntryDetail> Client::Describe(std::uint64_t entry, bool layer_headers) {
       d.setLayerHeaders(layer_headers);
     });
     return Expect<EntryDetail>(impl_->Call(c, id, *m), c->limits, wire::Response::DESCRIBE,
-                               [](wire::Response::Reader r) {
-                                 auto d = r.getDescribe();
-                                 EntryDetail out;
-                                 out.info = ReadEntryInfo(d.getInfo());
-                                 for (auto h : d.getLayerHeaders()) {
-                                   auto b = reinterpret_cast<const std::byte*>(h.begin());
-                                   out.layer_headers.emplace_back(b, b + h.size());
-                                 }
-                                 return out;
-                               });
+                               [](wire::Response::Reader r) { return ipc::ReadEntryDetail(r.getDescribe()); });
   });
 }
 
-Result<StoreReport> Client::VerifyStore(bool read_chunks) {
+Result<VerifyReport> Client::VerifyStore(bool read_chunks) {
   PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
   const std::uint64_t id = impl_->NextId();
   auto m = BuildRequest(id, [&](wire::Request::Builder r) { r.initVerifyStore().setReadChunks(read_chunks); });
-  return Expect<StoreReport>(impl_->Call(c, id, *m), c->limits, wire::Response::STORE_REPORT,
-                             [](wire::Response::Reader r) {
-                               auto s = r.getStoreReport();
-                               StoreReport out;
-                               out.entries = s.getEntries();
-                               out.chunks = s.getChunks();
-                               out.problem_count = s.getProblemCount();
-                               for (auto p : s.getProblems()) out.problems.emplace_back(p.cStr(), p.size());
-                               return out;
-                             });
+  return Expect<VerifyReport>(impl_->Call(c, id, *m), c->limits, wire::Response::STORE_REPORT,
+                              [](wire::Response::Reader r) { return ipc::ReadVerifyReport(r.getStoreReport()); });
 }
 
 Status Client::Compact() {
@@ -1165,7 +1129,7 @@ Status Client::SetCapacity(std::uint64_t bytes) {
   return reply.ok() ? Status::Ok() : reply.status();
 }
 
-std::future<Result<LookupResult>> Client::LookupAsync(const ModelId& model, std::vector<std::uint32_t> tokens) {
+std::future<Result<std::optional<LookupHit>>> Client::LookupAsync(const ModelId& model, std::vector<std::uint32_t> tokens) {
   return std::async(std::launch::async,
                     [this, model, tokens = std::move(tokens)] { return Lookup(model, tokens); });
 }
@@ -1182,7 +1146,7 @@ std::future<Result<std::vector<FetchedLayer>>> Client::FetchLayersAsync(std::uin
   return std::async(std::launch::async, [this, entry, layers = std::move(layers)] { return FetchLayers(entry, layers); });
 }
 
-std::future<Result<StatResult>> Client::StatAsync() {
+std::future<Result<DaemonStats>> Client::StatAsync() {
   return std::async(std::launch::async, [this] { return Stat(); });
 }
 

@@ -149,6 +149,11 @@ struct Published {
   entry @0 :UInt64;
   # The boundary was stored already; the bytes sent were not written again.
   existed @1 :Bool;
+  # Chunk bytes the publish added, chunk bytes it shares with entries stored
+  # before, and entries evicted to make room.
+  newChunkBytes @2 :UInt64;
+  sharedChunkBytes @3 :UInt64;
+  evicted @4 :UInt64;
 }
 
 # Admin: changes the store's byte budget (0: unlimited) and evicts down to it.
@@ -175,6 +180,10 @@ struct EntryInfo {
   # Its tokens are not kept (boundary.tokens is empty; length is right).
   quarantined @8 :Bool;
   reason @9 :Text;
+  # The entry's manifest, tokens and records, and the prefill compute a hit
+  # saves (estimated FLOPs).
+  metaBytes @10 :UInt64;
+  flops @11 :Float64;
 }
 
 struct LookupReply {
@@ -183,7 +192,10 @@ struct LookupReply {
   length @1 :UInt32;
   entry @2 :UInt64;
   layerCount @3 :UInt32;
+  # Stored (encoded) chunk bytes and decoded bytes of the entry's layers:
+  # what a restore sizes itself by.
   bytes @4 :UInt64;
+  rawBytes @5 :UInt64;
 }
 
 struct Fetch {
@@ -262,6 +274,10 @@ struct StatReply {
   # Header and chunk bytes of publishes begun and not yet committed or
   # aborted, over every connection (bounded by --max-uncommitted-total).
   uncommittedBytes @16 :UInt64;
+  # Chunk bytes the store holds for publishes not committed yet.
+  stagedBytes @17 :UInt64;
+  # Set while the store refuses writes after a failed one (a full disk): why.
+  writeError @18 :Text;
 }
 
 # One entry in full: what List gives, and, when asked, every layer's

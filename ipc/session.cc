@@ -20,7 +20,7 @@ using wire::ErrorCode;
 
 struct Session::Publish {
   std::uint64_t id = 0;
-  BoundaryKey key;
+  PublishRequest key;
   std::uint32_t layer_count = 0;
 
   // Protocol position, loop thread only.
@@ -81,42 +81,18 @@ std::span<const std::byte> AsBytes(capnp::Data::Reader d) {
   return {reinterpret_cast<const std::byte*>(d.begin()), d.size()};
 }
 
-// Writes one entry's description (EntryInfo of the schema).
-void FillEntryInfo(const EntrySummary& e, wire::EntryInfo::Builder w) {
-  w.setEntry(e.entry);
-  w.setLayerCount(e.layer_count);
-  w.setBytes(e.bytes);
-  w.setRawBytes(e.raw_bytes);
-  w.setCreatedUnixMs(e.created_unix_ms);
-  w.setLastAccess(e.last_access);
-  w.setHits(e.hits);
-  w.setQuarantined(e.quarantined);
-  w.setReason(e.reason);
-  auto b = w.initBoundary();
-  b.setNamespace(e.boundary.ns);
-  b.setLength(static_cast<std::uint32_t>(e.length != 0 ? e.length : e.boundary.tokens.size()));
-  auto fp = b.initFingerprint();
-  fp.setDigestLo(e.boundary.digest.lo);
-  fp.setDigestHi(e.boundary.digest.hi);
-  fp.setName(e.boundary.model_name);
-  fp.setDescriptor(kj::arrayPtr(reinterpret_cast<const kj::byte*>(e.boundary.descriptor.data()),
-                                e.boundary.descriptor.size()));
-  auto t = b.initTokens(static_cast<unsigned>(e.boundary.tokens.size()));
-  for (unsigned k = 0; k < t.size(); ++k) t.set(k, e.boundary.tokens[k]);
-}
-
-// Message words an entry's description takes, with room to spare.
-std::size_t EntryInfoWords(const EntrySummary& e) {
-  return 48 + e.boundary.tokens.size() / 2 + (e.boundary.descriptor.size() + e.boundary.model_name.size() +
-                                              e.boundary.ns.size() + e.reason.size()) / 8;
-}
-
-class FetchSender : public FetchVisitor {
+// Streams a fetch's answers. With a shared window, each chunk is read by the
+// store straight into space of the window ring (ChunkBuffer) and only its
+// place is sent; a chunk larger than the window, or any chunk without a
+// window, travels inline. The ring belongs to this one fetch: space reserved
+// for a chunk that is never sent (the fetch failed or was cancelled) goes
+// with it, and the client reuses the window only once every chunk it was
+// sent is released.
+class FetchSender : public FetchSink {
  public:
-  FetchSender(std::uint64_t id, Session::FetchState* st, ResponseSink* sink)
-      : id_(id), st_(st), sink_(sink) {}
+  FetchSender(std::uint64_t id, Session::FetchState* st, ResponseSink* sink) : id_(id), st_(st), sink_(sink) {}
 
-  Status OnLayer(std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunk_count) override {
+  Status OnLayer(std::uint32_t layer, std::string_view header, std::uint32_t chunk_count) override {
     PC_RETURN_IF_ERROR(Gate());
     sink_->Send(BuildResponse(
         id_,
@@ -131,32 +107,36 @@ class FetchSender : public FetchVisitor {
     return Status::Ok();
   }
 
+  Result<std::optional<std::span<std::byte>>> ChunkBuffer(std::uint32_t, std::uint32_t, std::uint64_t size,
+                                                          bool may_wait) override {
+    using Answer = std::optional<std::span<std::byte>>;
+    if (st_->shm == nullptr || size == 0 || size > st_->win_len) return Answer(std::span<std::byte>());
+    PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, Reserve(size, may_wait));
+    if (!pos) return Answer();  // no room until the client releases some
+    return Answer(std::span<std::byte>(st_->shm->data() + st_->win_off + *pos, size));
+  }
+
   Status OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) override {
     PC_RETURN_IF_ERROR(Gate());
     bytes_ += bytes.size();
-    if (st_->shm != nullptr && !bytes.empty() && bytes.size() <= st_->win_len) {
-      std::uint64_t pos = 0;
-      PC_RETURN_IF_ERROR(Reserve(bytes.size(), &pos));
-      ParallelCopy(st_->shm->data() + st_->win_off + pos, bytes.data(), bytes.size());
-      sink_->Send(BuildResponse(id_, [&](wire::Response::Builder r) {
-        auto c = r.initFetchChunk();
-        c.setLayer(layer);
-        c.setIndex(index);
-        auto s = c.initData().initShm();
-        s.setOffset(st_->win_off + pos);
-        s.setLength(bytes.size());
-      }));
-      return Status::Ok();
-    }
+    const std::byte* window = st_->shm != nullptr ? st_->shm->data() + st_->win_off : nullptr;
+    const bool in_window = window != nullptr && !bytes.empty() && bytes.data() >= window &&
+                           bytes.data() + bytes.size() <= window + st_->win_len;
     sink_->Send(BuildResponse(
         id_,
         [&](wire::Response::Builder r) {
           auto c = r.initFetchChunk();
           c.setLayer(layer);
           c.setIndex(index);
-          c.initData().setInline(kj::arrayPtr(reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));
+          if (in_window) {
+            auto s = c.initData().initShm();
+            s.setOffset(static_cast<std::uint64_t>(bytes.data() - st_->shm->data()));
+            s.setLength(bytes.size());
+          } else {
+            c.initData().setInline(kj::arrayPtr(reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));
+          }
         },
-        WordsFor(bytes.size())));
+        in_window ? 0 : WordsFor(bytes.size())));
     return Status::Ok();
   }
 
@@ -171,9 +151,10 @@ class FetchSender : public FetchVisitor {
     return Status::Ok();
   }
 
-  // A place for `len` bytes in the window ring, waiting for the client's
-  // releases when it is full.
-  Status Reserve(std::uint64_t len, std::uint64_t* pos) {
+  // A place for `len` bytes in the window ring, in the order chunks are
+  // sent. When full: nullopt, or with may_wait (every reserved chunk was
+  // sent, so releases will come) a wait for the client's releases.
+  Result<std::optional<std::uint64_t>> Reserve(std::uint64_t len, bool may_wait) {
     std::unique_lock<std::mutex> l(st_->mu);
     for (;;) {
       if (st_->cancelled.load() || sink_->Closed()) return Status::Aborted("fetch cancelled");
@@ -187,9 +168,9 @@ class FetchSender : public FetchVisitor {
         st_->used += skip + len;
         st_->head = at + len == st_->win_len ? 0 : at + len;
         st_->allocs.push_back({at, len, skip + len});
-        *pos = at;
-        return Status::Ok();
+        return std::optional<std::uint64_t>(at);
       }
+      if (!may_wait) return std::optional<std::uint64_t>();
       if (st_->cv.wait_for(l, std::chrono::seconds(60)) == std::cv_status::timeout) {
         return Status::DeadlineExceeded("client released no shared-memory bytes for 60 s");
       }
@@ -203,9 +184,10 @@ class FetchSender : public FetchVisitor {
   std::uint64_t bytes_ = 0;
 };
 
-class CountingVisitor : public FetchVisitor {
+// Counts what a fetch streams (Verify reads every chunk, checked, and keeps nothing).
+class CountingSink : public FetchSink {
  public:
-  Status OnLayer(std::uint32_t, std::span<const std::byte> header, std::uint32_t) override {
+  Status OnLayer(std::uint32_t, std::string_view header, std::uint32_t) override {
     ++layers;
     bytes += header.size();
     return Status::Ok();
@@ -414,12 +396,9 @@ bool Session::AcceptNamespace(std::uint64_t id, capnp::Text::Reader ns) {
   return true;
 }
 
-Status Session::CheckEntryNamespace(std::uint64_t entry) {
-  if (peer_.admin) return Status::Ok();
-  PC_ASSIGN_OR_RETURN(EntrySummary e, store_->Describe(entry));
-  // Another tenant's entry is reported as absent, not as forbidden.
-  if (e.boundary.ns != ns_) return Status::NotFound("no entry " + std::to_string(entry));
-  return Status::Ok();
+std::optional<std::string> Session::TenantScope() const {
+  if (peer_.admin) return std::nullopt;
+  return ns_;
 }
 
 void Session::OnClose() {
@@ -550,9 +529,9 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       pub->id = id;
       pub->layer_count = layer_count;
       pub->progress_ns = NowNs();
-      pub->key.digest = {fp.getDigestLo(), fp.getDigestHi()};
+      pub->key.model = {fp.getDigestLo(), fp.getDigestHi()};
       pub->key.model_name = std::move(*name);
-      pub->key.descriptor.assign(reinterpret_cast<const char*>(fp.getDescriptor().begin()),
+      pub->key.model_descriptor.assign(reinterpret_cast<const char*>(fp.getDescriptor().begin()),
                                  fp.getDescriptor().size());
       pub->key.ns = ns_;
       pub->key.tokens = ToVector(tokens);
@@ -729,12 +708,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         if (!done.ok()) {
           SendError(id, done.status());
         } else {
-          const Committed c = *done;
-          sink_->Send(BuildResponse(id, [c](wire::Response::Builder r) {
-            auto p = r.initPublished();
-            p.setEntry(c.entry);
-            p.setExisted(c.existed);
-          }));
+          sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WritePublishResult(*done, r.initPublished()); }));
         }
         FinishPublish(pub);
       });
@@ -754,16 +728,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       Serve(executor_, [this, id, digest, toks = std::move(toks)] {
         auto hit = store_->Lookup(digest, ns_, toks);
         if (!hit.ok()) return SendError(id, hit.status());
-        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
-          auto l = r.initLookup();
-          if (!hit->has_value()) return;
-          const LookupHit& h = **hit;
-          l.setFound(true);
-          l.setEntry(h.entry);
-          l.setLength(h.length);
-          l.setLayerCount(h.layer_count);
-          l.setBytes(h.bytes);
-        }));
+        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteLookupHit(*hit, r.initLookup()); }));
       });
       return true;
     }
@@ -813,9 +778,10 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       std::vector<std::uint32_t> layers = ToVector(layers_r);
       const std::uint64_t entry = f.getEntry();
       Serve(fetch_executor_, [this, id, st, entry, layers = std::move(layers)] {
-        Status s = CheckEntryNamespace(entry);
         FetchSender sender(id, st.get(), sink_.get());
-        if (s.ok()) s = store_->Fetch(entry, layers, &sender);
+        FetchOptions options;
+        options.ns = TenantScope();
+        Status s = store_->Fetch(entry, layers, options, sender);
         {
           std::lock_guard<std::mutex> l(mu_);
           fetches_.erase(id);
@@ -921,18 +887,8 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       Serve(executor_, [this, id, filter] {
         auto page = store_->List(filter);
         if (!page.ok()) return SendError(id, page.status());
-        std::size_t words = 64 + page->next_page_token.size() / 8;
-        for (const auto& e : page->entries) words += EntryInfoWords(e);
-        sink_->Send(BuildResponse(
-            id,
-            [&](wire::Response::Builder r) {
-              auto out = r.initList();
-              out.setNextPageToken(kj::arrayPtr(reinterpret_cast<const kj::byte*>(page->next_page_token.data()),
-                                                page->next_page_token.size()));
-              auto list = out.initEntries(static_cast<unsigned>(page->entries.size()));
-              for (unsigned i = 0; i < list.size(); ++i) FillEntryInfo(page->entries[i], list[i]);
-            },
-            words));
+        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteListPage(*page, r.initList()); },
+                                  WordsFor(*page)));
       });
       return true;
     }
@@ -949,26 +905,12 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       Serve(executor_, [this, id] {
         auto st = store_->Stat();
         if (!st.ok()) return SendError(id, st.status());
-        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
-          auto s = r.initStat();
-          s.setEntries(st->entries);
-          s.setBytesStored(st->bytes_stored);
-          s.setBytesRaw(st->bytes_raw);
-          s.setHits(st->hits);
-          s.setMisses(st->misses);
-          s.setEvictions(st->evictions);
-          s.setCapacityBytes(st->capacity_bytes);
-          s.setConnections(counters_->connections.load());
-          s.setPublishesInFlight(counters_->publishes_in_flight.load());
-          s.setQuarantined(st->quarantined);
-          s.setChunks(st->chunks);
-          s.setBytesLogical(st->bytes_logical);
-          s.setDedupSavedBytes(st->dedup_saved_bytes);
-          s.setAdmissionRefusals(st->admission_refusals);
-          s.setActiveLeases(st->active_leases);
-          s.setDiskBytes(st->disk_bytes);
-          s.setUncommittedBytes(counters_->uncommitted_bytes.load());
-        }));
+        DaemonStats d;
+        d.store = std::move(st).value();
+        d.connections = counters_->connections.load();
+        d.publishes_in_flight = counters_->publishes_in_flight.load();
+        d.uncommitted_bytes = counters_->uncommitted_bytes.load();
+        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteDaemonStats(d, r.initStat()); }));
       });
       return true;
     }
@@ -978,25 +920,11 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       const bool headers = req.getDescribe().getLayerHeaders();
       Serve(executor_, [this, id, entry, headers] {
         // Other tenants' entries, and quarantined ones off the admin socket,
-        // are reported as absent (Describe knows only live entries).
-        Status allowed = CheckEntryNamespace(entry);
-        if (!allowed.ok()) return SendError(id, allowed);
-        auto d = store_->Inspect(entry, headers);
+        // are reported as absent.
+        auto d = store_->Describe(entry, TenantScope(), headers);
         if (!d.ok()) return SendError(id, d.status());
-        std::size_t words = 64 + EntryInfoWords(d->summary);
-        for (const auto& h : d->layer_headers) words += WordsFor(h.size()) + 1;
-        sink_->Send(BuildResponse(
-            id,
-            [&](wire::Response::Builder r) {
-              auto out = r.initDescribe();
-              FillEntryInfo(d->summary, out.initInfo());
-              auto hs = out.initLayerHeaders(static_cast<unsigned>(d->layer_headers.size()));
-              for (unsigned i = 0; i < hs.size(); ++i) {
-                const std::string& h = d->layer_headers[i];
-                hs.set(i, kj::arrayPtr(reinterpret_cast<const kj::byte*>(h.data()), h.size()));
-              }
-            },
-            words));
+        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteEntryDetail(*d, r.initDescribe()); },
+                                  WordsFor(*d)));
       });
       return true;
     }
@@ -1010,21 +938,8 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       Serve(executor_, [this, id, read_chunks] {
         auto report = store_->VerifyStore(read_chunks);
         if (!report.ok()) return SendError(id, report.status());
-        constexpr std::size_t kMaxProblemsSent = 1000;
-        const std::size_t sent = std::min(report->problems.size(), kMaxProblemsSent);
-        std::size_t words = 64;
-        for (std::size_t i = 0; i < sent; ++i) words += report->problems[i].size() / 8 + 2;
-        sink_->Send(BuildResponse(
-            id,
-            [&](wire::Response::Builder r) {
-              auto out = r.initStoreReport();
-              out.setEntries(report->entries);
-              out.setChunks(report->chunks);
-              out.setProblemCount(std::max<std::uint64_t>(report->problem_count, report->problems.size()));
-              auto ps = out.initProblems(static_cast<unsigned>(sent));
-              for (unsigned i = 0; i < sent; ++i) ps.set(i, report->problems[i]);
-            },
-            words));
+        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteVerifyReport(*report, r.initStoreReport()); },
+                                  WordsFor(*report)));
       });
       return true;
     }
@@ -1032,9 +947,10 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
     case wire::Request::VERIFY: {
       const std::uint64_t entry = req.getVerify().getEntry();
       Serve(fetch_executor_, [this, id, entry] {
-        Status s = CheckEntryNamespace(entry);
-        CountingVisitor v;
-        if (s.ok()) s = store_->Fetch(entry, {}, &v);
+        CountingSink v;
+        FetchOptions options;
+        options.ns = TenantScope();
+        Status s = store_->Fetch(entry, {}, options, v);
         if (!s.ok() && !s.IsCorruption()) return SendError(id, s);
         sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
           auto out = r.initVerify();

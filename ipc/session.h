@@ -145,7 +145,9 @@ class Session : public std::enable_shared_from_this<Session> {
   static constexpr std::size_t kExpiredKept = 16;
   // Runs a request's store work on `executor`, counted as in flight.
   void Serve(Executor* executor, std::function<void()> job);
-  Status CheckEntryNamespace(std::uint64_t entry);
+  // The namespace an entry must be of for this peer: its own, or none for
+  // the admin socket (the store checks it where it reads the entry anyway).
+  std::optional<std::string> TenantScope() const;
   // A boundary's or query's namespace: empty (the connection's) or the
   // connection's own; otherwise the error is sent and false returned.
   bool AcceptNamespace(std::uint64_t id, capnp::Text::Reader ns);

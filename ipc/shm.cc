@@ -6,13 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
-
-#include "core/worker_pool.h"
 
 namespace primecache::ipc {
 
@@ -98,33 +93,6 @@ Status SendWithFd(int sock, std::span<const std::byte> bytes, int fd) {
     sent += static_cast<std::size_t>(n);
   }
   return Status::Ok();
-}
-
-void ParallelCopy(std::byte* dst, const std::byte* src, std::size_t n) {
-  constexpr std::size_t kParts = 4;
-  constexpr std::size_t kMinPiece = 128u << 10;
-  if (n < 2 * kMinPiece) {
-    std::memcpy(dst, src, n);
-    return;
-  }
-  static WorkerPool pool(kParts - 1);
-  const std::size_t parts = std::min(kParts, n / kMinPiece);
-  const std::size_t piece = ((n + parts - 1) / parts + 63) / 64 * 64;  // parts * piece >= n
-  std::mutex mu;
-  std::condition_variable cv;
-  std::size_t left = parts - 1;
-  for (std::size_t i = 1; i < parts; ++i) {
-    const std::size_t off = i * piece;
-    const std::size_t len = off >= n ? 0 : std::min(piece, n - off);
-    pool.Post([&, off, len] {
-      std::memcpy(dst + off, src + off, len);
-      std::lock_guard l(mu);
-      if (--left == 0) cv.notify_one();
-    });
-  }
-  std::memcpy(dst, src, std::min(piece, n));
-  std::unique_lock l(mu);
-  cv.wait(l, [&] { return left == 0; });
 }
 
 }  // namespace primecache::ipc

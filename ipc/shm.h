@@ -48,10 +48,4 @@ class ShmRegion {
 // first byte (SCM_RIGHTS); blocking.
 Status SendWithFd(int sock, std::span<const std::byte> bytes, int fd);
 
-// memcpy, in up to four pieces for a large copy: the calling thread copies
-// one, a small pool shared by every caller the others, so that one fetch's
-// thread is not held to one core's copy rate. Returns when all is copied.
-// Thread-safe.
-void ParallelCopy(std::byte* dst, const std::byte* src, std::size_t n);
-
 }  // namespace primecache::ipc

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "primecache/env.h"
 #include "primecache/statestore.h"
@@ -24,7 +25,7 @@ class StatestoreSink : public PublishSink {
  public:
   explicit StatestoreSink(std::unique_ptr<Publisher> p) : p_(std::move(p)) {}
   // The identity is stored already: the bytes that follow are dropped.
-  explicit StatestoreSink(EntryId existing) : existing_(existing) {}
+  explicit StatestoreSink(EntryId existing) { existing_.id = existing, existing_.existed = true; }
   ~StatestoreSink() override { Abort(); }
 
   Status BeginLayer(std::uint32_t, std::span<const std::byte> header, std::uint32_t) override {
@@ -37,16 +38,14 @@ class StatestoreSink : public PublishSink {
     if (!p_) return Status::Ok();
     return p_->AddChunk(bytes);
   }
-  Result<Committed> Commit() override {
-    if (!p_) return Committed{existing_, true};
+  Result<PublishResult> Commit() override {
+    if (!p_) return existing_;
     if (in_layer_) {
       in_layer_ = false;
       PC_RETURN_IF_ERROR(p_->EndLayer());
     }
-    auto r = p_->Commit();
     committed_ = true;
-    if (!r.ok()) return r.status();
-    return Committed{r->id, r->existed};
+    return p_->Commit();
   }
   void Abort() override {
     if (p_ && !committed_) {
@@ -57,108 +56,52 @@ class StatestoreSink : public PublishSink {
 
  private:
   std::unique_ptr<Publisher> p_;
-  EntryId existing_ = 0;
+  PublishResult existing_;
   bool in_layer_ = false;
   bool committed_ = false;
 };
-
-class VisitorSink : public FetchSink {
- public:
-  explicit VisitorSink(FetchVisitor* v) : v_(v) {}
-  Status OnLayer(std::uint32_t layer, std::string_view header, std::uint32_t chunk_count) override {
-    return v_->OnLayer(layer, std::as_bytes(std::span(header.data(), header.size())), chunk_count);
-  }
-  Status OnChunk(std::uint32_t layer, std::uint32_t chunk, std::span<const std::byte> bytes) override {
-    return v_->OnChunk(layer, chunk, bytes);
-  }
-
- private:
-  FetchVisitor* v_;
-};
-
-EntrySummary Summarize(const primecache::EntryInfo& e) {
-  EntrySummary s;
-  s.entry = e.id;
-  s.boundary.digest = e.model;
-  s.boundary.model_name = e.model_name;
-  s.boundary.ns = e.ns;
-  s.layer_count = e.layers;
-  s.bytes = e.chunk_bytes;
-  s.raw_bytes = e.raw_bytes;
-  s.created_unix_ms = e.created_unix_ms;
-  s.last_access = e.last_access;
-  s.hits = e.hits;
-  s.length = e.length;
-  s.boundary.descriptor = e.model_descriptor;
-  s.quarantined = e.state == EntryState::kQuarantined;
-  s.reason = e.reason;
-  return s;
-}
 
 class StatestoreBackend : public StoreBackend {
  public:
   explicit StatestoreBackend(std::unique_ptr<Store> store) : store_(std::move(store)) {}
 
-  Result<std::unique_ptr<PublishSink>> BeginPublish(const BoundaryKey& b, std::uint32_t) override {
-    PublishRequest req;
-    req.model = b.digest;
-    req.model_name = b.model_name;
-    req.model_descriptor = b.descriptor;
-    req.ns = b.ns;
-    req.tokens = b.tokens;
-    auto p = store_->BeginPublish(std::move(req));
+  Result<std::unique_ptr<PublishSink>> BeginPublish(const PublishRequest& request, std::uint32_t) override {
+    auto p = store_->BeginPublish(request);
     if (p.ok()) return std::unique_ptr<PublishSink>(new StatestoreSink(std::move(p).value()));
     if (p.status().code() != StatusCode::kAlreadyExists) return p.status();
-    PC_ASSIGN_OR_RETURN(auto existing, store_->FindExact(b.digest, b.ns, b.tokens));
+    PC_ASSIGN_OR_RETURN(auto existing, store_->FindExact(request.model, request.ns, request.tokens));
     if (!existing.has_value()) return p.status();  // deleted meanwhile: let the client retry
     return std::unique_ptr<PublishSink>(new StatestoreSink(*existing));
   }
 
-  Result<std::optional<ipc::LookupHit>> Lookup(const Hash128& digest, const std::string& ns,
-                                               std::span<const std::uint32_t> tokens) override {
-    PC_ASSIGN_OR_RETURN(auto hit, store_->Lookup(digest, ns, tokens));
-    if (!hit.has_value()) return std::optional<ipc::LookupHit>();
-    ipc::LookupHit out;
-    out.entry = hit->id;
-    out.length = static_cast<std::uint32_t>(hit->length);
-    auto info = store_->Describe(hit->id);
-    if (info.ok()) {
-      out.layer_count = info->layers;
-      out.bytes = info->chunk_bytes;
-    } else if (!info.status().IsNotFound()) {
-      return info.status();
-    }  // evicted between the two calls: still a hit, sizes unknown
-    return std::optional<ipc::LookupHit>(out);
+  Result<std::optional<LookupHit>> Lookup(const Hash128& digest, const std::string& ns,
+                                          std::span<const std::uint32_t> tokens) override {
+    return store_->Lookup(digest, ns, tokens);
   }
 
-  Result<EntrySummary> Describe(std::uint64_t entry) override {
-    PC_ASSIGN_OR_RETURN(auto e, store_->Describe(entry));
-    if (e.state != EntryState::kLive) return Status::NotFound("entry " + std::to_string(entry) + " is quarantined");
-    return Summarize(e);
-  }
-
-  Result<EntryDetail> Inspect(std::uint64_t entry, bool layer_headers) override {
-    PC_ASSIGN_OR_RETURN(auto e, store_->Describe(entry));
+  Result<EntryDetail> Describe(std::uint64_t entry, const std::optional<std::string>& ns,
+                               bool layer_headers) override {
     EntryDetail d;
-    d.summary = Summarize(e);
-    if (e.state != EntryState::kLive) return d;
-    PC_ASSIGN_OR_RETURN(d.summary.boundary.tokens, store_->Tokens(entry));
+    PC_ASSIGN_OR_RETURN(d.info, store_->Describe(entry));
+    // Another tenant's entry, or a quarantined one off the admin socket, is
+    // reported as absent.
+    if (ns && (d.info.quarantined() || d.info.ns != *ns)) return Status::NotFound("no entry " + std::to_string(entry));
+    if (d.info.quarantined()) return d;
+    PC_ASSIGN_OR_RETURN(d.info.tokens, store_->Tokens(entry));
     if (layer_headers) {
       PC_ASSIGN_OR_RETURN(d.layer_headers, store_->LayerHeaders(entry));
     }
     return d;
   }
 
-  Status Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, FetchVisitor* visitor) override {
-    // Held for the fetch: the entry is neither evicted nor deleted under it.
-    PC_ASSIGN_OR_RETURN(Lease lease, store_->AcquireLease(entry));
-    VisitorSink sink(visitor);
-    return store_->Fetch(entry, layers, sink);
+  Status Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchOptions& options,
+               FetchSink& sink) override {
+    return store_->Fetch(entry, layers, sink, options);
   }
 
   Status Delete(std::uint64_t entry) override { return store_->Delete(entry); }
 
-  Result<ipc::ListPage> List(const ListFilter& f) override {
+  Result<ListPage> List(const ListFilter& f) override {
     primecache::ListOptions o;
     o.model = f.digest;
     // The store filters by namespace only within one model; across models
@@ -167,53 +110,27 @@ class StatestoreBackend : public StoreBackend {
     o.page_token = f.page_token;
     o.limit = f.page_size;
     o.state = f.quarantined ? EntryState::kQuarantined : EntryState::kLive;
-    PC_ASSIGN_OR_RETURN(auto page, store_->List(o));
-    ipc::ListPage out;
-    out.next_page_token = page.next_page_token;
-    for (const auto& e : page.entries) {
-      if (f.ns.has_value() && e.ns != *f.ns) continue;
-      EntrySummary s = Summarize(e);
-      if (f.quarantined || f.omit_tokens) {
-        out.entries.push_back(std::move(s));
-        continue;
-      }
+    PC_ASSIGN_OR_RETURN(ListPage page, store_->List(o));
+    std::erase_if(page.entries, [&](const EntryInfo& e) { return f.ns.has_value() && e.ns != *f.ns; });
+    if (f.quarantined || f.omit_tokens) return page;
+    std::vector<EntryInfo> kept;
+    kept.reserve(page.entries.size());
+    for (EntryInfo& e : page.entries) {
       auto toks = store_->Tokens(e.id);
-      if (!toks.ok()) {
-        if (toks.status().IsNotFound()) continue;  // evicted while listing
-        return toks.status();
-      }
-      s.boundary.tokens = std::move(toks).value();
-      out.entries.push_back(std::move(s));
+      if (toks.status().IsNotFound()) continue;  // evicted while listing
+      PC_RETURN_IF_ERROR(toks.status());
+      e.tokens = std::move(toks).value();
+      kept.push_back(std::move(e));
     }
-    return out;
+    page.entries = std::move(kept);
+    return page;
   }
 
-  Result<ipc::StoreStats> Stat() override {
-    PC_ASSIGN_OR_RETURN(auto st, store_->Stat());
-    ipc::StoreStats s;
-    s.entries = st.entries;
-    s.bytes_stored = st.stored_bytes;
-    s.bytes_raw = st.raw_bytes;
-    s.hits = st.hits;
-    s.misses = st.misses;
-    s.evictions = st.evictions;
-    s.capacity_bytes = st.byte_budget;
-    s.quarantined = st.quarantined;
-    s.chunks = st.chunks;
-    s.bytes_logical = st.logical_bytes;
-    s.dedup_saved_bytes = st.dedup_saved_bytes;
-    s.admission_refusals = st.admission_refusals;
-    s.active_leases = st.active_leases;
-    s.disk_bytes = st.disk_bytes;
-    return s;
-  }
+  Result<StoreStats> Stat() override { return store_->Stat(); }
 
   Status SetCapacity(std::uint64_t bytes) override { return store_->SetByteBudget(bytes); }
 
-  Result<StoreReport> VerifyStore(bool read_chunks) override {
-    PC_ASSIGN_OR_RETURN(auto r, store_->Verify(read_chunks));
-    return StoreReport{r.entries, r.chunks, std::move(r.problems), r.problem_count};
-  }
+  Result<VerifyReport> VerifyStore(bool read_chunks) override { return store_->Verify(read_chunks); }
 
   Status Compact() override { return store_->Compact(); }
 

@@ -1,5 +1,6 @@
 #include "ipc/wire.h"
 
+#include <algorithm>
 #include <string>
 
 namespace primecache::ipc {
@@ -49,6 +50,208 @@ std::unique_ptr<OutMessage> ErrorResponse(std::uint64_t id, wire::ErrorCode code
     e.setCode(code);
     e.setMessage(message);
   });
+}
+
+namespace {
+
+kj::ArrayPtr<const kj::byte> KjBytes(std::string_view s) {
+  return kj::arrayPtr(reinterpret_cast<const kj::byte*>(s.data()), s.size());
+}
+std::string Str(capnp::Data::Reader d) { return {reinterpret_cast<const char*>(d.begin()), d.size()}; }
+std::string Str(capnp::Text::Reader t) { return {t.cStr(), t.size()}; }
+
+}  // namespace
+
+void WritePublishResult(const PublishResult& p, wire::Published::Builder w) {
+  w.setEntry(p.id);
+  w.setExisted(p.existed);
+  w.setNewChunkBytes(p.new_chunk_bytes);
+  w.setSharedChunkBytes(p.shared_chunk_bytes);
+  w.setEvicted(p.evicted);
+}
+
+PublishResult ReadPublishResult(wire::Published::Reader r) {
+  return PublishResult{r.getEntry(), r.getExisted(), r.getNewChunkBytes(), r.getSharedChunkBytes(), r.getEvicted()};
+}
+
+void WriteEntryInfo(const EntryInfo& e, wire::EntryInfo::Builder w) {
+  w.setEntry(e.id);
+  w.setLayerCount(e.layers);
+  w.setBytes(e.chunk_bytes);
+  w.setRawBytes(e.raw_bytes);
+  w.setMetaBytes(e.meta_bytes);
+  w.setFlops(e.flops);
+  w.setCreatedUnixMs(e.created_unix_ms);
+  w.setLastAccess(e.last_access);
+  w.setHits(e.hits);
+  w.setQuarantined(e.quarantined());
+  w.setReason(e.reason);
+  auto b = w.initBoundary();
+  b.setNamespace(e.ns);
+  b.setLength(static_cast<std::uint32_t>(e.length != 0 ? e.length : e.tokens.size()));
+  auto fp = b.initFingerprint();
+  fp.setDigestLo(e.model.lo);
+  fp.setDigestHi(e.model.hi);
+  fp.setName(e.model_name);
+  fp.setDescriptor(KjBytes(e.model_descriptor));
+  auto t = b.initTokens(static_cast<unsigned>(e.tokens.size()));
+  for (unsigned k = 0; k < t.size(); ++k) t.set(k, e.tokens[k]);
+}
+
+EntryInfo ReadEntryInfo(wire::EntryInfo::Reader r) {
+  EntryInfo e;
+  e.id = r.getEntry();
+  e.state = r.getQuarantined() ? EntryState::kQuarantined : EntryState::kLive;
+  auto b = r.getBoundary();
+  auto fp = b.getFingerprint();
+  e.model = {fp.getDigestLo(), fp.getDigestHi()};
+  e.model_name = Str(fp.getName());
+  e.model_descriptor = Str(fp.getDescriptor());
+  e.ns = Str(b.getNamespace());
+  e.length = b.getLength();
+  e.tokens = ToVector(b.getTokens());
+  e.layers = r.getLayerCount();
+  e.chunk_bytes = r.getBytes();
+  e.raw_bytes = r.getRawBytes();
+  e.meta_bytes = r.getMetaBytes();
+  e.flops = r.getFlops();
+  e.created_unix_ms = r.getCreatedUnixMs();
+  e.last_access = r.getLastAccess();
+  e.hits = r.getHits();
+  e.reason = Str(r.getReason());
+  return e;
+}
+
+void WriteListPage(const ListPage& page, wire::ListReply::Builder w) {
+  w.setNextPageToken(KjBytes(page.next_page_token));
+  auto list = w.initEntries(static_cast<unsigned>(page.entries.size()));
+  for (unsigned i = 0; i < list.size(); ++i) WriteEntryInfo(page.entries[i], list[i]);
+}
+
+ListPage ReadListPage(wire::ListReply::Reader r) {
+  ListPage page;
+  page.next_page_token = Str(r.getNextPageToken());
+  page.entries.reserve(r.getEntries().size());
+  for (auto e : r.getEntries()) page.entries.push_back(ReadEntryInfo(e));
+  return page;
+}
+
+void WriteEntryDetail(const EntryDetail& d, wire::DescribeReply::Builder w) {
+  WriteEntryInfo(d.info, w.initInfo());
+  auto hs = w.initLayerHeaders(static_cast<unsigned>(d.layer_headers.size()));
+  for (unsigned i = 0; i < hs.size(); ++i) hs.set(i, KjBytes(d.layer_headers[i]));
+}
+
+EntryDetail ReadEntryDetail(wire::DescribeReply::Reader r) {
+  EntryDetail d;
+  d.info = ReadEntryInfo(r.getInfo());
+  for (auto h : r.getLayerHeaders()) d.layer_headers.push_back(Str(h));
+  return d;
+}
+
+void WriteLookupHit(const std::optional<LookupHit>& hit, wire::LookupReply::Builder w) {
+  if (!hit) return;
+  w.setFound(true);
+  w.setEntry(hit->id);
+  w.setLength(static_cast<std::uint32_t>(hit->length));
+  w.setLayerCount(hit->layers);
+  w.setBytes(hit->chunk_bytes);
+  w.setRawBytes(hit->raw_bytes);
+}
+
+std::optional<LookupHit> ReadLookupHit(wire::LookupReply::Reader r) {
+  if (!r.getFound()) return std::nullopt;
+  return LookupHit{r.getEntry(), r.getLength(), r.getLayerCount(), r.getBytes(), r.getRawBytes()};
+}
+
+void WriteDaemonStats(const DaemonStats& d, wire::StatReply::Builder w) {
+  const StoreStats& s = d.store;
+  w.setEntries(s.entries);
+  w.setQuarantined(s.quarantined);
+  w.setChunks(s.chunks);
+  w.setBytesStored(s.stored_bytes);
+  w.setBytesLogical(s.logical_bytes);
+  w.setBytesRaw(s.raw_bytes);
+  w.setDedupSavedBytes(s.dedup_saved_bytes);
+  w.setHits(s.hits);
+  w.setMisses(s.misses);
+  w.setEvictions(s.evictions);
+  w.setAdmissionRefusals(s.admission_refusals);
+  w.setActiveLeases(s.active_leases);
+  w.setCapacityBytes(s.byte_budget);
+  w.setDiskBytes(s.disk_bytes);
+  w.setStagedBytes(s.staged_bytes);
+  w.setWriteError(s.write_error);
+  w.setConnections(d.connections);
+  w.setPublishesInFlight(d.publishes_in_flight);
+  w.setUncommittedBytes(d.uncommitted_bytes);
+}
+
+DaemonStats ReadDaemonStats(wire::StatReply::Reader r) {
+  DaemonStats d;
+  StoreStats& s = d.store;
+  s.entries = r.getEntries();
+  s.quarantined = r.getQuarantined();
+  s.chunks = r.getChunks();
+  s.stored_bytes = r.getBytesStored();
+  s.logical_bytes = r.getBytesLogical();
+  s.raw_bytes = r.getBytesRaw();
+  s.dedup_saved_bytes = r.getDedupSavedBytes();
+  s.hits = r.getHits();
+  s.misses = r.getMisses();
+  s.evictions = r.getEvictions();
+  s.admission_refusals = r.getAdmissionRefusals();
+  s.active_leases = r.getActiveLeases();
+  s.byte_budget = r.getCapacityBytes();
+  s.disk_bytes = r.getDiskBytes();
+  s.staged_bytes = r.getStagedBytes();
+  s.write_error = Str(r.getWriteError());
+  d.connections = r.getConnections();
+  d.publishes_in_flight = r.getPublishesInFlight();
+  d.uncommitted_bytes = r.getUncommittedBytes();
+  return d;
+}
+
+void WriteVerifyReport(const VerifyReport& report, wire::StoreReport::Builder w) {
+  const std::size_t sent = std::min(report.problems.size(), kMaxProblemsSent);
+  w.setEntries(report.entries);
+  w.setChunks(report.chunks);
+  w.setProblemCount(std::max<std::uint64_t>(report.problem_count, report.problems.size()));
+  auto ps = w.initProblems(static_cast<unsigned>(sent));
+  for (unsigned i = 0; i < sent; ++i) ps.set(i, report.problems[i]);
+}
+
+VerifyReport ReadVerifyReport(wire::StoreReport::Reader r) {
+  VerifyReport report;
+  report.entries = r.getEntries();
+  report.chunks = r.getChunks();
+  report.problem_count = r.getProblemCount();
+  for (auto p : r.getProblems()) report.problems.push_back(Str(p));
+  return report;
+}
+
+std::size_t WordsFor(const EntryInfo& e) {
+  return 48 + e.tokens.size() / 2 +
+         (e.model_descriptor.size() + e.model_name.size() + e.ns.size() + e.reason.size()) / 8;
+}
+
+std::size_t WordsFor(const ListPage& page) {
+  std::size_t words = 64 + page.next_page_token.size() / 8;
+  for (const auto& e : page.entries) words += WordsFor(e);
+  return words;
+}
+
+std::size_t WordsFor(const EntryDetail& d) {
+  std::size_t words = 64 + WordsFor(d.info);
+  for (const auto& h : d.layer_headers) words += WordsFor(h.size()) + 1;
+  return words;
+}
+
+std::size_t WordsFor(const VerifyReport& report) {
+  std::size_t words = 64;
+  const std::size_t sent = std::min(report.problems.size(), kMaxProblemsSent);
+  for (std::size_t i = 0; i < sent; ++i) words += report.problems[i].size() / 8 + 2;
+  return words;
 }
 
 }  // namespace primecache::ipc

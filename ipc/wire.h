@@ -1,16 +1,20 @@
 // Helpers shared by the daemon and the client: status <-> wire error codes,
-// response building.
+// response building, and the one mapping of each shared value type
+// (primecache/entry.h) onto the schema, each direction written once: the
+// daemon writes with Write*, the client reads with Read*.
 #pragma once
 
 #include <capnp/message.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "ipc/framing.h"
 #include "ipc/primecache.capnp.h"
+#include "primecache/entry.h"
 #include "primecache/status.h"
 
 namespace primecache::ipc {
@@ -61,5 +65,29 @@ inline std::vector<std::uint32_t> ToVector(capnp::List<std::uint32_t>::Reader l)
 
 // Words to reserve for a message carrying `bytes` of payload.
 inline std::size_t WordsFor(std::size_t bytes) { return bytes / 8 + 64; }
+
+void WritePublishResult(const PublishResult& p, wire::Published::Builder w);
+PublishResult ReadPublishResult(wire::Published::Reader r);
+void WriteEntryInfo(const EntryInfo& e, wire::EntryInfo::Builder w);
+EntryInfo ReadEntryInfo(wire::EntryInfo::Reader r);
+void WriteListPage(const ListPage& page, wire::ListReply::Builder w);
+ListPage ReadListPage(wire::ListReply::Reader r);
+void WriteEntryDetail(const EntryDetail& d, wire::DescribeReply::Builder w);
+EntryDetail ReadEntryDetail(wire::DescribeReply::Reader r);
+// nullopt: a miss (found is false).
+void WriteLookupHit(const std::optional<LookupHit>& hit, wire::LookupReply::Builder w);
+std::optional<LookupHit> ReadLookupHit(wire::LookupReply::Reader r);
+void WriteDaemonStats(const DaemonStats& s, wire::StatReply::Builder w);
+DaemonStats ReadDaemonStats(wire::StatReply::Reader r);
+// Writes at most kMaxProblemsSent problems; problemCount counts them all.
+inline constexpr std::size_t kMaxProblemsSent = 1000;
+void WriteVerifyReport(const VerifyReport& report, wire::StoreReport::Builder w);
+VerifyReport ReadVerifyReport(wire::StoreReport::Reader r);
+
+// Message words the values above take when written, with room to spare.
+std::size_t WordsFor(const EntryInfo& e);
+std::size_t WordsFor(const ListPage& page);
+std::size_t WordsFor(const EntryDetail& d);
+std::size_t WordsFor(const VerifyReport& report);
 
 }  // namespace primecache::ipc

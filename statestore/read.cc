@@ -158,16 +158,8 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
         for (EntryId id : *ids) {
           PC_ASSIGN_OR_RETURN(bool match, s.TokensMatch(id, tokens.first(length), true));
           if (!match) continue;
-          LookupHit candidate;
-          candidate.id = id;
-          candidate.length = length;
-          if (options.take_lease) {
-            auto lease = AcquireLease(id);
-            if (!lease.ok()) continue;  // being removed: look further
-            candidate.lease = std::move(lease).value();
-          }
-          hit = std::move(candidate);
-          break;
+          PC_ASSIGN_OR_RETURN(hit, HitFor(id, length, options.lease));  // nullopt: being removed, look further
+          if (hit) break;
         }
       }
     }
@@ -184,17 +176,45 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
   return hit;
 }
 
+Result<std::optional<LookupHit>> Store::HitFor(EntryId id, std::uint64_t length, Lease* lease) {
+  std::string record;
+  if (lease != nullptr) {
+    auto held = LeaseLive(id, &record);
+    if (held.status().IsNotFound()) return std::optional<LookupHit>();
+    PC_RETURN_IF_ERROR(held.status());
+    *lease = std::move(held).value();
+  } else {
+    bool found = false;
+    PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_entries, IdKey(id), &record, &found));
+    if (!found) return std::optional<LookupHit>();
+  }
+  PC_ASSIGN_OR_RETURN(EntrySummary sum, DecodeSummary(record));
+  return std::optional<LookupHit>(LookupHit{id, length, sum.layers, sum.chunk_bytes, sum.raw_bytes});
+}
+
 // ---- leases -----------------------------------------------------------------------------------
 
-Result<Lease> Store::AcquireLease(EntryId id) {
+Result<Lease> Store::LeaseLive(EntryId id, std::string* record) {
   if (!impl_->leases->TryAcquire(id))
     return Status::NotFound("entry " + std::to_string(id) + " is being removed");
   Lease lease(impl_->leases, id);
-  std::string v;
   bool found = false;
-  PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_entries, IdKey(id), &v, &found));
+  PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_entries, IdKey(id), record, &found));
   if (!found) return Status::NotFound("no live entry " + std::to_string(id));
   return lease;
+}
+
+Result<Lease> Store::AcquireLease(EntryId id) {
+  std::string record;
+  return LeaseLive(id, &record);
+}
+
+Status Store::Impl::CheckNamespace(EntryId id, std::string_view record, const std::string& ns) const {
+  PC_ASSIGN_OR_RETURN(EntrySummary sum, DecodeSummary(record));
+  auto scope = ScopeById(sum.scope);
+  // Another tenant's entry is reported as absent, not as forbidden.
+  if (!scope || scope->ns != ns) return Status::NotFound("no entry " + std::to_string(id));
+  return Status::Ok();
 }
 
 // ---- fetch ------------------------------------------------------------------------------------
@@ -245,11 +265,14 @@ Status Store::Impl::ReadChunk(const Hash128& h, std::uint64_t size, rocksdb::Pin
   return Status::Ok();
 }
 
-Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink) {
+Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink,
+                    const FetchOptions& options) {
   Impl& s = *impl_;
   // What becomes of a damaged entry (a read-only store leaves it as it is).
   const std::string fate = s.opts.read_only ? "" : " quarantined";
-  PC_ASSIGN_OR_RETURN(Lease lease, AcquireLease(id));
+  std::string record;
+  PC_ASSIGN_OR_RETURN(Lease lease, LeaseLive(id, &record));
+  if (options.ns) PC_RETURN_IF_ERROR(s.CheckNamespace(id, record, *options.ns));
   std::string mv;
   bool found = false;
   Status ms = s.GetValue(s.cf_manifests, IdKey(id), &mv, &found);

@@ -170,6 +170,8 @@ struct Store::Impl {
   Status fatal;       // set when Resume() cannot help; guarded by recover_mu
   std::optional<std::uint64_t> FindScope(const Hash128& digest, std::string_view ns) const;
   std::optional<statestore_internal::ScopeRecord> ScopeById(std::uint64_t id) const;
+  // kNotFound unless the entry record `record` of `id` is of namespace `ns`.
+  Status CheckNamespace(EntryId id, std::string_view record, const std::string& ns) const;
   Result<EntryInfo> MakeInfo(EntryId id, const statestore_internal::EntrySummary& s, EntryState state);
   void PublishCounters(const Counters& c);
   std::uint64_t StoredBytes(const Counters& c) const { return c.chunk_bytes + c.meta_bytes; }

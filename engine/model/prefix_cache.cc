@@ -115,8 +115,8 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
     NoteFailure("lookup", found.status());
     return std::uint64_t{0};
   }
-  if (!found->found || found->length < options_.min_prefix) return std::uint64_t{0};
-  const std::uint64_t len = found->length;
+  if (!found->has_value() || (*found)->length < options_.min_prefix) return std::uint64_t{0};
+  const std::uint64_t len = (*found)->length;
   engine::SessionCache& cache = *session.cache;
   const std::vector<LayerGeometry> geometry = cache.Geometry();
   const std::size_t layers = geometry.size();
@@ -187,7 +187,7 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
     });
     return Status::Ok();
   };
-  Status fetched = client_->Fetch(found->entry, {}, cb);
+  Status fetched = client_->Fetch((*found)->id, {}, cb);
   {
     // Whatever happened, no decode may outlive this frame.
     std::unique_lock lock(decode_mu);
@@ -201,7 +201,7 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
       if (!s && fetched.ok()) fetched = Status::Corruption("layer " + std::to_string(l) + " is missing chunks");
   }
   if (!fetched.ok()) {
-    NoteFailure("restoring entry " + std::to_string(found->entry), fetched);
+    NoteFailure("restoring entry " + std::to_string((*found)->id), fetched);
     return std::uint64_t{0};
   }
 
@@ -221,7 +221,7 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
   // Every layer validated before the first byte moves; a refusal leaves the
   // session as fresh as it was.
   if (Status v = cache.ValidateRestore(views); !v.ok()) {
-    spdlog::warn("prefix cache: entry {} refused: {}", found->entry, v.ToString());
+    spdlog::warn("prefix cache: entry {} refused: {}", (*found)->id, v.ToString());
     return std::uint64_t{0};
   }
   PC_RETURN_IF_ERROR(cache.Restore(views));

@@ -6,7 +6,10 @@
 // a missed deadline is kDeadlineExceeded. Requests are pipelined on one
 // connection: many may be in flight from many threads at once.
 //
-// Everything here is in namespace primecache::client.
+// Everything here is in namespace primecache::client, except the values that
+// describe entries (EntryInfo, EntryDetail, ListPage, LookupHit, DaemonStats,
+// VerifyReport, PublishResult: primecache/entry.h), which are the store's
+// own, passed through unchanged.
 //
 // Errors are typed by StatusCode: kNotFound (no such entry or publish),
 // kInvalidArgument (a bad request; a message starting "protocol: " means the
@@ -49,6 +52,7 @@
 #include <vector>
 
 #include "primecache/checksum.h"
+#include "primecache/entry.h"
 #include "primecache/status.h"
 
 namespace primecache::client {
@@ -75,24 +79,11 @@ struct ModelId {
   std::string descriptor;
 };
 
-struct LookupResult {
-  bool found = false;
-  std::uint64_t entry = 0;
-  std::uint32_t length = 0;  // matched boundary length in tokens
-  std::uint32_t layer_count = 0;
-  std::uint64_t bytes = 0;
-};
-
 // One encoded layer: its serialized header (SerializeLayerHeader) and its
 // chunks' bytes, as the codecs make them.
 struct LayerData {
   std::vector<std::byte> header;
   std::vector<std::vector<std::byte>> chunks;
-};
-
-struct PublishResult {
-  std::uint64_t entry = 0;
-  bool existed = false;  // this boundary was stored already; nothing new was written
 };
 
 // Ends a held chunk's loan (FetchCallbacks::on_chunk_held). Call it exactly
@@ -121,28 +112,6 @@ struct FetchedLayer {
   LayerData data;
 };
 
-struct EntryInfo {
-  std::uint64_t entry = 0;
-  ModelId model;  // descriptor included when the store has one
-  std::string ns;
-  std::uint64_t length = 0;           // boundary length in tokens
-  std::vector<std::uint32_t> tokens;  // empty for a quarantined entry
-  std::uint32_t layer_count = 0;
-  std::uint64_t bytes = 0;
-  std::uint64_t raw_bytes = 0;
-  std::uint64_t created_unix_ms = 0;
-  std::uint64_t last_access = 0;  // the store's logical clock; larger is more recent
-  std::uint64_t hits = 0;
-  bool quarantined = false;  // failed a check; never served
-  std::string reason;        // why it was quarantined
-};
-
-// An entry and, when asked for, its layers' serialized headers.
-struct EntryDetail {
-  EntryInfo info;
-  std::vector<std::vector<std::byte>> layer_headers;
-};
-
 struct ListOptions {
   std::optional<Hash128> model;
   std::string page_token;  // from the previous page; empty: the first
@@ -152,30 +121,16 @@ struct ListOptions {
   bool omit_tokens = false;     // leave EntryInfo::tokens empty (length still set)
 };
 
-struct ListResult {
-  std::vector<EntryInfo> entries;
-  std::string next_page_token;  // empty: last page
-};
+using primecache::DaemonStats;
+using primecache::EntryDetail;
+using primecache::EntryInfo;
+using primecache::ListPage;
+using primecache::LookupHit;
+using primecache::PublishResult;
+using primecache::VerifyReport;
 
-struct StatResult {
-  std::uint64_t entries = 0, bytes_stored = 0, bytes_raw = 0, hits = 0, misses = 0, evictions = 0;
-  std::uint64_t capacity_bytes = 0;
-  std::uint32_t connections = 0, publishes_in_flight = 0;
-  std::uint64_t quarantined = 0, chunks = 0;
-  std::uint64_t bytes_logical = 0;      // what the entries would take without shared chunks
-  std::uint64_t dedup_saved_bytes = 0;  // bytes_logical - bytes_stored
-  std::uint64_t admission_refusals = 0, active_leases = 0;
-  std::uint64_t disk_bytes = 0;  // every file of the store's directory
-  std::uint64_t uncommitted_bytes = 0;  // of the daemon's open publishes
-};
-
-// A store-wide consistency check (Client::VerifyStore).
-struct StoreReport {
-  std::uint64_t entries = 0, chunks = 0;
-  std::vector<std::string> problems;  // empty: consistent; at most 1000
-  std::uint64_t problem_count = 0;    // all of them
-};
-
+// One entry's check (Client::Verify): every chunk read and its checksum
+// compared; ok false says why in message (the entry is then quarantined).
 struct VerifyResult {
   bool ok = false;
   std::string message;
@@ -295,7 +250,9 @@ class Client {
   // True while a connection is up.
   bool connected() const;
 
-  Result<LookupResult> Lookup(const ModelId& model, std::span<const std::uint32_t> tokens);
+  // The longest stored boundary that prefixes `tokens` (nullopt: a miss),
+  // with the layer count and sizes a restore needs.
+  Result<std::optional<LookupHit>> Lookup(const ModelId& model, std::span<const std::uint32_t> tokens);
   Result<std::unique_ptr<PublishStream>> BeginPublish(const ModelId& model, std::span<const std::uint32_t> tokens,
                                                       std::uint32_t layer_count);
   // Streams every layer and commits.
@@ -304,8 +261,8 @@ class Client {
   // Streams the entry's layers (empty: all) through the callbacks.
   Status Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb);
   Result<std::vector<FetchedLayer>> FetchLayers(std::uint64_t entry, std::span<const std::uint32_t> layers = {});
-  Result<ListResult> List(const ListOptions& options = {});
-  Result<StatResult> Stat();
+  Result<ListPage> List(const ListOptions& options = {});
+  Result<DaemonStats> Stat();
   Result<VerifyResult> Verify(std::uint64_t entry);
   // One entry; with layer_headers, every layer's header too (no chunk bytes).
   // Quarantined entries are described on the admin socket only.
@@ -316,16 +273,16 @@ class Client {
   // space of deleted entries. Both can take long: mind ClientOptions::timeout.
   Status Delete(std::uint64_t entry);
   Status SetCapacity(std::uint64_t bytes);
-  Result<StoreReport> VerifyStore(bool read_chunks);
+  Result<VerifyReport> VerifyStore(bool read_chunks);
   Status Compact();
 
   // Asynchronous forms: the same work, finished on the client's threads.
-  std::future<Result<LookupResult>> LookupAsync(const ModelId& model, std::vector<std::uint32_t> tokens);
+  std::future<Result<std::optional<LookupHit>>> LookupAsync(const ModelId& model, std::vector<std::uint32_t> tokens);
   std::future<Result<PublishResult>> PublishAsync(const ModelId& model, std::vector<std::uint32_t> tokens,
                                                   std::vector<LayerData> layers);
   std::future<Result<std::vector<FetchedLayer>>> FetchLayersAsync(std::uint64_t entry,
                                                                   std::vector<std::uint32_t> layers = {});
-  std::future<Result<StatResult>> StatAsync();
+  std::future<Result<DaemonStats>> StatAsync();
 
   struct Impl;
 

@@ -43,12 +43,11 @@
 #include <vector>
 
 #include "primecache/checksum.h"
+#include "primecache/entry.h"
 #include "primecache/env.h"
 #include "primecache/status.h"
 
 namespace primecache {
-
-using EntryId = std::uint64_t;
 
 // What the model costs to prefill, for the utility eviction policy.
 // EstimatePrefillFlops(L) = L * flops_per_token
@@ -80,14 +79,6 @@ struct PublishRequest {
   std::string ns;                     // namespace; may be empty; at most 1024 bytes
   std::vector<std::uint32_t> tokens;  // the boundary's exact tokens; its length is tokens.size() >= 1
   ModelCost cost;
-};
-
-struct PublishResult {
-  EntryId id = 0;
-  bool existed = false;                  // the identity was stored already; nothing was written
-  std::uint64_t new_chunk_bytes = 0;     // chunk bytes this publish added to the store
-  std::uint64_t shared_chunk_bytes = 0;  // chunk bytes it shares with entries already stored
-  std::uint64_t evicted = 0;             // entries evicted to make room
 };
 
 // One encoded layer as [codecs] produces it: the serialized layer header and
@@ -165,14 +156,16 @@ class Lease {
 };
 
 struct LookupOptions {
-  bool take_lease = false;  // return the hit with a lease already held
-  bool record = true;       // count the hit or miss, refresh recency, note a miss as a sighting
+  bool record = true;  // count the hit or miss, refresh recency, note a miss as a sighting
+  // Not null: a hit is returned with a lease on it already held here.
+  Lease* lease = nullptr;
 };
 
-struct LookupHit {
-  EntryId id = 0;
-  std::uint64_t length = 0;  // boundary length: tokens[0, length) of the query are stored
-  Lease lease;               // held when LookupOptions::take_lease
+struct FetchOptions {
+  // Set: serve only an entry of this namespace; another's is kNotFound, as if
+  // absent. Checked on the entry record the fetch reads for its lease anyway
+  // (the daemon's tenant check, without a Describe of its own).
+  std::optional<std::string> ns;
 };
 
 // Receives a fetched entry. Only bytes whose checksum matched are handed
@@ -205,59 +198,12 @@ class FetchSink {
   }
 };
 
-enum class EntryState : std::uint8_t { kLive = 0, kQuarantined = 1 };
-
-struct EntryInfo {
-  EntryId id = 0;
-  EntryState state = EntryState::kLive;
-  Hash128 model;
-  std::string model_name;
-  std::string model_descriptor;  // empty when no publish of this model and namespace gave one
-  std::string ns;
-  std::uint64_t length = 0;
-  std::uint32_t layers = 0;
-  std::uint64_t chunk_bytes = 0;  // the entry's chunk bytes, shared ones included
-  std::uint64_t raw_bytes = 0;    // decoded bytes of its layers
-  std::uint64_t meta_bytes = 0;   // its manifest, tokens and records
-  double flops = 0;               // estimated prefill compute a hit saves
-  std::uint64_t created_unix_ms = 0;
-  std::uint64_t last_access = 0;  // logical clock; larger is more recent
-  std::uint64_t hits = 0;
-  std::string reason;  // why it was quarantined
-};
-
 struct ListOptions {
   std::optional<Hash128> model;   // only this fingerprint
   std::optional<std::string> ns;  // only this namespace
   EntryState state = EntryState::kLive;
   std::string page_token;   // from the previous page; empty: the first
   std::size_t limit = 100;  // 1..1000
-};
-
-struct ListPage {
-  std::vector<EntryInfo> entries;
-  std::string next_page_token;  // empty: no more
-};
-
-struct StoreStats {
-  std::uint64_t entries = 0;
-  std::uint64_t quarantined = 0;
-  std::uint64_t chunks = 0;             // distinct chunks stored
-  std::uint64_t stored_bytes = 0;       // what the budget counts: distinct chunk bytes + metadata
-  std::uint64_t logical_bytes = 0;      // what the entries would take without dedup
-  std::uint64_t raw_bytes = 0;          // decoded bytes of every entry's layers
-  std::uint64_t dedup_saved_bytes = 0;  // logical_bytes - stored_bytes
-  std::uint64_t hits = 0;
-  std::uint64_t misses = 0;
-  std::uint64_t evictions = 0;
-  std::uint64_t admission_refusals = 0;
-  std::uint64_t active_leases = 0;
-  std::uint64_t byte_budget = 0;  // 0: unlimited
-  std::uint64_t disk_bytes = 0;   // every file in the store's directory (tables, blobs, log)
-  std::uint64_t staged_bytes = 0;  // chunk bytes written by publishes not committed yet
-  // Set while writes are refused after a failed write (a full disk): why, in
-  // words; empty when writes go on. Reads are served either way.
-  std::string write_error;
 };
 
 enum class EvictionPolicy : std::uint8_t {
@@ -352,7 +298,8 @@ class Store {
   // the result says existed.
   Result<PublishResult> Publish(PublishRequest request, std::span<const LayerBytes> layers);
 
-  // The longest stored boundary whose tokens are a prefix of `tokens`, or none.
+  // The longest stored boundary whose tokens are a prefix of `tokens`, or
+  // none; the hit carries the entry's layer count and sizes.
   Result<std::optional<LookupHit>> Lookup(const Hash128& model, std::string_view ns,
                                           std::span<const std::uint32_t> tokens,
                                           const LookupOptions& options = {});
@@ -365,8 +312,11 @@ class Store {
   // Streams layers (all when `layers` is empty; else those, in that order).
   // The sink is called on this thread, in order, while the next chunks are
   // read (and checked) ahead on the store's read pool. kCorruption: a check
-  // failed; the entry is quarantined. kNotFound: no such live entry.
-  Status Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink);
+  // failed; the entry is quarantined. kNotFound: no such live entry (or,
+  // with options.ns, none of that namespace). The fetch holds a lease on the
+  // entry while it runs.
+  Status Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink,
+               const FetchOptions& options = {});
   Result<std::vector<LayerBytes>> FetchAll(EntryId id);
   // The stored tokens of a live entry.
   Result<std::vector<std::uint32_t>> Tokens(EntryId id);
@@ -398,18 +348,19 @@ class Store {
   // consistent snapshot, so writers go on meanwhile. The problems found, in
   // words (empty: consistent). Read-only, the chunks of publishes a writer
   // has not collected yet are not counted as problems.
-  struct VerifyReport {
-    std::uint64_t entries = 0;
-    std::uint64_t chunks = 0;
-    std::vector<std::string> problems;  // the first 1000
-    std::uint64_t problem_count = 0;    // all of them
-  };
+  using VerifyReport = primecache::VerifyReport;
   Result<VerifyReport> Verify(bool read_chunks);
 
   struct Impl;
 
  private:
   explicit Store(std::unique_ptr<Impl> impl);
+  // A lease on live entry `id`, with its entry record (encoded) in *record;
+  // kNotFound when it is being removed or gone.
+  Result<Lease> LeaseLive(EntryId id, std::string* record);
+  // The hit for live entry `id` matched at `length`, sized from its record,
+  // with a lease in *lease when not null; nullopt when it went meanwhile.
+  Result<std::optional<LookupHit>> HitFor(EntryId id, std::uint64_t length, Lease* lease);
   std::unique_ptr<Impl> impl_;
 };
 

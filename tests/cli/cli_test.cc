@@ -98,7 +98,7 @@ class CliTest : public ::testing::Test {
     if (!c) return 0;
     auto r = c->Publish(m, tokens, MakeLayers(tokens.size(), layers, seed));
     EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? r->entry : 0;
+    return r.ok() ? r->id : 0;
   }
 
   Daemon d_;
@@ -336,7 +336,7 @@ TEST_F(CliTest, VerifyFindsDamagePlantedInTheDatabase) {
     rec->refs += 3;
     db.Put(si::kCfChunkRefs, si::HashKey(counted_hash), si::EncodeChunkRef(*rec));
   }
-  const std::string a_name = "entry " + std::to_string(a->entry);
+  const std::string a_name = "entry " + std::to_string(a->id);
   auto mentions = [](const json& problems, const std::string& where, const std::string& what) {
     for (const auto& p : problems) {
       if (p["where"].get<std::string>().find(where) != std::string::npos &&
@@ -354,9 +354,9 @@ TEST_F(CliTest, VerifyFindsDamagePlantedInTheDatabase) {
   EXPECT_TRUE(mentions(j["problems"], a_name, "does not match its address")) << j.dump(2);
   EXPECT_TRUE(mentions(j["problems"], "store", si::HashHex(counted_hash))) << j.dump(2);
   EXPECT_NE(r.err.find("no daemon answers"), std::string::npos) << r.err;
-  r = Ctl({"verify", std::to_string(b->entry), "--json"});
+  r = Ctl({"verify", std::to_string(b->id), "--json"});
   EXPECT_EQ(r.rc, 0) << r.out;  // entry b's own bytes are intact
-  r = Ctl({"verify", std::to_string(a->entry)});
+  r = Ctl({"verify", std::to_string(a->id)});
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_NE(r.out.find("DAMAGE"), std::string::npos) << r.out;
 
@@ -367,7 +367,7 @@ TEST_F(CliTest, VerifyFindsDamagePlantedInTheDatabase) {
   EXPECT_TRUE(mentions(r.Json()["problems"], a_name, "quarantined")) << r.out;
   j = Ctl({"ls", "--quarantined", "--json"}).Json();
   ASSERT_EQ(j["entries"].size(), 1u);
-  EXPECT_EQ(j["entries"][0]["id"], a->entry);
+  EXPECT_EQ(j["entries"][0]["id"], a->id);
   EXPECT_EQ(j["entries"][0]["state"], "quarantined");
   EXPECT_NE(j["entries"][0]["reason"].get<std::string>().find("chunk"), std::string::npos);
   // Still damage until gc removes it.
@@ -375,7 +375,7 @@ TEST_F(CliTest, VerifyFindsDamagePlantedInTheDatabase) {
 
   j = Ctl({"gc", "--json"}).Json();
   ASSERT_EQ(j["removed"].size(), 1u);
-  EXPECT_EQ(j["removed"][0]["id"], a->entry);
+  EXPECT_EQ(j["removed"][0]["id"], a->id);
   EXPECT_EQ(j["compacted"], true);
   EXPECT_TRUE(Ctl({"ls", "--quarantined", "--json"}).Json()["entries"].empty());
   // The altered count remains (a store-level problem gc does not hide).
@@ -454,8 +454,8 @@ TEST_F(CliTest, ExportImportRoundTripIsByteExact) {
   auto oc = Client::Connect(other.Options("tenant-x"));
   ASSERT_TRUE(oc.ok());
   auto hit = (*oc)->Lookup(IdOf(fp), tokens);
-  ASSERT_TRUE(hit.ok() && hit->found);
-  EXPECT_EQ(hit->entry, imported);
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+  EXPECT_EQ((*hit)->id, imported);
   auto mine = Connect("tenant-x");
   auto x = mine->FetchLayers(id);
   auto y = (*oc)->FetchLayers(imported);

@@ -22,7 +22,7 @@ class AbuseTest : public ::testing::Test {
     good_ = std::move(*c);
     auto pub = good_->Publish(TestModel(), Tokens(40, 1), MakeLayers(40, 2, 1));
     ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-    entry_ = pub->entry;
+    entry_ = pub->id;
   }
 
   // The daemon is alive and a well-behaved client notices nothing.
@@ -30,7 +30,7 @@ class AbuseTest : public ::testing::Test {
     ASSERT_TRUE(d_.Alive());
     auto hit = good_->Lookup(TestModel(), Tokens(40, 1));
     ASSERT_TRUE(hit.ok()) << hit.status().ToString();
-    EXPECT_TRUE(hit->found);
+    EXPECT_TRUE(hit->has_value());
     auto got = good_->FetchLayers(entry_);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_EQ(got->size(), 2u);
@@ -254,14 +254,14 @@ TEST(Backpressure, SlowReaderDoesNotMakeTheDaemonBuffer) {
   setsockopt(slow.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const long before = d.RssKiB();
-  auto fetch = ipc::BuildRequest(9, [&](wire::Request::Builder q) { q.initFetch().setEntry(pub->entry); });
+  auto fetch = ipc::BuildRequest(9, [&](wire::Request::Builder q) { q.initFetch().setEntry(pub->id); });
   ASSERT_TRUE(slow.Send(*fetch));
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   const long during = d.RssKiB();
   // Others are served meanwhile.
   auto hit = (*c)->Lookup(TestModel(), tokens);
   ASSERT_TRUE(hit.ok());
-  EXPECT_TRUE(hit->found);
+  EXPECT_TRUE(hit->has_value());
   // Unbounded buffering would hold the whole 180 MiB entry. What a stalled
   // fetch may hold: the write queue (4 MiB), the chunks read ahead (8 MiB),
   // and what the read threads' allocator arenas keep of freed chunk buffers.
@@ -352,7 +352,7 @@ TEST_F(AbuseTest, RequestEncodedByTheCapnpToolIsAnswered) {
   const std::string text =
       Shell(std::string(CAPNP_TOOL) + " decode --short " + SCHEMA_FILE + " Response < " + dir + "/resp.bin");
   EXPECT_NE(text.find("id = 1, hello = (version = 1"), std::string::npos) << text;
-  EXPECT_NE(text.find("id = 2, lookup = (found = true, length = 5, entry = " + std::to_string(pub->entry)),
+  EXPECT_NE(text.find("id = 2, lookup = (found = true, length = 5, entry = " + std::to_string(pub->id)),
             std::string::npos)
       << text;
 }

@@ -54,33 +54,33 @@ void RoundTrip(Daemon& d, bool shm) {
   const auto layers = MakeLayers(200, 3, 1, 64, 32);
   auto miss = cl.Lookup(TestModel(), tokens);
   ASSERT_TRUE(miss.ok()) << miss.status().ToString();
-  EXPECT_FALSE(miss->found);
+  EXPECT_FALSE(miss->has_value());
 
   auto pub = cl.Publish(TestModel(), std::span(tokens).first(200), layers);
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
 
   auto hit = cl.Lookup(TestModel(), tokens);
   ASSERT_TRUE(hit.ok()) << hit.status().ToString();
-  ASSERT_TRUE(hit->found);
-  EXPECT_EQ(hit->entry, pub->entry);
-  EXPECT_EQ(hit->length, 200u);
-  EXPECT_EQ(hit->layer_count, 3u);
+  ASSERT_TRUE(hit->has_value());
+  EXPECT_EQ((*hit)->id, pub->id);
+  EXPECT_EQ((*hit)->length, 200u);
+  EXPECT_EQ((*hit)->layers, 3u);
 
   // Another model never matches.
   auto other = cl.Lookup(TestModel(2), tokens);
   ASSERT_TRUE(other.ok());
-  EXPECT_FALSE(other->found);
+  EXPECT_FALSE(other->has_value());
   // A query shorter than the boundary does not match it.
   auto shorter = cl.Lookup(TestModel(), std::span(tokens).first(150));
   ASSERT_TRUE(shorter.ok());
-  EXPECT_FALSE(shorter->found);
+  EXPECT_FALSE(shorter->has_value());
 
-  auto all = cl.FetchLayers(hit->entry);
+  auto all = cl.FetchLayers((*hit)->id);
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   ExpectSameLayers(layers, *all);
 
   const std::vector<std::uint32_t> some = {2, 0};
-  auto part = cl.FetchLayers(hit->entry, some);
+  auto part = cl.FetchLayers((*hit)->id, some);
   ASSERT_TRUE(part.ok()) << part.status().ToString();
   ExpectSameLayers(layers, *part, some);
 
@@ -94,29 +94,29 @@ void RoundTrip(Daemon& d, bool shm) {
       if (b.data() >= base && b.data() + b.size() <= base + cl.region().size) ++in_region;
       return Status::Ok();
     };
-    ASSERT_TRUE(cl.Fetch(hit->entry, {}, cb).ok());
+    ASSERT_TRUE(cl.Fetch((*hit)->id, {}, cb).ok());
     EXPECT_EQ(total, ChunkCount(layers));
     EXPECT_EQ(in_region, total);
   }
 
-  auto v = cl.Verify(hit->entry);
+  auto v = cl.Verify((*hit)->id);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_TRUE(v->ok) << v->message;
   EXPECT_EQ(v->layers, 3u);
 
-  auto missing = cl.FetchLayers(hit->entry + 1000000);
+  auto missing = cl.FetchLayers((*hit)->id + 1000000);
   EXPECT_TRUE(missing.status().IsNotFound()) << missing.status().ToString();
 
   auto st = cl.Stat();
   ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->entries, 1u);
+  EXPECT_EQ(st->store.entries, 1u);
   EXPECT_GE(st->connections, 1u);
   auto list = cl.List();
   ASSERT_TRUE(list.ok()) << list.status().ToString();
   ASSERT_EQ(list->entries.size(), 1u);
-  EXPECT_EQ(list->entries[0].entry, pub->entry);
+  EXPECT_EQ(list->entries[0].id, pub->id);
   EXPECT_EQ(list->entries[0].tokens, std::vector<std::uint32_t>(tokens.begin(), tokens.begin() + 200));
-  EXPECT_EQ(list->entries[0].model.digest, TestModel().digest);
+  EXPECT_EQ(list->entries[0].model, TestModel().digest);
 }
 
 TEST_F(DaemonTest, RoundTripOverSocket) { RoundTrip(d_, false); }
@@ -133,7 +133,7 @@ TEST_F(DaemonTest, SharedMemoryPublishFetchedOverSocketAndBack) {
   const auto layers = MakeLayers(64, 3, 9, 4096, 4);  // 64 KiB chunks, 34 in all
   auto pub = (*a)->Publish(TestModel(), tokens, layers);
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  auto got = (*b)->FetchLayers(pub->entry);
+  auto got = (*b)->FetchLayers(pub->id);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   ExpectSameLayers(layers, *got);
 }
@@ -149,7 +149,7 @@ TEST_F(DaemonTest, LargeOddChunksOverSharedMemoryArriveIntact) {
   auto pub = (*c)->Publish(TestModel(), tokens, layers);
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
   for (int rep = 0; rep < 3; ++rep) {
-    auto got = (*c)->FetchLayers(pub->entry);
+    auto got = (*c)->FetchLayers(pub->id);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     ExpectSameLayers(layers, *got);
   }
@@ -173,7 +173,7 @@ TEST_F(DaemonTest, HeldChunksAreReleasedFromOtherThreadsOutOfOrder) {
     auto c = Client::Connect(o);
     ASSERT_TRUE(c.ok());
     auto hit = (*c)->Lookup(TestModel(), tokens);
-    ASSERT_TRUE(hit.ok() && hit->found);
+    ASSERT_TRUE(hit.ok() && hit->has_value());
     struct Held {
       std::uint32_t layer, index;
       std::span<const std::byte> bytes;
@@ -215,7 +215,7 @@ TEST_F(DaemonTest, HeldChunksAreReleasedFromOtherThreadsOutOfOrder) {
       }
       return Status::Ok();
     };
-    Status s = (*c)->Fetch(hit->entry, {}, cb);
+    Status s = (*c)->Fetch((*hit)->id, {}, cb);
     settle(std::move(held));
     for (auto& t : releasers) t.join();
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -237,14 +237,14 @@ TEST_F(DaemonTest, RepublishingABoundaryAnswersTheStoredEntry) {
   auto again = (*c)->Publish(TestModel(), tokens, layers);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_TRUE(again->existed);
-  EXPECT_EQ(again->entry, first->entry);
-  EXPECT_EQ((*c)->Stat()->entries, 1u);
+  EXPECT_EQ(again->id, first->id);
+  EXPECT_EQ((*c)->Stat()->store.entries, 1u);
   // A layer the store's validator refuses (its header says 40 tokens, the
   // boundary has 48) fails the commit and stores nothing.
   auto wrong = (*c)->Publish(TestModel(), Tokens(48, 32), MakeLayers(40, 1, 32));
   EXPECT_FALSE(wrong.ok());
-  EXPECT_EQ((*c)->Stat()->entries, 1u);
-  EXPECT_FALSE((*c)->Lookup(TestModel(), Tokens(48, 32))->found);
+  EXPECT_EQ((*c)->Stat()->store.entries, 1u);
+  EXPECT_FALSE((*c)->Lookup(TestModel(), Tokens(48, 32))->has_value());
 }
 
 TEST_F(DaemonTest, SocketModeIs0600AndPathsExist) {
@@ -277,11 +277,11 @@ TEST_F(DaemonTest, ManyConcurrentClients) {
           return;
         }
         auto hit = (*c)->Lookup(TestModel(), tokens);
-        if (!hit.ok() || !hit->found || hit->length != 50u + round) {
+        if (!hit.ok() || !hit->has_value() || (*hit)->length != 50u + round) {
           errors[i] = "lookup";
           return;
         }
-        auto got = (*c)->FetchLayers(hit->entry);
+        auto got = (*c)->FetchLayers((*hit)->id);
         if (!got.ok() || got->size() != 2 || got->at(0).data.chunks != layers[0].chunks ||
             got->at(1).data.header != layers[1].header) {
           errors[i] = "fetch " + got.status().ToString();
@@ -297,7 +297,7 @@ TEST_F(DaemonTest, ManyConcurrentClients) {
   auto c = Client::Connect(d_.Options());
   auto st = (*c)->Stat();
   ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->entries, kClients * 3u);
+  EXPECT_EQ(st->store.entries, kClients * 3u);
 }
 
 TEST_F(DaemonTest, AsyncCallsPipelineOnOneClient) {
@@ -313,16 +313,16 @@ TEST_F(DaemonTest, AsyncCallsPipelineOnOneClient) {
   for (auto& f : pubs) {
     auto r = f.get();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    entries.push_back(r->entry);
+    entries.push_back(r->id);
   }
-  std::vector<std::future<Result<LookupResult>>> looks;
+  std::vector<std::future<Result<std::optional<LookupHit>>>> looks;
   for (int i = 0; i < 4; ++i) looks.push_back((*c)->LookupAsync(TestModel(), Tokens(30, 40 + i)));
   std::vector<std::future<Result<std::vector<FetchedLayer>>>> fetches;
   for (int i = 0; i < 4; ++i) {
     auto r = looks[i].get();
-    ASSERT_TRUE(r.ok() && r->found);
-    EXPECT_EQ(r->entry, entries[i]);
-    fetches.push_back((*c)->FetchLayersAsync(r->entry));
+    ASSERT_TRUE(r.ok() && r->has_value());
+    EXPECT_EQ((*r)->id, entries[i]);
+    fetches.push_back((*c)->FetchLayersAsync((*r)->id));
   }
   for (int i = 0; i < 4; ++i) {
     auto r = fetches[i].get();
@@ -331,7 +331,7 @@ TEST_F(DaemonTest, AsyncCallsPipelineOnOneClient) {
   }
   auto st = (*c)->StatAsync().get();
   ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->entries, 4u);
+  EXPECT_EQ(st->store.entries, 4u);
 }
 
 TEST_F(DaemonTest, DisconnectMidPublishLeavesNothing) {
@@ -357,7 +357,7 @@ TEST_F(DaemonTest, DisconnectMidPublishLeavesNothing) {
   ASSERT_EQ(WEXITSTATUS(wst), 0);
   auto c = Client::Connect(d_.Options());
   ASSERT_TRUE(c.ok());
-  StatResult st;
+  DaemonStats st;
   for (int i = 0; i < 200; ++i) {
     auto r = (*c)->Stat();
     ASSERT_TRUE(r.ok());
@@ -366,11 +366,11 @@ TEST_F(DaemonTest, DisconnectMidPublishLeavesNothing) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(st.publishes_in_flight, 0u);
-  EXPECT_EQ(st.entries, 0u);
-  EXPECT_EQ(st.bytes_stored, 0u);
+  EXPECT_EQ(st.store.entries, 0u);
+  EXPECT_EQ(st.store.stored_bytes, 0u);
   auto hit = (*c)->Lookup(TestModel(), Tokens(40, 5));
   ASSERT_TRUE(hit.ok());
-  EXPECT_FALSE(hit->found);
+  EXPECT_FALSE(hit->has_value());
 }
 
 TEST_F(DaemonTest, RawDisconnectMidPublishLeavesNothing) {
@@ -418,10 +418,10 @@ TEST_F(DaemonTest, RawDisconnectMidPublishLeavesNothing) {
   auto st = (*c)->Stat();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->publishes_in_flight, 0u);
-  EXPECT_EQ(st->entries, 0u);
+  EXPECT_EQ(st->store.entries, 0u);
   auto hit = (*c)->Lookup(TestModel(), Tokens(20, 3));
   ASSERT_TRUE(hit.ok());
-  EXPECT_FALSE(hit->found);
+  EXPECT_FALSE(hit->has_value());
 }
 
 TEST_F(DaemonTest, PublishesInFlightAreLimitedPerClient) {
@@ -453,7 +453,7 @@ TEST_F(DaemonTest, DestructiveOpsNeedTheAdminSocket) {
   ASSERT_TRUE(c.ok());
   auto pub = (*c)->Publish(TestModel(), Tokens(10, 1), MakeLayers(10, 1, 1));
   ASSERT_TRUE(pub.ok());
-  Status del = (*c)->Delete(pub->entry);
+  Status del = (*c)->Delete(pub->id);
   EXPECT_EQ(del.code(), StatusCode::kFailedPrecondition) << del.ToString();
   EXPECT_NE(del.message().find("permission denied"), std::string::npos);
   EXPECT_EQ((*c)->SetCapacity(0).code(), StatusCode::kFailedPrecondition);
@@ -461,7 +461,7 @@ TEST_F(DaemonTest, DestructiveOpsNeedTheAdminSocket) {
   lo.all_namespaces = true;
   auto all = (*c)->List(lo);
   EXPECT_EQ(all.status().code(), StatusCode::kFailedPrecondition);
-  ASSERT_TRUE((*c)->Lookup(TestModel(), Tokens(10, 1))->found);
+  ASSERT_TRUE((*c)->Lookup(TestModel(), Tokens(10, 1))->has_value());
 
   ClientOptions ao = d_.Options();
   ao.endpoint = d_.admin_socket();
@@ -469,9 +469,9 @@ TEST_F(DaemonTest, DestructiveOpsNeedTheAdminSocket) {
   ASSERT_TRUE(admin.ok()) << admin.status().ToString();
   EXPECT_TRUE((*admin)->server_info().admin);
   EXPECT_TRUE((*admin)->SetCapacity(0).ok());
-  EXPECT_TRUE((*admin)->Delete(pub->entry).ok());
-  EXPECT_TRUE((*admin)->Delete(pub->entry).IsNotFound());
-  EXPECT_FALSE((*c)->Lookup(TestModel(), Tokens(10, 1))->found);
+  EXPECT_TRUE((*admin)->Delete(pub->id).ok());
+  EXPECT_TRUE((*admin)->Delete(pub->id).IsNotFound());
+  EXPECT_FALSE((*c)->Lookup(TestModel(), Tokens(10, 1))->has_value());
 }
 
 TEST_F(DaemonTest, NamespacesKeepTenantsApart) {
@@ -481,10 +481,10 @@ TEST_F(DaemonTest, NamespacesKeepTenantsApart) {
   const auto tokens = Tokens(50, 77);
   auto pub = (*a)->Publish(TestModel(), tokens, MakeLayers(50, 1, 77));
   ASSERT_TRUE(pub.ok());
-  EXPECT_TRUE((*a)->Lookup(TestModel(), tokens)->found);
-  EXPECT_FALSE((*b)->Lookup(TestModel(), tokens)->found);
-  EXPECT_TRUE((*b)->FetchLayers(pub->entry).status().IsNotFound());
-  EXPECT_TRUE((*b)->Verify(pub->entry).status().IsNotFound());
+  EXPECT_TRUE((*a)->Lookup(TestModel(), tokens)->has_value());
+  EXPECT_FALSE((*b)->Lookup(TestModel(), tokens)->has_value());
+  EXPECT_TRUE((*b)->FetchLayers(pub->id).status().IsNotFound());
+  EXPECT_TRUE((*b)->Verify(pub->id).status().IsNotFound());
   EXPECT_EQ((*b)->List()->entries.size(), 0u);
   EXPECT_EQ((*a)->List()->entries.size(), 1u);
   // A raw request naming another namespace than the hello's is refused.
@@ -589,7 +589,7 @@ TEST(DaemonLifecycle, RestartKeepsEntriesAndClientReconnects) {
     client = std::move(*c);
     auto pub = client->Publish(TestModel(), tokens, layers);
     ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-    entry = pub->entry;
+    entry = pub->id;
     EXPECT_EQ(d.Stop(), 0);
   }
   EXPECT_FALSE(std::filesystem::exists(dir + "/d.sock"));
@@ -599,8 +599,8 @@ TEST(DaemonLifecycle, RestartKeepsEntriesAndClientReconnects) {
   // The same client object: its connection died with the first daemon.
   auto hit = client->Lookup(TestModel(), tokens);
   ASSERT_TRUE(hit.ok()) << hit.status().ToString();
-  ASSERT_TRUE(hit->found);
-  EXPECT_EQ(hit->entry, entry);
+  ASSERT_TRUE(hit->has_value());
+  EXPECT_EQ((*hit)->id, entry);
   auto got = client->FetchLayers(entry);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   ExpectSameLayers(layers, *got);
@@ -640,7 +640,7 @@ TEST(DaemonLifecycle, KilledMidFetchWhileChunksAreHeld) {
     if (held.size() == 8) d.Kill();  // the window is full: the daemon waits for releases that never come
     return Status::Ok();
   };
-  Status s = (*c)->Fetch(pub->entry, {}, cb);
+  Status s = (*c)->Fetch(pub->id, {}, cb);
   EXPECT_FALSE(s.ok());
   ASSERT_EQ(held.size(), 8u);
   for (const Held& h : held) {
@@ -654,7 +654,7 @@ TEST(DaemonLifecycle, KilledMidFetchWhileChunksAreHeld) {
   Daemon again({}, dir);
   again.OwnDir();
   ASSERT_TRUE(again.Start());
-  auto got = (*c)->FetchLayers(pub->entry);
+  auto got = (*c)->FetchLayers(pub->id);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   ExpectSameLayers(layers, *got);
 }
@@ -691,9 +691,9 @@ TEST(DaemonLifecycle, SigtermDuringPublishAbortsItAndExitsCleanly) {
   ASSERT_TRUE(c.ok());
   auto st = (*c)->Stat();
   ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->entries, 1u);
-  EXPECT_FALSE((*c)->Lookup(TestModel(), tokens)->found);
-  EXPECT_TRUE((*c)->Lookup(TestModel(), Tokens(30, 20))->found);
+  EXPECT_EQ(st->store.entries, 1u);
+  EXPECT_FALSE((*c)->Lookup(TestModel(), tokens)->has_value());
+  EXPECT_TRUE((*c)->Lookup(TestModel(), Tokens(30, 20))->has_value());
 }
 
 int FreeLoopbackPort() {
@@ -729,7 +729,7 @@ TEST(DaemonLifecycle, TcpLoopbackAndConfigFile) {
   const auto layers = MakeLayers(33, 2, 61);
   auto pub = (*tc)->Publish(TestModel(), Tokens(33, 61), layers);
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  auto got = (*tc)->FetchLayers(pub->entry);
+  auto got = (*tc)->FetchLayers(pub->id);
   ASSERT_TRUE(got.ok());
   ExpectSameLayers(layers, *got);
   // No shared memory over TCP.

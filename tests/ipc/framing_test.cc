@@ -35,36 +35,6 @@ void Check(const Frame& f, std::uint64_t id, std::size_t blob) {
   for (std::size_t i = 0; i < blob; ++i) ASSERT_EQ(d[i], static_cast<kj::byte>(i * 7 + id));
 }
 
-// Every size, around every piece boundary and its remainders, from many
-// threads at once: each byte lands, none beyond.
-TEST(ParallelCopy, CopiesEveryByteOfEverySize) {
-  std::vector<std::size_t> sizes = {0, 1, 63, 64, 65, (256u << 10) - 1, 256u << 10, (256u << 10) + 1};
-  std::mt19937 g(7);
-  for (int i = 0; i < 200; ++i) sizes.push_back(200000 + g() % 3000000);
-  for (std::size_t parts : {2u, 3u, 4u}) {
-    for (std::size_t n = parts * (128u << 10); n < parts * (128u << 10) + 8; ++n) sizes.push_back(n);
-  }
-  std::vector<std::thread> threads;
-  std::atomic<int> bad{0};
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      std::mt19937 r(t);
-      for (std::size_t k = static_cast<std::size_t>(t); k < sizes.size(); k += 4) {
-        const std::size_t n = sizes[k];
-        std::vector<std::byte> src(n + 64), dst(n + 64, std::byte{0xEE});
-        for (auto& x : src) x = static_cast<std::byte>(r());
-        ParallelCopy(dst.data(), src.data(), n);
-        if (std::memcmp(dst.data(), src.data(), n) != 0) ++bad;
-        for (std::size_t j = n; j < n + 64; ++j) {
-          if (dst[j] != std::byte{0xEE}) ++bad;
-        }
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(bad.load(), 0);
-}
-
 TEST(Framing, DecodesAcrossEveryReadSize) {
   // Small and stage-overflowing frames, back to back, fed in random pieces.
   const std::vector<std::size_t> sizes = {0, 1, 100, 70000, 5, 300000, 8};

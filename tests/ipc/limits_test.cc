@@ -269,7 +269,7 @@ TEST(UncommittedBytes, BoundedPerConnection) {
       << pub.status().ToString();
   auto admin = Admin(d);
   ASSERT_NE(admin, nullptr);
-  EXPECT_TRUE(StatBecomes(*admin, [](const StatResult& s) { return s.uncommitted_bytes == 0 && s.publishes_in_flight == 0; }));
+  EXPECT_TRUE(StatBecomes(*admin, [](const DaemonStats& s) { return s.uncommitted_bytes == 0 && s.publishes_in_flight == 0; }));
   // Smaller entries still go through on the same connection.
   auto small = (*c)->Publish(TestModel(), Tokens(64, 2), MakeLayers(64, 1, 2));
   EXPECT_TRUE(small.ok()) << small.status().ToString();
@@ -283,7 +283,7 @@ TEST(UncommittedBytes, BoundedInTotalAndReleasedWhenAConnectionCloses) {
   auto first = std::make_unique<RawConn>(d.socket());
   ASSERT_TRUE(first->Hello());
   OpenPublish(*first, 10, 8, 6, 10000, 1);  // 60,000 bytes held
-  EXPECT_TRUE(StatBecomes(*admin, [](const StatResult& s) { return s.uncommitted_bytes == 60000; }));
+  EXPECT_TRUE(StatBecomes(*admin, [](const DaemonStats& s) { return s.uncommitted_bytes == 60000; }));
 
   RawConn second(d.socket());
   ASSERT_TRUE(second.Hello());
@@ -294,13 +294,13 @@ TEST(UncommittedBytes, BoundedInTotalAndReleasedWhenAConnectionCloses) {
   EXPECT_EQ(refused->code, wire::ErrorCode::RESOURCE_EXHAUSTED);
   EXPECT_NE(refused->message.find("--max-uncommitted-total"), std::string::npos) << refused->message;
   // The refused publish was aborted: its 30,000 bytes are back.
-  EXPECT_TRUE(StatBecomes(*admin, [](const StatResult& s) { return s.uncommitted_bytes == 60000; }));
+  EXPECT_TRUE(StatBecomes(*admin, [](const DaemonStats& s) { return s.uncommitted_bytes == 60000; }));
 
   // The first client goes away mid-publish: its bytes are released promptly.
   first.reset();
-  EXPECT_TRUE(StatBecomes(*admin, [](const StatResult& s) { return s.uncommitted_bytes == 0; }));
+  EXPECT_TRUE(StatBecomes(*admin, [](const DaemonStats& s) { return s.uncommitted_bytes == 0; }));
   OpenPublish(second, 40, 8, 6, 10000, 3);
-  EXPECT_TRUE(StatBecomes(*admin, [](const StatResult& s) { return s.uncommitted_bytes == 60000; }));
+  EXPECT_TRUE(StatBecomes(*admin, [](const DaemonStats& s) { return s.uncommitted_bytes == 60000; }));
 }
 
 TEST(UncommittedBytes, APublishIdlePastItsDeadlineIsAbortedAndReleased) {
@@ -323,7 +323,7 @@ TEST(UncommittedBytes, APublishIdlePastItsDeadlineIsAbortedAndReleased) {
   EXPECT_EQ(notice->id, 0u);
   EXPECT_EQ(notice->code, wire::ErrorCode::DEADLINE_EXCEEDED);
   EXPECT_NE(notice->message.find("--publish-timeout"), std::string::npos) << notice->message;
-  EXPECT_TRUE(StatBecomes(*admin, [](const StatResult& s) { return s.uncommitted_bytes == 0 && s.publishes_in_flight == 0; }));
+  EXPECT_TRUE(StatBecomes(*admin, [](const DaemonStats& s) { return s.uncommitted_bytes == 0 && s.publishes_in_flight == 0; }));
   // A late chunk learns why the publish is gone; the connection stays.
   ASSERT_TRUE(SendChunk(r, 30, 10, 0, 2, 5000));
   auto late = NextReply(r);
@@ -364,7 +364,7 @@ TEST(UncommittedBytes, APublishTheStoreRefusesIsReleasedAtOnce) {
         EXPECT_EQ(e->which, wire::Response::ERROR) << "chunk " << e->id - 12;
       }
     }
-    EXPECT_TRUE(StatBecomes(*admin, [](const StatResult& s) { return s.uncommitted_bytes == 0; }));
+    EXPECT_TRUE(StatBecomes(*admin, [](const DaemonStats& s) { return s.uncommitted_bytes == 0; }));
     auto st = admin->Stat();
     ASSERT_TRUE(st.ok());
     EXPECT_EQ(st->publishes_in_flight, 1u);  // still open: the client has not given up on it
@@ -422,7 +422,7 @@ TEST(Refusals, StatOnATenantConnectionIsRefused) {
   ASSERT_NE(admin, nullptr);
   auto all = admin->Stat();
   ASSERT_TRUE(all.ok()) << all.status().ToString();
-  EXPECT_EQ(all->entries, 1u);
+  EXPECT_EQ(all->store.entries, 1u);
   std::filesystem::remove_all(dir);
 }
 

@@ -71,7 +71,7 @@ TEST_F(ShmPathTest, ReservedChunksRoundTripBitExact) {
     for (bool fetch_shm : {true, false}) {
       auto f = Client::Connect(d_.Options("", fetch_shm));
       ASSERT_TRUE(f.ok());
-      auto got = (*f)->FetchLayers(pub->entry);
+      auto got = (*f)->FetchLayers(pub->id);
       ASSERT_TRUE(got.ok()) << got.status().ToString();
       ExpectSame(layers, *got);
     }
@@ -151,7 +151,7 @@ TEST_F(ShmPathTest, SpaceComesBackAfterStoresAndAborts) {
   }  // `held` dropped with the scope
   auto pub = PublishReserved(**c, Tokens(256, 43), layers, 0, true);
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  auto got = (*c)->FetchLayers(pub->entry);
+  auto got = (*c)->FetchLayers(pub->id);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   ExpectSame(layers, *got);
   EXPECT_EQ((*c)->List()->entries.size(), 1u);  // the aborted publish left nothing

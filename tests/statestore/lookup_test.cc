@@ -196,14 +196,16 @@ TEST(Lookup, CountsHitsMissesAndCanTakeALease) {
   EXPECT_EQ(st->hits, 1u);
   EXPECT_EQ(st->misses, 1u);
 
+  Lease lease;
   LookupOptions leased;
-  leased.take_lease = true;
+  leased.lease = &lease;
   auto r = m.store->Lookup(ModelDigest(1), "", t, leased);
   ASSERT_TRUE(r.ok() && r->has_value());
-  EXPECT_TRUE((*r)->lease.held());
+  EXPECT_TRUE(lease.held());
+  EXPECT_EQ(lease.id(), id);
   EXPECT_EQ(m.store->Stat()->active_leases, 1u);
   EXPECT_EQ(m.store->Delete(id).code(), StatusCode::kUnavailable);
-  (*r)->lease.Release();
+  lease.Release();
   EXPECT_EQ(m.store->Stat()->active_leases, 0u);
   EXPECT_TRUE(m.store->Delete(id).ok());
 }
@@ -288,6 +290,26 @@ INSTANTIATE_TEST_SUITE_P(Hashers, LookupDifferential,
                                            DiffCase{"default_b64", 0, 64}, DiffCase{"colliding_b7", 1, 7},
                                            DiffCase{"colliding_b64", 1, 64}, DiffCase{"weak_b5", 2, 5}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// A hit carries what a restore sizes itself by, the same figures Describe
+// gives, without a Describe of its own.
+TEST(Lookup, HitCarriesTheEntrysSizes) {
+  MemStore m(WithHasher(nullptr, 16));
+  auto t = Conversation(70, 21);
+  EntryId id = MustPublish(*m.store, t, 1, "", kTiny);
+  auto r = m.store->Lookup(ModelDigest(1), "", t);
+  ASSERT_TRUE(r.ok() && r->has_value()) << r.status().ToString();
+  auto info = m.store->Describe(id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ((*r)->id, id);
+  EXPECT_EQ((*r)->length, t.size());
+  EXPECT_EQ((*r)->layers, info->layers);
+  EXPECT_GT((*r)->layers, 0u);
+  EXPECT_EQ((*r)->chunk_bytes, info->chunk_bytes);
+  EXPECT_GT((*r)->chunk_bytes, 0u);
+  EXPECT_EQ((*r)->raw_bytes, info->raw_bytes);
+  EXPECT_GT((*r)->raw_bytes, 0u);
+}
 
 }  // namespace
 }  // namespace primecache

@@ -100,6 +100,29 @@ TEST(StoreBasic, SinkErrorStopsFetch) {
   EXPECT_EQ(info->state, EntryState::kLive) << "a sink error is not corruption";
 }
 
+// A fetch scoped to a namespace serves that namespace's entries only; another
+// tenant's is absent (kNotFound), and nothing of it reaches the sink.
+TEST(StoreBasic, FetchScopedToANamespace) {
+  MemStore m;
+  const auto tokens = Conversation(50, 4);
+  EntryId id = MustPublish(*m.store, tokens, 1, "tenant-a");
+  struct Counting : FetchSink {
+    int calls = 0;
+    Status OnLayer(std::uint32_t, std::string_view, std::uint32_t) override { return ++calls, Status::Ok(); }
+    Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte>) override {
+      return ++calls, Status::Ok();
+    }
+  } other, own;
+  FetchOptions o;
+  o.ns = "tenant-b";
+  EXPECT_TRUE(m.store->Fetch(id, {}, other, o).IsNotFound());
+  EXPECT_EQ(other.calls, 0);
+  o.ns = "tenant-a";
+  EXPECT_TRUE(m.store->Fetch(id, {}, own, o).ok());
+  EXPECT_GT(own.calls, 0);
+  EXPECT_EQ(m.store->Stat()->active_leases, 0u);
+}
+
 // A sink that gives its own buffers gets every chunk read into them, in
 // order; one that has no room yet (nullopt) is asked again later, and the
 // fetch neither stalls nor skips a chunk.

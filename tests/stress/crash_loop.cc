@@ -79,11 +79,11 @@ void CrashLoop::Publisher(int it, int pub, const std::atomic<bool>& killed) {
       }
       return;
     }
-    reg_.Acked(tokens, r->entry);
+    reg_.Acked(tokens, r->id);
     ++t_.acked;
     log_.Record("ack iteration=" + std::to_string(it) + " publisher=" + std::to_string(pub) + " seed=" +
                 std::to_string(spec.seed) + " length=" + std::to_string(spec.length) + " layers=" +
-                std::to_string(spec.layers) + " entry=" + std::to_string(r->entry) + " digest=" +
+                std::to_string(spec.layers) + " entry=" + std::to_string(r->id) + " digest=" +
                 std::to_string(LayersDigest(layers)));
   }
 }

@@ -109,7 +109,7 @@ bool DiskFull::ServesEverything(const std::string& when) {
   int bad = 0;
   for (const auto& p : acked_) {
     auto hit = (*c)->Lookup(testing::TestModel(), p.tokens);
-    auto got = hit.ok() && hit->found && hit->entry == p.entry ? (*c)->FetchLayers(p.entry)
+    auto got = hit.ok() && hit->has_value() && (*hit)->id == p.entry ? (*c)->FetchLayers(p.entry)
                                                                : Result<std::vector<FetchedLayer>>(Status::NotFound("lookup"));
     if (!got.ok() || LayersDigest(*got) != p.digest) {
       if (bad++ < 5) Say("diskfull: %s: entry %llu not served: %s", when.c_str(), U(p.entry),

@@ -72,7 +72,7 @@ std::string ExportOne(const testing::Daemon& a, const std::string& file) {
     Say("flips: publish: %s", pub.status().ToString().c_str());
     return {};
   }
-  ProcResult e = Ctl(a, {"export", std::to_string(pub->entry), file});
+  ProcResult e = Ctl(a, {"export", std::to_string(pub->id), file});
   ProcResult v = RunProgram(PRIMECACHECTL_PATH, {"verify", "--file", file});
   if (e.rc != 0 || v.rc != 0) {
     Say("flips: export exit %d, verify of the export exit %d\n%s%s%s", e.rc, v.rc, e.err.c_str(), v.out.c_str(),
@@ -110,9 +110,9 @@ std::string Histogram(const std::map<int, int>& h) {
 // The importing daemon took nothing damaged, and takes the good file.
 bool AfterwardsClean(const testing::Daemon& b, const std::string& good_path) {
   auto c = client::Client::Connect(b.Options());
-  auto st = c.ok() ? (*c)->Stat() : Result<client::StatResult>(c.status());
-  const bool empty = st.ok() && st->entries == 0;
-  if (!empty) Say("flips: the importing daemon holds %llu entries after the damaged imports", st.ok() ? U(st->entries) : 0);
+  auto st = c.ok() ? (*c)->Stat() : Result<client::DaemonStats>(c.status());
+  const bool empty = st.ok() && st->store.entries == 0;
+  if (!empty) Say("flips: the importing daemon holds %llu entries after the damaged imports", st.ok() ? U(st->store.entries) : 0);
   ProcResult i = Ctl(b, {"import", good_path});
   ProcResult v = Ctl(b, {"verify", "--all"});
   if (i.rc != 0 || v.rc != 0) Say("flips: the good file: import exit %d, verify --all exit %d\n%s", i.rc, v.rc, i.err.c_str());

@@ -81,7 +81,7 @@ bool Soak::PublishOne(int i, client::Client& c, std::mt19937_64& rng, std::deque
     Error(i, "publish: " + r.status().ToString());
     return false;
   }
-  e.entry = r->entry;
+  e.entry = r->id;
   {
     std::lock_guard lock(mu_);
     latest_[static_cast<std::size_t>(i)] = e.tokens;
@@ -94,9 +94,9 @@ bool Soak::PublishOne(int i, client::Client& c, std::mt19937_64& rng, std::deque
 bool Soak::CheckOwn(int i, client::Client& c, const Own& e) {
   auto hit = c.Lookup(testing::TestModel(), e.tokens);
   ++lookups_;
-  if (!hit.ok() || !hit->found || hit->entry != e.entry || hit->length != e.tokens.size()) {
+  if (!hit.ok() || !hit->has_value() || (*hit)->id != e.entry || (*hit)->length != e.tokens.size()) {
     Error(i, "lookup of its entry " + std::to_string(e.entry) + ": " +
-                 (hit.ok() ? "found=" + std::to_string(hit->found) + " entry=" + std::to_string(hit->entry)
+                 (hit.ok() ? "found=" + std::to_string(hit->has_value()) + " entry=" + std::to_string(hit->entry)
                            : hit.status().ToString()));
     return false;
   }
@@ -123,7 +123,7 @@ bool Soak::Step(int i, client::Client& c, std::mt19937_64& rng, std::deque<Own>&
     if (foreign.empty()) foreign = testing::Tokens(64, 0x5eed0000u + next_seed_++);
     auto miss = c.Lookup(testing::TestModel(), foreign);
     ++misses_checked_;
-    if (!miss.ok() || miss->found) {
+    if (!miss.ok() || miss->has_value()) {
       Error(i, "lookup across namespaces: " + (miss.ok() ? "found entry " + std::to_string(miss->entry)
                                                          : miss.status().ToString()));
       return false;
@@ -159,12 +159,12 @@ client::ClientOptions Soak::AdminOptions() const {
 
 // "N entries, S MiB stored, D MiB on disk, E evicted".
 std::string Soak::StoreLine(client::Client* admin) {
-  auto st = admin != nullptr ? admin->Stat() : Result<client::StatResult>(Status::Unavailable("no admin client"));
+  auto st = admin != nullptr ? admin->Stat() : Result<client::DaemonStats>(Status::Unavailable("no admin client"));
   if (!st.ok()) return "store stats: " + st.status().ToString();
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%llu entries, %.1f MiB stored, %.1f MiB on disk, %llu evicted", U(st->entries),
-                static_cast<double>(st->bytes_stored) / (1 << 20), static_cast<double>(st->disk_bytes) / (1 << 20),
-                U(st->evictions));
+  std::snprintf(buf, sizeof buf, "%llu entries, %.1f MiB stored, %.1f MiB on disk, %llu evicted", U(st->store.entries),
+                static_cast<double>(st->store.stored_bytes) / (1 << 20), static_cast<double>(st->store.disk_bytes) / (1 << 20),
+                U(st->store.evictions));
   return buf;
 }
 

@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
         return Status::Ok();
       };
       const auto t0 = Clock::now();
-      Status s = c.Fetch(pub->entry, {}, cb);
+      Status s = c.Fetch(pub->id, {}, cb);
       const double sec = Seconds(Clock::now() - t0);
       if (!s.ok() || at != total) {
         std::fprintf(stderr, "fetch: %s (%llu of %llu bytes)\n", s.ToString().c_str(),
@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
       const auto t0 = Clock::now();
       auto r = (*sc)->Lookup(model, q);
       const double u = Seconds(Clock::now() - t0) * 1e6;
-      if (!r.ok() || !r->found) {
+      if (!r.ok() || !r->has_value()) {
         std::fprintf(stderr, "lookup failed\n");
         std::exit(1);
       }

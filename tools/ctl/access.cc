@@ -20,26 +20,6 @@ namespace {
 
 // ---- through the daemon ----------------------------------------------------------
 
-Entry FromClient(const client::EntryInfo& e) {
-  Entry out;
-  out.id = e.entry;
-  out.model = e.model.digest;
-  out.model_name = e.model.name;
-  out.descriptor = e.model.descriptor;
-  out.ns = e.ns;
-  out.length = e.length != 0 ? e.length : e.tokens.size();
-  out.layers = e.layer_count;
-  out.stored_bytes = e.bytes;
-  out.raw_bytes = e.raw_bytes;
-  out.created_unix_ms = e.created_unix_ms;
-  out.last_access = e.last_access;
-  out.hits = e.hits;
-  out.quarantined = e.quarantined;
-  out.reason = e.reason;
-  out.tokens = e.tokens;
-  return out;
-}
-
 class DaemonAccess final : public StoreAccess {
  public:
   DaemonAccess(client::ClientOptions options, std::unique_ptr<client::Client> admin)
@@ -47,9 +27,10 @@ class DaemonAccess final : public StoreAccess {
 
   std::string where() const override { return "primecached (" + options_.endpoint + ")"; }
   bool writable() const override { return true; }
+  bool through_daemon() const override { return true; }
 
-  Result<std::vector<Entry>> List(bool quarantined) override {
-    std::vector<Entry> out;
+  Result<std::vector<EntryInfo>> List(bool quarantined) override {
+    std::vector<EntryInfo> out;
     client::ListOptions lo;
     lo.all_namespaces = true;
     lo.quarantined = quarantined;
@@ -57,20 +38,17 @@ class DaemonAccess final : public StoreAccess {
     lo.page_size = 1000;
     for (;;) {
       PC_ASSIGN_OR_RETURN(auto page, admin_->List(lo));
-      for (auto& e : page.entries) out.push_back(FromClient(e));
+      for (auto& e : page.entries) out.push_back(std::move(e));
       if (page.next_page_token.empty()) break;
       lo.page_token = page.next_page_token;
     }
     return out;
   }
 
-  Result<Entry> Describe(std::uint64_t id, std::vector<std::string>* headers) override {
+  Result<EntryInfo> Describe(std::uint64_t id, std::vector<std::string>* headers) override {
     PC_ASSIGN_OR_RETURN(auto d, admin_->Describe(id, headers != nullptr));
-    if (headers != nullptr) {
-      headers->clear();
-      for (auto& h : d.layer_headers) headers->emplace_back(reinterpret_cast<const char*>(h.data()), h.size());
-    }
-    return FromClient(d.info);
+    if (headers != nullptr) *headers = std::move(d.layer_headers);
+    return std::move(d.info);
   }
 
   Status Fetch(std::uint64_t id, const FetchHandlers& h) override {
@@ -82,38 +60,13 @@ class DaemonAccess final : public StoreAccess {
     return admin_->Fetch(id, {}, cb);
   }
 
-  Result<Stats> Stat() override {
-    PC_ASSIGN_OR_RETURN(auto s, admin_->Stat());
-    Stats out;
-    out.entries = s.entries;
-    out.quarantined = s.quarantined;
-    out.chunks = s.chunks;
-    out.stored_bytes = s.bytes_stored;
-    out.logical_bytes = s.bytes_logical;
-    out.raw_bytes = s.bytes_raw;
-    out.dedup_saved_bytes = s.dedup_saved_bytes;
-    out.hits = s.hits;
-    out.misses = s.misses;
-    out.evictions = s.evictions;
-    out.admission_refusals = s.admission_refusals;
-    out.active_leases = s.active_leases;
-    out.byte_budget = s.capacity_bytes;
-    out.disk_bytes = s.disk_bytes;
-    out.connections = s.connections;
-    out.publishes_in_flight = s.publishes_in_flight;
-    out.uncommitted_bytes = s.uncommitted_bytes;
-    return out;
-  }
-
-  Result<StoreCheck> CheckStore(bool read_chunks) override {
-    PC_ASSIGN_OR_RETURN(auto r, admin_->VerifyStore(read_chunks));
-    return StoreCheck{r.entries, r.chunks, std::move(r.problems), r.problem_count};
-  }
+  Result<DaemonStats> Stat() override { return admin_->Stat(); }
+  Result<VerifyReport> CheckStore(bool read_chunks) override { return admin_->VerifyStore(read_chunks); }
 
   Status Delete(std::uint64_t id) override { return admin_->Delete(id); }
   Status Compact() override { return admin_->Compact(); }
 
-  Result<Imported> Import(const EncodedSnapshot& snap, const std::string& ns) override {
+  Result<PublishResult> Import(const EncodedSnapshot& snap, const std::string& ns) override {
     // A publish lands in the namespace of its connection.
     client::ClientOptions o = options_;
     o.ns = ns;
@@ -133,8 +86,7 @@ class DaemonAccess final : public StoreAccess {
       }
       layers.push_back(std::move(d));
     }
-    PC_ASSIGN_OR_RETURN(auto r, c->Publish(model, snap.header.tokens, layers));
-    return Imported{r.entry, r.existed};
+    return c->Publish(model, snap.header.tokens, layers);
   }
 
  private:
@@ -144,50 +96,31 @@ class DaemonAccess final : public StoreAccess {
 
 // ---- the store itself, read-only --------------------------------------------------
 
-Entry FromStore(const EntryInfo& e) {
-  Entry out;
-  out.id = e.id;
-  out.model = e.model;
-  out.model_name = e.model_name;
-  out.descriptor = e.model_descriptor;
-  out.ns = e.ns;
-  out.length = e.length;
-  out.layers = e.layers;
-  out.stored_bytes = e.chunk_bytes;
-  out.raw_bytes = e.raw_bytes;
-  out.created_unix_ms = e.created_unix_ms;
-  out.last_access = e.last_access;
-  out.hits = e.hits;
-  out.quarantined = e.state == EntryState::kQuarantined;
-  out.reason = e.reason;
-  return out;
-}
-
 class DirectAccess final : public StoreAccess {
  public:
   explicit DirectAccess(std::unique_ptr<Store> store) : store_(std::move(store)) {}
 
   std::string where() const override { return store_->path() + " (read-only)"; }
   bool writable() const override { return false; }
+  bool through_daemon() const override { return false; }
 
-  Result<std::vector<Entry>> List(bool quarantined) override {
-    std::vector<Entry> out;
+  Result<std::vector<EntryInfo>> List(bool quarantined) override {
+    std::vector<EntryInfo> out;
     ListOptions lo;
     lo.state = quarantined ? EntryState::kQuarantined : EntryState::kLive;
     lo.limit = 1000;
     for (;;) {
       PC_ASSIGN_OR_RETURN(auto page, store_->List(lo));
-      for (const auto& e : page.entries) out.push_back(FromStore(e));
+      for (auto& e : page.entries) out.push_back(std::move(e));
       if (page.next_page_token.empty()) break;
       lo.page_token = page.next_page_token;
     }
     return out;
   }
 
-  Result<Entry> Describe(std::uint64_t id, std::vector<std::string>* headers) override {
-    PC_ASSIGN_OR_RETURN(auto info, store_->Describe(id));
-    Entry e = FromStore(info);
-    if (e.quarantined) {
+  Result<EntryInfo> Describe(std::uint64_t id, std::vector<std::string>* headers) override {
+    PC_ASSIGN_OR_RETURN(EntryInfo e, store_->Describe(id));
+    if (e.quarantined()) {
       if (headers != nullptr) headers->clear();
       return e;
     }
@@ -212,21 +145,17 @@ class DirectAccess final : public StoreAccess {
     return store_->Fetch(id, {}, sink);
   }
 
-  Result<Stats> Stat() override {
-    PC_ASSIGN_OR_RETURN(auto s, store_->Stat());
-    Stats out;
-    static_cast<StoreStats&>(out) = s;
+  Result<DaemonStats> Stat() override {
+    DaemonStats out;
+    PC_ASSIGN_OR_RETURN(out.store, store_->Stat());
     return out;
   }
 
-  Result<StoreCheck> CheckStore(bool read_chunks) override {
-    PC_ASSIGN_OR_RETURN(auto r, store_->Verify(read_chunks));
-    return StoreCheck{r.entries, r.chunks, std::move(r.problems), r.problem_count};
-  }
+  Result<VerifyReport> CheckStore(bool read_chunks) override { return store_->Verify(read_chunks); }
 
   Status Delete(std::uint64_t) override { return ReadOnly("rm"); }
   Status Compact() override { return ReadOnly("compact"); }
-  Result<Imported> Import(const EncodedSnapshot&, const std::string&) override { return ReadOnly("import"); }
+  Result<PublishResult> Import(const EncodedSnapshot&, const std::string&) override { return ReadOnly("import"); }
 
  private:
   Status ReadOnly(const char* what) const {

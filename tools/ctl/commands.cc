@@ -21,24 +21,24 @@ std::uint64_t NowUnixMs() {
           .count());
 }
 
-std::string AgeOf(const Entry& e, std::uint64_t now_ms);
+std::string AgeOf(const EntryInfo& e, std::uint64_t now_ms);
 
 // One entry as `ls --json` and `show --json` give it (docs/cli.md).
-nlohmann::json EntryJson(const Entry& e, std::uint64_t now_ms) {
+nlohmann::json EntryJson(const EntryInfo& e, std::uint64_t now_ms) {
   nlohmann::json j = {{"id", e.id},
-                      {"state", e.quarantined ? "quarantined" : "live"},
+                      {"state", e.quarantined() ? "quarantined" : "live"},
                       {"model", {{"name", e.model_name}, {"digest", Hex(e.model)}}},
                       {"namespace", e.ns},
                       {"length", e.length},
                       {"layers", e.layers},
-                      {"stored_bytes", e.stored_bytes},
+                      {"stored_bytes", e.chunk_bytes},
                       {"raw_bytes", e.raw_bytes},
                       {"created_unix_ms", e.created_unix_ms},
                       {"age_seconds", now_ms > e.created_unix_ms ? (now_ms - e.created_unix_ms) / 1000 : 0},
                       {"hits", e.hits},
                       {"last_access", e.last_access},
-                      {"exportable", !e.descriptor.empty()}};
-  if (e.quarantined) j["reason"] = e.reason;
+                      {"exportable", !e.model_descriptor.empty()}};
+  if (e.quarantined()) j["reason"] = e.reason;
   return j;
 }
 
@@ -56,17 +56,17 @@ std::string NamespaceLabel(const std::string& ns) {
   return ns.empty() ? "(default)" : ns;
 }
 
-bool Matches(const Entry& e, const LsOptions& o) {
+bool Matches(const EntryInfo& e, const LsOptions& o) {
   if (!o.model.empty() && e.model_name != o.model && !HexPrefixMatches(e.model, o.model)) return false;
   if (o.ns.has_value() && e.ns != *o.ns) return false;
   return e.length >= o.min_length;
 }
 
 // Orders by the chosen key, then by id (so every order is total).
-void SortEntries(std::vector<Entry>& v, const std::string& key, bool reverse) {
-  auto value = [&](const Entry& e) -> std::uint64_t {
+void SortEntries(std::vector<EntryInfo>& v, const std::string& key, bool reverse) {
+  auto value = [&](const EntryInfo& e) -> std::uint64_t {
     if (key == "age") return ~e.created_unix_ms;  // oldest first
-    if (key == "size") return e.stored_bytes;
+    if (key == "size") return e.chunk_bytes;
     if (key == "raw") return e.raw_bytes;
     if (key == "length") return e.length;
     if (key == "layers") return e.layers;
@@ -74,14 +74,14 @@ void SortEntries(std::vector<Entry>& v, const std::string& key, bool reverse) {
     if (key == "recent") return ~e.last_access;  // most recently used first
     return e.id;
   };
-  std::stable_sort(v.begin(), v.end(), [&](const Entry& a, const Entry& b) {
+  std::stable_sort(v.begin(), v.end(), [&](const EntryInfo& a, const EntryInfo& b) {
     const std::uint64_t x = value(a), y = value(b);
     if (x != y) return reverse ? x > y : x < y;
     return reverse ? a.id > b.id : a.id < b.id;
   });
 }
 
-std::string AgeOf(const Entry& e, std::uint64_t now_ms) {
+std::string AgeOf(const EntryInfo& e, std::uint64_t now_ms) {
   return HumanAge(now_ms > e.created_unix_ms ? (now_ms - e.created_unix_ms) / 1000 : 0);
 }
 
@@ -142,9 +142,9 @@ std::string GeometryText(const LayerShape& shape) {
 }
 
 // The entry's fingerprint, from its descriptor; null when there is none.
-nlohmann::json FingerprintJson(const Entry& e, std::string* problem) {
-  if (e.descriptor.empty()) return nullptr;
-  auto fp = DecodeFingerprint(e.descriptor);
+nlohmann::json FingerprintJson(const EntryInfo& e, std::string* problem) {
+  if (e.model_descriptor.empty()) return nullptr;
+  auto fp = DecodeFingerprint(e.model_descriptor);
   if (!fp.ok()) {
     *problem = fp.status().message();
     return nullptr;
@@ -164,7 +164,7 @@ nlohmann::json FingerprintJson(const Entry& e, std::string* problem) {
 int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
   auto all = access.List(o.quarantined);
   if (!all.ok()) return out.Error(all.status());
-  std::vector<Entry> entries;
+  std::vector<EntryInfo> entries;
   for (auto& e : *all) {
     if (Matches(e, o)) entries.push_back(std::move(e));
   }
@@ -186,7 +186,7 @@ int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
                                     NamespaceLabel(e.ns),
                                     std::to_string(e.length),
                                     std::to_string(e.layers),
-                                    HumanBytes(e.stored_bytes),
+                                    HumanBytes(e.chunk_bytes),
                                     HumanBytes(e.raw_bytes),
                                     AgeOf(e, now)};
     if (o.quarantined) {
@@ -195,7 +195,7 @@ int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
       row.push_back(std::to_string(e.hits));
     }
     rows.push_back(std::move(row));
-    stored += e.stored_bytes;
+    stored += e.chunk_bytes;
     raw += e.raw_bytes;
   }
   std::vector<std::string> header = {">ID",     "MODEL",   "FINGERPRINT", "NAMESPACE", ">LENGTH",
@@ -279,7 +279,7 @@ int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Ou
     if (!fp_problem.empty()) doc["fingerprint_error"] = fp_problem;
     out.Json(doc);
   } else {
-    out.Line("entry " + std::to_string(e->id) + (e->quarantined ? "  QUARANTINED: " + e->reason : ""));
+    out.Line("entry " + std::to_string(e->id) + (e->quarantined() ? "  QUARANTINED: " + e->reason : ""));
     out.Line("  model      " + e->model_name + "  " + Hex(e->model));
     if (!fingerprint.is_null()) {
       std::string versions;
@@ -293,9 +293,9 @@ int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Ou
     }
     out.Line("  namespace  " + NamespaceLabel(e->ns));
     out.Line("  boundary   " + std::to_string(e->length) + " tokens, " + std::to_string(e->layers) + " layers");
-    out.Line("  size       " + HumanBytes(e->stored_bytes) + " stored, " + HumanBytes(e->raw_bytes) + " raw");
+    out.Line("  size       " + HumanBytes(e->chunk_bytes) + " stored, " + HumanBytes(e->raw_bytes) + " raw");
     out.Line("  age        " + AgeOf(*e, now) + ", " + std::to_string(e->hits) + " hits");
-    if (!e->quarantined) out.Line("  text       " + text);
+    if (!e->quarantined()) out.Line("  text       " + text);
     if (!rows.empty()) {
       out.Line("");
       out.Line(RenderTable({">LAYER", "KIND", "GEOMETRY", "TRANSFORM", ">CHUNKS", ">RAW", ">ENCODED", "HEADER XXH3"},
@@ -338,7 +338,7 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
   auto before = access.Stat();
   if (!before.ok()) return out.Error(before.status());
   struct Victim {
-    Entry e;
+    EntryInfo e;
     std::string why;
   };
   std::vector<Victim> victims;
@@ -370,8 +370,8 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
       out.Note("entry " + std::to_string(v.e.id) + ": " + s.ToString());
       continue;
     }
-    if (!v.e.quarantined) freed_logical += v.e.stored_bytes;
-    removed.push_back({{"id", v.e.id}, {"why", v.why}, {"stored_bytes", v.e.stored_bytes}});
+    if (!v.e.quarantined()) freed_logical += v.e.chunk_bytes;
+    removed.push_back({{"id", v.e.id}, {"why", v.why}, {"stored_bytes", v.e.chunk_bytes}});
     out.Line((o.dry_run ? "would remove entry " : "removed entry ") + std::to_string(v.e.id) + " (" + v.why + ")");
   }
   out.EndProgress();
@@ -388,24 +388,24 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
   }
   auto after = access.Stat();
   if (!after.ok()) return out.Error(after.status());
-  const std::uint64_t freed = before->stored_bytes > after->stored_bytes ? before->stored_bytes - after->stored_bytes : 0;
+  const std::uint64_t freed = before->store.stored_bytes > after->store.stored_bytes ? before->store.stored_bytes - after->store.stored_bytes : 0;
   out.Json({{"dry_run", o.dry_run},
             {"removed", removed},
             {"failed", failed},
             {"compacted", compacted},
             {"compact_error", compact_error},
-            {"stored_bytes_before", before->stored_bytes},
-            {"stored_bytes_after", after->stored_bytes},
+            {"stored_bytes_before", before->store.stored_bytes},
+            {"stored_bytes_after", after->store.stored_bytes},
             {"freed_stored_bytes", freed},
-            {"disk_bytes_before", before->disk_bytes},
-            {"disk_bytes_after", after->disk_bytes}});
+            {"disk_bytes_before", before->store.disk_bytes},
+            {"disk_bytes_after", after->store.disk_bytes}});
   if (o.dry_run) {
     out.Line(std::to_string(victims.size()) + " entries would be removed (up to " + HumanBytes(freed_logical) +
              " of chunks, less what other entries share)");
   } else {
-    out.Line("removed " + std::to_string(removed.size()) + " entries; stored " + HumanBytes(before->stored_bytes) +
-             " -> " + HumanBytes(after->stored_bytes) + ", on disk " + HumanBytes(before->disk_bytes) + " -> " +
-             HumanBytes(after->disk_bytes));
+    out.Line("removed " + std::to_string(removed.size()) + " entries; stored " + HumanBytes(before->store.stored_bytes) +
+             " -> " + HumanBytes(after->store.stored_bytes) + ", on disk " + HumanBytes(before->store.disk_bytes) + " -> " +
+             HumanBytes(after->store.disk_bytes));
   }
   return code;
 }
@@ -415,56 +415,57 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
 int Stats(StoreAccess& access, const Output& out) {
   auto s = access.Stat();
   if (!s.ok()) return out.Error(s.status());
-  const std::uint64_t lookups = s->hits + s->misses;
+  const StoreStats& st = s->store;
+  const std::uint64_t lookups = st.hits + st.misses;
   const nlohmann::json hit_rate =
-      lookups == 0 ? nlohmann::json(nullptr) : nlohmann::json(static_cast<double>(s->hits) / lookups);
+      lookups == 0 ? nlohmann::json(nullptr) : nlohmann::json(static_cast<double>(st.hits) / lookups);
   // What the entries would take without sharing chunks, per byte stored.
   const double dedup_ratio =
-      s->stored_bytes == 0 ? 1.0 : static_cast<double>(s->logical_bytes) / static_cast<double>(s->stored_bytes);
+      st.stored_bytes == 0 ? 1.0 : static_cast<double>(st.logical_bytes) / static_cast<double>(st.stored_bytes);
   nlohmann::json daemon = nullptr;
-  if (s->connections.has_value()) {
-    daemon = {{"connections", *s->connections},
-              {"publishes_in_flight", s->publishes_in_flight.value_or(0)},
-              {"uncommitted_bytes", s->uncommitted_bytes.value_or(0)}};
+  if (access.through_daemon()) {
+    daemon = {{"connections", s->connections},
+              {"publishes_in_flight", s->publishes_in_flight},
+              {"uncommitted_bytes", s->uncommitted_bytes}};
   }
   out.Json({{"source", access.where()},
-            {"entries", s->entries},
-            {"quarantined", s->quarantined},
-            {"chunks", s->chunks},
-            {"stored_bytes", s->stored_bytes},
-            {"logical_bytes", s->logical_bytes},
-            {"raw_bytes", s->raw_bytes},
-            {"dedup_saved_bytes", s->dedup_saved_bytes},
+            {"entries", st.entries},
+            {"quarantined", st.quarantined},
+            {"chunks", st.chunks},
+            {"stored_bytes", st.stored_bytes},
+            {"logical_bytes", st.logical_bytes},
+            {"raw_bytes", st.raw_bytes},
+            {"dedup_saved_bytes", st.dedup_saved_bytes},
             {"dedup_ratio", dedup_ratio},
-            {"hits", s->hits},
-            {"misses", s->misses},
+            {"hits", st.hits},
+            {"misses", st.misses},
             {"hit_rate", hit_rate},
-            {"evictions", s->evictions},
-            {"admission_refusals", s->admission_refusals},
-            {"active_leases", s->active_leases},
-            {"capacity_bytes", s->byte_budget},
-            {"disk_bytes", s->disk_bytes},
+            {"evictions", st.evictions},
+            {"admission_refusals", st.admission_refusals},
+            {"active_leases", st.active_leases},
+            {"capacity_bytes", st.byte_budget},
+            {"disk_bytes", st.disk_bytes},
             {"daemon", daemon}});
   char rate[32] = "n/a";
-  if (lookups > 0) std::snprintf(rate, sizeof rate, "%.1f%%", 100.0 * static_cast<double>(s->hits) / lookups);
+  if (lookups > 0) std::snprintf(rate, sizeof rate, "%.1f%%", 100.0 * static_cast<double>(st.hits) / lookups);
   char ratio[32];
   std::snprintf(ratio, sizeof ratio, "%.2fx", dedup_ratio);
   std::vector<std::vector<std::string>> rows = {
-      {"entries", std::to_string(s->entries) + " (" + std::to_string(s->quarantined) + " quarantined)"},
-      {"chunks", std::to_string(s->chunks)},
-      {"stored", HumanBytes(s->stored_bytes) + (s->byte_budget > 0 ? " of " + HumanBytes(s->byte_budget) + " budget"
+      {"entries", std::to_string(st.entries) + " (" + std::to_string(st.quarantined) + " quarantined)"},
+      {"chunks", std::to_string(st.chunks)},
+      {"stored", HumanBytes(st.stored_bytes) + (st.byte_budget > 0 ? " of " + HumanBytes(st.byte_budget) + " budget"
                                                                         : " (no budget)")},
-      {"raw (decoded)", HumanBytes(s->raw_bytes)},
-      {"dedup savings", HumanBytes(s->dedup_saved_bytes) + " (" + ratio + ")"},
-      {"on disk", HumanBytes(s->disk_bytes)},
-      {"lookups", std::to_string(s->hits) + " hits, " + std::to_string(s->misses) + " misses, hit rate " + rate},
-      {"evictions", std::to_string(s->evictions)},
-      {"admission refusals", std::to_string(s->admission_refusals)},
-      {"leases held", std::to_string(s->active_leases)}};
-  if (s->connections.has_value()) {
-    rows.push_back({"daemon", std::to_string(*s->connections) + " connections, " +
-                                  std::to_string(s->publishes_in_flight.value_or(0)) + " publishes in flight (" +
-                                  HumanBytes(s->uncommitted_bytes.value_or(0)) + " uncommitted)"});
+      {"raw (decoded)", HumanBytes(st.raw_bytes)},
+      {"dedup savings", HumanBytes(st.dedup_saved_bytes) + " (" + ratio + ")"},
+      {"on disk", HumanBytes(st.disk_bytes)},
+      {"lookups", std::to_string(st.hits) + " hits, " + std::to_string(st.misses) + " misses, hit rate " + rate},
+      {"evictions", std::to_string(st.evictions)},
+      {"admission refusals", std::to_string(st.admission_refusals)},
+      {"leases held", std::to_string(st.active_leases)}};
+  if (access.through_daemon()) {
+    rows.push_back({"daemon", std::to_string(s->connections) + " connections, " +
+                                  std::to_string(s->publishes_in_flight) + " publishes in flight (" +
+                                  HumanBytes(s->uncommitted_bytes) + " uncommitted)"});
   }
   out.Line(RenderTable({"STORE", access.where()}, rows));
   return kExitOk;
@@ -479,13 +480,13 @@ int Export(StoreAccess& access, std::uint64_t id, const std::string& file, bool 
   }
   auto e = access.Describe(id, nullptr);
   if (!e.ok()) return out.Error(e.status());
-  if (e->quarantined) return out.Error(Status::Corruption("entry " + std::to_string(id) + " is quarantined: " + e->reason));
-  if (e->descriptor.empty()) {
+  if (e->quarantined()) return out.Error(Status::Corruption("entry " + std::to_string(id) + " is quarantined: " + e->reason));
+  if (e->model_descriptor.empty()) {
     return out.Error(Status::FailedPrecondition(
         "entry " + std::to_string(id) +
         " was published without its model descriptor (an older client); it cannot be exported whole"));
   }
-  auto fp = DecodeFingerprint(e->descriptor);
+  auto fp = DecodeFingerprint(e->model_descriptor);
   if (!fp.ok()) return out.Error(fp.status().WithContext("entry " + std::to_string(id) + " model descriptor"));
   EncodedSnapshot snap;
   snap.header.fingerprint = std::move(fp).value();
@@ -532,12 +533,12 @@ int Import(StoreAccess& access, const std::string& file, const std::optional<std
   auto r = access.Import(*snap, target);
   if (!r.ok()) return out.Error(r.status().WithContext("import " + file));
   out.Json({{"file", file},
-            {"entry", r->entry},
+            {"entry", r->id},
             {"existed", r->existed},
             {"namespace", target},
             {"layers", snap->layers.size()},
             {"tokens", snap->header.tokens.size()}});
-  out.Line((r->existed ? "already stored as entry " : "imported as entry ") + std::to_string(r->entry) + " (" +
+  out.Line((r->existed ? "already stored as entry " : "imported as entry ") + std::to_string(r->id) + " (" +
            std::to_string(snap->layers.size()) + " layers, " + std::to_string(snap->header.tokens.size()) +
            " tokens, namespace " + NamespaceLabel(target) + ")");
   return kExitOk;
@@ -552,11 +553,11 @@ int Compact(StoreAccess& access, const Output& out) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto after = access.Stat();
   if (!after.ok()) return out.Error(after.status());
-  out.Json({{"disk_bytes_before", before->disk_bytes}, {"disk_bytes_after", after->disk_bytes}, {"seconds", seconds}});
+  out.Json({{"disk_bytes_before", before->store.disk_bytes}, {"disk_bytes_after", after->store.disk_bytes}, {"seconds", seconds}});
   char took[32];
   std::snprintf(took, sizeof took, "%.2f s", seconds);
-  out.Line("compacted in " + std::string(took) + "; on disk " + HumanBytes(before->disk_bytes) + " -> " +
-           HumanBytes(after->disk_bytes));
+  out.Line("compacted in " + std::string(took) + "; on disk " + HumanBytes(before->store.disk_bytes) + " -> " +
+           HumanBytes(after->store.disk_bytes));
   return kExitOk;
 }
 

@@ -46,9 +46,9 @@ void CheckBoundaryOf(const std::string& where, const std::vector<std::uint32_t>&
 // finding.
 Status VerifyEntry(StoreAccess& access, std::uint64_t id, Findings* f) {
   const std::string where = "entry " + std::to_string(id);
-  PC_ASSIGN_OR_RETURN(Entry e, access.Describe(id, nullptr));
+  PC_ASSIGN_OR_RETURN(EntryInfo e, access.Describe(id, nullptr));
   ++f->entries;
-  if (e.quarantined) {
+  if (e.quarantined()) {
     f->Add(where, "quarantined: " + e.reason);
     return Status::Ok();
   }

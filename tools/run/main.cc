@@ -75,9 +75,9 @@ void ShowStore(const std::string& socket, const std::string& ns) {
   auto stat = (*c)->Stat();
   if (stat.ok()) {
     std::printf("store: %llu entries, %llu bytes stored (%llu raw), %llu hits, %llu misses\n",
-                static_cast<unsigned long long>(stat->entries), static_cast<unsigned long long>(stat->bytes_stored),
-                static_cast<unsigned long long>(stat->bytes_raw), static_cast<unsigned long long>(stat->hits),
-                static_cast<unsigned long long>(stat->misses));
+                static_cast<unsigned long long>(stat->store.entries), static_cast<unsigned long long>(stat->store.stored_bytes),
+                static_cast<unsigned long long>(stat->store.raw_bytes), static_cast<unsigned long long>(stat->store.hits),
+                static_cast<unsigned long long>(stat->store.misses));
   }
   client::ListOptions lo;
   for (;;) {
@@ -88,8 +88,8 @@ void ShowStore(const std::string& socket, const std::string& ns) {
     }
     for (const auto& e : page->entries) {
       std::printf("  entry %llu  %-14s %5zu tokens  %2u layers  %9llu bytes  %llu hits\n",
-                  static_cast<unsigned long long>(e.entry), e.model.name.c_str(), e.tokens.size(), e.layer_count,
-                  static_cast<unsigned long long>(e.bytes), static_cast<unsigned long long>(e.hits));
+                  static_cast<unsigned long long>(e.id), e.model_name.c_str(), e.tokens.size(), e.layers,
+                  static_cast<unsigned long long>(e.chunk_bytes), static_cast<unsigned long long>(e.hits));
     }
     if (page->next_page_token.empty()) break;
     lo.page_token = page->next_page_token;

@@ -1,0 +1,122 @@
+// The values that describe stored entries: what the store returns
+// (primecache/statestore.h), what the daemon passes through and writes on the
+// wire (one mapping per type and direction, ipc/wire.cc), and what the client
+// returns (primecache/client.h). Declared once, here.
+//
+// Plain values: copyable, no invariants beyond their comments, no
+// thread-safety concerns of their own.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "primecache/checksum.h"
+
+namespace primecache {
+
+using EntryId = std::uint64_t;
+
+enum class EntryState : std::uint8_t { kLive = 0, kQuarantined = 1 };
+
+// What a publish did (Store::Publish, PublishStream::Commit).
+struct PublishResult {
+  EntryId id = 0;
+  bool existed = false;                  // the identity was stored already; nothing was written
+  std::uint64_t new_chunk_bytes = 0;     // chunk bytes this publish added to the store
+  std::uint64_t shared_chunk_bytes = 0;  // chunk bytes it shares with entries already stored
+  std::uint64_t evicted = 0;             // entries evicted to make room
+};
+
+// One stored entry (Store::Describe, Store::List; through the daemon
+// Client::Describe and Client::List).
+struct EntryInfo {
+  EntryId id = 0;
+  EntryState state = EntryState::kLive;  // a quarantined entry failed a check and is never served
+  Hash128 model;                         // the model fingerprint's digest
+  std::string model_name;
+  std::string model_descriptor;  // empty when no publish of this model and namespace gave one
+  std::string ns;
+  std::uint64_t length = 0;  // boundary length in tokens
+  // The boundary's tokens where asked for (the daemon's List and Describe
+  // unless told to omit them; the store gives them with Store::Tokens);
+  // empty for a quarantined entry, whose tokens are not kept.
+  std::vector<std::uint32_t> tokens;
+  std::uint32_t layers = 0;
+  std::uint64_t chunk_bytes = 0;  // the entry's chunk bytes, shared ones included
+  std::uint64_t raw_bytes = 0;    // decoded bytes of its layers
+  std::uint64_t meta_bytes = 0;   // its manifest, tokens and records
+  double flops = 0;               // estimated prefill compute a hit saves
+  std::uint64_t created_unix_ms = 0;
+  std::uint64_t last_access = 0;  // the store's logical clock; larger is more recent
+  std::uint64_t hits = 0;
+  std::string reason;  // why it was quarantined
+
+  bool quarantined() const { return state == EntryState::kQuarantined; }
+};
+
+// An entry and, when asked for, its layers' serialized headers (kind, shape,
+// transforms, chunk sizes and checksums; no chunk bytes).
+struct EntryDetail {
+  EntryInfo info;
+  std::vector<std::string> layer_headers;
+};
+
+struct ListPage {
+  std::vector<EntryInfo> entries;
+  // Empty: no more. A page may hold fewer entries than asked (even none)
+  // while more follow.
+  std::string next_page_token;
+};
+
+// The longest stored boundary that prefixes a query, with what a restore
+// needs to size itself.
+struct LookupHit {
+  EntryId id = 0;
+  std::uint64_t length = 0;  // boundary length: tokens[0, length) of the query are stored
+  std::uint32_t layers = 0;
+  std::uint64_t chunk_bytes = 0;  // stored (encoded) bytes of its chunks
+  std::uint64_t raw_bytes = 0;    // decoded bytes of its layers
+};
+
+struct StoreStats {
+  std::uint64_t entries = 0;
+  std::uint64_t quarantined = 0;
+  std::uint64_t chunks = 0;             // distinct chunks stored
+  std::uint64_t stored_bytes = 0;       // what the budget counts: distinct chunk bytes + metadata
+  std::uint64_t logical_bytes = 0;      // what the entries would take without dedup
+  std::uint64_t raw_bytes = 0;          // decoded bytes of every entry's layers
+  std::uint64_t dedup_saved_bytes = 0;  // logical_bytes - stored_bytes
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t evictions = 0;
+  std::uint64_t admission_refusals = 0;
+  std::uint64_t active_leases = 0;
+  std::uint64_t byte_budget = 0;   // 0: unlimited
+  std::uint64_t disk_bytes = 0;    // every file in the store's directory (tables, blobs, log)
+  std::uint64_t staged_bytes = 0;  // chunk bytes written by publishes not committed yet
+  // Set while writes are refused after a failed write (a full disk): why, in
+  // words; empty when writes go on. Reads are served either way.
+  std::string write_error;
+};
+
+// The daemon's own figures, next to its store's (Client::Stat).
+struct DaemonStats {
+  StoreStats store;
+  std::uint32_t connections = 0;
+  std::uint32_t publishes_in_flight = 0;
+  // Header and chunk bytes of publishes begun and not yet committed or
+  // aborted, over every connection.
+  std::uint64_t uncommitted_bytes = 0;
+};
+
+// What a store-wide consistency check found (Store::Verify, Client::VerifyStore).
+struct VerifyReport {
+  std::uint64_t entries = 0;
+  std::uint64_t chunks = 0;
+  std::vector<std::string> problems;  // in words; empty: consistent; the first 1000
+  std::uint64_t problem_count = 0;    // all of them
+};
+
+}  // namespace primecache
