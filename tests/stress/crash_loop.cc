@@ -100,14 +100,14 @@ void CrashLoop::CheckEntries(int it) {
   std::map<std::string, std::uint64_t> stored;  // tokens -> entry
   for (const auto& e : *listed) {
     const std::string key = TokensKey(e.tokens);
-    stored[key] = e.entry;
+    stored[key] = e.id;
     auto want = reg_.Find(key);
-    auto got = (*c)->FetchLayers(e.entry);
+    auto got = (*c)->FetchLayers(e.id);
     if (!want || !got.ok() || LayersDigest(*got) != want->digest) {
       ++t_.torn;
-      Say("crash: iteration %d: TORN entry %llu (%s)", it, U(e.entry),
+      Say("crash: iteration %d: TORN entry %llu (%s)", it, U(e.id),
           !want ? "never published" : !got.ok() ? got.status().ToString().c_str() : "bytes differ");
-    } else if (!want->acked && unacked_seen_.insert(e.entry).second) {
+    } else if (!want->acked && unacked_seen_.insert(e.id).second) {
       ++t_.unacked_present;  // committed, but the kill came before the answer
     }
   }

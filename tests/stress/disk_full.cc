@@ -78,7 +78,7 @@ Result<Published> DiskFull::PublishOne(client::Client& c, std::uint32_t seed, st
   const auto layers = SpecLayers(spec);
   p.digest = LayersDigest(layers);
   PC_ASSIGN_OR_RETURN(auto r, c.Publish(testing::TestModel(), p.tokens, layers));
-  p.entry = r.entry;
+  p.entry = r.id;
   acked_.push_back(p);
   return p;
 }

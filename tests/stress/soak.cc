@@ -96,7 +96,7 @@ bool Soak::CheckOwn(int i, client::Client& c, const Own& e) {
   ++lookups_;
   if (!hit.ok() || !hit->has_value() || (*hit)->id != e.entry || (*hit)->length != e.tokens.size()) {
     Error(i, "lookup of its entry " + std::to_string(e.entry) + ": " +
-                 (hit.ok() ? "found=" + std::to_string(hit->has_value()) + " entry=" + std::to_string(hit->entry)
+                 (hit.ok() ? "found=" + std::to_string(hit->has_value()) + " entry=" + std::to_string((*hit)->id)
                            : hit.status().ToString()));
     return false;
   }
@@ -124,7 +124,7 @@ bool Soak::Step(int i, client::Client& c, std::mt19937_64& rng, std::deque<Own>&
     auto miss = c.Lookup(testing::TestModel(), foreign);
     ++misses_checked_;
     if (!miss.ok() || miss->has_value()) {
-      Error(i, "lookup across namespaces: " + (miss.ok() ? "found entry " + std::to_string(miss->entry)
+      Error(i, "lookup across namespaces: " + (miss.ok() ? "found entry " + std::to_string((*miss)->id)
                                                          : miss.status().ToString()));
       return false;
     }
