@@ -158,6 +158,10 @@ class FetchSender : public FetchSink {
     std::unique_lock<std::mutex> l(st_->mu);
     for (;;) {
       if (st_->cancelled.load() || sink_->Closed()) return Status::Aborted("fetch cancelled");
+      // An empty ring starts over at the front: a chunk that does not fit
+      // the tail past the head (skipping the tail costs space until it is
+      // released) would otherwise never fit, even with every byte free.
+      if (st_->used == 0) st_->head = 0;
       std::uint64_t at = st_->head;
       std::uint64_t skip = 0;
       if (at + len > st_->win_len) {

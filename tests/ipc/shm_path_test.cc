@@ -7,6 +7,9 @@
 #include <cstring>
 #include <thread>
 
+#include "primecache/env.h"
+#include "raw_db.h"
+#include "statestore/format.h"
 #include "tests/ipc/daemon_harness.h"
 
 namespace primecache::testing {
@@ -155,6 +158,162 @@ TEST_F(ShmPathTest, SpaceComesBackAfterStoresAndAborts) {
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   ExpectSame(layers, *got);
   EXPECT_EQ((*c)->List()->entries.size(), 1u);  // the aborted publish left nothing
+}
+
+// Fetches `entry` chunk by chunk (on_chunk): every chunk's bytes, and how
+// many arrived inside the region.
+struct Fetched {
+  Status status;
+  std::vector<std::vector<std::byte>> chunks;
+  std::size_t in_region = 0;
+};
+Fetched FetchCounting(Client& c, std::uint64_t entry, std::size_t fail_after = SIZE_MAX) {
+  Fetched f;
+  FetchCallbacks cb;
+  cb.on_chunk = [&](std::uint32_t, std::uint32_t, std::span<const std::byte> b) {
+    if (f.chunks.size() == fail_after) return Status::Aborted("enough");
+    f.chunks.emplace_back(b.begin(), b.end());
+    if (InRegion(c, b)) ++f.in_region;
+    return Status::Ok();
+  };
+  f.status = c.Fetch(entry, {}, cb);
+  return f;
+}
+
+std::vector<std::vector<std::byte>> AllChunks(const std::vector<LayerData>& layers) {
+  std::vector<std::vector<std::byte>> out;
+  for (const auto& l : layers) out.insert(out.end(), l.chunks.begin(), l.chunks.end());
+  return out;
+}
+
+// Windows far smaller than the entry, chunks that leave a tail to skip, and
+// chunks larger than the window: the store reads each chunk into window
+// space as it frees up (the ring wraps many times, so reading ahead finds no
+// room and waits), chunks too large for the window travel inline, and every
+// byte arrives intact.
+TEST_F(ShmPathTest, FetchesThroughSmallWindowsAreBitExact) {
+  auto p = Client::Connect(d_.Options());
+  ASSERT_TRUE(p.ok());
+  const auto small = MakeLayers(128, 5, 51, 4096, 4);  // 64 KiB chunks
+  const auto odd = MakeLayers(300, 3, 52, 1567, 64);   // 401152-byte chunks
+  auto a = (*p)->Publish(TestModel(), Tokens(128, 51), small);
+  auto b = (*p)->Publish(TestModel(), Tokens(300, 52), odd);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (std::size_t region : {512u << 10, 1u << 20, 3u << 20}) {
+    ClientOptions o = d_.Options("", true);
+    o.shared_memory_bytes = region;  // windows of 256 KiB, 512 KiB, 1.5 MiB
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok());
+    for (int rep = 0; rep < 2; ++rep) {
+      Fetched fa = FetchCounting(**c, a->id);
+      ASSERT_TRUE(fa.status.ok()) << fa.status.ToString();
+      EXPECT_TRUE(fa.chunks == AllChunks(small)) << "region " << region;
+      EXPECT_EQ(fa.in_region, fa.chunks.size()) << "region " << region;
+      Fetched fb = FetchCounting(**c, b->id);
+      ASSERT_TRUE(fb.status.ok()) << fb.status.ToString();
+      EXPECT_TRUE(fb.chunks == AllChunks(odd)) << "region " << region;
+      // 401152-byte latent chunks fit a window of 512 KiB or more; below it
+      // they come inline (the recurrent layers' small chunks still fit).
+      const std::size_t latent = odd[0].chunks.size() + odd[2].chunks.size();
+      if (region / 2 < 401152) {
+        EXPECT_EQ(fb.in_region, fb.chunks.size() - latent);
+      } else {
+        EXPECT_EQ(fb.in_region, fb.chunks.size());
+      }
+    }
+  }
+}
+
+// A fetch that fails half-way on a corrupt chunk, and one the client stops
+// half-way (cancel), leave the connection's window whole: the next fetch on
+// the same connection lands in it, bit-exact.
+TEST_F(ShmPathTest, FailedAndCancelledFetchesLeaveTheWindowUsable) {
+  const auto bad_layers = MakeLayers(256, 3, 61, 4096, 4);
+  const auto good_layers = MakeLayers(256, 3, 62, 4096, 4);
+  std::uint64_t bad = 0, good = 0;
+  {
+    auto p = Client::Connect(d_.Options());
+    ASSERT_TRUE(p.ok());
+    auto rb = (*p)->Publish(TestModel(), Tokens(256, 61), bad_layers);
+    auto rg = (*p)->Publish(TestModel(), Tokens(256, 62), good_layers);
+    ASSERT_TRUE(rb.ok() && rg.ok());
+    bad = rb->id, good = rg->id;
+  }
+  ASSERT_EQ(d_.Stop(), 0);
+  {
+    // The last latent chunk of `bad` is damaged behind the store's back.
+    namespace si = statestore_internal;
+    store_test::RawDb db(Env::Default(), d_.data_dir() + "/store");
+    const auto& chunk = bad_layers[2].chunks.back();
+    std::string flipped(reinterpret_cast<const char*>(chunk.data()), chunk.size());
+    flipped[flipped.size() / 2] ^= 0x10;
+    db.Put(si::kCfChunks, si::ChunkKey(Checksum128(std::span<const std::byte>(chunk))), flipped);
+  }
+  ASSERT_TRUE(d_.Start());
+  ClientOptions o = d_.Options("", true);
+  o.shared_memory_bytes = 1u << 20;  // a 512 KiB window: 8 chunks at a time
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  Fetched f = FetchCounting(**c, bad);
+  EXPECT_TRUE(f.status.IsCorruption()) << f.status.ToString();
+  EXPECT_GT(f.chunks.size(), 8u) << "it failed late, after the window had wrapped";
+  const auto want = AllChunks(good_layers);
+  Fetched g = FetchCounting(**c, good);
+  ASSERT_TRUE(g.status.ok()) << g.status.ToString();
+  EXPECT_TRUE(g.chunks == want);
+  EXPECT_EQ(g.in_region, want.size());
+  // Stopped by the client after 5 chunks, then fetched whole.
+  Fetched stopped = FetchCounting(**c, good, 5);
+  EXPECT_EQ(stopped.status.code(), StatusCode::kAborted) << stopped.status.ToString();
+  g = FetchCounting(**c, good);
+  ASSERT_TRUE(g.status.ok()) << g.status.ToString();
+  EXPECT_TRUE(g.chunks == want);
+  EXPECT_EQ(g.in_region, want.size());
+}
+
+// Chunks handed over (on_chunk_held) keep the window taken after their fetch
+// ends, even one stopped half-way: a fetch meanwhile streams inline rather
+// than over bytes still held; once they are released the window serves again.
+TEST_F(ShmPathTest, HeldChunksKeepTheWindowUntilReleased) {
+  const auto layers = MakeLayers(256, 3, 71, 4096, 4);
+  auto p = Client::Connect(d_.Options());
+  ASSERT_TRUE(p.ok());
+  auto pub = (*p)->Publish(TestModel(), Tokens(256, 71), layers);
+  ASSERT_TRUE(pub.ok());
+  ClientOptions o = d_.Options("", true);
+  o.shared_memory_bytes = 4u << 20;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  std::vector<ChunkRelease> releases;
+  std::vector<std::vector<std::byte>> held_copy;
+  std::vector<std::span<const std::byte>> held;
+  FetchCallbacks cb;
+  cb.on_chunk_held = [&](std::uint32_t, std::uint32_t, std::span<const std::byte> b, ChunkRelease r) {
+    if (held.size() == 6) {
+      r();
+      return Status::Aborted("enough");
+    }
+    held.push_back(b);
+    held_copy.emplace_back(b.begin(), b.end());
+    releases.push_back(std::move(r));
+    return Status::Ok();
+  };
+  EXPECT_EQ((*c)->Fetch(pub->id, {}, cb).code(), StatusCode::kAborted);
+  ASSERT_EQ(held.size(), 6u);
+  for (auto b : held) EXPECT_TRUE(InRegion(**c, b));
+  const auto want = AllChunks(layers);
+  Fetched meanwhile = FetchCounting(**c, pub->id);
+  ASSERT_TRUE(meanwhile.status.ok()) << meanwhile.status.ToString();
+  EXPECT_TRUE(meanwhile.chunks == want);
+  EXPECT_EQ(meanwhile.in_region, 0u) << "the window was still taken by held chunks";
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    EXPECT_TRUE(std::equal(held[i].begin(), held[i].end(), held_copy[i].begin())) << "held chunk " << i << " overwritten";
+  }
+  for (auto& r : releases) r();
+  Fetched after = FetchCounting(**c, pub->id);
+  ASSERT_TRUE(after.status.ok()) << after.status.ToString();
+  EXPECT_TRUE(after.chunks == want);
+  EXPECT_EQ(after.in_region, want.size());
 }
 
 }  // namespace
