@@ -138,11 +138,11 @@ TEST_F(DaemonTest, SharedMemoryPublishFetchedOverSocketAndBack) {
   ExpectSameLayers(layers, *got);
 }
 
-// Chunks large enough that the daemon copies them into the region in pieces
-// on several threads, of sizes that are no multiple of anything convenient.
+// Large chunks read straight into the fetch window, of sizes that are no
+// multiple of anything convenient (the ring's places are not aligned).
 TEST_F(DaemonTest, LargeOddChunksOverSharedMemoryArriveIntact) {
   const auto tokens = Tokens(300, 23);
-  // 64 rows of 1567 floats: 401152-byte chunks, copied in 3 pieces (401152 = 3 x 133717 + 1).
+  // 64 rows of 1567 floats: 401152-byte chunks.
   const auto layers = MakeLayers(300, 3, 23, 1567, 64);
   auto c = Client::Connect(d_.Options("", true));
   ASSERT_TRUE(c.ok());
