@@ -933,6 +933,52 @@ class HeldChunks : public std::enable_shared_from_this<HeldChunks> {
   std::uint64_t first_ = 0;  // sequence number of queue_.front()
 };
 
+// However a fetch ends, its use of the window ends: at once, or, with chunks
+// held, once they are released.
+struct WindowUse {
+  bool taken;
+  FetchWindow* window;
+  HeldChunks* held;
+  ~WindowUse() {
+    if (held != nullptr) {
+      held->EndFetch();
+    } else if (taken) {
+      window->Free();
+    }
+  }
+};
+
+// Hands one fetched chunk to the callbacks: inline bytes, or bytes in the
+// region (released to the daemon after on_chunk, or when the holder of an
+// on_chunk_held loan releases it).
+Status DeliverChunk(Conn& conn, HeldChunks* held, const FetchCallbacks& cb, wire::FetchChunk::Reader ch) {
+  auto d = ch.getData();
+  if (d.which() == wire::Payload::INLINE) {
+    if (cb.on_chunk_held) {
+      // The message's bytes go with the frame: the chunk gets a copy of its own.
+      auto copy = std::make_shared<std::vector<std::byte>>(Bytes(d.getInline()).begin(), Bytes(d.getInline()).end());
+      return cb.on_chunk_held(ch.getLayer(), ch.getIndex(), *copy, [copy]() mutable { copy.reset(); });
+    }
+    return cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), Bytes(d.getInline())) : Status::Ok();
+  }
+  auto ref = d.getShm();
+  if (!conn.shm || !conn.shm->Contains(ref.getOffset(), ref.getLength())) {
+    return Status::Corruption("daemon pointed outside the shared region");
+  }
+  std::span<const std::byte> bytes{conn.shm->data() + ref.getOffset(), static_cast<std::size_t>(ref.getLength())};
+  if (cb.on_chunk_held && held != nullptr) {
+    return cb.on_chunk_held(ch.getLayer(), ch.getIndex(), bytes, held->Hold(ref.getOffset(), ref.getLength()));
+  }
+  Status s = cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), bytes) : Status::Ok();
+  auto rel = BuildRequest(0, [&](wire::Request::Builder q) {
+    auto x = q.initShmRelease();
+    x.setOffset(ref.getOffset());
+    x.setLength(ref.getLength());
+  });
+  (void)conn.Send(*rel);
+  return s;
+}
+
 }  // namespace
 
 Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb) {
@@ -941,19 +987,7 @@ Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
     const bool use_shm = c->shm != nullptr && c->window->TryTake();
     std::shared_ptr<HeldChunks> held;
     if (use_shm && cb.on_chunk_held) held = std::make_shared<HeldChunks>(c, c->shm, c->window);
-    // However the fetch ends, the window is freed (once held chunks are released).
-    struct WindowGuard {
-      const bool taken;
-      FetchWindow* window;
-      HeldChunks* held;
-      ~WindowGuard() {
-        if (held != nullptr) {
-          held->EndFetch();
-        } else if (taken) {
-          window->Free();
-        }
-      }
-    } guard{use_shm, c->window.get(), held.get()};
+    const WindowUse guard{use_shm, c->window.get(), held.get()};
     const std::uint64_t half = c->shm ? c->shm->size() / 2 : 0;
     const std::uint64_t id = impl_->NextId();
     auto m = BuildRequest(id, [&](wire::Request::Builder r) {
@@ -975,32 +1009,7 @@ Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
         auto l = r.getFetchLayer();
         return cb.on_layer ? cb.on_layer(l.getLayer(), Bytes(l.getHeader()), l.getChunkCount()) : Status::Ok();
       }
-      auto ch = r.getFetchChunk();
-      auto d = ch.getData();
-      if (d.which() == wire::Payload::INLINE) {
-        if (cb.on_chunk_held) {
-          // The message's bytes go with the frame: the chunk gets a copy of its own.
-          auto copy = std::make_shared<std::vector<std::byte>>(Bytes(d.getInline()).begin(), Bytes(d.getInline()).end());
-          return cb.on_chunk_held(ch.getLayer(), ch.getIndex(), *copy, [copy]() mutable { copy.reset(); });
-        }
-        return cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), Bytes(d.getInline())) : Status::Ok();
-      }
-      auto ref = d.getShm();
-      if (!raw->shm || !raw->shm->Contains(ref.getOffset(), ref.getLength())) {
-        return Status::Corruption("daemon pointed outside the shared region");
-      }
-      std::span<const std::byte> bytes{raw->shm->data() + ref.getOffset(), static_cast<std::size_t>(ref.getLength())};
-      if (cb.on_chunk_held && held) {
-        return cb.on_chunk_held(ch.getLayer(), ch.getIndex(), bytes, held->Hold(ref.getOffset(), ref.getLength()));
-      }
-      Status s = cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), bytes) : Status::Ok();
-      auto rel = BuildRequest(0, [&](wire::Request::Builder q) {
-        auto x = q.initShmRelease();
-        x.setOffset(ref.getOffset());
-        x.setLength(ref.getLength());
-      });
-      (void)raw->Send(*rel);
-      return s;
+      return DeliverChunk(*raw, held.get(), cb, r.getFetchChunk());
     });
     if (!reply.ok()) {
       // Only a fetch that delivered nothing may be retried.

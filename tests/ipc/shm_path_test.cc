@@ -24,8 +24,10 @@ bool InRegion(const Client& c, std::span<const std::byte> b) {
 // Publishes `layers` writing every chunk into a reservation, as an encoder
 // would: reserved `slack` bytes larger than the chunk, only the chunk added.
 Result<PublishResult> PublishReserved(Client& c, std::span<const std::uint32_t> tokens,
-                                      const std::vector<LayerData>& layers, std::size_t slack, bool expect_shm) {
-  PC_ASSIGN_OR_RETURN(auto stream, c.BeginPublish(TestModel(), tokens, static_cast<std::uint32_t>(layers.size())));
+                                      const std::vector<LayerData>& layers, std::size_t slack,
+                                      bool expect_shm) {
+  PC_ASSIGN_OR_RETURN(auto stream,
+                      c.BeginPublish(TestModel(), tokens, static_cast<std::uint32_t>(layers.size())));
   for (const auto& layer : layers) {
     PC_RETURN_IF_ERROR(stream->BeginLayer(layer.header, static_cast<std::uint32_t>(layer.chunks.size())));
     for (const auto& ch : layer.chunks) {
@@ -115,7 +117,8 @@ TEST_F(ShmPathTest, ReserveDropReserveAgainAndExhaustion) {
   const std::span<std::byte> a_bytes = a->bytes();
   std::thread waiter([&] {
     auto r = (*stream)->ReserveChunk(half / 4);
-    got = r.ok() && r->bytes().data() >= a_bytes.data() && r->bytes().data() + r->size() <= a_bytes.data() + a_bytes.size();
+    got = r.ok() && r->bytes().data() >= a_bytes.data() &&
+          r->bytes().data() + r->size() <= a_bytes.data() + a_bytes.size();
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   *a = ReservedChunk();
@@ -143,7 +146,8 @@ TEST_F(ShmPathTest, SpaceComesBackAfterStoresAndAborts) {
   {
     auto stream = (*c)->BeginPublish(TestModel(), Tokens(256, 43), 3);
     ASSERT_TRUE(stream.ok());
-    ASSERT_TRUE((*stream)->BeginLayer(layers[0].header, static_cast<std::uint32_t>(layers[0].chunks.size())).ok());
+    ASSERT_TRUE(
+        (*stream)->BeginLayer(layers[0].header, static_cast<std::uint32_t>(layers[0].chunks.size())).ok());
     auto r = (*stream)->ReserveChunk(layers[0].chunks[0].size());
     ASSERT_TRUE(r.ok());
     std::memcpy(r->bytes().data(), layers[0].chunks[0].data(), r->size());
@@ -307,7 +311,8 @@ TEST_F(ShmPathTest, HeldChunksKeepTheWindowUntilReleased) {
   EXPECT_TRUE(meanwhile.chunks == want);
   EXPECT_EQ(meanwhile.in_region, 0u) << "the window was still taken by held chunks";
   for (std::size_t i = 0; i < held.size(); ++i) {
-    EXPECT_TRUE(std::equal(held[i].begin(), held[i].end(), held_copy[i].begin())) << "held chunk " << i << " overwritten";
+    EXPECT_TRUE(std::equal(held[i].begin(), held[i].end(), held_copy[i].begin()))
+        << "held chunk " << i << " overwritten";
   }
   for (auto& r : releases) r();
   Fetched after = FetchCounting(**c, pub->id);
