@@ -467,7 +467,10 @@ Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::span<con
     PC_ASSIGN_OR_RETURN(LayerHeader header, enc.Finish());
     const std::string h = SerializeLayerHeader(header);
     PC_RETURN_IF_ERROR(stream->BeginLayer(AsBytes(h), static_cast<std::uint32_t>(chunks.size())));
-    for (std::span<const std::byte> c : chunks) PC_RETURN_IF_ERROR(stream->AddChunk(c));
+    for (std::span<const std::byte> c : chunks) {
+      PC_RETURN_IF_ERROR(stream->AddChunk(c));
+      published_bytes_ += c.size();
+    }
   }
   return stream->Commit().status();
 }

@@ -116,6 +116,8 @@ class PrefixCache {
 
   bool connected() const { return client_ != nullptr; }
   std::uint64_t published() const;
+  // Encoded chunk bytes Publish has handed to the daemon, in all.
+  std::uint64_t published_bytes() const { return published_bytes_.load(); }
 
  private:
   // Restores the longest stored prefix of `tokens` into the fresh session;
@@ -159,6 +161,7 @@ class PrefixCache {
   bool stop_ = false;
   std::size_t failed_ = 0;
   std::uint64_t published_ = 0;
+  std::atomic<std::uint64_t> published_bytes_{0};
   std::thread worker_;
 };
 
