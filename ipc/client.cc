@@ -14,8 +14,11 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
+#include <optional>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include <kj/exception.h>
 
@@ -72,6 +75,97 @@ FrameLimits ClientLimits() {
 
 }  // namespace
 
+// The publish half of a connection's shared region, [0, limit): extents
+// handed out for chunks (ReserveChunk) and given back in any order (a
+// reservation dropped, a chunk acknowledged as stored). Free extents are kept
+// coalesced; extents start and end on kAlign boundaries. Thread-safe.
+struct ReservedChunk::Space {
+  static constexpr std::uint64_t kAlign = 4096;
+  static std::uint64_t Round(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+  Space(std::shared_ptr<ipc::ShmRegion> r, std::uint64_t half) : region(std::move(r)), limit(half / kAlign * kAlign) {
+    if (limit > 0) free[0] = limit;
+  }
+
+  // An extent of `len` (a multiple of kAlign) bytes, waiting up to `timeout`.
+  Result<std::uint64_t> Take(std::uint64_t len, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> l(mu);
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      if (dead) return Status::Unavailable("connection to primecached lost");
+      for (auto it = free.begin(); it != free.end(); ++it) {
+        if (it->second < len) continue;
+        const std::uint64_t off = it->first;
+        const std::uint64_t rest = it->second - len;
+        free.erase(it);
+        if (rest > 0) free[off + len] = rest;
+        return off;
+      }
+      if (cv.wait_until(l, deadline) == std::cv_status::timeout) {
+        return Status::DeadlineExceeded("no " + std::to_string(len) + " bytes of the shared region's publish half (" +
+                                        std::to_string(limit) + " bytes) were freed within " +
+                                        std::to_string(timeout.count()) + " ms");
+      }
+    }
+  }
+
+  void Give(std::uint64_t off, std::uint64_t len) {
+    if (len == 0) return;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto next = free.lower_bound(off);
+      if (next != free.end() && off + len == next->first) {
+        len += next->second;
+        next = free.erase(next);
+      }
+      if (next != free.begin()) {
+        auto prev = std::prev(next);
+        if (prev->first + prev->second == off) {
+          prev->second += len;
+          len = 0;
+        }
+      }
+      if (len > 0) free[off] = len;
+    }
+    cv.notify_all();
+  }
+
+  void Kill() {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      dead = true;
+    }
+    cv.notify_all();
+  }
+
+  const std::shared_ptr<ipc::ShmRegion> region;  // keeps the mapping alive
+  const std::uint64_t limit;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::uint64_t, std::uint64_t> free;  // offset -> length
+  bool dead = false;
+};
+
+ReservedChunk::~ReservedChunk() { GiveBack(); }
+ReservedChunk::ReservedChunk(ReservedChunk&& other) noexcept { *this = std::move(other); }
+ReservedChunk& ReservedChunk::operator=(ReservedChunk&& other) noexcept {
+  if (this == &other) return *this;
+  GiveBack();
+  space_ = std::move(other.space_);
+  own_ = std::move(other.own_);
+  bytes_ = std::exchange(other.bytes_, {});
+  offset_ = std::exchange(other.offset_, 0);
+  reserved_ = std::exchange(other.reserved_, 0);
+  return *this;
+}
+void ReservedChunk::GiveBack() {
+  if (space_) space_->Give(offset_, reserved_);
+  space_.reset();
+  own_.reset();
+  bytes_ = {};
+  offset_ = reserved_ = 0;
+}
+
 // One connection: a socket, its reader thread and its pending requests.
 struct Conn {
   int fd = -1;
@@ -84,6 +178,7 @@ struct Conn {
   std::string notice;  // the daemon's last id-0 error: why it may hang up
   ServerInfo info;
   std::shared_ptr<ipc::ShmRegion> shm;
+  std::shared_ptr<ReservedChunk::Space> space;  // the publish half of shm
   FrameLimits limits = ClientLimits();
 
   ~Conn() {
@@ -134,6 +229,7 @@ struct Conn {
       death = s;
       all.swap(pending);
     }
+    if (space) space->Kill();  // reservations waiting for room fail now
     for (auto& [id, p] : all) Complete(p, s, std::nullopt);
   }
 
@@ -241,12 +337,6 @@ struct Client::Impl {
   std::atomic<std::uint64_t> next_id{1};
   ServerInfo info;
 
-  // Shared-memory publish slots (first half of the region).
-  std::mutex slot_mu;
-  std::condition_variable slot_cv;
-  std::vector<std::size_t> free_slots;
-  std::size_t slot_bytes = 0;
-  std::uint64_t slot_gen = 0;  // bumped per connection: old slots never come back
   std::mutex shm_fetch_mu;  // one fetch at a time uses the fetch window
 
   // The connection (and its reader thread, which calls back into the slots
@@ -423,6 +513,7 @@ Result<std::shared_ptr<Conn>> Client::Impl::Dial() {
       return Status::DeadlineExceeded("shared-memory handshake timed out");
     }
     if (!p->status.ok()) return p->status.WithContext("shared-memory handshake");
+    c->space = std::make_shared<ReservedChunk::Space>(c->shm, c->shm->size() / 2);
   }
   return c;
 }
@@ -437,14 +528,6 @@ Result<std::shared_ptr<Conn>> Client::Impl::Get() {
     if (c.ok()) {
       conn = *c;
       info = conn->info;
-      if (conn->shm) {
-        std::lock_guard<std::mutex> sl(slot_mu);
-        const std::size_t half = conn->shm->size() / 2;
-        slot_bytes = std::min<std::size_t>(half, conn->info.max_chunk_bytes);
-        free_slots.clear();
-        ++slot_gen;
-        for (std::size_t off = 0; slot_bytes > 0 && off + slot_bytes <= half; off += slot_bytes) free_slots.push_back(off);
-      }
       return conn;
     }
     last = c.status();
@@ -566,6 +649,12 @@ Result<LookupResult> Client::Lookup(const ModelId& model, std::span<const std::u
 
 // ---- publishing ---------------------------------------------------------------
 
+namespace {
+struct ShmPlace {
+  std::uint64_t offset = 0, length = 0;
+};
+}  // namespace
+
 struct PublishStream::State {
   std::shared_ptr<Client::Impl> impl_owner;  // the stream may outlive its Client
   Client::Impl* impl = nullptr;
@@ -608,6 +697,37 @@ struct PublishStream::State {
       Conn::Complete(p, s, std::nullopt);
     }
     return s;
+  }
+
+  // Sends the next chunk of the current layer: `bytes` inline, or, with
+  // `place`, the bytes at that place of the shared region. `after` runs once
+  // the daemon answered it (or the connection died).
+  Status SendChunk(std::span<const std::byte> bytes, std::function<void()> after,
+                   std::optional<ShmPlace> place = std::nullopt) {
+    if (layer == 0) {
+      if (after) after();
+      return Status::FailedPrecondition("a chunk before BeginLayer");
+    }
+    const std::uint64_t id = impl->NextId();
+    auto m = BuildRequest(
+        id,
+        [&](wire::Request::Builder r) {
+          auto c = r.initPublishChunk();
+          c.setPublish(publish);
+          c.setLayer(layer - 1);
+          c.setIndex(chunk);
+          if (place) {
+            auto s = c.initData().initShm();
+            s.setOffset(place->offset);
+            s.setLength(place->length);
+          } else {
+            c.initData().setInline(KjBytes(bytes));
+          }
+        },
+        ipc::WordsFor(bytes.size()));
+    PC_RETURN_IF_ERROR(SendPipelined(id, *m, std::move(after)));
+    ++chunk;
+    return Status::Ok();
   }
 };
 
@@ -664,57 +784,63 @@ Status PublishStream::BeginLayer(std::span<const std::byte> header, std::uint32_
 Status PublishStream::AddChunk(std::span<const std::byte> bytes) {
   if (!st_->open) return Status::FailedPrecondition("publish is closed");
   PC_RETURN_IF_ERROR(st_->Sticky());
-  if (st_->layer == 0) return Status::FailedPrecondition("AddChunk before BeginLayer");
-  Client::Impl* impl = st_->impl;
-  const std::uint64_t id = impl->NextId();
-  const std::uint32_t layer = st_->layer - 1;
-  const std::uint32_t index = st_->chunk;
-  auto& shm = st_->conn->shm;
-  if (shm && !bytes.empty() && bytes.size() <= impl->slot_bytes) {
-    std::size_t slot = 0;
-    std::uint64_t gen = 0;
-    {
-      std::unique_lock<std::mutex> l(impl->slot_mu);
-      gen = impl->slot_gen;
-      if (!impl->slot_cv.wait_for(l, impl->opts.timeout, [&] { return !impl->free_slots.empty() || st_->conn->dead; })) {
-        return Status::DeadlineExceeded("no shared-memory slot freed in time");
-      }
-      if (st_->conn->dead) return Status::Unavailable("connection to primecached lost");
-      slot = impl->free_slots.back();
-      impl->free_slots.pop_back();
-    }
-    std::memcpy(shm->data() + slot, bytes.data(), bytes.size());
-    auto m = BuildRequest(id, [&](wire::Request::Builder r) {
-      auto c = r.initPublishChunk();
-      c.setPublish(st_->publish);
-      c.setLayer(layer);
-      c.setIndex(index);
-      auto s = c.initData().initShm();
-      s.setOffset(slot);
-      s.setLength(bytes.size());
-    });
-    PC_RETURN_IF_ERROR(st_->SendPipelined(id, *m, [impl, slot, gen] {
-      {
-        std::lock_guard<std::mutex> l(impl->slot_mu);
-        if (impl->slot_gen == gen) impl->free_slots.push_back(slot);
-      }
-      impl->slot_cv.notify_one();
-    }));
-  } else {
-    auto m = BuildRequest(
-        id,
-        [&](wire::Request::Builder r) {
-          auto c = r.initPublishChunk();
-          c.setPublish(st_->publish);
-          c.setLayer(layer);
-          c.setIndex(index);
-          c.initData().setInline(KjBytes(bytes));
-        },
-        ipc::WordsFor(bytes.size()));
-    PC_RETURN_IF_ERROR(st_->SendPipelined(id, *m));
+  const auto& space = st_->conn->space;
+  if (space && !bytes.empty() && bytes.size() <= st_->conn->info.max_chunk_bytes &&
+      ReservedChunk::Space::Round(bytes.size()) <= space->limit) {
+    PC_ASSIGN_OR_RETURN(ReservedChunk chunk, ReserveChunk(bytes.size()));
+    std::memcpy(chunk.bytes().data(), bytes.data(), bytes.size());
+    return AddReservedChunk(std::move(chunk));
   }
-  ++st_->chunk;
-  return Status::Ok();
+  return st_->SendChunk(bytes, nullptr);
+}
+
+Result<ReservedChunk> PublishStream::ReserveChunk(std::size_t size) {
+  if (!st_->open) return Status::FailedPrecondition("publish is closed");
+  PC_RETURN_IF_ERROR(st_->Sticky());
+  const std::uint64_t max_chunk = st_->conn->info.max_chunk_bytes;
+  if (size == 0 || size > max_chunk) {
+    return Status::InvalidArgument("chunk of " + std::to_string(size) + " bytes: the daemon takes 1.." +
+                                   std::to_string(max_chunk));
+  }
+  ReservedChunk chunk;
+  const auto& space = st_->conn->space;
+  if (!space) {
+    chunk.own_ = std::make_unique_for_overwrite<std::byte[]>(size);
+    chunk.bytes_ = {chunk.own_.get(), size};
+    return chunk;
+  }
+  const std::uint64_t len = ReservedChunk::Space::Round(size);
+  if (len > space->limit) {
+    return Status::InvalidArgument("chunk of " + std::to_string(size) + " bytes is larger than the publish half of " +
+                                   "the shared region (" + std::to_string(space->limit) +
+                                   " bytes; raise ClientOptions::shared_memory_bytes)");
+  }
+  PC_ASSIGN_OR_RETURN(std::uint64_t off, space->Take(len, st_->impl->opts.timeout));
+  chunk.space_ = space;
+  chunk.offset_ = off;
+  chunk.reserved_ = len;
+  chunk.bytes_ = {space->region->data() + off, size};
+  return chunk;
+}
+
+Status PublishStream::AddReservedChunk(ReservedChunk chunk, std::size_t length) {
+  if (!st_->open) return Status::FailedPrecondition("publish is closed");
+  PC_RETURN_IF_ERROR(st_->Sticky());
+  if (length > chunk.size()) {
+    return Status::InvalidArgument("AddReservedChunk of " + std::to_string(length) + " bytes from a reservation of " +
+                                   std::to_string(chunk.size()));
+  }
+  if (!chunk.space_ || length == 0) return st_->SendChunk(chunk.bytes().first(length), nullptr);
+  if (chunk.space_ != st_->conn->space) {
+    return Status::FailedPrecondition("the chunk was reserved on another connection (the daemon restarted?)");
+  }
+  // The tail past `length` goes back now; the rest once the daemon stored it.
+  const std::uint64_t keep = ReservedChunk::Space::Round(length);
+  chunk.space_->Give(chunk.offset_ + keep, chunk.reserved_ - keep);
+  auto space = std::move(chunk.space_);
+  const std::uint64_t off = chunk.offset_;
+  chunk.GiveBack();  // owns nothing any more
+  return st_->SendChunk({}, [space, off, keep] { space->Give(off, keep); }, ShmPlace{off, length});
 }
 
 Result<PublishResult> PublishStream::Commit() {

@@ -25,8 +25,10 @@
 // stream was lost with the connection; the daemon aborted it).
 //
 // Shared memory: with ClientOptions::shared_memory the client creates a memfd
-// region, maps it and passes it to the daemon. Publish chunks are placed in it
-// and fetched chunks arrive in it; only offsets cross the socket. region()
+// region, maps it and passes it to the daemon. Its first half carries publish
+// chunks (PublishStream::ReserveChunk lets an encoder write a chunk there in
+// place; AddChunk copies it there), its second half is the fetch window that
+// fetched chunks arrive in; only offsets cross the socket. region()
 // exposes it so an engine can register it as pinned memory
 // (cudaHostRegister(region().base, region().size, ...)) and copy straight from
 // the bytes a FetchCallbacks::on_chunk sees.
@@ -198,6 +200,40 @@ struct SharedRegion {
 
 class Client;
 
+// Space for one chunk that an encoder writes in place (PublishStream::
+// ReserveChunk), then hands over with PublishStream::AddReservedChunk. With
+// shared memory it lies in the publish half of region(), so the chunk is
+// written once on the host and only its offset crosses the socket; without
+// shared memory (TCP) it is a private buffer sent inline. Move-only; one that
+// is destroyed without being added gives its space back. Its bytes may be
+// written from any thread; it may outlive its stream and its Client.
+class ReservedChunk {
+ public:
+  ReservedChunk() = default;
+  ~ReservedChunk();
+  ReservedChunk(ReservedChunk&& other) noexcept;
+  ReservedChunk& operator=(ReservedChunk&& other) noexcept;
+  ReservedChunk(const ReservedChunk&) = delete;
+  ReservedChunk& operator=(const ReservedChunk&) = delete;
+
+  // The reserved bytes (empty for a default-constructed or added chunk).
+  std::span<std::byte> bytes() const { return bytes_; }
+  std::size_t size() const { return bytes_.size(); }
+  // True when the bytes lie in the shared region.
+  bool in_shared_memory() const { return space_ != nullptr; }
+
+  struct Space;  // internal: the publish half's allocator
+
+ private:
+  friend class PublishStream;
+  void GiveBack();
+  std::shared_ptr<Space> space_;  // null: a private buffer (own_)
+  std::unique_ptr<std::byte[]> own_;
+  std::span<std::byte> bytes_;
+  std::uint64_t offset_ = 0;    // in the region
+  std::uint64_t reserved_ = 0;  // bytes taken from the allocator (bytes_ rounded up)
+};
+
 // A publish being streamed: layers in order, each a header then its chunks,
 // then Commit (or Abort). Chunks are pipelined: AddChunk returns once the
 // chunk is sent, not when it is stored. Destroying an uncommitted stream
@@ -209,7 +245,30 @@ class PublishStream {
   PublishStream& operator=(const PublishStream&) = delete;
 
   Status BeginLayer(std::span<const std::byte> header, std::uint32_t chunk_count);
+  // Sends the next chunk of the current layer. With shared memory it is
+  // copied into the region (one copy; ReserveChunk avoids it); a chunk larger
+  // than the publish half of the region travels inline.
   Status AddChunk(std::span<const std::byte> bytes);
+
+  // Space for a chunk of up to `size` bytes (1..max_chunk_bytes), for an
+  // encoder to write the chunk in place. Several may be held at once and
+  // filled on other threads; each is added (in chunk order) or dropped.
+  // With shared memory the space comes from the publish half of region(),
+  // shared by every stream of the Client and given back when the daemon has
+  // stored the chunk; when it is full this waits (up to
+  // ClientOptions::timeout, then kDeadlineExceeded) for chunks to be
+  // stored or reservations dropped. kInvalidArgument: `size` is 0, over the
+  // daemon's max_chunk_bytes, or over the publish half of the region.
+  Result<ReservedChunk> ReserveChunk(std::size_t size);
+  // Sends the first `length` bytes of `chunk` (length <= chunk.size(); the
+  // rest is given back at once) as the next chunk of the current layer. The
+  // bytes must not change until the stream commits or aborts; the space is
+  // reused once the daemon has stored them.
+  Status AddReservedChunk(ReservedChunk chunk, std::size_t length);
+  Status AddReservedChunk(ReservedChunk chunk) {
+    const std::size_t n = chunk.size();
+    return AddReservedChunk(std::move(chunk), n);
+  }
   Result<PublishResult> Commit();
   Status Abort();
 
