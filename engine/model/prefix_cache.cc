@@ -450,29 +450,56 @@ Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::span<con
   if (client_ == nullptr) return Status::Unavailable("prefix cache: no daemon");
   PC_ASSIGN_OR_RETURN(auto stream,
                       client_->BeginPublish(model_id_, tokens, static_cast<std::uint32_t>(layers.size())));
-  for (const engine::LayerSnapshotView& view : layers) {
-    PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(ShapeOfView(view), PlanesOfView(view), options_.encode));
-    // Every chunk is written once, by the encoder, reading the planes where
-    // they lie; the header (which records every chunk) goes first.
-    std::uint64_t room = 0;
-    for (std::size_t i = 0; i < enc.chunk_count(); ++i) room += enc.MaxChunkBytes(i);
-    if (chunk_scratch_.size() < room) chunk_scratch_.resize(room);
-    std::vector<std::span<const std::byte>> chunks;
-    std::span<std::byte> free(chunk_scratch_);
-    for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
-      PC_ASSIGN_OR_RETURN(std::size_t n, enc.EncodeChunk(i, free.first(enc.MaxChunkBytes(i))));
-      chunks.push_back(free.first(n));
-      free = free.subspan(n);
-    }
-    PC_ASSIGN_OR_RETURN(LayerHeader header, enc.Finish());
-    const std::string h = SerializeLayerHeader(header);
-    PC_RETURN_IF_ERROR(stream->BeginLayer(AsBytes(h), static_cast<std::uint32_t>(chunks.size())));
-    for (std::span<const std::byte> c : chunks) {
-      PC_RETURN_IF_ERROR(stream->AddChunk(c));
-      published_bytes_ += c.size();
-    }
-  }
+  for (const engine::LayerSnapshotView& view : layers) PC_RETURN_IF_ERROR(PublishLayer(*stream, view));
   return stream->Commit().status();
+}
+
+// Every chunk is written once, by the encoder, reading the planes where they
+// lie. The header (which records every chunk) goes first, so a layer's chunks
+// are all encoded before any is sent: into space reserved in the client's
+// shared region when the layer fits in part of its publish half (nothing is
+// copied again), else into the worker's scratch, from which AddChunk copies
+// them into the region.
+Status PrefixCache::PublishLayer(client::PublishStream& stream, const engine::LayerSnapshotView& view) {
+  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(ShapeOfView(view), PlanesOfView(view), options_.encode));
+  // The client hands out region space in 4 KiB extents (ReservedChunk).
+  constexpr std::uint64_t kExtent = 4096;
+  std::uint64_t room = 0, extents = 0;
+  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
+    room += enc.MaxChunkBytes(i);
+    extents += (enc.MaxChunkBytes(i) + kExtent - 1) / kExtent * kExtent;
+  }
+  const client::SharedRegion region = client_->region();
+  // A layer's reservations are all held at once: three quarters of the publish
+  // half at most, so one layer never waits on space only its own chunks hold.
+  const bool in_place = region.base != nullptr && extents <= region.size / 2 / 4 * 3;
+  std::vector<client::ReservedChunk> reserved;
+  std::vector<std::span<const std::byte>> chunks;
+  if (!in_place && chunk_scratch_.size() < room) chunk_scratch_.resize(room);
+  std::span<std::byte> scratch(chunk_scratch_);
+  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
+    std::span<std::byte> space;
+    if (in_place) {
+      PC_ASSIGN_OR_RETURN(client::ReservedChunk rc, stream.ReserveChunk(enc.MaxChunkBytes(i)));
+      space = rc.bytes();
+      reserved.push_back(std::move(rc));
+    } else {
+      space = scratch.first(enc.MaxChunkBytes(i));
+    }
+    PC_ASSIGN_OR_RETURN(std::size_t n, enc.EncodeChunk(i, space));
+    chunks.push_back(space.first(n));
+    if (!in_place) scratch = scratch.subspan(n);
+  }
+  PC_ASSIGN_OR_RETURN(LayerHeader header, enc.Finish());
+  const std::string h = SerializeLayerHeader(header);
+  PC_RETURN_IF_ERROR(stream.BeginLayer(AsBytes(h), static_cast<std::uint32_t>(chunks.size())));
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    PC_RETURN_IF_ERROR(in_place ? stream.AddReservedChunk(std::move(reserved[i]), chunks[i].size())
+                                : stream.AddChunk(chunks[i]));
+    published_bytes_ += chunks[i].size();
+  }
+  if (in_place) in_place_layers_ += 1;
+  return Status::Ok();
 }
 
 void PrefixCache::PublishLoop() {

@@ -118,6 +118,8 @@ class PrefixCache {
   std::uint64_t published() const;
   // Encoded chunk bytes Publish has handed to the daemon, in all.
   std::uint64_t published_bytes() const { return published_bytes_.load(); }
+  // Layers Publish encoded straight into the client's shared region.
+  std::uint64_t in_place_layers() const { return in_place_layers_.load(); }
 
  private:
   // Restores the longest stored prefix of `tokens` into the fresh session;
@@ -128,6 +130,7 @@ class PrefixCache {
   // (once) when the connection is gone, else what the daemon answered.
   void NoteFailure(const std::string& what, const Status& why);
   void PublishLoop();
+  Status PublishLayer(client::PublishStream& stream, const engine::LayerSnapshotView& view);
   Status GrowStaging(std::uint64_t bytes);
   // Registers the client's current shared region with the device (again
   // after a reconnect gave it a new one); a failure only costs speed.
@@ -162,6 +165,7 @@ class PrefixCache {
   std::size_t failed_ = 0;
   std::uint64_t published_ = 0;
   std::atomic<std::uint64_t> published_bytes_{0};
+  std::atomic<std::uint64_t> in_place_layers_{0};
   std::thread worker_;
 };
 

@@ -117,10 +117,11 @@ struct Harness {
     id = PrefixCache::ModelIdFor(c, weights);
   }
   std::unique_ptr<PrefixCache> Cache(const Daemon* d, const std::string& ns = "t", bool shm = false,
-                                     PrefixCacheOptions options = {}) {
+                                     PrefixCacheOptions options = {}, std::size_t shm_bytes = 0) {
     std::unique_ptr<client::Client> cl;
     if (d != nullptr) {
       client::ClientOptions o = d->Options(ns, shm);
+      if (shm_bytes != 0) o.shared_memory_bytes = shm_bytes;
       o.reconnect_attempts = 2;
       auto c = client::Client::Connect(o);
       EXPECT_TRUE(c.ok()) << c.status().ToString();
@@ -240,6 +241,7 @@ TEST_P(RegionRestoreTest, RestoreThroughTheRegionIsTheInProcessRestore) {
   cache->Finish(*first);
   ASSERT_EQ(cache->Drain(), 0u);
   ASSERT_EQ(cache->published(), 1u);
+  EXPECT_EQ(cache->in_place_layers(), h.config.layers.size()) << "every layer encoded straight into the region";
   const std::vector<LayerSnapshot> captured = Planes(first->session);
   // The in-process restore of the same state.
   auto local = h.cpu.model->NewSession();
@@ -309,6 +311,38 @@ TEST(PrefixCacheTest, RefusedStagedRestoreLeavesTheSessionFresh) {
     EXPECT_TRUE(SameBits(r->last_logits, plain));
     EXPECT_TRUE(r->session.cache->CheckInvariants().ok());
   }
+}
+
+
+// A shared region too small to hold a latent layer's chunks at once: those
+// layers are encoded into the worker's scratch and copied into the region,
+// the smaller ones in place; the restore through the same small region (its
+// fetch window a few chunks wide) is still bit for bit.
+TEST(PrefixCacheTest, LayersLargerThanTheRegionPublishThroughScratch) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  Harness h(Mixed(), 0);
+  PrefixCacheOptions opt;
+  opt.staging = PrefixCacheOptions::Staging::kDevice;
+  opt.encode.all_planes = TransformSpec{"raw/v1", 0};
+  opt.encode.target_chunk_bytes = 256;
+  auto cache = h.Cache(&daemon, "t", /*shm=*/true, opt, /*shm_bytes=*/64 << 10);
+  const auto prefix = Prompt(45, 11);
+  std::vector<std::uint32_t> full = prefix;
+  full.push_back(9);
+  auto first = cache->Prime(prefix);
+  ASSERT_TRUE(first.ok());
+  cache->Finish(*first);
+  ASSERT_EQ(cache->Drain(), 0u);
+  EXPECT_GT(cache->in_place_layers(), 0u);
+  EXPECT_LT(cache->in_place_layers(), h.config.layers.size());
+  std::vector<float> reference;
+  ASSERT_TRUE(h.cpu.model->Prime(first->session, std::span(full).subspan(prefix.size()), LogitsWanted::kLast, &reference).ok());
+  auto second = cache->Prime(full);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->restored_tokens, prefix.size());
+  EXPECT_GT(second->direct_chunks, 0u);
+  EXPECT_TRUE(SameBits(second->last_logits, reference));
 }
 
 TEST(PrefixCacheTest, EntriesSurviveADaemonRestart) {
