@@ -36,25 +36,26 @@ bool IsIdentity(const Transform& t) {
   return t.id() == kRawTransform;
 }
 
-// Encodes one chunk's values and fills its record. The raw checksum covers
-// the values decoding will give back: the input itself for a lossless
-// transform, the decoded approximation for a lossy one.
-Status EncodeChunk(const Transform& t, std::int32_t level, std::span<const float> values, std::string* out,
-                   ChunkRecord* rec) {
-  PC_RETURN_IF_ERROR(t.Encode(values, level, out));
+// Encodes one chunk's values into `out` and fills its record. The raw
+// checksum covers the values decoding will give back: the input itself for a
+// lossless transform, the decoded approximation for a lossy one.
+Result<std::size_t> EncodeChunkInto(const Transform& t, std::int32_t level, std::span<const float> values,
+                                    std::span<std::byte> out, ChunkRecord* rec) {
+  PC_ASSIGN_OR_RETURN(std::size_t n, t.EncodeInto(values, level, out));
+  const std::span<const std::byte> encoded = out.first(n);
   rec->raw_bytes = values.size_bytes();
-  rec->encoded_bytes = out->size();
+  rec->encoded_bytes = n;
   if (!t.lossy()) {
     rec->raw_checksum = ChecksumOf(values);
-    rec->encoded_checksum = IsIdentity(t) ? rec->raw_checksum : Checksum64(AsBytes(*out));
-    return Status::Ok();
+    rec->encoded_checksum = IsIdentity(t) ? rec->raw_checksum : Checksum64(encoded);
+    return n;
   }
-  rec->encoded_checksum = Checksum64(AsBytes(*out));
+  rec->encoded_checksum = Checksum64(encoded);
   thread_local std::vector<float> decoded;
   decoded.resize(values.size());
-  PC_RETURN_IF_ERROR(t.Decode(AsBytes(*out), decoded).WithContext("decoding what was just encoded"));
+  PC_RETURN_IF_ERROR(t.Decode(encoded, decoded).WithContext("decoding what was just encoded"));
   rec->raw_checksum = ChecksumOf(decoded);
-  return Status::Ok();
+  return n;
 }
 
 // The number of chunks a plane of `rows` rows has at `chunk_rows` rows each.
@@ -131,25 +132,30 @@ Result<LayerSnapshot> DecodeLayer(const EncodedLayer& layer, const CodecLimits& 
 
 // ---- Encoding ------------------------------------------------------------------------
 
-Result<EncodedLayer> EncodeLayer(const LayerSnapshot& layer, const EncodeOptions& options) {
+Result<LayerEncoder> LayerEncoder::Create(const LayerShape& shape, std::vector<std::span<const float>> planes,
+                                          const EncodeOptions& options) {
   const CodecRegistry& registry = CodecRegistry::Default();
   const CodecLimits limits;
-  const LayerShape shape = ShapeOf(layer);
   PC_ASSIGN_OR_RETURN(const LayerCodec* codec, registry.KindFor(shape));
-  PC_RETURN_IF_ERROR(CheckSnapshot(layer).WithContext(codec->kind()));
   PC_ASSIGN_OR_RETURN(std::vector<PlaneLayout> layouts, codec->Planes(shape, limits));
   if (options.target_chunk_bytes < sizeof(float) || options.target_chunk_bytes > limits.max_chunk_bytes) {
     return Status::InvalidArgument("target_chunk_bytes " + N(options.target_chunk_bytes) + " outside [4, " +
                                    N(limits.max_chunk_bytes) + "]");
   }
-  const std::vector<std::span<const float>> data = codec->PlaneData(layer);
-
-  EncodedLayer out;
-  out.header.kind = std::string(codec->kind());
-  out.header.shape = shape;
+  if (planes.size() != layouts.size()) {
+    return Status::InvalidArgument(std::string(codec->kind()) + ": " + N(planes.size()) + " planes given; the kind has " +
+                                   N(layouts.size()));
+  }
+  LayerEncoder e;
+  e.header_.kind = std::string(codec->kind());
+  e.header_.shape = shape;
   for (std::size_t p = 0; p < layouts.size(); ++p) {
     const PlaneLayout& lay = layouts[p];
     const std::string where = std::string(codec->kind()) + " plane " + std::string(PlaneName(lay.id));
+    if (planes[p].size() != lay.values()) {
+      return Status::InvalidArgument(where + " holds " + N(planes[p].size()) + " floats, the shape says " +
+                                     N(lay.values()));
+    }
     const TransformSpec spec = options.ForPlane(lay.id);
     PC_ASSIGN_OR_RETURN(const Transform* t, registry.FindTransform(spec.id));
     if (t->lossy() && !lay.lossy_allowed) {
@@ -157,25 +163,63 @@ Result<EncodedLayer> EncodeLayer(const LayerSnapshot& layer, const EncodeOptions
                                      " refused (only latent rows may be stored lossy)");
     }
     PC_RETURN_IF_ERROR(t->CheckLevel(spec.level).WithContext(where));
-
-    PlaneRecord rec{lay.id,   spec.id,       spec.level,
-                    lay.rows, lay.row_width, EncoderChunkRows(lay, options.target_chunk_bytes),
-                    {}};
+    PlaneRecord rec{lay.id, spec.id, spec.level, lay.rows, lay.row_width, EncoderChunkRows(lay, options.target_chunk_bytes), {}};
     for (std::uint64_t first = 0; first < lay.rows && rec.chunk_rows != 0; first += rec.chunk_rows) {
       const std::uint64_t rows = std::min(rec.chunk_rows, lay.rows - first);
-      std::span<const float> values = data[p].subspan(first * lay.row_width, rows * lay.row_width);
-      std::string bytes;
-      ChunkRecord c;
-      PC_RETURN_IF_ERROR(EncodeChunk(*t, spec.level, values, &bytes, &c).WithContext(where));
-      rec.chunks.push_back(c);
-      out.chunks.push_back(std::move(bytes));
+      e.locations_.push_back({p, rec.chunks.size(), first, rows, first * lay.row_width, rows * lay.row_width});
+      rec.chunks.emplace_back();
     }
-    out.header.planes.push_back(std::move(rec));
+    e.header_.planes.push_back(std::move(rec));
+    e.transforms_.push_back(t);
   }
-  if (out.chunks.size() > limits.max_chunks) {
-    return Status::ResourceExhausted(N(out.chunks.size()) + " chunks exceed the limit of " +
-                                     N(limits.max_chunks) + "; raise target_chunk_bytes");
+  if (e.locations_.size() > limits.max_chunks) {
+    return Status::ResourceExhausted(N(e.locations_.size()) + " chunks exceed the limit of " + N(limits.max_chunks) +
+                                     "; raise target_chunk_bytes");
   }
+  e.planes_ = std::move(planes);
+  e.encoded_.assign(e.locations_.size(), 0);
+  return e;
+}
+
+std::uint64_t LayerEncoder::MaxChunkBytes(std::size_t i) const {
+  if (i >= locations_.size()) return 0;
+  return transforms_[locations_[i].plane]->MaxEncodedSize(locations_[i].value_count);
+}
+
+Result<std::size_t> LayerEncoder::EncodeChunk(std::size_t i, std::span<std::byte> out) {
+  if (i >= locations_.size()) {
+    return Status::InvalidArgument("chunk " + N(i) + " of a layer of " + N(locations_.size()) + " chunks");
+  }
+  const ChunkLocation& loc = locations_[i];
+  PlaneRecord& rec = header_.planes[loc.plane];
+  const std::span<const float> values = planes_[loc.plane].subspan(loc.value_offset, loc.value_count);
+  const std::string where = header_.kind + " plane " + std::string(PlaneName(rec.id));
+  Result<std::size_t> n = EncodeChunkInto(*transforms_[loc.plane], rec.level, values, out, &rec.chunks[loc.index]);
+  if (!n.ok()) return n.status().WithContext(where);
+  encoded_[i] = 1;
+  return *n;
+}
+
+Result<LayerHeader> LayerEncoder::Finish() const {
+  for (std::size_t i = 0; i < encoded_.size(); ++i) {
+    if (encoded_[i] == 0) return Status::FailedPrecondition(header_.kind + ": chunk " + N(i) + " was not encoded");
+  }
+  return header_;
+}
+
+Result<EncodedLayer> EncodeLayer(const LayerSnapshot& layer, const EncodeOptions& options) {
+  PC_ASSIGN_OR_RETURN(const LayerCodec* codec, CodecRegistry::Default().KindFor(ShapeOf(layer)));
+  PC_RETURN_IF_ERROR(CheckSnapshot(layer).WithContext(codec->kind()));
+  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(ShapeOf(layer), codec->PlaneData(layer), options));
+  EncodedLayer out;
+  out.chunks.resize(enc.chunk_count());
+  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
+    std::string& bytes = out.chunks[i];
+    bytes.resize(enc.MaxChunkBytes(i));
+    PC_ASSIGN_OR_RETURN(std::size_t n, enc.EncodeChunk(i, std::as_writable_bytes(std::span(bytes))));
+    bytes.resize(n);
+  }
+  PC_ASSIGN_OR_RETURN(out.header, enc.Finish());
   return out;
 }
 
@@ -226,6 +270,36 @@ Result<LayerDecoder> LayerDecoder::Create(LayerHeader header, const CodecLimits&
   return d;
 }
 
+std::string LayerDecoder::ChunkWhere(std::size_t i) const {
+  const ChunkLocation& loc = locations_[i];
+  return header_.kind + " " + std::string(PlaneName(layouts_[loc.plane].id)) + " chunk " + N(loc.index) +
+         " (rows [" + N(loc.first_row) + ", " + N(loc.first_row + loc.rows) + "))";
+}
+
+bool LayerDecoder::ChunkIsRaw(std::size_t i) const {
+  return i < locations_.size() && IsIdentity(*transforms_[locations_[i].plane]);
+}
+
+Status LayerDecoder::CheckEncoded(std::size_t i, std::span<const std::byte> encoded) const {
+  if (i >= locations_.size()) {
+    return Status::InvalidArgument("chunk " + N(i) + " of a layer of " + N(locations_.size()) + " chunks");
+  }
+  const ChunkLocation& loc = locations_[i];
+  const ChunkRecord& rec = header_.planes[loc.plane].chunks[loc.index];
+  if (encoded.size() != rec.encoded_bytes) {
+    return Status::Corruption(ChunkWhere(i) + ": " + N(encoded.size()) + " encoded bytes; the header records " +
+                              N(rec.encoded_bytes));
+  }
+  if (verify_checksums_ && Checksum64(encoded) != rec.encoded_checksum) {
+    return Status::Corruption(ChunkWhere(i) + ": checksum mismatch on the encoded bytes");
+  }
+  // raw/v1's values are its encoded bytes: both checksums are one hash.
+  if (verify_checksums_ && IsIdentity(*transforms_[loc.plane]) && rec.raw_checksum != rec.encoded_checksum) {
+    return Status::Corruption(ChunkWhere(i) + ": checksum mismatch on the decoded (raw) bytes");
+  }
+  return Status::Ok();
+}
+
 Status LayerDecoder::DecodeChunk(std::size_t i, std::span<const std::byte> encoded,
                                  std::span<float> plane) const {
   if (i >= locations_.size()) {
@@ -234,19 +308,12 @@ Status LayerDecoder::DecodeChunk(std::size_t i, std::span<const std::byte> encod
   const ChunkLocation& loc = locations_[i];
   const PlaneLayout& lay = layouts_[loc.plane];
   const ChunkRecord& rec = header_.planes[loc.plane].chunks[loc.index];
-  const std::string where = header_.kind + " " + std::string(PlaneName(lay.id)) + " chunk " + N(loc.index) +
-                            " (rows [" + N(loc.first_row) + ", " + N(loc.first_row + loc.rows) + "))";
+  const std::string where = ChunkWhere(i);
   if (plane.size() != lay.values()) {
     return Status::InvalidArgument(where + ": destination holds " + N(plane.size()) +
                                    " floats; the plane has " + N(lay.values()));
   }
-  if (encoded.size() != rec.encoded_bytes) {
-    return Status::Corruption(where + ": " + N(encoded.size()) + " encoded bytes; the header records " +
-                              N(rec.encoded_bytes));
-  }
-  if (verify_checksums_ && Checksum64(encoded) != rec.encoded_checksum) {
-    return Status::Corruption(where + ": checksum mismatch on the encoded bytes");
-  }
+  PC_RETURN_IF_ERROR(CheckEncoded(i, encoded));
   std::span<float> dst = plane.subspan(loc.value_offset, loc.value_count);
   const Transform& t = *transforms_[loc.plane];
   PC_RETURN_IF_ERROR(AsCorruption(t.Decode(encoded, dst)).WithContext(where));

@@ -25,6 +25,12 @@ Status SizeMismatch(std::string_view id, std::uint64_t got, std::uint64_t want, 
                             std::to_string(values) + " values take exactly " + std::to_string(want));
 }
 
+Status Room(std::string_view id, std::size_t have, std::uint64_t need) {
+  if (have >= need) return Status::Ok();
+  return Status::InvalidArgument(std::string(id) + ": " + std::to_string(have) + " bytes of room; encoding may take " +
+                                 std::to_string(need));
+}
+
 Status NoLevel(std::string_view id, std::int32_t level) {
   if (level == 0) return Status::Ok();
   return Status::InvalidArgument(std::string(id) + " takes no level; got " + std::to_string(level));
@@ -62,11 +68,13 @@ class RawTransform final : public Transform {
   std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values) const override { return values * 4; }
   std::uint64_t MaxEncodedSize(std::uint64_t values) const override { return values * 4; }
 
-  Status Encode(std::span<const float> values, std::int32_t level, std::string* out) const override {
+  Result<std::size_t> EncodeInto(std::span<const float> values, std::int32_t level,
+                                 std::span<std::byte> out) const override {
     PC_RETURN_IF_ERROR(CheckLevel(level));
+    PC_RETURN_IF_ERROR(Room(id(), out.size(), MaxEncodedSize(values.size())));
     auto b = FloatBytes(values);
-    out->assign(reinterpret_cast<const char*>(b.data()), b.size());
-    return Status::Ok();
+    if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());
+    return b.size();
   }
 
   Status Decode(std::span<const std::byte> encoded, std::span<float> out) const override {
@@ -111,23 +119,23 @@ class ShuffleZstdTransform final : public Transform {
     return ZSTD_compressBound(static_cast<std::size_t>(values * 4));
   }
 
-  Status Encode(std::span<const float> values, std::int32_t level, std::string* out) const override {
+  Result<std::size_t> EncodeInto(std::span<const float> values, std::int32_t level,
+                                 std::span<std::byte> out) const override {
     PC_RETURN_IF_ERROR(CheckLevel(level));
+    PC_RETURN_IF_ERROR(Room(id(), out.size(), MaxEncodedSize(values.size())));
     const std::size_t n = values.size(), raw = values.size_bytes();
     std::byte* shuffled = ThreadScratch().Get(raw);
     ShuffleBytes4(FloatBytes(values).data(), n, shuffled);
     ZstdContexts& z = ThreadZstd();
     if (z.c == nullptr && (z.c = ZSTD_createCCtx()) == nullptr)
       return Status::ResourceExhausted("ZSTD_createCCtx");
-    out->resize(ZSTD_compressBound(raw));
     // ZSTD_compressCCtx sets every parameter from the level: the output is a
     // function of (input, level, library version) only, with the content size
     // recorded in the frame.
-    std::size_t got = ZSTD_compressCCtx(z.c, out->data(), out->size(), shuffled, raw, level);
+    std::size_t got = ZSTD_compressCCtx(z.c, out.data(), out.size(), shuffled, raw, level);
     if (ZSTD_isError(got))
       return Status::Internal(std::string("zstd compression: ") + ZSTD_getErrorName(got));
-    out->resize(got);
-    return Status::Ok();
+    return got;
   }
 
   Status Decode(std::span<const std::byte> encoded, std::span<float> out) const override {
@@ -190,15 +198,16 @@ class Bf16Transform final : public Transform {
   std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values) const override { return values * 2; }
   std::uint64_t MaxEncodedSize(std::uint64_t values) const override { return values * 2; }
 
-  Status Encode(std::span<const float> values, std::int32_t level, std::string* out) const override {
+  Result<std::size_t> EncodeInto(std::span<const float> values, std::int32_t level,
+                                 std::span<std::byte> out) const override {
     PC_RETURN_IF_ERROR(CheckLevel(level));
-    out->resize(values.size() * 2);
-    auto* dst = reinterpret_cast<unsigned char*>(out->data());
+    PC_RETURN_IF_ERROR(Room(id(), out.size(), MaxEncodedSize(values.size())));
+    auto* dst = reinterpret_cast<unsigned char*>(out.data());
     for (std::size_t i = 0; i < values.size(); ++i) {
       std::uint16_t b = ToBf16(values[i]);
       std::memcpy(dst + 2 * i, &b, 2);
     }
-    return Status::Ok();
+    return values.size() * 2;
   }
 
   Status Decode(std::span<const std::byte> encoded, std::span<float> out) const override {
@@ -243,10 +252,11 @@ class Q8_0Transform final : public Transform {
   }
   std::uint64_t MaxEncodedSize(std::uint64_t values) const override { return Q8EncodedSize(values); }
 
-  Status Encode(std::span<const float> values, std::int32_t level, std::string* out) const override {
+  Result<std::size_t> EncodeInto(std::span<const float> values, std::int32_t level,
+                                 std::span<std::byte> out) const override {
     PC_RETURN_IF_ERROR(CheckLevel(level));
-    out->resize(Q8EncodedSize(values.size()));
-    auto* dst = reinterpret_cast<unsigned char*>(out->data());
+    PC_RETURN_IF_ERROR(Room(id(), out.size(), MaxEncodedSize(values.size())));
+    auto* dst = reinterpret_cast<unsigned char*>(out.data());
     for (std::size_t start = 0; start < values.size(); start += kQ8Block) {
       const std::size_t len = std::min(kQ8Block, values.size() - start);
       float amax = 0.0f;
@@ -268,7 +278,7 @@ class Q8_0Transform final : public Transform {
       }
       dst += len;
     }
-    return Status::Ok();
+    return static_cast<std::size_t>(Q8EncodedSize(values.size()));
   }
 
   Status Decode(std::span<const std::byte> encoded, std::span<float> out) const override {
@@ -301,6 +311,21 @@ class Q8_0Transform final : public Transform {
 };
 
 }  // namespace
+
+}  // namespace primecache::codecs
+
+namespace primecache {
+
+Status Transform::Encode(std::span<const float> values, std::int32_t level, std::string* out) const {
+  out->resize(MaxEncodedSize(values.size()));
+  PC_ASSIGN_OR_RETURN(std::size_t n, EncodeInto(values, level, std::as_writable_bytes(std::span(*out))));
+  out->resize(n);
+  return Status::Ok();
+}
+
+}  // namespace primecache
+
+namespace primecache::codecs {
 
 std::vector<const Transform*> BuiltinTransforms() {
   static const RawTransform raw;

@@ -1,5 +1,6 @@
 // Capture: the full snapshot, the eager half through a snapshot slot, and the
 // deferred half that joins it at the captured boundary.
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -28,24 +29,6 @@ void AddWatch(std::vector<std::weak_ptr<RewindWatch>>* watches, const std::share
 
 Status LayerRefusal(std::size_t i, const std::string& why) {
   return Status::FailedPrecondition("layer " + N(i) + ": " + why);
-}
-
-// A KV layer's held rows at a boundary of `len` tokens, downloaded on the
-// compute lane in logical order: rows [0, len) of a plain layer, the live
-// buffer's [first_held, len) of a rotating one (len is then the layer's own).
-Result<KvSnapshot> DownloadKv(Device& dev, const KvLayer& kv, std::uint64_t len) {
-  const KvPlan& p = kv.plan();
-  KvSnapshot s{len, p.k_width, p.v_width, {}, {}, p.format, p.format.rotating() ? kv.held_rows() : 0};
-  const std::uint64_t held = s.shape().held_rows(), first = p.format.rotating() ? kv.first_held() : 0;
-  s.k_rows.resize(held * s.k_width);
-  s.v_rows.resize(held * s.v_width);
-  for (const RingRun& r : RingRuns(first, held, kv.capacity())) {
-    PC_RETURN_IF_ERROR(dev.Download(s.k_rows.data() + r.offset * s.k_width, kv.k_rows() + r.physical * s.k_width,
-                                    r.rows * s.k_width * sizeof(float), Lane::kCompute));
-    PC_RETURN_IF_ERROR(dev.Download(s.v_rows.data() + r.offset * s.v_width, kv.v_rows() + r.physical * s.v_width,
-                                    r.rows * s.v_width * sizeof(float), Lane::kCompute));
-  }
-  return s;
 }
 
 // The eager capture of a rotating layer: its held rows, copied on the device
@@ -98,57 +81,179 @@ Status SessionCache::CheckCapturable() const {
   return Status::Ok();
 }
 
-// ---- full snapshot -------------------------------------------------------------
+// ---- where a capture's planes come from ----------------------------------------
 
-Result<std::vector<LayerSnapshot>> SessionCache::CaptureFull() {
-  PC_RETURN_IF_ERROR(CheckCapturable());
-  Device& dev = *core_->device;
-  std::vector<LayerSnapshot> out;
-  out.reserve(layers_.size());
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
-    if (LatentLayer* l = latent(i)) {
-      LatentPlaneSnapshot s;
-      s.len = l->len_;
-      s.width = l->width();
-      s.index_width = l->index_width();
-      s.pool = l->pool_;
-      s.pools_ready = l->pools_ready_;
-      s.index_is_ring = l->ring_ && l->plan_.has_indexer();
-      s.index_ring_rows = s.index_is_ring ? l->ring_rows_ : 0;
-      s.latent_rows.resize(s.len * s.width);
-      PC_RETURN_IF_ERROR(
-          dev.Download(s.latent_rows.data(), l->rows_, s.latent_rows.size() * sizeof(float), Lane::kCompute));
-      if (l->plan_.has_indexer()) {
-        s.pool_keys.resize(s.pools_ready * l->plan_.index_head_dim);
-        PC_RETURN_IF_ERROR(
-            dev.Download(s.pool_keys.data(), l->keys_, s.pool_keys.size() * sizeof(float), Lane::kCompute));
-        const std::uint64_t first = s.pools_ready * s.pool, tail = s.len - first;
-        s.index_tail_rows.resize(tail * s.index_width);
-        if (tail != 0) {
-          kernels::RingRowsArgs g{
-              l->index_, l->tail_scratch_, s.index_width, s.index_is_ring ? l->ring_rows_ : 0, first, tail};
-          PC_RETURN_IF_ERROR(dev.GatherRows(g, Lane::kCompute));
-          PC_RETURN_IF_ERROR(dev.Download(s.index_tail_rows.data(), l->tail_scratch_,
-                                          s.index_tail_rows.size() * sizeof(float), Lane::kCompute));
+// One copy of a capture: `values` floats from device memory (device non-null)
+// or host memory (host) into plane `plane` of the layer's view, at `offset`.
+struct SessionCache::Sources {
+  struct Run {
+    std::size_t plane = 0;
+    std::uint64_t offset = 0, values = 0;
+    const float* device = nullptr;
+    const float* host = nullptr;
+  };
+  std::vector<LayerShape> shapes;
+  std::vector<std::vector<Run>> runs;  // per layer
+
+  void FromDevice(std::size_t plane, std::uint64_t offset, const float* src, std::uint64_t values) {
+    if (values != 0) runs.back().push_back({plane, offset, values, src, nullptr});
+  }
+  void FromHost(std::size_t plane, std::span<const float> src) {
+    if (!src.empty()) runs.back().push_back({plane, 0, src.size(), nullptr, src.data()});
+  }
+  void NewLayer(LayerShape shape) {
+    shapes.push_back(shape);
+    runs.emplace_back();
+  }
+};
+
+namespace {
+
+// The planes of a layer of `shape` in view order, carved out of `base`.
+std::vector<std::span<float>> PlanesAt(const LayerShape& shape, float* base) {
+  std::vector<std::span<float>> planes;
+  const LayerSnapshotView v = ViewAt(shape, base);
+  std::visit(
+      [&](const auto& view) {
+        using V = std::decay_t<decltype(view)>;
+        auto add = [&](std::span<const float> p) { planes.emplace_back(const_cast<float*>(p.data()), p.size()); };
+        if constexpr (std::is_same_v<V, LatentView>) {
+          add(view.latent_rows), add(view.index_tail_rows), add(view.pool_keys);
+        } else if constexpr (std::is_same_v<V, RecurrentView>) {
+          add(view.conv_ring), add(view.state);
+        } else {
+          add(view.k_rows), add(view.v_rows);
         }
+      },
+      v);
+  return planes;
+}
+
+// A snapshot's planes in view order.
+std::vector<std::span<float>> PlanesOf(LayerSnapshot& layer) {
+  if (auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) return {l->latent_rows, l->index_tail_rows, l->pool_keys};
+  if (auto* r = std::get_if<RecurrentSnapshot>(&layer)) return {r->conv_ring, r->state};
+  auto& kv = std::get<KvSnapshot>(layer);
+  return {kv.k_rows, kv.v_rows};
+}
+
+// Every run of `src` into `dst` (per layer, its planes in view order). Runs
+// into pinned memory are enqueued on the compute lane back to back and the
+// lane is waited for once; pageable destinations go through the device's
+// staging, one run at a time.
+Status DownloadSources(Device& dev, const SessionCache::Sources& src,
+                       const std::vector<std::vector<std::span<float>>>& dst) {
+  bool async = false;
+  for (std::size_t l = 0; l < src.runs.size(); ++l) {
+    for (const auto& r : src.runs[l]) {
+      const std::span<float> to = dst[l][r.plane].subspan(r.offset, r.values);
+      if (r.host != nullptr) {
+        std::memcpy(to.data(), r.host, r.values * sizeof(float));
+      } else if (dev.IsPinned(to.data())) {
+        PC_RETURN_IF_ERROR(dev.DownloadAsync(to.data(), r.device, to.size_bytes(), Lane::kCompute));
+        async = true;
+      } else {
+        PC_RETURN_IF_ERROR(dev.Download(to.data(), r.device, to.size_bytes(), Lane::kCompute));
       }
-      out.emplace_back(std::move(s));
-    } else if (RecurrentLayer* r = recurrent(i)) {
-      RecurrentSnapshot s{r->plan_.heads, r->plan_.head_dim, r->plan_.kernel, {}, {}};
-      s.conv_ring.resize(r->plan_.conv_values());
-      s.state.resize(r->plan_.state_values());
-      PC_RETURN_IF_ERROR(
-          dev.Download(s.conv_ring.data(), r->conv_, s.conv_ring.size() * sizeof(float), Lane::kCompute));
-      PC_RETURN_IF_ERROR(
-          dev.Download(s.state.data(), r->state(), s.state.size() * sizeof(float), Lane::kCompute));
-      out.emplace_back(std::move(s));
-    } else {
-      const KvLayer* kv = this->kv(i);
-      PC_ASSIGN_OR_RETURN(KvSnapshot s, DownloadKv(dev, *kv, kv->len_));
-      out.emplace_back(std::move(s));
     }
   }
+  return async ? dev.Synchronize(Lane::kCompute) : Status::Ok();
+}
+
+// The sources as snapshots of their own (pageable vectors).
+Result<std::vector<LayerSnapshot>> ToSnapshots(Device& dev, const SessionCache::Sources& src) {
+  std::vector<LayerSnapshot> out;
+  std::vector<std::vector<std::span<float>>> dst;
+  out.reserve(src.shapes.size());
+  for (const LayerShape& shape : src.shapes) {
+    PC_ASSIGN_OR_RETURN(LayerSnapshot s, MakeSnapshot(shape));
+    out.push_back(std::move(s));
+    dst.push_back(PlanesOf(out.back()));
+  }
+  PC_RETURN_IF_ERROR(DownloadSources(dev, src, dst));
   return out;
+}
+
+// The sources into one block from `space`, as views of it.
+Result<std::vector<LayerSnapshotView>> ToBlock(Device& dev, const SessionCache::Sources& src,
+                                               const CaptureSpace& space) {
+  std::uint64_t floats = 0;
+  for (const LayerShape& shape : src.shapes) floats += ViewFloats(shape);
+  PC_ASSIGN_OR_RETURN(std::span<float> block, space(floats));
+  if (block.size() < floats) {
+    return Status::InvalidArgument("capture space of " + N(block.size()) + " floats; the capture takes " + N(floats));
+  }
+  std::vector<std::vector<std::span<float>>> dst;
+  std::vector<LayerSnapshotView> views;
+  float* at = block.data();
+  for (const LayerShape& shape : src.shapes) {
+    dst.push_back(PlanesAt(shape, at));
+    views.push_back(ViewAt(shape, at));
+    at += ViewFloats(shape);
+  }
+  PC_RETURN_IF_ERROR(DownloadSources(dev, src, dst));
+  return views;
+}
+
+// A KV layer's held rows at a boundary of `len` tokens, in logical order:
+// rows [0, len) of a plain layer, the live buffer's [first_held, len) of a
+// rotating one (len is then the layer's own).
+void KvSources(const KvLayer& kv, std::uint64_t len, SessionCache::Sources* src) {
+  const KvPlan& p = kv.plan();
+  const KvShape shape{len, p.k_width, p.v_width, p.format, p.format.rotating() ? kv.held_rows() : 0};
+  src->NewLayer(shape);
+  const std::uint64_t first = p.format.rotating() ? kv.first_held() : 0;
+  for (const RingRun& r : RingRuns(first, shape.held_rows(), kv.capacity())) {
+    src->FromDevice(0, r.offset * p.k_width, kv.k_rows() + r.physical * p.k_width, r.rows * p.k_width);
+    src->FromDevice(1, r.offset * p.v_width, kv.v_rows() + r.physical * p.v_width, r.rows * p.v_width);
+  }
+}
+
+}  // namespace
+
+// ---- full snapshot -------------------------------------------------------------
+
+Result<SessionCache::Sources> SessionCache::FullSources() {
+  PC_RETURN_IF_ERROR(CheckCapturable());
+  Device& dev = *core_->device;
+  Sources src;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    if (LatentLayer* l = latent(i)) {
+      const bool ring = l->ring_ && l->plan_.has_indexer();
+      const LatentShape s{l->len_, l->width(), l->index_width(), l->pool_, l->pools_ready_, ring,
+                          ring ? l->ring_rows_ : 0};
+      src.NewLayer(s);
+      src.FromDevice(0, 0, l->rows_, s.latent_values());
+      if (l->plan_.has_indexer()) {
+        const std::uint64_t first = s.pools_ready * s.pool, tail = s.len - first;
+        if (tail != 0) {
+          // The tail in logical order into the layer's scratch, in lane order
+          // before the downloads.
+          kernels::RingRowsArgs g{l->index_, l->tail_scratch_, s.index_width, s.index_ring_rows, first, tail};
+          PC_RETURN_IF_ERROR(dev.GatherRows(g, Lane::kCompute));
+        }
+        src.FromDevice(1, 0, l->tail_scratch_, s.tail_values());
+        src.FromDevice(2, 0, l->keys_, s.pool_key_values());
+      }
+    } else if (RecurrentLayer* r = recurrent(i)) {
+      src.NewLayer(RecurrentShape{r->plan_.heads, r->plan_.head_dim, r->plan_.kernel});
+      src.FromDevice(0, 0, r->conv_, r->plan_.conv_values());
+      src.FromDevice(1, 0, r->state(), r->plan_.state_values());
+    } else {
+      KvSources(*kv(i), kv(i)->len_, &src);
+    }
+  }
+  return src;
+}
+
+Result<std::vector<LayerSnapshot>> SessionCache::CaptureFull() {
+  PC_ASSIGN_OR_RETURN(Sources src, FullSources());
+  return ToSnapshots(*core_->device, src);
+}
+
+Result<std::vector<LayerSnapshotView>> SessionCache::CaptureFullInto(const CaptureSpace& space) {
+  PC_ASSIGN_OR_RETURN(Sources src, FullSources());
+  return ToBlock(*core_->device, src, space);
 }
 
 // ---- eager half ----------------------------------------------------------------
@@ -294,7 +399,7 @@ Result<EagerHalf> PendingCapture::Collect() {
 
 // ---- deferred half -------------------------------------------------------------
 
-Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager) {
+Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
   if (!broken_.empty()) return Status::FailedPrecondition("session cache is broken: " + broken_);
   if (eager.session_id != id_) {
     return Status::FailedPrecondition("the eager half was captured from session " + N(eager.session_id) +
@@ -390,43 +495,48 @@ Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager
     }
   }
 
-  Device& dev = *core_->device;
-  std::vector<LayerSnapshot> out;
-  out.reserve(layers_.size());
+  return Status::Ok();
+}
+
+// The eager half's planes stay in its vectors (host runs); the deferred ones
+// are the live layers' rows at the boundary (device runs).
+Result<SessionCache::Sources> SessionCache::CompletionSources(EagerHalf& eager) {
+  PC_RETURN_IF_ERROR(CheckCompletion(eager));
+  Sources src;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     EagerLayer& el = eager.layers[i];
     if (const LatentLayer* l = latent(i)) {
-      auto& e = std::get<EagerLatent>(el);
-      LatentPlaneSnapshot s;
-      s.len = e.len;
-      s.width = e.width;
-      s.index_width = e.index_width;
-      s.pool = e.pool;
-      s.pools_ready = e.pools_ready;
-      s.index_is_ring = e.index_is_ring;
-      s.index_ring_rows = e.index_ring_rows;
-      s.latent_rows.resize(s.len * s.width);
-      PC_RETURN_IF_ERROR(
-          dev.Download(s.latent_rows.data(), l->rows_, s.latent_rows.size() * sizeof(float), Lane::kCompute));
-      s.pool_keys.resize(s.pools_ready * l->plan_.index_head_dim);
-      PC_RETURN_IF_ERROR(
-          dev.Download(s.pool_keys.data(), l->keys_, s.pool_keys.size() * sizeof(float), Lane::kCompute));
-      s.index_tail_rows = std::move(e.tail_rows);
-      out.emplace_back(std::move(s));
+      const auto& e = std::get<EagerLatent>(el);
+      const LatentShape s{e.len, e.width, e.index_width, e.pool, e.pools_ready, e.index_is_ring, e.index_ring_rows};
+      src.NewLayer(s);
+      src.FromDevice(0, 0, l->rows_, s.latent_values());
+      src.FromHost(1, e.tail_rows);
+      src.FromDevice(2, 0, l->keys_, s.pool_key_values());
     } else if (recurrent(i) != nullptr) {
-      out.emplace_back(std::move(std::get<RecurrentSnapshot>(el)));
+      const auto& r = std::get<RecurrentSnapshot>(el);
+      src.NewLayer(r.shape());
+      src.FromHost(0, r.conv_ring);
+      src.FromHost(1, r.state);
+    } else if (const auto& e = std::get<EagerKv>(el); e.format.rotating()) {
+      src.NewLayer(KvShape{e.len, e.k_width, e.v_width, e.format, e.rows});
+      src.FromHost(0, e.k_rows);
+      src.FromHost(1, e.v_rows);
     } else {
-      auto& e = std::get<EagerKv>(el);
-      if (e.format.rotating()) {
-        out.emplace_back(KvSnapshot{e.len, e.k_width, e.v_width, std::move(e.k_rows), std::move(e.v_rows), e.format,
-                                    e.rows});
-        continue;
-      }
-      PC_ASSIGN_OR_RETURN(KvSnapshot s, DownloadKv(dev, *this->kv(i), e.len));
-      out.emplace_back(std::move(s));
+      KvSources(*kv(i), e.len, &src);
     }
   }
-  return out;
+  return src;
+}
+
+Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager) {
+  PC_ASSIGN_OR_RETURN(Sources src, CompletionSources(eager));
+  return ToSnapshots(*core_->device, src);
+}
+
+Result<std::vector<LayerSnapshotView>> SessionCache::CompleteCaptureInto(EagerHalf eager,
+                                                                         const CaptureSpace& space) {
+  PC_ASSIGN_OR_RETURN(Sources src, CompletionSources(eager));
+  return ToBlock(*core_->device, src, space);
 }
 
 }  // namespace primecache::engine

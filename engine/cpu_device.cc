@@ -23,6 +23,12 @@ class CpuDevice final : public Device {
     return used >= limit_ ? 0 : limit_ - used;
   }
   bool IsPinned(const void*) const override { return true; }
+  Status RegisterHost(void* host, std::size_t) override {
+    return host != nullptr ? Status::Ok() : Status::InvalidArgument("register: null pointer");
+  }
+  Status UnregisterHost(void* host) override {
+    return host != nullptr ? Status::Ok() : Status::InvalidArgument("unregister: null pointer");
+  }
   void* native_stream(Lane) const override { return nullptr; }
 
   Status Upload(void* dst, const void* src, std::size_t bytes, Lane) override {
@@ -68,6 +74,11 @@ class CpuDevice final : public Device {
     return true;
   }
   Status Synchronize(Lane) override { return Status::Ok(); }
+  Status AfterLane(Lane, std::function<void()> fn) override {
+    if (!fn) return Status::InvalidArgument("after lane: empty function");
+    fn();
+    return Status::Ok();
+  }
 
  protected:
   void* DoAllocate(std::size_t bytes, Status* st) override {

@@ -18,13 +18,21 @@
 // pinned memory (IsPinned; on the CPU backend all host memory qualifies) and
 // keep using it until the lane has passed the copy.
 //
+// Registered host memory. RegisterHost makes memory the caller owns (e.g. a
+// client's shared region) count as pinned for UploadAsync / DownloadAsync, so
+// the device's DMA reads it where it lies; it must stay mapped until
+// UnregisterHost.
+//
 // Thread-safety: a Device is used by one thread at a time, except that
-// allocation accounting is atomic. Memory objects must not outlive their device.
+// allocation accounting is atomic and UploadAsync, DownloadAsync, IsPinned and
+// AfterLane may be called from several threads at once (they keep no host-side
+// state). Memory objects must not outlive their device.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -114,6 +122,12 @@ class Device {
   virtual Result<std::uint64_t> FreeBytes() const = 0;
   // Whether a host pointer may be used with UploadAsync / DownloadAsync.
   virtual bool IsPinned(const void* host) const = 0;
+  // Registers [host, host + bytes) for asynchronous copies (CUDA:
+  // cudaHostRegister; CPU: nothing, all host memory qualifies). Registering
+  // costs tens of ms per GiB: do it once for a long-lived region.
+  virtual Status RegisterHost(void* host, std::size_t bytes) = 0;
+  // Undoes RegisterHost(host, ...); call it before the memory is unmapped.
+  virtual Status UnregisterHost(void* host) = 0;
   // The backend's native queue behind a lane (a cudaStream_t on CUDA; null on
   // the CPU backend), for code that launches its own kernels in lane order.
   virtual void* native_stream(Lane lane) const = 0;
@@ -147,6 +161,11 @@ class Device {
   virtual Result<bool> Query(const Event& event) = 0;
   // Blocks until everything enqueued on `lane` has run.
   virtual Status Synchronize(Lane lane) = 0;
+  // Runs fn on a host thread once the work enqueued on `lane` before this call
+  // has run (CUDA: cudaLaunchHostFunc; CPU: at once, on the calling thread).
+  // fn must be quick and must not call the device; it is how a copy's source
+  // is handed back without a per-copy synchronize. On an error fn never runs.
+  virtual Status AfterLane(Lane lane, std::function<void()> fn) = 0;
 
  protected:
   Device() = default;

@@ -59,6 +59,34 @@ LayerSnapshotView ViewOf(const LayerSnapshot& layer) {
   return KvView{kv.shape(), kv.k_rows, kv.v_rows};
 }
 
+std::uint64_t ViewFloats(const LayerShape& shape) {
+  if (const auto* l = std::get_if<LatentShape>(&shape))
+    return l->latent_values() + l->tail_values() + l->pool_key_values();
+  if (const auto* r = std::get_if<RecurrentShape>(&shape)) return r->conv_values() + r->state_values();
+  const auto& kv = std::get<KvShape>(shape);
+  return kv.k_values() + kv.v_values();
+}
+
+LayerSnapshotView ViewAt(const LayerShape& shape, const float* base) {
+  auto take = [&base](std::uint64_t n) {
+    std::span<const float> s(base, n);
+    base += n;
+    return s;
+  };
+  if (const auto* l = std::get_if<LatentShape>(&shape)) {
+    auto rows = take(l->latent_values());
+    auto tail = take(l->tail_values());
+    return LatentView{*l, rows, tail, take(l->pool_key_values())};
+  }
+  if (const auto* r = std::get_if<RecurrentShape>(&shape)) {
+    auto conv = take(r->conv_values());
+    return RecurrentView{*r, conv, take(r->state_values())};
+  }
+  const auto& kv = std::get<KvShape>(shape);
+  auto k = take(kv.k_values());
+  return KvView{kv, k, take(kv.v_values())};
+}
+
 std::vector<LayerSnapshotView> ViewsOf(std::span<const LayerSnapshot> layers) {
   std::vector<LayerSnapshotView> v;
   v.reserve(layers.size());
@@ -156,13 +184,16 @@ Status SessionCache::Restore(std::span<const LayerSnapshot> layers) {
   return Restore(v);
 }
 
-Status SessionCache::Restore(std::span<const LayerSnapshotView> layers) {
+Status SessionCache::Restore(std::span<const LayerSnapshotView> layers, PlaneResidence residence) {
   PC_RETURN_IF_ERROR(ValidateRestore(layers));
   Device& dev = *core_->device;
-  // Pinned planes go up asynchronously and the lane is drained once at the
-  // end; pageable ones go through the device's pinned staging.
-  auto upload = [&dev](void* dst, std::span<const float> src) -> Status {
+  // Planes staged on the device are copied there; pinned planes go up
+  // asynchronously and the lane is drained once at the end; pageable ones go
+  // through the device's pinned staging.
+  auto upload = [&dev, residence](void* dst, std::span<const float> src) -> Status {
     if (src.empty()) return Status::Ok();
+    if (residence == PlaneResidence::kDevice)
+      return dev.CopyOnDevice(dst, src.data(), src.size_bytes(), Lane::kCompute);
     if (dev.IsPinned(src.data())) return dev.UploadAsync(dst, src.data(), src.size_bytes(), Lane::kCompute);
     return dev.Upload(dst, src.data(), src.size_bytes(), Lane::kCompute);
   };

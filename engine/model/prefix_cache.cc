@@ -3,9 +3,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <type_traits>
 
 namespace primecache::model {
 
@@ -29,6 +32,169 @@ std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
     }
   }
   return total;
+}
+
+// One fetch into staging. Layer headers are checked against the cache as
+// they arrive and give each layer its block (planes back to back, in view
+// order) at the same offset in host and device staging. Each chunk is handed
+// to the pool: a raw one whose bytes lie in registered memory is checked and
+// copied to device staging from where it lies, its loan returned once the
+// transfer lane has passed the copy; any other is decoded into host staging,
+// its loan returned, and (with device staging) copied up from there.
+// Callbacks run on the client's reader thread; chunk work on the pool.
+class StagedFetch {
+ public:
+  StagedFetch(engine::Device& dev, WorkerPool& pool, std::vector<LayerGeometry> geometry, float* host,
+              float* device, std::uint64_t capacity)
+      : dev_(dev), pool_(pool), geometry_(std::move(geometry)), host_(host), device_(device), capacity_(capacity),
+        layers_(geometry_.size()) {}
+
+  client::FetchCallbacks Callbacks() {
+    client::FetchCallbacks cb;
+    cb.on_layer = [this](std::uint32_t l, std::span<const std::byte> h, std::uint32_t n) { return OnLayer(l, h, n); };
+    cb.on_chunk_held = [this](std::uint32_t l, std::uint32_t i, std::span<const std::byte> b, client::ChunkRelease r) {
+      return OnChunk(l, i, b, std::move(r));
+    };
+    return cb;
+  }
+
+  // After Fetch returned `fetched`: waits for every chunk's work and the
+  // transfer lane (whatever happened: no copy may outlive the staging), then
+  // checks that every layer and chunk arrived.
+  Status Finish(Status fetched) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return pending_ == 0; });
+      if (fetched.ok()) fetched = status_;
+    }
+    if (device_ != nullptr) {
+      Status t = dev_.Synchronize(engine::Lane::kTransfer);
+      if (fetched.ok()) fetched = t;
+    }
+    for (std::size_t l = 0; fetched.ok() && l < layers_.size(); ++l) {
+      if (!layers_[l].decoder) fetched = Status::Corruption("the entry has no layer " + std::to_string(l));
+      for (bool s : layers_[l].seen)
+        if (!s && fetched.ok()) fetched = Status::Corruption("layer " + std::to_string(l) + " is missing chunks");
+    }
+    return fetched;
+  }
+
+  // The staged layers as views (of device staging when there is one).
+  std::vector<engine::LayerSnapshotView> Views() const {
+    std::vector<engine::LayerSnapshotView> v;
+    const float* base = device_ != nullptr ? device_ : host_;
+    for (const Layer& l : layers_) v.push_back(engine::ViewAt(l.decoder->header().shape, base + l.offset));
+    return v;
+  }
+  std::uint64_t floats() const { return used_; }
+  std::uint64_t direct_chunks() const { return direct_.load(); }
+
+ private:
+  struct Layer {
+    std::optional<LayerDecoder> decoder;
+    std::uint64_t offset = 0;            // of its block in staging, in floats
+    std::vector<std::uint64_t> planes;  // each plane's offset within the block
+    std::vector<bool> seen;
+  };
+
+  Status OnLayer(std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunks) {
+    if (layer >= layers_.size() || layers_[layer].decoder) {
+      return Status::Corruption("fetch sent layer " + std::to_string(layer) + " out of place");
+    }
+    PC_ASSIGN_OR_RETURN(LayerHeader h, ParseLayerHeader(header));
+    // The header alone is checked against this cache before any chunk lands.
+    PC_RETURN_IF_ERROR(Validate(h, geometry_[layer]).WithContext("layer " + std::to_string(layer)));
+    PC_ASSIGN_OR_RETURN(LayerDecoder d, LayerDecoder::Create(std::move(h)));
+    if (d.chunk_count() != chunks) return Status::Corruption("layer " + std::to_string(layer) + ": chunk count disagrees");
+    Layer& l = layers_[layer];
+    l.offset = used_;
+    for (const PlaneLayout& p : d.planes()) {
+      if (p.values() > capacity_ - used_) return Status::Corruption("fetched layers exceed the boundary's size");
+      l.planes.push_back(used_ - l.offset);
+      used_ += p.values();
+    }
+    l.seen.assign(d.chunk_count(), false);
+    l.decoder.emplace(std::move(d));
+    return Status::Ok();
+  }
+
+  Status OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                 client::ChunkRelease release) {
+    if (layer >= layers_.size() || !layers_[layer].decoder || index >= layers_[layer].seen.size() ||
+        layers_[layer].seen[index]) {
+      release();
+      return Status::Corruption("fetch sent chunk " + std::to_string(index) + " of layer " + std::to_string(layer) +
+                                " out of place");
+    }
+    layers_[layer].seen[index] = true;
+    {
+      std::lock_guard lock(mu_);
+      if (!status_.ok()) {
+        release();
+        return status_;
+      }
+      ++pending_;
+    }
+    // The layer sits in a vector sized up front: its address holds.
+    pool_.Post([this, l = &layers_[layer], layer, index, bytes, release = std::move(release)]() mutable {
+      Done(RunChunk(*l, index, bytes, std::move(release)), layer);
+    });
+    return Status::Ok();
+  }
+
+  Status RunChunk(const Layer& l, std::size_t index, std::span<const std::byte> bytes, client::ChunkRelease release) {
+    const LayerDecoder& d = *l.decoder;
+    const ChunkLocation& loc = d.chunk(index);
+    const std::uint64_t at = l.offset + l.planes[loc.plane] + loc.value_offset;
+    const std::size_t n = loc.value_count * sizeof(float);
+    if (device_ != nullptr && d.ChunkIsRaw(index) && dev_.IsPinned(bytes.data())) {
+      Status s = d.CheckEncoded(index, bytes);
+      if (s.ok()) s = dev_.UploadAsync(device_ + at, bytes.data(), n, engine::Lane::kTransfer);
+      // The loan ends when the copy has run; the release itself (a message
+      // to the daemon) runs on the pool, not on the device's callback thread.
+      if (s.ok()) s = dev_.AfterLane(engine::Lane::kTransfer, [this, release] { pool_.Post(release); });
+      if (!s.ok()) release();
+      if (s.ok()) ++direct_;
+      return s;
+    }
+    const std::span<float> plane(host_ + l.offset + l.planes[loc.plane], d.planes()[loc.plane].values());
+    Status s = d.DecodeChunk(index, bytes, plane);
+    release();
+    if (s.ok() && device_ != nullptr) s = dev_.UploadAsync(device_ + at, host_ + at, n, engine::Lane::kTransfer);
+    return s;
+  }
+
+  void Done(const Status& s, std::uint32_t layer) {
+    std::lock_guard lock(mu_);
+    if (!s.ok() && status_.ok()) status_ = s.WithContext("layer " + std::to_string(layer));
+    if (--pending_ == 0) cv_.notify_all();
+  }
+
+  engine::Device& dev_;
+  WorkerPool& pool_;
+  const std::vector<LayerGeometry> geometry_;
+  float* const host_;
+  float* const device_;  // null: host staging only
+  const std::uint64_t capacity_;
+  std::vector<Layer> layers_;
+  std::uint64_t used_ = 0;
+  std::atomic<std::uint64_t> direct_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t pending_ = 0;
+  Status status_;
+};
+
+LayerShape ShapeOfView(const engine::LayerSnapshotView& v) {
+  return std::visit([](const auto& x) -> LayerShape { return x.shape; }, v);
+}
+
+// A view's planes in the codec's stored order (the view's own order).
+std::vector<std::span<const float>> PlanesOfView(const engine::LayerSnapshotView& v) {
+  if (const auto* l = std::get_if<engine::LatentView>(&v)) return {l->latent_rows, l->index_tail_rows, l->pool_keys};
+  if (const auto* r = std::get_if<engine::RecurrentView>(&v)) return {r->conv_ring, r->state};
+  const auto& kv = std::get<engine::KvView>(v);
+  return {kv.k_rows, kv.v_rows};
 }
 
 }  // namespace
@@ -58,11 +224,15 @@ client::ModelId PrefixCache::ModelIdFor(const ModelConfig& config, const Weights
 PrefixCache::PrefixCache(HybridModel* model, std::unique_ptr<client::Client> client, client::ModelId model_id,
                          PrefixCacheOptions options)
     : model_(model), client_(std::move(client)), model_id_(std::move(model_id)), options_(std::move(options)) {
+  using Staging = PrefixCacheOptions::Staging;
+  const bool cuda = model_->engine().device().kind() == engine::DeviceKind::kCuda;
+  device_staging_ = options_.staging == Staging::kDevice || (options_.staging == Staging::kAuto && cuda);
   if (client_ != nullptr) {
     const std::size_t threads =
         options_.decode_threads != 0 ? options_.decode_threads
                                      : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 8);
     decode_pool_ = std::make_unique<WorkerPool>(threads);
+    RegisterRegion();
   }
   if (client_ != nullptr && options_.publish) worker_ = std::thread([this] { PublishLoop(); });
 }
@@ -74,6 +244,26 @@ PrefixCache::~PrefixCache() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  // Before the client (destroyed after this body) unmaps the region.
+  if (registered_ != nullptr) (void)model_->engine().device().UnregisterHost(registered_);
+}
+
+void PrefixCache::RegisterRegion() {
+  if (!device_staging_ || client_ == nullptr) return;
+  const client::SharedRegion region = client_->region();
+  if (region.base == registered_) return;
+  engine::Device& dev = model_->engine().device();
+  // The old region went with its connection; its registration goes too.
+  if (registered_ != nullptr) (void)dev.UnregisterHost(registered_);
+  registered_ = nullptr;
+  if (region.base == nullptr) return;
+  if (Status s = dev.RegisterHost(region.base, region.size); !s.ok()) {
+    spdlog::warn("prefix cache: the shared region is not registered with the device ({}); raw chunks go through "
+                 "pinned staging",
+                 s.ToString());
+    return;
+  }
+  registered_ = region.base;
 }
 
 std::uint64_t PrefixCache::published() const {
@@ -96,13 +286,41 @@ void PrefixCache::NoteFailure(const std::string& what, const Status& why) {
   spdlog::warn("prefix cache: {} failed: {}", what, why.ToString());
 }
 
+Status PrefixCache::GrowStaging(std::uint64_t bytes) {
+  engine::Device& dev = model_->engine().device();
+  if (staging_.bytes() < bytes) {
+    staging_.Reset();
+    PC_ASSIGN_OR_RETURN(staging_, dev.AllocatePinned(bytes));
+  }
+  if (device_staging_ && device_staging_mem_.bytes() < bytes) {
+    device_staging_mem_.Reset();
+    PC_ASSIGN_OR_RETURN(device_staging_mem_, dev.Allocate(bytes));
+  }
+  return Status::Ok();
+}
+
 Status PrefixCache::ReserveStaging(std::uint64_t tokens) {
   PC_ASSIGN_OR_RETURN(auto session, model_->NewSession());
   const std::uint64_t bound = StagingFloats(session.cache->plan(), tokens) * sizeof(float);
-  if (staging_.bytes() >= bound) return Status::Ok();
-  staging_.Reset();
-  PC_ASSIGN_OR_RETURN(staging_, model_->engine().device().AllocatePinned(bound));
+  PC_RETURN_IF_ERROR(GrowStaging(bound));
+  if (client_ == nullptr || !options_.publish) return Status::Ok();
+  PC_ASSIGN_OR_RETURN(engine::Memory arena, TakeArena(bound));
+  std::lock_guard lock(mu_);
+  arenas_.push_back(std::move(arena));
   return Status::Ok();
+}
+
+Result<engine::Memory> PrefixCache::TakeArena(std::uint64_t bytes) {
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = arenas_.begin(); it != arenas_.end(); ++it) {
+      if (it->bytes() < bytes) continue;
+      engine::Memory m = std::move(*it);
+      arenas_.erase(it);
+      return m;
+    }
+  }
+  return model_->engine().device().AllocatePinned(bytes);
 }
 
 Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens,
@@ -118,117 +336,37 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
   if (!found->has_value() || (*found)->length < options_.min_prefix) return std::uint64_t{0};
   const std::uint64_t len = (*found)->length;
   engine::SessionCache& cache = *session.cache;
-  const std::vector<LayerGeometry> geometry = cache.Geometry();
-  const std::size_t layers = geometry.size();
-
-  // Pinned staging for the decoded planes, grown to this boundary's bound.
+  engine::Device& dev = model_->engine().device();
+  // Staging for the planes, grown to this boundary's bound.
   const std::uint64_t bound = StagingFloats(cache.plan(), len) * sizeof(float);
-  if (staging_.bytes() < bound) {
-    staging_.Reset();
-    PC_ASSIGN_OR_RETURN(staging_, model_->engine().device().AllocatePinned(bound));
-  }
-  float* const base = staging_.at<float>(0);
-  const std::uint64_t capacity = staging_.bytes() / sizeof(float);
-  std::uint64_t used = 0;
-  const auto t_fetch = Clock::now();
+  PC_RETURN_IF_ERROR(GrowStaging(bound));
+  RegisterRegion();
 
-  std::vector<std::optional<LayerDecoder>> decoders(layers);
-  std::vector<std::vector<std::span<float>>> planes(layers);
-  std::vector<std::vector<bool>> seen(layers);
-  // Chunks decode on the pool as they arrive; each returns its loan when done.
-  std::mutex decode_mu;
-  std::condition_variable decode_cv;
-  std::size_t decoding = 0;
-  Status decode_status;
-  client::FetchCallbacks cb;
-  cb.on_layer = [&](std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunks) -> Status {
-    if (layer >= layers || decoders[layer]) {
-      return Status::Corruption("fetch sent layer " + std::to_string(layer) + " out of place");
-    }
-    PC_ASSIGN_OR_RETURN(LayerHeader h, ParseLayerHeader(header));
-    // The header alone is checked against this cache before any chunk decodes.
-    PC_RETURN_IF_ERROR(Validate(h, geometry[layer]).WithContext("layer " + std::to_string(layer)));
-    PC_ASSIGN_OR_RETURN(LayerDecoder d, LayerDecoder::Create(std::move(h)));
-    if (d.chunk_count() != chunks) return Status::Corruption("layer " + std::to_string(layer) + ": chunk count disagrees");
-    for (const PlaneLayout& p : d.planes()) {
-      if (p.values() > capacity - used) return Status::Corruption("fetched layers exceed the boundary's size");
-      planes[layer].emplace_back(base + used, p.values());
-      used += p.values();
-    }
-    seen[layer].assign(d.chunk_count(), false);
-    decoders[layer].emplace(std::move(d));
-    return Status::Ok();
-  };
-  cb.on_chunk_held = [&](std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
-                         client::ChunkRelease release) -> Status {
-    if (layer >= layers || !decoders[layer] || index >= seen[layer].size() || seen[layer][index]) {
-      release();
-      return Status::Corruption("fetch sent chunk " + std::to_string(index) + " of layer " + std::to_string(layer) +
-                                " out of place");
-    }
-    seen[layer][index] = true;
-    {
-      std::lock_guard lock(decode_mu);
-      if (!decode_status.ok()) {
-        release();
-        return decode_status;
-      }
-      ++decoding;
-    }
-    // The decoder sits in a slot of a vector sized up front: its address holds.
-    const LayerDecoder* d = &*decoders[layer];
-    const std::span<float> plane = planes[layer][d->chunk(index).plane];
-    decode_pool_->Post([&, d, plane, layer, index, bytes, release = std::move(release)] {
-      Status s = d->DecodeChunk(index, bytes, plane);
-      release();
-      std::lock_guard lock(decode_mu);
-      if (!s.ok() && decode_status.ok()) decode_status = s.WithContext("layer " + std::to_string(layer));
-      if (--decoding == 0) decode_cv.notify_all();
-    });
-    return Status::Ok();
-  };
-  Status fetched = client_->Fetch((*found)->id, {}, cb);
-  {
-    // Whatever happened, no decode may outlive this frame.
-    std::unique_lock lock(decode_mu);
-    decode_cv.wait(lock, [&] { return decoding == 0; });
-    if (fetched.ok()) fetched = decode_status;
-  }
+  const auto t_fetch = Clock::now();
+  StagedFetch fetch(dev, *decode_pool_, cache.Geometry(), staging_.at<float>(0),
+                    device_staging_ ? device_staging_mem_.at<float>(0) : nullptr, bound / sizeof(float));
+  Status fetched = fetch.Finish(client_->Fetch((*found)->id, {}, fetch.Callbacks()));
   figures->fetch_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fetch).count();
-  for (std::size_t l = 0; fetched.ok() && l < layers; ++l) {
-    if (!decoders[l]) fetched = Status::Corruption("the entry has no layer " + std::to_string(l));
-    for (bool s : seen[l])
-      if (!s && fetched.ok()) fetched = Status::Corruption("layer " + std::to_string(l) + " is missing chunks");
-  }
+  figures->direct_chunks = fetch.direct_chunks();
   if (!fetched.ok()) {
     NoteFailure("restoring entry " + std::to_string((*found)->id), fetched);
     return std::uint64_t{0};
   }
 
   const auto t_copy = Clock::now();
-  std::vector<engine::LayerSnapshotView> views;
-  for (std::size_t l = 0; l < layers; ++l) {
-    const LayerShape& shape = decoders[l]->header().shape;
-    const auto& p = planes[l];
-    if (const auto* s = std::get_if<LatentShape>(&shape)) {
-      views.push_back(engine::LatentView{*s, p[0], p.size() > 1 ? p[1] : std::span<float>(), p.size() > 2 ? p[2] : std::span<float>()});
-    } else if (const auto* r = std::get_if<RecurrentShape>(&shape)) {
-      views.push_back(engine::RecurrentView{*r, p[0], p[1]});
-    } else {
-      views.push_back(engine::KvView{std::get<KvShape>(shape), p[0], p[1]});
-    }
-  }
-  // Every layer validated before the first byte moves; a refusal leaves the
-  // session as fresh as it was.
+  const std::vector<engine::LayerSnapshotView> views = fetch.Views();
+  // Every layer validated before the first byte reaches the cache; a refusal
+  // leaves the session as fresh as it was.
   if (Status v = cache.ValidateRestore(views); !v.ok()) {
     spdlog::warn("prefix cache: entry {} refused: {}", (*found)->id, v.ToString());
     return std::uint64_t{0};
   }
-  PC_RETURN_IF_ERROR(cache.Restore(views));
-  PC_RETURN_IF_ERROR(model_->engine().device().Synchronize(engine::Lane::kCompute));
+  PC_RETURN_IF_ERROR(cache.Restore(views, device_staging_ ? engine::PlaneResidence::kDevice
+                                                          : engine::PlaneResidence::kHost));
+  PC_RETURN_IF_ERROR(dev.Synchronize(engine::Lane::kCompute));
   session.position = len;
   figures->copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_copy).count();
-  figures->restored_bytes = used * sizeof(float);
+  figures->restored_bytes = fetch.floats() * sizeof(float);
   return len;
 }
 
@@ -275,14 +413,24 @@ void PrefixCache::Finish(Request& r) {
     spdlog::warn("prefix cache: eager capture lost: {}", eager.status().ToString());
     return;
   }
-  auto layers = r.session.cache->CompleteCapture(std::move(eager).value());
+  // The deferred half downloads into a pinned arena the encoder reads.
+  engine::Memory arena;
+  const engine::CaptureSpace space = [&](std::uint64_t floats) -> Result<std::span<float>> {
+    PC_ASSIGN_OR_RETURN(arena, TakeArena(std::max<std::uint64_t>(floats, 1) * sizeof(float)));
+    return std::span<float>(arena.at<float>(0), floats);
+  };
+  auto layers = r.session.cache->CompleteCaptureInto(std::move(eager).value(), space);
   if (!layers.ok()) {
     spdlog::warn("prefix cache: boundary not published: {}", layers.status().ToString());
+    if (!arena.empty()) {
+      std::lock_guard lock(mu_);
+      arenas_.push_back(std::move(arena));
+    }
     return;
   }
   {
     std::lock_guard lock(mu_);
-    queue_.push_back(Job{r.prompt, std::move(layers).value()});
+    queue_.push_back(Job{r.prompt, std::move(arena), std::move(layers).value()});
   }
   cv_.notify_all();
 }
@@ -293,18 +441,65 @@ std::size_t PrefixCache::Drain() {
   return failed_;
 }
 
-Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::vector<LayerSnapshot> layers) {
+Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, const std::vector<LayerSnapshot>& layers) {
+  const std::vector<engine::LayerSnapshotView> views = engine::ViewsOf(layers);
+  return Publish(tokens, views);
+}
+
+Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::span<const engine::LayerSnapshotView> layers) {
   if (client_ == nullptr) return Status::Unavailable("prefix cache: no daemon");
   PC_ASSIGN_OR_RETURN(auto stream,
                       client_->BeginPublish(model_id_, tokens, static_cast<std::uint32_t>(layers.size())));
-  for (LayerSnapshot& layer : layers) {
-    PC_ASSIGN_OR_RETURN(EncodedLayer enc, EncodeLayer(layer, options_.encode));
-    layer = LayerSnapshot{};  // the raw planes are no longer needed
-    const std::string header = SerializeLayerHeader(enc.header);
-    PC_RETURN_IF_ERROR(stream->BeginLayer(AsBytes(header), static_cast<std::uint32_t>(enc.chunks.size())));
-    for (const std::string& chunk : enc.chunks) PC_RETURN_IF_ERROR(stream->AddChunk(AsBytes(chunk)));
-  }
+  for (const engine::LayerSnapshotView& view : layers) PC_RETURN_IF_ERROR(PublishLayer(*stream, view));
   return stream->Commit().status();
+}
+
+// Every chunk is written once, by the encoder, reading the planes where they
+// lie. The header (which records every chunk) goes first, so a layer's chunks
+// are all encoded before any is sent: into space reserved in the client's
+// shared region when the layer fits in part of its publish half (nothing is
+// copied again), else into the worker's scratch, from which AddChunk copies
+// them into the region.
+Status PrefixCache::PublishLayer(client::PublishStream& stream, const engine::LayerSnapshotView& view) {
+  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(ShapeOfView(view), PlanesOfView(view), options_.encode));
+  // The client hands out region space in 4 KiB extents (ReservedChunk).
+  constexpr std::uint64_t kExtent = 4096;
+  std::uint64_t room = 0, extents = 0;
+  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
+    room += enc.MaxChunkBytes(i);
+    extents += (enc.MaxChunkBytes(i) + kExtent - 1) / kExtent * kExtent;
+  }
+  const client::SharedRegion region = client_->region();
+  // A layer's reservations are all held at once: three quarters of the publish
+  // half at most, so one layer never waits on space only its own chunks hold.
+  const bool in_place = region.base != nullptr && extents <= region.size / 2 / 4 * 3;
+  std::vector<client::ReservedChunk> reserved;
+  std::vector<std::span<const std::byte>> chunks;
+  if (!in_place && chunk_scratch_.size() < room) chunk_scratch_.resize(room);
+  std::span<std::byte> scratch(chunk_scratch_);
+  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
+    std::span<std::byte> space;
+    if (in_place) {
+      PC_ASSIGN_OR_RETURN(client::ReservedChunk rc, stream.ReserveChunk(enc.MaxChunkBytes(i)));
+      space = rc.bytes();
+      reserved.push_back(std::move(rc));
+    } else {
+      space = scratch.first(enc.MaxChunkBytes(i));
+    }
+    PC_ASSIGN_OR_RETURN(std::size_t n, enc.EncodeChunk(i, space));
+    chunks.push_back(space.first(n));
+    if (!in_place) scratch = scratch.subspan(n);
+  }
+  PC_ASSIGN_OR_RETURN(LayerHeader header, enc.Finish());
+  const std::string h = SerializeLayerHeader(header);
+  PC_RETURN_IF_ERROR(stream.BeginLayer(AsBytes(h), static_cast<std::uint32_t>(chunks.size())));
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    PC_RETURN_IF_ERROR(in_place ? stream.AddReservedChunk(std::move(reserved[i]), chunks[i].size())
+                                : stream.AddChunk(chunks[i]));
+    published_bytes_ += chunks[i].size();
+  }
+  if (in_place) in_place_layers_ += 1;
+  return Status::Ok();
 }
 
 void PrefixCache::PublishLoop() {
@@ -318,10 +513,11 @@ void PrefixCache::PublishLoop() {
       queue_.pop_front();
       busy_ = true;
     }
-    Status s = Publish(job.tokens, std::move(job.layers));
+    Status s = Publish(job.tokens, job.layers);
     {
       std::lock_guard lock(mu_);
       busy_ = false;
+      arenas_.push_back(std::move(job.arena));
       if (s.ok()) {
         ++published_;
       } else {

@@ -1,10 +1,16 @@
 // PrefixCache: a HybridModel served through the store. For each request it
-// looks the longest stored prefix up in the daemon, fetches and decodes it
-// straight into pinned staging memory, validates every layer against the
-// fresh cache before a byte moves, restores, and primes only the rest. At the
-// prompt's end it takes the eager half of the boundary capture; after
-// generation Finish completes the deferred half and hands it to a background
-// thread that encodes and publishes it, so decoding never waits on the daemon.
+// looks the longest stored prefix up in the daemon and fetches it into
+// staging as the chunks land: with device staging (the CUDA default) a raw
+// chunk is checked and copied host-to-device straight from the client's
+// shared region (registered with the device once) and an encoded one is
+// decoded on a pool into pinned staging and copied up; with host staging
+// (the CPU default) every chunk is decoded into pinned staging. Only when
+// every layer is there and ValidateRestore passed on the whole set do bytes
+// move into the fresh cache (device to device, or host to device); then it
+// primes only the rest. At the prompt's end it takes the eager half of the
+// boundary capture; after generation Finish completes the deferred half into
+// a pinned arena and hands it to a background thread that encodes each chunk
+// from there and publishes it, so decoding never waits on the daemon.
 //
 // With no daemon (or when it goes away) every request falls back to a full
 // prefill; the first such fallback is logged, later ones are not.
@@ -41,6 +47,11 @@ struct PrefixCacheOptions {
   // Threads that decode fetched chunks into pinned staging while the next
   // ones arrive; 0: the hardware's threads, at most 8.
   std::size_t decode_threads = 0;
+  // Where a fetched entry is staged before the restore: kAuto is kDevice on
+  // a CUDA device, kHost on the CPU backend (where kDevice runs the same
+  // steps through the CPU twin).
+  enum class Staging : std::uint8_t { kAuto, kDevice, kHost };
+  Staging staging = Staging::kAuto;
 };
 
 // One request in flight: its session, what it cost, and the eager half of
@@ -58,6 +69,7 @@ struct Request {
   // staging (they overlap); validating and copying to the device.
   double lookup_ms = 0, fetch_ms = 0, copy_ms = 0;
   std::uint64_t restored_bytes = 0;  // decoded bytes of the restored planes
+  std::uint64_t direct_chunks = 0;   // raw chunks copied to the device straight from the region
   std::optional<engine::PendingCapture> capture;
 };
 
@@ -88,16 +100,26 @@ class PrefixCache {
   std::size_t Drain();
 
   // Encodes and publishes one boundary now, on the calling thread (the
-  // worker's path; also for tools that hold a capture already).
-  Status Publish(std::span<const std::uint32_t> tokens, std::vector<LayerSnapshot> layers);
+  // worker's path; also for tools that hold a capture already). Each chunk
+  // is encoded from the views where they lie.
+  Status Publish(std::span<const std::uint32_t> tokens, std::span<const engine::LayerSnapshotView> layers);
+  Status Publish(std::span<const std::uint32_t> tokens, const std::vector<LayerSnapshot>& layers);
 
-  // Allocates the pinned staging a restore of a boundary this long needs,
-  // now rather than on the first restore (an engine does this at start-up:
+  // Allocates the staging a restore of a boundary this long needs (pinned
+  // and, with device staging, device memory) and one pinned publish arena,
+  // now rather than on the first request (an engine does this at start-up:
   // pinning hundreds of MiB takes a while).
   Status ReserveStaging(std::uint64_t tokens);
 
+  // Whether restores stage on the device (PrefixCacheOptions::staging).
+  bool device_staging() const { return device_staging_; }
+
   bool connected() const { return client_ != nullptr; }
   std::uint64_t published() const;
+  // Encoded chunk bytes Publish has handed to the daemon, in all.
+  std::uint64_t published_bytes() const { return published_bytes_.load(); }
+  // Layers Publish encoded straight into the client's shared region.
+  std::uint64_t in_place_layers() const { return in_place_layers_.load(); }
 
  private:
   // Restores the longest stored prefix of `tokens` into the fresh session;
@@ -108,19 +130,33 @@ class PrefixCache {
   // (once) when the connection is gone, else what the daemon answered.
   void NoteFailure(const std::string& what, const Status& why);
   void PublishLoop();
+  Status PublishLayer(client::PublishStream& stream, const engine::LayerSnapshotView& view);
+  Status GrowStaging(std::uint64_t bytes);
+  // Registers the client's current shared region with the device (again
+  // after a reconnect gave it a new one); a failure only costs speed.
+  void RegisterRegion();
+  // A pinned arena of at least `bytes` (a free one, else a new one).
+  Result<engine::Memory> TakeArena(std::uint64_t bytes);
 
   HybridModel* model_;
   std::unique_ptr<client::Client> client_;
   client::ModelId model_id_;
   PrefixCacheOptions options_;
   std::atomic<bool> warned_down_{false};
-  engine::Memory staging_;  // pinned; fetched layers decode into it
+  bool device_staging_ = false;
+  engine::Memory staging_;         // pinned; fetched layers decode into it
+  engine::Memory device_staging_mem_;  // device; the restore's source with device staging
+  void* registered_ = nullptr;     // the shared region registered with the device
   std::unique_ptr<WorkerPool> decode_pool_;
+  std::vector<std::byte> chunk_scratch_;  // the worker's: where a layer's chunks are encoded
 
+  // A completed capture waiting for the worker: its planes in a pinned arena.
   struct Job {
     std::vector<std::uint32_t> tokens;
-    std::vector<LayerSnapshot> layers;
+    engine::Memory arena;
+    std::vector<engine::LayerSnapshotView> layers;
   };
+  std::vector<engine::Memory> arenas_;  // free publish arenas (under mu_)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
@@ -128,6 +164,8 @@ class PrefixCache {
   bool stop_ = false;
   std::size_t failed_ = 0;
   std::uint64_t published_ = 0;
+  std::atomic<std::uint64_t> published_bytes_{0};
+  std::atomic<std::uint64_t> in_place_layers_{0};
   std::thread worker_;
 };
 

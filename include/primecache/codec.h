@@ -133,9 +133,14 @@ class Transform {
   virtual std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values) const = 0;
   // An upper bound on the encoded size of n values, whatever the data.
   virtual std::uint64_t MaxEncodedSize(std::uint64_t values) const = 0;
-  // Replaces *out with the encoding of values. Deterministic: equal input and
-  // level give equal bytes (this is what chunk dedup relies on).
-  virtual Status Encode(std::span<const float> values, std::int32_t level, std::string* out) const = 0;
+  // Writes the encoding of values into `out`, which holds at least
+  // MaxEncodedSize(values.size()) bytes, and returns the bytes written.
+  // Deterministic: equal input and level give equal bytes (this is what
+  // chunk dedup relies on).
+  virtual Result<std::size_t> EncodeInto(std::span<const float> values, std::int32_t level,
+                                         std::span<std::byte> out) const = 0;
+  // EncodeInto a string: replaces *out with the encoding of values.
+  Status Encode(std::span<const float> values, std::int32_t level, std::string* out) const;
   // Decodes exactly out.size() values from encoded; anything that does not
   // decode to exactly that many is refused as corruption.
   virtual Status Decode(std::span<const std::byte> encoded, std::span<float> out) const = 0;
@@ -280,9 +285,39 @@ struct ChunkLocation {
   std::uint64_t value_count = 0;   // rows * row_width
 };
 
-// Encodes a snapshot with the current codec of its kind. Refuses a snapshot
-// failing CheckSnapshot, one past the default CodecLimits, an unknown
-// transform, a bad level, and a lossy transform on a plane that must stay exact.
+// Encodes one layer, given as its shape and its planes (the kind's planes in
+// stored order, anywhere in memory: e.g. views of pinned memory a capture
+// downloaded into), chunk by chunk into buffers the caller gives, so that
+// each chunk's bytes are written exactly once. Create refuses what
+// EncodeLayer refuses. Thread-safety: EncodeChunk may run concurrently for
+// different chunks; Finish after every chunk was encoded.
+class LayerEncoder {
+ public:
+  static Result<LayerEncoder> Create(const LayerShape& shape, std::vector<std::span<const float>> planes,
+                                     const EncodeOptions& options = {});
+  std::size_t chunk_count() const { return locations_.size(); }
+  const ChunkLocation& chunk(std::size_t i) const { return locations_[i]; }
+  // The most bytes chunk i can take: the space to give EncodeChunk.
+  std::uint64_t MaxChunkBytes(std::size_t i) const;
+  // Encodes chunk i into `out` (at least MaxChunkBytes(i) bytes) and records
+  // it; returns the bytes written.
+  Result<std::size_t> EncodeChunk(std::size_t i, std::span<std::byte> out);
+  // The header, once every chunk was encoded (FailedPrecondition before).
+  Result<LayerHeader> Finish() const;
+
+ private:
+  LayerEncoder() = default;
+  LayerHeader header_;
+  std::vector<std::span<const float>> planes_;
+  std::vector<const Transform*> transforms_;
+  std::vector<ChunkLocation> locations_;
+  std::vector<std::uint8_t> encoded_;  // per chunk: EncodeChunk succeeded
+};
+
+// Encodes a snapshot with the current codec of its kind (a LayerEncoder over
+// its planes, each chunk into a string). Refuses a snapshot failing
+// CheckSnapshot, one past the default CodecLimits, an unknown transform, a bad
+// level, and a lossy transform on a plane that must stay exact.
 Result<EncodedLayer> EncodeLayer(const LayerSnapshot& layer, const EncodeOptions& options = {});
 
 // A layer header that passed every structural check, ready to decode chunks:
@@ -306,6 +341,12 @@ class LayerDecoder {
   // Checks size and checksum of the encoded bytes before decoding and the
   // checksum of the written f32 bytes after; on error those rows are garbage.
   Status DecodeChunk(std::size_t i, std::span<const std::byte> encoded, std::span<float> plane) const;
+  // Whether chunk i is stored raw/v1: its encoded bytes are its values, so
+  // they may be copied where the plane lies (to a device) once
+  // CheckEncoded(i, ...) passed, without DecodeChunk.
+  bool ChunkIsRaw(std::size_t i) const;
+  // Chunk i's encoded size and checksum (what DecodeChunk checks first).
+  Status CheckEncoded(std::size_t i, std::span<const std::byte> encoded) const;
   // Every chunk into caller-provided planes, one span per plane in order.
   Status DecodeInto(std::span<const std::string> chunks, std::span<const std::span<float>> planes) const;
   // Every chunk into a freshly allocated snapshot.
@@ -314,6 +355,7 @@ class LayerDecoder {
  private:
   friend struct LayerDecoderAccess;  // codecs-internal (fuzzing)
   LayerDecoder() = default;
+  std::string ChunkWhere(std::size_t i) const;  // "kind plane chunk k (rows [a, b))" for messages
   LayerHeader header_;
   std::vector<PlaneLayout> layouts_;
   std::vector<const Transform*> transforms_;

@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -298,8 +299,10 @@ class PendingCapture {
 };
 
 // Borrowed views of one layer snapshot: its shape and its planes, which may
-// live anywhere in host memory (pinned memory restores at the bus rate). The
-// planes are laid out as in the matching snapshot type of snapshot.h.
+// live anywhere in host memory (pinned memory restores at the bus rate), or in
+// the engine's device memory (PlaneResidence::kDevice: a restore staged on the
+// device). The planes are laid out as in the matching snapshot type of
+// snapshot.h.
 struct LatentView {
   LatentShape shape;
   std::span<const float> latent_rows, index_tail_rows, pool_keys;
@@ -313,7 +316,16 @@ struct KvView {
   std::span<const float> k_rows, v_rows;
 };
 using LayerSnapshotView = std::variant<LatentView, RecurrentView, KvView>;
+enum class PlaneResidence : std::uint8_t { kHost, kDevice };
 LayerSnapshotView ViewOf(const LayerSnapshot& layer);
+// A view of `shape` whose planes lie back to back at `base` (floats, in the
+// view's plane order), and how many floats they take.
+LayerSnapshotView ViewAt(const LayerShape& shape, const float* base);
+std::uint64_t ViewFloats(const LayerShape& shape);
+
+// Gives `floats` floats of host memory for a capture to write its planes into
+// (pinned memory lets the copies run back to back on the device's DMA engine).
+using CaptureSpace = std::function<Result<std::span<float>>(std::uint64_t floats)>;
 std::vector<LayerSnapshotView> ViewsOf(std::span<const LayerSnapshot> layers);
 
 // The geometry a session cache of this reserve restores into, per layer
@@ -358,6 +370,10 @@ class SessionCache {
 
   // A full snapshot, every plane copied to host memory before it returns.
   Result<std::vector<LayerSnapshot>> CaptureFull();
+  // The same into one block `space` gives (planes back to back, layer by
+  // layer, in view order); views of it. With pinned space every plane's copy
+  // is enqueued on the compute lane and the lane is waited for once.
+  Result<std::vector<LayerSnapshotView>> CaptureFullInto(const CaptureSpace& space);
   // The eager half: the incomplete tail-ring rows, each recurrent layer's
   // conv ring and state, and the boundary metadata, copied on the device into
   // a free snapshot slot (ResourceExhausted when none is free); the call
@@ -371,6 +387,9 @@ class SessionCache {
   // the capture, another pool, pools_ready behind the boundary, other widths
   // or shapes, a tail that is not the boundary's.
   Result<std::vector<LayerSnapshot>> CompleteCapture(EagerHalf eager);
+  // The same checks, the planes written into one block `space` gives (as
+  // CaptureFullInto); views of it.
+  Result<std::vector<LayerSnapshotView>> CompleteCaptureInto(EagerHalf eager, const CaptureSpace& space);
 
   // ---- restore
 
@@ -387,9 +406,12 @@ class SessionCache {
   // every len mirror; conv rings and states; K/V rows. A snapshot that fails
   // validation leaves the cache exactly as it was. A device failure during
   // the copies leaves the cache broken (every later call refuses).
-  Status Restore(std::span<const LayerSnapshotView> layers);
+  Status Restore(std::span<const LayerSnapshotView> layers,
+                 PlaneResidence residence = PlaneResidence::kHost);
   Status Restore(std::span<const LayerSnapshot> layers);
   Status Restore(const BoundarySnapshot& snapshot);
+
+  struct Sources;  // engine-internal (capture.cc): where a capture's planes come from
 
  private:
   friend class Engine;
@@ -401,6 +423,9 @@ class SessionCache {
   std::uint32_t arena_ = 0;
   std::uint64_t id_ = 0;
   Status CheckCapturable() const;
+  Result<Sources> FullSources();
+  Status CheckCompletion(const EagerHalf& eager) const;
+  Result<Sources> CompletionSources(EagerHalf& eager);
   std::vector<Layer> layers_;
   std::string broken_;  // why a failed restore left it unusable; empty when healthy
 };

@@ -329,6 +329,61 @@ TEST(DecodeIntoTest, RefusesDestinationsOfTheWrongSize) {
   EXPECT_TRUE(decoder->DecodeChunk(99, AsBytes(enc->chunks[0]), k).IsInvalidArgument());
 }
 
+
+// LayerEncoder over planes lying anywhere (here one block, as a pinned arena
+// would be), each chunk written once into a caller's buffer, in any order
+// and from several threads: the same header and bytes as EncodeLayer, for
+// every transform. Too little room, a wrong plane count or size, and a
+// header asked for before every chunk was encoded are refused.
+TEST(LayerEncoderTest, EncodesFromViewsIntoCallerBuffersExactlyAsEncodeLayer) {
+  const LatentPlaneSnapshot l = MakeLatent(203, 24, 8, 4, 16);
+  std::vector<float> block;
+  for (const auto* p : {&l.latent_rows, &l.index_tail_rows, &l.pool_keys}) block.insert(block.end(), p->begin(), p->end());
+  const std::span<const float> all(block);
+  const std::vector<std::span<const float>> planes = {
+      all.first(l.latent_rows.size()), all.subspan(l.latent_rows.size(), l.index_tail_rows.size()),
+      all.subspan(l.latent_rows.size() + l.index_tail_rows.size())};
+  for (const TransformSpec& spec : {TransformSpec{"raw/v1", 0}, TransformSpec{"shuffle-zstd/v1", 1},
+                                    TransformSpec{"bf16/v1", 0}}) {
+    SCOPED_TRACE(spec.id);
+    EncodeOptions o;
+    o.target_chunk_bytes = 1000;
+    o.plane_transforms.push_back({PlaneId::kLatentRows, spec});
+    auto want = EncodeLayer(l, o);
+    ASSERT_TRUE(want.ok());
+    auto enc = LayerEncoder::Create(l.shape(), planes, o);
+    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    ASSERT_EQ(enc->chunk_count(), want->chunks.size());
+    EXPECT_TRUE(enc->Finish().status().IsFailedPrecondition());
+    std::vector<std::vector<std::byte>> bufs(enc->chunk_count());
+    std::vector<std::size_t> sizes(enc->chunk_count());
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        for (std::size_t i = enc->chunk_count(); i-- > 0;) {
+          if (i % 3 != static_cast<std::size_t>(t)) continue;
+          bufs[i].resize(enc->MaxChunkBytes(i));
+          auto n = enc->EncodeChunk(i, bufs[i]);
+          EXPECT_TRUE(n.ok()) << n.status().ToString();
+          if (n.ok()) sizes[i] = *n;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    auto header = enc->Finish();
+    ASSERT_TRUE(header.ok());
+    EXPECT_EQ(*header, want->header);
+    for (std::size_t i = 0; i < bufs.size(); ++i) {
+      ASSERT_EQ(sizes[i], want->chunks[i].size());
+      EXPECT_EQ(std::memcmp(bufs[i].data(), want->chunks[i].data(), sizes[i]), 0) << "chunk " << i;
+    }
+    std::vector<std::byte> tight(enc->MaxChunkBytes(0) - 1);
+    EXPECT_TRUE(enc->EncodeChunk(0, tight).status().IsInvalidArgument());
+  }
+  EXPECT_TRUE(LayerEncoder::Create(l.shape(), {planes[0], planes[1]}).status().IsInvalidArgument());
+  EXPECT_TRUE(LayerEncoder::Create(l.shape(), {planes[0], planes[1], planes[2].first(3)}).status().IsInvalidArgument());
+}
+
 TEST(HeaderTest, SerializesAloneAndRefusesTrailingBytes) {
   auto enc = EncodeLayer(MakeLatent(50, 8, 4, 4));
   ASSERT_TRUE(enc.ok());

@@ -527,6 +527,82 @@ TEST_P(CaptureSuite, RestoreFromPinnedViewsEqualsRestoreFromVectors) {
   EXPECT_TRUE(fresh->fresh());
 }
 
+
+// Views (in host memory) as snapshots of their own, for comparison.
+std::vector<LayerSnapshot> FromViews(const std::vector<LayerSnapshotView>& views) {
+  std::vector<LayerSnapshot> out;
+  for (const auto& v : views) {
+    std::visit(
+        [&](const auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          auto vec = [](std::span<const float> p) { return std::vector<float>(p.begin(), p.end()); };
+          if constexpr (std::is_same_v<T, LatentView>) {
+            const LatentShape& sh = x.shape;
+            out.push_back(LatentPlaneSnapshot{sh.len, sh.width, sh.index_width, sh.pool, sh.pools_ready,
+                                              sh.index_is_ring, sh.index_ring_rows, vec(x.latent_rows),
+                                              vec(x.index_tail_rows), vec(x.pool_keys)});
+          } else if constexpr (std::is_same_v<T, RecurrentView>) {
+            out.push_back(RecurrentSnapshot{x.shape.heads, x.shape.head_dim, x.shape.kernel, vec(x.conv_ring),
+                                            vec(x.state)});
+          } else {
+            out.push_back(KvSnapshot{x.shape.len, x.shape.k_width, x.shape.v_width, vec(x.k_rows), vec(x.v_rows),
+                                     x.shape.format, x.shape.rows});
+          }
+        },
+        v);
+  }
+  return out;
+}
+
+// Captures into one pinned block (every copy enqueued, the lane waited for
+// once) hold what the vector captures hold, full and eager + deferred; a
+// block too small is refused; and the block staged on the device restores
+// from device-resident views (PlaneResidence::kDevice) like the vectors do.
+TEST_P(CaptureSuite, CapturesIntoPinnedBlocksEqualTheVectorsAndRestoreFromTheDevice) {
+  auto e = NewEngine(Hybrid(), 256, 8, 3, 2);
+  auto s = e->NewSession().value();
+  SessionDriver drv(dev_.get(), s.get(), 41);
+  ASSERT_TRUE(drv.Append(37).ok());  // a tail of 1
+  const auto full = s->CaptureFull().value();
+  std::vector<Memory> blocks;
+  const CaptureSpace space = [&](std::uint64_t floats) -> Result<std::span<float>> {
+    PC_ASSIGN_OR_RETURN(Memory m, dev_->AllocatePinned(floats * sizeof(float)));
+    blocks.push_back(std::move(m));
+    return std::span<float>(blocks.back().at<float>(0), floats);
+  };
+  auto into = s->CaptureFullInto(space);
+  ASSERT_TRUE(into.ok()) << into.status().ToString();
+  ExpectSnapshotsEqual(FromViews(*into), full);
+  EXPECT_FALSE(s->CaptureFullInto([](std::uint64_t n) -> Result<std::span<float>> {
+                  static std::vector<float> small;
+                  small.resize(n - 1);
+                  return std::span<float>(small);
+                }).ok());
+  auto a = s->CaptureEager(), b = s->CaptureEager();
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(drv.Append(5).ok());  // generation goes on
+  auto joined = s->CompleteCapture(a->Collect().value());
+  auto joined_into = s->CompleteCaptureInto(b->Collect().value(), space);
+  ASSERT_TRUE(joined.ok() && joined_into.ok()) << joined_into.status().ToString();
+  ExpectSnapshotsEqual(FromViews(*joined_into), *joined);
+  ExpectSnapshotsEqual(*joined, full);
+
+  // The pinned block up to device memory, restored from there.
+  std::uint64_t floats = 0;
+  for (const auto& l : full) floats += ViewFloats(ShapeOf(l));
+  Memory staged = dev_->Allocate(floats * sizeof(float)).value();
+  ASSERT_TRUE(dev_->Upload(staged.data(), blocks.front().data(), floats * sizeof(float), Lane::kCompute).ok());
+  std::vector<LayerSnapshotView> on_device;
+  const float* at = staged.at<const float>(0);
+  for (const auto& l : full) {
+    on_device.push_back(ViewAt(ShapeOf(l), at));
+    at += ViewFloats(ShapeOf(l));
+  }
+  auto dst = e->NewSession().value();
+  ASSERT_TRUE(dst->Restore(on_device, PlaneResidence::kDevice).ok());
+  ExpectSnapshotsEqual(dst->CaptureFull().value(), full);
+}
+
 INSTANTIATE_TEST_SUITE_P(PC_ENGINE_SUITE_NAME, CaptureSuite, ::testing::Values(PC_ENGINE_SUITE_BACKEND));
 
 }  // namespace

@@ -13,6 +13,19 @@
 #include <span>
 #include <tuple>
 
+#include <filesystem>
+
+#include "engine/model/prefix_cache.h"
+
+// The daemon the prefix cache tests start: $PRIMECACHED, else the bundle's
+// (tools/gpu-check ships it beside the tests), else the build tree's.
+inline std::string GpuTestDaemonBinary() {
+  if (const char* env = std::getenv("PRIMECACHED")) return env;
+  if (std::filesystem::exists(".gpu-bundle/bin/primecached")) return ".gpu-bundle/bin/primecached";
+  return PRIMECACHED_BUILD_PATH;
+}
+#define PRIMECACHED_PATH GpuTestDaemonBinary()
+#include "tests/ipc/daemon_harness.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/model/model_test_util.h"
 #include "tests/model/step_compare.h"
@@ -303,6 +316,160 @@ TEST_P(ModelGpuStateForcedTest, CudaMatchesCpuStepByStepFromTheSameState) {
   EXPECT_GE(double(t.strict), 0.95 * double(t.steps)) << t.flip_steps << " flip steps: near ties should be rare";
   EXPECT_LE(double(t.flips), 1e-3 * double(t.codes) + 1);
 }
+
+
+// ---- the prefix cache on CUDA: restore staged on the device from the region ----
+
+// Every plane of a session, captured in full (host vectors).
+std::vector<LayerSnapshot> CaptureAll(ModelSession& s) {
+  auto layers = s.cache->CaptureFull();
+  EXPECT_TRUE(layers.ok()) << layers.status().ToString();
+  return layers.ok() ? std::move(layers).value() : std::vector<LayerSnapshot>{};
+}
+
+bool SameLayerBits(const std::vector<LayerSnapshot>& a, const std::vector<LayerSnapshot>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t l = 0; l < a.size(); ++l) {
+    const auto va = engine::ViewOf(a[l]), vb = engine::ViewOf(b[l]);
+    if (ShapeOf(a[l]) != ShapeOf(b[l])) return false;
+    auto planes = [](const engine::LayerSnapshotView& v) -> std::vector<std::span<const float>> {
+      if (const auto* x = std::get_if<engine::LatentView>(&v)) return {x->latent_rows, x->index_tail_rows, x->pool_keys};
+      if (const auto* r = std::get_if<engine::RecurrentView>(&v)) return {r->conv_ring, r->state};
+      const auto& kv = std::get<engine::KvView>(v);
+      return {kv.k_rows, kv.v_rows};
+    };
+    const auto pa = planes(va), pb = planes(vb);
+    for (std::size_t p = 0; p < pa.size(); ++p) {
+      if (pa[p].size() != pb[p].size()) return false;
+      if (!pa[p].empty() && std::memcmp(pa[p].data(), pb[p].data(), pa[p].size_bytes()) != 0) return false;
+    }
+  }
+  return true;
+}
+
+class PrefixCacheGpuTest : public ::testing::TestWithParam<const char*> {};
+
+// Through a real daemon with shared memory, on CUDA (device staging, the
+// region registered with the device): the restored session's every plane and
+// its logits after the suffix are bit for bit those of the same capture
+// restored in process from host memory; raw chunks went to the device straight
+// from the region. Then an entry filed under this model whose second layer is
+// of another kind is refused after layer 0 was staged on the device: the
+// session stays fresh and primes in full, bit for bit like a plain prefill.
+TEST_P(PrefixCacheGpuTest, RegisteredRegionRestoreIsTheInProcessRestore) {
+  PC_SKIP_WITHOUT_CUDA();
+  const std::string transform = GetParam();
+  ModelConfig c = Medium();
+  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kAttn, LayerType::kMla};
+  c.attn = {4, 2, 64, 0, 10000.0f, 0};
+  const Weights w = Weights::Generate(c, 21);
+  auto dev = engine::NewCudaDevice();
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  engine::ReserveRequest req;
+  req.plan = HybridModel::PlanFor(c, w);
+  req.max_ctx = 512;
+  req.sessions = 3;
+  req.snapshot_slots = 1;
+  auto eng = engine::Engine::Create(*dev, req);
+  ASSERT_TRUE(eng.ok()) << eng.status().ToString();
+  auto m = HybridModel::Create(c, w, eng->get(), {64});
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  primecache::testing::Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  auto cl = client::Client::Connect(daemon.Options("gpu", /*shm=*/true));
+  ASSERT_TRUE(cl.ok()) << cl.status().ToString();
+  PrefixCacheOptions opt;
+  opt.encode.all_planes = TransformSpec{transform, transform == "raw/v1" ? 0 : 1};
+  opt.encode.target_chunk_bytes = 16 << 10;
+  PrefixCache cache(m->get(), std::move(cl).value(), PrefixCache::ModelIdFor(c, w), opt);
+  ASSERT_TRUE(cache.device_staging());
+  ASSERT_TRUE(cache.ReserveStaging(400).ok());
+
+  std::vector<std::uint32_t> full = Prompt({"p", c, 340, 0});
+  const std::span<const std::uint32_t> prefix = std::span(full).first(300);
+  auto first = cache.Prime(prefix);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  cache.Finish(*first);
+  ASSERT_EQ(cache.Drain(), 0u);
+  auto local = (*m)->NewSession();
+  ASSERT_TRUE(local.ok());
+  ASSERT_TRUE(local->cache->Restore(CaptureAll(first->session)).ok());
+  local->position = prefix.size();
+  first->session = ModelSession{};  // its session back for the restore
+
+  auto second = cache.Prime(full);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_EQ(second->restored_tokens, prefix.size());
+  if (transform == "raw/v1") {
+    EXPECT_GT(second->direct_chunks, 0u) << "no raw chunk went to the device from the region";
+  }
+  std::vector<float> local_logits;
+  ASSERT_TRUE((*m)->Prime(*local, std::span(full).subspan(prefix.size()), LogitsWanted::kLast, &local_logits).ok());
+  EXPECT_TRUE(SameLayerBits(CaptureAll(second->session), CaptureAll(*local)));
+  ASSERT_EQ(second->last_logits.size(), local_logits.size());
+  EXPECT_EQ(std::memcmp(second->last_logits.data(), local_logits.data(), local_logits.size() * 4), 0);
+  std::printf("[ model-gpu ] prefix cache %s: %llu tokens restored, %llu raw chunks straight from the region, "
+              "fetch %.1f ms, validate+copy %.1f ms\n",
+              transform.c_str(), static_cast<unsigned long long>(second->restored_tokens),
+              static_cast<unsigned long long>(second->direct_chunks), second->fetch_ms, second->copy_ms);
+}
+
+TEST(PrefixCacheGpuRefusalTest, RefusedEntryLeavesTheSessionFresh) {
+  PC_SKIP_WITHOUT_CUDA();
+  ModelConfig c = Medium();
+  c.layers = {LayerType::kMla, LayerType::kMla};
+  ModelConfig other = c;
+  other.layers = {LayerType::kMla, LayerType::kKda};
+  const Weights w = Weights::Generate(c, 21), wo = Weights::Generate(other, 21);
+  auto dev = engine::NewCudaDevice();
+  ASSERT_TRUE(dev.ok());
+  std::unique_ptr<engine::Engine> engines[2];
+  std::unique_ptr<HybridModel> models[2];
+  for (int i = 0; i < 2; ++i) {
+    engine::ReserveRequest req;
+    req.plan = HybridModel::PlanFor(i ? other : c, i ? wo : w);
+    req.max_ctx = 512;
+    req.sessions = 2;
+    req.snapshot_slots = 1;
+    auto eng = engine::Engine::Create(*dev, req);
+    ASSERT_TRUE(eng.ok()) << eng.status().ToString();
+    engines[i] = std::move(eng).value();
+    auto m = HybridModel::Create(i ? other : c, i ? wo : w, engines[i].get(), {64});
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    models[i] = std::move(m).value();
+  }
+  primecache::testing::Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  auto cl = client::Client::Connect(daemon.Options("gpu", /*shm=*/true));
+  ASSERT_TRUE(cl.ok());
+  PrefixCacheOptions opt;
+  opt.publish = false;
+  opt.encode.all_planes = TransformSpec{"raw/v1", 0};
+  PrefixCache cache(models[0].get(), std::move(cl).value(), PrefixCache::ModelIdFor(c, w), opt);
+  const std::vector<std::uint32_t> prompt = Prompt({"p", c, 200, 0});
+  {
+    auto s = models[1]->NewSession();
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(models[1]->Prime(*s, std::span(prompt).first(150), LogitsWanted::kNone, nullptr).ok());
+    ASSERT_TRUE(cache.Publish(std::span(prompt).first(150), CaptureAll(*s)).ok());
+  }
+  std::vector<float> plain;
+  {
+    auto s = models[0]->NewSession();
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(models[0]->Prime(*s, prompt, LogitsWanted::kLast, &plain).ok());
+  }
+  auto r = cache.Prime(prompt);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->restored_tokens, 0u);
+  EXPECT_EQ(r->prefilled_tokens, prompt.size());
+  ASSERT_EQ(r->last_logits.size(), plain.size());
+  EXPECT_EQ(std::memcmp(r->last_logits.data(), plain.data(), plain.size() * 4), 0);
+  EXPECT_TRUE(r->session.cache->CheckInvariants().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Transforms, PrefixCacheGpuTest, ::testing::Values("raw/v1", "shuffle-zstd/v1"),
+                         [](const auto& info) { return std::string(info.param) == "raw/v1" ? "raw" : "shuffle_zstd"; });
 
 INSTANTIATE_TEST_SUITE_P(Configs, ModelGpuTest, ::testing::ValuesIn(WholeSequenceCases()),
                          [](const auto& info) { return std::string(info.param.name); });

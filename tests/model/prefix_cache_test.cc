@@ -116,16 +116,18 @@ struct Harness {
     cpu = std::move(m).value();
     id = PrefixCache::ModelIdFor(c, weights);
   }
-  std::unique_ptr<PrefixCache> Cache(const Daemon* d, const std::string& ns = "t") {
+  std::unique_ptr<PrefixCache> Cache(const Daemon* d, const std::string& ns = "t", bool shm = false,
+                                     PrefixCacheOptions options = {}, std::size_t shm_bytes = 0) {
     std::unique_ptr<client::Client> cl;
     if (d != nullptr) {
-      client::ClientOptions o = d->Options(ns);
+      client::ClientOptions o = d->Options(ns, shm);
+      if (shm_bytes != 0) o.shared_memory_bytes = shm_bytes;
       o.reconnect_attempts = 2;
       auto c = client::Client::Connect(o);
       EXPECT_TRUE(c.ok()) << c.status().ToString();
       if (c.ok()) cl = std::move(c).value();
     }
-    return std::make_unique<PrefixCache>(cpu.model.get(), std::move(cl), id);
+    return std::make_unique<PrefixCache>(cpu.model.get(), std::move(cl), id, options);
   }
 };
 
@@ -180,6 +182,168 @@ TEST_P(RestoreExactnessTest, RestoredSessionContinuesBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Stacks, RestoreExactnessTest, ::testing::ValuesIn(Variants()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+
+// ---- the restore through the client's shared region ----------------------------
+
+struct RegionCase {
+  Variant variant;
+  PrefixCacheOptions::Staging staging;
+  const char* transform;
+};
+
+std::vector<RegionCase> RegionCases() {
+  std::vector<RegionCase> out;
+  for (const Variant& v : Variants()) {
+    const std::string n = v.name;
+    if (n != "mixed" && n != "mixed_ring" && n != "indexer_flat" && n != "attn_window_shorter" &&
+        n != "attn_tq4_wrapped_by_one_at_boundary" && n != "attn_full")
+      continue;
+    for (auto staging : {PrefixCacheOptions::Staging::kHost, PrefixCacheOptions::Staging::kDevice})
+      for (const char* t : {"raw/v1", "shuffle-zstd/v1"}) out.push_back({v, staging, t});
+  }
+  return out;
+}
+
+std::string RegionCaseName(const ::testing::TestParamInfo<RegionCase>& info) {
+  std::string t = info.param.transform;
+  return std::string(info.param.variant.name) +
+         (info.param.staging == PrefixCacheOptions::Staging::kDevice ? "_device_" : "_host_") +
+         (t == "raw/v1" ? "raw" : "shuffle_zstd");
+}
+
+class RegionRestoreTest : public ::testing::TestWithParam<RegionCase> {};
+
+// With shared memory, small chunks (many per plane) and either staging, the
+// entry restored from the daemon holds exactly the planes of the same
+// snapshot restored in process, and continues bit for bit. With device
+// staging every raw chunk goes to the (CPU twin's) device straight from the
+// region; encoded chunks never do.
+TEST_P(RegionRestoreTest, RestoreThroughTheRegionIsTheInProcessRestore) {
+  const RegionCase& c = GetParam();
+  Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  Harness h(c.variant.config, c.variant.ring_rows);
+  PrefixCacheOptions opt;
+  opt.staging = c.staging;
+  opt.encode.all_planes = TransformSpec{c.transform, std::string(c.transform) == "raw/v1" ? 0 : 1};
+  opt.encode.target_chunk_bytes = 256;
+  opt.decode_threads = 3;
+  auto cache = h.Cache(&daemon, "t", /*shm=*/true, opt);
+  EXPECT_EQ(cache->device_staging(), c.staging == PrefixCacheOptions::Staging::kDevice);
+  ASSERT_TRUE(cache->ReserveStaging(64).ok());
+  const auto prefix = Prompt(45, 1);
+  std::vector<std::uint32_t> full = prefix;
+  for (std::uint32_t t : {3u, 4u, 5u, 6u}) full.push_back(t);
+
+  auto first = cache->Prime(prefix);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  cache->Finish(*first);
+  ASSERT_EQ(cache->Drain(), 0u);
+  ASSERT_EQ(cache->published(), 1u);
+  EXPECT_EQ(cache->in_place_layers(), h.config.layers.size()) << "every layer encoded straight into the region";
+  const std::vector<LayerSnapshot> captured = Planes(first->session);
+  // The in-process restore of the same state.
+  auto local = h.cpu.model->NewSession();
+  ASSERT_TRUE(local.ok());
+  ASSERT_TRUE(local->cache->Restore(captured).ok());
+  local->position = prefix.size();
+
+  auto second = cache->Prime(full);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_EQ(second->restored_tokens, prefix.size());
+  const bool direct = c.staging == PrefixCacheOptions::Staging::kDevice && std::string(c.transform) == "raw/v1";
+  if (direct) {
+    EXPECT_GT(second->direct_chunks, 0u);
+  } else {
+    EXPECT_EQ(second->direct_chunks, 0u);
+  }
+  // The in-process restore, continued with the same suffix in the same call:
+  // every plane and the logits are the daemon restore's.
+  std::vector<float> local_logits;
+  ASSERT_TRUE(h.cpu.model->Prime(*local, std::span(full).subspan(prefix.size()), LogitsWanted::kLast, &local_logits).ok());
+  EXPECT_TRUE(SamePlanes(Planes(second->session), Planes(*local))) << "the region restore and the in-process restore differ";
+  EXPECT_TRUE(SameBits(second->last_logits, local_logits));
+  std::vector<float> reference;
+  ASSERT_TRUE(h.cpu.model->Prime(first->session, std::span(full).subspan(prefix.size()), LogitsWanted::kLast, &reference).ok());
+  EXPECT_TRUE(SameBits(second->last_logits, reference));
+}
+
+INSTANTIATE_TEST_SUITE_P(Region, RegionRestoreTest, ::testing::ValuesIn(RegionCases()), RegionCaseName);
+
+// An entry filed under this model whose second layer is of another kind (a
+// KDA layer where the cache has an MLA one): layer 0 is staged (with device
+// staging, copied to the device) before layer 1's header is refused. The
+// session stays fresh and the request is prefilled in full, bit for bit like
+// a plain prefill.
+TEST(PrefixCacheTest, RefusedStagedRestoreLeavesTheSessionFresh) {
+  for (auto staging : {PrefixCacheOptions::Staging::kHost, PrefixCacheOptions::Staging::kDevice}) {
+    SCOPED_TRACE(staging == PrefixCacheOptions::Staging::kDevice ? "device staging" : "host staging");
+    Daemon daemon;
+    ASSERT_TRUE(daemon.Start());
+    ModelConfig dense = Mixed();
+    dense.layers = {LayerType::kMla, LayerType::kMla};
+    dense.mla.indexer.reset();
+    ModelConfig other = dense;
+    other.layers = {LayerType::kMla, LayerType::kKda};
+    Harness h(dense, 0), wrong(other, 0);
+    PrefixCacheOptions opt;
+    opt.staging = staging;
+    opt.publish = false;
+    opt.encode.all_planes = TransformSpec{"raw/v1", 0};
+    auto cache = h.Cache(&daemon, "t", /*shm=*/true, opt);
+    const auto prompt = Prompt(50, 8);
+    auto s = wrong.cpu.model->NewSession();
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(wrong.cpu.model->Prime(*s, std::span(prompt).first(45), LogitsWanted::kNone, nullptr).ok());
+    const Status published = cache->Publish(std::span(prompt).first(45), Planes(*s));
+    ASSERT_TRUE(published.ok()) << published.ToString();
+    std::vector<float> plain;
+    {
+      auto p = h.cpu.model->NewSession();
+      ASSERT_TRUE(p.ok());
+      ASSERT_TRUE(h.cpu.model->Prime(*p, prompt, LogitsWanted::kLast, &plain).ok());
+    }
+    auto r = cache->Prime(prompt);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->restored_tokens, 0u);
+    EXPECT_EQ(r->prefilled_tokens, prompt.size());
+    EXPECT_TRUE(SameBits(r->last_logits, plain));
+    EXPECT_TRUE(r->session.cache->CheckInvariants().ok());
+  }
+}
+
+
+// A shared region too small to hold a latent layer's chunks at once: those
+// layers are encoded into the worker's scratch and copied into the region,
+// the smaller ones in place; the restore through the same small region (its
+// fetch window a few chunks wide) is still bit for bit.
+TEST(PrefixCacheTest, LayersLargerThanTheRegionPublishThroughScratch) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  Harness h(Mixed(), 0);
+  PrefixCacheOptions opt;
+  opt.staging = PrefixCacheOptions::Staging::kDevice;
+  opt.encode.all_planes = TransformSpec{"raw/v1", 0};
+  opt.encode.target_chunk_bytes = 256;
+  auto cache = h.Cache(&daemon, "t", /*shm=*/true, opt, /*shm_bytes=*/64 << 10);
+  const auto prefix = Prompt(45, 11);
+  std::vector<std::uint32_t> full = prefix;
+  full.push_back(9);
+  auto first = cache->Prime(prefix);
+  ASSERT_TRUE(first.ok());
+  cache->Finish(*first);
+  ASSERT_EQ(cache->Drain(), 0u);
+  EXPECT_GT(cache->in_place_layers(), 0u);
+  EXPECT_LT(cache->in_place_layers(), h.config.layers.size());
+  std::vector<float> reference;
+  ASSERT_TRUE(h.cpu.model->Prime(first->session, std::span(full).subspan(prefix.size()), LogitsWanted::kLast, &reference).ok());
+  auto second = cache->Prime(full);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->restored_tokens, prefix.size());
+  EXPECT_GT(second->direct_chunks, 0u);
+  EXPECT_TRUE(SameBits(second->last_logits, reference));
+}
 
 TEST(PrefixCacheTest, EntriesSurviveADaemonRestart) {
   Daemon daemon;

@@ -1,15 +1,23 @@
-// primecache-model-bench: time to first token on the GPU with and without a
-// restored prefix, for the realistic-geometry model.
+// primecache-model-bench: time to first token with and without a restored
+// prefix, in process and through the daemon, on CUDA (or the CPU reference
+// with --cpu).
 //
 // For each prefix length P (random tokens, then a suffix of S tokens):
-//   full     one session primes P + S tokens; time to the last token's logits;
-//   restore  a second session primes P, is captured in full into pinned host
-//            memory; a fresh session restores that snapshot and primes the
-//            S-token suffix; time from the restore's start to the logits;
-//   copy     the same bytes copied host-to-device from pinned memory, in the
-//            same run, as the bus rate the restore is held to.
-// It also checks restore exactness: the captured session, continued with the
-// same suffix, must give bit-identical logits to the restored one.
+//   full      one session primes P + S tokens; time to the last token's logits;
+//   snapshot  a second session primes P and is captured in full into pinned
+//             host memory (the engine's full snapshot, timed);
+//   restore   a fresh session restores that snapshot from pinned memory and
+//             primes the S-token suffix; time from the restore's start;
+//   copy      as many bytes copied host-to-device and device-to-host between
+//             pinned and device memory in the same run: the bus rates the
+//             restore and the snapshot are held to.
+// With --daemon, the same capture is published through a primecached child
+// (raw and shuffle-zstd) and restored through PrefixCache with the store in
+// the page cache (hot) and with its files dropped from it (cold), beside an
+// fsync'd sequential write and an O_DIRECT sequential read of as many bytes on
+// the daemon's file system; one line per ratio with its target.
+// --ttft-table prints the TTFT rows of docs/BENCHMARKS.md instead.
+// Every restored continuation must be bit-identical to the captured session's.
 #include <CLI/CLI.hpp>
 
 #include <fcntl.h>
@@ -18,7 +26,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <cstdio>
 #include <cstring>
@@ -40,47 +52,6 @@ double Ms(Clock::time_point t0) { return std::chrono::duration<double, std::mill
 int Fail(const Status& s, const char* what) {
   std::fprintf(stderr, "model-bench: %s: %s\n", what, s.ToString().c_str());
   return 1;
-}
-
-// A snapshot's planes copied into one pinned block, with views onto them.
-struct PinnedSnapshot {
-  engine::Memory block;
-  std::vector<engine::LayerSnapshotView> views;
-  std::uint64_t bytes = 0;
-};
-
-Result<PinnedSnapshot> Pin(engine::Device& dev, const std::vector<LayerSnapshot>& layers) {
-  PinnedSnapshot p;
-  for (const auto& v : engine::ViewsOf(layers)) {
-    std::visit([&](const auto& view) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(view)>, engine::LatentView>) {
-        p.bytes += (view.latent_rows.size() + view.index_tail_rows.size() + view.pool_keys.size()) * 4;
-      } else if constexpr (std::is_same_v<std::decay_t<decltype(view)>, engine::RecurrentView>) {
-        p.bytes += (view.conv_ring.size() + view.state.size()) * 4;
-      } else {
-        p.bytes += (view.k_rows.size() + view.v_rows.size()) * 4;
-      }
-    }, v);
-  }
-  PC_ASSIGN_OR_RETURN(p.block, dev.AllocatePinned(p.bytes));
-  float* at = p.block.at<float>(0);
-  auto place = [&](std::span<const float> src) {
-    std::memcpy(at, src.data(), src.size_bytes());
-    std::span<const float> out(at, src.size());
-    at += src.size();
-    return out;
-  };
-  for (const auto& v : engine::ViewsOf(layers)) {
-    if (auto* l = std::get_if<engine::LatentView>(&v)) {
-      p.views.push_back(engine::LatentView{l->shape, place(l->latent_rows), place(l->index_tail_rows), place(l->pool_keys)});
-    } else if (auto* r = std::get_if<engine::RecurrentView>(&v)) {
-      p.views.push_back(engine::RecurrentView{r->shape, place(r->conv_ring), place(r->state)});
-    } else {
-      const auto& k = std::get<engine::KvView>(v);
-      p.views.push_back(engine::KvView{k.shape, place(k.k_rows), place(k.v_rows)});
-    }
-  }
-  return p;
 }
 
 // Encodes every layer of a real snapshot with each transform and reports,
@@ -184,54 +155,229 @@ class DaemonProcess {
     return ok ? Status::Ok() : Status::Unavailable("primecached did not become ready");
   }
   std::string socket() const { return dir_ + "/d.sock"; }
+  std::string data_dir() const { return dir_ + "/data"; }
+  std::string dir() const { return dir_; }
 
  private:
   std::string dir_;
   pid_t pid_ = -1;
 };
 
-// The restore path from the daemon: the capture published under each
-// transform, then a fresh request through PrefixCache (lookup, fetch over
-// shared memory, decode into pinned staging, validate, restore, suffix).
-int DaemonPath(const std::string& daemon_bin, model::HybridModel& m, const model::ModelConfig& config,
-               const model::Weights& weights, const std::vector<LayerSnapshot>& snap,
-               std::span<const std::uint32_t> prefix, std::span<const std::uint32_t> tokens,
-               const std::vector<float>& continued, double pinned_gbs) {
-  DaemonProcess daemon;
-  if (Status s = daemon.Start(daemon_bin); !s.ok()) return Fail(s, "daemon");
-  for (const char* transform : {"raw/v1", "shuffle-zstd/v1"}) {
-    client::ClientOptions o;
-    o.endpoint = daemon.socket();
-    o.ns = transform;
-    o.shared_memory = true;
-    o.shared_memory_bytes = 256u << 20;
-    o.timeout = std::chrono::milliseconds(120000);
-    auto cl = client::Client::Connect(o);
-    if (!cl.ok()) return Fail(cl.status(), "client");
-    model::PrefixCacheOptions opt;
-    opt.encode.all_planes = TransformSpec{transform, transform == std::string("raw/v1") ? 0 : 1};
-    opt.publish = false;
-    model::PrefixCache cache(&m, std::move(cl).value(), model::PrefixCache::ModelIdFor(config, weights), opt);
-    // As an engine does at start-up: pinning the staging is not a request's cost.
-    if (Status s = cache.ReserveStaging(prefix.size()); !s.ok()) return Fail(s, "reserve staging");
+// ---- baselines: the bus and the file system ---------------------------------
+
+struct BusRates {
+  double h2d_gbs = 0, d2h_gbs = 0;
+};
+
+// Pinned host <-> device copies of `bytes`, best of three each way.
+Result<BusRates> MeasureBus(engine::Device& dev, std::uint64_t bytes) {
+  PC_ASSIGN_OR_RETURN(engine::Memory host, dev.AllocatePinned(bytes));
+  PC_ASSIGN_OR_RETURN(engine::Memory device, dev.Allocate(bytes));
+  double up = 1e30, down = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
     auto t0 = Clock::now();
-    if (Status s = cache.Publish(prefix, snap); !s.ok()) return Fail(s, "publish");
-    const double publish_ms = Ms(t0);
-    auto r = cache.Prime(tokens);
-    if (!r.ok()) return Fail(r.status(), "request through the daemon");
-    const bool exact = r->last_logits.size() == continued.size() &&
-                       std::memcmp(r->last_logits.data(), continued.data(), continued.size() * 4) == 0;
-    const double gb = double(r->restored_bytes) / 1e9;
-    std::printf(
-        "model-bench: daemon path, %-15s publish %.0f ms | restored %llu tokens, %.3f GB in %.1f ms = %.2f GB/s "
-        "(%.2f x the pinned copy rate; lookup %.1f ms, fetch+decode %.1f ms = %.2f GB/s, validate+copy %.1f ms) "
-        "| ttft %.1f ms | restored == continued: %s\n",
-        transform, publish_ms, static_cast<unsigned long long>(r->restored_tokens), gb, r->restore_ms,
-        gb / (r->restore_ms / 1e3), gb / (r->restore_ms / 1e3) / pinned_gbs, r->lookup_ms, r->fetch_ms,
-        gb / (r->fetch_ms / 1e3), r->copy_ms, r->ttft_ms, exact ? "bit-identical" : "DIFFERENT");
-    if (!exact || r->restored_tokens != prefix.size()) return 1;
+    PC_RETURN_IF_ERROR(dev.UploadAsync(device.data(), host.data(), bytes, engine::Lane::kCompute));
+    PC_RETURN_IF_ERROR(dev.Synchronize(engine::Lane::kCompute));
+    up = std::min(up, Ms(t0));
+    t0 = Clock::now();
+    PC_RETURN_IF_ERROR(dev.DownloadAsync(host.data(), device.data(), bytes, engine::Lane::kCompute));
+    PC_RETURN_IF_ERROR(dev.Synchronize(engine::Lane::kCompute));
+    down = std::min(down, Ms(t0));
   }
-  return 0;
+  return BusRates{double(bytes) / 1e6 / up, double(bytes) / 1e6 / down};
+}
+
+// Drops every file under `dir` from the page cache (written back first, so
+// the pages are clean and really go).
+void DropPageCache(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& f : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (!f.is_regular_file(ec)) continue;
+    const int fd = open(f.path().c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    (void)fdatasync(fd);
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+  }
+}
+
+struct DiskRates {
+  double write_ms = 0, read_ms = 0;  // fsync'd sequential write; O_DIRECT sequential read
+};
+
+// `bytes` written sequentially to a file in `dir` (4 MiB writes, then
+// fsync), dropped from the page cache, read back with O_DIRECT.
+Result<DiskRates> MeasureDisk(const std::string& dir, std::uint64_t bytes) {
+  constexpr std::size_t kBlock = 4u << 20;
+  const std::string path = dir + "/disk-baseline";
+  void* buf = nullptr;
+  if (posix_memalign(&buf, 4096, kBlock) != 0) return Status::ResourceExhausted("aligned buffer");
+  std::unique_ptr<void, decltype(&std::free)> hold(buf, &std::free);
+  std::memset(buf, 0x5a, kBlock);
+  const std::uint64_t total = (bytes + kBlock - 1) / kBlock * kBlock;
+  DiskRates r;
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return Status::IOError("open " + path);
+  auto t0 = Clock::now();
+  bool ok = true;
+  for (std::uint64_t off = 0; off < total && ok; off += kBlock) ok = write(fd, buf, kBlock) == ssize_t(kBlock);
+  ok = ok && fsync(fd) == 0;
+  r.write_ms = Ms(t0);
+  close(fd);
+  if (!ok) return Status::IOError("write " + path);
+  DropPageCache(dir);
+  fd = open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) return Status::IOError("open O_DIRECT " + path);
+  t0 = Clock::now();
+  for (std::uint64_t off = 0; off < total && ok; off += kBlock) ok = read(fd, buf, kBlock) == ssize_t(kBlock);
+  r.read_ms = Ms(t0);
+  close(fd);
+  std::filesystem::remove(path);
+  if (!ok) return Status::IOError("O_DIRECT read " + path);
+  return r;
+}
+
+// ---- the in-process reference ----------------------------------------------
+
+// One prefix length: the full prefill, the captured session (pinned full
+// snapshot) and its continuation, and the restore from pinned memory.
+struct InProcess {
+  double full_ms = 0, snapshot_ms = 0, restore_ms = 0, ttft_ms = 0;
+  std::uint64_t bytes = 0;
+  engine::Memory block;  // the pinned snapshot
+  std::vector<engine::LayerSnapshotView> views;
+  std::vector<float> full_logits, continued;
+  bool exact = false;
+};
+
+// The prefix's full snapshot into one pinned block: sized by a first capture,
+// timed on a second into the same block.
+Status SnapshotPinned(engine::Device& dev, model::ModelSession& src, InProcess* r) {
+  const engine::CaptureSpace space = [&](std::uint64_t floats) -> Result<std::span<float>> {
+    if (r->block.bytes() < floats * sizeof(float)) {
+      r->block.Reset();
+      PC_ASSIGN_OR_RETURN(r->block, dev.AllocatePinned(floats * sizeof(float)));
+    }
+    r->bytes = floats * sizeof(float);
+    return std::span<float>(r->block.at<float>(0), floats);
+  };
+  PC_RETURN_IF_ERROR(src.cache->CaptureFullInto(space).status());
+  const auto t0 = Clock::now();
+  PC_ASSIGN_OR_RETURN(r->views, src.cache->CaptureFullInto(space));
+  r->snapshot_ms = Ms(t0);
+  return Status::Ok();
+}
+
+Result<InProcess> MeasureInProcess(model::HybridModel& m, engine::Device& dev, std::span<const std::uint32_t> tokens,
+                                   std::size_t P) {
+  InProcess r;
+  const auto prefix = tokens.first(P), rest = tokens.subspan(P);
+  {
+    PC_ASSIGN_OR_RETURN(auto s, m.NewSession());
+    const auto t0 = Clock::now();
+    PC_RETURN_IF_ERROR(m.Prime(s, tokens, model::LogitsWanted::kLast, &r.full_logits));
+    r.full_ms = Ms(t0);
+  }
+  PC_ASSIGN_OR_RETURN(auto src, m.NewSession());
+  PC_RETURN_IF_ERROR(m.Prime(src, prefix, model::LogitsWanted::kNone, nullptr));
+  PC_RETURN_IF_ERROR(SnapshotPinned(dev, src, &r));
+  PC_RETURN_IF_ERROR(m.Prime(src, rest, model::LogitsWanted::kLast, &r.continued));
+  src.cache.reset();
+
+  PC_ASSIGN_OR_RETURN(auto dst, m.NewSession());
+  std::vector<float> logits;
+  const auto t0 = Clock::now();
+  PC_RETURN_IF_ERROR(dst.cache->Restore(r.views));
+  PC_RETURN_IF_ERROR(dev.Synchronize(engine::Lane::kCompute));
+  r.restore_ms = Ms(t0);
+  dst.position = P;
+  PC_RETURN_IF_ERROR(m.Prime(dst, rest, model::LogitsWanted::kLast, &logits));
+  r.ttft_ms = Ms(t0);
+  r.exact = logits.size() == r.continued.size() &&
+            std::memcmp(logits.data(), r.continued.data(), logits.size() * sizeof(float)) == 0;
+  return r;
+}
+
+// ---- through the daemon -------------------------------------------------------
+
+struct DaemonRun {
+  double publish_ms = 0;
+  std::uint64_t publish_bytes = 0;
+  model::Request hot, cold;
+  bool exact = false;
+};
+
+// One request through the cache; exact when its logits are the continued ones.
+Result<model::Request> Through(model::PrefixCache& cache, std::span<const std::uint32_t> tokens,
+                               const InProcess& ref, std::size_t P, bool* exact) {
+  PC_ASSIGN_OR_RETURN(model::Request r, cache.Prime(tokens));
+  *exact = *exact && r.restored_tokens == P && r.last_logits.size() == ref.continued.size() &&
+           std::memcmp(r.last_logits.data(), ref.continued.data(), ref.continued.size() * sizeof(float)) == 0;
+  return r;
+}
+
+// The capture published under `transform` (its own namespace), then restored
+// hot and, after the data dir was dropped from the page cache, cold.
+Result<DaemonRun> MeasureDaemon(DaemonProcess& daemon, model::HybridModel& m, const model::ModelConfig& config,
+                                const model::Weights& weights, const InProcess& ref,
+                                std::span<const std::uint32_t> tokens, std::size_t P, const char* transform) {
+  client::ClientOptions o;
+  o.endpoint = daemon.socket();
+  o.ns = transform;
+  o.shared_memory = true;
+  o.shared_memory_bytes = 256u << 20;
+  o.timeout = std::chrono::milliseconds(300000);
+  PC_ASSIGN_OR_RETURN(auto cl, client::Client::Connect(o));
+  model::PrefixCacheOptions opt;
+  opt.encode.all_planes = TransformSpec{transform, transform == std::string("raw/v1") ? 0 : 1};
+  opt.publish = false;
+  model::PrefixCache cache(&m, std::move(cl), model::PrefixCache::ModelIdFor(config, weights), opt);
+  // As an engine does at start-up: pinning the staging is not a request's cost.
+  PC_RETURN_IF_ERROR(cache.ReserveStaging(P));
+  DaemonRun d;
+  auto t0 = Clock::now();
+  PC_RETURN_IF_ERROR(cache.Publish(tokens.first(P), ref.views));
+  d.publish_ms = Ms(t0);
+  d.publish_bytes = cache.published_bytes();
+  d.exact = true;
+  {
+    PC_ASSIGN_OR_RETURN(d.hot, Through(cache, tokens, ref, P, &d.exact));
+    d.hot.session = model::ModelSession{};
+  }
+  DropPageCache(daemon.data_dir());
+  PC_ASSIGN_OR_RETURN(d.cold, Through(cache, tokens, ref, P, &d.exact));
+  d.cold.session = model::ModelSession{};
+  return d;
+}
+
+// ---- reporting ----------------------------------------------------------------
+
+double Gbs(std::uint64_t bytes, double ms) { return double(bytes) / 1e6 / ms; }
+
+void Ratio(const char* what, double ratio, const char* cmp, double target) {
+  const bool met = cmp[0] == '>' ? ratio >= target : ratio <= target;
+  std::printf("model-bench: ratio %-52s %6.2fx (target %s %.1fx: %s)\n", what, ratio, cmp, target,
+              met ? "met" : "MISSED");
+}
+
+void ReportDaemon(const char* transform, const DaemonRun& d, const InProcess& ref, const BusRates& bus,
+                  const DiskRates& disk) {
+  const std::uint64_t b = d.hot.restored_bytes;
+  std::printf(
+      "model-bench: daemon %-15s publish %.1f ms (%.3f GB encoded, %.2f GB/s) | hot: restore %.1f ms = %.2f GB/s "
+      "(lookup %.1f, fetch %.1f, validate+copy %.1f ms; %llu raw chunks straight from the region), ttft %.1f ms | "
+      "cold: restore %.1f ms = %.2f GB/s, ttft %.1f ms | restored == continued: %s\n",
+      transform, d.publish_ms, d.publish_bytes / 1e9, Gbs(d.publish_bytes, d.publish_ms), d.hot.restore_ms,
+      Gbs(b, d.hot.restore_ms), d.hot.lookup_ms, d.hot.fetch_ms, d.hot.copy_ms,
+      static_cast<unsigned long long>(d.hot.direct_chunks), d.hot.ttft_ms, d.cold.restore_ms,
+      Gbs(b, d.cold.restore_ms), d.cold.ttft_ms, d.exact ? "bit-identical" : "DIFFERENT");
+  if (std::string(transform) != "raw/v1") return;  // the ratios hold the raw path to the machine
+  const double disk_read = Gbs(b, disk.read_ms), disk_write = Gbs(d.publish_bytes, disk.write_ms);
+  Ratio("restore from the daemon, hot / pinned H2D", Gbs(b, d.hot.restore_ms) / bus.h2d_gbs, ">=", 0.8);
+  Ratio("TTFT through the daemon / TTFT from pinned in process", d.hot.ttft_ms / ref.ttft_ms, "<=", 1.2);
+  Ratio("restore from the daemon, cold / O_DIRECT read", Gbs(b, d.cold.restore_ms) / disk_read, ">=", 0.8);
+  Ratio("publish / fsync'd sequential write", Gbs(d.publish_bytes, d.publish_ms) / disk_write, ">=", 0.8);
+  (void)ref;
 }
 
 // TurboQuant against f32 on the same weights: the config as given (its
@@ -295,154 +441,159 @@ int QuantError(const model::ModelConfig& config, const model::Weights& weights, 
   return 0;
 }
 
+struct BenchSetup {
+  model::ModelConfig config;
+  model::Weights weights;
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<model::HybridModel> model;
+};
+
+Result<BenchSetup> Setup(const std::string& config_path, std::uint64_t seed, std::size_t max_ctx, std::size_t chunk,
+                         bool cpu) {
+  PC_ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(Env::Default(), config_path));
+  auto t0 = Clock::now();
+  BenchSetup b{config, model::Weights::Generate(config, seed), nullptr, nullptr};
+  std::printf("model-bench: %s, %zu layers, weights generated in %.0f ms\n", config.name.c_str(), config.layers.size(),
+              Ms(t0));
+  std::shared_ptr<engine::Device> device;
+  if (cpu) {
+    device = engine::NewCpuDevice({.memory_bytes = 64ull << 30});
+  } else {
+    PC_ASSIGN_OR_RETURN(device, engine::NewCudaDevice());
+  }
+  engine::ReserveRequest req;
+  req.plan = model::HybridModel::PlanFor(b.config, b.weights);
+  req.max_ctx = max_ctx;
+  req.sessions = 3;
+  req.snapshot_slots = 1;
+  PC_ASSIGN_OR_RETURN(b.engine, engine::Engine::Create(device, req));
+  t0 = Clock::now();
+  PC_ASSIGN_OR_RETURN(b.model, model::HybridModel::Create(b.config, b.weights, b.engine.get(), {chunk}));
+  std::printf("model-bench: weights on %s in %.0f ms; chunks of %zu tokens\n", device->name().c_str(), Ms(t0), chunk);
+  return b;
+}
+
+std::vector<std::uint32_t> RandomTokens(std::size_t n, std::mt19937& rng) {
+  std::vector<std::uint32_t> tokens(n);
+  tokens[0] = model::kBosToken;
+  for (std::size_t i = 1; i < n; ++i) tokens[i] = rng() % 256;
+  return tokens;
+}
+
+void ReportInProcess(std::size_t P, std::size_t suffix, const InProcess& r, const BusRates& bus) {
+  std::printf(
+      "model-bench: prefix %6zu + %zu: ttft full %9.1f ms | restore from pinned %7.1f ms (%.3f GB at %.1f GB/s) + "
+      "suffix = ttft %7.1f ms | speedup %.1fx | full snapshot %.1f ms = %.2f GB/s | pinned H2D %.1f GB/s, D2H %.1f "
+      "GB/s | restored == continued: %s\n",
+      P, suffix, r.full_ms, r.restore_ms, r.bytes / 1e9, Gbs(r.bytes, r.restore_ms), r.ttft_ms, r.full_ms / r.ttft_ms,
+      r.snapshot_ms, Gbs(r.bytes, r.snapshot_ms), bus.h2d_gbs, bus.d2h_gbs, r.exact ? "bit-identical" : "DIFFERENT");
+  Ratio("restore in process / pinned H2D", Gbs(r.bytes, r.restore_ms) / bus.h2d_gbs, ">=", 0.8);
+  Ratio("full snapshot / pinned D2H", Gbs(r.bytes, r.snapshot_ms) / bus.d2h_gbs, ">=", 0.5);
+}
+
+struct Args {
+  std::string config_path = "configs/hrm-glm5-class.json";
+  std::vector<std::size_t> prefixes = {4096, 32768};
+  std::size_t suffix = 16, chunk = 2048, quant_error = 0;
+  std::uint64_t seed = 1;
+  std::string daemon_bin;
+  bool cpu = false, ttft_table = false, ratios = false;
+};
+
+// One prefix length: the in-process figures and, with a daemon, both
+// transforms through it; the TTFT table's row when asked for.
+int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng) {
+  engine::Device& dev = b.engine->device();
+  const std::vector<std::uint32_t> tokens = RandomTokens(P + a.suffix, rng);
+  auto r = MeasureInProcess(*b.model, dev, tokens, P);
+  if (!r.ok()) return Fail(r.status(), "in-process restore");
+  auto bus = MeasureBus(dev, r->bytes);
+  if (!bus.ok()) return Fail(bus.status(), "pinned copies");
+  if (!a.ttft_table) ReportInProcess(P, a.suffix, *r, *bus);
+  if (!r->exact) return 1;
+  if (a.ratios) {
+    auto snap = b.model->NewSession();
+    if (snap.ok() && b.model->Prime(*snap, std::span(tokens).first(P), model::LogitsWanted::kNone, nullptr).ok()) {
+      auto layers = snap->cache->CaptureFull();
+      if (layers.ok()) ReportRatios(*layers);
+    }
+  }
+  if (a.daemon_bin.empty()) return 0;
+  DaemonProcess daemon;
+  if (Status s = daemon.Start(a.daemon_bin); !s.ok()) return Fail(s, "daemon");
+  auto disk = MeasureDisk(daemon.dir(), r->bytes);
+  if (!disk.ok()) return Fail(disk.status(), "disk baseline");
+  if (!a.ttft_table) {
+    std::printf("model-bench: disk under %s: fsync'd sequential write %.2f GB/s, O_DIRECT sequential read %.2f GB/s\n",
+                daemon.dir().c_str(), Gbs(r->bytes, disk->write_ms), Gbs(r->bytes, disk->read_ms));
+  }
+  for (const char* transform : {"raw/v1", "shuffle-zstd/v1"}) {
+    auto d = MeasureDaemon(daemon, *b.model, b.config, b.weights, *r, tokens, P, transform);
+    if (!d.ok()) return Fail(d.status(), transform);
+    if (!d->exact) {
+      std::printf("model-bench: %s: a restore through the daemon was not bit-identical\n", transform);
+      return 1;
+    }
+    if (a.ttft_table && std::string(transform) == "raw/v1") {
+      std::printf("| %zu | %.1f ms | %.1f ms | %.1f ms | %.1f ms |\n", P, r->full_ms, r->ttft_ms, d->hot.ttft_ms,
+                  d->cold.ttft_ms);
+    } else if (!a.ttft_table) {
+      ReportDaemon(transform, *d, *r, *bus, *disk);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Time to first token with and without a restored prefix (CUDA)"};
-  std::string config_path = "configs/hrm-glm5-class.json";
-  std::vector<std::size_t> prefixes = {4096, 32768};
-  std::size_t suffix = 16, chunk = 2048;
-  std::uint64_t seed = 1;
-  app.add_option("--config", config_path, "model config (JSON)");
-  app.add_option("--prefix", prefixes, "prefix lengths in tokens")->expected(1, 16);
-  app.add_option("--suffix", suffix, "suffix tokens primed after the prefix")->check(CLI::Range(1, 4096));
-  app.add_option("--chunk", chunk, "tokens per forward call")->check(CLI::Range(1, 65536));
-  app.add_option("--seed", seed, "weights seed");
-  std::string daemon_bin;
-  app.add_option("--daemon", daemon_bin, "primecached binary: also measure the restore path through the daemon");
-  std::size_t quant_error = 0;
-  bool cpu = false;
-  app.add_option("--quant-error", quant_error,
+  CLI::App app{"Time to first token with and without a restored prefix, in process and through the daemon"};
+  Args a;
+  app.add_option("--config", a.config_path, "model config (JSON)");
+  app.add_option("--prefix", a.prefixes, "prefix lengths in tokens")->expected(1, 16);
+  app.add_option("--suffix", a.suffix, "suffix tokens primed after the prefix")->check(CLI::Range(1, 4096));
+  app.add_option("--chunk", a.chunk, "tokens per forward call")->check(CLI::Range(1, 65536));
+  app.add_option("--seed", a.seed, "weights seed");
+  app.add_option("--daemon", a.daemon_bin, "primecached binary: also measure the path through the daemon");
+  app.add_option("--quant-error", a.quant_error,
                  "instead: prime this many tokens through the config (quantized attn) and its f32 twin on the same "
                  "weights, and compare their logits")
       ->check(CLI::Range(2, 1 << 20));
-  app.add_flag("--cpu", cpu, "with --quant-error: run on the CPU reference");
+  app.add_flag("--cpu", a.cpu, "run on the CPU reference instead of CUDA");
+  app.add_flag("--ttft-table", a.ttft_table,
+               "print the TTFT table rows (full prefill, restore in process, through the daemon hot and cold) for "
+               "each --prefix (default 4096, 32768, 131072)");
+  app.add_flag("--ratios", a.ratios, "also encode the longest prefix's capture with every transform");
   CLI11_PARSE(app, argc, argv);
+  if (a.ttft_table && app.count("--prefix") == 0) a.prefixes = {4096, 32768, 131072};
 
-  if (quant_error != 0) {
-    auto config = model::LoadModelConfig(Env::Default(), config_path);
+  if (a.quant_error != 0) {
+    auto config = model::LoadModelConfig(Env::Default(), a.config_path);
     if (!config.ok()) return Fail(config.status(), "config");
     std::shared_ptr<engine::Device> dev;
-    if (cpu) {
+    if (a.cpu) {
       dev = engine::NewCpuDevice({.memory_bytes = 64ull << 30});
     } else {
       auto d = engine::NewCudaDevice();
       if (!d.ok()) return Fail(d.status(), "device");
       dev = *d;
     }
-    return QuantError(*config, model::Weights::Generate(*config, seed), quant_error, chunk, dev);
+    return QuantError(*config, model::Weights::Generate(*config, a.seed), a.quant_error, a.chunk, dev);
   }
-  if (!engine::CudaDeviceAvailable()) {
-    std::printf("model-bench: no CUDA device; nothing measured\n");
+  if (!a.cpu && !engine::CudaDeviceAvailable()) {
+    std::printf("model-bench: no CUDA device; nothing measured (--cpu runs on the CPU reference)\n");
     return 0;
   }
-  auto config = model::LoadModelConfig(Env::Default(), config_path);
-  if (!config.ok()) return Fail(config.status(), "config");
-  auto t0 = Clock::now();
-  model::Weights weights = model::Weights::Generate(*config, seed);
-  std::printf("model-bench: %s, %zu layers, weights generated in %.0f ms\n", config->name.c_str(),
-              config->layers.size(), Ms(t0));
-  std::size_t longest = 0;
-  for (std::size_t p : prefixes) longest = std::max(longest, p);
-
-  auto device = engine::NewCudaDevice();
-  if (!device.ok()) return Fail(device.status(), "device");
-  engine::ReserveRequest req;
-  req.plan = model::HybridModel::PlanFor(*config, weights);
-  req.max_ctx = longest + suffix;
-  req.sessions = 3;
-  req.snapshot_slots = 1;
-  auto eng = engine::Engine::Create(*device, req);
-  if (!eng.ok()) return Fail(eng.status(), "engine");
-  t0 = Clock::now();
-  auto m = model::HybridModel::Create(*config, weights, eng->get(), {chunk});
-  if (!m.ok()) return Fail(m.status(), "model");
-  std::printf("model-bench: weights on the device in %.0f ms; chunks of %zu tokens\n", Ms(t0), chunk);
-  engine::Device& dev = (*eng)->device();
-
+  const std::size_t longest = *std::max_element(a.prefixes.begin(), a.prefixes.end());
+  auto b = Setup(a.config_path, a.seed, longest + a.suffix, a.chunk, a.cpu);
+  if (!b.ok()) return Fail(b.status(), "setup");
+  if (a.ttft_table) {
+    std::printf("| prefix | full prefill | restore in process | through the daemon, hot | through the daemon, cold |\n");
+    std::printf("| --- | --- | --- | --- | --- |\n");
+  }
   std::mt19937 rng(7);
-  for (std::size_t P : prefixes) {
-    std::vector<std::uint32_t> tokens(P + suffix);
-    tokens[0] = model::kBosToken;
-    for (std::size_t i = 1; i < tokens.size(); ++i) tokens[i] = rng() % 256;
-    std::span<const std::uint32_t> prefix(tokens.data(), P), rest(tokens.data() + P, suffix);
-
-    // Without a restore: the whole prompt.
-    std::vector<float> full_logits;
-    double full_ms;
-    {
-      auto s = (*m)->NewSession();
-      if (!s.ok()) return Fail(s.status(), "session");
-      t0 = Clock::now();
-      Status st = (*m)->Prime(*s, tokens, model::LogitsWanted::kLast, &full_logits);
-      full_ms = Ms(t0);
-      if (!st.ok()) return Fail(st, "full prefill");
-    }
-    // The captured session, continued with the suffix: the exactness reference.
-    auto src = (*m)->NewSession();
-    if (!src.ok()) return Fail(src.status(), "session");
-    if (Status st = (*m)->Prime(*src, prefix, model::LogitsWanted::kNone, nullptr); !st.ok()) return Fail(st, "prefix");
-    t0 = Clock::now();
-    auto snap = src->cache->CaptureFull();
-    const double capture_ms = Ms(t0);
-    if (!snap.ok()) return Fail(snap.status(), "capture");
-    auto pinned = Pin(dev, *snap);
-    if (!pinned.ok()) return Fail(pinned.status(), "pinning the snapshot");
-    std::vector<float> cont_logits;
-    if (Status st = (*m)->Prime(*src, rest, model::LogitsWanted::kLast, &cont_logits); !st.ok()) return Fail(st, "suffix");
-    src->cache.reset();
-
-    // The bus rate for the same bytes, pinned host to device.
-    auto scratch = dev.Allocate(pinned->bytes);
-    if (!scratch.ok()) return Fail(scratch.status(), "scratch");
-    double copy_ms = 1e30;
-    for (int rep = 0; rep < 3; ++rep) {
-      t0 = Clock::now();
-      Status st = dev.UploadAsync(scratch->data(), pinned->block.data(), pinned->bytes, engine::Lane::kCompute);
-      if (st.ok()) st = dev.Synchronize(engine::Lane::kCompute);
-      if (!st.ok()) return Fail(st, "pinned copy");
-      copy_ms = std::min(copy_ms, Ms(t0));
-    }
-    scratch->Reset();
-
-    // With a restore: restore the prefix, then the suffix.
-    auto dst = (*m)->NewSession();
-    if (!dst.ok()) return Fail(dst.status(), "session");
-    std::vector<float> restored_logits;
-    t0 = Clock::now();
-    Status st = dst->cache->Restore(pinned->views);
-    if (st.ok()) st = dev.Synchronize(engine::Lane::kCompute);
-    const double restore_ms = Ms(t0);
-    if (!st.ok()) return Fail(st, "restore");
-    dst->position = P;
-    st = (*m)->Prime(*dst, rest, model::LogitsWanted::kLast, &restored_logits);
-    const double ttft_restore_ms = Ms(t0);
-    if (!st.ok()) return Fail(st, "suffix after restore");
-    const bool exact = restored_logits.size() == cont_logits.size() &&
-                       std::memcmp(restored_logits.data(), cont_logits.data(), cont_logits.size() * 4) == 0;
-    double num = 0, den = 0;
-    for (std::size_t i = 0; i < full_logits.size(); ++i) {
-      const double d = double(restored_logits[i]) - full_logits[i];
-      num += d * d;
-      den += double(full_logits[i]) * full_logits[i];
-    }
-    const double gb = static_cast<double>(pinned->bytes) / 1e9;
-    std::printf(
-        "model-bench: prefix %6zu + %zu: ttft full %9.1f ms | restore %7.1f ms (%.3f GB at %.1f GB/s; pinned copy %.1f GB/s, "
-        "ratio %.2f) + suffix = ttft %7.1f ms | speedup %.1fx | capture %.0f ms | restored == continued: %s | "
-        "vs one-call prefill rel %.2g\n",
-        P, suffix, full_ms, restore_ms, gb, gb / (restore_ms / 1e3), gb / (copy_ms / 1e3), copy_ms / restore_ms,
-        ttft_restore_ms, full_ms / ttft_restore_ms, capture_ms, exact ? "bit-identical" : "DIFFERENT",
-        std::sqrt(num / den));
-    if (!exact) return 1;
-    if (P == longest) {
-      ReportRatios(*snap);
-      if (!daemon_bin.empty()) {
-        const int rc = DaemonPath(daemon_bin, **m, *config, weights, *snap, prefix, tokens, cont_logits,
-                                  gb / (copy_ms / 1e3));
-        if (rc != 0) return rc;
-      }
-    }
+  for (std::size_t P : a.prefixes) {
+    if (const int rc = RunPrefix(a, *b, P, rng); rc != 0) return rc;
   }
   return 0;
 }
