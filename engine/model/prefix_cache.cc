@@ -152,7 +152,7 @@ class StagedFetch {
       if (s.ok()) s = dev_.UploadAsync(device_ + at, bytes.data(), n, engine::Lane::kTransfer);
       // The loan ends when the copy has run; the release itself (a message
       // to the daemon) runs on the pool, not on the device's callback thread.
-      if (s.ok()) s = dev_.AfterLane(engine::Lane::kTransfer, [this, release] { pool_.Post(release); });
+      if (s.ok()) s = dev_.AfterLane(engine::Lane::kTransfer, [pool = &pool_, release] { pool->Post(release); });
       if (!s.ok()) release();
       if (s.ok()) ++direct_;
       return s;
@@ -448,6 +448,7 @@ Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, const std::ve
 
 Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::span<const engine::LayerSnapshotView> layers) {
   if (client_ == nullptr) return Status::Unavailable("prefix cache: no daemon");
+  std::lock_guard publishing(publish_mu_);  // one publish at a time: the scratch is shared
   PC_ASSIGN_OR_RETURN(auto stream,
                       client_->BeginPublish(model_id_, tokens, static_cast<std::uint32_t>(layers.size())));
   for (const engine::LayerSnapshotView& view : layers) PC_RETURN_IF_ERROR(PublishLayer(*stream, view));

@@ -148,7 +148,8 @@ class PrefixCache {
   engine::Memory device_staging_mem_;  // device; the restore's source with device staging
   void* registered_ = nullptr;     // the shared region registered with the device
   std::unique_ptr<WorkerPool> decode_pool_;
-  std::vector<std::byte> chunk_scratch_;  // the worker's: where a layer's chunks are encoded
+  std::mutex publish_mu_;                 // held by Publish
+  std::vector<std::byte> chunk_scratch_;  // under publish_mu_: where a large layer's chunks are encoded
 
   // A completed capture waiting for the worker: its planes in a pinned arena.
   struct Job {

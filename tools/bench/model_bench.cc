@@ -302,7 +302,7 @@ Result<InProcess> MeasureInProcess(model::HybridModel& m, engine::Device& dev, s
 
 struct DaemonRun {
   double publish_ms = 0;
-  std::uint64_t publish_bytes = 0;
+  std::uint64_t publish_bytes = 0, in_place_layers = 0, layers = 0;
   model::Request hot, cold;
   bool exact = false;
 };
@@ -325,7 +325,14 @@ Result<DaemonRun> MeasureDaemon(DaemonProcess& daemon, model::HybridModel& m, co
   o.endpoint = daemon.socket();
   o.ns = transform;
   o.shared_memory = true;
-  o.shared_memory_bytes = 256u << 20;
+  // Room for the largest layer's chunks in the publish half (so each is
+  // encoded in place) and a fetch window as large: at least 256 MiB.
+  std::uint64_t largest = 0;
+  for (const auto& v : ref.views) {
+    largest = std::max(largest, engine::ViewFloats(std::visit([](const auto& x) -> LayerShape { return x.shape; }, v)) *
+                                    sizeof(float));
+  }
+  o.shared_memory_bytes = std::clamp<std::uint64_t>(4 * largest + (64u << 20), 256u << 20, 4ull << 30);
   o.timeout = std::chrono::milliseconds(300000);
   PC_ASSIGN_OR_RETURN(auto cl, client::Client::Connect(o));
   model::PrefixCacheOptions opt;
@@ -339,6 +346,8 @@ Result<DaemonRun> MeasureDaemon(DaemonProcess& daemon, model::HybridModel& m, co
   PC_RETURN_IF_ERROR(cache.Publish(tokens.first(P), ref.views));
   d.publish_ms = Ms(t0);
   d.publish_bytes = cache.published_bytes();
+  d.in_place_layers = cache.in_place_layers();
+  d.layers = ref.views.size();
   d.exact = true;
   {
     PC_ASSIGN_OR_RETURN(d.hot, Through(cache, tokens, ref, P, &d.exact));
@@ -364,10 +373,12 @@ void ReportDaemon(const char* transform, const DaemonRun& d, const InProcess& re
                   const DiskRates& disk) {
   const std::uint64_t b = d.hot.restored_bytes;
   std::printf(
-      "model-bench: daemon %-15s publish %.1f ms (%.3f GB encoded, %.2f GB/s) | hot: restore %.1f ms = %.2f GB/s "
+      "model-bench: daemon %-15s publish %.1f ms (%.3f GB encoded, %.2f GB/s; %llu of %llu layers encoded in place) | "
+      "hot: restore %.1f ms = %.2f GB/s "
       "(lookup %.1f, fetch %.1f, validate+copy %.1f ms; %llu raw chunks straight from the region), ttft %.1f ms | "
       "cold: restore %.1f ms = %.2f GB/s, ttft %.1f ms | restored == continued: %s\n",
-      transform, d.publish_ms, d.publish_bytes / 1e9, Gbs(d.publish_bytes, d.publish_ms), d.hot.restore_ms,
+      transform, d.publish_ms, d.publish_bytes / 1e9, Gbs(d.publish_bytes, d.publish_ms),
+      static_cast<unsigned long long>(d.in_place_layers), static_cast<unsigned long long>(d.layers), d.hot.restore_ms,
       Gbs(b, d.hot.restore_ms), d.hot.lookup_ms, d.hot.fetch_ms, d.hot.copy_ms,
       static_cast<unsigned long long>(d.hot.direct_chunks), d.hot.ttft_ms, d.cold.restore_ms,
       Gbs(b, d.cold.restore_ms), d.cold.ttft_ms, d.exact ? "bit-identical" : "DIFFERENT");
