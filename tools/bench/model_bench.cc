@@ -320,7 +320,8 @@ Result<model::Request> Through(model::PrefixCache& cache, std::span<const std::u
 // hot and, after the data dir was dropped from the page cache, cold.
 Result<DaemonRun> MeasureDaemon(DaemonProcess& daemon, model::HybridModel& m, const model::ModelConfig& config,
                                 const model::Weights& weights, const InProcess& ref,
-                                std::span<const std::uint32_t> tokens, std::size_t P, const char* transform) {
+                                std::span<const std::uint32_t> tokens, std::size_t P, const char* transform,
+                                model::PrefixCacheOptions::Staging staging) {
   client::ClientOptions o;
   o.endpoint = daemon.socket();
   o.ns = transform;
@@ -338,6 +339,7 @@ Result<DaemonRun> MeasureDaemon(DaemonProcess& daemon, model::HybridModel& m, co
   model::PrefixCacheOptions opt;
   opt.encode.all_planes = TransformSpec{transform, transform == std::string("raw/v1") ? 0 : 1};
   opt.publish = false;
+  opt.staging = staging;
   model::PrefixCache cache(&m, std::move(cl), model::PrefixCache::ModelIdFor(config, weights), opt);
   // As an engine does at start-up: pinning the staging is not a request's cost.
   PC_RETURN_IF_ERROR(cache.ReserveStaging(P));
@@ -509,6 +511,7 @@ struct Args {
   std::uint64_t seed = 1;
   std::string daemon_bin;
   bool cpu = false, ttft_table = false, ratios = false;
+  model::PrefixCacheOptions::Staging staging = model::PrefixCacheOptions::Staging::kAuto;
 };
 
 // One prefix length: the in-process figures and, with a daemon, both
@@ -539,7 +542,7 @@ int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng) {
                 daemon.dir().c_str(), Gbs(r->bytes, disk->write_ms), Gbs(r->bytes, disk->read_ms));
   }
   for (const char* transform : {"raw/v1", "shuffle-zstd/v1"}) {
-    auto d = MeasureDaemon(daemon, *b.model, b.config, b.weights, *r, tokens, P, transform);
+    auto d = MeasureDaemon(daemon, *b.model, b.config, b.weights, *r, tokens, P, transform, a.staging);
     if (!d.ok()) return Fail(d.status(), transform);
     if (!d->exact) {
       std::printf("model-bench: %s: a restore through the daemon was not bit-identical\n", transform);
@@ -575,6 +578,12 @@ int main(int argc, char** argv) {
                "print the TTFT table rows (full prefill, restore in process, through the daemon hot and cold) for "
                "each --prefix (default 4096, 32768, 131072)");
   app.add_flag("--ratios", a.ratios, "also encode the longest prefix's capture with every transform");
+  const std::map<std::string, model::PrefixCacheOptions::Staging> stagings = {
+      {"auto", model::PrefixCacheOptions::Staging::kAuto},
+      {"device", model::PrefixCacheOptions::Staging::kDevice},
+      {"host", model::PrefixCacheOptions::Staging::kHost}};
+  app.add_option("--staging", a.staging, "where a restore through the daemon stages (auto: device on CUDA)")
+      ->transform(CLI::CheckedTransformer(stagings, CLI::ignore_case));
   CLI11_PARSE(app, argc, argv);
   if (a.ttft_table && app.count("--prefix") == 0) a.prefixes = {4096, 32768, 131072};
 
