@@ -6,8 +6,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <type_traits>
 
 namespace primecache::model {
@@ -38,8 +40,8 @@ std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
 // they arrive and give each layer its block (planes back to back, in view
 // order) at the same offset in host and device staging. Each chunk is handed
 // to the pool: a raw one whose bytes lie in registered memory is checked and
-// copied to device staging from where it lies, its loan returned once the
-// transfer lane has passed the copy; any other is decoded into host staging,
+// copied to device staging from where it lies, its loan returned by a
+// releaser thread once an event recorded after the copy has passed; any other is decoded into host staging,
 // its loan returned, and (with device staging) copied up from there.
 // Callbacks run on the client's reader thread; chunk work on the pool.
 class StagedFetch {
@@ -47,7 +49,12 @@ class StagedFetch {
   StagedFetch(engine::Device& dev, WorkerPool& pool, std::vector<LayerGeometry> geometry, float* host,
               float* device, std::uint64_t capacity)
       : dev_(dev), pool_(pool), geometry_(std::move(geometry)), host_(host), device_(device), capacity_(capacity),
-        layers_(geometry_.size()) {}
+        layers_(geometry_.size()) {
+    if (device_ != nullptr) releaser_ = std::thread([this] { ReleaseLoop(); });
+  }
+  ~StagedFetch() { CloseLoans(); }
+  StagedFetch(const StagedFetch&) = delete;
+  StagedFetch& operator=(const StagedFetch&) = delete;
 
   client::FetchCallbacks Callbacks() {
     client::FetchCallbacks cb;
@@ -65,11 +72,15 @@ class StagedFetch {
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return pending_ == 0; });
-      if (fetched.ok()) fetched = status_;
     }
+    CloseLoans();  // every loan is queued by now; each is returned once its copy ran
     if (device_ != nullptr) {
       Status t = dev_.Synchronize(engine::Lane::kTransfer);
       if (fetched.ok()) fetched = t;
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (fetched.ok()) fetched = status_;
     }
     for (std::size_t l = 0; fetched.ok() && l < layers_.size(); ++l) {
       if (!layers_[l].decoder) fetched = Status::Corruption("the entry has no layer " + std::to_string(l));
@@ -150,12 +161,19 @@ class StagedFetch {
     if (device_ != nullptr && d.ChunkIsRaw(index) && dev_.IsPinned(bytes.data())) {
       Status s = d.CheckEncoded(index, bytes);
       if (s.ok()) s = dev_.UploadAsync(device_ + at, bytes.data(), n, engine::Lane::kTransfer);
-      // The loan ends when the copy has run; the release itself (a message
-      // to the daemon) runs on the pool, not on the device's callback thread.
-      if (s.ok()) s = dev_.AfterLane(engine::Lane::kTransfer, [pool = &pool_, release] { pool->Post(release); });
-      if (!s.ok()) release();
-      if (s.ok()) ++direct_;
-      return s;
+      // The loan ends when the copy has run: the releaser waits for an event
+      // recorded after it (a host callback on the stream would stall the
+      // copies behind it for a round trip to the host each).
+      Result<engine::Event> copied = s.ok() ? dev_.Record(engine::Lane::kTransfer) : Result<engine::Event>(s);
+      if (!copied.ok()) {
+        release();
+        return copied.status();
+      }
+      ++direct_;
+      std::lock_guard lock(loan_mu_);
+      loans_.push_back({std::move(copied).value(), std::move(release)});
+      loan_cv_.notify_one();
+      return Status::Ok();
     }
     const std::span<float> plane(host_ + l.offset + l.planes[loc.plane], d.planes()[loc.plane].values());
     Status s = d.DecodeChunk(index, bytes, plane);
@@ -164,10 +182,38 @@ class StagedFetch {
     return s;
   }
 
-  void Done(const Status& s, std::uint32_t layer) {
+  // The releaser: returns each direct chunk's loan once its copy has run,
+  // until Finish closes the queue.
+  void ReleaseLoop() {
+    for (;;) {
+      Loan loan;
+      {
+        std::unique_lock lock(loan_mu_);
+        loan_cv_.wait(lock, [&] { return closing_ || !loans_.empty(); });
+        if (loans_.empty()) return;
+        loan = std::move(loans_.front());
+        loans_.pop_front();
+      }
+      Status s = dev_.Synchronize(loan.copied);
+      loan.release();
+      if (!s.ok()) Done(s.WithContext("a copy from the shared region"), 0, /*counted=*/false);
+    }
+  }
+
+  void CloseLoans() {
+    if (!releaser_.joinable()) return;
+    {
+      std::lock_guard lock(loan_mu_);
+      closing_ = true;
+    }
+    loan_cv_.notify_all();
+    releaser_.join();
+  }
+
+  void Done(const Status& s, std::uint32_t layer, bool counted = true) {
     std::lock_guard lock(mu_);
-    if (!s.ok() && status_.ok()) status_ = s.WithContext("layer " + std::to_string(layer));
-    if (--pending_ == 0) cv_.notify_all();
+    if (!s.ok() && status_.ok()) status_ = counted ? s.WithContext("layer " + std::to_string(layer)) : s;
+    if (counted && --pending_ == 0) cv_.notify_all();
   }
 
   engine::Device& dev_;
@@ -183,6 +229,16 @@ class StagedFetch {
   std::condition_variable cv_;
   std::size_t pending_ = 0;
   Status status_;
+
+  struct Loan {
+    engine::Event copied;  // recorded on the transfer lane after the chunk's copy
+    client::ChunkRelease release;
+  };
+  std::mutex loan_mu_;
+  std::condition_variable loan_cv_;
+  std::deque<Loan> loans_;
+  bool closing_ = false;
+  std::thread releaser_;  // with device staging
 };
 
 LayerShape ShapeOfView(const engine::LayerSnapshotView& v) {
