@@ -528,7 +528,7 @@ int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng) {
   if (!bus.ok()) return Fail(bus.status(), "pinned copies");
   if (!a.ttft_table) ReportInProcess(P, a.suffix, *r, *bus);
   if (!r->exact) return 1;
-  if (a.ratios) {
+  if (a.ratios && P == *std::max_element(a.prefixes.begin(), a.prefixes.end())) {
     auto snap = b.model->NewSession();
     if (snap.ok() && b.model->Prime(*snap, std::span(tokens).first(P), model::LogitsWanted::kNone, nullptr).ok()) {
       auto layers = snap->cache->CaptureFull();
