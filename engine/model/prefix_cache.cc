@@ -411,14 +411,16 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
 
   const auto t_copy = Clock::now();
   const std::vector<engine::LayerSnapshotView> views = fetch.Views();
-  // Every layer validated before the first byte reaches the cache; a refusal
-  // leaves the session as fresh as it was.
-  if (Status v = cache.ValidateRestore(views); !v.ok()) {
-    spdlog::warn("prefix cache: entry {} refused: {}", found->entry, v.ToString());
+  // Restore validates every layer (the one whole-set validation) before the
+  // first byte reaches the cache: a refusal leaves the session fresh. A cache
+  // that is no longer fresh failed while copying.
+  Status restored =
+      cache.Restore(views, device_staging_ ? engine::PlaneResidence::kDevice : engine::PlaneResidence::kHost);
+  if (!restored.ok() && cache.fresh()) {
+    spdlog::warn("prefix cache: entry {} refused: {}", found->entry, restored.ToString());
     return std::uint64_t{0};
   }
-  PC_RETURN_IF_ERROR(cache.Restore(views, device_staging_ ? engine::PlaneResidence::kDevice
-                                                          : engine::PlaneResidence::kHost));
+  PC_RETURN_IF_ERROR(restored);
   PC_RETURN_IF_ERROR(dev.Synchronize(engine::Lane::kCompute));
   session.position = len;
   figures->copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_copy).count();
