@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -241,6 +242,25 @@ class StagedFetch {
   std::thread releaser_;  // with device staging
 };
 
+// Runs fn(0..n-1) on the pool and waits for all of them; the first error.
+Status RunOnPool(WorkerPool& pool, std::size_t n, const std::function<Status(std::size_t)>& fn) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t left = n;
+  Status first;
+  for (std::size_t i = 0; i < n; ++i) {
+    pool.Post([&, i] {
+      Status s = fn(i);
+      std::lock_guard lock(mu);
+      if (!s.ok() && first.ok()) first = s;
+      if (--left == 0) cv.notify_all();
+    });
+  }
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return left == 0; });
+  return first;
+}
+
 LayerShape ShapeOfView(const engine::LayerSnapshotView& v) {
   return std::visit([](const auto& x) -> LayerShape { return x.shape; }, v);
 }
@@ -288,6 +308,8 @@ PrefixCache::PrefixCache(HybridModel* model, std::unique_ptr<client::Client> cli
         options_.decode_threads != 0 ? options_.decode_threads
                                      : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 8);
     decode_pool_ = std::make_unique<WorkerPool>(threads);
+    encode_pool_ = std::make_unique<WorkerPool>(options_.encode_threads != 0 ? options_.encode_threads
+                                                                               : std::max<std::size_t>(threads / 2, 1));
     RegisterRegion();
   }
   if (client_ != nullptr && options_.publish) worker_ = std::thread([this] { PublishLoop(); });
@@ -513,18 +535,19 @@ Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::span<con
   return stream->Commit().status();
 }
 
-// Every chunk is written once, by the encoder, reading the planes where they
-// lie. The header (which records every chunk) goes first, so a layer's chunks
-// are all encoded before any is sent: into space reserved in the client's
-// shared region when the layer fits in part of its publish half (nothing is
-// copied again), else into the worker's scratch, from which AddChunk copies
-// them into the region.
+// Every chunk is written once, by the encoder (chunks in parallel on the
+// encode pool), reading the planes where they lie. The header (which records
+// every chunk) goes first, so a layer's chunks are all encoded before any is
+// sent: into space reserved in the client's shared region when the layer
+// fits in part of its publish half (nothing is copied again), else into the
+// scratch, from which AddChunk copies them into the region.
 Status PrefixCache::PublishLayer(client::PublishStream& stream, const engine::LayerSnapshotView& view) {
   PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(ShapeOfView(view), PlanesOfView(view), options_.encode));
+  const std::size_t n = enc.chunk_count();
   // The client hands out region space in 4 KiB extents (ReservedChunk).
   constexpr std::uint64_t kExtent = 4096;
   std::uint64_t room = 0, extents = 0;
-  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     room += enc.MaxChunkBytes(i);
     extents += (enc.MaxChunkBytes(i) + kExtent - 1) / kExtent * kExtent;
   }
@@ -533,29 +556,29 @@ Status PrefixCache::PublishLayer(client::PublishStream& stream, const engine::La
   // half at most, so one layer never waits on space only its own chunks hold.
   const bool in_place = region.base != nullptr && extents <= region.size / 2 / 4 * 3;
   std::vector<client::ReservedChunk> reserved;
-  std::vector<std::span<const std::byte>> chunks;
+  std::vector<std::span<std::byte>> space(n);
   if (!in_place && chunk_scratch_.size() < room) chunk_scratch_.resize(room);
-  std::span<std::byte> scratch(chunk_scratch_);
-  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
-    std::span<std::byte> space;
+  for (std::size_t i = 0, at = 0; i < n; at += enc.MaxChunkBytes(i), ++i) {
     if (in_place) {
       PC_ASSIGN_OR_RETURN(client::ReservedChunk rc, stream.ReserveChunk(enc.MaxChunkBytes(i)));
-      space = rc.bytes();
+      space[i] = rc.bytes();
       reserved.push_back(std::move(rc));
     } else {
-      space = scratch.first(enc.MaxChunkBytes(i));
+      space[i] = std::span(chunk_scratch_).subspan(at, enc.MaxChunkBytes(i));
     }
-    PC_ASSIGN_OR_RETURN(std::size_t n, enc.EncodeChunk(i, space));
-    chunks.push_back(space.first(n));
-    if (!in_place) scratch = scratch.subspan(n);
   }
+  std::vector<std::size_t> sizes(n);
+  PC_RETURN_IF_ERROR(RunOnPool(*encode_pool_, n, [&](std::size_t i) -> Status {
+    PC_ASSIGN_OR_RETURN(sizes[i], enc.EncodeChunk(i, space[i]));
+    return Status::Ok();
+  }));
   PC_ASSIGN_OR_RETURN(LayerHeader header, enc.Finish());
   const std::string h = SerializeLayerHeader(header);
-  PC_RETURN_IF_ERROR(stream.BeginLayer(AsBytes(h), static_cast<std::uint32_t>(chunks.size())));
-  for (std::size_t i = 0; i < chunks.size(); ++i) {
-    PC_RETURN_IF_ERROR(in_place ? stream.AddReservedChunk(std::move(reserved[i]), chunks[i].size())
-                                : stream.AddChunk(chunks[i]));
-    published_bytes_ += chunks[i].size();
+  PC_RETURN_IF_ERROR(stream.BeginLayer(AsBytes(h), static_cast<std::uint32_t>(n)));
+  for (std::size_t i = 0; i < n; ++i) {
+    PC_RETURN_IF_ERROR(in_place ? stream.AddReservedChunk(std::move(reserved[i]), sizes[i])
+                                : stream.AddChunk(space[i].first(sizes[i])));
+    published_bytes_ += sizes[i];
   }
   if (in_place) in_place_layers_ += 1;
   return Status::Ok();
