@@ -399,6 +399,85 @@ Result<EagerHalf> PendingCapture::Collect() {
 
 // ---- deferred half -------------------------------------------------------------
 
+namespace {
+
+// The deferred half's checks of one latent layer against its eager half.
+Status CheckLatentCompletion(std::size_t i, const EagerLayer& el, const LatentLayer* l, std::uint64_t low) {
+  const auto* e = std::get_if<EagerLatent>(&el);
+  if (e == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
+  if (e->width != l->width() || e->index_width != l->index_width()) {
+    return LayerRefusal(i, "widths " + N(e->width) + "/" + N(e->index_width) + " != the layer's " +
+                               N(l->width()) + "/" + N(l->index_width()));
+  }
+  if (e->len == 0) return LayerRefusal(i, "boundary len 0");
+  if (l->len() < e->len) {
+    return LayerRefusal(
+        i, "the layer holds " + N(l->len()) + " rows, fewer than the boundary's " + N(e->len));
+  }
+  if (low < e->len) {
+    return LayerRefusal(
+        i, "rewound to " + N(low) + ", below the boundary " + N(e->len) + ", since the capture");
+  }
+  if (e->pool != l->pool())
+    return LayerRefusal(i, "pool " + N(e->pool) + " != the layer's pool " + N(l->pool()));
+  if (l->plan().has_indexer()) {
+    if (e->pool == 0 || e->pools_ready != e->len / e->pool) {
+      return LayerRefusal(i, "boundary pools_ready " + N(e->pools_ready) + " != len / pool");
+    }
+    if (l->pools_ready() < e->pools_ready) {
+      return LayerRefusal(
+          i, "pools_ready " + N(l->pools_ready()) + " is behind the boundary's " + N(e->pools_ready));
+    }
+    if (e->tail_rows.size() != (e->len - e->pools_ready * e->pool) * e->index_width) {
+      return LayerRefusal(i, "the eager tail holds " + N(e->tail_rows.size()) +
+                                 " floats, not the boundary's " +
+                                 N((e->len - e->pools_ready * e->pool) * e->index_width));
+    }
+    if (e->index_is_ring != (l->index_ring_rows() != 0) || e->index_ring_rows != l->index_ring_rows()) {
+      return LayerRefusal(
+          i, "index ring " + N(e->index_ring_rows) + " != the layer's " + N(l->index_ring_rows()));
+    }
+  } else if (e->pools_ready != 0 || !e->tail_rows.empty() || e->index_is_ring ||
+             e->index_ring_rows != 0) {
+    return LayerRefusal(i, "pool state on a layer without an indexer");
+  }
+  PC_RETURN_IF_ERROR(l->CheckInvariants().WithContext("layer " + N(i)));
+  return Status::Ok();
+}
+
+// The same for one KV layer (a rotating one is checked against its eager rows alone).
+Status CheckKvCompletion(std::size_t i, const EagerLayer& el, const KvLayer* kv, std::uint64_t low) {
+  const auto* e = std::get_if<EagerKv>(&el);
+  if (e == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
+  if (e->k_width != kv->plan().k_width || e->v_width != kv->plan().v_width) {
+    return LayerRefusal(i, "K/V widths differ from the layer's");
+  }
+  if (!(e->format == kv->plan().format)) {
+    return LayerRefusal(i, "the eager half is of kind " + std::string(KvKindOf(e->format)) + ", the layer of " +
+                               std::string(KvKindOf(kv->plan().format)));
+  }
+  if (e->len == 0) return LayerRefusal(i, "boundary len 0");
+  if (e->format.rotating()) {
+    // Every row was captured eagerly; the live layer is not read again.
+    const KvShape shape{e->len, e->k_width, e->v_width, e->format, e->rows};
+    if (!CheckShape(shape).ok() || e->k_rows.size() != shape.k_values() || e->v_rows.size() != shape.v_values()) {
+      return LayerRefusal(i, "the eager rotating rows do not have the boundary's shape");
+    }
+    return Status::Ok();
+  }
+  if (kv->len() < e->len) {
+    return LayerRefusal(
+        i, "the layer holds " + N(kv->len()) + " rows, fewer than the boundary's " + N(e->len));
+  }
+  if (low < e->len) {
+    return LayerRefusal(
+        i, "rewound to " + N(low) + ", below the boundary " + N(e->len) + ", since the capture");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
   if (!broken_.empty()) return Status::FailedPrecondition("session cache is broken: " + broken_);
   if (eager.session_id != id_) {
@@ -413,49 +492,10 @@ Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
     return Status::FailedPrecondition("the eager half carries no rewind watch of this cache");
   }
   const std::vector<std::uint64_t>& low = eager.watch->low;
-  // First every check, then every copy.
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const EagerLayer& el = eager.layers[i];
     if (const LatentLayer* l = latent(i)) {
-      const auto* e = std::get_if<EagerLatent>(&el);
-      if (e == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
-      if (e->width != l->width() || e->index_width != l->index_width()) {
-        return LayerRefusal(i, "widths " + N(e->width) + "/" + N(e->index_width) + " != the layer's " +
-                                   N(l->width()) + "/" + N(l->index_width()));
-      }
-      if (e->len == 0) return LayerRefusal(i, "boundary len 0");
-      if (l->len() < e->len) {
-        return LayerRefusal(
-            i, "the layer holds " + N(l->len()) + " rows, fewer than the boundary's " + N(e->len));
-      }
-      if (low[i] < e->len) {
-        return LayerRefusal(
-            i, "rewound to " + N(low[i]) + ", below the boundary " + N(e->len) + ", since the capture");
-      }
-      if (e->pool != l->pool())
-        return LayerRefusal(i, "pool " + N(e->pool) + " != the layer's pool " + N(l->pool()));
-      if (l->plan().has_indexer()) {
-        if (e->pool == 0 || e->pools_ready != e->len / e->pool) {
-          return LayerRefusal(i, "boundary pools_ready " + N(e->pools_ready) + " != len / pool");
-        }
-        if (l->pools_ready() < e->pools_ready) {
-          return LayerRefusal(
-              i, "pools_ready " + N(l->pools_ready()) + " is behind the boundary's " + N(e->pools_ready));
-        }
-        if (e->tail_rows.size() != (e->len - e->pools_ready * e->pool) * e->index_width) {
-          return LayerRefusal(i, "the eager tail holds " + N(e->tail_rows.size()) +
-                                     " floats, not the boundary's " +
-                                     N((e->len - e->pools_ready * e->pool) * e->index_width));
-        }
-        if (e->index_is_ring != (l->index_ring_rows() != 0) || e->index_ring_rows != l->index_ring_rows()) {
-          return LayerRefusal(
-              i, "index ring " + N(e->index_ring_rows) + " != the layer's " + N(l->index_ring_rows()));
-        }
-      } else if (e->pools_ready != 0 || !e->tail_rows.empty() || e->index_is_ring ||
-                 e->index_ring_rows != 0) {
-        return LayerRefusal(i, "pool state on a layer without an indexer");
-      }
-      PC_RETURN_IF_ERROR(l->CheckInvariants().WithContext("layer " + N(i)));
+      PC_RETURN_IF_ERROR(CheckLatentCompletion(i, el, l, low[i]));
     } else if (const RecurrentLayer* r = recurrent(i)) {
       const auto* e = std::get_if<RecurrentSnapshot>(&el);
       if (e == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
@@ -465,36 +505,9 @@ Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
         return LayerRefusal(i, "the eager recurrent state does not have the layer's shape");
       }
     } else {
-      const KvLayer* kv = this->kv(i);
-      const auto* e = std::get_if<EagerKv>(&el);
-      if (e == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
-      if (e->k_width != kv->plan().k_width || e->v_width != kv->plan().v_width) {
-        return LayerRefusal(i, "K/V widths differ from the layer's");
-      }
-      if (!(e->format == kv->plan().format)) {
-        return LayerRefusal(i, "the eager half is of kind " + std::string(KvKindOf(e->format)) + ", the layer of " +
-                                   std::string(KvKindOf(kv->plan().format)));
-      }
-      if (e->len == 0) return LayerRefusal(i, "boundary len 0");
-      if (e->format.rotating()) {
-        // Every row was captured eagerly; the live layer is not read again.
-        const KvShape shape{e->len, e->k_width, e->v_width, e->format, e->rows};
-        if (!CheckShape(shape).ok() || e->k_rows.size() != shape.k_values() || e->v_rows.size() != shape.v_values()) {
-          return LayerRefusal(i, "the eager rotating rows do not have the boundary's shape");
-        }
-        continue;
-      }
-      if (kv->len() < e->len) {
-        return LayerRefusal(
-            i, "the layer holds " + N(kv->len()) + " rows, fewer than the boundary's " + N(e->len));
-      }
-      if (low[i] < e->len) {
-        return LayerRefusal(
-            i, "rewound to " + N(low[i]) + ", below the boundary " + N(e->len) + ", since the capture");
-      }
+      PC_RETURN_IF_ERROR(CheckKvCompletion(i, el, this->kv(i), low[i]));
     }
   }
-
   return Status::Ok();
 }
 

@@ -74,11 +74,6 @@ class CpuDevice final : public Device {
     return true;
   }
   Status Synchronize(Lane) override { return Status::Ok(); }
-  Status AfterLane(Lane, std::function<void()> fn) override {
-    if (!fn) return Status::InvalidArgument("after lane: empty function");
-    fn();
-    return Status::Ok();
-  }
 
  protected:
   void* DoAllocate(std::size_t bytes, Status* st) override {

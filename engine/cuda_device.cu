@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -15,12 +14,6 @@
 
 namespace primecache::engine {
 namespace {
-
-// cudaLaunchHostFunc's trampoline: runs and frees one AfterLane function.
-void CUDART_CB RunHostFunction(void* p) {
-  std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(p));
-  (*fn)();
-}
 
 __global__ void WriteI32Kernel(std::int32_t* dst, std::int32_t value) {
   *dst = value;
@@ -259,15 +252,6 @@ class CudaDevice final : public Device {
   Status Synchronize(Lane lane) override {
     cudaSetDevice(ordinal_);
     PC_CUDA_RETURN(cudaStreamSynchronize(stream(lane)), "stream sync");
-    return Status::Ok();
-  }
-  Status AfterLane(Lane lane, std::function<void()> fn) override {
-    if (!fn) return Status::InvalidArgument("after lane: empty function");
-    cudaSetDevice(ordinal_);
-    auto* held = new std::function<void()>(std::move(fn));
-    const cudaError_t err = cudaLaunchHostFunc(stream(lane), RunHostFunction, held);
-    if (err != cudaSuccess) delete held;  // never launched: it will not run
-    PC_CUDA_RETURN(err, "host function launch");
     return Status::Ok();
   }
 

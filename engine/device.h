@@ -24,15 +24,14 @@
 // UnregisterHost.
 //
 // Thread-safety: a Device is used by one thread at a time, except that
-// allocation accounting is atomic and UploadAsync, DownloadAsync, IsPinned and
-// AfterLane may be called from several threads at once (they keep no host-side
-// state). Memory objects must not outlive their device.
+// allocation accounting is atomic and UploadAsync, DownloadAsync, IsPinned,
+// Record and Synchronize(Event) may be called from several threads at once
+// (they keep no host-side state). Memory objects must not outlive their device.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 
@@ -161,11 +160,6 @@ class Device {
   virtual Result<bool> Query(const Event& event) = 0;
   // Blocks until everything enqueued on `lane` has run.
   virtual Status Synchronize(Lane lane) = 0;
-  // Runs fn on a host thread once the work enqueued on `lane` before this call
-  // has run (CUDA: cudaLaunchHostFunc; CPU: at once, on the calling thread).
-  // fn must be quick and must not call the device; it is how a copy's source
-  // is handed back without a per-copy synchronize. On an error fn never runs.
-  virtual Status AfterLane(Lane lane, std::function<void()> fn) = 0;
 
  protected:
   Device() = default;

@@ -6,8 +6,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <type_traits>
 
 namespace primecache::model {
@@ -38,8 +41,8 @@ std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
 // they arrive and give each layer its block (planes back to back, in view
 // order) at the same offset in host and device staging. Each chunk is handed
 // to the pool: a raw one whose bytes lie in registered memory is checked and
-// copied to device staging from where it lies, its loan returned once the
-// transfer lane has passed the copy; any other is decoded into host staging,
+// copied to device staging from where it lies, its loan returned by a
+// releaser thread once an event recorded after the copy has passed; any other is decoded into host staging,
 // its loan returned, and (with device staging) copied up from there.
 // Callbacks run on the client's reader thread; chunk work on the pool.
 class StagedFetch {
@@ -47,7 +50,12 @@ class StagedFetch {
   StagedFetch(engine::Device& dev, WorkerPool& pool, std::vector<LayerGeometry> geometry, float* host,
               float* device, std::uint64_t capacity)
       : dev_(dev), pool_(pool), geometry_(std::move(geometry)), host_(host), device_(device), capacity_(capacity),
-        layers_(geometry_.size()) {}
+        layers_(geometry_.size()) {
+    if (device_ != nullptr) releaser_ = std::thread([this] { ReleaseLoop(); });
+  }
+  ~StagedFetch() { CloseLoans(); }
+  StagedFetch(const StagedFetch&) = delete;
+  StagedFetch& operator=(const StagedFetch&) = delete;
 
   client::FetchCallbacks Callbacks() {
     client::FetchCallbacks cb;
@@ -65,11 +73,15 @@ class StagedFetch {
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return pending_ == 0; });
-      if (fetched.ok()) fetched = status_;
     }
+    CloseLoans();  // every loan is queued by now; each is returned once its copy ran
     if (device_ != nullptr) {
       Status t = dev_.Synchronize(engine::Lane::kTransfer);
       if (fetched.ok()) fetched = t;
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (fetched.ok()) fetched = status_;
     }
     for (std::size_t l = 0; fetched.ok() && l < layers_.size(); ++l) {
       if (!layers_[l].decoder) fetched = Status::Corruption("the entry has no layer " + std::to_string(l));
@@ -150,12 +162,19 @@ class StagedFetch {
     if (device_ != nullptr && d.ChunkIsRaw(index) && dev_.IsPinned(bytes.data())) {
       Status s = d.CheckEncoded(index, bytes);
       if (s.ok()) s = dev_.UploadAsync(device_ + at, bytes.data(), n, engine::Lane::kTransfer);
-      // The loan ends when the copy has run; the release itself (a message
-      // to the daemon) runs on the pool, not on the device's callback thread.
-      if (s.ok()) s = dev_.AfterLane(engine::Lane::kTransfer, [this, release] { pool_.Post(release); });
-      if (!s.ok()) release();
-      if (s.ok()) ++direct_;
-      return s;
+      // The loan ends when the copy has run: the releaser waits for an event
+      // recorded after it (a host callback on the stream would stall the
+      // copies behind it for a round trip to the host each).
+      Result<engine::Event> copied = s.ok() ? dev_.Record(engine::Lane::kTransfer) : Result<engine::Event>(s);
+      if (!copied.ok()) {
+        release();
+        return copied.status();
+      }
+      ++direct_;
+      std::lock_guard lock(loan_mu_);
+      loans_.push_back({std::move(copied).value(), std::move(release)});
+      loan_cv_.notify_one();
+      return Status::Ok();
     }
     const std::span<float> plane(host_ + l.offset + l.planes[loc.plane], d.planes()[loc.plane].values());
     Status s = d.DecodeChunk(index, bytes, plane);
@@ -164,10 +183,38 @@ class StagedFetch {
     return s;
   }
 
-  void Done(const Status& s, std::uint32_t layer) {
+  // The releaser: returns each direct chunk's loan once its copy has run,
+  // until Finish closes the queue.
+  void ReleaseLoop() {
+    for (;;) {
+      Loan loan;
+      {
+        std::unique_lock lock(loan_mu_);
+        loan_cv_.wait(lock, [&] { return closing_ || !loans_.empty(); });
+        if (loans_.empty()) return;
+        loan = std::move(loans_.front());
+        loans_.pop_front();
+      }
+      Status s = dev_.Synchronize(loan.copied);
+      loan.release();
+      if (!s.ok()) Done(s.WithContext("a copy from the shared region"), 0, /*counted=*/false);
+    }
+  }
+
+  void CloseLoans() {
+    if (!releaser_.joinable()) return;
+    {
+      std::lock_guard lock(loan_mu_);
+      closing_ = true;
+    }
+    loan_cv_.notify_all();
+    releaser_.join();
+  }
+
+  void Done(const Status& s, std::uint32_t layer, bool counted = true) {
     std::lock_guard lock(mu_);
-    if (!s.ok() && status_.ok()) status_ = s.WithContext("layer " + std::to_string(layer));
-    if (--pending_ == 0) cv_.notify_all();
+    if (!s.ok() && status_.ok()) status_ = counted ? s.WithContext("layer " + std::to_string(layer)) : s;
+    if (counted && --pending_ == 0) cv_.notify_all();
   }
 
   engine::Device& dev_;
@@ -183,7 +230,36 @@ class StagedFetch {
   std::condition_variable cv_;
   std::size_t pending_ = 0;
   Status status_;
+
+  struct Loan {
+    engine::Event copied;  // recorded on the transfer lane after the chunk's copy
+    client::ChunkRelease release;
+  };
+  std::mutex loan_mu_;
+  std::condition_variable loan_cv_;
+  std::deque<Loan> loans_;
+  bool closing_ = false;
+  std::thread releaser_;  // with device staging
 };
+
+// Runs fn(0..n-1) on the pool and waits for all of them; the first error.
+Status RunOnPool(WorkerPool& pool, std::size_t n, const std::function<Status(std::size_t)>& fn) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t left = n;
+  Status first;
+  for (std::size_t i = 0; i < n; ++i) {
+    pool.Post([&, i] {
+      Status s = fn(i);
+      std::lock_guard lock(mu);
+      if (!s.ok() && first.ok()) first = s;
+      if (--left == 0) cv.notify_all();
+    });
+  }
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return left == 0; });
+  return first;
+}
 
 LayerShape ShapeOfView(const engine::LayerSnapshotView& v) {
   return std::visit([](const auto& x) -> LayerShape { return x.shape; }, v);
@@ -232,6 +308,8 @@ PrefixCache::PrefixCache(HybridModel* model, std::unique_ptr<client::Client> cli
         options_.decode_threads != 0 ? options_.decode_threads
                                      : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 8);
     decode_pool_ = std::make_unique<WorkerPool>(threads);
+    encode_pool_ = std::make_unique<WorkerPool>(options_.encode_threads != 0 ? options_.encode_threads
+                                                                               : std::max<std::size_t>(threads / 2, 1));
     RegisterRegion();
   }
   if (client_ != nullptr && options_.publish) worker_ = std::thread([this] { PublishLoop(); });
@@ -355,14 +433,16 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
 
   const auto t_copy = Clock::now();
   const std::vector<engine::LayerSnapshotView> views = fetch.Views();
-  // Every layer validated before the first byte reaches the cache; a refusal
-  // leaves the session as fresh as it was.
-  if (Status v = cache.ValidateRestore(views); !v.ok()) {
-    spdlog::warn("prefix cache: entry {} refused: {}", (*found)->id, v.ToString());
+  // Restore validates every layer (the one whole-set validation) before the
+  // first byte reaches the cache: a refusal leaves the session fresh. A cache
+  // that is no longer fresh failed while copying.
+  Status restored =
+      cache.Restore(views, device_staging_ ? engine::PlaneResidence::kDevice : engine::PlaneResidence::kHost);
+  if (!restored.ok() && cache.fresh()) {
+    spdlog::warn("prefix cache: entry {} refused: {}", (*found)->id, restored.ToString());
     return std::uint64_t{0};
   }
-  PC_RETURN_IF_ERROR(cache.Restore(views, device_staging_ ? engine::PlaneResidence::kDevice
-                                                          : engine::PlaneResidence::kHost));
+  PC_RETURN_IF_ERROR(restored);
   PC_RETURN_IF_ERROR(dev.Synchronize(engine::Lane::kCompute));
   session.position = len;
   figures->copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_copy).count();
@@ -448,24 +528,26 @@ Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, const std::ve
 
 Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::span<const engine::LayerSnapshotView> layers) {
   if (client_ == nullptr) return Status::Unavailable("prefix cache: no daemon");
+  std::lock_guard publishing(publish_mu_);  // one publish at a time: the scratch is shared
   PC_ASSIGN_OR_RETURN(auto stream,
                       client_->BeginPublish(model_id_, tokens, static_cast<std::uint32_t>(layers.size())));
   for (const engine::LayerSnapshotView& view : layers) PC_RETURN_IF_ERROR(PublishLayer(*stream, view));
   return stream->Commit().status();
 }
 
-// Every chunk is written once, by the encoder, reading the planes where they
-// lie. The header (which records every chunk) goes first, so a layer's chunks
-// are all encoded before any is sent: into space reserved in the client's
-// shared region when the layer fits in part of its publish half (nothing is
-// copied again), else into the worker's scratch, from which AddChunk copies
-// them into the region.
+// Every chunk is written once, by the encoder (chunks in parallel on the
+// encode pool), reading the planes where they lie. The header (which records
+// every chunk) goes first, so a layer's chunks are all encoded before any is
+// sent: into space reserved in the client's shared region when the layer
+// fits in part of its publish half (nothing is copied again), else into the
+// scratch, from which AddChunk copies them into the region.
 Status PrefixCache::PublishLayer(client::PublishStream& stream, const engine::LayerSnapshotView& view) {
   PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(ShapeOfView(view), PlanesOfView(view), options_.encode));
+  const std::size_t n = enc.chunk_count();
   // The client hands out region space in 4 KiB extents (ReservedChunk).
   constexpr std::uint64_t kExtent = 4096;
   std::uint64_t room = 0, extents = 0;
-  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     room += enc.MaxChunkBytes(i);
     extents += (enc.MaxChunkBytes(i) + kExtent - 1) / kExtent * kExtent;
   }
@@ -474,29 +556,29 @@ Status PrefixCache::PublishLayer(client::PublishStream& stream, const engine::La
   // half at most, so one layer never waits on space only its own chunks hold.
   const bool in_place = region.base != nullptr && extents <= region.size / 2 / 4 * 3;
   std::vector<client::ReservedChunk> reserved;
-  std::vector<std::span<const std::byte>> chunks;
+  std::vector<std::span<std::byte>> space(n);
   if (!in_place && chunk_scratch_.size() < room) chunk_scratch_.resize(room);
-  std::span<std::byte> scratch(chunk_scratch_);
-  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
-    std::span<std::byte> space;
+  for (std::size_t i = 0, at = 0; i < n; at += enc.MaxChunkBytes(i), ++i) {
     if (in_place) {
       PC_ASSIGN_OR_RETURN(client::ReservedChunk rc, stream.ReserveChunk(enc.MaxChunkBytes(i)));
-      space = rc.bytes();
+      space[i] = rc.bytes();
       reserved.push_back(std::move(rc));
     } else {
-      space = scratch.first(enc.MaxChunkBytes(i));
+      space[i] = std::span(chunk_scratch_).subspan(at, enc.MaxChunkBytes(i));
     }
-    PC_ASSIGN_OR_RETURN(std::size_t n, enc.EncodeChunk(i, space));
-    chunks.push_back(space.first(n));
-    if (!in_place) scratch = scratch.subspan(n);
   }
+  std::vector<std::size_t> sizes(n);
+  PC_RETURN_IF_ERROR(RunOnPool(*encode_pool_, n, [&](std::size_t i) -> Status {
+    PC_ASSIGN_OR_RETURN(sizes[i], enc.EncodeChunk(i, space[i]));
+    return Status::Ok();
+  }));
   PC_ASSIGN_OR_RETURN(LayerHeader header, enc.Finish());
   const std::string h = SerializeLayerHeader(header);
-  PC_RETURN_IF_ERROR(stream.BeginLayer(AsBytes(h), static_cast<std::uint32_t>(chunks.size())));
-  for (std::size_t i = 0; i < chunks.size(); ++i) {
-    PC_RETURN_IF_ERROR(in_place ? stream.AddReservedChunk(std::move(reserved[i]), chunks[i].size())
-                                : stream.AddChunk(chunks[i]));
-    published_bytes_ += chunks[i].size();
+  PC_RETURN_IF_ERROR(stream.BeginLayer(AsBytes(h), static_cast<std::uint32_t>(n)));
+  for (std::size_t i = 0; i < n; ++i) {
+    PC_RETURN_IF_ERROR(in_place ? stream.AddReservedChunk(std::move(reserved[i]), sizes[i])
+                                : stream.AddChunk(space[i].first(sizes[i])));
+    published_bytes_ += sizes[i];
   }
   if (in_place) in_place_layers_ += 1;
   return Status::Ok();

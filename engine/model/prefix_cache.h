@@ -47,6 +47,8 @@ struct PrefixCacheOptions {
   // Threads that decode fetched chunks into pinned staging while the next
   // ones arrive; 0: the hardware's threads, at most 8.
   std::size_t decode_threads = 0;
+  // Threads that encode a published layer's chunks; 0: half the decode threads.
+  std::size_t encode_threads = 0;
   // Where a fetched entry is staged before the restore: kAuto is kDevice on
   // a CUDA device, kHost on the CPU backend (where kDevice runs the same
   // steps through the CPU twin).
@@ -148,7 +150,9 @@ class PrefixCache {
   engine::Memory device_staging_mem_;  // device; the restore's source with device staging
   void* registered_ = nullptr;     // the shared region registered with the device
   std::unique_ptr<WorkerPool> decode_pool_;
-  std::vector<std::byte> chunk_scratch_;  // the worker's: where a layer's chunks are encoded
+  std::unique_ptr<WorkerPool> encode_pool_;  // publishing's
+  std::mutex publish_mu_;                 // held by Publish
+  std::vector<std::byte> chunk_scratch_;  // under publish_mu_: where a large layer's chunks are encoded
 
   // A completed capture waiting for the worker: its planes in a pinned arena.
   struct Job {

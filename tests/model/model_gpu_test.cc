@@ -17,11 +17,13 @@
 
 #include "engine/model/prefix_cache.h"
 
-// The daemon the prefix cache tests start: $PRIMECACHED, else the bundle's
-// (tools/gpu-check ships it beside the tests), else the build tree's.
+// The daemon the prefix cache tests start: $PRIMECACHED, else one beside
+// this binary (tools/gpu-check ships it there), else the build tree's.
 inline std::string GpuTestDaemonBinary() {
   if (const char* env = std::getenv("PRIMECACHED")) return env;
-  if (std::filesystem::exists(".gpu-bundle/bin/primecached")) return ".gpu-bundle/bin/primecached";
+  std::error_code ec;
+  const auto beside = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "primecached";
+  if (!ec && std::filesystem::exists(beside, ec)) return beside.string();
   return PRIMECACHED_BUILD_PATH;
 }
 #define PRIMECACHED_PATH GpuTestDaemonBinary()
