@@ -215,6 +215,16 @@ class PosixEnv final : public Env {
     return Status::Ok();
   }
 
+  Status TruncateFile(const std::string& path, std::uint64_t size) override {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus("stat", path, errno);
+    if (static_cast<std::uint64_t>(st.st_size) < size) {
+      return Status::InvalidArgument("truncating " + path + " to " + std::to_string(size) + " bytes would grow it");
+    }
+    if (::truncate(path.c_str(), static_cast<off_t>(size)) != 0) return ErrnoStatus("truncate", path, errno);
+    return Status::Ok();
+  }
+
   Status SyncDir(const std::string& dir) override {
     int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return ErrnoStatus("open directory", dir, errno);

@@ -19,6 +19,7 @@
 #include "primecache/model.h"
 #include "primecache/snapshot.h"
 #include "raw_db.h"
+#include "segment_util.h"
 #include "statestore/format.h"
 
 namespace primecache::testing {
@@ -300,7 +301,7 @@ TEST_F(CliTest, StatsCountHitsBytesAndDedup) {
   EXPECT_NE(r.out.find("dedup savings"), std::string::npos) << r.out;
 }
 
-// Chunk bytes overwritten and a reference count altered behind the store's
+// Chunk bytes overwritten in their segment and a reference count altered behind the store's
 // back: verify finds both, says where, and exits 1; gc then clears the
 // quarantine and verify passes again.
 TEST_F(CliTest, VerifyFindsDamagePlantedInTheDatabase) {
@@ -326,11 +327,11 @@ TEST_F(CliTest, VerifyFindsDamagePlantedInTheDatabase) {
   const Hash128 bad_hash = Checksum128(bad);
   const auto& counted = layers_b[0].chunks[0];
   const Hash128 counted_hash = Checksum128(counted);
+  std::string flipped(reinterpret_cast<const char*>(bad.data()), bad.size());
+  flipped[flipped.size() / 2] ^= 0x10;
+  store_test::OverwriteChunk(Env::Default(), d_.data_dir() + "/store", bad_hash, flipped);
   {
     store_test::RawDb db(Env::Default(), d_.data_dir() + "/store");
-    std::string flipped(reinterpret_cast<const char*>(bad.data()), bad.size());
-    flipped[flipped.size() / 2] ^= 0x10;
-    db.Put(si::kCfChunks, si::ChunkKey(bad_hash), flipped);
     auto rec = si::DecodeChunkRef(db.Get(si::kCfChunkRefs, si::HashKey(counted_hash)));
     ASSERT_TRUE(rec.ok());
     rec->refs += 3;
