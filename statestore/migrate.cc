@@ -15,6 +15,7 @@
 #include "statestore/kill_point.h"
 #include "statestore/rocks_env.h"
 #include "statestore/store_impl.h"
+#include "statestore/test_hooks.h"
 
 namespace primecache {
 
@@ -136,7 +137,10 @@ Status FinishMigration(Store::Impl& s) {
   p.chunk_layout = kLayoutSegments;
   p.piece_bytes = 0;
   rocksdb::WriteBatch b;
-  b.DeleteRange(s.cf_chunks, rocksdb::Slice(), std::string(1, '\xff'));
+  std::unique_ptr<rocksdb::Iterator> it(s.db->NewIterator(rocksdb::ReadOptions(), s.cf_chunks));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) b.Delete(s.cf_chunks, it->key());
+  PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan the old chunks"));
+  it.reset();
   b.Put(s.cf_meta, std::string(kMetaParamsKey), EncodeParams(p));
   b.Put(s.cf_meta, std::string(kMetaSchemaKey), EncodeSchema(kSchemaVersion));
   rocksdb::WriteOptions wo;
@@ -159,6 +163,9 @@ Status Store::Impl::MigrateChunks() {
   PC_ASSIGN_OR_RETURN(auto w, AcquireWriter());
   Step step;
   std::uint64_t chunks = 0, bytes = 0;
+  const std::uint64_t step_bytes =
+      opts.test_hooks != nullptr && opts.test_hooks->migrate_step_bytes > 0 ? opts.test_hooks->migrate_step_bytes
+                                                                            : kStepBytes;
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunk_refs));
   Status s;
   for (it->SeekToFirst(); s.ok() && it->Valid(); it->Next()) {
@@ -171,7 +178,7 @@ Status Store::Impl::MigrateChunks() {
     chunks += 1;
     bytes += rec->size;
     s = MigrateOne(*this, *w, it->key().ToStringView(), *rec, &step);
-    if (s.ok() && step.bytes >= kStepBytes) s = CommitStep(*this, *w, step);
+    if (s.ok() && step.bytes >= step_bytes) s = CommitStep(*this, *w, step);
     if (s.ok() && w->end() >= opts.segment_bytes && w->committed() == w->end()) {
       ReleaseWriter(std::move(w), /*reuse=*/false);
       auto next = AcquireWriter();
