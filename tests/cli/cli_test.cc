@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@ namespace {
 
 namespace si = statestore_internal;
 using nlohmann::json;
+constexpr int kExitRefusedCode = 5;  // docs/cli.md
 
 struct CtlRun : ProcessResult {
   json Json() const {
@@ -609,6 +611,38 @@ TEST_F(CliTest, ARefusedUidOnTheAdminSocketIsToldWhy) {
   EXPECT_NE(r.err.find("permission denied"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("may not use the admin socket"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("reset by peer"), std::string::npos) << r.err;
+}
+
+// A schema-2 store (a fixture written by the build before segment files):
+// the read-only commands refuse it naming `primecachectl migrate`, which
+// migrates it; after that it reads and verifies, and migrate has nothing
+// left to do.
+TEST(CliMigrate, MigratesAnOlderStoreThatReadOnlyCommandsRefuse) {
+  char tmpl[] = "/tmp/primecache-cli-migrate-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::filesystem::copy(std::string(STATESTORE_FIXTURES) + "/schema2-pieces/store", dir + "/store",
+                        std::filesystem::copy_options::recursive);
+  const std::vector<std::string> at = {"--data-dir", dir, "--socket", dir + "/none.sock", "--no-progress"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = at;
+    a.insert(a.end(), more.begin(), more.end());
+    return Ctl(a);
+  };
+  CtlRun r = with({"ls"});
+  EXPECT_EQ(r.rc, kExitRefusedCode) << r.out << r.err;
+  EXPECT_NE(r.err.find("primecachectl migrate"), std::string::npos) << r.err;
+  r = with({"migrate", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.Json()["migrated"], true);
+  EXPECT_EQ(r.Json()["entries"], 4);
+  r = with({"verify", "--all", "--json"});
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.Json()["checked"]["entries"], 4);
+  r = with({"migrate"});
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("nothing to migrate"), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
