@@ -26,8 +26,8 @@ constexpr std::uint64_t kPartBytes = 1u << 20;
 // the caller's thread. No read outlives the object (the destructor waits).
 class FetchRun {
  public:
-  FetchRun(Store::Impl& s, EntryId id, FetchSink& sink, Manifest m, std::vector<std::uint32_t> order)
-      : s_(s), id_(id), sink_(sink), m_(std::move(m)), order_(std::move(order)) {}
+  FetchRun(Store::Impl& s, FetchSink& sink, Manifest m, std::vector<std::uint32_t> order)
+      : s_(s), sink_(sink), m_(std::move(m)), order_(std::move(order)) {}
   ~FetchRun() { WaitAll(); }
   FetchRun(const FetchRun&) = delete;
   FetchRun& operator=(const FetchRun&) = delete;
@@ -51,7 +51,6 @@ class FetchRun {
   void WaitAll();
 
   Store::Impl& s_;
-  EntryId id_;
   FetchSink& sink_;
   Manifest m_;
   std::vector<std::uint32_t> order_;
@@ -251,7 +250,7 @@ Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink
   std::string where;
   Status rs;
   {
-    FetchRun run(s, id, sink, std::move(manifest).value(), std::move(order));
+    FetchRun run(s, sink, std::move(manifest).value(), std::move(order));
     rs = run.Run(&bad, &where);
   }
   if (rs.IsCorruption() && bad) {
