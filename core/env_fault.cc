@@ -134,6 +134,9 @@ class FaultWritableFile final : public WritableFile {
     return Status::Ok();
   }
 
+  Status StartWriteback(std::uint64_t offset, std::uint64_t n) override {
+    return f_->StartWriteback(offset, n);  // not a durability point: nothing to track
+  }
   Status Close() override { return f_->Close(); }
 
  private:

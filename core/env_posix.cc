@@ -112,6 +112,14 @@ class PosixWritableFile final : public WritableFile {
     return Status::Ok();
   }
 
+  Status StartWriteback(std::uint64_t offset, std::uint64_t n) override {
+    if (fd_ < 0) return Status::FailedPrecondition("writeback of closed file " + path_);
+    if (::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), SYNC_FILE_RANGE_WRITE) != 0) {
+      return ErrnoStatus("sync_file_range", path_, errno);
+    }
+    return Status::Ok();
+  }
+
   Status Close() override {
     if (fd_ < 0) return Status::Ok();
     int rc = ::close(fd_);

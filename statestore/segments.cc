@@ -1,5 +1,6 @@
 #include "statestore/segments.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "statestore/format.h"
@@ -14,6 +15,8 @@ constexpr std::uint32_t kFrameMagic = 0x52464350;  // "PCFR"
 // Frames up to this size are gathered in the buffer; larger chunks are
 // written by themselves (already a large write).
 constexpr std::size_t kBufferBytes = 1u << 20;
+// Writeback is started after every this many bytes written.
+constexpr std::uint64_t kKickBytes = 8u << 20;
 
 std::uint64_t LE64(const char* p) {
   std::uint64_t v = 0;
@@ -109,6 +112,7 @@ SegmentWriter::SegmentWriter(Env* env, std::string path, std::uint64_t id, std::
       file_(std::move(file)),
       end_(end),
       committed_(end),
+      kicked_(end),
       freeze_(std::move(freeze)) {}
 
 SegmentWriter::~SegmentWriter() {
@@ -159,6 +163,14 @@ Status SegmentWriter::Write(std::span<const std::byte> bytes) {
   return s;
 }
 
+// Starts writeback of what was written since the last kick, every 8 MiB;
+// `written` is the file's length after the last write. A failure only loses
+// the head start (Sync still makes everything durable).
+void SegmentWriter::Kick(std::uint64_t written) {
+  if (written < kicked_ + kKickBytes) return;
+  if (file_->StartWriteback(kicked_, written - kicked_).ok()) kicked_ = written;
+}
+
 Status SegmentWriter::FlushBuffer() {
   if (buf_.empty()) return Status::Ok();
   Status s = Write(AsBytes(buf_));
@@ -173,12 +185,17 @@ Result<std::uint64_t> SegmentWriter::Append(const Hash128& hash, std::span<const
   TEST_KILL_POINT("segment.append");
   if (bytes.size() < kBufferBytes) {
     buf_.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-    if (buf_.size() >= kBufferBytes) PC_RETURN_IF_ERROR(FlushBuffer().WithContext("append to segment"));
+    end_ = at + bytes.size();
+    if (buf_.size() >= kBufferBytes) {
+      PC_RETURN_IF_ERROR(FlushBuffer().WithContext("append to segment"));
+      Kick(end_);
+    }
   } else {
     PC_RETURN_IF_ERROR(FlushBuffer().WithContext("append to segment"));
     PC_RETURN_IF_ERROR(Write(bytes).WithContext("append to segment"));
+    end_ = at + bytes.size();
+    Kick(end_);
   }
-  end_ = at + bytes.size();
   return at;
 }
 
@@ -201,6 +218,7 @@ Status SegmentWriter::Rewind() {
   const std::uint64_t keep = fresh_ ? kSegmentHeaderBytes : committed_;
   const std::uint64_t on_disk = end_ - buf_.size();
   end_ = keep;
+  kicked_ = std::min(kicked_, keep);
   if (on_disk <= keep) {
     buf_.resize(keep - on_disk);  // what is kept and not yet written (a fresh segment's header)
     return Status::Ok();

@@ -62,8 +62,9 @@ struct FreezeHook {
 };
 
 // One segment being appended to. Frames are gathered in a buffer and written
-// in large appends; Sync writes what is buffered and makes it durable
-// (fdatasync). A failed write or sync leaves the writer broken: its file is
+// in large appends, and writeback of every 8 MiB written is started at once
+// (so the disk works while more arrives); Sync writes what is buffered and
+// makes it durable (fdatasync). A failed write or sync leaves the writer broken: its file is
 // never appended to again in this process (the next open cuts what follows
 // the committed length).
 // Thread-safety: used by one thread at a time (it is handed out exclusively).
@@ -105,6 +106,7 @@ class SegmentWriter {
                 std::uint64_t end, FreezeHook freeze);
   Status Write(std::span<const std::byte> bytes);
   Status FlushBuffer();
+  void Kick(std::uint64_t written);
   Status Frozen();
 
   Env* env_;
@@ -113,6 +115,7 @@ class SegmentWriter {
   std::unique_ptr<WritableFile> file_;
   std::uint64_t end_;
   std::uint64_t committed_;
+  std::uint64_t kicked_ = 0;  // writeback started up to here
   std::string buf_;
   bool broken_ = false;
   bool fresh_ = false;

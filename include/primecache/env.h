@@ -52,6 +52,13 @@ class WritableFile {
   virtual Status Append(std::span<const std::byte> data) = 0;
   virtual Status Sync() = 0;
   virtual Status Close() = 0;
+  // Starts writing [offset, offset + n) of what was appended back to the
+  // disk without waiting, so that a later Sync has less left to do. Not a
+  // durability point; a no-op where an Env has nothing to start.
+  virtual Status StartWriteback(std::uint64_t offset, std::uint64_t n) {
+    (void)offset, (void)n;
+    return Status::Ok();
+  }
 };
 
 // What a path is, and its permission bits (0777), as lstat sees it.
