@@ -8,7 +8,7 @@
 // batch: manifest, tokens, summary, chunk records with their extents, the
 // segment's committed length, index, recency and counters. A crash before
 // the batch leaves only a tail past the segment's committed length, which
-// the next open cuts off; an abort leaves dead bytes that gc reclaims.
+// the next open cuts off; an abort cuts its bytes from the segment at once.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
