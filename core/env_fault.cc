@@ -1,4 +1,5 @@
 // FaultInjectionEnv: an Env wrapper that counts, fails and "crashes".
+#include <algorithm>
 #include <array>
 #include <map>
 #include <mutex>
@@ -133,6 +134,9 @@ class FaultWritableFile final : public WritableFile {
     return Status::Ok();
   }
 
+  Status StartWriteback(std::uint64_t offset, std::uint64_t n) override {
+    return f_->StartWriteback(offset, n);  // not a durability point: nothing to track
+  }
   Status Close() override { return f_->Close(); }
 
  private:
@@ -298,6 +302,18 @@ Result<FileMode> FaultInjectionEnv::GetFileMode(const std::string& path) {
 }
 Status FaultInjectionEnv::SetPermissions(const std::string& path, std::uint32_t permissions) {
   return state_->base->SetPermissions(path, permissions);
+}
+
+Status FaultInjectionEnv::TruncateFile(const std::string& path, std::uint64_t size) {
+  std::lock_guard lock(state_->mu);
+  PC_RETURN_IF_ERROR(state_->TickLocked(FaultOp::kWrite, path));
+  PC_RETURN_IF_ERROR(state_->base->TruncateFile(path, size));
+  auto it = state_->files.find(path);
+  if (it != state_->files.end()) {
+    it->second->size = std::min(it->second->size, size);
+    it->second->synced = std::min(it->second->synced, size);
+  }
+  return Status::Ok();
 }
 
 Status FaultInjectionEnv::CreateDir(const std::string& path) { return state_->base->CreateDir(path); }

@@ -129,6 +129,14 @@ class MemEnv final : public Env {
     return static_cast<std::uint64_t>(f->data.size());
   }
 
+  Status TruncateFile(const std::string& path, std::uint64_t size) override {
+    PC_ASSIGN_OR_RETURN(auto f, Find(path));
+    std::lock_guard lock(f->mu);
+    if (f->data.size() < size) return Status::InvalidArgument("truncating " + path + " would grow it");
+    f->data.resize(size);
+    return Status::Ok();
+  }
+
   Status RemoveFile(const std::string& raw) override {
     std::string path = Normalize(raw);
     std::lock_guard lock(mu_);

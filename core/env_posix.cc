@@ -112,6 +112,14 @@ class PosixWritableFile final : public WritableFile {
     return Status::Ok();
   }
 
+  Status StartWriteback(std::uint64_t offset, std::uint64_t n) override {
+    if (fd_ < 0) return Status::FailedPrecondition("writeback of closed file " + path_);
+    if (::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), SYNC_FILE_RANGE_WRITE) != 0) {
+      return ErrnoStatus("sync_file_range", path_, errno);
+    }
+    return Status::Ok();
+  }
+
   Status Close() override {
     if (fd_ < 0) return Status::Ok();
     int rc = ::close(fd_);
@@ -212,6 +220,16 @@ class PosixEnv final : public Env {
     int err = errno;
     ::close(fd);
     if (rc != 0) return ErrnoStatus("chmod", path, err);
+    return Status::Ok();
+  }
+
+  Status TruncateFile(const std::string& path, std::uint64_t size) override {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus("stat", path, errno);
+    if (static_cast<std::uint64_t>(st.st_size) < size) {
+      return Status::InvalidArgument("truncating " + path + " to " + std::to_string(size) + " bytes would grow it");
+    }
+    if (::truncate(path.c_str(), static_cast<off_t>(size)) != 0) return ErrnoStatus("truncate", path, errno);
     return Status::Ok();
   }
 

@@ -32,6 +32,10 @@ Status Env::SetPermissions(const std::string& path, std::uint32_t) {
   return Status::NotSupported("this Env keeps no permissions (" + path + ")");
 }
 
+Status Env::TruncateFile(const std::string& path, std::uint64_t) {
+  return Status::NotSupported("this Env cannot truncate files (" + path + ")");
+}
+
 namespace {
 
 constexpr int kMaxRestrictDepth = 16;

@@ -11,6 +11,8 @@ constexpr std::uint8_t kManifestVersion = 1;
 constexpr std::uint8_t kScopeVersion = 2;  // 1: without the descriptor
 constexpr std::uint8_t kQuarantineVersion = 1;
 constexpr std::uint32_t kCounterFields = 13;
+constexpr std::uint8_t kChunkRefPlacedVersion = 2;
+constexpr std::uint8_t kSegmentRecordVersion = 1;
 
 Status Bad(std::string_view what, std::string_view why) {
   return Status::Corruption(std::string(what) + ": " + std::string(why));
@@ -145,7 +147,8 @@ Result<Params> DecodeParams(std::string_view v) {
   }
   if (p.block_tokens == 0 || p.block_tokens > kMaxBlockTokens)
     return Bad("params record", "block size out of range");
-  if (p.chunk_layout != 1 && p.chunk_layout != 2) return Bad("params record", "unknown chunk layout");
+  if (p.chunk_layout < kLayoutBlobFiles || p.chunk_layout > kLayoutSegments)
+    return Bad("params record", "unknown chunk layout");
   if (p.chunk_layout == 2 && (p.piece_bytes < 4096 || p.piece_bytes > (64u << 20))) {
     return Bad("params record", "piece size out of range");
   }
@@ -360,19 +363,62 @@ std::string GcKey(const Hash128& h) {
 
 std::string EncodeChunkRef(const ChunkRefRecord& r) {
   std::string v;
+  if (r.placed) v.push_back(static_cast<char>(kChunkRefPlacedVersion));
   PutLE64(&v, r.refs);
   PutLE64(&v, r.size);
   PutLE32(&v, r.flags);
+  if (r.placed) {
+    PutLE64(&v, r.segment);
+    PutLE64(&v, r.offset);
+  }
   return v;
 }
 Result<ChunkRefRecord> DecodeChunkRef(std::string_view v) {
   Reader r(v);
   ChunkRefRecord c;
-  if (!r.U64(&c.refs) || !r.U64(&c.size) || !r.U32(&c.flags) || r.remaining() != 0) {
-    return Bad("chunk reference record", "not 20 bytes");
+  if (v.size() == 37) {
+    std::uint8_t version = 0;
+    r.U8(&version);
+    if (version != kChunkRefPlacedVersion) return Bad("chunk reference record", "unknown version");
+    c.placed = true;
+  } else if (v.size() != 20) {
+    return Bad("chunk reference record", "neither 20 nor 37 bytes");
+  }
+  r.U64(&c.refs);
+  r.U64(&c.size);
+  r.U32(&c.flags);
+  if (c.placed) {
+    r.U64(&c.segment);
+    r.U64(&c.offset);
+    if (c.segment == 0 && (c.flags & kChunkCorrupt) == 0)
+      return Bad("chunk reference record", "no segment, yet not marked lost");
   }
   if (c.size == 0 || c.size > kMaxChunkBytesLimit) return Bad("chunk reference record", "size out of range");
   return c;
+}
+
+std::string EncodeSegment(const SegmentRecord& r) {
+  std::string v;
+  v.push_back(static_cast<char>(kSegmentRecordVersion));
+  v.push_back(static_cast<char>(r.state));
+  PutLE64(&v, r.committed);
+  PutLE64(&v, r.live);
+  AppendChecksum(&v);
+  return v;
+}
+Result<SegmentRecord> DecodeSegment(std::string_view v) {
+  PC_ASSIGN_OR_RETURN(std::string_view body, CheckTrailer(v, "segment record"));
+  Reader r(body);
+  std::uint8_t version = 0, state = 0;
+  SegmentRecord s;
+  if (!r.U8(&version) || !r.U8(&state) || !r.U64(&s.committed) || !r.U64(&s.live) || r.remaining() != 0) {
+    return Bad("segment record", "not 18 bytes");
+  }
+  if (version != kSegmentRecordVersion) return Bad("segment record", "unknown version");
+  if (state > 1) return Bad("segment record", "unknown state");
+  if (s.live > s.committed) return Bad("segment record", "more live bytes than committed ones");
+  s.state = static_cast<SegmentState>(state);
+  return s;
 }
 
 // ---- index ----------------------------------------------------------------------

@@ -18,9 +18,13 @@
 
 namespace primecache::statestore_internal {
 
-// 2: scope records may carry the model descriptor. A version 1 store is
-// read as it is and marked 2 when opened for writing.
-inline constexpr std::uint32_t kSchemaVersion = 2;
+// 2: scope records may carry the model descriptor.
+// 3: chunk bytes live in segment files (segments.h), not in RocksDB; chunk
+//    reference records carry their extent; the segments column family.
+// A version 1 or 2 store is migrated when opened for writing (migrate.cc)
+// and refused when opened read-only.
+inline constexpr std::uint32_t kSchemaVersion = 3;
+inline constexpr std::uint32_t kFirstSegmentSchema = 3;
 
 // Column families.
 inline constexpr const char* kCfMeta = "meta";
@@ -32,7 +36,8 @@ inline constexpr const char* kCfChunkRefs = "chunk_refs";
 inline constexpr const char* kCfIndex = "index";
 inline constexpr const char* kCfLru = "lru";
 inline constexpr const char* kCfQuarantine = "quarantine";
-inline constexpr int kCfCount = 9;  // besides RocksDB's "default", which stays empty
+inline constexpr const char* kCfSegments = "segments";
+inline constexpr int kCfCount = 10;  // besides RocksDB's "default", which stays empty
 
 // Bounds on what is read back (and so on what is accepted).
 inline constexpr std::uint64_t kMaxTokens = 1ull << 22;
@@ -89,10 +94,15 @@ inline constexpr std::string_view kMetaCountersKey = "counters";
 std::string EncodeSchema(std::uint32_t version);
 Result<std::uint32_t> DecodeSchema(std::string_view v);
 
+// Where chunk bytes live: 1 blob files, 2 pieces (both in the chunks CF,
+// schemas 1 and 2), 3 segment files (schema 3).
+inline constexpr std::uint8_t kLayoutBlobFiles = 1;
+inline constexpr std::uint8_t kLayoutPieces = 2;
+inline constexpr std::uint8_t kLayoutSegments = 3;
 struct Params {
   std::uint32_t block_tokens = 256;
   std::uint32_t hasher_id = 1;
-  std::uint8_t chunk_layout = 1;  // ChunkLayout
+  std::uint8_t chunk_layout = kLayoutSegments;
   std::uint32_t piece_bytes = 0;
   std::uint64_t created_unix_ms = 0;
 };
@@ -177,24 +187,40 @@ Result<std::vector<std::uint32_t>> DecodeTokens(std::string_view v);
 
 // ---- chunks ----------------------------------------------------------------------
 
-// chunks CF: 'C' hash(16) [piece BE32] -> bytes; 'G' hash(16) -> "" (a
-// collection candidate: bytes that may have no reference).
+// chunks CF (schemas 1 and 2 only; empty once migrated): 'C' hash(16)
+// [piece BE32] -> bytes; 'G' hash(16) -> "" (a collection candidate).
 inline constexpr char kChunkTag = 'C';
 inline constexpr char kGcTag = 'G';
 std::string ChunkKey(const Hash128& h);
 std::string PieceKey(const Hash128& h, std::uint32_t piece);
 std::string GcKey(const Hash128& h);
 
-// chunk_refs CF: hash(16) -> ChunkRefRecord.
+// chunk_refs CF: hash(16) -> ChunkRefRecord. Version 1 (20 bytes, schemas 1
+// and 2): refs, size, flags; the bytes are in the chunks CF. Version 2 (37
+// bytes, schema 3): a version byte, then refs, size, flags, segment, offset.
 inline constexpr std::uint32_t kChunkCorrupt = 1;
 struct ChunkRefRecord {
   std::uint64_t refs = 0;
   std::uint64_t size = 0;
   std::uint32_t flags = 0;
+  bool placed = false;        // version 2: the extent below is recorded
+  std::uint64_t segment = 0;  // the segment holding the bytes; 0: none (lost, flags has kChunkCorrupt)
+  std::uint64_t offset = 0;   // where the bytes start in it (after their frame header)
   friend bool operator==(const ChunkRefRecord&, const ChunkRefRecord&) = default;
 };
 std::string EncodeChunkRef(const ChunkRefRecord& r);
 Result<ChunkRefRecord> DecodeChunkRef(std::string_view v);
+
+// segments CF: id(BE64) -> SegmentRecord; one per segment file.
+enum class SegmentState : std::uint8_t { kOpen = 0, kSealed = 1 };
+struct SegmentRecord {
+  SegmentState state = SegmentState::kOpen;  // kSealed: never appended to again
+  std::uint64_t committed = 0;               // the file's durable length; bytes past it are a torn tail
+  std::uint64_t live = 0;                    // frame bytes (header + chunk) of the chunks recorded in it
+  friend bool operator==(const SegmentRecord&, const SegmentRecord&) = default;
+};
+std::string EncodeSegment(const SegmentRecord& r);
+Result<SegmentRecord> DecodeSegment(std::string_view v);
 
 // ---- index ----------------------------------------------------------------------
 

@@ -1,12 +1,14 @@
-// Publishing: admission, staging chunk bytes, and the atomic commit.
+// Publishing: admission, appending chunk bytes to a segment, and the atomic
+// commit.
 //
-// Chunk bytes are staged as they arrive, each under its content address with
-// a collection record beside it ('G' + hash), outside the store's write lock.
-// The first direct_write_bytes of a publish go through the WAL; the rest skip
-// it and are flushed to SST/blob files before the commit, so big entries are
-// written once. The commit is one synced batch: manifest, tokens, summary,
-// reference counts, index, recency and counters. A crash before it leaves
-// only staged bytes with collection records, which the next open removes.
+// A publisher takes a writable segment of its own from the store's pool (no
+// lock on the data path) and appends each chunk that no committed entry
+// holds yet as one frame; chunks already committed are only referenced.
+// Commit makes the segment durable (fdatasync), then writes one synced
+// batch: manifest, tokens, summary, chunk records with their extents, the
+// segment's committed length, index, recency and counters. A crash before
+// the batch leaves only a tail past the segment's committed length, which
+// the next open cuts off; an abort cuts its bytes from the segment at once.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -65,32 +67,11 @@ class PublisherImpl final : public Publisher {
     }
     st.size = bytes.size();
     st.count = 1;
-    Store::Impl::StageDecision d = s_.PinChunk(h);
-    pinned_.push_back(h);
-    needs_flush_ |= d.needs_flush;
-    if (d.write) {
-      Status rs = s_.ReserveStaged(bytes.size());
-      if (!rs.ok()) return Fail(rs);
-      reserved_ += bytes.size();
-      bool direct = written_bytes_ >= s_.opts.direct_write_bytes;
-      Status ws = s_.WriteChunkBytes(h, bytes, direct);
-      if (!ws.ok()) return Fail(ws.WithContext("stage chunk"));
-      st.wrote = true;
-      written_bytes_ += bytes.size();
-      needs_flush_ |= direct;
-      if (direct) {
-        // Start writing what is staged to blob/SST files while the rest
-        // arrives; the commit then waits only for the tail.
-        unflushed_bytes_ += bytes.size();
-        if (unflushed_bytes_ >= s_.opts.flush_step_bytes) {
-          unflushed_bytes_ = 0;
-          Status fs = s_.StartFlush();
-          if (!fs.ok()) return Fail(fs.WithContext("stage chunk"));
-          TEST_KILL_POINT("publish.stage.flush_started");
-        }
-      }
-    }
-    return Status::Ok();
+    auto seen = CommittedExtent(h);
+    if (!seen.ok()) return Fail(seen.status());
+    st.seen = *seen;
+    if (st.seen) return Status::Ok();  // committed already: only referenced
+    return Stage(h, bytes, &st);
   }
 
   Status EndLayer() override {
@@ -117,8 +98,12 @@ class PublisherImpl final : public Publisher {
   void Abort() override {
     if (done_) return;
     done_ = true;
-    s_.AbortPublish(pinned_, written_bytes_);
-    pinned_.clear();
+    if (batch_attempted_) {
+      s_.ReleaseWriter(std::move(writer_), /*reuse=*/false);  // its tail is cut at the next open if unrecorded
+      s_.NoteDropped(written_bytes_);
+    } else {
+      s_.AbortPublish(std::move(writer_), written_bytes_);
+    }
     s_.ReleaseStaged(reserved_);
     reserved_ = 0;
   }
@@ -127,8 +112,39 @@ class PublisherImpl final : public Publisher {
   struct Staged {
     std::uint64_t size = 0;
     std::uint64_t count = 0;
-    bool wrote = false;
+    std::optional<Extent> wrote;  // where this publish wrote the bytes
+    std::optional<Extent> seen;   // where a committed copy was when the chunk arrived
   };
+
+  // Where the committed copy of a chunk is; nullopt when there is none that
+  // can be used (absent, or marked corrupt).
+  Result<std::optional<Extent>> CommittedExtent(const Hash128& h) {
+    std::string v;
+    bool found = false;
+    PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_chunk_refs, HashKey(h), &v, &found));
+    if (!found) return std::optional<Extent>();
+    auto r = DecodeChunkRef(v);
+    if (!r.ok() || !r->placed || r->refs == 0 || (r->flags & kChunkCorrupt) != 0 || r->segment == 0)
+      return std::optional<Extent>();  // unreadable or unusable: write the bytes again
+    return std::optional<Extent>(Extent{r->segment, r->offset});
+  }
+
+  // Appends a chunk to this publish's segment.
+  Status Stage(const Hash128& h, std::span<const std::byte> bytes, Staged* st) {
+    Status rs = s_.ReserveStaged(bytes.size());
+    if (!rs.ok()) return Fail(rs);
+    reserved_ += bytes.size();
+    if (writer_ == nullptr) {
+      auto w = s_.AcquireWriter();
+      if (!w.ok()) return Fail(w.status().WithContext("stage chunk"));
+      writer_ = std::move(w).value();
+    }
+    auto at = writer_->Append(h, bytes);
+    if (!at.ok()) return Fail(s_.AfterSegmentError(at.status()).WithContext("stage chunk"));
+    st->wrote = Extent{writer_->id(), *at};
+    written_bytes_ += bytes.size();
+    return Status::Ok();
+  }
 
   Status Usable() const {
     if (done_) return Status::FailedPrecondition("the publish is over");
@@ -140,6 +156,7 @@ class PublisherImpl final : public Publisher {
   }
 
   Result<PublishResult> CommitImpl();
+  Status AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget, PublishResult* result);
 
   Store::Impl& s_;
   PublishRequest req_;
@@ -150,20 +167,21 @@ class PublisherImpl final : public Publisher {
   bool done_ = false;
   Status failed_;
   std::unordered_map<Hash128, Staged, Hash128Hasher> staged_;
-  std::vector<Hash128> pinned_;
+  std::unique_ptr<SegmentWriter> writer_;  // taken at the first chunk written
   std::uint64_t chunk_bytes_ = 0;
   std::uint64_t raw_bytes_ = 0;
   std::uint64_t written_bytes_ = 0;
   std::uint64_t reserved_ = 0;  // counted against max_staged_bytes
-  std::uint64_t unflushed_bytes_ = 0;
-  bool needs_flush_ = false;
+  bool batch_attempted_ = false;  // Commit began writing the metadata batch
 };
 
 Result<PublishResult> PublisherImpl::CommitImpl() {
-  if (needs_flush_) {
-    TEST_KILL_POINT("publish.commit.before_flush");
-    PC_RETURN_IF_ERROR(s_.FlushChunks());
-    TEST_KILL_POINT("publish.commit.after_flush");
+  if (writer_ != nullptr) {
+    // The bytes are durable before any record points at them.
+    TEST_KILL_POINT("publish.commit.before_sync");
+    Status ss = writer_->Sync();
+    if (!ss.ok()) return s_.AfterSegmentError(ss);
+    s_.SegmentWritesOk();
   }
   PublishResult result;
   {
@@ -171,7 +189,6 @@ Result<PublishResult> PublisherImpl::CommitImpl() {
     const std::uint64_t budget = s_.byte_budget;
     if (budget > 0) PC_RETURN_IF_ERROR(s_.FlushTouches());
     Txn t(s_);
-    const std::uint64_t length = req_.tokens.size();
     bool scope_existed = s_.FindScope(req_.model, req_.ns).has_value();
     PC_ASSIGN_OR_RETURN(std::uint64_t scope, t.ScopeFor(req_.model, req_.model_name, req_.ns, req_.model_descriptor));
     if (scope_existed) {
@@ -182,279 +199,108 @@ Result<PublishResult> PublisherImpl::CommitImpl() {
       }
     }
     if (!result.existed) {
-      const EntryId id = t.counters().next_entry_id++;
-      const std::string key = IdKey(id);
-      Manifest m;
-      m.layers = std::move(layers_);
-      std::string manifest = EncodeManifest(m);
-      layers_ = std::move(m.layers);
-      std::string tokens = EncodeTokens(req_.tokens);
-      EntrySummary sum;
-      sum.scope = scope;
-      sum.length = length;
-      sum.layers = static_cast<std::uint32_t>(layers_.size());
-      sum.chunk_bytes = chunk_bytes_;
-      sum.raw_bytes = raw_bytes_;
-      sum.flops = EstimatePrefillFlops(req_.cost, length);
-      sum.created_unix_ms = NowUnixMs();
-      sum.node_hash = place_.node_hash;
-      sum.exact_hash = place_.exact_hash;
-      sum.meta_bytes = manifest.size() + tokens.size() + EncodeSummary(sum).size();
-
-      for (const auto& [h, st] : staged_) {
-        PC_ASSIGN_OR_RETURN(ChunkRefRecord * r, t.Ref(h));
-        if (r->refs > 0) {
-          result.shared_chunk_bytes += st.size;
-        } else {
-          result.new_chunk_bytes += st.size;
-        }
-        PC_RETURN_IF_ERROR(t.AddRefs(h, st.size, st.count, st.wrote));
-      }
-      PC_RETURN_IF_ERROR(t.IndexAdd(scope, length, place_, id));
-      std::uint64_t tick = s_.clock.fetch_add(1);
-      t.batch().Put(s_.cf_lru, AgeKey(tick, id), "");
-      t.batch().Put(s_.cf_lru, AccessKey(id), EncodeAccess({tick, 0}));
-      t.batch().Put(s_.cf_entries, key, EncodeSummary(sum));
-      t.batch().Put(s_.cf_manifests, key, manifest);
-      t.batch().Put(s_.cf_tokens, key, tokens);
-      auto& c = t.counters();
-      ++c.entries;
-      c.logical_chunk_bytes += sum.chunk_bytes;
-      c.meta_bytes += sum.meta_bytes;
-      c.raw_bytes += sum.raw_bytes;
-      if (budget > 0) PC_RETURN_IF_ERROR(t.EvictToBudget(budget, id, &result.evicted));
-      PC_RETURN_IF_ERROR(
-          t.Commit(s_.CommitWriteOptions(), "publish.commit.before_write", "publish.commit.after_write"));
-      result.id = id;
+      // From here a failure may still leave the batch applied (a WAL write
+      // that failed after all): the bytes must stay where it says they are.
+      batch_attempted_ = true;
+      PC_RETURN_IF_ERROR(AddEntry(t, scope, budget, &result));
     }
   }
   if (result.existed) {
-    // Someone else stored this boundary first: forget our staged bytes.
+    // Someone else stored this boundary first: our bytes are dead space.
     Abort();
     return result;
   }
   done_ = true;
-  s_.UnpinChunks(pinned_, needs_flush_);
-  pinned_.clear();
+  if (writer_ != nullptr) {
+    writer_->MarkCommitted();
+    s_.ReleaseWriter(std::move(writer_), /*reuse=*/true);
+  }
   s_.ReleaseStaged(reserved_);
   reserved_ = 0;
   return result;
 }
 
+// The entry's records, its chunks' references and extents, and its
+// segment's new committed length, in one batch (under write_mu).
+Status PublisherImpl::AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget, PublishResult* result) {
+  const EntryId id = t.counters().next_entry_id++;
+  const std::string key = IdKey(id);
+  const std::uint64_t length = req_.tokens.size();
+  Manifest m;
+  m.layers = std::move(layers_);
+  std::string manifest = EncodeManifest(m);
+  layers_ = std::move(m.layers);
+  std::string tokens = EncodeTokens(req_.tokens);
+  EntrySummary sum;
+  sum.scope = scope;
+  sum.length = length;
+  sum.layers = static_cast<std::uint32_t>(layers_.size());
+  sum.chunk_bytes = chunk_bytes_;
+  sum.raw_bytes = raw_bytes_;
+  sum.flops = EstimatePrefillFlops(req_.cost, length);
+  sum.created_unix_ms = NowUnixMs();
+  sum.node_hash = place_.node_hash;
+  sum.exact_hash = place_.exact_hash;
+  sum.meta_bytes = manifest.size() + tokens.size() + EncodeSummary(sum).size();
+
+  if (writer_ != nullptr) {
+    const bool seal = writer_->end() >= s_.opts.segment_bytes;
+    t.SetSegment(writer_->id(), writer_->end(), seal ? SegmentState::kSealed : SegmentState::kOpen);
+  }
+  for (const auto& [h, st] : staged_) {
+    PC_ASSIGN_OR_RETURN(ChunkRefRecord * r, t.Ref(h));
+    (r->refs > 0 ? result->shared_chunk_bytes : result->new_chunk_bytes) += st.size;
+    PC_RETURN_IF_ERROR(t.AddRefs(h, st.size, st.count, st.wrote, st.seen));
+  }
+  PC_RETURN_IF_ERROR(t.IndexAdd(scope, length, place_, id));
+  std::uint64_t tick = s_.clock.fetch_add(1);
+  t.batch().Put(s_.cf_lru, AgeKey(tick, id), "");
+  t.batch().Put(s_.cf_lru, AccessKey(id), EncodeAccess({tick, 0}));
+  t.batch().Put(s_.cf_entries, key, EncodeSummary(sum));
+  t.batch().Put(s_.cf_manifests, key, manifest);
+  t.batch().Put(s_.cf_tokens, key, tokens);
+  auto& c = t.counters();
+  ++c.entries;
+  c.logical_chunk_bytes += sum.chunk_bytes;
+  c.meta_bytes += sum.meta_bytes;
+  c.raw_bytes += sum.raw_bytes;
+  if (budget > 0) PC_RETURN_IF_ERROR(t.EvictToBudget(budget, id, &result->evicted));
+  PC_RETURN_IF_ERROR(
+      t.Commit(s_.CommitWriteOptions(), "publish.commit.before_write", "publish.commit.after_write"));
+  result->id = id;
+  return Status::Ok();
+}
+
 }  // namespace
 
-// ---- chunk pinning and staging ---------------------------------------------------------
-
-Store::Impl::StageDecision Store::Impl::PinChunk(const Hash128& h) {
-  std::unique_lock lk(chunk_mu);
-  chunk_cv.wait(lk, [&] {
-    auto it = live_chunks.find(h);
-    return it == live_chunks.end() || !it->second.deleting;
-  });
-  LiveChunk& lc = live_chunks[h];
-  ++lc.pins;
-  if (lc.present) return {false, lc.unflushed};
-  std::string v;
-  bool found = false;
-  Status s = GetValue(cf_chunk_refs, HashKey(h), &v, &found);
-  if (s.ok() && found) {
-    auto r = DecodeChunkRef(v);
-    if (r.ok() && r->refs > 0 && (r->flags & kChunkCorrupt) == 0) {
-      lc.present = true;
-      return {false, false};
-    }
-  }
-  return {true, false};  // absent, corrupt, or unreadable: write the bytes
-}
-
-Status Store::Impl::WriteChunkBytes(const Hash128& h, std::span<const std::byte> bytes, bool direct) {
-  rocksdb::WriteBatch b;
-  std::string_view data(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
-    std::uint32_t piece = 0;
-    for (std::size_t off = 0; off < data.size(); off += params.piece_bytes, ++piece) {
-      b.Put(cf_chunks, PieceKey(h, piece), data.substr(off, params.piece_bytes));
-    }
-  } else {
-    b.Put(cf_chunks, ChunkKey(h), data);
-  }
-  b.Put(cf_chunks, GcKey(h), "");
-  rocksdb::WriteOptions wo;
-  wo.disableWAL = direct;
-  TEST_KILL_POINT("publish.stage.before_write");
-  PC_RETURN_IF_ERROR(Write(wo, &b, "write chunk"));
-  TEST_KILL_POINT("publish.stage.after_write");
-  std::lock_guard g(chunk_mu);
-  LiveChunk& lc = live_chunks[h];
-  lc.present = true;
-  if (direct) lc.unflushed = true;
-  return Status::Ok();
-}
-
-void Store::Impl::AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128& h, std::uint64_t size) {
-  if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
-    std::uint64_t pieces = (size + params.piece_bytes - 1) / params.piece_bytes;
-    for (std::uint64_t i = 0; i < pieces; ++i)
-      batch->Delete(cf_chunks, PieceKey(h, static_cast<std::uint32_t>(i)));
-  } else {
-    batch->Delete(cf_chunks, ChunkKey(h));
-  }
-  batch->Delete(cf_chunks, GcKey(h));
-}
-
-Status Store::Impl::StartFlush() {
-  PC_RETURN_IF_ERROR(Recover());
-  rocksdb::FlushOptions fo;
-  fo.wait = false;
-  fo.allow_write_stall = true;
-  return AfterWriteError(FromRocks(db->Flush(fo, cf_chunks), "flush staged chunks"));
-}
-
-Status Store::Impl::FlushChunks() {
-  PC_RETURN_IF_ERROR(Recover());
-  rocksdb::FlushOptions fo;
-  fo.wait = true;
-  fo.allow_write_stall = true;
-  return AfterWriteError(FromRocks(db->Flush(fo, cf_chunks), "flush staged chunks"));
-}
-
-void Store::Impl::UnpinChunks(const std::vector<Hash128>& chunks, bool flushed) {
-  std::lock_guard g(chunk_mu);
-  for (const auto& h : chunks) {
-    auto it = live_chunks.find(h);
-    if (it == live_chunks.end()) continue;
-    if (flushed) it->second.unflushed = false;
-    if (it->second.pins > 0) --it->second.pins;
-    if (it->second.pins == 0 && !it->second.deleting) live_chunks.erase(it);
-  }
-}
-
-// Forgets a publish's staged chunks: those nobody references or pins any
-// more lose their bytes and collection records, and the space they took is
-// reclaimed (Reclaim) without waiting for a compaction to pass by.
-void Store::Impl::AbortPublish(const std::vector<Hash128>& chunks, std::uint64_t written_bytes) {
-  if (chunks.empty()) return;
-  std::uint64_t dropped = 0;
-  Status s;
-  {
-    std::lock_guard wl(write_mu);
-    s = DropStaged(chunks, /*unpin=*/true, "abort.before_write", &dropped);
-  }
+// The writer of a publish that ends without a commit.
+void Store::Impl::AbortPublish(std::unique_ptr<SegmentWriter> w, std::uint64_t written_bytes) {
+  if (w == nullptr) return;
+  // Cut back to what is committed; failing that, the bytes are dead space
+  // (gc reclaims them, or the next open cuts them).
+  Status s = w->Rewind();
   if (!s.ok()) {
-    // Collected by the next CollectStaged (Compact, the next publish, or the next open).
-    collect_pending.store(true);
-    spdlog::warn("statestore {}: abandoned publish: {} (collected later)", path, s.ToString());
-    return;
+    spdlog::warn("statestore {}: giving back an aborted publish's bytes: {}", path, s.ToString());
+    if (written_bytes > 0) NoteDropped(written_bytes);
   }
-  if (dropped > 0) NoteDropped(written_bytes);
+  ReleaseWriter(std::move(w), /*reuse=*/true);
 }
 
-Status Store::Impl::DropStaged(const std::vector<Hash128>& chunks, bool unpin, const char* kill_point,
-                               std::uint64_t* dropped) {
-  rocksdb::WriteBatch b;
-  std::vector<Hash128> deleting;
-  Status first_error;
-  {
-    std::lock_guard g(chunk_mu);
-    for (const auto& h : chunks) {
-      auto it = live_chunks.find(h);
-      if (unpin) {
-        if (it == live_chunks.end()) continue;
-        if (it->second.pins > 0) --it->second.pins;
-      }
-      if (it != live_chunks.end() && (it->second.pins > 0 || it->second.deleting)) continue;
-      std::string v;
-      bool found = false;
-      Status rs = GetValue(cf_chunk_refs, HashKey(h), &v, &found);
-      std::optional<ChunkRefRecord> ref;
-      if (rs.ok() && found) {
-        auto r = DecodeChunkRef(v);
-        if (r.ok()) {
-          ref = *r;
-        } else {
-          rs = r.status();
-        }
-      }
-      if (!rs.ok() || (ref && ref->refs > 0)) {
-        // Referenced: the bytes stay, the collection record goes. Unreadable:
-        // left for Verify to report.
-        if (rs.ok()) b.Delete(cf_chunks, GcKey(h));
-        if (first_error.ok() && !rs.ok()) first_error = rs;
-        if (it != live_chunks.end()) live_chunks.erase(it);
-        continue;
-      }
-      Status ds = AppendStagedDeletion(&b, h);
-      if (!ds.ok()) {
-        if (first_error.ok()) first_error = ds;
-        continue;
-      }
-      if (ref) b.Delete(cf_chunk_refs, HashKey(h));  // a record of no reference
-      live_chunks[h].deleting = true;
-      deleting.push_back(h);
-    }
-  }
-  Status s;
-  if (b.Count() > 0) {
-    TEST_KILL_POINT(kill_point);
-    s = Write(rocksdb::WriteOptions(), &b, "drop staged chunks");
-  }
-  {
-    std::lock_guard g(chunk_mu);
-    for (const auto& h : deleting) {
-      auto it = live_chunks.find(h);
-      if (it == live_chunks.end()) continue;
-      it->second.deleting = false;
-      if (it->second.pins == 0) live_chunks.erase(it);
-    }
-  }
-  chunk_cv.notify_all();
-  if (s.ok()) *dropped += deleting.size();
-  return s.ok() ? first_error : s;
+Status Store::Impl::AfterSegmentError(const Status& s) {
+  if (s.code() != StatusCode::kResourceExhausted) return s;
+  Status full = Status::ResourceExhausted("no space left on the disk of the store at " + path + " (" + s.message() +
+                                          "); writes are refused until space is freed, reads go on");
+  std::lock_guard g(recover_mu);
+  segment_error = full;
+  segment_full.store(true);
+  return full;
 }
 
-Status Store::Impl::AppendStagedDeletion(rocksdb::WriteBatch* batch, const Hash128& h) {
-  if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces)) {
-    // An unreferenced chunk's size is recorded nowhere: every piece there is.
-    const std::string ck = ChunkKey(h);
-    std::vector<std::string> pieces;
-    std::unique_ptr<rocksdb::Iterator> pit(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
-    for (pit->Seek(ck); pit->Valid() && pit->key().starts_with(ck); pit->Next())
-      pieces.push_back(pit->key().ToString());
-    PC_RETURN_IF_ERROR(FromRocks(pit->status(), "find staged pieces"));
-    for (const auto& k : pieces) batch->Delete(cf_chunks, k);
-  } else {
-    batch->Delete(cf_chunks, ChunkKey(h));
-  }
-  batch->Delete(cf_chunks, GcKey(h));
-  return Status::Ok();
-}
-
-// Chunk bytes staged by publishes that never committed carry a collection
-// record; those no publish pins and no entry references go now.
-Status Store::Impl::CollectStaged() {
-  collect_pending.store(false);
-  std::uint64_t dropped = 0;
-  {
-    std::lock_guard wl(write_mu);
-    std::vector<Hash128> staged;
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunks));
-    const std::string prefix(1, kGcTag);
-    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-      if (it->key().size() != 17) return Status::Corruption("malformed collection key in chunks");
-      staged.push_back(HashFromKey(it->key().ToStringView().substr(1)));
-    }
-    PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan collection records"));
-    Status s = DropStaged(staged, /*unpin=*/false, "gc.before_write", &dropped);
-    if (!s.ok()) {
-      collect_pending.store(true);
-      return s;
-    }
-  }
-  if (dropped > 0) {
-    spdlog::info("statestore {}: collected {} chunks of publishes that never committed", path, dropped);
-    NoteDropped(opts.reclaim_after_bytes);
-  }
-  return Status::Ok();
+void Store::Impl::SegmentWritesOk() {
+  if (!segment_full.load()) return;
+  std::lock_guard g(recover_mu);
+  segment_full.store(false);
+  segment_error = Status::Ok();
 }
 
 // ---- BeginPublish / Publish ---------------------------------------------------------------
@@ -473,10 +319,6 @@ Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
     return Status::InvalidArgument("the model descriptor does not hash to the model digest");
   }
   PC_RETURN_IF_ERROR(impl_->Writable());
-  if (impl_->collect_pending.load()) {
-    Status c = impl_->CollectStaged();
-    if (!c.ok()) spdlog::warn("statestore {}: collecting abandoned chunks: {}", impl_->path, c.ToString());
-  }
   BoundaryPlace place = PlaceOf(*impl_->hasher, req.tokens, impl_->params.block_tokens);
   // Already stored: admission does not apply; a descriptor the scope lacks is
   // kept (so an entry published without one becomes exportable).

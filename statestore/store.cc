@@ -31,7 +31,8 @@ namespace {
 
 const std::vector<std::string>& OurColumnFamilies() {
   static const std::vector<std::string> names = {
-      kCfMeta, kCfEntries, kCfManifests, kCfTokens, kCfChunks, kCfChunkRefs, kCfIndex, kCfLru, kCfQuarantine};
+      kCfMeta,  kCfEntries, kCfManifests,  kCfTokens,  kCfChunks, kCfChunkRefs,
+      kCfIndex, kCfLru,     kCfQuarantine, kCfSegments};
   return names;
 }
 
@@ -57,7 +58,11 @@ rocksdb::ColumnFamilyOptions CfOptions(const std::string& name, const Params& pa
   cf.write_buffer_size = 8 << 20;
   std::size_t block = 16 << 10;
   bool bloom = true;
-  if (name == kCfChunks) {
+  if (name == kCfChunks && params.chunk_layout == kLayoutSegments) {
+    cf.write_buffer_size = 1 << 20;  // empty: chunk bytes are in segment files
+    bloom = false;
+  } else if (name == kCfChunks) {
+    // A store of schema 1 or 2 being migrated: read as it was written.
     cf.write_buffer_size = 64 << 20;
     // A big publish hands flushes over every 16 MiB (publish.cc): let them
     // queue rather than stall the writer.
@@ -65,7 +70,7 @@ rocksdb::ColumnFamilyOptions CfOptions(const std::string& name, const Params& pa
     cf.level0_slowdown_writes_trigger = 40;
     cf.level0_stop_writes_trigger = 64;
     cf.target_file_size_base = 64 << 20;
-    if (params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kBlobFiles)) {
+    if (params.chunk_layout == kLayoutBlobFiles) {
       cf.enable_blob_files = true;
       cf.min_blob_size = 1024;
       cf.blob_file_size = 256ull << 20;
@@ -81,7 +86,7 @@ rocksdb::ColumnFamilyOptions CfOptions(const std::string& name, const Params& pa
     block = 4 << 10;
   } else if (name == kCfTokens || name == kCfManifests) {
     cf.write_buffer_size = 16 << 20;
-  } else if (name == kCfMeta || name == kCfQuarantine) {
+  } else if (name == kCfMeta || name == kCfQuarantine || name == kCfSegments) {
     cf.write_buffer_size = 1 << 20;
     bloom = false;
   }
@@ -187,6 +192,7 @@ const std::string& Store::path() const {
 
 Store::Impl::~Impl() {
   StopReclaimer();
+  CloseIdleWriters();
   Status s = CloseDb();
   if (!s.ok()) spdlog::warn("statestore {}: close: {}", path, s.ToString());
 }
@@ -268,13 +274,7 @@ Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
   if (options.block_tokens == 0 || options.block_tokens > kMaxBlockTokens) {
     return Invalid("block_tokens must be in [1, 65536]");
   }
-  if (options.chunk_layout != ChunkLayout::kBlobFiles && options.chunk_layout != ChunkLayout::kPieces) {
-    return Invalid("unknown chunk layout");
-  }
-  if (options.chunk_layout == ChunkLayout::kPieces &&
-      (options.piece_bytes < 4096 || options.piece_bytes > (64u << 20))) {
-    return Invalid("piece_bytes must be in [4 KiB, 64 MiB]");
-  }
+  if (options.segment_bytes < (1u << 20)) return Invalid("segment_bytes must be at least 1 MiB");
   if (options.max_chunk_bytes == 0 || options.max_chunk_bytes > kMaxChunkBytesLimit) {
     return Invalid("max_chunk_bytes must be in [1, 1 GiB]");
   }
@@ -285,6 +285,7 @@ Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
   if (options.test_hooks != nullptr) {
     if (options.test_hooks->hasher != nullptr) impl->hasher = options.test_hooks->hasher;
     impl->frozen = options.test_hooks->freeze_io;
+    impl->freeze = {options.test_hooks->freeze_io, options.test_hooks->freeze_countdown};
   }
   impl->byte_budget = options.byte_budget;
   impl->opts = std::move(options);
@@ -292,10 +293,13 @@ Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
     impl->opts.fetch_read_ahead = std::max<std::size_t>(impl->opts.fetch_read_ahead, 1);
     impl->read_pool = std::make_unique<WorkerPool>(impl->opts.fetch_read_threads);
   }
+  impl->seg_dir = impl->path + "/" + kSegmentDir;
   PC_RETURN_IF_ERROR(impl->OpenDb().WithContext("open store " + impl->path));
   PC_RETURN_IF_ERROR(impl->LoadState().WithContext("open store " + impl->path));
-  if (!impl->opts.read_only) {
-    PC_RETURN_IF_ERROR(impl->CollectStaged().WithContext("open store " + impl->path));
+  PC_RETURN_IF_ERROR(impl->LoadSegments().WithContext("open store " + impl->path));
+  PC_RETURN_IF_ERROR(impl->RecoverSegments().WithContext("open store " + impl->path));
+  if (impl->stored_schema < kFirstSegmentSchema) {
+    PC_RETURN_IF_ERROR(impl->MigrateChunks().WithContext("migrate store " + impl->path));
   }
   spdlog::debug("statestore {}: open, {} entries, {} chunks", impl->path, impl->counters.entries,
                 impl->counters.chunks);
@@ -305,7 +309,8 @@ Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
 Status Store::Impl::OpenDb() {
   if (opts.read_only && !env->FileExists(path + "/CURRENT")) return Status::NotFound("no store at " + path);
   if (!opts.read_only) {
-    PC_RETURN_IF_ERROR(CreateDirs(env, path));
+    PC_RETURN_IF_ERROR(CreateDirs(env, path + "/" + kSegmentDir));
+    PC_RETURN_IF_ERROR(env->SyncDir(path));
     // A directory left open to other users (an older primecache made it
     // 0755 with 0644 files) is made private before anything is read.
     PC_ASSIGN_OR_RETURN(std::vector<TightenedPath> tightened, RestrictToOwner(env, path));
@@ -349,8 +354,8 @@ Status Store::Impl::OpenDb() {
   // build cannot handle is refused before anything in it is touched.
   params.block_tokens = opts.block_tokens;
   params.hasher_id = hasher->id();
-  params.chunk_layout = static_cast<std::uint8_t>(opts.chunk_layout);
-  params.piece_bytes = opts.chunk_layout == ChunkLayout::kPieces ? opts.piece_bytes : 0;
+  params.chunk_layout = kLayoutSegments;
+  params.piece_bytes = 0;
   params.created_unix_ms = NowUnixMs();
   bool has_schema = false;
   std::uint32_t stored_version = 0;
@@ -396,6 +401,12 @@ Status Store::Impl::OpenDb() {
                                     "); open it with a newer primecache");
       }
       if (version < 1) return Status::Corruption("store schema version 0 is not valid");
+      if (version < kFirstSegmentSchema && opts.read_only) {
+        return Status::FailedPrecondition(
+            "the store at " + path + " has schema version " + std::to_string(version) +
+            ", which keeps chunk bytes in RocksDB; this build reads schema " + std::to_string(kSchemaVersion) +
+            " only: migrate it first with `primecachectl migrate --store " + path + "` (or open it for writing)");
+      }
       stored_version = version;
       PC_RETURN_IF_ERROR(FromRocks(s2, "read store parameters"));
       PC_ASSIGN_OR_RETURN(params, DecodeParams(stored_params));
@@ -429,9 +440,9 @@ Status Store::Impl::OpenDb() {
   } else {
     PC_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(dbo, path, cfs, &handles, &db), "open RocksDB"));
   }
-  rocksdb::ColumnFamilyHandle** slots[] = {&cf_meta,   &cf_entries, &cf_manifests,
-                                           &cf_tokens, &cf_chunks,  &cf_chunk_refs,
-                                           &cf_index,  &cf_lru,     &cf_quarantine};
+  rocksdb::ColumnFamilyHandle** slots[] = {&cf_meta,  &cf_entries, &cf_manifests,  &cf_tokens,
+                                           &cf_chunks, &cf_chunk_refs, &cf_index, &cf_lru,
+                                           &cf_quarantine, &cf_segments};
   for (std::size_t i = 0; i < OurColumnFamilies().size(); ++i) *slots[i] = handles[i + 1];
 
   if (!has_schema) {
@@ -442,14 +453,8 @@ Status Store::Impl::OpenDb() {
     rocksdb::WriteOptions wo;
     wo.sync = true;
     PC_RETURN_IF_ERROR(FromRocks(db->Write(wo, &b), "initialise store"));
-  } else if (stored_version < kSchemaVersion && !opts.read_only) {
-    // Every version-1 record reads as it is; only the mark changes.
-    rocksdb::WriteOptions wo;
-    wo.sync = true;
-    PC_RETURN_IF_ERROR(FromRocks(db->Put(wo, cf_meta, std::string(kMetaSchemaKey), EncodeSchema(kSchemaVersion)),
-                                 "upgrade schema version"));
-    spdlog::info("statestore {}: schema version {} marked {}", path, stored_version, kSchemaVersion);
   }
+  stored_schema = has_schema ? stored_version : kSchemaVersion;
   return Status::Ok();
 }
 
@@ -595,14 +600,18 @@ Result<StoreStats> Store::Stat() {
   if (impl_->stopped.load()) {
     std::lock_guard g(impl_->recover_mu);
     st.write_error = impl_->fatal.ok() ? impl_->stop_cause.ToString() : impl_->fatal.ToString();
+  } else if (impl_->segment_full.load()) {
+    std::lock_guard g(impl_->recover_mu);
+    st.write_error = impl_->segment_error.ToString();
   }
-  // Every file of the directory: tables, blob files, the write-ahead log and
-  // RocksDB's own records (files vanishing meanwhile are skipped).
+  // Every file of the directory: segment files, tables, the write-ahead
+  // log and RocksDB's own records (files vanishing meanwhile are skipped).
   if (auto files = impl_->env->GetChildren(impl_->path); files.ok()) {
     for (const std::string& f : *files) {
       if (auto size = impl_->env->GetFileSize(impl_->path + "/" + f); size.ok()) st.disk_bytes += *size;
     }
   }
+  if (auto seg = impl_->SegmentDiskBytes(); seg.ok()) st.disk_bytes += *seg;
   return st;
 }
 

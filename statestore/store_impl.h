@@ -1,14 +1,19 @@
 // Store::Impl: the state behind primecache::Store, shared by store.cc
 // (open, close, scopes, stats, listing), publish.cc (staging and commit),
 // read.cc (lookup, fetch, leases, quarantine), txn.cc (metadata batches:
-// references, index, recency, eviction, deletion) and verify.cc.
+// references, index, recency, eviction, deletion), segment_store.cc (the
+// segment pool, open segment files, recovery), segment_gc.cc (segment
+// rewriting), migrate.cc (schema 1/2 -> 3) and verify.cc.
 //
 // Locking, outermost first:
+//   gc_mu     one segment rewrite at a time;
 //   write_mu  serialises every metadata batch (commit, delete, eviction,
-//             quarantine, abort clean-up, touch flushes);
-//   chunk_mu  guards live_chunks, the chunks pinned by publishes in flight;
-//   scope_mu, touch_mu, sight_mu, Lease::Table::mu: leaf locks.
-// Chunk bytes are written outside write_mu; readers take no store lock.
+//             quarantine, gc, touch flushes) and guards `segments`;
+//   extent_mu shared while a fetch resolves chunk extents to open segment
+//             files, exclusive while gc repoints extents and drops a file;
+//   pool_mu, files_mu, scope_mu, touch_mu, sight_mu, Lease::Table::mu: leaf locks.
+// Chunk bytes are written outside write_mu (each publisher to a segment of
+// its own); readers take no store lock but extent_mu, briefly.
 #pragma once
 
 #include <rocksdb/db.h>
@@ -17,6 +22,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +39,7 @@
 #include "primecache/statestore.h"
 #include "statestore/format.h"
 #include "statestore/node_filter.h"
+#include "statestore/segments.h"
 #include "statestore/token_hash.h"
 
 namespace primecache {
@@ -45,12 +52,10 @@ struct Hash128Hasher {
   }
 };
 
-// A chunk pinned by at least one publish in flight (or being deleted).
-struct LiveChunk {
-  std::uint32_t pins = 0;
-  bool present = false;    // its bytes are in the database (written, or referenced when pinned)
-  bool unflushed = false;  // written past the WAL and not yet flushed
-  bool deleting = false;   // a batch deleting its bytes is being written
+// Where a chunk's bytes are: a segment and the offset of the bytes in it.
+struct Extent {
+  std::uint64_t segment = 0;
+  std::uint64_t offset = 0;
 };
 
 std::uint64_t NowUnixMs();
@@ -99,6 +104,8 @@ struct Store::Impl {
   rocksdb::ColumnFamilyHandle* cf_index = nullptr;
   rocksdb::ColumnFamilyHandle* cf_lru = nullptr;
   rocksdb::ColumnFamilyHandle* cf_quarantine = nullptr;
+  rocksdb::ColumnFamilyHandle* cf_segments = nullptr;
+  std::uint32_t stored_schema = 0;  // the schema found at open (kSchemaVersion once migrated)
 
   // Write path.
   std::mutex write_mu;
@@ -113,10 +120,38 @@ struct Store::Impl {
   std::unordered_map<std::string, std::uint64_t> scope_by_name;  // ScopeByNameKey -> id
   std::map<std::uint64_t, statestore_internal::ScopeRecord> scopes;
 
-  // Publishes in flight.
-  std::mutex chunk_mu;
-  std::condition_variable chunk_cv;
-  std::unordered_map<Hash128, statestore_internal::LiveChunk, statestore_internal::Hash128Hasher> live_chunks;
+  // ---- segment_store.cc: segment files.
+  std::string seg_dir;                                            // <path>/segments
+  statestore_internal::FreezeHook freeze;                         // tests: the simulated power loss
+  std::map<std::uint64_t, statestore_internal::SegmentRecord> segments;  // as committed; guarded by write_mu
+  // Writable segments not handed out, and the ids of those handed out.
+  std::mutex pool_mu;
+  std::vector<std::unique_ptr<statestore_internal::SegmentWriter>> idle_writers;
+  std::set<std::uint64_t> busy_segments;
+  std::atomic<std::uint64_t> next_segment{1};
+  // A writable segment for one publisher (or gc, or migration) alone.
+  Result<std::unique_ptr<statestore_internal::SegmentWriter>> AcquireWriter();
+  // Back to the pool, or closed when broken, sealed or not to be reused.
+  void ReleaseWriter(std::unique_ptr<statestore_internal::SegmentWriter> w, bool reuse);
+  // Closes every idle writer, so that gc may rewrite their segments.
+  void CloseIdleWriters();
+  // Open segment files for reading, shared with the readers that resolved
+  // an extent in them (a file gc unlinks stays readable to them).
+  std::shared_mutex extent_mu;
+  std::mutex files_mu;
+  std::unordered_map<std::uint64_t, std::shared_ptr<RandomAccessFile>> open_files;
+  std::unordered_map<std::uint64_t, std::string> damaged_segments;  // id -> what is wrong with its file
+  Result<std::shared_ptr<RandomAccessFile>> SegmentFile(std::uint64_t id);
+  void ForgetSegmentFile(std::uint64_t id);
+  // At open: cuts torn tails, deletes unrecorded files, notes missing or
+  // short ones, and puts the open segments back in the pool.
+  Status RecoverSegments();
+  Status LoadSegments();
+  Result<std::uint64_t> SegmentDiskBytes();
+  // Reads one chunk's bytes from its extent into `dst` (its size), checking
+  // its address; kCorruption names the segment.
+  Status ReadExtent(const std::shared_ptr<RandomAccessFile>& file, const statestore_internal::Extent& e, const Hash128& h,
+                    std::span<std::byte> dst);
 
   std::shared_ptr<Lease::Table> leases = std::make_shared<Lease::Table>();
 
@@ -199,45 +234,37 @@ struct Store::Impl {
   Result<std::optional<EntryId>> FindIdentity(std::uint64_t scope, std::span<const std::uint32_t> tokens,
                                               const statestore_internal::BoundaryPlace& place,
                                               bool quarantine);
-  // Reads one chunk's bytes into *out (pieces joined), checking the address.
-  Status ReadChunk(const Hash128& h, std::uint64_t size, rocksdb::PinnableSlice* pinned, std::string* joined,
-                   std::span<const std::byte>* out);
+  // The extent and open file of each chunk (by hash), resolved in one MultiGet
+  // under extent_mu; a chunk that cannot be read gets its kCorruption.
+  struct Located {
+    statestore_internal::Extent extent;
+    std::shared_ptr<RandomAccessFile> file;
+    Status status;
+  };
+  Status LocateChunks(const std::vector<Hash128>& hashes, std::vector<Located>* out);
   void Quarantine(EntryId id, const std::string& reason, std::optional<Hash128> bad_chunk);
   // Removes an entry whose own records are unreadable, then rebuilds the
   // derived records; requires write_mu.
   Status ForceRemove(EntryId id);
 
-  // ---- publish.cc: chunk pinning
-  struct StageDecision {
-    bool write = false;
-    bool needs_flush = false;
-  };
-  StageDecision PinChunk(const Hash128& h);
-  void UnpinChunks(const std::vector<Hash128>& chunks, bool flushed);
-  // Drops a publish's staged chunks (it wrote written_bytes of them).
-  void AbortPublish(const std::vector<Hash128>& chunks, std::uint64_t written_bytes);
-  // Deletes the staged bytes and collection records of those `chunks` no
-  // entry references and no publish pins (with unpin, each first loses one
-  // pin of the caller's); referenced ones only lose their collection
-  // record. Adds the chunks deleted to *dropped. Requires write_mu.
-  Status DropStaged(const std::vector<Hash128>& chunks, bool unpin, const char* kill_point,
-                    std::uint64_t* dropped);
-  Status AppendStagedDeletion(rocksdb::WriteBatch* batch, const Hash128& h);
-  // Drops every staged chunk no publish in flight pins (the leftovers of
-  // crashed publishes, or of aborts whose deletion failed); takes write_mu.
-  Status CollectStaged();
-  std::atomic<bool> collect_pending{false};  // an abort could not delete its chunks
+  // ---- publish.cc
+  // Takes the publish's writer back after an abort (its bytes are dead space).
+  void AbortPublish(std::unique_ptr<statestore_internal::SegmentWriter> w, std::uint64_t written_bytes);
+  // A failed segment write, with a full disk said in words (and shown by
+  // Stat's write_error until a segment write succeeds again).
+  Status AfterSegmentError(const Status& s);
+  void SegmentWritesOk();
+  std::atomic<bool> segment_full{false};
+  Status segment_error;  // guarded by recover_mu
 
   // The bound on uncommitted bytes (StoreOptions::max_staged_bytes).
   Status ReserveStaged(std::uint64_t bytes);
   void ReleaseStaged(std::uint64_t bytes);
   std::atomic<std::uint64_t> staged_bytes{0};
 
-  // Reclaiming the space of dropped chunks. Their deletions only free disk
-  // space once a compaction has met the bytes they delete and RocksDB has
-  // dropped the blob files left with no live chunk; the reclaimer thread
-  // runs that compaction (flush, then compact the chunk records, without
-  // rewriting live blobs) once reclaim_after_bytes were dropped.
+  // Reclaiming the space of dropped chunks: once reclaim_after_bytes were
+  // dropped, the reclaimer thread rewrites the segments that are mostly dead
+  // (segment_gc.cc).
   void NoteDropped(std::uint64_t bytes);
   void ReclaimLoop();
   Status ReclaimNow();
@@ -248,10 +275,19 @@ struct Store::Impl {
   std::uint64_t reclaim_pending = 0;       // guarded by reclaim_mu
   bool reclaim_stop = false;               // guarded by reclaim_mu
   std::atomic<std::uint64_t> reclaims{0};  // completed (for tests)
-  Status WriteChunkBytes(const Hash128& h, std::span<const std::byte> bytes, bool direct);
-  void AppendChunkDeletion(rocksdb::WriteBatch* batch, const Hash128& h, std::uint64_t size);
-  Status FlushChunks();  // waits until staged chunk bytes are in synced files
-  Status StartFlush();   // starts that in the background
+
+  // ---- segment_gc.cc
+  std::mutex gc_mu;
+  std::atomic<bool> gc_cancel{false};  // the store is closing: a rewrite under way stops
+  // Rewrites the segments with dead bytes (all: every one with any; else
+  // those at least half dead) and deletes those with no live chunk.
+  Status CollectSegments(bool all);
+  Status RewriteSegment(std::uint64_t id, const statestore_internal::SegmentRecord& rec);
+  Status DropDeadSegment(std::uint64_t id);
+  Status UnlinkSegment(std::uint64_t id);
+
+  // ---- migrate.cc
+  Status MigrateChunks();
 
   // ---- verify.cc
   Result<VerifyReport> Verify(bool read_chunks);
@@ -259,6 +295,10 @@ struct Store::Impl {
   // counters) and rewrites what disagrees; requires write_mu. For damage
   // that cannot be undone entry by entry.
   Status RebuildDerived();
+  Status RebuildRefs(std::map<std::string, statestore_internal::ChunkRefRecord>& want, rocksdb::WriteBatch* b);
+  Status VerifySegments(const rocksdb::ReadOptions& ro, const std::map<std::uint64_t, std::uint64_t>& live,
+                        const std::vector<std::pair<Hash128, statestore_internal::ChunkRefRecord>>& placed,
+                        bool read_chunks, const std::function<void(std::string)>& problem);
 };
 
 namespace statestore_internal {
@@ -279,8 +319,19 @@ class Txn {
 
   // Chunk references, read through this batch's own changes.
   Result<ChunkRefRecord*> Ref(const Hash128& h);  // nullptr-free: refs == 0 when none
-  Status AddRefs(const Hash128& h, std::uint64_t size, std::uint64_t n, bool wrote_bytes);
+  // n more references by a publish that wrote the bytes at `wrote`, or found
+  // them committed at `seen` when it began (bytes stay where they are until
+  // gc drops their segment, so a chunk removed meanwhile is taken back).
+  Status AddRefs(const Hash128& h, std::uint64_t size, std::uint64_t n, std::optional<Extent> wrote,
+                 std::optional<Extent> seen);
   Status DropRefs(const Hash128& h, std::uint64_t n);
+  // gc: moves a chunk's recorded extent (when it is still `from`).
+  Status Repoint(const Hash128& h, const Extent& from, const Extent& to, bool* moved);
+
+  // Segment records, through this batch's changes; live bytes follow the
+  // chunk records at Commit.
+  void SetSegment(std::uint64_t id, std::uint64_t committed, SegmentState state);
+  void DropSegment(std::uint64_t id);
 
   // Index values, read through this batch's own changes.
   Result<std::optional<std::string>> IndexValue(const std::string& key);
@@ -312,10 +363,12 @@ class Txn {
 
  private:
   struct RefState {
-    bool loaded_present = false;  // a record existed before this batch
+    bool loaded_present = false;  // a record with references existed before this batch
+    ChunkRefRecord loaded;
     ChunkRefRecord rec;
-    bool wrote_bytes = false;
   };
+  Status ApplySegments();
+  bool SegmentLive(std::uint64_t id) const;
   Result<std::optional<EntryId>> PickVictim(std::optional<EntryId> keep);
   Result<double> ExclusiveBytes(EntryId id, const EntrySummary& s);
 
@@ -328,7 +381,8 @@ class Txn {
   std::vector<EntryId> dying_;
   std::set<EntryId> removed_;  // removed in this batch, or not to be picked again by eviction
   std::vector<ScopeRecord> new_scopes_;  // created or rewritten in this batch
-  std::vector<Hash128> deleting_;  // chunk bytes this batch deletes (marked in live_chunks)
+  std::map<std::uint64_t, std::optional<SegmentRecord>> segs_;  // changed segment records (nullopt: dropped)
+  std::uint64_t dropped_bytes_ = 0;                              // chunk bytes that lost their last reference
   bool needs_rebuild_ = false;
 };
 

@@ -27,6 +27,8 @@ struct TestHooks {
   // No background compactions (a test that plants damage in files decides
   // alone who reads them).
   bool no_compactions = false;
+  // The chunk bytes one migration step copies before its batch (0: 64 MiB).
+  std::uint64_t migrate_step_bytes = 0;
 };
 
 }  // namespace primecache::statestore_internal

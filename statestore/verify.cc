@@ -152,18 +152,14 @@ std::string Canonical(const std::string& key, const std::string& value) {
 Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
   // Every metadata change is one batch under write_mu, so a snapshot taken
   // under it is consistent; the checks then read that snapshot while
-  // publishes, deletes and evictions go on. Chunks pinned by publishes in
-  // flight at that moment are remembered (their bytes may have no reference yet).
+  // publishes, deletes and evictions go on.
   Counters mem;
-  std::unordered_set<Hash128, Hash128Hasher> in_flight;
   const rocksdb::Snapshot* snapshot = nullptr;
   {
     std::lock_guard wl(write_mu);
     if (!opts.read_only) PC_RETURN_IF_ERROR(FlushTouches());
     snapshot = db->GetSnapshot();
     mem = counters;
-    std::lock_guard g(chunk_mu);
-    for (const auto& [h, live] : live_chunks) in_flight.insert(h);
   }
   std::unique_ptr<const rocksdb::Snapshot, std::function<void(const rocksdb::Snapshot*)>> release(
       snapshot, [this](const rocksdb::Snapshot* x) { db->ReleaseSnapshot(x); });
@@ -176,8 +172,10 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
   report.entries = e.live.size();
   report.chunks = e.refs.size();
 
-  // Reference records.
+  // Reference records, with their extents.
   std::set<std::string> seen;
+  std::map<std::uint64_t, std::uint64_t> live;  // segment -> frame bytes recorded in it
+  std::vector<std::pair<Hash128, ChunkRefRecord>> placed;
   {
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf_chunk_refs));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
@@ -194,6 +192,12 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
         Problem(&e, "chunk " + name + ": " + std::to_string(r->refs) + " references recorded, " +
                         std::to_string(want->second.refs) + " held by entries");
       }
+      if (r.ok() && !r->placed) Problem(&e, "chunk " + name + ": not migrated to a segment");
+      if (r.ok() && r->placed && r->segment == 0) Problem(&e, "chunk " + name + ": its bytes are lost");
+      if (r.ok() && r->placed && r->segment != 0 && k.size() == 16) {
+        live[r->segment] += FrameBytes(r->size);
+        placed.emplace_back(HashFromKey(k), *r);
+      }
       seen.insert(k);
     }
     PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan chunk references"));
@@ -203,56 +207,7 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
       Problem(&e, "chunk " + HashHex(HashFromKey(k)) + ": referenced but has no record");
   }
 
-  // Chunk bytes: every referenced chunk present (and intact when asked),
-  // nothing else, and no collection record outside a publish in flight.
-  {
-    std::set<std::string> present;
-    std::set<std::string> uncollected;          // read-only: leftovers the next writer collects
-    std::map<std::string, std::string> joined;  // pieces layout
-    const bool pieces = params.chunk_layout == static_cast<std::uint8_t>(ChunkLayout::kPieces);
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf_chunks));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
-      auto k = it->key().ToStringView();
-      if (k.size() == 17 && k[0] == kGcTag) {
-        // Open for writing, the store collects these when it opens; one left
-        // behind outside a publish in flight is damage. Read-only, it is the
-        // leftover of a publish the daemon has not collected yet.
-        if (in_flight.count(HashFromKey(k.substr(1))) == 0 && !opts.read_only) {
-          Problem(&e, "collection record left for chunk " + HashHex(HashFromKey(k.substr(1))));
-        }
-        if (opts.read_only) uncollected.insert(std::string(k.substr(1)));
-        continue;
-      }
-      if (k.empty() || k[0] != kChunkTag || k.size() != (pieces ? 21u : 17u)) {
-        Problem(&e, "chunks: malformed key");
-        continue;
-      }
-      std::string hk(k.substr(1, 16));
-      present.insert(hk);
-      if (read_chunks) {
-        if (pieces) {
-          joined[hk].append(it->value().data(), it->value().size());
-        } else if (!(Checksum128(std::as_bytes(std::span(it->value().data(), it->value().size()))) ==
-                     HashFromKey(hk))) {
-          Problem(&e, "chunk " + HashHex(HashFromKey(hk)) + ": content does not match its address");
-        }
-      }
-    }
-    PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan chunks"));
-    for (auto& [hk, data] : joined) {
-      if (!(Checksum128(std::as_bytes(std::span(data.data(), data.size()))) == HashFromKey(hk))) {
-        Problem(&e, "chunk " + HashHex(HashFromKey(hk)) + ": content does not match its address");
-      }
-    }
-    for (auto& [k, r] : e.refs) {
-      if (present.count(k) == 0) Problem(&e, "chunk " + HashHex(HashFromKey(k)) + ": referenced but missing");
-    }
-    for (auto& k : present) {
-      if (e.refs.count(k) == 0 && in_flight.count(HashFromKey(k)) == 0 && uncollected.count(k) == 0) {
-        Problem(&e, "chunk " + HashHex(HashFromKey(k)) + ": stored but referenced by no entry");
-      }
-    }
-  }
+  PC_RETURN_IF_ERROR(VerifySegments(ro, live, placed, read_chunks, [&](std::string p) { Problem(&e, std::move(p)); }));
 
   // The index.
   {
@@ -344,35 +299,66 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
   return report;
 }
 
+// Segment records against the chunk records (live bytes, extents within the
+// committed length) and their files (present, long enough); with
+// read_chunks, every chunk's bytes against its address. The chunks column
+// family of a schema-3 store is empty.
+Status Store::Impl::VerifySegments(const rocksdb::ReadOptions& ro, const std::map<std::uint64_t, std::uint64_t>& live,
+                                   const std::vector<std::pair<Hash128, ChunkRefRecord>>& placed, bool read_chunks,
+                                   const std::function<void(std::string)>& problem) {
+  std::map<std::uint64_t, SegmentRecord> recs;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro, cf_segments));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    auto id = IdFromKey(it->key().ToStringView());
+    auto rec = DecodeSegment(it->value().ToStringView());
+    if (!id.ok() || !rec.ok()) {
+      problem("segments: a malformed record");
+      continue;
+    }
+    recs[*id] = *rec;
+    auto l = live.find(*id);
+    const std::uint64_t want = l == live.end() ? 0 : l->second;
+    if (rec->live != want) {
+      problem("segment " + SegmentHex(*id) + ": " + std::to_string(rec->live) + " live bytes recorded, chunks hold " +
+              std::to_string(want));
+    }
+    auto size = env->GetFileSize(seg_dir + "/" + SegmentFileName(*id));
+    if (!size.ok()) {
+      problem("segment " + SegmentHex(*id) + ": its file is missing");
+    } else if (*size < rec->committed) {
+      problem("segment " + SegmentHex(*id) + ": its file holds " + std::to_string(*size) + " bytes, fewer than the " +
+              std::to_string(rec->committed) + " committed");
+    }
+  }
+  PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan segments"));
+  for (const auto& [h, r] : placed) {
+    auto rec = recs.find(r.segment);
+    const std::string name = "chunk " + HashHex(h);
+    if (rec == recs.end()) {
+      problem(name + ": in segment " + SegmentHex(r.segment) + ", which has no record");
+    } else if (r.offset < kSegmentHeaderBytes + kFrameHeaderBytes || r.offset + r.size > rec->second.committed) {
+      problem(name + ": its extent lies outside segment " + SegmentHex(r.segment) + "'s committed bytes");
+    } else if (read_chunks) {
+      std::vector<std::byte> buf(r.size);
+      auto file = SegmentFile(r.segment);
+      Status rs = file.ok() ? ReadExtent(*file, {r.segment, r.offset}, h, buf) : file.status();
+      if (!rs.ok()) problem(name + ": " + rs.ToString());
+    }
+  }
+  if (stored_schema >= kFirstSegmentSchema) {
+    std::unique_ptr<rocksdb::Iterator> ci(db->NewIterator(ro, cf_chunks));
+    ci->SeekToFirst();
+    if (ci->Valid()) problem("chunks: records left in a schema-3 store");
+    PC_RETURN_IF_ERROR(FromRocks(ci->status(), "scan chunks"));
+  }
+  return Status::Ok();
+}
+
 Status Store::Impl::RebuildDerived() {
   Expected e;
   PC_RETURN_IF_ERROR(Derive(*this, rocksdb::ReadOptions(), &e));
   rocksdb::WriteBatch b;
-  {
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunk_refs));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
-      std::string k = it->key().ToString();
-      auto want = e.refs.find(k);
-      auto r = DecodeChunkRef(it->value().ToStringView());
-      if (want == e.refs.end()) {
-        b.Delete(cf_chunk_refs, k);
-        if (k.size() == 16 && r.ok()) {
-          std::lock_guard g(chunk_mu);
-          if (live_chunks.count(HashFromKey(k)) == 0) {
-            AppendChunkDeletion(&b, HashFromKey(k), r->size);
-          } else {
-            b.Put(cf_chunks, GcKey(HashFromKey(k)), "");
-          }
-        }
-      } else {
-        ChunkRefRecord rec = want->second;
-        if (r.ok()) rec.flags = r->flags;
-        b.Put(cf_chunk_refs, k, EncodeChunkRef(rec));
-      }
-    }
-    PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan chunk references"));
-    for (auto& [k, r] : e.refs) b.Put(cf_chunk_refs, k, EncodeChunkRef(r));
-  }
+  PC_RETURN_IF_ERROR(RebuildRefs(e.refs, &b));
   {
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_index));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
@@ -395,9 +381,47 @@ Status Store::Impl::RebuildDerived() {
   PC_RETURN_IF_ERROR(Write(wo, &b, "rebuild derived records"));
   counters = c;
   PublishCounters(c);
+  PC_RETURN_IF_ERROR(LoadSegments());
   PC_RETURN_IF_ERROR(LoadFilters());
   spdlog::warn("statestore {}: rebuilt chunk references, index and counters from {} entries", path,
                e.live.size());
+  return Status::Ok();
+}
+
+// The reference records the entries imply, keeping each surviving chunk's
+// extent and flags (a referenced chunk with no record has lost its bytes),
+// and every segment's live bytes recomputed from them.
+Status Store::Impl::RebuildRefs(std::map<std::string, ChunkRefRecord>& want, rocksdb::WriteBatch* b) {
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunk_refs));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    std::string k = it->key().ToString();
+    auto w = want.find(k);
+    auto r = DecodeChunkRef(it->value().ToStringView());
+    if (w == want.end() || !r.ok()) {
+      b->Delete(cf_chunk_refs, k);
+      continue;
+    }
+    const std::uint64_t refs = w->second.refs, size = w->second.size;
+    w->second = *r;
+    w->second.refs = refs;
+    w->second.size = size;
+  }
+  PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan chunk references"));
+  std::map<std::uint64_t, std::uint64_t> live;
+  for (auto& [k, r] : want) {
+    if (!r.placed) {  // no record: the bytes are nowhere
+      r.placed = true;
+      r.segment = 0;
+      r.flags |= kChunkCorrupt;
+    }
+    if (r.segment != 0) live[r.segment] += FrameBytes(r.size);
+    b->Put(cf_chunk_refs, k, EncodeChunkRef(r));
+  }
+  for (auto [id, rec] : segments) {
+    auto l = live.find(id);
+    rec.live = std::min(rec.committed, l == live.end() ? 0 : l->second);
+    b->Put(cf_segments, IdKey(id), EncodeSegment(rec));
+  }
   return Status::Ok();
 }
 

@@ -52,6 +52,13 @@ class WritableFile {
   virtual Status Append(std::span<const std::byte> data) = 0;
   virtual Status Sync() = 0;
   virtual Status Close() = 0;
+  // Starts writing [offset, offset + n) of what was appended back to the
+  // disk without waiting, so that a later Sync has less left to do. Not a
+  // durability point; a no-op where an Env has nothing to start.
+  virtual Status StartWriteback(std::uint64_t offset, std::uint64_t n) {
+    (void)offset, (void)n;
+    return Status::Ok();
+  }
 };
 
 // What a path is, and its permission bits (0777), as lstat sees it.
@@ -91,6 +98,10 @@ class Env {
   virtual Result<FileMode> GetFileMode(const std::string& path);
   // Sets a file's or directory's permission bits (0777).
   virtual Status SetPermissions(const std::string& path, std::uint32_t permissions);
+  // Cuts a file to its first `size` bytes (a longer size is refused). A file
+  // open for appending goes on appending at the new end. Durable once the
+  // file is synced. kNotSupported where an Env cannot.
+  virtual Status TruncateFile(const std::string& path, std::uint64_t size);
 
   // The process-wide POSIX Env. Never deleted.
   static Env* Default();
@@ -179,6 +190,8 @@ class FaultInjectionEnv : public Env {
   Status SyncDir(const std::string& dir) override;
   Result<FileMode> GetFileMode(const std::string& path) override;
   Status SetPermissions(const std::string& path, std::uint32_t permissions) override;
+  // Counted and failed as a write; the file's synced length shrinks with it.
+  Status TruncateFile(const std::string& path, std::uint64_t size) override;
 
   struct State;  // shared with the file wrappers; defined in the .cc
 

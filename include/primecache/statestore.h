@@ -6,10 +6,12 @@
 // lookups never cross fingerprints or namespaces.
 //
 //  - Publish streams the encoded layers of one boundary in, chunk by chunk,
-//    and commits them in one atomic, synced RocksDB write batch: after a crash
-//    there is either no entry or a complete one, and Commit returns only once
-//    the entry is durable. Leftovers of crashed or abandoned publishes are
-//    collected when the store is opened.
+//    appending the chunk bytes to the store's own segment files; Commit
+//    syncs them, then writes the metadata in one atomic, synced RocksDB
+//    batch: after a crash there is either no entry or a complete one, and
+//    Commit returns only once the entry is durable. RocksDB holds metadata
+//    only. Leftovers of crashed publishes are cut when the store is opened;
+//    dead bytes are reclaimed by rewriting segments (gc).
 //  - Lookup returns the longest stored boundary whose tokens are an exact
 //    prefix of the query. Token blocks are hashed into a persisted index, so
 //    the cost does not grow with the number of entries; hashes only find
@@ -211,12 +213,6 @@ enum class EvictionPolicy : std::uint8_t {
   kUtility = 1,  // Marconi-style: recency + alpha * (FLOPs saved / bytes freed), lowest first
 };
 
-// How chunk bytes are laid out in RocksDB (fixed when a store is created).
-enum class ChunkLayout : std::uint8_t {
-  kBlobFiles = 1,  // one value per chunk, in integrated BlobDB blob files
-  kPieces = 2,     // chunks cut into bounded values kept in the SST files
-};
-
 // The default data directory: $XDG_DATA_HOME/primecache, else
 // $HOME/.local/share/primecache.
 Result<std::string> DefaultDataDir();
@@ -232,7 +228,9 @@ struct StoreOptions {
   // Opens an existing store for reading only (RocksDB's read-only mode: no
   // lock taken, nothing written, not even recency, hit counts or a
   // quarantine). Publish, Delete, SetByteBudget and Compact answer
-  // kFailedPrecondition. For inspecting the store of a stopped daemon.
+  // kFailedPrecondition. For inspecting the store of a stopped daemon. A
+  // store of an older schema is refused (kFailedPrecondition naming
+  // `primecachectl migrate`); opened for writing, it is migrated.
   bool read_only = false;
 
   std::uint64_t byte_budget = 0;  // stored_bytes kept at or below this; 0: unlimited
@@ -245,16 +243,11 @@ struct StoreOptions {
   // Creation-time format choices, recorded in the store; an existing store
   // keeps its own.
   std::uint32_t block_tokens = 256;  // tokens per hashed index block
-  ChunkLayout chunk_layout = ChunkLayout::kBlobFiles;
-  std::uint32_t piece_bytes = 64u << 10;  // kPieces: the largest value
 
   std::uint64_t max_chunk_bytes = 64ull << 20;
-  // A publish whose new chunk bytes reach this writes them past the WAL and
-  // flushes them before its commit (each byte written once, not twice).
-  std::uint64_t direct_write_bytes = 4ull << 20;
-  // Past the WAL, a flush of the staged bytes starts in the background after
-  // every this many bytes, so that writing files overlaps receiving chunks.
-  std::uint64_t flush_step_bytes = 16ull << 20;
+  // A segment file is sealed (never appended to again) once a commit takes
+  // it past this many bytes; concurrent publishers write different segments.
+  std::uint64_t segment_bytes = 256ull << 20;
   std::uint64_t block_cache_bytes = 256ull << 20;
   // Fetch reads chunks ahead of the sink, in parallel on a pool of this many
   // threads shared by every fetch (0: one chunk at a time, on the caller's
@@ -272,9 +265,9 @@ struct StoreOptions {
   // bytes back.
   std::uint64_t max_staged_bytes = 8ull << 30;
   // Once aborted publishes, removals and evictions have dropped this many
-  // chunk bytes, the store flushes and compacts its chunk records in the
-  // background, so that their space comes back within seconds rather than
-  // at some later compaction (0: after every drop).
+  // chunk bytes, the store rewrites its segments that are at least half
+  // dead in the background (and deletes those with no live chunk), so that
+  // their space comes back within seconds (0: after every drop).
   std::uint64_t reclaim_after_bytes = 16ull << 20;
 
   std::shared_ptr<const LayerValidator> validator;  // nullptr: CodecLayerValidator()
@@ -336,10 +329,10 @@ class Store {
   // Changes the budget and evicts down to it.
   Status SetByteBudget(std::uint64_t bytes);
 
-  // Collects the chunks of publishes that never committed, compacts every
-  // column family and garbage-collects every blob file that holds dead
-  // chunks (the live chunks in them are rewritten), so that every dead byte
-  // is reclaimed; returns when done.
+  // Rewrites every segment file that holds dead chunk bytes (its live
+  // chunks, checked against their addresses, go to a new segment; the old
+  // file is deleted) and compacts every column family, so that every dead
+  // byte is reclaimed; returns when done.
   Status Compact();
 
   // Cross-checks everything the store records: every manifest against the

@@ -1,6 +1,6 @@
-// Corruption planted in stored bytes, behind the store's back: chunk values
-// replaced, bytes flipped in the blob and table files, manifests, tokens and
-// entry records overwritten. Each is detected, reported, never served, and
+// Corruption planted in stored bytes, behind the store's back: chunk bytes
+// replaced or flipped in their segment files, manifests, tokens and entry
+// records overwritten. Each is detected, reported, never served, and
 // the entry is quarantined; references stay exact.
 #include <rocksdb/db.h>
 
@@ -11,6 +11,7 @@
 #include "statestore/rocks_env.h"
 #include "statestore/test_hooks.h"
 #include "raw_db.h"
+#include "segment_util.h"
 #include "store_test_util.h"
 
 namespace primecache {
@@ -49,10 +50,9 @@ TEST(Corruption, AReplacedChunkIsDetectedAndItsEntriesQuarantined) {
   ASSERT_EQ(shared, lb[0].chunks[0]);
   m.store.reset();
   {
-    RawDb raw(m.env.get(), m.options.path);
     std::string bad = shared;
     bad[bad.size() / 2] ^= 0x01;
-    raw.Put(si::kCfChunks, si::ChunkKey(AddressOf(shared)), bad);
+    OverwriteChunk(m.env.get(), m.options.path, AddressOf(shared), bad);
   }
   m.Reopen();
   auto r = m.store->FetchAll(a);
@@ -96,11 +96,7 @@ TEST(Corruption, WithoutAHealingPublishEveryEntryOfTheBadChunkIsQuarantined) {
   EntryId b = MustPublish(*m.store, Prefix(conv, 500), 1, "", kModel);
   EntryId other = MustPublish(*m.store, Conversation(200, 3), 1, "", kModel);
   m.store.reset();
-  {
-    RawDb raw(m.env.get(), m.options.path);
-    raw.Put(si::kCfChunks, si::ChunkKey(AddressOf(la[0].chunks[0])),
-            std::string(la[0].chunks[0].size(), 'z'));
-  }
+  OverwriteChunk(m.env.get(), m.options.path, AddressOf(la[0].chunks[0]), std::string(la[0].chunks[0].size(), 'z'));
   m.Reopen();
   EXPECT_TRUE(m.store->FetchAll(b).status().IsCorruption());
   EXPECT_TRUE(m.store->FetchAll(a).status().IsCorruption());
@@ -112,83 +108,39 @@ TEST(Corruption, WithoutAHealingPublishEveryEntryOfTheBadChunkIsQuarantined) {
   EXPECT_EQ(m.store->Stat()->entries, 1u);
 }
 
-// Flips one byte in every file the chunks column family has
-// (SST files, and blob files when `blobs`), through the Env.
-int FlipChunkFiles(Env* env, const std::string& dir, bool blobs) {
-  std::set<std::string> files;
-  {
-    RawDb raw(env, dir);
-    EXPECT_TRUE(raw.db()->Flush(rocksdb::FlushOptions(), raw.cf(si::kCfChunks)).ok());
-    rocksdb::ColumnFamilyMetaData meta;
-    raw.db()->GetColumnFamilyMetaData(raw.cf(si::kCfChunks), &meta);
-    for (auto& level : meta.levels) {
-      for (auto& f : level.files) {
-        if (!blobs) files.insert(f.relative_filename);
-      }
-    }
-    for (auto& b : meta.blob_files) files.insert(b.blob_file_name);
-  }
-  int flipped = 0;
-  for (std::string name : files) {
-    if (name.empty()) continue;
-    if (name[0] == '/') name = name.substr(name.rfind('/') + 1);
-    std::string path = dir + "/" + name;
-    auto data = ReadFileToString(env, path);
-    EXPECT_TRUE(data.ok()) << path;
-    // Only files with chunk bytes, flipped in their data (not in a table's
-    // metadata, which RocksDB checks when it opens).
-    if (!data.ok() || data->size() < 16384) continue;
-    (*data)[data->size() / 4] ^= 0x40;
-    auto f = env->NewWritableFile(path);
-    EXPECT_TRUE(f.ok());
-    EXPECT_TRUE((*f)->Append(AsBytes(*data)).ok());
-    EXPECT_TRUE((*f)->Close().ok());
-    ++flipped;
-  }
-  return flipped;
-}
-
-class FlippedFiles : public ::testing::TestWithParam<ChunkLayout> {};
-
-TEST_P(FlippedFiles, ABitFlippedOnDiskIsNeverServed) {
-  StoreOptions o;
-  o.chunk_layout = GetParam();
-  o.piece_bytes = 4096;
-  o.direct_write_bytes = 0;  // the store flushes chunks to their files itself
-  auto hooks = std::make_shared<si::TestHooks>();
-  hooks->no_compactions = true;  // only fetches read the damaged files
-  o.test_hooks = hooks;
-  MemStore m(o);
+// One byte flipped in a segment file, inside a chunk: the address check
+// catches it, the entry is quarantined, the other entries are served.
+TEST(Corruption, ABitFlippedInASegmentIsNeverServed) {
+  MemStore m;
   TestModel model = kModel;
-  model.chunk_bytes = 8192;  // chunks of two pieces, and well above the blob threshold
+  model.chunk_bytes = 8192;
   std::map<EntryId, std::vector<LayerBytes>> want;
   for (int i = 0; i < 4; ++i) {
     auto t = Conversation(800, 10 + i);
     want[MustPublish(*m.store, t, 1, "", model)] = MakeLayers(t, model);
   }
+  const EntryId victim = want.begin()->first;
+  const std::string& chunk = want.begin()->second[1].chunks[0];
   m.store.reset();
-  int flipped = FlipChunkFiles(m.env.get(), m.options.path, GetParam() == ChunkLayout::kBlobFiles);
-  ASSERT_GT(flipped, 0);
+  ChunkPlace p = PlaceOfChunk(m.env.get(), m.options.path, AddressOf(chunk));
+  std::string flipped(1, static_cast<char>(chunk[chunk.size() / 2] ^ 0x40));
+  OverwriteAt(m.env.get(), p.file, p.offset + chunk.size() / 2, flipped);
   m.Reopen();
-  int bad = 0;
   for (auto& [id, layers] : want) {
     auto back = m.store->FetchAll(id);
-    if (back.ok()) {
+    if (id != victim) {
+      ASSERT_TRUE(back.ok()) << back.status().ToString();
       ExpectSameLayers(*back, layers);
       continue;
     }
-    ++bad;
-    EXPECT_TRUE(back.status().IsCorruption()) << back.status().ToString();
-    auto info = m.store->Describe(id);
-    ASSERT_TRUE(info.ok());
-    EXPECT_EQ(info->state, EntryState::kQuarantined) << "entry " << id << ": " << back.status().ToString();
+    ASSERT_TRUE(back.status().IsCorruption()) << back.status().ToString();
+    EXPECT_NE(back.status().message().find("segment " + si::SegmentHex(p.segment)), std::string::npos)
+        << back.status().ToString();
+    ExpectQuarantined(*m.store, id, "address");
   }
-  EXPECT_GT(bad, 0) << "a flipped byte in the chunk files must hit some entry";
-  EXPECT_EQ(m.store->Stat()->quarantined, static_cast<std::uint64_t>(bad));
+  EXPECT_EQ(m.store->Stat()->quarantined, 1u);
+  ExpectConsistent(*m.store);
 }
-
-INSTANTIATE_TEST_SUITE_P(Layouts, FlippedFiles,
-                         ::testing::Values(ChunkLayout::kBlobFiles, ChunkLayout::kPieces));
 
 TEST(Corruption, ACorruptManifestIsQuarantinedAndReferencesRebuilt) {
   MemStore m;

@@ -27,8 +27,7 @@ int main(int argc, char** argv) {
   }
   StoreOptions o;
   o.path = argv[1];
-  o.direct_write_bytes = crash_test::kDirectWriteBytes;
-  o.flush_step_bytes = crash_test::kFlushStepBytes;
+  o.segment_bytes = crash_test::kSegmentBytes;
   auto store = Store::Open(o);
   if (!store.ok()) {
     std::fprintf(stderr, "open: %s\n", store.status().ToString().c_str());
@@ -76,6 +75,15 @@ int main(int argc, char** argv) {
             Say("ACK " + std::to_string(i) + " evict " + std::to_string(entry.id));
         }
         if (!(*store)->SetByteBudget(0).ok()) return 1;
+        break;
+      }
+      case crash_test::Step::kCompact: {
+        Status c = (*store)->Compact();
+        if (!c.ok()) {
+          std::fprintf(stderr, "step %zu: %s\n", i, c.ToString().c_str());
+          return 1;
+        }
+        Say("ACK " + std::to_string(i) + " compact 0");
         break;
       }
     }

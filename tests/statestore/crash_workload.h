@@ -10,7 +10,7 @@
 namespace primecache::crash_test {
 
 struct Step {
-  enum Kind { kPublish, kDelete, kEvict } kind = kPublish;
+  enum Kind { kPublish, kDelete, kEvict, kCompact } kind = kPublish;
   std::vector<std::uint32_t> tokens;  // kPublish
   int target = -1;                    // kDelete: the step whose entry goes
 };
@@ -25,8 +25,9 @@ inline const store_test::TestModel& Model() {
 }
 
 // Boundaries of two conversations that share chunks, a delete of a boundary
-// whose chunks a longer one keeps, a publish large enough to go past the WAL
-// (direct_write_bytes below), an eviction, and a last publish.
+// whose chunks a longer one keeps, a Compact that rewrites the segment its
+// dead chunks are in (gc), a larger publish, an eviction, a last publish and
+// a last Compact.
 inline const std::vector<Step>& Workload() {
   static const std::vector<Step> steps = [] {
     using store_test::Conversation;
@@ -37,16 +38,18 @@ inline const std::vector<Step>& Workload() {
     s.push_back({Step::kPublish, Prefix(b, 300), -1});
     s.push_back({Step::kPublish, Prefix(a, 450), -1});
     s.push_back({Step::kDelete, {}, 0});
+    s.push_back({Step::kCompact, {}, -1});
     s.push_back({Step::kPublish, Prefix(a, 700), -1});
     s.push_back({Step::kPublish, Prefix(b, 260), -1});
     s.push_back({Step::kEvict, {}, -1});
     s.push_back({Step::kPublish, Prefix(c, 500), -1});
+    s.push_back({Step::kCompact, {}, -1});
     return s;
   }();
   return steps;
 }
 
-inline constexpr std::uint64_t kDirectWriteBytes = 16 << 10;
-inline constexpr std::uint64_t kFlushStepBytes = 24 << 10;  // background flushes during the big publish
+// Segments sealed past 1 MiB, the smallest allowed: the workload fills more than one.
+inline constexpr std::uint64_t kSegmentBytes = 1u << 20;
 
 }  // namespace primecache::crash_test

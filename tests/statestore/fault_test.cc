@@ -165,15 +165,17 @@ TEST(Faults, AFailedWriteAtAnyPointChangesNothing) {
 TEST(Faults, AFailedSyncAtAnyPointChangesNothing) {
   FailEveryOp(FaultOp::kSync, "sync");
 }
-TEST(Faults, FailedWritesOnTheFlushPathChangeNothing) {
+// A segment of 1 MiB is sealed at almost every commit: failures while a new
+// segment is created and its directory synced change nothing either.
+TEST(Faults, FailedWritesWithSmallSegmentsChangeNothing) {
   StoreOptions o;
-  o.direct_write_bytes = 0;  // every chunk past the WAL, flushed before the commit
-  FailEveryOp(FaultOp::kWrite, "write (direct)", o);
+  o.segment_bytes = 1u << 20;
+  FailEveryOp(FaultOp::kWrite, "write (small segments)", o);
 }
-TEST(Faults, FailedSyncsOnTheFlushPathChangeNothing) {
+TEST(Faults, FailedSyncsWithSmallSegmentsChangeNothing) {
   StoreOptions o;
-  o.direct_write_bytes = 0;
-  FailEveryOp(FaultOp::kSync, "sync (direct)", o);
+  o.segment_bytes = 1u << 20;
+  FailEveryOp(FaultOp::kSync, "sync (small segments)", o);
 }
 
 TEST(Faults, AFullDiskFailsClearlyAndChangesNothing) {
@@ -266,7 +268,7 @@ enum class Work { kPublish, kDelete, kEvict };
 struct PowerCase {
   const char* name;
   Work work;
-  bool direct;
+  bool small_segments;  // sealed at (nearly) every commit: new segment files
 };
 
 class PowerLoss : public ::testing::TestWithParam<PowerCase> {};
@@ -274,10 +276,7 @@ class PowerLoss : public ::testing::TestWithParam<PowerCase> {};
 TEST_P(PowerLoss, AtEveryMutatingOperation) {
   const PowerCase& pc = GetParam();
   StoreOptions o;
-  if (pc.direct) {
-    o.direct_write_bytes = 0;
-    o.flush_step_bytes = 32 << 10;  // and background flushes while staging
-  }
+  if (pc.small_segments) o.segment_bytes = 1u << 20;
   // Runs the workload; true when it was acknowledged.
   auto run = [&](FaultStore& f) -> bool {
     switch (pc.work) {
@@ -362,7 +361,7 @@ TEST_P(PowerLoss, AtEveryMutatingOperation) {
 
 INSTANTIATE_TEST_SUITE_P(Workloads, PowerLoss,
                          ::testing::Values(PowerCase{"publish", Work::kPublish, false},
-                                           PowerCase{"publish_direct", Work::kPublish, true},
+                                           PowerCase{"publish_small_segments", Work::kPublish, true},
                                            PowerCase{"delete", Work::kDelete, false},
                                            PowerCase{"evict", Work::kEvict, false}),
                          [](const auto& info) { return std::string(info.param.name); });

@@ -1,4 +1,5 @@
-// libFuzzer target: every record decoder of the store's schema on arbitrary
+// libFuzzer target: every record decoder of the store's schema (segment
+// file headers and frame headers included) on arbitrary
 // bytes. The first byte picks the decoder (low four bits) and whether a
 // correct checksum trailer is appended first (high bit), so that the fuzzer
 // also reaches the structure behind the checksums. Whatever decodes must
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "statestore/format.h"
+#include "statestore/segments.h"
 
 using namespace primecache::statestore_internal;  // NOLINT(google-build-using-namespace)
 
@@ -62,6 +64,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     case 10:
       if (auto r = DecodeAccess(v); r.ok()) REQUIRE(EncodeAccess(*r) == v);
+      break;
+    case 11:
+      if (auto r = DecodeSegment(v); r.ok()) REQUIRE(EncodeSegment(*r) == v);
+      break;
+    case 12:
+      if (auto r = DecodeFrameHeader(v, 1u << 30); r.ok()) REQUIRE(EncodeFrameHeader(*r) == v);
+      break;
+    case 13:
+      if (v.size() >= 24) {
+        std::uint64_t id = 0;  // the header's own id (little-endian at 16)
+        for (int i = 7; i >= 0; --i) id = (id << 8) | static_cast<unsigned char>(v[16 + i]);
+        if (CheckSegmentHeader(v, id).ok()) REQUIRE(v.size() == kSegmentHeaderBytes && EncodeSegmentHeader(id) == v);
+      }
       break;
     default:
       if (auto r = DecodeSchema(v); r.ok()) REQUIRE(EncodeSchema(*r) == v);

@@ -95,7 +95,7 @@ TEST(Format, MetaRecordsRoundTripAndRefuseDamage) {
   bad.block_tokens = 0;
   EXPECT_FALSE(DecodeParams(EncodeParams(bad)).ok());
   bad = p;
-  bad.chunk_layout = 3;
+  bad.chunk_layout = 4;
   EXPECT_FALSE(DecodeParams(EncodeParams(bad)).ok());
 
   Counters c;

@@ -92,8 +92,8 @@ TEST(Private, AStoreLeftOpenToOthersIsMadePrivateAtOpen) {
   }
   // As an older primecache left it: 0755 directories, 0644 files.
   ASSERT_EQ(::chmod(o.path.c_str(), 0755), 0);
-  for (const auto& e : std::filesystem::directory_iterator(o.path))
-    ASSERT_EQ(::chmod(e.path().c_str(), 0644), 0);
+  for (const auto& e : std::filesystem::recursive_directory_iterator(o.path))
+    ASSERT_EQ(::chmod(e.path().c_str(), e.is_directory() ? 0755 : 0644), 0);
   ASSERT_EQ(ModeOf(o.path + "/CURRENT") & 0777, 0644u);
   auto s = Store::Open(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();

@@ -35,8 +35,8 @@ std::string RandomChunk(std::mt19937_64& rng, std::size_t n) {
 
 // Publishers that each stage `chunks` random chunks of `chunk_bytes` in one
 // layer, interleaved (as concurrent clients would); between rounds, a small
-// entry is committed when `commit_between` (so flushes mix live and dead
-// chunks in one blob file).
+// entry is committed when `commit_between` (from another segment: the
+// publishers hold theirs).
 std::vector<std::unique_ptr<Publisher>> StageAbandoned(Store& s, int publishers, int chunks,
                                                        std::size_t chunk_bytes, bool commit_between) {
   std::mt19937_64 rng(7);
@@ -143,7 +143,10 @@ TEST(Space, RemovedAndEvictedEntriesAreReclaimedWithoutRestartOrCompact) {
   w.ExpectReclaimed(full);
 }
 
-TEST(Space, CompactReclaimsDeadChunksSharingBlobFilesWithLiveOnes) {
+// Removed entries whose chunks share a segment with kept ones: only
+// Compact reclaims here (the background reclaim is off), by rewriting the
+// segment around the live chunks.
+TEST(Space, CompactReclaimsDeadChunksSharingSegmentsWithLiveOnes) {
   TempDir dir;
   StoreOptions o;
   o.path = dir.path + "/store";
@@ -151,18 +154,44 @@ TEST(Space, CompactReclaimsDeadChunksSharingBlobFilesWithLiveOnes) {
   auto opened = Store::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
   Store& s = **opened;
-  MustPublish(s, Conversation(300, 1));
-  auto pubs = StageAbandoned(s, 4, 16, 1u << 20, /*commit_between=*/true);
-  for (auto& p : pubs) p->Abort();
-  const std::uint64_t aborted = DiskBytes(o.path);
-  EXPECT_GT(aborted, 8u << 20);
+  TestModel big;
+  big.width = 512;
+  big.index_head_dim = 0;
+  big.chunk_bytes = 256u << 10;
+  std::vector<EntryId> ids;
+  for (int i = 0; i < 8; ++i) ids.push_back(MustPublish(s, Conversation(1500, 60 + i), 1, "", big));
+  for (int i = 0; i < 8; i += 2) ASSERT_TRUE(s.Delete(ids[i]).ok());
+  const std::uint64_t removed = DiskBytes(o.path);
   ASSERT_TRUE(s.Compact().ok());
   const std::uint64_t compacted = DiskBytes(o.path);
   const auto st = s.Stat();
   ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->entries, 5u);
-  EXPECT_LE(compacted, st->stored_bytes + kSlack) << "one Compact leaves no dead chunk: " << aborted << " -> "
+  EXPECT_EQ(st->entries, 4u);
+  EXPECT_LE(compacted, st->stored_bytes + kSlack) << "one Compact leaves no dead chunk: " << removed << " -> "
                                                   << compacted << " bytes, " << st->stored_bytes << " stored";
+  for (int i = 1; i < 8; i += 2) {
+    auto back = s.FetchAll(ids[i]);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ExpectSameLayers(*back, MakeLayers(Conversation(1500, 60 + i), big));
+  }
+  ExpectConsistent(s);
+}
+
+// An aborted publish's bytes are cut from its segment at once.
+TEST(Space, AnAbortGivesItsBytesBackAtOnce) {
+  TempDir dir;
+  StoreOptions o;
+  o.path = dir.path + "/store";
+  o.reclaim_after_bytes = std::numeric_limits<std::uint64_t>::max();
+  auto opened = Store::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Store& s = **opened;
+  MustPublish(s, Conversation(300, 1));
+  const std::uint64_t before = DiskBytes(o.path);
+  auto pubs = StageAbandoned(s, 3, 8, 1u << 20, /*commit_between=*/true);
+  EXPECT_GT(DiskBytes(o.path), before + (16u << 20));
+  for (auto& p : pubs) p->Abort();
+  EXPECT_LE(DiskBytes(o.path), before + kSlack + 2 * LayerBytesSize(MakeLayers(Conversation(300, 900))));
   ExpectConsistent(s);
 }
 

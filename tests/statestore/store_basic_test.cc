@@ -588,29 +588,26 @@ TEST(StoreBasic, RunsOnThePosixEnvToo) {
   ExpectConsistent(**s);
 }
 
-TEST(StoreBasic, PiecesLayoutRoundTrips) {
-  StoreOptions o;
-  o.chunk_layout = ChunkLayout::kPieces;
-  o.piece_bytes = 4096;
-  MemStore m(o);
-  TestModel big;
-  big.chunk_bytes = 16384;  // chunks of several pieces
-  auto t = Conversation(700, 6);
-  auto layers = MakeLayers(t, big);
-  auto r = m.store->Publish(Request(t), layers);
-  ASSERT_TRUE(r.ok());
-  auto back = m.store->FetchAll(r->id);
-  ASSERT_TRUE(back.ok());
-  ExpectSameLayers(*back, layers);
-  ExpectConsistent(*m.store);
-  // The layout is the store's: reopening with other options keeps it.
-  m.options.chunk_layout = ChunkLayout::kBlobFiles;
-  m.Reopen();
-  back = m.store->FetchAll(r->id);
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
-  ExpectSameLayers(*back, layers);
-  ASSERT_TRUE(m.store->Delete(r->id).ok());
-  ExpectConsistent(*m.store);
+// Chunks larger than a read part (1 MiB) are read in parts on several pool
+// threads; with and without a pool, they come back whole.
+TEST(StoreBasic, LargeChunksRoundTripInParts) {
+  for (std::size_t threads : {std::size_t{0}, std::size_t{3}}) {
+    StoreOptions o;
+    o.fetch_read_threads = threads;
+    MemStore m(o);
+    TestModel big;
+    big.width = 512;
+    big.chunk_bytes = 3u << 20;  // several parts per chunk
+    auto t = Conversation(2500, 6);
+    auto layers = MakeLayers(t, big);
+    ASSERT_GT(layers[0].chunks[0].size(), 1u << 20);
+    auto r = m.store->Publish(Request(t), layers);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    auto back = m.store->FetchAll(r->id);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ExpectSameLayers(*back, layers);
+    ExpectConsistent(*m.store);
+  }
 }
 
 }  // namespace
@@ -622,9 +619,7 @@ namespace {
 using namespace store_test;  // NOLINT(google-build-using-namespace)
 
 TEST(StoreBasic, CompactReclaimsTheSpaceOfDeletedEntries) {
-  StoreOptions o;
-  o.direct_write_bytes = 0;  // chunk bytes go to blob files at once
-  MemStore m(o);
+  MemStore m;
   TestModel big;
   big.chunk_bytes = 8192;
   std::vector<EntryId> ids;
@@ -779,9 +774,11 @@ TEST(StoreReadOnly, ReadsEverythingWritesNothing) {
   EXPECT_FALSE(std::filesystem::exists(none.path));
 }
 
-// A schema-1 store (scope records without descriptors) opens read-only as it
-// is, and opened for writing is marked 2 with every entry intact.
-TEST(StoreSchema, Version1IsReadAndUpgraded) {
+// A store marked with an older schema is refused read-only (naming the
+// command that migrates it), and opened for writing is migrated and marked
+// with this build's version, every entry intact. (The migration of real
+// schema-2 stores: migrate_test.cc.)
+TEST(StoreSchema, AnOlderSchemaIsRefusedReadOnlyAndMigratedForWriting) {
   TempDir dir;
   StoreOptions o;
   o.path = dir.path;
@@ -792,13 +789,15 @@ TEST(StoreSchema, Version1IsReadAndUpgraded) {
   ro.read_only = true;
   {
     auto s = Store::Open(ro);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    EXPECT_TRUE((*s)->Describe(id).ok());
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition) << s.status().ToString();
+    EXPECT_NE(s.status().message().find("primecachectl migrate"), std::string::npos) << s.status().ToString();
   }
   {
     auto s = Store::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     EXPECT_TRUE((*s)->Describe(id).ok());
+    EXPECT_TRUE((*s)->FetchAll(id).ok());
   }
   // Now marked with this build's version, so an older build refuses it.
   const std::string schema = RawDb(Env::Default(), dir.path).Get(statestore_internal::kCfMeta, "schema");

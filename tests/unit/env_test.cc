@@ -209,6 +209,21 @@ TEST(DirNameTest, Cases) {
   EXPECT_EQ(DirName("/x/y/z"), "/x/y");
 }
 
+// TruncateFile cuts a file; a file open for appending goes on at the new
+// end (segment files rely on it); growing is refused.
+TEST_P(EnvContractTest, TruncateCutsAndAppendsGoOnAtTheNewEnd) {
+  auto f = env_->NewAppendableFile(P("seg"));
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE((*f)->Append(Bytes("keep|drop me")).ok());
+  ASSERT_TRUE(env_->TruncateFile(P("seg"), 5).ok());
+  EXPECT_EQ(*env_->GetFileSize(P("seg")), 5u);
+  ASSERT_TRUE((*f)->Append(Bytes("more")).ok());
+  ASSERT_TRUE((*f)->Sync().ok());
+  EXPECT_EQ(*ReadFileToString(env_, P("seg")), "keep|more");
+  EXPECT_FALSE(env_->TruncateFile(P("seg"), 100).ok()) << "a longer size is refused";
+  EXPECT_FALSE(env_->TruncateFile(P("absent"), 0).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Envs, EnvContractTest,
                          ::testing::Values(EnvCase{"posix", true}, EnvCase{"mem", false}),
                          [](const auto& info) { return std::string(info.param.name); });

@@ -122,6 +122,23 @@ TEST_F(FaultEnvTest, CrashDropsUnsyncedTail) {
   EXPECT_EQ(*ReadFileToString(base_.get(), "/d/log"), "durable|");
 }
 
+// A truncation is counted (and failed) as a write, and a crash afterwards
+// keeps only what was synced below the cut.
+TEST_F(FaultEnvTest, TruncateIsAWriteAndShrinksTheSyncedLength) {
+  auto f = env_->NewAppendableFile("/d/seg");
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(env_->SyncDir("/d").ok());
+  ASSERT_TRUE((*f)->Append(Bytes("0123456789")).ok());
+  ASSERT_TRUE((*f)->Sync().ok());
+  env_->FailNth(FaultOp::kWrite, 1);
+  EXPECT_FALSE(env_->TruncateFile("/d/seg", 4).ok());
+  EXPECT_EQ(*env_->GetFileSize("/d/seg"), 10u) << "a failed truncate has no effect";
+  ASSERT_TRUE(env_->TruncateFile("/d/seg", 4).ok());
+  ASSERT_TRUE((*f)->Append(Bytes("ab")).ok());  // not synced
+  ASSERT_TRUE(env_->SimulateCrash().ok());
+  EXPECT_EQ(*ReadFileToString(base_.get(), "/d/seg"), "0123");
+}
+
 TEST_F(FaultEnvTest, CrashRemovesFilesWhoseDirectoryWasNotSynced) {
   ASSERT_TRUE(Write("/d/new", "synced data", true).ok());
   ASSERT_TRUE(env_->SimulateCrash().ok());

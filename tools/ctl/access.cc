@@ -188,6 +188,16 @@ Status ProbeDaemon(const std::string& path) {
 
 }  // namespace
 
+Status EnsureNoDaemon(const AccessOptions& o) {
+  const std::string socket = o.admin_socket.empty() ? o.data_dir + "/primecached-admin.sock" : o.admin_socket;
+  Status s = ProbeDaemon(socket);
+  if (s.ok()) {
+    return Status::FailedPrecondition("a daemon answers at " + socket +
+                                      ": stop it first (it migrates its own store when it opens it)");
+  }
+  return s.IsNotFound() ? Status::Ok() : s;
+}
+
 Result<std::unique_ptr<StoreAccess>> OpenAccess(const AccessOptions& o, bool* fell_back) {
   *fell_back = false;
   const std::string socket = o.admin_socket.empty() ? o.data_dir + "/primecached-admin.sock" : o.admin_socket;

@@ -68,4 +68,8 @@ struct AccessOptions {
 // kUnavailable: neither is possible.
 Result<std::unique_ptr<StoreAccess>> OpenAccess(const AccessOptions& options, bool* fell_back);
 
+// OK when no daemon answers at the admin socket; kFailedPrecondition when
+// one does (a command that needs the store to itself was asked for).
+Status EnsureNoDaemon(const AccessOptions& o);
+
 }  // namespace primecache::ctl

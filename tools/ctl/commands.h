@@ -48,4 +48,8 @@ int Export(StoreAccess& access, std::uint64_t id, const std::string& file, bool 
 int Import(StoreAccess& access, const std::string& file, const std::optional<std::string>& ns, const Output& out);
 int Compact(StoreAccess& access, const Output& out);
 
+// Opens the store at store_path for writing, which migrates an older schema
+// (refused while a daemon answers, unless access.offline).
+int Migrate(const AccessOptions& access, const std::string& store_path, const Output& out);
+
 }  // namespace primecache::ctl

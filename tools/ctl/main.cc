@@ -121,6 +121,12 @@ int main(int argc, char** argv) {
   // compact
   auto* compact_cmd = app.add_subcommand("compact", "compact the database now, reclaiming deleted entries' space");
 
+  // migrate
+  std::string migrate_store;
+  auto* migrate_cmd = app.add_subcommand(
+      "migrate", "bring a store of an older schema to this build's (the daemon stopped; crash-safe, resumable)");
+  migrate_cmd->add_option("--store", migrate_store, "the store directory (default: DATA_DIR/store)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -151,6 +157,7 @@ int main(int argc, char** argv) {
   ao.admin_socket = socket;
   ao.offline = offline;
   ao.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+  if (migrate_cmd->parsed()) return Migrate(ao, migrate_store.empty() ? data_dir + "/store" : migrate_store, out);
   bool fell_back = false;
   auto access = OpenAccess(ao, &fell_back);
   if (!access.ok()) return out.Error(access.status());

@@ -1,0 +1,269 @@
+// Fetch: an entry's layers streamed to a sink, chunks read from their
+// segment extents ahead of the sink on the read pool, each with positional
+// reads straight into the sink's buffer when it gave one (else into the
+// store's own), and checked against its address there.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+#include "statestore/store_impl.h"
+
+namespace primecache {
+
+using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
+
+namespace {
+
+// A chunk larger than this is read in parts on several pool threads.
+constexpr std::uint64_t kPartBytes = 1u << 20;
+
+// One fetch in progress. Chunks are read ahead up to a window of chunks and
+// bytes (StoreOptions::fetch_read_ahead*), handed to the sink in order on
+// the caller's thread. No read outlives the object (the destructor waits).
+class FetchRun {
+ public:
+  FetchRun(Store::Impl& s, FetchSink& sink, Manifest m, std::vector<std::uint32_t> order)
+      : s_(s), sink_(sink), m_(std::move(m)), order_(std::move(order)) {}
+  ~FetchRun() { WaitAll(); }
+  FetchRun(const FetchRun&) = delete;
+  FetchRun& operator=(const FetchRun&) = delete;
+
+  // kCorruption: a chunk failed (the entry is to be quarantined; *bad names it).
+  Status Run(std::optional<Hash128>* bad, std::string* where);
+
+ private:
+  struct Slot {
+    std::uint32_t layer = 0, chunk = 0;
+    std::span<std::byte> bytes;        // the sink's buffer, or own
+    std::unique_ptr<std::byte[]> own;  // when the sink gave none
+    Status status;                     // guarded by mu_
+    std::size_t parts_left = 0;        // guarded by mu_
+    bool done = false;                 // guarded by mu_
+  };
+
+  Status Locate();
+  Status StartReads();
+  void Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at);
+  void WaitAll();
+
+  Store::Impl& s_;
+  FetchSink& sink_;
+  Manifest m_;
+  std::vector<std::uint32_t> order_;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> plan_;  // the chunks, in order: (layer, chunk)
+  std::vector<std::size_t> where_;                             // plan index -> located_ index
+  std::vector<Store::Impl::Located> located_;
+  std::deque<Slot> slots_;  // stable addresses: added at the back, removed at the front
+  std::size_t next_read_ = 0;
+  std::uint64_t bytes_ahead_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t outstanding_ = 0;  // jobs on the pool; guarded by mu_
+};
+
+void FetchRun::WaitAll() {
+  std::unique_lock g(mu_);
+  cv_.wait(g, [&] { return outstanding_ == 0; });
+}
+
+// Every chunk's extent and open file, in one MultiGet.
+Status FetchRun::Locate() {
+  std::vector<Hash128> hashes;
+  std::unordered_map<Hash128, std::size_t, Hash128Hasher> index;
+  for (std::uint32_t l : order_) {
+    for (std::uint32_t c = 0; c < m_.layers[l].chunks.size(); ++c) {
+      const Hash128& h = m_.layers[l].chunks[c].hash;
+      auto [it, added] = index.emplace(h, hashes.size());
+      if (added) hashes.push_back(h);
+      plan_.emplace_back(l, c);
+      where_.push_back(it->second);
+    }
+  }
+  return s_.LocateChunks(hashes, &located_);
+}
+
+void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at) {
+  const std::uint64_t size = slot.bytes.size();
+  if (!at.status.ok()) {
+    slot.status = at.status;
+    slot.done = true;
+    return;
+  }
+  auto read_all = [this, &slot, h, at] {
+    Status st = s_.ReadExtent(at.file, at.extent, h, slot.bytes);
+    std::lock_guard g(mu_);
+    slot.status = std::move(st);
+    slot.done = true;
+    --outstanding_;
+    cv_.notify_all();
+  };
+  if (!s_.read_pool) {
+    slot.status = s_.ReadExtent(at.file, at.extent, h, slot.bytes);
+    slot.done = true;
+    return;
+  }
+  const std::size_t parts =
+      std::min<std::uint64_t>(s_.read_pool->size(), (size + kPartBytes - 1) / kPartBytes);
+  if (parts <= 1) {
+    {
+      std::lock_guard g(mu_);
+      ++outstanding_;
+    }
+    s_.read_pool->Post(read_all);
+    return;
+  }
+  // Parts on several threads; the last one to land checks the address.
+  const std::uint64_t part = (size + parts - 1) / parts;
+  {
+    std::lock_guard g(mu_);
+    outstanding_ += parts;
+    slot.parts_left = parts;
+  }
+  for (std::size_t i = 0; i < parts; ++i) {
+    const std::uint64_t from = i * part, to = std::min(size, from + part);
+    s_.read_pool->Post([this, &slot, h, at, from, to] {
+      std::size_t n = 0;
+      Status st = at.file->Read(at.extent.offset + from, slot.bytes.subspan(from, to - from), &n);
+      if (st.ok() && n != to - from) {
+        st = Status::Corruption("chunk " + HashHex(h) + " in segment " + SegmentHex(at.extent.segment) +
+                                ": the file ends early (truncated behind the store's back?)");
+      }
+      std::unique_lock g(mu_);
+      if (!st.ok() && slot.status.ok()) slot.status = st;
+      if (--slot.parts_left == 0) {
+        if (slot.status.ok() && !(Checksum128(slot.bytes) == h)) {
+          slot.status = Status::Corruption("chunk " + HashHex(h) + " in segment " + SegmentHex(at.extent.segment) +
+                                           " at offset " + std::to_string(at.extent.offset) +
+                                           ": content does not match its address (XXH3-128)");
+        }
+        slot.done = true;
+      }
+      --outstanding_;
+      cv_.notify_all();
+    });
+  }
+}
+
+Status FetchRun::StartReads() {
+  const std::size_t window = s_.read_pool ? s_.opts.fetch_read_ahead : 1;
+  while (next_read_ < plan_.size() && slots_.size() < window &&
+         (slots_.empty() || bytes_ahead_ < s_.opts.fetch_read_ahead_bytes)) {
+    const auto [l, c] = plan_[next_read_];
+    const ChunkRef& ref = m_.layers[l].chunks[c];
+    const bool may_wait = slots_.empty();
+    PC_ASSIGN_OR_RETURN(auto target, sink_.ChunkBuffer(l, c, ref.size, may_wait));
+    if (!target) {
+      if (may_wait) return Status::Internal("fetch sink gave no buffer for a chunk it had to take");
+      break;  // no room yet: asked again after the next chunk is handed out
+    }
+    if (!target->empty() && target->size() != ref.size) {
+      return Status::Internal("fetch sink gave a buffer of the wrong size");
+    }
+    Slot& slot = slots_.emplace_back();
+    slot.layer = l;
+    slot.chunk = c;
+    if (target->empty()) {
+      slot.own.reset(new std::byte[ref.size]);
+      slot.bytes = std::span<std::byte>(slot.own.get(), ref.size);
+    } else {
+      slot.bytes = *target;
+    }
+    bytes_ahead_ += ref.size;
+    Post(slot, ref.hash, located_[where_[next_read_]]);
+    ++next_read_;
+  }
+  return Status::Ok();
+}
+
+Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
+  PC_RETURN_IF_ERROR(Locate());
+  for (std::uint32_t l : order_) {
+    PC_RETURN_IF_ERROR(StartReads());
+    const auto& ml = m_.layers[l];
+    PC_RETURN_IF_ERROR(sink_.OnLayer(l, ml.header, static_cast<std::uint32_t>(ml.chunks.size())));
+    for (std::uint32_t c = 0; c < ml.chunks.size(); ++c) {
+      PC_RETURN_IF_ERROR(StartReads());
+      Slot& slot = slots_.front();
+      Status rs;
+      {
+        std::unique_lock g(mu_);
+        cv_.wait(g, [&] { return slot.done; });
+        rs = std::move(slot.status);
+      }
+      if (rs.IsCorruption()) {
+        WaitAll();  // reads in flight finish before the quarantine batch
+        *bad = ml.chunks[c].hash;
+        *where = "layer " + std::to_string(l) + " chunk " + std::to_string(c);
+        return rs;
+      }
+      PC_RETURN_IF_ERROR(rs);
+      PC_RETURN_IF_ERROR(sink_.OnChunk(l, c, slot.bytes));
+      bytes_ahead_ -= ml.chunks[c].size;
+      slots_.pop_front();
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink,
+                    const FetchOptions& options) {
+  Impl& s = *impl_;
+  // What becomes of a damaged entry (a read-only store leaves it as it is).
+  const std::string fate = s.opts.read_only ? "" : " quarantined";
+  std::string record;
+  PC_ASSIGN_OR_RETURN(Lease lease, LeaseLive(id, &record));
+  if (options.ns) PC_RETURN_IF_ERROR(s.CheckNamespace(id, record, *options.ns));
+  std::string mv;
+  bool found = false;
+  Status ms = s.GetValue(s.cf_manifests, IdKey(id), &mv, &found);
+  if (ms.ok() && !found) ms = Status::Corruption("manifest missing");
+  if (ms.IsCorruption()) {
+    lease.Release();
+    s.Quarantine(id, "manifest unreadable: " + ms.message(), std::nullopt);
+    return ms.WithContext("entry " + std::to_string(id) + fate);
+  }
+  PC_RETURN_IF_ERROR(ms);
+  auto manifest = DecodeManifest(mv, kMaxChunkBytesLimit);
+  if (!manifest.ok()) {
+    lease.Release();
+    s.Quarantine(id, manifest.status().message(), std::nullopt);
+    return manifest.status().WithContext("entry " + std::to_string(id) + fate);
+  }
+  std::vector<std::uint32_t> order;
+  if (layers.empty()) {
+    order.resize(manifest->layers.size());
+    for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  } else {
+    for (std::uint32_t l : layers) {
+      if (l >= manifest->layers.size()) {
+        return Status::InvalidArgument("entry " + std::to_string(id) + " has " +
+                                       std::to_string(manifest->layers.size()) + " layers; asked for layer " +
+                                       std::to_string(l));
+      }
+    }
+    order.assign(layers.begin(), layers.end());
+  }
+  std::optional<Hash128> bad;
+  std::string where;
+  Status rs;
+  {
+    FetchRun run(s, sink, std::move(manifest).value(), std::move(order));
+    rs = run.Run(&bad, &where);
+  }
+  if (rs.IsCorruption() && bad) {
+    lease.Release();
+    s.Quarantine(id, where + ": " + rs.message(), bad);
+    return rs.WithContext("entry " + std::to_string(id) + fate);
+  }
+  PC_RETURN_IF_ERROR(rs);
+  s.Touch(id, false);
+  return Status::Ok();
+}
+
+}  // namespace primecache
