@@ -40,7 +40,7 @@ class CudaWindow final : public DeviceWindow {
 // One registered (or registering) mapping. `users` copies are reading it;
 // it is unregistered only when none are.
 struct Registration {
-  HostMapping mapping;
+  MappedRegion mapping;
   bool ready = false;
   Status failed;
   int users = 0;
@@ -54,14 +54,14 @@ class CudaDma final : public DeviceDma {
 
   Result<std::shared_ptr<DeviceWindow>> Open(const DeviceWindowSpec& spec) override;
   Status Copy(DeviceWindow& window, std::uint64_t offset, std::span<const std::byte> src,
-              const HostMapping& mapping) override;
+              const MappedRegion& mapping) override;
   std::uint64_t registered_bytes() const override {
     std::lock_guard g(mu_);
     return registered_;
   }
 
  private:
-  Result<Registration*> Use(const HostMapping& mapping);
+  Result<Registration*> Use(const MappedRegion& mapping);
   void Unuse(Registration* r);
   void EvictLocked();
   Result<cudaStream_t> TakeStream(int device);
@@ -115,7 +115,7 @@ Result<std::shared_ptr<DeviceWindow>> CudaDma::Open(const DeviceWindowSpec& spec
 
 // Registers the mapping on first use (one thread does; others of the same
 // mapping wait) and counts this copy as a user.
-Result<Registration*> CudaDma::Use(const HostMapping& mapping) {
+Result<Registration*> CudaDma::Use(const MappedRegion& mapping) {
   std::unique_lock g(mu_);
   auto [it, fresh] = regs_.try_emplace(mapping.id);
   Registration& r = it->second;
@@ -198,7 +198,7 @@ void CudaDma::GiveStream(int device, cudaStream_t s) {
 }
 
 Status CudaDma::Copy(DeviceWindow& window, std::uint64_t offset, std::span<const std::byte> src,
-                     const HostMapping& mapping) {
+                     const MappedRegion& mapping) {
   auto& w = static_cast<CudaWindow&>(window);
   if (offset > w.size() || src.size() > w.size() - offset) {
     return Status::InvalidArgument("device copy of " + std::to_string(src.size()) + " bytes at " +

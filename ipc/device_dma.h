@@ -3,7 +3,7 @@
 // engine exported to it (a CUDA IPC handle), done by the GPU's copy engines,
 // so that no CPU copies the bytes of a restored chunk.
 //
-// Host ranges must lie in a HostMapping. A mapping is registered with the
+// Host ranges must lie in a MappedRegion (primecache/env.h). A mapping is registered with the
 // driver (read-only) on its first copy and stays registered, and alive,
 // while it is among the most recently used within the byte budget; past the
 // budget the least recently used are unregistered and let go. Registering
@@ -23,20 +23,10 @@
 #include <string>
 #include <string_view>
 
+#include "primecache/env.h"
 #include "primecache/status.h"
 
 namespace primecache::ipc {
-
-// Host memory a copy may read: a read-only mapping that lives as long as
-// any owner holds it (the store's open-segment table, a DeviceDma's
-// registration). `id` names it for the registration table; it must differ
-// between mappings alive at the same time.
-struct HostMapping {
-  const std::byte* data = nullptr;
-  std::size_t size = 0;
-  std::uint64_t id = 0;
-  std::shared_ptr<const void> owner;  // keeps the bytes mapped
-};
 
 // The bytes of a CUDA IPC handle (cudaIpcMemHandle_t) and where it lives.
 inline constexpr std::size_t kDeviceHandleBytes = 64;
@@ -68,7 +58,7 @@ class DeviceDma {
   // returns once the bytes are on the device. kInvalidArgument: outside the
   // window or the mapping.
   virtual Status Copy(DeviceWindow& window, std::uint64_t offset, std::span<const std::byte> src,
-                      const HostMapping& mapping) = 0;
+                      const MappedRegion& mapping) = 0;
 
   // Bytes of mappings registered now.
   virtual std::uint64_t registered_bytes() const = 0;

@@ -84,7 +84,7 @@ class Peer {
 struct MappedFile {
   std::string path;
   std::vector<std::byte> bytes;
-  HostMapping mapping;
+  MappedRegion mapping;
   MappedFile(std::size_t size, std::uint64_t id, unsigned seed) {
     path = ::testing::TempDir() + "device_dma_" + std::to_string(id) + "_" + std::to_string(getpid());
     std::mt19937_64 rng(seed);
