@@ -1,5 +1,6 @@
 // DeviceDma on CUDA: IPC-opened windows, read-only host registrations kept
 // within a budget, and a pool of streams the copying threads borrow.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <condition_variable>
@@ -18,6 +19,27 @@ Status Cuda(cudaError_t err, const std::string& what) {
   if (err == cudaSuccess) return Status::Ok();
   cudaGetLastError();  // clear a non-sticky error so later calls do not see it
   return Status::Internal("cuda: " + what + ": " + cudaGetErrorString(err));
+}
+
+// The bytes of the allocation `base` starts, from the driver (asked through
+// the runtime's entry point, so the daemon does not link libcuda itself).
+Result<std::uint64_t> AllocationBytes(void* base) {
+  using RangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  PC_RETURN_IF_ERROR(Cuda(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                                            &found),
+                          "find cuMemGetAddressRange"));
+  if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
+    return Status::Internal("cuda: the driver has no cuMemGetAddressRange");
+  }
+  CUdeviceptr start = 0;
+  size_t bytes = 0;
+  const auto ptr = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(base));
+  if (reinterpret_cast<RangeFn>(fn)(&start, &bytes, ptr) != CUDA_SUCCESS) {
+    return Status::Internal("cuda: cuMemGetAddressRange failed on an opened IPC handle");
+  }
+  return static_cast<std::uint64_t>(bytes - (ptr - start));
 }
 
 class CudaWindow final : public DeviceWindow {
@@ -108,6 +130,15 @@ Result<std::shared_ptr<DeviceWindow>> CudaDma::Open(const DeviceWindowSpec& spec
   std::memcpy(&h, spec.handle.data(), sizeof h);
   void* base = nullptr;
   PC_RETURN_IF_ERROR(Cuda(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess), "open IPC handle"));
+  // The size is the client's word: a window past its allocation would let
+  // copies land in whatever else this process has mapped there.
+  auto bytes = AllocationBytes(base);
+  if (!bytes.ok() || *bytes < spec.size) {
+    cudaIpcCloseMemHandle(base);
+    if (!bytes.ok()) return bytes.status();
+    return Status::InvalidArgument("device window of " + std::to_string(spec.size) + " bytes over its allocation of " +
+                                   std::to_string(*bytes));
+  }
   auto w = std::make_shared<CudaWindow>(device, base, spec.size);
   windows_[spec.handle] = w;
   return std::shared_ptr<DeviceWindow>(std::move(w));

@@ -23,19 +23,15 @@
 #include <string>
 #include <string_view>
 
+#include "primecache/client.h"
 #include "primecache/env.h"
 #include "primecache/status.h"
 
 namespace primecache::ipc {
 
-// The bytes of a CUDA IPC handle (cudaIpcMemHandle_t) and where it lives.
-inline constexpr std::size_t kDeviceHandleBytes = 64;
-
-struct DeviceWindowSpec {
-  std::string pci_bus_id;  // the device, as cudaDeviceGetPCIBusId writes it
-  std::string handle;      // kDeviceHandleBytes bytes
-  std::uint64_t size = 0;  // bytes of the exported allocation the daemon may write
-};
+// What an engine exports (primecache/client.h, the wire's attachDevice).
+using client::DeviceWindowSpec;
+using client::kDeviceHandleBytes;
 
 // An engine's exported device buffer, opened in this process. Closed when
 // the last holder lets it go.
