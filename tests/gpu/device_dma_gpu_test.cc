@@ -20,65 +20,12 @@
 #include "ipc/device_dma.h"
 #include "primecache/checksum.h"
 #include "tests/gpu/cuda_test_util.h"
+#include "tests/gpu/dma_peer.h"
 
 namespace primecache::ipc {
 namespace {
 
-// The peer (device_dma_peer, beside this binary) on two pipes.
-class Peer {
- public:
-  explicit Peer(std::size_t size) {
-    int in[2], out[2];
-    if (pipe(in) != 0 || pipe(out) != 0) return;
-    const std::string exe = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "device_dma_peer");
-    const std::string arg = std::to_string(size);
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(in[0], 0);
-      dup2(out[1], 1);
-      execl(exe.c_str(), exe.c_str(), arg.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    to_ = fdopen(in[1], "w");
-    from_ = fdopen(out[0], "r");
-  }
-  ~Peer() {
-    if (to_ != nullptr) std::fputs("quit\n", to_), std::fclose(to_);
-    if (from_ != nullptr) std::fclose(from_);
-    if (pid_ > 0) waitpid(pid_, nullptr, 0);
-  }
-  std::string Line() {
-    char buf[512] = {};
-    if (from_ == nullptr || std::fgets(buf, sizeof buf, from_) == nullptr) return "";
-    std::string s(buf);
-    if (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  }
-  // The spec the peer printed.
-  bool ReadSpec(DeviceWindowSpec* spec, std::size_t size) {
-    const std::string bus = Line(), handle = Line();
-    if (bus.rfind("BUS ", 0) != 0 || handle.rfind("HANDLE ", 0) != 0) return false;
-    spec->pci_bus_id = bus.substr(4);
-    const std::string hex = handle.substr(7);
-    for (std::size_t i = 0; i + 1 < hex.size(); i += 2) {
-      spec->handle.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-    }
-    spec->size = size;
-    return true;
-  }
-  std::string Sum(std::size_t off, std::size_t len) {
-    std::fprintf(to_, "sum %zu %zu\n", off, len);
-    std::fflush(to_);
-    return Line();
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* to_ = nullptr;
-  FILE* from_ = nullptr;
-};
+using gpu_test::Peer;
 
 // A file of random bytes, mapped read-only.
 struct MappedFile {
@@ -169,6 +116,24 @@ TEST(DeviceDmaGpu, RefusesCopiesOutsideTheWindowOrTheMapping) {
   bad.pci_bus_id = "not-a-bus";
   EXPECT_FALSE((*dma)->Open(bad).ok());
   EXPECT_EQ(peer.Sum(0, kSize), SumLine(std::vector<std::byte>(kSize)));  // nothing was written
+}
+
+// The size is the client's word: a window larger than the exported
+// allocation is refused, so no copy can land past it.
+TEST(DeviceDmaGpu, RefusesAWindowLargerThanItsAllocation) {
+  PC_SKIP_WITHOUT_CUDA();
+  constexpr std::size_t kSize = 1u << 20;
+  Peer peer(kSize);
+  DeviceWindowSpec spec;
+  ASSERT_TRUE(peer.ReadSpec(&spec, kSize));
+  auto dma = DeviceDma::Create(64u << 20);
+  ASSERT_TRUE(dma.ok());
+  DeviceWindowSpec larger = spec;
+  larger.size = 64u << 20;
+  auto refused = (*dma)->Open(larger);
+  EXPECT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
+  auto window = (*dma)->Open(spec);
+  EXPECT_TRUE(window.ok()) << window.status().ToString();
 }
 
 }  // namespace
