@@ -36,6 +36,11 @@
 // (cudaHostRegister(region().base, region().size, ...)) and copy straight from
 // the bytes a FetchCallbacks::on_chunk sees.
 //
+// Device copies: an engine may export device memory to the daemon
+// (AttachDeviceWindow) so that the daemon's GPU copy engines write chunks
+// stored raw straight into it from the page cache (on_device_chunk), with no
+// CPU copy of their bytes. docs/protocol.md, "Device copies".
+//
 // Thread-safety: a Client may be used from many threads at once. Callbacks
 // run on the client's reader thread; they must not call the Client.
 #pragma once
