@@ -374,7 +374,7 @@ void MakeGpuPrefixModel(GpuPrefixModel* g) {
   req.max_ctx = 512;
   req.sessions = 3;
   req.snapshot_slots = 1;
-  auto eng = engine::Engine::Create(*g->dev, req);
+  auto eng = engine::Engine::Create(g->dev, req);
   ASSERT_TRUE(eng.ok()) << eng.status().ToString();
   g->eng = std::move(eng).value();
   auto m = HybridModel::Create(g->config, g->weights, g->eng.get(), {64});
