@@ -108,8 +108,8 @@ class StagedFetch {
   }
   std::uint64_t floats() const { return used_; }
   std::uint64_t direct_chunks() const { return direct_.load(); }
-  std::uint64_t device_chunks() const { return device_chunks_; }
-  std::uint64_t device_chunk_bytes() const { return device_bytes_; }
+  std::uint64_t device_chunks() const { return device_chunks_.load(); }
+  std::uint64_t device_chunk_bytes() const { return device_bytes_.load(); }
 
  private:
   struct Layer {
@@ -280,7 +280,7 @@ class StagedFetch {
   std::vector<Layer> layers_;
   std::uint64_t used_ = 0;
   std::atomic<std::uint64_t> direct_{0};
-  std::uint64_t device_chunks_ = 0, device_bytes_ = 0;  // on the reader thread; read after Fetch
+  std::atomic<std::uint64_t> device_chunks_{0}, device_bytes_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   std::size_t pending_ = 0;
