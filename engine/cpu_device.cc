@@ -29,6 +29,9 @@ class CpuDevice final : public Device {
   Status UnregisterHost(void* host) override {
     return host != nullptr ? Status::Ok() : Status::InvalidArgument("unregister: null pointer");
   }
+  Result<DeviceExport> Export(const Memory&) override {
+    return Status::NotSupported("the CPU reference device cannot export memory to another process");
+  }
   void* native_stream(Lane) const override { return nullptr; }
 
   Status Upload(void* dst, const void* src, std::size_t bytes, Lane) override {

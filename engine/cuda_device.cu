@@ -93,6 +93,19 @@ class CudaDevice final : public Device {
     return Status::Ok();
   }
 
+  Result<DeviceExport> Export(const Memory& m) override {
+    if (!OwnsDeviceBlock(m)) return Status::InvalidArgument("export: not a device block of this device");
+    cudaSetDevice(ordinal_);
+    cudaIpcMemHandle_t h{};
+    PC_CUDA_RETURN(cudaIpcGetMemHandle(&h, m.data()), "cudaIpcGetMemHandle");
+    char bus[64] = {};
+    PC_CUDA_RETURN(cudaDeviceGetPCIBusId(bus, sizeof bus, ordinal_), "cudaDeviceGetPCIBusId");
+    DeviceExport e;
+    e.pci_bus_id = bus;
+    e.handle.assign(reinterpret_cast<const char*>(&h), sizeof h);
+    return e;
+  }
+
   Status Upload(void* dst, const void* src, std::size_t bytes, Lane lane) override {
     if (bytes == 0) return Status::Ok();
     if (dst == nullptr || src == nullptr) return Status::InvalidArgument("upload: null pointer");

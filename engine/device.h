@@ -23,10 +23,15 @@
 // the device's DMA reads it where it lies; it must stay mapped until
 // UnregisterHost.
 //
+// Exported memory. Export names a whole Allocate block to another process
+// (CUDA: an IPC handle of its cudaMalloc allocation, which is the block: IPC
+// handles name allocations, so only whole blocks are exported), e.g. the
+// device window a daemon copies fetched chunks into.
+//
 // Thread-safety: a Device is used by one thread at a time, except that
-// allocation accounting is atomic and UploadAsync, DownloadAsync, IsPinned,
-// Record and Synchronize(Event) may be called from several threads at once
-// (they keep no host-side state). Memory objects must not outlive their device.
+// allocation accounting is atomic and UploadAsync, DownloadAsync,
+// CopyOnDevice, IsPinned, Record and Synchronize(Event) may be called from
+// several threads at once (they keep no host-side state). Memory objects must not outlive their device.
 #pragma once
 
 #include <atomic>
@@ -44,6 +49,12 @@
 namespace primecache::engine {
 
 enum class Lane : std::uint8_t { kCompute = 0, kTransfer = 1 };
+
+// What another process needs to map a block of device memory (Device::Export).
+struct DeviceExport {
+  std::string pci_bus_id;  // the device, as cudaDeviceGetPCIBusId writes it
+  std::string handle;      // the cudaIpcMemHandle_t bytes (64)
+};
 
 // Owned memory of one kind (device or pinned host), freed through its device
 // when destroyed. Move-only.
@@ -127,6 +138,10 @@ class Device {
   virtual Status RegisterHost(void* host, std::size_t bytes) = 0;
   // Undoes RegisterHost(host, ...); call it before the memory is unmapped.
   virtual Status UnregisterHost(void* host) = 0;
+  // `m` (a whole block from this device's Allocate) for another process to
+  // map. kNotSupported where the backend cannot share memory (the CPU
+  // backend); kInvalidArgument for an empty, pinned or foreign block.
+  virtual Result<DeviceExport> Export(const Memory& m) = 0;
   // The backend's native queue behind a lane (a cudaStream_t on CUDA; null on
   // the CPU backend), for code that launches its own kernels in lane order.
   virtual void* native_stream(Lane lane) const = 0;
@@ -170,6 +185,8 @@ class Device {
   virtual void DoFreePinned(void* p) = 0;
   virtual void DoReleaseEvent(void* handle) = 0;
   Event MakeEvent(void* handle) { return Event(this, handle); }
+  // Whether `m` is a non-empty device block allocated by this device.
+  bool OwnsDeviceBlock(const Memory& m) const { return m.owner_ == this && !m.pinned_ && !m.empty(); }
 
  private:
   friend class Memory;

@@ -198,6 +198,10 @@ struct Conn {
   std::shared_ptr<ipc::ShmRegion> shm;
   std::shared_ptr<ReservedChunk::Space> space;  // the publish half of shm
   std::shared_ptr<FetchWindow> window = std::make_shared<FetchWindow>();
+  // The attached device window's size (0: none), set once attached, and its
+  // use by one fetch at a time, like the shared one.
+  std::atomic<std::uint64_t> device_size{0};
+  std::shared_ptr<FetchWindow> device_window = std::make_shared<FetchWindow>();
   FrameLimits limits = ClientLimits();
 
   ~Conn() {
@@ -355,7 +359,9 @@ struct Client::Impl {
   std::shared_ptr<Conn> conn;
   std::atomic<std::uint64_t> next_id{1};
   ServerInfo info;
-
+  // The device window the engine attached; attached again on every new
+  // connection.
+  std::optional<DeviceWindowSpec> device_spec;
 
   // The connection (and its reader thread, which calls back into the slots
   // below) goes first.
@@ -371,6 +377,8 @@ struct Client::Impl {
   std::uint64_t NextId() { return next_id.fetch_add(1); }
 
   Result<std::shared_ptr<Conn>> Dial();
+  // Sends attachDevice on `c`; on success the connection's fetches may use it.
+  Status AttachDevice(const std::shared_ptr<Conn>& c, const DeviceWindowSpec& spec);
   Result<std::shared_ptr<Conn>> Get();
   // Sends a request and waits for its final reply (streamed ones go to on_stream).
   Result<Frame> Call(const std::shared_ptr<Conn>& c, std::uint64_t id, const OutMessage& m,
@@ -511,6 +519,7 @@ Result<std::shared_ptr<Conn>> Client::Impl::Dial() {
     c->info.max_chunk_bytes = h.getMaxChunkBytes();
     c->info.max_publishes_in_flight = h.getMaxPublishesInFlight();
     c->info.admin = h.getAdmin();
+    c->info.device_copies = h.getDeviceCopies();
   }
   if (opts.shared_memory) {
     auto region = ipc::ShmRegion::Create(opts.shared_memory_bytes, "primecache-client");
@@ -543,6 +552,11 @@ Result<std::shared_ptr<Conn>> Client::Impl::Get() {
   for (int attempt = 0; attempt <= std::max(0, opts.reconnect_attempts); ++attempt) {
     if (attempt > 0) std::this_thread::sleep_for(opts.reconnect_backoff);
     auto c = Dial();
+    if (c.ok() && device_spec) {
+      // A new connection (the daemon restarted?) gets the window again; one
+      // the daemon now refuses leaves fetches on the host path.
+      if (Status s = AttachDevice(*c, *device_spec); !s.ok() && !s.IsUnavailable()) device_spec.reset();
+    }
     if (c.ok()) {
       conn = *c;
       info = conn->info;
@@ -573,6 +587,33 @@ Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 }
 
 const ServerInfo& Client::server_info() const { return impl_->info; }
+
+Status Client::Impl::AttachDevice(const std::shared_ptr<Conn>& c, const DeviceWindowSpec& spec) {
+  const std::uint64_t id = NextId();
+  auto m = BuildRequest(id, [&](wire::Request::Builder r) {
+    auto a = r.initAttachDevice();
+    a.setPciBusId(spec.pci_bus_id);
+    a.setHandle(KjBytes(std::as_bytes(std::span(spec.handle.data(), spec.handle.size()))));
+    a.setSize(spec.size);
+  });
+  auto reply = Call(c, id, *m);
+  if (!reply.ok()) return reply.status();
+  c->device_size = spec.size;
+  return Status::Ok();
+}
+
+Status Client::AttachDeviceWindow(const DeviceWindowSpec& spec) {
+  PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+  Status s = impl_->AttachDevice(c, spec);
+  if (s.IsUnavailable()) {
+    PC_ASSIGN_OR_RETURN(c, impl_->Get());
+    s = impl_->AttachDevice(c, spec);
+  }
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> l(impl_->mu);
+  impl_->device_spec = spec;
+  return Status::Ok();
+}
 
 SharedRegion Client::region() const {
   std::lock_guard<std::mutex> l(impl_->mu);
@@ -873,13 +914,16 @@ Result<PublishResult> Client::Publish(const ModelId& model, std::span<const std:
 
 namespace {
 
-// The shared-memory chunks of one fetch handed over with on_chunk_held: the
-// daemon frees window space in arrival order, so a release is sent only once
-// every chunk before it was released too.
+// The chunks of one fetch handed over in one window (the shared one with
+// on_chunk_held, or the device one): releases are sent in arrival order, each
+// only once every chunk before it was released too, and the window is free
+// for another fetch once the fetch ended and every chunk was released.
 class HeldChunks : public std::enable_shared_from_this<HeldChunks> {
  public:
-  HeldChunks(std::weak_ptr<Conn> conn, std::shared_ptr<ipc::ShmRegion> region, std::shared_ptr<FetchWindow> window)
-      : conn_(std::move(conn)), region_(std::move(region)), window_(std::move(window)) {}
+  // `region`: kept mapped while chunks in it are held (null for the device).
+  HeldChunks(std::weak_ptr<Conn> conn, std::shared_ptr<ipc::ShmRegion> region, std::shared_ptr<FetchWindow> window,
+             bool device)
+      : conn_(std::move(conn)), region_(std::move(region)), window_(std::move(window)), device_(device) {}
 
   // The fetch has ended: the window is freed once every chunk is released.
   void EndFetch() {
@@ -912,9 +956,15 @@ class HeldChunks : public std::enable_shared_from_this<HeldChunks> {
     while (!queue_.empty() && queue_.front().done) {
       if (conn) {
         auto rel = BuildRequest(0, [&](wire::Request::Builder q) {
-          auto x = q.initShmRelease();
-          x.setOffset(queue_.front().offset);
-          x.setLength(queue_.front().length);
+          if (device_) {
+            auto x = q.initDeviceRelease();
+            x.setOffset(queue_.front().offset);
+            x.setLength(queue_.front().length);
+          } else {
+            auto x = q.initShmRelease();
+            x.setOffset(queue_.front().offset);
+            x.setLength(queue_.front().length);
+          }
         });
         (void)conn->Send(*rel);  // a lost connection has ended the fetch anyway
       }
@@ -928,6 +978,7 @@ class HeldChunks : public std::enable_shared_from_this<HeldChunks> {
   std::weak_ptr<Conn> conn_;
   std::shared_ptr<ipc::ShmRegion> region_;
   std::shared_ptr<FetchWindow> window_;
+  const bool device_;
   bool ended_ = false;
   std::deque<Held> queue_;
   std::uint64_t first_ = 0;  // sequence number of queue_.front()
@@ -948,11 +999,27 @@ struct WindowUse {
   }
 };
 
-// Hands one fetched chunk to the callbacks: inline bytes, or bytes in the
+// A chunk the daemon copied into the device window: lent to on_device_chunk.
+Status DeliverDeviceChunk(Conn& conn, HeldChunks* device, const FetchCallbacks& cb, wire::FetchChunk::Reader ch) {
+  auto ref = ch.getData().getDevice();
+  const std::uint64_t size = conn.device_size;
+  if (device == nullptr || !cb.on_device_chunk) {
+    return Status::Corruption("daemon sent a device chunk to a fetch without a device window");
+  }
+  if (ref.getOffset() > size || ref.getLength() > size - ref.getOffset()) {
+    return Status::Corruption("daemon pointed outside the device window");
+  }
+  return cb.on_device_chunk(ch.getLayer(), ch.getIndex(), ref.getOffset(), ref.getLength(),
+                            device->Hold(ref.getOffset(), ref.getLength()));
+}
+
+// Hands one fetched chunk to the callbacks: inline bytes, bytes in the
 // region (released to the daemon after on_chunk, or when the holder of an
-// on_chunk_held loan releases it).
-Status DeliverChunk(Conn& conn, HeldChunks* held, const FetchCallbacks& cb, wire::FetchChunk::Reader ch) {
+// on_chunk_held loan releases it), or bytes in the device window.
+Status DeliverChunk(Conn& conn, HeldChunks* held, HeldChunks* device, const FetchCallbacks& cb,
+                    wire::FetchChunk::Reader ch) {
   auto d = ch.getData();
+  if (d.which() == wire::Payload::DEVICE) return DeliverDeviceChunk(conn, device, cb, ch);
   if (d.which() == wire::Payload::INLINE) {
     if (cb.on_chunk_held) {
       // The message's bytes go with the frame: the chunk gets a copy of its own.
@@ -961,6 +1028,7 @@ Status DeliverChunk(Conn& conn, HeldChunks* held, const FetchCallbacks& cb, wire
     }
     return cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), Bytes(d.getInline())) : Status::Ok();
   }
+  if (d.which() != wire::Payload::SHM) return Status::Corruption("daemon sent a chunk of an unknown kind");
   auto ref = d.getShm();
   if (!conn.shm || !conn.shm->Contains(ref.getOffset(), ref.getLength())) {
     return Status::Corruption("daemon pointed outside the shared region");
@@ -981,26 +1049,47 @@ Status DeliverChunk(Conn& conn, HeldChunks* held, const FetchCallbacks& cb, wire
 
 }  // namespace
 
+namespace {
+
+// A fetch request: with the shared window (the region's second half) when
+// `shm` is given, and the device window's first `device_bytes` when not 0.
+std::unique_ptr<OutMessage> FetchRequest(std::uint64_t id, std::uint64_t entry, std::span<const std::uint32_t> layers,
+                                         const ipc::ShmRegion* shm, std::uint64_t device_bytes) {
+  return BuildRequest(id, [&](wire::Request::Builder r) {
+    auto f = r.initFetch();
+    f.setEntry(entry);
+    auto l = f.initLayers(static_cast<unsigned>(layers.size()));
+    for (unsigned i = 0; i < layers.size(); ++i) l.set(i, layers[i]);
+    if (shm != nullptr) {
+      const std::uint64_t half = shm->size() / 2;
+      auto w = f.initShmWindow();
+      w.setOffset(half);
+      w.setLength(shm->size() - half);
+    }
+    if (device_bytes != 0) {
+      auto w = f.initDeviceWindow();
+      w.setOffset(0);
+      w.setLength(device_bytes);
+    }
+  });
+}
+
+}  // namespace
+
 Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb) {
   auto once = [&]() -> Result<bool> {
     PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
     const bool use_shm = c->shm != nullptr && c->window->TryTake();
+    const std::uint64_t device_bytes = cb.on_device_chunk ? c->device_size.load() : 0;
+    const bool use_device = device_bytes != 0 && c->device_window->TryTake();
     std::shared_ptr<HeldChunks> held;
-    if (use_shm && cb.on_chunk_held) held = std::make_shared<HeldChunks>(c, c->shm, c->window);
+    std::shared_ptr<HeldChunks> device;
+    if (use_shm && cb.on_chunk_held) held = std::make_shared<HeldChunks>(c, c->shm, c->window, false);
+    if (use_device) device = std::make_shared<HeldChunks>(c, nullptr, c->device_window, true);
     const WindowUse guard{use_shm, c->window.get(), held.get()};
-    const std::uint64_t half = c->shm ? c->shm->size() / 2 : 0;
+    const WindowUse device_guard{use_device, c->device_window.get(), device.get()};
     const std::uint64_t id = impl_->NextId();
-    auto m = BuildRequest(id, [&](wire::Request::Builder r) {
-      auto f = r.initFetch();
-      f.setEntry(entry);
-      auto l = f.initLayers(static_cast<unsigned>(layers.size()));
-      for (unsigned i = 0; i < layers.size(); ++i) l.set(i, layers[i]);
-      if (use_shm) {
-        auto w = f.initShmWindow();
-        w.setOffset(half);
-        w.setLength(c->shm->size() - half);
-      }
-    });
+    auto m = FetchRequest(id, entry, layers, use_shm ? c->shm.get() : nullptr, use_device ? device_bytes : 0);
     bool streamed = false;
     Conn* raw = c.get();
     auto reply = impl_->Call(c, id, *m, [&, raw](wire::Response::Reader r) -> Status {
@@ -1009,7 +1098,7 @@ Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
         auto l = r.getFetchLayer();
         return cb.on_layer ? cb.on_layer(l.getLayer(), Bytes(l.getHeader()), l.getChunkCount()) : Status::Ok();
       }
-      return DeliverChunk(*raw, held.get(), cb, r.getFetchChunk());
+      return DeliverChunk(*raw, held.get(), device.get(), cb, r.getFetchChunk());
     });
     if (!reply.ok()) {
       // Only a fetch that delivered nothing may be retried.

@@ -45,7 +45,16 @@ struct Payload {
   union {
     inline @0 :Data;
     shm @1 :ShmRef;
+    # In the connection's attached device window (attachDevice): the daemon
+    # copied the bytes there with the GPU's copy engines.
+    device @2 :DeviceRef;
   }
+}
+
+# Bytes in the connection's attached device window (attachDevice).
+struct DeviceRef {
+  offset @0 :UInt64;
+  length @1 :UInt64;
 }
 
 enum ErrorCode {
@@ -96,6 +105,10 @@ struct Request {
     describe @17 :Describe;
     verifyStore @18 :VerifyStore;
     compact @19 :Void;
+    attachDevice @20 :AttachDevice;
+    # The client is done with a fetched chunk's bytes in the device window
+    # (id 0, no response), like shmRelease for the shared region.
+    deviceRelease @21 :DeviceRef;
   }
 }
 
@@ -117,6 +130,9 @@ struct HelloReply {
   maxChunkBytes @3 :UInt64;
   maxPublishesInFlight @4 :UInt32;
   admin @5 :Bool;
+  # The daemon copies raw chunks into device memory an engine exports to it
+  # (attachDevice); false: attachDevice is answered notSupported.
+  deviceCopies @6 :Bool;
 }
 
 # Opens a publish. Later publish messages name it by this request's id.
@@ -205,6 +221,9 @@ struct Fetch {
   # Deliver chunk bytes through the shared region inside this window (a ring);
   # absent (length 0) means inline in the messages.
   shmWindow @2 :ShmRef;
+  # Copy chunks stored raw into this sub-range of the attached device window
+  # (a ring, used like shmWindow); absent (length 0): no device copies.
+  deviceWindow @3 :DeviceRef;
 }
 
 # Streamed answers to a fetch, in order: for each layer a FetchLayer, then its
@@ -320,6 +339,18 @@ struct VerifyReply {
 # as this message's first byte, as SCM_RIGHTS ancillary data.
 struct ShmAttach {
   size @0 :UInt64;
+}
+
+# Names device memory the engine exported (cudaIpcGetMemHandle) for the
+# daemon to copy fetched chunks into: one window per connection; a second
+# attach replaces the first (fetches running keep the one they started with).
+struct AttachDevice {
+  # The device, as cudaDeviceGetPCIBusId writes it.
+  pciBusId @0 :Text;
+  # The cudaIpcMemHandle_t bytes (64).
+  handle @1 :Data;
+  # Bytes of the exported allocation the daemon may write, from its start.
+  size @2 :UInt64;
 }
 
 struct Cancel {

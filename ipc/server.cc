@@ -545,7 +545,8 @@ void Server::Impl::Admit(int fd, const PeerInfo& peer) {
   c->accepted = c->last_read = std::chrono::steady_clock::now();
   c->decoder = std::make_unique<FrameDecoder>(opts.limits.frame);
   c->sink = std::make_shared<ConnSink>(c->id, fd, opts.write_queue_bound, opts.stall_timeout, [this](std::uint64_t id) { Notify(id); });
-  c->session = std::make_shared<Session>(store, pool.get(), fetch_pool.get(), c->sink, opts.limits, peer, &counters);
+  c->session =
+      std::make_shared<Session>(store, pool.get(), fetch_pool.get(), c->sink, opts.limits, peer, &counters, opts.device_dma);
   const std::uint64_t cid = c->id;
   c->session->SetUnblockedCallback([this, cid] { Notify(cid); });
   conns[c->id] = c;

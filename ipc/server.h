@@ -49,6 +49,9 @@ struct ServerOptions {
   std::chrono::milliseconds hello_timeout{10000};
   std::chrono::milliseconds idle_timeout{300000};
   std::size_t socket_buffer_bytes = 4u << 20;  // SO_SNDBUF asked for each connection (0: the kernel's)
+  // Copies raw chunks into engines' exported device memory (attachDevice);
+  // null: none (HelloReply.deviceCopies false). Outlives the server.
+  DeviceDma* device_dma = nullptr;
 };
 
 class Server {

@@ -10,6 +10,7 @@
 
 #include <kj/exception.h>
 
+#include "ipc/fetch_sender.h"
 #include "ipc/wire.h"
 
 namespace primecache::ipc {
@@ -44,26 +45,6 @@ struct Session::Publish {
   std::atomic<std::uint32_t> ops_pending{0};  // queued or running
 };
 
-struct Session::FetchState {
-  std::uint64_t id = 0;
-  std::atomic<bool> cancelled{false};
-  std::shared_ptr<ShmRegion> shm;  // null: inline
-  std::uint64_t win_off = 0, win_len = 0;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::uint64_t head = 0, used = 0;  // ring inside the window
-  struct Alloc {
-    std::uint64_t pos, len, span;  // span includes the skipped tail before pos
-  };
-  std::deque<Alloc> allocs;
-
-  void Cancel() {
-    cancelled = true;
-    std::lock_guard<std::mutex> l(mu);
-    cv.notify_all();
-  }
-};
-
 namespace {
 
 std::int64_t NowNs() {
@@ -80,113 +61,6 @@ Result<std::string> ReadText(capnp::Text::Reader t, std::size_t max, const char*
 std::span<const std::byte> AsBytes(capnp::Data::Reader d) {
   return {reinterpret_cast<const std::byte*>(d.begin()), d.size()};
 }
-
-// Streams a fetch's answers. With a shared window, each chunk is read by the
-// store straight into space of the window ring (ChunkBuffer) and only its
-// place is sent; a chunk larger than the window, or any chunk without a
-// window, travels inline. The ring belongs to this one fetch: space reserved
-// for a chunk that is never sent (the fetch failed or was cancelled) goes
-// with it, and the client reuses the window only once every chunk it was
-// sent is released.
-class FetchSender : public FetchSink {
- public:
-  FetchSender(std::uint64_t id, Session::FetchState* st, ResponseSink* sink) : id_(id), st_(st), sink_(sink) {}
-
-  Status OnLayer(std::uint32_t layer, std::string_view header, std::uint32_t chunk_count) override {
-    PC_RETURN_IF_ERROR(Gate());
-    sink_->Send(BuildResponse(
-        id_,
-        [&](wire::Response::Builder r) {
-          auto l = r.initFetchLayer();
-          l.setLayer(layer);
-          l.setChunkCount(chunk_count);
-          l.setHeader(kj::arrayPtr(reinterpret_cast<const kj::byte*>(header.data()), header.size()));
-        },
-        WordsFor(header.size())));
-    ++layers_;
-    return Status::Ok();
-  }
-
-  Result<std::optional<std::span<std::byte>>> ChunkBuffer(std::uint32_t, std::uint32_t, std::uint64_t size,
-                                                          bool may_wait) override {
-    using Answer = std::optional<std::span<std::byte>>;
-    if (st_->shm == nullptr || size == 0 || size > st_->win_len) return Answer(std::span<std::byte>());
-    PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, Reserve(size, may_wait));
-    if (!pos) return Answer();  // no room until the client releases some
-    return Answer(std::span<std::byte>(st_->shm->data() + st_->win_off + *pos, size));
-  }
-
-  Status OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) override {
-    PC_RETURN_IF_ERROR(Gate());
-    bytes_ += bytes.size();
-    const std::byte* window = st_->shm != nullptr ? st_->shm->data() + st_->win_off : nullptr;
-    const bool in_window = window != nullptr && !bytes.empty() && bytes.data() >= window &&
-                           bytes.data() + bytes.size() <= window + st_->win_len;
-    sink_->Send(BuildResponse(
-        id_,
-        [&](wire::Response::Builder r) {
-          auto c = r.initFetchChunk();
-          c.setLayer(layer);
-          c.setIndex(index);
-          if (in_window) {
-            auto s = c.initData().initShm();
-            s.setOffset(static_cast<std::uint64_t>(bytes.data() - st_->shm->data()));
-            s.setLength(bytes.size());
-          } else {
-            c.initData().setInline(kj::arrayPtr(reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));
-          }
-        },
-        in_window ? 0 : WordsFor(bytes.size())));
-    return Status::Ok();
-  }
-
-  std::uint32_t layers() const { return layers_; }
-  std::uint64_t bytes() const { return bytes_; }
-
- private:
-  Status Gate() {
-    if (st_->cancelled.load()) return Status::Aborted("fetch cancelled");
-    // Backpressure: produce nothing more while the connection's queue is full.
-    if (!sink_->WaitForRoom() || st_->cancelled.load()) return Status::Aborted("connection closed");
-    return Status::Ok();
-  }
-
-  // A place for `len` bytes in the window ring, in the order chunks are
-  // sent. When full: nullopt, or with may_wait (every reserved chunk was
-  // sent, so releases will come) a wait for the client's releases.
-  Result<std::optional<std::uint64_t>> Reserve(std::uint64_t len, bool may_wait) {
-    std::unique_lock<std::mutex> l(st_->mu);
-    for (;;) {
-      if (st_->cancelled.load() || sink_->Closed()) return Status::Aborted("fetch cancelled");
-      // An empty ring starts over at the front: a chunk that does not fit
-      // the tail past the head (skipping the tail costs space until it is
-      // released) would otherwise never fit, even with every byte free.
-      if (st_->used == 0) st_->head = 0;
-      std::uint64_t at = st_->head;
-      std::uint64_t skip = 0;
-      if (at + len > st_->win_len) {
-        skip = st_->win_len - at;
-        at = 0;
-      }
-      if (st_->used + skip + len <= st_->win_len) {
-        st_->used += skip + len;
-        st_->head = at + len == st_->win_len ? 0 : at + len;
-        st_->allocs.push_back({at, len, skip + len});
-        return std::optional<std::uint64_t>(at);
-      }
-      if (!may_wait) return std::optional<std::uint64_t>();
-      if (st_->cv.wait_for(l, std::chrono::seconds(60)) == std::cv_status::timeout) {
-        return Status::DeadlineExceeded("client released no shared-memory bytes for 60 s");
-      }
-    }
-  }
-
-  std::uint64_t id_;
-  Session::FetchState* st_;
-  ResponseSink* sink_;
-  std::uint32_t layers_ = 0;
-  std::uint64_t bytes_ = 0;
-};
 
 // Counts what a fetch streams (Verify reads every chunk, checked, and keeps nothing).
 class CountingSink : public FetchSink {
@@ -207,9 +81,10 @@ class CountingSink : public FetchSink {
 }  // namespace
 
 Session::Session(StoreBackend* store, Executor* executor, Executor* fetch_executor,
-                 std::shared_ptr<ResponseSink> sink, SessionLimits limits, PeerInfo peer, ServerCounters* counters)
+                 std::shared_ptr<ResponseSink> sink, SessionLimits limits, PeerInfo peer, ServerCounters* counters,
+                 DeviceDma* device_dma)
     : store_(store), executor_(executor), fetch_executor_(fetch_executor), sink_(std::move(sink)), limits_(limits), peer_(std::move(peer)),
-      counters_(counters) {
+      counters_(counters), device_dma_(device_dma) {
   last_answer_ns_ = NowNs();
 }
 
@@ -387,6 +262,93 @@ void Session::FinishPublish(const std::shared_ptr<Publish>& pub) {
   --publishes_open_;
 }
 
+bool Session::OpenWindows(std::uint64_t id, wire::Fetch::Reader f, FetchState& st) {
+  if (f.hasShmWindow() && f.getShmWindow().getLength() != 0) {
+    auto w = f.getShmWindow();
+    if (!shm_) {
+      SendError(id, Status::FailedPrecondition("no shared region attached"));
+      return false;
+    }
+    if (!shm_->Contains(w.getOffset(), w.getLength())) {
+      SendError(id, Status::InvalidArgument("fetch window outside the shared region"));
+      return false;
+    }
+    st.shm = shm_;
+    st.shm_ring.Open(w.getOffset(), w.getLength());
+  }
+  if (f.hasDeviceWindow() && f.getDeviceWindow().getLength() != 0) {
+    auto w = f.getDeviceWindow();
+    std::shared_ptr<DeviceWindow> device;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      device = device_;
+    }
+    if (!device) {
+      SendError(id, Status::FailedPrecondition("no device window attached (attachDevice)"));
+      return false;
+    }
+    if (w.getOffset() > device->size() || w.getLength() > device->size() - w.getOffset()) {
+      SendError(id, Status::InvalidArgument("fetch device window outside the attached window of " +
+                                            std::to_string(device->size()) + " bytes"));
+      return false;
+    }
+    st.device = std::move(device);
+    st.device_ring.Open(w.getOffset(), w.getLength());
+  }
+  return true;
+}
+
+void Session::AttachDevice(std::uint64_t id, wire::AttachDevice::Reader a) {
+  // The request is checked first, so a malformed one is told so by any daemon.
+  auto bus = ReadText(a.getPciBusId(), 64, "PCI bus id");
+  if (!bus.ok()) return SendError(id, bus.status());
+  if (a.getHandle().size() != kDeviceHandleBytes) {
+    return SendError(id, Status::InvalidArgument("device handle of " + std::to_string(a.getHandle().size()) +
+                                                 " bytes, not " + std::to_string(kDeviceHandleBytes)));
+  }
+  if (a.getSize() == 0) return SendError(id, Status::InvalidArgument("device window of 0 bytes"));
+  if (device_dma_ == nullptr) {
+    return SendError(id, Status::NotSupported("this daemon makes no device copies (--device-copies off, no CUDA "
+                                              "device, or built without CUDA); fetch through shared memory"));
+  }
+  if (!peer_.local) return SendError(id, Status::NotSupported("device windows need a Unix socket"));
+  DeviceWindowSpec spec{std::move(*bus), std::string(reinterpret_cast<const char*>(a.getHandle().begin()),
+                                                     a.getHandle().size()),
+                        a.getSize()};
+  Serve(executor_, [this, id, spec = std::move(spec)] {
+    auto w = device_dma_->Open(spec);
+    if (!w.ok()) {
+      // Whatever the driver says, the handle named nothing this daemon can use.
+      return SendError(id, Status::InvalidArgument("attachDevice: " + w.status().ToString()));
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      device_ = std::move(w).value();  // fetches streaming keep the window they began with
+    }
+    sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+  });
+}
+
+void Session::ReleaseWindow(std::uint64_t id, bool device, std::uint64_t offset, std::uint64_t length) {
+  std::vector<std::shared_ptr<FetchState>> candidates;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [fid, f] : fetches_) {
+      const WindowRing& ring = device ? f->device_ring : f->shm_ring;
+      if (ring.open() && offset >= ring.offset() && offset - ring.offset() < ring.length()) candidates.push_back(f);
+    }
+  }
+  if (candidates.empty()) return;  // the fetch has ended; nothing to free
+  // Device windows of fetches begun before and after a second attach may
+  // share offsets: the release is the one fetch's whose chunk it names.
+  for (auto& f : candidates) {
+    WindowRing& ring = device ? f->device_ring : f->shm_ring;
+    if (ring.Release(offset - ring.offset(), length)) return;
+  }
+  SendProtocolError(id, std::string(device ? "deviceRelease" : "shmRelease") +
+                            " names no chunk sent and not yet released: release each chunk once, as it arrived");
+}
+
 bool Session::AcceptNamespace(std::uint64_t id, capnp::Text::Reader ns) {
   auto text = ReadText(ns, limits_.max_text_bytes, "namespace");
   if (!text.ok()) {
@@ -498,6 +460,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         hr.setMaxChunkBytes(limits_.max_chunk_bytes);
         hr.setMaxPublishesInFlight(limits_.max_publishes_in_flight);
         hr.setAdmin(peer_.admin);
+        hr.setDeviceCopies(device_dma_ != nullptr);
       }));
       return true;
     }
@@ -746,20 +709,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       }
       auto st = std::make_shared<FetchState>();
       st->id = id;
-      if (f.hasShmWindow() && f.getShmWindow().getLength() != 0) {
-        auto w = f.getShmWindow();
-        if (!shm_) {
-          SendError(id, Status::FailedPrecondition("no shared region attached"));
-          return true;
-        }
-        if (!shm_->Contains(w.getOffset(), w.getLength())) {
-          SendError(id, Status::InvalidArgument("fetch window outside the shared region"));
-          return true;
-        }
-        st->shm = shm_;
-        st->win_off = w.getOffset();
-        st->win_len = w.getLength();
-      }
+      if (!OpenWindows(id, f, *st)) return true;
       {
         std::lock_guard<std::mutex> l(mu_);
         if (fetches_.count(id) != 0) {
@@ -771,8 +721,9 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
           return true;
         }
         for (auto& [oid, other] : fetches_) {
-          if (st->shm && other->shm && st->win_off < other->win_off + other->win_len &&
-              other->win_off < st->win_off + st->win_len) {
+          const bool same_device = st->device != nullptr && st->device == other->device;
+          if ((st->shm && other->shm && st->shm_ring.Overlaps(other->shm_ring)) ||
+              (same_device && st->device_ring.Overlaps(other->device_ring))) {
             SendError(id, Status::InvalidArgument("fetch window overlaps the window of fetch " + std::to_string(oid)));
             return true;
           }
@@ -782,7 +733,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       std::vector<std::uint32_t> layers = ToVector(layers_r);
       const std::uint64_t entry = f.getEntry();
       Serve(fetch_executor_, [this, id, st, entry, layers = std::move(layers)] {
-        FetchSender sender(id, st.get(), sink_.get());
+        FetchSender sender(id, st.get(), sink_.get(), device_dma_);
         FetchOptions options;
         options.ns = TenantScope();
         Status s = store_->Fetch(entry, layers, options, sender);
@@ -800,27 +751,17 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       return true;
     }
 
-    case wire::Request::SHM_RELEASE: {
-      auto ref = req.getShmRelease();
-      std::shared_ptr<FetchState> st;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        for (auto& [fid, f] : fetches_) {
-          if (f->shm && ref.getOffset() >= f->win_off && ref.getOffset() - f->win_off < f->win_len) st = f;
-        }
-      }
-      if (!st) return true;  // the fetch has ended; nothing to free
-      std::lock_guard<std::mutex> l(st->mu);
-      if (st->allocs.empty() || st->allocs.front().pos != ref.getOffset() - st->win_off ||
-          st->allocs.front().len != ref.getLength()) {
-        SendProtocolError(id, "shmRelease out of order: release chunks in the order they arrived");
-        return true;
-      }
-      st->used -= st->allocs.front().span;
-      st->allocs.pop_front();
-      st->cv.notify_all();
+    case wire::Request::SHM_RELEASE:
+      ReleaseWindow(id, false, req.getShmRelease().getOffset(), req.getShmRelease().getLength());
       return true;
-    }
+
+    case wire::Request::DEVICE_RELEASE:
+      ReleaseWindow(id, true, req.getDeviceRelease().getOffset(), req.getDeviceRelease().getLength());
+      return true;
+
+    case wire::Request::ATTACH_DEVICE:
+      AttachDevice(id, req.getAttachDevice());
+      return true;
 
     case wire::Request::CANCEL: {
       const std::uint64_t target = req.getCancel().getTarget();

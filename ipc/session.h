@@ -24,7 +24,9 @@
 #include <vector>
 
 #include "ipc/backend.h"
+#include "ipc/device_dma.h"
 #include "ipc/framing.h"
+#include "ipc/primecache.capnp.h"
 #include "ipc/shm.h"
 #include "primecache/status.h"
 
@@ -94,12 +96,15 @@ struct ServerCounters {
   std::atomic<std::uint64_t> uncommitted_bytes{0};  // of every open publish (SessionLimits)
 };
 
+struct FetchState;  // ipc/fetch_sender.h
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
   // `executor` runs short store work; `fetch_executor` runs fetches, which
   // may wait on a slow reader (they never hold up the short work).
+  // `device_dma` (may be null: no device copies) outlives the session.
   Session(StoreBackend* store, Executor* executor, Executor* fetch_executor, std::shared_ptr<ResponseSink> sink,
-          SessionLimits limits, PeerInfo peer, ServerCounters* counters);
+          SessionLimits limits, PeerInfo peer, ServerCounters* counters, DeviceDma* device_dma = nullptr);
   ~Session();
 
   // Handles one frame; `fds` are descriptors that arrived with its bytes (the
@@ -124,7 +129,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void ExpireStalledPublishes(std::chrono::steady_clock::time_point now);
 
   struct Publish;
-  struct FetchState;
 
  private:
   bool Dispatch(const Frame& frame, Frame* owned, std::vector<int>* fds);
@@ -151,6 +155,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // A boundary's or query's namespace: empty (the connection's) or the
   // connection's own; otherwise the error is sent and false returned.
   bool AcceptNamespace(std::uint64_t id, capnp::Text::Reader ns);
+  // A fetch's windows from its request (shared, device); false: refused and
+  // answered.
+  bool OpenWindows(std::uint64_t id, wire::Fetch::Reader f, FetchState& st);
+  // attachDevice: opens the engine's exported memory on a worker.
+  void AttachDevice(std::uint64_t id, wire::AttachDevice::Reader a);
+  // shmRelease / deviceRelease: gives a fetched chunk's window space back.
+  void ReleaseWindow(std::uint64_t id, bool device, std::uint64_t offset, std::uint64_t length);
 
   StoreBackend* store_;
   Executor* executor_;
@@ -159,6 +170,7 @@ class Session : public std::enable_shared_from_this<Session> {
   SessionLimits limits_;
   PeerInfo peer_;
   ServerCounters* counters_;
+  DeviceDma* device_dma_;
 
   // Loop-thread state.
   bool hello_done_ = false;
@@ -168,6 +180,7 @@ class Session : public std::enable_shared_from_this<Session> {
   mutable std::mutex mu_;  // guards the maps, the count and the backlog below
   std::map<std::uint64_t, std::shared_ptr<Publish>> publishes_;
   std::map<std::uint64_t, std::shared_ptr<FetchState>> fetches_;
+  std::shared_ptr<DeviceWindow> device_;  // attached (attachDevice); fetches keep their own
   std::uint32_t publishes_open_ = 0;  // begun and not yet finished (commit/abort done)
   std::size_t backlog_bytes_ = 0;
   std::uint64_t uncommitted_ = 0;  // this connection's share of counters_->uncommitted_bytes

@@ -42,15 +42,19 @@ std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
 // order) at the same offset in host and device staging. Each chunk is handed
 // to the pool: a raw one whose bytes lie in registered memory is checked and
 // copied to device staging from where it lies, its loan returned by a
-// releaser thread once an event recorded after the copy has passed; any other is decoded into host staging,
-// its loan returned, and (with device staging) copied up from there.
+// releaser thread once an event recorded after the copy has passed; one the
+// daemon copied into the device window is copied on from there the same way;
+// any other is decoded into host staging, its loan returned, and (with device
+// staging) copied up from there.
 // Callbacks run on the client's reader thread; chunk work on the pool.
 class StagedFetch {
  public:
+  // `window`: the device window attached to the daemon (empty: none; only
+  // with device staging).
   StagedFetch(engine::Device& dev, WorkerPool& pool, std::vector<LayerGeometry> geometry, float* host,
-              float* device, std::uint64_t capacity)
+              float* device, std::uint64_t capacity, std::span<const std::byte> window)
       : dev_(dev), pool_(pool), geometry_(std::move(geometry)), host_(host), device_(device), capacity_(capacity),
-        layers_(geometry_.size()) {
+        window_(device != nullptr ? window : std::span<const std::byte>{}), layers_(geometry_.size()) {
     if (device_ != nullptr) releaser_ = std::thread([this] { ReleaseLoop(); });
   }
   ~StagedFetch() { CloseLoans(); }
@@ -63,6 +67,10 @@ class StagedFetch {
     cb.on_chunk_held = [this](std::uint32_t l, std::uint32_t i, std::span<const std::byte> b, client::ChunkRelease r) {
       return OnChunk(l, i, b, std::move(r));
     };
+    if (!window_.empty()) {
+      cb.on_device_chunk = [this](std::uint32_t l, std::uint32_t i, std::uint64_t off, std::uint64_t n,
+                                  client::ChunkRelease r) { return OnDeviceChunk(l, i, off, n, std::move(r)); };
+    }
     return cb;
   }
 
@@ -100,6 +108,8 @@ class StagedFetch {
   }
   std::uint64_t floats() const { return used_; }
   std::uint64_t direct_chunks() const { return direct_.load(); }
+  std::uint64_t device_chunks() const { return device_chunks_.load(); }
+  std::uint64_t device_chunk_bytes() const { return device_bytes_.load(); }
 
  private:
   struct Layer {
@@ -130,8 +140,9 @@ class StagedFetch {
     return Status::Ok();
   }
 
-  Status OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
-                 client::ChunkRelease release) {
+  // Marks chunk `index` of `layer` as arrived: refused (and released) when
+  // it is not one this fetch expects, is there already, or the fetch failed.
+  Status Claim(std::uint32_t layer, std::uint32_t index, const client::ChunkRelease& release) {
     if (layer >= layers_.size() || !layers_[layer].decoder || index >= layers_[layer].seen.size() ||
         layers_[layer].seen[index]) {
       release();
@@ -139,12 +150,16 @@ class StagedFetch {
                                 " out of place");
     }
     layers_[layer].seen[index] = true;
+    std::lock_guard lock(mu_);
+    if (!status_.ok()) release();
+    return status_;
+  }
+
+  Status OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                 client::ChunkRelease release) {
+    PC_RETURN_IF_ERROR(Claim(layer, index, release));
     {
       std::lock_guard lock(mu_);
-      if (!status_.ok()) {
-        release();
-        return status_;
-      }
       ++pending_;
     }
     // The layer sits in a vector sized up front: its address holds.
@@ -162,18 +177,8 @@ class StagedFetch {
     if (device_ != nullptr && d.ChunkIsRaw(index) && dev_.IsPinned(bytes.data())) {
       Status s = d.CheckEncoded(index, bytes);
       if (s.ok()) s = dev_.UploadAsync(device_ + at, bytes.data(), n, engine::Lane::kTransfer);
-      // The loan ends when the copy has run: the releaser waits for an event
-      // recorded after it (a host callback on the stream would stall the
-      // copies behind it for a round trip to the host each).
-      Result<engine::Event> copied = s.ok() ? dev_.Record(engine::Lane::kTransfer) : Result<engine::Event>(s);
-      if (!copied.ok()) {
-        release();
-        return copied.status();
-      }
+      PC_RETURN_IF_ERROR(Lend(s, std::move(release)));
       ++direct_;
-      std::lock_guard lock(loan_mu_);
-      loans_.push_back({std::move(copied).value(), std::move(release)});
-      loan_cv_.notify_one();
       return Status::Ok();
     }
     const std::span<float> plane(host_ + l.offset + l.planes[loc.plane], d.planes()[loc.plane].values());
@@ -181,6 +186,54 @@ class StagedFetch {
     release();
     if (s.ok() && device_ != nullptr) s = dev_.UploadAsync(device_ + at, host_ + at, n, engine::Lane::kTransfer);
     return s;
+  }
+
+  // A raw chunk the daemon copied into the device window: checked as if the
+  // daemon were hostile (a chunk this fetch expects, stored raw, exactly its
+  // size, inside the window; the daemon checked its address over the bytes
+  // it copied), then copied on to its place in device staging on the
+  // transfer lane, here on the reader thread (an enqueue, no host work); its
+  // window space is lent back once the copy has run (the releaser).
+  Status OnDeviceChunk(std::uint32_t layer, std::uint32_t index, std::uint64_t offset, std::uint64_t length,
+                       client::ChunkRelease release) {
+    PC_RETURN_IF_ERROR(Claim(layer, index, release));
+    const Layer& l = layers_[layer];
+    const LayerDecoder& d = *l.decoder;
+    const ChunkLocation& loc = d.chunk(index);
+    const std::uint64_t n = loc.value_count * sizeof(float);
+    const std::string where = "device chunk " + std::to_string(index) + " of layer " + std::to_string(layer);
+    if (!d.ChunkIsRaw(index)) {
+      release();
+      return Status::Corruption(where + " is not stored raw");
+    }
+    if (length != n || length != d.header().planes[loc.plane].chunks[loc.index].encoded_bytes ||
+        offset > window_.size() || length > window_.size() - offset) {
+      release();
+      return Status::Corruption(where + ": " + std::to_string(length) + " bytes at " + std::to_string(offset) +
+                                " do not fit the chunk or the window");
+    }
+    const std::uint64_t at = l.offset + l.planes[loc.plane] + loc.value_offset;
+    Status s = dev_.CopyOnDevice(device_ + at, window_.data() + offset, n, engine::Lane::kTransfer);
+    PC_RETURN_IF_ERROR(Lend(s, std::move(release)));
+    ++device_chunks_;
+    device_bytes_ += n;
+    return Status::Ok();
+  }
+
+  // After a copy out of lent memory was enqueued (`copied` its status):
+  // queues the loan for the releaser behind an event recorded after the copy
+  // (a host callback on the stream would stall the copies behind it for a
+  // round trip to the host each). On failure the loan ends now.
+  Status Lend(const Status& copied, client::ChunkRelease release) {
+    Result<engine::Event> e = copied.ok() ? dev_.Record(engine::Lane::kTransfer) : Result<engine::Event>(copied);
+    if (!e.ok()) {
+      release();
+      return e.status();
+    }
+    std::lock_guard lock(loan_mu_);
+    loans_.push_back({std::move(e).value(), std::move(release)});
+    loan_cv_.notify_one();
+    return Status::Ok();
   }
 
   // The releaser: returns each direct chunk's loan once its copy has run,
@@ -197,7 +250,7 @@ class StagedFetch {
       }
       Status s = dev_.Synchronize(loan.copied);
       loan.release();
-      if (!s.ok()) Done(s.WithContext("a copy from the shared region"), 0, /*counted=*/false);
+      if (!s.ok()) Done(s.WithContext("a copy out of the shared region or the device window"), 0, /*counted=*/false);
     }
   }
 
@@ -223,9 +276,11 @@ class StagedFetch {
   float* const host_;
   float* const device_;  // null: host staging only
   const std::uint64_t capacity_;
+  const std::span<const std::byte> window_;  // device; empty: no device chunks
   std::vector<Layer> layers_;
   std::uint64_t used_ = 0;
   std::atomic<std::uint64_t> direct_{0};
+  std::atomic<std::uint64_t> device_chunks_{0}, device_bytes_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   std::size_t pending_ = 0;
@@ -311,6 +366,7 @@ PrefixCache::PrefixCache(HybridModel* model, std::unique_ptr<client::Client> cli
     encode_pool_ = std::make_unique<WorkerPool>(options_.encode_threads != 0 ? options_.encode_threads
                                                                                : std::max<std::size_t>(threads / 2, 1));
     RegisterRegion();
+    AttachWindow();
   }
   if (client_ != nullptr && options_.publish) worker_ = std::thread([this] { PublishLoop(); });
 }
@@ -324,12 +380,40 @@ PrefixCache::~PrefixCache() {
   if (worker_.joinable()) worker_.join();
   // Before the client (destroyed after this body) unmaps the region.
   if (registered_ != nullptr) (void)model_->engine().device().UnregisterHost(registered_);
+  // The daemon maps the device window while connected: the connection goes
+  // first, the window (a member destroyed after this body) after it.
+  client_.reset();
+}
+
+void PrefixCache::AttachWindow() {
+  if (!device_staging_ || client_ == nullptr || options_.device_window_bytes == 0 || window_refused_) return;
+  if (!device_window_.empty() || !client_->server_info().device_copies) return;
+  engine::Device& dev = model_->engine().device();
+  // Its own allocation: the IPC handle names a whole allocation, and the
+  // daemon may write anywhere in what it names.
+  Result<engine::Memory> window = dev.Allocate(options_.device_window_bytes);
+  Result<engine::DeviceExport> exported = window.ok() ? dev.Export(*window) : window.status();
+  Status s = exported.status();
+  if (s.ok()) {
+    s = client_->AttachDeviceWindow({exported->pci_bus_id, exported->handle, options_.device_window_bytes});
+  }
+  if (!s.ok()) {
+    window_refused_ = true;
+    spdlog::info("prefix cache: no device window ({}); raw chunks come through the shared region", s.ToString());
+    return;
+  }
+  device_window_ = std::move(window).value();
+  spdlog::info("prefix cache: a {} MiB device window is attached: the daemon copies raw chunks into it",
+               options_.device_window_bytes >> 20);
 }
 
 void PrefixCache::RegisterRegion() {
   if (!device_staging_ || client_ == nullptr) return;
   const client::SharedRegion region = client_->region();
   if (region.base == registered_) return;
+  // A new connection: the client attaches a window it had again itself; a
+  // daemon that makes device copies only now gets one here.
+  AttachWindow();
   engine::Device& dev = model_->engine().device();
   // The old region went with its connection; its registration goes too.
   if (registered_ != nullptr) (void)dev.UnregisterHost(registered_);
@@ -422,10 +506,13 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
 
   const auto t_fetch = Clock::now();
   StagedFetch fetch(dev, *decode_pool_, cache.Geometry(), staging_.at<float>(0),
-                    device_staging_ ? device_staging_mem_.at<float>(0) : nullptr, bound / sizeof(float));
+                    device_staging_ ? device_staging_mem_.at<float>(0) : nullptr, bound / sizeof(float),
+                    std::span(device_window_.at<const std::byte>(0), device_window_.bytes()));
   Status fetched = fetch.Finish(client_->Fetch((*found)->id, {}, fetch.Callbacks()));
   figures->fetch_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fetch).count();
   figures->direct_chunks = fetch.direct_chunks();
+  figures->device_chunks = fetch.device_chunks();
+  figures->device_chunk_bytes = fetch.device_chunk_bytes();
   if (!fetched.ok()) {
     NoteFailure("restoring entry " + std::to_string((*found)->id), fetched);
     return std::uint64_t{0};

@@ -2,8 +2,10 @@
 // looks the longest stored prefix up in the daemon and fetches it into
 // staging as the chunks land: with device staging (the CUDA default) a raw
 // chunk is checked and copied host-to-device straight from the client's
-// shared region (registered with the device once) and an encoded one is
-// decoded on a pool into pinned staging and copied up; with host staging
+// shared region (registered with the device once), or device to device from
+// the device window when the daemon copied it there from the page cache (a
+// daemon with device copies; the window is exported to it at start), and an
+// encoded one is decoded on a pool into pinned staging and copied up; with host staging
 // (the CPU default) every chunk is decoded into pinned staging. Only when
 // every layer is there and ValidateRestore passed on the whole set do bytes
 // move into the fresh cache (device to device, or host to device); then it
@@ -54,6 +56,11 @@ struct PrefixCacheOptions {
   // steps through the CPU twin).
   enum class Staging : std::uint8_t { kAuto, kDevice, kHost };
   Staging staging = Staging::kAuto;
+  // With device staging, device memory exported to a daemon that makes
+  // device copies (ServerInfo::device_copies): it copies raw chunks from the
+  // page cache straight into it, and they are copied on to device staging
+  // from there. 0: no window (every chunk comes through the shared region).
+  std::uint64_t device_window_bytes = 256ull << 20;
 };
 
 // One request in flight: its session, what it cost, and the eager half of
@@ -72,6 +79,8 @@ struct Request {
   double lookup_ms = 0, fetch_ms = 0, copy_ms = 0;
   std::uint64_t restored_bytes = 0;  // decoded bytes of the restored planes
   std::uint64_t direct_chunks = 0;   // raw chunks copied to the device straight from the region
+  // Raw chunks the daemon copied into the device window, and their bytes.
+  std::uint64_t device_chunks = 0, device_chunk_bytes = 0;
   std::optional<engine::PendingCapture> capture;
 };
 
@@ -115,6 +124,8 @@ class PrefixCache {
 
   // Whether restores stage on the device (PrefixCacheOptions::staging).
   bool device_staging() const { return device_staging_; }
+  // Whether a device window is attached to the daemon (device_window_bytes).
+  bool device_window() const { return !device_window_.empty(); }
 
   bool connected() const { return client_ != nullptr; }
   std::uint64_t published() const;
@@ -137,6 +148,9 @@ class PrefixCache {
   // Registers the client's current shared region with the device (again
   // after a reconnect gave it a new one); a failure only costs speed.
   void RegisterRegion();
+  // Allocates, exports and attaches the device window when the daemon makes
+  // device copies; a refusal is logged once and the region path stays.
+  void AttachWindow();
   // A pinned arena of at least `bytes` (a free one, else a new one).
   Result<engine::Memory> TakeArena(std::uint64_t bytes);
 
@@ -149,6 +163,10 @@ class PrefixCache {
   engine::Memory staging_;         // pinned; fetched layers decode into it
   engine::Memory device_staging_mem_;  // device; the restore's source with device staging
   void* registered_ = nullptr;     // the shared region registered with the device
+  // Device; exported to the daemon, which copies raw chunks into it. Freed
+  // only after the client is gone (the daemon maps it while connected).
+  engine::Memory device_window_;
+  bool window_refused_ = false;    // logged once; not tried again
   std::unique_ptr<WorkerPool> decode_pool_;
   std::unique_ptr<WorkerPool> encode_pool_;  // publishing's
   std::mutex publish_mu_;                 // held by Publish

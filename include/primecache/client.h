@@ -36,6 +36,11 @@
 // (cudaHostRegister(region().base, region().size, ...)) and copy straight from
 // the bytes a FetchCallbacks::on_chunk sees.
 //
+// Device copies: an engine may export device memory to the daemon
+// (AttachDeviceWindow) so that the daemon's GPU copy engines write chunks
+// stored raw straight into it from the page cache (on_device_chunk), with no
+// CPU copy of their bytes. docs/protocol.md, "Device copies".
+//
 // Thread-safety: a Client may be used from many threads at once. Callbacks
 // run on the client's reader thread; they must not call the Client.
 #pragma once
@@ -105,6 +110,17 @@ struct FetchCallbacks {
   std::function<Status(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
                        ChunkRelease release)>
       on_chunk_held;
+  // Chunks stored raw that the daemon copied into the attached device window
+  // (AttachDeviceWindow): `length` bytes at `offset` of it, on the device
+  // once this is called. The window's space is lent until `release` is
+  // called (exactly once, from any thread, e.g. after the engine's own copy
+  // out of it finished); the daemon reuses it in arrival order only after
+  // that, and a fetch whose device ring is full waits. The fetch uses the
+  // device window only when this is set and a window is attached; other
+  // chunks still come through on_chunk / on_chunk_held.
+  std::function<Status(std::uint32_t layer, std::uint32_t index, std::uint64_t offset, std::uint64_t length,
+                       ChunkRelease release)>
+      on_device_chunk;
 };
 
 struct FetchedLayer {
@@ -145,6 +161,21 @@ struct ServerInfo {
   std::uint64_t max_chunk_bytes = 0;
   std::uint32_t max_publishes_in_flight = 0;
   bool admin = false;
+  // The daemon copies raw chunks into device memory the engine exports to it
+  // (AttachDeviceWindow); false: an attach is refused with kNotSupported.
+  bool device_copies = false;
+};
+
+// The bytes of a CUDA IPC handle (cudaIpcMemHandle_t).
+inline constexpr std::size_t kDeviceHandleBytes = 64;
+
+// Device memory an engine exports to the daemon for it to copy fetched raw
+// chunks into (Client::AttachDeviceWindow): one whole cudaMalloc allocation
+// (IPC handles name allocations).
+struct DeviceWindowSpec {
+  std::string pci_bus_id;  // the device, as cudaDeviceGetPCIBusId writes it
+  std::string handle;      // the cudaIpcMemHandle_t bytes (kDeviceHandleBytes)
+  std::uint64_t size = 0;  // bytes from the allocation's start the daemon may write
 };
 
 struct SharedRegion {
@@ -247,6 +278,13 @@ class Client {
   const ServerInfo& server_info() const;
   // The shared region (base null without shared memory).
   SharedRegion region() const;
+  // Hands the daemon device memory to copy fetched raw chunks into (see
+  // FetchCallbacks::on_device_chunk); attached again after a reconnect. One
+  // window per client: a later attach replaces it (fetches streaming keep
+  // the old one). kNotSupported: the daemon makes no device copies
+  // (ServerInfo::device_copies) or the connection is TCP; kInvalidArgument:
+  // the daemon refused the handle (its size, the device, the allocation).
+  Status AttachDeviceWindow(const DeviceWindowSpec& spec);
   // True while a connection is up.
   bool connected() const;
 

@@ -28,6 +28,16 @@
 namespace primecache {
 
 // A file read front to back.
+// Read-only mapped bytes of a file; unmapped when the last holder of `owner`
+// lets go. `id` is unique among mappings alive at once (a process-wide
+// counter), so a table of mappings can be keyed by it.
+struct MappedRegion {
+  const std::byte* data = nullptr;
+  std::size_t size = 0;
+  std::uint64_t id = 0;
+  std::shared_ptr<const void> owner;
+};
+
 class SequentialFile {
  public:
   virtual ~SequentialFile() = default;

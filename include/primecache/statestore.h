@@ -198,6 +198,18 @@ class FetchSink {
     (void)layer, (void)chunk, (void)size, (void)may_wait;
     return std::optional<std::span<std::byte>>(std::span<std::byte>());
   }
+
+  // Whether chunks resident in the page cache may be handed out where they
+  // lie (OnMappedChunk) instead of being read into a buffer. Default false.
+  virtual bool TakesMappedChunks() const { return false; }
+  // A chunk handed out in place: `bytes` lie inside `mapping` and matched
+  // their address. The sink may keep `mapping` (its owner) as long as it
+  // likes; the bytes never change. Default: OnChunk(layer, chunk, bytes).
+  virtual Status OnMappedChunk(std::uint32_t layer, std::uint32_t chunk, std::span<const std::byte> bytes,
+                               const MappedRegion& mapping) {
+    (void)mapping;
+    return OnChunk(layer, chunk, bytes);
+  }
 };
 
 struct ListOptions {

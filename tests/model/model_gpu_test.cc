@@ -351,49 +351,52 @@ bool SameLayerBits(const std::vector<LayerSnapshot>& a, const std::vector<LayerS
 
 class PrefixCacheGpuTest : public ::testing::TestWithParam<const char*> {};
 
-// Through a real daemon with shared memory, on CUDA (device staging, the
-// region registered with the device): the restored session's every plane and
-// its logits after the suffix are bit for bit those of the same capture
-// restored in process from host memory; raw chunks went to the device straight
-// from the region. Then an entry filed under this model whose second layer is
-// of another kind is refused after layer 0 was staged on the device: the
-// session stays fresh and primes in full, bit for bit like a plain prefill.
-TEST_P(PrefixCacheGpuTest, RegisteredRegionRestoreIsTheInProcessRestore) {
-  PC_SKIP_WITHOUT_CUDA();
-  const std::string transform = GetParam();
-  ModelConfig c = Medium();
-  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kAttn, LayerType::kMla};
-  c.attn = {4, 2, 64, 0, 10000.0f, 0};
-  const Weights w = Weights::Generate(c, 21);
+// The model the daemon restore tests serve: Medium with a KDA, an MLA, an
+// attention and an MLA layer, on CUDA.
+struct GpuPrefixModel {
+  ModelConfig config;
+  Weights weights;
+  std::shared_ptr<engine::Device> dev;
+  std::unique_ptr<engine::Engine> eng;
+  std::unique_ptr<HybridModel> model;
+};
+
+void MakeGpuPrefixModel(GpuPrefixModel* g) {
+  g->config = Medium();
+  g->config.layers = {LayerType::kKda, LayerType::kMla, LayerType::kAttn, LayerType::kMla};
+  g->config.attn = {4, 2, 64, 0, 10000.0f, 0};
+  g->weights = Weights::Generate(g->config, 21);
   auto dev = engine::NewCudaDevice();
   ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  g->dev = std::move(dev).value();
   engine::ReserveRequest req;
-  req.plan = HybridModel::PlanFor(c, w);
+  req.plan = HybridModel::PlanFor(g->config, g->weights);
   req.max_ctx = 512;
   req.sessions = 3;
   req.snapshot_slots = 1;
-  auto eng = engine::Engine::Create(*dev, req);
+  auto eng = engine::Engine::Create(g->dev, req);
   ASSERT_TRUE(eng.ok()) << eng.status().ToString();
-  auto m = HybridModel::Create(c, w, eng->get(), {64});
+  g->eng = std::move(eng).value();
+  auto m = HybridModel::Create(g->config, g->weights, g->eng.get(), {64});
   ASSERT_TRUE(m.ok()) << m.status().ToString();
-  primecache::testing::Daemon daemon;
-  ASSERT_TRUE(daemon.Start());
-  auto cl = client::Client::Connect(daemon.Options("gpu", /*shm=*/true));
-  ASSERT_TRUE(cl.ok()) << cl.status().ToString();
-  PrefixCacheOptions opt;
-  opt.encode.all_planes = TransformSpec{transform, transform == "raw/v1" ? 0 : 1};
-  opt.encode.target_chunk_bytes = 16 << 10;
-  PrefixCache cache(m->get(), std::move(cl).value(), PrefixCache::ModelIdFor(c, w), opt);
+  g->model = std::move(m).value();
+}
+
+// Publishes a 300-token prefix through `cache`, then primes 340 tokens
+// through it: the restored session's every plane and its logits after the
+// suffix must be bit for bit those of the same capture restored in process
+// from host memory. *out: the second request.
+void RestoreIsTheInProcessRestore(PrefixCache& cache, GpuPrefixModel& g, Request* out) {
+  HybridModel& m = *g.model;
   ASSERT_TRUE(cache.device_staging());
   ASSERT_TRUE(cache.ReserveStaging(400).ok());
-
-  std::vector<std::uint32_t> full = Prompt({"p", c, 340, 0});
+  std::vector<std::uint32_t> full = Prompt({"p", g.config, 340, 0});
   const std::span<const std::uint32_t> prefix = std::span(full).first(300);
   auto first = cache.Prime(prefix);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   cache.Finish(*first);
   ASSERT_EQ(cache.Drain(), 0u);
-  auto local = (*m)->NewSession();
+  auto local = m.NewSession();
   ASSERT_TRUE(local.ok());
   ASSERT_TRUE(local->cache->Restore(CaptureAll(first->session)).ok());
   local->position = prefix.size();
@@ -402,18 +405,75 @@ TEST_P(PrefixCacheGpuTest, RegisteredRegionRestoreIsTheInProcessRestore) {
   auto second = cache.Prime(full);
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   ASSERT_EQ(second->restored_tokens, prefix.size());
-  if (transform == "raw/v1") {
-    EXPECT_GT(second->direct_chunks, 0u) << "no raw chunk went to the device from the region";
-  }
   std::vector<float> local_logits;
-  ASSERT_TRUE((*m)->Prime(*local, std::span(full).subspan(prefix.size()), LogitsWanted::kLast, &local_logits).ok());
+  ASSERT_TRUE(m.Prime(*local, std::span(full).subspan(prefix.size()), LogitsWanted::kLast, &local_logits).ok());
   EXPECT_TRUE(SameLayerBits(CaptureAll(second->session), CaptureAll(*local)));
   ASSERT_EQ(second->last_logits.size(), local_logits.size());
   EXPECT_EQ(std::memcmp(second->last_logits.data(), local_logits.data(), local_logits.size() * 4), 0);
+  *out = std::move(second).value();
+}
+
+// Through a real daemon with shared memory, on CUDA (device staging, the
+// region registered with the device, no device window): the restore is the
+// in-process restore, and raw chunks went to the device straight from the
+// region.
+TEST_P(PrefixCacheGpuTest, RegisteredRegionRestoreIsTheInProcessRestore) {
+  PC_SKIP_WITHOUT_CUDA();
+  const std::string transform = GetParam();
+  GpuPrefixModel g;
+  ASSERT_NO_FATAL_FAILURE(MakeGpuPrefixModel(&g));
+  primecache::testing::Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  auto cl = client::Client::Connect(daemon.Options("gpu", /*shm=*/true));
+  ASSERT_TRUE(cl.ok()) << cl.status().ToString();
+  PrefixCacheOptions opt;
+  opt.encode.all_planes = TransformSpec{transform, transform == "raw/v1" ? 0 : 1};
+  opt.encode.target_chunk_bytes = 16 << 10;
+  opt.device_window_bytes = 0;  // the region path alone
+  PrefixCache cache(g.model.get(), std::move(cl).value(), PrefixCache::ModelIdFor(g.config, g.weights), opt);
+  EXPECT_FALSE(cache.device_window());
+  Request second;
+  ASSERT_NO_FATAL_FAILURE(RestoreIsTheInProcessRestore(cache, g, &second));
+  if (transform == "raw/v1") {
+    EXPECT_GT(second.direct_chunks, 0u) << "no raw chunk went to the device from the region";
+  }
+  EXPECT_EQ(second.device_chunks, 0u);
   std::printf("[ model-gpu ] prefix cache %s: %llu tokens restored, %llu raw chunks straight from the region, "
               "fetch %.1f ms, validate+copy %.1f ms\n",
-              transform.c_str(), static_cast<unsigned long long>(second->restored_tokens),
-              static_cast<unsigned long long>(second->direct_chunks), second->fetch_ms, second->copy_ms);
+              transform.c_str(), static_cast<unsigned long long>(second.restored_tokens),
+              static_cast<unsigned long long>(second.direct_chunks), second.fetch_ms, second.copy_ms);
+}
+
+// Through a real daemon that makes device copies: the engine exports a
+// device window (smaller than the entry, so the daemon's ring wraps and
+// reuses released space), the daemon copies raw chunks from the page cache
+// into it, and the engine copies them on to device staging. The restore is
+// the in-process restore bit for bit, and the chunks did come as device
+// chunks (the freshly published segment files are in the page cache).
+TEST(PrefixCacheGpuDeviceWindowTest, DeviceCopyRestoreIsTheInProcessRestore) {
+  PC_SKIP_WITHOUT_CUDA();
+  GpuPrefixModel g;
+  ASSERT_NO_FATAL_FAILURE(MakeGpuPrefixModel(&g));
+  primecache::testing::Daemon daemon({"--device-copies", "auto"});
+  ASSERT_TRUE(daemon.Start());
+  auto cl = client::Client::Connect(daemon.Options("gpu", /*shm=*/true));
+  ASSERT_TRUE(cl.ok()) << cl.status().ToString();
+  ASSERT_TRUE((*cl)->server_info().device_copies) << "the daemon makes no device copies on this GPU";
+  PrefixCacheOptions opt;
+  opt.encode.all_planes = TransformSpec{"raw/v1", 0};
+  opt.encode.target_chunk_bytes = 16 << 10;
+  opt.device_window_bytes = 256 << 10;
+  PrefixCache cache(g.model.get(), std::move(cl).value(), PrefixCache::ModelIdFor(g.config, g.weights), opt);
+  ASSERT_TRUE(cache.device_window()) << "the device window was not attached";
+  Request second;
+  ASSERT_NO_FATAL_FAILURE(RestoreIsTheInProcessRestore(cache, g, &second));
+  EXPECT_GT(second.device_chunks, 0u) << "no chunk came through the device window";
+  EXPECT_GT(second.device_chunk_bytes, std::uint64_t{opt.device_window_bytes}) << "the device ring never wrapped";
+  std::printf("[ model-gpu ] device window: %llu tokens restored, %llu device chunks (%.2f MB), %llu straight "
+              "from the region, fetch %.1f ms, validate+copy %.1f ms\n",
+              static_cast<unsigned long long>(second.restored_tokens),
+              static_cast<unsigned long long>(second.device_chunks), second.device_chunk_bytes / 1e6,
+              static_cast<unsigned long long>(second.direct_chunks), second.fetch_ms, second.copy_ms);
 }
 
 TEST(PrefixCacheGpuRefusalTest, RefusedEntryLeavesTheSessionFresh) {

@@ -218,7 +218,8 @@ class RegionRestoreTest : public ::testing::TestWithParam<RegionCase> {};
 // entry restored from the daemon holds exactly the planes of the same
 // snapshot restored in process, and continues bit for bit. With device
 // staging every raw chunk goes to the (CPU twin's) device straight from the
-// region; encoded chunks never do.
+// region; encoded chunks never do. The CPU twin exports no device window,
+// so no chunk comes as a device chunk.
 TEST_P(RegionRestoreTest, RestoreThroughTheRegionIsTheInProcessRestore) {
   const RegionCase& c = GetParam();
   Daemon daemon;
@@ -231,6 +232,7 @@ TEST_P(RegionRestoreTest, RestoreThroughTheRegionIsTheInProcessRestore) {
   opt.decode_threads = 3;
   auto cache = h.Cache(&daemon, "t", /*shm=*/true, opt);
   EXPECT_EQ(cache->device_staging(), c.staging == PrefixCacheOptions::Staging::kDevice);
+  EXPECT_FALSE(cache->device_window());
   ASSERT_TRUE(cache->ReserveStaging(64).ok());
   const auto prefix = Prompt(45, 1);
   std::vector<std::uint32_t> full = prefix;
@@ -258,6 +260,7 @@ TEST_P(RegionRestoreTest, RestoreThroughTheRegionIsTheInProcessRestore) {
   } else {
     EXPECT_EQ(second->direct_chunks, 0u);
   }
+  EXPECT_EQ(second->device_chunks, 0u);
   // The in-process restore, continued with the same suffix in the same call:
   // every plane and the logits are the daemon restore's.
   std::vector<float> local_logits;
@@ -270,6 +273,18 @@ TEST_P(RegionRestoreTest, RestoreThroughTheRegionIsTheInProcessRestore) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Region, RegionRestoreTest, ::testing::ValuesIn(RegionCases()), RegionCaseName);
+
+// The CPU reference device shares no memory with another process: Export
+// refuses with kNotSupported (never a handle that names nothing), so the
+// prefix cache keeps the region path (RegionRestoreTest: no device window).
+TEST(PrefixCacheTest, CpuDeviceExportsNoDeviceWindow) {
+  auto dev = engine::NewCpuDevice();
+  auto block = dev->Allocate(4096);
+  ASSERT_TRUE(block.ok());
+  auto exported = dev->Export(*block);
+  ASSERT_FALSE(exported.ok());
+  EXPECT_EQ(exported.status().code(), StatusCode::kNotSupported) << exported.status().ToString();
+}
 
 // An entry filed under this model whose second layer is of another kind (a
 // KDA layer where the cache has an MLA one): layer 0 is staged (with device

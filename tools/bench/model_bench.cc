@@ -303,6 +303,7 @@ Result<InProcess> MeasureInProcess(model::HybridModel& m, engine::Device& dev, s
 struct DaemonRun {
   double publish_ms = 0;
   std::uint64_t publish_bytes = 0, in_place_layers = 0, layers = 0;
+  bool device_window = false;  // attached to the daemon (device copies)
   model::Request hot, cold;
   bool exact = false;
 };
@@ -351,6 +352,7 @@ Result<DaemonRun> MeasureDaemon(DaemonProcess& daemon, model::HybridModel& m, co
   d.publish_bytes = cache.published_bytes();
   d.in_place_layers = cache.in_place_layers();
   d.layers = ref.views.size();
+  d.device_window = cache.device_window();
   d.exact = true;
   // A first request warms what a long-running engine has warm (the region's
   // pages, the connection, the staging's first touch); the second is timed.
@@ -380,12 +382,14 @@ void ReportDaemon(const char* transform, const DaemonRun& d, const InProcess& re
   std::printf(
       "model-bench: daemon %-15s publish %.1f ms (%.3f GB encoded, %.2f GB/s; %llu of %llu layers encoded in place) | "
       "hot: restore %.1f ms = %.2f GB/s "
-      "(lookup %.1f, fetch %.1f, validate+copy %.1f ms; %llu raw chunks straight from the region), ttft %.1f ms | "
+      "(lookup %.1f, fetch %.1f, validate+copy %.1f ms; %llu raw chunks straight from the region, "
+      "%llu = %.3f GB as device chunks%s), ttft %.1f ms | "
       "cold: restore %.1f ms = %.2f GB/s, ttft %.1f ms | restored == continued: %s\n",
       transform, d.publish_ms, d.publish_bytes / 1e9, Gbs(d.publish_bytes, d.publish_ms),
       static_cast<unsigned long long>(d.in_place_layers), static_cast<unsigned long long>(d.layers), d.hot.restore_ms,
       Gbs(b, d.hot.restore_ms), d.hot.lookup_ms, d.hot.fetch_ms, d.hot.copy_ms,
-      static_cast<unsigned long long>(d.hot.direct_chunks), d.hot.ttft_ms, d.cold.restore_ms,
+      static_cast<unsigned long long>(d.hot.direct_chunks), static_cast<unsigned long long>(d.hot.device_chunks),
+      d.hot.device_chunk_bytes / 1e9, d.device_window ? "" : ", no device window", d.hot.ttft_ms, d.cold.restore_ms,
       Gbs(b, d.cold.restore_ms), d.cold.ttft_ms, d.exact ? "bit-identical" : "DIFFERENT");
   if (std::string(transform) != "raw/v1") return;  // the ratios hold the raw path to the machine
   const double disk_read = Gbs(b, disk.read_ms), disk_write = Gbs(d.publish_bytes, disk.write_ms);

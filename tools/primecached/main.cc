@@ -26,6 +26,7 @@
 #include <string>
 #include <type_traits>
 
+#include "ipc/device_dma.h"
 #include "ipc/server.h"
 #include "primecache/env.h"
 #include "primecache/logging.h"
@@ -86,6 +87,9 @@ struct Flags {
   double publish_timeout = 60;
   std::string max_uncommitted_per_connection = "4G";
   std::string max_uncommitted_total = "16G";
+  // Copies of raw chunks into engines' device memory (docs/protocol.md).
+  std::string device_copies = "auto";
+  std::string device_register_budget = "8G";
 };
 
 // Applies the JSON config's keys to flags the command line did not give.
@@ -113,6 +117,8 @@ Status ApplyConfig(const std::string& path, const CLI::App& app, Flags* f,
     str("write_queue", "--write-queue", &f->write_queue);
     str("max_uncommitted_per_connection", "--max-uncommitted-per-connection", &f->max_uncommitted_per_connection);
     str("max_uncommitted_total", "--max-uncommitted-total", &f->max_uncommitted_total);
+    str("device_copies", "--device-copies", &f->device_copies);
+    str("device_register_budget", "--device-register-budget", &f->device_register_budget);
     auto num = [&](const char* key, const char* flag, auto* out) {
       if (j.contains(key) && app.count(flag) == 0) *out = j.at(key).get<std::remove_pointer_t<decltype(out)>>();
     };
@@ -199,6 +205,10 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--max-uncommitted-total", f->max_uncommitted_total,
                   "bytes of open (uncommitted) publishes over all connections, also the store's bound on "
                   "their staged chunks, e.g. 16G");
+  app->add_option("--device-copies", f->device_copies,
+                  "auto: copy raw chunks into engines' device memory when a CUDA device is there; off: never");
+  app->add_option("--device-register-budget", f->device_register_budget,
+                  "bytes of mapped store files kept registered with the device driver for those copies, e.g. 8G");
 }
 
 std::chrono::milliseconds Millis(double seconds) {
@@ -253,6 +263,22 @@ Status CheckSocketGroup(const Flags& f) {
                                  ", which is private (0700): the group could not reach " + f.socket);
 }
 
+// The daemon's DeviceDma (null: no device copies), as --device-copies says.
+Result<std::unique_ptr<primecache::ipc::DeviceDma>> DeviceCopiesFrom(const Flags& f) {
+  if (f.device_copies != "auto" && f.device_copies != "off") {
+    return Status::InvalidArgument("--device-copies must be auto or off, not '" + f.device_copies + "'");
+  }
+  PC_ASSIGN_OR_RETURN(std::uint64_t budget, ParseBytes(f.device_register_budget));
+  if (f.device_copies == "off") return std::unique_ptr<primecache::ipc::DeviceDma>();
+  auto dma = primecache::ipc::DeviceDma::Create(budget);
+  if (!dma.ok()) {
+    spdlog::info("primecached: device copies off: {}", dma.status().message());
+    return std::unique_ptr<primecache::ipc::DeviceDma>();
+  }
+  spdlog::info("primecached: device copies on (up to {} bytes of store files registered)", budget);
+  return std::move(dma).value();
+}
+
 int Fail(const Status& s) {
   spdlog::error("primecached: {}", s.ToString());
   return 1;
@@ -285,6 +311,9 @@ int main(int argc, char** argv) {
   auto opts = ServerOptionsFrom(f, tenants);
   if (!opts.ok()) return Fail(opts.status());
   if (Status s = CheckSocketGroup(f); !s.ok()) return Fail(s);
+  auto device_dma = DeviceCopiesFrom(f);
+  if (!device_dma.ok()) return Fail(device_dma.status());
+  opts->device_dma = device_dma->get();
 
   if (Status s = primecache::CreateDirs(primecache::Env::Default(), f.data_dir); !s.ok()) return Fail(s);
 
@@ -311,6 +340,7 @@ int main(int argc, char** argv) {
     if (Status s = (*server)->Run(); !s.ok()) rc = Fail(s);
   }  // the server (and its workers) go before the store
   store->reset();
+  device_dma->reset();
   if (!f.ready_file.empty()) unlink(f.ready_file.c_str());
   spdlog::info("primecached: stopped");
   return rc;

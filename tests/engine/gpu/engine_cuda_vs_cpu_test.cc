@@ -140,5 +140,32 @@ INSTANTIATE_TEST_SUITE_P(
              {1000, 1, 1, 3, 300}}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// Device::Export on CUDA: a whole Allocate block gives a 64-byte IPC handle
+// and the device's PCI bus id as cudaDeviceGetPCIBusId writes it (the daemon
+// opens it: model_gpu_test's device-window restore); what is no device block
+// of this device (empty, pinned, another device's) is refused, never named.
+TEST(CudaExportTest, ExportsWholeBlocksOnly) {
+  PC_SKIP_WITHOUT_CUDA();
+  auto dev = NewCudaDevice();
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  auto block = (*dev)->Allocate(1 << 20);
+  ASSERT_TRUE(block.ok()) << block.status().ToString();
+  auto e = (*dev)->Export(*block);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->handle.size(), sizeof(cudaIpcMemHandle_t));
+  EXPECT_NE(e->handle, std::string(e->handle.size(), '\0'));
+  char bus[64] = {};
+  ASSERT_EQ(cudaDeviceGetPCIBusId(bus, sizeof bus, 0), cudaSuccess);
+  EXPECT_EQ(e->pci_bus_id, bus);
+  auto pinned = (*dev)->AllocatePinned(4096);
+  ASSERT_TRUE(pinned.ok());
+  EXPECT_TRUE((*dev)->Export(*pinned).status().IsInvalidArgument());
+  EXPECT_TRUE((*dev)->Export(Memory{}).status().IsInvalidArgument());
+  auto cpu = NewCpuDevice();
+  auto foreign = cpu->Allocate(4096);
+  ASSERT_TRUE(foreign.ok());
+  EXPECT_TRUE((*dev)->Export(*foreign).status().IsInvalidArgument());
+}
+
 }  // namespace
 }  // namespace primecache::engine::testing

@@ -1,0 +1,270 @@
+// DeviceDma on CUDA: IPC-opened windows, read-only host registrations kept
+// within a budget, and a pool of streams the copying threads borrow.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "ipc/device_dma.h"
+
+namespace primecache::ipc {
+namespace {
+
+Status Cuda(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return Status::Ok();
+  cudaGetLastError();  // clear a non-sticky error so later calls do not see it
+  return Status::Internal("cuda: " + what + ": " + cudaGetErrorString(err));
+}
+
+// The bytes of the allocation `base` starts, from the driver (asked through
+// the runtime's entry point, so the daemon does not link libcuda itself).
+Result<std::uint64_t> AllocationBytes(void* base) {
+  using RangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  PC_RETURN_IF_ERROR(Cuda(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                                            &found),
+                          "find cuMemGetAddressRange"));
+  if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
+    return Status::Internal("cuda: the driver has no cuMemGetAddressRange");
+  }
+  CUdeviceptr start = 0;
+  size_t bytes = 0;
+  const auto ptr = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(base));
+  if (reinterpret_cast<RangeFn>(fn)(&start, &bytes, ptr) != CUDA_SUCCESS) {
+    return Status::Internal("cuda: cuMemGetAddressRange failed on an opened IPC handle");
+  }
+  return static_cast<std::uint64_t>(bytes - (ptr - start));
+}
+
+class CudaWindow final : public DeviceWindow {
+ public:
+  CudaWindow(int device, void* base, std::uint64_t size) : device_(device), base_(base), size_(size) {}
+  ~CudaWindow() override {
+    cudaSetDevice(device_);
+    cudaIpcCloseMemHandle(base_);
+  }
+  std::uint64_t size() const override { return size_; }
+  int device() const { return device_; }
+  std::byte* base() const { return static_cast<std::byte*>(base_); }
+
+ private:
+  int device_;
+  void* base_;
+  std::uint64_t size_;
+};
+
+// One registered (or registering) mapping. `users` copies are reading it;
+// it is unregistered only when none are.
+struct Registration {
+  MappedRegion mapping;
+  bool ready = false;
+  Status failed;
+  int users = 0;
+  std::list<std::uint64_t>::iterator lru;
+};
+
+class CudaDma final : public DeviceDma {
+ public:
+  explicit CudaDma(std::uint64_t budget) : budget_(budget) {}
+  ~CudaDma() override;
+
+  Result<std::shared_ptr<DeviceWindow>> Open(const DeviceWindowSpec& spec) override;
+  Status Copy(DeviceWindow& window, std::uint64_t offset, std::span<const std::byte> src,
+              const MappedRegion& mapping) override;
+  std::uint64_t registered_bytes() const override {
+    std::lock_guard g(mu_);
+    return registered_;
+  }
+
+ private:
+  Result<Registration*> Use(const MappedRegion& mapping);
+  void Unuse(Registration* r);
+  void EvictLocked();
+  Result<cudaStream_t> TakeStream(int device);
+  void GiveStream(int device, cudaStream_t s);
+
+  const std::uint64_t budget_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::uint64_t, Registration> regs_;  // by mapping id
+  std::list<std::uint64_t> lru_;                // front: most recent
+  std::uint64_t registered_ = 0;
+  std::map<std::string, std::weak_ptr<CudaWindow>> windows_;  // by handle bytes
+  std::map<int, std::vector<cudaStream_t>> streams_;          // idle, by device
+};
+
+CudaDma::~CudaDma() {
+  for (auto& [id, r] : regs_) {
+    if (r.ready) cudaHostUnregister(const_cast<std::byte*>(r.mapping.data));
+  }
+  for (auto& [device, list] : streams_) {
+    cudaSetDevice(device);
+    for (cudaStream_t s : list) cudaStreamDestroy(s);
+  }
+}
+
+Result<std::shared_ptr<DeviceWindow>> CudaDma::Open(const DeviceWindowSpec& spec) {
+  if (spec.handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return Status::InvalidArgument("device window: a handle of " + std::to_string(spec.handle.size()) +
+                                   " bytes, not " + std::to_string(sizeof(cudaIpcMemHandle_t)));
+  }
+  if (spec.size == 0) return Status::InvalidArgument("device window of 0 bytes");
+  std::lock_guard g(mu_);
+  if (auto it = windows_.find(spec.handle); it != windows_.end()) {
+    if (auto w = it->second.lock()) {
+      if (w->size() < spec.size) return Status::InvalidArgument("device window reopened larger than it was");
+      return std::shared_ptr<DeviceWindow>(w);
+    }
+  }
+  int device = 0;
+  PC_RETURN_IF_ERROR(Cuda(cudaDeviceGetByPCIBusId(&device, spec.pci_bus_id.c_str()),
+                          "no device at PCI bus id '" + spec.pci_bus_id + "'"));
+  PC_RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "set device"));
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, spec.handle.data(), sizeof h);
+  void* base = nullptr;
+  PC_RETURN_IF_ERROR(Cuda(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess), "open IPC handle"));
+  // The size is the client's word: a window past its allocation would let
+  // copies land in whatever else this process has mapped there.
+  auto bytes = AllocationBytes(base);
+  if (!bytes.ok() || *bytes < spec.size) {
+    cudaIpcCloseMemHandle(base);
+    if (!bytes.ok()) return bytes.status();
+    return Status::InvalidArgument("device window of " + std::to_string(spec.size) + " bytes over its allocation of " +
+                                   std::to_string(*bytes));
+  }
+  auto w = std::make_shared<CudaWindow>(device, base, spec.size);
+  windows_[spec.handle] = w;
+  return std::shared_ptr<DeviceWindow>(std::move(w));
+}
+
+// Registers the mapping on first use (one thread does; others of the same
+// mapping wait) and counts this copy as a user.
+Result<Registration*> CudaDma::Use(const MappedRegion& mapping) {
+  std::unique_lock g(mu_);
+  auto [it, fresh] = regs_.try_emplace(mapping.id);
+  Registration& r = it->second;
+  if (!fresh) {
+    if (r.mapping.data != mapping.data || r.mapping.size != mapping.size) {
+      return Status::Internal("device copy: two live mappings share id " + std::to_string(mapping.id));
+    }
+    ++r.users;
+    cv_.wait(g, [&] { return r.ready || !r.failed.ok(); });
+    if (!r.failed.ok()) {
+      Status s = r.failed;
+      if (--r.users == 0) regs_.erase(it);
+      return s;
+    }
+    lru_.splice(lru_.begin(), lru_, r.lru);
+    return &r;
+  }
+  r.mapping = mapping;
+  r.users = 1;
+  g.unlock();
+  Status s = Cuda(cudaHostRegister(const_cast<std::byte*>(mapping.data), mapping.size, cudaHostRegisterReadOnly),
+                  "register " + std::to_string(mapping.size) + " mapped bytes");
+  g.lock();
+  if (!s.ok()) {
+    r.failed = s;
+    cv_.notify_all();
+    if (--r.users == 0) regs_.erase(it);
+    return s;
+  }
+  r.ready = true;
+  lru_.push_front(mapping.id);
+  r.lru = lru_.begin();
+  registered_ += mapping.size;
+  EvictLocked();
+  cv_.notify_all();
+  return &r;
+}
+
+void CudaDma::Unuse(Registration* r) {
+  std::lock_guard g(mu_);
+  --r->users;
+  EvictLocked();
+}
+
+// Unregisters the least recently used mappings no copy is reading until the
+// total is within the budget (the most recent one always stays).
+void CudaDma::EvictLocked() {
+  auto it = lru_.end();
+  while (registered_ > budget_ && it != lru_.begin()) {
+    --it;
+    if (it == lru_.begin()) break;
+    Registration& r = regs_.at(*it);
+    if (r.users > 0) continue;
+    cudaHostUnregister(const_cast<std::byte*>(r.mapping.data));
+    registered_ -= r.mapping.size;
+    const std::uint64_t id = *it;
+    it = lru_.erase(it);
+    regs_.erase(id);
+  }
+}
+
+Result<cudaStream_t> CudaDma::TakeStream(int device) {
+  {
+    std::lock_guard g(mu_);
+    auto& idle = streams_[device];
+    if (!idle.empty()) {
+      cudaStream_t s = idle.back();
+      idle.pop_back();
+      return s;
+    }
+  }
+  cudaStream_t s = nullptr;
+  PC_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "create stream"));
+  return s;
+}
+
+void CudaDma::GiveStream(int device, cudaStream_t s) {
+  std::lock_guard g(mu_);
+  streams_[device].push_back(s);
+}
+
+Status CudaDma::Copy(DeviceWindow& window, std::uint64_t offset, std::span<const std::byte> src,
+                     const MappedRegion& mapping) {
+  auto& w = static_cast<CudaWindow&>(window);
+  if (offset > w.size() || src.size() > w.size() - offset) {
+    return Status::InvalidArgument("device copy of " + std::to_string(src.size()) + " bytes at " +
+                                   std::to_string(offset) + " outside a window of " + std::to_string(w.size()));
+  }
+  if (src.data() < mapping.data || src.size() > mapping.size ||
+      static_cast<std::size_t>(src.data() - mapping.data) > mapping.size - src.size()) {
+    return Status::InvalidArgument("device copy from outside its host mapping");
+  }
+  if (src.empty()) return Status::Ok();
+  PC_RETURN_IF_ERROR(Cuda(cudaSetDevice(w.device()), "set device"));
+  PC_ASSIGN_OR_RETURN(Registration * r, Use(mapping));
+  auto stream = TakeStream(w.device());
+  if (!stream.ok()) {
+    Unuse(r);
+    return stream.status();
+  }
+  cudaStream_t st = stream.value();
+  const Status copied = Cuda(cudaMemcpyAsync(w.base() + offset, src.data(), src.size(), cudaMemcpyHostToDevice, st),
+                             "copy to the device");
+  const Status done = Cuda(cudaStreamSynchronize(st), "wait for the copy");
+  GiveStream(w.device(), st);
+  Unuse(r);
+  return copied.ok() ? done : copied;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceDma>> DeviceDma::Create(std::uint64_t registered_budget_bytes) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return Status::Unavailable("device copies: no CUDA device");
+  }
+  return std::unique_ptr<DeviceDma>(new CudaDma(registered_budget_bytes));
+}
+
+}  // namespace primecache::ipc

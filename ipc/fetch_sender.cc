@@ -1,0 +1,239 @@
+#include "ipc/fetch_sender.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "ipc/wire.h"
+#include "primecache/codec.h"
+
+namespace primecache::ipc {
+
+// ---- WindowRing --------------------------------------------------------------
+
+void WindowRing::Open(std::uint64_t offset, std::uint64_t length) {
+  offset_ = offset;
+  length_ = length;
+}
+
+bool WindowRing::Overlaps(const WindowRing& other) const {
+  return open() && other.open() && offset_ < other.offset_ + other.length_ && other.offset_ < offset_ + length_;
+}
+
+Result<std::optional<std::uint64_t>> WindowRing::Place(std::uint64_t len, bool may_wait,
+                                                       const std::function<bool()>& stop) {
+  using Answer = std::optional<std::uint64_t>;
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    if (stop()) return Status::Aborted("fetch cancelled");
+    // An empty ring starts over at the front: a chunk that does not fit the
+    // tail past the head (skipping the tail costs space until it is
+    // released) would otherwise never fit, even with every byte free.
+    if (used_ == 0) head_ = 0;
+    std::uint64_t at = head_;
+    std::uint64_t skip = 0;
+    if (at + len > length_) {
+      skip = length_ - at;
+      at = 0;
+    }
+    if (used_ + skip + len <= length_) {
+      used_ += skip + len;
+      head_ = at + len == length_ ? 0 : at + len;
+      placed_.push_back({at, len, skip + len});
+      ++unsent_;
+      return Answer(at);
+    }
+    if (!may_wait || unsent_ != 0) return Answer();
+    if (cv_.wait_for(l, std::chrono::seconds(60)) == std::cv_status::timeout) {
+      return Status::DeadlineExceeded("client released no window bytes for 60 s");
+    }
+  }
+}
+
+void WindowRing::Sent(std::uint64_t pos) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (Placed& p : placed_) {
+    if (p.pos == pos && !p.sent) {
+      p.sent = true;
+      --unsent_;
+      return;
+    }
+  }
+}
+
+void WindowRing::Drop(std::uint64_t pos) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (Placed& p : placed_) {
+      if (p.pos == pos && !p.sent) {
+        p.sent = p.released = true;
+        --unsent_;
+        break;
+      }
+    }
+    PopReleasedLocked();
+  }
+  cv_.notify_all();
+}
+
+bool WindowRing::Release(std::uint64_t pos, std::uint64_t len) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    Placed* found = nullptr;
+    for (Placed& p : placed_) {
+      if (p.pos == pos && p.len == len && p.sent && !p.released) found = &p;
+    }
+    if (found == nullptr) return false;
+    found->released = true;
+    PopReleasedLocked();
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void WindowRing::PopReleasedLocked() {
+  while (!placed_.empty() && placed_.front().released) {
+    used_ -= placed_.front().span;
+    placed_.pop_front();
+  }
+}
+
+void WindowRing::Wake() {
+  std::lock_guard<std::mutex> l(mu_);
+  cv_.notify_all();
+}
+
+// ---- FetchSender ---------------------------------------------------------------
+
+namespace {
+
+// Which chunks of a layer are stored raw/v1 (their bytes are the values, so a
+// device copy of them is the restored plane's bytes).
+Result<std::vector<bool>> RawChunks(std::string_view header) {
+  auto parsed = ParseLayerHeader(std::as_bytes(std::span(header.data(), header.size())));
+  if (!parsed.ok()) return parsed.status().WithContext("fetch through a device window: layer header");
+  std::vector<bool> raw;
+  raw.reserve(parsed->chunk_count());
+  for (const PlaneRecord& plane : parsed->planes) raw.insert(raw.end(), plane.chunks.size(), plane.transform == kRawTransform);
+  return raw;
+}
+
+}  // namespace
+
+bool FetchSender::Stopped() const { return st_->cancelled.load() || sink_->Closed(); }
+
+Status FetchSender::Gate() {
+  if (st_->cancelled.load()) return Status::Aborted("fetch cancelled");
+  // Backpressure: produce nothing more while the connection's queue is full.
+  if (!sink_->WaitForRoom() || st_->cancelled.load()) return Status::Aborted("connection closed");
+  return Status::Ok();
+}
+
+Status FetchSender::OnLayer(std::uint32_t layer, std::string_view header, std::uint32_t chunk_count) {
+  PC_RETURN_IF_ERROR(Gate());
+  if (TakesMappedChunks()) {
+    PC_ASSIGN_OR_RETURN(raw_, RawChunks(header));
+  }
+  sink_->Send(BuildResponse(
+      id_,
+      [&](wire::Response::Builder r) {
+        auto l = r.initFetchLayer();
+        l.setLayer(layer);
+        l.setChunkCount(chunk_count);
+        l.setHeader(kj::arrayPtr(reinterpret_cast<const kj::byte*>(header.data()), header.size()));
+      },
+      WordsFor(header.size())));
+  ++layers_;
+  return Status::Ok();
+}
+
+Result<std::optional<std::span<std::byte>>> FetchSender::ChunkBuffer(std::uint32_t, std::uint32_t, std::uint64_t size,
+                                                                     bool may_wait) {
+  using Answer = std::optional<std::span<std::byte>>;
+  WindowRing& ring = st_->shm_ring;
+  if (st_->shm == nullptr || size == 0 || size > ring.length()) return Answer(std::span<std::byte>());
+  PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, ring.Place(size, may_wait, [this] { return Stopped(); }));
+  if (!pos) return Answer();  // no room until the client releases some
+  return Answer(std::span<std::byte>(st_->shm->data() + ring.offset() + *pos, size));
+}
+
+Status FetchSender::OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) {
+  PC_RETURN_IF_ERROR(Gate());
+  const WindowRing& ring = st_->shm_ring;
+  const std::byte* window = st_->shm != nullptr ? st_->shm->data() + ring.offset() : nullptr;
+  const bool in_window = window != nullptr && !bytes.empty() && bytes.data() >= window &&
+                         bytes.data() + bytes.size() <= window + ring.length();
+  if (!in_window) {
+    Send(layer, index, Where::kInline, 0, bytes);
+    return Status::Ok();
+  }
+  const auto pos = static_cast<std::uint64_t>(bytes.data() - window);
+  st_->shm_ring.Sent(pos);
+  Send(layer, index, Where::kShm, ring.offset() + pos, bytes);
+  return Status::Ok();
+}
+
+Status FetchSender::OnMappedChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                                  const MappedRegion& mapping) {
+  PC_RETURN_IF_ERROR(Gate());
+  PC_ASSIGN_OR_RETURN(bool sent, SendToDevice(layer, index, bytes, mapping));
+  if (sent) return Status::Ok();
+  // Not for the device: into the shared ring (one copy), else inline.
+  PC_ASSIGN_OR_RETURN(std::optional<std::span<std::byte>> buf, ChunkBuffer(layer, index, bytes.size(), true));
+  if (!buf || buf->empty()) {
+    Send(layer, index, Where::kInline, 0, bytes);
+    return Status::Ok();
+  }
+  std::memcpy(buf->data(), bytes.data(), bytes.size());
+  return OnChunk(layer, index, *buf);
+}
+
+Result<bool> FetchSender::SendToDevice(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                                       const MappedRegion& mapping) {
+  WindowRing& ring = st_->device_ring;
+  if (!ring.open() || index >= raw_.size() || !raw_[index] || bytes.empty() || bytes.size() > ring.length()) {
+    return false;
+  }
+  PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, ring.Place(bytes.size(), true, [this] { return Stopped(); }));
+  if (!pos) return false;
+  Status copied = dma_->Copy(*st_->device, ring.offset() + *pos, bytes, mapping);
+  if (!copied.ok()) {
+    // The chunk still goes, through the host; a device that copies nothing
+    // is worth one line in the log per fetch, not a failed restore.
+    ring.Drop(*pos);
+    if (!std::exchange(warned_, true)) spdlog::warn("primecached: device copy failed, chunks go through the host: {}", copied.ToString());
+    return false;
+  }
+  ring.Sent(*pos);
+  Send(layer, index, Where::kDevice, ring.offset() + *pos, bytes);
+  ++device_chunks_;
+  return true;
+}
+
+void FetchSender::Send(std::uint32_t layer, std::uint32_t index, Where where, std::uint64_t offset,
+                       std::span<const std::byte> bytes) {
+  bytes_ += bytes.size();
+  sink_->Send(BuildResponse(
+      id_,
+      [&](wire::Response::Builder r) {
+        auto c = r.initFetchChunk();
+        c.setLayer(layer);
+        c.setIndex(index);
+        if (where == Where::kInline) {
+          c.initData().setInline(kj::arrayPtr(reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));
+        } else if (where == Where::kShm) {
+          auto s = c.initData().initShm();
+          s.setOffset(offset);
+          s.setLength(bytes.size());
+        } else {
+          auto d = c.initData().initDevice();
+          d.setOffset(offset);
+          d.setLength(bytes.size());
+        }
+      },
+      where == Where::kInline ? WordsFor(bytes.size()) : 0));
+}
+
+}  // namespace primecache::ipc

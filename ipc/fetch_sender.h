@@ -1,0 +1,138 @@
+// The daemon's side of one fetch: the windows it streams chunks through and
+// the FetchSink that sends the store's chunks to the client (docs/protocol.md,
+// "Shared memory" and "Device copies").
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "ipc/device_dma.h"
+#include "ipc/session.h"
+#include "ipc/shm.h"
+#include "primecache/statestore.h"
+#include "primecache/status.h"
+
+namespace primecache::ipc {
+
+// One window of a fetch (in the shared region or in device memory) used as a
+// ring. Chunks are placed at the head, in the order the sender places them;
+// a chunk's span returns once it and every chunk placed before it were
+// released. Chunks are sent in chunk order, which can differ from placing
+// order (the store reads later chunks ahead into the shared ring while an
+// earlier, mapped chunk is placed only when it is handed out), so a release
+// names its chunk rather than being the oldest. A wait for room happens only
+// when every placed chunk was sent: otherwise the room waited for could be
+// held by a chunk sent only after this one. Thread-safe.
+class WindowRing {
+ public:
+  // The window: `length` bytes at `offset` of its region (0: none).
+  void Open(std::uint64_t offset, std::uint64_t length);
+  bool open() const { return length_ != 0; }
+  std::uint64_t offset() const { return offset_; }
+  std::uint64_t length() const { return length_; }
+  bool Overlaps(const WindowRing& other) const;
+
+  // A place for `len` bytes (from the window's start). nullopt: no room now
+  // (and no wait: `may_wait` false, or a placed chunk not sent yet). Aborted
+  // once `stop` answers true; DeadlineExceeded after 60 s without room.
+  Result<std::optional<std::uint64_t>> Place(std::uint64_t len, bool may_wait, const std::function<bool()>& stop);
+  // The chunk placed at `pos` was sent to the client.
+  void Sent(std::uint64_t pos);
+  // The chunk placed at `pos` will never be sent: its space goes back.
+  void Drop(std::uint64_t pos);
+  // The client released the sent chunk at `pos` of `len` bytes. False: no
+  // such chunk is out (a release the protocol does not allow).
+  bool Release(std::uint64_t pos, std::uint64_t len);
+  // Wakes a waiting Place (to see `stop`).
+  void Wake();
+
+ private:
+  struct Placed {
+    std::uint64_t pos, len, span;  // span includes the skipped tail before pos
+    bool sent = false, released = false;
+  };
+  void PopReleasedLocked();
+
+  std::uint64_t offset_ = 0, length_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::uint64_t head_ = 0, used_ = 0;
+  std::uint32_t unsent_ = 0;
+  std::deque<Placed> placed_;
+};
+
+// One fetch in flight on a connection.
+struct FetchState {
+  std::uint64_t id = 0;
+  std::atomic<bool> cancelled{false};
+  std::shared_ptr<ShmRegion> shm;  // null: no shared window
+  WindowRing shm_ring;
+  std::shared_ptr<DeviceWindow> device;  // null: no device window
+  WindowRing device_ring;
+
+  void Cancel() {
+    cancelled = true;
+    shm_ring.Wake();
+    device_ring.Wake();
+  }
+};
+
+// Streams a fetch's answers. With a shared window, each chunk is read by the
+// store straight into space of the window ring (ChunkBuffer) and only its
+// place is sent; a chunk larger than the window, or any chunk without a
+// window, travels inline. With a device window too, the store hands out
+// chunks resident in the page cache where they lie (OnMappedChunk): one of a
+// plane stored raw is copied by the GPU into the device ring and announced
+// as `device`; any other goes to the shared ring (one CPU copy) or inline.
+// Each ring belongs to this one fetch: space placed for a chunk never sent
+// (the fetch failed or was cancelled) goes with it. Used by the fetching
+// thread only.
+class FetchSender : public FetchSink {
+ public:
+  FetchSender(std::uint64_t id, FetchState* st, ResponseSink* sink, DeviceDma* dma)
+      : id_(id), st_(st), sink_(sink), dma_(dma) {}
+
+  Status OnLayer(std::uint32_t layer, std::string_view header, std::uint32_t chunk_count) override;
+  Result<std::optional<std::span<std::byte>>> ChunkBuffer(std::uint32_t layer, std::uint32_t chunk,
+                                                          std::uint64_t size, bool may_wait) override;
+  Status OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) override;
+  bool TakesMappedChunks() const override { return st_->device != nullptr && dma_ != nullptr; }
+  Status OnMappedChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                       const MappedRegion& mapping) override;
+
+  std::uint32_t layers() const { return layers_; }
+  std::uint64_t bytes() const { return bytes_; }
+  std::uint64_t device_chunks() const { return device_chunks_; }
+
+ private:
+  enum class Where { kInline, kShm, kDevice };
+  Status Gate();
+  bool Stopped() const;
+  // Copies a mapped raw chunk into the device ring; false: it did not go.
+  Result<bool> SendToDevice(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                            const MappedRegion& mapping);
+  void Send(std::uint32_t layer, std::uint32_t index, Where where, std::uint64_t offset,
+            std::span<const std::byte> bytes);
+
+  std::uint64_t id_;
+  FetchState* st_;
+  ResponseSink* sink_;
+  DeviceDma* dma_;
+  std::vector<bool> raw_;  // of the current layer's chunks: stored raw/v1
+  std::uint32_t layers_ = 0;
+  std::uint64_t bytes_ = 0;
+  std::uint64_t device_chunks_ = 0;
+  bool warned_ = false;
+};
+
+}  // namespace primecache::ipc

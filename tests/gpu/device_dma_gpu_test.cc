@@ -1,0 +1,140 @@
+// DeviceDma on a real device: a peer process exports a device buffer, this
+// one opens it and copies mapped file bytes into it by DMA; the peer's
+// checksum of its device bytes must match the file's, and copies outside the
+// window or the mapping are refused.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/device_dma.h"
+#include "primecache/checksum.h"
+#include "tests/gpu/cuda_test_util.h"
+#include "tests/gpu/dma_peer.h"
+
+namespace primecache::ipc {
+namespace {
+
+using gpu_test::Peer;
+
+// A file of random bytes, mapped read-only.
+struct MappedFile {
+  std::string path;
+  std::vector<std::byte> bytes;
+  MappedRegion mapping;
+  MappedFile(std::size_t size, std::uint64_t id, unsigned seed) {
+    path = ::testing::TempDir() + "device_dma_" + std::to_string(id) + "_" + std::to_string(getpid());
+    std::mt19937_64 rng(seed);
+    bytes.resize(size);
+    for (auto& b : bytes) b = static_cast<std::byte>(rng());
+    const int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0600);
+    EXPECT_EQ(write(fd, bytes.data(), size), static_cast<ssize_t>(size));
+    void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    EXPECT_NE(p, MAP_FAILED);
+    mapping.data = static_cast<const std::byte*>(p);
+    mapping.size = size;
+    mapping.id = id;
+    mapping.owner = std::shared_ptr<const void>(p, [size](const void* q) { munmap(const_cast<void*>(q), size); });
+  }
+  ~MappedFile() { std::filesystem::remove(path); }
+};
+
+std::string SumLine(std::span<const std::byte> b) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "SUM %016llx", static_cast<unsigned long long>(Checksum64(b)));
+  return buf;
+}
+
+TEST(DeviceDmaGpu, CopiesMappedBytesIntoAnotherProcesssDeviceBuffer) {
+  PC_SKIP_WITHOUT_CUDA();
+  constexpr std::size_t kSize = 48u << 20, kPiece = 4u << 20;
+  Peer peer(kSize);
+  DeviceWindowSpec spec;
+  ASSERT_TRUE(peer.ReadSpec(&spec, kSize));
+  auto dma = DeviceDma::Create(32u << 20);
+  ASSERT_TRUE(dma.ok()) << dma.status().ToString();
+  auto window = (*dma)->Open(spec);
+  ASSERT_TRUE(window.ok()) << window.status().ToString();
+
+  MappedFile file(kSize - 12345, 1, 7);  // not a whole number of pieces
+  std::vector<std::size_t> offsets;
+  for (std::size_t o = 0; o < file.bytes.size(); o += kPiece) offsets.push_back(o);
+  std::shuffle(offsets.begin(), offsets.end(), std::mt19937(3));
+  std::vector<std::thread> threads;
+  std::vector<Status> results(4);
+  for (std::size_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t i = t; i < offsets.size(); i += 4) {
+        const std::size_t o = offsets[i], n = std::min(kPiece, file.bytes.size() - o);
+        Status s = (*dma)->Copy(**window, o, std::span(file.mapping.data + o, n), file.mapping);
+        if (!s.ok()) results[t] = s;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const Status& s : results) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(peer.Sum(0, file.bytes.size()), SumLine(file.bytes));
+  EXPECT_EQ(peer.Sum(file.bytes.size(), 12345), SumLine(std::vector<std::byte>(12345)));
+
+  // A second mapping pushes the first out of the 32 MiB budget.
+  MappedFile second(24u << 20, 2, 9);
+  ASSERT_TRUE((*dma)->Copy(**window, 0, std::span(second.mapping.data, 1u << 20), second.mapping).ok());
+  EXPECT_EQ((*dma)->registered_bytes(), second.mapping.size);
+  EXPECT_EQ(peer.Sum(0, 1u << 20), SumLine(std::span(second.bytes).first(1u << 20)));
+}
+
+TEST(DeviceDmaGpu, RefusesCopiesOutsideTheWindowOrTheMapping) {
+  PC_SKIP_WITHOUT_CUDA();
+  constexpr std::size_t kSize = 1u << 20;
+  Peer peer(kSize);
+  DeviceWindowSpec spec;
+  ASSERT_TRUE(peer.ReadSpec(&spec, kSize));
+  auto dma = DeviceDma::Create(64u << 20);
+  ASSERT_TRUE(dma.ok());
+  auto window = (*dma)->Open(spec);
+  ASSERT_TRUE(window.ok()) << window.status().ToString();
+  MappedFile file(2u << 20, 3, 1);
+  const auto& m = file.mapping;
+  EXPECT_TRUE((*dma)->Copy(**window, kSize - 10, std::span(m.data, 11), m).IsInvalidArgument());
+  EXPECT_TRUE((*dma)->Copy(**window, kSize + 1, std::span(m.data, 0), m).IsInvalidArgument());
+  EXPECT_TRUE((*dma)->Copy(**window, 0, std::span(m.data + m.size - 10, 11), m).IsInvalidArgument());
+  DeviceWindowSpec bad = spec;
+  bad.handle.pop_back();
+  EXPECT_TRUE((*dma)->Open(bad).status().IsInvalidArgument());
+  bad = spec;
+  bad.pci_bus_id = "not-a-bus";
+  EXPECT_FALSE((*dma)->Open(bad).ok());
+  EXPECT_EQ(peer.Sum(0, kSize), SumLine(std::vector<std::byte>(kSize)));  // nothing was written
+}
+
+// The size is the client's word: a window larger than the exported
+// allocation is refused, so no copy can land past it.
+TEST(DeviceDmaGpu, RefusesAWindowLargerThanItsAllocation) {
+  PC_SKIP_WITHOUT_CUDA();
+  constexpr std::size_t kSize = 1u << 20;
+  Peer peer(kSize);
+  DeviceWindowSpec spec;
+  ASSERT_TRUE(peer.ReadSpec(&spec, kSize));
+  auto dma = DeviceDma::Create(64u << 20);
+  ASSERT_TRUE(dma.ok());
+  DeviceWindowSpec larger = spec;
+  larger.size = 64u << 20;
+  auto refused = (*dma)->Open(larger);
+  EXPECT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
+  auto window = (*dma)->Open(spec);
+  EXPECT_TRUE(window.ok()) << window.status().ToString();
+}
+
+}  // namespace
+}  // namespace primecache::ipc

@@ -1,0 +1,86 @@
+// WindowRing: the ring a fetch streams through a window (shared or device):
+// space comes back only once a chunk and every chunk placed before it were
+// released, releases may name chunks in any order, each once, and a place
+// waits for room only when no placed chunk is still unsent.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "ipc/fetch_sender.h"
+
+namespace primecache::ipc {
+namespace {
+
+const std::function<bool()> kGoOn = [] { return false; };
+
+TEST(WindowRingTest, SpaceComesBackInPlacingOrderWhateverTheReleaseOrder) {
+  WindowRing ring;
+  ring.Open(1000, 300);
+  auto a = ring.Place(100, false, kGoOn);
+  auto b = ring.Place(100, false, kGoOn);
+  auto c = ring.Place(100, false, kGoOn);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_TRUE(a->has_value() && b->has_value() && c->has_value());
+  EXPECT_EQ(**a, 0u);
+  EXPECT_EQ(**b, 100u);
+  EXPECT_EQ(**c, 200u);
+  EXPECT_FALSE(ring.Release(0, 100)) << "not sent yet";
+  ring.Sent(**b);  // b was placed after a but sent first
+  ring.Sent(**a);
+  ring.Sent(**c);
+  EXPECT_TRUE(ring.Release(100, 100));
+  EXPECT_FALSE(ring.Release(100, 100)) << "released twice";
+  auto full = ring.Place(100, false, kGoOn);
+  ASSERT_TRUE(full.ok());
+  EXPECT_FALSE(full->has_value()) << "b's space returns only after a's";
+  EXPECT_FALSE(ring.Release(0, 99)) << "a length that no chunk has";
+  EXPECT_TRUE(ring.Release(0, 100));
+  auto again = ring.Place(150, false, kGoOn);
+  ASSERT_TRUE(again.ok() && again->has_value());
+  EXPECT_EQ(**again, 0u) << "a and b's 200 bytes at the front";
+}
+
+TEST(WindowRingTest, WaitsOnlyWhenEveryPlacedChunkWasSent) {
+  WindowRing ring;
+  ring.Open(0, 200);
+  auto a = ring.Place(150, false, kGoOn);
+  ASSERT_TRUE(a.ok() && a->has_value());
+  // a is placed but unsent: the room a wait needs could come only after a
+  // chunk sent later, so no wait.
+  auto b = ring.Place(100, true, kGoOn);
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE(b->has_value());
+  ring.Sent(**a);
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(ring.Release(**a, 150));
+  });
+  auto c = ring.Place(100, true, kGoOn);  // waits for the release
+  releaser.join();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->has_value());
+  EXPECT_EQ(**c, 0u) << "an empty ring starts over at its front";
+}
+
+TEST(WindowRingTest, DroppedPlaceGivesItsSpaceBackAndStopEndsAWait) {
+  WindowRing ring;
+  ring.Open(0, 100);
+  auto a = ring.Place(100, false, kGoOn);
+  ASSERT_TRUE(a.ok() && a->has_value());
+  ring.Drop(**a);
+  auto b = ring.Place(100, false, kGoOn);
+  ASSERT_TRUE(b.ok() && b->has_value());
+  ring.Sent(**b);
+  std::atomic<bool> stop{false};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    stop = true;
+    ring.Wake();
+  });
+  auto c = ring.Place(10, true, [&] { return stop.load(); });
+  stopper.join();
+  EXPECT_EQ(c.status().code(), StatusCode::kAborted);
+}
+
+}  // namespace
+}  // namespace primecache::ipc
