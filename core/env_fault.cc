@@ -100,6 +100,10 @@ class FaultRandomAccessFile final : public RandomAccessFile {
     PC_RETURN_IF_ERROR(st_->Tick(FaultOp::kRead, path_));
     return f_->Read(offset, dst, read);
   }
+  Result<MappedRegion> Map(std::uint64_t size) const override {
+    PC_RETURN_IF_ERROR(st_->Tick(FaultOp::kRead, path_));
+    return f_->Map(size);
+  }
 
  private:
   std::shared_ptr<State> st_;
@@ -302,6 +306,10 @@ Result<FileMode> FaultInjectionEnv::GetFileMode(const std::string& path) {
 }
 Status FaultInjectionEnv::SetPermissions(const std::string& path, std::uint32_t permissions) {
   return state_->base->SetPermissions(path, permissions);
+}
+
+bool FaultInjectionEnv::IsResident(const MappedRegion& mapping, std::uint64_t offset, std::uint64_t length) {
+  return state_->base->IsResident(mapping, offset, length);
 }
 
 Status FaultInjectionEnv::TruncateFile(const std::string& path, std::uint64_t size) {

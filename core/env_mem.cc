@@ -53,6 +53,19 @@ class MemRandomAccessFile final : public RandomAccessFile {
     *read = n;
     return Status::Ok();
   }
+  // A snapshot of the first `size` bytes: the file's buffer may move as it
+  // grows, and a mapping never changes.
+  Result<MappedRegion> Map(std::uint64_t size) const override {
+    std::lock_guard lock(f_->mu);
+    if (size == 0 || size > f_->data.size()) return Status::InvalidArgument("map past the end of a memory file");
+    auto copy = std::make_shared<const std::string>(f_->data.substr(0, size));
+    MappedRegion m;
+    m.data = reinterpret_cast<const std::byte*>(copy->data());
+    m.size = size;
+    m.id = NextMappingId();
+    m.owner = std::move(copy);
+    return m;
+  }
 
  private:
   std::shared_ptr<MemFile> f_;

@@ -1,12 +1,14 @@
 // The POSIX Env: plain open/pread/write/fsync/rename on the local file system.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "primecache/env.h"
 
@@ -63,6 +65,18 @@ class PosixRandomAccessFile final : public RandomAccessFile {
  public:
   PosixRandomAccessFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
   ~PosixRandomAccessFile() override { ::close(fd_); }
+
+  Result<MappedRegion> Map(std::uint64_t size) const override {
+    if (size == 0) return Status::InvalidArgument("map of 0 bytes of " + path_);
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) return ErrnoStatus("mmap", path_, errno);
+    MappedRegion m;
+    m.data = static_cast<const std::byte*>(p);
+    m.size = size;
+    m.id = NextMappingId();
+    m.owner = std::shared_ptr<const void>(p, [size](const void* q) { ::munmap(const_cast<void*>(q), size); });
+    return m;
+  }
 
   Status Read(std::uint64_t offset, std::span<std::byte> dst, std::size_t* read) const override {
     std::size_t done = 0;
@@ -221,6 +235,16 @@ class PosixEnv final : public Env {
     ::close(fd);
     if (rc != 0) return ErrnoStatus("chmod", path, err);
     return Status::Ok();
+  }
+
+  bool IsResident(const MappedRegion& m, std::uint64_t offset, std::uint64_t length) override {
+    if (length == 0) return true;
+    if (offset > m.size || length > m.size - offset) return false;
+    static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    const std::uint64_t first = offset / page * page, end = offset + length;
+    std::vector<unsigned char> in((end - first + page - 1) / page);
+    if (::mincore(const_cast<std::byte*>(m.data) + first, end - first, in.data()) != 0) return false;
+    return std::all_of(in.begin(), in.end(), [](unsigned char c) { return (c & 1) != 0; });
   }
 
   Status TruncateFile(const std::string& path, std::uint64_t size) override {

@@ -36,6 +36,17 @@ Status Env::TruncateFile(const std::string& path, std::uint64_t) {
   return Status::NotSupported("this Env cannot truncate files (" + path + ")");
 }
 
+bool Env::IsResident(const MappedRegion&, std::uint64_t, std::uint64_t) { return true; }
+
+Result<MappedRegion> RandomAccessFile::Map(std::uint64_t) const {
+  return Status::NotSupported("this Env cannot map files");
+}
+
+std::uint64_t NextMappingId() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
 namespace {
 
 constexpr int kMaxRestrictDepth = 16;

@@ -40,6 +40,8 @@ class FetchRun {
     std::uint32_t layer = 0, chunk = 0;
     std::span<std::byte> bytes;        // the sink's buffer, or own
     std::unique_ptr<std::byte[]> own;  // when the sink gave none
+    MappedRegion mapping;              // set: the chunk is handed out where it lies
+    std::span<const std::byte> mapped;  // its bytes inside `mapping`
     Status status;                     // guarded by mu_
     std::size_t parts_left = 0;        // guarded by mu_
     bool done = false;                 // guarded by mu_
@@ -47,6 +49,10 @@ class FetchRun {
 
   Status Locate();
   Status StartReads();
+  // The chunk's bytes in place when the sink takes mapped chunks and they are
+  // in the page cache; else false (it is read).
+  bool TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Located& at);
+  void PostCheck(Slot& slot, const Hash128& h, std::uint64_t segment);
   void Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at);
   void WaitAll();
 
@@ -148,12 +154,59 @@ void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at
   }
 }
 
+bool FetchRun::TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Located& at) {
+  if (!sink_.TakesMappedChunks() || !at.status.ok() || ref.size == 0) return false;
+  auto m = s_.SegmentMapping(at.extent.segment, *at.file, at.extent.offset + ref.size);
+  if (!m.ok() || !s_.env->IsResident(*m, at.extent.offset, ref.size)) return false;
+  slot.mapping = std::move(m).value();
+  slot.mapped = std::span(slot.mapping.data + at.extent.offset, ref.size);
+  PostCheck(slot, ref.hash, at.extent.segment);
+  return true;
+}
+
+// The address checked over the bytes where they lie (on the pool).
+void FetchRun::PostCheck(Slot& slot, const Hash128& h, std::uint64_t segment) {
+  auto check = [this, &slot, h, segment] {
+    Status st;
+    if (!(Checksum128(slot.mapped) == h)) {
+      st = Status::Corruption("chunk " + HashHex(h) + " in segment " + SegmentHex(segment) +
+                              ": content does not match its address (XXH3-128)");
+    }
+    std::lock_guard g(mu_);
+    slot.status = std::move(st);
+    slot.done = true;
+    --outstanding_;
+    cv_.notify_all();
+  };
+  {
+    std::lock_guard g(mu_);
+    ++outstanding_;
+  }
+  if (s_.read_pool) {
+    s_.read_pool->Post(check);
+  } else {
+    check();
+  }
+}
+
 Status FetchRun::StartReads() {
   const std::size_t window = s_.read_pool ? s_.opts.fetch_read_ahead : 1;
   while (next_read_ < plan_.size() && slots_.size() < window &&
          (slots_.empty() || bytes_ahead_ < s_.opts.fetch_read_ahead_bytes)) {
     const auto [l, c] = plan_[next_read_];
     const ChunkRef& ref = m_.layers[l].chunks[c];
+    const Store::Impl::Located& at = located_[where_[next_read_]];
+    if (sink_.TakesMappedChunks()) {
+      Slot& slot = slots_.emplace_back();
+      slot.layer = l;
+      slot.chunk = c;
+      if (TryMapped(slot, ref, at)) {
+        bytes_ahead_ += ref.size;
+        ++next_read_;
+        continue;
+      }
+      slots_.pop_back();  // not in place: read as any other chunk
+    }
     const bool may_wait = slots_.empty();
     PC_ASSIGN_OR_RETURN(auto target, sink_.ChunkBuffer(l, c, ref.size, may_wait));
     if (!target) {
@@ -173,7 +226,7 @@ Status FetchRun::StartReads() {
       slot.bytes = *target;
     }
     bytes_ahead_ += ref.size;
-    Post(slot, ref.hash, located_[where_[next_read_]]);
+    Post(slot, ref.hash, at);
     ++next_read_;
   }
   return Status::Ok();
@@ -201,7 +254,11 @@ Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
         return rs;
       }
       PC_RETURN_IF_ERROR(rs);
-      PC_RETURN_IF_ERROR(sink_.OnChunk(l, c, slot.bytes));
+      if (slot.mapping.owner) {
+        PC_RETURN_IF_ERROR(sink_.OnMappedChunk(l, c, slot.mapped, slot.mapping));
+      } else {
+        PC_RETURN_IF_ERROR(sink_.OnChunk(l, c, slot.bytes));
+      }
       bytes_ahead_ -= ml.chunks[c].size;
       slots_.pop_front();
     }

@@ -91,6 +91,32 @@ Result<std::shared_ptr<RandomAccessFile>> Store::Impl::SegmentFile(std::uint64_t
 void Store::Impl::ForgetSegmentFile(std::uint64_t id) {
   std::lock_guard g(files_mu);
   open_files.erase(id);
+  mappings.erase(id);
+}
+
+Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomAccessFile& file,
+                                                 std::uint64_t end) {
+  {
+    std::lock_guard g(files_mu);
+    if (auto it = mappings.find(id); it != mappings.end() && it->second.size >= end) return it->second;
+  }
+  // Only the committed length is mapped: bytes past it belong to a publish
+  // in flight, which an abort cuts off (a mapped page past the end of a file
+  // faults when touched, and registering a mapping touches every page).
+  std::uint64_t committed = end;
+  {
+    std::lock_guard wl(write_mu);
+    if (auto it = segments.find(id); it != segments.end()) committed = std::max(end, it->second.committed);
+  }
+  PC_ASSIGN_OR_RETURN(std::uint64_t size, env->GetFileSize(seg_dir + "/" + SegmentFileName(id)));
+  if (size < committed) {
+    return Status::Corruption("segment " + SegmentHex(id) + " holds " + std::to_string(size) +
+                              " bytes, short of its committed " + std::to_string(committed));
+  }
+  PC_ASSIGN_OR_RETURN(MappedRegion m, file.Map(committed));
+  std::lock_guard g(files_mu);
+  mappings[id] = m;
+  return m;
 }
 
 Status Store::Impl::ReadExtent(const std::shared_ptr<RandomAccessFile>& file, const Extent& e, const Hash128& h,

@@ -143,6 +143,11 @@ struct Store::Impl {
   std::unordered_map<std::uint64_t, std::string> damaged_segments;  // id -> what is wrong with its file
   Result<std::shared_ptr<RandomAccessFile>> SegmentFile(std::uint64_t id);
   void ForgetSegmentFile(std::uint64_t id);
+  // A read-only mapping of segment `id` covering at least its first `end`
+  // bytes (the whole file as it is now), kept with the open file until gc
+  // forgets the segment; holders keep their copy alive after that.
+  std::unordered_map<std::uint64_t, MappedRegion> mappings;  // guarded by files_mu
+  Result<MappedRegion> SegmentMapping(std::uint64_t id, const RandomAccessFile& file, std::uint64_t end);
   // At open: cuts torn tails, deletes unrecorded files, notes missing or
   // short ones, and puts the open segments back in the pool.
   Status RecoverSegments();

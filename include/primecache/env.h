@@ -52,7 +52,14 @@ class RandomAccessFile {
   virtual ~RandomAccessFile() = default;
   // Reads up to dst.size() bytes at offset; *read < dst.size() only at end of file.
   virtual Status Read(std::uint64_t offset, std::span<std::byte> dst, std::size_t* read) const = 0;
+  // Maps the file's first `size` bytes read-only (they must exist). The
+  // mapping outlives the file object while its owner is held. kNotSupported
+  // where an Env cannot map.
+  virtual Result<MappedRegion> Map(std::uint64_t size) const;
 };
+
+// A fresh id for a MappedRegion (process-wide, from 1).
+std::uint64_t NextMappingId();
 
 // A file written by appending. Data is durable only once Sync returns OK, and
 // a new file's name only once its directory has been synced (Env::SyncDir).
@@ -112,6 +119,10 @@ class Env {
   // open for appending goes on appending at the new end. Durable once the
   // file is synced. kNotSupported where an Env cannot.
   virtual Status TruncateFile(const std::string& path, std::uint64_t size);
+  // Whether [offset, offset + length) of a mapping is in memory now, so that
+  // reading it will not wait for a disk (POSIX: mincore). The default says
+  // yes: an Env whose files are memory.
+  virtual bool IsResident(const MappedRegion& mapping, std::uint64_t offset, std::uint64_t length);
 
   // The process-wide POSIX Env. Never deleted.
   static Env* Default();
@@ -202,6 +213,7 @@ class FaultInjectionEnv : public Env {
   Status SetPermissions(const std::string& path, std::uint32_t permissions) override;
   // Counted and failed as a write; the file's synced length shrinks with it.
   Status TruncateFile(const std::string& path, std::uint64_t size) override;
+  bool IsResident(const MappedRegion& mapping, std::uint64_t offset, std::uint64_t length) override;
 
   struct State;  // shared with the file wrappers; defined in the .cc
 

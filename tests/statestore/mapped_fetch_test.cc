@@ -1,0 +1,136 @@
+// Fetches that hand chunks out where they lie (FetchSink::TakesMappedChunks):
+// every chunk bit-exact, in place when its pages are resident and read
+// otherwise; a damaged chunk is still caught before any sink sees it; a
+// mapping held across a compaction keeps its bytes.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "segment_util.h"
+#include "store_test_util.h"
+
+namespace primecache {
+namespace {
+
+using namespace store_test;  // NOLINT(google-build-using-namespace)
+
+const TestModel kModel = [] {
+  TestModel m;
+  m.chunk_bytes = 2048;
+  return m;
+}();
+
+// Collects what it is handed, remembering which chunks came mapped and
+// keeping their mappings.
+struct MappedSink final : FetchSink {
+  std::vector<std::string> chunks;
+  std::size_t mapped = 0, read = 0;
+  std::vector<MappedRegion> held;
+  Status OnLayer(std::uint32_t, std::string_view, std::uint32_t) override { return Status::Ok(); }
+  Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte> b) override {
+    ++read;
+    chunks.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+    return Status::Ok();
+  }
+  bool TakesMappedChunks() const override { return true; }
+  Status OnMappedChunk(std::uint32_t, std::uint32_t, std::span<const std::byte> b,
+                       const MappedRegion& m) override {
+    if (b.data() < m.data || b.data() + b.size() > m.data + m.size) return Status::Internal("outside its mapping");
+    ++mapped;
+    held.push_back(m);
+    chunks.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+    return Status::Ok();
+  }
+};
+
+std::vector<std::string> AllChunks(const std::vector<LayerBytes>& layers) {
+  std::vector<std::string> out;
+  for (const auto& l : layers) out.insert(out.end(), l.chunks.begin(), l.chunks.end());
+  return out;
+}
+
+TEST(MappedFetch, ResidentChunksComeMappedAndBitExact) {
+  MemStore m;  // a memory Env: every mapping is resident
+  const auto t = Conversation(400, 11);
+  const EntryId id = MustPublish(*m.store, t, 1, "", kModel);
+  MappedSink sink;
+  ASSERT_TRUE(m.store->Fetch(id, {}, sink).ok());
+  EXPECT_EQ(sink.chunks, AllChunks(MakeLayers(t, kModel)));
+  EXPECT_EQ(sink.read, 0u);
+  EXPECT_EQ(sink.mapped, sink.chunks.size());
+}
+
+TEST(MappedFetch, ADamagedChunkIsCaughtAndQuarantined) {
+  MemStore m;
+  const auto t = Conversation(400, 12);
+  const auto layers = MakeLayers(t, kModel);
+  const EntryId id = MustPublish(*m.store, t, 1, "", kModel);
+  m.store.reset();
+  std::string bad = layers[1].chunks[0];
+  bad[bad.size() / 2] ^= 0x10;
+  OverwriteChunk(m.env.get(), m.options.path, Checksum128(std::as_bytes(std::span(layers[1].chunks[0]))), bad);
+  m.Reopen();
+  MappedSink sink;
+  Status s = m.store->Fetch(id, {}, sink);
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  for (const auto& c : sink.chunks) EXPECT_NE(c, bad) << "a damaged chunk reached the sink";
+  auto info = m.store->Describe(id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, EntryState::kQuarantined);
+}
+
+TEST(MappedFetch, AMappingHeldAcrossACompactionKeepsItsBytes) {
+  MemStore m;
+  const auto keep = Conversation(400, 13), drop = Conversation(400, 14);
+  const EntryId gone = MustPublish(*m.store, drop, 1, "", kModel);
+  const EntryId id = MustPublish(*m.store, keep, 1, "", kModel);
+  MappedSink sink;
+  ASSERT_TRUE(m.store->Fetch(id, {}, sink).ok());
+  ASSERT_FALSE(sink.held.empty());
+  ASSERT_TRUE(m.store->Delete(gone).ok());
+  ASSERT_TRUE(m.store->Compact().ok());  // rewrites the segment and unlinks it
+  // Every chunk handed out is still where it was, unchanged.
+  const auto want = AllChunks(MakeLayers(keep, kModel));
+  MappedSink again;
+  ASSERT_TRUE(m.store->Fetch(id, {}, again).ok());
+  EXPECT_EQ(again.chunks, want);
+  EXPECT_EQ(sink.chunks, want);
+}
+
+// On a real file system (mmap and mincore): a segment just written is in the
+// page cache and comes mapped; after its pages were dropped, whichever way
+// each chunk comes (mapped pages of a live mapping may stay resident), every
+// byte is right.
+TEST(MappedFetch, OnDiskChunksComeMappedWhenResidentAndStayExact) {
+  const std::string dir = ::testing::TempDir() + "mapped_fetch_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  StoreOptions o;
+  o.path = dir;
+  auto store = Store::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const auto t = Conversation(400, 15);
+  const EntryId id = MustPublish(**store, t, 1, "", kModel);
+  const auto want = AllChunks(MakeLayers(t, kModel));
+  MappedSink warm;
+  ASSERT_TRUE((*store)->Fetch(id, {}, warm).ok());
+  EXPECT_EQ(warm.chunks, want);
+  EXPECT_EQ(warm.mapped, want.size()) << "just written, the segment is in the page cache";
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/segments")) {
+    const int fd = ::open(e.path().c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  warm.held.clear();
+  MappedSink cold;
+  ASSERT_TRUE((*store)->Fetch(id, {}, cold).ok());
+  EXPECT_EQ(cold.chunks, want);
+  EXPECT_EQ(cold.mapped + cold.read, want.size());
+  store->reset();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace primecache
