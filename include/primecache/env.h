@@ -42,6 +42,9 @@ class RandomAccessFile {
   virtual ~RandomAccessFile() = default;
   // Reads up to dst.size() bytes at offset; *read < dst.size() only at end of file.
   virtual Status Read(std::uint64_t offset, std::span<std::byte> dst, std::size_t* read) const = 0;
+  // 0: any offset, length and buffer will do. Else (a file opened for direct
+  // I/O) every Read's offset, length and buffer address must be multiples.
+  virtual std::size_t alignment() const { return 0; }
 };
 
 // A file written by appending. Data is durable only once Sync returns OK, and
@@ -74,6 +77,11 @@ class Env {
 
   virtual Result<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) = 0;
   virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) = 0;
+  // Opened for reads that bypass the page cache (O_DIRECT) where the Env and
+  // the file system can; else as NewRandomAccessFile. See alignment().
+  virtual Result<std::unique_ptr<RandomAccessFile>> NewDirectRandomAccessFile(const std::string& path) {
+    return NewRandomAccessFile(path);
+  }
   // Creates the file, or truncates it when it exists.
   virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
   // Opens for appending, creating it when it does not exist.
@@ -178,6 +186,7 @@ class FaultInjectionEnv : public Env {
 
   Result<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) override;
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) override;
+  Result<std::unique_ptr<RandomAccessFile>> NewDirectRandomAccessFile(const std::string& path) override;
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
   Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override;
   bool FileExists(const std::string& path) override;
