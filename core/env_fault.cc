@@ -104,6 +104,7 @@ class FaultRandomAccessFile final : public RandomAccessFile {
     PC_RETURN_IF_ERROR(st_->Tick(FaultOp::kRead, path_));
     return f_->Map(size);
   }
+  std::size_t alignment() const override { return f_->alignment(); }
 
  private:
   std::shared_ptr<State> st_;
@@ -255,6 +256,11 @@ Result<std::unique_ptr<SequentialFile>> FaultInjectionEnv::NewSequentialFile(con
 
 Result<std::unique_ptr<RandomAccessFile>> FaultInjectionEnv::NewRandomAccessFile(const std::string& path) {
   PC_ASSIGN_OR_RETURN(auto f, state_->base->NewRandomAccessFile(path));
+  return std::unique_ptr<RandomAccessFile>(new FaultRandomAccessFile(state_, path, std::move(f)));
+}
+
+Result<std::unique_ptr<RandomAccessFile>> FaultInjectionEnv::NewDirectRandomAccessFile(const std::string& path) {
+  PC_ASSIGN_OR_RETURN(auto f, state_->base->NewDirectRandomAccessFile(path));
   return std::unique_ptr<RandomAccessFile>(new FaultRandomAccessFile(state_, path, std::move(f)));
 }
 

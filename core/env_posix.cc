@@ -99,6 +99,33 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   int fd_;
 };
 
+// A file opened with O_DIRECT: reads bypass the page cache and must be
+// aligned (alignment()); a short read is the end of the file.
+class PosixDirectFile final : public RandomAccessFile {
+ public:
+  PosixDirectFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixDirectFile() override { ::close(fd_); }
+
+  Status Read(std::uint64_t offset, std::span<std::byte> dst, std::size_t* read) const override {
+    *read = 0;
+    for (;;) {
+      ssize_t n = ::pread(fd_, dst.data(), dst.size(), static_cast<off_t>(offset));
+      if (n >= 0) {
+        *read = static_cast<std::size_t>(n);
+        return Status::Ok();
+      }
+      if (errno != EINTR) return ErrnoStatus("pread (O_DIRECT)", path_, errno);
+    }
+  }
+  std::size_t alignment() const override { return kDirectAlignment; }
+
+  static constexpr std::size_t kDirectAlignment = 4096;
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
 class PosixWritableFile final : public WritableFile {
  public:
   PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
@@ -159,6 +186,13 @@ class PosixEnv final : public Env {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return ErrnoStatus("open", path, errno);
     return std::unique_ptr<RandomAccessFile>(new PosixRandomAccessFile(path, fd));
+  }
+
+  Result<std::unique_ptr<RandomAccessFile>> NewDirectRandomAccessFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (fd < 0 && errno == EINVAL) return NewRandomAccessFile(path);  // a file system without O_DIRECT (tmpfs)
+    if (fd < 0) return ErrnoStatus("open (O_DIRECT)", path, errno);
+    return std::unique_ptr<RandomAccessFile>(new PosixDirectFile(path, fd));
   }
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {

@@ -133,7 +133,7 @@ void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at
     const std::uint64_t from = i * part, to = std::min(size, from + part);
     s_.read_pool->Post([this, &slot, h, at, from, to] {
       std::size_t n = 0;
-      Status st = at.file->Read(at.extent.offset + from, slot.bytes.subspan(from, to - from), &n);
+      Status st = ReadAt(*at.file, at.extent.offset + from, slot.bytes.subspan(from, to - from), &n);
       if (st.ok() && n != to - from) {
         st = Status::Corruption("chunk " + HashHex(h) + " in segment " + SegmentHex(at.extent.segment) +
                                 ": the file ends early (truncated behind the store's back?)");

@@ -105,7 +105,7 @@ Status CopyLive(Store::Impl& s, std::uint64_t id, const SegmentRecord& rec, Segm
   for (std::uint64_t off = kSegmentHeaderBytes; off < rec.committed;) {
     if (s.gc_cancel.load()) return Status::Aborted("the store is closing");
     std::size_t n = 0;
-    PC_RETURN_IF_ERROR(file->Read(off, std::as_writable_bytes(std::span(header.data(), header.size())), &n));
+    PC_RETURN_IF_ERROR(ReadAt(*file, off, std::as_writable_bytes(std::span(header.data(), header.size())), &n));
     if (n != header.size()) return Status::Corruption("segment " + SegmentHex(id) + " ends inside a frame header");
     auto f = DecodeFrameHeader(header, kMaxChunkBytesLimit);
     if (!f.ok()) return f.status().WithContext("segment " + SegmentHex(id) + " at offset " + std::to_string(off));

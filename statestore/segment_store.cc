@@ -78,7 +78,7 @@ Result<std::shared_ptr<RandomAccessFile>> Store::Impl::SegmentFile(std::uint64_t
   }
   if (auto it = open_files.find(id); it != open_files.end()) return it->second;
   const std::string file = seg_dir + "/" + SegmentFileName(id);
-  auto f = env->NewRandomAccessFile(file);
+  auto f = opts.direct_reads ? env->NewDirectRandomAccessFile(file) : env->NewRandomAccessFile(file);
   if (!f.ok()) {
     return Status::Corruption("segment " + SegmentHex(id) + " (" + file +
                               ") cannot be opened: " + f.status().ToString());
@@ -122,7 +122,7 @@ Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomA
 Status Store::Impl::ReadExtent(const std::shared_ptr<RandomAccessFile>& file, const Extent& e, const Hash128& h,
                                std::span<std::byte> dst) {
   std::size_t n = 0;
-  Status s = file->Read(e.offset, dst, &n);
+  Status s = ReadAt(*file, e.offset, dst, &n);
   const std::string where = "chunk " + HashHex(h) + " in segment " + SegmentHex(e.segment) + " at offset " +
                             std::to_string(e.offset);
   if (!s.ok()) return s.WithContext("read " + where);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "statestore/format.h"
 #include "statestore/kill_point.h"
@@ -100,6 +102,24 @@ Result<FrameHeader> DecodeFrameHeader(std::string_view b, std::uint64_t max_size
     return Status::Corruption("frame header out of range");
   }
   return f;
+}
+
+Status ReadAt(const RandomAccessFile& f, std::uint64_t offset, std::span<std::byte> dst, std::size_t* read) {
+  const std::size_t a = f.alignment();
+  if (a == 0) return f.Read(offset, dst, read);
+  *read = 0;
+  const std::uint64_t start = offset / a * a;
+  const std::uint64_t end = (offset + dst.size() + a - 1) / a * a;
+  const std::size_t len = static_cast<std::size_t>(end - start);
+  std::unique_ptr<std::byte, decltype(&std::free)> buf(static_cast<std::byte*>(std::aligned_alloc(a, len)),
+                                                       &std::free);
+  if (buf == nullptr) return Status::ResourceExhausted("no memory for an aligned read of " + std::to_string(len));
+  std::size_t n = 0;
+  PC_RETURN_IF_ERROR(f.Read(start, std::span<std::byte>(buf.get(), len), &n));
+  const std::uint64_t skip = offset - start;
+  *read = n > skip ? std::min<std::size_t>(n - skip, dst.size()) : 0;
+  std::memcpy(dst.data(), buf.get() + skip, *read);
+  return Status::Ok();
 }
 
 // ---- SegmentWriter ------------------------------------------------------------------------

@@ -48,6 +48,12 @@ std::string EncodeFrameHeader(const FrameHeader& f);
 // Refuses a wrong magic, a bad checksum and a size past max_size.
 Result<FrameHeader> DecodeFrameHeader(std::string_view bytes, std::uint64_t max_size);
 
+// Reads [offset, offset + dst.size()) of a file into dst. A file opened for
+// direct I/O (alignment() > 0) is read over the aligned range around it
+// into an aligned buffer, then copied out. *read < dst.size() only at the
+// end of the file.
+Status ReadAt(const RandomAccessFile& f, std::uint64_t offset, std::span<std::byte> dst, std::size_t* read);
+
 // The test-only freeze (TestHooks::freeze_io, freeze_countdown): a flag, and
 // a countdown of mutating operations that sets it. Empty: no effect.
 struct FreezeHook {

@@ -56,6 +56,9 @@ class RandomAccessFile {
   // mapping outlives the file object while its owner is held. kNotSupported
   // where an Env cannot map.
   virtual Result<MappedRegion> Map(std::uint64_t size) const;
+  // 0: any offset, length and buffer will do. Else (a file opened for direct
+  // I/O) every Read's offset, length and buffer address must be multiples.
+  virtual std::size_t alignment() const { return 0; }
 };
 
 // A fresh id for a MappedRegion (process-wide, from 1).
@@ -91,6 +94,11 @@ class Env {
 
   virtual Result<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) = 0;
   virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) = 0;
+  // Opened for reads that bypass the page cache (O_DIRECT) where the Env and
+  // the file system can; else as NewRandomAccessFile. See alignment().
+  virtual Result<std::unique_ptr<RandomAccessFile>> NewDirectRandomAccessFile(const std::string& path) {
+    return NewRandomAccessFile(path);
+  }
   // Creates the file, or truncates it when it exists.
   virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
   // Opens for appending, creating it when it does not exist.
@@ -199,6 +207,7 @@ class FaultInjectionEnv : public Env {
 
   Result<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) override;
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) override;
+  Result<std::unique_ptr<RandomAccessFile>> NewDirectRandomAccessFile(const std::string& path) override;
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
   Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override;
   bool FileExists(const std::string& path) override;

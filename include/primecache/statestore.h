@@ -268,6 +268,11 @@ struct StoreOptions {
   std::size_t fetch_read_threads = 4;
   std::size_t fetch_read_ahead = 16;
   std::uint64_t fetch_read_ahead_bytes = 8ull << 20;
+  // Segment files are read with O_DIRECT (past the page cache: for data that
+  // is not cached), over the aligned range around each chunk into an
+  // aligned buffer, then copied out. Where the file system has no O_DIRECT,
+  // buffered reads.
+  bool direct_reads = false;
   // false: commits are not synced (for building throwaway stores in benchmarks only).
   bool sync_commits = true;
 

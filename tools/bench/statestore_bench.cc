@@ -287,10 +287,12 @@ void Throughput(const std::string& dir, int mib, int reps) {
   struct Variant {
     const char* name;
     std::size_t read_threads;
+    bool direct = false;
   };
   const Variant variants[] = {{"segment files, read pool of 4 (default)", 4},
                               {"segment files, read pool of 2", 2},
-                              {"segment files, reads on the caller's thread", 0}};
+                              {"segment files, reads on the caller's thread", 0},
+                              {"segment files, read pool of 4, O_DIRECT reads", 4, true}};
   std::printf(
       "| store variant | publish GB/s | file write+fsync GB/s | publish / file | RocksDB Put GB/s | fetch "
       "GB/s | "
@@ -306,6 +308,7 @@ void Throughput(const std::string& dir, int mib, int reps) {
     StoreOptions so;
     so.path = path;
     so.fetch_read_threads = v.read_threads;
+    so.direct_reads = v.direct;
     auto store = Store::Open(so);
     Die(store.status(), "open store");
     rocksdb::Options ro;
