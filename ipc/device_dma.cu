@@ -115,16 +115,19 @@ Result<std::shared_ptr<DeviceWindow>> CudaDma::Open(const DeviceWindowSpec& spec
                                    " bytes, not " + std::to_string(sizeof(cudaIpcMemHandle_t)));
   }
   if (spec.size == 0) return Status::InvalidArgument("device window of 0 bytes");
+  // The device first: a known handle named with another bus id is refused,
+  // not answered from the table.
+  int device = 0;
+  PC_RETURN_IF_ERROR(Cuda(cudaDeviceGetByPCIBusId(&device, spec.pci_bus_id.c_str()),
+                          "no device at PCI bus id '" + spec.pci_bus_id + "'"));
   std::lock_guard g(mu_);
   if (auto it = windows_.find(spec.handle); it != windows_.end()) {
-    if (auto w = it->second.lock()) {
+    auto w = it->second.lock();
+    if (w && w->device() == device) {
       if (w->size() < spec.size) return Status::InvalidArgument("device window reopened larger than it was");
       return std::shared_ptr<DeviceWindow>(w);
     }
   }
-  int device = 0;
-  PC_RETURN_IF_ERROR(Cuda(cudaDeviceGetByPCIBusId(&device, spec.pci_bus_id.c_str()),
-                          "no device at PCI bus id '" + spec.pci_bus_id + "'"));
   PC_RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "set device"));
   cudaIpcMemHandle_t h;
   std::memcpy(&h, spec.handle.data(), sizeof h);
