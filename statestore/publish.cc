@@ -141,6 +141,14 @@ class PublisherImpl final : public Publisher {
     }
     auto at = writer_->Append(h, bytes);
     if (!at.ok()) return Fail(s_.AfterSegmentError(at.status()).WithContext("stage chunk"));
+    // While the disk is full each chunk is written through, so that a chunk
+    // the disk cannot take is refused at once rather than at commit, and the
+    // first write that fits ends the state.
+    if (s_.segment_full.load()) {
+      Status ws = writer_->WriteOut();
+      if (!ws.ok()) return Fail(s_.AfterSegmentError(ws).WithContext("stage chunk"));
+      s_.SegmentWritesOk();
+    }
     st->wrote = Extent{writer_->id(), *at};
     written_bytes_ += bytes.size();
     return Status::Ok();

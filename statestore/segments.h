@@ -94,6 +94,8 @@ class SegmentWriter {
 
   // Appends one frame; returns the offset of the chunk's bytes.
   Result<std::uint64_t> Append(const Hash128& hash, std::span<const std::byte> bytes);
+  // Writes what is buffered (not a durability point).
+  Status WriteOut() { return FlushBuffer(); }
   // Writes what is buffered and makes every appended byte durable.
   Status Sync();
   // Forgets what was appended since the last commit (an aborted publish):

@@ -38,7 +38,7 @@ std::string SumLine(std::span<const std::byte> b) {
 // stored shuffle-zstd, which must not come as device chunks.
 std::vector<LayerData> MixedLayers() {
   auto layers = MakeLayers(4096, 3, 91, 256, 64);  // 64 KiB latent chunks, 4 MiB a latent layer
-  const LayerShape shape = LatentShape{1024, 256, 0, 0, 0, false, 0};
+  const LayerShape shape = LatentShape{4096, 256, 0, 0, 0, false, 0};  // the boundary's length
   auto snap = MakeSnapshot(shape);
   EXPECT_TRUE(snap.ok());
   std::mt19937 g(92);

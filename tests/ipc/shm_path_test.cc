@@ -9,6 +9,7 @@
 
 #include "primecache/env.h"
 #include "raw_db.h"
+#include "segment_util.h"
 #include "statestore/format.h"
 #include "tests/ipc/daemon_harness.h"
 
@@ -246,12 +247,11 @@ TEST_F(ShmPathTest, FailedAndCancelledFetchesLeaveTheWindowUsable) {
   ASSERT_EQ(d_.Stop(), 0);
   {
     // The last latent chunk of `bad` is damaged behind the store's back.
-    namespace si = statestore_internal;
-    store_test::RawDb db(Env::Default(), d_.data_dir() + "/store");
     const auto& chunk = bad_layers[2].chunks.back();
     std::string flipped(reinterpret_cast<const char*>(chunk.data()), chunk.size());
     flipped[flipped.size() / 2] ^= 0x10;
-    db.Put(si::kCfChunks, si::ChunkKey(Checksum128(std::span<const std::byte>(chunk))), flipped);
+    store_test::OverwriteChunk(Env::Default(), d_.data_dir() + "/store", Checksum128(std::span<const std::byte>(chunk)),
+                               flipped);
   }
   ASSERT_TRUE(d_.Start());
   ClientOptions o = d_.Options("", true);
