@@ -38,7 +38,8 @@ Result<PublishResult> PublishReserved(Client& c, std::span<const std::uint32_t> 
       }
       std::memcpy(r.bytes().data(), ch.data(), ch.size());
       PC_RETURN_IF_ERROR(stream->AddReservedChunk(std::move(r), ch.size()));
-      if (r.size() != 0) return Status::Internal("an added reservation still owns bytes");
+      // The moved-from reservation must be left owning nothing.
+      if (r.size() != 0) return Status::Internal("an added reservation still owns bytes");  // NOLINT(bugprone-use-after-move)
     }
   }
   return stream->Commit();
