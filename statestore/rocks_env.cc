@@ -11,6 +11,7 @@
 #include <set>
 
 #include "statestore/kill_point.h"
+#include "statestore/test_hooks.h"
 
 namespace primecache::statestore_internal {
 namespace {
@@ -36,19 +37,6 @@ IOStatus ToIO(const Status& s) {
 IOStatus Frozen(const std::string& what) {
   return IOStatus::IOError("disk frozen (simulated power loss): " + what);
 }
-
-// The test-only freeze: a flag, and a countdown of mutating operations that
-// sets it.
-struct Freezer {
-  std::shared_ptr<std::atomic<bool>> frozen;
-  std::shared_ptr<std::atomic<std::int64_t>> countdown;
-  // Called before each mutating operation; true when it must not happen.
-  bool Stop() const {
-    if (!frozen) return false;
-    if (countdown && countdown->fetch_sub(1) == 1) frozen->store(true);
-    return frozen->load();
-  }
-};
 
 std::span<const std::byte> AsSpan(const Slice& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
@@ -87,7 +75,7 @@ class RandFile final : public rocksdb::FSRandomAccessFile {
 class WFile final : public rocksdb::FSWritableFile {
  public:
   WFile(std::string path, std::unique_ptr<WritableFile> f, std::uint64_t size, const FileOptions& o,
-        Freezer freezer)
+        FreezeHook freezer)
       : rocksdb::FSWritableFile(o),
         path_(std::move(path)),
         f_(std::move(f)),
@@ -132,12 +120,12 @@ class WFile final : public rocksdb::FSWritableFile {
   std::string path_;
   std::unique_ptr<WritableFile> f_;
   std::uint64_t size_ = 0;
-  Freezer freezer_;
+  FreezeHook freezer_;
 };
 
 class Dir final : public rocksdb::FSDirectory {
  public:
-  Dir(Env* env, std::string path, Freezer freezer)
+  Dir(Env* env, std::string path, FreezeHook freezer)
       : env_(env), path_(std::move(path)), freezer_(std::move(freezer)) {}
   IOStatus Fsync(const IOOptions&, IODebugContext*) override {
     TEST_KILL_POINT("fs.dirsync");
@@ -149,7 +137,7 @@ class Dir final : public rocksdb::FSDirectory {
  private:
   Env* env_;
   std::string path_;
-  Freezer freezer_;
+  FreezeHook freezer_;
 };
 
 // Locks held in this process, by path: a second open of one store in the
@@ -362,7 +350,7 @@ class EnvFileSystem final : public rocksdb::FileSystem {
  private:
   Env* env_;
   EnvFileSystemOptions o_;
-  Freezer freezer_;
+  FreezeHook freezer_;
 };
 
 class SpdlogRocksLogger final : public rocksdb::Logger {

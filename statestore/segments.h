@@ -20,6 +20,7 @@
 #include "primecache/checksum.h"
 #include "primecache/env.h"
 #include "primecache/status.h"
+#include "statestore/test_hooks.h"
 
 namespace primecache::statestore_internal {
 
@@ -53,19 +54,6 @@ Result<FrameHeader> DecodeFrameHeader(std::string_view bytes, std::uint64_t max_
 // into an aligned buffer, then copied out. *read < dst.size() only at the
 // end of the file.
 Status ReadAt(const RandomAccessFile& f, std::uint64_t offset, std::span<std::byte> dst, std::size_t* read);
-
-// The test-only freeze (TestHooks::freeze_io, freeze_countdown): a flag, and
-// a countdown of mutating operations that sets it. Empty: no effect.
-struct FreezeHook {
-  std::shared_ptr<std::atomic<bool>> frozen;
-  std::shared_ptr<std::atomic<std::int64_t>> countdown;
-  // Called before each mutating operation; true when it must not happen.
-  bool Stop() const {
-    if (!frozen) return false;
-    if (countdown && countdown->fetch_sub(1) == 1) frozen->store(true);
-    return frozen->load();
-  }
-};
 
 // One segment being appended to. Frames are gathered in a buffer and written
 // in large appends, and writeback of every 8 MiB written is started at once

@@ -31,4 +31,18 @@ struct TestHooks {
   std::uint64_t migrate_step_bytes = 0;
 };
 
+// The freeze of TestHooks::freeze_io and freeze_countdown, as the store's
+// file writers (RocksDB's and the segments') apply it: a flag, and
+// a countdown of mutating operations that sets it. Empty: no effect.
+struct FreezeHook {
+  std::shared_ptr<std::atomic<bool>> frozen;
+  std::shared_ptr<std::atomic<std::int64_t>> countdown;
+  // Called before each mutating operation; true when it must not happen.
+  bool Stop() const {
+    if (!frozen) return false;
+    if (countdown && countdown->fetch_sub(1) == 1) frozen->store(true);
+    return frozen->load();
+  }
+};
+
 }  // namespace primecache::statestore_internal
