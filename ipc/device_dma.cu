@@ -1,9 +1,10 @@
 // DeviceDma on CUDA: IPC-opened windows, read-only host registrations kept
-// within a budget, and a pool of streams the copying threads borrow.
+// within a budget, and a pool of streams the copy queues borrow.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <condition_variable>
+#include <deque>
 #include <cstring>
 #include <list>
 #include <map>
@@ -75,19 +76,20 @@ class CudaDma final : public DeviceDma {
   ~CudaDma() override;
 
   Result<std::shared_ptr<DeviceWindow>> Open(const DeviceWindowSpec& spec) override;
-  Status Copy(DeviceWindow& window, std::uint64_t offset, std::span<const std::byte> src,
-              const MappedRegion& mapping) override;
+  Result<std::unique_ptr<DeviceCopyQueue>> NewQueue(std::shared_ptr<DeviceWindow> window) override;
   std::uint64_t registered_bytes() const override {
     std::lock_guard g(mu_);
     return registered_;
   }
 
- private:
+  // For the queues.
   Result<Registration*> Use(const MappedRegion& mapping);
   void Unuse(Registration* r);
-  void EvictLocked();
   Result<cudaStream_t> TakeStream(int device);
   void GiveStream(int device, cudaStream_t s);
+
+ private:
+  void EvictLocked();
 
   const std::uint64_t budget_;
   mutable std::mutex mu_;
@@ -231,9 +233,64 @@ void CudaDma::GiveStream(int device, cudaStream_t s) {
   streams_[device].push_back(s);
 }
 
-Status CudaDma::Copy(DeviceWindow& window, std::uint64_t offset, std::span<const std::byte> src,
-                     const MappedRegion& mapping) {
-  auto& w = static_cast<CudaWindow&>(window);
+// One fetch's copies: each is followed by an event on the queue's stream;
+// its registration is let go once the event has passed.
+class CudaCopyQueue final : public DeviceCopyQueue {
+ public:
+  CudaCopyQueue(CudaDma& dma, std::shared_ptr<CudaWindow> window, cudaStream_t stream)
+      : dma_(dma), window_(std::move(window)), stream_(stream) {}
+  ~CudaCopyQueue() override;
+
+  Status Enqueue(std::uint64_t offset, std::span<const std::byte> src, const MappedRegion& mapping) override;
+  std::uint64_t enqueued() const override { return completed_ + pending_.size(); }
+  Result<std::uint64_t> Completed(std::uint64_t at_least) override;
+
+ private:
+  struct Pending {
+    cudaEvent_t done;
+    Registration* reg;
+  };
+  Result<cudaEvent_t> TakeEvent();
+  void Retire();
+
+  CudaDma& dma_;
+  const std::shared_ptr<CudaWindow> window_;
+  const cudaStream_t stream_;
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> spare_;
+  std::uint64_t completed_ = 0;
+};
+
+CudaCopyQueue::~CudaCopyQueue() {
+  cudaSetDevice(window_->device());
+  cudaStreamSynchronize(stream_);
+  while (!pending_.empty()) Retire();
+  for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+  dma_.GiveStream(window_->device(), stream_);
+}
+
+Result<cudaEvent_t> CudaCopyQueue::TakeEvent() {
+  if (!spare_.empty()) {
+    cudaEvent_t e = spare_.back();
+    spare_.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  PC_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "create event"));
+  return e;
+}
+
+// The oldest copy is done: its registration and event go back.
+void CudaCopyQueue::Retire() {
+  Pending p = pending_.front();
+  pending_.pop_front();
+  dma_.Unuse(p.reg);
+  spare_.push_back(p.done);
+  ++completed_;
+}
+
+Status CudaCopyQueue::Enqueue(std::uint64_t offset, std::span<const std::byte> src, const MappedRegion& mapping) {
+  const CudaWindow& w = *window_;
   if (offset > w.size() || src.size() > w.size() - offset) {
     return Status::InvalidArgument("device copy of " + std::to_string(src.size()) + " bytes at " +
                                    std::to_string(offset) + " outside a window of " + std::to_string(w.size()));
@@ -242,21 +299,50 @@ Status CudaDma::Copy(DeviceWindow& window, std::uint64_t offset, std::span<const
       static_cast<std::size_t>(src.data() - mapping.data) > mapping.size - src.size()) {
     return Status::InvalidArgument("device copy from outside its host mapping");
   }
-  if (src.empty()) return Status::Ok();
   PC_RETURN_IF_ERROR(Cuda(cudaSetDevice(w.device()), "set device"));
-  PC_ASSIGN_OR_RETURN(Registration * r, Use(mapping));
-  auto stream = TakeStream(w.device());
-  if (!stream.ok()) {
-    Unuse(r);
-    return stream.status();
+  PC_ASSIGN_OR_RETURN(cudaEvent_t done, TakeEvent());
+  auto reg = dma_.Use(mapping);
+  const Status copied =
+      reg.ok() ? Cuda(cudaMemcpyAsync(w.base() + offset, src.data(), src.size(), cudaMemcpyHostToDevice, stream_),
+                      "copy to the device")
+               : reg.status();
+  const Status s = copied.ok() ? Cuda(cudaEventRecord(done, stream_), "record a copy's event") : copied;
+  if (!s.ok()) {
+    // A copy that was enqueued but has no event is waited for here, so that
+    // its registration is not let go under it.
+    if (reg.ok()) {
+      cudaStreamSynchronize(stream_);
+      dma_.Unuse(*reg);
+    }
+    spare_.push_back(done);
+    return s;
   }
-  cudaStream_t st = stream.value();
-  const Status copied = Cuda(cudaMemcpyAsync(w.base() + offset, src.data(), src.size(), cudaMemcpyHostToDevice, st),
-                             "copy to the device");
-  const Status done = Cuda(cudaStreamSynchronize(st), "wait for the copy");
-  GiveStream(w.device(), st);
-  Unuse(r);
-  return copied.ok() ? done : copied;
+  pending_.push_back({done, *reg});
+  return Status::Ok();
+}
+
+Result<std::uint64_t> CudaCopyQueue::Completed(std::uint64_t at_least) {
+  if (at_least > enqueued()) {
+    return Status::InvalidArgument("waiting for " + std::to_string(at_least) + " of " + std::to_string(enqueued()) +
+                                   " device copies");
+  }
+  PC_RETURN_IF_ERROR(Cuda(cudaSetDevice(window_->device()), "set device"));
+  while (!pending_.empty()) {
+    const cudaEvent_t e = pending_.front().done;
+    const cudaError_t err = completed_ < at_least ? cudaEventSynchronize(e) : cudaEventQuery(e);
+    if (err == cudaErrorNotReady) break;
+    PC_RETURN_IF_ERROR(Cuda(err, "a copy to the device"));
+    Retire();
+  }
+  return completed_;
+}
+
+Result<std::unique_ptr<DeviceCopyQueue>> CudaDma::NewQueue(std::shared_ptr<DeviceWindow> window) {
+  if (window == nullptr) return Status::InvalidArgument("device copy queue without a window");
+  auto w = std::static_pointer_cast<CudaWindow>(std::move(window));
+  PC_RETURN_IF_ERROR(Cuda(cudaSetDevice(w->device()), "set device"));
+  PC_ASSIGN_OR_RETURN(cudaStream_t stream, TakeStream(w->device()));
+  return std::unique_ptr<DeviceCopyQueue>(new CudaCopyQueue(*this, std::move(w), stream));
 }
 
 }  // namespace

@@ -12,8 +12,9 @@
 // Built without CUDA, Create answers kNotSupported and the daemon offers
 // only its shared-memory path.
 //
-// Thread-safety: every method may be called from many threads at once;
-// each calling thread copies on a stream of its own.
+// Thread-safety: DeviceDma's methods may be called from many threads at
+// once; each DeviceCopyQueue is used by one thread and copies on a stream
+// of its own.
 #pragma once
 
 #include <cstddef>
@@ -41,6 +42,27 @@ class DeviceWindow {
   virtual std::uint64_t size() const = 0;
 };
 
+// Copies into one window, on a stream of the queue's own, completed in the
+// order they were enqueued: the copy engines run back to back while the
+// caller goes on with the next chunk. A copy's host mapping stays
+// registered until the copy completed. Used by one thread; the destructor
+// waits for every copy enqueued.
+class DeviceCopyQueue {
+ public:
+  virtual ~DeviceCopyQueue() = default;
+
+  // Enqueues a copy of `src`, which must lie inside `mapping`, to the
+  // window at `offset`. kInvalidArgument: outside the window or the
+  // mapping; on any error nothing was enqueued.
+  virtual Status Enqueue(std::uint64_t offset, std::span<const std::byte> src, const MappedRegion& mapping) = 0;
+  // Copies enqueued so far.
+  virtual std::uint64_t enqueued() const = 0;
+  // How many copies have completed (always the first ones), after waiting
+  // until at least `at_least` have (0: no wait). An error: a copy failed on
+  // the device.
+  virtual Result<std::uint64_t> Completed(std::uint64_t at_least) = 0;
+};
+
 class DeviceDma {
  public:
   // kNotSupported without CUDA; kUnavailable without a device.
@@ -50,11 +72,8 @@ class DeviceDma {
   // Opens an exported buffer (checked: the handle's size, a known device).
   virtual Result<std::shared_ptr<DeviceWindow>> Open(const DeviceWindowSpec& spec) = 0;
 
-  // Copies `src`, which must lie inside `mapping`, to `window` at `offset`;
-  // returns once the bytes are on the device. kInvalidArgument: outside the
-  // window or the mapping.
-  virtual Status Copy(DeviceWindow& window, std::uint64_t offset, std::span<const std::byte> src,
-                      const MappedRegion& mapping) = 0;
+  // A queue of copies into `window` (which it keeps open).
+  virtual Result<std::unique_ptr<DeviceCopyQueue>> NewQueue(std::shared_ptr<DeviceWindow> window) = 0;
 
   // Bytes of mappings registered now.
   virtual std::uint64_t registered_bytes() const = 0;

@@ -109,6 +109,10 @@ void WindowRing::Wake() {
 
 namespace {
 
+// Device copies enqueued and not yet known complete, at most: enough to keep
+// the copy engines busy (about 40 MiB of 0.6 MiB chunks).
+constexpr std::uint64_t kMaxCopiesInFlight = 64;
+
 // Which chunks of a layer are stored raw/v1 (their bytes are the values, so a
 // device copy of them is the restored plane's bytes).
 Result<std::vector<bool>> RawChunks(std::string_view header) {
@@ -136,7 +140,7 @@ Status FetchSender::OnLayer(std::uint32_t layer, std::string_view header, std::u
   if (TakesMappedChunks()) {
     PC_ASSIGN_OR_RETURN(raw_, RawChunks(header));
   }
-  sink_->Send(BuildResponse(
+  Queue({BuildResponse(
       id_,
       [&](wire::Response::Builder r) {
         auto l = r.initFetchLayer();
@@ -144,9 +148,9 @@ Status FetchSender::OnLayer(std::uint32_t layer, std::string_view header, std::u
         l.setChunkCount(chunk_count);
         l.setHeader(kj::arrayPtr(reinterpret_cast<const kj::byte*>(header.data()), header.size()));
       },
-      WordsFor(header.size())));
+      WordsFor(header.size()))});
   ++layers_;
-  return Status::Ok();
+  return Pump(0);
 }
 
 Result<std::optional<std::span<std::byte>>> FetchSender::ChunkBuffer(std::uint32_t, std::uint32_t, std::uint64_t size,
@@ -154,6 +158,8 @@ Result<std::optional<std::span<std::byte>>> FetchSender::ChunkBuffer(std::uint32
   using Answer = std::optional<std::span<std::byte>>;
   WindowRing& ring = st_->shm_ring;
   if (st_->shm == nullptr || size == 0 || size > ring.length()) return Answer(std::span<std::byte>());
+  // The ring waits for room only once every chunk placed in it was sent.
+  if (may_wait && copies_) PC_RETURN_IF_ERROR(Pump(copies_->enqueued()));
   PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, ring.Place(size, may_wait, [this] { return Stopped(); }));
   if (!pos) return Answer();  // no room until the client releases some
   return Answer(std::span<std::byte>(st_->shm->data() + ring.offset() + *pos, size));
@@ -161,18 +167,17 @@ Result<std::optional<std::span<std::byte>>> FetchSender::ChunkBuffer(std::uint32
 
 Status FetchSender::OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) {
   PC_RETURN_IF_ERROR(Gate());
-  const WindowRing& ring = st_->shm_ring;
+  WindowRing& ring = st_->shm_ring;
   const std::byte* window = st_->shm != nullptr ? st_->shm->data() + ring.offset() : nullptr;
   const bool in_window = window != nullptr && !bytes.empty() && bytes.data() >= window &&
                          bytes.data() + bytes.size() <= window + ring.length();
   if (!in_window) {
     Send(layer, index, Where::kInline, 0, bytes);
-    return Status::Ok();
+  } else {
+    const auto pos = static_cast<std::uint64_t>(bytes.data() - window);
+    Send(layer, index, Where::kShm, ring.offset() + pos, bytes, &ring, pos);
   }
-  const auto pos = static_cast<std::uint64_t>(bytes.data() - window);
-  st_->shm_ring.Sent(pos);
-  Send(layer, index, Where::kShm, ring.offset() + pos, bytes);
-  return Status::Ok();
+  return Pump(0);
 }
 
 Status FetchSender::OnMappedChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
@@ -184,10 +189,28 @@ Status FetchSender::OnMappedChunk(std::uint32_t layer, std::uint32_t index, std:
   PC_ASSIGN_OR_RETURN(std::optional<std::span<std::byte>> buf, ChunkBuffer(layer, index, bytes.size(), true));
   if (!buf || buf->empty()) {
     Send(layer, index, Where::kInline, 0, bytes);
-    return Status::Ok();
+    return Pump(0);
   }
   std::memcpy(buf->data(), bytes.data(), bytes.size());
   return OnChunk(layer, index, *buf);
+}
+
+Result<DeviceCopyQueue*> FetchSender::Copies() {
+  if (copies_ == nullptr) {
+    PC_ASSIGN_OR_RETURN(copies_, dma_->NewQueue(st_->device));
+  }
+  return copies_.get();
+}
+
+Result<std::optional<std::uint64_t>> FetchSender::PlaceOnDevice(std::uint64_t len) {
+  WindowRing& ring = st_->device_ring;
+  for (;;) {
+    PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, ring.Place(len, true, [this] { return Stopped(); }));
+    if (pos || out_.empty()) return pos;
+    // No room while answers wait for their copies: the ring may wait for the
+    // client's releases only once they are sent.
+    PC_RETURN_IF_ERROR(Pump(copies_->enqueued()));
+  }
 }
 
 Result<bool> FetchSender::SendToDevice(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
@@ -196,26 +219,36 @@ Result<bool> FetchSender::SendToDevice(std::uint32_t layer, std::uint32_t index,
   if (!ring.open() || index >= raw_.size() || !raw_[index] || bytes.empty() || bytes.size() > ring.length()) {
     return false;
   }
-  PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, ring.Place(bytes.size(), true, [this] { return Stopped(); }));
-  if (!pos) return false;
-  Status copied = dma_->Copy(*st_->device, ring.offset() + *pos, bytes, mapping);
+  Result<DeviceCopyQueue*> q = Copies();
+  Status copied = q.status();
+  std::optional<std::uint64_t> pos;
+  if (copied.ok()) {
+    PC_ASSIGN_OR_RETURN(pos, PlaceOnDevice(bytes.size()));
+    if (!pos) return false;
+    copied = (*q)->Enqueue(ring.offset() + *pos, bytes, mapping);
+  }
   if (!copied.ok()) {
     // The chunk still goes, through the host; a device that copies nothing
     // is worth one line in the log per fetch, not a failed restore.
-    ring.Drop(*pos);
+    if (pos) ring.Drop(*pos);
     if (!std::exchange(warned_, true)) spdlog::warn("primecached: device copy failed, chunks go through the host: {}", copied.ToString());
     return false;
   }
-  ring.Sent(*pos);
-  Send(layer, index, Where::kDevice, ring.offset() + *pos, bytes);
+  Send(layer, index, Where::kDevice, ring.offset() + *pos, bytes, &ring, *pos);
   ++device_chunks_;
+  // A bound on the copies in flight, so that answers do not wait long.
+  const std::uint64_t n = (*q)->enqueued();
+  PC_RETURN_IF_ERROR(Pump(n > kMaxCopiesInFlight ? n - kMaxCopiesInFlight : 0));
   return true;
 }
 
 void FetchSender::Send(std::uint32_t layer, std::uint32_t index, Where where, std::uint64_t offset,
-                       std::span<const std::byte> bytes) {
+                       std::span<const std::byte> bytes, WindowRing* ring, std::uint64_t pos) {
   bytes_ += bytes.size();
-  sink_->Send(BuildResponse(
+  Outgoing o;
+  o.ring = ring;
+  o.pos = pos;
+  o.msg = BuildResponse(
       id_,
       [&](wire::Response::Builder r) {
         auto c = r.initFetchChunk();
@@ -233,7 +266,36 @@ void FetchSender::Send(std::uint32_t layer, std::uint32_t index, Where where, st
           d.setLength(bytes.size());
         }
       },
-      where == Where::kInline ? WordsFor(bytes.size()) : 0));
+      where == Where::kInline ? WordsFor(bytes.size()) : 0);
+  Queue(std::move(o));
+}
+
+// An answer goes after every device copy enqueued before it.
+void FetchSender::Queue(Outgoing o) {
+  o.after_copies = copies_ ? copies_->enqueued() : 0;
+  out_.push_back(std::move(o));
+}
+
+Status FetchSender::Pump(std::uint64_t wait_for) {
+  std::uint64_t done = 0;
+  if (copies_) {
+    PC_ASSIGN_OR_RETURN(done, copies_->Completed(wait_for));
+  }
+  while (!out_.empty() && out_.front().after_copies <= done) {
+    Outgoing& o = out_.front();
+    if (o.ring != nullptr) o.ring->Sent(o.pos);
+    sink_->Send(std::move(o.msg));
+    out_.pop_front();
+  }
+  return Status::Ok();
+}
+
+Status FetchSender::Finish(Status fetched) {
+  Status sent = fetched.ok() ? Pump(copies_ ? copies_->enqueued() : 0) : Status::Ok();
+  // Whatever happened, no copy may land in the window once the fetch ended.
+  copies_.reset();
+  out_.clear();
+  return fetched.ok() ? sent : fetched;
 }
 
 }  // namespace primecache::ipc

@@ -93,10 +93,16 @@ struct FetchState {
 // window, travels inline. With a device window too, the store hands out
 // chunks resident in the page cache where they lie (OnMappedChunk): one of a
 // plane stored raw is copied by the GPU into the device ring and announced
-// as `device`; any other goes to the shared ring (one CPU copy) or inline.
-// Each ring belongs to this one fetch: space placed for a chunk never sent
-// (the fetch failed or was cancelled) goes with it. Used by the fetching
-// thread only.
+// as `device` once its copy completed; any other goes to the shared ring
+// (one CPU copy) or inline.
+//
+// Device copies are queued, not waited for one by one: every answer waits in
+// `out_`, in the order the store produced it, until the device copies before
+// it completed, so the copy engines stay busy while the store hands out the
+// next chunks and the client sees answers in order. Each ring belongs to
+// this one fetch: space placed for a chunk never sent (the fetch failed or
+// was cancelled) goes with it. Used by the fetching thread only; Finish is
+// called once, after the store's Fetch returned.
 class FetchSender : public FetchSink {
  public:
   FetchSender(std::uint64_t id, FetchState* st, ResponseSink* sink, DeviceDma* dma)
@@ -110,24 +116,48 @@ class FetchSender : public FetchSink {
   Status OnMappedChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
                        const MappedRegion& mapping) override;
 
+  // After the store's Fetch returned `fetched`: waits for every device copy
+  // (none may land in the window after the fetch has ended), then sends what
+  // is queued when `fetched` is ok. Returns the first error of the two.
+  Status Finish(Status fetched);
+
   std::uint32_t layers() const { return layers_; }
   std::uint64_t bytes() const { return bytes_; }
   std::uint64_t device_chunks() const { return device_chunks_; }
 
  private:
   enum class Where { kInline, kShm, kDevice };
+  // An answer waiting for the device copies before it.
+  struct Outgoing {
+    std::unique_ptr<OutMessage> msg;
+    std::uint64_t after_copies = 0;  // sent once this many device copies completed
+    WindowRing* ring = nullptr;      // the ring its chunk was placed in (marked sent)
+    std::uint64_t pos = 0;
+  };
+
   Status Gate();
   bool Stopped() const;
   // Copies a mapped raw chunk into the device ring; false: it did not go.
   Result<bool> SendToDevice(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
                             const MappedRegion& mapping);
+  // A place in the device ring, waiting for queued copies and the client's
+  // releases as needed; nullopt: no room (the chunk goes through the host).
+  Result<std::optional<std::uint64_t>> PlaceOnDevice(std::uint64_t len);
+  Result<DeviceCopyQueue*> Copies();
   void Send(std::uint32_t layer, std::uint32_t index, Where where, std::uint64_t offset,
-            std::span<const std::byte> bytes);
+            std::span<const std::byte> bytes, WindowRing* ring = nullptr, std::uint64_t pos = 0);
+  // Queues an answer behind every device copy enqueued before it.
+  void Queue(Outgoing o);
+  // Sends the queued answers whose copies completed, after waiting until at
+  // least `wait_for` copies have (0: none).
+  Status Pump(std::uint64_t wait_for);
 
   std::uint64_t id_;
   FetchState* st_;
   ResponseSink* sink_;
   DeviceDma* dma_;
+  std::unique_ptr<DeviceCopyQueue> copies_;  // made on the first device copy
+  std::deque<Outgoing> out_;
   std::vector<bool> raw_;  // of the current layer's chunks: stored raw/v1
   std::uint32_t layers_ = 0;
   std::uint64_t bytes_ = 0;

@@ -736,7 +736,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         FetchSender sender(id, st.get(), sink_.get(), device_dma_);
         FetchOptions options;
         options.ns = TenantScope();
-        Status s = store_->Fetch(entry, layers, options, sender);
+        Status s = sender.Finish(store_->Fetch(entry, layers, options, sender));
         {
           std::lock_guard<std::mutex> l(mu_);
           fetches_.erase(id);

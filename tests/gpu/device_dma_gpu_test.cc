@@ -1,7 +1,7 @@
 // DeviceDma on a real device: a peer process exports a device buffer, this
-// one opens it and copies mapped file bytes into it by DMA; the peer's
-// checksum of its device bytes must match the file's, and copies outside the
-// window or the mapping are refused.
+// one opens it and queues copies of mapped file bytes into it by DMA; the
+// peer's checksum of its device bytes must match the file's, and copies
+// outside the window or the mapping are refused.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -71,15 +71,22 @@ TEST(DeviceDmaGpu, CopiesMappedBytesIntoAnotherProcesssDeviceBuffer) {
   std::vector<std::size_t> offsets;
   for (std::size_t o = 0; o < file.bytes.size(); o += kPiece) offsets.push_back(o);
   std::shuffle(offsets.begin(), offsets.end(), std::mt19937(3));
+  // Four threads, each with a queue of its own, enqueue without waiting.
   std::vector<std::thread> threads;
   std::vector<Status> results(4);
   for (std::size_t t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      for (std::size_t i = t; i < offsets.size(); i += 4) {
-        const std::size_t o = offsets[i], n = std::min(kPiece, file.bytes.size() - o);
-        Status s = (*dma)->Copy(**window, o, std::span(file.mapping.data + o, n), file.mapping);
-        if (!s.ok()) results[t] = s;
+      auto q = (*dma)->NewQueue(*window);
+      if (!q.ok()) {
+        results[t] = q.status();
+        return;
       }
+      for (std::size_t i = t; i < offsets.size() && results[t].ok(); i += 4) {
+        const std::size_t o = offsets[i], n = std::min(kPiece, file.bytes.size() - o);
+        results[t] = (*q)->Enqueue(o, std::span(file.mapping.data + o, n), file.mapping);
+      }
+      auto done = (*q)->Completed((*q)->enqueued());
+      if (results[t].ok() && (!done.ok() || *done != (*q)->enqueued())) results[t] = Status::Internal("not all done");
     });
   }
   for (auto& th : threads) th.join();
@@ -87,11 +94,47 @@ TEST(DeviceDmaGpu, CopiesMappedBytesIntoAnotherProcesssDeviceBuffer) {
   EXPECT_EQ(peer.Sum(0, file.bytes.size()), SumLine(file.bytes));
   EXPECT_EQ(peer.Sum(file.bytes.size(), 12345), SumLine(std::vector<std::byte>(12345)));
 
-  // A second mapping pushes the first out of the 32 MiB budget.
+  // A second mapping pushes the first out of the 32 MiB budget once no copy
+  // of the first is in flight.
   MappedFile second(24u << 20, 2, 9);
-  ASSERT_TRUE((*dma)->Copy(**window, 0, std::span(second.mapping.data, 1u << 20), second.mapping).ok());
+  {
+    auto q = (*dma)->NewQueue(*window);
+    ASSERT_TRUE(q.ok());
+    ASSERT_TRUE((*q)->Enqueue(0, std::span(second.mapping.data, 1u << 20), second.mapping).ok());
+    auto done = (*q)->Completed(1);
+    ASSERT_TRUE(done.ok()) << done.status().ToString();
+    ASSERT_EQ(*done, 1u);
+  }
   EXPECT_EQ((*dma)->registered_bytes(), second.mapping.size);
   EXPECT_EQ(peer.Sum(0, 1u << 20), SumLine(std::span(second.bytes).first(1u << 20)));
+}
+
+// Many small copies in flight at once, polled and then left to the queue's
+// destructor: every byte lands, in a window the copies fill back to back.
+TEST(DeviceDmaGpu, AQueueDestroyedWithCopiesInFlightWaitsForThem) {
+  PC_SKIP_WITHOUT_CUDA();
+  constexpr std::size_t kSize = 32u << 20, kPiece = 256u << 10;
+  Peer peer(kSize);
+  DeviceWindowSpec spec;
+  ASSERT_TRUE(peer.ReadSpec(&spec, kSize));
+  auto dma = DeviceDma::Create(256u << 20);
+  ASSERT_TRUE(dma.ok());
+  auto window = (*dma)->Open(spec);
+  ASSERT_TRUE(window.ok()) << window.status().ToString();
+  MappedFile file(kSize, 4, 5);
+  {
+    auto q = (*dma)->NewQueue(*window);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    for (std::size_t o = 0; o < kSize; o += kPiece) {
+      ASSERT_TRUE((*q)->Enqueue(o, std::span(file.mapping.data + o, kPiece), file.mapping).ok());
+      auto done = (*q)->Completed(0);
+      ASSERT_TRUE(done.ok());
+      EXPECT_LE(*done, (*q)->enqueued());
+    }
+    EXPECT_EQ((*q)->enqueued(), kSize / kPiece);
+    EXPECT_TRUE((*q)->Completed((*q)->enqueued() + 1).status().IsInvalidArgument());
+  }
+  EXPECT_EQ(peer.Sum(0, kSize), SumLine(file.bytes));
 }
 
 TEST(DeviceDmaGpu, RefusesCopiesOutsideTheWindowOrTheMapping) {
@@ -106,9 +149,13 @@ TEST(DeviceDmaGpu, RefusesCopiesOutsideTheWindowOrTheMapping) {
   ASSERT_TRUE(window.ok()) << window.status().ToString();
   MappedFile file(2u << 20, 3, 1);
   const auto& m = file.mapping;
-  EXPECT_TRUE((*dma)->Copy(**window, kSize - 10, std::span(m.data, 11), m).IsInvalidArgument());
-  EXPECT_TRUE((*dma)->Copy(**window, kSize + 1, std::span(m.data, 0), m).IsInvalidArgument());
-  EXPECT_TRUE((*dma)->Copy(**window, 0, std::span(m.data + m.size - 10, 11), m).IsInvalidArgument());
+  auto q = (*dma)->NewQueue(*window);
+  ASSERT_TRUE(q.ok());
+  EXPECT_TRUE((*q)->Enqueue(kSize - 10, std::span(m.data, 11), m).IsInvalidArgument());
+  EXPECT_TRUE((*q)->Enqueue(kSize + 1, std::span(m.data, 0), m).IsInvalidArgument());
+  EXPECT_TRUE((*q)->Enqueue(0, std::span(m.data + m.size - 10, 11), m).IsInvalidArgument());
+  EXPECT_EQ((*q)->enqueued(), 0u);
+  EXPECT_TRUE((*dma)->NewQueue(nullptr).status().IsInvalidArgument());
   DeviceWindowSpec bad = spec;
   bad.handle.pop_back();
   EXPECT_TRUE((*dma)->Open(bad).status().IsInvalidArgument());
