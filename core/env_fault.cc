@@ -4,6 +4,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "primecache/env.h"
 
@@ -41,6 +43,7 @@ struct FaultInjectionEnv::State {
   std::mutex mu;
   std::array<std::uint64_t, kFaultOpCount> counts{};
   std::array<std::uint64_t, kFaultOpCount> fail_at{};  // 0: no fault armed
+  std::optional<std::string> corrupt_next;  // CorruptNextWrite's path part
   std::optional<std::uint64_t> space_limit;
   std::optional<std::uint64_t> disk_size;
   std::uint64_t bytes_written = 0;
@@ -125,7 +128,14 @@ class FaultWritableFile final : public WritableFile {
         (st_->disk_size && st_->LiveBytesLocked() + data.size() > *st_->disk_size)) {
       return Status::ResourceExhausted("no space left on device (injected) writing " + path_);
     }
-    PC_RETURN_IF_ERROR(f_->Append(data));
+    if (st_->corrupt_next && !data.empty() && path_.find(*st_->corrupt_next) != std::string::npos) {
+      st_->corrupt_next.reset();
+      std::vector<std::byte> flipped(data.begin(), data.end());
+      flipped.back() ^= std::byte{0x20};
+      PC_RETURN_IF_ERROR(f_->Append(flipped));
+    } else {
+      PC_RETURN_IF_ERROR(f_->Append(data));
+    }
     st_->bytes_written += data.size();
     info_->size += data.size();
     return Status::Ok();
@@ -180,9 +190,15 @@ void FaultInjectionEnv::FailNth(FaultOp op, std::uint64_t n) {
   state_->fail_at[i] = n == 0 ? 0 : state_->counts[i] + n;
 }
 
+void FaultInjectionEnv::CorruptNextWrite(std::string path_part) {
+  std::lock_guard lock(state_->mu);
+  state_->corrupt_next = std::move(path_part);
+}
+
 void FaultInjectionEnv::ClearFaults() {
   std::lock_guard lock(state_->mu);
   state_->fail_at = {};
+  state_->corrupt_next.reset();
 }
 
 void FaultInjectionEnv::SetSpaceLimit(std::uint64_t bytes) {

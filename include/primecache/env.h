@@ -181,6 +181,10 @@ inline constexpr int kFaultOpCount = 4;
 //  - SetDiskSize(bytes): a disk of that size: appends fail the same way when
 //    the files written through this Env that still exist would take more,
 //    so removing files frees space again;
+//  - CorruptNextWrite(part): the next append to a file whose path contains
+//    `part` stores its data with the last byte flipped and succeeds (a disk,
+//    or a writer of the memory it came from, that stored other bytes than
+//    the caller checked);
 //  - SimulateCrash(): the machine loses power. Every file written through
 //    this Env is cut back to its last synced length, and directory entries
 //    created or renamed since their directory's last SyncDir are undone
@@ -194,6 +198,7 @@ class FaultInjectionEnv : public Env {
   ~FaultInjectionEnv() override;
 
   void FailNth(FaultOp op, std::uint64_t n);
+  void CorruptNextWrite(std::string path_part);
   void ClearFaults();
   void SetSpaceLimit(std::uint64_t bytes);
   void ClearSpaceLimit();

@@ -50,6 +50,16 @@ TEST_F(FaultEnvTest, FailsTheNthWriteOnlyOnce) {
   EXPECT_EQ(*ReadFileToString(base_.get(), "/d/w"), "onethree") << "the failed write had no effect";
 }
 
+TEST_F(FaultEnvTest, CorruptsTheNextWriteToAMatchingPathOnly) {
+  env_->CorruptNextWrite("/seg");
+  ASSERT_TRUE(Write("/d/other", "abc", true).ok());
+  ASSERT_TRUE(Write("/d/seg1", "abc", true).ok());
+  ASSERT_TRUE(Write("/d/seg2", "abc", true).ok());
+  EXPECT_EQ(ReadFileToString(env_.get(), "/d/other").value(), "abc");
+  EXPECT_EQ(ReadFileToString(env_.get(), "/d/seg1").value(), "abC");  // the last byte flipped
+  EXPECT_EQ(ReadFileToString(env_.get(), "/d/seg2").value(), "abc");  // only once
+}
+
 TEST_F(FaultEnvTest, FailsTheNthRead) {
   ASSERT_TRUE(Write("/d/r", "data", true).ok());
   env_->FailNth(FaultOp::kRead, 1);
