@@ -9,9 +9,13 @@
 // segment's committed length, index, recency and counters. A crash before
 // the batch leaves only a tail past the segment's committed length, which
 // the next open cuts off; an abort cuts its bytes from the segment at once.
+// While the segment syncs, the chunks written are read back and checked
+// against their addresses (ReadBack).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 
 #include "statestore/kill_point.h"
 #include "statestore/rocks_env.h"
@@ -22,6 +26,70 @@ namespace primecache {
 using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
 namespace {
+
+// The chunks a publish wrote, read back from its segment and checked against
+// their addresses on the read pool (while the segment syncs). A chunk's
+// address is computed where the caller holds its bytes, which may be memory
+// a client can still change (its shared region) while the store writes from
+// it; a chunk stored under an address its bytes do not have would be found
+// by dedup and fail every entry that shares it, so such a publish is
+// refused instead. Wait must be called before the object goes.
+class ReadBack {
+ public:
+  struct Chunk {
+    Hash128 hash;
+    Extent at;
+    std::uint64_t size;
+  };
+  explicit ReadBack(Store::Impl& s) : s_(s) {}
+
+  void Start(std::shared_ptr<RandomAccessFile> file, std::vector<Chunk> chunks) {
+    file_ = std::move(file);
+    chunks_ = std::move(chunks);
+    const std::size_t jobs = s_.read_pool ? s_.read_pool->size() : 1;
+    const std::size_t per = (chunks_.size() + jobs - 1) / jobs;
+    for (std::size_t from = 0; from < chunks_.size(); from += per) {
+      const std::size_t to = std::min(chunks_.size(), from + per);
+      {
+        std::lock_guard g(mu_);
+        ++left_;
+      }
+      if (s_.read_pool) {
+        s_.read_pool->Post([this, from, to] { Check(from, to); });
+      } else {
+        Check(from, to);
+      }
+    }
+  }
+
+  Status Wait() {
+    std::unique_lock g(mu_);
+    cv_.wait(g, [&] { return left_ == 0; });
+    return first_;
+  }
+
+ private:
+  void Check(std::size_t from, std::size_t to) {
+    std::vector<std::byte> buf;
+    Status st;
+    for (std::size_t i = from; i < to && st.ok(); ++i) {
+      buf.resize(chunks_[i].size);
+      st = s_.ReadExtent(file_, chunks_[i].at, chunks_[i].hash, buf);
+    }
+    std::lock_guard g(mu_);
+    if (!st.ok() && first_.ok()) first_ = std::move(st);
+    --left_;
+    cv_.notify_all();
+  }
+
+  Store::Impl& s_;
+  std::shared_ptr<RandomAccessFile> file_;
+  std::vector<Chunk> chunks_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t left_ = 0;  // guarded by mu_
+  Status first_;          // guarded by mu_
+};
 
 class PublisherImpl final : public Publisher {
  public:
@@ -164,6 +232,7 @@ class PublisherImpl final : public Publisher {
   }
 
   Result<PublishResult> CommitImpl();
+  Status SyncAndReadBack();
   Status AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget, PublishResult* result);
 
   Store::Impl& s_;
@@ -185,10 +254,12 @@ class PublisherImpl final : public Publisher {
 
 Result<PublishResult> PublisherImpl::CommitImpl() {
   if (writer_ != nullptr) {
-    // The bytes are durable before any record points at them.
+    // The bytes are durable, and are what their addresses say, before any
+    // record points at them.
     TEST_KILL_POINT("publish.commit.before_sync");
-    Status ss = writer_->Sync();
+    Status ss = writer_->WriteOut();
     if (!ss.ok()) return s_.AfterSegmentError(ss);
+    PC_RETURN_IF_ERROR(SyncAndReadBack());
     s_.SegmentWritesOk();
   }
   PublishResult result;
@@ -226,6 +297,21 @@ Result<PublishResult> PublisherImpl::CommitImpl() {
   s_.ReleaseStaged(reserved_);
   reserved_ = 0;
   return result;
+}
+
+// Syncs the segment while the chunks this publish wrote are read back.
+Status PublisherImpl::SyncAndReadBack() {
+  std::vector<ReadBack::Chunk> chunks;
+  for (const auto& [h, st] : staged_) {
+    if (st.wrote && st.wrote->segment == writer_->id()) chunks.push_back({h, *st.wrote, st.size});
+  }
+  PC_ASSIGN_OR_RETURN(auto file, s_.SegmentFile(writer_->id()));
+  ReadBack check(s_);
+  check.Start(std::move(file), std::move(chunks));
+  const Status synced = writer_->Sync();
+  const Status checked = check.Wait();
+  if (!synced.ok()) return s_.AfterSegmentError(synced);
+  return checked.WithContext("publish refused: a chunk's bytes changed while they were written");
 }
 
 // The entry's records, its chunks' references and extents, and its

@@ -178,6 +178,33 @@ TEST(Faults, FailedSyncsWithSmallSegmentsChangeNothing) {
   FailEveryOp(FaultOp::kSync, "sync (small segments)", o);
 }
 
+// A chunk whose stored bytes are not the bytes its address was computed over
+// (the disk stored others, or a client changed its shared region while the
+// daemon wrote from it) fails the publish before anything points at it, so
+// no later publish deduplicates onto it.
+TEST(Faults, AChunkStoredWithOtherBytesThanItsAddressFailsThePublish) {
+  FaultStore f;
+  f.Baseline();
+  auto ids = Ids(*f.store);
+  auto stats = *f.store->Stat();
+  f.fenv->CorruptNextWrite("/segments/");
+  auto r = PublishTarget(*f.store);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("changed while they were written"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(Ids(*f.store), ids);
+  EXPECT_EQ(f.store->Stat()->chunks, stats.chunks);
+  auto again = PublishTarget(*f.store);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  auto back = f.store->FetchAll(again->id);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSameLayers(*back, MakeLayers(Conv(), kModel));
+  ExpectConsistent(*f.store);
+  f.Open();
+  ExpectConsistent(*f.store);
+  f.ExpectBaselineIntact();
+}
+
 TEST(Faults, AFullDiskFailsClearlyAndChangesNothing) {
   for (std::uint64_t room : {0ull, 64ull, 1000ull, 8000ull, 40000ull}) {
     SCOPED_TRACE("room " + std::to_string(room));
