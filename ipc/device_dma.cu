@@ -64,6 +64,7 @@ class CudaWindow final : public DeviceWindow {
 // it is unregistered only when none are.
 struct Registration {
   MappedRegion mapping;
+  std::uint64_t serial = 0;  // unique to this registration
   bool ready = false;
   Status failed;
   int users = 0;
@@ -81,6 +82,12 @@ class CudaDma final : public DeviceDma {
     std::lock_guard g(mu_);
     return registered_;
   }
+  std::uint64_t PinnedAs(const MappedRegion& mapping) const override {
+    std::lock_guard g(mu_);
+    auto it = regs_.find(mapping.id);
+    if (it == regs_.end() || !it->second.ready || it->second.mapping.data != mapping.data) return 0;
+    return it->second.serial;
+  }
 
   // For the queues.
   Result<Registration*> Use(const MappedRegion& mapping);
@@ -97,6 +104,7 @@ class CudaDma final : public DeviceDma {
   std::map<std::uint64_t, Registration> regs_;  // by mapping id
   std::list<std::uint64_t> lru_;                // front: most recent
   std::uint64_t registered_ = 0;
+  std::uint64_t serials_ = 0;
   std::map<std::string, std::weak_ptr<CudaWindow>> windows_;  // by handle bytes
   std::map<int, std::vector<cudaStream_t>> streams_;          // idle, by device
 };
@@ -182,6 +190,7 @@ Result<Registration*> CudaDma::Use(const MappedRegion& mapping) {
     return s;
   }
   r.ready = true;
+  r.serial = ++serials_;
   lru_.push_front(mapping.id);
   r.lru = lru_.begin();
   registered_ += mapping.size;

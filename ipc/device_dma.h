@@ -75,6 +75,11 @@ class DeviceDma {
   // A queue of copies into `window` (which it keeps open).
   virtual Result<std::unique_ptr<DeviceCopyQueue>> NewQueue(std::shared_ptr<DeviceWindow> window) = 0;
 
+  // Nonzero while `mapping` is registered (its pages pinned): a number
+  // that stays the same exactly as long as this registration lasts
+  // (FetchSink::PinnedAs).
+  virtual std::uint64_t PinnedAs(const MappedRegion& mapping) const = 0;
+
   // Bytes of mappings registered now.
   virtual std::uint64_t registered_bytes() const = 0;
 };

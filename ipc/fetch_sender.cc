@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -136,6 +137,7 @@ Status FetchSender::Gate() {
 }
 
 Status FetchSender::OnLayer(std::uint32_t layer, std::string_view header, std::uint32_t chunk_count) {
+  InCallback in(*this);
   PC_RETURN_IF_ERROR(Gate());
   if (TakesMappedChunks()) {
     PC_ASSIGN_OR_RETURN(raw_, RawChunks(header));
@@ -155,17 +157,22 @@ Status FetchSender::OnLayer(std::uint32_t layer, std::string_view header, std::u
 
 Result<std::optional<std::span<std::byte>>> FetchSender::ChunkBuffer(std::uint32_t, std::uint32_t, std::uint64_t size,
                                                                      bool may_wait) {
+  InCallback in(*this);
   using Answer = std::optional<std::span<std::byte>>;
   WindowRing& ring = st_->shm_ring;
   if (st_->shm == nullptr || size == 0 || size > ring.length()) return Answer(std::span<std::byte>());
   // The ring waits for room only once every chunk placed in it was sent.
   if (may_wait && copies_) PC_RETURN_IF_ERROR(Pump(copies_->enqueued()));
-  PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, ring.Place(size, may_wait, [this] { return Stopped(); }));
-  if (!pos) return Answer();  // no room until the client releases some
-  return Answer(std::span<std::byte>(st_->shm->data() + ring.offset() + *pos, size));
+  const Clock::time_point t0 = Clock::now();
+  auto pos = ring.Place(size, may_wait, [this] { return Stopped(); });
+  room_wait_ += Clock::now() - t0;
+  PC_RETURN_IF_ERROR(pos.status());
+  if (!*pos) return Answer();  // no room until the client releases some
+  return Answer(std::span<std::byte>(st_->shm->data() + ring.offset() + **pos, size));
 }
 
 Status FetchSender::OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) {
+  InCallback in(*this);
   PC_RETURN_IF_ERROR(Gate());
   WindowRing& ring = st_->shm_ring;
   const std::byte* window = st_->shm != nullptr ? st_->shm->data() + ring.offset() : nullptr;
@@ -182,6 +189,7 @@ Status FetchSender::OnChunk(std::uint32_t layer, std::uint32_t index, std::span<
 
 Status FetchSender::OnMappedChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
                                   const MappedRegion& mapping) {
+  InCallback in(*this);
   PC_RETURN_IF_ERROR(Gate());
   PC_ASSIGN_OR_RETURN(bool sent, SendToDevice(layer, index, bytes, mapping));
   if (sent) return Status::Ok();
@@ -205,8 +213,11 @@ Result<DeviceCopyQueue*> FetchSender::Copies() {
 Result<std::optional<std::uint64_t>> FetchSender::PlaceOnDevice(std::uint64_t len) {
   WindowRing& ring = st_->device_ring;
   for (;;) {
-    PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, ring.Place(len, true, [this] { return Stopped(); }));
-    if (pos || out_.empty()) return pos;
+    const Clock::time_point t0 = Clock::now();
+    auto pos = ring.Place(len, true, [this] { return Stopped(); });
+    room_wait_ += Clock::now() - t0;
+    PC_RETURN_IF_ERROR(pos.status());
+    if (*pos || out_.empty()) return *pos;
     // No room while answers wait for their copies: the ring may wait for the
     // client's releases only once they are sent.
     PC_RETURN_IF_ERROR(Pump(copies_->enqueued()));
@@ -279,7 +290,9 @@ void FetchSender::Queue(Outgoing o) {
 Status FetchSender::Pump(std::uint64_t wait_for) {
   std::uint64_t done = 0;
   if (copies_) {
+    const Clock::time_point t0 = Clock::now();
     PC_ASSIGN_OR_RETURN(done, copies_->Completed(wait_for));
+    if (wait_for != 0) copy_wait_ += Clock::now() - t0;
   }
   while (!out_.empty() && out_.front().after_copies <= done) {
     Outgoing& o = out_.front();
@@ -288,6 +301,17 @@ Status FetchSender::Pump(std::uint64_t wait_for) {
     out_.pop_front();
   }
   return Status::Ok();
+}
+
+std::string FetchSender::Timings() const {
+  auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "%u layers, %llu bytes (%llu chunks by device copy) in %.1f ms: waited %.1f ms for the store, "
+                "%.1f ms for window room, %.1f ms for device copies",
+                layers_, static_cast<unsigned long long>(bytes_), static_cast<unsigned long long>(device_chunks_),
+                ms(Clock::now() - start_), ms(store_wait_), ms(room_wait_), ms(copy_wait_));
+  return buf;
 }
 
 Status FetchSender::Finish(Status fetched) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -115,6 +117,9 @@ class FetchSender : public FetchSink {
   bool TakesMappedChunks() const override { return st_->device != nullptr && dma_ != nullptr; }
   Status OnMappedChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
                        const MappedRegion& mapping) override;
+  std::uint64_t PinnedAs(const MappedRegion& mapping) const override {
+    return dma_ != nullptr ? dma_->PinnedAs(mapping) : 0;
+  }
 
   // After the store's Fetch returned `fetched`: waits for every device copy
   // (none may land in the window after the fetch has ended), then sends what
@@ -124,9 +129,24 @@ class FetchSender : public FetchSink {
   std::uint32_t layers() const { return layers_; }
   std::uint64_t bytes() const { return bytes_; }
   std::uint64_t device_chunks() const { return device_chunks_; }
+  // Where the fetch's time went, for the daemon's debug log: one line.
+  std::string Timings() const;
 
  private:
   enum class Where { kInline, kShm, kDevice };
+  using Clock = std::chrono::steady_clock;
+  // Counts the time since the last callback returned as waiting for the
+  // store, and marks when this one returns.
+  class InCallback {
+   public:
+    explicit InCallback(FetchSender& s) : s_(s) { s_.store_wait_ += Clock::now() - s_.last_return_; }
+    ~InCallback() { s_.last_return_ = Clock::now(); }
+    InCallback(const InCallback&) = delete;
+    InCallback& operator=(const InCallback&) = delete;
+
+   private:
+    FetchSender& s_;
+  };
   // An answer waiting for the device copies before it.
   struct Outgoing {
     std::unique_ptr<OutMessage> msg;
@@ -163,6 +183,9 @@ class FetchSender : public FetchSink {
   std::uint64_t bytes_ = 0;
   std::uint64_t device_chunks_ = 0;
   bool warned_ = false;
+  const Clock::time_point start_ = Clock::now();
+  Clock::time_point last_return_ = start_;
+  Clock::duration store_wait_{}, room_wait_{}, copy_wait_{};
 };
 
 }  // namespace primecache::ipc

@@ -737,6 +737,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
         FetchOptions options;
         options.ns = TenantScope();
         Status s = sender.Finish(store_->Fetch(entry, layers, options, sender));
+        spdlog::debug("primecached: fetch of entry {}: {}", entry, sender.Timings());
         {
           std::lock_guard<std::mutex> l(mu_);
           fetches_.erase(id);

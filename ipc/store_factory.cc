@@ -154,6 +154,8 @@ Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config) {
   o.byte_budget = config.capacity_bytes;
   o.sync_commits = config.sync_commits;
   o.max_staged_bytes = config.max_staged_bytes;
+  o.fetch_read_threads = config.read_threads;
+  o.direct_reads = config.direct_reads;
   PC_ASSIGN_OR_RETURN(auto store, Store::Open(std::move(o)));
   return std::unique_ptr<StoreBackend>(new StatestoreBackend(std::move(store)));
 }

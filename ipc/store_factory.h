@@ -17,6 +17,10 @@ struct StoreConfig {
   // Chunk bytes all uncommitted publishes together may have written
   // (StoreOptions::max_staged_bytes; 0: no bound).
   std::uint64_t max_staged_bytes = 16ull << 30;
+  // Threads reading and checking chunks ahead of fetches, and whether they
+  // read with O_DIRECT (StoreOptions::fetch_read_threads, direct_reads).
+  std::size_t read_threads = 4;
+  bool direct_reads = false;
 };
 
 Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config);

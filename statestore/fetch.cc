@@ -42,6 +42,8 @@ class FetchRun {
     std::unique_ptr<std::byte[]> own;  // when the sink gave none
     MappedRegion mapping;              // set: the chunk is handed out where it lies
     std::span<const std::byte> mapped;  // its bytes inside `mapping`
+    std::uint64_t offset = 0;          // of the chunk in its segment (mapped)
+    bool checked = false;              // its address was checked in this fetch
     Status status;                     // guarded by mu_
     std::size_t parts_left = 0;        // guarded by mu_
     bool done = false;                 // guarded by mu_
@@ -50,7 +52,8 @@ class FetchRun {
   Status Locate();
   Status StartReads();
   // The chunk's bytes in place when the sink takes mapped chunks and they are
-  // in the page cache; else false (it is read).
+  // in the page cache (checked on the pool, unless they were checked while
+  // the sink held them pinned as it does now); else false (it is read).
   bool TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Located& at);
   void PostCheck(Slot& slot, const Hash128& h, std::uint64_t segment);
   void Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at);
@@ -160,6 +163,13 @@ bool FetchRun::TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Loc
   if (!m.ok() || !s_.env->IsResident(*m, at.extent.offset, ref.size)) return false;
   slot.mapping = std::move(m).value();
   slot.mapped = std::span(slot.mapping.data + at.extent.offset, ref.size);
+  slot.offset = at.extent.offset;
+  if (s_.CheckedWhilePinned(slot.mapping.id, slot.offset, sink_.PinnedAs(slot.mapping))) {
+    std::lock_guard g(mu_);
+    slot.done = true;
+    return true;
+  }
+  slot.checked = true;
   PostCheck(slot, ref.hash, at.extent.segment);
   return true;
 }
@@ -256,6 +266,9 @@ Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
       PC_RETURN_IF_ERROR(rs);
       if (slot.mapping.owner) {
         PC_RETURN_IF_ERROR(sink_.OnMappedChunk(l, c, slot.mapped, slot.mapping));
+        // Pinned by the sink now (say, registered for its copy): not checked
+        // again while it stays pinned.
+        if (slot.checked) s_.NoteCheckedWhilePinned(slot.mapping.id, slot.offset, sink_.PinnedAs(slot.mapping));
       } else {
         PC_RETURN_IF_ERROR(sink_.OnChunk(l, c, slot.bytes));
       }

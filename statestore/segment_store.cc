@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "statestore/kill_point.h"
 #include "statestore/rocks_env.h"
@@ -89,9 +90,42 @@ Result<std::shared_ptr<RandomAccessFile>> Store::Impl::SegmentFile(std::uint64_t
 }
 
 void Store::Impl::ForgetSegmentFile(std::uint64_t id) {
-  std::lock_guard g(files_mu);
-  open_files.erase(id);
-  mappings.erase(id);
+  std::optional<std::uint64_t> mapping;
+  {
+    std::lock_guard g(files_mu);
+    open_files.erase(id);
+    if (auto it = mappings.find(id); it != mappings.end()) mapping = it->second.id;
+    mappings.erase(id);
+  }
+  if (mapping) {
+    std::lock_guard g(checked_mu);
+    if (auto it = checked_pinned.find(*mapping); it != checked_pinned.end()) {
+      checked_pinned_count -= it->second.size();
+      checked_pinned.erase(it);
+    }
+  }
+}
+
+bool Store::Impl::CheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
+  if (pin == 0) return false;
+  std::lock_guard g(checked_mu);
+  auto m = checked_pinned.find(mapping);
+  if (m == checked_pinned.end()) return false;
+  auto c = m->second.find(offset);
+  return c != m->second.end() && c->second == pin;
+}
+
+void Store::Impl::NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
+  constexpr std::size_t kMaxChecked = 1u << 20;
+  if (pin == 0) return;
+  std::lock_guard g(checked_mu);
+  if (checked_pinned_count >= kMaxChecked) {
+    checked_pinned.clear();
+    checked_pinned_count = 0;
+  }
+  auto [it, fresh] = checked_pinned[mapping].insert_or_assign(offset, pin);
+  (void)it;
+  if (fresh) ++checked_pinned_count;
 }
 
 Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomAccessFile& file,

@@ -11,7 +11,7 @@
 //             quarantine, gc, touch flushes) and guards `segments`;
 //   extent_mu shared while a fetch resolves chunk extents to open segment
 //             files, exclusive while gc repoints extents and drops a file;
-//   pool_mu, files_mu, scope_mu, touch_mu, sight_mu, Lease::Table::mu: leaf locks.
+//   pool_mu, files_mu, checked_mu, scope_mu, touch_mu, sight_mu, Lease::Table::mu: leaf locks.
 // Chunk bytes are written outside write_mu (each publisher to a segment of
 // its own); readers take no store lock but extent_mu, briefly.
 #pragma once
@@ -148,6 +148,16 @@ struct Store::Impl {
   // forgets the segment; holders keep their copy alive after that.
   std::unordered_map<std::uint64_t, MappedRegion> mappings;  // guarded by files_mu
   Result<MappedRegion> SegmentMapping(std::uint64_t id, const RandomAccessFile& file, std::uint64_t end);
+  // Chunks whose address matched while a sink held their mapping pinned
+  // (FetchSink::PinnedAs): mapping id -> chunk offset -> pin number. Bounded
+  // (cleared when it grows past a million chunks); a forgotten mapping's
+  // entries go with it.
+  std::mutex checked_mu;
+  std::unordered_map<std::uint64_t, std::unordered_map<std::uint64_t, std::uint64_t>>
+      checked_pinned;  // guarded by checked_mu
+  std::size_t checked_pinned_count = 0;  // guarded by checked_mu
+  bool CheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin);
+  void NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin);
   // At open: cuts torn tails, deletes unrecorded files, notes missing or
   // short ones, and puts the open segments back in the pool.
   Status RecoverSegments();

@@ -210,6 +210,17 @@ class FetchSink {
     (void)mapping;
     return OnChunk(layer, chunk, bytes);
   }
+  // Nonzero while the sink holds the pages of `mapping` pinned in memory (a
+  // device registration): a number that stays the same exactly as long as
+  // they stay pinned. A chunk whose address matched while its mapping was
+  // pinned as N is not checked again while it is still pinned as N: pinned
+  // pages cannot be dropped and read back from the disk, and the store never
+  // writes committed bytes (as a block cache serves blocks checked when they
+  // were read from the file). 0 (the default): every chunk is checked.
+  virtual std::uint64_t PinnedAs(const MappedRegion& mapping) const {
+    (void)mapping;
+    return 0;
+  }
 };
 
 struct ListOptions {

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "segment_util.h"
@@ -42,6 +43,19 @@ struct MappedSink final : FetchSink {
     chunks.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
     return Status::Ok();
   }
+};
+
+// A sink that says its mappings are pinned as `pin` (0: not pinned).
+struct PinningSink final : FetchSink {
+  std::uint64_t pin = 0;
+  std::vector<std::string> chunks;
+  Status OnLayer(std::uint32_t, std::string_view, std::uint32_t) override { return Status::Ok(); }
+  Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte> b) override {
+    chunks.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+    return Status::Ok();
+  }
+  bool TakesMappedChunks() const override { return true; }
+  std::uint64_t PinnedAs(const MappedRegion&) const override { return pin; }
 };
 
 std::vector<std::string> AllChunks(const std::vector<LayerBytes>& layers) {
@@ -128,6 +142,53 @@ TEST(MappedFetch, OnDiskChunksComeMappedWhenResidentAndStayExact) {
   ASSERT_TRUE((*store)->Fetch(id, {}, cold).ok());
   EXPECT_EQ(cold.chunks, want);
   EXPECT_EQ(cold.mapped + cold.read, want.size());
+  store->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A chunk checked while the sink held its mapping pinned is not checked
+// again while the pin lasts (its pages cannot have been read back from the
+// disk); under another pin, or none, it is. The bytes are changed behind
+// the store's back here only to see which fetches check them.
+TEST(MappedFetch, AChunkCheckedWhilePinnedIsCheckedAgainOnlyUnderAnotherPin) {
+  const std::string dir = ::testing::TempDir() + "pinned_fetch_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  StoreOptions o;
+  o.path = dir;
+  const auto t = Conversation(400, 16);
+  const auto layers = MakeLayers(t, kModel);
+  EntryId id = 0;
+  {
+    auto store = Store::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    id = MustPublish(**store, t, 1, "", kModel);
+  }
+  const std::string good = layers[1].chunks[0];
+  const ChunkPlace place = PlaceOfChunk(Env::Default(), dir, Checksum128(std::as_bytes(std::span(good))));
+  auto store = Store::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  PinningSink first;
+  first.pin = 7;
+  ASSERT_TRUE((*store)->Fetch(id, {}, first).ok());
+  EXPECT_EQ(first.chunks, AllChunks(layers));
+
+  std::string bad = good;
+  bad[bad.size() / 2] ^= 0x10;
+  const int fd = ::open(place.file.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, bad.data(), bad.size(), static_cast<off_t>(place.offset)), static_cast<ssize_t>(bad.size()));
+  ::close(fd);
+
+  PinningSink same;
+  same.pin = 7;
+  ASSERT_TRUE((*store)->Fetch(id, {}, same).ok()) << "checked under pin 7 already";
+  EXPECT_NE(std::find(same.chunks.begin(), same.chunks.end(), bad), same.chunks.end());
+  PinningSink other;
+  other.pin = 8;
+  Status s = (*store)->Fetch(id, {}, other);
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  EXPECT_EQ(std::find(other.chunks.begin(), other.chunks.end(), bad), other.chunks.end());
+  EXPECT_EQ((*store)->Describe(id)->state, EntryState::kQuarantined);
   store->reset();
   std::filesystem::remove_all(dir);
 }

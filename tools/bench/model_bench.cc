@@ -128,7 +128,8 @@ class DaemonProcess {
     std::error_code ec;
     if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
   }
-  Status Start(const std::string& binary) {
+  Status Start(const std::string& binary, std::vector<std::string> extra_args) {
+    extra_args_ = std::move(extra_args);
     std::string tmpl = (std::filesystem::temp_directory_path() / "pcbench-XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) return Status::IOError("mkdtemp");
     dir_ = tmpl;
@@ -150,7 +151,11 @@ class DaemonProcess {
     int p[2];
     if (pipe(p) != 0) return Status::IOError("pipe");
     std::vector<std::string> args = {binary_, "--data-dir", data_dir(), "--socket", socket(), "--no-admin-socket",
-                                     "--ready-fd", std::to_string(p[1]), "--log-level", "warn"};
+                                     "--ready-fd", std::to_string(p[1])};
+    if (std::find(extra_args_.begin(), extra_args_.end(), "--log-level") == extra_args_.end()) {
+      args.insert(args.end(), {"--log-level", "warn"});
+    }
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
     pid_ = fork();
     if (pid_ == 0) {
       std::vector<char*> argv;
@@ -174,6 +179,7 @@ class DaemonProcess {
   }
 
   std::string dir_, binary_;
+  std::vector<std::string> extra_args_;
   pid_t pid_ = -1;
 };
 
@@ -550,6 +556,7 @@ struct Args {
   std::size_t suffix = 16, chunk = 2048, quant_error = 0;
   std::uint64_t seed = 1;
   std::string daemon_bin;
+  std::vector<std::string> daemon_args;
   bool cpu = false, ttft_table = false, ratios = false;
   model::PrefixCacheOptions::Staging staging = model::PrefixCacheOptions::Staging::kAuto;
 };
@@ -574,7 +581,7 @@ int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng) {
   }
   if (a.daemon_bin.empty()) return 0;
   DaemonProcess daemon;
-  if (Status s = daemon.Start(a.daemon_bin); !s.ok()) return Fail(s, "daemon");
+  if (Status s = daemon.Start(a.daemon_bin, a.daemon_args); !s.ok()) return Fail(s, "daemon");
   auto disk = MeasureDisk(daemon.dir(), r->bytes);
   if (!disk.ok()) return Fail(disk.status(), "disk baseline");
   if (!a.ttft_table) {
@@ -609,6 +616,9 @@ int main(int argc, char** argv) {
   app.add_option("--chunk", a.chunk, "tokens per forward call")->check(CLI::Range(1, 65536));
   app.add_option("--seed", a.seed, "weights seed");
   app.add_option("--daemon", a.daemon_bin, "primecached binary: also measure the path through the daemon");
+  app.add_option("--daemon-arg", a.daemon_args,
+                 "an argument for the daemon (repeat; e.g. --daemon-arg=--read-threads --daemon-arg=8)")
+      ->allow_extra_args(false);
   app.add_option("--quant-error", a.quant_error,
                  "instead: prime this many tokens through the config (quantized attn) and its f32 twin on the same "
                  "weights, and compare their logits")

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 #include "ipc/device_dma.h"
@@ -73,6 +75,9 @@ struct Flags {
   std::string ready_file;
   std::size_t workers = 4;
   std::size_t fetch_workers = 16;
+  // Half the cores, 4 to 16: checking chunks' addresses is CPU work.
+  std::size_t read_threads = std::clamp<std::size_t>(std::thread::hardware_concurrency() / 2, 4, 16);
+  bool direct_reads = false;
   std::uint32_t max_publishes = 4;
   std::string max_chunk = "4M";
   std::string write_queue = "8M";
@@ -135,6 +140,8 @@ Status ApplyConfig(const std::string& path, const CLI::App& app, Flags* f,
     if (j.contains("tcp_port") && app.count("--tcp-port") == 0) f->tcp_port = j["tcp_port"].get<int>();
     if (j.contains("workers") && app.count("--workers") == 0) f->workers = j["workers"].get<std::size_t>();
     if (j.contains("fetch_workers") && app.count("--fetch-workers") == 0) f->fetch_workers = j["fetch_workers"].get<std::size_t>();
+    num("read_threads", "--read-threads", &f->read_threads);
+    num("direct_reads", "--direct-reads", &f->direct_reads);
     if (j.contains("max_publishes") && app.count("--max-publishes") == 0) f->max_publishes = j["max_publishes"].get<std::uint32_t>();
     if (j.contains("admin_uids") && app.count("--admin-uid") == 0) f->admin_uids = j["admin_uids"].get<std::vector<unsigned>>();
     if (j.contains("tenants")) {
@@ -181,6 +188,12 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--ready-file", f->ready_file, "write this file (our pid) once serving");
   app->add_option("--workers", f->workers, "worker threads for store work")->check(CLI::Range(1, 256));
   app->add_option("--fetch-workers", f->fetch_workers, "worker threads for fetches")->check(CLI::Range(1, 1024));
+  app->add_option("--read-threads", f->read_threads,
+                  "threads that read and check chunks ahead of fetches (0: each fetch reads on its own thread; "
+                  "default: half the cores, 4 to 16)")
+      ->check(CLI::Range(0, 256));
+  app->add_flag("--direct-reads", f->direct_reads,
+                "read chunks that are not in the page cache with O_DIRECT (for stores much larger than memory)");
   app->add_option("--max-publishes", f->max_publishes, "publishes in flight per client")->check(CLI::Range(1, 1024));
   app->add_option("--max-chunk", f->max_chunk, "largest chunk a message may carry, e.g. 4M");
   app->add_option("--write-queue", f->write_queue, "unwritten bytes per connection before fetches pause, e.g. 8M");
@@ -321,6 +334,8 @@ int main(int argc, char** argv) {
   sc.data_dir = f.data_dir;
   sc.capacity_bytes = *capacity;
   sc.max_staged_bytes = opts->limits.max_uncommitted_total_bytes;
+  sc.read_threads = f.read_threads;
+  sc.direct_reads = f.direct_reads;
   auto store = primecache::ipc::OpenStore(sc);
   if (!store.ok()) return Fail(store.status());
 
