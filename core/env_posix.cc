@@ -61,22 +61,26 @@ class PosixSequentialFile final : public SequentialFile {
   int fd_;
 };
 
+// A read-only shared mapping of the first `size` bytes of `fd` (served from
+// the page cache, also for a file opened with O_DIRECT).
+Result<MappedRegion> MapFile(int fd, const std::string& path, std::uint64_t size) {
+  if (size == 0) return Status::InvalidArgument("map of 0 bytes of " + path);
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return ErrnoStatus("mmap", path, errno);
+  MappedRegion m;
+  m.data = static_cast<const std::byte*>(p);
+  m.size = size;
+  m.id = NextMappingId();
+  m.owner = std::shared_ptr<const void>(p, [size](const void* q) { ::munmap(const_cast<void*>(q), size); });
+  return m;
+}
+
 class PosixRandomAccessFile final : public RandomAccessFile {
  public:
   PosixRandomAccessFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
   ~PosixRandomAccessFile() override { ::close(fd_); }
 
-  Result<MappedRegion> Map(std::uint64_t size) const override {
-    if (size == 0) return Status::InvalidArgument("map of 0 bytes of " + path_);
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd_, 0);
-    if (p == MAP_FAILED) return ErrnoStatus("mmap", path_, errno);
-    MappedRegion m;
-    m.data = static_cast<const std::byte*>(p);
-    m.size = size;
-    m.id = NextMappingId();
-    m.owner = std::shared_ptr<const void>(p, [size](const void* q) { ::munmap(const_cast<void*>(q), size); });
-    return m;
-  }
+  Result<MappedRegion> Map(std::uint64_t size) const override { return MapFile(fd_, path_, size); }
 
   Status Read(std::uint64_t offset, std::span<std::byte> dst, std::size_t* read) const override {
     std::size_t done = 0;
@@ -118,6 +122,9 @@ class PosixDirectFile final : public RandomAccessFile {
     }
   }
   std::size_t alignment() const override { return kDirectAlignment; }
+  // Reads bypass the page cache; a mapping uses it (pages there already
+  // are served without a read).
+  Result<MappedRegion> Map(std::uint64_t size) const override { return MapFile(fd_, path_, size); }
 
   static constexpr std::size_t kDirectAlignment = 4096;
 

@@ -43,9 +43,14 @@ class ReadBack {
   };
   explicit ReadBack(Store::Impl& s) : s_(s) {}
 
-  void Start(std::shared_ptr<RandomAccessFile> file, std::vector<Chunk> chunks) {
+  // `end`: the segment's length, all written out.
+  void Start(std::shared_ptr<RandomAccessFile> file, std::uint64_t end, std::vector<Chunk> chunks) {
     file_ = std::move(file);
     chunks_ = std::move(chunks);
+    // Checked where the bytes lie in the page cache when the file can be
+    // mapped (a mapping of this call's own: the tail past the committed
+    // length must not reach the store's shared mappings), else read back.
+    if (auto m = file_->Map(end); m.ok()) mapping_ = std::move(m).value();
     const std::size_t jobs = s_.read_pool ? s_.read_pool->size() : 1;
     const std::size_t per = (chunks_.size() + jobs - 1) / jobs;
     for (std::size_t from = 0; from < chunks_.size(); from += per) {
@@ -73,8 +78,17 @@ class ReadBack {
     std::vector<std::byte> buf;
     Status st;
     for (std::size_t i = from; i < to && st.ok(); ++i) {
-      buf.resize(chunks_[i].size);
-      st = s_.ReadExtent(file_, chunks_[i].at, chunks_[i].hash, buf);
+      const Chunk& c = chunks_[i];
+      if (mapping_.owner == nullptr) {
+        buf.resize(c.size);
+        st = s_.ReadExtent(file_, c.at, c.hash, buf);
+      } else if (c.at.offset > mapping_.size || c.size > mapping_.size - c.at.offset) {
+        st = Status::Corruption("chunk " + HashHex(c.hash) + " lies past the end of segment " +
+                                SegmentHex(c.at.segment));
+      } else if (!(Checksum128(std::span(mapping_.data + c.at.offset, c.size)) == c.hash)) {
+        st = Status::Corruption("chunk " + HashHex(c.hash) + " in segment " + SegmentHex(c.at.segment) +
+                                ": content does not match its address (XXH3-128)");
+      }
     }
     std::lock_guard g(mu_);
     if (!st.ok() && first_.ok()) first_ = std::move(st);
@@ -84,6 +98,7 @@ class ReadBack {
 
   Store::Impl& s_;
   std::shared_ptr<RandomAccessFile> file_;
+  MappedRegion mapping_;  // unset: read back with ReadExtent
   std::vector<Chunk> chunks_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -307,7 +322,7 @@ Status PublisherImpl::SyncAndReadBack() {
   }
   PC_ASSIGN_OR_RETURN(auto file, s_.SegmentFile(writer_->id()));
   ReadBack check(s_);
-  check.Start(std::move(file), std::move(chunks));
+  check.Start(std::move(file), writer_->end(), std::move(chunks));
   const Status synced = writer_->Sync();
   const Status checked = check.Wait();
   if (!synced.ok()) return s_.AfterSegmentError(synced);

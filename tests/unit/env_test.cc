@@ -233,6 +233,10 @@ TEST_P(EnvContractTest, DirectReadsOfAlignedRanges) {
   ASSERT_TRUE(Write(P("d"), data).ok());
   auto f = env_->NewDirectRandomAccessFile(P("d"));
   ASSERT_TRUE(f.ok()) << f.status().ToString();
+  // A mapping of it goes through the page cache like any other.
+  auto m = (*f)->Map(data.size());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(std::memcmp(m->data, data.data(), data.size()), 0);
   const std::size_t a = (*f)->alignment();
   if (!GetParam().posix) {
     EXPECT_EQ(a, 0u);
