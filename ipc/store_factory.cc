@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -156,6 +157,8 @@ Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config) {
   o.max_staged_bytes = config.max_staged_bytes;
   o.fetch_read_threads = config.read_threads;
   o.direct_reads = config.direct_reads;
+  o.fetch_read_ahead_bytes = config.read_ahead_bytes;
+  o.fetch_read_ahead = std::clamp<std::size_t>(config.read_ahead_bytes >> 17, 16, 1024);
   PC_ASSIGN_OR_RETURN(auto store, Store::Open(std::move(o)));
   return std::unique_ptr<StoreBackend>(new StatestoreBackend(std::move(store)));
 }

@@ -21,6 +21,9 @@ struct StoreConfig {
   // read with O_DIRECT (StoreOptions::fetch_read_threads, direct_reads).
   std::size_t read_threads = 4;
   bool direct_reads = false;
+  // How far a fetch reads ahead of its sink (StoreOptions::fetch_read_ahead_bytes;
+  // the chunk count follows: one per 128 KiB, 16 to 1024).
+  std::uint64_t read_ahead_bytes = 64ull << 20;
 };
 
 Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config);

@@ -78,6 +78,7 @@ struct Flags {
   // Half the cores, 4 to 16: checking chunks' addresses is CPU work.
   std::size_t read_threads = std::clamp<std::size_t>(std::thread::hardware_concurrency() / 2, 4, 16);
   bool direct_reads = false;
+  std::string read_ahead = "64M";
   std::uint32_t max_publishes = 4;
   std::string max_chunk = "4M";
   std::string write_queue = "8M";
@@ -124,6 +125,7 @@ Status ApplyConfig(const std::string& path, const CLI::App& app, Flags* f,
     str("max_uncommitted_total", "--max-uncommitted-total", &f->max_uncommitted_total);
     str("device_copies", "--device-copies", &f->device_copies);
     str("device_register_budget", "--device-register-budget", &f->device_register_budget);
+    str("read_ahead", "--read-ahead", &f->read_ahead);
     auto num = [&](const char* key, const char* flag, auto* out) {
       if (j.contains(key) && app.count(flag) == 0) *out = j.at(key).get<std::remove_pointer_t<decltype(out)>>();
     };
@@ -194,6 +196,7 @@ void AddFlags(CLI::App* app, Flags* f) {
       ->check(CLI::Range(0, 256));
   app->add_flag("--direct-reads", f->direct_reads,
                 "read chunks that are not in the page cache with O_DIRECT (for stores much larger than memory)");
+  app->add_option("--read-ahead", f->read_ahead, "bytes a fetch reads ahead of what it has sent (default 64M)");
   app->add_option("--max-publishes", f->max_publishes, "publishes in flight per client")->check(CLI::Range(1, 1024));
   app->add_option("--max-chunk", f->max_chunk, "largest chunk a message may carry, e.g. 4M");
   app->add_option("--write-queue", f->write_queue, "unwritten bytes per connection before fetches pause, e.g. 8M");
@@ -336,6 +339,9 @@ int main(int argc, char** argv) {
   sc.max_staged_bytes = opts->limits.max_uncommitted_total_bytes;
   sc.read_threads = f.read_threads;
   sc.direct_reads = f.direct_reads;
+  auto read_ahead = ParseBytes(f.read_ahead);
+  if (!read_ahead.ok()) return Fail(read_ahead.status());
+  sc.read_ahead_bytes = *read_ahead;
   auto store = primecache::ipc::OpenStore(sc);
   if (!store.ok()) return Fail(store.status());
 
