@@ -159,13 +159,14 @@ Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
             if (l.has_indexer()) {
               if (req.index_ring_rows != 0 && req.index_ring_rows < l.pool) {
                 AddProblem(&problems, i,
-                           "a ring of " + std::to_string(req.index_ring_rows) + " rows holds less than one pool of " +
-                               std::to_string(l.pool));
-              } else if (req.index_ring_rows != 0 && req.index_ring_rows < MinRingRows(l.pool, req.round_tokens)) {
+                           "a ring of " + std::to_string(req.index_ring_rows) +
+                               " rows holds less than one pool of " + std::to_string(l.pool));
+              } else if (req.index_ring_rows != 0 &&
+                         req.index_ring_rows < MinRingRows(l.pool, req.round_tokens)) {
                 AddProblem(&problems, i,
-                           "a ring of " + std::to_string(req.index_ring_rows) + " rows cannot hold a round of " +
-                               std::to_string(req.round_tokens) + " tokens after a partial pool of " +
-                               std::to_string(l.pool) + " (it needs " +
+                           "a ring of " + std::to_string(req.index_ring_rows) +
+                               " rows cannot hold a round of " + std::to_string(req.round_tokens) +
+                               " tokens after a partial pool of " + std::to_string(l.pool) + " (it needs " +
                                std::to_string(MinRingRows(l.pool, req.round_tokens)) + ")");
               }
               r.index_is_ring = req.index_ring_rows != 0;
@@ -203,8 +204,8 @@ Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
             if (l.format.rotating() && req.round_tokens != 0) {
               if (req.round_tokens > r.rows) {
                 AddProblem(&problems, i,
-                           "a round of " + std::to_string(req.round_tokens) + " tokens passes the rotating buffer of " +
-                               std::to_string(r.rows) + " rows");
+                           "a round of " + std::to_string(req.round_tokens) +
+                               " tokens passes the rotating buffer of " + std::to_string(r.rows) + " rows");
               }
               r.round_k = arena.Take(arena.Mul(req.round_tokens, l.k_width, kF32));
               r.round_v = arena.Take(arena.Mul(req.round_tokens, l.v_width, kF32));

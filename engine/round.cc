@@ -89,10 +89,12 @@ Status RecurrentLayer::StashScanInputs(const ScanInputs& in, std::uint64_t count
   if (round_.stashed != 0 && in.gate_lower_bound != stash_.gate_lower_bound) {
     return Status::InvalidArgument("the scan's gate bound changed within a round");
   }
-  const std::uint64_t c = plan_.conv_channels(), nd = std::uint64_t{plan_.heads} * plan_.head_dim, at = round_.stashed;
+  const std::uint64_t c = plan_.conv_channels(), nd = std::uint64_t{plan_.heads} * plan_.head_dim,
+                      at = round_.stashed;
   PC_RETURN_IF_ERROR(dev_->CopyOnDevice(stash_.qkv + at * c, in.qkv, count * c * kF32, Lane::kCompute));
   PC_RETURN_IF_ERROR(dev_->CopyOnDevice(stash_.g + at * nd, in.g, count * nd * kF32, Lane::kCompute));
-  PC_RETURN_IF_ERROR(dev_->CopyOnDevice(stash_.b + at * plan_.heads, in.b, count * plan_.heads * kF32, Lane::kCompute));
+  PC_RETURN_IF_ERROR(
+      dev_->CopyOnDevice(stash_.b + at * plan_.heads, in.b, count * plan_.heads * kF32, Lane::kCompute));
   stash_.gate_lower_bound = in.gate_lower_bound;
   round_.stashed += count;
   return Status::Ok();
@@ -110,7 +112,8 @@ Status RecurrentLayer::Rollback(std::uint64_t keep) {
   if (keep == 0) {
     return dev_->CopyOnDevice(state_[cur_], stash_.state, plan_.state_values() * kF32, Lane::kCompute);
   }
-  PC_RETURN_IF_ERROR(dev_->CopyOnDevice(next_state(), stash_.state, plan_.state_values() * kF32, Lane::kCompute));
+  PC_RETURN_IF_ERROR(
+      dev_->CopyOnDevice(next_state(), stash_.state, plan_.state_values() * kF32, Lane::kCompute));
   PC_RETURN_IF_ERROR(dev_->PushConvRing({conv_, stash_.raw, c, plan_.kernel, keep}, Lane::kCompute));
   kernels::KdaScanArgs scan;
   scan.q = stash_.qkv;
@@ -164,8 +167,10 @@ Status KvLayer::Rollback(std::uint64_t keep) {
   const std::uint64_t end = std::min(r.base, len_ > rows_ ? len_ - rows_ : 0);
   if (end > lo) {
     const std::uint64_t kw = plan_.k_width, vw = plan_.v_width, from = lo - r.first_held;
-    PC_RETURN_IF_ERROR(dev_->ScatterRows({k_, round_k_ + from * kw, kw, rows_, lo, end - lo}, Lane::kCompute));
-    PC_RETURN_IF_ERROR(dev_->ScatterRows({v_, round_v_ + from * vw, vw, rows_, lo, end - lo}, Lane::kCompute));
+    PC_RETURN_IF_ERROR(
+        dev_->ScatterRows({k_, round_k_ + from * kw, kw, rows_, lo, end - lo}, Lane::kCompute));
+    PC_RETURN_IF_ERROR(
+        dev_->ScatterRows({v_, round_v_ + from * vw, vw, rows_, lo, end - lo}, Lane::kCompute));
   }
   len_ = target;
   lo_ = lo;
@@ -219,8 +224,9 @@ Status SessionCache::ArmRound(std::uint64_t tokens) {
   if (round_armed_) return Status::FailedPrecondition("a speculative round is already armed");
   const std::uint64_t reserved = core_->plan.request.round_tokens;
   if (tokens == 0 || tokens > reserved) {
-    return Status::InvalidArgument("a round of " + N(tokens) + " positions; the reserve books rounds of 1 to " +
-                                   N(reserved) + " (ReserveRequest::round_tokens)");
+    return Status::InvalidArgument("a round of " + N(tokens) +
+                                   " positions; the reserve books rounds of 1 to " + N(reserved) +
+                                   " (ReserveRequest::round_tokens)");
   }
   PC_RETURN_IF_ERROR(CheckRoundBoundary("arm round"));
   for (std::size_t i = 0; i < layers_.size(); ++i) {

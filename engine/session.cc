@@ -140,8 +140,9 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
       l->state_[1] = m.at<float>(rr->state[1].offset);
       if (rr->round.state.bytes != 0) {
         const RecurrentRoundStash& st = rr->round;
-        l->stash_ = {m.at<float>(st.conv_ring.offset), m.at<float>(st.state.offset), m.at<float>(st.raw.offset),
-                     m.at<float>(st.qkv.offset),       m.at<float>(st.g.offset),     m.at<float>(st.b.offset),
+        l->stash_ = {m.at<float>(st.conv_ring.offset), m.at<float>(st.state.offset),
+                     m.at<float>(st.raw.offset),       m.at<float>(st.qkv.offset),
+                     m.at<float>(st.g.offset),         m.at<float>(st.b.offset),
                      m.at<float>(st.out.offset),       0.0f};
       }
       layers_.emplace_back(std::move(l));

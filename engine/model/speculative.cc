@@ -76,7 +76,8 @@ std::vector<std::uint32_t> NgramDraft(std::span<const std::uint32_t> history, st
     for (std::size_t i = len - n; i-- > 0;) {  // the latest earlier occurrence first
       if (std::equal(suffix.begin(), suffix.end(), history.begin() + static_cast<std::ptrdiff_t>(i))) {
         const std::size_t from = i + n, to = std::min(from + max, len);
-        return {history.begin() + static_cast<std::ptrdiff_t>(from), history.begin() + static_cast<std::ptrdiff_t>(to)};
+        return {history.begin() + static_cast<std::ptrdiff_t>(from),
+                history.begin() + static_cast<std::ptrdiff_t>(to)};
       }
     }
   }
@@ -85,11 +86,12 @@ std::vector<std::uint32_t> NgramDraft(std::span<const std::uint32_t> history, st
 
 Result<std::vector<std::uint32_t>> GenerateSpeculative(HybridModel& model, ModelSession& session,
                                                        std::span<const std::uint32_t> context,
-                                                       std::span<const float> last_logits, std::size_t max_new,
-                                                       const SpeculateOptions& options, SpeculateStats* stats,
-                                                       std::vector<float>* logits) {
+                                                       std::span<const float> last_logits,
+                                                       std::size_t max_new, const SpeculateOptions& options,
+                                                       SpeculateStats* stats, std::vector<float>* logits) {
   const std::size_t V = model.config().vocab;
-  if (last_logits.size() != V) return Status::InvalidArgument("model: last_logits must hold one row of vocab logits");
+  if (last_logits.size() != V)
+    return Status::InvalidArgument("model: last_logits must hold one row of vocab logits");
   if (options.gamma == 0) return Status::InvalidArgument("speculate: gamma must be > 0");
   SpeculateStats local;
   SpeculateStats& st = stats != nullptr ? *stats : local;
@@ -100,7 +102,7 @@ Result<std::vector<std::uint32_t>> GenerateSpeculative(HybridModel& model, Model
     history.push_back(pending);
     if (pending == kEosToken) break;
     const std::size_t want = std::min(options.gamma, max_new - out.size());
-    std::vector<std::uint32_t> drafts = want == 0 ? std::vector<std::uint32_t>{}
+    std::vector<std::uint32_t> drafts = want == 0         ? std::vector<std::uint32_t>{}
                                         : options.drafter ? options.drafter(history, want)
                                                           : NgramDraft(history, want);
     if (drafts.size() > want) drafts.resize(want);

@@ -32,20 +32,21 @@ std::vector<std::uint32_t> NgramDraft(std::span<const std::uint32_t> history, st
                                       const NgramDrafterOptions& options = {});
 
 // A drafter: up to `max` tokens expected to follow `history`.
-using Drafter = std::function<std::vector<std::uint32_t>(std::span<const std::uint32_t> history, std::size_t max)>;
+using Drafter =
+    std::function<std::vector<std::uint32_t>(std::span<const std::uint32_t> history, std::size_t max)>;
 
 struct SpeculateOptions {
-  std::size_t gamma = 4;   // drafted tokens per round (the round verifies gamma + 1)
-  Drafter drafter;         // null: NgramDraft with default options
+  std::size_t gamma = 4;  // drafted tokens per round (the round verifies gamma + 1)
+  Drafter drafter;        // null: NgramDraft with default options
 };
 
 struct SpeculateStats {
-  std::uint64_t rounds = 0;         // verify calls
-  std::uint64_t drafted = 0;        // drafted tokens verified
-  std::uint64_t accepted = 0;       // of those, kept
-  std::uint64_t plain_steps = 0;    // one-token calls (nothing drafted)
-  double verify_ms = 0;             // time in verify calls
-  double resolve_ms = 0;            // time committing and rolling back
+  std::uint64_t rounds = 0;       // verify calls
+  std::uint64_t drafted = 0;      // drafted tokens verified
+  std::uint64_t accepted = 0;     // of those, kept
+  std::uint64_t plain_steps = 0;  // one-token calls (nothing drafted)
+  double verify_ms = 0;           // time in verify calls
+  double resolve_ms = 0;          // time committing and rolling back
   double acceptance() const { return drafted == 0 ? 0.0 : static_cast<double>(accepted) / drafted; }
 };
 
@@ -56,8 +57,8 @@ struct SpeculateStats {
 // *logits when given (the rows Generate would give).
 Result<std::vector<std::uint32_t>> GenerateSpeculative(HybridModel& model, ModelSession& session,
                                                        std::span<const std::uint32_t> context,
-                                                       std::span<const float> last_logits, std::size_t max_new,
-                                                       const SpeculateOptions& options, SpeculateStats* stats,
-                                                       std::vector<float>* logits);
+                                                       std::span<const float> last_logits,
+                                                       std::size_t max_new, const SpeculateOptions& options,
+                                                       SpeculateStats* stats, std::vector<float>* logits);
 
 }  // namespace primecache::model

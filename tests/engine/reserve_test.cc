@@ -196,8 +196,9 @@ TEST(ReserveTest, RingLadderHalvesDownToOnePool) {
 // buffer, is refused by layer; the preflight names the stash.
 TEST(ReserveTest, RoundStashIsBookedPerLayerAndRefusedWhenItCannotWork) {
   const KvPlan rotating{8, 8, KvFormat{64, 0, 0, 0}};
-  ReserveRequest req{StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentPlan{64, 128, 4}, KvPlan{96, 80}, rotating}},
-                     1000, 1, 0, 8};
+  ReserveRequest req{
+      StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentPlan{64, 128, 4}, KvPlan{96, 80}, rotating}}, 1000, 1,
+      0, 8};
   req.round_tokens = 5;
   auto p = PlanReserve(req);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -238,8 +239,9 @@ TEST(ReserveTest, RoundStashIsBookedPerLayerAndRefusedWhenItCannotWork) {
   narrow.plan.layers[3] = KvPlan{8, 8, KvFormat{4, 0, 0, 0}};
   auto too_long = PlanReserve(narrow);
   ASSERT_TRUE(too_long.status().IsInvalidArgument());
-  EXPECT_NE(too_long.status().message().find("layer 3: a round of 5 tokens passes the rotating buffer of 4 rows"),
-            std::string::npos)
+  EXPECT_NE(
+      too_long.status().message().find("layer 3: a round of 5 tokens passes the rotating buffer of 4 rows"),
+      std::string::npos)
       << too_long.status().message();
   // The ring ladder stops at the round's floor.
   ReserveRequest ladder = req;

@@ -22,8 +22,8 @@ namespace primecache::engine::testing {
 // n values of one position: normal(0, 1) from (seed, layer, pos, salt).
 inline void AppendTokenValues(std::uint64_t seed, std::size_t layer, std::uint64_t pos, std::uint32_t salt,
                               std::size_t n, std::vector<float>* out) {
-  std::seed_seq seq{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
-                    static_cast<std::uint32_t>(layer), static_cast<std::uint32_t>(pos),
+  std::seed_seq seq{static_cast<std::uint32_t>(seed),      static_cast<std::uint32_t>(seed >> 32),
+                    static_cast<std::uint32_t>(layer),     static_cast<std::uint32_t>(pos),
                     static_cast<std::uint32_t>(pos >> 32), salt};
   std::mt19937 rng(seq);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -31,8 +31,8 @@ inline void AppendTokenValues(std::uint64_t seed, std::size_t layer, std::uint64
 }
 
 // Values of positions [pos, pos + count), `n` per position, token-major.
-inline std::vector<float> TokenValues(std::uint64_t seed, std::size_t layer, std::uint64_t pos, std::uint64_t count,
-                                      std::uint32_t salt, std::size_t n) {
+inline std::vector<float> TokenValues(std::uint64_t seed, std::size_t layer, std::uint64_t pos,
+                                      std::uint64_t count, std::uint32_t salt, std::size_t n) {
   std::vector<float> v;
   v.reserve(count * n);
   for (std::uint64_t p = pos; p < pos + count; ++p) AppendTokenValues(seed, layer, p, salt, n, &v);
@@ -94,7 +94,8 @@ class RoundFeeder {
       return dev_->Synchronize(Lane::kCompute);
     }
     PC_ASSIGN_OR_RETURN(Memory index, Upload(TokenValues(seed_, i, pos_, count, 3, p.index_width())));
-    PC_ASSIGN_OR_RETURN(Memory ape, Upload(TokenValues(seed_, i, 0, 1, 1, std::size_t{p.pool} * p.index_head_dim)));
+    PC_ASSIGN_OR_RETURN(Memory ape,
+                        Upload(TokenValues(seed_, i, 0, 1, 1, std::size_t{p.pool} * p.index_head_dim)));
     const IndexerInputs ix{p.pool, ape.at<float>(0)};
     PC_RETURN_IF_ERROR(l->Append(rows.at<float>(0), index.at<float>(0), count, &ix));
     return dev_->Synchronize(Lane::kCompute);
@@ -123,8 +124,8 @@ class RoundFeeder {
     PC_ASSIGN_OR_RETURN(Memory g, Upload(TokenValues(seed_, i, pos_, count, 9, nd)));
     PC_ASSIGN_OR_RETURN(Memory b, Upload(TokenValues(seed_, i, pos_, count, 10, p.heads)));
     PC_ASSIGN_OR_RETURN(Memory out, dev_->Allocate(count * nd * sizeof(float)));
-    PC_RETURN_IF_ERROR(dev_->CopyOnDevice(r->next_state(), r->state(), p.state_values() * sizeof(float),
-                                          Lane::kCompute));
+    PC_RETURN_IF_ERROR(
+        dev_->CopyOnDevice(r->next_state(), r->state(), p.state_values() * sizeof(float), Lane::kCompute));
     kernels::KdaScanArgs a;
     a.q = dqkv.at<float>(0);
     a.k = a.q + nd;

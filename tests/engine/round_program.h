@@ -72,12 +72,18 @@ class RoundProgram {
 
   void Step(std::uint8_t op, std::uint8_t arg) {
     switch (op % 6) {
-      case 0: return Append(1 + arg % 7);
-      case 1: return Arm(1 + arg % (kProgramRound + 1));  // kProgramRound + 1 is refused
-      case 2: return Resolve(round_ ? appended_ : 0, /*commit=*/true);
-      case 3: return Resolve(arg % (appended_ + 2), /*commit=*/false);  // appended + 1 is refused
-      case 4: return TakeEager();
-      default: return CompleteEager();
+      case 0:
+        return Append(1 + arg % 7);
+      case 1:
+        return Arm(1 + arg % (kProgramRound + 1));  // kProgramRound + 1 is refused
+      case 2:
+        return Resolve(round_ ? appended_ : 0, /*commit=*/true);
+      case 3:
+        return Resolve(arg % (appended_ + 2), /*commit=*/false);  // appended + 1 is refused
+      case 4:
+        return TakeEager();
+      default:
+        return CompleteEager();
     }
   }
 
@@ -110,7 +116,8 @@ class RoundProgram {
   void Resolve(std::uint64_t keep, bool commit) {
     Status st = commit ? fa_->Commit() : fa_->Rollback(keep);
     const bool ok = round_ && keep <= appended_;
-    if (st.ok() != ok) return Fail((commit ? "commit: " : "rollback to " + std::to_string(keep) + ": ") + st.ToString());
+    if (st.ok() != ok)
+      return Fail((commit ? "commit: " : "rollback to " + std::to_string(keep) + ": ") + st.ToString());
     if (!st.ok()) return Compare("after a refused resolution");
     round_ = false;
     if (keep != 0) Expect(fb_->Append(keep), "reference append of the kept tokens");
@@ -154,7 +161,8 @@ class RoundProgram {
               if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
                 v.push_back(static_cast<float>(l.len));
                 v.push_back(static_cast<float>(l.pools_ready));
-                for (const auto* p : {&l.latent_rows, &l.index_tail_rows, &l.pool_keys}) v.insert(v.end(), p->begin(), p->end());
+                for (const auto* p : {&l.latent_rows, &l.index_tail_rows, &l.pool_keys})
+                  v.insert(v.end(), p->begin(), p->end());
               } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
                 for (const auto* p : {&l.conv_ring, &l.state}) v.insert(v.end(), p->begin(), p->end());
               } else {
@@ -167,7 +175,8 @@ class RoundProgram {
         return v;
       };
       const auto a = bytes(x[i]), b = bytes(y[i]);
-      if (a.size() != b.size() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0) return false;
+      if (a.size() != b.size() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
+        return false;
     }
     return true;
   }

@@ -19,7 +19,8 @@ void ExpectClean(const std::vector<std::uint8_t>& program, const std::string& na
 }
 
 TEST(RoundProgramTest, TheSeedCorpusHoldsEveryInvariant) {
-  const std::filesystem::path dir = std::filesystem::path(PRIMECACHE_SOURCE_DIR) / "tests/fuzz/corpus/engine_rounds";
+  const std::filesystem::path dir =
+      std::filesystem::path(PRIMECACHE_SOURCE_DIR) / "tests/fuzz/corpus/engine_rounds";
   std::size_t n = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     std::ifstream in(entry.path(), std::ios::binary);

@@ -234,7 +234,8 @@ TEST_P(RoundSuite, APendingCaptureSurvivesRoundsAndIsRefusedByNameBelowItsBounda
   ASSERT_TRUE(a->latent(3)->Append(rows.get(), nullptr, 2, nullptr).ok());  // back above the boundary
   Status below = a->CompleteCapture(std::move(half).value()).status();
   EXPECT_TRUE(below.IsFailedPrecondition());
-  EXPECT_NE(below.message().find("rewound to 16, below the boundary 17"), std::string::npos) << below.message();
+  EXPECT_NE(below.message().find("rewound to 16, below the boundary 17"), std::string::npos)
+      << below.message();
 }
 
 TEST_P(RoundSuite, RestoreOfABoundaryCapturedRightAfterARollbackContinuesIdentically) {
@@ -276,7 +277,8 @@ TEST_P(RoundSuite, RefusalsLeaveTheCacheAsItWas) {
   EXPECT_TRUE(a->ArmRound(3).IsFailedPrecondition());
   Status past = f.Append(4);
   EXPECT_TRUE(past.IsResourceExhausted()) << past.ToString();
-  EXPECT_NE(past.message().find("passes the armed round of 3 positions"), std::string::npos) << past.message();
+  EXPECT_NE(past.message().find("passes the armed round of 3 positions"), std::string::npos)
+      << past.message();
   // Nothing was appended by the refused call (it failed on the first layer).
   EXPECT_EQ(a->RoundAppended().value(), 0u);
   // A recurrent step whose scan inputs were not stashed is refused.

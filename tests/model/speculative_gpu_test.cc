@@ -87,7 +87,8 @@ void ExpectPlanesClose(const std::vector<LayerSnapshot>& gpu, const std::vector<
           [&](const auto& x) {
             using T = std::decay_t<decltype(x)>;
             if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
-              for (const auto* p : {&x.latent_rows, &x.index_tail_rows, &x.pool_keys}) v.insert(v.end(), p->begin(), p->end());
+              for (const auto* p : {&x.latent_rows, &x.index_tail_rows, &x.pool_keys})
+                v.insert(v.end(), p->begin(), p->end());
             } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
               for (const auto* p : {&x.conv_ring, &x.state}) v.insert(v.end(), p->begin(), p->end());
             } else {
@@ -111,12 +112,14 @@ TEST_P(SpeculativeGpuTest, VerifyRowsMatchOneTokenCallsAndTheCpu) {
   ASSERT_NO_FATAL_FAILURE(MakePair(k, w, &p));
   const auto prompt = Tokens(150, 1), draft = Tokens(kRound + 1, 2);
   const std::span<const std::uint32_t> round = std::span(draft).subspan(1);
-  auto gv = p.gpu->NewSession().value(), gd = p.gpu->NewSession().value(), cv = p.cpu.model->NewSession().value();
+  auto gv = p.gpu->NewSession().value(), gd = p.gpu->NewSession().value(),
+       cv = p.cpu.model->NewSession().value();
   std::vector<float> ignore, g_verify, g_decode, c_verify;
   for (ModelSession* s : {&gv, &gd}) ASSERT_TRUE(p.gpu->Prime(*s, prompt, LogitsWanted::kLast, &ignore).ok());
   ASSERT_TRUE(p.cpu.model->Prime(cv, prompt, LogitsWanted::kLast, &ignore).ok());
   ASSERT_TRUE(p.gpu->Verify(gv, round, &g_verify).ok());
-  for (std::uint32_t t : round) ASSERT_TRUE(p.gpu->Prime(gd, std::span(&t, 1), LogitsWanted::kLast, &g_decode).ok());
+  for (std::uint32_t t : round)
+    ASSERT_TRUE(p.gpu->Prime(gd, std::span(&t, 1), LogitsWanted::kLast, &g_decode).ok());
   ASSERT_TRUE(p.cpu.model->Verify(cv, round, &c_verify).ok());
   EXPECT_LE(RelErr(g_verify, g_decode), 1e-4) << "verify against one-token calls on the device";
   EXPECT_LE(RelErr(g_verify, c_verify), 1e-4) << "verify against the CPU's";

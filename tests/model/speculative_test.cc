@@ -55,7 +55,9 @@ std::vector<Named> Configs() {
           {WithAttn("attn-swa-tq2", 8, 2), 0}};
 }
 
-std::string Trace(const Named& n) { return n.config.name + (n.ring ? " ring " + std::to_string(n.ring) : ""); }
+std::string Trace(const Named& n) {
+  return n.config.name + (n.ring ? " ring " + std::to_string(n.ring) : "");
+}
 
 std::vector<std::uint32_t> Prompt(std::size_t n, std::uint32_t salt = 0) {
   std::vector<std::uint32_t> t{kBosToken};
@@ -74,8 +76,8 @@ std::vector<LayerSnapshot> Capture(const ModelSession& s) {
 }
 
 Result<testing::CpuModel> Make(const Named& n, std::uint64_t max_ctx = 256) {
-  return MakeCpuModel(n.config, Weights::Generate(n.config, 21), max_ctx, /*chunk=*/64, /*sessions=*/2, n.ring,
-                      kRound);
+  return MakeCpuModel(n.config, Weights::Generate(n.config, 21), max_ctx, /*chunk=*/64, /*sessions=*/2,
+                      n.ring, kRound);
 }
 
 TEST(SpeculativeTest, VerifyRowsAreBitIdenticalToOneTokenDecodeCalls) {
@@ -90,7 +92,8 @@ TEST(SpeculativeTest, VerifyRowsAreBitIdenticalToOneTokenDecodeCalls) {
     ASSERT_TRUE(m->model->Prime(b, prompt, LogitsWanted::kLast, &ignore).ok());
     const std::span<const std::uint32_t> tokens = std::span(draft).subspan(1);
     ASSERT_TRUE(m->model->Verify(a, tokens, &verify).ok());
-    for (std::uint32_t t : tokens) ASSERT_TRUE(m->model->Prime(b, std::span(&t, 1), LogitsWanted::kLast, &decode).ok());
+    for (std::uint32_t t : tokens)
+      ASSERT_TRUE(m->model->Prime(b, std::span(&t, 1), LogitsWanted::kLast, &decode).ok());
     EXPECT_TRUE(SameBits(verify, decode)) << "verify rows differ from one-token calls";
     ASSERT_TRUE(m->model->ResolveRound(a, kRound).ok());
     EXPECT_EQ(a.position, b.position);
@@ -138,7 +141,7 @@ struct Decoded {
 // Primes `prompt` in a fresh session and decodes max_new tokens greedily,
 // plainly (options null) or speculatively.
 Decoded Decode(testing::CpuModel& m, const std::vector<std::uint32_t>& prompt, std::size_t max_new,
-           const SpeculateOptions* options) {
+               const SpeculateOptions* options) {
   Decoded r;
   auto s = m.model->NewSession().value();
   std::vector<float> last;
@@ -159,7 +162,8 @@ void ExpectSameRun(const Decoded& spec, const Decoded& plain) {
 }
 
 TEST(SpeculativeTest, NgramSpeculationEqualsPlainGreedyTokenForToken) {
-  const std::vector<std::uint32_t> repetitive = Tokenize(std::string(4, ' ') + "abcabcabcabcabcabcabcabc abc abc");
+  const std::vector<std::uint32_t> repetitive =
+      Tokenize(std::string(4, ' ') + "abcabcabcabcabcabcabcabc abc abc");
   for (const Named& n : Configs()) {
     for (std::size_t gamma : {std::size_t{1}, std::size_t{kGamma}}) {
       SCOPED_TRACE(Trace(n) + " gamma " + std::to_string(gamma));

@@ -32,7 +32,9 @@ using namespace primecache;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double Ms(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+double Ms(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
 
 int Fail(const Status& s, const char* what) {
   std::fprintf(stderr, "spec-bench: %s: %s\n", what, s.ToString().c_str());
@@ -85,7 +87,8 @@ Result<Decoded> Decode(model::HybridModel& m, const std::vector<std::uint32_t>& 
     model::SpeculateOptions o;
     o.gamma = a.gamma;
     o.drafter = std::move(drafter);
-    PC_ASSIGN_OR_RETURN(d.tokens, model::GenerateSpeculative(m, s, prompt, last, a.new_tokens, o, stats, nullptr));
+    PC_ASSIGN_OR_RETURN(d.tokens,
+                        model::GenerateSpeculative(m, s, prompt, last, a.new_tokens, o, stats, nullptr));
   } else {
     PC_ASSIGN_OR_RETURN(d.tokens, m.Generate(s, last, a.new_tokens, nullptr));
   }
@@ -93,19 +96,22 @@ Result<Decoded> Decode(model::HybridModel& m, const std::vector<std::uint32_t>& 
   return d;
 }
 
-double Tps(const Decoded& d) { return d.tokens.size() / (d.ms / 1e3); }
+double Tps(const Decoded& d) {
+  return d.tokens.size() / (d.ms / 1e3);
+}
 
 void Report(const char* what, const engine::Engine& e, const Decoded& plain, const Decoded& spec,
             const model::SpeculateStats& st) {
-  std::printf("%-26s %7.1f tokens/s (%zu tokens in %.1f ms), %.2fx plain\n", what, Tps(spec), spec.tokens.size(),
-              spec.ms, Tps(spec) / Tps(plain));
+  std::printf("%-26s %7.1f tokens/s (%zu tokens in %.1f ms), %.2fx plain\n", what, Tps(spec),
+              spec.tokens.size(), spec.ms, Tps(spec) / Tps(plain));
   std::printf("  rounds %llu, plain steps %llu, drafted %llu, accepted %llu, acceptance %.3f\n",
               static_cast<unsigned long long>(st.rounds), static_cast<unsigned long long>(st.plain_steps),
               static_cast<unsigned long long>(st.drafted), static_cast<unsigned long long>(st.accepted),
               st.acceptance());
   const double rounds = st.rounds == 0 ? 1.0 : static_cast<double>(st.rounds);
-  std::printf("  round stash %.2f MiB per session; per round: verify %.3f ms (arming included), resolve %.3f ms\n",
-              StashBytes(e.reserve()) / 1048576.0, st.verify_ms / rounds, st.resolve_ms / rounds);
+  std::printf(
+      "  round stash %.2f MiB per session; per round: verify %.3f ms (arming included), resolve %.3f ms\n",
+      StashBytes(e.reserve()) / 1048576.0, st.verify_ms / rounds, st.resolve_ms / rounds);
   std::printf("  outputs identical to plain greedy: %s\n", spec.tokens == plain.tokens ? "yes" : "NO");
 }
 
@@ -115,7 +121,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Speculative against plain greedy decoding"};
   Args a;
   app.add_option("--config", a.config_path, "model config (JSON)");
-  app.add_option("--prompt-tokens", a.prompt_tokens, "repetitive prompt length")->check(CLI::Range(2, 1 << 20));
+  app.add_option("--prompt-tokens", a.prompt_tokens, "repetitive prompt length")
+      ->check(CLI::Range(2, 1 << 20));
   app.add_option("--new-tokens", a.new_tokens, "tokens to generate")->check(CLI::Range(1, 1 << 16));
   app.add_option("--speculate", a.gamma, "drafted tokens per verify round")->check(CLI::Range(1, 64));
   app.add_option("--chunk", a.chunk, "tokens per forward call of the prefill")->check(CLI::Range(1, 65536));
@@ -148,18 +155,20 @@ int main(int argc, char** argv) {
   if (!plain.ok()) return Fail(plain.status(), "plain decode");
   std::printf("device: %s, %s, prompt %zu tokens, %zu new, gamma %zu\n", (*e)->device().name().c_str(),
               config->name.c_str(), a.prompt_tokens, a.new_tokens, a.gamma);
-  std::printf("%-26s %7.1f tokens/s (%zu tokens in %.1f ms)\n", "plain greedy:", Tps(*plain), plain->tokens.size(),
-              plain->ms);
+  std::printf("%-26s %7.1f tokens/s (%zu tokens in %.1f ms)\n", "plain greedy:", Tps(*plain),
+              plain->tokens.size(), plain->ms);
   model::SpeculateStats lookup, oracle;
   auto spec = Decode(**m, prompt, a, &lookup);
   if (!spec.ok()) return Fail(spec.status(), "speculative decode");
   Report("prompt-lookup speculation:", **e, *plain, *spec, lookup);
   const std::vector<std::uint32_t> truth = plain->tokens;
   const std::size_t n = prompt.size();
-  auto right = Decode(**m, prompt, a, &oracle, [&truth, n](std::span<const std::uint32_t> h, std::size_t max) {
-    const std::size_t at = std::min(h.size() - n, truth.size());
-    return std::vector<std::uint32_t>(truth.begin() + at, truth.begin() + std::min(at + max, truth.size()));
-  });
+  auto right =
+      Decode(**m, prompt, a, &oracle, [&truth, n](std::span<const std::uint32_t> h, std::size_t max) {
+        const std::size_t at = std::min(h.size() - n, truth.size());
+        return std::vector<std::uint32_t>(truth.begin() + at,
+                                          truth.begin() + std::min(at + max, truth.size()));
+      });
   if (!right.ok()) return Fail(right.status(), "speculative decode with the plain run's drafts");
   Report("drafts always right:", **e, *plain, *right, oracle);
   return spec->tokens == plain->tokens && right->tokens == plain->tokens ? 0 : 2;

@@ -155,8 +155,8 @@ TEST(CudaVsCpuRoundTest, RollbacksAgreeAcrossBackends) {
   ASSERT_NE(cuda, nullptr);
   auto cpu = NewCpuDevice({.memory_bytes = 4ull << 30});
   const KvPlan rotating{6, 6, KvFormat{8, 0, 0, 0}};
-  ReserveRequest req{StatePlan{{RecurrentPlan{4, 32, 4}, LatentPlan{64, 16, 32, 4}, rotating, LatentPlan{32, 0, 0, 0},
-                                RecurrentPlan{2, 64, 2}}},
+  ReserveRequest req{StatePlan{{RecurrentPlan{4, 32, 4}, LatentPlan{64, 16, 32, 4}, rotating,
+                                LatentPlan{32, 0, 0, 0}, RecurrentPlan{2, 64, 2}}},
                      256, 1, 1, 8};
   req.round_tokens = 5;
   auto eg = Engine::Create(cuda, req).value();
