@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 
 #include "kernels/cpu_math.h"
 
@@ -93,6 +94,12 @@ Result<std::vector<std::uint32_t>> GenerateSpeculative(HybridModel& model, Model
   if (last_logits.size() != V)
     return Status::InvalidArgument("model: last_logits must hold one row of vocab logits");
   if (options.gamma == 0) return Status::InvalidArgument("speculate: gamma must be > 0");
+  const std::uint64_t booked = model.engine().reserve().request.round_tokens;
+  if (options.gamma + 1 > booked) {
+    return Status::InvalidArgument("speculate: rounds of gamma + 1 = " + std::to_string(options.gamma + 1) +
+                                   " positions; the engine's reserve books " + std::to_string(booked) +
+                                   " (ReserveRequest::round_tokens)");
+  }
   SpeculateStats local;
   SpeculateStats& st = stats != nullptr ? *stats : local;
   std::vector<std::uint32_t> history(context.begin(), context.end()), out;
