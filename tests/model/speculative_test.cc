@@ -273,7 +273,8 @@ TEST(SpeculativeTest, VerifyRefusesWithoutARoundReserveAndLeavesTheSessionAsItWa
   ExpectSnapshotsEqual(Capture(s), before);
   EXPECT_TRUE(m->model->ResolveRound(s, 0).IsFailedPrecondition());
   // Speculation refuses up front when the reserve books no rounds that long.
-  auto spec = GenerateSpeculative(*m->model, s, Prompt(9), std::vector<float>(c.vocab), 4, {}, nullptr, nullptr);
+  auto spec =
+      GenerateSpeculative(*m->model, s, Prompt(9), std::vector<float>(c.vocab), 4, {}, nullptr, nullptr);
   EXPECT_TRUE(spec.status().IsInvalidArgument());
   EXPECT_NE(spec.status().message().find("rounds of gamma + 1 = 5 positions"), std::string::npos)
       << spec.status().message();
