@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "engine/device.h"
@@ -19,15 +18,18 @@
 
 namespace primecache::engine::testing {
 
-// n values of one position: normal(0, 1) from (seed, layer, pos, salt).
+// n values of one position, uniform in [-2, 2), from (seed, layer, pos, salt)
+// (splitmix64: cheap enough for the fuzz target's many small appends).
 inline void AppendTokenValues(std::uint64_t seed, std::size_t layer, std::uint64_t pos, std::uint32_t salt,
                               std::size_t n, std::vector<float>* out) {
-  std::seed_seq seq{static_cast<std::uint32_t>(seed),      static_cast<std::uint32_t>(seed >> 32),
-                    static_cast<std::uint32_t>(layer),     static_cast<std::uint32_t>(pos),
-                    static_cast<std::uint32_t>(pos >> 32), salt};
-  std::mt19937 rng(seq);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (std::size_t i = 0; i < n; ++i) out->push_back(nd(rng));
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (std::uint64_t{layer} << 48) ^ (pos << 8) ^ salt;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    out->push_back(static_cast<float>(z >> 40) / static_cast<float>(1 << 24) * 4.0f - 2.0f);
+  }
 }
 
 // Values of positions [pos, pos + count), `n` per position, token-major.
