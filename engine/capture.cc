@@ -31,15 +31,13 @@ Status LayerRefusal(std::size_t i, const std::string& why) {
   return Status::FailedPrecondition("layer " + N(i) + ": " + why);
 }
 
-// The eager capture of a rotating layer: its held rows, copied on the device
-// into the slot in logical order.
+// The eager capture of a rotating layer: its held rows of the committed
+// state, copied on the device into the slot in logical order.
 Status CopyRotatingToSlot(Device& dev, const KvLayer& kv, float* k_dst, float* v_dst) {
   const std::uint64_t kw = kv.plan().k_width, vw = kv.plan().v_width;
-  for (const RingRun& r : RingRuns(kv.first_held(), kv.held_rows(), kv.capacity())) {
-    PC_RETURN_IF_ERROR(dev.CopyOnDevice(k_dst + r.offset * kw, kv.k_rows() + r.physical * kw,
-                                        r.rows * kw * sizeof(float), Lane::kCompute));
-    PC_RETURN_IF_ERROR(dev.CopyOnDevice(v_dst + r.offset * vw, kv.v_rows() + r.physical * vw,
-                                        r.rows * vw * sizeof(float), Lane::kCompute));
+  for (const KvLayer::RowRun& r : kv.CommittedRuns()) {
+    PC_RETURN_IF_ERROR(dev.CopyOnDevice(k_dst + r.offset * kw, r.k, r.rows * kw * sizeof(float), Lane::kCompute));
+    PC_RETURN_IF_ERROR(dev.CopyOnDevice(v_dst + r.offset * vw, r.v, r.rows * vw * sizeof(float), Lane::kCompute));
   }
   return Status::Ok();
 }
@@ -63,10 +61,10 @@ Status SessionCache::CheckCapturable() const {
       if (l->plan().has_indexer() && l->pool() == 0)
         return LayerRefusal(i, "the indexer's pool is unresolved");
       PC_RETURN_IF_ERROR(l->CheckInvariants().WithContext("layer " + N(i)));
-      len = l->len();
+      len = l->committed_len();
     } else if (const KvLayer* kv = this->kv(i)) {
       PC_RETURN_IF_ERROR(kv->CheckInvariants().WithContext("layer " + N(i)));
-      len = kv->len();
+      len = kv->committed_len();
     } else {
       continue;
     }
@@ -196,16 +194,21 @@ Result<std::vector<LayerSnapshotView>> ToBlock(Device& dev, const SessionCache::
 }
 
 // A KV layer's held rows at a boundary of `len` tokens, in logical order:
-// rows [0, len) of a plain layer, the live buffer's [first_held, len) of a
-// rotating one (len is then the layer's own).
+// rows [0, len) of a plain layer, the committed state's held rows of a
+// rotating one (len is then its committed len).
 void KvSources(const KvLayer& kv, std::uint64_t len, SessionCache::Sources* src) {
   const KvPlan& p = kv.plan();
-  const KvShape shape{len, p.k_width, p.v_width, p.format, p.format.rotating() ? kv.held_rows() : 0};
+  const bool rot = p.format.rotating();
+  const KvShape shape{len, p.k_width, p.v_width, p.format, rot ? len - kv.committed_first_held() : 0};
   src->NewLayer(shape);
-  const std::uint64_t first = p.format.rotating() ? kv.first_held() : 0;
-  for (const RingRun& r : RingRuns(first, shape.held_rows(), kv.capacity())) {
-    src->FromDevice(0, r.offset * p.k_width, kv.k_rows() + r.physical * p.k_width, r.rows * p.k_width);
-    src->FromDevice(1, r.offset * p.v_width, kv.v_rows() + r.physical * p.v_width, r.rows * p.v_width);
+  if (!rot) {
+    src->FromDevice(0, 0, kv.k_rows(), len * p.k_width);
+    src->FromDevice(1, 0, kv.v_rows(), len * p.v_width);
+    return;
+  }
+  for (const KvLayer::RowRun& r : kv.CommittedRuns()) {
+    src->FromDevice(0, r.offset * p.k_width, r.k, r.rows * p.k_width);
+    src->FromDevice(1, r.offset * p.v_width, r.v, r.rows * p.v_width);
   }
 }
 
@@ -220,8 +223,8 @@ Result<SessionCache::Sources> SessionCache::FullSources() {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     if (LatentLayer* l = latent(i)) {
       const bool ring = l->ring_ && l->plan_.has_indexer();
-      const LatentShape s{l->len_, l->width(), l->index_width(), l->pool_, l->pools_ready_, ring,
-                          ring ? l->ring_rows_ : 0};
+      const LatentShape s{l->committed_len(), l->width(), l->index_width(), l->pool_, l->committed_pools_ready(),
+                          ring, ring ? l->ring_rows_ : 0};
       src.NewLayer(s);
       src.FromDevice(0, 0, l->rows_, s.latent_values());
       if (l->plan_.has_indexer()) {
@@ -237,10 +240,10 @@ Result<SessionCache::Sources> SessionCache::FullSources() {
       }
     } else if (RecurrentLayer* r = recurrent(i)) {
       src.NewLayer(RecurrentShape{r->plan_.heads, r->plan_.head_dim, r->plan_.kernel});
-      src.FromDevice(0, 0, r->conv_, r->plan_.conv_values());
-      src.FromDevice(1, 0, r->state(), r->plan_.state_values());
+      src.FromDevice(0, 0, r->committed_conv_ring(), r->plan_.conv_values());
+      src.FromDevice(1, 0, r->committed_state(), r->plan_.state_values());
     } else {
-      KvSources(*kv(i), kv(i)->len_, &src);
+      KvSources(*kv(i), kv(i)->committed_len(), &src);
     }
   }
   return src;
@@ -277,8 +280,8 @@ Result<PendingCapture> SessionCache::CaptureEager() {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     if (LatentLayer* l = latent(i)) {
       EagerLatent e;
-      e.len = l->len_;
-      e.pools_ready = l->pools_ready_;
+      e.len = l->committed_len();
+      e.pools_ready = l->committed_pools_ready();
       e.width = l->width();
       e.index_width = l->index_width();
       e.pool = l->pool_;
@@ -294,16 +297,16 @@ Result<PendingCapture> SessionCache::CaptureEager() {
       half.layers.emplace_back(std::move(e));
     } else if (RecurrentLayer* r = recurrent(i)) {
       const RecurrentPlan& p = r->plan_;
-      PC_RETURN_IF_ERROR(dev.CopyOnDevice(dslot.at<float>(areas[i].conv_ring.offset), r->conv_,
+      PC_RETURN_IF_ERROR(dev.CopyOnDevice(dslot.at<float>(areas[i].conv_ring.offset), r->committed_conv_ring(),
                                           p.conv_values() * sizeof(float), Lane::kCompute));
-      PC_RETURN_IF_ERROR(dev.CopyOnDevice(dslot.at<float>(areas[i].state.offset), r->state(),
+      PC_RETURN_IF_ERROR(dev.CopyOnDevice(dslot.at<float>(areas[i].state.offset), r->committed_state(),
                                           p.state_values() * sizeof(float), Lane::kCompute));
       half.layers.emplace_back(RecurrentSnapshot{p.heads, p.head_dim, p.kernel, {}, {}});
     } else {
       KvLayer* kv = this->kv(i);
-      EagerKv e{kv->len_, kv->plan_.k_width, kv->plan_.v_width, kv->plan_.format, 0, {}, {}};
+      EagerKv e{kv->committed_len(), kv->plan_.k_width, kv->plan_.v_width, kv->plan_.format, 0, {}, {}};
       if (e.format.rotating()) {
-        e.rows = kv->held_rows();
+        e.rows = e.len - kv->committed_first_held();
         PC_RETURN_IF_ERROR(CopyRotatingToSlot(dev, *kv, dslot.at<float>(areas[i].k_rows.offset),
                                               dslot.at<float>(areas[i].v_rows.offset)));
       } else {

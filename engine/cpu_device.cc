@@ -68,6 +68,7 @@ class CpuDevice final : public Device {
   Status PushConvRing(const kernels::ConvRingPushArgs& a, Lane) override {
     return kernels::PushConvRingCpu(a);
   }
+  Status KdaScan(const kernels::KdaScanArgs& a, Lane) override { return kernels::KdaScanCpu(a); }
 
   Result<Event> Record(Lane) override { return MakeEvent(nullptr); }
   Status Wait(Lane, const Event& e) override { return CheckEvent(e); }

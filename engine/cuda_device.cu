@@ -230,6 +230,10 @@ class CudaDevice final : public Device {
     cudaSetDevice(ordinal_);
     return kernels::PushConvRingCuda(a, stream(lane));
   }
+  Status KdaScan(const kernels::KdaScanArgs& a, Lane lane) override {
+    cudaSetDevice(ordinal_);
+    return kernels::KdaScanCuda(a, stream(lane));
+  }
 
   Result<Event> Record(Lane lane) override {
     cudaSetDevice(ordinal_);

@@ -41,6 +41,7 @@
 #include <string>
 
 #include "kernels/conv_ring.h"
+#include "kernels/kda_scan.h"
 #include "kernels/pool_keys.h"
 #include "kernels/ring_rows.h"
 #include "primecache/engine.h"
@@ -163,6 +164,9 @@ class Device {
   virtual Status ScatterRows(const kernels::RingRowsArgs& args, Lane lane) = 0;
   virtual Status BuildPoolKeys(const kernels::PoolKeyArgs& args, Lane lane) = 0;
   virtual Status PushConvRing(const kernels::ConvRingPushArgs& args, Lane lane) = 0;
+  // The KDA scan (the model's own kernel): a round rollback replays the kept
+  // tokens through it.
+  virtual Status KdaScan(const kernels::KdaScanArgs& args, Lane lane) = 0;
 
   // ---- ordering ----
   // An event at the current end of `lane`.

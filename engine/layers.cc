@@ -19,6 +19,18 @@ Status Broken(const std::string& what) {
   return Status::Internal("latent layer invariant broken: " + what);
 }
 
+// An append of `count` positions within the armed round, if one is armed.
+Status CheckRoundRoom(const RoundMark& round, std::uint64_t count, const char* what) {
+  if (!round.armed || count <= round.limit - round.appended) return Status::Ok();
+  return Status::ResourceExhausted(std::string(what) + " of " + N(count) + " tokens passes the armed round of " +
+                            N(round.limit) + " positions (" + N(round.appended) + " appended)");
+}
+
+Status RefuseInRound(const RoundMark& round, const char* what) {
+  if (!round.armed) return Status::Ok();
+  return Status::FailedPrecondition(std::string(what) + " while a speculative round is armed; commit or roll it back");
+}
+
 void LowerWatches(std::vector<std::weak_ptr<RewindWatch>>* watches, std::size_t layer,
                   std::uint64_t new_len) {
   auto it = watches->begin();
@@ -102,6 +114,7 @@ Status LatentLayer::Append(const float* latent_rows, const float* index_rows, st
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (count == 0) return Status::Ok();
   if (latent_rows == nullptr) return Status::InvalidArgument("append: null latent rows");
+  PC_RETURN_IF_ERROR(CheckRoundRoom(round_, count, "append"));
   if (count > max_ctx_ - len_) {
     return Status::ResourceExhausted("append of " + N(count) + " tokens at len " + N(len_) +
                                      " passes max_ctx " + N(max_ctx_));
@@ -163,11 +176,17 @@ Status LatentLayer::Append(const float* latent_rows, const float* index_rows, st
       pools_ready_ = ready;
     }
   }
+  if (round_.armed) round_.appended = len_ - round_.base;
   Status wl = WriteLen();
   return st.ok() ? wl : st;
 }
 
 Status LatentLayer::Truncate(std::uint64_t new_len) {
+  PC_RETURN_IF_ERROR(RefuseInRound(round_, "truncate"));
+  return TruncateTo(new_len);
+}
+
+Status LatentLayer::TruncateTo(std::uint64_t new_len) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (new_len > len_) return Status::InvalidArgument("truncate to " + N(new_len) + " above len " + N(len_));
   if (new_len == len_) return Status::Ok();
@@ -193,6 +212,17 @@ Status LatentLayer::Truncate(std::uint64_t new_len) {
 Status RecurrentLayer::Step(const float* conv_inputs, std::uint64_t count) {
   if (dev_ == nullptr) return Status::FailedPrecondition("recurrent layer is not part of a cache");
   if (count == 0 || conv_inputs == nullptr) return Status::InvalidArgument("step: no inputs");
+  if (round_.armed) {
+    PC_RETURN_IF_ERROR(CheckRoundRoom(round_, count, "step"));
+    if (round_.stashed != round_.appended + count) {
+      return Status::FailedPrecondition("step of " + N(count) + " tokens in a round: the scan inputs of " +
+                                        N(round_.stashed - round_.appended) +
+                                        " tokens are stashed (StashScanInputs first)");
+    }
+    const std::uint64_t c = plan_.conv_channels();
+    PC_RETURN_IF_ERROR(dev_->CopyOnDevice(stash_.raw + round_.appended * c, conv_inputs, count * c * sizeof(float),
+                                          Lane::kCompute));
+  }
   kernels::ConvRingPushArgs a;
   a.ring = conv_;
   a.inputs = conv_inputs;
@@ -202,6 +232,7 @@ Status RecurrentLayer::Step(const float* conv_inputs, std::uint64_t count) {
   PC_RETURN_IF_ERROR(dev_->PushConvRing(a, Lane::kCompute));
   touched_ = true;
   cur_ ^= 1;
+  if (round_.armed) round_.appended += count;
   return Status::Ok();
 }
 
@@ -242,6 +273,7 @@ Status KvLayer::Append(const float* k_rows, const float* v_rows, std::uint64_t c
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (count == 0) return Status::Ok();
   if (k_rows == nullptr || v_rows == nullptr) return Status::InvalidArgument("KV append: null rows");
+  PC_RETURN_IF_ERROR(CheckRoundRoom(round_, count, "KV append"));
   if (count > max_ctx_ - len_) {
     return Status::ResourceExhausted("KV append of " + N(count) + " tokens at len " + N(len_) +
                                      " passes max_ctx " + N(max_ctx_));
@@ -252,6 +284,7 @@ Status KvLayer::Append(const float* k_rows, const float* v_rows, std::uint64_t c
     PC_RETURN_IF_ERROR(dev_->CopyOnDevice(k_ + len_ * kw, k_rows, count * kw * sizeof(float), Lane::kCompute));
     PC_RETURN_IF_ERROR(dev_->CopyOnDevice(v_ + len_ * vw, v_rows, count * vw * sizeof(float), Lane::kCompute));
     len_ += count;
+    if (round_.armed) round_.appended += count;
     return WriteLen();
   }
   // Only the last `rows_` rows of the call survive; earlier ones would be
@@ -263,10 +296,16 @@ Status KvLayer::Append(const float* k_rows, const float* v_rows, std::uint64_t c
   }
   len_ += count;
   if (len_ - lo_ > rows_) lo_ = len_ - rows_;
+  if (round_.armed) round_.appended += count;
   return WriteLen();
 }
 
 Status KvLayer::Truncate(std::uint64_t new_len) {
+  PC_RETURN_IF_ERROR(RefuseInRound(round_, "KV truncate"));
+  return TruncateTo(new_len);
+}
+
+Status KvLayer::TruncateTo(std::uint64_t new_len) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (new_len > len_)
     return Status::InvalidArgument("KV truncate to " + N(new_len) + " above len " + N(len_));

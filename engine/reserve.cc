@@ -79,9 +79,11 @@ std::vector<std::pair<std::string, std::uint64_t>> Terms(const ReservePlan& p) {
             t.emplace_back(l + "pool keys", r.pool_keys.bytes * s);
           } else if constexpr (std::is_same_v<T, RecurrentReserve>) {
             t.emplace_back(l + "recurrent state pair", (r.state[0].bytes + r.state[1].bytes) * s);
+            t.emplace_back(l + "round stash", r.round.bytes() * s);
           } else {
             t.emplace_back(l + (r.rows < p.request.max_ctx ? "rotating K/V rows" : "K/V rows"),
                            (r.k_rows.bytes + r.v_rows.bytes) * s);
+            t.emplace_back(l + "round stash", (r.round_k.bytes + r.round_v.bytes) * s);
           }
         },
         p.layers[i]);
@@ -91,7 +93,33 @@ std::vector<std::pair<std::string, std::uint64_t>> Terms(const ReservePlan& p) {
   return t;
 }
 
+// A recurrent layer's round stash for rounds of `t` positions (empty when t is 0).
+RecurrentRoundStash TakeRoundStash(Layout& arena, const RecurrentPlan& l, std::uint64_t t) {
+  RecurrentRoundStash r;
+  if (t == 0) return r;
+  const std::uint64_t nd = std::uint64_t{l.heads} * l.head_dim;
+  r.conv_ring = arena.Take(arena.Mul(l.conv_values(), kF32));
+  r.state = arena.Take(arena.Mul(l.state_values(), kF32));
+  r.raw = arena.Take(arena.Mul(t, l.conv_channels(), kF32));
+  r.qkv = arena.Take(arena.Mul(t, l.conv_channels(), kF32));
+  r.g = arena.Take(arena.Mul(t, nd, kF32));
+  r.b = arena.Take(arena.Mul(t, l.heads, kF32));
+  r.out = arena.Take(arena.Mul(t, nd, kF32));
+  return r;
+}
+
+void AddProblem(std::string* problems, std::size_t layer, const std::string& what) {
+  *problems += (problems->empty() ? "" : "; ") + std::string("layer ") + std::to_string(layer) + ": " + what;
+}
+
 }  // namespace
+
+std::uint64_t MinRingRows(std::uint32_t pool, std::uint32_t round_tokens) {
+  if (pool == 0) return 0;
+  if (round_tokens == 0) return pool;
+  const std::uint64_t need = std::uint64_t{pool} - 1 + round_tokens;
+  return (need + pool - 1) / pool * pool;
+}
 
 std::uint64_t BytesPerToken(const LayerPlan& layer, std::uint64_t len) {
   if (const auto* l = std::get_if<LatentPlan>(&layer)) return std::uint64_t{l->width()} * kF32;
@@ -130,9 +158,16 @@ Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
             SlotArea area;
             if (l.has_indexer()) {
               if (req.index_ring_rows != 0 && req.index_ring_rows < l.pool) {
-                problems += (problems.empty() ? "" : "; ") + std::string("layer ") + std::to_string(i) +
-                            ": a ring of " + std::to_string(req.index_ring_rows) +
-                            " rows holds less than one pool of " + std::to_string(l.pool);
+                AddProblem(&problems, i,
+                           "a ring of " + std::to_string(req.index_ring_rows) +
+                               " rows holds less than one pool of " + std::to_string(l.pool));
+              } else if (req.index_ring_rows != 0 &&
+                         req.index_ring_rows < MinRingRows(l.pool, req.round_tokens)) {
+                AddProblem(&problems, i,
+                           "a ring of " + std::to_string(req.index_ring_rows) +
+                               " rows cannot hold a round of " + std::to_string(req.round_tokens) +
+                               " tokens after a partial pool of " + std::to_string(l.pool) + " (it needs " +
+                               std::to_string(MinRingRows(l.pool, req.round_tokens)) + ")");
               }
               r.index_is_ring = req.index_ring_rows != 0;
               r.index_rows = r.index_is_ring ? req.index_ring_rows : req.max_ctx;
@@ -152,6 +187,7 @@ Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
             r.conv_ring = arena.Take(conv);
             r.state[0] = arena.Take(state);
             r.state[1] = arena.Take(state);
+            r.round = TakeRoundStash(arena, l, req.round_tokens);
             SlotArea area;
             area.conv_ring = slot.Take(conv);
             area.state = slot.Take(state);
@@ -165,6 +201,15 @@ Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
             r.k_rows = arena.Take(k_bytes);
             r.v_rows = arena.Take(v_bytes);
             r.len_mirror = arena.Take(sizeof(std::int32_t));
+            if (l.format.rotating() && req.round_tokens != 0) {
+              if (req.round_tokens > r.rows) {
+                AddProblem(&problems, i,
+                           "a round of " + std::to_string(req.round_tokens) +
+                               " tokens passes the rotating buffer of " + std::to_string(r.rows) + " rows");
+              }
+              r.round_k = arena.Take(arena.Mul(req.round_tokens, l.k_width, kF32));
+              r.round_v = arena.Take(arena.Mul(req.round_tokens, l.v_width, kF32));
+            }
             SlotArea area;
             if (l.format.rotating()) {
               area.k_rows = slot.Take(k_bytes);
@@ -207,15 +252,15 @@ Result<ReservePlan> Preflight(const ReserveRequest& request, std::uint64_t free_
 
 std::vector<std::uint64_t> RingFitLadder(const ReserveRequest& request) {
   std::vector<std::uint64_t> ladder{request.index_ring_rows};
-  std::uint64_t max_pool = 0;
+  std::uint64_t floor = 0;
   for (const auto& l : request.plan.layers) {
     if (const auto* lp = std::get_if<LatentPlan>(&l); lp != nullptr && lp->has_indexer()) {
-      max_pool = std::max<std::uint64_t>(max_pool, lp->pool);
+      floor = std::max<std::uint64_t>(floor, MinRingRows(lp->pool, request.round_tokens));
     }
   }
-  if (max_pool == 0) return ladder;
+  if (floor == 0) return ladder;
   const std::uint64_t start = request.index_ring_rows == 0 ? request.max_ctx : request.index_ring_rows;
-  for (std::uint64_t d = start / 2; d >= max_pool; d /= 2) ladder.push_back(d);
+  for (std::uint64_t d = start / 2; d >= floor; d /= 2) ladder.push_back(d);
   return ladder;
 }
 

@@ -138,6 +138,13 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
       l->conv_ = m.at<float>(rr->conv_ring.offset);
       l->state_[0] = m.at<float>(rr->state[0].offset);
       l->state_[1] = m.at<float>(rr->state[1].offset);
+      if (rr->round.state.bytes != 0) {
+        const RecurrentRoundStash& st = rr->round;
+        l->stash_ = {m.at<float>(st.conv_ring.offset), m.at<float>(st.state.offset),
+                     m.at<float>(st.raw.offset),       m.at<float>(st.qkv.offset),
+                     m.at<float>(st.g.offset),         m.at<float>(st.b.offset),
+                     m.at<float>(st.out.offset),       0.0f};
+      }
       layers_.emplace_back(std::move(l));
     } else {
       const auto& kr = std::get<KvReserve>(p.layers[i]);
@@ -150,6 +157,10 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
       l->v_ = m.at<float>(kr.v_rows.offset);
       l->rows_ = kr.rows;
       l->len_d_ = m.at<std::int32_t>(kr.len_mirror.offset);
+      if (kr.round_k.bytes != 0) {
+        l->round_k_ = m.at<float>(kr.round_k.offset);
+        l->round_v_ = m.at<float>(kr.round_v.offset);
+      }
       layers_.emplace_back(std::move(l));
     }
   }
@@ -196,7 +207,7 @@ const KvLayer* SessionCache::kv(std::size_t i) const {
 }
 
 bool SessionCache::fresh() const {
-  if (!broken_.empty()) return false;
+  if (!broken_.empty() || round_armed_) return false;
   for (const auto& l : layers_) {
     const bool touched = std::visit([](const auto& p) { return p->touched_; }, l);
     if (touched) return false;

@@ -336,6 +336,10 @@ Status HybridModel::KdaMixer(ModelSession& s, std::size_t l, std::size_t count) 
   scan.gate_lower_bound = k.gate_lower_bound;
   scan.qkv_token_stride = 3 * nd;
   PC_RETURN_IF_ERROR(c.KdaScan(scan));
+  if (s.cache->round_armed()) {
+    // What a rollback replays: the scan's own inputs.
+    PC_RETURN_IF_ERROR(rec->StashScanInputs({conv, g, b, k.gate_lower_bound}, count));
+  }
   PC_RETURN_IF_ERROR(rec->Step(raw, count));
   PC_RETURN_IF_ERROR(c.KdaOutput(ko, og, L(l, "kda.o_norm.weight"), count, n, d, config_.norm_eps));
   return c.Gemm(ko, nd, L(l, "kda.wo"), S("out"), H, count, nd, H);
@@ -396,6 +400,30 @@ Status HybridModel::AttnMixer(ModelSession& s, std::size_t l, std::size_t count)
   if (signs != nullptr) PC_RETURN_IF_ERROR(c.HadamardRows({o, signs, count, at.heads, hd, qw, /*inverse=*/true}));
   PC_RETURN_IF_ERROR(kv->Append(new_k, new_v, count));
   return c.Gemm(o, qw, L(l, "attn.wo"), S("out"), H, count, qw, H);
+}
+
+Status HybridModel::Verify(ModelSession& s, std::span<const std::uint32_t> tokens, std::vector<float>* logits) {
+  if (s.cache == nullptr) return Status::InvalidArgument("model: session without a cache");
+  if (tokens.empty()) return Status::InvalidArgument("model: a verify call needs tokens");
+  PC_RETURN_IF_ERROR(s.cache->ArmRound(tokens.size()));
+  s.round_base = s.position;
+  Status st = Prime(s, tokens, LogitsWanted::kAll, logits);
+  if (st.ok()) return st;
+  // Nothing of a failed call stays: back to the round's start.
+  if (Status back = ResolveRound(s, 0); !back.ok()) return st.WithContext("and its rollback: " + back.ToString());
+  return st;
+}
+
+Status HybridModel::ResolveRound(ModelSession& s, std::uint64_t keep) {
+  if (s.cache == nullptr) return Status::InvalidArgument("model: session without a cache");
+  PC_ASSIGN_OR_RETURN(std::uint64_t appended, s.cache->RoundAppended());
+  if (keep == appended) {
+    PC_RETURN_IF_ERROR(s.cache->CommitRound());
+  } else {
+    PC_RETURN_IF_ERROR(s.cache->RollbackRound(keep));
+  }
+  s.position = s.round_base + keep;
+  return device_->Synchronize(Lane::kCompute);
 }
 
 Result<std::vector<std::uint32_t>> HybridModel::Generate(ModelSession& s, std::span<const float> last_logits,

@@ -28,6 +28,7 @@ namespace primecache::model {
 struct ModelSession {
   std::unique_ptr<engine::SessionCache> cache;
   std::uint64_t position = 0;
+  std::uint64_t round_base = 0;  // position when the armed round (if any) was armed
 };
 
 enum class LogitsWanted : std::uint8_t { kNone, kLast, kAll };
@@ -63,6 +64,18 @@ class HybridModel {
   // session's capacity before anything runs.
   Status Prime(ModelSession& session, std::span<const std::uint32_t> tokens, LogitsWanted wanted,
                std::vector<float>* logits);
+
+  // A speculative verify call: arms a round of tokens.size() positions on
+  // the session's cache (the engine's reserve must book rounds that long:
+  // ReserveRequest::round_tokens) and runs the tokens, appending one logits
+  // row per token to *logits. On the CPU each row is bit-identical to the
+  // row a one-token call at that position gives. A failed call leaves no
+  // round armed (rolled back to the start).
+  Status Verify(ModelSession& session, std::span<const std::uint32_t> tokens, std::vector<float>* logits);
+  // Resolves the armed round: keeps the first `keep` verified positions
+  // (all of them: a commit) and moves the session's position there. The
+  // cache is then bit-identical to one that was given only those tokens.
+  Status ResolveRound(ModelSession& session, std::uint64_t keep);
 
   // Greedy generation: picks the argmax of `last_logits` (lowest id on
   // ties), feeds it, and repeats until max_new tokens or EOS. Every generated

@@ -18,6 +18,11 @@
 //    pair: a step reads state() and writes next_state()).
 //  - KvLayer: plain K and V rows with len and its mirror.
 //
+// Speculative verify rounds (SessionCache::ArmRound) put every layer in a
+// round: appends stay within the armed positions, and the round ends in a
+// commit (all kept) or a rollback to `keep` positions that leaves the cache
+// bit-identical to one armed at the same point and given only those.
+//
 // Pointers the layers take and return are device pointers of the engine's
 // device (host pointers on the CPU backend). The layers' work runs in order on
 // the device's compute lane: inputs handed to an append or a step must stay
@@ -76,6 +81,29 @@ struct IndexerInputs {
 };
 
 struct RewindWatch;  // engine-internal: low-water marks for the deferred capture
+
+// A layer's part in the armed speculative round (engine/round.cc).
+struct RoundMark {
+  bool armed = false;
+  std::uint64_t base = 0;      // len when armed (0 for a recurrent layer)
+  std::uint64_t limit = 0;     // positions the round may append
+  std::uint64_t appended = 0;  // positions appended (stepped) since arming
+  std::uint64_t pools_ready = 0;  // latent: pools_ready when armed
+  std::uint64_t first_held = 0;   // rotating KV: first held position when armed
+  std::uint64_t stashed = 0;      // rotating KV: rows stashed; recurrent: tokens whose scan inputs are stashed
+};
+
+// The scan inputs of the tokens a recurrent layer's next Step consumes, as
+// the model's scan read them (device pointers, token-major): q|k|v
+// [count, 3 * heads * head_dim] (q and k l2-normalised per head), gate logits
+// [count, heads * head_dim], beta logits [count, heads], and the scan's gate
+// bound.
+struct ScanInputs {
+  const float* qkv = nullptr;
+  const float* g = nullptr;
+  const float* b = nullptr;
+  float gate_lower_bound = 0.0f;
+};
 struct EngineCore;   // engine-internal shared state (arenas, slots)
 class Event;         // engine/device.h
 
@@ -119,8 +147,14 @@ class LatentLayer {
 
   // Lowers len to new_len <= len and clamps pools_ready to new_len / pool in
   // the same place. Refuses when the rows of the new tail are no longer held
-  // (new_len / pool * pool < index_floor()).
+  // (new_len / pool * pool < index_floor()), and while a round is armed.
   Status Truncate(std::uint64_t new_len);
+
+  const RoundMark& round() const { return round_; }
+  // len and pools_ready of the committed state (those at arming while a
+  // round is armed).
+  std::uint64_t committed_len() const { return round_.armed ? round_.base : len_; }
+  std::uint64_t committed_pools_ready() const { return round_.armed ? round_.pools_ready : pools_ready_; }
 
   // Host-side invariants: len <= max_ctx; without a resolved pool no pools;
   // with one, pools_ready == len / pool, the effective ring a positive multiple
@@ -135,8 +169,12 @@ class LatentLayer {
   Status ResolvePool(std::uint32_t pool);
   Status WriteLen();
   void NoteRewind(std::uint64_t new_len);
+  Status TruncateTo(std::uint64_t new_len);
+  Status Arm(std::uint64_t tokens);
+  Status Rollback(std::uint64_t keep);
 
   Device* dev_ = nullptr;
+  RoundMark round_;
   std::size_t index_in_cache_ = 0;
   LatentPlan plan_;
   std::uint64_t max_ctx_ = 0;
@@ -171,17 +209,38 @@ class RecurrentLayer {
   // Completes a step of `count` tokens whose new state the caller wrote into
   // next_state(): pushes the step's pre-conv inputs ([count, 3*heads*head_dim],
   // device, token-major) into the conv ring and makes next_state() current.
+  // While a round is armed the step must stay within it and its tokens' scan
+  // inputs must have been stashed (StashScanInputs); its pre-conv inputs are
+  // stashed too.
   Status Step(const float* conv_inputs, std::uint64_t count);
+  // While a round is armed: stashes the scan inputs of the `count` tokens the
+  // next Step consumes, so that a rollback can replay the kept ones through
+  // the same scan from the pre-round state. FailedPrecondition without a
+  // round, ResourceExhausted past the round's positions.
+  Status StashScanInputs(const ScanInputs& inputs, std::uint64_t count);
+
+  const RoundMark& round() const { return round_; }
+  // The committed conv ring and state (the pre-round copies while a round is armed).
+  const float* committed_conv_ring() const { return round_.armed ? stash_.conv : conv_; }
+  const float* committed_state() const { return round_.armed ? stash_.state : state(); }
 
  private:
   friend class SessionCache;
   RecurrentLayer() = default;
+  Status Arm(std::uint64_t tokens);
+  Status Rollback(std::uint64_t keep);
   Device* dev_ = nullptr;
   RecurrentPlan plan_;
   float* conv_ = nullptr;
   float* state_[2] = {nullptr, nullptr};
   int cur_ = 0;
   bool touched_ = false;
+  struct Stash {
+    float *conv = nullptr, *state = nullptr, *raw = nullptr, *qkv = nullptr, *g = nullptr, *b = nullptr,
+          *out = nullptr;
+    float gate_lower_bound = 0.0f;
+  } stash_;
+  RoundMark round_;
 };
 
 // An attention layer's K and V rows: plain (row of position p at physical
@@ -212,15 +271,35 @@ class KvLayer {
   // pointers, token-major). A rotating layer keeps the last W of them, written
   // by one row-scatter launch per plane.
   Status Append(const float* k_rows, const float* v_rows, std::uint64_t count);
-  // Lowers len to new_len; FailedPrecondition below resumable_floor().
+  // Lowers len to new_len; FailedPrecondition below resumable_floor() and
+  // while a round is armed.
   Status Truncate(std::uint64_t new_len);
   Status CheckInvariants() const;
+
+  const RoundMark& round() const { return round_; }
+  std::uint64_t committed_len() const { return round_.armed ? round_.base : len_; }
+  // A rotating layer's held rows of the committed state, in logical order,
+  // as runs of rows: from the round's stash where the round overwrote them,
+  // else from the buffer. Plain layers: rows [0, committed_len()).
+  struct RowRun {
+    const float* k = nullptr;
+    const float* v = nullptr;
+    std::uint64_t offset = 0, rows = 0;  // logical offset from the first held row
+  };
+  std::uint64_t committed_first_held() const { return round_.armed ? round_.first_held : lo_; }
+  std::vector<RowRun> CommittedRuns() const;
 
  private:
   friend class SessionCache;
   KvLayer() = default;
   Status WriteLen();
   void NoteRewind(std::uint64_t new_len);
+  Status TruncateTo(std::uint64_t new_len);
+  Status Arm(std::uint64_t tokens);
+  Status Rollback(std::uint64_t keep);
+  RoundMark round_;
+  float* round_k_ = nullptr;
+  float* round_v_ = nullptr;
   Device* dev_ = nullptr;
   std::size_t index_in_cache_ = 0;
   KvPlan plan_;
@@ -364,7 +443,33 @@ class SessionCache {
   // Every layer's CheckInvariants, and not left broken by a failed restore.
   Status CheckInvariants() const;
 
-  // ---- capture: preconditions for all three: every per-token layer holds
+  // ---- speculative verify rounds (docs/engine.md, "Verify rounds")
+
+  // Arms a round on every layer: the next calls may append up to `tokens`
+  // positions (at most the reserve's round_tokens), and the round ends with
+  // CommitRound (all kept) or RollbackRound(keep). Stashes what a rollback
+  // needs (each recurrent layer's conv ring and state, each rotating layer's
+  // rows the round may overwrite) in the arena's round stash. Refuses, with
+  // nothing armed: a round already armed, tokens 0 or above the reserve, a
+  // cache off a call boundary, broken or failing its invariants.
+  Status ArmRound(std::uint64_t tokens);
+  bool round_armed() const { return round_armed_; }
+  // Positions appended since arming (0 without a round); every layer must
+  // agree (a call boundary) for a commit or a rollback.
+  Result<std::uint64_t> RoundAppended() const;
+  // Keeps everything the round appended and disarms.
+  Status CommitRound();
+  // Keeps the first `keep` positions the round appended (0 <= keep <= the
+  // appended count) and disarms: latent and plain KV layers trimmed (index
+  // ring, pool keys and pools_ready with them), rotating layers trimmed with
+  // the overwritten rows put back, recurrent layers restored and the kept
+  // tokens replayed through the same scan. A device failure leaves the
+  // cache broken.
+  Status RollbackRound(std::uint64_t keep);
+
+  // ---- capture: while a round is armed, every capture takes the committed
+  // state (the cache as it was when the round was armed): a boundary never
+  // falls inside a round. Preconditions for all three: every per-token layer holds
   // the same len > 0, every indexer's pool is resolved, pools_ready == len /
   // pool, and the invariants hold.
 
@@ -423,11 +528,13 @@ class SessionCache {
   std::uint32_t arena_ = 0;
   std::uint64_t id_ = 0;
   Status CheckCapturable() const;
+  Status CheckRoundBoundary(const char* what) const;
   Result<Sources> FullSources();
   Status CheckCompletion(const EagerHalf& eager) const;
   Result<Sources> CompletionSources(EagerHalf& eager);
   std::vector<Layer> layers_;
   std::string broken_;  // why a failed restore left it unusable; empty when healthy
+  bool round_armed_ = false;
 };
 
 class Engine {

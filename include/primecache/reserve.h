@@ -36,6 +36,9 @@ struct ReserveRequest {
   std::uint32_t sessions = 1;         // session caches reserved up front
   std::uint32_t snapshot_slots = 0;   // device-resident eager-capture slots
   std::uint64_t index_ring_rows = 0;  // booked physical rows of each index plane; 0: flat
+  // Positions one speculative verify round may append (gamma + 1); 0: no
+  // rounds. Books each session's round stash (below) and bounds the rings.
+  std::uint32_t round_tokens = 0;
 };
 
 // A buffer inside an arena (session) or a slot.
@@ -56,9 +59,27 @@ struct LatentReserve {
   std::uint64_t pool_key_capacity = 0;  // max_ctx / pool
 };
 
+// A recurrent layer's round stash (empty without rounds; T = round_tokens,
+// C = 3 * heads * head_dim, nd = heads * head_dim): the pre-round conv ring
+// and state, and per token of the round its pre-conv inputs, its scan inputs
+// (q|k|v, gate logits, beta logits) and the replay's discarded readout.
+struct RecurrentRoundStash {
+  BufferSpan conv_ring;  // like the layer's
+  BufferSpan state;      // like one of the pair
+  BufferSpan raw;        // [T, C]
+  BufferSpan qkv;        // [T, C]
+  BufferSpan g;          // [T, nd]
+  BufferSpan b;          // [T, heads]
+  BufferSpan out;        // [T, nd]
+  std::uint64_t bytes() const {
+    return conv_ring.bytes + state.bytes + raw.bytes + qkv.bytes + g.bytes + b.bytes + out.bytes;
+  }
+};
+
 struct RecurrentReserve {
   BufferSpan conv_ring;  // [3 * heads * head_dim, kernel - 1] f32
   BufferSpan state[2];   // the ping-pong pair, [heads, head_dim, head_dim] f32 each
+  RecurrentRoundStash round;
 };
 
 struct KvReserve {
@@ -66,6 +87,8 @@ struct KvReserve {
   BufferSpan v_rows;  // [rows, v_width] words
   BufferSpan len_mirror;
   std::uint64_t rows = 0;  // physical rows: max_ctx, or min(window, max_ctx) when rotating
+  // Rotating layers with rounds: the rows a round overwrites, [round_tokens, width] words each.
+  BufferSpan round_k, round_v;
 };
 
 using LayerReserve = std::variant<LatentReserve, RecurrentReserve, KvReserve>;
@@ -108,9 +131,16 @@ inline std::uint64_t EffectiveRingRows(std::uint64_t booked, std::uint32_t pool)
   return pool == 0 ? 0 : booked / pool * pool;
 }
 
+// The fewest booked ring rows an indexer layer of `pool` needs so that a
+// round of `round_tokens` positions never laps a row a rollback may need
+// back: an effective ring of at least pool - 1 + round_tokens rows (just one
+// pool without rounds).
+std::uint64_t MinRingRows(std::uint32_t pool, std::uint32_t round_tokens);
+
 // Every buffer's size and place. InvalidArgument for a bad plan or request
 // (CheckPlan, max_ctx outside [1, 2^31 - 1], sessions 0, a ring booked below
-// one pool of some indexer layer, any size overflowing 64 bits).
+// MinRingRows of some indexer layer, a round longer than a rotating layer's
+// buffer, any size overflowing 64 bits).
 Result<ReservePlan> PlanReserve(const ReserveRequest& request);
 
 // PlanReserve, then ResourceExhausted when device_bytes exceeds free_bytes; the
@@ -125,8 +155,8 @@ enum class FitTarget : std::uint8_t {
 
 // The depths the ring fit tries, deepest first: the requested depth (0 =
 // flat), then, starting from max_ctx for a flat request, halvings that stay at
-// or above the largest pool of the plan. Just the request when the plan has no
-// indexer.
+// or above MinRingRows(pool, round_tokens) of every indexer layer. Just the
+// request when the plan has no indexer.
 std::vector<std::uint64_t> RingFitLadder(const ReserveRequest& request);
 
 struct FitResult {

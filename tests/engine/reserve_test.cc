@@ -189,6 +189,74 @@ TEST(ReserveTest, RingLadderHalvesDownToOnePool) {
   EXPECT_EQ(RingFitLadder(no_indexer), (std::vector<std::uint64_t>{0}));
 }
 
+// Rounds of T positions: each recurrent layer books its pre-round ring and
+// state and T tokens of pre-conv, scan inputs and readout; a rotating layer
+// T rows of K and V; latent and plain KV layers nothing. A ring too small to
+// take a round after a partial pool, or a round longer than a rotating
+// buffer, is refused by layer; the preflight names the stash.
+TEST(ReserveTest, RoundStashIsBookedPerLayerAndRefusedWhenItCannotWork) {
+  const KvPlan rotating{8, 8, KvFormat{64, 0, 0, 0}};
+  ReserveRequest req{
+      StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentPlan{64, 128, 4}, KvPlan{96, 80}, rotating}}, 1000, 1,
+      0, 8};
+  req.round_tokens = 5;
+  auto p = PlanReserve(req);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const auto& r = std::get<RecurrentReserve>(p->layers[1]).round;
+  const std::uint64_t c = 3 * 64 * 128, nd = 64 * 128;
+  EXPECT_EQ(r.conv_ring.bytes, c * 3 * 4);
+  EXPECT_EQ(r.state.bytes, nd * 128 * 4);
+  EXPECT_EQ(r.raw.bytes, 5 * c * 4);
+  EXPECT_EQ(r.qkv.bytes, 5 * c * 4);
+  EXPECT_EQ(r.g.bytes, 5 * nd * 4);
+  EXPECT_EQ(r.b.bytes, 5u * 64 * 4);
+  EXPECT_EQ(r.out.bytes, 5 * nd * 4);
+  EXPECT_EQ(std::get<KvReserve>(p->layers[2]).round_k.bytes, 0u);
+  EXPECT_EQ(std::get<KvReserve>(p->layers[3]).round_k.bytes, 5u * 8 * 4);
+  EXPECT_EQ(std::get<KvReserve>(p->layers[3]).round_v.bytes, 5u * 8 * 4);
+  std::uint64_t prev_end = 0;
+  for (const BufferSpan& s : {r.conv_ring, r.state, r.raw, r.qkv, r.g, r.b, r.out}) {
+    EXPECT_EQ(s.offset % A, 0u);
+    EXPECT_GE(s.offset, prev_end);
+    prev_end = s.offset + s.bytes;
+  }
+  ReserveRequest none = req;
+  none.round_tokens = 0;
+  EXPECT_GE(p->session_bytes - PlanReserve(none)->session_bytes, r.bytes());
+  EXPECT_EQ(std::get<RecurrentReserve>(PlanReserve(none)->layers[1]).round.bytes(), 0u);
+
+  EXPECT_EQ(MinRingRows(4, 5), 8u);
+  EXPECT_EQ(MinRingRows(4, 6), 12u);
+  EXPECT_EQ(MinRingRows(4, 0), 4u);
+  ReserveRequest small = req;
+  small.index_ring_rows = 7;
+  auto refused = PlanReserve(small);
+  ASSERT_TRUE(refused.status().IsInvalidArgument());
+  EXPECT_NE(refused.status().message().find("layer 0: a ring of 7 rows cannot hold a round of 5 tokens"),
+            std::string::npos)
+      << refused.status().message();
+  ReserveRequest narrow = req;
+  narrow.plan.layers[3] = KvPlan{8, 8, KvFormat{4, 0, 0, 0}};
+  auto too_long = PlanReserve(narrow);
+  ASSERT_TRUE(too_long.status().IsInvalidArgument());
+  EXPECT_NE(
+      too_long.status().message().find("layer 3: a round of 5 tokens passes the rotating buffer of 4 rows"),
+      std::string::npos)
+      << too_long.status().message();
+  // The ring ladder stops at the round's floor.
+  ReserveRequest ladder = req;
+  ladder.index_ring_rows = 64;
+  EXPECT_EQ(RingFitLadder(ladder), (std::vector<std::uint64_t>{64, 32, 16, 8}));
+  // Short by a byte: the stash is named among the largest terms when it is one.
+  ReserveRequest heavy{StatePlan{{RecurrentPlan{64, 128, 4}}}, 16, 1, 0, 0};
+  heavy.round_tokens = 64;
+  auto hp = PlanReserve(heavy).value();
+  auto short_by_one = Preflight(heavy, hp.device_bytes - 1);
+  ASSERT_TRUE(short_by_one.status().IsResourceExhausted());
+  EXPECT_NE(short_by_one.status().message().find("layer 0 round stash"), std::string::npos)
+      << short_by_one.status().message();
+}
+
 TEST(ReserveTest, FitPicksTheDeepestRingThatFits) {
   ReserveRequest req{Hybrid(), 8192, 2, 1, 0};
   const auto ladder = RingFitLadder(req);

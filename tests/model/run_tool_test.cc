@@ -46,6 +46,44 @@ TEST(RunTool, TheSummaryCountsPublishesAndAFailedOneExitsThree) {
   EXPECT_EQ(r.err.find("the daemon is unavailable"), std::string::npos) << r.err;
 }
 
+// The generated text: everything before the speculate and summary lines.
+std::string Generated(const std::string& out) {
+  std::size_t end = out.find("\nspeculate: ");
+  if (end == std::string::npos) end = out.find("\nsummary: ");
+  return out.substr(0, end);
+}
+
+// --speculate decodes through the prefix cache as before (a longer prompt
+// restores the first run's prefix; its own boundary is published after the
+// speculative rounds) and prints the plain greedy text.
+TEST(RunTool, SpeculationPrintsThePlainGreedyTextThroughTheCache) {
+  Daemon d;
+  ASSERT_TRUE(d.Start());
+  const std::string prompt = "abcabcabcabc abcabcabc abc abc abcabcabcabcabc";
+  auto run = [&](const std::string& text, std::vector<std::string> extra) {
+    std::vector<std::string> args{PRIMECACHE_RUN_PATH, "--model",
+                                  std::string(PRIMECACHE_SOURCE_DIR) + "/configs/hrm-tiny-swa-tq2.json",
+                                  "--prompt", text, "--socket", d.socket(), "--max-new-tokens", "40",
+                                  "--log-level", "warn"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunProcess(args);
+  };
+  ASSERT_EQ(run(prompt, {}).rc, 0);  // publishes the prompt's boundary
+  const std::string longer = prompt + " abcabc";
+  ProcessResult spec = run(longer, {"--speculate", "4"});
+  ASSERT_EQ(spec.rc, 0) << spec.err;
+  ProcessResult plain = run(longer, {"--no-cache"});
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  ProcessResult alone = run(longer, {"--speculate", "2", "--no-cache"});
+  ASSERT_EQ(alone.rc, 0) << alone.err;
+  EXPECT_FALSE(Generated(plain.out).empty());
+  EXPECT_EQ(Generated(spec.out), Generated(plain.out));
+  EXPECT_EQ(Generated(alone.out), Generated(plain.out));
+  EXPECT_NE(spec.out.find("speculate: gamma=4 rounds="), std::string::npos) << spec.out;
+  EXPECT_NE(LastLine(spec.out).find("published=1 publish_failures=0"), std::string::npos) << spec.out;
+  EXPECT_EQ(LastLine(spec.out).find("restored_tokens=0 "), std::string::npos) << spec.out;
+}
+
 // The data dir on a small tmpfs, filled until the store refuses writes.
 TEST(RunTool, AStoreThatCannotWriteIsNotReportedAsTheDaemonDown) {
   const std::string dir = MakeTempDir();

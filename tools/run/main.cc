@@ -4,7 +4,13 @@
 //   primecache-run --model CONFIG.json [--weights W.safetensors | --seed N]
 //                  (--prompt TEXT | --prompt-file FILE) [--max-new-tokens N]
 //                  [--backend cpu|cuda] [--socket PATH] [--namespace NS]
-//                  [--no-cache] [--dump-logits FILE]
+//                  [--no-cache] [--dump-logits FILE] [--speculate N]
+//
+// --speculate N decodes speculatively: N tokens drafted by prompt lookup
+// (n-gram) per verify round, checked by the model in one call and rolled
+// back where it disagrees. The output is the plain greedy output, token for
+// token; before the summary it prints
+//   speculate: gamma=N rounds=R drafted=D accepted=A acceptance=X plain_steps=P
 //
 // Prints the generated text, then, as its last line,
 //   summary: restored_tokens=N prefilled_tokens=M ttft_ms=T published=P publish_failures=F
@@ -23,6 +29,7 @@
 #include <limits>
 
 #include "engine/model/prefix_cache.h"
+#include "engine/model/speculative.h"
 #include "primecache/logging.h"
 #include "primecache/statestore.h"
 
@@ -103,7 +110,7 @@ int main(int argc, char** argv) {
   std::string model_path, weights_path, prompt, prompt_file, backend = "cpu", socket = DefaultSocket(), ns = "default",
                                                              dump_logits, log_level;
   std::uint64_t seed = 1;
-  std::size_t max_new = 32, chunk = 1024;
+  std::size_t max_new = 32, chunk = 1024, speculate = 0;
   bool no_cache = false, show_store = false;
   app.add_option("--model", model_path, "model config (JSON)")->required();
   app.add_option("--weights", weights_path, "f32 safetensors weights (default: generated from --seed)");
@@ -120,6 +127,8 @@ int main(int argc, char** argv) {
   app.add_option("--chunk", chunk, "tokens per forward call")->check(CLI::Range(1, 1 << 20));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off");
   app.add_flag("--show-store", show_store, "after the run, list what the store holds for this namespace");
+  app.add_option("--speculate", speculate, "draft N tokens per verify round by prompt lookup (0: plain greedy)")
+      ->check(CLI::Range(0, 64));
   CLI11_PARSE(app, argc, argv);
   if (Status s = InitLogging(log_level); !s.ok()) return Fail(s);
   if (prompt.empty() && prompt_file.empty()) return Fail(Status::InvalidArgument("give --prompt or --prompt-file"));
@@ -154,6 +163,7 @@ int main(int argc, char** argv) {
   req.max_ctx = tokens.size() + max_new + 1;
   req.sessions = 1;
   req.snapshot_slots = 1;
+  req.round_tokens = speculate == 0 ? 0 : static_cast<std::uint32_t>(speculate + 1);
   auto eng = engine::Engine::Create(device, req);
   if (!eng.ok()) return Fail(eng.status());
   auto m = model::HybridModel::Create(*config, weights, eng->get(), {chunk});
@@ -178,7 +188,11 @@ int main(int argc, char** argv) {
   auto r = cache.Prime(tokens, !dump_logits.empty());
   if (!r.ok()) return Fail(r.status());
   std::vector<float> gen_logits;
-  auto generated = (*m)->Generate(r->session, r->last_logits, max_new, dump_logits.empty() ? nullptr : &gen_logits);
+  std::vector<float>* keep_logits = dump_logits.empty() ? nullptr : &gen_logits;
+  model::SpeculateStats stats;
+  auto generated = speculate == 0 ? (*m)->Generate(r->session, r->last_logits, max_new, keep_logits)
+                                  : model::GenerateSpeculative(**m, r->session, tokens, r->last_logits, max_new,
+                                                               {speculate, nullptr}, &stats, keep_logits);
   if (!generated.ok()) return Fail(generated.status());
   cache.Finish(*r);
   std::printf("%s\n", Printable(model::Detokenize(*generated)).c_str());
@@ -195,6 +209,12 @@ int main(int argc, char** argv) {
   const std::size_t failed = cache.Drain();
   if (failed != 0) spdlog::warn("{} publish(es) failed; the store did not keep this prompt's prefix", failed);
   if (show_store) ShowStore(socket, ns);
+  if (speculate != 0) {
+    std::printf("speculate: gamma=%zu rounds=%llu drafted=%llu accepted=%llu acceptance=%.3f plain_steps=%llu\n",
+                speculate, static_cast<unsigned long long>(stats.rounds), static_cast<unsigned long long>(stats.drafted),
+                static_cast<unsigned long long>(stats.accepted), stats.acceptance(),
+                static_cast<unsigned long long>(stats.plain_steps));
+  }
   std::printf("summary: restored_tokens=%llu prefilled_tokens=%llu ttft_ms=%.1f published=%llu publish_failures=%zu\n",
               static_cast<unsigned long long>(r->restored_tokens), static_cast<unsigned long long>(r->prefilled_tokens),
               r->ttft_ms, static_cast<unsigned long long>(cache.published()), failed);

@@ -1,0 +1,201 @@
+// Speculative verify rounds through the CUDA model: the verify call's rows
+// against one-token decode calls on the device and against the CPU
+// reference's verify call, a rollback to keep on the device against the
+// CPU's (logits of the calls after it and every plane within 1e-4), and
+// speculative greedy decoding equal to plain greedy decoding on the device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "engine/model/speculative.h"
+#include "tests/gpu/cuda_test_util.h"
+#include "tests/model/model_test_util.h"
+#include "tests/model/step_compare.h"
+
+namespace primecache::model {
+namespace {
+
+using testing::RelErr;
+constexpr std::uint32_t kRound = 5;
+
+struct Case {
+  const char* name;
+  ModelConfig config;
+  std::uint64_t ring = 0;
+};
+
+std::vector<Case> Cases() {
+  ModelConfig m;
+  m.name = "medium";
+  m.vocab = 300;
+  m.hidden = 256;
+  m.mlp_hidden = 512;
+  m.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
+  m.mla = {8, 128, 32, 32, 32, 10000.0f, IndexerConfig{4, 64, 4, 8}};
+  m.kda = {4, 64, 4, -5.0f};
+  ModelConfig attn = m;
+  attn.name = "attn_swa";
+  attn.layers = {LayerType::kKda, LayerType::kAttn, LayerType::kMla, LayerType::kAttn};
+  attn.attn = {8, 2, 64, 100, 10000.0f, 0};
+  return {{"medium_flat", m, 0}, {"medium_ring", m, 64}, {"attn_swa", attn, 0}};
+}
+
+struct Pair {
+  testing::CpuModel cpu;
+  std::unique_ptr<engine::Engine> gpu_engine;
+  std::unique_ptr<HybridModel> gpu;
+};
+
+void MakePair(const Case& k, const Weights& w, Pair* p) {
+  auto cpu = testing::MakeCpuModel(k.config, w, 512, 64, 2, k.ring, kRound);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  p->cpu = std::move(cpu).value();
+  auto dev = engine::NewCudaDevice();
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  engine::ReserveRequest req;
+  req.plan = HybridModel::PlanFor(k.config, w);
+  req.max_ctx = 512;
+  req.sessions = 2;
+  req.snapshot_slots = 1;
+  req.index_ring_rows = k.ring;
+  req.round_tokens = kRound;
+  auto e = engine::Engine::Create(*dev, req);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  p->gpu_engine = std::move(e).value();
+  auto g = HybridModel::Create(k.config, w, p->gpu_engine.get(), {64});
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  p->gpu = std::move(g).value();
+}
+
+std::vector<std::uint32_t> Tokens(std::size_t n, std::uint32_t seed) {
+  std::vector<std::uint32_t> t{kBosToken};
+  std::mt19937 rng(seed);
+  while (t.size() < n) t.push_back(rng() % 256);
+  return t;
+}
+
+// Every plane of two captures within 1e-4 relative (the planes' floats as
+// one vector per layer).
+void ExpectPlanesClose(const std::vector<LayerSnapshot>& gpu, const std::vector<LayerSnapshot>& cpu) {
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    auto flat = [](const LayerSnapshot& s) {
+      std::vector<float> v;
+      std::visit(
+          [&](const auto& x) {
+            using T = std::decay_t<decltype(x)>;
+            if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
+              for (const auto* p : {&x.latent_rows, &x.index_tail_rows, &x.pool_keys})
+                v.insert(v.end(), p->begin(), p->end());
+            } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
+              for (const auto* p : {&x.conv_ring, &x.state}) v.insert(v.end(), p->begin(), p->end());
+            } else {
+              for (const auto* p : {&x.k_rows, &x.v_rows}) v.insert(v.end(), p->begin(), p->end());
+            }
+          },
+          s);
+      return v;
+    };
+    EXPECT_LE(RelErr(flat(gpu[i]), flat(cpu[i])), 1e-4) << "layer " << i;
+  }
+}
+
+class SpeculativeGpuTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SpeculativeGpuTest, VerifyRowsMatchOneTokenCallsAndTheCpu) {
+  PC_SKIP_WITHOUT_CUDA();
+  const Case& k = GetParam();
+  Weights w = Weights::Generate(k.config, 21);
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(MakePair(k, w, &p));
+  const auto prompt = Tokens(150, 1), draft = Tokens(kRound + 1, 2);
+  const std::span<const std::uint32_t> round = std::span(draft).subspan(1);
+  auto gv = p.gpu->NewSession().value(), gd = p.gpu->NewSession().value(),
+       cv = p.cpu.model->NewSession().value();
+  std::vector<float> ignore, g_verify, g_decode, c_verify;
+  for (ModelSession* s : {&gv, &gd}) ASSERT_TRUE(p.gpu->Prime(*s, prompt, LogitsWanted::kLast, &ignore).ok());
+  ASSERT_TRUE(p.cpu.model->Prime(cv, prompt, LogitsWanted::kLast, &ignore).ok());
+  ASSERT_TRUE(p.gpu->Verify(gv, round, &g_verify).ok());
+  for (std::uint32_t t : round)
+    ASSERT_TRUE(p.gpu->Prime(gd, std::span(&t, 1), LogitsWanted::kLast, &g_decode).ok());
+  ASSERT_TRUE(p.cpu.model->Verify(cv, round, &c_verify).ok());
+  EXPECT_LE(RelErr(g_verify, g_decode), 1e-4) << "verify against one-token calls on the device";
+  EXPECT_LE(RelErr(g_verify, c_verify), 1e-4) << "verify against the CPU's";
+}
+
+TEST_P(SpeculativeGpuTest, RollbackMatchesTheCpuRollback) {
+  PC_SKIP_WITHOUT_CUDA();
+  const Case& k = GetParam();
+  Weights w = Weights::Generate(k.config, 21);
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(MakePair(k, w, &p));
+  const auto prompt = Tokens(150, 3), more = Tokens(40, 4);
+  for (std::uint64_t keep : {0u, 2u, 5u}) {
+    SCOPED_TRACE("keep " + std::to_string(keep));
+    auto g = p.gpu->NewSession().value();
+    auto c = p.cpu.model->NewSession().value();
+    std::vector<float> gl, cl, ignore;
+    for (auto [m, s] : {std::pair{p.gpu.get(), &g}, std::pair{p.cpu.model.get(), &c}}) {
+      std::vector<float>& l = m == p.gpu.get() ? gl : cl;
+      ASSERT_TRUE(m->Prime(*s, prompt, LogitsWanted::kLast, &ignore).ok());
+      for (int r = 0; r < 3; ++r) {  // three rounds, each kept to `keep`, a call of 4 between them
+        ASSERT_TRUE(m->Verify(*s, std::span(more).subspan(1 + 9 * r, kRound), &ignore).ok());
+        ASSERT_TRUE(m->ResolveRound(*s, keep).ok());
+        ASSERT_TRUE(m->Prime(*s, std::span(more).subspan(6 + 9 * r, 4), LogitsWanted::kAll, &l).ok());
+      }
+    }
+    EXPECT_EQ(g.position, c.position);
+    EXPECT_LE(RelErr(gl, cl), 1e-4) << "logits after the rollbacks";
+    ExpectPlanesClose(g.cache->CaptureFull().value(), c.cache->CaptureFull().value());
+  }
+}
+
+TEST_P(SpeculativeGpuTest, SpeculativeGreedyEqualsPlainGreedyOnTheDevice) {
+  PC_SKIP_WITHOUT_CUDA();
+  const Case& k = GetParam();
+  Weights w = Weights::Generate(k.config, 21);
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(MakePair(k, w, &p));
+  const auto prompt = Tokens(120, 5);
+  std::vector<std::uint32_t> runs[2];
+  std::vector<float> logits[2];
+  SpeculateStats stats;
+  for (int spec = 0; spec < 2; ++spec) {
+    auto s = p.gpu->NewSession().value();
+    std::vector<float> last;
+    ASSERT_TRUE(p.gpu->Prime(s, prompt, LogitsWanted::kLast, &last).ok());
+    if (spec == 0) {
+      runs[0] = p.gpu->Generate(s, last, 120, &logits[0]).value();
+      continue;
+    }
+    // Drafts from the plain run, cut and corrupted at random: every accept length occurs.
+    auto rng = std::make_shared<std::mt19937>(7);
+    const std::vector<std::uint32_t> truth = runs[0];
+    SpeculateOptions o;
+    o.drafter = [&truth, rng, n = prompt.size()](std::span<const std::uint32_t> h, std::size_t max) {
+      std::vector<std::uint32_t> d;
+      for (std::size_t i = 0, len = (*rng)() % (max + 1); i < len && h.size() - n + i < truth.size(); ++i) {
+        d.push_back(truth[h.size() - n + i]);
+      }
+      if (!d.empty() && (*rng)() % 3 != 0) d[(*rng)() % d.size()] = ((*rng)() % 256);
+      return d;
+    };
+    auto out = GenerateSpeculative(*p.gpu, s, prompt, last, 120, o, &stats, &logits[1]);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    runs[1] = std::move(out).value();
+  }
+  EXPECT_EQ(runs[1], runs[0]);
+  EXPECT_LE(RelErr(logits[1], logits[0]), 1e-4);
+  EXPECT_GT(stats.accepted, 0u);
+  std::printf("[ spec-gpu ] %s: %zu tokens, %llu rounds, %llu of %llu drafts kept\n", k.name, runs[0].size(),
+              static_cast<unsigned long long>(stats.rounds), static_cast<unsigned long long>(stats.accepted),
+              static_cast<unsigned long long>(stats.drafted));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, SpeculativeGpuTest, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace primecache::model
