@@ -20,6 +20,10 @@ namespace {
 
 // A chunk larger than this is read in parts on several pool threads.
 constexpr std::uint64_t kPartBytes = 1u << 20;
+// Bytes of chunks read ahead into the store's own buffers (the sink gave
+// none), at most, past the first: unlike the sink's buffers, these are the
+// store's memory, once per fetch in flight.
+constexpr std::uint64_t kOwnReadAheadBytes = 8u << 20;
 
 // One fetch in progress. Chunks are read ahead up to a window of chunks and
 // bytes (StoreOptions::fetch_read_ahead*), handed to the sink in order on
@@ -69,6 +73,7 @@ class FetchRun {
   std::deque<Slot> slots_;  // stable addresses: added at the back, removed at the front
   std::size_t next_read_ = 0;
   std::uint64_t bytes_ahead_ = 0;
+  std::uint64_t own_ahead_ = 0;  // of bytes_ahead_, in the store's own buffers
   std::mutex mu_;
   std::condition_variable cv_;
   std::size_t outstanding_ = 0;  // jobs on the pool; guarded by mu_
@@ -226,12 +231,14 @@ Status FetchRun::StartReads() {
     if (!target->empty() && target->size() != ref.size) {
       return Status::Internal("fetch sink gave a buffer of the wrong size");
     }
+    if (target->empty() && !slots_.empty() && own_ahead_ + ref.size > kOwnReadAheadBytes) break;
     Slot& slot = slots_.emplace_back();
     slot.layer = l;
     slot.chunk = c;
     if (target->empty()) {
       slot.own.reset(new std::byte[ref.size]);
       slot.bytes = std::span<std::byte>(slot.own.get(), ref.size);
+      own_ahead_ += ref.size;
     } else {
       slot.bytes = *target;
     }
@@ -273,6 +280,7 @@ Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
         PC_RETURN_IF_ERROR(sink_.OnChunk(l, c, slot.bytes));
       }
       bytes_ahead_ -= ml.chunks[c].size;
+      if (slot.own) own_ahead_ -= ml.chunks[c].size;
       slots_.pop_front();
     }
   }
