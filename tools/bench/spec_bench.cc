@@ -171,5 +171,9 @@ int main(int argc, char** argv) {
       });
   if (!right.ok()) return Fail(right.status(), "speculative decode with the plain run's drafts");
   Report("drafts always right:", **e, *plain, *right, oracle);
-  return spec->tokens == plain->tokens && right->tokens == plain->tokens ? 0 : 2;
+  const bool same = spec->tokens == plain->tokens && right->tokens == plain->tokens;
+  // On CUDA a near-tie can round either way between call shapes (verify
+  // rows against one-token calls), and the runs then drift apart.
+  if (!same) std::printf("spec-bench: the speculative output differs from plain greedy\n");
+  return same ? 0 : 2;
 }
