@@ -44,6 +44,15 @@ struct FaultInjectionEnv::State {
   std::array<std::uint64_t, kFaultOpCount> counts{};
   std::array<std::uint64_t, kFaultOpCount> fail_at{};  // 0: no fault armed
   std::optional<std::string> corrupt_next;  // CorruptNextWrite's path part
+  std::optional<std::string> corrupt_read;  // CorruptNextRead's path part
+
+  // Whether this read of `path` is the one to corrupt (then disarmed).
+  bool TakeCorruptRead(const std::string& path) {
+    std::lock_guard lock(mu);
+    if (!corrupt_read || path.find(*corrupt_read) == std::string::npos) return false;
+    corrupt_read.reset();
+    return true;
+  }
   std::optional<std::uint64_t> space_limit;
   std::optional<std::uint64_t> disk_size;
   std::uint64_t bytes_written = 0;
@@ -101,7 +110,9 @@ class FaultRandomAccessFile final : public RandomAccessFile {
   Status Read(std::uint64_t offset, std::span<std::byte> dst, std::size_t* read) const override {
     *read = 0;
     PC_RETURN_IF_ERROR(st_->Tick(FaultOp::kRead, path_));
-    return f_->Read(offset, dst, read);
+    PC_RETURN_IF_ERROR(f_->Read(offset, dst, read));
+    if (*read != 0 && st_->TakeCorruptRead(path_)) dst[*read - 1] ^= std::byte{0x20};
+    return Status::Ok();
   }
   Result<MappedRegion> Map(std::uint64_t size) const override {
     PC_RETURN_IF_ERROR(st_->Tick(FaultOp::kRead, path_));
@@ -195,10 +206,16 @@ void FaultInjectionEnv::CorruptNextWrite(std::string path_part) {
   state_->corrupt_next = std::move(path_part);
 }
 
+void FaultInjectionEnv::CorruptNextRead(std::string path_part) {
+  std::lock_guard lock(state_->mu);
+  state_->corrupt_read = std::move(path_part);
+}
+
 void FaultInjectionEnv::ClearFaults() {
   std::lock_guard lock(state_->mu);
   state_->fail_at = {};
   state_->corrupt_next.reset();
+  state_->corrupt_read.reset();
 }
 
 void FaultInjectionEnv::SetSpaceLimit(std::uint64_t bytes) {

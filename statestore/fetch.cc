@@ -42,6 +42,7 @@ class FetchRun {
  private:
   struct Slot {
     std::uint32_t layer = 0, chunk = 0;
+    std::size_t plan = 0;              // its index in plan_
     std::span<std::byte> bytes;        // the sink's buffer, or own
     std::unique_ptr<std::byte[]> own;  // when the sink gave none
     MappedRegion mapping;              // set: the chunk is handed out where it lies
@@ -60,6 +61,9 @@ class FetchRun {
   // the sink held them pinned as it does now); else false (it is read).
   bool TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Located& at);
   void PostCheck(Slot& slot, const Hash128& h, std::uint64_t segment);
+  // After a read chunk failed its address: whether a second read, into
+  // memory of the store's own, matches (then the store is intact).
+  bool ReadsBackIntact(const Slot& slot, const ChunkRef& ref);
   void Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at);
   void WaitAll();
 
@@ -215,6 +219,7 @@ Status FetchRun::StartReads() {
       Slot& slot = slots_.emplace_back();
       slot.layer = l;
       slot.chunk = c;
+      slot.plan = next_read_;
       if (TryMapped(slot, ref, at)) {
         bytes_ahead_ += ref.size;
         ++next_read_;
@@ -235,6 +240,7 @@ Status FetchRun::StartReads() {
     Slot& slot = slots_.emplace_back();
     slot.layer = l;
     slot.chunk = c;
+    slot.plan = next_read_;
     if (target->empty()) {
       slot.own.reset(new std::byte[ref.size]);
       slot.bytes = std::span<std::byte>(slot.own.get(), ref.size);
@@ -247,6 +253,16 @@ Status FetchRun::StartReads() {
     ++next_read_;
   }
   return Status::Ok();
+}
+
+// A chunk read into a sink's buffer may live in memory another process can
+// write (a client's shared region), and a read can be hit by a transient
+// fault: neither may quarantine an entry whose stored bytes are intact.
+bool FetchRun::ReadsBackIntact(const Slot& slot, const ChunkRef& ref) {
+  const Store::Impl::Located& at = located_[where_[slot.plan]];
+  if (!at.status.ok() || at.file == nullptr) return false;
+  std::vector<std::byte> own(ref.size);
+  return s_.ReadExtent(at.file, at.extent, ref.hash, own).ok();
 }
 
 Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
@@ -266,6 +282,12 @@ Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
       }
       if (rs.IsCorruption()) {
         WaitAll();  // reads in flight finish before the quarantine batch
+        if (!slot.mapping.owner && ReadsBackIntact(slot, ml.chunks[c])) {
+          return Status::Aborted(rs.message() +
+                                 "; read again, it matches: the first read's bytes were changed after the read "
+                                 "(a transient fault, or the fetch's buffer was written meanwhile); nothing "
+                                 "quarantined");
+        }
         *bad = ml.chunks[c].hash;
         *where = "layer " + std::to_string(l) + " chunk " + std::to_string(c);
         return rs;

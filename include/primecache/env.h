@@ -185,6 +185,9 @@ inline constexpr int kFaultOpCount = 4;
 //    `part` stores its data with the last byte flipped and succeeds (a disk,
 //    or a writer of the memory it came from, that stored other bytes than
 //    the caller checked);
+//  - CorruptNextRead(part): the next positional read of such a file returns
+//    its bytes with the last one flipped (a transient fault: the file is
+//    intact and a second read is right);
 //  - SimulateCrash(): the machine loses power. Every file written through
 //    this Env is cut back to its last synced length, and directory entries
 //    created or renamed since their directory's last SyncDir are undone
@@ -199,6 +202,7 @@ class FaultInjectionEnv : public Env {
 
   void FailNth(FaultOp op, std::uint64_t n);
   void CorruptNextWrite(std::string path_part);
+  void CorruptNextRead(std::string path_part);
   void ClearFaults();
   void SetSpaceLimit(std::uint64_t bytes);
   void ClearSpaceLimit();

@@ -205,6 +205,23 @@ TEST(Faults, AChunkStoredWithOtherBytesThanItsAddressFailsThePublish) {
   f.ExpectBaselineIntact();
 }
 
+// A read whose bytes fail their address while the stored bytes are intact
+// (a transient fault; for the daemon, also a client writing into its shared
+// window while the chunk is checked there) fails that fetch and quarantines
+// nothing: a second read in the store's own memory tells the two apart.
+TEST(Faults, ATransientBadReadFailsTheFetchButQuarantinesNothing) {
+  FaultStore f;
+  f.Baseline();
+  f.fenv->CorruptNextRead("/segments/");
+  auto back = f.store->FetchAll(f.baseline[0]);
+  ASSERT_FALSE(back.ok());
+  EXPECT_EQ(back.status().code(), StatusCode::kAborted) << back.status().ToString();
+  EXPECT_NE(back.status().message().find("nothing quarantined"), std::string::npos) << back.status().ToString();
+  EXPECT_EQ(f.store->Describe(f.baseline[0])->state, EntryState::kLive);
+  f.ExpectBaselineIntact();
+  ExpectConsistent(*f.store);
+}
+
 TEST(Faults, AFullDiskFailsClearlyAndChangesNothing) {
   for (std::uint64_t room : {0ull, 64ull, 1000ull, 8000ull, 40000ull}) {
     SCOPED_TRACE("room " + std::to_string(room));

@@ -60,6 +60,19 @@ TEST_F(FaultEnvTest, CorruptsTheNextWriteToAMatchingPathOnly) {
   EXPECT_EQ(ReadFileToString(env_.get(), "/d/seg2").value(), "abc");  // only once
 }
 
+TEST_F(FaultEnvTest, CorruptsTheNextReadOfAMatchingPathOnly) {
+  ASSERT_TRUE(Write("/d/seg1", "abc", true).ok());
+  auto f = env_->NewRandomAccessFile("/d/seg1");
+  ASSERT_TRUE(f.ok());
+  env_->CorruptNextRead("/seg");
+  std::byte buf[3];
+  std::size_t n = 0;
+  ASSERT_TRUE((*f)->Read(0, buf, &n).ok());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(buf), n), "abC");
+  ASSERT_TRUE((*f)->Read(0, buf, &n).ok());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(buf), n), "abc");  // only once; the file is intact
+}
+
 TEST_F(FaultEnvTest, FailsTheNthRead) {
   ASSERT_TRUE(Write("/d/r", "data", true).ok());
   env_->FailNth(FaultOp::kRead, 1);
