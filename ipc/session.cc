@@ -423,526 +423,590 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
     return true;
   }
 
+  const Incoming in{id, req, owned, fds};
   switch (which) {
-    case wire::Request::HELLO: {
-      auto h = req.getHello();
-      if (hello_done_) {
-        SendProtocolError(id, "hello sent twice");
-        return true;
-      }
-      const std::uint32_t lo = std::max(h.getMinVersion(), kMinProtocolVersion);
-      const std::uint32_t hi = std::min(h.getMaxVersion(), kMaxProtocolVersion);
-      if (lo > hi) {
-        sink_->Send(ErrorResponse(id, ErrorCode::NOT_SUPPORTED,
-                                  "no common protocol version: daemon speaks " + std::to_string(kMinProtocolVersion) +
-                                      ".." + std::to_string(kMaxProtocolVersion)));
-        return true;
-      }
-      auto ns = ReadText(h.getNamespace(), limits_.max_text_bytes, "namespace");
-      if (!ns.ok()) {
-        SendError(id, ns.status());
-        return true;
-      }
-      if (peer_.allowed_namespaces.has_value() &&
-          std::find(peer_.allowed_namespaces->begin(), peer_.allowed_namespaces->end(), *ns) ==
-              peer_.allowed_namespaces->end()) {
-        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "namespace '" + *ns + "' is not allowed for uid " +
-                                                                        std::to_string(peer_.uid)));
-        return true;
-      }
-      ns_ = *ns;
-      hello_done_ = true;
-      sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
-        auto hr = r.initHello();
-        hr.setVersion(hi);
-        hr.setServer("primecached");
-        hr.setMaxMessageBytes(limits_.frame.max_message_bytes);
-        hr.setMaxChunkBytes(limits_.max_chunk_bytes);
-        hr.setMaxPublishesInFlight(limits_.max_publishes_in_flight);
-        hr.setAdmin(peer_.admin);
-        hr.setDeviceCopies(device_dma_ != nullptr);
-      }));
-      return true;
-    }
-
-    case wire::Request::PUBLISH_BEGIN: {
-      auto pb = req.getPublishBegin();
-      auto b = pb.getBoundary();
-      auto fp = b.getFingerprint();
-      auto name = ReadText(fp.getName(), limits_.max_text_bytes, "model name");
-      if (!name.ok()) return SendError(id, name.status()), true;
-      if (!AcceptNamespace(id, b.getNamespace())) return true;
-      if (fp.getDescriptor().size() > limits_.max_descriptor_bytes) {
-        SendError(id, Status::InvalidArgument("model descriptor over " + std::to_string(limits_.max_descriptor_bytes) +
-                                              " bytes"));
-        return true;
-      }
-      auto tokens = b.getTokens();
-      if (tokens.size() == 0 || tokens.size() > limits_.max_tokens) {
-        SendError(id, Status::InvalidArgument("boundary needs 1.." + std::to_string(limits_.max_tokens) + " tokens"));
-        return true;
-      }
-      if (b.getLength() != tokens.size()) {
-        SendError(id, Status::InvalidArgument("boundary length " + std::to_string(b.getLength()) + " != " +
-                                              std::to_string(tokens.size()) + " tokens"));
-        return true;
-      }
-      const std::uint32_t layer_count = pb.getLayerCount();
-      if (layer_count == 0 || layer_count > limits_.max_layers) {
-        SendError(id, Status::InvalidArgument("layer count must be 1.." + std::to_string(limits_.max_layers)));
-        return true;
-      }
-      auto pub = std::make_shared<Publish>();
-      pub->id = id;
-      pub->layer_count = layer_count;
-      pub->progress_ns = NowNs();
-      pub->key.model = {fp.getDigestLo(), fp.getDigestHi()};
-      pub->key.model_name = std::move(*name);
-      pub->key.model_descriptor.assign(reinterpret_cast<const char*>(fp.getDescriptor().begin()),
-                                 fp.getDescriptor().size());
-      pub->key.ns = ns_;
-      pub->key.tokens = ToVector(tokens);
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        if (publishes_.count(id) != 0) {
-          sink_->Send(ErrorResponse(id, ErrorCode::ALREADY_EXISTS, "a publish with this id is open"));
-          return true;
-        }
-        if (publishes_open_ >= limits_.max_publishes_in_flight) {
-          SendError(id, Status::ResourceExhausted("too many publishes in flight on this connection (limit " +
-                                                  std::to_string(limits_.max_publishes_in_flight) + ")"));
-          return true;
-        }
-        ++publishes_open_;
-        publishes_[id] = pub;
-      }
-      counters_->publishes_in_flight.fetch_add(1);
-      RunPublishOp(pub, 0, [this, pub, id] {
-        auto sink = store_->BeginPublish(pub->key, pub->layer_count);
-        if (!sink.ok()) return FailPublish(pub, id, sink.status());
-        pub->sink = std::move(sink).value();
-        sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
-      });
-      return true;
-    }
-
+    case wire::Request::HELLO:
+      return OnHello(in);
+    case wire::Request::PUBLISH_BEGIN:
+      return OnPublishBegin(in);
     case wire::Request::PUBLISH_LAYER:
     case wire::Request::PUBLISH_CHUNK:
     case wire::Request::PUBLISH_COMMIT:
-    case wire::Request::PUBLISH_ABORT: {
-      std::uint64_t pid = 0;
-      if (which == wire::Request::PUBLISH_LAYER) pid = req.getPublishLayer().getPublish();
-      if (which == wire::Request::PUBLISH_CHUNK) pid = req.getPublishChunk().getPublish();
-      if (which == wire::Request::PUBLISH_COMMIT) pid = req.getPublishCommit().getPublish();
-      if (which == wire::Request::PUBLISH_ABORT) pid = req.getPublishAbort().getPublish();
-      std::shared_ptr<Publish> pub;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        auto it = publishes_.find(pid);
-        if (it != publishes_.end()) pub = it->second;
-      }
-      if (!pub) {
-        const std::string expired = ExpiredReason(pid);
-        if (!expired.empty()) {
-          sink_->Send(ErrorResponse(id, ErrorCode::DEADLINE_EXCEEDED, expired));
-        } else {
-          SendError(id, Status::NotFound("no open publish " + std::to_string(pid)));
-        }
-        return true;
-      }
-      pub->progress_ns = NowNs();
-      // Protocol position checks happen here, so a client learns at once.
-      auto fail_and_abort = [&](Status s) {
-        {
-          std::lock_guard<std::mutex> l(mu_);
-          publishes_.erase(pid);
-        }
-        SendError(id, s);
-        RunPublishOp(pub, 0, [this, pub] { FinishPublish(pub); });
-        return true;
-      };
-      if (which == wire::Request::PUBLISH_LAYER) {
-        auto pl = req.getPublishLayer();
-        if (pub->layers_begun > 0 && pub->chunks_seen != pub->chunks_expected) {
-          return fail_and_abort(Status::InvalidArgument("layer " + std::to_string(pub->layers_begun - 1) + " got " +
-                                                        std::to_string(pub->chunks_seen) + " of " +
-                                                        std::to_string(pub->chunks_expected) + " chunks"));
-        }
-        if (pub->layers_begun >= pub->layer_count) {
-          return fail_and_abort(Status::InvalidArgument(
-              "layer " + std::to_string(pl.getLayer()) + " is one too many: publishBegin announced " +
-              std::to_string(pub->layer_count) + " layer(s), and all of them were sent"));
-        }
-        if (pl.getLayer() != pub->layers_begun) {
-          return fail_and_abort(Status::InvalidArgument("expected layer " + std::to_string(pub->layers_begun) +
-                                                        ", got " + std::to_string(pl.getLayer())));
-        }
-        if (pl.getHeader().size() > limits_.max_header_bytes) {
-          return fail_and_abort(Status::InvalidArgument("layer header over " + std::to_string(limits_.max_header_bytes) +
-                                                        " bytes"));
-        }
-        if (pl.getChunkCount() > limits_.max_chunks_per_layer) {
-          return fail_and_abort(Status::InvalidArgument("too many chunks in a layer"));
-        }
-        if (Status r = ReserveUncommitted(*pub, pl.getHeader().size()); !r.ok()) return fail_and_abort(r);
-        pub->chunks_expected = pl.getChunkCount();
-        pub->chunks_seen = 0;
-        const std::uint32_t layer = pub->layers_begun++;
-        auto header = AsBytes(pl.getHeader());
-        const std::uint32_t chunks = pl.getChunkCount();
-        auto keep = std::make_shared<Frame>(std::move(*owned));
-        RunPublishOp(pub, header.size(), [this, pub, id, layer, header, chunks, keep] {
-          if (!pub->failed.ok() || !pub->sink) {
-            ReleaseUncommitted(*pub);  // this message's bytes were counted on arrival
-            SendError(id, pub->failed.ok() ? Status::Aborted("publish not open") : pub->failed);
-            return;
-          }
-          Status s = pub->sink->BeginLayer(layer, header, chunks);
-          if (!s.ok()) return FailPublish(pub, id, s);
-          sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
-        });
-        return true;
-      }
-      if (which == wire::Request::PUBLISH_CHUNK) {
-        auto pc = req.getPublishChunk();
-        if (pub->layers_begun == 0 || pc.getLayer() != pub->layers_begun - 1 ||
-            pc.getIndex() != pub->chunks_seen || pub->chunks_seen >= pub->chunks_expected) {
-          return fail_and_abort(Status::InvalidArgument("chunk out of order"));
-        }
-        auto data = pc.getData();
-        std::span<const std::byte> bytes;
-        std::shared_ptr<ShmRegion> region;
-        if (data.which() == wire::Payload::INLINE) {
-          bytes = AsBytes(data.getInline());
-        } else if (data.which() == wire::Payload::SHM) {
-          auto ref = data.getShm();
-          if (!shm_) return fail_and_abort(Status::FailedPrecondition("no shared region attached"));
-          if (!shm_->Contains(ref.getOffset(), ref.getLength())) {
-            return fail_and_abort(Status::InvalidArgument("shared-memory reference outside the region"));
-          }
-          region = shm_;
-          bytes = {shm_->data() + ref.getOffset(), static_cast<std::size_t>(ref.getLength())};
-        } else {
-          return fail_and_abort(Status::InvalidArgument("unknown payload kind"));
-        }
-        if (bytes.size() > limits_.max_chunk_bytes) {
-          return fail_and_abort(Status::InvalidArgument("chunk of " + std::to_string(bytes.size()) +
-                                                        " bytes over the limit of " +
-                                                        std::to_string(limits_.max_chunk_bytes)));
-        }
-        if (Status r = ReserveUncommitted(*pub, bytes.size()); !r.ok()) return fail_and_abort(r);
-        ++pub->chunks_seen;
-        auto keep = std::make_shared<Frame>(std::move(*owned));
-        RunPublishOp(pub, bytes.size(), [this, pub, id, bytes, keep, region] {
-          if (!pub->failed.ok() || !pub->sink) {
-            ReleaseUncommitted(*pub);  // this message's bytes were counted on arrival
-            SendError(id, pub->failed.ok() ? Status::Aborted("publish not open") : pub->failed);
-            return;
-          }
-          Status s = pub->sink->AddChunk(bytes);
-          if (!s.ok()) return FailPublish(pub, id, s);
-          // The ack also tells a shared-memory client its bytes may be reused.
-          sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
-        });
-        return true;
-      }
-      // Commit or abort: the publish leaves the table now.
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        publishes_.erase(pid);
-      }
-      if (which == wire::Request::PUBLISH_ABORT) {
-        RunPublishOp(pub, 0, [this, pub, id] {
-          FinishPublish(pub);
-          sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
-        });
-        return true;
-      }
-      if (pub->layers_begun != pub->layer_count || pub->chunks_seen != pub->chunks_expected) {
-        SendError(id, Status::InvalidArgument("commit before every layer and chunk arrived: " +
-                                              std::to_string(pub->layers_begun) + " of " +
-                                              std::to_string(pub->layer_count) + " layers"));
-        RunPublishOp(pub, 0, [this, pub] { FinishPublish(pub); });
-        return true;
-      }
-      RunPublishOp(pub, 0, [this, pub, id] {
-        if (!pub->failed.ok() || !pub->sink) {
-          SendError(id, pub->failed.ok() ? Status::Aborted("publish not open") : pub->failed);
-          FinishPublish(pub);
-          return;
-        }
-        auto done = pub->sink->Commit();
-        if (!done.ok()) {
-          SendError(id, done.status());
-        } else {
-          sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WritePublishResult(*done, r.initPublished()); }));
-        }
-        FinishPublish(pub);
-      });
-      return true;
-    }
-
-    case wire::Request::LOOKUP: {
-      auto q = req.getLookup().getQuery();
-      if (!AcceptNamespace(id, q.getNamespace())) return true;
-      auto tokens = q.getTokens();
-      if (tokens.size() > limits_.max_tokens) {
-        SendError(id, Status::InvalidArgument("query over " + std::to_string(limits_.max_tokens) + " tokens"));
-        return true;
-      }
-      Hash128 digest{q.getFingerprint().getDigestLo(), q.getFingerprint().getDigestHi()};
-      std::vector<std::uint32_t> toks = ToVector(tokens);
-      Serve(executor_, [this, id, digest, toks = std::move(toks)] {
-        auto hit = store_->Lookup(digest, ns_, toks);
-        if (!hit.ok()) return SendError(id, hit.status());
-        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteLookupHit(*hit, r.initLookup()); }));
-      });
-      return true;
-    }
-
-    case wire::Request::FETCH: {
-      auto f = req.getFetch();
-      auto layers_r = f.getLayers();
-      if (layers_r.size() > limits_.max_layers) {
-        SendError(id, Status::InvalidArgument("fetch names over " + std::to_string(limits_.max_layers) + " layers"));
-        return true;
-      }
-      auto st = std::make_shared<FetchState>();
-      st->id = id;
-      if (!OpenWindows(id, f, *st)) return true;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        if (fetches_.count(id) != 0) {
-          sink_->Send(ErrorResponse(id, ErrorCode::ALREADY_EXISTS, "a fetch with this id is running"));
-          return true;
-        }
-        if (fetches_.size() >= limits_.max_fetches_in_flight) {
-          SendError(id, Status::ResourceExhausted("too many fetches in flight on this connection"));
-          return true;
-        }
-        for (auto& [oid, other] : fetches_) {
-          const bool same_device = st->device != nullptr && st->device == other->device;
-          if ((st->shm && other->shm && st->shm_ring.Overlaps(other->shm_ring)) ||
-              (same_device && st->device_ring.Overlaps(other->device_ring))) {
-            SendError(id, Status::InvalidArgument("fetch window overlaps the window of fetch " + std::to_string(oid)));
-            return true;
-          }
-        }
-        fetches_[id] = st;
-      }
-      std::vector<std::uint32_t> layers = ToVector(layers_r);
-      const std::uint64_t entry = f.getEntry();
-      Serve(fetch_executor_, [this, id, st, entry, layers = std::move(layers)] {
-        FetchSender sender(id, st.get(), sink_.get(), device_dma_);
-        FetchOptions options;
-        options.ns = TenantScope();
-        Status s = sender.Finish(store_->Fetch(entry, layers, options, sender));
-        spdlog::debug("primecached: fetch of entry {}: {}", entry, sender.Timings());
-        {
-          std::lock_guard<std::mutex> l(mu_);
-          fetches_.erase(id);
-        }
-        if (!s.ok()) return SendError(id, s);
-        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
-          auto d = r.initFetchDone();
-          d.setLayers(sender.layers());
-          d.setBytes(sender.bytes());
-        }));
-      });
-      return true;
-    }
-
+    case wire::Request::PUBLISH_ABORT:
+      return OnPublishStep(in);
+    case wire::Request::LOOKUP:
+      return OnLookup(in);
+    case wire::Request::FETCH:
+      return OnFetch(in);
     case wire::Request::SHM_RELEASE:
       ReleaseWindow(id, false, req.getShmRelease().getOffset(), req.getShmRelease().getLength());
       return true;
-
     case wire::Request::DEVICE_RELEASE:
       ReleaseWindow(id, true, req.getDeviceRelease().getOffset(), req.getDeviceRelease().getLength());
       return true;
-
     case wire::Request::ATTACH_DEVICE:
       AttachDevice(id, req.getAttachDevice());
       return true;
-
-    case wire::Request::CANCEL: {
-      const std::uint64_t target = req.getCancel().getTarget();
-      std::shared_ptr<FetchState> st;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        auto it = fetches_.find(target);
-        if (it != fetches_.end()) st = it->second;
-      }
-      if (!st) {
-        SendError(id, Status::NotFound("no fetch " + std::to_string(target) + " is running on this connection"));
-        return true;
-      }
-      st->Cancel();
-      sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
-      return true;
-    }
-
-    // Admin requests answered with an ack.
+    case wire::Request::CANCEL:
+      return OnCancel(in);
     case wire::Request::DELETE:
     case wire::Request::SET_CAPACITY:
-    case wire::Request::COMPACT: {
-      if (!peer_.admin) {
-        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED,
-                                  "delete, setCapacity and compact are served on the admin socket only"));
-        return true;
-      }
-      std::function<Status()> op;
-      if (which == wire::Request::DELETE) {
-        op = [this, entry = req.getDelete().getEntry()] { return store_->Delete(entry); };
-      } else if (which == wire::Request::SET_CAPACITY) {
-        op = [this, bytes = req.getSetCapacity().getBytes()] { return store_->SetCapacity(bytes); };
-      } else {
-        op = [this] { return store_->Compact(); };
-      }
-      Serve(executor_, [this, id, op = std::move(op)] {
-        Status s = op();
-        if (!s.ok()) return SendError(id, s);
-        sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
-      });
-      return true;
-    }
-
-    case wire::Request::LIST: {
-      auto lr = req.getList();
-      ListFilter filter;
-      if (lr.getDigestLo() != 0 || lr.getDigestHi() != 0) filter.digest = Hash128{lr.getDigestLo(), lr.getDigestHi()};
-      if (lr.getAllNamespaces()) {
-        if (!peer_.admin) {
-          sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "listing every namespace needs the admin socket"));
-          return true;
-        }
-      } else {
-        filter.ns = ns_;
-      }
-      if (lr.getQuarantined() && !peer_.admin) {
-        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "listing quarantined entries needs the admin socket"));
-        return true;
-      }
-      filter.quarantined = lr.getQuarantined();
-      filter.omit_tokens = lr.getOmitTokens();
-      if (lr.getPageToken().size() > 4096) {
-        SendError(id, Status::InvalidArgument("page token over 4096 bytes"));
-        return true;
-      }
-      filter.page_token.assign(reinterpret_cast<const char*>(lr.getPageToken().begin()), lr.getPageToken().size());
-      filter.page_size = lr.getPageSize() == 0 ? 100 : std::min(lr.getPageSize(), limits_.max_page_size);
-      Serve(executor_, [this, id, filter] {
-        auto page = store_->List(filter);
-        if (!page.ok()) return SendError(id, page.status());
-        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteListPage(*page, r.initList()); },
-                                  WordsFor(*page)));
-      });
-      return true;
-    }
-
-    case wire::Request::STAT: {
-      if (peer_.allowed_namespaces.has_value()) {
-        // The totals are the whole store's, every tenant's together.
-        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED,
-                                  "stat reports the whole store, every namespace together; uid " +
-                                      std::to_string(peer_.uid) +
-                                      " is limited to its tenant namespaces (the admin socket serves it)"));
-        return true;
-      }
-      Serve(executor_, [this, id] {
-        auto st = store_->Stat();
-        if (!st.ok()) return SendError(id, st.status());
-        DaemonStats d;
-        d.store = std::move(st).value();
-        d.connections = counters_->connections.load();
-        d.publishes_in_flight = counters_->publishes_in_flight.load();
-        d.uncommitted_bytes = counters_->uncommitted_bytes.load();
-        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteDaemonStats(d, r.initStat()); }));
-      });
-      return true;
-    }
-
-    case wire::Request::DESCRIBE: {
-      const std::uint64_t entry = req.getDescribe().getEntry();
-      const bool headers = req.getDescribe().getLayerHeaders();
-      Serve(executor_, [this, id, entry, headers] {
-        // Other tenants' entries, and quarantined ones off the admin socket,
-        // are reported as absent.
-        auto d = store_->Describe(entry, TenantScope(), headers);
-        if (!d.ok()) return SendError(id, d.status());
-        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteEntryDetail(*d, r.initDescribe()); },
-                                  WordsFor(*d)));
-      });
-      return true;
-    }
-
-    case wire::Request::VERIFY_STORE: {
-      if (!peer_.admin) {
-        sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "verifyStore is served on the admin socket only"));
-        return true;
-      }
-      const bool read_chunks = req.getVerifyStore().getReadChunks();
-      Serve(executor_, [this, id, read_chunks] {
-        auto report = store_->VerifyStore(read_chunks);
-        if (!report.ok()) return SendError(id, report.status());
-        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteVerifyReport(*report, r.initStoreReport()); },
-                                  WordsFor(*report)));
-      });
-      return true;
-    }
-
-    case wire::Request::VERIFY: {
-      const std::uint64_t entry = req.getVerify().getEntry();
-      Serve(fetch_executor_, [this, id, entry] {
-        CountingSink v;
-        FetchOptions options;
-        options.ns = TenantScope();
-        Status s = store_->Fetch(entry, {}, options, v);
-        if (!s.ok() && !s.IsCorruption()) return SendError(id, s);
-        sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
-          auto out = r.initVerify();
-          out.setOk(s.ok());
-          out.setMessage(s.ok() ? "" : s.ToString());
-          out.setLayers(v.layers);
-          out.setBytes(v.bytes);
-        }));
-      });
-      return true;
-    }
-
-    case wire::Request::SHM_ATTACH: {
-      const std::uint64_t size = req.getShmAttach().getSize();
-      if (fds->empty()) {
-        SendError(id, Status::InvalidArgument("shmAttach arrived without a descriptor (send it with SCM_RIGHTS)"));
-        return true;
-      }
-      int fd = fds->front();
-      fds->erase(fds->begin());
-      if (!peer_.local) {
-        close(fd);
-        SendError(id, Status::NotSupported("shared memory needs a Unix socket"));
-        return true;
-      }
-      if (shm_) {
-        close(fd);
-        sink_->Send(ErrorResponse(id, ErrorCode::ALREADY_EXISTS, "a shared region is already attached"));
-        return true;
-      }
-      if (size > limits_.max_shm_bytes) {
-        close(fd);
-        SendError(id, Status::InvalidArgument("shared region over " + std::to_string(limits_.max_shm_bytes) + " bytes"));
-        return true;
-      }
-      auto region = ShmRegion::Adopt(fd, static_cast<std::size_t>(size));
-      if (!region.ok()) return SendError(id, region.status()), true;
-      shm_ = std::shared_ptr<ShmRegion>(std::move(region).value());
-      sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
-      return true;
-    }
-
+    case wire::Request::COMPACT:
+      return OnAdminOp(in);
+    case wire::Request::LIST:
+      return OnList(in);
+    case wire::Request::STAT:
+      return OnStat(in);
+    case wire::Request::DESCRIBE:
+      return OnDescribe(in);
+    case wire::Request::VERIFY_STORE:
+      return OnVerifyStore(in);
+    case wire::Request::VERIFY:
+      return OnVerify(in);
+    case wire::Request::SHM_ATTACH:
+      return OnShmAttach(in);
     default:
       SendProtocolError(id, "unknown request kind " + std::to_string(static_cast<int>(which)));
       return true;
   }
+}
+
+
+bool Session::OnHello(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  auto h = req.getHello();
+  if (hello_done_) {
+    SendProtocolError(id, "hello sent twice");
+    return true;
+  }
+  const std::uint32_t lo = std::max(h.getMinVersion(), kMinProtocolVersion);
+  const std::uint32_t hi = std::min(h.getMaxVersion(), kMaxProtocolVersion);
+  if (lo > hi) {
+    sink_->Send(ErrorResponse(id, ErrorCode::NOT_SUPPORTED,
+                              "no common protocol version: daemon speaks " + std::to_string(kMinProtocolVersion) +
+                                  ".." + std::to_string(kMaxProtocolVersion)));
+    return true;
+  }
+  auto ns = ReadText(h.getNamespace(), limits_.max_text_bytes, "namespace");
+  if (!ns.ok()) {
+    SendError(id, ns.status());
+    return true;
+  }
+  if (peer_.allowed_namespaces.has_value() &&
+      std::find(peer_.allowed_namespaces->begin(), peer_.allowed_namespaces->end(), *ns) ==
+          peer_.allowed_namespaces->end()) {
+    sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "namespace '" + *ns + "' is not allowed for uid " +
+                                                                    std::to_string(peer_.uid)));
+    return true;
+  }
+  ns_ = *ns;
+  hello_done_ = true;
+  sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
+    auto hr = r.initHello();
+    hr.setVersion(hi);
+    hr.setServer("primecached");
+    hr.setMaxMessageBytes(limits_.frame.max_message_bytes);
+    hr.setMaxChunkBytes(limits_.max_chunk_bytes);
+    hr.setMaxPublishesInFlight(limits_.max_publishes_in_flight);
+    hr.setAdmin(peer_.admin);
+    hr.setDeviceCopies(device_dma_ != nullptr);
+  }));
+  return true;
+}
+
+bool Session::OnPublishBegin(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  auto pb = req.getPublishBegin();
+  auto b = pb.getBoundary();
+  auto fp = b.getFingerprint();
+  auto name = ReadText(fp.getName(), limits_.max_text_bytes, "model name");
+  if (!name.ok()) return SendError(id, name.status()), true;
+  if (!AcceptNamespace(id, b.getNamespace())) return true;
+  if (fp.getDescriptor().size() > limits_.max_descriptor_bytes) {
+    SendError(id, Status::InvalidArgument("model descriptor over " + std::to_string(limits_.max_descriptor_bytes) +
+                                          " bytes"));
+    return true;
+  }
+  auto tokens = b.getTokens();
+  if (tokens.size() == 0 || tokens.size() > limits_.max_tokens) {
+    SendError(id, Status::InvalidArgument("boundary needs 1.." + std::to_string(limits_.max_tokens) + " tokens"));
+    return true;
+  }
+  if (b.getLength() != tokens.size()) {
+    SendError(id, Status::InvalidArgument("boundary length " + std::to_string(b.getLength()) + " != " +
+                                          std::to_string(tokens.size()) + " tokens"));
+    return true;
+  }
+  const std::uint32_t layer_count = pb.getLayerCount();
+  if (layer_count == 0 || layer_count > limits_.max_layers) {
+    SendError(id, Status::InvalidArgument("layer count must be 1.." + std::to_string(limits_.max_layers)));
+    return true;
+  }
+  auto pub = std::make_shared<Publish>();
+  pub->id = id;
+  pub->layer_count = layer_count;
+  pub->progress_ns = NowNs();
+  pub->key.model = {fp.getDigestLo(), fp.getDigestHi()};
+  pub->key.model_name = std::move(*name);
+  pub->key.model_descriptor.assign(reinterpret_cast<const char*>(fp.getDescriptor().begin()),
+                             fp.getDescriptor().size());
+  pub->key.ns = ns_;
+  pub->key.tokens = ToVector(tokens);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (publishes_.count(id) != 0) {
+      sink_->Send(ErrorResponse(id, ErrorCode::ALREADY_EXISTS, "a publish with this id is open"));
+      return true;
+    }
+    if (publishes_open_ >= limits_.max_publishes_in_flight) {
+      SendError(id, Status::ResourceExhausted("too many publishes in flight on this connection (limit " +
+                                              std::to_string(limits_.max_publishes_in_flight) + ")"));
+      return true;
+    }
+    ++publishes_open_;
+    publishes_[id] = pub;
+  }
+  counters_->publishes_in_flight.fetch_add(1);
+  RunPublishOp(pub, 0, [this, pub, id] {
+    auto sink = store_->BeginPublish(pub->key, pub->layer_count);
+    if (!sink.ok()) return FailPublish(pub, id, sink.status());
+    pub->sink = std::move(sink).value();
+    sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+  });
+  return true;
+}
+
+bool Session::OnPublishStep(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  const auto which = in.req.which();
+  std::uint64_t pid = 0;
+  if (which == wire::Request::PUBLISH_LAYER) pid = req.getPublishLayer().getPublish();
+  if (which == wire::Request::PUBLISH_CHUNK) pid = req.getPublishChunk().getPublish();
+  if (which == wire::Request::PUBLISH_COMMIT) pid = req.getPublishCommit().getPublish();
+  if (which == wire::Request::PUBLISH_ABORT) pid = req.getPublishAbort().getPublish();
+  std::shared_ptr<Publish> pub;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = publishes_.find(pid);
+    if (it != publishes_.end()) pub = it->second;
+  }
+  if (!pub) {
+    const std::string expired = ExpiredReason(pid);
+    if (!expired.empty()) {
+      sink_->Send(ErrorResponse(id, ErrorCode::DEADLINE_EXCEEDED, expired));
+    } else {
+      SendError(id, Status::NotFound("no open publish " + std::to_string(pid)));
+    }
+    return true;
+  }
+  pub->progress_ns = NowNs();
+  // Protocol position checks happen here, so a client learns at once.
+  if (which == wire::Request::PUBLISH_LAYER) return OnPublishLayer(in, pub);
+  if (which == wire::Request::PUBLISH_CHUNK) return OnPublishChunk(in, pub);
+  return OnPublishEnd(in, pub);
+}
+
+bool Session::AbortPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id, Status s) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    publishes_.erase(pub->id);
+  }
+  SendError(id, s);
+  RunPublishOp(pub, 0, [this, pub] { FinishPublish(pub); });
+  return true;
+}
+
+bool Session::OnPublishLayer(const Incoming& in, const std::shared_ptr<Publish>& pub) {
+  const std::uint64_t id = in.id;
+  auto pl = in.req.getPublishLayer();
+  if (pub->layers_begun > 0 && pub->chunks_seen != pub->chunks_expected) {
+    return AbortPublish(pub, id, Status::InvalidArgument("layer " + std::to_string(pub->layers_begun - 1) + " got " +
+                                                  std::to_string(pub->chunks_seen) + " of " +
+                                                  std::to_string(pub->chunks_expected) + " chunks"));
+  }
+  if (pub->layers_begun >= pub->layer_count) {
+    return AbortPublish(pub, id, Status::InvalidArgument(
+        "layer " + std::to_string(pl.getLayer()) + " is one too many: publishBegin announced " +
+        std::to_string(pub->layer_count) + " layer(s), and all of them were sent"));
+  }
+  if (pl.getLayer() != pub->layers_begun) {
+    return AbortPublish(pub, id, Status::InvalidArgument("expected layer " + std::to_string(pub->layers_begun) +
+                                                  ", got " + std::to_string(pl.getLayer())));
+  }
+  if (pl.getHeader().size() > limits_.max_header_bytes) {
+    return AbortPublish(pub, id, Status::InvalidArgument("layer header over " + std::to_string(limits_.max_header_bytes) +
+                                                  " bytes"));
+  }
+  if (pl.getChunkCount() > limits_.max_chunks_per_layer) {
+    return AbortPublish(pub, id, Status::InvalidArgument("too many chunks in a layer"));
+  }
+  if (Status r = ReserveUncommitted(*pub, pl.getHeader().size()); !r.ok()) return AbortPublish(pub, id, r);
+  pub->chunks_expected = pl.getChunkCount();
+  pub->chunks_seen = 0;
+  const std::uint32_t layer = pub->layers_begun++;
+  auto header = AsBytes(pl.getHeader());
+  const std::uint32_t chunks = pl.getChunkCount();
+  auto keep = std::make_shared<Frame>(std::move(*in.owned));
+  RunPublishOp(pub, header.size(), [this, pub, id, layer, header, chunks, keep] {
+    if (!pub->failed.ok() || !pub->sink) {
+      ReleaseUncommitted(*pub);  // this message's bytes were counted on arrival
+      SendError(id, pub->failed.ok() ? Status::Aborted("publish not open") : pub->failed);
+      return;
+    }
+    Status s = pub->sink->BeginLayer(layer, header, chunks);
+    if (!s.ok()) return FailPublish(pub, id, s);
+    sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+  });
+  return true;
+}
+
+bool Session::OnPublishChunk(const Incoming& in, const std::shared_ptr<Publish>& pub) {
+  const std::uint64_t id = in.id;
+  auto pc = in.req.getPublishChunk();
+  if (pub->layers_begun == 0 || pc.getLayer() != pub->layers_begun - 1 ||
+      pc.getIndex() != pub->chunks_seen || pub->chunks_seen >= pub->chunks_expected) {
+    return AbortPublish(pub, id, Status::InvalidArgument("chunk out of order"));
+  }
+  auto data = pc.getData();
+  std::span<const std::byte> bytes;
+  std::shared_ptr<ShmRegion> region;
+  if (data.which() == wire::Payload::INLINE) {
+    bytes = AsBytes(data.getInline());
+  } else if (data.which() == wire::Payload::SHM) {
+    auto ref = data.getShm();
+    if (!shm_) return AbortPublish(pub, id, Status::FailedPrecondition("no shared region attached"));
+    if (!shm_->Contains(ref.getOffset(), ref.getLength())) {
+      return AbortPublish(pub, id, Status::InvalidArgument("shared-memory reference outside the region"));
+    }
+    region = shm_;
+    bytes = {shm_->data() + ref.getOffset(), static_cast<std::size_t>(ref.getLength())};
+  } else {
+    return AbortPublish(pub, id, Status::InvalidArgument("unknown payload kind"));
+  }
+  if (bytes.size() > limits_.max_chunk_bytes) {
+    return AbortPublish(pub, id, Status::InvalidArgument("chunk of " + std::to_string(bytes.size()) +
+                                                  " bytes over the limit of " +
+                                                  std::to_string(limits_.max_chunk_bytes)));
+  }
+  if (Status r = ReserveUncommitted(*pub, bytes.size()); !r.ok()) return AbortPublish(pub, id, r);
+  ++pub->chunks_seen;
+  auto keep = std::make_shared<Frame>(std::move(*in.owned));
+  RunPublishOp(pub, bytes.size(), [this, pub, id, bytes, keep, region] {
+    if (!pub->failed.ok() || !pub->sink) {
+      ReleaseUncommitted(*pub);  // this message's bytes were counted on arrival
+      SendError(id, pub->failed.ok() ? Status::Aborted("publish not open") : pub->failed);
+      return;
+    }
+    Status s = pub->sink->AddChunk(bytes);
+    if (!s.ok()) return FailPublish(pub, id, s);
+    // The ack also tells a shared-memory client its bytes may be reused.
+    sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+  });
+  return true;
+}
+
+// Commit or abort: the publish leaves the table now.
+bool Session::OnPublishEnd(const Incoming& in, const std::shared_ptr<Publish>& pub) {
+  const std::uint64_t id = in.id;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    publishes_.erase(pub->id);
+  }
+  if (in.req.which() == wire::Request::PUBLISH_ABORT) {
+    RunPublishOp(pub, 0, [this, pub, id] {
+      FinishPublish(pub);
+      sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+    });
+    return true;
+  }
+  if (pub->layers_begun != pub->layer_count || pub->chunks_seen != pub->chunks_expected) {
+    SendError(id, Status::InvalidArgument("commit before every layer and chunk arrived: " +
+                                          std::to_string(pub->layers_begun) + " of " +
+                                          std::to_string(pub->layer_count) + " layers"));
+    RunPublishOp(pub, 0, [this, pub] { FinishPublish(pub); });
+    return true;
+  }
+  RunPublishOp(pub, 0, [this, pub, id] {
+    if (!pub->failed.ok() || !pub->sink) {
+      SendError(id, pub->failed.ok() ? Status::Aborted("publish not open") : pub->failed);
+      FinishPublish(pub);
+      return;
+    }
+    auto done = pub->sink->Commit();
+    if (!done.ok()) {
+      SendError(id, done.status());
+    } else {
+      sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WritePublishResult(*done, r.initPublished()); }));
+    }
+    FinishPublish(pub);
+  });
+  return true;
+}
+
+bool Session::OnLookup(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  auto q = req.getLookup().getQuery();
+  if (!AcceptNamespace(id, q.getNamespace())) return true;
+  auto tokens = q.getTokens();
+  if (tokens.size() > limits_.max_tokens) {
+    SendError(id, Status::InvalidArgument("query over " + std::to_string(limits_.max_tokens) + " tokens"));
+    return true;
+  }
+  Hash128 digest{q.getFingerprint().getDigestLo(), q.getFingerprint().getDigestHi()};
+  std::vector<std::uint32_t> toks = ToVector(tokens);
+  Serve(executor_, [this, id, digest, toks = std::move(toks)] {
+    auto hit = store_->Lookup(digest, ns_, toks);
+    if (!hit.ok()) return SendError(id, hit.status());
+    sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteLookupHit(*hit, r.initLookup()); }));
+  });
+  return true;
+}
+
+bool Session::OnFetch(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  auto f = req.getFetch();
+  auto layers_r = f.getLayers();
+  if (layers_r.size() > limits_.max_layers) {
+    SendError(id, Status::InvalidArgument("fetch names over " + std::to_string(limits_.max_layers) + " layers"));
+    return true;
+  }
+  auto st = std::make_shared<FetchState>();
+  st->id = id;
+  if (!OpenWindows(id, f, *st)) return true;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (fetches_.count(id) != 0) {
+      sink_->Send(ErrorResponse(id, ErrorCode::ALREADY_EXISTS, "a fetch with this id is running"));
+      return true;
+    }
+    if (fetches_.size() >= limits_.max_fetches_in_flight) {
+      SendError(id, Status::ResourceExhausted("too many fetches in flight on this connection"));
+      return true;
+    }
+    for (auto& [oid, other] : fetches_) {
+      const bool same_device = st->device != nullptr && st->device == other->device;
+      if ((st->shm && other->shm && st->shm_ring.Overlaps(other->shm_ring)) ||
+          (same_device && st->device_ring.Overlaps(other->device_ring))) {
+        SendError(id, Status::InvalidArgument("fetch window overlaps the window of fetch " + std::to_string(oid)));
+        return true;
+      }
+    }
+    fetches_[id] = st;
+  }
+  std::vector<std::uint32_t> layers = ToVector(layers_r);
+  const std::uint64_t entry = f.getEntry();
+  Serve(fetch_executor_, [this, id, st, entry, layers = std::move(layers)] {
+    FetchSender sender(id, st.get(), sink_.get(), device_dma_);
+    FetchOptions options;
+    options.ns = TenantScope();
+    Status s = sender.Finish(store_->Fetch(entry, layers, options, sender));
+    spdlog::debug("primecached: fetch of entry {}: {}", entry, sender.Timings());
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      fetches_.erase(id);
+    }
+    if (!s.ok()) return SendError(id, s);
+    sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
+      auto d = r.initFetchDone();
+      d.setLayers(sender.layers());
+      d.setBytes(sender.bytes());
+    }));
+  });
+  return true;
+}
+
+bool Session::OnCancel(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  const std::uint64_t target = req.getCancel().getTarget();
+  std::shared_ptr<FetchState> st;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = fetches_.find(target);
+    if (it != fetches_.end()) st = it->second;
+  }
+  if (!st) {
+    SendError(id, Status::NotFound("no fetch " + std::to_string(target) + " is running on this connection"));
+    return true;
+  }
+  st->Cancel();
+  sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+  return true;
+}
+
+// delete, setCapacity and compact: admin requests answered with an ack.
+bool Session::OnAdminOp(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  const auto which = in.req.which();
+  if (!peer_.admin) {
+    sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED,
+                              "delete, setCapacity and compact are served on the admin socket only"));
+    return true;
+  }
+  std::function<Status()> op;
+  if (which == wire::Request::DELETE) {
+    op = [this, entry = req.getDelete().getEntry()] { return store_->Delete(entry); };
+  } else if (which == wire::Request::SET_CAPACITY) {
+    op = [this, bytes = req.getSetCapacity().getBytes()] { return store_->SetCapacity(bytes); };
+  } else {
+    op = [this] { return store_->Compact(); };
+  }
+  Serve(executor_, [this, id, op = std::move(op)] {
+    Status s = op();
+    if (!s.ok()) return SendError(id, s);
+    sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+  });
+  return true;
+}
+
+bool Session::OnList(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  auto lr = req.getList();
+  ListFilter filter;
+  if (lr.getDigestLo() != 0 || lr.getDigestHi() != 0) filter.digest = Hash128{lr.getDigestLo(), lr.getDigestHi()};
+  if (lr.getAllNamespaces()) {
+    if (!peer_.admin) {
+      sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "listing every namespace needs the admin socket"));
+      return true;
+    }
+  } else {
+    filter.ns = ns_;
+  }
+  if (lr.getQuarantined() && !peer_.admin) {
+    sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "listing quarantined entries needs the admin socket"));
+    return true;
+  }
+  filter.quarantined = lr.getQuarantined();
+  filter.omit_tokens = lr.getOmitTokens();
+  if (lr.getPageToken().size() > 4096) {
+    SendError(id, Status::InvalidArgument("page token over 4096 bytes"));
+    return true;
+  }
+  filter.page_token.assign(reinterpret_cast<const char*>(lr.getPageToken().begin()), lr.getPageToken().size());
+  filter.page_size = lr.getPageSize() == 0 ? 100 : std::min(lr.getPageSize(), limits_.max_page_size);
+  Serve(executor_, [this, id, filter] {
+    auto page = store_->List(filter);
+    if (!page.ok()) return SendError(id, page.status());
+    sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteListPage(*page, r.initList()); },
+                              WordsFor(*page)));
+  });
+  return true;
+}
+
+bool Session::OnStat(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  if (peer_.allowed_namespaces.has_value()) {
+    // The totals are the whole store's, every tenant's together.
+    sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED,
+                              "stat reports the whole store, every namespace together; uid " +
+                                  std::to_string(peer_.uid) +
+                                  " is limited to its tenant namespaces (the admin socket serves it)"));
+    return true;
+  }
+  Serve(executor_, [this, id] {
+    auto st = store_->Stat();
+    if (!st.ok()) return SendError(id, st.status());
+    DaemonStats d;
+    d.store = std::move(st).value();
+    d.connections = counters_->connections.load();
+    d.publishes_in_flight = counters_->publishes_in_flight.load();
+    d.uncommitted_bytes = counters_->uncommitted_bytes.load();
+    sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteDaemonStats(d, r.initStat()); }));
+  });
+  return true;
+}
+
+bool Session::OnDescribe(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  const std::uint64_t entry = req.getDescribe().getEntry();
+  const bool headers = req.getDescribe().getLayerHeaders();
+  Serve(executor_, [this, id, entry, headers] {
+    // Other tenants' entries, and quarantined ones off the admin socket,
+    // are reported as absent.
+    auto d = store_->Describe(entry, TenantScope(), headers);
+    if (!d.ok()) return SendError(id, d.status());
+    sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteEntryDetail(*d, r.initDescribe()); },
+                              WordsFor(*d)));
+  });
+  return true;
+}
+
+bool Session::OnVerifyStore(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  if (!peer_.admin) {
+    sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "verifyStore is served on the admin socket only"));
+    return true;
+  }
+  const bool read_chunks = req.getVerifyStore().getReadChunks();
+  Serve(executor_, [this, id, read_chunks] {
+    auto report = store_->VerifyStore(read_chunks);
+    if (!report.ok()) return SendError(id, report.status());
+    sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteVerifyReport(*report, r.initStoreReport()); },
+                              WordsFor(*report)));
+  });
+  return true;
+}
+
+bool Session::OnVerify(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  const std::uint64_t entry = req.getVerify().getEntry();
+  Serve(fetch_executor_, [this, id, entry] {
+    CountingSink v;
+    FetchOptions options;
+    options.ns = TenantScope();
+    Status s = store_->Fetch(entry, {}, options, v);
+    if (!s.ok() && !s.IsCorruption()) return SendError(id, s);
+    sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
+      auto out = r.initVerify();
+      out.setOk(s.ok());
+      out.setMessage(s.ok() ? "" : s.ToString());
+      out.setLayers(v.layers);
+      out.setBytes(v.bytes);
+    }));
+  });
+  return true;
+}
+
+bool Session::OnShmAttach(const Incoming& in) {
+  const std::uint64_t id = in.id;
+  const wire::Request::Reader req = in.req;
+  const std::uint64_t size = req.getShmAttach().getSize();
+  if (in.fds->empty()) {
+    SendError(id, Status::InvalidArgument("shmAttach arrived without a descriptor (send it with SCM_RIGHTS)"));
+    return true;
+  }
+  int fd = in.fds->front();
+  in.fds->erase(in.fds->begin());
+  if (!peer_.local) {
+    close(fd);
+    SendError(id, Status::NotSupported("shared memory needs a Unix socket"));
+    return true;
+  }
+  if (shm_) {
+    close(fd);
+    sink_->Send(ErrorResponse(id, ErrorCode::ALREADY_EXISTS, "a shared region is already attached"));
+    return true;
+  }
+  if (size > limits_.max_shm_bytes) {
+    close(fd);
+    SendError(id, Status::InvalidArgument("shared region over " + std::to_string(limits_.max_shm_bytes) + " bytes"));
+    return true;
+  }
+  auto region = ShmRegion::Adopt(fd, static_cast<std::size_t>(size));
+  if (!region.ok()) return SendError(id, region.status()), true;
+  shm_ = std::shared_ptr<ShmRegion>(std::move(region).value());
+  sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+  return true;
 }
 
 }  // namespace primecache::ipc

@@ -131,7 +131,40 @@ class Session : public std::enable_shared_from_this<Session> {
   struct Publish;
 
  private:
+  // A request being dispatched: its id and reader, the frame it came in (a
+  // handler that keeps bytes of it past its return moves it out of
+  // `owned`), and the descriptors passed with it.
+  struct Incoming {
+    std::uint64_t id;
+    wire::Request::Reader req;
+    Frame* owned;
+    std::vector<int>* fds;
+  };
+  // Checks what every request needs (the hello first), then hands the
+  // request to its handler. Each handler answers, or queues the work that
+  // answers, and returns false only to close the connection.
   bool Dispatch(const Frame& frame, Frame* owned, std::vector<int>* fds);
+  bool OnHello(const Incoming& in);
+  bool OnPublishBegin(const Incoming& in);
+  // publishLayer, publishChunk, publishCommit, publishAbort: the open
+  // publish they name, checked against the protocol's order.
+  bool OnPublishStep(const Incoming& in);
+  bool OnPublishLayer(const Incoming& in, const std::shared_ptr<Publish>& pub);
+  bool OnPublishChunk(const Incoming& in, const std::shared_ptr<Publish>& pub);
+  bool OnPublishEnd(const Incoming& in, const std::shared_ptr<Publish>& pub);
+  // A request broke the publish's order: it leaves the table, `s` answers
+  // `id`, and its staged work is dropped. Returns true (keep the connection).
+  bool AbortPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id, Status s);
+  bool OnLookup(const Incoming& in);
+  bool OnFetch(const Incoming& in);
+  bool OnCancel(const Incoming& in);
+  bool OnAdminOp(const Incoming& in);
+  bool OnList(const Incoming& in);
+  bool OnStat(const Incoming& in);
+  bool OnDescribe(const Incoming& in);
+  bool OnVerifyStore(const Incoming& in);
+  bool OnVerify(const Incoming& in);
+  bool OnShmAttach(const Incoming& in);
   void SendError(std::uint64_t id, const Status& s);
   void SendProtocolError(std::uint64_t id, const std::string& msg);
   void RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t bytes, std::function<void()> op);
