@@ -11,14 +11,7 @@
 #include <filesystem>
 #include <random>
 
-// The daemon: $PRIMECACHED, else the bundle's (tools/gpu-check ships it
-// beside the tests), else the build tree's.
-inline std::string GpuTestDaemonBinary() {
-  if (const char* env = std::getenv("PRIMECACHED")) return env;
-  if (std::filesystem::exists(".gpu-bundle/bin/primecached")) return ".gpu-bundle/bin/primecached";
-  return PRIMECACHED_BUILD_PATH;
-}
-#define PRIMECACHED_PATH GpuTestDaemonBinary()
+#include "tests/gpu/gpu_daemon_path.h"  // before the daemon harness
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/gpu/dma_peer.h"
 #include "tests/ipc/daemon_harness.h"

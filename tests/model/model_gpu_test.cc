@@ -17,16 +17,7 @@
 
 #include "engine/model/prefix_cache.h"
 
-// The daemon the prefix cache tests start: $PRIMECACHED, else one beside
-// this binary (tools/gpu-check ships it there), else the build tree's.
-inline std::string GpuTestDaemonBinary() {
-  if (const char* env = std::getenv("PRIMECACHED")) return env;
-  std::error_code ec;
-  const auto beside = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "primecached";
-  if (!ec && std::filesystem::exists(beside, ec)) return beside.string();
-  return PRIMECACHED_BUILD_PATH;
-}
-#define PRIMECACHED_PATH GpuTestDaemonBinary()
+#include "tests/gpu/gpu_daemon_path.h"  // before the daemon harness
 #include "tests/ipc/daemon_harness.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/model/model_test_util.h"
