@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/errno_text.h"
 #include "primecache/env.h"
 
 namespace primecache {
@@ -20,11 +21,7 @@ constexpr mode_t kFileMode = 0600;
 constexpr mode_t kDirMode = 0700;
 
 Status ErrnoStatus(std::string_view what, const std::string& path, int err) {
-  std::string msg(what);
-  msg += " ";
-  msg += path;
-  msg += ": ";
-  msg += std::strerror(err);
+  std::string msg = ErrnoText(std::string(what) + " " + path, err);
   if (err == ENOENT) return Status::NotFound(std::move(msg));
   if (err == ENOSPC || err == EDQUOT) return Status::ResourceExhausted(std::move(msg));
   return Status::IOError(std::move(msg));

@@ -22,6 +22,7 @@
 
 #include <kj/exception.h>
 
+#include "core/errno_text.h"
 #include "ipc/framing.h"
 #include "ipc/session.h"
 #include "ipc/shm.h"
@@ -38,7 +39,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 kj::ArrayPtr<const kj::byte> KjBytes(std::span<const std::byte> b) {
   return kj::arrayPtr(reinterpret_cast<const kj::byte*>(b.data()), b.size());
@@ -232,7 +232,7 @@ struct Conn {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::DeadlineExceeded("send to primecached timed out");
-        return Status::Unavailable(Errno("send to primecached"));
+        return Status::Unavailable(ErrnoText("send to primecached"));
       }
       auto left = static_cast<std::size_t>(n);
       while (i < iov.size() && left >= iov[i].iov_len) left -= iov[i++].iov_len;
@@ -278,7 +278,7 @@ struct Conn {
       ssize_t n = recv(fd, buf.data(), buf.size(), 0);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        std::string why = n == 0 ? "primecached closed the connection" : Errno("recv from primecached");
+        std::string why = n == 0 ? "primecached closed the connection" : ErrnoText("recv from primecached");
         {
           std::lock_guard<std::mutex> l(mu);
           if (!notice.empty()) why = "primecached closed the connection: " + notice;
@@ -413,9 +413,9 @@ Result<int> OpenSocket(const std::string& endpoint, std::chrono::milliseconds ti
       return Status::InvalidArgument("bad IPv4 address in " + endpoint);
     }
     fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return Status::IOError(Errno("socket"));
+    if (fd < 0) return Status::IOError(ErrnoText("socket"));
     if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-      Status s = Status::Unavailable(Errno("connect " + endpoint));
+      Status s = Status::Unavailable(ErrnoText("connect " + endpoint));
       close(fd);
       return s;
     }
@@ -429,9 +429,9 @@ Result<int> OpenSocket(const std::string& endpoint, std::chrono::milliseconds ti
     a.sun_family = AF_UNIX;
     std::memcpy(a.sun_path, endpoint.c_str(), endpoint.size() + 1);
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return Status::IOError(Errno("socket"));
+    if (fd < 0) return Status::IOError(ErrnoText("socket"));
     if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-      Status s = Status::Unavailable(Errno("connect " + endpoint));
+      Status s = Status::Unavailable(ErrnoText("connect " + endpoint));
       close(fd);
       return s;
     }

@@ -24,6 +24,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/errno_text.h"
 #include "core/worker_pool.h"
 #include "ipc/wire.h"
 
@@ -31,7 +32,6 @@ namespace primecache::ipc {
 
 namespace {
 
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 constexpr std::size_t kMaxFdsQueued = 4;
 
@@ -320,7 +320,7 @@ Status Server::Impl::ListenUnix(const std::string& path, bool admin) {
     if (live) return Status::AlreadyExists("a daemon is already serving " + path);
   }
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::IOError(Errno("socket"));
+  if (fd < 0) return Status::IOError(ErrnoText("socket"));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, tmp.c_str(), tmp.size() + 1);
   unlink(tmp.c_str());
@@ -328,7 +328,7 @@ Status Server::Impl::ListenUnix(const std::string& path, bool admin) {
   const int brc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   umask(old);
   if (brc != 0) {
-    Status s = Status::IOError(Errno("bind " + tmp));
+    Status s = Status::IOError(ErrnoText("bind " + tmp));
     close(fd);
     return s;
   }
@@ -338,12 +338,12 @@ Status Server::Impl::ListenUnix(const std::string& path, bool admin) {
     return s;
   };
   if (!admin && opts.socket_group.has_value()) {
-    if (chown(tmp.c_str(), static_cast<uid_t>(-1), *opts.socket_group) != 0) return fail(Status::IOError(Errno("chown socket")));
-    if (chmod(tmp.c_str(), 0660) != 0) return fail(Status::IOError(Errno("chmod socket")));
+    if (chown(tmp.c_str(), static_cast<uid_t>(-1), *opts.socket_group) != 0) return fail(Status::IOError(ErrnoText("chown socket")));
+    if (chmod(tmp.c_str(), 0660) != 0) return fail(Status::IOError(ErrnoText("chmod socket")));
   }
-  if (listen(fd, 256) != 0) return fail(Status::IOError(Errno("listen")));
+  if (listen(fd, 256) != 0) return fail(Status::IOError(ErrnoText("listen")));
   // Appear at the real path only now that connections are accepted.
-  if (rename(tmp.c_str(), path.c_str()) != 0) return fail(Status::IOError(Errno("rename socket to " + path)));
+  if (rename(tmp.c_str(), path.c_str()) != 0) return fail(Status::IOError(ErrnoText("rename socket to " + path)));
   auto l = std::make_unique<Listener>();
   l->fd = fd;
   l->admin = admin;
@@ -354,7 +354,7 @@ Status Server::Impl::ListenUnix(const std::string& path, bool admin) {
 
 Status Server::Impl::ListenTcp(int port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::IOError(Errno("socket"));
+  if (fd < 0) return Status::IOError(ErrnoText("socket"));
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in a{};
@@ -362,7 +362,7 @@ Status Server::Impl::ListenTcp(int port) {
   a.sin_port = htons(static_cast<std::uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);  // loopback only, never a routable address
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(fd, 256) != 0) {
-    Status s = Status::IOError(Errno("bind/listen 127.0.0.1:" + std::to_string(port)));
+    Status s = Status::IOError(ErrnoText("bind/listen 127.0.0.1:" + std::to_string(port)));
     close(fd);
     return s;
   }

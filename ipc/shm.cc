@@ -9,11 +9,9 @@
 #include <cerrno>
 #include <cstring>
 
-namespace primecache::ipc {
+#include "core/errno_text.h"
 
-namespace {
-std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
-}  // namespace
+namespace primecache::ipc {
 
 ShmRegion::~ShmRegion() {
   if (base_ != nullptr) munmap(base_, size_);
@@ -23,14 +21,14 @@ ShmRegion::~ShmRegion() {
 Result<std::unique_ptr<ShmRegion>> ShmRegion::Create(std::size_t size, const std::string& name) {
   if (size == 0) return Status::InvalidArgument("shared region of size 0");
   int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return Status::IOError(Errno("memfd_create"));
+  if (fd < 0) return Status::IOError(ErrnoText("memfd_create"));
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    Status s = Status::ResourceExhausted(Errno("ftruncate memfd"));
+    Status s = Status::ResourceExhausted(ErrnoText("ftruncate memfd"));
     close(fd);
     return s;
   }
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    Status s = Status::IOError(Errno("seal memfd"));
+    Status s = Status::IOError(ErrnoText("seal memfd"));
     close(fd);
     return s;
   }
@@ -40,7 +38,7 @@ Result<std::unique_ptr<ShmRegion>> ShmRegion::Create(std::size_t size, const std
   // without populating: a region it did not ask for costs it nothing up front.
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
-    Status s = Status::ResourceExhausted(Errno("mmap memfd"));
+    Status s = Status::ResourceExhausted(ErrnoText("mmap memfd"));
     close(fd);
     return s;
   }
@@ -57,12 +55,12 @@ Result<std::unique_ptr<ShmRegion>> ShmRegion::Adopt(int fd, std::size_t size) {
   if (seals < 0) return fail(Status::InvalidArgument("shared region is not a sealable memfd"));
   if ((seals & F_SEAL_SHRINK) == 0) return fail(Status::InvalidArgument("shared region is not sealed against shrinking"));
   struct stat st{};
-  if (fstat(fd, &st) != 0) return fail(Status::IOError(Errno("fstat shared region")));
+  if (fstat(fd, &st) != 0) return fail(Status::IOError(ErrnoText("fstat shared region")));
   if (st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) < size) {
     return fail(Status::InvalidArgument("shared region is smaller than announced"));
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return fail(Status::ResourceExhausted(Errno("mmap shared region")));
+  if (p == MAP_FAILED) return fail(Status::ResourceExhausted(ErrnoText("mmap shared region")));
   return std::unique_ptr<ShmRegion>(new ShmRegion(fd, static_cast<std::byte*>(p), size));
 }
 
@@ -87,7 +85,7 @@ Status SendWithFd(int sock, std::span<const std::byte> bytes, int fd) {
     ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Status::Unavailable(Errno("sendmsg"));
+      return Status::Unavailable(ErrnoText("sendmsg"));
     }
     fd_sent = true;
     sent += static_cast<std::size_t>(n);

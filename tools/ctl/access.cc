@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/errno_text.h"
 #include "primecache/client.h"
 #include "primecache/codec.h"
 #include "primecache/statestore.h"
@@ -173,7 +174,7 @@ Status ProbeDaemon(const std::string& path) {
   sockaddr_un a{};
   if (path.size() >= sizeof(a.sun_path)) return Status::InvalidArgument("socket path too long: " + path);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::IOError(std::string("socket: ") + std::strerror(errno));
+  if (fd < 0) return Status::IOError(ErrnoText("socket"));
   a.sun_family = AF_UNIX;
   std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
   const int rc = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
@@ -183,7 +184,7 @@ Status ProbeDaemon(const std::string& path) {
   if (err == ENOENT || err == ECONNREFUSED) {
     return Status::NotFound("no daemon listens at " + path + " (" + std::strerror(err) + ")");
   }
-  return Status::Unavailable("connect " + path + ": " + std::strerror(err));
+  return Status::Unavailable(ErrnoText("connect " + path, err));
 }
 
 }  // namespace

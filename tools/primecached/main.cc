@@ -28,6 +28,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "core/errno_text.h"
 #include "ipc/device_dma.h"
 #include "ipc/server.h"
 #include "primecache/env.h"
@@ -167,7 +168,7 @@ Status WriteReady(const Flags& f) {
   if (f.ready_fd >= 0) {
     const char msg[] = "ready\n";
     if (write(f.ready_fd, msg, sizeof(msg) - 1) != static_cast<ssize_t>(sizeof(msg) - 1)) {
-      return Status::IOError(std::string("write --ready-fd: ") + std::strerror(errno));
+      return Status::IOError(primecache::ErrnoText("write --ready-fd"));
     }
     close(f.ready_fd);
   }
