@@ -24,7 +24,6 @@
 
 #include "core/errno_text.h"
 #include "ipc/framing.h"
-#include "ipc/session.h"
 #include "ipc/shm.h"
 #include "ipc/wire.h"
 

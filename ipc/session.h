@@ -32,9 +32,6 @@
 
 namespace primecache::ipc {
 
-inline constexpr std::uint32_t kMinProtocolVersion = 1;
-inline constexpr std::uint32_t kMaxProtocolVersion = 1;
-
 struct SessionLimits {
   FrameLimits frame;
   std::size_t max_chunk_bytes = 4u << 20;

@@ -19,6 +19,11 @@
 
 namespace primecache::ipc {
 
+// The protocol versions this build speaks (hello's minVersion..maxVersion;
+// docs/protocol.md).
+inline constexpr std::uint32_t kMinProtocolVersion = 1;
+inline constexpr std::uint32_t kMaxProtocolVersion = 1;
+
 wire::ErrorCode ToWireCode(StatusCode code);
 // The Status a client sees for a wire error. permissionDenied and protocol
 // have no StatusCode of their own: they map to kFailedPrecondition and
