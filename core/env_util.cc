@@ -1,6 +1,7 @@
 // Helpers layered on any Env.
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <unistd.h>
@@ -129,6 +130,14 @@ Status WriteFileAtomically(Env* env, const std::string& path, std::string_view d
   }();
   if (!s.ok() && env->FileExists(tmp)) (void)env->RemoveFile(tmp);
   return s.WithContext("writing " + path);
+}
+
+Result<std::string> DefaultDataDir() {
+  const char* xdg = std::getenv("XDG_DATA_HOME");
+  if (xdg != nullptr && xdg[0] == '/') return std::string(xdg) + "/primecache";
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && home[0] != '\0') return std::string(home) + "/.local/share/primecache";
+  return Status::FailedPrecondition("no data directory: neither XDG_DATA_HOME (absolute) nor HOME is set");
 }
 
 }  // namespace primecache

@@ -111,14 +111,6 @@ double EstimatePrefillFlops(const ModelCost& cost, std::uint64_t tokens) {
              (l + 1) / 2;
 }
 
-Result<std::string> DefaultDataDir() {
-  const char* xdg = std::getenv("XDG_DATA_HOME");
-  if (xdg != nullptr && xdg[0] == '/') return std::string(xdg) + "/primecache";
-  const char* home = std::getenv("HOME");
-  if (home != nullptr && home[0] != '\0') return std::string(home) + "/.local/share/primecache";
-  return Status::FailedPrecondition("no data directory: neither XDG_DATA_HOME (absolute) nor HOME is set");
-}
-
 Status Publisher::AddLayer(const LayerBytes& layer) {
   PC_RETURN_IF_ERROR(BeginLayer(layer.header));
   for (const auto& c : layer.chunks) PC_RETURN_IF_ERROR(AddChunk(std::string_view(c)));

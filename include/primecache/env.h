@@ -165,6 +165,10 @@ Result<std::vector<TightenedPath>> RestrictToOwner(Env* env, const std::string& 
 // For a log line: "2 paths: /d 0755 -> 0700, /d/f 0644 -> 0600" (the first few).
 std::string DescribeTightened(const std::vector<TightenedPath>& changed);
 
+// The default data directory of primecache's tools and daemon:
+// $XDG_DATA_HOME/primecache, else $HOME/.local/share/primecache.
+Result<std::string> DefaultDataDir();
+
 // Writes a whole file so that after a crash the path holds either its old
 // content or `data`, never a torn mix: temp file, sync, rename, sync directory.
 Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data);

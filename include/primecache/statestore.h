@@ -236,10 +236,6 @@ enum class EvictionPolicy : std::uint8_t {
   kUtility = 1,  // Marconi-style: recency + alpha * (FLOPs saved / bytes freed), lowest first
 };
 
-// The default data directory: $XDG_DATA_HOME/primecache, else
-// $HOME/.local/share/primecache.
-Result<std::string> DefaultDataDir();
-
 namespace statestore_internal {
 struct TestHooks;  // statestore/test_hooks.h
 }

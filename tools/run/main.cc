@@ -30,8 +30,8 @@
 
 #include "engine/model/prefix_cache.h"
 #include "engine/model/speculative.h"
+#include "primecache/env.h"
 #include "primecache/logging.h"
-#include "primecache/statestore.h"
 
 using namespace primecache;
 
