@@ -60,7 +60,7 @@ class FetchRun {
   // in the page cache (checked on the pool, unless they were checked while
   // the sink held them pinned as it does now); else false (it is read).
   bool TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Located& at);
-  void PostCheck(Slot& slot, const Hash128& h, std::uint64_t segment);
+  void PostCheck(Slot& slot, const Hash128& h, const Extent& at);
   // After a read chunk failed its address: whether a second read, into
   // memory of the store's own, matches (then the store is intact).
   bool ReadsBackIntact(const Slot& slot, const ChunkRef& ref);
@@ -153,11 +153,7 @@ void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at
       std::unique_lock g(mu_);
       if (!st.ok() && slot.status.ok()) slot.status = st;
       if (--slot.parts_left == 0) {
-        if (slot.status.ok() && !(Checksum128(slot.bytes) == h)) {
-          slot.status = Status::Corruption("chunk " + HashHex(h) + " in segment " + SegmentHex(at.extent.segment) +
-                                           " at offset " + std::to_string(at.extent.offset) +
-                                           ": content does not match its address (XXH3-128)");
-        }
+        if (slot.status.ok()) slot.status = Store::Impl::CheckAddress(slot.bytes, h, at.extent);
         slot.done = true;
       }
       --outstanding_;
@@ -179,18 +175,14 @@ bool FetchRun::TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Loc
     return true;
   }
   slot.checked = true;
-  PostCheck(slot, ref.hash, at.extent.segment);
+  PostCheck(slot, ref.hash, at.extent);
   return true;
 }
 
 // The address checked over the bytes where they lie (on the pool).
-void FetchRun::PostCheck(Slot& slot, const Hash128& h, std::uint64_t segment) {
-  auto check = [this, &slot, h, segment] {
-    Status st;
-    if (!(Checksum128(slot.mapped) == h)) {
-      st = Status::Corruption("chunk " + HashHex(h) + " in segment " + SegmentHex(segment) +
-                              ": content does not match its address (XXH3-128)");
-    }
+void FetchRun::PostCheck(Slot& slot, const Hash128& h, const Extent& at) {
+  auto check = [this, &slot, h, at] {
+    Status st = Store::Impl::CheckAddress(slot.mapped, h, at);
     std::lock_guard g(mu_);
     slot.status = std::move(st);
     slot.done = true;

@@ -164,10 +164,13 @@ Status Store::Impl::ReadExtent(const std::shared_ptr<RandomAccessFile>& file, co
     return Status::Corruption(where + ": the file ends " + std::to_string(dst.size() - n) +
                               " bytes early (truncated behind the store's back?)");
   }
-  if (!(Checksum128(dst) == h)) {
-    return Status::Corruption(where + ": content does not match its address (XXH3-128)");
-  }
-  return Status::Ok();
+  return CheckAddress(dst, h, e);
+}
+
+Status Store::Impl::CheckAddress(std::span<const std::byte> bytes, const Hash128& h, const Extent& e) {
+  if (Checksum128(bytes) == h) return Status::Ok();
+  return Status::Corruption("chunk " + HashHex(h) + " in segment " + SegmentHex(e.segment) + " at offset " +
+                            std::to_string(e.offset) + ": content does not match its address (XXH3-128)");
 }
 
 Status Store::Impl::LocateChunks(const std::vector<Hash128>& hashes, std::vector<Located>* out) {

@@ -163,6 +163,9 @@ struct Store::Impl {
   Status RecoverSegments();
   Status LoadSegments();
   Result<std::uint64_t> SegmentDiskBytes();
+  // Whether `bytes`, the chunk at extent `e`, match their address `h`;
+  // kCorruption naming the chunk, its segment and offset when not.
+  static Status CheckAddress(std::span<const std::byte> bytes, const Hash128& h, const statestore_internal::Extent& e);
   // Reads one chunk's bytes from its extent into `dst` (its size), checking
   // its address; kCorruption names the segment.
   Status ReadExtent(const std::shared_ptr<RandomAccessFile>& file, const statestore_internal::Extent& e, const Hash128& h,
