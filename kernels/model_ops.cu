@@ -3,6 +3,7 @@
 // operations use one thread per element.
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 #include "kernels/model_ops.h"
@@ -174,6 +175,93 @@ __global__ void ArgmaxKernel(const float* x, std::size_t n, std::uint32_t* out) 
   if (threadIdx.x == 0) out[blockIdx.x] = best_i[0];
 }
 
+// Rows of a RowsGemm handled per pass over W: each thread keeps this many sums.
+constexpr int kGemmRowsPerPass = 8;
+// Threads that share one output's sum (W row-major).
+constexpr int kGemmThreads = 128;
+
+// Four consecutive values from p (as few as remain before `end`; zeros past
+// it), with one 16-byte load when they are aligned.
+__device__ float4 Load4(const float* __restrict__ p, std::size_t i, std::size_t end, bool aligned) {
+  if (aligned) return __ldg(reinterpret_cast<const float4*>(p + i));
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (i < end) v.x = __ldg(p + i);
+  if (i + 1 < end) v.y = __ldg(p + i + 1);
+  if (i + 2 < end) v.z = __ldg(p + i + 2);
+  if (i + 3 < end) v.w = __ldg(p + i + 3);
+  return v;
+}
+
+__device__ float Fma4(float4 w, float4 x, float acc) {
+  acc = fmaf(w.x, x.x, acc);
+  acc = fmaf(w.y, x.y, acc);
+  acc = fmaf(w.z, x.z, acc);
+  return fmaf(w.w, x.w, acc);
+}
+
+// One block per output o of operand blockIdx.y (W row-major [out, in]).
+// Thread t sums the groups of four values g = t, t+128, … in that order
+// (fmaf, so no contraction choice is left to the compiler); each warp's lanes
+// are added by a fixed xor butterfly, then the four warps in order. Nothing
+// in a row's sum depends on how many rows there are (they only share the
+// loads of W), nor on whether the loads were vector ones.
+__global__ void RowsGemmKernel(RowsGemmArgs a) {
+  __shared__ float part[kGemmThreads / 32][kGemmRowsPerPass];
+  const std::size_t o = blockIdx.x;
+  const unsigned t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const float* __restrict__ w = a.w + blockIdx.y * a.w_batch + o * a.in;
+  const float* __restrict__ x = a.x + blockIdx.y * a.x_batch;
+  float* y = a.y + blockIdx.y * a.y_batch;
+  const bool aligned = a.in % 4 == 0 && a.ldx % 4 == 0 &&
+                       (reinterpret_cast<std::uintptr_t>(w) | reinterpret_cast<std::uintptr_t>(x)) % 16 == 0;
+  const std::size_t groups = (a.in + 3) / 4;
+  for (std::size_t r0 = 0; r0 < a.rows; r0 += kGemmRowsPerPass) {
+    const std::size_t n = a.rows - r0 < kGemmRowsPerPass ? a.rows - r0 : kGemmRowsPerPass;
+    float acc[kGemmRowsPerPass] = {};
+    for (std::size_t g = t; g < groups; g += kGemmThreads) {
+      const float4 wv = Load4(w, 4 * g, a.in, aligned);
+#pragma unroll
+      for (int r = 0; r < kGemmRowsPerPass; ++r)
+        if (r < n) acc[r] = Fma4(wv, Load4(x + (r0 + r) * a.ldx, 4 * g, a.in, aligned), acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < kGemmRowsPerPass; ++r) {
+      float v = acc[r];
+      for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) part[warp][r] = v;
+    }
+    __syncthreads();
+    if (t < n) {
+      float v = part[0][t];
+      for (int k = 1; k < kGemmThreads / 32; ++k) v += part[k][t];
+      y[(r0 + t) * a.ldy + o] = v;
+    }
+    __syncthreads();
+  }
+}
+
+// W stored [in, out] row-major: one thread per output o (neighbouring threads
+// read neighbouring words of a W row), summing over i in order.
+__global__ void RowsGemmTransposedKernel(RowsGemmArgs a) {
+  const std::size_t o = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (o >= a.out) return;
+  const float* __restrict__ w = a.w + blockIdx.y * a.w_batch + o;
+  const float* __restrict__ x = a.x + blockIdx.y * a.x_batch;
+  float* y = a.y + blockIdx.y * a.y_batch;
+  for (std::size_t r0 = 0; r0 < a.rows; r0 += kGemmRowsPerPass) {
+    const std::size_t n = a.rows - r0 < kGemmRowsPerPass ? a.rows - r0 : kGemmRowsPerPass;
+    float acc[kGemmRowsPerPass] = {};
+#pragma unroll 8
+    for (std::size_t i = 0; i < a.in; ++i) {
+      const float wi = __ldg(w + i * a.out);
+#pragma unroll
+      for (int r = 0; r < kGemmRowsPerPass; ++r)
+        if (r < n) acc[r] = fmaf(wi, __ldg(x + (r0 + r) * a.ldx + i), acc[r]);
+    }
+    for (std::size_t r = 0; r < n; ++r) y[(r0 + r) * a.ldy + o] = acc[r];
+  }
+}
+
 }  // namespace
 
 Status RmsNormRowsCuda(const RmsNormArgs& a, void* stream) {
@@ -234,6 +322,20 @@ Status MlaRowsCuda(const MlaRowsArgs& a, void* stream) {
   if (a.count == 0) return Status::Ok();
   MlaRowsKernel<<<static_cast<unsigned>(a.count), kBlock, 0, S(stream)>>>(a);
   return Launched("MLA rows");
+}
+
+Status RowsGemmCuda(const RowsGemmArgs& a, void* stream) {
+  if (a.rows * a.out * a.batch == 0) return Status::Ok();
+  if (a.batch > 65535) return Status::InvalidArgument("rows GEMM: more than 65535 operands");
+  if (a.w_transposed) {
+    const dim3 grid(Blocks(a.out), static_cast<unsigned>(a.batch));
+    RowsGemmTransposedKernel<<<grid, kBlock, 0, S(stream)>>>(a);
+  } else {
+    if (a.out > 0x7fffffff) return Status::InvalidArgument("rows GEMM: too many outputs");
+    const dim3 grid(static_cast<unsigned>(a.out), static_cast<unsigned>(a.batch));
+    RowsGemmKernel<<<grid, kGemmThreads, 0, S(stream)>>>(a);
+  }
+  return Launched("rows GEMM");
 }
 
 Status ArgmaxRowsCuda(const float* x, std::size_t rows, std::size_t n, std::uint32_t* out, void* stream) {

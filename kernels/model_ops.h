@@ -96,6 +96,25 @@ struct MlaRowsArgs {
 Status MlaRowsCpu(const MlaRowsArgs& a);
 Status MlaRowsCuda(const MlaRowsArgs& a, void* stream);
 
+// Products for calls of few rows: y[b][r, o] = Σ_i W_b[o, i] · x[b][r, i] for
+// `batch` independent operands (operand b at w + b*w_batch, x + b*x_batch,
+// y + b*y_batch; row r of x at +r*ldx, of y at +r*ldy). W_b is [out, in]
+// row-major, or [in, out] row-major when w_transposed. The sum for one (r, o)
+// runs in one fixed order that does not depend on `rows`: a row's result is
+// bit-identical whether it is computed alone or with others, which is what
+// makes a verify call's rows equal one-token decode calls on CUDA (cuBLAS
+// picks its algorithm, and so its rounding, by shape).
+struct RowsGemmArgs {
+  const float* x = nullptr;
+  const float* w = nullptr;
+  float* y = nullptr;
+  std::size_t ldx = 0, ldy = 0, rows = 0, in = 0, out = 0;
+  std::size_t batch = 1, x_batch = 0, w_batch = 0, y_batch = 0;
+  bool w_transposed = false;
+};
+Status RowsGemmCpu(const RowsGemmArgs& a);
+Status RowsGemmCuda(const RowsGemmArgs& a, void* stream);
+
 // Greedy choice per row: the index of the largest value, the lowest index on ties.
 Status ArgmaxRowsCpu(const float* x, std::size_t rows, std::size_t n, std::uint32_t* out);
 Status ArgmaxRowsCuda(const float* x, std::size_t rows, std::size_t n, std::uint32_t* out, void* stream);

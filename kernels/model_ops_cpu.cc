@@ -91,6 +91,26 @@ Status MlaRowsCpu(const MlaRowsArgs& a) {
   return Status::Ok();
 }
 
+Status RowsGemmCpu(const RowsGemmArgs& a) {
+  for (std::size_t b = 0; b < a.batch; ++b) {
+    const float* w = a.w + b * a.w_batch;
+    for (std::size_t r = 0; r < a.rows; ++r) {
+      const float* x = a.x + b * a.x_batch + r * a.ldx;
+      float* y = a.y + b * a.y_batch + r * a.ldy;
+      if (!a.w_transposed) {
+        cpu::MatVec(w, a.out, a.in, x, y);
+        continue;
+      }
+      for (std::size_t o = 0; o < a.out; ++o) {
+        float s = 0.0f;
+        for (std::size_t i = 0; i < a.in; ++i) s += w[i * a.out + o] * x[i];
+        y[o] = s;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status ArgmaxRowsCpu(const float* x, std::size_t rows, std::size_t n, std::uint32_t* out) {
   for (std::size_t r = 0; r < rows; ++r) {
     std::size_t best = 0;
@@ -117,6 +137,7 @@ Status GatherRowsCuda(const float*, std::size_t, std::size_t, const std::uint32_
   return NoCuda();
 }
 Status KdaConvCuda(const KdaConvArgs&, void*) { return NoCuda(); }
+Status RowsGemmCuda(const RowsGemmArgs&, void*) { return NoCuda(); }
 Status KdaOutputCuda(float*, const float*, const float*, std::size_t, std::size_t, std::size_t, float, void*) {
   return NoCuda();
 }

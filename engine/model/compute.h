@@ -1,8 +1,8 @@
 // Compute: the model's arithmetic on one backend. The CPU backend runs the
-// CPU twins (kernels/*_cpu.cc) and plain loops for the matrix products, in
-// the reference order; the CUDA backend runs the CUDA kernels and cuBLAS
-// SGEMM (f32, TF32 off) on one stream. Pointers are host pointers on the CPU
-// backend and device pointers on CUDA. The forward pass (HybridModel) is
+// CPU twins (kernels/*_cpu.cc), matrix products included, in the reference
+// order; the CUDA backend runs the CUDA kernels (and cuBLAS SGEMM, f32, TF32
+// off, for products of many rows) on one stream. Pointers are host pointers
+// on the CPU backend and device pointers on CUDA. The forward pass (HybridModel) is
 // written once against this interface.
 //
 // Thread-safety: one thread at a time per Compute.
@@ -31,17 +31,25 @@ class Compute {
 
   virtual bool on_device() const = 0;
 
+  // Calls of at most this many rows compute every row independently of the
+  // others, bit for bit, on every backend: a verify round's rows (γ + 1 ≤ 65
+  // in the tools) equal one-token decode calls. Longer calls (prefill chunks)
+  // may use a faster product whose rounding depends on the shape.
+  static constexpr std::size_t kRowInvariantRows = 128;
+
   // y[r, :out] = W · x[r, :in] for `rows` rows; W is [out, in] row-major; row r
   // of x starts at x + r*ldx, of y at y + r*ldy.
-  virtual Status Gemm(const float* x, std::size_t ldx, const float* w, float* y, std::size_t ldy, std::size_t rows,
-                      std::size_t in, std::size_t out) = 0;
+  Status Gemm(const float* x, std::size_t ldx, const float* w, float* y, std::size_t ldy, std::size_t rows,
+              std::size_t in, std::size_t out);
   // Absorbed queries: for token t and head h, qt[t, h, :r] = wuk[h]^T · q[t, h*(dn+dr) : +dn]
   // with wuk [heads, dn, r] row-major.
-  virtual Status AbsorbQuery(const float* q, const float* wuk, float* qt, std::size_t tokens, std::size_t heads,
-                             std::size_t dn, std::size_t dr, std::size_t r) = 0;
+  Status AbsorbQuery(const float* q, const float* wuk, float* qt, std::size_t tokens, std::size_t heads,
+                     std::size_t dn, std::size_t dr, std::size_t r);
   // Per-head value projection: out[t, h*dv : +dv] = wuv[h] · o[t, h, :r] with wuv [heads, dv, r].
-  virtual Status HeadsOut(const float* o, const float* wuv, float* out, std::size_t tokens, std::size_t heads,
-                          std::size_t r, std::size_t dv) = 0;
+  Status HeadsOut(const float* o, const float* wuv, float* out, std::size_t tokens, std::size_t heads,
+                  std::size_t r, std::size_t dv);
+  // The one matrix product behind the three above (kernels/model_ops.h).
+  virtual Status Product(const kernels::RowsGemmArgs& a) = 0;
 
   virtual Status RmsNormRows(const kernels::RmsNormArgs& a) = 0;
   virtual Status L2NormRows(const kernels::L2NormArgs& a) = 0;

@@ -11,36 +11,7 @@ class CpuCompute final : public Compute {
  public:
   bool on_device() const override { return false; }
 
-  Status Gemm(const float* x, std::size_t ldx, const float* w, float* y, std::size_t ldy, std::size_t rows,
-              std::size_t in, std::size_t out) override {
-    for (std::size_t r = 0; r < rows; ++r) k::cpu::MatVec(w, out, in, x + r * ldx, y + r * ldy);
-    return Status::Ok();
-  }
-
-  Status AbsorbQuery(const float* q, const float* wuk, float* qt, std::size_t tokens, std::size_t heads,
-                     std::size_t dn, std::size_t dr, std::size_t r) override {
-    for (std::size_t t = 0; t < tokens; ++t) {
-      for (std::size_t h = 0; h < heads; ++h) {
-        const float* qn = q + (t * heads + h) * (dn + dr);
-        const float* wk = wuk + h * dn * r;
-        float* out = qt + (t * heads + h) * r;
-        for (std::size_t j = 0; j < r; ++j) {
-          float s = 0.0f;
-          for (std::size_t i = 0; i < dn; ++i) s += wk[i * r + j] * qn[i];
-          out[j] = s;
-        }
-      }
-    }
-    return Status::Ok();
-  }
-
-  Status HeadsOut(const float* o, const float* wuv, float* out, std::size_t tokens, std::size_t heads, std::size_t r,
-                  std::size_t dv) override {
-    for (std::size_t t = 0; t < tokens; ++t)
-      for (std::size_t h = 0; h < heads; ++h)
-        k::cpu::MatVec(wuv + h * dv * r, dv, r, o + (t * heads + h) * r, out + (t * heads + h) * dv);
-    return Status::Ok();
-  }
+  Status Product(const k::RowsGemmArgs& a) override { return k::RowsGemmCpu(a); }
 
   Status RmsNormRows(const k::RmsNormArgs& a) override { return k::RmsNormRowsCpu(a); }
   Status L2NormRows(const k::L2NormArgs& a) override { return k::L2NormRowsCpu(a); }

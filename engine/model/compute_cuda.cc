@@ -1,5 +1,5 @@
-// The CUDA Compute: the CUDA kernels and cuBLAS SGEMM on one stream. The
-// handle's math mode is CUBLAS_DEFAULT_MATH, which keeps f32 products in f32
+// The CUDA Compute: the CUDA kernels, and cuBLAS SGEMM for long products, on
+// one stream. The handle's math mode is CUBLAS_DEFAULT_MATH, which keeps f32 products in f32
 // (no TF32): the model must agree with the CPU reference within 1e-4.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -26,38 +26,27 @@ class CudaCompute final : public Compute {
   ~CudaCompute() override { cublasDestroy(handle_); }
   bool on_device() const override { return true; }
 
-  Status Gemm(const float* x, std::size_t ldx, const float* w, float* y, std::size_t ldy, std::size_t rows,
-              std::size_t in, std::size_t out) override {
-    if (rows == 0) return Status::Ok();
+  // Few rows: the row-invariant kernel (see kRowInvariantRows). More: cuBLAS,
+  // whose tiles are faster for prefill chunks but round by shape.
+  Status Product(const k::RowsGemmArgs& a) override {
+    if (a.rows * a.out * a.batch == 0) return Status::Ok();
+    if (a.rows <= kRowInvariantRows) return k::RowsGemmCuda(a, stream_);
     const float one = 1.0f, zero = 0.0f;
-    // Column-major: Y^T [out, rows] = W^T^T · X^T, W row-major [out, in] is col-major [in, out].
-    return Cublas(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, I(out), I(rows), I(in), &one, w, I(in), x, I(ldx),
-                              &zero, y, I(ldy)),
-                  "gemm");
-  }
-
-  Status AbsorbQuery(const float* q, const float* wuk, float* qt, std::size_t tokens, std::size_t heads,
-                     std::size_t dn, std::size_t dr, std::size_t r) override {
-    if (tokens == 0) return Status::Ok();
-    const float one = 1.0f, zero = 0.0f;
-    // Per head: QT_h^T [r, T] = wuk_h (col-major [r, dn]) · Qn_h^T [dn, T].
-    return Cublas(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_N, I(r), I(tokens), I(dn), &one, wuk, I(r),
-                                            static_cast<long long>(dn * r), q, I(heads * (dn + dr)),
-                                            static_cast<long long>(dn + dr), &zero, qt, I(heads * r),
-                                            static_cast<long long>(r), I(heads)),
-                  "absorbed query");
-  }
-
-  Status HeadsOut(const float* o, const float* wuv, float* out, std::size_t tokens, std::size_t heads, std::size_t r,
-                  std::size_t dv) override {
-    if (tokens == 0) return Status::Ok();
-    const float one = 1.0f, zero = 0.0f;
-    // Per head: OUT_h^T [dv, T] = wuv_h [dv, r] (col-major [r, dv], transposed) · O_h^T [r, T].
-    return Cublas(cublasSgemmStridedBatched(handle_, CUBLAS_OP_T, CUBLAS_OP_N, I(dv), I(tokens), I(r), &one, wuv, I(r),
-                                            static_cast<long long>(dv * r), o, I(heads * r),
-                                            static_cast<long long>(r), &zero, out, I(heads * dv),
-                                            static_cast<long long>(dv), I(heads)),
-                  "heads out");
+    // Column-major view: Y_b^T [out, rows] = op(W_b) · X_b^T [in, rows]. W_b
+    // row-major [out, in] is col-major [in, out] (transposed by the op);
+    // stored [in, out] row-major it is col-major [out, in] as it stands.
+    const cublasOperation_t op = a.w_transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
+    const int lda = I(a.w_transposed ? a.out : a.in);
+    if (a.batch == 1) {
+      return Cublas(cublasSgemm(handle_, op, CUBLAS_OP_N, I(a.out), I(a.rows), I(a.in), &one, a.w, lda, a.x, I(a.ldx),
+                                &zero, a.y, I(a.ldy)),
+                    "gemm");
+    }
+    return Cublas(cublasSgemmStridedBatched(handle_, op, CUBLAS_OP_N, I(a.out), I(a.rows), I(a.in), &one, a.w, lda,
+                                            static_cast<long long>(a.w_batch), a.x, I(a.ldx),
+                                            static_cast<long long>(a.x_batch), &zero, a.y, I(a.ldy),
+                                            static_cast<long long>(a.y_batch), I(a.batch)),
+                  "batched gemm");
   }
 
   Status RmsNormRows(const k::RmsNormArgs& a) override { return k::RmsNormRowsCuda(a, stream_); }

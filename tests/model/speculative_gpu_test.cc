@@ -2,11 +2,13 @@
 // against one-token decode calls on the device and against the CPU
 // reference's verify call, a rollback to keep on the device against the
 // CPU's (logits of the calls after it and every plane within 1e-4), and
-// speculative greedy decoding equal to plain greedy decoding on the device.
+// speculative greedy decoding equal to plain greedy decoding on the device,
+// bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "engine/model/speculative.h"
@@ -39,7 +41,10 @@ std::vector<Case> Cases() {
   attn.name = "attn_swa";
   attn.layers = {LayerType::kKda, LayerType::kAttn, LayerType::kMla, LayerType::kAttn};
   attn.attn = {8, 2, 64, 100, 10000.0f, 0};
-  return {{"medium_flat", m, 0}, {"medium_ring", m, 64}, {"attn_swa", attn, 0}};
+  ModelConfig tq = attn;
+  tq.name = "attn_swa_tq4";
+  tq.attn.kv_quant_bits = 4;
+  return {{"medium_flat", m, 0}, {"medium_ring", m, 64}, {"attn_swa", attn, 0}, {"attn_swa_tq4", tq, 0}};
 }
 
 struct Pair {
@@ -76,30 +81,42 @@ std::vector<std::uint32_t> Tokens(std::size_t n, std::uint32_t seed) {
   return t;
 }
 
-// Every plane of two captures within 1e-4 relative (the planes' floats as
-// one vector per layer).
+// A layer's planes as one vector of words (TurboQuant rows as their bits).
+std::vector<float> Flat(const LayerSnapshot& s) {
+  std::vector<float> v;
+  std::visit(
+      [&](const auto& x) {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
+          for (const auto* p : {&x.latent_rows, &x.index_tail_rows, &x.pool_keys}) v.insert(v.end(), p->begin(), p->end());
+        } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
+          for (const auto* p : {&x.conv_ring, &x.state}) v.insert(v.end(), p->begin(), p->end());
+        } else {
+          for (const auto* p : {&x.k_rows, &x.v_rows}) v.insert(v.end(), p->begin(), p->end());
+        }
+      },
+      s);
+  return v;
+}
+
+// Every plane of two captures within 1e-4 relative.
 void ExpectPlanesClose(const std::vector<LayerSnapshot>& gpu, const std::vector<LayerSnapshot>& cpu) {
   ASSERT_EQ(gpu.size(), cpu.size());
-  for (std::size_t i = 0; i < gpu.size(); ++i) {
-    auto flat = [](const LayerSnapshot& s) {
-      std::vector<float> v;
-      std::visit(
-          [&](const auto& x) {
-            using T = std::decay_t<decltype(x)>;
-            if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
-              for (const auto* p : {&x.latent_rows, &x.index_tail_rows, &x.pool_keys})
-                v.insert(v.end(), p->begin(), p->end());
-            } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
-              for (const auto* p : {&x.conv_ring, &x.state}) v.insert(v.end(), p->begin(), p->end());
-            } else {
-              for (const auto* p : {&x.k_rows, &x.v_rows}) v.insert(v.end(), p->begin(), p->end());
-            }
-          },
-          s);
-      return v;
-    };
-    EXPECT_LE(RelErr(flat(gpu[i]), flat(cpu[i])), 1e-4) << "layer " << i;
+  for (std::size_t i = 0; i < gpu.size(); ++i) EXPECT_LE(RelErr(Flat(gpu[i]), Flat(cpu[i])), 1e-4) << "layer " << i;
+}
+
+// Every plane of two captures bit for bit.
+void ExpectPlanesIdentical(const std::vector<LayerSnapshot>& a, const std::vector<LayerSnapshot>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto x = Flat(a[i]), y = Flat(b[i]);
+    ASSERT_EQ(x.size(), y.size()) << "layer " << i;
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << "layer " << i;
   }
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 class SpeculativeGpuTest : public ::testing::TestWithParam<Case> {};
@@ -121,13 +138,23 @@ TEST_P(SpeculativeGpuTest, VerifyRowsMatchOneTokenCallsAndTheCpu) {
   for (std::uint32_t t : round)
     ASSERT_TRUE(p.gpu->Prime(gd, std::span(&t, 1), LogitsWanted::kLast, &g_decode).ok());
   ASSERT_TRUE(p.cpu.model->Verify(cv, round, &c_verify).ok());
-  EXPECT_LE(RelErr(g_verify, g_decode), 1e-4) << "verify against one-token calls on the device";
-  EXPECT_LE(RelErr(g_verify, c_verify), 1e-4) << "verify against the CPU's";
+  // On one backend a verify row is the one-token call, bit for bit
+  // (Compute::kRowInvariantRows): logits, and every plane once committed.
+  EXPECT_TRUE(SameBits(g_verify, g_decode)) << "verify against one-token calls on the device, max rel err "
+                                            << RelErr(g_verify, g_decode);
+  ASSERT_TRUE(p.gpu->ResolveRound(gv, round.size()).ok());
+  ExpectPlanesIdentical(gv.cache->CaptureFull().value(), gd.cache->CaptureFull().value());
+  // TurboQuant codes may land a level apart from the CPU's at a near tie
+  // (model_gpu_test compares them state-forced); the rest holds 1e-4.
+  if (k.config.attn.kv_quant_bits == 0) {
+    EXPECT_LE(RelErr(g_verify, c_verify), 1e-4) << "verify against the CPU's";
+  }
 }
 
 TEST_P(SpeculativeGpuTest, RollbackMatchesTheCpuRollback) {
   PC_SKIP_WITHOUT_CUDA();
   const Case& k = GetParam();
+  if (k.config.attn.kv_quant_bits != 0) GTEST_SKIP() << "TurboQuant is held to the CPU state-forced (model_gpu_test)";
   Weights w = Weights::Generate(k.config, 21);
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(k, w, &p));
@@ -187,7 +214,7 @@ TEST_P(SpeculativeGpuTest, SpeculativeGreedyEqualsPlainGreedyOnTheDevice) {
     runs[1] = std::move(out).value();
   }
   EXPECT_EQ(runs[1], runs[0]);
-  EXPECT_LE(RelErr(logits[1], logits[0]), 1e-4);
+  EXPECT_TRUE(SameBits(logits[1], logits[0])) << "max rel err " << RelErr(logits[1], logits[0]);
   EXPECT_GT(stats.accepted, 0u);
   std::printf("[ spec-gpu ] %s: %zu tokens, %llu rounds, %llu of %llu drafts kept\n", k.name, runs[0].size(),
               static_cast<unsigned long long>(stats.rounds), static_cast<unsigned long long>(stats.accepted),
