@@ -1,0 +1,129 @@
+// ClusterClient::Impl: batches (keys grouped by node, one pipeline per node,
+// nodes in parallel, redirected or lost commands resent in later rounds) and
+// SCAN over every primary.
+#include <condition_variable>
+
+#include "remote/cluster_impl.h"
+
+namespace primecache::remote {
+
+void ClusterClient::Impl::Pipeline(const Endpoint& at, std::span<BatchOp* const> group) {
+  auto conn = Borrow(at);
+  if (!conn.ok()) return;  // every op stays unanswered
+  Status s = Status::Ok();
+  for (BatchOp* op : group) {
+    if (s.ok() && op->ask) s = (*conn)->Append({"ASKING"});
+    if (s.ok()) s = (*conn)->Append(op->argv);
+  }
+  for (BatchOp* op : group) {
+    if (s.ok() && op->ask) s = (*conn)->Read().status();
+    if (!s.ok()) break;
+    auto reply = (*conn)->Read();
+    if (!reply.ok()) {
+      s = reply.status();
+      break;
+    }
+    op->reply = std::move(reply).value();
+  }
+  if (!s.ok()) conn->Drop();
+}
+
+void ClusterClient::Impl::SendRound(std::span<BatchOp* const> pending) {
+  std::map<std::string, std::pair<Endpoint, std::vector<BatchOp*>>> groups;
+  for (BatchOp* op : pending) {
+    Result<Endpoint> to = op->ask ? Result<Endpoint>(*op->ask) : Owner(op->argv[1]);
+    if (!to.ok()) continue;  // no owner known: unanswered this round
+    auto& g = groups[to->ToString()];
+    g.first = *to;
+    g.second.push_back(op);
+  }
+  if (groups.size() == 1) {
+    Pipeline(groups.begin()->second.first, groups.begin()->second.second);
+    return;
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t left = groups.size();
+  for (auto& entry : groups) {
+    auto* g = &entry.second;
+    workers_.Post([this, g, &mu, &cv, &left] {
+      Pipeline(g->first, g->second);
+      std::lock_guard<std::mutex> l(mu);
+      if (--left == 0) cv.notify_one();
+    });
+  }
+  std::unique_lock<std::mutex> l(mu);
+  cv.wait(l, [&] { return left == 0; });
+}
+
+Status ClusterClient::Impl::RunBatch(std::vector<BatchOp>& ops) {
+  if (ops.size() > options_.max_batch) {
+    return Status::InvalidArgument("a redis batch of " + std::to_string(ops.size()) + " commands is over the limit of " +
+                                   std::to_string(options_.max_batch));
+  }
+  if (!breaker_.Allow()) {
+    n_.fast_failures.fetch_add(ops.size(), std::memory_order_relaxed);
+    return Status::Unavailable("remote tier: circuit breaker open after repeated cluster failures");
+  }
+  std::vector<BatchOp*> pending;
+  for (BatchOp& op : ops) pending.push_back(&op);
+  for (int tries = 0, hops = 0; !pending.empty();) {
+    SendRound(pending);
+    std::vector<BatchOp*> next;
+    bool moved = false, lost = false;
+    for (BatchOp* op : pending) {
+      const Redirect red = op->reply ? ParseRedirect(op->reply.get()) : Redirect{};
+      if (op->reply && red.kind == Redirect::kNone && !IsTransientError(op->reply.get())) {
+        op->ask.reset();
+        n_.commands.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      moved |= red.kind == Redirect::kMoved;
+      lost |= red.kind == Redirect::kNone;
+      if (red.kind == Redirect::kMoved) n_.moved.fetch_add(1, std::memory_order_relaxed);
+      if (red.kind == Redirect::kAsk) n_.asked.fetch_add(1, std::memory_order_relaxed);
+      op->ask = red.kind == Redirect::kAsk ? std::optional<Endpoint>(red.to) : std::nullopt;
+      op->reply.reset();
+      next.push_back(op);
+    }
+    pending = std::move(next);
+    if (pending.empty()) break;
+    if ((lost && ++tries >= options_.attempts) || (!lost && ++hops > options_.max_redirects)) {
+      NoteFailure();
+      return Status::Unavailable("redis batch: " + std::to_string(pending.size()) + " of " +
+                                 std::to_string(ops.size()) + " commands unanswered after retries");
+    }
+    if (lost) {
+      n_.retries.fetch_add(1, std::memory_order_relaxed);
+      Pause(tries);
+    }
+    if (moved || lost) (void)Refresh();
+  }
+  breaker_.Success();
+  return Status::Ok();
+}
+
+Result<std::vector<std::string>> ClusterClient::Impl::Scan(std::string_view pattern, std::size_t limit) {
+  std::vector<std::string> keys;
+  for (const Endpoint& at : Primaries()) {
+    std::string cursor = "0";
+    do {
+      PC_ASSIGN_OR_RETURN(ReplyPtr r,
+                          Exchange(at, {"SCAN", cursor, "MATCH", std::string(pattern), "COUNT", "1000"}, false));
+      if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
+          r->element[1]->type != REDIS_REPLY_ARRAY) {
+        return Status::IOError("redis " + at.ToString() + ": malformed SCAN reply");
+      }
+      cursor.assign(r->element[0]->str, r->element[0]->len);
+      for (std::size_t i = 0; i < r->element[1]->elements; ++i) {
+        PC_ASSIGN_OR_RETURN(auto key, ReplyText(r->element[1]->element[i], options_.max_value_bytes));
+        if (!key) return Status::IOError("redis " + at.ToString() + ": SCAN answered a nil key");
+        if (keys.size() == limit) return keys;
+        keys.push_back(std::move(*key));
+      }
+    } while (cursor != "0");
+  }
+  return keys;
+}
+
+}  // namespace primecache::remote

@@ -1,0 +1,102 @@
+// ClusterClient: the public surface. Routing, retries and batches are in
+// cluster_impl.cc; connections and replies in redis_conn.cc.
+#include "remote/cluster_client.h"
+
+#include <charconv>
+
+#include "remote/cluster_impl.h"
+
+namespace primecache::remote {
+namespace {
+
+// SET answers the status "OK"; anything else is a failure to report.
+Status ExpectOk(const Result<std::optional<std::string>>& r) {
+  if (!r.ok()) return r.status();
+  const std::optional<std::string>& v = *r;
+  if (v.has_value() && v->compare("OK") == 0) return Status::Ok();
+  return Status::IOError("redis SET answered " + (v.has_value() ? *v : std::string("nil")));
+}
+
+}  // namespace
+
+Result<std::vector<Endpoint>> ParseRedisUrl(std::string_view url) {
+  constexpr std::string_view kScheme = "redis://";
+  if (url.substr(0, kScheme.size()) == kScheme) url.remove_prefix(kScheme.size());
+  std::vector<Endpoint> out;
+  while (!url.empty()) {
+    const std::size_t comma = url.find(',');
+    const std::string_view item = url.substr(0, comma);
+    url = comma == std::string_view::npos ? std::string_view{} : url.substr(comma + 1);
+    const std::size_t colon = item.rfind(':');
+    if (colon == std::string_view::npos || colon == 0 || colon + 1 == item.size()) {
+      return Status::InvalidArgument("redis address \"" + std::string(item) + "\" is not host:port");
+    }
+    int port = 0;
+    const std::string_view digits = item.substr(colon + 1);
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+    if (ec != std::errc() || end != digits.data() + digits.size() || port <= 0 || port > 65535) {
+      return Status::InvalidArgument("redis address \"" + std::string(item) + "\" has no valid port");
+    }
+    out.push_back({std::string(item.substr(0, colon)), port});
+  }
+  if (out.empty()) return Status::InvalidArgument("no redis address given");
+  return out;
+}
+
+ClusterClient::ClusterClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ClusterClient::~ClusterClient() = default;
+
+Result<std::unique_ptr<ClusterClient>> ClusterClient::Connect(ClusterOptions options) {
+  if (options.seeds.empty()) return Status::InvalidArgument("a cluster client needs at least one seed address");
+  auto impl = std::make_unique<Impl>(std::move(options));
+  PC_RETURN_IF_ERROR(impl->Refresh());
+  return std::unique_ptr<ClusterClient>(new ClusterClient(std::move(impl)));
+}
+
+Result<std::optional<std::string>> ClusterClient::Get(std::string_view key) {
+  return impl_->Text(key, {"GET", std::string(key)});
+}
+
+Status ClusterClient::Set(std::string_view key, std::string_view value) {
+  return ExpectOk(impl_->Text(key, {"SET", std::string(key), std::string(value)}));
+}
+
+Result<bool> ClusterClient::Del(std::string_view key) {
+  PC_ASSIGN_OR_RETURN(auto r, impl_->Text(key, {"DEL", std::string(key)}));
+  return r.has_value() && r->compare("0") != 0;
+}
+
+Result<std::optional<std::string>> ClusterClient::Command(std::string_view key, std::vector<std::string> argv) {
+  return impl_->Text(key, std::move(argv));
+}
+
+Result<std::vector<std::optional<std::string>>> ClusterClient::GetMany(std::span<const std::string> keys) {
+  std::vector<BatchOp> ops(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) ops[i].argv = {"GET", keys[i]};
+  PC_RETURN_IF_ERROR(impl_->RunBatch(ops));
+  std::vector<std::optional<std::string>> out(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    PC_ASSIGN_OR_RETURN(out[i], ReplyText(ops[i].reply.get(), impl_->options().max_value_bytes));
+  }
+  return out;
+}
+
+Status ClusterClient::SetMany(std::span<const std::pair<std::string, std::string>> items) {
+  std::vector<BatchOp> ops(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) ops[i].argv = {"SET", items[i].first, items[i].second};
+  PC_RETURN_IF_ERROR(impl_->RunBatch(ops));
+  for (const BatchOp& op : ops) PC_RETURN_IF_ERROR(ExpectOk(ReplyText(op.reply.get(), impl_->options().max_value_bytes)));
+  return Status::Ok();
+}
+
+Result<std::vector<std::string>> ClusterClient::Keys(std::string_view pattern, std::size_t limit) {
+  return impl_->Scan(pattern, limit);
+}
+
+Status ClusterClient::Refresh() { return impl_->Refresh(); }
+std::vector<Endpoint> ClusterClient::Primaries() const { return impl_->Primaries(); }
+Result<Endpoint> ClusterClient::PrimaryFor(std::string_view key) const { return impl_->Owner(key); }
+ClusterStats ClusterClient::stats() const { return impl_->Stats(); }
+bool ClusterClient::breaker_open() const { return impl_->BreakerOpen(); }
+
+}  // namespace primecache::remote

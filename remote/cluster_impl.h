@@ -1,0 +1,123 @@
+// ClusterClient::Impl: the slot map, the per-node connection pools, the
+// circuit breaker, and the routing, retry and batch logic.
+//
+// Locks: map_mu_ (the slot map and the primaries; shared for routing,
+// exclusive for a reload) and each NodePool's mu (its idle connections) are
+// never held together; no lock is held across network I/O except
+// refresh_mu_, which serialises reloads (a reload takes map_mu_ only to
+// install the new map).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+
+#include "core/worker_pool.h"
+#include "remote/cluster_client.h"
+#include "remote/key_slot.h"
+#include "remote/redis_conn.h"
+
+namespace primecache::remote {
+
+// One command of a batch; `reply` is its final answer once RunBatch succeeds.
+struct BatchOp {
+  std::vector<std::string> argv;  // argv[1] is the key
+  ReplyPtr reply;
+  std::optional<Endpoint> ask;    // set while an ASK redirection is pending
+};
+
+// Opens after `failures` failed commands in a row; while open, refuses at
+// once; after `open_for` lets commands through again, and the next failure
+// reopens it at once, the next success closes it.
+class Breaker {
+ public:
+  Breaker(int failures, std::chrono::milliseconds open_for) : limit_(failures), open_for_(open_for) {}
+  bool Allow() const;
+  void Success() { failed_.store(0, std::memory_order_relaxed); }
+  // True when this failure opened the breaker.
+  bool Failure();
+  bool open() const { return !Allow(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  const int limit_;
+  const std::chrono::milliseconds open_for_;
+  std::atomic<int> failed_{0};
+  std::atomic<Clock::rep> open_until_{0};
+};
+
+class ClusterClient::Impl {
+ public:
+  explicit Impl(ClusterOptions options);
+
+  const ClusterOptions& options() const { return options_; }
+  Status Refresh();
+  std::vector<Endpoint> Primaries() const;
+  Result<Endpoint> Owner(std::string_view key) const;
+
+  // One command routed by `key`: its reply as text (ReplyText).
+  Result<std::optional<std::string>> Text(std::string_view key, std::vector<std::string> argv);
+  // Every op's final reply; fails as a whole when one op cannot be answered.
+  Status RunBatch(std::vector<BatchOp>& ops);
+  Result<std::vector<std::string>> Scan(std::string_view pattern, std::size_t limit);
+
+  ClusterStats Stats() const;
+  bool BreakerOpen() const { return breaker_.open(); }
+
+ private:
+  struct NodePool {
+    std::mutex mu;
+    std::vector<std::unique_ptr<RedisConn>> idle;  // guarded by mu
+  };
+  struct Counters {
+    std::atomic<std::uint64_t> commands{0}, moved{0}, asked{0}, retries{0}, failures{0}, refreshes{0},
+        breaker_opens{0}, fast_failures{0};
+  };
+  // A connection lent to one caller; returned to its pool unless dropped.
+  class Lease {
+   public:
+    Lease(NodePool* pool, std::unique_ptr<RedisConn> conn) : pool_(pool), conn_(std::move(conn)) {}
+    Lease(Lease&&) = default;
+    Lease& operator=(Lease&&) = delete;
+    ~Lease() {
+      if (!conn_) return;
+      std::lock_guard<std::mutex> l(pool_->mu);
+      pool_->idle.push_back(std::move(conn_));
+    }
+    RedisConn* operator->() const { return conn_.get(); }
+    // The connection failed: close it instead of returning it.
+    void Drop() { conn_.reset(); }
+
+   private:
+    NodePool* pool_;
+    std::unique_ptr<RedisConn> conn_;
+  };
+
+  Result<Lease> Borrow(const Endpoint& at);
+  Result<ReplyPtr> Exchange(const Endpoint& at, const std::vector<std::string>& argv, bool asking);
+  Result<ReplyPtr> Routed(std::string_view key, const std::vector<std::string>& argv);
+  Status LoadSlotsFrom(const Endpoint& at);
+  void Pause(int attempt) const;
+  void NoteFailure();
+  // Sends every op of `group` to `at` in one pipeline; each op ends answered
+  // (reply set), redirected (reply kept, to be resent) or unanswered (a lost
+  // connection: reply null).
+  void Pipeline(const Endpoint& at, std::span<BatchOp* const> group);
+  // Groups the ops still to send by node and pipelines the groups in parallel.
+  void SendRound(std::span<BatchOp* const> pending);
+
+  const ClusterOptions options_;
+  mutable std::shared_mutex map_mu_;
+  std::array<std::uint16_t, kClusterSlots> slot_owner_{};  // index into primaries_; guarded by map_mu_
+  std::vector<Endpoint> primaries_;                         // guarded by map_mu_
+  std::mutex refresh_mu_;
+  std::mutex pools_mu_;
+  std::map<std::string, std::unique_ptr<NodePool>> pools_;  // guarded by pools_mu_; entries never removed
+  Breaker breaker_;
+  Counters n_;
+  WorkerPool workers_;
+};
+
+}  // namespace primecache::remote

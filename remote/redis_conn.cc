@@ -1,0 +1,113 @@
+#include "remote/redis_conn.h"
+
+#include <charconv>
+
+namespace primecache::remote {
+namespace {
+
+timeval ToTimeval(std::chrono::milliseconds ms) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(ms.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((ms.count() % 1000) * 1000);
+  return tv;
+}
+
+std::string_view ErrorText(const redisReply* r) { return {r->str, r->len}; }
+
+}  // namespace
+
+Result<std::unique_ptr<RedisConn>> RedisConn::Open(const Endpoint& at, std::chrono::milliseconds connect_timeout,
+                                                   std::chrono::milliseconds io_timeout) {
+  redisContext* c = redisConnectWithTimeout(at.host.c_str(), at.port, ToTimeval(connect_timeout));
+  if (c == nullptr) return Status::ResourceExhausted("redis " + at.ToString() + ": cannot allocate a connection");
+  if (c->err != 0) {
+    Status s = Status::Unavailable("redis " + at.ToString() + ": " + c->errstr);
+    redisFree(c);
+    return s;
+  }
+  if (redisSetTimeout(c, ToTimeval(io_timeout)) != REDIS_OK) {
+    redisFree(c);
+    return Status::IOError("redis " + at.ToString() + ": cannot set the timeout");
+  }
+  return std::unique_ptr<RedisConn>(new RedisConn(c, at));
+}
+
+RedisConn::~RedisConn() { redisFree(c_); }
+
+Status RedisConn::ContextError(const char* what) const {
+  return Status::IOError("redis " + at_.ToString() + " " + what + ": " + (c_->err != 0 ? c_->errstr : "unknown error"));
+}
+
+Status RedisConn::Append(const std::vector<std::string>& argv) {
+  std::vector<const char*> ptrs(argv.size());
+  std::vector<std::size_t> lens(argv.size());
+  for (std::size_t i = 0; i < argv.size(); ++i) {
+    ptrs[i] = argv[i].data();
+    lens[i] = argv[i].size();
+  }
+  if (redisAppendCommandArgv(c_, static_cast<int>(argv.size()), ptrs.data(), lens.data()) != REDIS_OK) {
+    return ContextError("append");
+  }
+  return Status::Ok();
+}
+
+Result<ReplyPtr> RedisConn::Read() {
+  void* reply = nullptr;
+  if (redisGetReply(c_, &reply) != REDIS_OK || reply == nullptr) return ContextError("read");
+  return ReplyPtr(static_cast<redisReply*>(reply));
+}
+
+Result<ReplyPtr> RedisConn::Call(const std::vector<std::string>& argv) {
+  PC_RETURN_IF_ERROR(Append(argv));
+  return Read();
+}
+
+Redirect ParseRedirect(const redisReply* r) {
+  if (r == nullptr || r->type != REDIS_REPLY_ERROR) return {};
+  // "MOVED <slot> <host>:<port>" or "ASK <slot> <host>:<port>".
+  const std::string_view text = ErrorText(r);
+  Redirect out;
+  if (text.starts_with("MOVED ")) {
+    out.kind = Redirect::kMoved;
+  } else if (text.starts_with("ASK ")) {
+    out.kind = Redirect::kAsk;
+  } else {
+    return {};
+  }
+  const std::size_t space = text.rfind(' ');
+  auto to = ParseRedisUrl(text.substr(space + 1));
+  if (!to.ok() || to->size() != 1) return {};
+  out.to = (*to)[0];
+  return out;
+}
+
+bool IsTransientError(const redisReply* r) {
+  if (r == nullptr || r->type != REDIS_REPLY_ERROR) return false;
+  const std::string_view text = ErrorText(r);
+  for (std::string_view prefix : {"CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN"}) {
+    if (text.starts_with(prefix)) return true;
+  }
+  return false;
+}
+
+Result<std::optional<std::string>> ReplyText(const redisReply* r, std::size_t max_bytes) {
+  switch (r->type) {
+    case REDIS_REPLY_NIL:
+      return std::optional<std::string>();
+    case REDIS_REPLY_STRING:
+    case REDIS_REPLY_STATUS:
+      if (r->len > max_bytes) {
+        return Status::Corruption("redis reply of " + std::to_string(r->len) + " bytes is over the limit of " +
+                                  std::to_string(max_bytes));
+      }
+      return std::optional<std::string>(std::string(r->str, r->len));
+    case REDIS_REPLY_INTEGER:
+      return std::optional<std::string>(std::to_string(r->integer));
+    case REDIS_REPLY_ERROR:
+      return Status::IOError("redis: " + std::string(ErrorText(r)));
+    default:
+      return Status::IOError("redis: unexpected reply type " + std::to_string(r->type));
+  }
+}
+
+}  // namespace primecache::remote

@@ -1,0 +1,62 @@
+// One hiredis connection and the reply helpers the cluster client needs.
+// RedisConn owns its redisContext; it is used by one thread at a time (the
+// cluster client's per-node pools hand each out to one caller).
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "primecache/status.h"
+#include "remote/cluster_client.h"
+
+namespace primecache::remote {
+
+struct ReplyFree {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using ReplyPtr = std::unique_ptr<redisReply, ReplyFree>;
+
+class RedisConn {
+ public:
+  static Result<std::unique_ptr<RedisConn>> Open(const Endpoint& at, std::chrono::milliseconds connect_timeout,
+                                                 std::chrono::milliseconds io_timeout);
+  ~RedisConn();
+  RedisConn(const RedisConn&) = delete;
+  RedisConn& operator=(const RedisConn&) = delete;
+
+  // Queues one command (sent with the next Read).
+  Status Append(const std::vector<std::string>& argv);
+  // The next reply. An IOError means the connection is unusable.
+  Result<ReplyPtr> Read();
+  // Append then Read.
+  Result<ReplyPtr> Call(const std::vector<std::string>& argv);
+  const Endpoint& endpoint() const { return at_; }
+
+ private:
+  RedisConn(redisContext* c, Endpoint at) : c_(c), at_(std::move(at)) {}
+  Status ContextError(const char* what) const;
+  redisContext* c_;
+  Endpoint at_;
+};
+
+// What an error reply asks of the client.
+struct Redirect {
+  enum Kind { kNone, kMoved, kAsk } kind = kNone;
+  Endpoint to;
+};
+Redirect ParseRedirect(const redisReply* r);
+// Error replies worth another try after a pause: the cluster is electing,
+// migrating or loading.
+bool IsTransientError(const redisReply* r);
+// A reply as text: strings and statuses as they are, integers in decimal, nil
+// as nullopt; error replies become kIOError, other types kIOError too.
+// Strings longer than max_bytes are refused (kCorruption).
+Result<std::optional<std::string>> ReplyText(const redisReply* r, std::size_t max_bytes);
+
+}  // namespace primecache::remote
