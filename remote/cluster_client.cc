@@ -89,6 +89,26 @@ Status ClusterClient::SetMany(std::span<const std::pair<std::string, std::string
   return Status::Ok();
 }
 
+Status ClusterClient::AddMember(std::string_view key, std::string_view member) {
+  return impl_->Text(key, {"SADD", std::string(key), std::string(member)}).status();
+}
+
+Status ClusterClient::RemoveMember(std::string_view key, std::string_view member) {
+  return impl_->Text(key, {"SREM", std::string(key), std::string(member)}).status();
+}
+
+Result<std::vector<std::vector<std::string>>> ClusterClient::MembersMany(std::span<const std::string> keys,
+                                                                         std::size_t max_members) {
+  std::vector<BatchOp> ops(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) ops[i].argv = {"SMEMBERS", keys[i]};
+  PC_RETURN_IF_ERROR(impl_->RunBatch(ops));
+  std::vector<std::vector<std::string>> out(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    PC_ASSIGN_OR_RETURN(out[i], ReplyStrings(ops[i].reply.get(), max_members, impl_->options().max_value_bytes));
+  }
+  return out;
+}
+
 Result<std::vector<std::string>> ClusterClient::Keys(std::string_view pattern, std::size_t limit) {
   return impl_->Scan(pattern, limit);
 }

@@ -85,6 +85,12 @@ class ClusterClient {
   // Values of many keys (nullopt where absent), in the order asked.
   Result<std::vector<std::optional<std::string>>> GetMany(std::span<const std::string> keys);
   Status SetMany(std::span<const std::pair<std::string, std::string>> items);
+  // Sets of strings (SADD, SREM, SMEMBERS). A set over `max_members`
+  // members, or a member over max_value_bytes, fails the read (kCorruption).
+  Status AddMember(std::string_view key, std::string_view member);
+  Status RemoveMember(std::string_view key, std::string_view member);
+  Result<std::vector<std::vector<std::string>>> MembersMany(std::span<const std::string> keys,
+                                                            std::size_t max_members);
   // Every key matching a glob `pattern` on every primary (SCAN), at most `limit`.
   Result<std::vector<std::string>> Keys(std::string_view pattern, std::size_t limit);
   // Any command routed by `key` (e.g. {"EXPIRE", key, "60"}); the reply as

@@ -110,4 +110,21 @@ Result<std::optional<std::string>> ReplyText(const redisReply* r, std::size_t ma
   }
 }
 
+Result<std::vector<std::string>> ReplyStrings(const redisReply* r, std::size_t max_items, std::size_t max_bytes) {
+  if (r->type == REDIS_REPLY_ERROR) return Status::IOError("redis: " + std::string(ErrorText(r)));
+  if (r->type != REDIS_REPLY_ARRAY) return Status::IOError("redis: expected an array, got type " + std::to_string(r->type));
+  if (r->elements > max_items) {
+    return Status::Corruption("redis reply of " + std::to_string(r->elements) + " items is over the limit of " +
+                              std::to_string(max_items));
+  }
+  std::vector<std::string> out;
+  out.reserve(r->elements);
+  for (std::size_t i = 0; i < r->elements; ++i) {
+    PC_ASSIGN_OR_RETURN(auto item, ReplyText(r->element[i], max_bytes));
+    if (!item) return Status::IOError("redis: a nil item in an array reply");
+    out.push_back(std::move(*item));
+  }
+  return out;
+}
+
 }  // namespace primecache::remote

@@ -58,5 +58,7 @@ bool IsTransientError(const redisReply* r);
 // as nullopt; error replies become kIOError, other types kIOError too.
 // Strings longer than max_bytes are refused (kCorruption).
 Result<std::optional<std::string>> ReplyText(const redisReply* r, std::size_t max_bytes);
+// An array reply of strings, at most max_items of at most max_bytes each.
+Result<std::vector<std::string>> ReplyStrings(const redisReply* r, std::size_t max_items, std::size_t max_bytes);
 
 }  // namespace primecache::remote

@@ -1,0 +1,150 @@
+#include "remote/manifest.h"
+
+#include "codecs/bytes.h"
+
+namespace primecache::remote {
+namespace {
+
+using codecs::ByteReader;
+using codecs::ByteWriter;
+
+constexpr std::uint32_t kMagic = 0x4d524350;  // "PCRM"
+constexpr std::uint32_t kVersion = 1;
+constexpr std::uint64_t kMaxNameBytes = 1024;
+constexpr std::uint64_t kMaxDescriptorBytes = 64 * 1024;
+
+std::span<const std::byte> AsBytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
+
+void PutHash(ByteWriter& w, const Hash128& h) {
+  w.U64(h.lo);
+  w.U64(h.hi);
+}
+
+Status GetHash(ByteReader& r, Hash128* h, std::string_view field) {
+  PC_RETURN_IF_ERROR(r.U64(&h->lo, field));
+  return r.U64(&h->hi, field);
+}
+
+// A u32 length and that many bytes, at most max.
+void PutLong(ByteWriter& w, std::string_view s) {
+  w.U32(static_cast<std::uint32_t>(s.size()));
+  w.Bytes(s);
+}
+
+Status GetLong(ByteReader& r, std::string* out, std::uint64_t max, std::string_view field) {
+  std::uint32_t n = 0;
+  PC_RETURN_IF_ERROR(r.U32(&n, field));
+  if (n > max) {
+    return Status::Corruption("remote manifest: " + std::string(field) + " of " + std::to_string(n) +
+                              " bytes is over the limit of " + std::to_string(max));
+  }
+  std::span<const std::byte> b;
+  PC_RETURN_IF_ERROR(r.Bytes(n, &b, field));
+  out->assign(reinterpret_cast<const char*>(b.data()), b.size());
+  return Status::Ok();
+}
+
+Status Count(ByteReader& r, std::uint32_t* n, std::uint64_t max, std::string_view field) {
+  PC_RETURN_IF_ERROR(r.U32(n, field));
+  if (*n > max) {
+    return Status::Corruption("remote manifest: " + std::to_string(*n) + " " + std::string(field) +
+                              " is over the limit of " + std::to_string(max));
+  }
+  return Status::Ok();
+}
+
+Status DecodeEntry(ByteReader& r, PublishRequest* e) {
+  PC_RETURN_IF_ERROR(GetHash(r, &e->model, "model"));
+  PC_RETURN_IF_ERROR(GetLong(r, &e->model_name, kMaxNameBytes, "model name"));
+  PC_RETURN_IF_ERROR(GetLong(r, &e->model_descriptor, kMaxDescriptorBytes, "model descriptor"));
+  PC_RETURN_IF_ERROR(GetLong(r, &e->ns, kMaxNameBytes, "namespace"));
+  PC_RETURN_IF_ERROR(r.U64(&e->cost.flops_per_token, "flops per token"));
+  PC_RETURN_IF_ERROR(r.U32(&e->cost.attention_layers, "attention layers"));
+  PC_RETURN_IF_ERROR(r.U64(&e->cost.attention_flops_per_pair, "attention flops"));
+  std::uint32_t tokens = 0;
+  PC_RETURN_IF_ERROR(Count(r, &tokens, kMaxManifestTokens, "tokens"));
+  if (tokens == 0) return Status::Corruption("remote manifest: an entry of no tokens");
+  e->tokens.resize(tokens);
+  for (std::uint32_t& t : e->tokens) PC_RETURN_IF_ERROR(r.U32(&t, "token"));
+  return Status::Ok();
+}
+
+Status DecodeLayer(ByteReader& r, ManifestLayer* l) {
+  PC_RETURN_IF_ERROR(GetLong(r, &l->header, kMaxLayerHeaderBytes, "layer header"));
+  std::uint32_t chunks = 0;
+  PC_RETURN_IF_ERROR(Count(r, &chunks, kMaxLayerChunks, "chunks"));
+  // Each chunk reference takes 24 bytes: refuse a count the rest cannot hold
+  // before allocating for it.
+  if (std::uint64_t{chunks} * 24 > r.remaining()) return Status::Corruption("remote manifest: chunk table truncated");
+  l->chunks.resize(chunks);
+  for (ChunkRef& c : l->chunks) {
+    PC_RETURN_IF_ERROR(r.U64(&c.size, "chunk size"));
+    if (c.size > kMaxChunkBytes) return Status::Corruption("remote manifest: a chunk over 1 GiB");
+    PC_RETURN_IF_ERROR(GetHash(r, &c.address, "chunk address"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Manifest ManifestOf(PublishRequest entry, const std::vector<LayerBytes>& layers) {
+  Manifest m;
+  m.entry = std::move(entry);
+  for (const LayerBytes& l : layers) {
+    ManifestLayer& out = m.layers.emplace_back();
+    out.header = l.header;
+    for (const std::string& c : l.chunks) out.chunks.push_back({c.size(), Checksum128(AsBytes(c))});
+  }
+  return m;
+}
+
+std::string EncodeManifest(const Manifest& m) {
+  std::string out;
+  ByteWriter w(&out);
+  w.U32(kMagic);
+  w.U32(kVersion);
+  PutHash(w, m.entry.model);
+  PutLong(w, m.entry.model_name);
+  PutLong(w, m.entry.model_descriptor);
+  PutLong(w, m.entry.ns);
+  w.U64(m.entry.cost.flops_per_token);
+  w.U32(m.entry.cost.attention_layers);
+  w.U64(m.entry.cost.attention_flops_per_pair);
+  w.U32(static_cast<std::uint32_t>(m.entry.tokens.size()));
+  for (std::uint32_t t : m.entry.tokens) w.U32(t);
+  w.U32(static_cast<std::uint32_t>(m.layers.size()));
+  for (const ManifestLayer& l : m.layers) {
+    PutLong(w, l.header);
+    w.U32(static_cast<std::uint32_t>(l.chunks.size()));
+    for (const ChunkRef& c : l.chunks) {
+      w.U64(c.size);
+      PutHash(w, c.address);
+    }
+  }
+  w.U64(Checksum64(out));
+  return out;
+}
+
+Result<Manifest> DecodeManifest(std::string_view bytes) {
+  if (bytes.size() < 16) return Status::Corruption("remote manifest: " + std::to_string(bytes.size()) + " bytes");
+  const std::string_view body = bytes.substr(0, bytes.size() - 8);
+  ByteReader tail(AsBytes(bytes.substr(body.size())));
+  std::uint64_t sum = 0;
+  PC_RETURN_IF_ERROR(tail.U64(&sum, "checksum"));
+  if (sum != Checksum64(body)) return Status::Corruption("remote manifest: checksum mismatch");
+  ByteReader r(AsBytes(body));
+  std::uint32_t magic = 0, version = 0, layers = 0;
+  PC_RETURN_IF_ERROR(r.U32(&magic, "magic"));
+  PC_RETURN_IF_ERROR(r.U32(&version, "version"));
+  if (magic != kMagic) return Status::Corruption("remote manifest: bad magic");
+  if (version != kVersion) return Status::Corruption("remote manifest: version " + std::to_string(version));
+  Manifest m;
+  PC_RETURN_IF_ERROR(DecodeEntry(r, &m.entry));
+  PC_RETURN_IF_ERROR(Count(r, &layers, kMaxManifestLayers, "layers"));
+  m.layers.resize(layers);
+  for (ManifestLayer& l : m.layers) PC_RETURN_IF_ERROR(DecodeLayer(r, &l));
+  if (r.remaining() != 0) return Status::Corruption("remote manifest: " + std::to_string(r.remaining()) + " trailing bytes");
+  return m;
+}
+
+}  // namespace primecache::remote

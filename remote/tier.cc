@@ -1,0 +1,211 @@
+#include "remote/tier.h"
+
+#include <charconv>
+#include <cstdio>
+#include <map>
+
+#include "statestore/token_hash.h"
+
+namespace primecache::remote {
+namespace {
+
+namespace ss = statestore_internal;
+
+std::string Hex(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string Hex(const Hash128& h) { return Hex(h.hi) + Hex(h.lo); }
+
+Hash128 TokensId(std::span<const std::uint32_t> tokens) { return Checksum128(std::as_bytes(tokens)); }
+
+std::string ScopeKey(const Hash128& model, std::string_view ns) {
+  return Hex(model) + ":" + Hex(Checksum128(std::as_bytes(std::span(ns.data(), ns.size()))));
+}
+
+std::string NodeKey(const std::string& scope, std::uint64_t level, std::uint64_t node_hash) {
+  return "pc:n:" + scope + ":" + std::to_string(level) + ":" + Hex(node_hash);
+}
+
+std::string Member(std::uint64_t length, std::uint64_t exact_hash) {
+  return std::to_string(length) + ":" + Hex(exact_hash);
+}
+
+// "<length>:<16 hex>", or nullopt for anything else.
+std::optional<std::pair<std::uint64_t, std::uint64_t>> ParseMember(std::string_view m) {
+  const std::size_t colon = m.find(':');
+  if (colon == std::string_view::npos || m.size() - colon - 1 != 16) return std::nullopt;
+  std::uint64_t length = 0, hash = 0;
+  auto a = std::from_chars(m.data(), m.data() + colon, length);
+  auto b = std::from_chars(m.data() + colon + 1, m.data() + m.size(), hash, 16);
+  if (a.ec != std::errc() || a.ptr != m.data() + colon || b.ec != std::errc() || b.ptr != m.data() + m.size()) {
+    return std::nullopt;
+  }
+  return std::pair{length, hash};
+}
+
+bool SameIdentity(const PublishRequest& e, const Hash128& model, std::string_view ns,
+                  std::span<const std::uint32_t> boundary) {
+  return e.model == model && e.ns == ns && std::equal(e.tokens.begin(), e.tokens.end(), boundary.begin(), boundary.end());
+}
+
+}  // namespace
+
+std::string ChunkKey(const Hash128& address) { return "pc:c:" + Hex(address); }
+
+std::string ManifestKey(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> boundary) {
+  return "pc:m:" + ScopeKey(model, ns) + ":" + Hex(TokensId(boundary));
+}
+
+RemoteTier::RemoteTier(std::shared_ptr<ClusterClient> client, RemoteTierOptions options)
+    : client_(std::move(client)), options_(options) {}
+
+Status RemoteTier::Put(const PublishRequest& entry, const std::vector<LayerBytes>& layers) {
+  if (entry.tokens.empty()) return Status::InvalidArgument("remote put of no tokens");
+  const Manifest m = ManifestOf(entry, layers);
+  // Chunks first, each address once (entries share chunks).
+  std::map<std::string, const std::string*> chunks;
+  std::uint64_t bytes = 0;
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    for (std::size_t c = 0; c < layers[l].chunks.size(); ++c) {
+      if (chunks.emplace(ChunkKey(m.layers[l].chunks[c].address), &layers[l].chunks[c]).second) {
+        bytes += layers[l].chunks[c].size();
+      }
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> items;
+  items.reserve(chunks.size());
+  for (const auto& [key, value] : chunks) items.emplace_back(key, *value);
+  PC_RETURN_IF_ERROR(client_->SetMany(items));
+  // Then the manifest, then the index member that makes it findable.
+  PC_RETURN_IF_ERROR(client_->Set(ManifestKey(entry.model, entry.ns, entry.tokens), EncodeManifest(m)));
+  const ss::BoundaryPlace place = ss::PlaceOf(ss::DefaultTokenHasher(), entry.tokens, options_.block_tokens);
+  PC_RETURN_IF_ERROR(client_->AddMember(NodeKey(ScopeKey(entry.model, entry.ns), place.level, place.node_hash),
+                                        Member(entry.tokens.size(), place.exact_hash)));
+  n_.puts.fetch_add(1, std::memory_order_relaxed);
+  n_.put_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+Result<std::optional<RemoteHit>> RemoteTier::Lookup(const Hash128& model, std::string_view ns,
+                                                    std::span<const std::uint32_t> tokens) {
+  if (tokens.empty()) return Status::InvalidArgument("remote lookup of no tokens");
+  n_.lookups.fetch_add(1, std::memory_order_relaxed);
+  const ss::TokenHasher& hasher = ss::DefaultTokenHasher();
+  const std::uint32_t block = options_.block_tokens;
+  const std::size_t top = (tokens.size() - 1) / block;
+  const std::vector<std::uint64_t> h = ss::ChainHashes(hasher, tokens, block, top);
+  const std::string scope = ScopeKey(model, ns);
+  std::vector<std::string> keys;
+  for (std::size_t a = 0; a <= top; ++a) keys.push_back(NodeKey(scope, a, h[a]));
+  PC_ASSIGN_OR_RETURN(auto nodes, client_->MembersMany(keys, options_.max_node_members));
+  for (std::size_t a = top + 1; a-- > 0;) {
+    std::uint64_t best = 0;
+    for (const std::string& member : nodes[a]) {
+      const auto m = ParseMember(member);
+      // A boundary of length L hangs at level (L - 1) / B; anything else is not ours to read.
+      if (!m || m->first <= a * block || m->first > tokens.size() || m->first > (a + 1) * block) continue;
+      if (m->first <= best) continue;
+      const auto tail = tokens.subspan(a * block, m->first - a * block);
+      if (hasher.Hash(tail, h[a]) == m->second) best = m->first;
+    }
+    if (best != 0) {
+      n_.index_hits.fetch_add(1, std::memory_order_relaxed);
+      return std::optional<RemoteHit>(RemoteHit{best, ManifestKey(model, ns, tokens.first(best))});
+    }
+  }
+  return std::optional<RemoteHit>();
+}
+
+Status RemoteTier::Remove(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> boundary) {
+  const ss::BoundaryPlace place = ss::PlaceOf(ss::DefaultTokenHasher(), boundary, options_.block_tokens);
+  PC_RETURN_IF_ERROR(client_->RemoveMember(NodeKey(ScopeKey(model, ns), place.level, place.node_hash),
+                                           Member(boundary.size(), place.exact_hash)));
+  return client_->Del(ManifestKey(model, ns, boundary)).status();
+}
+
+Result<std::optional<std::vector<std::string>>> RemoteTier::FetchChunks(const Manifest& m,
+                                                                        std::span<const std::uint32_t> boundary) {
+  std::vector<std::string> keys;
+  std::vector<const ChunkRef*> refs;
+  for (const ManifestLayer& l : m.layers) {
+    for (const ChunkRef& c : l.chunks) {
+      keys.push_back(ChunkKey(c.address));
+      refs.push_back(&c);
+    }
+  }
+  PC_ASSIGN_OR_RETURN(auto values, client_->GetMany(keys));
+  std::vector<std::string> out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto& v = values[i];
+    if (!v) {  // evicted: the entry is gone as a whole
+      n_.evicted.fetch_add(1, std::memory_order_relaxed);
+      (void)Remove(m.entry.model, m.entry.ns, boundary);
+      return std::optional<std::vector<std::string>>();
+    }
+    if (v->size() != refs[i]->size || !(Checksum128(std::as_bytes(std::span(v->data(), v->size()))) == refs[i]->address)) {
+      n_.damaged.fetch_add(1, std::memory_order_relaxed);
+      (void)client_->Del(keys[i]);
+      (void)Remove(m.entry.model, m.entry.ns, boundary);
+      return std::optional<std::vector<std::string>>();
+    }
+    out[i] = std::move(*values[i]);
+  }
+  return std::optional<std::vector<std::string>>(std::move(out));
+}
+
+Result<std::optional<RemoteEntry>> RemoteTier::Fetch(const Hash128& model, std::string_view ns,
+                                                     std::span<const std::uint32_t> tokens, const RemoteHit& hit) {
+  if (hit.length == 0 || hit.length > tokens.size()) return Status::InvalidArgument("remote hit longer than its query");
+  const auto boundary = tokens.first(hit.length);
+  PC_ASSIGN_OR_RETURN(auto bytes, client_->Get(hit.manifest_key));
+  if (!bytes) {
+    n_.evicted.fetch_add(1, std::memory_order_relaxed);
+    (void)Remove(model, ns, boundary);
+    return std::optional<RemoteEntry>();
+  }
+  auto m = DecodeManifest(*bytes);
+  if (!m.ok()) {
+    n_.damaged.fetch_add(1, std::memory_order_relaxed);
+    (void)Remove(model, ns, boundary);
+    return std::optional<RemoteEntry>();
+  }
+  if (!SameIdentity(m->entry, model, ns, boundary)) {
+    n_.foreign.fetch_add(1, std::memory_order_relaxed);
+    return std::optional<RemoteEntry>();
+  }
+  PC_ASSIGN_OR_RETURN(auto chunks, FetchChunks(*m, boundary));
+  if (!chunks) return std::optional<RemoteEntry>();
+  RemoteEntry e;
+  e.entry = std::move(m->entry);
+  std::size_t next = 0;
+  for (ManifestLayer& l : m->layers) {
+    LayerBytes& out = e.layers.emplace_back();
+    out.header = std::move(l.header);
+    for (std::size_t c = 0; c < l.chunks.size(); ++c) {
+      e.chunk_bytes += (*chunks)[next].size();
+      out.chunks.push_back(std::move((*chunks)[next++]));
+    }
+  }
+  n_.fetched.fetch_add(1, std::memory_order_relaxed);
+  n_.fetched_bytes.fetch_add(e.chunk_bytes, std::memory_order_relaxed);
+  return std::optional<RemoteEntry>(std::move(e));
+}
+
+RemoteTierStats RemoteTier::stats() const {
+  RemoteTierStats s;
+  s.puts = n_.puts.load();
+  s.put_bytes = n_.put_bytes.load();
+  s.lookups = n_.lookups.load();
+  s.index_hits = n_.index_hits.load();
+  s.fetched = n_.fetched.load();
+  s.fetched_bytes = n_.fetched_bytes.load();
+  s.evicted = n_.evicted.load();
+  s.damaged = n_.damaged.load();
+  s.foreign = n_.foreign.load();
+  return s;
+}
+
+}  // namespace primecache::remote

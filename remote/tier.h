@@ -1,0 +1,102 @@
+// RemoteTier: entries kept in a Redis Cluster that every host's daemon shares.
+// The layout (docs/cluster.md):
+//   pc:c:<address>                      one chunk's bytes; the address is the
+//                                       Checksum128 of those bytes, in hex
+//   pc:m:<model>:<ns>:<tokens>          the entry's manifest (remote/manifest.h)
+//   pc:n:<model>:<ns>:<level>:<hash>    an index node: a set of members
+//                                       "<length>:<exact hash>", keyed like
+//                                       the local store's prefix index
+// (<ns> and <tokens> are Checksum128s of the namespace's bytes and of the
+// boundary's tokens.) Put writes the chunks, then the manifest, then the
+// index member, so a reader that finds a member finds a manifest whose chunks
+// were all written; Redis may have evicted some since, which Fetch turns into
+// a miss and a clean-up, never a partial entry.
+//
+// Nothing read back is trusted: Fetch checks the manifest's checksum, bounds
+// and identity (model, namespace, the exact tokens of the query) and every
+// chunk's size and address; damage is removed from the cluster and counted.
+// The caller still hands the entry to a local Store::Publish, whose layer
+// validator checks every layer before anything can be restored from it.
+//
+// Thread-safety: every method may be called from any thread at once.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "primecache/statestore.h"
+#include "remote/cluster_client.h"
+#include "remote/manifest.h"
+
+namespace primecache::remote {
+
+struct RemoteTierOptions {
+  std::uint32_t block_tokens = 256;    // the index's hashed block (as the local store's)
+  std::size_t max_node_members = 4096;  // members of one index node read at most
+};
+
+// Where the longest stored boundary of a query is.
+struct RemoteHit {
+  std::uint64_t length = 0;
+  std::string manifest_key;
+};
+
+// An entry fetched and checked, ready for a local publish.
+struct RemoteEntry {
+  PublishRequest entry;
+  std::vector<LayerBytes> layers;
+  std::uint64_t chunk_bytes = 0;
+};
+
+struct RemoteTierStats {
+  std::uint64_t puts = 0, put_bytes = 0;
+  std::uint64_t lookups = 0, index_hits = 0;
+  std::uint64_t fetched = 0, fetched_bytes = 0;
+  std::uint64_t evicted = 0;  // hits whose manifest or chunks Redis no longer had
+  std::uint64_t damaged = 0;  // manifests or chunks that failed a check (removed)
+  std::uint64_t foreign = 0;  // manifests of another identity than the query's
+};
+
+class RemoteTier {
+ public:
+  explicit RemoteTier(std::shared_ptr<ClusterClient> client, RemoteTierOptions options = {});
+
+  Status Put(const PublishRequest& entry, const std::vector<LayerBytes>& layers);
+  // The longest boundary of (model, ns) that prefixes `tokens`, by the index
+  // alone (hashes); Fetch confirms it.
+  Result<std::optional<RemoteHit>> Lookup(const Hash128& model, std::string_view ns,
+                                          std::span<const std::uint32_t> tokens);
+  // The entry behind `hit` for this query, checked; nullopt when it is gone,
+  // damaged or not the query's.
+  Result<std::optional<RemoteEntry>> Fetch(const Hash128& model, std::string_view ns,
+                                           std::span<const std::uint32_t> tokens, const RemoteHit& hit);
+  // Removes an entry's manifest and index member (its chunks may be shared).
+  Status Remove(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> boundary);
+
+  RemoteTierStats stats() const;
+  ClusterClient& client() { return *client_; }
+
+ private:
+  struct Counters {
+    std::atomic<std::uint64_t> puts{0}, put_bytes{0}, lookups{0}, index_hits{0}, fetched{0}, fetched_bytes{0},
+        evicted{0}, damaged{0}, foreign{0};
+  };
+  // Every chunk of `m`, each checked against its reference; nullopt (and the
+  // entry removed) when one is missing or damaged.
+  Result<std::optional<std::vector<std::string>>> FetchChunks(const Manifest& m,
+                                                              std::span<const std::uint32_t> boundary);
+
+  std::shared_ptr<ClusterClient> client_;
+  const RemoteTierOptions options_;
+  Counters n_;
+};
+
+// The keys of the layout above.
+std::string ChunkKey(const Hash128& address);
+std::string ManifestKey(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> boundary);
+
+}  // namespace primecache::remote
