@@ -17,9 +17,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <limits>
-#include <cstdio>
 #include <ostream>
 #include <random>
 #include <string>
