@@ -56,16 +56,33 @@ std::string SumLine(std::span<const std::byte> b) {
   return buf;
 }
 
+// A peer process exporting `size` device bytes, and this process's
+// DeviceDma (a budget of `budget` registered bytes) with the peer's window
+// open on it, unless `open` is false.
+struct PeerWindow {
+  explicit PeerWindow(std::size_t size) : peer(size) {}
+  Peer peer;
+  DeviceWindowSpec spec;
+  std::unique_ptr<DeviceDma> dma;
+  std::shared_ptr<DeviceWindow> window;
+};
+
+void Start(PeerWindow* p, std::size_t size, std::uint64_t budget, bool open = true) {
+  ASSERT_TRUE(p->peer.ReadSpec(&p->spec, size));
+  auto dma = DeviceDma::Create(budget);
+  ASSERT_TRUE(dma.ok()) << dma.status().ToString();
+  p->dma = std::move(dma).value();
+  if (!open) return;
+  auto window = p->dma->Open(p->spec);
+  ASSERT_TRUE(window.ok()) << window.status().ToString();
+  p->window = std::move(window).value();
+}
+
 TEST(DeviceDmaGpu, CopiesMappedBytesIntoAnotherProcesssDeviceBuffer) {
   PC_SKIP_WITHOUT_CUDA();
   constexpr std::size_t kSize = 48u << 20, kPiece = 4u << 20;
-  Peer peer(kSize);
-  DeviceWindowSpec spec;
-  ASSERT_TRUE(peer.ReadSpec(&spec, kSize));
-  auto dma = DeviceDma::Create(32u << 20);
-  ASSERT_TRUE(dma.ok()) << dma.status().ToString();
-  auto window = (*dma)->Open(spec);
-  ASSERT_TRUE(window.ok()) << window.status().ToString();
+  PeerWindow p(kSize);
+  ASSERT_NO_FATAL_FAILURE(Start(&p, kSize, 32u << 20));
 
   MappedFile file(kSize - 12345, 1, 7);  // not a whole number of pieces
   std::vector<std::size_t> offsets;
@@ -76,7 +93,7 @@ TEST(DeviceDmaGpu, CopiesMappedBytesIntoAnotherProcesssDeviceBuffer) {
   std::vector<Status> results(4);
   for (std::size_t t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      auto q = (*dma)->NewQueue(*window);
+      auto q = p.dma->NewQueue(p.window);
       if (!q.ok()) {
         results[t] = q.status();
         return;
@@ -91,22 +108,22 @@ TEST(DeviceDmaGpu, CopiesMappedBytesIntoAnotherProcesssDeviceBuffer) {
   }
   for (auto& th : threads) th.join();
   for (const Status& s : results) ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_EQ(peer.Sum(0, file.bytes.size()), SumLine(file.bytes));
-  EXPECT_EQ(peer.Sum(file.bytes.size(), 12345), SumLine(std::vector<std::byte>(12345)));
+  EXPECT_EQ(p.peer.Sum(0, file.bytes.size()), SumLine(file.bytes));
+  EXPECT_EQ(p.peer.Sum(file.bytes.size(), 12345), SumLine(std::vector<std::byte>(12345)));
 
   // A second mapping pushes the first out of the 32 MiB budget once no copy
   // of the first is in flight.
   MappedFile second(24u << 20, 2, 9);
   {
-    auto q = (*dma)->NewQueue(*window);
+    auto q = p.dma->NewQueue(p.window);
     ASSERT_TRUE(q.ok());
     ASSERT_TRUE((*q)->Enqueue(0, std::span(second.mapping.data, 1u << 20), second.mapping).ok());
     auto done = (*q)->Completed(1);
     ASSERT_TRUE(done.ok()) << done.status().ToString();
     ASSERT_EQ(*done, 1u);
   }
-  EXPECT_EQ((*dma)->registered_bytes(), second.mapping.size);
-  EXPECT_EQ(peer.Sum(0, 1u << 20), SumLine(std::span(second.bytes).first(1u << 20)));
+  EXPECT_EQ(p.dma->registered_bytes(), second.mapping.size);
+  EXPECT_EQ(p.peer.Sum(0, 1u << 20), SumLine(std::span(second.bytes).first(1u << 20)));
 }
 
 // Many small copies in flight at once, polled and then left to the queue's
@@ -114,16 +131,11 @@ TEST(DeviceDmaGpu, CopiesMappedBytesIntoAnotherProcesssDeviceBuffer) {
 TEST(DeviceDmaGpu, AQueueDestroyedWithCopiesInFlightWaitsForThem) {
   PC_SKIP_WITHOUT_CUDA();
   constexpr std::size_t kSize = 32u << 20, kPiece = 256u << 10;
-  Peer peer(kSize);
-  DeviceWindowSpec spec;
-  ASSERT_TRUE(peer.ReadSpec(&spec, kSize));
-  auto dma = DeviceDma::Create(256u << 20);
-  ASSERT_TRUE(dma.ok());
-  auto window = (*dma)->Open(spec);
-  ASSERT_TRUE(window.ok()) << window.status().ToString();
+  PeerWindow p(kSize);
+  ASSERT_NO_FATAL_FAILURE(Start(&p, kSize, 256u << 20));
   MappedFile file(kSize, 4, 5);
   {
-    auto q = (*dma)->NewQueue(*window);
+    auto q = p.dma->NewQueue(p.window);
     ASSERT_TRUE(q.ok()) << q.status().ToString();
     for (std::size_t o = 0; o < kSize; o += kPiece) {
       ASSERT_TRUE((*q)->Enqueue(o, std::span(file.mapping.data + o, kPiece), file.mapping).ok());
@@ -134,35 +146,30 @@ TEST(DeviceDmaGpu, AQueueDestroyedWithCopiesInFlightWaitsForThem) {
     EXPECT_EQ((*q)->enqueued(), kSize / kPiece);
     EXPECT_TRUE((*q)->Completed((*q)->enqueued() + 1).status().IsInvalidArgument());
   }
-  EXPECT_EQ(peer.Sum(0, kSize), SumLine(file.bytes));
+  EXPECT_EQ(p.peer.Sum(0, kSize), SumLine(file.bytes));
 }
 
 TEST(DeviceDmaGpu, RefusesCopiesOutsideTheWindowOrTheMapping) {
   PC_SKIP_WITHOUT_CUDA();
   constexpr std::size_t kSize = 1u << 20;
-  Peer peer(kSize);
-  DeviceWindowSpec spec;
-  ASSERT_TRUE(peer.ReadSpec(&spec, kSize));
-  auto dma = DeviceDma::Create(64u << 20);
-  ASSERT_TRUE(dma.ok());
-  auto window = (*dma)->Open(spec);
-  ASSERT_TRUE(window.ok()) << window.status().ToString();
+  PeerWindow p(kSize);
+  ASSERT_NO_FATAL_FAILURE(Start(&p, kSize, 64u << 20));
   MappedFile file(2u << 20, 3, 1);
   const auto& m = file.mapping;
-  auto q = (*dma)->NewQueue(*window);
+  auto q = p.dma->NewQueue(p.window);
   ASSERT_TRUE(q.ok());
   EXPECT_TRUE((*q)->Enqueue(kSize - 10, std::span(m.data, 11), m).IsInvalidArgument());
   EXPECT_TRUE((*q)->Enqueue(kSize + 1, std::span(m.data, 0), m).IsInvalidArgument());
   EXPECT_TRUE((*q)->Enqueue(0, std::span(m.data + m.size - 10, 11), m).IsInvalidArgument());
   EXPECT_EQ((*q)->enqueued(), 0u);
-  EXPECT_TRUE((*dma)->NewQueue(nullptr).status().IsInvalidArgument());
-  DeviceWindowSpec bad = spec;
+  EXPECT_TRUE(p.dma->NewQueue(nullptr).status().IsInvalidArgument());
+  DeviceWindowSpec bad = p.spec;
   bad.handle.pop_back();
-  EXPECT_TRUE((*dma)->Open(bad).status().IsInvalidArgument());
-  bad = spec;
+  EXPECT_TRUE(p.dma->Open(bad).status().IsInvalidArgument());
+  bad = p.spec;
   bad.pci_bus_id = "not-a-bus";
-  EXPECT_FALSE((*dma)->Open(bad).ok());
-  EXPECT_EQ(peer.Sum(0, kSize), SumLine(std::vector<std::byte>(kSize)));  // nothing was written
+  EXPECT_FALSE(p.dma->Open(bad).ok());
+  EXPECT_EQ(p.peer.Sum(0, kSize), SumLine(std::vector<std::byte>(kSize)));  // nothing was written
 }
 
 // The size is the client's word: a window larger than the exported
@@ -170,16 +177,13 @@ TEST(DeviceDmaGpu, RefusesCopiesOutsideTheWindowOrTheMapping) {
 TEST(DeviceDmaGpu, RefusesAWindowLargerThanItsAllocation) {
   PC_SKIP_WITHOUT_CUDA();
   constexpr std::size_t kSize = 1u << 20;
-  Peer peer(kSize);
-  DeviceWindowSpec spec;
-  ASSERT_TRUE(peer.ReadSpec(&spec, kSize));
-  auto dma = DeviceDma::Create(64u << 20);
-  ASSERT_TRUE(dma.ok());
-  DeviceWindowSpec larger = spec;
+  PeerWindow p(kSize);
+  ASSERT_NO_FATAL_FAILURE(Start(&p, kSize, 64u << 20, /*open=*/false));
+  DeviceWindowSpec larger = p.spec;
   larger.size = 64u << 20;
-  auto refused = (*dma)->Open(larger);
+  auto refused = p.dma->Open(larger);
   EXPECT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
-  auto window = (*dma)->Open(spec);
+  auto window = p.dma->Open(p.spec);
   EXPECT_TRUE(window.ok()) << window.status().ToString();
 }
 

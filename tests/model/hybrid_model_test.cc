@@ -538,15 +538,7 @@ namespace primecache::model {
 namespace {
 
 TEST(HybridModelCpuTest, MediumStackAtRealCapacityMatchesOracle) {
-  ModelConfig c;
-  c.name = "medium";
-  c.vocab = 300;
-  c.hidden = 256;
-  c.mlp_hidden = 512;
-  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
-  c.mla = {8, 128, 32, 32, 32, 10000.0f, IndexerConfig{4, 64, 4, 8}};
-  c.kda = {4, 64, 4, -5.0f};
-  ExpectMatchesOracle(c, 200, /*ring_rows=*/0, /*seed=*/21, /*max_ctx=*/512, /*chunk=*/64);
+  ExpectMatchesOracle(testing::Medium(), 200, /*ring_rows=*/0, /*seed=*/21, /*max_ctx=*/512, /*chunk=*/64);
 }
 
 }  // namespace

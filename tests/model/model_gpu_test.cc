@@ -33,17 +33,7 @@ struct Case {
   std::uint64_t ring_rows;
 };
 
-ModelConfig Medium() {
-  ModelConfig c;
-  c.name = "medium";
-  c.vocab = 300;
-  c.hidden = 256;
-  c.mlp_hidden = 512;
-  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
-  c.mla = {8, 128, 32, 32, 32, 10000.0f, IndexerConfig{4, 64, 4, 8}};
-  c.kda = {4, 64, 4, -5.0f};
-  return c;
-}
+using testing::Medium;
 
 std::vector<Case> Cases() {
   std::vector<Case> out;
@@ -130,37 +120,20 @@ std::vector<Case> TurboQuantCases() {
 // make the indexer's pool scores nearly tie between a pool and its copy one
 // period back (equal but for the decayed recurrent state), and the top-k is
 // discontinuous there: rounding, not arithmetic, would pick the pool.
-std::vector<std::uint32_t> Prompt(const Case& k) {
-  std::vector<std::uint32_t> tokens = Tokenize(std::string(k.tokens - 1, ' '));
-  std::mt19937 rng(1234);
-  for (std::size_t i = 1; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint32_t>(rng() % 256);
-  return tokens;
-}
+std::vector<std::uint32_t> Prompt(const Case& k) { return testing::RandomPrompt(k.tokens, 1234); }
 
 // Both backends of a case: the CPU reference and the CUDA model on the same
 // weights, max_ctx 512, one session each, 64-token chunks.
 struct Backends {
   testing::CpuModel cpu;
-  std::unique_ptr<engine::Engine> gpu_engine;
-  std::unique_ptr<HybridModel> gpu;
+  testing::EngineModel gpu;
 };
 
 void MakeBackends(const Case& k, const Weights& w, Backends* b) {
   auto cpu = testing::MakeCpuModel(k.config, w, 512, 64, 1, k.ring_rows);
   ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
   b->cpu = std::move(cpu).value();
-  auto dev = engine::NewCudaDevice();
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-  engine::ReserveRequest req;
-  req.plan = HybridModel::PlanFor(k.config, w);
-  req.max_ctx = 512;
-  req.sessions = 1;
-  req.snapshot_slots = 1;
-  req.index_ring_rows = k.ring_rows;
-  auto gpu_engine = engine::Engine::Create(*dev, req);
-  ASSERT_TRUE(gpu_engine.ok()) << gpu_engine.status().ToString();
-  b->gpu_engine = std::move(gpu_engine).value();
-  auto gpu = HybridModel::Create(k.config, w, b->gpu_engine.get(), {64});
+  auto gpu = testing::MakeCudaModel(k.config, w, 512, 64, 1, k.ring_rows);
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   b->gpu = std::move(gpu).value();
 }
@@ -207,16 +180,16 @@ TEST_P(ModelGpuTest, CudaMatchesCpuOnLogitsAndEveryPlane) {
   std::vector<std::uint32_t> tokens = Prompt(k);
   Backends b;
   ASSERT_NO_FATAL_FAILURE(MakeBackends(k, w, &b));
-  auto* cpu = &b.cpu;
-  auto* gpu = &b.gpu;
+  HybridModel* cpu = b.cpu.model.get();
+  HybridModel* gpu = b.gpu.model.get();
 
-  auto cs = cpu->model->NewSession();
-  auto gs = (*gpu)->NewSession();
+  auto cs = cpu->NewSession();
+  auto gs = gpu->NewSession();
   ASSERT_TRUE(cs.ok() && gs.ok());
   std::vector<float> cl, gl;
-  ASSERT_TRUE(cpu->model->Prime(*cs, tokens, LogitsWanted::kAll, &cl).ok());
+  ASSERT_TRUE(cpu->Prime(*cs, tokens, LogitsWanted::kAll, &cl).ok());
   auto t0 = std::chrono::steady_clock::now();
-  ASSERT_TRUE((*gpu)->Prime(*gs, tokens, LogitsWanted::kAll, &gl).ok());
+  ASSERT_TRUE(gpu->Prime(*gs, tokens, LogitsWanted::kAll, &gl).ok());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(cl.size(), gl.size());
   const double logit_err = RelErr(gl, cl);
@@ -235,7 +208,7 @@ TEST_P(ModelGpuTest, CudaMatchesCpuOnLogitsAndEveryPlane) {
     if (bad) std::printf("[ model-gpu ] %s: %zu positions differ, the first at %zu\n", k.name, bad, first_bad);
   }
 
-  engine::Device& gd = b.gpu_engine->device();
+  engine::Device& gd = b.gpu.engine->device();
   double worst_plane = 0;
   for (std::size_t l = 0; l < c.layers.size(); ++l) {
     if (auto* lc = cs->cache->latent(l)) {
@@ -291,11 +264,11 @@ TEST_P(ModelGpuStateForcedTest, CudaMatchesCpuStepByStepFromTheSameState) {
   const std::vector<std::uint32_t> tokens = Prompt(k);
   Backends b;
   ASSERT_NO_FATAL_FAILURE(MakeBackends(k, w, &b));
-  auto gs = b.gpu->NewSession();
+  auto gs = b.gpu.model->NewSession();
   auto cs = b.cpu.model->NewSession();
   ASSERT_TRUE(gs.ok() && cs.ok());
   testing::StepTally t;
-  ASSERT_NO_FATAL_FAILURE(testing::RunStateForced(*b.gpu, *gs, *b.cpu.model, *cs, tokens, &t));
+  ASSERT_NO_FATAL_FAILURE(testing::RunStateForced(*b.gpu.model, *gs, *b.cpu.model, *cs, tokens, &t));
   std::printf("[ model-gpu ] %-12s %zu tokens in %zu steps: %zu strict, %zu flip steps, %zu of %zu codes flipped; "
               "strict steps' worst logits rel err %.3g, worst strict plane rel err %.3g\n",
               k.name, tokens.size(), t.steps, t.strict, t.flip_steps, t.flips, t.codes, t.worst_logits,
@@ -347,7 +320,6 @@ class PrefixCacheGpuTest : public ::testing::TestWithParam<const char*> {};
 struct GpuPrefixModel {
   ModelConfig config;
   Weights weights;
-  std::shared_ptr<engine::Device> dev;
   std::unique_ptr<engine::Engine> eng;
   std::unique_ptr<HybridModel> model;
 };
@@ -357,20 +329,10 @@ void MakeGpuPrefixModel(GpuPrefixModel* g) {
   g->config.layers = {LayerType::kKda, LayerType::kMla, LayerType::kAttn, LayerType::kMla};
   g->config.attn = {4, 2, 64, 0, 10000.0f, 0};
   g->weights = Weights::Generate(g->config, 21);
-  auto dev = engine::NewCudaDevice();
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-  g->dev = std::move(dev).value();
-  engine::ReserveRequest req;
-  req.plan = HybridModel::PlanFor(g->config, g->weights);
-  req.max_ctx = 512;
-  req.sessions = 3;
-  req.snapshot_slots = 1;
-  auto eng = engine::Engine::Create(g->dev, req);
-  ASSERT_TRUE(eng.ok()) << eng.status().ToString();
-  g->eng = std::move(eng).value();
-  auto m = HybridModel::Create(g->config, g->weights, g->eng.get(), {64});
+  auto m = testing::MakeCudaModel(g->config, g->weights, 512, 64, 3);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
-  g->model = std::move(m).value();
+  g->eng = std::move(m->engine);
+  g->model = std::move(m->model);
 }
 
 // Publishes a 300-token prefix through `cache`, then primes 340 tokens
@@ -476,18 +438,9 @@ TEST(PrefixCacheGpuRefusalTest, RefusedEntryLeavesTheSessionFresh) {
   const Weights w = Weights::Generate(c, 21), wo = Weights::Generate(other, 21);
   auto dev = engine::NewCudaDevice();
   ASSERT_TRUE(dev.ok());
-  std::unique_ptr<engine::Engine> engines[2];
-  std::unique_ptr<HybridModel> models[2];
+  testing::EngineModel models[2];  // two engines on one device
   for (int i = 0; i < 2; ++i) {
-    engine::ReserveRequest req;
-    req.plan = HybridModel::PlanFor(i ? other : c, i ? wo : w);
-    req.max_ctx = 512;
-    req.sessions = 2;
-    req.snapshot_slots = 1;
-    auto eng = engine::Engine::Create(*dev, req);
-    ASSERT_TRUE(eng.ok()) << eng.status().ToString();
-    engines[i] = std::move(eng).value();
-    auto m = HybridModel::Create(i ? other : c, i ? wo : w, engines[i].get(), {64});
+    auto m = testing::MakeModelOn(*dev, i ? other : c, i ? wo : w, 512, 64, 2);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     models[i] = std::move(m).value();
   }
@@ -498,19 +451,19 @@ TEST(PrefixCacheGpuRefusalTest, RefusedEntryLeavesTheSessionFresh) {
   PrefixCacheOptions opt;
   opt.publish = false;
   opt.encode.all_planes = TransformSpec{"raw/v1", 0};
-  PrefixCache cache(models[0].get(), std::move(cl).value(), PrefixCache::ModelIdFor(c, w), opt);
+  PrefixCache cache(models[0].model.get(), std::move(cl).value(), PrefixCache::ModelIdFor(c, w), opt);
   const std::vector<std::uint32_t> prompt = Prompt({"p", c, 200, 0});
   {
-    auto s = models[1]->NewSession();
+    auto s = models[1].model->NewSession();
     ASSERT_TRUE(s.ok());
-    ASSERT_TRUE(models[1]->Prime(*s, std::span(prompt).first(150), LogitsWanted::kNone, nullptr).ok());
+    ASSERT_TRUE(models[1].model->Prime(*s, std::span(prompt).first(150), LogitsWanted::kNone, nullptr).ok());
     ASSERT_TRUE(cache.Publish(std::span(prompt).first(150), CaptureAll(*s)).ok());
   }
   std::vector<float> plain;
   {
-    auto s = models[0]->NewSession();
+    auto s = models[0].model->NewSession();
     ASSERT_TRUE(s.ok());
-    ASSERT_TRUE(models[0]->Prime(*s, prompt, LogitsWanted::kLast, &plain).ok());
+    ASSERT_TRUE(models[0].model->Prime(*s, prompt, LogitsWanted::kLast, &plain).ok());
   }
   auto r = cache.Prime(prompt);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

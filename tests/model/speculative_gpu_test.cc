@@ -29,14 +29,7 @@ struct Case {
 };
 
 std::vector<Case> Cases() {
-  ModelConfig m;
-  m.name = "medium";
-  m.vocab = 300;
-  m.hidden = 256;
-  m.mlp_hidden = 512;
-  m.layers = {LayerType::kKda, LayerType::kMla, LayerType::kKda, LayerType::kMla};
-  m.mla = {8, 128, 32, 32, 32, 10000.0f, IndexerConfig{4, 64, 4, 8}};
-  m.kda = {4, 64, 4, -5.0f};
+  const ModelConfig m = testing::Medium();
   ModelConfig attn = m;
   attn.name = "attn_swa";
   attn.layers = {LayerType::kKda, LayerType::kAttn, LayerType::kMla, LayerType::kAttn};
@@ -47,39 +40,26 @@ std::vector<Case> Cases() {
   return {{"medium_flat", m, 0}, {"medium_ring", m, 64}, {"attn_swa", attn, 0}, {"attn_swa_tq4", tq, 0}};
 }
 
+// The CPU reference and the CUDA model of a case on the same weights (seed
+// 21), two sessions each.
 struct Pair {
+  Weights weights;
   testing::CpuModel cpu;
-  std::unique_ptr<engine::Engine> gpu_engine;
-  std::unique_ptr<HybridModel> gpu;
+  testing::EngineModel gpu;
 };
 
-void MakePair(const Case& k, const Weights& w, Pair* p) {
+void MakePair(const Case& k, Pair* p) {
+  p->weights = Weights::Generate(k.config, 21);
+  const Weights& w = p->weights;
   auto cpu = testing::MakeCpuModel(k.config, w, 512, 64, 2, k.ring, kRound);
   ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
   p->cpu = std::move(cpu).value();
-  auto dev = engine::NewCudaDevice();
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-  engine::ReserveRequest req;
-  req.plan = HybridModel::PlanFor(k.config, w);
-  req.max_ctx = 512;
-  req.sessions = 2;
-  req.snapshot_slots = 1;
-  req.index_ring_rows = k.ring;
-  req.round_tokens = kRound;
-  auto e = engine::Engine::Create(*dev, req);
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
-  p->gpu_engine = std::move(e).value();
-  auto g = HybridModel::Create(k.config, w, p->gpu_engine.get(), {64});
-  ASSERT_TRUE(g.ok()) << g.status().ToString();
-  p->gpu = std::move(g).value();
+  auto gpu = testing::MakeCudaModel(k.config, w, 512, 64, 2, k.ring, kRound);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  p->gpu = std::move(gpu).value();
 }
 
-std::vector<std::uint32_t> Tokens(std::size_t n, std::uint32_t seed) {
-  std::vector<std::uint32_t> t{kBosToken};
-  std::mt19937 rng(seed);
-  while (t.size() < n) t.push_back(rng() % 256);
-  return t;
-}
+using testing::RandomPrompt;
 
 // A layer's planes as one vector of words (TurboQuant rows as their bits).
 std::vector<float> Flat(const LayerSnapshot& s) {
@@ -124,25 +104,24 @@ class SpeculativeGpuTest : public ::testing::TestWithParam<Case> {};
 TEST_P(SpeculativeGpuTest, VerifyRowsMatchOneTokenCallsAndTheCpu) {
   PC_SKIP_WITHOUT_CUDA();
   const Case& k = GetParam();
-  Weights w = Weights::Generate(k.config, 21);
   Pair p;
-  ASSERT_NO_FATAL_FAILURE(MakePair(k, w, &p));
-  const auto prompt = Tokens(150, 1), draft = Tokens(kRound + 1, 2);
+  ASSERT_NO_FATAL_FAILURE(MakePair(k, &p));
+  const auto prompt = RandomPrompt(150, 1), draft = RandomPrompt(kRound + 1, 2);
   const std::span<const std::uint32_t> round = std::span(draft).subspan(1);
-  auto gv = p.gpu->NewSession().value(), gd = p.gpu->NewSession().value(),
+  auto gv = p.gpu.model->NewSession().value(), gd = p.gpu.model->NewSession().value(),
        cv = p.cpu.model->NewSession().value();
   std::vector<float> ignore, g_verify, g_decode, c_verify;
-  for (ModelSession* s : {&gv, &gd}) ASSERT_TRUE(p.gpu->Prime(*s, prompt, LogitsWanted::kLast, &ignore).ok());
+  for (ModelSession* s : {&gv, &gd}) ASSERT_TRUE(p.gpu.model->Prime(*s, prompt, LogitsWanted::kLast, &ignore).ok());
   ASSERT_TRUE(p.cpu.model->Prime(cv, prompt, LogitsWanted::kLast, &ignore).ok());
-  ASSERT_TRUE(p.gpu->Verify(gv, round, &g_verify).ok());
+  ASSERT_TRUE(p.gpu.model->Verify(gv, round, &g_verify).ok());
   for (std::uint32_t t : round)
-    ASSERT_TRUE(p.gpu->Prime(gd, std::span(&t, 1), LogitsWanted::kLast, &g_decode).ok());
+    ASSERT_TRUE(p.gpu.model->Prime(gd, std::span(&t, 1), LogitsWanted::kLast, &g_decode).ok());
   ASSERT_TRUE(p.cpu.model->Verify(cv, round, &c_verify).ok());
   // On one backend a verify row is the one-token call, bit for bit
   // (Compute::kRowInvariantRows): logits, and every plane once committed.
   EXPECT_TRUE(SameBits(g_verify, g_decode)) << "verify against one-token calls on the device, max rel err "
                                             << RelErr(g_verify, g_decode);
-  ASSERT_TRUE(p.gpu->ResolveRound(gv, round.size()).ok());
+  ASSERT_TRUE(p.gpu.model->ResolveRound(gv, round.size()).ok());
   ExpectPlanesIdentical(gv.cache->CaptureFull().value(), gd.cache->CaptureFull().value());
   // TurboQuant codes may land a level apart from the CPU's at a near tie
   // (model_gpu_test compares them state-forced); the rest holds 1e-4.
@@ -155,17 +134,16 @@ TEST_P(SpeculativeGpuTest, RollbackMatchesTheCpuRollback) {
   PC_SKIP_WITHOUT_CUDA();
   const Case& k = GetParam();
   if (k.config.attn.kv_quant_bits != 0) GTEST_SKIP() << "TurboQuant is held to the CPU state-forced (model_gpu_test)";
-  Weights w = Weights::Generate(k.config, 21);
   Pair p;
-  ASSERT_NO_FATAL_FAILURE(MakePair(k, w, &p));
-  const auto prompt = Tokens(150, 3), more = Tokens(40, 4);
+  ASSERT_NO_FATAL_FAILURE(MakePair(k, &p));
+  const auto prompt = RandomPrompt(150, 3), more = RandomPrompt(40, 4);
   for (std::uint64_t keep : {0u, 2u, 5u}) {
     SCOPED_TRACE("keep " + std::to_string(keep));
-    auto g = p.gpu->NewSession().value();
+    auto g = p.gpu.model->NewSession().value();
     auto c = p.cpu.model->NewSession().value();
     std::vector<float> gl, cl, ignore;
-    for (auto [m, s] : {std::pair{p.gpu.get(), &g}, std::pair{p.cpu.model.get(), &c}}) {
-      std::vector<float>& l = m == p.gpu.get() ? gl : cl;
+    for (auto [m, s] : {std::pair{p.gpu.model.get(), &g}, std::pair{p.cpu.model.get(), &c}}) {
+      std::vector<float>& l = m == p.gpu.model.get() ? gl : cl;
       ASSERT_TRUE(m->Prime(*s, prompt, LogitsWanted::kLast, &ignore).ok());
       for (int r = 0; r < 3; ++r) {  // three rounds, each kept to `keep`, a call of 4 between them
         ASSERT_TRUE(m->Verify(*s, std::span(more).subspan(1 + 9 * r, kRound), &ignore).ok());
@@ -182,19 +160,18 @@ TEST_P(SpeculativeGpuTest, RollbackMatchesTheCpuRollback) {
 TEST_P(SpeculativeGpuTest, SpeculativeGreedyEqualsPlainGreedyOnTheDevice) {
   PC_SKIP_WITHOUT_CUDA();
   const Case& k = GetParam();
-  Weights w = Weights::Generate(k.config, 21);
   Pair p;
-  ASSERT_NO_FATAL_FAILURE(MakePair(k, w, &p));
-  const auto prompt = Tokens(120, 5);
+  ASSERT_NO_FATAL_FAILURE(MakePair(k, &p));
+  const auto prompt = RandomPrompt(120, 5);
   std::vector<std::uint32_t> runs[2];
   std::vector<float> logits[2];
   SpeculateStats stats;
   for (int spec = 0; spec < 2; ++spec) {
-    auto s = p.gpu->NewSession().value();
+    auto s = p.gpu.model->NewSession().value();
     std::vector<float> last;
-    ASSERT_TRUE(p.gpu->Prime(s, prompt, LogitsWanted::kLast, &last).ok());
+    ASSERT_TRUE(p.gpu.model->Prime(s, prompt, LogitsWanted::kLast, &last).ok());
     if (spec == 0) {
-      runs[0] = p.gpu->Generate(s, last, 120, &logits[0]).value();
+      runs[0] = p.gpu.model->Generate(s, last, 120, &logits[0]).value();
       continue;
     }
     // Drafts from the plain run, cut and corrupted at random: every accept length occurs.
@@ -209,7 +186,7 @@ TEST_P(SpeculativeGpuTest, SpeculativeGreedyEqualsPlainGreedyOnTheDevice) {
       if (!d.empty() && (*rng)() % 3 != 0) d[(*rng)() % d.size()] = ((*rng)() % 256);
       return d;
     };
-    auto out = GenerateSpeculative(*p.gpu, s, prompt, last, 120, o, &stats, &logits[1]);
+    auto out = GenerateSpeculative(*p.gpu.model, s, prompt, last, 120, o, &stats, &logits[1]);
     ASSERT_TRUE(out.ok()) << out.status().ToString();
     runs[1] = std::move(out).value();
   }

@@ -210,11 +210,96 @@ int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
 
 // ---- show ---------------------------------------------------------------------------------
 
+namespace {
+
+// One layer of `show`, from its stored header: the JSON, the table row, and
+// what is wrong with the header (empty when it parses).
+struct ShownLayer {
+  nlohmann::json json;
+  std::vector<std::string> row;
+  std::string problem;
+};
+
+ShownLayer ShowLayer(std::size_t i, const std::string& bytes) {
+  const std::string checksum = Hex64(Checksum64(bytes));
+  auto h = ParseLayerHeader(AsBytes(bytes));
+  if (!h.ok()) {
+    return {{{"index", i}, {"error", h.status().message()}, {"checksum", checksum}},
+            {std::to_string(i), "(unreadable header)", h.status().message(), "", "", "", "", checksum},
+            "layer " + std::to_string(i) + ": " + h.status().message()};
+  }
+  std::uint64_t raw = 0, enc = 0, chunks = 0;
+  nlohmann::json planes = nlohmann::json::array();
+  std::vector<std::string> transforms;
+  for (const PlaneRecord& p : h->planes) {
+    std::uint64_t pr = 0, pe = 0;
+    for (const ChunkRecord& c : p.chunks) {
+      pr += c.raw_bytes;
+      pe += c.encoded_bytes;
+    }
+    raw += pr;
+    enc += pe;
+    chunks += p.chunks.size();
+    planes.push_back({{"plane", std::string(PlaneName(p.id))},
+                      {"transform", p.transform},
+                      {"level", p.level},
+                      {"rows", p.rows},
+                      {"row_width", p.row_width},
+                      {"chunk_rows", p.chunk_rows},
+                      {"chunks", p.chunks.size()},
+                      {"raw_bytes", pr},
+                      {"encoded_bytes", pe}});
+    const std::string t = p.transform + (p.level != 0 ? ":" + std::to_string(p.level) : "");
+    if (std::find(transforms.begin(), transforms.end(), t) == transforms.end()) transforms.push_back(t);
+  }
+  std::string transform_list;
+  for (const auto& t : transforms) transform_list += (transform_list.empty() ? "" : ",") + t;
+  return {{{"index", i},
+           {"kind", h->kind},
+           {"geometry", GeometryJson(h->shape)},
+           {"planes", planes},
+           {"chunks", chunks},
+           {"raw_bytes", raw},
+           {"encoded_bytes", enc},
+           {"checksum", checksum}},
+          {std::to_string(i), h->kind, GeometryText(h->shape), transform_list, std::to_string(chunks),
+           HumanBytes(raw), HumanBytes(enc), checksum},
+          ""};
+}
+
+// `show` without --json: the entry's lines, then its layers as a table.
+void ShowText(const EntryInfo& e, const nlohmann::json& fingerprint, const std::string& fp_problem,
+              const std::string& text, const std::vector<std::vector<std::string>>& rows, const Output& out) {
+  out.Line("entry " + std::to_string(e.id) + (e.quarantined() ? "  QUARANTINED: " + e.reason : ""));
+  out.Line("  model      " + e.model_name + "  " + Hex(e.model));
+  if (!fingerprint.is_null()) {
+    std::string versions;
+    for (const auto& v : fingerprint["codec_versions"]) versions += (versions.empty() ? "" : ", ") + v.get<std::string>();
+    out.Line("  plan       " + fingerprint["plan_digest"].get<std::string>());
+    out.Line("  weights    " + fingerprint["weights_digest"].get<std::string>());
+    out.Line("  codecs     " + versions);
+  } else {
+    out.Line("  (no model descriptor stored" + (fp_problem.empty() ? "" : ": " + fp_problem) +
+             "; the entry cannot be exported)");
+  }
+  out.Line("  namespace  " + NamespaceLabel(e.ns));
+  out.Line("  boundary   " + std::to_string(e.length) + " tokens, " + std::to_string(e.layers) + " layers");
+  out.Line("  size       " + HumanBytes(e.chunk_bytes) + " stored, " + HumanBytes(e.raw_bytes) + " raw");
+  out.Line("  age        " + AgeOf(e, NowUnixMs()) + ", " + std::to_string(e.hits) + " hits");
+  if (!e.quarantined()) out.Line("  text       " + text);
+  if (!rows.empty()) {
+    out.Line("");
+    out.Line(RenderTable({">LAYER", "KIND", "GEOMETRY", "TRANSFORM", ">CHUNKS", ">RAW", ">ENCODED", "HEADER XXH3"},
+                         rows));
+  }
+}
+
+}  // namespace
+
 int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Output& out) {
   std::vector<std::string> headers;
   auto e = access.Describe(id, &headers);
   if (!e.ok()) return out.Error(e.status());
-  const std::uint64_t now = NowUnixMs();
   bool shortened = false;
   const std::string text = TokensAsText(e->tokens, text_chars, &shortened);
   std::string fp_problem;
@@ -224,83 +309,20 @@ int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Ou
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> problems;
   for (std::size_t i = 0; i < headers.size(); ++i) {
-    const std::string& bytes = headers[i];
-    const std::string checksum = Hex64(Checksum64(bytes));
-    auto h = ParseLayerHeader(AsBytes(bytes));
-    if (!h.ok()) {
-      problems.push_back("layer " + std::to_string(i) + ": " + h.status().message());
-      layers.push_back({{"index", i}, {"error", h.status().message()}, {"checksum", checksum}});
-      rows.push_back({std::to_string(i), "(unreadable header)", h.status().message(), "", "", "", "", checksum});
-      continue;
-    }
-    std::uint64_t raw = 0, enc = 0, chunks = 0;
-    nlohmann::json planes = nlohmann::json::array();
-    std::vector<std::string> transforms;
-    for (const PlaneRecord& p : h->planes) {
-      std::uint64_t pr = 0, pe = 0;
-      for (const ChunkRecord& c : p.chunks) {
-        pr += c.raw_bytes;
-        pe += c.encoded_bytes;
-      }
-      raw += pr;
-      enc += pe;
-      chunks += p.chunks.size();
-      planes.push_back({{"plane", std::string(PlaneName(p.id))},
-                        {"transform", p.transform},
-                        {"level", p.level},
-                        {"rows", p.rows},
-                        {"row_width", p.row_width},
-                        {"chunk_rows", p.chunk_rows},
-                        {"chunks", p.chunks.size()},
-                        {"raw_bytes", pr},
-                        {"encoded_bytes", pe}});
-      const std::string t = p.transform + (p.level != 0 ? ":" + std::to_string(p.level) : "");
-      if (std::find(transforms.begin(), transforms.end(), t) == transforms.end()) transforms.push_back(t);
-    }
-    layers.push_back({{"index", i},
-                      {"kind", h->kind},
-                      {"geometry", GeometryJson(h->shape)},
-                      {"planes", planes},
-                      {"chunks", chunks},
-                      {"raw_bytes", raw},
-                      {"encoded_bytes", enc},
-                      {"checksum", checksum}});
-    std::string transform_list;
-    for (const auto& t : transforms) transform_list += (transform_list.empty() ? "" : ",") + t;
-    rows.push_back({std::to_string(i), h->kind, GeometryText(h->shape), transform_list, std::to_string(chunks),
-                    HumanBytes(raw), HumanBytes(enc), checksum});
+    ShownLayer layer = ShowLayer(i, headers[i]);
+    layers.push_back(std::move(layer.json));
+    rows.push_back(std::move(layer.row));
+    if (!layer.problem.empty()) problems.push_back(std::move(layer.problem));
   }
-
   if (out.json()) {
-    nlohmann::json doc = {{"entry", EntryJson(*e, now)},
+    nlohmann::json doc = {{"entry", EntryJson(*e, NowUnixMs())},
                           {"tokens", {{"count", e->tokens.size()}, {"text", text}, {"shortened", shortened}}},
                           {"fingerprint", fingerprint},
                           {"layers", layers}};
     if (!fp_problem.empty()) doc["fingerprint_error"] = fp_problem;
     out.Json(doc);
   } else {
-    out.Line("entry " + std::to_string(e->id) + (e->quarantined() ? "  QUARANTINED: " + e->reason : ""));
-    out.Line("  model      " + e->model_name + "  " + Hex(e->model));
-    if (!fingerprint.is_null()) {
-      std::string versions;
-      for (const auto& v : fingerprint["codec_versions"]) versions += (versions.empty() ? "" : ", ") + v.get<std::string>();
-      out.Line("  plan       " + fingerprint["plan_digest"].get<std::string>());
-      out.Line("  weights    " + fingerprint["weights_digest"].get<std::string>());
-      out.Line("  codecs     " + versions);
-    } else {
-      out.Line("  (no model descriptor stored" + (fp_problem.empty() ? "" : ": " + fp_problem) +
-               "; the entry cannot be exported)");
-    }
-    out.Line("  namespace  " + NamespaceLabel(e->ns));
-    out.Line("  boundary   " + std::to_string(e->length) + " tokens, " + std::to_string(e->layers) + " layers");
-    out.Line("  size       " + HumanBytes(e->chunk_bytes) + " stored, " + HumanBytes(e->raw_bytes) + " raw");
-    out.Line("  age        " + AgeOf(*e, now) + ", " + std::to_string(e->hits) + " hits");
-    if (!e->quarantined()) out.Line("  text       " + text);
-    if (!rows.empty()) {
-      out.Line("");
-      out.Line(RenderTable({">LAYER", "KIND", "GEOMETRY", "TRANSFORM", ">CHUNKS", ">RAW", ">ENCODED", "HEADER XXH3"},
-                           rows));
-    }
+    ShowText(*e, fingerprint, fp_problem, text, rows, out);
   }
   for (const auto& p : problems) out.Note(p);
   return problems.empty() ? kExitOk : kExitDamage;

@@ -66,15 +66,21 @@ std::string Printable(const std::string& bytes) {
   return out;
 }
 
-// Lists the namespace's entries and the store's totals, through a client of
-// its own (the cache's may be gone with a dead daemon).
-void ShowStore(const std::string& socket, const std::string& ns) {
+// How this tool connects to the daemon: one attempt, no retry loop (a run
+// without a daemon goes on without the cache).
+client::ClientOptions ClientOptionsFor(const std::string& socket, const std::string& ns) {
   client::ClientOptions o;
   o.endpoint = socket;
   o.ns = ns;
   o.client_name = "primecache-run";
   o.reconnect_attempts = 1;
-  auto c = client::Client::Connect(o);
+  return o;
+}
+
+// Lists the namespace's entries and the store's totals, through a client of
+// its own (the cache's may be gone with a dead daemon).
+void ShowStore(const std::string& socket, const std::string& ns) {
+  auto c = client::Client::Connect(ClientOptionsFor(socket, ns));
   if (!c.ok()) {
     std::printf("store: unavailable (%s)\n", c.status().ToString().c_str());
     return;
@@ -103,121 +109,147 @@ void ShowStore(const std::string& socket, const std::string& ns) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"Run the reference hybrid model through the primecache prefix cache"};
-  std::string model_path, weights_path, prompt, prompt_file, backend = "cpu", socket = DefaultSocket(), ns = "default",
-                                                             dump_logits, log_level;
+// The command line (see the top of this file).
+struct RunOptions {
+  std::string model_path, weights_path, prompt, prompt_file, backend = "cpu", socket = DefaultSocket(),
+                                                           ns = "default", dump_logits, log_level;
   std::uint64_t seed = 1;
   std::size_t max_new = 32, chunk = 1024, speculate = 0;
   bool no_cache = false, show_store = false;
-  app.add_option("--model", model_path, "model config (JSON)")->required();
-  app.add_option("--weights", weights_path, "f32 safetensors weights (default: generated from --seed)");
-  app.add_option("--seed", seed, "seed of the generated weights");
-  auto* p = app.add_option("--prompt", prompt, "the prompt text");
-  auto* pf = app.add_option("--prompt-file", prompt_file, "a file holding the prompt");
+};
+
+void AddOptions(CLI::App& app, RunOptions& o) {
+  app.add_option("--model", o.model_path, "model config (JSON)")->required();
+  app.add_option("--weights", o.weights_path, "f32 safetensors weights (default: generated from --seed)");
+  app.add_option("--seed", o.seed, "seed of the generated weights");
+  auto* p = app.add_option("--prompt", o.prompt, "the prompt text");
+  auto* pf = app.add_option("--prompt-file", o.prompt_file, "a file holding the prompt");
   p->excludes(pf);
-  app.add_option("--max-new-tokens", max_new, "tokens to generate")->check(CLI::Range(0, 1 << 20));
-  app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--socket", socket, "the daemon's socket");
-  app.add_option("--namespace", ns, "the tenant namespace");
-  app.add_flag("--no-cache", no_cache, "do not use the daemon");
-  app.add_option("--dump-logits", dump_logits, "write every position's logits (f32 LE) to FILE");
-  app.add_option("--chunk", chunk, "tokens per forward call")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off");
-  app.add_flag("--show-store", show_store, "after the run, list what the store holds for this namespace");
-  app.add_option("--speculate", speculate, "draft N tokens per verify round by prompt lookup (0: plain greedy)")
+  app.add_option("--max-new-tokens", o.max_new, "tokens to generate")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--backend", o.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--socket", o.socket, "the daemon's socket");
+  app.add_option("--namespace", o.ns, "the tenant namespace");
+  app.add_flag("--no-cache", o.no_cache, "do not use the daemon");
+  app.add_option("--dump-logits", o.dump_logits, "write every position's logits (f32 LE) to FILE");
+  app.add_option("--chunk", o.chunk, "tokens per forward call")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--log-level", o.log_level, "trace|debug|info|warn|error|critical|off");
+  app.add_flag("--show-store", o.show_store, "after the run, list what the store holds for this namespace");
+  app.add_option("--speculate", o.speculate, "draft N tokens per verify round by prompt lookup (0: plain greedy)")
       ->check(CLI::Range(0, 64));
-  CLI11_PARSE(app, argc, argv);
-  if (Status s = InitLogging(log_level); !s.ok()) return Fail(s);
-  if (prompt.empty() && prompt_file.empty()) return Fail(Status::InvalidArgument("give --prompt or --prompt-file"));
-  if (!prompt_file.empty()) {
-    auto text = ReadFileToString(Env::Default(), prompt_file);
-    if (!text.ok()) return Fail(text.status());
-    prompt = *text;
-  }
+}
 
-  auto config = model::LoadModelConfig(Env::Default(), model_path);
-  if (!config.ok()) return Fail(config.status());
+// --prompt, or the contents of --prompt-file.
+Result<std::string> PromptText(const RunOptions& o) {
+  if (o.prompt.empty() && o.prompt_file.empty()) return Status::InvalidArgument("give --prompt or --prompt-file");
+  if (o.prompt_file.empty()) return o.prompt;
+  return ReadFileToString(Env::Default(), o.prompt_file);
+}
+
+// The model as the run uses it: its config and weights, the engine on the
+// chosen backend sized for this one prompt, and the model over it.
+struct LoadedModel {
+  model::ModelConfig config;
   model::Weights weights;
-  if (!weights_path.empty()) {
-    auto w = model::LoadSafetensors(Env::Default(), weights_path);
-    if (!w.ok()) return Fail(w.status());
-    weights = std::move(w).value();
-  } else {
-    weights = model::Weights::Generate(*config, seed);
-  }
-  const std::vector<std::uint32_t> tokens = model::Tokenize(prompt);
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<model::HybridModel> model;
+};
 
+Status LoadModel(const RunOptions& o, std::size_t prompt_tokens, LoadedModel* out) {
+  PC_ASSIGN_OR_RETURN(out->config, model::LoadModelConfig(Env::Default(), o.model_path));
+  if (!o.weights_path.empty()) {
+    PC_ASSIGN_OR_RETURN(out->weights, model::LoadSafetensors(Env::Default(), o.weights_path));
+  } else {
+    out->weights = model::Weights::Generate(out->config, o.seed);
+  }
   std::shared_ptr<engine::Device> device;
-  if (backend == "cuda") {
-    auto d = engine::NewCudaDevice();
-    if (!d.ok()) return Fail(d.status());
-    device = *d;
+  if (o.backend == "cuda") {
+    PC_ASSIGN_OR_RETURN(device, engine::NewCudaDevice());
   } else {
     device = engine::NewCpuDevice();
   }
   engine::ReserveRequest req;
-  req.plan = model::HybridModel::PlanFor(*config, weights);
-  req.max_ctx = tokens.size() + max_new + 1;
+  req.plan = model::HybridModel::PlanFor(out->config, out->weights);
+  req.max_ctx = prompt_tokens + o.max_new + 1;
   req.sessions = 1;
   req.snapshot_slots = 1;
-  req.round_tokens = speculate == 0 ? 0 : static_cast<std::uint32_t>(speculate + 1);
-  auto eng = engine::Engine::Create(device, req);
-  if (!eng.ok()) return Fail(eng.status());
-  auto m = model::HybridModel::Create(*config, weights, eng->get(), {chunk});
-  if (!m.ok()) return Fail(m.status());
+  req.round_tokens = o.speculate == 0 ? 0 : static_cast<std::uint32_t>(o.speculate + 1);
+  PC_ASSIGN_OR_RETURN(out->engine, engine::Engine::Create(device, req));
+  PC_ASSIGN_OR_RETURN(out->model, model::HybridModel::Create(out->config, out->weights, out->engine.get(), {o.chunk}));
+  return Status::Ok();
+}
 
-  std::unique_ptr<client::Client> cl;
-  if (!no_cache) {
-    client::ClientOptions o;
-    o.endpoint = socket;
-    o.ns = ns;
-    o.client_name = "primecache-run";
-    o.reconnect_attempts = 1;
-    auto c = client::Client::Connect(o);
-    if (c.ok()) {
-      cl = std::move(c).value();
-    } else {
-      spdlog::warn("no daemon at {} ({}); running without the prefix cache", socket, c.status().ToString());
-    }
-  }
-  model::PrefixCache cache(m->get(), std::move(cl), model::PrefixCache::ModelIdFor(*config, weights));
+// The daemon's client, or none (with a warning) when no daemon answers.
+std::unique_ptr<client::Client> ConnectToCache(const RunOptions& o) {
+  if (o.no_cache) return nullptr;
+  auto c = client::Client::Connect(ClientOptionsFor(o.socket, o.ns));
+  if (c.ok()) return std::move(c).value();
+  spdlog::warn("no daemon at {} ({}); running without the prefix cache", o.socket, c.status().ToString());
+  return nullptr;
+}
 
-  auto r = cache.Prime(tokens, !dump_logits.empty());
+// --dump-logits: NaN rows for the restored positions, then the computed
+// prompt rows, then the generated tokens' rows.
+Status DumpLogits(const std::string& path, std::size_t vocab, const model::Request& r,
+                  const std::vector<float>& gen_logits) {
+  std::vector<float> rows(r.restored_tokens * vocab, std::numeric_limits<float>::quiet_NaN());
+  rows.insert(rows.end(), r.all_logits.begin(), r.all_logits.end());
+  rows.insert(rows.end(), gen_logits.begin(), gen_logits.end());
+  std::string bytes(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float));
+  return WriteFileAtomically(Env::Default(), path, bytes);
+}
+
+void PrintSpeculateLine(std::size_t gamma, const model::SpeculateStats& stats) {
+  std::printf("speculate: gamma=%zu rounds=%llu drafted=%llu accepted=%llu acceptance=%.3f plain_steps=%llu\n",
+              gamma, static_cast<unsigned long long>(stats.rounds), static_cast<unsigned long long>(stats.drafted),
+              static_cast<unsigned long long>(stats.accepted), stats.acceptance(),
+              static_cast<unsigned long long>(stats.plain_steps));
+}
+
+// Primes the prompt through the cache, generates, prints the text and the
+// closing lines; returns the exit status.
+int Run(const RunOptions& o) {
+  auto prompt = PromptText(o);
+  if (!prompt.ok()) return Fail(prompt.status());
+  const std::vector<std::uint32_t> tokens = model::Tokenize(*prompt);
+  LoadedModel lm;
+  if (Status s = LoadModel(o, tokens.size(), &lm); !s.ok()) return Fail(s);
+  model::HybridModel& m = *lm.model;
+  model::PrefixCache cache(&m, ConnectToCache(o), model::PrefixCache::ModelIdFor(lm.config, lm.weights));
+
+  auto r = cache.Prime(tokens, !o.dump_logits.empty());
   if (!r.ok()) return Fail(r.status());
   std::vector<float> gen_logits;
-  std::vector<float>* keep_logits = dump_logits.empty() ? nullptr : &gen_logits;
+  std::vector<float>* keep_logits = o.dump_logits.empty() ? nullptr : &gen_logits;
   model::SpeculateStats stats;
-  auto generated = speculate == 0 ? (*m)->Generate(r->session, r->last_logits, max_new, keep_logits)
-                                  : model::GenerateSpeculative(**m, r->session, tokens, r->last_logits, max_new,
-                                                               {speculate, nullptr}, &stats, keep_logits);
+  auto generated = o.speculate == 0 ? m.Generate(r->session, r->last_logits, o.max_new, keep_logits)
+                                    : model::GenerateSpeculative(m, r->session, tokens, r->last_logits, o.max_new,
+                                                                 {o.speculate, nullptr}, &stats, keep_logits);
   if (!generated.ok()) return Fail(generated.status());
   cache.Finish(*r);
   std::printf("%s\n", Printable(model::Detokenize(*generated)).c_str());
   std::fflush(stdout);
 
-  if (!dump_logits.empty()) {
-    const std::size_t V = config->vocab;
-    std::vector<float> rows(r->restored_tokens * V, std::numeric_limits<float>::quiet_NaN());
-    rows.insert(rows.end(), r->all_logits.begin(), r->all_logits.end());
-    rows.insert(rows.end(), gen_logits.begin(), gen_logits.end());
-    std::string bytes(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float));
-    if (Status s = WriteFileAtomically(Env::Default(), dump_logits, bytes); !s.ok()) return Fail(s);
+  if (!o.dump_logits.empty()) {
+    if (Status s = DumpLogits(o.dump_logits, lm.config.vocab, *r, gen_logits); !s.ok()) return Fail(s);
   }
   const std::size_t failed = cache.Drain();
   if (failed != 0) spdlog::warn("{} publish(es) failed; the store did not keep this prompt's prefix", failed);
-  if (show_store) ShowStore(socket, ns);
-  if (speculate != 0) {
-    std::printf("speculate: gamma=%zu rounds=%llu drafted=%llu accepted=%llu acceptance=%.3f plain_steps=%llu\n",
-                speculate, static_cast<unsigned long long>(stats.rounds), static_cast<unsigned long long>(stats.drafted),
-                static_cast<unsigned long long>(stats.accepted), stats.acceptance(),
-                static_cast<unsigned long long>(stats.plain_steps));
-  }
+  if (o.show_store) ShowStore(o.socket, o.ns);
+  if (o.speculate != 0) PrintSpeculateLine(o.speculate, stats);
   std::printf("summary: restored_tokens=%llu prefilled_tokens=%llu ttft_ms=%.1f published=%llu publish_failures=%zu\n",
               static_cast<unsigned long long>(r->restored_tokens), static_cast<unsigned long long>(r->prefilled_tokens),
               r->ttft_ms, static_cast<unsigned long long>(cache.published()), failed);
   // The answer above is good either way; 3 tells a script the cache missed out.
   return failed != 0 ? kExitPublishFailed : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Run the reference hybrid model through the primecache prefix cache"};
+  RunOptions o;
+  AddOptions(app, o);
+  CLI11_PARSE(app, argc, argv);
+  if (Status s = InitLogging(o.log_level); !s.ok()) return Fail(s);
+  return Run(o);
 }
