@@ -7,24 +7,18 @@
 // A fetch's callback copies every chunk into a destination buffer, as an
 // engine copies into its staging (or pinned) memory; memcpy is the same copy
 // of the same bytes from one buffer to another.
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "primecache/client.h"
 #include "primecache/codec.h"
+#include "tools/common/daemon_process.h"
 
 using namespace primecache;          // NOLINT
 using namespace primecache::client;  // NOLINT
@@ -33,43 +27,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-struct Daemon {
-  pid_t pid = -1;
-  std::string dir;
-  std::string sock;
-  ~Daemon() {
-    if (pid > 0) {
-      kill(pid, SIGTERM);
-      waitpid(pid, nullptr, 0);
-    }
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-  }
-  bool Start(const std::string& bin) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "pcbench-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) return false;
-    dir = tmpl;
-    sock = dir + "/d.sock";
-    int p[2];
-    if (pipe(p) != 0) return false;
-    pid = fork();
-    if (pid == 0) {
-      close(p[0]);
-      std::string fd = std::to_string(p[1]);
-      execl(bin.c_str(), bin.c_str(), "--socket", sock.c_str(), "--no-admin-socket", "--data-dir",
-            (dir + "/data").c_str(), "--ready-fd", fd.c_str(), "--log-level", "warn", "--max-chunk", "8M",
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(p[1]);
-    pollfd pf{p[0], POLLIN, 0};
-    char buf[8];
-    bool ok = poll(&pf, 1, 30000) == 1 && read(p[0], buf, sizeof(buf)) > 0;
-    close(p[0]);
-    return ok;
-  }
-};
 
 // Real encoded layers (the store validates them): latent planes of `len`
 // tokens, width 576 (kv_rank 512 + rope 64), raw transform, ~2.4 MB chunks.
@@ -117,9 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--lookups", lookups, "lookup round trips timed");
   CLI11_PARSE(app, argc, argv);
 
-  Daemon d;
-  if (!d.Start(daemon)) {
-    std::fprintf(stderr, "cannot start %s\n", daemon.c_str());
+  launcher::DaemonProcess d(daemon, {"--max-chunk", "8M"});
+  if (Status s = d.Start(); !s.ok()) {
+    std::fprintf(stderr, "cannot start %s: %s\n", daemon.c_str(), s.ToString().c_str());
     return 1;
   }
   const std::uint64_t len = 8192;
@@ -135,7 +92,7 @@ int main(int argc, char** argv) {
   const ModelId model{Hash128{7, 7}, "bench", ""};
 
   ClientOptions o;
-  o.endpoint = d.sock;
+  o.endpoint = d.socket();
   o.timeout = std::chrono::seconds(60);
   auto sc = Client::Connect(o);
   o.shared_memory = true;
