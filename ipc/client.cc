@@ -352,6 +352,17 @@ struct Conn {
   }
 };
 
+namespace {
+// The code of a call's outcome, whether it returns a Status or a Result.
+StatusCode CodeOf(const Status& s) {
+  return s.code();
+}
+template <typename T>
+StatusCode CodeOf(const Result<T>& r) {
+  return r.status().code();
+}
+}  // namespace
+
 struct Client::Impl {
   ClientOptions opts;
   std::mutex mu;
@@ -382,10 +393,15 @@ struct Client::Impl {
   // Sends a request and waits for its final reply (streamed ones go to on_stream).
   Result<Frame> Call(const std::shared_ptr<Conn>& c, std::uint64_t id, const OutMessage& m,
                      std::function<Status(wire::Response::Reader)> on_stream = nullptr);
+  // The client's one retry policy. Get() reconnects (reconnect_attempts
+  // tries, reconnect_backoff apart); on top of it an idempotent call is made
+  // once more when it fails with `retry_on`: kUnavailable, a connection lost
+  // before anything of the reply was seen; kAborted for a caller that can
+  // drop what a fetch had delivered before its connection went (FetchLayers).
   template <typename F>
-  auto Retry(F f) -> decltype(f()) {
+  auto Retry(F f, StatusCode retry_on = StatusCode::kUnavailable) -> decltype(f()) {
     auto r = f();
-    if (!r.ok() && r.status().IsUnavailable()) r = f();
+    if (CodeOf(r) == retry_on) r = f();
     return r;
   }
 };
@@ -602,13 +618,10 @@ Status Client::Impl::AttachDevice(const std::shared_ptr<Conn>& c, const DeviceWi
 }
 
 Status Client::AttachDeviceWindow(const DeviceWindowSpec& spec) {
-  PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
-  Status s = impl_->AttachDevice(c, spec);
-  if (s.IsUnavailable()) {
-    PC_ASSIGN_OR_RETURN(c, impl_->Get());
-    s = impl_->AttachDevice(c, spec);
-  }
-  if (!s.ok()) return s;
+  PC_RETURN_IF_ERROR(impl_->Retry([&]() -> Status {
+    PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+    return impl_->AttachDevice(c, spec);
+  }));
   std::lock_guard<std::mutex> l(impl_->mu);
   impl_->device_spec = spec;
   return Status::Ok();
@@ -1106,9 +1119,7 @@ Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
     }
     return true;
   };
-  auto r = once();
-  if (!r.ok() && r.status().IsUnavailable()) r = once();
-  return r.ok() ? Status::Ok() : r.status();
+  return impl_->Retry(once).status();
 }
 
 Result<std::vector<FetchedLayer>> Client::FetchLayers(std::uint64_t entry, std::span<const std::uint32_t> layers) {
@@ -1127,12 +1138,14 @@ Result<std::vector<FetchedLayer>> Client::FetchLayers(std::uint64_t entry, std::
     out.back().data.chunks.emplace_back(bytes.begin(), bytes.end());
     return Status::Ok();
   };
-  for (int attempt = 0;; ++attempt) {
-    out.clear();
-    Status s = Fetch(entry, layers, cb);
-    if (s.ok()) return out;
-    if (attempt > 0 || s.code() != StatusCode::kAborted) return s;
-  }
+  // A fetch cut off mid-stream starts over: what it delivered is dropped.
+  return impl_->Retry(
+      [&]() -> Result<std::vector<FetchedLayer>> {
+        out.clear();
+        PC_RETURN_IF_ERROR(Fetch(entry, layers, cb));
+        return std::move(out);
+      },
+      StatusCode::kAborted);
 }
 
 // ---- the rest -------------------------------------------------------------------

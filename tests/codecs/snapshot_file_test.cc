@@ -6,6 +6,7 @@
 
 #include "codec_test_util.h"
 #include "primecache/env.h"
+#include "tests/support/fault_env.h"
 
 namespace primecache {
 namespace {

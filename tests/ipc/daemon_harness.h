@@ -1,18 +1,19 @@
-// Runs the real primecached on a temporary data dir and socket for a test,
-// and speaks raw frames to it when a test needs to misbehave.
+// Runs the real primecached on a temporary data dir and socket for a test
+// (through the launcher the benchmarks use too), and speaks raw frames to it
+// when a test needs to misbehave.
 #pragma once
 
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -28,6 +29,7 @@
 #include "primecache/client.h"
 #include "primecache/codec.h"
 #include "primecache/snapshot.h"
+#include "tools/common/daemon_process.h"
 
 namespace primecache::testing {
 
@@ -40,97 +42,18 @@ inline std::string MakeTempDir() {
   return tmpl;
 }
 
-class Daemon {
+// The real primecached (tools/common/daemon_process.h) on a fresh temporary
+// directory, or on `dir` to reopen a store (a restart), with `extra` flags.
+class Daemon : public launcher::DaemonProcess {
  public:
-  // A fresh data dir, or `data_dir` to reuse one (a restart).
-  explicit Daemon(std::vector<std::string> extra = {}, std::string dir = "") : extra_(std::move(extra)) {
-    own_dir_ = dir.empty();
-    dir_ = own_dir_ ? MakeTempDir() : dir;
-  }
-  ~Daemon() {
-    Kill();
-    if (own_dir_) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir_, ec);
-    }
-  }
-  Daemon(const Daemon&) = delete;
-  Daemon& operator=(const Daemon&) = delete;
+  explicit Daemon(std::vector<std::string> extra = {}, std::string dir = "")
+      : DaemonProcess(PRIMECACHED_PATH, std::move(extra), std::move(dir)) {}
 
-  const std::string& dir() const { return dir_; }
-  std::string socket() const { return dir_ + "/d.sock"; }
-  std::string admin_socket() const { return dir_ + "/a.sock"; }
-  std::string data_dir() const { return dir_ + "/data"; }
-  pid_t pid() const { return pid_; }
-  void DisownDir() { own_dir_ = false; }
-  void OwnDir() { own_dir_ = true; }
-
-  // Starts and waits for readiness (the --ready-fd pipe).
+  // DaemonProcess::Start as a bool for ASSERT_TRUE, saying why when it fails.
   bool Start() {
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) != 0) return false;
-    std::vector<std::string> args = {PRIMECACHED_PATH,  "--socket",   socket(),   "--admin-socket", admin_socket(),
-                                     "--data-dir",      data_dir(),   "--ready-fd", std::to_string(p[1]),
-                                     "--log-level",     "warn"};
-    for (auto& e : extra_) args.push_back(e);
-    pid_ = fork();
-    if (pid_ == 0) {
-      // A test that dies (a failed sanitizer check aborts it) takes its daemon
-      // along, so no orphan keeps the test's output pipe, and ctest, waiting.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      fcntl(p[1], F_SETFD, 0);  // the write end survives exec
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(p[1]);
-    pollfd pf{p[0], POLLIN, 0};
-    char buf[16] = {};
-    bool ok = poll(&pf, 1, 20000) == 1 && read(p[0], buf, sizeof(buf)) > 0 && std::string(buf).rfind("ready", 0) == 0;
-    close(p[0]);
-    if (!ok) Kill();
-    return ok;
-  }
-
-  // SIGTERM and wait; the exit status (-1 if it had to be killed).
-  int Stop(std::chrono::milliseconds limit = std::chrono::milliseconds(20000)) {
-    if (pid_ <= 0) return -1;
-    kill(pid_, SIGTERM);
-    return Wait(limit);
-  }
-  int Wait(std::chrono::milliseconds limit) {
-    const auto end = std::chrono::steady_clock::now() + limit;
-    int st = 0;
-    while (std::chrono::steady_clock::now() < end) {
-      pid_t r = waitpid(pid_, &st, WNOHANG);
-      if (r == pid_) {
-        pid_ = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    Kill();
-    return -1;
-  }
-  void Kill() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-  }
-  bool Alive() const { return pid_ > 0 && kill(pid_, 0) == 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
-
-  // Resident memory of the daemon in KiB.
-  long RssKiB() const {
-    std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
-    }
-    return -1;
+    const Status s = DaemonProcess::Start();
+    if (!s.ok()) std::fprintf(stderr, "[harness] %s\n", s.ToString().c_str());
+    return s.ok();
   }
 
   ClientOptions Options(std::string ns = "", bool shm = false) const {
@@ -141,12 +64,6 @@ class Daemon {
     o.timeout = std::chrono::milliseconds(15000);
     return o;
   }
-
- private:
-  std::vector<std::string> extra_;
-  std::string dir_;
-  bool own_dir_ = true;
-  pid_t pid_ = -1;
 };
 
 // A raw socket that speaks frames, for tests that misbehave.

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "statestore/test_hooks.h"
+#include "tests/support/fault_env.h"
 #include "store_test_util.h"
 
 namespace primecache {

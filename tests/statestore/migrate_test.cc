@@ -10,6 +10,7 @@
 #include "raw_db.h"
 #include "statestore/format.h"
 #include "statestore/test_hooks.h"
+#include "tests/support/fault_env.h"
 #include "store_test_util.h"
 
 #ifndef STATESTORE_FIXTURES

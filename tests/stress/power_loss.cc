@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "statestore/test_hooks.h"
+#include "tests/support/fault_env.h"
 #include "tests/stress/stress_modes.h"
 #include "tests/stress/stress_util.h"
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "primecache/env.h"
+#include "tests/support/fault_env.h"
 
 namespace primecache {
 namespace {

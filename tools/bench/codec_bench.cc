@@ -117,128 +117,164 @@ void Print(const std::vector<Row>& rows) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"codec_bench: encode/decode GB/s and ratio per kind x transform, against memcpy"};
+// The command line.
+struct Options {
   std::uint64_t tokens = 8192;
   int reps = 5;
   int level = 1;
   std::uint64_t chunk_bytes = kDefaultChunkBytes;
-  app.add_option("--tokens", tokens, "boundary length of the latent and KV layers");
-  app.add_option("--reps", reps, "timed repetitions; the best is reported");
-  app.add_option("--level", level, "zstd level of shuffle-zstd");
-  app.add_option("--chunk-bytes", chunk_bytes, "target raw bytes per chunk");
-  CLI11_PARSE(app, argc, argv);
+};
 
-  const CodecRegistry& reg = CodecRegistry::Default();
-  std::vector<std::pair<std::string, EncodeOptions>> variants;
+void AddOptions(CLI::App& app, Options& o) {
+  app.add_option("--tokens", o.tokens, "boundary length of the latent and KV layers");
+  app.add_option("--reps", o.reps, "timed repetitions; the best is reported");
+  app.add_option("--level", o.level, "zstd level of shuffle-zstd");
+  app.add_option("--chunk-bytes", o.chunk_bytes, "target raw bytes per chunk");
+}
+
+using Variant = std::pair<std::string, EncodeOptions>;  // a row's name, how it encodes
+
+// Raw, shuffle-zstd at two levels, and the lossy latent-row transforms.
+std::vector<Variant> Variants(const Options& opt) {
+  std::vector<Variant> variants;
   for (auto [name, spec] : std::vector<std::pair<std::string, TransformSpec>>{
            {"raw/v1", {"raw/v1", 0}},
-           {"shuffle-zstd/v1 L" + std::to_string(level), {"shuffle-zstd/v1", level}},
-           {"shuffle-zstd/v1 L" + std::to_string(level + 2), {"shuffle-zstd/v1", level + 2}}}) {
+           {"shuffle-zstd/v1 L" + std::to_string(opt.level), {"shuffle-zstd/v1", opt.level}},
+           {"shuffle-zstd/v1 L" + std::to_string(opt.level + 2), {"shuffle-zstd/v1", opt.level + 2}}}) {
     EncodeOptions o;
     o.all_planes = spec;
-    o.target_chunk_bytes = chunk_bytes;
+    o.target_chunk_bytes = opt.chunk_bytes;
     variants.emplace_back(name, o);
   }
   for (auto id : {kBf16Transform, kQ8_0Transform}) {
     EncodeOptions o;
     o.all_planes = TransformSpec{"raw/v1", 0};
     o.plane_transforms = {{PlaneId::kLatentRows, {std::string(id), 0}}};
-    o.target_chunk_bytes = chunk_bytes;
+    o.target_chunk_bytes = opt.chunk_bytes;
     variants.emplace_back(std::string(id) + " latent rows (rest raw)", o);
   }
+  return variants;
+}
 
-  std::vector<Row> rows;
-  for (Case& c : Cases(tokens)) {
-    const LayerCodec* codec = *reg.KindFor(ShapeOf(c.layer));
-    const auto src = codec->PlaneData(c.layer);
-    std::vector<std::vector<float>> dst;
-    std::uint64_t raw = 0;
-    for (auto s : src) {
-      dst.emplace_back(s.size());
-      raw += s.size_bytes();
-    }
-    // The baseline: memcpy of the same bytes, source planes into destination planes.
-    const std::function<void()> copy = [&] {
-      for (std::size_t p = 0; p < src.size(); ++p)
-        std::memcpy(dst[p].data(), src[p].data(), src[p].size_bytes());
-    };
+// One case's source planes and destination planes of the same sizes. The
+// baseline, copy: memcpy of the same bytes, source planes into destination
+// planes.
+struct Planes {
+  std::vector<std::span<const float>> src;
+  std::vector<std::vector<float>> dst;
+  std::uint64_t raw = 0;
+  std::function<void()> copy = [this] {
+    for (std::size_t i = 0; i < src.size(); ++i)
+      std::memcpy(dst[i].data(), src[i].data(), src[i].size_bytes());
+  };
 
-    for (const auto& variant : variants) {
-      const std::string& name = variant.first;
-      const EncodeOptions& options = variant.second;  // a plain reference: clang 14 cannot capture bindings
-      if (!options.plane_transforms.empty() && c.kind != "mla-latent") continue;
-      EncodedLayer enc;
-      const auto [enc_s, copy_enc_s] = BestAgainst(
-          reps, [&] { enc = *EncodeLayer(c.layer, options); }, copy);
-      std::uint64_t encoded = 0;
-      for (const auto& ch : enc.chunks) encoded += ch.size();
-      LayerDecoder decoder = *LayerDecoder::Create(enc.header);
-      std::vector<std::span<float>> spans(dst.begin(), dst.end());
-      Status st;
-      const auto [dec_s, copy_dec_s] = BestAgainst(
-          reps, [&] { st = decoder.DecodeInto(enc.chunks, spans); }, copy);
-      const double memcpy_s = std::min(copy_enc_s, copy_dec_s);
-      if (!st.ok()) {
-        std::fprintf(stderr, "%s\n", st.ToString().c_str());
-        return 1;
-      }
-      rows.push_back(
-          {c.kind + " | layer", name, raw, encoded, Gbps(raw, enc_s), Gbps(raw, dec_s), Gbps(raw, memcpy_s)});
-    }
+  Planes() = default;
+  Planes(const Planes&) = delete;  // `copy` holds `this`
+  Planes& operator=(const Planes&) = delete;
+};
 
-    // The transforms' own passes over the same chunks, reading the source
-    // planes and writing the destination planes exactly as memcpy does:
-    // raw (a checked copy) and the byte shuffle each way; XXH3 for scale.
-    EncodedLayer enc = *EncodeLayer(c.layer, variants[0].second);
+void FillPlanes(const LayerCodec& codec, const LayerSnapshot& layer, Planes& p) {
+  for (auto s : codec.PlaneData(layer)) {
+    p.src.push_back(s);
+    p.dst.emplace_back(s.size());
+    p.raw += s.size_bytes();
+  }
+}
+
+// "layer" rows: EncodeLayer and DecodeInto end to end, one row per variant.
+Status LayerRows(const Case& c, Planes& p, const std::vector<Variant>& variants, int reps,
+                 std::vector<Row>& rows) {
+  for (const auto& variant : variants) {
+    const std::string& name = variant.first;
+    const EncodeOptions& options = variant.second;  // a plain reference: clang 14 cannot capture bindings
+    if (!options.plane_transforms.empty() && c.kind != "mla-latent") continue;
+    EncodedLayer enc;
+    const auto [enc_s, copy_enc_s] = BestAgainst(
+        reps, [&] { enc = *EncodeLayer(c.layer, options); }, p.copy);
+    std::uint64_t encoded = 0;
+    for (const auto& ch : enc.chunks) encoded += ch.size();
     LayerDecoder decoder = *LayerDecoder::Create(enc.header);
-    std::vector<std::pair<std::span<const float>, std::span<float>>> chunks;
-    for (std::size_t i = 0; i < decoder.chunk_count(); ++i) {
-      const ChunkLocation& loc = decoder.chunk(i);
-      chunks.emplace_back(src[loc.plane].subspan(loc.value_offset, loc.value_count),
-                          std::span<float>(dst[loc.plane]).subspan(loc.value_offset, loc.value_count));
+    std::vector<std::span<float>> spans(p.dst.begin(), p.dst.end());
+    Status st;
+    const auto [dec_s, copy_dec_s] = BestAgainst(
+        reps, [&] { st = decoder.DecodeInto(enc.chunks, spans); }, p.copy);
+    const double memcpy_s = std::min(copy_enc_s, copy_dec_s);
+    PC_RETURN_IF_ERROR(st);
+    rows.push_back({c.kind + " | layer", name, p.raw, encoded, Gbps(p.raw, enc_s), Gbps(p.raw, dec_s),
+                    Gbps(p.raw, memcpy_s)});
+  }
+  return Status::Ok();
+}
+
+// "pass" rows: the transforms' own passes over the same chunks, reading the
+// source planes and writing the destination planes exactly as memcpy does:
+// raw (a checked copy) and the byte shuffle each way; XXH3 for scale.
+void PassRows(const Case& c, Planes& p, const EncodeOptions& raw_options, int reps, std::vector<Row>& rows) {
+  const std::uint64_t raw = p.raw;
+  EncodedLayer enc = *EncodeLayer(c.layer, raw_options);
+  LayerDecoder decoder = *LayerDecoder::Create(enc.header);
+  std::vector<std::pair<std::span<const float>, std::span<float>>> chunks;
+  for (std::size_t i = 0; i < decoder.chunk_count(); ++i) {
+    const ChunkLocation& loc = decoder.chunk(i);
+    chunks.emplace_back(p.src[loc.plane].subspan(loc.value_offset, loc.value_count),
+                        std::span<float>(p.dst[loc.plane]).subspan(loc.value_offset, loc.value_count));
+  }
+  const Transform* rawt = *CodecRegistry::Default().FindTransform(kRawTransform);
+  const auto [raw_pass, copy_raw] = BestAgainst(
+      reps,
+      [&] {
+        for (auto& [in, out] : chunks) (void)rawt->Decode(std::as_bytes(in), out);
+      },
+      p.copy);
+  rows.push_back({c.kind + " | pass", "raw (checked copy)", raw, raw, Gbps(raw, raw_pass),
+                  Gbps(raw, raw_pass), Gbps(raw, copy_raw)});
+  // One byte-shuffle direction over every chunk, against memcpy.
+  const auto shuffle_pass = [&](auto* shuffle) {
+    return BestAgainst(
+        reps,
+        [&] {
+          for (auto& [in, out] : chunks) {
+            shuffle(reinterpret_cast<const std::byte*>(in.data()), in.size(),
+                    reinterpret_cast<std::byte*>(out.data()));
+          }
+        },
+        p.copy);
+  };
+  const auto [sh, copy_sh] = shuffle_pass(&codecs::ShuffleBytes4);
+  const auto [unsh, copy_unsh] = shuffle_pass(&codecs::UnshuffleBytes4);
+  rows.push_back({c.kind + " | pass", "byte shuffle / unshuffle", raw, raw, Gbps(raw, sh), Gbps(raw, unsh),
+                  Gbps(raw, std::min(copy_sh, copy_unsh))});
+  std::uint64_t sink = 0;
+  const auto [xxh, copy_xxh] = BestAgainst(
+      reps,
+      [&] {
+        for (auto& [in, out] : chunks) sink += Checksum64(std::as_bytes(in));
+      },
+      p.copy);
+  rows.push_back({c.kind + " | pass", "xxh3-64 (read only)", raw, raw, Gbps(raw, xxh), Gbps(raw, xxh),
+                  Gbps(raw, copy_xxh)});
+  if (sink == 42) std::printf(" ");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"codec_bench: encode/decode GB/s and ratio per kind x transform, against memcpy"};
+  Options opt;
+  AddOptions(app, opt);
+  CLI11_PARSE(app, argc, argv);
+
+  const std::vector<Variant> variants = Variants(opt);
+  std::vector<Row> rows;
+  for (Case& c : Cases(opt.tokens)) {
+    const LayerCodec* codec = *CodecRegistry::Default().KindFor(ShapeOf(c.layer));
+    Planes planes;
+    FillPlanes(*codec, c.layer, planes);
+    if (Status st = LayerRows(c, planes, variants, opt.reps, rows); !st.ok()) {
+      std::fprintf(stderr, "%s\n", st.ToString().c_str());
+      return 1;
     }
-    const Transform* rawt = *reg.FindTransform(kRawTransform);
-    const auto [raw_pass, copy_raw] = BestAgainst(
-        reps,
-        [&] {
-          for (auto& [in, out] : chunks) (void)rawt->Decode(std::as_bytes(in), out);
-        },
-        copy);
-    rows.push_back({c.kind + " | pass", "raw (checked copy)", raw, raw, Gbps(raw, raw_pass),
-                    Gbps(raw, raw_pass), Gbps(raw, copy_raw)});
-    const auto [sh, copy_sh] = BestAgainst(
-        reps,
-        [&] {
-          for (auto& [in, out] : chunks) {
-            codecs::ShuffleBytes4(reinterpret_cast<const std::byte*>(in.data()), in.size(),
-                                  reinterpret_cast<std::byte*>(out.data()));
-          }
-        },
-        copy);
-    const auto [unsh, copy_unsh] = BestAgainst(
-        reps,
-        [&] {
-          for (auto& [in, out] : chunks) {
-            codecs::UnshuffleBytes4(reinterpret_cast<const std::byte*>(in.data()), in.size(),
-                                    reinterpret_cast<std::byte*>(out.data()));
-          }
-        },
-        copy);
-    rows.push_back({c.kind + " | pass", "byte shuffle / unshuffle", raw, raw, Gbps(raw, sh), Gbps(raw, unsh),
-                    Gbps(raw, std::min(copy_sh, copy_unsh))});
-    std::uint64_t sink = 0;
-    const auto [xxh, copy_xxh] = BestAgainst(
-        reps,
-        [&] {
-          for (auto& [in, out] : chunks) sink += Checksum64(std::as_bytes(in));
-        },
-        copy);
-    rows.push_back({c.kind + " | pass", "xxh3-64 (read only)", raw, raw, Gbps(raw, xxh), Gbps(raw, xxh),
-                    Gbps(raw, copy_xxh)});
-    if (sink == 42) std::printf(" ");
+    PassRows(c, planes, variants[0].second, opt.reps, rows);
   }
   Print(rows);
   return 0;

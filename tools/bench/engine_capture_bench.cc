@@ -187,198 +187,270 @@ struct PinnedSnapshot {
   }
 };
 
+// The command line.
+struct Options {
+  std::vector<std::uint64_t> tokens{32767, 131071};
+  std::uint32_t mla_layers = 12, kda_layers = 36, eager_reps = 20, full_reps = 3, restore_reps = 5;
+  std::uint64_t ring = 4096, chunk = 8192;
+  bool cpu = false, kv_kinds = false;
+};
+
+void AddOptions(CLI::App& app, Options& o) {
+  app.add_option("--tokens", o.tokens, "boundary lengths, ascending")->delimiter(',');
+  app.add_option("--mla-layers", o.mla_layers)->check(CLI::Range(1, 200));
+  app.add_option("--kda-layers", o.kda_layers)->check(CLI::Range(0, 400));
+  app.add_option("--ring", o.ring, "booked index ring rows (0: flat)");
+  app.add_option("--chunk", o.chunk, "tokens per priming call")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--eager-reps", o.eager_reps)->check(CLI::Range(1, 1000));
+  app.add_option("--full-reps", o.full_reps)->check(CLI::Range(1, 100));
+  app.add_option("--restore-reps", o.restore_reps)->check(CLI::Range(1, 100));
+  app.add_flag("--cpu", o.cpu, "run on the CPU reference backend (a smoke test of the benchmark itself)");
+  app.add_flag(
+      "--kv-kinds", o.kv_kinds,
+      "measure the KV storage kinds (plain, rotating, TurboQuant) at the first --tokens length instead");
+}
+
+const LatentPlan kMla{512, 64, 128, 4};
+const RecurrentPlan kKda{64, 128, 4};
+
+// kda, kda, kda, mla, ... with the MLA layers spread evenly, an MLA layer last.
+StatePlan HybridPlan(const Options& o) {
+  StatePlan plan;
+  for (std::uint32_t m = 0; m < o.mla_layers; ++m) {
+    const std::uint32_t k_here = (o.kda_layers * (m + 1)) / o.mla_layers - (o.kda_layers * m) / o.mla_layers;
+    for (std::uint32_t k = 0; k < k_here; ++k) plan.layers.push_back(kKda);
+    plan.layers.push_back(kMla);
+  }
+  return plan;
+}
+
+// What one boundary length's measurements share.
+struct Run {
+  Run(const Options& opts, Device& d, Engine& e, SessionCache& s, std::uint64_t length)
+      : o(opts), dev(d), engine(e), source(s), len(length) {}
+  const Options& o;
+  Device& dev;
+  Engine& engine;
+  SessionCache& source;
+  std::uint64_t len;
+  std::vector<LayerSnapshot> full;  // the source's full snapshot at len
+  double full_bytes = 0, full_med = 0;
+};
+
+// CaptureFull, timed: the median of full_reps into run.full_med.
+void MeasureFull(Run& run) {
+  std::vector<double> full_s;
+  for (std::uint32_t r = 0; r < run.o.full_reps; ++r) {
+    BENCH_OK(run.dev.Synchronize(Lane::kCompute));
+    const auto t0 = Clock::now();
+    run.full = Must(run.source.CaptureFull(), "full snapshot");
+    full_s.push_back(Seconds(t0, Clock::now()));
+  }
+  run.full_bytes = static_cast<double>(SnapshotBytes(run.full));
+  run.full_med = Median(full_s);
+}
+
+// The same snapshot into one pinned block (allocated once, outside the
+// timing): every copy enqueued back to back, the lane waited for once;
+// against a pinned device-to-host copy of as many bytes into that block.
+// Whether the target is met (and the views cover every layer).
+bool MeasurePinnedCapture(Run& run) {
+  Device& dev = run.dev;
+  const auto bytes = static_cast<std::size_t>(run.full_bytes);
+  Memory pinned_block;
+  const CaptureSpace space = [&](std::uint64_t floats) -> Result<std::span<float>> {
+    if (pinned_block.bytes() < floats * sizeof(float)) {
+      PC_ASSIGN_OR_RETURN(pinned_block, dev.AllocatePinned(floats * sizeof(float)));
+    }
+    return std::span<float>(pinned_block.at<float>(0), floats);
+  };
+  bool pass = true;
+  std::vector<double> pinned_s, d2h_s;
+  Memory d2h_src = Must(dev.Allocate(bytes), "d2h source");
+  for (std::uint32_t r = 0; r < run.o.full_reps + 1; ++r) {
+    BENCH_OK(dev.Synchronize(Lane::kCompute));
+    auto t0 = Clock::now();
+    auto views = Must(run.source.CaptureFullInto(space), "full snapshot into pinned memory");
+    if (r > 0) pinned_s.push_back(Seconds(t0, Clock::now()));  // the first allocates the block
+    if (r == 0 && views.size() != run.full.size()) pass = false;
+    t0 = Clock::now();
+    BENCH_OK(dev.DownloadAsync(pinned_block.data(), d2h_src.data(), bytes, Lane::kCompute));
+    BENCH_OK(dev.Synchronize(Lane::kCompute));
+    if (r > 0) d2h_s.push_back(Seconds(t0, Clock::now()));
+  }
+  d2h_src.Reset();
+  const double pinned_gbs = run.full_bytes / Median(pinned_s) / 1e9,
+               d2h_gbs = run.full_bytes / Median(d2h_s) / 1e9;
+  const bool snapshot_target = pinned_gbs >= 0.5 * d2h_gbs;
+  std::printf(
+      "engine-bench: [%llu tokens] full snapshot into pinned memory %.1f ms = %.1f GB/s (median of %u); "
+      "pinned "
+      "device-to-host copy %.1f GB/s; ratio %.2f (target >= 0.5: %s)\n",
+      static_cast<unsigned long long>(run.len), Median(pinned_s) * 1e3, pinned_gbs, run.o.full_reps, d2h_gbs,
+      pinned_gbs / d2h_gbs, snapshot_target ? "PASS" : "FAIL");
+  return pass && snapshot_target;
+}
+
+// The eager half's two legs, medians in seconds.
+struct EagerTimes {
+  double decode_path = 0, leg = 0;
+  bool same = true;  // eager + deferred == the full snapshot
+};
+
+// Eager half: the decode path's share, then the asynchronous leg.
+EagerTimes MeasureEager(Run& run) {
+  Device& dev = run.dev;
+  EagerTimes out;
+  std::vector<double> eager_s, leg_s;
+  for (std::uint32_t r = 0; r < run.o.eager_reps; ++r) {
+    BENCH_OK(dev.Synchronize(Lane::kCompute));
+    BENCH_OK(dev.Synchronize(Lane::kTransfer));
+    const auto t0 = Clock::now();
+    PendingCapture pending = Must(run.source.CaptureEager(), "eager capture");
+    BENCH_OK(dev.Synchronize(Lane::kCompute));
+    const auto t1 = Clock::now();
+    EagerHalf half = Must(pending.Collect(), "collect");
+    const auto t2 = Clock::now();
+    eager_s.push_back(Seconds(t0, t1));
+    leg_s.push_back(Seconds(t1, t2));
+    if (r + 1 == run.o.eager_reps) {
+      // The deferred half joins it into the same snapshot as the full one.
+      auto joined = Must(run.source.CompleteCapture(std::move(half)), "deferred half");
+      out.same = SameSnapshot(joined, run.full);
+    }
+  }
+  out.decode_path = Median(eager_s);
+  out.leg = Median(leg_s);
+  return out;
+}
+
+// The bus rate for `bytes` from the pinned block: a pinned cudaMemcpy H2D
+// (memcpy on the CPU backend); seconds of each of `reps`, after a warm-up.
+std::vector<double> CopyRate(Device& dev, const Memory& pinned, std::size_t bytes, std::uint32_t reps,
+                             bool cpu) {
+  Memory scratch = Must(dev.Allocate(bytes), "copy-rate scratch");
+  std::vector<double> copy_s;
+  for (std::uint32_t r = 0; r < reps + 1; ++r) {
+    auto t0 = Clock::now();
+    if (cpu) {
+      std::memcpy(scratch.data(), pinned.data(), bytes);
+    } else {
+      cudaDeviceSynchronize();
+      t0 = Clock::now();
+      if (cudaMemcpy(scratch.data(), pinned.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        std::fprintf(stderr, "engine-bench: pinned cudaMemcpy failed\n");
+        std::exit(1);
+      }
+    }
+    if (r > 0) copy_s.push_back(Seconds(t0, Clock::now()));  // the first warms up
+  }
+  return copy_s;
+}
+
+// Restore from pinned host memory into fresh session caches, against the
+// bus rate for the same bytes, same pinned block, same run. Whether the
+// target is met and the restored cache equals the source.
+bool MeasureRestore(Run& run) {
+  PinnedSnapshot pinned(run.dev, run.full);
+  bool pass = true;
+  std::vector<double> restore_s;
+  for (std::uint32_t r = 0; r < run.o.restore_reps; ++r) {
+    auto target = Must(run.engine.NewSession(), "target session");
+    BENCH_OK(run.dev.Synchronize(Lane::kCompute));  // its arena's zeroing is not the restore's
+    const auto t0 = Clock::now();
+    BENCH_OK(target->Restore(pinned.views));
+    restore_s.push_back(Seconds(t0, Clock::now()));
+    if (r == 0) {
+      auto back = Must(target->CaptureFull(), "capture of the restored cache");
+      if (!SameSnapshot(back, run.full)) {
+        std::printf("engine-bench: [%llu tokens] restored cache != source\n",
+                    static_cast<unsigned long long>(run.len));
+        pass = false;
+      }
+    }
+  }
+  const std::vector<double> copy_s = CopyRate(run.dev, pinned.block, static_cast<std::size_t>(run.full_bytes),
+                                              run.o.restore_reps, run.o.cpu);
+  const double restore_gbs = run.full_bytes / Median(restore_s) / 1e9;
+  const double copy_gbs = run.full_bytes / Median(copy_s) / 1e9;
+  const bool restore_target = restore_gbs >= 0.8 * copy_gbs;
+  std::printf(
+      "engine-bench: [%llu tokens] restore from pinned host %.3f GiB in %.1f ms = %.1f GB/s (median of "
+      "%u); "
+      "%s %.1f GB/s; ratio %.2f (target >= 0.8: %s)\n",
+      static_cast<unsigned long long>(run.len), GiB(run.full_bytes), Median(restore_s) * 1e3, restore_gbs,
+      run.o.restore_reps, run.o.cpu ? "pinned memcpy" : "pinned cudaMemcpy H2D", copy_gbs,
+      restore_gbs / copy_gbs, restore_target ? "PASS" : "FAIL");
+  return pass && restore_target;
+}
+
+// One boundary length (the `ti`-th): prime the source to it, then every
+// measurement. Whether every target was met and every copy was exact.
+bool MeasureLength(Run& run, Primer& primer, std::size_t ti) {
+  const auto t0 = Clock::now();
+  primer.Prime(run.source, run.len);
+  const double prime_s = Seconds(t0, Clock::now());
+  MeasureFull(run);
+  bool pass = MeasurePinnedCapture(run);
+  const EagerTimes eager = MeasureEager(run);
+  if (!eager.same) {
+    std::printf("engine-bench: [%llu tokens] eager + deferred != full snapshot\n",
+                static_cast<unsigned long long>(run.len));
+    pass = false;
+  }
+  const double ratio = eager.decode_path / run.full_med;
+  std::printf(
+      "engine-bench: [%llu tokens] primed in %.2f s; full snapshot %.3f GiB in %.1f ms (median of %u, "
+      "%.1f GB/s)\n",
+      static_cast<unsigned long long>(run.len), prime_s, GiB(run.full_bytes), run.full_med * 1e3,
+      run.o.full_reps, run.full_bytes / run.full_med / 1e9);
+  const bool eager_target = ti != 0 || ratio <= 0.05;
+  std::printf(
+      "engine-bench: [%llu tokens] eager half on the decode path %.1f us (median of %u), slot to pinned "
+      "host %.1f us more; eager / full = %.3f %%%s\n",
+      static_cast<unsigned long long>(run.len), eager.decode_path * 1e6, run.o.eager_reps, eager.leg * 1e6,
+      ratio * 100, ti == 0 ? (eager_target ? " (target <= 5 %: PASS)" : " (target <= 5 %: FAIL)") : "");
+  pass = pass && eager_target;
+  return MeasureRestore(run) && pass;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Capture and restore costs of the engine on a GLM-5-class hybrid"};
-  std::vector<std::uint64_t> tokens{32767, 131071};
-  std::uint32_t mla_layers = 12, kda_layers = 36, eager_reps = 20, full_reps = 3, restore_reps = 5;
-  std::uint64_t ring = 4096, chunk = 8192;
-  app.add_option("--tokens", tokens, "boundary lengths, ascending")->delimiter(',');
-  app.add_option("--mla-layers", mla_layers)->check(CLI::Range(1, 200));
-  app.add_option("--kda-layers", kda_layers)->check(CLI::Range(0, 400));
-  app.add_option("--ring", ring, "booked index ring rows (0: flat)");
-  app.add_option("--chunk", chunk, "tokens per priming call")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--eager-reps", eager_reps)->check(CLI::Range(1, 1000));
-  app.add_option("--full-reps", full_reps)->check(CLI::Range(1, 100));
-  app.add_option("--restore-reps", restore_reps)->check(CLI::Range(1, 100));
-  bool cpu = false, kv_kinds = false;
-  app.add_flag("--cpu", cpu, "run on the CPU reference backend (a smoke test of the benchmark itself)");
-  app.add_flag("--kv-kinds", kv_kinds,
-               "measure the KV storage kinds (plain, rotating, TurboQuant) at the first --tokens length instead");
+  Options o;
+  AddOptions(app, o);
   CLI11_PARSE(app, argc, argv);
-  std::sort(tokens.begin(), tokens.end());
+  std::sort(o.tokens.begin(), o.tokens.end());
 
-  if (!cpu && !CudaDeviceAvailable()) {
+  if (!o.cpu && !CudaDeviceAvailable()) {
     std::printf("engine-bench: no CUDA device; nothing measured\n");
     return 0;
   }
   auto device =
-      cpu ? NewCpuDevice({.memory_bytes = 64ull << 30}) : Must(NewCudaDevice({}), "open CUDA device");
+      o.cpu ? NewCpuDevice({.memory_bytes = 64ull << 30}) : Must(NewCudaDevice({}), "open CUDA device");
   Device& dev = *device;
-  if (kv_kinds) return KvKindsBench(device, tokens.front(), restore_reps);
+  if (o.kv_kinds) return KvKindsBench(device, o.tokens.front(), o.restore_reps);
 
-  // kda, kda, kda, mla, ... with the MLA layers spread evenly, an MLA layer last.
-  StatePlan plan;
-  const LatentPlan mla{512, 64, 128, 4};
-  const RecurrentPlan kda{64, 128, 4};
-  for (std::uint32_t m = 0; m < mla_layers; ++m) {
-    const std::uint32_t k_here = (kda_layers * (m + 1)) / mla_layers - (kda_layers * m) / mla_layers;
-    for (std::uint32_t k = 0; k < k_here; ++k) plan.layers.push_back(kda);
-    plan.layers.push_back(mla);
-  }
-  const std::uint64_t max_ctx = tokens.back() + 1;
-  const ReserveRequest req{plan, max_ctx, 2, 2, ring};
+  const StatePlan plan = HybridPlan(o);
+  const std::uint64_t max_ctx = o.tokens.back() + 1;
+  const ReserveRequest req{plan, max_ctx, 2, 2, o.ring};
   auto engine = Must(Engine::Create(device, req), "engine");
   std::printf(
       "engine-bench: %s; %u MLA layers (row %u f32, indexer %u, pool %u, ring %llu booked) + %u KDA layers "
       "(%ux%u, kernel %u); reserve %s\n",
-      dev.name().c_str(), mla_layers, mla.width(), mla.index_head_dim, mla.pool,
-      static_cast<unsigned long long>(ring), kda_layers, kda.heads, kda.head_dim, kda.kernel,
+      dev.name().c_str(), o.mla_layers, kMla.width(), kMla.index_head_dim, kMla.pool,
+      static_cast<unsigned long long>(o.ring), o.kda_layers, kKda.heads, kKda.head_dim, kKda.kernel,
       engine->reserve().Summary().c_str());
 
   std::mt19937 rng(1234);
-  Primer primer(dev, plan, chunk, rng);
+  Primer primer(dev, plan, o.chunk, rng);
   auto source = Must(engine->NewSession(), "source session");
   bool pass = true;
   const auto bench_start = Clock::now();
-
-  for (std::size_t ti = 0; ti < tokens.size(); ++ti) {
-    const std::uint64_t len = tokens[ti];
-    auto t0 = Clock::now();
-    primer.Prime(*source, len);
-    const double prime_s = Seconds(t0, Clock::now());
-
-    // Full snapshot.
-    std::vector<double> full_s;
-    std::vector<LayerSnapshot> full;
-    for (std::uint32_t r = 0; r < full_reps; ++r) {
-      BENCH_OK(dev.Synchronize(Lane::kCompute));
-      t0 = Clock::now();
-      full = Must(source->CaptureFull(), "full snapshot");
-      full_s.push_back(Seconds(t0, Clock::now()));
-    }
-    const double full_bytes = static_cast<double>(SnapshotBytes(full));
-    const double full_med = Median(full_s);
-    // The same snapshot into one pinned block (allocated once, outside the
-    // timing): every copy enqueued back to back, the lane waited for once;
-    // against a pinned device-to-host copy of as many bytes into that block.
-    Memory pinned_block;
-    const CaptureSpace space = [&](std::uint64_t floats) -> Result<std::span<float>> {
-      if (pinned_block.bytes() < floats * sizeof(float)) {
-        PC_ASSIGN_OR_RETURN(pinned_block, dev.AllocatePinned(floats * sizeof(float)));
-      }
-      return std::span<float>(pinned_block.at<float>(0), floats);
-    };
-    std::vector<double> pinned_s, d2h_s;
-    Memory d2h_src = Must(dev.Allocate(static_cast<std::size_t>(full_bytes)), "d2h source");
-    for (std::uint32_t r = 0; r < full_reps + 1; ++r) {
-      BENCH_OK(dev.Synchronize(Lane::kCompute));
-      t0 = Clock::now();
-      auto views = Must(source->CaptureFullInto(space), "full snapshot into pinned memory");
-      if (r > 0) pinned_s.push_back(Seconds(t0, Clock::now()));  // the first allocates the block
-      if (r == 0 && views.size() != full.size()) pass = false;
-      t0 = Clock::now();
-      BENCH_OK(dev.DownloadAsync(pinned_block.data(), d2h_src.data(), static_cast<std::size_t>(full_bytes),
-                                 Lane::kCompute));
-      BENCH_OK(dev.Synchronize(Lane::kCompute));
-      if (r > 0) d2h_s.push_back(Seconds(t0, Clock::now()));
-    }
-    d2h_src.Reset();
-    const double pinned_gbs = full_bytes / Median(pinned_s) / 1e9, d2h_gbs = full_bytes / Median(d2h_s) / 1e9;
-    const bool snapshot_target = pinned_gbs >= 0.5 * d2h_gbs;
-    std::printf(
-        "engine-bench: [%llu tokens] full snapshot into pinned memory %.1f ms = %.1f GB/s (median of %u); pinned "
-        "device-to-host copy %.1f GB/s; ratio %.2f (target >= 0.5: %s)\n",
-        static_cast<unsigned long long>(len), Median(pinned_s) * 1e3, pinned_gbs, full_reps, d2h_gbs,
-        pinned_gbs / d2h_gbs, snapshot_target ? "PASS" : "FAIL");
-    pass = pass && snapshot_target;
-
-    // Eager half: the decode path's share, then the asynchronous leg.
-    std::vector<double> eager_s, leg_s;
-    for (std::uint32_t r = 0; r < eager_reps; ++r) {
-      BENCH_OK(dev.Synchronize(Lane::kCompute));
-      BENCH_OK(dev.Synchronize(Lane::kTransfer));
-      t0 = Clock::now();
-      PendingCapture pending = Must(source->CaptureEager(), "eager capture");
-      BENCH_OK(dev.Synchronize(Lane::kCompute));
-      const auto t1 = Clock::now();
-      EagerHalf half = Must(pending.Collect(), "collect");
-      const auto t2 = Clock::now();
-      eager_s.push_back(Seconds(t0, t1));
-      leg_s.push_back(Seconds(t1, t2));
-      if (r + 1 == eager_reps) {
-        // The deferred half joins it into the same snapshot as the full one.
-        auto joined = Must(source->CompleteCapture(std::move(half)), "deferred half");
-        if (!SameSnapshot(joined, full)) {
-          std::printf("engine-bench: [%llu tokens] eager + deferred != full snapshot\n",
-                      static_cast<unsigned long long>(len));
-          pass = false;
-        }
-      }
-    }
-    const double eager_med = Median(eager_s);
-    const double ratio = eager_med / full_med;
-    std::printf(
-        "engine-bench: [%llu tokens] primed in %.2f s; full snapshot %.3f GiB in %.1f ms (median of %u, "
-        "%.1f GB/s)\n",
-        static_cast<unsigned long long>(len), prime_s, GiB(full_bytes), full_med * 1e3, full_reps,
-        full_bytes / full_med / 1e9);
-    const bool eager_target = ti != 0 || ratio <= 0.05;
-    std::printf(
-        "engine-bench: [%llu tokens] eager half on the decode path %.1f us (median of %u), slot to pinned "
-        "host %.1f us more; eager / full = %.3f %%%s\n",
-        static_cast<unsigned long long>(len), eager_med * 1e6, eager_reps, Median(leg_s) * 1e6, ratio * 100,
-        ti == 0 ? (eager_target ? " (target <= 5 %: PASS)" : " (target <= 5 %: FAIL)") : "");
-    pass = pass && eager_target;
-
-    // Restore from pinned host memory into fresh session caches.
-    PinnedSnapshot pinned(dev, full);
-    std::vector<double> restore_s;
-    for (std::uint32_t r = 0; r < restore_reps; ++r) {
-      auto target = Must(engine->NewSession(), "target session");
-      BENCH_OK(dev.Synchronize(Lane::kCompute));  // its arena's zeroing is not the restore's
-      t0 = Clock::now();
-      BENCH_OK(target->Restore(pinned.views));
-      restore_s.push_back(Seconds(t0, Clock::now()));
-      if (r == 0) {
-        auto back = Must(target->CaptureFull(), "capture of the restored cache");
-        if (!SameSnapshot(back, full)) {
-          std::printf("engine-bench: [%llu tokens] restored cache != source\n",
-                      static_cast<unsigned long long>(len));
-          pass = false;
-        }
-      }
-    }
-    // The bus rate for the same bytes, same pinned block, same run.
-    Memory scratch = Must(dev.Allocate(static_cast<std::size_t>(full_bytes)), "copy-rate scratch");
-    std::vector<double> copy_s;
-    for (std::uint32_t r = 0; r < restore_reps + 1; ++r) {
-      t0 = Clock::now();
-      if (cpu) {
-        std::memcpy(scratch.data(), pinned.block.data(), static_cast<std::size_t>(full_bytes));
-      } else {
-        cudaDeviceSynchronize();
-        t0 = Clock::now();
-        if (cudaMemcpy(scratch.data(), pinned.block.data(), static_cast<std::size_t>(full_bytes),
-                       cudaMemcpyHostToDevice) != cudaSuccess) {
-          std::fprintf(stderr, "engine-bench: pinned cudaMemcpy failed\n");
-          return 1;
-        }
-      }
-      if (r > 0) copy_s.push_back(Seconds(t0, Clock::now()));  // the first warms up
-    }
-    const double restore_gbs = full_bytes / Median(restore_s) / 1e9;
-    const double copy_gbs = full_bytes / Median(copy_s) / 1e9;
-    const bool restore_target = restore_gbs >= 0.8 * copy_gbs;
-    std::printf(
-        "engine-bench: [%llu tokens] restore from pinned host %.3f GiB in %.1f ms = %.1f GB/s (median of "
-        "%u); "
-        "%s %.1f GB/s; ratio %.2f (target >= 0.8: %s)\n",
-        static_cast<unsigned long long>(len), GiB(full_bytes), Median(restore_s) * 1e3, restore_gbs,
-        restore_reps, cpu ? "pinned memcpy" : "pinned cudaMemcpy H2D", copy_gbs, restore_gbs / copy_gbs,
-        restore_target ? "PASS" : "FAIL");
-    pass = pass && restore_target;
+  for (std::size_t ti = 0; ti < o.tokens.size(); ++ti) {
+    Run run{o, dev, *engine, *source, o.tokens[ti]};
+    pass = MeasureLength(run, primer, ti) && pass;
   }
   std::printf("engine-bench: %s in %.1f s\n", pass ? "all targets met" : "TARGET MISSED OR MISMATCH",
               Seconds(bench_start, Clock::now()));

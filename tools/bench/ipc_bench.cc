@@ -7,24 +7,20 @@
 // A fetch's callback copies every chunk into a destination buffer, as an
 // engine copies into its staging (or pinned) memory; memcpy is the same copy
 // of the same bytes from one buffer to another.
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "primecache/client.h"
 #include "primecache/codec.h"
+#include "tools/common/daemon_process.h"
 
 using namespace primecache;          // NOLINT
 using namespace primecache::client;  // NOLINT
@@ -33,43 +29,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-struct Daemon {
-  pid_t pid = -1;
-  std::string dir;
-  std::string sock;
-  ~Daemon() {
-    if (pid > 0) {
-      kill(pid, SIGTERM);
-      waitpid(pid, nullptr, 0);
-    }
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-  }
-  bool Start(const std::string& bin) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "pcbench-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) return false;
-    dir = tmpl;
-    sock = dir + "/d.sock";
-    int p[2];
-    if (pipe(p) != 0) return false;
-    pid = fork();
-    if (pid == 0) {
-      close(p[0]);
-      std::string fd = std::to_string(p[1]);
-      execl(bin.c_str(), bin.c_str(), "--socket", sock.c_str(), "--no-admin-socket", "--data-dir",
-            (dir + "/data").c_str(), "--ready-fd", fd.c_str(), "--log-level", "warn", "--max-chunk", "8M",
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(p[1]);
-    pollfd pf{p[0], POLLIN, 0};
-    char buf[8];
-    bool ok = poll(&pf, 1, 30000) == 1 && read(p[0], buf, sizeof(buf)) > 0;
-    close(p[0]);
-    return ok;
-  }
-};
 
 // Real encoded layers (the store validates them): latent planes of `len`
 // tokens, width 576 (kv_rank 512 + rope 64), raw transform, ~2.4 MB chunks.
@@ -105,37 +64,48 @@ double Percentile(std::vector<double> v, double p) {
   return v[static_cast<std::size_t>(p * (v.size() - 1))];
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"ipc_bench"};
+// The command line.
+struct Options {
   std::string daemon = PRIMECACHED_PATH;
   int mib = 256, reps = 3, lookups = 20000;
-  app.add_option("--daemon", daemon, "primecached binary");
-  app.add_option("--mib", mib, "entry size to fetch, MiB");
-  app.add_option("--reps", reps, "fetch repetitions (best and median reported)");
-  app.add_option("--lookups", lookups, "lookup round trips timed");
-  CLI11_PARSE(app, argc, argv);
+};
 
-  Daemon d;
-  if (!d.Start(daemon)) {
-    std::fprintf(stderr, "cannot start %s\n", daemon.c_str());
-    return 1;
-  }
-  const std::uint64_t len = 8192;
-  const std::uint64_t layer_bytes = len * 576 * 4;
-  const int layers = std::max<int>(1, static_cast<int>((std::uint64_t(mib) << 20) / layer_bytes));
-  auto data = MakeLayers(len, layers);
-  std::uint64_t total = 0;
+void AddOptions(CLI::App& app, Options& o) {
+  app.add_option("--daemon", o.daemon, "primecached binary");
+  app.add_option("--mib", o.mib, "entry size to fetch, MiB");
+  app.add_option("--reps", o.reps, "fetch repetitions (best and median reported)");
+  app.add_option("--lookups", o.lookups, "lookup round trips timed");
+}
+
+constexpr std::uint64_t kLen = 8192;  // tokens of the published entry
+const ModelId kModel{Hash128{7, 7}, "bench", ""};
+
+// The published entry, its tokens, and the clients: over the socket alone
+// and with shared memory.
+struct Bench {
+  std::unique_ptr<Client> sock, shm;
+  std::vector<std::uint32_t> tokens;
+  int layers = 0;
+  std::uint64_t total = 0;  // bytes of its chunks
+  std::uint64_t entry = 0;
+  double publish_s = 0;
+};
+
+// Connects both clients and publishes an entry of about `mib` MiB; nullopt
+// (said on stderr) on an error.
+std::optional<Bench> Publish(const std::string& socket, int mib) {
+  Bench b;
+  const std::uint64_t layer_bytes = kLen * 576 * 4;
+  b.layers = std::max<int>(1, static_cast<int>((std::uint64_t(mib) << 20) / layer_bytes));
+  auto data = MakeLayers(kLen, b.layers);
   for (auto& l : data) {
-    for (auto& c : l.chunks) total += c.size();
+    for (auto& c : l.chunks) b.total += c.size();
   }
-  std::vector<std::uint32_t> tokens(len);
-  for (std::uint64_t i = 0; i < len; ++i) tokens[i] = static_cast<std::uint32_t>((i * 2654435761u) % 150000);
-  const ModelId model{Hash128{7, 7}, "bench", ""};
-
+  b.tokens.resize(kLen);
+  for (std::uint64_t i = 0; i < kLen; ++i)
+    b.tokens[i] = static_cast<std::uint32_t>((i * 2654435761u) % 150000);
   ClientOptions o;
-  o.endpoint = d.sock;
+  o.endpoint = socket;
   o.timeout = std::chrono::seconds(60);
   auto sc = Client::Connect(o);
   o.shared_memory = true;
@@ -143,105 +113,133 @@ int main(int argc, char** argv) {
   auto mc = Client::Connect(o);
   if (!sc.ok() || !mc.ok()) {
     std::fprintf(stderr, "connect: %s %s\n", sc.status().ToString().c_str(), mc.status().ToString().c_str());
-    return 1;
+    return std::nullopt;
   }
+  b.sock = std::move(*sc);
+  b.shm = std::move(*mc);
   const auto tp0 = Clock::now();
-  auto pub = (*sc)->Publish(model, tokens, data);
-  const double pub_s = Seconds(Clock::now() - tp0);
+  auto pub = b.sock->Publish(kModel, b.tokens, data);
+  b.publish_s = Seconds(Clock::now() - tp0);
   if (!pub.ok()) {
     std::fprintf(stderr, "publish: %s\n", pub.status().ToString().c_str());
-    return 1;
+    return std::nullopt;
   }
-  data.clear();
+  b.entry = pub->id;
+  return b;
+}
 
-  std::vector<std::byte> src(total), dst(total);
-  std::memset(src.data(), 1, total);
-  std::memset(dst.data(), 2, total);
-  auto fetch_rate = [&](Client& c) {
-    std::vector<double> r;
-    for (int i = 0; i < reps; ++i) {
-      std::uint64_t at = 0;
-      FetchCallbacks cb;
-      cb.on_chunk = [&](std::uint32_t, std::uint32_t, std::span<const std::byte> b) {
-        if (at + b.size() > dst.size()) return Status::Internal("more bytes than published");
-        std::memcpy(dst.data() + at, b.data(), b.size());
-        at += b.size();
-        return Status::Ok();
-      };
-      const auto t0 = Clock::now();
-      Status s = c.Fetch(pub->id, {}, cb);
-      const double sec = Seconds(Clock::now() - t0);
-      if (!s.ok() || at != total) {
-        std::fprintf(stderr, "fetch: %s (%llu of %llu bytes)\n", s.ToString().c_str(),
-                     static_cast<unsigned long long>(at), static_cast<unsigned long long>(total));
-        std::exit(1);
-      }
-      r.push_back(total / sec / 1e9);
+// GB/s of `reps` whole-entry fetches through `c`, each chunk copied into dst.
+std::vector<double> FetchRates(Client& c, const Bench& b, std::vector<std::byte>& dst, int reps) {
+  std::vector<double> r;
+  for (int i = 0; i < reps; ++i) {
+    std::uint64_t at = 0;
+    FetchCallbacks cb;
+    cb.on_chunk = [&](std::uint32_t, std::uint32_t, std::span<const std::byte> bytes) {
+      if (at + bytes.size() > dst.size()) return Status::Internal("more bytes than published");
+      std::memcpy(dst.data() + at, bytes.data(), bytes.size());
+      at += bytes.size();
+      return Status::Ok();
+    };
+    const auto t0 = Clock::now();
+    Status s = c.Fetch(b.entry, {}, cb);
+    const double sec = Seconds(Clock::now() - t0);
+    if (!s.ok() || at != b.total) {
+      std::fprintf(stderr, "fetch: %s (%llu of %llu bytes)\n", s.ToString().c_str(),
+                   static_cast<unsigned long long>(at), static_cast<unsigned long long>(b.total));
+      std::exit(1);
     }
-    return r;
-  };
-  auto memcpy_rate = [&] {
-    std::vector<double> r;
-    for (int i = 0; i < reps; ++i) {
-      const auto t0 = Clock::now();
-      // In the same pieces a fetch delivers (~2.4 MB).
-      for (std::uint64_t at = 0; at < total; at += 2359296) {
-        std::memcpy(dst.data() + at, src.data() + at, std::min<std::uint64_t>(2359296, total - at));
-      }
-      r.push_back(total / Seconds(Clock::now() - t0) / 1e9);
+    r.push_back(b.total / sec / 1e9);
+  }
+  return r;
+}
+
+// GB/s of `reps` memcpys of the same bytes, in the same pieces a fetch delivers (~2.4 MB).
+std::vector<double> MemcpyRates(const std::vector<std::byte>& src, std::vector<std::byte>& dst, int reps) {
+  const std::uint64_t total = src.size();
+  std::vector<double> r;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    for (std::uint64_t at = 0; at < total; at += 2359296) {
+      std::memcpy(dst.data() + at, src.data() + at, std::min<std::uint64_t>(2359296, total - at));
     }
-    return r;
-  };
-  // Warm the store's and the page cache once.
-  (void)fetch_rate(**sc);
-  auto mem = memcpy_rate();
-  auto sock = fetch_rate(**sc);
-  auto shm = fetch_rate(**mc);
+    r.push_back(total / Seconds(Clock::now() - t0) / 1e9);
+  }
+  return r;
+}
+
+// Microseconds of `n` lookups of `model` with query `q` (after 200 untimed
+// ones); exits when one fails, or misses where `must_hit`.
+std::vector<double> LookupLatencies(Client& c, const ModelId& model, std::span<const std::uint32_t> q, int n,
+                                    bool must_hit) {
+  std::vector<double> us;
+  us.reserve(n);
+  for (int i = 0; i < n + 200; ++i) {
+    const auto t0 = Clock::now();
+    auto r = c.Lookup(model, q);
+    const double u = Seconds(Clock::now() - t0) * 1e6;
+    if (!r.ok() || (must_hit && !r->has_value())) {
+      if (must_hit) std::fprintf(stderr, "lookup failed\n");
+      std::exit(1);
+    }
+    if (i >= 200) us.push_back(u);
+  }
+  return us;
+}
+
+void PrintRates(const Bench& b, const std::vector<double>& mem, const std::vector<double>& sock,
+                const std::vector<double>& shm) {
   auto med = [](std::vector<double> v) { return Percentile(std::move(v), 0.5); };
   auto best = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
-
-  auto lat = [&](std::span<const std::uint32_t> q, int n) {
-    std::vector<double> us;
-    us.reserve(n);
-    for (int i = 0; i < n + 200; ++i) {
-      const auto t0 = Clock::now();
-      auto r = (*sc)->Lookup(model, q);
-      const double u = Seconds(Clock::now() - t0) * 1e6;
-      if (!r.ok() || !r->has_value()) {
-        std::fprintf(stderr, "lookup failed\n");
-        std::exit(1);
-      }
-      if (i >= 200) us.push_back(u);
-    }
-    return us;
-  };
-  std::vector<std::uint32_t> longq = tokens;
-  for (int i = 0; i < 64; ++i) longq.push_back(i);
-  auto l_long = lat(longq, lookups);
-  auto l_short = lat(std::span(tokens).first(len), lookups);
-  // The same round trip with next to no store work (an unknown model, one
-  // token): what the transport and the thread hand-offs cost alone.
-  std::vector<double> l_min;
-  for (int i = 0; i < lookups + 200; ++i) {
-    const std::uint32_t one = 1;
-    const auto t0 = Clock::now();
-    auto r = (*sc)->Lookup(ModelId{Hash128{1, 1}, "none", ""}, std::span(&one, 1));
-    const double u = Seconds(Clock::now() - t0) * 1e6;
-    if (!r.ok()) return 1;
-    if (i >= 200) l_min.push_back(u);
-  }
-
-  std::printf("entry: %d latent layers x %llu tokens, %.1f MiB in %zu-byte-ish chunks; publish %.2f s (%.2f GB/s)\n",
-              layers, static_cast<unsigned long long>(len), total / 1048576.0, static_cast<std::size_t>(2359296),
-              pub_s, total / pub_s / 1e9);
+  std::printf(
+      "entry: %d latent layers x %llu tokens, %.1f MiB in %zu-byte-ish chunks; publish %.2f s (%.2f GB/s)\n",
+      b.layers, static_cast<unsigned long long>(kLen), b.total / 1048576.0, static_cast<std::size_t>(2359296),
+      b.publish_s, b.total / b.publish_s / 1e9);
   std::printf("%-28s %10s %10s %8s\n", "copy", "median GB/s", "best GB/s", "x memcpy");
   std::printf("%-28s %10.2f %10.2f %8s\n", "memcpy (same bytes)", med(mem), best(mem), "1.00");
   std::printf("%-28s %10.2f %10.2f %8.2f\n", "fetch over the socket", med(sock), best(sock), med(sock) / med(mem));
   std::printf("%-28s %10.2f %10.2f %8.2f\n", "fetch over shared memory", med(shm), best(shm), med(shm) / med(mem));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ipc_bench"};
+  Options opt;
+  AddOptions(app, opt);
+  CLI11_PARSE(app, argc, argv);
+
+  launcher::DaemonProcess d(opt.daemon, {"--max-chunk", "8M"});
+  if (Status s = d.Start(); !s.ok()) {
+    std::fprintf(stderr, "cannot start %s: %s\n", opt.daemon.c_str(), s.ToString().c_str());
+    return 1;
+  }
+  std::optional<Bench> published = Publish(d.socket(), opt.mib);
+  if (!published) return 1;
+  Bench& b = *published;
+  std::vector<std::byte> src(b.total), dst(b.total);
+  std::memset(src.data(), 1, b.total);
+  std::memset(dst.data(), 2, b.total);
+  // Warm the store's and the page cache once.
+  (void)FetchRates(*b.sock, b, dst, opt.reps);
+  auto mem = MemcpyRates(src, dst, opt.reps);
+  auto sock = FetchRates(*b.sock, b, dst, opt.reps);
+  auto shm = FetchRates(*b.shm, b, dst, opt.reps);
+
+  std::vector<std::uint32_t> longq = b.tokens;
+  for (int i = 0; i < 64; ++i) longq.push_back(i);
+  auto l_long = LookupLatencies(*b.sock, kModel, longq, opt.lookups, true);
+  auto l_short = LookupLatencies(*b.sock, kModel, std::span(b.tokens).first(kLen), opt.lookups, true);
+  // The same round trip with next to no store work (an unknown model, one
+  // token): what the transport and the thread hand-offs cost alone.
+  const std::uint32_t one = 1;
+  auto l_min =
+      LookupLatencies(*b.sock, ModelId{Hash128{1, 1}, "none", ""}, std::span(&one, 1), opt.lookups, false);
+
+  PrintRates(b, mem, sock, shm);
   std::printf("lookup round trip, %zu-token query (hit of %llu): p50 %.1f us, p99 %.1f us\n", longq.size(),
-              static_cast<unsigned long long>(len), Percentile(l_long, 0.5), Percentile(l_long, 0.99));
+              static_cast<unsigned long long>(kLen), Percentile(l_long, 0.5), Percentile(l_long, 0.99));
   std::printf("lookup round trip, %llu-token query (exact):    p50 %.1f us, p99 %.1f us\n",
-              static_cast<unsigned long long>(len), Percentile(l_short, 0.5), Percentile(l_short, 0.99));
+              static_cast<unsigned long long>(kLen), Percentile(l_short, 0.5), Percentile(l_short, 0.99));
   std::printf("lookup round trip, 1-token miss (transport alone): p50 %.1f us, p99 %.1f us\n",
               Percentile(l_min, 0.5), Percentile(l_min, 0.99));
   return 0;

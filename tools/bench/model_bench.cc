@@ -21,9 +21,6 @@
 #include <CLI/CLI.hpp>
 
 #include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <sys/stat.h>
@@ -38,9 +35,10 @@
 #include <random>
 
 #include "engine/device.h"
-#include "primecache/codec.h"
 #include "engine/model/hybrid_model.h"
 #include "engine/model/prefix_cache.h"
+#include "primecache/codec.h"
+#include "tools/common/daemon_process.h"
 
 using namespace primecache;
 
@@ -119,69 +117,6 @@ void ReportRatios(const std::vector<LayerSnapshot>& layers) {
                 double(raw_total) / 1e9 / enc_s, double(raw_total) / 1e9 / dec_s, planes.c_str());
   }
 }
-
-// A primecached child on a temporary data dir, for the daemon restore path.
-class DaemonProcess {
- public:
-  ~DaemonProcess() {
-    Stop();
-    std::error_code ec;
-    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
-  }
-  Status Start(const std::string& binary, std::vector<std::string> extra_args) {
-    extra_args_ = std::move(extra_args);
-    std::string tmpl = (std::filesystem::temp_directory_path() / "pcbench-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) return Status::IOError("mkdtemp");
-    dir_ = tmpl;
-    binary_ = binary;
-    return Launch();
-  }
-  // A new daemon on the same store: nothing of the old one's (its mapped
-  // and registered segments) holds pages in memory any more.
-  Status Restart() {
-    Stop();
-    return Launch();
-  }
-  std::string socket() const { return dir_ + "/d.sock"; }
-  std::string data_dir() const { return dir_ + "/data"; }
-  std::string dir() const { return dir_; }
-
- private:
-  Status Launch() {
-    int p[2];
-    if (pipe(p) != 0) return Status::IOError("pipe");
-    std::vector<std::string> args = {binary_, "--data-dir", data_dir(), "--socket", socket(), "--no-admin-socket",
-                                     "--ready-fd", std::to_string(p[1])};
-    if (std::find(extra_args_.begin(), extra_args_.end(), "--log-level") == extra_args_.end()) {
-      args.insert(args.end(), {"--log-level", "warn"});
-    }
-    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(p[1]);
-    pollfd pf{p[0], POLLIN, 0};
-    char buf[8] = {};
-    const bool ok = poll(&pf, 1, 30000) == 1 && read(p[0], buf, sizeof buf) > 0;
-    close(p[0]);
-    return ok ? Status::Ok() : Status::Unavailable("primecached did not become ready");
-  }
-  void Stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
-  std::string dir_, binary_;
-  std::vector<std::string> extra_args_;
-  pid_t pid_ = -1;
-};
 
 // ---- baselines: the bus and the file system ---------------------------------
 
@@ -340,7 +275,7 @@ Result<model::Request> Through(model::PrefixCache& cache, std::span<const std::u
 // A prefix cache on a new connection to `daemon` under namespace
 // `transform`, its staging for a `P`-token boundary reserved (as an engine
 // does at start-up: pinning the staging is not a request's cost).
-Result<std::unique_ptr<model::PrefixCache>> OpenCache(DaemonProcess& daemon, model::HybridModel& m,
+Result<std::unique_ptr<model::PrefixCache>> OpenCache(launcher::DaemonProcess& daemon, model::HybridModel& m,
                                                       const model::ModelConfig& config,
                                                       const model::Weights& weights, const InProcess& ref,
                                                       std::size_t P, const char* transform,
@@ -374,10 +309,10 @@ Result<std::unique_ptr<model::PrefixCache>> OpenCache(DaemonProcess& daemon, mod
 // (the old one's registered mappings held the segments' pages), the store's
 // files dropped from the page cache, a new connection warmed by a short
 // request that misses.
-Result<DaemonRun> MeasureDaemon(DaemonProcess& daemon, model::HybridModel& m, const model::ModelConfig& config,
-                                const model::Weights& weights, const InProcess& ref,
-                                std::span<const std::uint32_t> tokens, std::size_t P, const char* transform,
-                                model::PrefixCacheOptions::Staging staging) {
+Result<DaemonRun> MeasureDaemon(launcher::DaemonProcess& daemon, model::HybridModel& m,
+                                const model::ModelConfig& config, const model::Weights& weights,
+                                const InProcess& ref, std::span<const std::uint32_t> tokens, std::size_t P,
+                                const char* transform, model::PrefixCacheOptions::Staging staging) {
   PC_ASSIGN_OR_RETURN(auto cache, OpenCache(daemon, m, config, weights, ref, P, transform, staging));
   DaemonRun d;
   auto t0 = Clock::now();
@@ -580,8 +515,8 @@ int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng) {
     }
   }
   if (a.daemon_bin.empty()) return 0;
-  DaemonProcess daemon;
-  if (Status s = daemon.Start(a.daemon_bin, a.daemon_args); !s.ok()) return Fail(s, "daemon");
+  launcher::DaemonProcess daemon(a.daemon_bin, a.daemon_args);
+  if (Status s = daemon.Start(); !s.ok()) return Fail(s, "daemon");
   auto disk = MeasureDisk(daemon.dir(), r->bytes);
   if (!disk.ok()) return Fail(disk.status(), "disk baseline");
   if (!a.ttft_table) {

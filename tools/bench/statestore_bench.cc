@@ -264,35 +264,129 @@ std::pair<double, double> TimePlainRocks(rocksdb::DB* db, int rep, const std::ve
   return {w, Seconds(t1)};
 }
 
+// One store variant of the throughput table.
+struct StoreVariant {
+  const char* name;
+  std::size_t read_threads;
+  bool direct = false;
+};
+
+// What every run of the throughput table shares: the encoded entries (one
+// per run), their size, and a destination buffer as large.
+struct ThroughputCase {
+  std::string dir;
+  std::uint64_t tokens = 0;
+  std::uint64_t bytes = 0;
+  std::vector<std::vector<LayerBytes>> entries;
+  std::vector<char> dst;
+};
+
+// The medians of one row of the throughput table.
+struct ThroughputRow {
+  Median pub, file_w, pub_ratio, put, fetch, copy, fetch_ratio, file_r, get, into, into_ratio;
+};
+
+// Run `r`: the plain file and plain RocksDB next to the store's publish, then
+// the store's fetches (the entry just written is in the page cache) next to
+// memcpy.
+void ThroughputRun(ThroughputCase& c, const StoreVariant& v, Store& store, rocksdb::DB* plain, int r,
+                   ThroughputRow& row) {
+  const std::uint64_t bytes = c.bytes;
+  auto [fw, fr] = TimePlainFile(c.dir, c.entries[r], &c.dst);
+  auto [pw, pg] = TimePlainRocks(plain, r, c.entries[r], &c.dst);
+  rocksdb::FlushOptions flush;
+  flush.wait = true;
+  if (!plain->Flush(flush).ok()) Die(Status::IOError("flush plain RocksDB"), "rocksdb");
+  Quiesce();
+  auto t0 = Clock::now();
+  auto p = store.BeginPublish(Request(Tokens(c.tokens, 77 + r)));
+  Die(p.status(), "begin");
+  for (auto& l : c.entries[r]) Die((*p)->AddLayer(l), "layer");
+  auto res = (*p)->Commit();
+  Die(res.status(), "commit");
+  double sp = Seconds(t0);
+  row.file_w.Add(GBs(bytes, fw));
+  row.file_r.Add(GBs(bytes, fr));
+  row.put.Add(GBs(bytes, pw));
+  row.get.Add(GBs(bytes, pg));
+  row.pub.Add(GBs(bytes, sp));
+  row.pub_ratio.Add(fw / sp);
+  std::fprintf(stderr, "%s, run %d: publish %.2f GB/s, file write+fsync %.2f GB/s\n", v.name, r,
+               GBs(bytes, sp), GBs(bytes, fw));
+  double mc = TimeMemcpy(c.entries[r], &c.dst);
+  CopySink sink(&c.dst);
+  auto t1 = Clock::now();
+  Die(store.Fetch(res->id, {}, sink), "fetch");
+  double sf = Seconds(t1);
+  row.copy.Add(GBs(bytes, mc));
+  row.fetch.Add(GBs(bytes, sf));
+  row.fetch_ratio.Add(mc / sf);
+  BufferSink into_sink(&c.dst);
+  auto t2 = Clock::now();
+  Die(store.Fetch(res->id, {}, into_sink), "fetch");
+  const double si = Seconds(t2);
+  row.into.Add(GBs(bytes, si));
+  row.into_ratio.Add(mc / si);
+}
+
+// One row: a fresh store of variant `v` and a fresh plain RocksDB, every run.
+void ThroughputVariant(ThroughputCase& c, const StoreVariant& v, int reps) {
+  std::string path = c.dir + "/store";
+  std::string rpath = c.dir + "/plain-rocksdb";
+  std::filesystem::remove_all(path);
+  std::filesystem::remove_all(rpath);
+  StoreOptions so;
+  so.path = path;
+  so.fetch_read_threads = v.read_threads;
+  so.direct_reads = v.direct;
+  auto store = Store::Open(so);
+  Die(store.status(), "open store");
+  rocksdb::Options ro;
+  ro.create_if_missing = true;
+  // Its background work must not land on the store's timings: no
+  // compactions, and each run's memtables flushed before the store runs.
+  ro.disable_auto_compactions = true;
+  rocksdb::DB* plain = nullptr;
+  if (!rocksdb::DB::Open(ro, rpath, &plain).ok()) Die(Status::IOError("open plain RocksDB"), "rocksdb");
+  ThroughputRow row;
+  for (int r = 0; r < reps; ++r) ThroughputRun(c, v, **store, plain, r, row);
+  auto st = (*store)->Stat();
+  std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f |\n",
+              v.name, row.pub.Get(), row.file_w.Get(), row.pub_ratio.Get(), row.put.Get(), row.fetch.Get(),
+              row.copy.Get(), row.fetch_ratio.Get(), row.file_r.Get(), row.get.Get(), row.into.Get(),
+              row.into_ratio.Get(), static_cast<double>(st->disk_bytes) / (1 << 20));
+  std::fflush(stdout);
+  delete plain;
+  store->reset();
+  std::filesystem::remove_all(path);
+  std::filesystem::remove_all(rpath);
+}
+
 void Throughput(const std::string& dir, int mib, int reps) {
   Geometry g;
   g.index_head_dim = 0;
   g.recurrent_layers = 2;
   EncodeOptions eo;
   eo.all_planes = TransformSpec{"raw/v1", 0};
+  ThroughputCase c;
+  c.dir = dir;
   // Tokens so that the latent planes come to about `mib`.
-  const std::uint64_t tokens = (static_cast<std::uint64_t>(mib) << 20) / (g.latent_layers * g.width * 4ull);
-  std::vector<std::vector<LayerBytes>> entries;
-  for (int r = 0; r < reps; ++r) entries.push_back(Encode(g, tokens, 1000 + r, eo));
-  const std::uint64_t bytes = ChunkBytes(entries[0]);
+  c.tokens = (static_cast<std::uint64_t>(mib) << 20) / (g.latent_layers * g.width * 4ull);
+  for (int r = 0; r < reps; ++r) c.entries.push_back(Encode(g, c.tokens, 1000 + r, eo));
+  c.bytes = ChunkBytes(c.entries[0]);
   std::size_t chunks = 0;
-  for (auto& l : entries[0]) chunks += l.chunks.size();
+  for (auto& l : c.entries[0]) chunks += l.chunks.size();
   std::printf(
       "\n## throughput: one entry of %llu tokens, %zu layers, %zu chunks, %.1f MiB; medians of %d runs, each "
       "store run next to a plain run\n\n",
-      static_cast<unsigned long long>(tokens), entries[0].size(), chunks,
-      static_cast<double>(bytes) / (1 << 20), reps);
-  std::vector<char> dst(bytes);
+      static_cast<unsigned long long>(c.tokens), c.entries[0].size(), chunks,
+      static_cast<double>(c.bytes) / (1 << 20), reps);
+  c.dst.resize(c.bytes);
 
-  struct Variant {
-    const char* name;
-    std::size_t read_threads;
-    bool direct = false;
-  };
-  const Variant variants[] = {{"segment files, read pool of 4 (default)", 4},
-                              {"segment files, read pool of 2", 2},
-                              {"segment files, reads on the caller's thread", 0},
-                              {"segment files, read pool of 4, O_DIRECT reads", 4, true}};
+  const StoreVariant variants[] = {{"segment files, read pool of 4 (default)", 4},
+                                   {"segment files, read pool of 2", 2},
+                                   {"segment files, reads on the caller's thread", 0},
+                                   {"segment files, read pool of 4, O_DIRECT reads", 4, true}};
   std::printf(
       "| store variant | publish GB/s | file write+fsync GB/s | publish / file | RocksDB Put GB/s | fetch "
       "GB/s | "
@@ -300,74 +394,7 @@ void Throughput(const std::string& dir, int mib, int reps) {
       "into buffer / memcpy | disk MiB "
       "|\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  for (const Variant& v : variants) {
-    std::string path = dir + "/store";
-    std::string rpath = dir + "/plain-rocksdb";
-    std::filesystem::remove_all(path);
-    std::filesystem::remove_all(rpath);
-    StoreOptions so;
-    so.path = path;
-    so.fetch_read_threads = v.read_threads;
-    so.direct_reads = v.direct;
-    auto store = Store::Open(so);
-    Die(store.status(), "open store");
-    rocksdb::Options ro;
-    ro.create_if_missing = true;
-    // Its background work must not land on the store's timings: no
-    // compactions, and each run's memtables flushed before the store runs.
-    ro.disable_auto_compactions = true;
-    rocksdb::DB* plain = nullptr;
-    if (!rocksdb::DB::Open(ro, rpath, &plain).ok()) Die(Status::IOError("open plain RocksDB"), "rocksdb");
-    Median pub, file_w, pub_ratio, put, fetch, copy, fetch_ratio, file_r, get, into, into_ratio;
-    for (int r = 0; r < reps; ++r) {
-      auto [fw, fr] = TimePlainFile(dir, entries[r], &dst);
-      auto [pw, pg] = TimePlainRocks(plain, r, entries[r], &dst);
-      rocksdb::FlushOptions flush;
-      flush.wait = true;
-      if (!plain->Flush(flush).ok()) Die(Status::IOError("flush plain RocksDB"), "rocksdb");
-      Quiesce();
-      auto t0 = Clock::now();
-      auto p = (*store)->BeginPublish(Request(Tokens(tokens, 77 + r)));
-      Die(p.status(), "begin");
-      for (auto& l : entries[r]) Die((*p)->AddLayer(l), "layer");
-      auto res = (*p)->Commit();
-      Die(res.status(), "commit");
-      double sp = Seconds(t0);
-      file_w.Add(GBs(bytes, fw));
-      file_r.Add(GBs(bytes, fr));
-      put.Add(GBs(bytes, pw));
-      get.Add(GBs(bytes, pg));
-      pub.Add(GBs(bytes, sp));
-      pub_ratio.Add(fw / sp);
-      std::fprintf(stderr, "%s, run %d: publish %.2f GB/s, file write+fsync %.2f GB/s\n", v.name, r, GBs(bytes, sp),
-                   GBs(bytes, fw));
-      // Fetch (the entry just written is in the page cache) next to memcpy.
-      double mc = TimeMemcpy(entries[r], &dst);
-      CopySink sink(&dst);
-      auto t1 = Clock::now();
-      Die((*store)->Fetch(res->id, {}, sink), "fetch");
-      double sf = Seconds(t1);
-      copy.Add(GBs(bytes, mc));
-      fetch.Add(GBs(bytes, sf));
-      fetch_ratio.Add(mc / sf);
-      BufferSink into_sink(&dst);
-      auto t2 = Clock::now();
-      Die((*store)->Fetch(res->id, {}, into_sink), "fetch");
-      const double si = Seconds(t2);
-      into.Add(GBs(bytes, si));
-      into_ratio.Add(mc / si);
-    }
-    auto st = (*store)->Stat();
-    std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f |\n",
-                v.name, pub.Get(), file_w.Get(), pub_ratio.Get(), put.Get(), fetch.Get(), copy.Get(),
-                fetch_ratio.Get(), file_r.Get(), get.Get(), into.Get(), into_ratio.Get(),
-                static_cast<double>(st->disk_bytes) / (1 << 20));
-    std::fflush(stdout);
-    delete plain;
-    store->reset();
-    std::filesystem::remove_all(path);
-    std::filesystem::remove_all(rpath);
-  }
+  for (const StoreVariant& v : variants) ThroughputVariant(c, v, reps);
 }
 
 // ---- lookup ------------------------------------------------------------------------------

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "primecache/env.h"
+#include "tests/support/fault_env.h"
 
 namespace primecache {
 namespace {
