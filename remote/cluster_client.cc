@@ -46,11 +46,15 @@ Result<std::vector<Endpoint>> ParseRedisUrl(std::string_view url) {
 ClusterClient::ClusterClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ClusterClient::~ClusterClient() = default;
 
-Result<std::unique_ptr<ClusterClient>> ClusterClient::Connect(ClusterOptions options) {
+Result<std::unique_ptr<ClusterClient>> ClusterClient::Open(ClusterOptions options) {
   if (options.seeds.empty()) return Status::InvalidArgument("a cluster client needs at least one seed address");
-  auto impl = std::make_unique<Impl>(std::move(options));
-  PC_RETURN_IF_ERROR(impl->Refresh());
-  return std::unique_ptr<ClusterClient>(new ClusterClient(std::move(impl)));
+  return std::unique_ptr<ClusterClient>(new ClusterClient(std::make_unique<Impl>(std::move(options))));
+}
+
+Result<std::unique_ptr<ClusterClient>> ClusterClient::Connect(ClusterOptions options) {
+  PC_ASSIGN_OR_RETURN(auto client, Open(std::move(options)));
+  PC_RETURN_IF_ERROR(client->Refresh());
+  return client;
 }
 
 Result<std::optional<std::string>> ClusterClient::Get(std::string_view key) {

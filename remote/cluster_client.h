@@ -73,6 +73,9 @@ class ClusterClient {
  public:
   // Loads the slot map from the first seed that answers.
   static Result<std::unique_ptr<ClusterClient>> Connect(ClusterOptions options);
+  // Touches no network: the map is loaded by the first command (or Refresh),
+  // so a client may exist while the cluster is down.
+  static Result<std::unique_ptr<ClusterClient>> Open(ClusterOptions options);
   ~ClusterClient();
   ClusterClient(const ClusterClient&) = delete;
   ClusterClient& operator=(const ClusterClient&) = delete;

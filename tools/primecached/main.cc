@@ -35,6 +35,7 @@
 #include "primecache/logging.h"
 #include "primecache/statestore.h"
 #include "ipc/store_factory.h"
+#include "remote/tiered_backend.h"
 
 namespace {
 
@@ -97,6 +98,11 @@ struct Flags {
   // Copies of raw chunks into engines' device memory (docs/protocol.md).
   std::string device_copies = "auto";
   std::string device_register_budget = "8G";
+  // The remote tier (docs/cluster.md): a Redis Cluster's seeds, empty: none.
+  std::string remote;
+  double remote_timeout = 1;      // seconds a cluster command may take
+  std::size_t remote_queue = 64;  // entries waiting for write-behind at most
+  std::vector<std::string> remote_namespaces;  // empty: every namespace
 };
 
 // Applies the JSON config's keys to flags the command line did not give.
@@ -130,6 +136,10 @@ Status ApplyConfig(const std::string& path, const CLI::App& app, Flags* f,
     auto num = [&](const char* key, const char* flag, auto* out) {
       if (j.contains(key) && app.count(flag) == 0) *out = j.at(key).get<std::remove_pointer_t<decltype(out)>>();
     };
+    str("remote", "--remote", &f->remote);
+    num("remote_timeout", "--remote-timeout", &f->remote_timeout);
+    num("remote_queue", "--remote-queue", &f->remote_queue);
+    num("remote_namespaces", "--remote-ns", &f->remote_namespaces);
     num("max_connections", "--max-connections", &f->max_connections);
     num("max_connections_per_uid", "--max-connections-per-uid", &f->max_connections_per_uid);
     num("max_admin_connections", "--max-admin-connections", &f->max_admin_connections);
@@ -226,10 +236,37 @@ void AddFlags(CLI::App* app, Flags* f) {
                   "auto: copy raw chunks into engines' device memory when a CUDA device is there; off: never");
   app->add_option("--device-register-budget", f->device_register_budget,
                   "bytes of mapped store files kept registered with the device driver for those copies, e.g. 8G");
+  app->add_option("--remote", f->remote, "shared tier on a Redis Cluster: redis://host:port[,host:port...]");
+  app->add_option("--remote-timeout", f->remote_timeout, "seconds one cluster command may take")
+      ->check(CLI::Range(0.001, 600.0));
+  app->add_option("--remote-queue", f->remote_queue, "committed entries waiting to be written to the cluster at most")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--remote-ns", f->remote_namespaces, "a namespace that uses the remote tier (repeat; default all)");
 }
 
 std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+
+// The store wrapped with the remote tier when --remote names a cluster. The
+// cluster need not be up: the client loads its slot map when it answers.
+Result<std::unique_ptr<primecache::ipc::StoreBackend>> WithRemoteTier(
+    const Flags& f, std::unique_ptr<primecache::ipc::StoreBackend> store) {
+  namespace remote = primecache::remote;
+  if (f.remote.empty()) return store;
+  remote::ClusterOptions co;
+  PC_ASSIGN_OR_RETURN(co.seeds, remote::ParseRedisUrl(f.remote));
+  co.io_timeout = Millis(f.remote_timeout);
+  co.connect_timeout = std::min(co.io_timeout, std::chrono::milliseconds(500));
+  PC_ASSIGN_OR_RETURN(auto client, remote::ClusterClient::Open(co));
+  if (Status s = client->Refresh(); !s.ok()) spdlog::warn("primecached: remote tier not reachable yet: {}", s.message());
+  remote::TieredOptions to;
+  to.queue_entries = f.remote_queue;
+  to.namespaces.insert(f.remote_namespaces.begin(), f.remote_namespaces.end());
+  auto tier = std::make_shared<remote::RemoteTier>(std::shared_ptr<remote::ClusterClient>(std::move(client)));
+  spdlog::info("primecached: remote tier on {} ({} namespaces)", f.remote,
+               to.namespaces.empty() ? std::string("all") : std::to_string(to.namespaces.size()));
+  return std::unique_ptr<primecache::ipc::StoreBackend>(remote::NewTieredBackend(std::move(store), tier, to));
 }
 
 // The server's options from the flags (sizes parsed and checked).
@@ -344,6 +381,8 @@ int main(int argc, char** argv) {
   if (!read_ahead.ok()) return Fail(read_ahead.status());
   sc.read_ahead_bytes = *read_ahead;
   auto store = primecache::ipc::OpenStore(sc);
+  if (!store.ok()) return Fail(store.status());
+  store = WithRemoteTier(f, std::move(store).value());
   if (!store.ok()) return Fail(store.status());
 
   int rc = 0;

@@ -1,0 +1,244 @@
+#include "remote/tiered_backend.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace primecache::remote {
+namespace {
+
+std::span<const std::byte> AsBytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
+
+// Collects a fetched entry's layers (the write-behind's read-back).
+class CollectSink : public FetchSink {
+ public:
+  Status OnLayer(std::uint32_t layer, std::string_view header, std::uint32_t chunk_count) override {
+    if (layer != layers.size()) return Status::Internal("layers out of order");
+    layers.push_back({std::string(header), {}});
+    layers.back().chunks.reserve(chunk_count);
+    return Status::Ok();
+  }
+  Status OnChunk(std::uint32_t layer, std::uint32_t, std::span<const std::byte> bytes) override {
+    if (layer + 1 != layers.size()) return Status::Internal("chunk of a layer not begun");
+    layers.back().chunks.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    return Status::Ok();
+  }
+  std::vector<LayerBytes> layers;
+};
+
+struct Counters {
+  std::atomic<std::uint64_t> remote_hits{0}, remote_misses{0}, remote_errors{0}, imported_bytes{0}, queued{0}, put{0},
+      dropped{0}, put_bytes{0};
+};
+
+class Tiered;
+
+// A local publish that, once committed, queues its entry for the cluster.
+class QueueingSink : public ipc::PublishSink {
+ public:
+  QueueingSink(Tiered* owner, std::unique_ptr<ipc::PublishSink> inner, PublishRequest request)
+      : owner_(owner), inner_(std::move(inner)), request_(std::move(request)) {}
+  Status BeginLayer(std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunks) override {
+    return inner_->BeginLayer(layer, header, chunks);
+  }
+  Status AddChunk(std::span<const std::byte> bytes) override { return inner_->AddChunk(bytes); }
+  Result<PublishResult> Commit() override;
+  void Abort() override { inner_->Abort(); }
+
+ private:
+  Tiered* owner_;
+  std::unique_ptr<ipc::PublishSink> inner_;
+  PublishRequest request_;
+};
+
+class Tiered final : public TieredBackend {
+ public:
+  Tiered(std::unique_ptr<ipc::StoreBackend> local, std::shared_ptr<RemoteTier> tier, TieredOptions options)
+      : local_(std::move(local)), tier_(std::move(tier)), options_(std::move(options)), worker_([this] { Loop(); }) {}
+  ~Tiered() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  Result<std::unique_ptr<ipc::PublishSink>> BeginPublish(const PublishRequest& request,
+                                                         std::uint32_t layer_count) override {
+    PC_ASSIGN_OR_RETURN(auto inner, local_->BeginPublish(request, layer_count));
+    if (!Uses(request.ns)) return inner;
+    return std::unique_ptr<ipc::PublishSink>(new QueueingSink(this, std::move(inner), request));
+  }
+
+  Result<std::optional<LookupHit>> Lookup(const Hash128& digest, const std::string& ns,
+                                          std::span<const std::uint32_t> tokens) override;
+
+  Result<EntryDetail> Describe(std::uint64_t entry, const std::optional<std::string>& ns, bool headers) override {
+    return local_->Describe(entry, ns, headers);
+  }
+  Status Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchOptions& options,
+               FetchSink& sink) override {
+    return local_->Fetch(entry, layers, options, sink);
+  }
+  Status Delete(std::uint64_t entry) override { return local_->Delete(entry); }
+  Result<ListPage> List(const ipc::ListFilter& filter) override { return local_->List(filter); }
+  Result<StoreStats> Stat() override { return local_->Stat(); }
+  Status SetCapacity(std::uint64_t bytes) override { return local_->SetCapacity(bytes); }
+  Result<VerifyReport> VerifyStore(bool read_chunks) override { return local_->VerifyStore(read_chunks); }
+  Status Compact() override { return local_->Compact(); }
+
+  TieredStats tiered_stats() const override;
+  void Drain() override {
+    std::unique_lock<std::mutex> l(mu_);
+    idle_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
+  }
+
+  // A committed local entry, for the cluster; dropped when the queue is full.
+  void Enqueue(std::uint64_t id, const PublishRequest& request);
+
+ private:
+  struct Job {
+    std::uint64_t id;
+    PublishRequest request;
+  };
+  bool Uses(const std::string& ns) const { return options_.namespaces.empty() || options_.namespaces.count(ns) != 0; }
+  Status Import(const Hash128& digest, const std::string& ns, std::span<const std::uint32_t> tokens,
+                const RemoteHit& hit);
+  void PutOne(const Job& job);
+  void Loop();
+
+  std::unique_ptr<ipc::StoreBackend> local_;
+  std::shared_ptr<RemoteTier> tier_;
+  const TieredOptions options_;
+  Counters n_;
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<Job> queue_;  // guarded by mu_
+  bool busy_ = false;      // guarded by mu_: the worker is putting a job
+  bool stopping_ = false;  // guarded by mu_
+  std::thread worker_;     // last: started once everything above exists
+};
+
+Result<PublishResult> QueueingSink::Commit() {
+  PC_ASSIGN_OR_RETURN(PublishResult r, inner_->Commit());
+  if (!r.existed) owner_->Enqueue(r.id, request_);
+  return r;
+}
+
+Result<std::optional<LookupHit>> Tiered::Lookup(const Hash128& digest, const std::string& ns,
+                                                std::span<const std::uint32_t> tokens) {
+  auto local = local_->Lookup(digest, ns, tokens);
+  if (!local.ok() || !Uses(ns)) return local;
+  const std::uint64_t have = *local ? (*local)->length : 0;
+  if (have >= tokens.size()) return local;  // the whole query is here already
+  auto remote = tier_->Lookup(digest, ns, tokens);
+  if (!remote.ok()) {
+    n_.remote_errors.fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug("remote lookup failed: {}", remote.status().ToString());
+    return local;
+  }
+  if (!*remote || (*remote)->length <= have) {
+    n_.remote_misses.fetch_add(1, std::memory_order_relaxed);
+    return local;
+  }
+  if (Status s = Import(digest, ns, tokens, **remote); !s.ok()) {
+    (s.code() == StatusCode::kNotFound ? n_.remote_misses : n_.remote_errors).fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug("remote entry of {} tokens not imported: {}", (*remote)->length, s.ToString());
+    return local;
+  }
+  n_.remote_hits.fetch_add(1, std::memory_order_relaxed);
+  return local_->Lookup(digest, ns, tokens);
+}
+
+Status Tiered::Import(const Hash128& digest, const std::string& ns, std::span<const std::uint32_t> tokens,
+                      const RemoteHit& hit) {
+  PC_ASSIGN_OR_RETURN(auto entry, tier_->Fetch(digest, ns, tokens, hit));
+  if (!entry) return Status::NotFound("the remote entry is gone or failed its checks");
+  // Straight into the local store (not through BeginPublish above: it came
+  // from the cluster and goes back to no queue). Its commit runs the layer
+  // validator over every layer.
+  PC_ASSIGN_OR_RETURN(auto sink, local_->BeginPublish(entry->entry, static_cast<std::uint32_t>(entry->layers.size())));
+  for (std::uint32_t l = 0; l < entry->layers.size(); ++l) {
+    const LayerBytes& layer = entry->layers[l];
+    PC_RETURN_IF_ERROR(sink->BeginLayer(l, AsBytes(layer.header), static_cast<std::uint32_t>(layer.chunks.size())));
+    for (const std::string& c : layer.chunks) PC_RETURN_IF_ERROR(sink->AddChunk(AsBytes(c)));
+  }
+  PC_RETURN_IF_ERROR(sink->Commit().status());
+  n_.imported_bytes.fetch_add(entry->chunk_bytes, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+void Tiered::Enqueue(std::uint64_t id, const PublishRequest& request) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (queue_.size() >= options_.queue_entries) {
+      n_.dropped.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    queue_.push_back({id, request});
+  }
+  n_.queued.fetch_add(1, std::memory_order_relaxed);
+  cv_.notify_one();
+}
+
+void Tiered::PutOne(const Job& job) {
+  CollectSink entry;
+  FetchOptions fo;
+  fo.ns = job.request.ns;
+  Status s = local_->Fetch(job.id, {}, fo, entry);
+  if (s.ok()) s = tier_->Put(job.request, entry.layers);
+  if (!s.ok()) {
+    // Evicted locally meanwhile, or the cluster failed: the entry stays local only.
+    n_.remote_errors.fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug("write-behind of entry {} failed: {}", job.id, s.ToString());
+    return;
+  }
+  std::uint64_t bytes = 0;
+  for (const LayerBytes& l : entry.layers)
+    for (const std::string& c : l.chunks) bytes += c.size();
+  n_.put.fetch_add(1, std::memory_order_relaxed);
+  n_.put_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void Tiered::Loop() {
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left
+    Job job = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    l.unlock();
+    PutOne(job);
+    l.lock();
+    busy_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+}
+
+TieredStats Tiered::tiered_stats() const {
+  TieredStats s;
+  s.remote_hits = n_.remote_hits.load();
+  s.remote_misses = n_.remote_misses.load();
+  s.remote_errors = n_.remote_errors.load();
+  s.imported_bytes = n_.imported_bytes.load();
+  s.queued = n_.queued.load();
+  s.put = n_.put.load();
+  s.dropped = n_.dropped.load();
+  s.put_bytes = n_.put_bytes.load();
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<TieredBackend> NewTieredBackend(std::unique_ptr<ipc::StoreBackend> local,
+                                                std::shared_ptr<RemoteTier> tier, TieredOptions options) {
+  return std::make_unique<Tiered>(std::move(local), std::move(tier), std::move(options));
+}
+
+}  // namespace primecache::remote
