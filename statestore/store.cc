@@ -298,19 +298,121 @@ Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
   return std::unique_ptr<Store>(new Store(std::move(impl)));
 }
 
+namespace {
+
+// Creates the store's directories and makes a directory left open to other
+// users private (an older primecache made it 0755 with 0644 files) before
+// anything in it is read.
+Status PrepareDir(Env* env, const std::string& path) {
+  PC_RETURN_IF_ERROR(CreateDirs(env, path + "/" + kSegmentDir));
+  PC_RETURN_IF_ERROR(env->SyncDir(path));
+  PC_ASSIGN_OR_RETURN(std::vector<TightenedPath> tightened, RestrictToOwner(env, path));
+  if (!tightened.empty()) {
+    spdlog::warn("statestore {}: other users could read the store; made private: {}", path,
+                 DescribeTightened(tightened));
+  }
+  return Status::Ok();
+}
+
+// What a read-only look into an existing database found.
+struct StoredMeta {
+  bool has_meta = false;  // it has the meta column family
+  bool empty = true;      // no key in any column family
+  rocksdb::Status schema_status = rocksdb::Status::NotFound();
+  std::string schema;
+  rocksdb::Status params_status = rocksdb::Status::NotFound();
+  std::string params;
+};
+
+// Opens the database read-only just long enough to read its schema and
+// parameter records, so that a store this build cannot handle is refused
+// before anything in it is touched.
+Result<StoredMeta> PeekStoredMeta(const rocksdb::DBOptions& dbo, const std::string& path,
+                                  const std::vector<std::string>& existing) {
+  std::vector<rocksdb::ColumnFamilyDescriptor> ro;
+  for (const auto& n : existing) ro.emplace_back(n, rocksdb::ColumnFamilyOptions());
+  std::vector<rocksdb::ColumnFamilyHandle*> ro_handles;
+  rocksdb::DB* ro_db = nullptr;
+  rocksdb::DBOptions rdo = dbo;
+  rdo.create_if_missing = false;
+  PC_RETURN_IF_ERROR(
+      FromRocks(rocksdb::DB::OpenForReadOnly(rdo, path, ro, &ro_handles, &ro_db), "open read-only"));
+  StoredMeta m;
+  rocksdb::ColumnFamilyHandle* meta = nullptr;
+  for (auto* h : ro_handles) {
+    if (h->GetName() == kCfMeta) meta = h;
+    std::unique_ptr<rocksdb::Iterator> it(ro_db->NewIterator(rocksdb::ReadOptions(), h));
+    it->SeekToFirst();
+    if (it->Valid() || !it->status().ok()) m.empty = false;
+  }
+  if (meta != nullptr) {
+    m.has_meta = true;
+    m.schema_status = ro_db->Get(rocksdb::ReadOptions(), meta, std::string(kMetaSchemaKey), &m.schema);
+    m.params_status = ro_db->Get(rocksdb::ReadOptions(), meta, std::string(kMetaParamsKey), &m.params);
+  }
+  for (auto* h : ro_handles) ro_db->DestroyColumnFamilyHandle(h);
+  delete ro_db;
+  return m;
+}
+
+// The schema version a store records, refused when this build cannot open
+// it (as asked: read-only, an older schema needs a migration first).
+Result<std::uint32_t> CheckSchema(const StoredMeta& m, const std::string& path, bool read_only) {
+  if (!m.has_meta) {
+    return Status::FailedPrecondition(path + " holds a RocksDB database that is not a primecache store");
+  }
+  if (m.schema_status.IsNotFound()) return Status::Corruption(path + ": the store has no schema version record");
+  PC_RETURN_IF_ERROR(FromRocks(m.schema_status, "read schema version"));
+  PC_ASSIGN_OR_RETURN(std::uint32_t version, DecodeSchema(m.schema));
+  if (version > kSchemaVersion) {
+    return Status::NotSupported("store schema version " + std::to_string(version) +
+                                " is newer than this build supports (" + std::to_string(kSchemaVersion) +
+                                "); open it with a newer primecache");
+  }
+  if (version < 1) return Status::Corruption("store schema version 0 is not valid");
+  if (version < kFirstSegmentSchema && read_only) {
+    return Status::FailedPrecondition(
+        "the store at " + path + " has schema version " + std::to_string(version) +
+        ", which keeps chunk bytes in RocksDB; this build reads schema " + std::to_string(kSchemaVersion) +
+        " only: migrate it first with `primecachectl migrate --store " + path + "` (or open it for writing)");
+  }
+  return version;
+}
+
+}  // namespace
+
 Status Store::Impl::OpenDb() {
   if (opts.read_only && !env->FileExists(path + "/CURRENT")) return Status::NotFound("no store at " + path);
-  if (!opts.read_only) {
-    PC_RETURN_IF_ERROR(CreateDirs(env, path + "/" + kSegmentDir));
-    PC_RETURN_IF_ERROR(env->SyncDir(path));
-    // A directory left open to other users (an older primecache made it
-    // 0755 with 0644 files) is made private before anything is read.
-    PC_ASSIGN_OR_RETURN(std::vector<TightenedPath> tightened, RestrictToOwner(env, path));
-    if (!tightened.empty()) {
-      spdlog::warn("statestore {}: other users could read the store; made private: {}", path,
-                   DescribeTightened(tightened));
-    }
+  if (!opts.read_only) PC_RETURN_IF_ERROR(PrepareDir(env, path));
+  const rocksdb::DBOptions dbo = SetUpRocks();
+
+  // What is there already: a new directory, a primecache store, or not ours.
+  std::vector<std::string> existing;
+  rocksdb::Status ls = rocksdb::DB::ListColumnFamilies(dbo, path, &existing);
+  const bool fresh = !ls.ok();
+  if (fresh && !env->FileExists(path + "/CURRENT")) {
+    if (!opts.create_if_missing) return Status::NotFound("no store at " + path);
+  } else if (fresh) {
+    return FromRocks(ls, "list column families");
   }
+
+  // The parameters of a new store; an existing one's replace them.
+  params.block_tokens = opts.block_tokens;
+  params.hasher_id = hasher->id();
+  params.chunk_layout = kLayoutSegments;
+  params.piece_bytes = 0;
+  params.created_unix_ms = NowUnixMs();
+  std::optional<std::uint32_t> stored_version;  // none: a store to be initialised
+  if (!fresh) {
+    PC_ASSIGN_OR_RETURN(stored_version, AdoptStored(dbo, existing));
+  }
+  PC_RETURN_IF_ERROR(OpenColumnFamilies(dbo, stored_version.has_value()));
+  if (!stored_version) PC_RETURN_IF_ERROR(InitialiseRecords());
+  stored_schema = stored_version.value_or(kSchemaVersion);
+  return Status::Ok();
+}
+
+rocksdb::DBOptions Store::Impl::SetUpRocks() {
   EnvFileSystemOptions fso;
   fso.posix_locks = opts.env == nullptr || opts.env == Env::Default();
   fso.frozen = frozen;
@@ -331,93 +433,35 @@ Status Store::Impl::OpenDb() {
   dbo.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
   dbo.avoid_flush_during_shutdown = true;
   dbo.bgerror_resume_retry_interval = 20000;  // 20 ms between automatic recovery attempts
+  return dbo;
+}
 
-  // What is there already: a new directory, a primecache store, or not ours.
-  std::vector<std::string> existing;
-  rocksdb::Status ls = rocksdb::DB::ListColumnFamilies(dbo, path, &existing);
-  bool fresh = !ls.ok();
-  if (fresh && !env->FileExists(path + "/CURRENT")) {
-    if (!opts.create_if_missing) return Status::NotFound("no store at " + path);
-  } else if (fresh) {
-    return FromRocks(ls, "list column families");
+Result<std::optional<std::uint32_t>> Store::Impl::AdoptStored(const rocksdb::DBOptions& dbo,
+                                                              const std::vector<std::string>& existing) {
+  PC_ASSIGN_OR_RETURN(StoredMeta m, PeekStoredMeta(dbo, path, existing));
+  if (m.schema_status.IsNotFound() && m.empty) {
+    // A creation that crashed before its first batch: nothing is in it, so
+    // it is created again.
+    spdlog::info("statestore {}: finishing the creation of an empty store", path);
+    return std::optional<std::uint32_t>();
   }
-
-  // Learn the stored schema and parameters read-only, so that a store this
-  // build cannot handle is refused before anything in it is touched.
-  params.block_tokens = opts.block_tokens;
-  params.hasher_id = hasher->id();
-  params.chunk_layout = kLayoutSegments;
-  params.piece_bytes = 0;
-  params.created_unix_ms = NowUnixMs();
-  bool has_schema = false;
-  std::uint32_t stored_version = 0;
-  if (!fresh) {
-    std::vector<rocksdb::ColumnFamilyDescriptor> ro;
-    for (auto& n : existing) ro.emplace_back(n, rocksdb::ColumnFamilyOptions());
-    std::vector<rocksdb::ColumnFamilyHandle*> ro_handles;
-    rocksdb::DB* ro_db = nullptr;
-    rocksdb::DBOptions rdo = dbo;
-    rdo.create_if_missing = false;
-    PC_RETURN_IF_ERROR(
-        FromRocks(rocksdb::DB::OpenForReadOnly(rdo, path, ro, &ro_handles, &ro_db), "open read-only"));
-    rocksdb::ColumnFamilyHandle* meta = nullptr;
-    bool empty = true;  // no key in any column family
-    for (auto* h : ro_handles) {
-      if (h->GetName() == kCfMeta) meta = h;
-      std::unique_ptr<rocksdb::Iterator> it(ro_db->NewIterator(rocksdb::ReadOptions(), h));
-      it->SeekToFirst();
-      if (it->Valid() || !it->status().ok()) empty = false;
-    }
-    std::string schema, stored_params;
-    rocksdb::Status s1 = rocksdb::Status::NotFound(), s2 = rocksdb::Status::NotFound();
-    if (meta != nullptr) {
-      s1 = ro_db->Get(rocksdb::ReadOptions(), meta, std::string(kMetaSchemaKey), &schema);
-      s2 = ro_db->Get(rocksdb::ReadOptions(), meta, std::string(kMetaParamsKey), &stored_params);
-    }
-    for (auto* h : ro_handles) ro_db->DestroyColumnFamilyHandle(h);
-    delete ro_db;
-    if (s1.IsNotFound() && empty) {
-      // A creation that crashed before its first batch: nothing is in it,
-      // so it is created again.
-      spdlog::info("statestore {}: finishing the creation of an empty store", path);
-    } else if (meta == nullptr) {
-      return Status::FailedPrecondition(path + " holds a RocksDB database that is not a primecache store");
-    } else if (s1.IsNotFound()) {
-      return Status::Corruption(path + ": the store has no schema version record");
-    } else {
-      PC_RETURN_IF_ERROR(FromRocks(s1, "read schema version"));
-      PC_ASSIGN_OR_RETURN(std::uint32_t version, DecodeSchema(schema));
-      if (version > kSchemaVersion) {
-        return Status::NotSupported("store schema version " + std::to_string(version) +
-                                    " is newer than this build supports (" + std::to_string(kSchemaVersion) +
-                                    "); open it with a newer primecache");
-      }
-      if (version < 1) return Status::Corruption("store schema version 0 is not valid");
-      if (version < kFirstSegmentSchema && opts.read_only) {
-        return Status::FailedPrecondition(
-            "the store at " + path + " has schema version " + std::to_string(version) +
-            ", which keeps chunk bytes in RocksDB; this build reads schema " + std::to_string(kSchemaVersion) +
-            " only: migrate it first with `primecachectl migrate --store " + path + "` (or open it for writing)");
-      }
-      stored_version = version;
-      PC_RETURN_IF_ERROR(FromRocks(s2, "read store parameters"));
-      PC_ASSIGN_OR_RETURN(params, DecodeParams(stored_params));
-      if (params.hasher_id != hasher->id()) {
-        return Status::FailedPrecondition("the store's index was built with token hasher " +
-                                          std::to_string(params.hasher_id) + ", not " +
-                                          std::to_string(hasher->id()));
-      }
-      for (auto& n : existing) {
-        if (n != rocksdb::kDefaultColumnFamilyName &&
-            std::find(OurColumnFamilies().begin(), OurColumnFamilies().end(), n) ==
-                OurColumnFamilies().end()) {
-          return Status::FailedPrecondition("store has an unknown column family '" + n + "'");
-        }
-      }
-      has_schema = true;
+  PC_ASSIGN_OR_RETURN(std::uint32_t version, CheckSchema(m, path, opts.read_only));
+  PC_RETURN_IF_ERROR(FromRocks(m.params_status, "read store parameters"));
+  PC_ASSIGN_OR_RETURN(params, DecodeParams(m.params));
+  if (params.hasher_id != hasher->id()) {
+    return Status::FailedPrecondition("the store's index was built with token hasher " +
+                                      std::to_string(params.hasher_id) + ", not " + std::to_string(hasher->id()));
+  }
+  for (const auto& n : existing) {
+    if (n != rocksdb::kDefaultColumnFamilyName &&
+        std::find(OurColumnFamilies().begin(), OurColumnFamilies().end(), n) == OurColumnFamilies().end()) {
+      return Status::FailedPrecondition("store has an unknown column family '" + n + "'");
     }
   }
+  return std::optional<std::uint32_t>(version);
+}
 
+Status Store::Impl::OpenColumnFamilies(const rocksdb::DBOptions& dbo, bool has_schema) {
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
   cfs.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
   for (const auto& n : OurColumnFamilies()) {
@@ -436,18 +480,17 @@ Status Store::Impl::OpenDb() {
                                            &cf_chunks, &cf_chunk_refs, &cf_index, &cf_lru,
                                            &cf_quarantine, &cf_segments};
   for (std::size_t i = 0; i < OurColumnFamilies().size(); ++i) *slots[i] = handles[i + 1];
-
-  if (!has_schema) {
-    rocksdb::WriteBatch b;
-    b.Put(cf_meta, std::string(kMetaSchemaKey), EncodeSchema(kSchemaVersion));
-    b.Put(cf_meta, std::string(kMetaParamsKey), EncodeParams(params));
-    b.Put(cf_meta, std::string(kMetaCountersKey), EncodeCounters(Counters()));
-    rocksdb::WriteOptions wo;
-    wo.sync = true;
-    PC_RETURN_IF_ERROR(FromRocks(db->Write(wo, &b), "initialise store"));
-  }
-  stored_schema = has_schema ? stored_version : kSchemaVersion;
   return Status::Ok();
+}
+
+Status Store::Impl::InitialiseRecords() {
+  rocksdb::WriteBatch b;
+  b.Put(cf_meta, std::string(kMetaSchemaKey), EncodeSchema(kSchemaVersion));
+  b.Put(cf_meta, std::string(kMetaParamsKey), EncodeParams(params));
+  b.Put(cf_meta, std::string(kMetaCountersKey), EncodeCounters(Counters()));
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return FromRocks(db->Write(wo, &b), "initialise store");
 }
 
 Status Store::Impl::LoadState() {
@@ -745,79 +788,85 @@ Result<EntryInfo> Store::Describe(EntryId id) {
   return info;
 }
 
-Result<ListPage> Store::List(const ListOptions& o) {
-  if (o.limit == 0 || o.limit > 1000) return Invalid("list limit must be in [1, 1000]");
-  if (o.ns && !o.model) return Invalid("a namespace filter needs a model filter");
-  // The page token is the last key returned: scope (8) + id (8) when walking
-  // scopes, else the id (8).
+namespace {
+
+// The scopes of fingerprint `model` (and namespace `ns`, when given), in id order.
+std::vector<std::uint64_t> ScopesOf(const Store::Impl& s, const Hash128& model,
+                                    const std::optional<std::string>& ns) {
+  std::vector<std::uint64_t> ids;
+  std::shared_lock g(s.scope_mu);
+  for (const auto& [id, sc] : s.scopes) {
+    if (sc.digest == model && (!ns || sc.ns == *ns)) ids.push_back(id);
+  }
+  return ids;
+}
+
+// Appends the entry whose record (live or quarantined, as `state` says) is `value`.
+Status AppendInfo(Store::Impl& s, EntryState state, EntryId id, std::string_view value, ListPage* page) {
+  if (state == EntryState::kLive) {
+    PC_ASSIGN_OR_RETURN(EntrySummary sum, DecodeSummary(value));
+    PC_ASSIGN_OR_RETURN(EntryInfo info, s.MakeInfo(id, sum, EntryState::kLive));
+    page->entries.push_back(std::move(info));
+  } else {
+    PC_ASSIGN_OR_RETURN(QuarantineRecord q, DecodeQuarantine(value));
+    PC_ASSIGN_OR_RETURN(EntryInfo info, s.MakeInfo(id, q.summary, EntryState::kQuarantined));
+    info.reason = q.reason;
+    page->entries.push_back(std::move(info));
+  }
+  return Status::Ok();
+}
+
+rocksdb::ColumnFamilyHandle* RecordsOf(const Store::Impl& s, EntryState state) {
+  return state == EntryState::kLive ? s.cf_entries : s.cf_quarantine;
+}
+
+// Walks the records by id (filtering quarantined ones by scope). The page
+// token is the last id returned (8 bytes).
+Result<ListPage> ListById(Store::Impl& s, const ListOptions& o) {
+  std::uint64_t after = 0;
+  if (!o.page_token.empty()) {
+    if (o.page_token.size() != 8) return Invalid("malformed page token");
+    after = GetBE64(o.page_token.data());
+  }
+  std::optional<std::set<std::uint64_t>> wanted;
+  if (o.model) {
+    std::vector<std::uint64_t> ids = ScopesOf(s, *o.model, o.ns);
+    wanted.emplace(ids.begin(), ids.end());
+  }
   ListPage page;
-  auto add = [&](EntryId id, std::string_view value) -> Status {
-    if (o.state == EntryState::kLive) {
-      PC_ASSIGN_OR_RETURN(EntrySummary s, DecodeSummary(value));
-      PC_ASSIGN_OR_RETURN(EntryInfo info, impl_->MakeInfo(id, s, EntryState::kLive));
-      page.entries.push_back(std::move(info));
-    } else {
-      PC_ASSIGN_OR_RETURN(QuarantineRecord q, DecodeQuarantine(value));
-      PC_ASSIGN_OR_RETURN(EntryInfo info, impl_->MakeInfo(id, q.summary, EntryState::kQuarantined));
-      info.reason = q.reason;
-      page.entries.push_back(std::move(info));
+  std::unique_ptr<rocksdb::Iterator> it(s.db->NewIterator(rocksdb::ReadOptions(), RecordsOf(s, o.state)));
+  for (it->Seek(IdKey(after + 1)); it->Valid(); it->Next()) {
+    PC_ASSIGN_OR_RETURN(std::uint64_t id, IdFromKey(it->key().ToStringView()));
+    if (wanted) {
+      PC_ASSIGN_OR_RETURN(QuarantineRecord q, DecodeQuarantine(it->value().ToStringView()));
+      if (wanted->count(q.summary.scope) == 0) continue;
     }
-    return Status::Ok();
-  };
-  auto* records = o.state == EntryState::kLive ? impl_->cf_entries : impl_->cf_quarantine;
-
-  if (!o.model || o.state == EntryState::kQuarantined) {
-    // Walk the records by id, filtering quarantined ones by scope.
-    std::uint64_t after = 0;
-    if (!o.page_token.empty()) {
-      if (o.page_token.size() != 8) return Invalid("malformed page token");
-      after = GetBE64(o.page_token.data());
+    if (page.entries.size() == o.limit) {
+      page.next_page_token = IdKey(page.entries.back().id);
+      break;
     }
-    std::optional<std::set<std::uint64_t>> wanted;
-    if (o.model) {
-      wanted.emplace();
-      std::shared_lock g(impl_->scope_mu);
-      for (auto& [id, sc] : impl_->scopes) {
-        if (sc.digest == *o.model && (!o.ns || sc.ns == *o.ns)) wanted->insert(id);
-      }
-    }
-    std::unique_ptr<rocksdb::Iterator> it(impl_->db->NewIterator(rocksdb::ReadOptions(), records));
-    for (it->Seek(IdKey(after + 1)); it->Valid(); it->Next()) {
-      PC_ASSIGN_OR_RETURN(std::uint64_t id, IdFromKey(it->key().ToStringView()));
-      if (wanted) {
-        PC_ASSIGN_OR_RETURN(QuarantineRecord q, DecodeQuarantine(it->value().ToStringView()));
-        if (wanted->count(q.summary.scope) == 0) continue;
-      }
-      if (page.entries.size() == o.limit) {
-        page.next_page_token = IdKey(page.entries.back().id);
-        break;
-      }
-      PC_RETURN_IF_ERROR(add(id, it->value().ToStringView()));
-    }
-    PC_RETURN_IF_ERROR(FromRocks(it->status(), "list entries"));
-    return page;
+    PC_RETURN_IF_ERROR(AppendInfo(s, o.state, id, it->value().ToStringView(), &page));
   }
+  PC_RETURN_IF_ERROR(FromRocks(it->status(), "list entries"));
+  return page;
+}
 
-  // Live entries of one fingerprint (and maybe one namespace): walk the
-  // membership keys of each matching scope, in scope order.
-  std::vector<std::uint64_t> scope_ids;
-  {
-    std::shared_lock g(impl_->scope_mu);
-    for (auto& [id, sc] : impl_->scopes) {
-      if (sc.digest == *o.model && (!o.ns || sc.ns == *o.ns)) scope_ids.push_back(id);
-    }
-  }
+// Live entries of one fingerprint (and maybe one namespace): walks the
+// membership keys of each matching scope, in scope order. The page token is
+// the scope (8 bytes) and id (8) of the last entry returned.
+Result<ListPage> ListByScope(Store::Impl& s, const ListOptions& o) {
   std::uint64_t from_scope = 0, after_id = 0;
   if (!o.page_token.empty()) {
     if (o.page_token.size() != 16) return Invalid("malformed page token");
     from_scope = GetBE64(o.page_token.data());
     after_id = GetBE64(o.page_token.data() + 8);
   }
+  ListPage page;
   std::uint64_t last_scope = 0;
-  for (std::uint64_t scope : scope_ids) {
+  for (std::uint64_t scope : ScopesOf(s, *o.model, o.ns)) {
     if (scope < from_scope) continue;
     std::string prefix = MemberPrefix(scope);
-    std::unique_ptr<rocksdb::Iterator> it(impl_->db->NewIterator(rocksdb::ReadOptions(), impl_->cf_index));
+    std::unique_ptr<rocksdb::Iterator> it(s.db->NewIterator(rocksdb::ReadOptions(), s.cf_index));
     it->Seek(scope == from_scope ? MemberKey(scope, after_id + 1) : prefix);
     for (; it->Valid() && it->key().starts_with(prefix); it->Next()) {
       if (it->key().size() != 17) return Status::Corruption("malformed membership key");
@@ -828,14 +877,23 @@ Result<ListPage> Store::List(const ListOptions& o) {
       }
       std::string v;
       bool found = false;
-      PC_RETURN_IF_ERROR(impl_->GetValue(records, IdKey(id), &v, &found));
+      PC_RETURN_IF_ERROR(s.GetValue(RecordsOf(s, o.state), IdKey(id), &v, &found));
       if (!found) continue;  // removed meanwhile
-      PC_RETURN_IF_ERROR(add(id, v));
+      PC_RETURN_IF_ERROR(AppendInfo(s, o.state, id, v, &page));
       last_scope = scope;
     }
     PC_RETURN_IF_ERROR(FromRocks(it->status(), "list entries"));
   }
   return page;
+}
+
+}  // namespace
+
+Result<ListPage> Store::List(const ListOptions& o) {
+  if (o.limit == 0 || o.limit > 1000) return Invalid("list limit must be in [1, 1000]");
+  if (o.ns && !o.model) return Invalid("a namespace filter needs a model filter");
+  if (!o.model || o.state == EntryState::kQuarantined) return ListById(*impl_, o);
+  return ListByScope(*impl_, o);
 }
 
 // ---- delete, budget ----------------------------------------------------------------------

@@ -198,7 +198,16 @@ struct Store::Impl {
   ~Impl();
 
   // ---- store.cc
+  // Opens (creating or adopting) the RocksDB database, in steps: RocksDB's
+  // file system and options; an existing store's schema and parameters,
+  // read before anything is written (nullopt: none yet); the column
+  // families; a new store's first records.
   Status OpenDb();
+  rocksdb::DBOptions SetUpRocks();
+  Result<std::optional<std::uint32_t>> AdoptStored(const rocksdb::DBOptions& dbo,
+                                                   const std::vector<std::string>& existing);
+  Status OpenColumnFamilies(const rocksdb::DBOptions& dbo, bool has_schema);
+  Status InitialiseRecords();
   Status LoadState();
   Status CloseDb();
   rocksdb::WriteOptions CommitWriteOptions() const;
