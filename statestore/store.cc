@@ -928,15 +928,7 @@ Status Store::Delete(EntryId id) {
 
 Status Store::Impl::ForceRemove(EntryId id) {
   Txn t(*this);
-  const std::string key = IdKey(id);
-  for (auto* cf : {cf_entries, cf_manifests, cf_tokens}) t.batch().Delete(cf, key);
-  std::string av;
-  bool found = false;
-  PC_RETURN_IF_ERROR(GetValue(cf_lru, AccessKey(id), &av, &found));
-  if (found) {
-    if (auto a = DecodeAccess(av); a.ok()) t.batch().Delete(cf_lru, AgeKey(a->tick, id));
-    t.batch().Delete(cf_lru, AccessKey(id));
-  }
+  PC_RETURN_IF_ERROR(t.DeleteEntryRecords(id, /*tolerate_bad_access=*/true));
   PC_RETURN_IF_ERROR(t.Commit(CommitWriteOptions(), "delete.before_write", "delete.after_write"));
   return RebuildDerived();
 }

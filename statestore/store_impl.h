@@ -374,6 +374,11 @@ class Txn {
   // Removes a live entry (references, index, records); false when it is not
   // there. With a reason, it goes to quarantine instead of away.
   Result<bool> RemoveEntry(EntryId id, const std::optional<std::string>& quarantine_reason);
+  // Deletes every record keyed by entry `id`: its entry, manifest and tokens
+  // records and its recency (access and age) records. An unreadable access
+  // record fails the batch, unless tolerate_bad_access (its age record,
+  // which only that record locates, then stays: Verify reports it).
+  Status DeleteEntryRecords(EntryId id, bool tolerate_bad_access);
   // A quarantined entry's manifest was unreadable, so its references could
   // not be dropped one by one: the caller rebuilds them after the commit.
   bool needs_rebuild() const { return needs_rebuild_; }

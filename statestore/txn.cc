@@ -330,16 +330,7 @@ Result<bool> Txn::RemoveEntry(EntryId id, const std::optional<std::string>& quar
   PC_RETURN_IF_ERROR(
       IndexRemove(s.scope, s.length,
                   BoundaryPlace{(s.length - 1) / s_.params.block_tokens, s.node_hash, s.exact_hash}, id));
-  std::string av;
-  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_lru, AccessKey(id), &av, &found));
-  if (found) {
-    PC_ASSIGN_OR_RETURN(AccessRecord a, DecodeAccess(av));
-    batch_.Delete(s_.cf_lru, AgeKey(a.tick, id));
-    batch_.Delete(s_.cf_lru, AccessKey(id));
-  }
-  batch_.Delete(s_.cf_entries, key);
-  batch_.Delete(s_.cf_manifests, key);
-  batch_.Delete(s_.cf_tokens, key);
+  PC_RETURN_IF_ERROR(DeleteEntryRecords(id, /*tolerate_bad_access=*/false));
   --c_.entries;
   c_.logical_chunk_bytes -= s.chunk_bytes;
   c_.meta_bytes -= s.meta_bytes;
@@ -355,6 +346,24 @@ Result<bool> Txn::RemoveEntry(EntryId id, const std::optional<std::string>& quar
   }
   removed_.insert(id);
   return true;
+}
+
+Status Txn::DeleteEntryRecords(EntryId id, bool tolerate_bad_access) {
+  std::string av;
+  bool found = false;
+  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_lru, AccessKey(id), &av, &found));
+  if (found) {
+    auto a = DecodeAccess(av);
+    if (a.ok()) {
+      batch_.Delete(s_.cf_lru, AgeKey(a->tick, id));
+    } else if (!tolerate_bad_access) {
+      return a.status();
+    }
+    batch_.Delete(s_.cf_lru, AccessKey(id));
+  }
+  const std::string key = IdKey(id);
+  for (auto* cf : {s_.cf_entries, s_.cf_manifests, s_.cf_tokens}) batch_.Delete(cf, key);
+  return Status::Ok();
 }
 
 // ---- eviction ---------------------------------------------------------------------------------

@@ -311,6 +311,14 @@ class Store {
   // gives its id); kAborted: not admitted yet (seen fewer times than
   // admit_after_sightings); kInvalidArgument: a malformed request.
   Result<std::unique_ptr<Publisher>> BeginPublish(PublishRequest request);
+  // BeginPublish for a caller that takes an existing identity as success:
+  // either a publisher, or (publisher null) the id of the entry already
+  // stored under this identity. The errors are BeginPublish's but kAlreadyExists.
+  struct PublishStart {
+    std::unique_ptr<Publisher> publisher;
+    std::optional<EntryId> existing;
+  };
+  Result<PublishStart> StartPublish(PublishRequest request);
   // BeginPublish, every layer, Commit. An existing identity is not an error:
   // the result says existed.
   Result<PublishResult> Publish(PublishRequest request, std::span<const LayerBytes> layers);
