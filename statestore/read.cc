@@ -1,5 +1,6 @@
-// Reading: lookup through the prefix index, fetch with checks, leases, and
-// quarantine of what fails a check.
+// Reading: lookup through the prefix index, the records of a live entry,
+// and quarantine of what fails a check (the streaming fetch: fetch.cc;
+// leases: leases.cc).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -229,23 +230,6 @@ Result<std::optional<LookupHit>> Store::HitFor(EntryId id, std::uint64_t length,
   }
   PC_ASSIGN_OR_RETURN(EntrySummary sum, DecodeSummary(record));
   return std::optional<LookupHit>(LookupHit{id, length, sum.layers, sum.chunk_bytes, sum.raw_bytes});
-}
-
-// ---- leases -----------------------------------------------------------------------------------
-
-Result<Lease> Store::LeaseLive(EntryId id, std::string* record) {
-  if (!impl_->leases->TryAcquire(id))
-    return Status::NotFound("entry " + std::to_string(id) + " is being removed");
-  Lease lease(impl_->leases, id);
-  bool found = false;
-  PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_entries, IdKey(id), record, &found));
-  if (!found) return Status::NotFound("no live entry " + std::to_string(id));
-  return lease;
-}
-
-Result<Lease> Store::AcquireLease(EntryId id) {
-  std::string record;
-  return LeaseLive(id, &record);
 }
 
 Status Store::Impl::CheckNamespace(EntryId id, std::string_view record, const std::string& ns) const {
