@@ -78,6 +78,8 @@ struct Extent {
 
 std::uint64_t NowUnixMs();
 
+struct TestHooks;  // statestore/test_hooks.h
+
 }  // namespace statestore_internal
 
 // Who holds a lease on which entry, and which entries are being removed
@@ -111,6 +113,7 @@ struct Store::Impl {
   const statestore_internal::TokenHasher* hasher = nullptr;
   std::shared_ptr<const LayerValidator> validator;
   std::shared_ptr<std::atomic<bool>> frozen;
+  std::shared_ptr<const statestore_internal::TestHooks> hooks;  // null outside tests
 
   std::shared_ptr<rocksdb::FileSystem> fs;
   std::unique_ptr<rocksdb::Env> rocks_env;
@@ -221,6 +224,10 @@ struct Store::Impl {
   std::deque<std::string> sighting_order;                    // oldest first; guarded by sight_mu
 
   ~Impl();
+
+  // Store::Open and statestore_internal::OpenWithHooks.
+  static Result<std::unique_ptr<Store>> Open(StoreOptions options,
+                                             std::shared_ptr<const statestore_internal::TestHooks> hooks);
 
   // ---- store_open.cc
   // Opens (creating or adopting) the RocksDB database, in steps: RocksDB's

@@ -108,6 +108,16 @@ Store::Impl::~Impl() {
 }
 
 Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
+  return Impl::Open(std::move(options), nullptr);
+}
+
+namespace statestore_internal {
+Result<std::unique_ptr<Store>> OpenWithHooks(StoreOptions options, std::shared_ptr<const TestHooks> hooks) {
+  return Store::Impl::Open(std::move(options), std::move(hooks));
+}
+}  // namespace statestore_internal
+
+Result<std::unique_ptr<Store>> Store::Impl::Open(StoreOptions options, std::shared_ptr<const TestHooks> hooks) {
   auto impl = std::make_unique<Impl>();
   impl->env = options.env != nullptr ? options.env : Env::Default();
   if (options.path.empty()) {
@@ -125,11 +135,12 @@ Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
   impl->path = options.path;
   impl->validator = options.validator != nullptr ? options.validator : CodecLayerValidator();
   impl->hasher = &DefaultTokenHasher();
-  if (options.test_hooks != nullptr) {
-    if (options.test_hooks->hasher != nullptr) impl->hasher = options.test_hooks->hasher;
-    impl->frozen = options.test_hooks->freeze_io;
-    impl->freeze = {options.test_hooks->freeze_io, options.test_hooks->freeze_countdown};
+  if (hooks != nullptr) {
+    if (hooks->hasher != nullptr) impl->hasher = hooks->hasher;
+    impl->frozen = hooks->freeze_io;
+    impl->freeze = {hooks->freeze_io, hooks->freeze_countdown};
   }
+  impl->hooks = std::move(hooks);
   impl->byte_budget = options.byte_budget;
   impl->opts = std::move(options);
   if (impl->opts.fetch_read_threads > 0) {
@@ -267,9 +278,9 @@ rocksdb::DBOptions Store::Impl::SetUpRocks() {
   EnvFileSystemOptions fso;
   fso.posix_locks = opts.env == nullptr || opts.env == Env::Default();
   fso.frozen = frozen;
-  if (opts.test_hooks != nullptr) fso.freeze_countdown = opts.test_hooks->freeze_countdown;
+  if (hooks != nullptr) fso.freeze_countdown = hooks->freeze_countdown;
   fs = NewEnvFileSystem(env, fso);
-  rocks_env = NewRocksEnv(fs, opts.test_hooks != nullptr && opts.test_hooks->short_sleeps);
+  rocks_env = NewRocksEnv(fs, hooks != nullptr && hooks->short_sleeps);
   block_cache = rocksdb::NewLRUCache(opts.block_cache_bytes);
 
   rocksdb::DBOptions dbo;
@@ -317,7 +328,7 @@ Status Store::Impl::OpenColumnFamilies(const rocksdb::DBOptions& dbo, bool has_s
   cfs.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
   for (const auto& n : OurColumnFamilies()) {
     cfs.emplace_back(n, CfOptions(n, params, opts, block_cache));
-    if (opts.test_hooks != nullptr && opts.test_hooks->no_compactions)
+    if (hooks != nullptr && hooks->no_compactions)
       cfs.back().options.disable_auto_compactions = true;
   }
   if (opts.read_only) {

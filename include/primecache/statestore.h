@@ -236,10 +236,6 @@ enum class EvictionPolicy : std::uint8_t {
   kUtility = 1,  // Marconi-style: recency + alpha * (FLOPs saved / bytes freed), lowest first
 };
 
-namespace statestore_internal {
-struct TestHooks;  // statestore/test_hooks.h
-}
-
 struct StoreOptions {
   std::string path;    // the store's directory; empty: DefaultDataDir() + "/store"
   Env* env = nullptr;  // nullptr: Env::Default(); must outlive the store
@@ -295,7 +291,6 @@ struct StoreOptions {
   std::uint64_t reclaim_after_bytes = 16ull << 20;
 
   std::shared_ptr<const LayerValidator> validator;  // nullptr: CodecLayerValidator()
-  std::shared_ptr<const statestore_internal::TestHooks> test_hooks;
 };
 
 class Store {
