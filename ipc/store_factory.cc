@@ -67,12 +67,9 @@ class StatestoreBackend : public StoreBackend {
   explicit StatestoreBackend(std::unique_ptr<Store> store) : store_(std::move(store)) {}
 
   Result<std::unique_ptr<PublishSink>> BeginPublish(const PublishRequest& request, std::uint32_t) override {
-    auto p = store_->BeginPublish(request);
-    if (p.ok()) return std::unique_ptr<PublishSink>(new StatestoreSink(std::move(p).value()));
-    if (p.status().code() != StatusCode::kAlreadyExists) return p.status();
-    PC_ASSIGN_OR_RETURN(auto existing, store_->FindExact(request.model, request.ns, request.tokens));
-    if (!existing.has_value()) return p.status();  // deleted meanwhile: let the client retry
-    return std::unique_ptr<PublishSink>(new StatestoreSink(*existing));
+    PC_ASSIGN_OR_RETURN(Store::PublishStart start, store_->StartPublish(request));
+    if (start.existing) return std::unique_ptr<PublishSink>(new StatestoreSink(*start.existing));
+    return std::unique_ptr<PublishSink>(new StatestoreSink(std::move(start.publisher)));
   }
 
   Result<std::optional<LookupHit>> Lookup(const Hash128& digest, const std::string& ns,

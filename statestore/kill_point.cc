@@ -1,4 +1,9 @@
+// Built only into the test variant of the store (see kill_point.h).
 #include "statestore/kill_point.h"
+
+#ifndef PRIMECACHE_KILL_POINTS
+#error "kill_point.cc belongs to primecache_statestore_killpoints only"
+#endif
 
 #include <signal.h>
 #include <unistd.h>

@@ -164,8 +164,7 @@ Status Store::Impl::MigrateChunks() {
   Step step;
   std::uint64_t chunks = 0, bytes = 0;
   const std::uint64_t step_bytes =
-      opts.test_hooks != nullptr && opts.test_hooks->migrate_step_bytes > 0 ? opts.test_hooks->migrate_step_bytes
-                                                                            : kStepBytes;
+      hooks != nullptr && hooks->migrate_step_bytes > 0 ? hooks->migrate_step_bytes : kStepBytes;
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunk_refs));
   Status s;
   for (it->SeekToFirst(); s.ok() && it->Valid(); it->Next()) {

@@ -413,7 +413,7 @@ void Store::Impl::SegmentWritesOk() {
 
 // ---- BeginPublish / Publish ---------------------------------------------------------------
 
-Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
+Result<Store::PublishStart> Store::StartPublish(PublishRequest req) {
   if (req.tokens.empty()) return Status::InvalidArgument("a boundary needs at least one token");
   if (req.tokens.size() > kMaxTokens) return Status::InvalidArgument("boundary longer than 2^22 tokens");
   if (req.ns.size() > kMaxNamespaceBytes) return Status::InvalidArgument("namespace longer than 1024 bytes");
@@ -440,7 +440,7 @@ Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
         PC_RETURN_IF_ERROR(t.ScopeFor(req.model, req.model_name, req.ns, req.model_descriptor).status());
         PC_RETURN_IF_ERROR(t.Commit(impl_->CommitWriteOptions(), "scope.before_write", "scope.after_write"));
       }
-      return Status::AlreadyExists("boundary already stored as entry " + std::to_string(*existing));
+      return PublishStart{nullptr, existing};
     }
   }
   if (impl_->opts.admit_after_sightings > 1) {
@@ -453,23 +453,22 @@ Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
     }
   }
   TEST_KILL_POINT("publish.begin");
-  return std::unique_ptr<Publisher>(new PublisherImpl(*impl_, std::move(req), place));
+  return PublishStart{std::unique_ptr<Publisher>(new PublisherImpl(*impl_, std::move(req), place)), std::nullopt};
+}
+
+Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
+  PC_ASSIGN_OR_RETURN(PublishStart start, StartPublish(std::move(req)));
+  if (start.existing) {
+    return Status::AlreadyExists("boundary already stored as entry " + std::to_string(*start.existing));
+  }
+  return std::move(start.publisher);
 }
 
 Result<PublishResult> Store::Publish(PublishRequest req, std::span<const LayerBytes> layers) {
-  auto model = req.model;
-  std::string ns = req.ns;
-  std::vector<std::uint32_t> tokens = req.tokens;
-  auto p = BeginPublish(std::move(req));
-  if (!p.ok()) {
-    if (p.status().code() == StatusCode::kAlreadyExists) {
-      PC_ASSIGN_OR_RETURN(auto id, FindExact(model, ns, tokens));
-      if (id) return PublishResult{*id, true, 0, 0, 0};
-    }
-    return p.status();
-  }
-  for (const auto& layer : layers) PC_RETURN_IF_ERROR((*p)->AddLayer(layer));
-  return (*p)->Commit();
+  PC_ASSIGN_OR_RETURN(PublishStart start, StartPublish(std::move(req)));
+  if (start.existing) return PublishResult{*start.existing, true, 0, 0, 0};
+  for (const auto& layer : layers) PC_RETURN_IF_ERROR(start.publisher->AddLayer(layer));
+  return start.publisher->Commit();
 }
 
 }  // namespace primecache

@@ -1,11 +1,13 @@
-// Reading: lookup through the prefix index, fetch with checks, leases, and
-// quarantine of what fails a check.
+// Reading: lookup through the prefix index, the records of a live entry,
+// and quarantine of what fails a check (the streaming fetch: fetch.cc;
+// leases: leases.cc).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 
 #include "statestore/kill_point.h"
@@ -78,6 +80,111 @@ Result<std::optional<EntryId>> Store::FindExact(const Hash128& model, std::strin
 
 // ---- lookup ---------------------------------------------------------------------------------
 
+namespace {
+
+// The hit for entry `id` matched at `length` (nullopt: being removed).
+using HitFn = std::function<Result<std::optional<LookupHit>>(EntryId id, std::uint64_t length)>;
+
+// The levels of the query's chain nodes that may exist (the in-memory filter
+// rules out the others), shallowest first.
+std::vector<std::size_t> CandidateLevels(Store::Impl& s, std::uint64_t scope, const std::vector<std::uint64_t>& h) {
+  std::vector<std::size_t> levels;
+  std::shared_lock g(s.node_filter.mu);
+  for (std::size_t a = 0; a < h.size(); ++a) {
+    if (s.node_filter.MayContain(NodeFilter::Fingerprint(scope, a, h[a]))) levels.push_back(a);
+  }
+  return levels;
+}
+
+// The exact records node `a` may lead to: the query's hash at every slot
+// length the node has and the query covers (in one pass), kept where the
+// in-memory filter says the record may exist; (length, exact hash), longest first.
+std::vector<std::pair<std::size_t, std::uint64_t>> CandidateExacts(Store::Impl& s, std::uint64_t scope,
+                                                                   std::size_t a, const std::vector<NodeSlot>& slots,
+                                                                   std::span<const std::uint32_t> tokens,
+                                                                   std::uint64_t chain_hash) {
+  const std::size_t block = s.params.block_tokens;
+  const std::size_t q = tokens.size();
+  std::vector<std::uint32_t> rs;
+  for (const auto& sl : slots) {
+    if (a * block + sl.r <= q) rs.push_back(sl.r);
+  }
+  std::vector<std::uint64_t> exacts(rs.size());
+  s.hasher->HashPrefixes(tokens.subspan(a * block, std::min<std::size_t>(block, q - a * block)), chain_hash, rs,
+                         exacts);
+  std::vector<std::pair<std::size_t, std::uint64_t>> present;
+  std::shared_lock g(s.exact_filter.mu);
+  for (std::size_t k = rs.size(); k-- > 0;) {
+    const std::size_t length = a * block + rs[k];
+    if (s.exact_filter.MayContain(NodeFilter::Fingerprint(scope, length, exacts[k]))) {
+      present.emplace_back(length, exacts[k]);
+    }
+  }
+  return present;
+}
+
+// The first entry of exact record (scope, length, exact) whose stored
+// tokens are the query's first `length`, if any.
+Result<std::optional<LookupHit>> MatchExact(Store::Impl& s, std::uint64_t scope, std::size_t length,
+                                            std::uint64_t exact, std::span<const std::uint32_t> tokens,
+                                            const HitFn& hit_for) {
+  std::string v;
+  bool found = false;
+  PC_RETURN_IF_ERROR(s.GetValue(s.cf_index, ExactKey(scope, length, exact), &v, &found));
+  if (!found) return std::optional<LookupHit>();
+  auto ids = DecodeIds(v);
+  if (!ids.ok()) {
+    spdlog::error("statestore {}: index: {}", s.path, ids.status().ToString());
+    return std::optional<LookupHit>();
+  }
+  for (EntryId id : *ids) {
+    PC_ASSIGN_OR_RETURN(bool match, s.TokensMatch(id, tokens.first(length), true));
+    if (!match) continue;
+    PC_ASSIGN_OR_RETURN(std::optional<LookupHit> hit, hit_for(id, length));  // nullopt: being removed
+    if (hit) return hit;
+  }
+  return std::optional<LookupHit>();
+}
+
+// The longest stored prefix of the query in `scope`: the chain nodes that
+// exist, read in one batch, then walked deepest first. `h` holds the chain
+// hashes of the query's nodes.
+Result<std::optional<LookupHit>> FindLongest(Store::Impl& s, std::uint64_t scope, std::span<const std::uint32_t> tokens,
+                                             const std::vector<std::uint64_t>& h, const HitFn& hit_for) {
+  const std::vector<std::size_t> levels = CandidateLevels(s, scope, h);
+  const std::size_t n = levels.size();
+  std::vector<std::string> keys(n);
+  std::vector<rocksdb::Slice> slices(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    keys[i] = NodeKey(scope, levels[i], h[levels[i]]);
+    slices[i] = keys[i];
+  }
+  std::vector<rocksdb::PinnableSlice> values(n);
+  std::vector<rocksdb::Status> statuses(n);
+  // Node keys sort by level, which is the order they were made in.
+  if (n > 0) {
+    s.db->MultiGet(rocksdb::ReadOptions(), s.cf_index, n, slices.data(), values.data(), statuses.data(),
+                   /*sorted_input=*/true);
+  }
+  for (std::size_t i = n; i-- > 0;) {
+    const std::size_t a = levels[i];
+    if (statuses[i].IsNotFound()) continue;
+    PC_RETURN_IF_ERROR(FromRocks(statuses[i], "read index"));
+    auto slots = DecodeNode(values[i].ToStringView(), s.params.block_tokens);
+    if (!slots.ok()) {
+      spdlog::error("statestore {}: index node {}/{}: {}", s.path, scope, a, slots.status().ToString());
+      continue;
+    }
+    for (const auto& [length, exact] : CandidateExacts(s, scope, a, *slots, tokens, h[a])) {
+      PC_ASSIGN_OR_RETURN(std::optional<LookupHit> hit, MatchExact(s, scope, length, exact, tokens, hit_for));
+      if (hit) return hit;
+    }
+  }
+  return std::optional<LookupHit>();
+}
+
+}  // namespace
+
 Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string_view ns,
                                                std::span<const std::uint32_t> tokens,
                                                const LookupOptions& options) {
@@ -88,81 +195,11 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
   const std::size_t q = tokens.size();
   const std::size_t top = (q - 1) / block;  // deepest node a with a*B < q
   std::vector<std::uint64_t> h = ChainHashes(*s.hasher, tokens, block, top);
-  auto query_hash = [&] { return s.hasher->Hash(tokens.subspan(top * block), h[top]); };
 
   std::optional<LookupHit> hit;
   if (auto scope = s.FindScope(model, ns)) {
-    // The chain nodes of the query that exist (the in-memory filter rules
-    // out the others), read in one batch, then walked deepest first.
-    std::vector<std::size_t> levels;
-    {
-      std::shared_lock g(s.node_filter.mu);
-      for (std::size_t a = 0; a <= top; ++a) {
-        if (s.node_filter.MayContain(NodeFilter::Fingerprint(*scope, a, h[a]))) levels.push_back(a);
-      }
-    }
-    const std::size_t n = levels.size();
-    std::vector<std::string> keys(n);
-    std::vector<rocksdb::Slice> slices(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      keys[i] = NodeKey(*scope, levels[i], h[levels[i]]);
-      slices[i] = keys[i];
-    }
-    std::vector<rocksdb::PinnableSlice> values(n);
-    std::vector<rocksdb::Status> statuses(n);
-    // Node keys sort by level, which is the order they were made in.
-    if (n > 0) {
-      s.db->MultiGet(rocksdb::ReadOptions(), s.cf_index, n, slices.data(), values.data(), statuses.data(),
-                     /*sorted_input=*/true);
-    }
-    for (std::size_t i = n; i-- > 0 && !hit;) {
-      const std::size_t a = levels[i];
-      if (statuses[i].IsNotFound()) continue;
-      PC_RETURN_IF_ERROR(FromRocks(statuses[i], "read index"));
-      auto slots = DecodeNode(values[i].ToStringView(), block);
-      if (!slots.ok()) {
-        spdlog::error("statestore {}: index node {}/{}: {}", s.path, *scope, a, slots.status().ToString());
-        continue;
-      }
-      // The query's hash at every slot length it covers, in one pass, then
-      // the exact records that exist, longest first.
-      std::vector<std::uint32_t> rs;
-      for (const auto& sl : *slots) {
-        if (a * block + sl.r <= q) rs.push_back(sl.r);
-      }
-      std::vector<std::uint64_t> exacts(rs.size());
-      s.hasher->HashPrefixes(tokens.subspan(a * block, std::min<std::size_t>(block, q - a * block)), h[a], rs,
-                             exacts);
-      std::vector<std::pair<std::size_t, std::uint64_t>> present;  // (length, exact hash), longest first
-      {
-        std::shared_lock g(s.exact_filter.mu);
-        for (std::size_t k = rs.size(); k-- > 0;) {
-          const std::size_t length = a * block + rs[k];
-          if (s.exact_filter.MayContain(NodeFilter::Fingerprint(*scope, length, exacts[k]))) {
-            present.emplace_back(length, exacts[k]);
-          }
-        }
-      }
-      for (auto it = present.begin(); it != present.end() && !hit; ++it) {
-        const std::size_t length = it->first;
-        const std::uint64_t exact = it->second;
-        std::string v;
-        bool found = false;
-        PC_RETURN_IF_ERROR(s.GetValue(s.cf_index, ExactKey(*scope, length, exact), &v, &found));
-        if (!found) continue;
-        auto ids = DecodeIds(v);
-        if (!ids.ok()) {
-          spdlog::error("statestore {}: index: {}", s.path, ids.status().ToString());
-          continue;
-        }
-        for (EntryId id : *ids) {
-          PC_ASSIGN_OR_RETURN(bool match, s.TokensMatch(id, tokens.first(length), true));
-          if (!match) continue;
-          PC_ASSIGN_OR_RETURN(hit, HitFor(id, length, options.lease));  // nullopt: being removed, look further
-          if (hit) break;
-        }
-      }
-    }
+    auto hit_for = [&](EntryId id, std::uint64_t length) { return HitFor(id, length, options.lease); };
+    PC_ASSIGN_OR_RETURN(hit, FindLongest(s, *scope, tokens, h, hit_for));
   }
   if (options.record) {
     if (hit) {
@@ -171,7 +208,10 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
     } else {
       ++s.misses;
     }
-    if (!hit || hit->length < q) s.NoteSighting(Impl::SightingKey(model, ns, q, query_hash()));
+    if (!hit || hit->length < q) {
+      const std::uint64_t query_hash = s.hasher->Hash(tokens.subspan(top * block), h[top]);
+      s.NoteSighting(Impl::SightingKey(model, ns, q, query_hash));
+    }
   }
   return hit;
 }
@@ -190,23 +230,6 @@ Result<std::optional<LookupHit>> Store::HitFor(EntryId id, std::uint64_t length,
   }
   PC_ASSIGN_OR_RETURN(EntrySummary sum, DecodeSummary(record));
   return std::optional<LookupHit>(LookupHit{id, length, sum.layers, sum.chunk_bytes, sum.raw_bytes});
-}
-
-// ---- leases -----------------------------------------------------------------------------------
-
-Result<Lease> Store::LeaseLive(EntryId id, std::string* record) {
-  if (!impl_->leases->TryAcquire(id))
-    return Status::NotFound("entry " + std::to_string(id) + " is being removed");
-  Lease lease(impl_->leases, id);
-  bool found = false;
-  PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_entries, IdKey(id), record, &found));
-  if (!found) return Status::NotFound("no live entry " + std::to_string(id));
-  return lease;
-}
-
-Result<Lease> Store::AcquireLease(EntryId id) {
-  std::string record;
-  return LeaseLive(id, &record);
 }
 
 Status Store::Impl::CheckNamespace(EntryId id, std::string_view record, const std::string& ns) const {

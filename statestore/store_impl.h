@@ -1,19 +1,37 @@
-// Store::Impl: the state behind primecache::Store, shared by store.cc
-// (open, close, scopes, stats, listing), publish.cc (staging and commit),
-// read.cc (lookup, fetch, leases, quarantine), txn.cc (metadata batches:
-// references, index, recency, eviction, deletion), segment_store.cc (the
-// segment pool, open segment files, recovery), segment_gc.cc (segment
-// rewriting), migrate.cc (schema 1/2 -> 3) and verify.cc.
+// Store::Impl: the state behind primecache::Store, and Txn, one metadata
+// batch. Impl's methods live in one file per topic: store_open.cc (open,
+// load, close), store.cc (metadata writes and write errors, scopes,
+// counters, sightings, delete), publish.cc (staging and commit), read.cc
+// (lookup, an entry's records, quarantine), fetch.cc (streaming reads),
+// list.cc (describe, list), leases.cc, recency.cc (the recency clock,
+// eviction), txn.cc (metadata batches), segment_store.cc (the segment pool,
+// open segment files, recovery), segment_gc.cc (segment rewriting), space.cc
+// (staged bytes, the reclaimer), migrate.cc (schema 1/2 -> 3), verify.cc.
 //
-// Locking, outermost first:
-//   gc_mu     one segment rewrite at a time;
-//   write_mu  serialises every metadata batch (commit, delete, eviction,
-//             quarantine, gc, touch flushes) and guards `segments`;
-//   extent_mu shared while a fetch resolves chunk extents to open segment
-//             files, exclusive while gc repoints extents and drops a file;
-//   pool_mu, files_mu, checked_mu, scope_mu, touch_mu, sight_mu, Lease::Table::mu: leaf locks.
-// Chunk bytes are written outside write_mu (each publisher to a segment of
-// its own); readers take no store lock but extent_mu, briefly.
+// Invariant: every metadata change is one RocksDB batch, built and written
+// under write_mu by a Txn, whose Commit then updates `counters`, `segments`,
+// the scopes and the in-memory filters before write_mu is released: with
+// write_mu free they equal what is committed. Chunk bytes are written
+// outside write_mu, each publisher to a segment of its own; readers take no
+// store lock but extent_mu (shared, briefly) and leaf locks.
+//
+// Thread-safety: what is set while the store opens (options, paths, params,
+// the RocksDB handles, the pools) is only read afterwards. Every other field
+// is atomic or says which mutex guards it. Lock order, outermost first (a
+// thread holding one takes only those listed after it):
+//   gc_mu      one segment rewrite at a time;
+//   write_mu   every metadata batch (commit, delete, eviction, quarantine,
+//              gc, touch flushes);
+//   pool_mu    the writable segments not handed out (gc takes it under
+//              write_mu);
+//   extent_mu  shared while a fetch resolves chunk extents to open segment
+//              files, exclusive while gc (under write_mu) repoints extents
+//              and drops a file; never held with pool_mu;
+//   files_mu   open segment files and their mappings;
+//   node_filter.mu, then exact_filter.mu (a commit takes both);
+//   leaf locks, under which no other is taken: scope_mu, stats_mu,
+//   recover_mu, reclaim_mu, touch_mu, sight_mu, checked_mu,
+//   Lease::Table::mu.
 #pragma once
 
 #include <rocksdb/db.h>
@@ -60,16 +78,21 @@ struct Extent {
 
 std::uint64_t NowUnixMs();
 
+struct TestHooks;  // statestore/test_hooks.h
+
 }  // namespace statestore_internal
 
+// Who holds a lease on which entry, and which entries are being removed
+// (no lease may start on those). Shared with the leases, which may outlive
+// the store.
 struct Lease::Table {
   struct Slot {
     std::uint32_t count = 0;
     bool dying = false;
   };
   std::mutex mu;
-  std::unordered_map<EntryId, Slot> slots;
-  std::uint64_t active = 0;
+  std::unordered_map<EntryId, Slot> slots;  // guarded by mu
+  std::uint64_t active = 0;                 // leases held; guarded by mu
 
   bool TryAcquire(EntryId id);  // false when the entry is being removed
   void Release(EntryId id);
@@ -82,6 +105,7 @@ struct Store::Impl {
   using Counters = statestore_internal::Counters;
   using Params = statestore_internal::Params;
 
+  // ---- set while opening, then only read.
   StoreOptions opts;
   Env* env = nullptr;
   std::string path;
@@ -89,6 +113,7 @@ struct Store::Impl {
   const statestore_internal::TokenHasher* hasher = nullptr;
   std::shared_ptr<const LayerValidator> validator;
   std::shared_ptr<std::atomic<bool>> frozen;
+  std::shared_ptr<const statestore_internal::TestHooks> hooks;  // null outside tests
 
   std::shared_ptr<rocksdb::FileSystem> fs;
   std::unique_ptr<rocksdb::Env> rocks_env;
@@ -107,7 +132,7 @@ struct Store::Impl {
   rocksdb::ColumnFamilyHandle* cf_segments = nullptr;
   std::uint32_t stored_schema = 0;  // the schema found at open (kSchemaVersion once migrated)
 
-  // Write path.
+  // ---- the write path.
   std::mutex write_mu;
   Counters counters;  // as last committed; guarded by write_mu
   mutable std::mutex stats_mu;
@@ -115,10 +140,11 @@ struct Store::Impl {
   std::atomic<std::uint64_t> hits{0}, misses{0}, refusals{0};
   std::atomic<std::uint64_t> byte_budget{0};
 
-  // Scopes.
+  // ---- scopes: read under scope_mu shared; a commit (under write_mu) adds
+  // them under scope_mu exclusive.
   mutable std::shared_mutex scope_mu;
-  std::unordered_map<std::string, std::uint64_t> scope_by_name;  // ScopeByNameKey -> id
-  std::map<std::uint64_t, statestore_internal::ScopeRecord> scopes;
+  std::unordered_map<std::string, std::uint64_t> scope_by_name;  // ScopeByNameKey -> id; guarded by scope_mu
+  std::map<std::uint64_t, statestore_internal::ScopeRecord> scopes;  // guarded by scope_mu
 
   // ---- segment_store.cc: segment files.
   std::string seg_dir;                                            // <path>/segments
@@ -126,8 +152,8 @@ struct Store::Impl {
   std::map<std::uint64_t, statestore_internal::SegmentRecord> segments;  // as committed; guarded by write_mu
   // Writable segments not handed out, and the ids of those handed out.
   std::mutex pool_mu;
-  std::vector<std::unique_ptr<statestore_internal::SegmentWriter>> idle_writers;
-  std::set<std::uint64_t> busy_segments;
+  std::vector<std::unique_ptr<statestore_internal::SegmentWriter>> idle_writers;  // guarded by pool_mu
+  std::set<std::uint64_t> busy_segments;                                          // guarded by pool_mu
   std::atomic<std::uint64_t> next_segment{1};
   // A writable segment for one publisher (or gc, or migration) alone.
   Result<std::unique_ptr<statestore_internal::SegmentWriter>> AcquireWriter();
@@ -139,8 +165,9 @@ struct Store::Impl {
   // an extent in them (a file gc unlinks stays readable to them).
   std::shared_mutex extent_mu;
   std::mutex files_mu;
-  std::unordered_map<std::uint64_t, std::shared_ptr<RandomAccessFile>> open_files;
-  std::unordered_map<std::uint64_t, std::string> damaged_segments;  // id -> what is wrong with its file
+  std::unordered_map<std::uint64_t, std::shared_ptr<RandomAccessFile>> open_files;  // guarded by files_mu
+  // id -> what is wrong with its file; guarded by files_mu
+  std::unordered_map<std::uint64_t, std::string> damaged_segments;
   Result<std::shared_ptr<RandomAccessFile>> SegmentFile(std::uint64_t id);
   void ForgetSegmentFile(std::uint64_t id);
   // A read-only mapping of segment `id` covering at least its first `end`
@@ -171,7 +198,7 @@ struct Store::Impl {
   Status ReadExtent(const std::shared_ptr<RandomAccessFile>& file, const statestore_internal::Extent& e, const Hash128& h,
                     std::span<std::byte> dst);
 
-  std::shared_ptr<Lease::Table> leases = std::make_shared<Lease::Table>();
+  std::shared_ptr<Lease::Table> leases = std::make_shared<Lease::Table>();  // locks its own mu
 
   // Reads ahead for fetches (null when StoreOptions::fetch_read_threads is 0).
   std::unique_ptr<WorkerPool> read_pool;
@@ -183,24 +210,40 @@ struct Store::Impl {
     std::uint64_t hits = 0;
   };
   std::mutex touch_mu;
-  std::unordered_map<EntryId, PendingTouch> pending_touches;
+  std::unordered_map<EntryId, PendingTouch> pending_touches;  // guarded by touch_mu
 
-  // Which index nodes and exact records exist (see node_filter.h).
+  // Which index nodes and exact records exist (see node_filter.h); each is
+  // guarded by its own mu (shared to ask, exclusive to change).
   statestore_internal::NodeFilter node_filter;   // 'N' keys, by slot total
   statestore_internal::NodeFilter exact_filter;  // 'X' keys, by id count
   Status LoadFilters();
 
   // Admission: sightings of boundaries, in memory, bounded.
   std::mutex sight_mu;
-  std::unordered_map<std::string, std::uint32_t> sightings;
-  std::deque<std::string> sighting_order;
+  std::unordered_map<std::string, std::uint32_t> sightings;  // guarded by sight_mu
+  std::deque<std::string> sighting_order;                    // oldest first; guarded by sight_mu
 
   ~Impl();
 
-  // ---- store.cc
+  // Store::Open and statestore_internal::OpenWithHooks.
+  static Result<std::unique_ptr<Store>> Open(StoreOptions options,
+                                             std::shared_ptr<const statestore_internal::TestHooks> hooks);
+
+  // ---- store_open.cc
+  // Opens (creating or adopting) the RocksDB database, in steps: RocksDB's
+  // file system and options; an existing store's schema and parameters,
+  // read before anything is written (nullopt: none yet); the column
+  // families; a new store's first records.
   Status OpenDb();
+  rocksdb::DBOptions SetUpRocks();
+  Result<std::optional<std::uint32_t>> AdoptStored(const rocksdb::DBOptions& dbo,
+                                                   const std::vector<std::string>& existing);
+  Status OpenColumnFamilies(const rocksdb::DBOptions& dbo, bool has_schema);
+  Status InitialiseRecords();
   Status LoadState();
   Status CloseDb();
+
+  // ---- store.cc
   rocksdb::WriteOptions CommitWriteOptions() const;
   // db->Write, once Recover() allows it; after a failure, AfterWriteError.
   Status Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch, std::string_view what);
@@ -218,14 +261,11 @@ struct Store::Impl {
   // kFailedPrecondition when the store was opened read-only.
   Status Writable() const;
   std::atomic<bool> stopped{false};  // RocksDB is in its error state
-  std::mutex recover_mu;
+  std::mutex recover_mu;  // serialises Resume() attempts
   Status stop_cause;  // the write error that stopped it; guarded by recover_mu
   Status fatal;       // set when Resume() cannot help; guarded by recover_mu
   std::optional<std::uint64_t> FindScope(const Hash128& digest, std::string_view ns) const;
   std::optional<statestore_internal::ScopeRecord> ScopeById(std::uint64_t id) const;
-  // kNotFound unless the entry record `record` of `id` is of namespace `ns`.
-  Status CheckNamespace(EntryId id, std::string_view record, const std::string& ns) const;
-  Result<EntryInfo> MakeInfo(EntryId id, const statestore_internal::EntrySummary& s, EntryState state);
   void PublishCounters(const Counters& c);
   std::uint64_t StoredBytes(const Counters& c) const { return c.chunk_bytes + c.meta_bytes; }
   Counters WithLiveStats(Counters c) const;
@@ -236,11 +276,16 @@ struct Store::Impl {
   void NoteSighting(const std::string& key);
   std::uint32_t Sightings(const std::string& key);
 
-  // Recency.
+  // ---- list.cc
+  Result<EntryInfo> MakeInfo(EntryId id, const statestore_internal::EntrySummary& s, EntryState state);
+
+  // ---- recency.cc (and Txn's eviction)
   void Touch(EntryId id, bool hit);
   Status FlushTouches();  // requires write_mu
 
   // ---- read.cc
+  // kNotFound unless the entry record `record` of `id` is of namespace `ns`.
+  Status CheckNamespace(EntryId id, std::string_view record, const std::string& ns) const;
   Status GetValue(rocksdb::ColumnFamilyHandle* cf, const std::string& key, std::string* value, bool* found,
                   const rocksdb::ReadOptions& ro = rocksdb::ReadOptions());
   // Whether the stored tokens of `id` equal `tokens`; quarantines an entry
@@ -287,7 +332,7 @@ struct Store::Impl {
   void ReclaimLoop();
   Status ReclaimNow();
   void StopReclaimer();
-  std::thread reclaimer;
+  std::thread reclaimer;  // started under reclaim_mu
   std::mutex reclaim_mu;
   std::condition_variable reclaim_cv;
   std::uint64_t reclaim_pending = 0;       // guarded by reclaim_mu
@@ -365,6 +410,11 @@ class Txn {
   // Removes a live entry (references, index, records); false when it is not
   // there. With a reason, it goes to quarantine instead of away.
   Result<bool> RemoveEntry(EntryId id, const std::optional<std::string>& quarantine_reason);
+  // Deletes every record keyed by entry `id`: its entry, manifest and tokens
+  // records and its recency (access and age) records. An unreadable access
+  // record fails the batch, unless tolerate_bad_access (its age record,
+  // which only that record locates, then stays: Verify reports it).
+  Status DeleteEntryRecords(EntryId id, bool tolerate_bad_access);
   // A quarantined entry's manifest was unreadable, so its references could
   // not be dropped one by one: the caller rebuilds them after the commit.
   bool needs_rebuild() const { return needs_rebuild_; }

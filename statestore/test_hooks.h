@@ -1,10 +1,12 @@
-// Test-only knobs of a Store (StoreOptions::test_hooks). Not for production use.
+// Test-only knobs of a Store, given to OpenWithHooks (not part of the public
+// API: include/primecache/statestore.h knows nothing of them).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 
+#include "primecache/statestore.h"
 #include "statestore/token_hash.h"
 
 namespace primecache::statestore_internal {
@@ -44,5 +46,8 @@ struct FreezeHook {
     return frozen->load();
   }
 };
+
+// Store::Open with test knobs (null hooks: exactly Store::Open).
+Result<std::unique_ptr<Store>> OpenWithHooks(StoreOptions options, std::shared_ptr<const TestHooks> hooks);
 
 }  // namespace primecache::statestore_internal

@@ -1,9 +1,9 @@
-// Metadata batches: chunk references, the prefix index, entry removal,
-// eviction, and the atomic write that ends each batch.
+// Metadata batches: chunk references, the prefix index, entry removal and
+// the atomic write that ends each batch (eviction's choice of victims:
+// recency.cc).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "statestore/kill_point.h"
 #include "statestore/rocks_env.h"
@@ -330,16 +330,7 @@ Result<bool> Txn::RemoveEntry(EntryId id, const std::optional<std::string>& quar
   PC_RETURN_IF_ERROR(
       IndexRemove(s.scope, s.length,
                   BoundaryPlace{(s.length - 1) / s_.params.block_tokens, s.node_hash, s.exact_hash}, id));
-  std::string av;
-  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_lru, AccessKey(id), &av, &found));
-  if (found) {
-    PC_ASSIGN_OR_RETURN(AccessRecord a, DecodeAccess(av));
-    batch_.Delete(s_.cf_lru, AgeKey(a.tick, id));
-    batch_.Delete(s_.cf_lru, AccessKey(id));
-  }
-  batch_.Delete(s_.cf_entries, key);
-  batch_.Delete(s_.cf_manifests, key);
-  batch_.Delete(s_.cf_tokens, key);
+  PC_RETURN_IF_ERROR(DeleteEntryRecords(id, /*tolerate_bad_access=*/false));
   --c_.entries;
   c_.logical_chunk_bytes -= s.chunk_bytes;
   c_.meta_bytes -= s.meta_bytes;
@@ -357,108 +348,21 @@ Result<bool> Txn::RemoveEntry(EntryId id, const std::optional<std::string>& quar
   return true;
 }
 
-// ---- eviction ---------------------------------------------------------------------------------
-
-// Bytes evicting `id` would free now: its chunks no other entry references,
-// plus its metadata.
-Result<double> Txn::ExclusiveBytes(EntryId id, const EntrySummary& s) {
-  std::string mv;
+Status Txn::DeleteEntryRecords(EntryId id, bool tolerate_bad_access) {
+  std::string av;
   bool found = false;
-  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_manifests, IdKey(id), &mv, &found));
-  double bytes = static_cast<double>(s.meta_bytes);
-  if (!found) return bytes;
-  PC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(mv, kMaxChunkBytesLimit));
-  std::unordered_map<Hash128, std::pair<std::uint64_t, std::uint64_t>, Hash128Hasher> counts;  // n, size
-  for (const auto& layer : m.layers) {
-    for (const auto& c : layer.chunks) {
-      auto& e = counts[c.hash];
-      ++e.first;
-      e.second = c.size;
+  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_lru, AccessKey(id), &av, &found));
+  if (found) {
+    auto a = DecodeAccess(av);
+    if (a.ok()) {
+      batch_.Delete(s_.cf_lru, AgeKey(a->tick, id));
+    } else if (!tolerate_bad_access) {
+      return a.status();
     }
+    batch_.Delete(s_.cf_lru, AccessKey(id));
   }
-  for (const auto& [h, e] : counts) {
-    PC_ASSIGN_OR_RETURN(ChunkRefRecord * r, Ref(h));
-    if (r->refs <= e.first) bytes += static_cast<double>(e.second);
-  }
-  return bytes;
-}
-
-Result<std::optional<EntryId>> Txn::PickVictim(std::optional<EntryId> keep) {
-  struct Candidate {
-    EntryId id;
-    std::uint64_t tick;
-    double flops_per_byte;
-  };
-  std::vector<Candidate> window;
-  const bool lru = s_.opts.eviction == EvictionPolicy::kLru;
-  const std::size_t want = lru ? 1 : s_.opts.utility_window;
-  std::unique_ptr<rocksdb::Iterator> it(s_.db->NewIterator(rocksdb::ReadOptions(), s_.cf_lru));
-  std::string prefix(1, kAgeTag);
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix) && window.size() < want; it->Next()) {
-    if (it->key().size() != 17) return Status::Corruption("malformed recency key");
-    std::uint64_t tick = GetBE64(it->key().data() + 1);
-    EntryId id = GetBE64(it->key().data() + 9);
-    if ((keep && id == *keep) || removed_.count(id) != 0 || s_.leases->Leased(id)) continue;
-    if (lru) {
-      window.push_back({id, tick, 0});
-      break;
-    }
-    std::string sv;
-    bool found = false;
-    PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_entries, IdKey(id), &sv, &found));
-    if (!found) continue;
-    PC_ASSIGN_OR_RETURN(EntrySummary s, DecodeSummary(sv));
-    PC_ASSIGN_OR_RETURN(double freed, ExclusiveBytes(id, s));
-    window.push_back({id, tick, s.flops / std::max(freed, 1.0)});
-  }
-  PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan recency"));
-  if (window.empty()) return std::optional<EntryId>();
-  if (lru) return std::optional<EntryId>(window.front().id);
-
-  // Marconi-style utility: recency and FLOPs saved per byte freed, each
-  // normalised over the window; the lowest goes (ties: the older).
-  std::uint64_t t0 = window.front().tick, t1 = window.front().tick;
-  double e1 = 0;
-  for (const auto& c : window) {
-    t0 = std::min(t0, c.tick);
-    t1 = std::max(t1, c.tick);
-    e1 = std::max(e1, c.flops_per_byte);
-  }
-  const Candidate* best = nullptr;
-  double best_u = 0;
-  for (const auto& c : window) {
-    double rec = t1 > t0 ? static_cast<double>(c.tick - t0) / static_cast<double>(t1 - t0) : 0.0;
-    double eff = e1 > 0 ? c.flops_per_byte / e1 : 0.0;
-    double u = rec + s_.opts.utility_alpha * eff;
-    if (best == nullptr || u < best_u || (u == best_u && c.tick < best->tick)) {
-      best = &c;
-      best_u = u;
-    }
-  }
-  return std::optional<EntryId>(best->id);
-}
-
-Status Txn::EvictToBudget(std::uint64_t budget, std::optional<EntryId> keep, std::uint64_t* evicted) {
-  *evicted = 0;
-  while (s_.StoredBytes(c_) > budget) {
-    PC_ASSIGN_OR_RETURN(auto victim, PickVictim(keep));
-    if (!victim) {
-      return Status::ResourceExhausted("byte budget " + std::to_string(budget) +
-                                       " exceeded: " + std::to_string(s_.StoredBytes(c_)) +
-                                       " bytes needed and nothing left that may be evicted");
-    }
-    if (!MarkDying(*victim)) {  // leased since the scan: try the next
-      removed_.insert(*victim);
-      continue;
-    }
-    PC_ASSIGN_OR_RETURN(bool removed, RemoveEntry(*victim, std::nullopt));
-    if (!removed) {  // a recency record without its entry: never pick it again here
-      removed_.insert(*victim);
-      continue;
-    }
-    ++c_.evictions;
-    ++*evicted;
-  }
+  const std::string key = IdKey(id);
+  for (auto* cf : {s_.cf_entries, s_.cf_manifests, s_.cf_tokens}) batch_.Delete(cf, key);
   return Status::Ok();
 }
 

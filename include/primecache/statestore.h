@@ -236,10 +236,6 @@ enum class EvictionPolicy : std::uint8_t {
   kUtility = 1,  // Marconi-style: recency + alpha * (FLOPs saved / bytes freed), lowest first
 };
 
-namespace statestore_internal {
-struct TestHooks;  // statestore/test_hooks.h
-}
-
 struct StoreOptions {
   std::string path;    // the store's directory; empty: DefaultDataDir() + "/store"
   Env* env = nullptr;  // nullptr: Env::Default(); must outlive the store
@@ -295,7 +291,6 @@ struct StoreOptions {
   std::uint64_t reclaim_after_bytes = 16ull << 20;
 
   std::shared_ptr<const LayerValidator> validator;  // nullptr: CodecLayerValidator()
-  std::shared_ptr<const statestore_internal::TestHooks> test_hooks;
 };
 
 class Store {
@@ -311,6 +306,14 @@ class Store {
   // gives its id); kAborted: not admitted yet (seen fewer times than
   // admit_after_sightings); kInvalidArgument: a malformed request.
   Result<std::unique_ptr<Publisher>> BeginPublish(PublishRequest request);
+  // BeginPublish for a caller that takes an existing identity as success:
+  // either a publisher, or (publisher null) the id of the entry already
+  // stored under this identity. The errors are BeginPublish's but kAlreadyExists.
+  struct PublishStart {
+    std::unique_ptr<Publisher> publisher;
+    std::optional<EntryId> existing;
+  };
+  Result<PublishStart> StartPublish(PublishRequest request);
   // BeginPublish, every layer, Commit. An existing identity is not an error:
   // the result says existed.
   Result<PublishResult> Publish(PublishRequest request, std::span<const LayerBytes> layers);

@@ -56,12 +56,11 @@ struct FaultStore {
         std::make_shared<std::atomic<std::int64_t>>(std::numeric_limits<std::int64_t>::max());
     options.env = fenv.get();
     options.path = "/s";
-    options.test_hooks = hooks;
     Open();
   }
   void Open() {
     store.reset();
-    auto s = Store::Open(options);
+    auto s = statestore_internal::OpenWithHooks(options, hooks);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store = std::move(s).value();
   }
@@ -437,15 +436,14 @@ TEST(PowerLossAtCreation, TheStoreOpensAfterwards) {
     StoreOptions o;
     o.env = &fenv;
     o.path = "/s";
-    o.test_hooks = hooks;
     {
-      auto s = Store::Open(o);  // fails or not: the power goes either way
+      auto s = statestore_internal::OpenWithHooks(o, hooks);  // fails or not: the power goes either way
       hooks->freeze_io->store(true);
     }
     ASSERT_TRUE(fenv.SimulateCrash().ok());
     hooks->freeze_io->store(false);
     hooks->freeze_countdown->store(std::numeric_limits<std::int64_t>::max());
-    auto s = Store::Open(o);
+    auto s = statestore_internal::OpenWithHooks(o, hooks);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     EXPECT_EQ((*s)->Stat()->entries, 0u);
     ExpectConsistent(**s);

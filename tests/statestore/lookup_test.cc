@@ -47,15 +47,18 @@ const TestModel kTiny = [] {
   return m;
 }();
 
-StoreOptions WithHasher(const TokenHasher* h, std::uint32_t block) {
+StoreOptions WithBlock(std::uint32_t block) {
   StoreOptions o;
   o.block_tokens = block;
-  if (h != nullptr) {
-    auto hooks = std::make_shared<TestHooks>();
-    hooks->hasher = h;
-    o.test_hooks = hooks;
-  }
   return o;
+}
+
+// Test knobs that replace the index's token hasher (none for nullptr).
+std::shared_ptr<const TestHooks> WithHasher(const TokenHasher* h) {
+  if (h == nullptr) return nullptr;
+  auto hooks = std::make_shared<TestHooks>();
+  hooks->hasher = h;
+  return hooks;
 }
 
 std::optional<std::pair<EntryId, std::uint64_t>> Find(Store& s, const std::vector<std::uint32_t>& q,
@@ -69,7 +72,7 @@ std::optional<std::pair<EntryId, std::uint64_t>> Find(Store& s, const std::vecto
 class LookupByBlock : public ::testing::TestWithParam<std::uint32_t> {};
 
 TEST_P(LookupByBlock, EveryQueryLengthFindsTheLongestStoredBoundary) {
-  MemStore m(WithHasher(nullptr, GetParam()));
+  MemStore m(WithBlock(GetParam()), WithHasher(nullptr));
   auto conv = Conversation(1100, 1);
   const std::vector<std::size_t> lengths = {5, 16, 17, 100, 255, 256, 257, 511, 512, 600, 1000};
   std::map<std::size_t, EntryId> ids;
@@ -91,7 +94,7 @@ TEST_P(LookupByBlock, EveryQueryLengthFindsTheLongestStoredBoundary) {
 INSTANTIATE_TEST_SUITE_P(Blocks, LookupByBlock, ::testing::Values(1u, 7u, 16u, 256u));
 
 TEST(Lookup, BranchingConversations) {
-  MemStore m(WithHasher(nullptr, 64));
+  MemStore m(WithBlock(64), WithHasher(nullptr));
   auto a = Conversation(600, 10);
   auto b = Prefix(a, 300);
   auto tail = Conversation(300, 11);
@@ -109,7 +112,7 @@ TEST(Lookup, BranchingConversations) {
 }
 
 TEST(Lookup, ExactLengthAndNoMatch) {
-  MemStore m(WithHasher(nullptr, 32));
+  MemStore m(WithBlock(32), WithHasher(nullptr));
   auto a = Conversation(100, 12);
   EntryId id = MustPublish(*m.store, a, 1, "", kTiny);
   auto hit = Find(*m.store, a);
@@ -126,7 +129,7 @@ TEST(Lookup, ExactLengthAndNoMatch) {
 }
 
 TEST(Lookup, NamespacesAndFingerprintsAreKeptApart) {
-  MemStore m(WithHasher(nullptr, 16));
+  MemStore m(WithBlock(16), WithHasher(nullptr));
   auto t = Conversation(80, 13);
   EntryId m1a = MustPublish(*m.store, t, 1, "a", kTiny);
   EntryId m1b = MustPublish(*m.store, t, 1, "b", kTiny);
@@ -144,7 +147,7 @@ TEST(Lookup, NamespacesAndFingerprintsAreKeptApart) {
 
 TEST(Lookup, CollisionsNeverServeTheWrongState) {
   CollidingHasher colliding;
-  MemStore m(WithHasher(&colliding, 8));
+  MemStore m(WithBlock(8), WithHasher(&colliding));
   // Same lengths, different tokens: every index record collides.
   std::vector<std::vector<std::uint32_t>> convs;
   std::vector<EntryId> ids;
@@ -174,17 +177,15 @@ TEST(Lookup, CollisionsNeverServeTheWrongState) {
 
 TEST(Lookup, OpeningWithAnotherHasherIsRefused) {
   CollidingHasher colliding;
-  MemStore m(WithHasher(&colliding, 8));
+  MemStore m(WithBlock(8), WithHasher(&colliding));
   MustPublish(*m.store, Conversation(20, 1), 1, "", kTiny);
   m.store.reset();
-  StoreOptions o = m.options;
-  o.test_hooks.reset();
-  auto s = Store::Open(o);
+  auto s = Store::Open(m.options);  // the default hasher
   EXPECT_TRUE(s.status().IsFailedPrecondition()) << s.status().ToString();
 }
 
 TEST(Lookup, CountsHitsMissesAndCanTakeALease) {
-  MemStore m(WithHasher(nullptr, 16));
+  MemStore m(WithBlock(16), WithHasher(nullptr));
   auto t = Conversation(50, 14);
   EntryId id = MustPublish(*m.store, t, 1, "", kTiny);
   ASSERT_TRUE(Find(*m.store, t));
@@ -227,7 +228,7 @@ TEST_P(LookupDifferential, MatchesBruteForce) {
   const TokenHasher* h = GetParam().hasher == 1   ? static_cast<const TokenHasher*>(&colliding)
                          : GetParam().hasher == 2 ? static_cast<const TokenHasher*>(&weak)
                                                   : nullptr;
-  MemStore m(WithHasher(h, GetParam().block));
+  MemStore m(WithBlock(GetParam().block), WithHasher(h));
   std::mt19937_64 rng(1234 + GetParam().block);
   // Tokens from a tiny alphabet so that sequences share prefixes often.
   std::vector<std::vector<std::uint32_t>> bases;
@@ -294,7 +295,7 @@ INSTANTIATE_TEST_SUITE_P(Hashers, LookupDifferential,
 // A hit carries what a restore sizes itself by, the same figures Describe
 // gives, without a Describe of its own.
 TEST(Lookup, HitCarriesTheEntrysSizes) {
-  MemStore m(WithHasher(nullptr, 16));
+  MemStore m(WithBlock(16), WithHasher(nullptr));
   auto t = Conversation(70, 21);
   EntryId id = MustPublish(*m.store, t, 1, "", kTiny);
   auto r = m.store->Lookup(ModelDigest(1), "", t);

@@ -126,9 +126,8 @@ TEST_P(Migrate, APowerLossMidMigrationResumes) {
     StoreOptions o;
     o.path = path;
     o.env = &fenv;
-    o.test_hooks = hooks;
     fenv.FailNth(FaultOp::kSync, static_cast<std::uint64_t>(n));
-    auto failed = Store::Open(o);
+    auto failed = si::OpenWithHooks(o, hooks);
     fenv.ClearFaults();
     if (failed.ok()) {  // a sync RocksDB can do without, or past the last one
       ExpectAllEntries(**failed, GetParam());
@@ -137,7 +136,7 @@ TEST_P(Migrate, APowerLossMidMigrationResumes) {
     ++interrupted;
     failed = Status::Ok();
     ASSERT_TRUE(fenv.SimulateCrash().ok());
-    auto s = Store::Open(o);
+    auto s = si::OpenWithHooks(o, hooks);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     ExpectAllEntries(**s, GetParam());
   }

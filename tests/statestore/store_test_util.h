@@ -20,6 +20,7 @@
 #include "primecache/env.h"
 #include "primecache/snapshot.h"
 #include "primecache/statestore.h"
+#include "statestore/test_hooks.h"
 
 namespace primecache::store_test {
 
@@ -142,20 +143,22 @@ inline PublishRequest Request(const std::vector<std::uint32_t>& tokens, std::uin
   return r;
 }
 
-// A store on a fresh in-memory Env.
+// A store on a fresh in-memory Env (with test knobs when `h` is set).
 struct MemStore {
   std::unique_ptr<Env> env = NewMemEnv();
   StoreOptions options;
+  std::shared_ptr<const statestore_internal::TestHooks> hooks;
   std::unique_ptr<Store> store;
 
-  explicit MemStore(StoreOptions o = {}) : options(std::move(o)) {
+  explicit MemStore(StoreOptions o = {}, std::shared_ptr<const statestore_internal::TestHooks> h = nullptr)
+      : options(std::move(o)), hooks(std::move(h)) {
     options.env = env.get();
     if (options.path.empty()) options.path = "/store";
     Reopen();
   }
   void Reopen() {
     store.reset();
-    auto s = Store::Open(options);
+    auto s = statestore_internal::OpenWithHooks(options, hooks);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store = std::move(s).value();
   }

@@ -153,9 +153,8 @@ bool PowerLossLoop::Iteration(int it) {
   StoreOptions so;
   so.env = &fenv;
   so.path = StorePath();
-  so.test_hooks = hooks;
   if (Status s = CreateDirs(Env::Default(), DataDir()); !s.ok()) return false;
-  auto store = Store::Open(so);
+  auto store = statestore_internal::OpenWithHooks(so, hooks);
   if (!store.ok()) {
     ++t_.open_failures;
     Say("power: iteration %d: open failed: %s", it, store.status().ToString().c_str());

@@ -1,0 +1,16 @@
+# Fails unless the binary WITH holds the kill points' arming variable
+# (PRIMECACHE_KILL_POINT) and the binary WITHOUT does not.
+foreach(var WITH WITHOUT)
+  if(NOT EXISTS "${${var}}")
+    message(FATAL_ERROR "${var}: no binary at '${${var}}' (build it first)")
+  endif()
+  file(STRINGS "${${var}}" found REGEX "PRIMECACHE_KILL_POINT" LIMIT_COUNT 1)
+  set(found_${var} "${found}")
+endforeach()
+if(NOT found_WITH)
+  message(FATAL_ERROR "${WITH} has no kill points: the crash tests could not arm them")
+endif()
+if(found_WITHOUT)
+  message(FATAL_ERROR "${WITHOUT} has kill points compiled in; they belong to test builds only")
+endif()
+message(STATUS "kill points: in ${WITH}, not in ${WITHOUT}")
