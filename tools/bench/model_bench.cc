@@ -40,7 +40,7 @@
 #include "engine/device.h"
 #include "primecache/codec.h"
 #include "engine/model/hybrid_model.h"
-#include "engine/model/prefix_cache.h"
+#include "serving/prefix_cache.h"
 
 using namespace primecache;
 

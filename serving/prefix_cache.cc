@@ -1,4 +1,4 @@
-#include "engine/model/prefix_cache.h"
+#include "serving/prefix_cache.h"
 
 #include <spdlog/spdlog.h>
 
