@@ -166,8 +166,8 @@ class LayerPlanner {
     if (l.format.rotating() && req_.round_tokens != 0) {
       if (req_.round_tokens > r.rows) {
         AddProblem(&problems_, i,
-                   "a round of " + std::to_string(req_.round_tokens) + " tokens passes the rotating buffer of " +
-                       std::to_string(r.rows) + " rows");
+                   "a round of " + std::to_string(req_.round_tokens) +
+                       " tokens passes the rotating buffer of " + std::to_string(r.rows) + " rows");
       }
       r.round_k = arena_.Take(arena_.Mul(req_.round_tokens, l.k_width, kF32));
       r.round_v = arena_.Take(arena_.Mul(req_.round_tokens, l.v_width, kF32));
@@ -195,9 +195,9 @@ class LayerPlanner {
     p_.pinned_bytes = slots_bytes;
     if (__builtin_add_overflow(sessions_bytes, slots_bytes, &p_.device_bytes) || arena_.overflow() ||
         slot_.overflow() || total.overflow()) {
-      return Status::InvalidArgument("reserve: sizes overflow 64 bits (max_ctx " + std::to_string(req_.max_ctx) +
-                                     ", sessions " + std::to_string(req_.sessions) + ", slots " +
-                                     std::to_string(req_.snapshot_slots) + ")");
+      return Status::InvalidArgument(
+          "reserve: sizes overflow 64 bits (max_ctx " + std::to_string(req_.max_ctx) + ", sessions " +
+          std::to_string(req_.sessions) + ", slots " + std::to_string(req_.snapshot_slots) + ")");
     }
     return std::move(p_);
   }
@@ -208,13 +208,14 @@ class LayerPlanner {
     const std::uint64_t ring = req_.index_ring_rows;
     if (ring != 0 && ring < l.pool) {
       AddProblem(&problems_, i,
-                 "a ring of " + std::to_string(ring) + " rows holds less than one pool of " + std::to_string(l.pool));
+                 "a ring of " + std::to_string(ring) + " rows holds less than one pool of " +
+                     std::to_string(l.pool));
     } else if (ring != 0 && ring < MinRingRows(l.pool, req_.round_tokens)) {
       AddProblem(&problems_, i,
                  "a ring of " + std::to_string(ring) + " rows cannot hold a round of " +
                      std::to_string(req_.round_tokens) + " tokens after a partial pool of " +
-                     std::to_string(l.pool) + " (it needs " + std::to_string(MinRingRows(l.pool, req_.round_tokens)) +
-                     ")");
+                     std::to_string(l.pool) + " (it needs " +
+                     std::to_string(MinRingRows(l.pool, req_.round_tokens)) + ")");
     }
   }
 
