@@ -239,7 +239,7 @@ Result<SessionCache::Sources> SessionCache::FullSources() {
         src.FromDevice(2, 0, l->keys_, s.pool_key_values());
       }
     } else if (RecurrentLayer* r = recurrent(i)) {
-      src.NewLayer(RecurrentShape{r->plan_.heads, r->plan_.head_dim, r->plan_.kernel});
+      src.NewLayer(r->plan_);
       src.FromDevice(0, 0, r->committed_conv_ring(), r->plan_.conv_values());
       src.FromDevice(1, 0, r->committed_state(), r->plan_.state_values());
     } else {
@@ -502,7 +502,7 @@ Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
     } else if (const RecurrentLayer* r = recurrent(i)) {
       const auto* e = std::get_if<RecurrentSnapshot>(&el);
       if (e == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
-      const RecurrentShape want{r->plan().heads, r->plan().head_dim, r->plan().kernel};
+      const RecurrentShape& want = r->plan();
       if (!(e->shape() == want) || e->conv_ring.size() != want.conv_values() ||
           e->state.size() != want.state_values()) {
         return LayerRefusal(i, "the eager recurrent state does not have the layer's shape");

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "kernels/conv_ring.h"
 #include "kernels/kda_scan.h"
@@ -48,6 +49,9 @@
 #include "primecache/status.h"
 
 namespace primecache::engine {
+
+enum class DeviceKind : std::uint8_t { kCpu, kCuda };
+std::string_view DeviceKindName(DeviceKind kind);
 
 enum class Lane : std::uint8_t { kCompute = 0, kTransfer = 1 };
 

@@ -112,6 +112,119 @@ void AddProblem(std::string* problems, std::size_t layer, const std::string& wha
   *problems += (problems->empty() ? "" : "; ") + std::string("layer ") + std::to_string(layer) + ": " + what;
 }
 
+// Lays a plan's layers out, in layer order, in one session arena and one
+// snapshot slot, appending each layer's reserve and slot area to the plan and
+// collecting what the request cannot give a layer. The order of the Takes is
+// the layout: the engine carves its arenas at these offsets.
+class LayerPlanner {
+ public:
+  LayerPlanner(const ReserveRequest& req, ReservePlan* plan) : req_(req), p_(*plan) {}
+
+  void Add(std::size_t i, const LatentPlan& l) {
+    LatentReserve r;
+    r.rows = arena_.Take(arena_.Mul(req_.max_ctx, l.width(), kF32));
+    r.len_mirror = arena_.Take(sizeof(std::int32_t));
+    SlotArea area;
+    if (l.has_indexer()) {
+      CheckIndexRing(i, l);
+      r.index_is_ring = req_.index_ring_rows != 0;
+      r.index_rows = r.index_is_ring ? req_.index_ring_rows : req_.max_ctx;
+      r.index_plane = arena_.Take(arena_.Mul(r.index_rows, l.index_width(), kF32));
+      r.pool_key_capacity = req_.max_ctx / l.pool;
+      r.pool_keys = arena_.Take(arena_.Mul(r.pool_key_capacity, l.index_head_dim, kF32));
+      const std::uint64_t tail_bytes = arena_.Mul(l.pool - 1, l.index_width(), kF32);
+      r.tail_scratch = arena_.Take(tail_bytes);
+      area.tail = slot_.Take(tail_bytes);
+    }
+    p_.layers.emplace_back(r);
+    p_.slot_areas.push_back(area);
+  }
+
+  void Add(std::size_t /*i*/, const RecurrentPlan& l) {
+    RecurrentReserve r;
+    const std::uint64_t conv = arena_.Mul(l.conv_values(), kF32);
+    const std::uint64_t state = arena_.Mul(l.state_values(), kF32);
+    r.conv_ring = arena_.Take(conv);
+    r.state[0] = arena_.Take(state);
+    r.state[1] = arena_.Take(state);
+    r.round = TakeRoundStash(arena_, l, req_.round_tokens);
+    SlotArea area;
+    area.conv_ring = slot_.Take(conv);
+    area.state = slot_.Take(state);
+    p_.layers.emplace_back(r);
+    p_.slot_areas.push_back(area);
+  }
+
+  void Add(std::size_t i, const KvPlan& l) {
+    KvReserve r;
+    r.rows = l.capacity(req_.max_ctx);
+    const std::uint64_t k_bytes = arena_.Mul(r.rows, l.k_width, kF32);
+    const std::uint64_t v_bytes = arena_.Mul(r.rows, l.v_width, kF32);
+    r.k_rows = arena_.Take(k_bytes);
+    r.v_rows = arena_.Take(v_bytes);
+    r.len_mirror = arena_.Take(sizeof(std::int32_t));
+    if (l.format.rotating() && req_.round_tokens != 0) {
+      if (req_.round_tokens > r.rows) {
+        AddProblem(&problems_, i,
+                   "a round of " + std::to_string(req_.round_tokens) +
+                       " tokens passes the rotating buffer of " + std::to_string(r.rows) + " rows");
+      }
+      r.round_k = arena_.Take(arena_.Mul(req_.round_tokens, l.k_width, kF32));
+      r.round_v = arena_.Take(arena_.Mul(req_.round_tokens, l.v_width, kF32));
+    }
+    SlotArea area;
+    if (l.format.rotating()) {
+      area.k_rows = slot_.Take(k_bytes);
+      area.v_rows = slot_.Take(v_bytes);
+    }
+    p_.layers.emplace_back(r);
+    p_.slot_areas.push_back(area);
+  }
+
+  const std::string& problems() const { return problems_; }
+
+  // The totals: arena and slot sizes rounded to the allocation granule, and
+  // what every session and slot takes together; InvalidArgument when any
+  // size overflowed 64 bits.
+  Result<ReservePlan> Finish() {
+    Layout total;
+    p_.session_bytes = total.RoundUp(arena_.end(), kAllocationGranule);
+    p_.slot_bytes = total.RoundUp(slot_.end(), kAllocationGranule);
+    const std::uint64_t sessions_bytes = total.Mul(p_.session_bytes, req_.sessions);
+    const std::uint64_t slots_bytes = total.Mul(p_.slot_bytes, req_.snapshot_slots);
+    p_.pinned_bytes = slots_bytes;
+    if (__builtin_add_overflow(sessions_bytes, slots_bytes, &p_.device_bytes) || arena_.overflow() ||
+        slot_.overflow() || total.overflow()) {
+      return Status::InvalidArgument(
+          "reserve: sizes overflow 64 bits (max_ctx " + std::to_string(req_.max_ctx) + ", sessions " +
+          std::to_string(req_.sessions) + ", slots " + std::to_string(req_.snapshot_slots) + ")");
+    }
+    return std::move(p_);
+  }
+
+ private:
+  // A ring index plane must hold a pool, and a round after a partial pool.
+  void CheckIndexRing(std::size_t i, const LatentPlan& l) {
+    const std::uint64_t ring = req_.index_ring_rows;
+    if (ring != 0 && ring < l.pool) {
+      AddProblem(&problems_, i,
+                 "a ring of " + std::to_string(ring) + " rows holds less than one pool of " +
+                     std::to_string(l.pool));
+    } else if (ring != 0 && ring < MinRingRows(l.pool, req_.round_tokens)) {
+      AddProblem(&problems_, i,
+                 "a ring of " + std::to_string(ring) + " rows cannot hold a round of " +
+                     std::to_string(req_.round_tokens) + " tokens after a partial pool of " +
+                     std::to_string(l.pool) + " (it needs " +
+                     std::to_string(MinRingRows(l.pool, req_.round_tokens)) + ")");
+    }
+  }
+
+  const ReserveRequest& req_;
+  ReservePlan& p_;
+  Layout arena_, slot_;
+  std::string problems_;
+};
+
 }  // namespace
 
 std::uint64_t MinRingRows(std::uint32_t pool, std::uint32_t round_tokens) {
@@ -145,96 +258,12 @@ Result<ReservePlan> PlanReserve(const ReserveRequest& req) {
 
   ReservePlan p;
   p.request = req;
-  Layout arena, slot;
-  std::string problems;
+  LayerPlanner planner(req, &p);
   for (std::size_t i = 0; i < req.plan.layers.size(); ++i) {
-    std::visit(
-        [&](const auto& l) {
-          using T = std::decay_t<decltype(l)>;
-          if constexpr (std::is_same_v<T, LatentPlan>) {
-            LatentReserve r;
-            r.rows = arena.Take(arena.Mul(req.max_ctx, l.width(), kF32));
-            r.len_mirror = arena.Take(sizeof(std::int32_t));
-            SlotArea area;
-            if (l.has_indexer()) {
-              if (req.index_ring_rows != 0 && req.index_ring_rows < l.pool) {
-                AddProblem(&problems, i,
-                           "a ring of " + std::to_string(req.index_ring_rows) +
-                               " rows holds less than one pool of " + std::to_string(l.pool));
-              } else if (req.index_ring_rows != 0 &&
-                         req.index_ring_rows < MinRingRows(l.pool, req.round_tokens)) {
-                AddProblem(&problems, i,
-                           "a ring of " + std::to_string(req.index_ring_rows) +
-                               " rows cannot hold a round of " + std::to_string(req.round_tokens) +
-                               " tokens after a partial pool of " + std::to_string(l.pool) + " (it needs " +
-                               std::to_string(MinRingRows(l.pool, req.round_tokens)) + ")");
-              }
-              r.index_is_ring = req.index_ring_rows != 0;
-              r.index_rows = r.index_is_ring ? req.index_ring_rows : req.max_ctx;
-              r.index_plane = arena.Take(arena.Mul(r.index_rows, l.index_width(), kF32));
-              r.pool_key_capacity = req.max_ctx / l.pool;
-              r.pool_keys = arena.Take(arena.Mul(r.pool_key_capacity, l.index_head_dim, kF32));
-              const std::uint64_t tail_bytes = arena.Mul(l.pool - 1, l.index_width(), kF32);
-              r.tail_scratch = arena.Take(tail_bytes);
-              area.tail = slot.Take(tail_bytes);
-            }
-            p.layers.emplace_back(r);
-            p.slot_areas.push_back(area);
-          } else if constexpr (std::is_same_v<T, RecurrentPlan>) {
-            RecurrentReserve r;
-            const std::uint64_t conv = arena.Mul(l.conv_values(), kF32);
-            const std::uint64_t state = arena.Mul(l.state_values(), kF32);
-            r.conv_ring = arena.Take(conv);
-            r.state[0] = arena.Take(state);
-            r.state[1] = arena.Take(state);
-            r.round = TakeRoundStash(arena, l, req.round_tokens);
-            SlotArea area;
-            area.conv_ring = slot.Take(conv);
-            area.state = slot.Take(state);
-            p.layers.emplace_back(r);
-            p.slot_areas.push_back(area);
-          } else {
-            KvReserve r;
-            r.rows = l.capacity(req.max_ctx);
-            const std::uint64_t k_bytes = arena.Mul(r.rows, l.k_width, kF32);
-            const std::uint64_t v_bytes = arena.Mul(r.rows, l.v_width, kF32);
-            r.k_rows = arena.Take(k_bytes);
-            r.v_rows = arena.Take(v_bytes);
-            r.len_mirror = arena.Take(sizeof(std::int32_t));
-            if (l.format.rotating() && req.round_tokens != 0) {
-              if (req.round_tokens > r.rows) {
-                AddProblem(&problems, i,
-                           "a round of " + std::to_string(req.round_tokens) +
-                               " tokens passes the rotating buffer of " + std::to_string(r.rows) + " rows");
-              }
-              r.round_k = arena.Take(arena.Mul(req.round_tokens, l.k_width, kF32));
-              r.round_v = arena.Take(arena.Mul(req.round_tokens, l.v_width, kF32));
-            }
-            SlotArea area;
-            if (l.format.rotating()) {
-              area.k_rows = slot.Take(k_bytes);
-              area.v_rows = slot.Take(v_bytes);
-            }
-            p.layers.emplace_back(r);
-            p.slot_areas.push_back(area);
-          }
-        },
-        req.plan.layers[i]);
+    std::visit([&](const auto& l) { planner.Add(i, l); }, req.plan.layers[i]);
   }
-  if (!problems.empty()) return Status::InvalidArgument("reserve: " + problems);
-  Layout total;
-  p.session_bytes = total.RoundUp(arena.end(), kAllocationGranule);
-  p.slot_bytes = total.RoundUp(slot.end(), kAllocationGranule);
-  const std::uint64_t sessions_bytes = total.Mul(p.session_bytes, req.sessions);
-  const std::uint64_t slots_bytes = total.Mul(p.slot_bytes, req.snapshot_slots);
-  p.pinned_bytes = slots_bytes;
-  if (__builtin_add_overflow(sessions_bytes, slots_bytes, &p.device_bytes) || arena.overflow() ||
-      slot.overflow() || total.overflow()) {
-    return Status::InvalidArgument("reserve: sizes overflow 64 bits (max_ctx " + std::to_string(req.max_ctx) +
-                                   ", sessions " + std::to_string(req.sessions) + ", slots " +
-                                   std::to_string(req.snapshot_slots) + ")");
-  }
-  return p;
+  if (!planner.problems().empty()) return Status::InvalidArgument("reserve: " + planner.problems());
+  return planner.Finish();
 }
 
 Result<ReservePlan> Preflight(const ReserveRequest& request, std::uint64_t free_bytes) {

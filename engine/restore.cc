@@ -98,15 +98,7 @@ std::vector<LayerGeometry> RestoreGeometry(const ReserveRequest& request) {
   std::vector<LayerGeometry> g;
   g.reserve(request.plan.layers.size());
   for (const LayerPlan& lp : request.plan.layers) {
-    if (const auto* l = std::get_if<LatentPlan>(&lp)) {
-      const std::uint64_t ring = l->has_indexer() ? EffectiveRingRows(request.index_ring_rows, l->pool) : 0;
-      g.emplace_back(LatentGeometry{l->width(), l->index_width(), l->pool, ring, request.max_ctx});
-    } else if (const auto* r = std::get_if<RecurrentPlan>(&lp)) {
-      g.emplace_back(RecurrentGeometry{r->heads, r->head_dim, r->kernel});
-    } else {
-      const auto& kv = std::get<KvPlan>(lp);
-      g.emplace_back(KvGeometry{kv.k_width, kv.v_width, request.max_ctx, kv.format});
-    }
+    g.push_back(GeometryOf(lp, request.max_ctx, request.index_ring_rows));
   }
   return g;
 }

@@ -1,5 +1,7 @@
 #include "primecache/state_plan.h"
 
+#include "primecache/reserve.h"
+
 #include <string>
 #include <type_traits>
 
@@ -54,6 +56,16 @@ Status CheckPlan(const StatePlan& plan) {
   }
   if (!problems.empty()) return Status::InvalidArgument("state plan: " + problems);
   return Status::Ok();
+}
+
+LayerGeometry GeometryOf(const LayerPlan& layer, std::uint64_t max_ctx, std::uint64_t booked_ring_rows) {
+  if (const auto* l = std::get_if<LatentPlan>(&layer)) {
+    const std::uint64_t ring = l->has_indexer() ? EffectiveRingRows(booked_ring_rows, l->pool) : 0;
+    return LatentGeometry{l->width(), l->index_width(), l->pool, ring, max_ctx};
+  }
+  if (const auto* r = std::get_if<RecurrentPlan>(&layer)) return *r;
+  const auto& kv = std::get<KvPlan>(layer);
+  return KvGeometry{kv.k_width, kv.v_width, max_ctx, kv.format};
 }
 
 }  // namespace primecache::engine

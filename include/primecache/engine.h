@@ -37,7 +37,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -50,8 +49,15 @@ namespace primecache::engine {
 
 // ---- devices ----------------------------------------------------------------
 
-enum class DeviceKind : std::uint8_t { kCpu, kCuda };
-std::string_view DeviceKindName(DeviceKind kind);
+// A Device is opaque here: a caller makes one (NewCpuDevice, NewCudaDevice)
+// and hands it to Engine::Create, which shares it with every session. Its
+// interface (memory, lanes, transfers, events, the kernels) is the engine's
+// internal seam, engine/device.h, used by the layers built on the engine in
+// this tree (the model, serving, tests, benchmarks); it names the kernels'
+// argument types, so it is not public API. Device pointers handed to the
+// layers come from the caller's own allocations on the same device (host
+// memory on the CPU backend).
+class Device;
 
 struct CpuDeviceOptions {
   std::uint64_t memory_bytes = 8ull << 30;  // the "device memory" it hands out before refusing
@@ -62,7 +68,6 @@ struct CudaDeviceOptions {
   std::size_t staging_chunk_bytes = 8u << 20;  // each of the two pinned staging buffers
 };
 
-class Device;  // the seam: engine/device.h
 std::shared_ptr<Device> NewCpuDevice(const CpuDeviceOptions& options = {});
 // NotSupported when built without CUDA; Unavailable without a device.
 Result<std::shared_ptr<Device>> NewCudaDevice(const CudaDeviceOptions& options = {});
@@ -105,7 +110,7 @@ struct ScanInputs {
   float gate_lower_bound = 0.0f;
 };
 struct EngineCore;   // engine-internal shared state (arenas, slots)
-class Event;         // engine/device.h
+class Event;         // engine-internal (engine/device.h)
 
 class LatentLayer {
  public:
@@ -549,6 +554,7 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   const ReservePlan& reserve() const;
+  // The engine's device (opaque here; see Device above).
   Device& device() const;
   // A fresh session cache (its arena zeroed); ResourceExhausted when every
   // reserved session is open.

@@ -18,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "primecache/layer_shape.h"
 #include "primecache/snapshot.h"
 #include "primecache/status.h"
 
@@ -35,19 +36,11 @@ struct LatentPlan {
   friend bool operator==(const LatentPlan&, const LatentPlan&) = default;
 };
 
-struct RecurrentPlan {
-  std::uint32_t heads = 0;
-  std::uint32_t head_dim = 0;
-  std::uint32_t kernel = 0;  // short-conv kernel, >= 2
-
-  std::uint64_t conv_channels() const { return 3ull * heads * head_dim; }
-  std::uint64_t conv_values() const { return conv_channels() * (kernel - 1); }
-  std::uint64_t state_values() const { return std::uint64_t{heads} * head_dim * head_dim; }
-  friend bool operator==(const RecurrentPlan&, const RecurrentPlan&) = default;
-};
+// heads, head_dim, kernel (a short-conv kernel >= 2): layer_shape.h.
+using RecurrentPlan = RecurrentShape;
 
 // k_width, v_width in 4-byte words per token (KvShape); format: plain or
-// rotating, f32 or TurboQuant (snapshot.h).
+// rotating, f32 or TurboQuant (layer_shape.h).
 struct KvPlan {
   std::uint32_t k_width = 0;
   std::uint32_t v_width = 0;
@@ -75,5 +68,12 @@ inline constexpr std::uint32_t kMaxPlanDim = 1u << 20;
 // and kernel >= 2; KV widths >= 1; no dimension above kMaxPlanDim; at least
 // one layer. InvalidArgument naming every bad layer otherwise.
 Status CheckPlan(const StatePlan& plan);
+
+// The geometry a cache of this layer fixes for a restore (snapshot.h): the
+// plan's widths, pool and KV format, with the cache's capacity max_ctx and,
+// for an indexer, the effective ring of `booked_ring_rows` (EffectiveRingRows;
+// 0: a flat index plane). A model's identity uses 0 for both: a snapshot
+// restores into any cache that holds it.
+LayerGeometry GeometryOf(const LayerPlan& layer, std::uint64_t max_ctx, std::uint64_t booked_ring_rows);
 
 }  // namespace primecache::engine

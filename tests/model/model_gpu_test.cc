@@ -15,7 +15,7 @@
 
 #include <filesystem>
 
-#include "engine/model/prefix_cache.h"
+#include "serving/prefix_cache.h"
 
 #include "tests/gpu/gpu_daemon_path.h"  // before the daemon harness
 #include "tests/ipc/daemon_harness.h"

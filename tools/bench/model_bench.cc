@@ -36,8 +36,8 @@
 
 #include "engine/device.h"
 #include "engine/model/hybrid_model.h"
-#include "engine/model/prefix_cache.h"
 #include "primecache/codec.h"
+#include "serving/prefix_cache.h"
 #include "tools/common/daemon_process.h"
 
 using namespace primecache;

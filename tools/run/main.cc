@@ -28,10 +28,10 @@
 #include <fstream>
 #include <limits>
 
-#include "engine/model/prefix_cache.h"
 #include "engine/model/speculative.h"
 #include "primecache/env.h"
 #include "primecache/logging.h"
+#include "serving/prefix_cache.h"
 
 using namespace primecache;
 

@@ -1,4 +1,4 @@
-#include "engine/model/prefix_cache.h"
+#include "serving/prefix_cache.h"
 
 #include <spdlog/spdlog.h>
 
@@ -335,14 +335,7 @@ client::ModelId PrefixCache::ModelIdFor(const ModelConfig& config, const Weights
   // size, since a snapshot restores into caches of any capacity that holds it.
   std::vector<LayerGeometry> geometry;
   for (const auto& layer : HybridModel::PlanFor(config, weights).layers) {
-    if (const auto* l = std::get_if<engine::LatentPlan>(&layer)) {
-      geometry.push_back(LatentGeometry{l->width(), l->index_width(), l->pool, 0, 0});
-    } else if (const auto* r = std::get_if<engine::RecurrentPlan>(&layer)) {
-      geometry.push_back(RecurrentGeometry{r->heads, r->head_dim, r->kernel});
-    } else {
-      const auto& k = std::get<engine::KvPlan>(layer);
-      geometry.push_back(KvGeometry{k.k_width, k.v_width, 0, k.format});
-    }
+    geometry.push_back(engine::GeometryOf(layer, /*max_ctx=*/0, /*booked_ring_rows=*/0));
   }
   ModelFingerprint fp;
   fp.architecture = config.name;

@@ -11,7 +11,7 @@
 #include <set>
 #include <sstream>
 
-#include "engine/model/prefix_cache.h"
+#include "serving/prefix_cache.h"
 #include "tests/ipc/daemon_harness.h"
 #include "tests/model/model_test_util.h"
 
