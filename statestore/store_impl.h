@@ -399,6 +399,10 @@ class Txn {
   // Index values, read through this batch's own changes.
   Result<std::optional<std::string>> IndexValue(const std::string& key);
   void SetIndexValue(const std::string& key, std::optional<std::string> value);
+  // The entry ids of an exact record and the slots of a node (empty when the
+  // key holds nothing), as this transaction sees them.
+  Result<std::vector<std::uint64_t>> ExactIds(const std::string& key);
+  Result<std::vector<NodeSlot>> NodeSlots(const std::string& key);
   Status IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id);
   Status IndexRemove(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id);
 

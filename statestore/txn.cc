@@ -194,26 +194,30 @@ void Txn::SetIndexValue(const std::string& key, std::optional<std::string> value
   index_[key] = std::move(value);
 }
 
+Result<std::vector<std::uint64_t>> Txn::ExactIds(const std::string& key) {
+  PC_ASSIGN_OR_RETURN(auto v, IndexValue(key));
+  if (!v) return std::vector<std::uint64_t>();
+  return DecodeIds(*v);
+}
+
+Result<std::vector<NodeSlot>> Txn::NodeSlots(const std::string& key) {
+  PC_ASSIGN_OR_RETURN(auto v, IndexValue(key));
+  if (!v) return std::vector<NodeSlot>();
+  return DecodeNode(*v, s_.params.block_tokens);
+}
+
 Status Txn::IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id) {
   const std::uint32_t block = s_.params.block_tokens;
   std::uint32_t r = static_cast<std::uint32_t>(length - place.level * block);
   std::string nk = NodeKey(scope, place.level, place.node_hash);
   std::string xk = ExactKey(scope, length, place.exact_hash);
-  PC_ASSIGN_OR_RETURN(auto xv, IndexValue(xk));
-  std::vector<std::uint64_t> ids;
-  if (xv) {
-    PC_ASSIGN_OR_RETURN(ids, DecodeIds(*xv));
-  }
+  PC_ASSIGN_OR_RETURN(std::vector<std::uint64_t> ids, ExactIds(xk));
   bool new_exact = ids.empty();
   ids.push_back(id);
   SetIndexValue(xk, EncodeIds(ids));
   if (new_exact) {
     // A new (length, hash) under this node: count it in the node's slot.
-    PC_ASSIGN_OR_RETURN(auto nv, IndexValue(nk));
-    std::vector<NodeSlot> slots;
-    if (nv) {
-      PC_ASSIGN_OR_RETURN(slots, DecodeNode(*nv, block));
-    }
+    PC_ASSIGN_OR_RETURN(std::vector<NodeSlot> slots, NodeSlots(nk));
     auto it = std::lower_bound(slots.begin(), slots.end(), r,
                                [](const NodeSlot& s, std::uint32_t v) { return s.r < v; });
     if (it != slots.end() && it->r == r) {
@@ -232,11 +236,7 @@ Status Txn::IndexRemove(std::uint64_t scope, std::uint64_t length, const Boundar
   std::uint32_t r = static_cast<std::uint32_t>(length - place.level * block);
   std::string nk = NodeKey(scope, place.level, place.node_hash);
   std::string xk = ExactKey(scope, length, place.exact_hash);
-  PC_ASSIGN_OR_RETURN(auto xv, IndexValue(xk));
-  std::vector<std::uint64_t> ids;
-  if (xv) {
-    PC_ASSIGN_OR_RETURN(ids, DecodeIds(*xv));
-  }
+  PC_ASSIGN_OR_RETURN(std::vector<std::uint64_t> ids, ExactIds(xk));
   auto pos = std::find(ids.begin(), ids.end(), id);
   if (pos == ids.end()) {
     return Status::Corruption("index has no exact record for entry " + std::to_string(id));
@@ -244,11 +244,7 @@ Status Txn::IndexRemove(std::uint64_t scope, std::uint64_t length, const Boundar
   ids.erase(pos);
   if (ids.empty()) {
     SetIndexValue(xk, std::nullopt);
-    PC_ASSIGN_OR_RETURN(auto nv, IndexValue(nk));
-    std::vector<NodeSlot> slots;
-    if (nv) {
-      PC_ASSIGN_OR_RETURN(slots, DecodeNode(*nv, block));
-    }
+    PC_ASSIGN_OR_RETURN(std::vector<NodeSlot> slots, NodeSlots(nk));
     auto it = std::find_if(slots.begin(), slots.end(), [&](const NodeSlot& s) { return s.r == r; });
     if (it == slots.end())
       return Status::Corruption("index node lacks the slot of entry " + std::to_string(id));
