@@ -1,6 +1,7 @@
 // ClusterClient::Impl: batches (keys grouped by node, one pipeline per node,
 // nodes in parallel, redirected or lost commands resent in later rounds) and
 // SCAN over every primary.
+#include <algorithm>
 #include <condition_variable>
 
 #include "remote/cluster_impl.h"
@@ -37,17 +38,28 @@ void ClusterClient::Impl::SendRound(std::span<BatchOp* const> pending) {
     g.first = *to;
     g.second.push_back(op);
   }
-  if (groups.size() == 1) {
-    Pipeline(groups.begin()->second.first, groups.begin()->second.second);
+  // One node's group is cut into slices on separate connections when there
+  // are threads to spare: one connection's replies are read by one thread,
+  // which is what limits a large batch, not the node.
+  const std::size_t per_node = std::max<std::size_t>(1, options_.threads / std::max<std::size_t>(1, groups.size()));
+  std::vector<std::pair<const Endpoint*, std::span<BatchOp* const>>> slices;
+  for (const auto& entry : groups) {
+    const std::vector<BatchOp*>& ops = entry.second.second;
+    const std::size_t step = (ops.size() + per_node - 1) / per_node;
+    for (std::size_t at = 0; at < ops.size(); at += step) {
+      slices.emplace_back(&entry.second.first, std::span(ops).subspan(at, std::min(step, ops.size() - at)));
+    }
+  }
+  if (slices.size() == 1) {
+    Pipeline(*slices[0].first, slices[0].second);
     return;
   }
   std::mutex mu;
   std::condition_variable cv;
-  std::size_t left = groups.size();
-  for (auto& entry : groups) {
-    auto* g = &entry.second;
-    workers_.Post([this, g, &mu, &cv, &left] {
-      Pipeline(g->first, g->second);
+  std::size_t left = slices.size();
+  for (const auto& slice : slices) {
+    workers_.Post([this, slice, &mu, &cv, &left] {
+      Pipeline(*slice.first, slice.second);
       std::lock_guard<std::mutex> l(mu);
       if (--left == 0) cv.notify_one();
     });

@@ -41,6 +41,7 @@ struct Args {
   int lookups = 50;
   std::uint32_t tokens = 32768;
   int io_threads = 0;
+  std::size_t threads = 8;
 };
 
 [[noreturn]] void Die(const Status& s, const char* what) {
@@ -158,12 +159,16 @@ int main(int argc, char** argv) {
   CLI::App app{"primecache-cluster-bench: the remote tier on Redis Cluster against memcpy and a local file"};
   app.add_option("--remote", args.remote, "redis://host:port[,...] (default: start a loopback cluster)");
   app.add_option("--mib", args.mib, "MiB per entry")->check(CLI::Range(1, 4096));
-  app.add_option("--chunk-mib", args.chunk_mib, "chunk sizes to measure, in MiB")->check(CLI::Range(0.004, 64.0));
+  app.add_option("--chunk-mib", args.chunk_mib, "chunk sizes to measure, in MiB (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::Range(0.004, 64.0));
   app.add_option("--reps", args.reps, "repetitions per chunk size (the median is reported)")->check(CLI::Range(1, 50));
   app.add_option("--lookups", args.lookups, "lookups per repetition")->check(CLI::Range(1, 10000));
   app.add_option("--tokens", args.tokens, "boundary length in tokens")->check(CLI::Range(1, 1 << 22));
   app.add_option("--io-threads", args.io_threads, "redis-server io-threads of the loopback cluster")
       ->check(CLI::Range(0, 64));
+  app.add_option("--threads", args.threads, "client connections a batch uses at once (ClusterOptions::threads)")
+      ->check(CLI::Range(1, 256));
   CLI11_PARSE(app, argc, argv);
   std::string dir = (std::filesystem::temp_directory_path() / "pcclbench-XXXXXX").string();
   if (mkdtemp(dir.data()) == nullptr) Die(Status::IOError(ErrnoText("mkdtemp")), "temporary directory");
@@ -174,12 +179,13 @@ int main(int argc, char** argv) {
   ClusterOptions o;
   o.seeds = *seeds;
   o.io_timeout = std::chrono::seconds(10);
+  o.threads = args.threads;
   auto ca = ClusterClient::Connect(o), cb = ClusterClient::Connect(o);
   if (!ca.ok() || !cb.ok()) Die(ca.ok() ? cb.status() : ca.status(), "connect");
   RemoteTier a(std::shared_ptr<ClusterClient>(std::move(ca).value()));
   RemoteTier b(std::shared_ptr<ClusterClient>(std::move(cb).value()));
-  std::printf("remote tier on %s, %llu MiB entries, %u-token boundary, %d reps (medians)\n", args.remote.c_str(),
-              static_cast<unsigned long long>(args.mib), args.tokens, args.reps);
+  std::printf("remote tier on %s, %llu MiB entries, %u-token boundary, %zu client threads, %d reps (medians)\n",
+              args.remote.c_str(), static_cast<unsigned long long>(args.mib), args.tokens, args.threads, args.reps);
   std::printf("| chunk | put GB/s | fetch GB/s | lookup ms | memcpy GB/s | file read GB/s | fetch/memcpy | fetch/file |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (double cm : args.chunk_mib) {
