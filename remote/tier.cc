@@ -84,15 +84,15 @@ Status RemoteTier::Put(const PublishRequest& entry, const std::vector<LayerBytes
   const ss::BoundaryPlace place = ss::PlaceOf(ss::DefaultTokenHasher(), entry.tokens, options_.block_tokens);
   PC_RETURN_IF_ERROR(client_->AddMember(NodeKey(ScopeKey(entry.model, entry.ns), place.level, place.node_hash),
                                         Member(entry.tokens.size(), place.exact_hash)));
-  n_.puts.fetch_add(1, std::memory_order_relaxed);
-  n_.put_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  Count(&RemoteTierStats::puts, 1);
+  Count(&RemoteTierStats::put_bytes, bytes);
   return Status::Ok();
 }
 
 Result<std::optional<RemoteHit>> RemoteTier::Lookup(const Hash128& model, std::string_view ns,
                                                     std::span<const std::uint32_t> tokens) {
   if (tokens.empty()) return Status::InvalidArgument("remote lookup of no tokens");
-  n_.lookups.fetch_add(1, std::memory_order_relaxed);
+  Count(&RemoteTierStats::lookups, 1);
   const ss::TokenHasher& hasher = ss::DefaultTokenHasher();
   const std::uint32_t block = options_.block_tokens;
   const std::size_t top = (tokens.size() - 1) / block;
@@ -112,7 +112,7 @@ Result<std::optional<RemoteHit>> RemoteTier::Lookup(const Hash128& model, std::s
       if (hasher.Hash(tail, h[a]) == m->second) best = m->first;
     }
     if (best != 0) {
-      n_.index_hits.fetch_add(1, std::memory_order_relaxed);
+      Count(&RemoteTierStats::index_hits, 1);
       return std::optional<RemoteHit>(RemoteHit{best, ManifestKey(model, ns, tokens.first(best))});
     }
   }
@@ -141,12 +141,12 @@ Result<std::optional<std::vector<std::string>>> RemoteTier::FetchChunks(const Ma
   for (std::size_t i = 0; i < values.size(); ++i) {
     const auto& v = values[i];
     if (!v) {  // evicted: the entry is gone as a whole
-      n_.evicted.fetch_add(1, std::memory_order_relaxed);
+      Count(&RemoteTierStats::evicted, 1);
       (void)Remove(m.entry.model, m.entry.ns, boundary);
       return std::optional<std::vector<std::string>>();
     }
     if (v->size() != refs[i]->size || !(Checksum128(std::as_bytes(std::span(v->data(), v->size()))) == refs[i]->address)) {
-      n_.damaged.fetch_add(1, std::memory_order_relaxed);
+      Count(&RemoteTierStats::damaged, 1);
       (void)client_->Del(keys[i]);
       (void)Remove(m.entry.model, m.entry.ns, boundary);
       return std::optional<std::vector<std::string>>();
@@ -162,18 +162,18 @@ Result<std::optional<RemoteEntry>> RemoteTier::Fetch(const Hash128& model, std::
   const auto boundary = tokens.first(hit.length);
   PC_ASSIGN_OR_RETURN(auto bytes, client_->Get(hit.manifest_key));
   if (!bytes) {
-    n_.evicted.fetch_add(1, std::memory_order_relaxed);
+    Count(&RemoteTierStats::evicted, 1);
     (void)Remove(model, ns, boundary);
     return std::optional<RemoteEntry>();
   }
   auto m = DecodeManifest(*bytes);
   if (!m.ok()) {
-    n_.damaged.fetch_add(1, std::memory_order_relaxed);
+    Count(&RemoteTierStats::damaged, 1);
     (void)Remove(model, ns, boundary);
     return std::optional<RemoteEntry>();
   }
   if (!SameIdentity(m->entry, model, ns, boundary)) {
-    n_.foreign.fetch_add(1, std::memory_order_relaxed);
+    Count(&RemoteTierStats::foreign, 1);
     return std::optional<RemoteEntry>();
   }
   PC_ASSIGN_OR_RETURN(auto chunks, FetchChunks(*m, boundary));
@@ -189,23 +189,19 @@ Result<std::optional<RemoteEntry>> RemoteTier::Fetch(const Hash128& model, std::
       out.chunks.push_back(std::move((*chunks)[next++]));
     }
   }
-  n_.fetched.fetch_add(1, std::memory_order_relaxed);
-  n_.fetched_bytes.fetch_add(e.chunk_bytes, std::memory_order_relaxed);
+  Count(&RemoteTierStats::fetched, 1);
+  Count(&RemoteTierStats::fetched_bytes, e.chunk_bytes);
   return std::optional<RemoteEntry>(std::move(e));
 }
 
 RemoteTierStats RemoteTier::stats() const {
-  RemoteTierStats s;
-  s.puts = n_.puts.load();
-  s.put_bytes = n_.put_bytes.load();
-  s.lookups = n_.lookups.load();
-  s.index_hits = n_.index_hits.load();
-  s.fetched = n_.fetched.load();
-  s.fetched_bytes = n_.fetched_bytes.load();
-  s.evicted = n_.evicted.load();
-  s.damaged = n_.damaged.load();
-  s.foreign = n_.foreign.load();
-  return s;
+  std::lock_guard<std::mutex> l(stats_mu_);
+  return stats_;
+}
+
+void RemoteTier::Count(std::uint64_t RemoteTierStats::*field, std::uint64_t n) {
+  std::lock_guard<std::mutex> l(stats_mu_);
+  stats_.*field += n;
 }
 
 }  // namespace primecache::remote

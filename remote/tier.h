@@ -21,7 +21,7 @@
 // Thread-safety: every method may be called from any thread at once.
 #pragma once
 
-#include <atomic>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <span>
@@ -81,10 +81,6 @@ class RemoteTier {
   ClusterClient& client() { return *client_; }
 
  private:
-  struct Counters {
-    std::atomic<std::uint64_t> puts{0}, put_bytes{0}, lookups{0}, index_hits{0}, fetched{0}, fetched_bytes{0},
-        evicted{0}, damaged{0}, foreign{0};
-  };
   // Every chunk of `m`, each checked against its reference; nullopt (and the
   // entry removed) when one is missing or damaged.
   Result<std::optional<std::vector<std::string>>> FetchChunks(const Manifest& m,
@@ -92,7 +88,10 @@ class RemoteTier {
 
   std::shared_ptr<ClusterClient> client_;
   const RemoteTierOptions options_;
-  Counters n_;
+  void Count(std::uint64_t RemoteTierStats::*field, std::uint64_t n);
+
+  mutable std::mutex stats_mu_;
+  RemoteTierStats stats_;  // guarded by stats_mu_
 };
 
 // The keys of the layout above.

@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -28,11 +27,6 @@ class CollectSink : public FetchSink {
     return Status::Ok();
   }
   std::vector<LayerBytes> layers;
-};
-
-struct Counters {
-  std::atomic<std::uint64_t> remote_hits{0}, remote_misses{0}, remote_errors{0}, imported_bytes{0}, queued{0}, put{0},
-      dropped{0}, put_bytes{0};
 };
 
 class Tiered;
@@ -115,7 +109,10 @@ class Tiered final : public TieredBackend {
   std::unique_ptr<ipc::StoreBackend> local_;
   std::shared_ptr<RemoteTier> tier_;
   const TieredOptions options_;
-  Counters n_;
+  void Count(std::uint64_t TieredStats::*field, std::uint64_t n);
+
+  mutable std::mutex stats_mu_;
+  TieredStats stats_;  // guarded by stats_mu_
   std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<Job> queue_;  // guarded by mu_
@@ -138,20 +135,20 @@ Result<std::optional<LookupHit>> Tiered::Lookup(const Hash128& digest, const std
   if (have >= tokens.size()) return local;  // the whole query is here already
   auto remote = tier_->Lookup(digest, ns, tokens);
   if (!remote.ok()) {
-    n_.remote_errors.fetch_add(1, std::memory_order_relaxed);
+    Count(&TieredStats::remote_errors, 1);
     spdlog::debug("remote lookup failed: {}", remote.status().ToString());
     return local;
   }
   if (!*remote || (*remote)->length <= have) {
-    n_.remote_misses.fetch_add(1, std::memory_order_relaxed);
+    Count(&TieredStats::remote_misses, 1);
     return local;
   }
   if (Status s = Import(digest, ns, tokens, **remote); !s.ok()) {
-    (s.code() == StatusCode::kNotFound ? n_.remote_misses : n_.remote_errors).fetch_add(1, std::memory_order_relaxed);
+    Count(s.code() == StatusCode::kNotFound ? &TieredStats::remote_misses : &TieredStats::remote_errors, 1);
     spdlog::debug("remote entry of {} tokens not imported: {}", (*remote)->length, s.ToString());
     return local;
   }
-  n_.remote_hits.fetch_add(1, std::memory_order_relaxed);
+  Count(&TieredStats::remote_hits, 1);
   return local_->Lookup(digest, ns, tokens);
 }
 
@@ -169,7 +166,7 @@ Status Tiered::Import(const Hash128& digest, const std::string& ns, std::span<co
     for (const std::string& c : layer.chunks) PC_RETURN_IF_ERROR(sink->AddChunk(AsBytes(c)));
   }
   PC_RETURN_IF_ERROR(sink->Commit().status());
-  n_.imported_bytes.fetch_add(entry->chunk_bytes, std::memory_order_relaxed);
+  Count(&TieredStats::imported_bytes, entry->chunk_bytes);
   return Status::Ok();
 }
 
@@ -177,12 +174,12 @@ void Tiered::Enqueue(std::uint64_t id, const PublishRequest& request) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (queue_.size() >= options_.queue_entries) {
-      n_.dropped.fetch_add(1, std::memory_order_relaxed);
+      Count(&TieredStats::dropped, 1);
       return;
     }
     queue_.push_back({id, request});
   }
-  n_.queued.fetch_add(1, std::memory_order_relaxed);
+  Count(&TieredStats::queued, 1);
   cv_.notify_one();
 }
 
@@ -194,15 +191,15 @@ void Tiered::PutOne(const Job& job) {
   if (s.ok()) s = tier_->Put(job.request, entry.layers);
   if (!s.ok()) {
     // Evicted locally meanwhile, or the cluster failed: the entry stays local only.
-    n_.remote_errors.fetch_add(1, std::memory_order_relaxed);
+    Count(&TieredStats::remote_errors, 1);
     spdlog::debug("write-behind of entry {} failed: {}", job.id, s.ToString());
     return;
   }
   std::uint64_t bytes = 0;
   for (const LayerBytes& l : entry.layers)
     for (const std::string& c : l.chunks) bytes += c.size();
-  n_.put.fetch_add(1, std::memory_order_relaxed);
-  n_.put_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  Count(&TieredStats::put, 1);
+  Count(&TieredStats::put_bytes, bytes);
 }
 
 void Tiered::Loop() {
@@ -222,16 +219,13 @@ void Tiered::Loop() {
 }
 
 TieredStats Tiered::tiered_stats() const {
-  TieredStats s;
-  s.remote_hits = n_.remote_hits.load();
-  s.remote_misses = n_.remote_misses.load();
-  s.remote_errors = n_.remote_errors.load();
-  s.imported_bytes = n_.imported_bytes.load();
-  s.queued = n_.queued.load();
-  s.put = n_.put.load();
-  s.dropped = n_.dropped.load();
-  s.put_bytes = n_.put_bytes.load();
-  return s;
+  std::lock_guard<std::mutex> l(stats_mu_);
+  return stats_;
+}
+
+void Tiered::Count(std::uint64_t TieredStats::*field, std::uint64_t n) {
+  std::lock_guard<std::mutex> l(stats_mu_);
+  stats_.*field += n;
 }
 
 }  // namespace
