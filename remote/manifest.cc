@@ -1,6 +1,7 @@
 #include "remote/manifest.h"
 
 #include "codecs/bytes.h"
+#include "primecache/codec.h"
 
 namespace primecache::remote {
 namespace {
@@ -12,8 +13,6 @@ constexpr std::uint32_t kMagic = 0x4d524350;  // "PCRM"
 constexpr std::uint32_t kVersion = 1;
 constexpr std::uint64_t kMaxNameBytes = 1024;
 constexpr std::uint64_t kMaxDescriptorBytes = 64 * 1024;
-
-std::span<const std::byte> AsBytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
 
 void PutHash(ByteWriter& w, const Hash128& h) {
   w.U64(h.lo);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 
+#include "primecache/codec.h"
 #include "statestore/token_hash.h"
 
 namespace primecache::remote {
@@ -22,7 +23,7 @@ std::string Hex(const Hash128& h) { return Hex(h.hi) + Hex(h.lo); }
 Hash128 TokensId(std::span<const std::uint32_t> tokens) { return Checksum128(std::as_bytes(tokens)); }
 
 std::string ScopeKey(const Hash128& model, std::string_view ns) {
-  return Hex(model) + ":" + Hex(Checksum128(std::as_bytes(std::span(ns.data(), ns.size()))));
+  return Hex(model) + ":" + Hex(Checksum128(AsBytes(ns)));
 }
 
 std::string NodeKey(const std::string& scope, std::uint64_t level, std::uint64_t node_hash) {
@@ -145,7 +146,7 @@ Result<std::optional<std::vector<std::string>>> RemoteTier::FetchChunks(const Ma
       (void)Remove(m.entry.model, m.entry.ns, boundary);
       return std::optional<std::vector<std::string>>();
     }
-    if (v->size() != refs[i]->size || !(Checksum128(std::as_bytes(std::span(v->data(), v->size()))) == refs[i]->address)) {
+    if (v->size() != refs[i]->size || !(Checksum128(AsBytes(*v)) == refs[i]->address)) {
       Count(&RemoteTierStats::damaged, 1);
       (void)client_->Del(keys[i]);
       (void)Remove(m.entry.model, m.entry.ns, boundary);

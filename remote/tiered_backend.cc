@@ -7,10 +7,10 @@
 #include <mutex>
 #include <thread>
 
+#include "primecache/codec.h"
+
 namespace primecache::remote {
 namespace {
-
-std::span<const std::byte> AsBytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
 
 // Collects a fetched entry's layers (the write-behind's read-back).
 class CollectSink : public FetchSink {
