@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "primecache/env.h"
+#include "primecache/codec.h"
 #include "primecache/statestore.h"
 
 namespace primecache::ipc {
@@ -148,6 +149,7 @@ Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config) {
                  DescribeTightened(tightened));
   }
   StoreOptions o;
+  o.validator = CodecLayerValidator();
   o.path = config.data_dir + "/store";
   o.byte_budget = config.capacity_bytes;
   o.sync_commits = config.sync_commits;

@@ -1,3 +1,7 @@
+// The store's record formats (docs/format-store.md). Each record has its own
+// Encode/Decode pair written field by field, in the order the format table
+// lists: the pairs look alike, but a generic serializer would hide the byte
+// layout the document specifies and the per-field bounds each Decode checks.
 #include "statestore/format.h"
 
 #include <cstring>

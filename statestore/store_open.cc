@@ -131,9 +131,10 @@ Result<std::unique_ptr<Store>> Store::Impl::Open(StoreOptions options, std::shar
   if (options.max_chunk_bytes == 0 || options.max_chunk_bytes > kMaxChunkBytesLimit) {
     return Invalid("max_chunk_bytes must be in [1, 1 GiB]");
   }
+  if (options.validator == nullptr) return Invalid("a store needs a layer validator (StoreOptions::validator)");
   if (options.utility_window == 0) options.utility_window = 1;
   impl->path = options.path;
-  impl->validator = options.validator != nullptr ? options.validator : CodecLayerValidator();
+  impl->validator = options.validator;
   impl->hasher = &DefaultTokenHasher();
   if (hooks != nullptr) {
     if (hooks->hasher != nullptr) impl->hasher = hooks->hasher;

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -38,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "primecache/layer_validator.h"
 #include "primecache/snapshot.h"
 #include "primecache/status.h"
 
@@ -382,6 +384,11 @@ std::string SerializeLayer(const EncodedLayer& layer);
 // Parses a flat layer: the header as above, then exactly the chunk bytes it
 // announces (no more, no less), each checked against its encoded checksum.
 Result<EncodedLayer> ParseLayer(std::span<const std::byte> bytes, const CodecLimits& limits = {});
+
+// The store's check of these layers at commit (a LayerValidator): the header
+// parses, its chunk table matches the chunks received, and append-only planes
+// hold one row per token of the boundary. One shared, immutable instance.
+std::shared_ptr<const LayerValidator> CodecLayerValidator();
 
 inline std::span<const std::byte> AsBytes(std::string_view s) {
   return std::as_bytes(std::span(s.data(), s.size()));

@@ -47,6 +47,7 @@
 #include "primecache/checksum.h"
 #include "primecache/entry.h"
 #include "primecache/env.h"
+#include "primecache/layer_validator.h"
 #include "primecache/status.h"
 
 namespace primecache {
@@ -108,30 +109,6 @@ class Publisher {
   virtual Result<PublishResult> Commit() = 0;
   virtual void Abort() = 0;
 };
-
-// What the validator learned about one layer.
-struct LayerFacts {
-  std::uint64_t raw_bytes = 0;  // decoded bytes of the layer (for Stat)
-};
-
-// The size and XXH3-64 (seed 0) of one chunk as received.
-struct ChunkFacts {
-  std::uint64_t size = 0;
-  std::uint64_t checksum = 0;
-};
-
-// Checks one layer at commit: the header parses, its chunk table agrees with
-// the chunks received, and it describes this boundary. Anything it refuses
-// fails the publish (fail closed). Must be safe to call from many threads.
-class LayerValidator {
- public:
-  virtual ~LayerValidator() = default;
-  virtual Result<LayerFacts> Check(std::string_view header, std::span<const ChunkFacts> chunks,
-                                   std::uint64_t boundary_tokens) const = 0;
-};
-
-// The validator of [codecs]' encoded layers (the default).
-std::shared_ptr<const LayerValidator> CodecLayerValidator();
 
 // A lease keeps an entry from eviction and deletion while it is held
 // (fetches take one for their duration). Move-only; released on destruction.
@@ -290,7 +267,10 @@ struct StoreOptions {
   // their space comes back within seconds (0: after every drop).
   std::uint64_t reclaim_after_bytes = 16ull << 20;
 
-  std::shared_ptr<const LayerValidator> validator;  // nullptr: CodecLayerValidator()
+  // Checks every layer at commit (required: Open refuses a store without one).
+  // The codecs library supplies the validator of its encoded layers,
+  // CodecLayerValidator() in primecache/codec.h.
+  std::shared_ptr<const LayerValidator> validator;
 };
 
 class Store {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "primecache/codec.h"
 #include "crash_workload.h"
 
 namespace {
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   StoreOptions o;
+  o.validator = CodecLayerValidator();
   o.path = argv[1];
   o.segment_bytes = crash_test::kSegmentBytes;
   auto store = Store::Open(o);

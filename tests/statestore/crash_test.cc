@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "primecache/codec.h"
 #include "crash_workload.h"
 
 #ifndef STATESTORE_CRASH_CHILD
@@ -115,6 +116,7 @@ Acks ParseAcks(const std::string& out) {
 void CheckStore(const std::string& dir, const Acks& acks, const std::string& what) {
   SCOPED_TRACE(what);
   StoreOptions o;
+  o.validator = CodecLayerValidator();
   o.path = dir;
   auto s = Store::Open(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();

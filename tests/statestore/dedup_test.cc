@@ -137,7 +137,7 @@ TEST(Dedup, ReferenceCountsStayExactThroughDeletion) {
 }
 
 TEST(Dedup, ReferenceCountsStayExactThroughEviction) {
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   MemStore m(o);
   TestModel model;
   model.chunk_bytes = 1024;

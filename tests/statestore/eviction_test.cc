@@ -29,7 +29,7 @@ bool Present(Store& s, EntryId id) {
 
 TEST(Eviction, LeastRecentlyUsedGoesFirstAndTheBudgetHolds) {
   const std::uint64_t one = EntryBytes(300);
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.byte_budget = one * 3 + one / 2;
   MemStore m(o);
   std::vector<std::vector<std::uint32_t>> c;
@@ -69,7 +69,7 @@ TEST(Eviction, LeastRecentlyUsedGoesFirstAndTheBudgetHolds) {
 
 TEST(Eviction, AnEntryLargerThanTheBudgetIsRefusedAndChangesNothing) {
   const std::uint64_t one = EntryBytes(300);
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.byte_budget = one * 2;
   MemStore m(o);
   EntryId a = MustPublish(*m.store, Conversation(300, 1), 1, "", kModel);
@@ -88,7 +88,7 @@ TEST(Eviction, UtilityKeepsWhatSavesTheMostComputePerByte) {
   // newer short ones: LRU drops the long one, the utility a short one.
   for (auto policy : {EvictionPolicy::kLru, EvictionPolicy::kUtility}) {
     const std::uint64_t long_bytes = EntryBytes(2000), short_bytes = EntryBytes(100);
-    StoreOptions o;
+    StoreOptions o = CodecStoreOptions();
     o.eviction = policy;
     o.byte_budget = long_bytes + short_bytes * 2 + short_bytes / 2;
     MemStore m(o);
@@ -115,7 +115,7 @@ TEST(Eviction, UtilityCountsOnlyTheBytesAnEvictionWouldFree) {
   // the shorter frees only its own chunks, so per byte freed it is worth
   // more than an unrelated entry of the same length, though it is older
   // (LRU, or a utility over whole entry sizes, would drop it).
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.eviction = EvictionPolicy::kUtility;
   o.utility_alpha = 10;  // let compute per byte decide
   MemStore m(o);
@@ -133,7 +133,7 @@ TEST(Eviction, UtilityCountsOnlyTheBytesAnEvictionWouldFree) {
 
 TEST(Eviction, LeasesProtectEntries) {
   const std::uint64_t one = EntryBytes(300);
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.byte_budget = one * 2 + one / 2;
   MemStore m(o);
   EntryId a = MustPublish(*m.store, Conversation(300, 1), 1, "", kModel);
@@ -204,7 +204,7 @@ TEST(Eviction, AFetchLeasesItsEntryWhileItRuns) {
 }
 
 TEST(Admission, ABoundaryMustBeSeenNTimesFirst) {
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.admit_after_sightings = 2;
   MemStore m(o);
   auto t = Conversation(200, 1);
@@ -233,7 +233,7 @@ TEST(Admission, ABoundaryMustBeSeenNTimesFirst) {
 }
 
 TEST(Admission, SightingsAreBoundedInMemory) {
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.admit_after_sightings = 2;
   o.sighting_capacity = 4;
   MemStore m(o);

@@ -45,11 +45,11 @@ struct FaultStore {
   std::unique_ptr<Env> base = NewMemEnv();
   std::unique_ptr<FaultInjectionEnv> fenv = std::make_unique<FaultInjectionEnv>(base.get());
   std::shared_ptr<TestHooks> hooks = std::make_shared<TestHooks>();
-  StoreOptions options;
+  StoreOptions options = CodecStoreOptions();
   std::unique_ptr<Store> store;
   std::vector<EntryId> baseline;
 
-  explicit FaultStore(StoreOptions o = {}) : options(std::move(o)) {
+  explicit FaultStore(StoreOptions o = CodecStoreOptions()) : options(std::move(o)) {
     hooks->freeze_io = std::make_shared<std::atomic<bool>>(false);
     hooks->short_sleeps = true;
     hooks->freeze_countdown =
@@ -108,7 +108,7 @@ std::vector<EntryId> Ids(Store& s) {
   return ids;
 }
 
-void FailEveryOp(FaultOp op, const char* what, StoreOptions o = {}) {
+void FailEveryOp(FaultOp op, const char* what, StoreOptions o = CodecStoreOptions()) {
   std::uint64_t ops = 0;
   {
     FaultStore f(o);
@@ -168,12 +168,12 @@ TEST(Faults, AFailedSyncAtAnyPointChangesNothing) {
 // A segment of 1 MiB is sealed at almost every commit: failures while a new
 // segment is created and its directory synced change nothing either.
 TEST(Faults, FailedWritesWithSmallSegmentsChangeNothing) {
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.segment_bytes = 1u << 20;
   FailEveryOp(FaultOp::kWrite, "write (small segments)", o);
 }
 TEST(Faults, FailedSyncsWithSmallSegmentsChangeNothing) {
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.segment_bytes = 1u << 20;
   FailEveryOp(FaultOp::kSync, "sync (small segments)", o);
 }
@@ -319,7 +319,7 @@ class PowerLoss : public ::testing::TestWithParam<PowerCase> {};
 
 TEST_P(PowerLoss, AtEveryMutatingOperation) {
   const PowerCase& pc = GetParam();
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   if (pc.small_segments) o.segment_bytes = 1u << 20;
   // Runs the workload; true when it was acknowledged.
   auto run = [&](FaultStore& f) -> bool {
@@ -433,7 +433,7 @@ TEST(PowerLossAtCreation, TheStoreOpensAfterwards) {
     hooks->freeze_io = std::make_shared<std::atomic<bool>>(false);
     hooks->freeze_countdown = std::make_shared<std::atomic<std::int64_t>>(n);
     hooks->short_sleeps = true;
-    StoreOptions o;
+    StoreOptions o = CodecStoreOptions();
     o.env = &fenv;
     o.path = "/s";
     {

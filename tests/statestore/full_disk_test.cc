@@ -62,7 +62,7 @@ void FillUp(const std::string& path, off_t keep_free) {
 TEST(FullDisk, OnATmpfsTheRunningStoreRecoversOnceSpaceIsFreed) {
   Tmpfs fs(16);
   if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << fs.error() << ")";
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = fs.path() + "/store";
   auto opened = Store::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();

@@ -48,7 +48,7 @@ const TestModel kTiny = [] {
 }();
 
 StoreOptions WithBlock(std::uint32_t block) {
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.block_tokens = block;
   return o;
 }

@@ -119,7 +119,7 @@ TEST(MappedFetch, AMappingHeldAcrossACompactionKeepsItsBytes) {
 TEST(MappedFetch, OnDiskChunksComeMappedWhenResidentAndStayExact) {
   const std::string dir = ::testing::TempDir() + "mapped_fetch_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir;
   auto store = Store::Open(o);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
@@ -153,7 +153,7 @@ TEST(MappedFetch, OnDiskChunksComeMappedWhenResidentAndStayExact) {
 TEST(MappedFetch, AChunkCheckedWhilePinnedIsCheckedAgainOnlyUnderAnotherPin) {
   const std::string dir = ::testing::TempDir() + "pinned_fetch_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir;
   const auto t = Conversation(400, 16);
   const auto layers = MakeLayers(t, kModel);

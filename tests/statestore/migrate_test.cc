@@ -85,7 +85,7 @@ TEST_P(Migrate, ReadOnlyIsRefusedAndWritingMigrates) {
   TempDir dir;
   const std::string path = CopyFixture(GetParam(), dir);
   ASSERT_EQ(SchemaOf(path), 2u);
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = path;
   StoreOptions ro = o;
   ro.read_only = true;
@@ -123,7 +123,7 @@ TEST_P(Migrate, APowerLossMidMigrationResumes) {
     auto hooks = std::make_shared<si::TestHooks>();
     hooks->migrate_step_bytes = 8 << 10;  // many steps
     hooks->short_sleeps = true;
-    StoreOptions o;
+    StoreOptions o = CodecStoreOptions();
     o.path = path;
     o.env = &fenv;
     fenv.FailNth(FaultOp::kSync, static_cast<std::uint64_t>(n));

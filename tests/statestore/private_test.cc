@@ -54,7 +54,7 @@ void ExpectPrivate(const std::string& root, const std::string& when) {
 void CheckUnderUmask(mode_t mask) {
   ScopedUmask scoped(mask);
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/data/store";  // both levels created by the store
   {
     auto s = Store::Open(o);
@@ -83,7 +83,7 @@ TEST(Private, EveryFileIsTheOwnersUnderUmask000) {
 TEST(Private, AStoreLeftOpenToOthersIsMadePrivateAtOpen) {
   ScopedUmask scoped(0);
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/store";
   {
     auto s = Store::Open(o);

@@ -139,7 +139,7 @@ TEST(Segments, ASegmentTruncatedWhileOpenIsACorruption) {
 // bytes never move.
 TEST(Segments, CompactionUnderConcurrentFetches) {
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/store";
   o.reclaim_after_bytes = std::numeric_limits<std::uint64_t>::max();  // only Compact rewrites here
   auto opened = Store::Open(o);
@@ -205,7 +205,7 @@ TEST(Segments, CompactionUnderConcurrentFetches) {
 // too; a flipped byte is still caught.
 TEST(Segments, DirectReadsReturnTheSameBytes) {
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/store";
   TestModel big;
   big.width = 512;

@@ -78,7 +78,7 @@ struct OneEntryStore {
   std::uint64_t before = 0;
 
   void Open() {
-    StoreOptions o;
+    StoreOptions o = CodecStoreOptions();
     o.path = path;
     auto opened = Store::Open(o);
     ASSERT_TRUE(opened.ok()) << opened.status().ToString();
@@ -148,7 +148,7 @@ TEST(Space, RemovedAndEvictedEntriesAreReclaimedWithoutRestartOrCompact) {
 // segment around the live chunks.
 TEST(Space, CompactReclaimsDeadChunksSharingSegmentsWithLiveOnes) {
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/store";
   o.reclaim_after_bytes = std::numeric_limits<std::uint64_t>::max();  // only Compact reclaims here
   auto opened = Store::Open(o);
@@ -180,7 +180,7 @@ TEST(Space, CompactReclaimsDeadChunksSharingSegmentsWithLiveOnes) {
 // An aborted publish's bytes are cut from its segment at once.
 TEST(Space, AnAbortGivesItsBytesBackAtOnce) {
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/store";
   o.reclaim_after_bytes = std::numeric_limits<std::uint64_t>::max();
   auto opened = Store::Open(o);
@@ -199,7 +199,7 @@ TEST(Space, TheBoundOnUncommittedBytesRefusesAndRecovers) {
   const auto tokens = Conversation(300, 3);
   const auto layers = MakeLayers(tokens);
   const std::uint64_t entry = LayerBytesSize(layers);
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.max_staged_bytes = entry + 3000;
   MemStore m(o);
   Store& s = *m.store;

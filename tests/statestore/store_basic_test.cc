@@ -266,7 +266,7 @@ TEST(StoreBasic, PublisherStateMachine) {
     EXPECT_TRUE((*p)->AddChunk(std::string_view("")).IsInvalidArgument());
   }
   {
-    StoreOptions o;
+    StoreOptions o = CodecStoreOptions();
     o.max_chunk_bytes = 16;
     MemStore small(o);
     auto p = small.store->BeginPublish(Request(tokens));
@@ -339,7 +339,7 @@ TEST(StoreBasic, SameIdentityIsStoredOnce) {
 
 TEST(StoreBasic, PersistsAcrossReopen) {
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/store";
   std::vector<std::vector<std::uint32_t>> convs;
   std::vector<EntryId> ids;
@@ -388,7 +388,7 @@ TEST(StoreBasic, PersistsAcrossReopen) {
 
 TEST(StoreBasic, SecondOpenOfOneStoreIsRefused) {
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path;
   auto a = Store::Open(o);
   ASSERT_TRUE(a.ok());
@@ -405,6 +405,16 @@ TEST(StoreBasic, MissingStoreWithoutCreateIsNotFound) {
   EXPECT_TRUE(Store::Open(o).status().IsNotFound());
 }
 
+TEST(StoreBasic, AStoreWithoutALayerValidatorIsRefused) {
+  MemStore m;
+  StoreOptions o = m.options;
+  o.path = "/unchecked";
+  o.validator = nullptr;
+  auto s = Store::Open(o);
+  ASSERT_TRUE(s.status().IsInvalidArgument());
+  EXPECT_NE(s.status().ToString().find("validator"), std::string::npos) << s.status().ToString();
+}
+
 // Writes a value into a store's meta column family with RocksDB directly.
 void PutMeta(const std::string& path, const std::string& key, const std::string& value) {
   RawDb(Env::Default(), path).Put(statestore_internal::kCfMeta, key, value);
@@ -413,7 +423,7 @@ void PutMeta(const std::string& path, const std::string& key, const std::string&
 // Creates a store at `path` holding one entry, closes it, and returns the
 // entry's id (0 on failure, reported).
 EntryId OneEntryOnDisk(const std::string& path, std::uint64_t seed) {
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = path;
   auto s = Store::Open(o);
   EXPECT_TRUE(s.ok()) << s.status().ToString();
@@ -422,7 +432,7 @@ EntryId OneEntryOnDisk(const std::string& path, std::uint64_t seed) {
 
 TEST(StoreBasic, NewerSchemaIsRefusedUntouched) {
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path;
   const EntryId id = OneEntryOnDisk(dir.path, 1);
   ASSERT_NE(id, 0u);
@@ -448,7 +458,7 @@ TEST(StoreBasic, ForeignDatabaseIsRefused) {
     ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), "k", "v").ok());
     delete db;
   }
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path;
   auto s = Store::Open(o);
   EXPECT_TRUE(s.status().IsFailedPrecondition()) << s.status().ToString();
@@ -473,7 +483,7 @@ TEST(StoreBasic, DefaultDataDirFollowsXdgThenHome) {
   ::setenv("XDG_DATA_HOME", dir.path.c_str(), 1);
   {
     MemStore m;
-    StoreOptions o;
+    StoreOptions o = CodecStoreOptions();
     o.env = m.env.get();
     auto s = Store::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -574,7 +584,7 @@ TEST(StoreBasic, DeleteRemovesEverything) {
 
 TEST(StoreBasic, RunsOnThePosixEnvToo) {
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/a/b";  // parents are created
   auto s = Store::Open(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -592,7 +602,7 @@ TEST(StoreBasic, RunsOnThePosixEnvToo) {
 // threads; with and without a pool, they come back whole.
 TEST(StoreBasic, LargeChunksRoundTripInParts) {
   for (std::size_t threads : {std::size_t{0}, std::size_t{3}}) {
-    StoreOptions o;
+    StoreOptions o = CodecStoreOptions();
     o.fetch_read_threads = threads;
     MemStore m(o);
     TestModel big;
@@ -697,7 +707,7 @@ TEST(StoreDescriptor, KeptCheckedAndReturned) {
 // Admission applies to new boundaries only: one already stored is reported
 // as stored, never refused.
 TEST(StoreAdmission, AStoredBoundaryIsNeverRefused) {
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.admit_after_sightings = 2;
   MemStore m(o);
   auto tokens = Conversation(64, 8);
@@ -728,7 +738,7 @@ TEST(StoreLayerHeaders, AreTheManifestsHeadersInOrder) {
 // same afterwards (a damaged entry is reported, not quarantined).
 TEST(StoreReadOnly, ReadsEverythingWritesNothing) {
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path;
   auto tokens = Conversation(300, 11);
   auto layers = MakeLayers(tokens);
@@ -780,7 +790,7 @@ TEST(StoreReadOnly, ReadsEverythingWritesNothing) {
 // schema-2 stores: migrate_test.cc.)
 TEST(StoreSchema, AnOlderSchemaIsRefusedReadOnlyAndMigratedForWriting) {
   TempDir dir;
-  StoreOptions o;
+  StoreOptions o = CodecStoreOptions();
   o.path = dir.path;
   const EntryId id = OneEntryOnDisk(dir.path, 5);
   ASSERT_NE(id, 0u);

@@ -74,22 +74,22 @@ inline std::vector<LayerBytes> MakeLayers(const std::vector<std::uint32_t>& toke
   };
   for (std::uint32_t l = 0; l < m.latent_layers; ++l) {
     LatentPlaneSnapshot s;
-    s.len = len;
-    s.width = m.width;
+    s.shape.len = len;
+    s.shape.width = m.width;
     s.latent_rows.resize(len * m.width);
     for (std::uint64_t t = 0; t < len; ++t) {
       for (std::uint32_t c = 0; c < m.width; ++c) s.latent_rows[t * m.width + c] = ValueOf(h[t] + l, c);
     }
     if (m.index_head_dim > 0) {
-      s.index_width = 2 * m.index_head_dim;
-      s.pool = m.pool;
-      s.pools_ready = len / m.pool;
-      std::uint64_t first_tail = s.pools_ready * m.pool;
+      s.shape.index_width = 2 * m.index_head_dim;
+      s.shape.pool = m.pool;
+      s.shape.pools_ready = len / m.pool;
+      std::uint64_t first_tail = s.shape.pools_ready * m.pool;
       for (std::uint64_t t = first_tail; t < len; ++t) {
-        for (std::uint32_t c = 0; c < s.index_width; ++c)
+        for (std::uint32_t c = 0; c < s.shape.index_width; ++c)
           s.index_tail_rows.push_back(ValueOf(h[t] + 100 + l, c));
       }
-      for (std::uint64_t p = 0; p < s.pools_ready; ++p) {
+      for (std::uint64_t p = 0; p < s.shape.pools_ready; ++p) {
         std::uint64_t last = (p + 1) * m.pool - 1;
         for (std::uint32_t c = 0; c < m.index_head_dim; ++c)
           s.pool_keys.push_back(ValueOf(h[last] + 200 + l, c));
@@ -98,7 +98,7 @@ inline std::vector<LayerBytes> MakeLayers(const std::vector<std::uint32_t>& toke
     push(s);
   }
   for (std::uint32_t l = 0; l < m.recurrent_layers; ++l) {
-    RecurrentSnapshot s{m.heads, m.head_dim, m.kernel, {}, {}};
+    RecurrentSnapshot s{{m.heads, m.head_dim, m.kernel}, {}, {}};
     std::uint64_t at = h.empty() ? 0 : h.back();
     s.conv_ring.resize(3ull * m.heads * m.head_dim * (m.kernel - 1));
     for (std::size_t i = 0; i < s.conv_ring.size(); ++i) s.conv_ring[i] = ValueOf(at + 300 + l, i);
@@ -143,6 +143,13 @@ inline PublishRequest Request(const std::vector<std::uint32_t>& tokens, std::uin
   return r;
 }
 
+// Options of a store that checks layers as the daemon's store does.
+inline StoreOptions CodecStoreOptions() {
+  StoreOptions o;
+  o.validator = CodecLayerValidator();
+  return o;
+}
+
 // A store on a fresh in-memory Env (with test knobs when `h` is set).
 struct MemStore {
   std::unique_ptr<Env> env = NewMemEnv();
@@ -150,7 +157,7 @@ struct MemStore {
   std::shared_ptr<const statestore_internal::TestHooks> hooks;
   std::unique_ptr<Store> store;
 
-  explicit MemStore(StoreOptions o = {}, std::shared_ptr<const statestore_internal::TestHooks> h = nullptr)
+  explicit MemStore(StoreOptions o = CodecStoreOptions(), std::shared_ptr<const statestore_internal::TestHooks> h = nullptr)
       : options(std::move(o)), hooks(std::move(h)) {
     options.env = env.get();
     if (options.path.empty()) options.path = "/store";

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "primecache/codec.h"
 #include "statestore/test_hooks.h"
 #include "tests/support/fault_env.h"
 #include "tests/stress/stress_modes.h"
@@ -151,6 +152,7 @@ bool PowerLossLoop::Iteration(int it) {
   hooks->freeze_io = std::make_shared<std::atomic<bool>>(false);
   hooks->short_sleeps = true;
   StoreOptions so;
+  so.validator = CodecLayerValidator();
   so.env = &fenv;
   so.path = StorePath();
   if (Status s = CreateDirs(Env::Default(), DataDir()); !s.ok()) return false;
@@ -176,6 +178,7 @@ bool PowerLossLoop::Iteration(int it) {
     return false;
   }
   StoreOptions plain;
+  plain.validator = CodecLayerValidator();
   plain.path = StorePath();
   auto reopened = Store::Open(plain);
   if (!reopened.ok()) {

@@ -92,21 +92,21 @@ std::vector<LayerBytes> Encode(const Geometry& g, std::uint64_t tokens, std::uin
   };
   for (std::uint32_t l = 0; l < g.latent_layers; ++l) {
     LatentPlaneSnapshot s;
-    s.len = tokens;
-    s.width = g.width;
+    s.shape.len = tokens;
+    s.shape.width = g.width;
     Fill(&s.latent_rows, tokens, g.width, seed * 100 + l);
     if (g.index_head_dim > 0) {
-      s.index_width = 2 * g.index_head_dim;
-      s.pool = g.pool;
-      s.pools_ready = tokens / g.pool;
-      std::uint64_t first_tail = s.pools_ready * g.pool;
-      Fill(&s.index_tail_rows, tokens - first_tail, s.index_width, seed * 100 + 50 + l, first_tail);
-      Fill(&s.pool_keys, s.pools_ready, g.index_head_dim, seed * 100 + 70 + l);
+      s.shape.index_width = 2 * g.index_head_dim;
+      s.shape.pool = g.pool;
+      s.shape.pools_ready = tokens / g.pool;
+      std::uint64_t first_tail = s.shape.pools_ready * g.pool;
+      Fill(&s.index_tail_rows, tokens - first_tail, s.shape.index_width, seed * 100 + 50 + l, first_tail);
+      Fill(&s.pool_keys, s.shape.pools_ready, g.index_head_dim, seed * 100 + 70 + l);
     }
     push(s);
   }
   for (std::uint32_t l = 0; l < g.recurrent_layers; ++l) {
-    RecurrentSnapshot s{g.heads, g.head_dim, g.kernel, {}, {}};
+    RecurrentSnapshot s{{g.heads, g.head_dim, g.kernel}, {}, {}};
     // The state depends on the boundary: seed it with the length.
     Fill(&s.conv_ring, 3ull * g.heads * g.head_dim, g.kernel - 1, seed * 1000 + tokens * 7 + l);
     Fill(&s.state, std::uint64_t{g.heads} * g.head_dim, g.head_dim, seed * 1000 + tokens * 7 + 500 + l);
@@ -337,6 +337,7 @@ void ThroughputVariant(ThroughputCase& c, const StoreVariant& v, int reps) {
   std::filesystem::remove_all(rpath);
   StoreOptions so;
   so.path = path;
+  so.validator = CodecLayerValidator();
   so.fetch_read_threads = v.read_threads;
   so.direct_reads = v.direct;
   auto store = Store::Open(so);
@@ -493,6 +494,7 @@ void Dedup(const std::string& dir, std::uint64_t tokens, int k) {
   std::filesystem::remove_all(path);
   StoreOptions so;
   so.path = path;
+  so.validator = CodecLayerValidator();
   auto store = Store::Open(so);
   Die(store.status(), "open store");
   auto conv = Tokens(tokens, 31337);

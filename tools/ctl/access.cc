@@ -222,6 +222,7 @@ Result<std::unique_ptr<StoreAccess>> OpenAccess(const AccessOptions& o, bool* fe
     if (!daemon_status.IsNotFound()) return daemon_status;
   }
   StoreOptions so;
+  so.validator = CodecLayerValidator();
   so.path = o.data_dir + "/store";
   so.read_only = true;
   so.create_if_missing = false;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "primecache/codec.h"
 #include "primecache/statestore.h"
 #include "tools/ctl/access.h"
 #include "tools/ctl/commands.h"
@@ -16,6 +17,7 @@ int Migrate(const AccessOptions& access, const std::string& store_path, const Ou
     if (Status s = EnsureNoDaemon(access); !s.ok()) return out.Error(s);
   }
   StoreOptions so;
+  so.validator = CodecLayerValidator();
   so.path = store_path;
   so.create_if_missing = false;
   so.read_only = true;

@@ -1,8 +1,8 @@
-// The default layer validator: [codecs]' encoded-layer format.
+// The store's validator of encoded layers (CodecLayerValidator in codec.h).
 #include <variant>
 
 #include "primecache/codec.h"
-#include "primecache/statestore.h"
+#include "primecache/layer_validator.h"
 
 namespace primecache {
 namespace {

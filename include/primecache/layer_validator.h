@@ -1,0 +1,40 @@
+// The seam between a store and the format of what it stores: a store keeps
+// layers as opaque headers and chunks, and asks a LayerValidator at commit
+// whether one layer's header and the chunks that arrived for it agree.
+//
+// The store depends on this interface only; the codecs library implements it
+// for its encoded layers (CodecLayerValidator() in primecache/codec.h), and a
+// tool or test may pass another. Header-only: no library to link.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "primecache/status.h"
+
+namespace primecache {
+
+// What the validator learned about one layer.
+struct LayerFacts {
+  std::uint64_t raw_bytes = 0;  // decoded bytes of the layer (for Stat)
+};
+
+// The size and XXH3-64 (seed 0) of one chunk as received.
+struct ChunkFacts {
+  std::uint64_t size = 0;
+  std::uint64_t checksum = 0;
+};
+
+// Checks one layer at commit: the header parses, its chunk table agrees with
+// the chunks received, and it describes this boundary. Anything it refuses
+// fails the publish (fail closed). Implementations are immutable and safe to
+// call from many threads.
+class LayerValidator {
+ public:
+  virtual ~LayerValidator() = default;
+  virtual Result<LayerFacts> Check(std::string_view header, std::span<const ChunkFacts> chunks,
+                                   std::uint64_t boundary_tokens) const = 0;
+};
+
+}  // namespace primecache
