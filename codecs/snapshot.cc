@@ -202,28 +202,26 @@ Status CheckShape(const LayerShape& shape) {
 }
 
 LayerShape ShapeOf(const LayerSnapshot& layer) {
-  return std::visit([](const auto& l) -> LayerShape { return l.shape(); }, layer);
+  return std::visit([](const auto& l) -> LayerShape { return l.shape; }, layer);
 }
 
 Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape) {
   PC_RETURN_IF_ERROR(CheckShape(shape));
   if (const auto* s = std::get_if<LatentShape>(&shape)) {
-    LatentPlaneSnapshot l{
-        s->len, s->width, s->index_width, s->pool, s->pools_ready, s->index_is_ring, s->index_ring_rows, {},
-        {},     {}};
+    LatentPlaneSnapshot l{*s, {}, {}, {}};
     l.latent_rows.resize(s->latent_values());
     l.index_tail_rows.resize(s->tail_values());
     l.pool_keys.resize(s->pool_key_values());
     return LayerSnapshot(std::move(l));
   }
   if (const auto* s = std::get_if<RecurrentShape>(&shape)) {
-    RecurrentSnapshot r{s->heads, s->head_dim, s->kernel, {}, {}};
+    RecurrentSnapshot r{*s, {}, {}};
     r.conv_ring.resize(s->conv_values());
     r.state.resize(s->state_values());
     return LayerSnapshot(std::move(r));
   }
   const auto& s = std::get<KvShape>(shape);
-  KvSnapshot kv{s.len, s.k_width, s.v_width, {}, {}, s.format, s.rows};
+  KvSnapshot kv{s, {}, {}};
   kv.k_rows.resize(s.k_values());
   kv.v_rows.resize(s.v_values());
   return LayerSnapshot(std::move(kv));
@@ -233,19 +231,19 @@ Status CheckSnapshot(const LayerSnapshot& layer) {
   PC_RETURN_IF_ERROR(CheckShape(ShapeOf(layer)));
   Problems p;
   if (const auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) {
-    LatentShape s = l->shape();
+    const LatentShape& s = l->shape;
     CheckPlaneSize(p, "latent_rows", l->latent_rows.size(), s.latent_values(), "len * width");
     CheckPlaneSize(p, "index_tail_rows", l->index_tail_rows.size(), s.tail_values(),
                    "(len - pools_ready * pool) * index_width");
     CheckPlaneSize(p, "pool_keys", l->pool_keys.size(), s.pool_key_values(), "pools_ready * index_width / 2");
   } else if (const auto* r = std::get_if<RecurrentSnapshot>(&layer)) {
-    RecurrentShape s = r->shape();
+    const RecurrentShape& s = r->shape;
     CheckPlaneSize(p, "conv_ring", r->conv_ring.size(), s.conv_values(),
                    "3 * heads * head_dim * (kernel - 1)");
     CheckPlaneSize(p, "state", r->state.size(), s.state_values(), "heads * head_dim * head_dim");
   } else {
     const auto& kv = std::get<KvSnapshot>(layer);
-    KvShape s = kv.shape();
+    const KvShape& s = kv.shape;
     const std::string rows = s.format.rotating() ? "rows" : "len";
     CheckPlaneSize(p, "k_rows", kv.k_rows.size(), s.k_values(), rows + " * k_width");
     CheckPlaneSize(p, "v_rows", kv.v_rows.size(), s.v_values(), rows + " * v_width");

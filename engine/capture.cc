@@ -280,17 +280,18 @@ Result<PendingCapture> SessionCache::CaptureEager() {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     if (LatentLayer* l = latent(i)) {
       EagerLatent e;
-      e.len = l->committed_len();
-      e.pools_ready = l->committed_pools_ready();
-      e.width = l->width();
-      e.index_width = l->index_width();
-      e.pool = l->pool_;
-      e.index_is_ring = l->ring_ && l->plan_.has_indexer();
-      e.index_ring_rows = e.index_is_ring ? l->ring_rows_ : 0;
-      const std::uint64_t first = e.pools_ready * e.pool, tail = e.len - first;
+      LatentShape& s = e.shape;
+      s.len = l->committed_len();
+      s.pools_ready = l->committed_pools_ready();
+      s.width = l->width();
+      s.index_width = l->index_width();
+      s.pool = l->pool_;
+      s.index_is_ring = l->ring_ && l->plan_.has_indexer();
+      s.index_ring_rows = s.index_is_ring ? l->ring_rows_ : 0;
+      const std::uint64_t first = s.pools_ready * s.pool, tail = s.tail_rows();
       if (l->plan_.has_indexer() && tail != 0) {
         kernels::RingRowsArgs g{
-            l->index_, dslot.at<float>(areas[i].tail.offset), e.index_width, e.index_ring_rows, first, tail};
+            l->index_, dslot.at<float>(areas[i].tail.offset), s.index_width, s.index_ring_rows, first, tail};
         PC_RETURN_IF_ERROR(dev.GatherRows(g, Lane::kCompute));
       }
       AddWatch(&l->watches_, watch);
@@ -301,12 +302,12 @@ Result<PendingCapture> SessionCache::CaptureEager() {
                                           p.conv_values() * sizeof(float), Lane::kCompute));
       PC_RETURN_IF_ERROR(dev.CopyOnDevice(dslot.at<float>(areas[i].state.offset), r->committed_state(),
                                           p.state_values() * sizeof(float), Lane::kCompute));
-      half.layers.emplace_back(RecurrentSnapshot{p.heads, p.head_dim, p.kernel, {}, {}});
+      half.layers.emplace_back(RecurrentSnapshot{p, {}, {}});
     } else {
       KvLayer* kv = this->kv(i);
-      EagerKv e{kv->committed_len(), kv->plan_.k_width, kv->plan_.v_width, kv->plan_.format, 0, {}, {}};
-      if (e.format.rotating()) {
-        e.rows = e.len - kv->committed_first_held();
+      EagerKv e{{kv->committed_len(), kv->plan_.k_width, kv->plan_.v_width, kv->plan_.format, 0}};
+      if (e.shape.format.rotating()) {
+        e.shape.rows = e.shape.len - kv->committed_first_held();
         PC_RETURN_IF_ERROR(CopyRotatingToSlot(dev, *kv, dslot.at<float>(areas[i].k_rows.offset),
                                               dslot.at<float>(areas[i].v_rows.offset)));
       } else {
@@ -384,15 +385,14 @@ Result<EagerHalf> PendingCapture::Collect() {
   const std::vector<SlotArea>& areas = core_->plan.slot_areas;
   for (std::size_t i = 0; i < half_.layers.size(); ++i) {
     if (auto* e = std::get_if<EagerLatent>(&half_.layers[i])) {
-      const std::uint64_t n = (e->len - e->pools_ready * e->pool) * e->index_width;
-      e->tail_rows = ToVector(staged.at<const float>(areas[i].tail.offset), n);
+      e->tail_rows = ToVector(staged.at<const float>(areas[i].tail.offset), e->shape.tail_values());
     } else if (auto* r = std::get_if<RecurrentSnapshot>(&half_.layers[i])) {
-      const RecurrentShape s = r->shape();
+      const RecurrentShape& s = r->shape;
       r->conv_ring = ToVector(staged.at<const float>(areas[i].conv_ring.offset), s.conv_values());
       r->state = ToVector(staged.at<const float>(areas[i].state.offset), s.state_values());
-    } else if (auto* kv = std::get_if<EagerKv>(&half_.layers[i]); kv != nullptr && kv->format.rotating()) {
-      kv->k_rows = ToVector(staged.at<const float>(areas[i].k_rows.offset), kv->rows * kv->k_width);
-      kv->v_rows = ToVector(staged.at<const float>(areas[i].v_rows.offset), kv->rows * kv->v_width);
+    } else if (auto* kv = std::get_if<EagerKv>(&half_.layers[i]); kv != nullptr && kv->shape.format.rotating()) {
+      kv->k_rows = ToVector(staged.at<const float>(areas[i].k_rows.offset), kv->shape.k_values());
+      kv->v_rows = ToVector(staged.at<const float>(areas[i].v_rows.offset), kv->shape.v_values());
     }
   }
   EagerHalf out = std::move(half_);
@@ -406,8 +406,9 @@ namespace {
 
 // The deferred half's checks of one latent layer against its eager half.
 Status CheckLatentCompletion(std::size_t i, const EagerLayer& el, const LatentLayer* l, std::uint64_t low) {
-  const auto* e = std::get_if<EagerLatent>(&el);
-  if (e == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
+  const auto* eager = std::get_if<EagerLatent>(&el);
+  if (eager == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
+  const LatentShape* e = &eager->shape;
   if (e->width != l->width() || e->index_width != l->index_width()) {
     return LayerRefusal(i, "widths " + N(e->width) + "/" + N(e->index_width) + " != the layer's " +
                                N(l->width()) + "/" + N(l->index_width()));
@@ -431,16 +432,15 @@ Status CheckLatentCompletion(std::size_t i, const EagerLayer& el, const LatentLa
       return LayerRefusal(
           i, "pools_ready " + N(l->pools_ready()) + " is behind the boundary's " + N(e->pools_ready));
     }
-    if (e->tail_rows.size() != (e->len - e->pools_ready * e->pool) * e->index_width) {
-      return LayerRefusal(i, "the eager tail holds " + N(e->tail_rows.size()) +
-                                 " floats, not the boundary's " +
-                                 N((e->len - e->pools_ready * e->pool) * e->index_width));
+    if (eager->tail_rows.size() != e->tail_values()) {
+      return LayerRefusal(i, "the eager tail holds " + N(eager->tail_rows.size()) +
+                                 " floats, not the boundary's " + N(e->tail_values()));
     }
     if (e->index_is_ring != (l->index_ring_rows() != 0) || e->index_ring_rows != l->index_ring_rows()) {
       return LayerRefusal(
           i, "index ring " + N(e->index_ring_rows) + " != the layer's " + N(l->index_ring_rows()));
     }
-  } else if (e->pools_ready != 0 || !e->tail_rows.empty() || e->index_is_ring ||
+  } else if (e->pools_ready != 0 || !eager->tail_rows.empty() || e->index_is_ring ||
              e->index_ring_rows != 0) {
     return LayerRefusal(i, "pool state on a layer without an indexer");
   }
@@ -450,8 +450,9 @@ Status CheckLatentCompletion(std::size_t i, const EagerLayer& el, const LatentLa
 
 // The same for one KV layer (a rotating one is checked against its eager rows alone).
 Status CheckKvCompletion(std::size_t i, const EagerLayer& el, const KvLayer* kv, std::uint64_t low) {
-  const auto* e = std::get_if<EagerKv>(&el);
-  if (e == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
+  const auto* eager = std::get_if<EagerKv>(&el);
+  if (eager == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
+  const KvShape* e = &eager->shape;
   if (e->k_width != kv->plan().k_width || e->v_width != kv->plan().v_width) {
     return LayerRefusal(i, "K/V widths differ from the layer's");
   }
@@ -462,8 +463,7 @@ Status CheckKvCompletion(std::size_t i, const EagerLayer& el, const KvLayer* kv,
   if (e->len == 0) return LayerRefusal(i, "boundary len 0");
   if (e->format.rotating()) {
     // Every row was captured eagerly; the live layer is not read again.
-    const KvShape shape{e->len, e->k_width, e->v_width, e->format, e->rows};
-    if (!CheckShape(shape).ok() || e->k_rows.size() != shape.k_values() || e->v_rows.size() != shape.v_values()) {
+    if (!CheckShape(*e).ok() || eager->k_rows.size() != e->k_values() || eager->v_rows.size() != e->v_values()) {
       return LayerRefusal(i, "the eager rotating rows do not have the boundary's shape");
     }
     return Status::Ok();
@@ -503,7 +503,7 @@ Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
       const auto* e = std::get_if<RecurrentSnapshot>(&el);
       if (e == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
       const RecurrentShape& want = r->plan();
-      if (!(e->shape() == want) || e->conv_ring.size() != want.conv_values() ||
+      if (!(e->shape == want) || e->conv_ring.size() != want.conv_values() ||
           e->state.size() != want.state_values()) {
         return LayerRefusal(i, "the eager recurrent state does not have the layer's shape");
       }
@@ -523,22 +523,22 @@ Result<SessionCache::Sources> SessionCache::CompletionSources(EagerHalf& eager) 
     EagerLayer& el = eager.layers[i];
     if (const LatentLayer* l = latent(i)) {
       const auto& e = std::get<EagerLatent>(el);
-      const LatentShape s{e.len, e.width, e.index_width, e.pool, e.pools_ready, e.index_is_ring, e.index_ring_rows};
+      const LatentShape& s = e.shape;
       src.NewLayer(s);
       src.FromDevice(0, 0, l->rows_, s.latent_values());
       src.FromHost(1, e.tail_rows);
       src.FromDevice(2, 0, l->keys_, s.pool_key_values());
     } else if (recurrent(i) != nullptr) {
       const auto& r = std::get<RecurrentSnapshot>(el);
-      src.NewLayer(r.shape());
+      src.NewLayer(r.shape);
       src.FromHost(0, r.conv_ring);
       src.FromHost(1, r.state);
-    } else if (const auto& e = std::get<EagerKv>(el); e.format.rotating()) {
-      src.NewLayer(KvShape{e.len, e.k_width, e.v_width, e.format, e.rows});
+    } else if (const auto& e = std::get<EagerKv>(el); e.shape.format.rotating()) {
+      src.NewLayer(e.shape);
       src.FromHost(0, e.k_rows);
       src.FromHost(1, e.v_rows);
     } else {
-      KvSources(*kv(i), e.len, &src);
+      KvSources(*kv(i), e.shape.len, &src);
     }
   }
   return src;

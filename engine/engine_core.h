@@ -57,12 +57,15 @@ struct EngineCore {
   void ReleaseSlot(std::uint32_t slot);
 };
 
-// Engine-internal access to a session's arena (tests and the fuzz target
-// compare its bytes before and after a refused restore).
-struct SessionCacheAccess {
+// Engine-internal access past the public API, for the engine's tests and
+// fuzz targets: they compare a session's arena bytes before and after a
+// refused restore, and break a session or a layer on purpose to see the
+// break refused. This header is not installed, so the access is not public.
+struct EngineInternals {
   static const Memory& Arena(const SessionCache& s) { return s.core_->arenas[s.arena_]; }
   static Device& DeviceOf(const SessionCache& s) { return *s.core_->device; }
   static void Break(SessionCache& s, std::string why) { s.broken_ = std::move(why); }
+  static void SetPoolsReady(LatentLayer& l, std::uint64_t v) { l.pools_ready_ = v; }
 };
 
 }  // namespace primecache::engine

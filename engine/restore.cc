@@ -51,12 +51,12 @@ std::string PlaneProblems(const LayerSnapshotView& v) {
 
 LayerSnapshotView ViewOf(const LayerSnapshot& layer) {
   if (const auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) {
-    return LatentView{l->shape(), l->latent_rows, l->index_tail_rows, l->pool_keys};
+    return LatentView{l->shape, l->latent_rows, l->index_tail_rows, l->pool_keys};
   }
   if (const auto* r = std::get_if<RecurrentSnapshot>(&layer))
-    return RecurrentView{r->shape(), r->conv_ring, r->state};
+    return RecurrentView{r->shape, r->conv_ring, r->state};
   const auto& kv = std::get<KvSnapshot>(layer);
-  return KvView{kv.shape(), kv.k_rows, kv.v_rows};
+  return KvView{kv.shape, kv.k_rows, kv.v_rows};
 }
 
 std::uint64_t ViewFloats(const LayerShape& shape) {

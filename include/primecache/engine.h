@@ -169,7 +169,7 @@ class LatentLayer {
 
  private:
   friend class SessionCache;
-  friend class LatentLayerTestPeer;
+  friend struct EngineInternals;  // engine/engine_core.h
   LatentLayer() = default;
   Status ResolvePool(std::uint32_t pool);
   Status WriteLen();
@@ -325,21 +325,12 @@ class KvLayer {
 // copied out at the boundary, plus the boundary's metadata that the deferred
 // half checks the live layers against.
 struct EagerLatent {
-  std::uint64_t len = 0;
-  std::uint64_t pools_ready = 0;
-  std::uint32_t width = 0;
-  std::uint32_t index_width = 0;
-  std::uint32_t pool = 0;
-  bool index_is_ring = false;
-  std::uint64_t index_ring_rows = 0;  // effective
-  std::vector<float> tail_rows;       // [(len - pools_ready * pool) * index_width], logical order
+  LatentShape shape;             // index_ring_rows: the effective ring
+  std::vector<float> tail_rows;  // [shape.tail_rows() * index_width], logical order
 };
 struct EagerKv {
-  std::uint64_t len = 0;
-  std::uint32_t k_width = 0;
-  std::uint32_t v_width = 0;
-  KvFormat format = {};
-  std::uint64_t rows = 0;  // rotating: rows held, captured eagerly in logical order
+  KvShape shape;
+  // Rotating only: the held rows, captured eagerly in logical order.
   std::vector<float> k_rows = {};
   std::vector<float> v_rows = {};
 };
@@ -525,7 +516,7 @@ class SessionCache {
 
  private:
   friend class Engine;
-  friend struct SessionCacheAccess;
+  friend struct EngineInternals;  // engine/engine_core.h
   SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena, std::uint64_t id);
   using Layer =
       std::variant<std::unique_ptr<LatentLayer>, std::unique_ptr<RecurrentLayer>, std::unique_ptr<KvLayer>>;

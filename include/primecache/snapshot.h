@@ -42,54 +42,34 @@ Status CheckShape(const LayerShape& shape);
 
 // ---- Snapshots: shapes with their planes --------------------------------------
 
-// The latent-plane snapshot of one MLA layer. The metadata fields mean what
-// LatentShape's do; the planes are row-major f32:
+// The latent-plane snapshot of one MLA layer: its shape, and the planes,
+// row-major f32:
 //   latent_rows      [len * width]                 rows [0, len)
 //   index_tail_rows  [tail_rows() * index_width]   rows [pools_ready * pool, len), logical token order
 //   pool_keys        [pools_ready * index_width/2] key p at p * index_head_dim
 struct LatentPlaneSnapshot {
-  std::uint64_t len = 0;
-  std::uint32_t width = 0;
-  std::uint32_t index_width = 0;
-  std::uint32_t pool = 0;
-  std::uint64_t pools_ready = 0;
-  bool index_is_ring = false;
-  std::uint64_t index_ring_rows = 0;
+  LatentShape shape;
   std::vector<float> latent_rows;
   std::vector<float> index_tail_rows;
   std::vector<float> pool_keys;
-
-  LatentShape shape() const {
-    return {len, width, index_width, pool, pools_ready, index_is_ring, index_ring_rows};
-  }
 };
 
 // The state of one KDA layer:
 //   conv_ring [3 * heads * head_dim, kernel - 1]  the last kernel-1 pre-conv inputs of q, k, v
 //   state     [heads, head_dim, head_dim]          row i = key dim, column j = value dim
 struct RecurrentSnapshot {
-  std::uint32_t heads = 0;
-  std::uint32_t head_dim = 0;
-  std::uint32_t kernel = 0;
+  RecurrentShape shape;
   std::vector<float> conv_ring;
   std::vector<float> state;
-
-  RecurrentShape shape() const { return {heads, head_dim, kernel}; }
 };
 
-// The K and V rows of a plain attention layer: k_rows [len * k_width],
-// v_rows [len * v_width], row-major by token.
-// A rotating layer's planes hold its held rows, oldest first.
+// The K and V rows of an attention layer: k_rows [held_rows() * k_width],
+// v_rows [held_rows() * v_width], row-major by token. A rotating layer's
+// planes hold its held rows, oldest first.
 struct KvSnapshot {
-  std::uint64_t len = 0;
-  std::uint32_t k_width = 0;
-  std::uint32_t v_width = 0;
+  KvShape shape;
   std::vector<float> k_rows;
   std::vector<float> v_rows;
-  KvFormat format = {};
-  std::uint64_t rows = 0;  // rotating only: rows held
-
-  KvShape shape() const { return {len, k_width, v_width, format, rows}; }
 };
 
 using LayerSnapshot = std::variant<LatentPlaneSnapshot, RecurrentSnapshot, KvSnapshot>;

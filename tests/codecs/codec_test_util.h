@@ -60,25 +60,25 @@ inline LatentPlaneSnapshot MakeLatent(std::uint64_t len, std::uint32_t width, st
                                       std::uint32_t pool, std::uint64_t ring_rows = 0,
                                       std::uint64_t seed = 1) {
   LatentPlaneSnapshot s;
-  s.len = len;
-  s.width = width;
-  s.index_width = 2 * index_head_dim;
+  s.shape.len = len;
+  s.shape.width = width;
+  s.shape.index_width = 2 * index_head_dim;
   s.latent_rows = SmoothPlane(seed, 0, len, width);
   if (index_head_dim > 0) {
-    s.pool = pool;
-    s.pools_ready = len / pool;
-    s.index_is_ring = ring_rows != 0;
-    s.index_ring_rows = ring_rows;
-    const std::uint64_t first_tail = s.pools_ready * pool;
-    s.index_tail_rows = SmoothPlane(seed + 1, first_tail, len - first_tail, s.index_width);
-    s.pool_keys = SmoothPlane(seed + 2, 0, s.pools_ready, index_head_dim);
+    s.shape.pool = pool;
+    s.shape.pools_ready = len / pool;
+    s.shape.index_is_ring = ring_rows != 0;
+    s.shape.index_ring_rows = ring_rows;
+    const std::uint64_t first_tail = s.shape.pools_ready * pool;
+    s.index_tail_rows = SmoothPlane(seed + 1, first_tail, len - first_tail, s.shape.index_width);
+    s.pool_keys = SmoothPlane(seed + 2, 0, s.shape.pools_ready, index_head_dim);
   }
   return s;
 }
 
 inline RecurrentSnapshot MakeRecurrent(std::uint32_t heads, std::uint32_t head_dim, std::uint32_t kernel,
                                        std::uint64_t seed = 3) {
-  RecurrentSnapshot s{heads, head_dim, kernel, {}, {}};
+  RecurrentSnapshot s{{heads, head_dim, kernel}, {}, {}};
   s.conv_ring = SmoothPlane(seed, 0, 3ull * heads * head_dim, kernel - 1);
   s.state = SmoothPlane(seed + 1, 0, std::uint64_t{heads} * head_dim, head_dim);
   return s;
@@ -86,7 +86,7 @@ inline RecurrentSnapshot MakeRecurrent(std::uint32_t heads, std::uint32_t head_d
 
 inline KvSnapshot MakeKv(std::uint64_t len, std::uint32_t k_width, std::uint32_t v_width,
                          std::uint64_t seed = 5) {
-  return {len, k_width, v_width, SmoothPlane(seed, 0, len, k_width), SmoothPlane(seed + 1, 0, len, v_width)};
+  return {{len, k_width, v_width}, SmoothPlane(seed, 0, len, k_width), SmoothPlane(seed + 1, 0, len, v_width)};
 }
 
 inline ModelFingerprint TestFingerprint() {

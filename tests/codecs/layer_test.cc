@@ -110,9 +110,9 @@ TEST_P(RoundTripTest, DecodesWhatWasEncoded) {
   }
   const auto& in = std::get<LatentPlaneSnapshot>(kind.layer);
   const auto& out = std::get<LatentPlaneSnapshot>(*dec);
-  EXPECT_TRUE(in.shape() == out.shape());
+  EXPECT_TRUE(in.shape == out.shape);
   ExpectLatentRowsWithinBound(transform.spec.id, in.latent_rows, out.latent_rows,
-                              parsed->header.planes[0].chunk_rows * in.width);
+                              parsed->header.planes[0].chunk_rows * in.shape.width);
   EXPECT_TRUE(BitEqual(in.index_tail_rows, out.index_tail_rows)) << "index rows are never lossy";
   EXPECT_TRUE(BitEqual(in.pool_keys, out.pool_keys)) << "pool keys are never lossy";
 }
@@ -351,7 +351,7 @@ TEST(LayerEncoderTest, EncodesFromViewsIntoCallerBuffersExactlyAsEncodeLayer) {
     o.plane_transforms.push_back({PlaneId::kLatentRows, spec});
     auto want = EncodeLayer(l, o);
     ASSERT_TRUE(want.ok());
-    auto enc = LayerEncoder::Create(l.shape(), planes, o);
+    auto enc = LayerEncoder::Create(l.shape, planes, o);
     ASSERT_TRUE(enc.ok()) << enc.status().ToString();
     ASSERT_EQ(enc->chunk_count(), want->chunks.size());
     EXPECT_TRUE(enc->Finish().status().IsFailedPrecondition());
@@ -380,8 +380,8 @@ TEST(LayerEncoderTest, EncodesFromViewsIntoCallerBuffersExactlyAsEncodeLayer) {
     std::vector<std::byte> tight(enc->MaxChunkBytes(0) - 1);
     EXPECT_TRUE(enc->EncodeChunk(0, tight).status().IsInvalidArgument());
   }
-  EXPECT_TRUE(LayerEncoder::Create(l.shape(), {planes[0], planes[1]}).status().IsInvalidArgument());
-  EXPECT_TRUE(LayerEncoder::Create(l.shape(), {planes[0], planes[1], planes[2].first(3)}).status().IsInvalidArgument());
+  EXPECT_TRUE(LayerEncoder::Create(l.shape, {planes[0], planes[1]}).status().IsInvalidArgument());
+  EXPECT_TRUE(LayerEncoder::Create(l.shape, {planes[0], planes[1], planes[2].first(3)}).status().IsInvalidArgument());
 }
 
 TEST(HeaderTest, SerializesAloneAndRefusesTrailingBytes) {

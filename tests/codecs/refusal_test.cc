@@ -166,7 +166,7 @@ TEST_F(RefusalTest, PoolsReadyDisagreesWithLenOverPool) {
                 "pools_ready 49 != len / pool = 50 (len 203, pool 4)");
   ExpectRefused(Redecode(layer_), StatusCode::kCorruption, "pools_ready 49 != len / pool = 50");
   LayerSnapshot snap = MakeLatent(203, 24, 8, 4, 16);
-  std::get<LatentPlaneSnapshot>(snap).pools_ready = 51;
+  std::get<LatentPlaneSnapshot>(snap).shape.pools_ready = 51;
   ExpectRefused(EncodeLayer(snap).status(), StatusCode::kInvalidArgument,
                 "pools_ready 51 != len / pool = 50");
 }

@@ -107,7 +107,7 @@ TEST(ValidateTest, RefusesAnotherKindAndAnInconsistentSnapshot) {
   ExpectSays(Validate(MakeKv(5, 4, 6), LatentGeometry{4, 0, 0, 0, 9}),
              "layer is a kv layer; the plan expects a latent layer");
   LayerSnapshot l = MakeLatent(9, 8, 4, 4);
-  std::get<LatentPlaneSnapshot>(l).pools_ready = 1;
+  std::get<LatentPlaneSnapshot>(l).shape.pools_ready = 1;
   ExpectSays(Validate(l, LatentGeometry{8, 8, 4, 0, 64}), "pools_ready 1 != len / pool = 2");
   LayerSnapshot m = MakeLatent(9, 8, 4, 4);
   std::get<LatentPlaneSnapshot>(m).latent_rows.pop_back();

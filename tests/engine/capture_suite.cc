@@ -13,11 +13,6 @@
 
 namespace primecache::engine {
 
-class LatentLayerTestPeer {
- public:
-  static void SetPoolsReady(LatentLayer& l, std::uint64_t v) { l.pools_ready_ = v; }
-};
-
 namespace testing {
 namespace {
 
@@ -29,9 +24,9 @@ StatePlan Hybrid(std::uint32_t pool = 4) {
 }
 
 std::vector<std::byte> ArenaBytes(const SessionCache& s) {
-  const Memory& m = SessionCacheAccess::Arena(s);
+  const Memory& m = EngineInternals::Arena(s);
   std::vector<std::byte> v(m.bytes());
-  Status st = SessionCacheAccess::DeviceOf(s).Download(v.data(), m.data(), m.bytes(), Lane::kCompute);
+  Status st = EngineInternals::DeviceOf(s).Download(v.data(), m.data(), m.bytes(), Lane::kCompute);
   EXPECT_TRUE(st.ok()) << st.ToString();
   return v;
 }
@@ -89,10 +84,10 @@ TEST_P(CaptureSuite, FullCaptureRestoresEqualOnEveryPlaneAcrossBoundaries) {
       ASSERT_TRUE(snap.ok()) << snap.status().ToString();
       for (const auto& l : snap.value()) EXPECT_TRUE(CheckSnapshot(l).ok()) << CheckSnapshot(l).ToString();
       const auto& lp = std::get<LatentPlaneSnapshot>(snap.value()[0]);
-      EXPECT_EQ(lp.len, len);
-      EXPECT_EQ(lp.pools_ready, len / 4);
-      EXPECT_EQ(lp.index_is_ring, ring != 0);
-      EXPECT_EQ(lp.index_ring_rows, ring / 4 * 4);
+      EXPECT_EQ(lp.shape.len, len);
+      EXPECT_EQ(lp.shape.pools_ready, len / 4);
+      EXPECT_EQ(lp.shape.index_is_ring, ring != 0);
+      EXPECT_EQ(lp.shape.index_ring_rows, ring / 4 * 4);
       // The full snapshot's planes are the reference's.
       const LatentReference& ref = drv.latent[0]->ref;
       EXPECT_TRUE(BitEqual(lp.latent_rows, ref.latent));
@@ -156,7 +151,7 @@ TEST_P(CaptureSuite, RingSnapshotRestoresIntoAFlatCacheAndBack) {
   auto flat = flat_engine->NewSession().value();
   ASSERT_TRUE(flat->Restore(snap).ok());
   auto flat_snap = flat->CaptureFull().value();
-  EXPECT_FALSE(std::get<LatentPlaneSnapshot>(flat_snap[0]).index_is_ring);
+  EXPECT_FALSE(std::get<LatentPlaneSnapshot>(flat_snap[0]).shape.index_is_ring);
   ExpectSnapshotsEqual(flat_snap, snap, /*ignore_ring=*/true);
   auto ring = ring_engine->NewSession().value();
   ASSERT_TRUE(ring->Restore(flat_snap).ok());
@@ -182,8 +177,8 @@ TEST_P(CaptureSuite, EagerThenDeferredEqualsTheFullSnapshotAtTheBoundary) {
     EXPECT_EQ(e->free_snapshot_slots(), 2u);
     EXPECT_TRUE(pending.value().Collect().status().IsFailedPrecondition());
     const auto& el = std::get<EagerLatent>(half.value().layers[0]);
-    EXPECT_EQ(el.len, 37u);
-    EXPECT_EQ(el.pools_ready, 9u);
+    EXPECT_EQ(el.shape.len, 37u);
+    EXPECT_EQ(el.shape.pools_ready, 9u);
     EXPECT_EQ(el.tail_rows.size(), 1u * 16);
     // A verify-style rollback that stays above the boundary is fine.
     ASSERT_TRUE(s->latent(0)->Truncate(60).ok());  // within what the ring still holds
@@ -233,7 +228,7 @@ TEST_P(CaptureSuite, CapturePreconditionsRefuse) {
   EXPECT_NE(st.message().find("not a call boundary"), std::string::npos) << st.ToString();
   ASSERT_TRUE(s->latent(0)->Truncate(9).ok());
   ASSERT_TRUE(s->CaptureFull().ok());
-  LatentLayerTestPeer::SetPoolsReady(*s->latent(0), 1);
+  EngineInternals::SetPoolsReady(*s->latent(0), 1);
   EXPECT_EQ(s->CaptureFull().status().code(), StatusCode::kInternal);
   EXPECT_EQ(s->CaptureEager().status().code(), StatusCode::kInternal);
   EXPECT_EQ(e->free_snapshot_slots(), 2u) << "a refused eager capture holds no slot";
@@ -270,7 +265,7 @@ TEST_P(CaptureSuite, DeferredHalfRefusesEveryDisagreement) {
   }
   {
     EagerHalf h = good;
-    std::get<EagerLatent>(h.layers[0]).pool = 2;
+    std::get<EagerLatent>(h.layers[0]).shape.pool = 2;
     refuse(h, "pool 2 != the layer's pool 4");
   }
   {
@@ -280,22 +275,22 @@ TEST_P(CaptureSuite, DeferredHalfRefusesEveryDisagreement) {
   }
   {
     EagerHalf h = good;
-    std::get<EagerLatent>(h.layers[0]).width = 23;
+    std::get<EagerLatent>(h.layers[0]).shape.width = 23;
     refuse(h, "widths 23/16");
   }
   {
     EagerHalf h = good;
-    std::get<EagerLatent>(h.layers[0]).pools_ready = 4;
+    std::get<EagerLatent>(h.layers[0]).shape.pools_ready = 4;
     refuse(h, "boundary pools_ready 4 != len / pool");
   }
   {
     EagerHalf h = good;
-    std::get<EagerLatent>(h.layers[0]).index_ring_rows = 4;
+    std::get<EagerLatent>(h.layers[0]).shape.index_ring_rows = 4;
     refuse(h, "index ring 4 != the layer's 8");
   }
   {
     EagerHalf h = good;
-    std::get<EagerLatent>(h.layers[2]).pools_ready = 1;
+    std::get<EagerLatent>(h.layers[2]).shape.pools_ready = 1;
     refuse(h, "pool state on a layer without an indexer");
   }
   {
@@ -308,12 +303,12 @@ TEST_P(CaptureSuite, DeferredHalfRefusesEveryDisagreement) {
     std::swap(h.layers[0], h.layers[2]);
     refuse(h, "widths");
     EagerHalf k = good;
-    k.layers[1] = EagerKv{21, 6, 10};
+    k.layers[1] = EagerKv{{21, 6, 10}};
     refuse(k, "another kind of layer");
   }
   {
     EagerHalf h = good;
-    std::get<EagerKv>(h.layers[4]).v_width = 9;
+    std::get<EagerKv>(h.layers[4]).shape.v_width = 9;
     refuse(h, "K/V widths differ");
   }
   {
@@ -326,9 +321,9 @@ TEST_P(CaptureSuite, DeferredHalfRefusesEveryDisagreement) {
   }
   {
     // Live pools_ready behind the boundary's (the boundary itself consistent).
-    LatentLayerTestPeer::SetPoolsReady(*s->latent(0), 4);
+    EngineInternals::SetPoolsReady(*s->latent(0), 4);
     refuse(good, "pools_ready 4 is behind the boundary's 5");
-    LatentLayerTestPeer::SetPoolsReady(*s->latent(0), 5);
+    EngineInternals::SetPoolsReady(*s->latent(0), 5);
   }
   // Fewer rows than the boundary.
   const EagerHalf at21 = take();
@@ -363,15 +358,15 @@ TEST_P(CaptureSuite, RestoreRefusesEveryMismatchAndMovesNoByte) {
   auto L = [](std::vector<LayerSnapshot>& s, int i) -> LatentPlaneSnapshot& {
     return std::get<LatentPlaneSnapshot>(s[i]);
   };
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).width = 25; }), "width 25 != plan 24");
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).shape.width = 25; }), "width 25 != plan 24");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) {
-                           L(s, 0).pool = 2;
-                           L(s, 0).pools_ready = 11;
+                           L(s, 0).shape.pool = 2;
+                           L(s, 0).shape.pools_ready = 11;
                          }),
                          "pool 2 != plan 4");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).pools_ready = 4; }),
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).shape.pools_ready = 4; }),
                          "pools_ready 4 != len / pool");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).index_width = 6; }), "index_width");
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).shape.index_width = 6; }), "index_width");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).pool_keys.pop_back(); }),
                          "pool_keys holds");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).index_tail_rows.push_back(1); }),
@@ -379,17 +374,17 @@ TEST_P(CaptureSuite, RestoreRefusesEveryMismatchAndMovesNoByte) {
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).latent_rows.resize(1); }),
                          "latent_rows holds");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) {
-                           L(s, 0).index_is_ring = true;
-                           L(s, 0).index_ring_rows = 6;
+                           L(s, 0).shape.index_is_ring = true;
+                           L(s, 0).shape.index_ring_rows = 6;
                          }),
                          "not a positive multiple of pool");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 2).pool = 4; }), "pool 4 without an indexer");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::get<RecurrentSnapshot>(s[1]).kernel = 3; }),
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 2).shape.pool = 4; }), "pool 4 without an indexer");
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::get<RecurrentSnapshot>(s[1]).shape.kernel = 3; }),
                          "kernel 3 != plan 4");
   ExpectRefusedUntouched(dst.get(),
                          mutate([&](auto& s) { std::get<RecurrentSnapshot>(s[3]).state.pop_back(); }),
                          "layer 3: state holds");
-  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::get<KvSnapshot>(s[4]).k_width = 5; }),
+  ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::get<KvSnapshot>(s[4]).shape.k_width = 5; }),
                          "k_width 5 != plan 6");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::swap(s[1], s[3]); }), "heads 3 != plan 2");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { std::swap(s[0], s[1]); }),
@@ -398,7 +393,7 @@ TEST_P(CaptureSuite, RestoreRefusesEveryMismatchAndMovesNoByte) {
   // A different but self-consistent boundary in one layer.
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) {
                            auto& kv = std::get<KvSnapshot>(s[4]);
-                           kv.len = 22;
+                           kv.shape.len = 22;
                            kv.k_rows.resize(22 * 6);
                            kv.v_rows.resize(22 * 10);
                          }),
@@ -427,8 +422,8 @@ TEST_P(CaptureSuite, RestoreRefusesEveryMismatchAndMovesNoByte) {
   // Several bad layers are all named.
   {
     auto s = mutate([&](auto& s) {
-      L(s, 0).width = 1;
-      std::get<KvSnapshot>(s[4]).k_width = 1;
+      L(s, 0).shape.width = 1;
+      std::get<KvSnapshot>(s[4]).shape.k_width = 1;
     });
     Status st = dst->ValidateRestore(s);
     EXPECT_NE(st.message().find("layer 0"), std::string::npos);
@@ -537,16 +532,12 @@ std::vector<LayerSnapshot> FromViews(const std::vector<LayerSnapshotView>& views
           using T = std::decay_t<decltype(x)>;
           auto vec = [](std::span<const float> p) { return std::vector<float>(p.begin(), p.end()); };
           if constexpr (std::is_same_v<T, LatentView>) {
-            const LatentShape& sh = x.shape;
-            out.push_back(LatentPlaneSnapshot{sh.len, sh.width, sh.index_width, sh.pool, sh.pools_ready,
-                                              sh.index_is_ring, sh.index_ring_rows, vec(x.latent_rows),
-                                              vec(x.index_tail_rows), vec(x.pool_keys)});
+            out.push_back(
+                LatentPlaneSnapshot{x.shape, vec(x.latent_rows), vec(x.index_tail_rows), vec(x.pool_keys)});
           } else if constexpr (std::is_same_v<T, RecurrentView>) {
-            out.push_back(RecurrentSnapshot{x.shape.heads, x.shape.head_dim, x.shape.kernel, vec(x.conv_ring),
-                                            vec(x.state)});
+            out.push_back(RecurrentSnapshot{x.shape, vec(x.conv_ring), vec(x.state)});
           } else {
-            out.push_back(KvSnapshot{x.shape.len, x.shape.k_width, x.shape.v_width, vec(x.k_rows), vec(x.v_rows),
-                                     x.shape.format, x.shape.rows});
+            out.push_back(KvSnapshot{x.shape, vec(x.k_rows), vec(x.v_rows)});
           }
         },
         v);

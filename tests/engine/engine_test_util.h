@@ -250,27 +250,27 @@ inline void ExpectLayerEqual(const LayerSnapshot& a, const LayerSnapshot& b, boo
   ASSERT_EQ(a.index(), b.index());
   if (const auto* x = std::get_if<LatentPlaneSnapshot>(&a)) {
     const auto& y = std::get<LatentPlaneSnapshot>(b);
-    EXPECT_EQ(x->len, y.len);
-    EXPECT_EQ(x->width, y.width);
-    EXPECT_EQ(x->index_width, y.index_width);
-    EXPECT_EQ(x->pool, y.pool);
-    EXPECT_EQ(x->pools_ready, y.pools_ready);
+    EXPECT_EQ(x->shape.len, y.shape.len);
+    EXPECT_EQ(x->shape.width, y.shape.width);
+    EXPECT_EQ(x->shape.index_width, y.shape.index_width);
+    EXPECT_EQ(x->shape.pool, y.shape.pool);
+    EXPECT_EQ(x->shape.pools_ready, y.shape.pools_ready);
     if (!ignore_ring) {
-      EXPECT_EQ(x->index_is_ring, y.index_is_ring);
-      EXPECT_EQ(x->index_ring_rows, y.index_ring_rows);
+      EXPECT_EQ(x->shape.index_is_ring, y.shape.index_is_ring);
+      EXPECT_EQ(x->shape.index_ring_rows, y.shape.index_ring_rows);
     }
     EXPECT_TRUE(BitEqual(x->latent_rows, y.latent_rows)) << "latent rows";
     EXPECT_TRUE(BitEqual(x->index_tail_rows, y.index_tail_rows)) << "index tail rows";
     EXPECT_TRUE(BitEqual(x->pool_keys, y.pool_keys)) << "pool keys";
   } else if (const auto* r = std::get_if<RecurrentSnapshot>(&a)) {
     const auto& q = std::get<RecurrentSnapshot>(b);
-    EXPECT_TRUE(r->shape() == q.shape());
+    EXPECT_TRUE(r->shape == q.shape);
     EXPECT_TRUE(BitEqual(r->conv_ring, q.conv_ring)) << "conv ring";
     EXPECT_TRUE(BitEqual(r->state, q.state)) << "recurrent state";
   } else {
     const auto& k = std::get<KvSnapshot>(a);
     const auto& l = std::get<KvSnapshot>(b);
-    EXPECT_TRUE(k.shape() == l.shape());
+    EXPECT_TRUE(k.shape == l.shape);
     EXPECT_TRUE(BitEqual(k.k_rows, l.k_rows)) << "K rows";
     EXPECT_TRUE(BitEqual(k.v_rows, l.v_rows)) << "V rows";
   }

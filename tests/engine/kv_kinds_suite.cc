@@ -84,7 +84,7 @@ class KvKindsSuite : public ::testing::TestWithParam<DeviceKind> {
   KvSnapshot SnapshotOf(const KvLayer& kv) {
     const std::uint64_t cap = kv.capacity(), kw = kv.plan().k_width, vw = kv.plan().v_width;
     auto K = Read(dev_.get(), kv.k_rows(), cap * kw), V = Read(dev_.get(), kv.v_rows(), cap * vw);
-    KvSnapshot s{kv.len(), kv.plan().k_width, kv.plan().v_width, {}, {}, kv.plan().format, 0};
+    KvSnapshot s{{kv.len(), kv.plan().k_width, kv.plan().v_width, kv.plan().format, 0}, {}, {}};
     for (std::uint64_t p = kv.first_held(); p < kv.len(); ++p) {
       s.k_rows.insert(s.k_rows.end(), K.begin() + (p % cap) * kw, K.begin() + (p % cap + 1) * kw);
       s.v_rows.insert(s.v_rows.end(), V.begin() + (p % cap) * vw, V.begin() + (p % cap + 1) * vw);
@@ -175,8 +175,8 @@ TEST_P(KvKindsSuite, EveryKindCapturesRestoresAndContinuesBitForBit) {
       auto full = a->CaptureFull();
       ASSERT_TRUE(full.ok()) << full.status().ToString();
       const auto& kv = std::get<KvSnapshot>((*full)[0]);
-      EXPECT_EQ(kv.format, fmt);
-      EXPECT_EQ(kv.shape().held_rows(), fmt.rotating() ? std::min<std::uint64_t>(len, fmt.window) : len);
+      EXPECT_EQ(kv.shape.format, fmt);
+      EXPECT_EQ(kv.shape.held_rows(), fmt.rotating() ? std::min<std::uint64_t>(len, fmt.window) : len);
       EXPECT_TRUE(BitEqual(kv.k_rows, fa.Held(true)));
       // Through the codec and back: the words are copied, never reinterpreted.
       auto enc = EncodeLayer((*full)[0]);
@@ -249,7 +249,7 @@ TEST_P(KvKindsSuite, KindMismatchesAreRefusedByNameAndMoveNoByte) {
     ASSERT_TRUE(snap.ok());
     auto dst_engine = NewEngine(StatePlan{{Kv(c.into)}});
     auto dst = dst_engine->NewSession().value();
-    const Memory& arena = SessionCacheAccess::Arena(*dst);
+    const Memory& arena = EngineInternals::Arena(*dst);
     std::vector<std::byte> before(arena.bytes()), after(arena.bytes());
     ASSERT_TRUE(dev_->Download(before.data(), arena.data(), arena.bytes(), Lane::kCompute).ok());
     Status st = dst->Restore(*snap);

@@ -6,15 +6,10 @@
 #include <random>
 #include <vector>
 
+#include "engine/engine_core.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace primecache::engine {
-
-// Reaches into a layer to break an invariant on purpose.
-class LatentLayerTestPeer {
- public:
-  static void SetPoolsReady(LatentLayer& l, std::uint64_t v) { l.pools_ready_ = v; }
-};
 
 namespace testing {
 namespace {
@@ -226,13 +221,13 @@ TEST_P(LayerSuite, EveryCallChecksPoolsReadyAgainstLen) {
   LatentLayer* l = s->latent(0);
   LatentDriver drv(dev_.get(), l, 1);
   ASSERT_TRUE(drv.Append(9).ok());
-  LatentLayerTestPeer::SetPoolsReady(*l, 1);  // behind len / pool = 2
+  EngineInternals::SetPoolsReady(*l, 1);  // behind len / pool = 2
   EXPECT_EQ(l->CheckInvariants().code(), StatusCode::kInternal);
   EXPECT_EQ(drv.Append(1).code(), StatusCode::kInternal);
   EXPECT_EQ(l->Truncate(4).code(), StatusCode::kInternal);
   EXPECT_EQ(s->CheckInvariants().code(), StatusCode::kInternal);
   EXPECT_EQ(l->len(), 9u);
-  LatentLayerTestPeer::SetPoolsReady(*l, 2);
+  EngineInternals::SetPoolsReady(*l, 2);
   EXPECT_TRUE(drv.Append(1).ok());
 }
 

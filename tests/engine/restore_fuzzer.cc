@@ -220,17 +220,17 @@ bool SameLayer(const LayerSnapshot& a, const LayerSnapshot& b) {
   if (a.index() != b.index()) return false;
   if (const auto* x = std::get_if<LatentPlaneSnapshot>(&a)) {
     const auto& y = std::get<LatentPlaneSnapshot>(b);
-    return x->shape().len == y.len && x->width == y.width && x->index_width == y.index_width &&
+    return x->shape.len == y.len && x->width == y.width && x->index_width == y.index_width &&
            x->pool == y.pool && x->pools_ready == y.pools_ready && eq(x->latent_rows, y.latent_rows) &&
            eq(x->index_tail_rows, y.index_tail_rows) && eq(x->pool_keys, y.pool_keys);
   }
   if (const auto* r = std::get_if<RecurrentSnapshot>(&a)) {
     const auto& q = std::get<RecurrentSnapshot>(b);
-    return r->shape() == q.shape() && eq(r->conv_ring, q.conv_ring) && eq(r->state, q.state);
+    return r->shape == q.shape && eq(r->conv_ring, q.conv_ring) && eq(r->state, q.state);
   }
   const auto& k = std::get<KvSnapshot>(a);
   const auto& m = std::get<KvSnapshot>(b);
-  return k.shape() == m.shape() && eq(k.k_rows, m.k_rows) && eq(k.v_rows, m.v_rows);
+  return k.shape == m.shape && eq(k.k_rows, m.k_rows) && eq(k.v_rows, m.v_rows);
 }
 
 }  // namespace
@@ -267,7 +267,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto opened = world->engines[dst_i]->NewSession();
   PC_FUZZ_CHECK(opened.ok());
   SessionCache& dst = *opened.value();
-  const Memory& arena = SessionCacheAccess::Arena(dst);
+  const Memory& arena = EngineInternals::Arena(dst);
   const std::vector<std::byte> before = Bytes(dev, arena);
   const Status validated = dst.ValidateRestore(snap);
   const Status restored = dst.Restore(snap);

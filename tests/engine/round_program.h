@@ -163,15 +163,15 @@ class RoundProgram {
             [&](const auto& l) {
               using T = std::decay_t<decltype(l)>;
               if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
-                v.push_back(static_cast<float>(l.len));
-                v.push_back(static_cast<float>(l.pools_ready));
+                v.push_back(static_cast<float>(l.shape.len));
+                v.push_back(static_cast<float>(l.shape.pools_ready));
                 for (const auto* p : {&l.latent_rows, &l.index_tail_rows, &l.pool_keys})
                   v.insert(v.end(), p->begin(), p->end());
               } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
                 for (const auto* p : {&l.conv_ring, &l.state}) v.insert(v.end(), p->begin(), p->end());
               } else {
-                v.push_back(static_cast<float>(l.len));
-                v.push_back(static_cast<float>(l.rows));
+                v.push_back(static_cast<float>(l.shape.len));
+                v.push_back(static_cast<float>(l.shape.rows));
                 for (const auto* p : {&l.k_rows, &l.v_rows}) v.insert(v.end(), p->begin(), p->end());
               }
             },

@@ -26,9 +26,9 @@ KvSnapshot MakeKvOf(KvShape shape, std::uint64_t len, std::uint32_t k_width, std
   shape.v_width = v_width;
   if (shape.format.rotating()) shape.rows = std::min<std::uint64_t>(len, shape.format.window);
   KvSnapshot s = MakeKv(shape.held_rows(), k_width, v_width);
-  s.len = len;
-  s.format = shape.format;
-  s.rows = shape.rows;
+  s.shape.len = len;
+  s.shape.format = shape.format;
+  s.shape.rows = shape.rows;
   return s;
 }
 

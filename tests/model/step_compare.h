@@ -101,7 +101,7 @@ inline std::vector<const std::vector<float>*> FloatPlanes(const LayerSnapshot& s
   if (const auto* l = std::get_if<LatentPlaneSnapshot>(&s)) return {&l->latent_rows, &l->index_tail_rows, &l->pool_keys};
   if (const auto* r = std::get_if<RecurrentSnapshot>(&s)) return {&r->conv_ring, &r->state};
   const auto& kv = std::get<KvSnapshot>(s);
-  if (kv.format.quantized()) return {};
+  if (kv.shape.format.quantized()) return {};
   return {&kv.k_rows, &kv.v_rows};
 }
 
@@ -127,13 +127,13 @@ inline StepReport CompareStep(const std::vector<LayerSnapshot>& gpu, const std::
     const auto pg = FloatPlanes(gpu[l]), pc = FloatPlanes(cpu[l]);
     for (std::size_t i = 0; i < pg.size(); ++i) err[l] = std::max(err[l], RelErr(*pg[i], *pc[i]));
     const auto* kg = std::get_if<KvSnapshot>(&gpu[l]);
-    if (kg == nullptr || !kg->format.quantized()) continue;
+    if (kg == nullptr || !kg->shape.format.quantized()) continue;
     const auto& kc = std::get<KvSnapshot>(cpu[l]);
-    const std::uint64_t held = kg->shape().held_rows();
-    const std::size_t own = first_new + held >= kg->len ? static_cast<std::size_t>(first_new + held - kg->len) : 0;
+    const std::uint64_t held = kg->shape.held_rows();
+    const std::size_t own = first_new + held >= kg->shape.len ? static_cast<std::size_t>(first_new + held - kg->shape.len) : 0;
     const std::size_t before = r.flips;
-    err[l] = std::max(err[l], CompareTqPlane(kg->k_rows, kc.k_rows, kg->k_width, own, kg->format, where + " K", &r));
-    err[l] = std::max(err[l], CompareTqPlane(kg->v_rows, kc.v_rows, kg->v_width, own, kg->format, where + " V", &r));
+    err[l] = std::max(err[l], CompareTqPlane(kg->k_rows, kc.k_rows, kg->shape.k_width, own, kg->shape.format, where + " K", &r));
+    err[l] = std::max(err[l], CompareTqPlane(kg->v_rows, kc.v_rows, kg->shape.v_width, own, kg->shape.format, where + " V", &r));
     if (r.flips > before && first_flip == gpu.size()) first_flip = l;
   }
   r.strict = r.flips == 0;

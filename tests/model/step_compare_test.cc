@@ -61,7 +61,7 @@ class StepCompareTest : public ::testing::Test {
   // (downwards when upwards would leave the code range).
   void ShiftCode(std::size_t l, std::size_t entry, int levels) {
     auto& kv = std::get<KvSnapshot>(got_[l]);
-    const std::size_t bits = kv.format.quant_bits, words = 1 + kv.format.head_dim * bits / 32;
+    const std::size_t bits = kv.shape.format.quant_bits, words = 1 + kv.shape.format.head_dim * bits / 32;
     std::uint32_t word;
     std::memcpy(&word, &kv.v_rows[entry * words + 1], 4);
     const int max = (1 << bits) - 1, code = static_cast<int>(word & std::uint32_t(max));
@@ -71,7 +71,7 @@ class StepCompareTest : public ::testing::Test {
   }
   std::size_t Entries(std::size_t l) const {
     const auto& kv = std::get<KvSnapshot>(got_[l]);
-    return kv.v_rows.size() / (1 + kv.format.head_dim * kv.format.quant_bits / 32);
+    return kv.v_rows.size() / (1 + kv.shape.format.head_dim * kv.shape.format.quant_bits / 32);
   }
   std::vector<float>& LatentRows() { return std::get<LatentPlaneSnapshot>(got_[2]).latent_rows; }
 
@@ -147,7 +147,7 @@ TEST_F(StepCompareTest, AnyDifferenceInAnOlderRowFails) {
 }
 
 TEST_F(StepCompareTest, ShapeMismatchFails) {
-  std::get<KvSnapshot>(got_[1]).len += 1;
+  std::get<KvSnapshot>(got_[1]).shape.len += 1;
   const StepReport r = Compare();
   ASSERT_EQ(r.failures.size(), 1u);
   EXPECT_NE(r.failures[0].find("shape"), std::string::npos);

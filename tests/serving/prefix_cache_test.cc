@@ -89,12 +89,12 @@ bool SamePlanes(const std::vector<LayerSnapshot>& a, const std::vector<LayerSnap
           using T = std::decay_t<decltype(x)>;
           const T& y = std::get<T>(b[l]);
           if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
-            return x.shape() == y.shape() && SameBits(x.latent_rows, y.latent_rows) &&
+            return x.shape == y.shape && SameBits(x.latent_rows, y.latent_rows) &&
                    SameBits(x.index_tail_rows, y.index_tail_rows) && SameBits(x.pool_keys, y.pool_keys);
           } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
-            return x.shape() == y.shape() && SameBits(x.conv_ring, y.conv_ring) && SameBits(x.state, y.state);
+            return x.shape == y.shape && SameBits(x.conv_ring, y.conv_ring) && SameBits(x.state, y.state);
           } else {
-            return x.shape() == y.shape() && SameBits(x.k_rows, y.k_rows) && SameBits(x.v_rows, y.v_rows);
+            return x.shape == y.shape && SameBits(x.k_rows, y.k_rows) && SameBits(x.v_rows, y.v_rows);
           }
         },
         a[l]);

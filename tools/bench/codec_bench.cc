@@ -81,19 +81,19 @@ struct Case {
 std::vector<Case> Cases(std::uint64_t tokens) {
   const std::uint32_t kv_rank = 512, rope = 64, index_head_dim = 128, pool = 4;
   LatentPlaneSnapshot l;
-  l.len = tokens;
-  l.width = kv_rank + rope;
-  l.index_width = 2 * index_head_dim;
-  l.pool = pool;
-  l.pools_ready = tokens / pool;
-  l.index_is_ring = true;
-  l.index_ring_rows = 1024;
-  l.latent_rows = SyntheticRows(tokens, l.width, 1);
-  l.index_tail_rows = SyntheticRows(tokens - l.pools_ready * pool, l.index_width, 2);
-  l.pool_keys = SyntheticRows(l.pools_ready, index_head_dim, 3);
+  l.shape.len = tokens;
+  l.shape.width = kv_rank + rope;
+  l.shape.index_width = 2 * index_head_dim;
+  l.shape.pool = pool;
+  l.shape.pools_ready = tokens / pool;
+  l.shape.index_is_ring = true;
+  l.shape.index_ring_rows = 1024;
+  l.latent_rows = SyntheticRows(tokens, l.shape.width, 1);
+  l.index_tail_rows = SyntheticRows(tokens - l.shape.pools_ready * pool, l.shape.index_width, 2);
+  l.pool_keys = SyntheticRows(l.shape.pools_ready, index_head_dim, 3);
 
-  RecurrentSnapshot r{32, 128, 4, SyntheticRows(3 * 32 * 128, 3, 4), SyntheticRows(32 * 128, 128, 5)};
-  KvSnapshot kv{tokens, 512, 512, SyntheticRows(tokens, 512, 6), SyntheticRows(tokens, 512, 7)};
+  RecurrentSnapshot r{{32, 128, 4}, SyntheticRows(3 * 32 * 128, 3, 4), SyntheticRows(32 * 128, 128, 5)};
+  KvSnapshot kv{{tokens, 512, 512}, SyntheticRows(tokens, 512, 6), SyntheticRows(tokens, 512, 7)};
   return {{"mla-latent", std::move(l)}, {"kda-recurrent", std::move(r)}, {"kv-plain", std::move(kv)}};
 }
 

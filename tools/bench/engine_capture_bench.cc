@@ -142,13 +142,13 @@ bool SameSnapshot(const std::vector<LayerSnapshot>& a, const std::vector<LayerSn
     if (a[i].index() != b[i].index()) return false;
     if (const auto* x = std::get_if<LatentPlaneSnapshot>(&a[i])) {
       const auto& y = std::get<LatentPlaneSnapshot>(b[i]);
-      if (!(x->shape() == y.shape()) || !Same(x->latent_rows, y.latent_rows) ||
+      if (!(x->shape == y.shape) || !Same(x->latent_rows, y.latent_rows) ||
           !Same(x->index_tail_rows, y.index_tail_rows) || !Same(x->pool_keys, y.pool_keys)) {
         return false;
       }
     } else if (const auto* r = std::get_if<RecurrentSnapshot>(&a[i])) {
       const auto& q = std::get<RecurrentSnapshot>(b[i]);
-      if (!(r->shape() == q.shape()) || !Same(r->conv_ring, q.conv_ring) || !Same(r->state, q.state))
+      if (!(r->shape == q.shape) || !Same(r->conv_ring, q.conv_ring) || !Same(r->state, q.state))
         return false;
     }
   }
