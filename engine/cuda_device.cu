@@ -210,6 +210,9 @@ class CudaDevice final : public Device {
     return Status::Ok();
   }
 
+  // The kernel entry points: each selects this device and runs the kernel on
+  // the lane's stream. They are alike on purpose; the Device interface names
+  // each op so that the CPU twin (cpu_device.cc) implements the same list.
   Status AppendRows(const kernels::AppendRowsArgs& a, Lane lane) override {
     cudaSetDevice(ordinal_);
     return kernels::AppendRowsCuda(a, stream(lane));

@@ -1,3 +1,8 @@
+// Between the project's value types and their Cap'n Proto messages
+// (ipc/primecache.capnp). Each Write/Read pair copies a message's fields one by
+// one: the pairs are alike in shape, but each names its own schema fields, and
+// a field left out of one side would be a silent protocol bug that the
+// round-trip tests catch per message.
 #include "ipc/wire.h"
 
 #include <algorithm>
