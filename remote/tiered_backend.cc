@@ -87,6 +87,7 @@ class Tiered final : public TieredBackend {
   Status Compact() override { return local_->Compact(); }
 
   TieredStats tiered_stats() const override;
+  std::optional<RemoteStats> RemoteCounters() const override;
   void Drain() override {
     std::unique_lock<std::mutex> l(mu_);
     idle_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
@@ -113,7 +114,7 @@ class Tiered final : public TieredBackend {
 
   mutable std::mutex stats_mu_;
   TieredStats stats_;  // guarded by stats_mu_
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<Job> queue_;  // guarded by mu_
   bool busy_ = false;      // guarded by mu_: the worker is putting a job
@@ -221,6 +222,33 @@ void Tiered::Loop() {
 TieredStats Tiered::tiered_stats() const {
   std::lock_guard<std::mutex> l(stats_mu_);
   return stats_;
+}
+
+std::optional<RemoteStats> Tiered::RemoteCounters() const {
+  const TieredStats t = tiered_stats();
+  const RemoteTierStats r = tier_->stats();
+  const ClusterStats c = tier_->client().stats();
+  RemoteStats s;
+  s.hits = t.remote_hits;
+  s.misses = t.remote_misses;
+  s.errors = t.remote_errors;
+  s.fetched_bytes = t.imported_bytes;
+  s.queued = t.queued;
+  s.put = t.put;
+  s.dropped = t.dropped;
+  s.put_bytes = t.put_bytes;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    s.queue_depth = queue_.size() + (busy_ ? 1 : 0);
+  }
+  s.evicted = r.evicted;
+  s.damaged = r.damaged;
+  s.breaker_open = tier_->client().breaker_open();
+  s.breaker_opens = c.breaker_opens;
+  s.fast_failures = c.fast_failures;
+  s.moved = c.moved;
+  s.asked = c.asked;
+  return s;
 }
 
 void Tiered::Count(std::uint64_t TieredStats::*field, std::uint64_t n) {

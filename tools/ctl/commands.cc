@@ -434,6 +434,45 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
 
 // ---- stats ----------------------------------------------------------------------------
 
+namespace {
+
+nlohmann::json RemoteStatsJson(const std::optional<RemoteStats>& r) {
+  if (!r.has_value()) return nullptr;
+  return {{"hits", r->hits},
+          {"misses", r->misses},
+          {"errors", r->errors},
+          {"fetched_bytes", r->fetched_bytes},
+          {"write_behind",
+           {{"queued", r->queued},
+            {"put", r->put},
+            {"dropped", r->dropped},
+            {"put_bytes", r->put_bytes},
+            {"queue_depth", r->queue_depth}}},
+          {"evicted", r->evicted},
+          {"damaged", r->damaged},
+          {"breaker", {{"open", r->breaker_open}, {"opens", r->breaker_opens}, {"refused", r->fast_failures}}},
+          {"moved", r->moved},
+          {"asked", r->asked}};
+}
+
+// The remote tier's rows of the `stats` table.
+void AddRemoteRows(const RemoteStats& r, std::vector<std::vector<std::string>>* rows) {
+  rows->push_back({"remote lookups", std::to_string(r.hits) + " hits, " + std::to_string(r.misses) + " misses, " +
+                                         std::to_string(r.errors) + " errors"});
+  rows->push_back({"remote bytes", HumanBytes(r.fetched_bytes) + " fetched, " + HumanBytes(r.put_bytes) + " put"});
+  rows->push_back({"write-behind", std::to_string(r.queued) + " queued, " + std::to_string(r.put) + " put, " +
+                                       std::to_string(r.dropped) + " dropped, " + std::to_string(r.queue_depth) +
+                                       " waiting"});
+  rows->push_back({"remote cleanup", std::to_string(r.evicted) + " evicted, " + std::to_string(r.damaged) +
+                                         " damaged (removed)"});
+  rows->push_back({"cluster", std::string(r.breaker_open ? "breaker OPEN" : "breaker closed") + " (" +
+                                  std::to_string(r.breaker_opens) + " openings, " + std::to_string(r.fast_failures) +
+                                  " refused), " + std::to_string(r.moved) + " MOVED, " + std::to_string(r.asked) +
+                                  " ASK"});
+}
+
+}  // namespace
+
 int Stats(StoreAccess& access, const Output& out) {
   auto s = access.Stat();
   if (!s.ok()) return out.Error(s.status());
@@ -467,7 +506,8 @@ int Stats(StoreAccess& access, const Output& out) {
             {"active_leases", st.active_leases},
             {"capacity_bytes", st.byte_budget},
             {"disk_bytes", st.disk_bytes},
-            {"daemon", daemon}});
+            {"daemon", daemon},
+            {"remote", RemoteStatsJson(s->remote)}});
   char rate[32] = "n/a";
   if (lookups > 0) std::snprintf(rate, sizeof rate, "%.1f%%", 100.0 * static_cast<double>(st.hits) / lookups);
   char ratio[32];
@@ -488,6 +528,11 @@ int Stats(StoreAccess& access, const Output& out) {
     rows.push_back({"daemon", std::to_string(s->connections) + " connections, " +
                                   std::to_string(s->publishes_in_flight) + " publishes in flight (" +
                                   HumanBytes(s->uncommitted_bytes) + " uncommitted)"});
+    if (s->remote.has_value()) {
+      AddRemoteRows(*s->remote, &rows);
+    } else {
+      rows.push_back({"remote tier", "none"});
+    }
   }
   out.Line(RenderTable({"STORE", access.where()}, rows));
   return kExitOk;
