@@ -1,5 +1,6 @@
 // ls, show, rm, gc, stats, export, import, compact (verify: verify.cc).
 #include "tools/ctl/commands.h"
+#include "tools/ctl/entry_view.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -52,6 +53,8 @@ Status InUseAsRefusal(const Status& s) {
   return s;
 }
 
+}  // namespace
+
 std::string NamespaceLabel(const std::string& ns) {
   return ns.empty() ? "(default)" : ns;
 }
@@ -62,7 +65,6 @@ bool Matches(const EntryInfo& e, const LsOptions& o) {
   return e.length >= o.min_length;
 }
 
-// Orders by the chosen key, then by id (so every order is total).
 void SortEntries(std::vector<EntryInfo>& v, const std::string& key, bool reverse) {
   auto value = [&](const EntryInfo& e) -> std::uint64_t {
     if (key == "age") return ~e.created_unix_ms;  // oldest first
@@ -80,6 +82,8 @@ void SortEntries(std::vector<EntryInfo>& v, const std::string& key, bool reverse
     return reverse ? a.id > b.id : a.id < b.id;
   });
 }
+
+namespace {
 
 std::string AgeOf(const EntryInfo& e, std::uint64_t now_ms) {
   return HumanAge(now_ms > e.created_unix_ms ? (now_ms - e.created_unix_ms) / 1000 : 0);
@@ -141,7 +145,8 @@ std::string GeometryText(const LayerShape& shape) {
   return s;
 }
 
-// The entry's fingerprint, from its descriptor; null when there is none.
+}  // namespace
+
 nlohmann::json FingerprintJson(const EntryInfo& e, std::string* problem) {
   if (e.model_descriptor.empty()) return nullptr;
   auto fp = DecodeFingerprint(e.model_descriptor);
@@ -156,8 +161,6 @@ nlohmann::json FingerprintJson(const EntryInfo& e, std::string* problem) {
           {"weights_digest", Hex(fp->weights_digest)},
           {"codec_versions", versions}};
 }
-
-}  // namespace
 
 // ---- ls ---------------------------------------------------------------------------------
 
@@ -210,16 +213,6 @@ int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
 
 // ---- show ---------------------------------------------------------------------------------
 
-namespace {
-
-// One layer of `show`, from its stored header: the JSON, the table row, and
-// what is wrong with the header (empty when it parses).
-struct ShownLayer {
-  nlohmann::json json;
-  std::vector<std::string> row;
-  std::string problem;
-};
-
 ShownLayer ShowLayer(std::size_t i, const std::string& bytes) {
   const std::string checksum = Hex64(Checksum64(bytes));
   auto h = ParseLayerHeader(AsBytes(bytes));
@@ -267,6 +260,12 @@ ShownLayer ShowLayer(std::size_t i, const std::string& bytes) {
           ""};
 }
 
+std::vector<std::string> ShownLayerColumns() {
+  return {">LAYER", "KIND", "GEOMETRY", "TRANSFORM", ">CHUNKS", ">RAW", ">ENCODED", "HEADER XXH3"};
+}
+
+namespace {
+
 // `show` without --json: the entry's lines, then its layers as a table.
 void ShowText(const EntryInfo& e, const nlohmann::json& fingerprint, const std::string& fp_problem,
               const std::string& text, const std::vector<std::vector<std::string>>& rows, const Output& out) {
@@ -289,8 +288,7 @@ void ShowText(const EntryInfo& e, const nlohmann::json& fingerprint, const std::
   if (!e.quarantined()) out.Line("  text       " + text);
   if (!rows.empty()) {
     out.Line("");
-    out.Line(RenderTable({">LAYER", "KIND", "GEOMETRY", "TRANSFORM", ">CHUNKS", ">RAW", ">ENCODED", "HEADER XXH3"},
-                         rows));
+    out.Line(RenderTable(ShownLayerColumns(), rows));
   }
 }
 
