@@ -331,6 +331,9 @@ struct RemoteTierStats {
   fastFailures @13 :UInt64;
   moved @14 :UInt64;
   asked @15 :UInt64;
+  # Lookups not asked of the cluster because the same query missed there
+  # within the daemon's --remote-miss-ttl (a negative cache).
+  missesCached @16 :UInt64;
 }
 
 # One entry in full: what List gives, and, when asked, every layer's

@@ -183,6 +183,7 @@ void WriteRemoteStats(const RemoteStats& s, wire::RemoteTierStats::Builder w) {
   w.setFastFailures(s.fast_failures);
   w.setMoved(s.moved);
   w.setAsked(s.asked);
+  w.setMissesCached(s.misses_cached);
 }
 
 RemoteStats ReadRemoteStats(wire::RemoteTierStats::Reader r) {
@@ -203,6 +204,7 @@ RemoteStats ReadRemoteStats(wire::RemoteTierStats::Reader r) {
   s.fast_failures = r.getFastFailures();
   s.moved = r.getMoved();
   s.asked = r.getAsked();
+  s.misses_cached = r.getMissesCached();
   return s;
 }
 

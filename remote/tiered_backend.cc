@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "primecache/codec.h"
+#include "remote/miss_cache.h"
 
 namespace primecache::remote {
 namespace {
@@ -52,7 +53,11 @@ class QueueingSink : public ipc::PublishSink {
 class Tiered final : public TieredBackend {
  public:
   Tiered(std::unique_ptr<ipc::StoreBackend> local, std::shared_ptr<RemoteTier> tier, TieredOptions options)
-      : local_(std::move(local)), tier_(std::move(tier)), options_(std::move(options)), worker_([this] { Loop(); }) {}
+      : local_(std::move(local)),
+        tier_(std::move(tier)),
+        options_(std::move(options)),
+        misses_(options_.miss_ttl, options_.miss_cache_entries),
+        worker_([this] { Loop(); }) {}
   ~Tiered() override {
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -110,6 +115,7 @@ class Tiered final : public TieredBackend {
   std::unique_ptr<ipc::StoreBackend> local_;
   std::shared_ptr<RemoteTier> tier_;
   const TieredOptions options_;
+  MissCache misses_;
   void Count(std::uint64_t TieredStats::*field, std::uint64_t n);
 
   mutable std::mutex stats_mu_;
@@ -134,6 +140,12 @@ Result<std::optional<LookupHit>> Tiered::Lookup(const Hash128& digest, const std
   if (!local.ok() || !Uses(ns)) return local;
   const std::uint64_t have = *local ? (*local)->length : 0;
   if (have >= tokens.size()) return local;  // the whole query is here already
+  const Hash128 query = MissCache::KeyOf(digest, ns, tokens);
+  const auto now = MissCache::Clock::now();
+  if (misses_.Contains(query, now)) {
+    Count(&TieredStats::remote_misses_cached, 1);
+    return local;
+  }
   auto remote = tier_->Lookup(digest, ns, tokens);
   if (!remote.ok()) {
     Count(&TieredStats::remote_errors, 1);
@@ -142,10 +154,13 @@ Result<std::optional<LookupHit>> Tiered::Lookup(const Hash128& digest, const std
   }
   if (!*remote || (*remote)->length <= have) {
     Count(&TieredStats::remote_misses, 1);
+    misses_.Add(query, now);
     return local;
   }
   if (Status s = Import(digest, ns, tokens, **remote); !s.ok()) {
-    Count(s.code() == StatusCode::kNotFound ? &TieredStats::remote_misses : &TieredStats::remote_errors, 1);
+    const bool gone = s.code() == StatusCode::kNotFound;
+    Count(gone ? &TieredStats::remote_misses : &TieredStats::remote_errors, 1);
+    if (gone) misses_.Add(query, now);
     spdlog::debug("remote entry of {} tokens not imported: {}", (*remote)->length, s.ToString());
     return local;
   }
@@ -231,6 +246,7 @@ std::optional<RemoteStats> Tiered::RemoteCounters() const {
   RemoteStats s;
   s.hits = t.remote_hits;
   s.misses = t.remote_misses;
+  s.misses_cached = t.remote_misses_cached;
   s.errors = t.remote_errors;
   s.fetched_bytes = t.imported_bytes;
   s.queued = t.queued;

@@ -107,6 +107,9 @@ struct RemoteStats {
   // Lookups the local store did not cover whole: extended from the cluster
   // (fetched, checked, kept locally), not extended, or failed (answered locally).
   std::uint64_t hits = 0, misses = 0, errors = 0;
+  // Lookups not asked of the cluster: the same query missed there within
+  // the daemon's --remote-miss-ttl.
+  std::uint64_t misses_cached = 0;
   std::uint64_t fetched_bytes = 0;  // chunk bytes brought from the cluster
   // Write-behind entries: queued, written, dropped (queue full); bytes written;
   // entries waiting or being written now.

@@ -189,6 +189,62 @@ TEST(RemoteStats, WithTheClusterDownErrorsRiseAndLocalServiceGoesOn) {
 }
 
 
+TEST(RemoteStats, ARecentMissIsNotAskedAgainUntilItsTtlPasses) {
+  RedisCluster cluster;
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  Daemon d({"--remote", cluster.url(), "--remote-miss-ttl", "3"});
+  ASSERT_TRUE(d.Start());
+  auto c = Client::Connect(d.Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const ModelId model = FingerprintedModel();
+  const auto query = Tokens(400, 31);
+  const auto first_miss = std::chrono::steady_clock::now();
+  auto miss = (*c)->Lookup(model, query);
+  ASSERT_TRUE(miss.ok() && !miss->has_value());
+  // Asked again at once: answered without the cluster.
+  ASSERT_TRUE((*c)->Lookup(model, query).ok());
+  // Another host puts it meanwhile: within the ttl the daemon still says miss.
+  auto other = OtherHost(cluster);
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(other->Put(RequestOf(model, query), AsLayerBytes(MakeLayers(400, 2, 31))).ok());
+  auto still = (*c)->Lookup(model, query);
+  ASSERT_TRUE(still.ok() && !still->has_value());
+  // Another query is asked as ever.
+  ASSERT_TRUE((*c)->Lookup(model, Tokens(300, 32)).ok());
+  auto st = (*c)->Stat();
+  ASSERT_TRUE(st.ok() && st->remote);
+  ASSERT_LT(std::chrono::steady_clock::now() - first_miss, std::chrono::seconds(3)) << "too slow to test a 3 s ttl";
+  EXPECT_EQ(st->remote->misses, 2u);
+  EXPECT_EQ(st->remote->misses_cached, 2u);
+  EXPECT_EQ(st->remote->hits, 0u);
+  // Once the ttl has passed the cluster is asked again, and has it.
+  std::this_thread::sleep_until(first_miss + std::chrono::milliseconds(3200));
+  auto hit = (*c)->Lookup(model, query);
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+  EXPECT_EQ((*hit)->length, query.size());
+  st = (*c)->Stat();
+  ASSERT_TRUE(st.ok() && st->remote);
+  EXPECT_EQ(st->remote->hits, 1u);
+  EXPECT_EQ(st->remote->misses_cached, 2u);
+  json j = Ctl({"--socket", d.admin_socket(), "stats", "--json"}).Json();
+  EXPECT_EQ(j["remote"]["misses_cached"], 2) << j.dump();
+}
+
+TEST(RemoteStats, AZeroMissTtlAsksTheClusterEveryTime) {
+  RedisCluster cluster;
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  Daemon d({"--remote", cluster.url(), "--remote-miss-ttl", "0"});
+  ASSERT_TRUE(d.Start());
+  auto c = Client::Connect(d.Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const auto query = Tokens(400, 33);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*c)->Lookup(FingerprintedModel(), query).ok());
+  auto st = (*c)->Stat();
+  ASSERT_TRUE(st.ok() && st->remote);
+  EXPECT_EQ(st->remote->misses, 3u);
+  EXPECT_EQ(st->remote->misses_cached, 0u);
+}
+
 // ---- ls / show / verify --remote ---------------------------------------------------------
 
 // The byte tokenizer's tokens of a text (BOS, then the bytes).

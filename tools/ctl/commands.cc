@@ -438,6 +438,7 @@ nlohmann::json RemoteStatsJson(const std::optional<RemoteStats>& r) {
   if (!r.has_value()) return nullptr;
   return {{"hits", r->hits},
           {"misses", r->misses},
+          {"misses_cached", r->misses_cached},
           {"errors", r->errors},
           {"fetched_bytes", r->fetched_bytes},
           {"write_behind",
@@ -456,7 +457,8 @@ nlohmann::json RemoteStatsJson(const std::optional<RemoteStats>& r) {
 // The remote tier's rows of the `stats` table.
 void AddRemoteRows(const RemoteStats& r, std::vector<std::vector<std::string>>* rows) {
   rows->push_back({"remote lookups", std::to_string(r.hits) + " hits, " + std::to_string(r.misses) + " misses, " +
-                                         std::to_string(r.errors) + " errors"});
+                                         std::to_string(r.errors) + " errors; " + std::to_string(r.misses_cached) +
+                                         " not asked (missed recently)"});
   rows->push_back({"remote bytes", HumanBytes(r.fetched_bytes) + " fetched, " + HumanBytes(r.put_bytes) + " put"});
   rows->push_back({"write-behind", std::to_string(r.queued) + " queued, " + std::to_string(r.put) + " put, " +
                                        std::to_string(r.dropped) + " dropped, " + std::to_string(r.queue_depth) +
