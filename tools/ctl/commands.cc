@@ -471,6 +471,18 @@ void AddRemoteRows(const RemoteStats& r, std::vector<std::vector<std::string>>* 
                                   " ASK"});
 }
 
+// The daemon's own rows of the `stats` table, its remote tier's included.
+void AddDaemonRows(const DaemonStats& s, std::vector<std::vector<std::string>>* rows) {
+  rows->push_back({"daemon", std::to_string(s.connections) + " connections, " +
+                                 std::to_string(s.publishes_in_flight) + " publishes in flight (" +
+                                 HumanBytes(s.uncommitted_bytes) + " uncommitted)"});
+  if (s.remote.has_value()) {
+    AddRemoteRows(*s.remote, rows);
+  } else {
+    rows->push_back({"remote tier", "none"});
+  }
+}
+
 }  // namespace
 
 int Stats(StoreAccess& access, const Output& out) {
@@ -524,16 +536,7 @@ int Stats(StoreAccess& access, const Output& out) {
       {"evictions", std::to_string(st.evictions)},
       {"admission refusals", std::to_string(st.admission_refusals)},
       {"leases held", std::to_string(st.active_leases)}};
-  if (access.through_daemon()) {
-    rows.push_back({"daemon", std::to_string(s->connections) + " connections, " +
-                                  std::to_string(s->publishes_in_flight) + " publishes in flight (" +
-                                  HumanBytes(s->uncommitted_bytes) + " uncommitted)"});
-    if (s->remote.has_value()) {
-      AddRemoteRows(*s->remote, &rows);
-    } else {
-      rows.push_back({"remote tier", "none"});
-    }
-  }
+  if (access.through_daemon()) AddDaemonRows(*s, &rows);
   out.Line(RenderTable({"STORE", access.where()}, rows));
   return kExitOk;
 }
