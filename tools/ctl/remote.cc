@@ -15,7 +15,9 @@ namespace primecache::ctl {
 namespace {
 
 constexpr std::size_t kIdDigits = 32;
-constexpr std::size_t kReadBatch = 1024;  // manifests read in one GetMany
+// Manifests read in one GetMany: a manifest holds its tokens (up to 16 MiB),
+// so a batch is kept small; ls keeps no tokens past its batch.
+constexpr std::size_t kReadBatch = 64;
 
 // One manifest found in the cluster, described as ls and show describe a
 // local entry (EntryInfo's id is its place in the listing).
@@ -25,13 +27,14 @@ struct RemoteRow {
   std::uint64_t chunks = 0;
 };
 
-EntryInfo InfoOf(const remote::Manifest& m, std::uint64_t* chunks) {
+// The manifest as an entry; its tokens only when asked for.
+EntryInfo InfoOf(const remote::Manifest& m, bool with_tokens, std::uint64_t* chunks) {
   EntryInfo e;
   e.model = m.entry.model;
   e.model_name = m.entry.model_name;
   e.model_descriptor = m.entry.model_descriptor;
   e.ns = m.entry.ns;
-  e.tokens = m.entry.tokens;
+  if (with_tokens) e.tokens = m.entry.tokens;
   e.length = m.entry.tokens.size();
   e.layers = static_cast<std::uint32_t>(m.layers.size());
   *chunks = 0;
@@ -42,8 +45,8 @@ EntryInfo InfoOf(const remote::Manifest& m, std::uint64_t* chunks) {
   return e;
 }
 
-// Every manifest in the cluster, in key order; those that do not decode (or
-// vanished between the listing and the read) go to *unreadable.
+// Every manifest in the cluster, in key order, without tokens; those that do
+// not decode go to *unreadable (those gone since the listing are left out).
 Result<std::vector<RemoteRow>> ReadAll(remote::RemoteTier& tier, bool* truncated,
                                        std::vector<std::pair<std::string, std::string>>* unreadable) {
   PC_ASSIGN_OR_RETURN(std::vector<std::string> keys, tier.ManifestKeys(kMaxRemoteEntries));
@@ -61,22 +64,23 @@ Result<std::vector<RemoteRow>> ReadAll(remote::RemoteTier& tier, bool* truncated
       }
       RemoteRow& row = rows.emplace_back();
       row.key = batch[i];
-      row.info = InfoOf(**manifests[i], &row.chunks);
+      row.info = InfoOf(**manifests[i], /*with_tokens=*/false, &row.chunks);
       row.info.id = rows.size() - 1;
     }
   }
   return rows;
 }
 
-nlohmann::json RowJson(const RemoteRow& r) {
-  return {{"id", std::string(RemoteId(r.key))},
-          {"key", r.key},
-          {"model", {{"name", r.info.model_name}, {"digest", Hex(r.info.model)}}},
-          {"namespace", r.info.ns},
-          {"length", r.info.length},
-          {"layers", r.info.layers},
-          {"chunks", r.chunks},
-          {"bytes", r.info.chunk_bytes}};
+// One remote entry as ls --json and show --json give it.
+nlohmann::json EntryJson(const std::string& key, const EntryInfo& e, std::uint64_t chunks) {
+  return {{"id", std::string(RemoteId(key))},
+          {"key", key},
+          {"model", {{"name", e.model_name}, {"digest", Hex(e.model)}}},
+          {"namespace", e.ns},
+          {"length", e.length},
+          {"layers", e.layers},
+          {"chunks", chunks},
+          {"bytes", e.chunk_bytes}};
 }
 
 bool IsHex(std::string_view s) {
@@ -148,7 +152,7 @@ int LsRemote(const RemoteOptions& options, const LsOptions& o, const Output& out
   std::uint64_t bytes = 0;
   for (const EntryInfo& e : shown) {
     const RemoteRow& r = (*all)[e.id];
-    list.push_back(RowJson(r));
+    list.push_back(EntryJson(r.key, r.info, r.chunks));
     rows.push_back({std::string(RemoteId(r.key)).substr(0, 12), e.model_name, Hex(e.model).substr(0, 12),
                     NamespaceLabel(e.ns), std::to_string(e.length), std::to_string(e.layers),
                     std::to_string(r.chunks), HumanBytes(e.chunk_bytes)});
@@ -213,7 +217,7 @@ int ShowRemote(const RemoteOptions& options, const std::string& entry, std::size
   if (!found.ok()) return RemoteError(out, found.status());
   const auto& [key, m] = *found;
   std::uint64_t chunks = 0;
-  const EntryInfo e = InfoOf(m, &chunks);
+  const EntryInfo e = InfoOf(m, /*with_tokens=*/true, &chunks);
   bool shortened = false;
   const std::string text = TokensAsText(e.tokens, text_chars, &shortened);
   std::string fp_problem;
@@ -229,7 +233,7 @@ int ShowRemote(const RemoteOptions& options, const std::string& entry, std::size
     if (!layer.problem.empty()) problems.push_back(std::move(layer.problem));
   }
   nlohmann::json doc = {{"source", options.url},
-                        {"entry", RowJson(RemoteRow{key, e, chunks})},
+                        {"entry", EntryJson(key, e, chunks)},
                         {"tokens", {{"count", e.tokens.size()}, {"text", text}, {"shortened", shortened}}},
                         {"fingerprint", fp},
                         {"layers", layers}};
