@@ -72,6 +72,8 @@ class StoreBackend {
   virtual Result<VerifyReport> VerifyStore(bool read_chunks) = 0;
   // Compacts now, reclaiming the space of deleted entries; returns when done.
   virtual Status Compact() = 0;
+  // The remote tier's counters; nullopt for a store without one.
+  virtual std::optional<RemoteStats> RemoteCounters() const { return std::nullopt; }
 };
 
 }  // namespace primecache::ipc

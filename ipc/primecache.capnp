@@ -297,6 +297,43 @@ struct StatReply {
   stagedBytes @17 :UInt64;
   # Set while the store refuses writes after a failed one (a full disk): why.
   writeError @18 :Text;
+  # The remote tier's counters since the daemon started; absent when the
+  # daemon runs without one (--remote). A reader of an older schema skips it.
+  remote @19 :RemoteTierStats;
+}
+
+# The shared tier on a Redis Cluster (docs/cluster.md), as one daemon saw it.
+struct RemoteTierStats {
+  # Lookups the local store could not cover whole that the cluster extended
+  # (the entry fetched, checked and kept locally), could not extend, or failed
+  # at (the lookup then answered from the local store alone).
+  hits @0 :UInt64;
+  misses @1 :UInt64;
+  errors @2 :UInt64;
+  # Chunk bytes brought from the cluster.
+  fetchedBytes @3 :UInt64;
+  # Write-behind: entries queued, written to the cluster, and dropped because
+  # the queue was full; chunk bytes written; entries waiting or being
+  # written now.
+  queued @4 :UInt64;
+  put @5 :UInt64;
+  dropped @6 :UInt64;
+  putBytes @7 :UInt64;
+  queueDepth @8 :UInt64;
+  # Remote entries found evicted (a chunk or the manifest gone) or damaged
+  # (a check failed); either is a miss and is removed from the cluster.
+  evicted @9 :UInt64;
+  damaged @10 :UInt64;
+  # The cluster client's circuit breaker: open now, times opened, commands
+  # refused while open; MOVED and ASK redirections followed.
+  breakerOpen @11 :Bool;
+  breakerOpens @12 :UInt64;
+  fastFailures @13 :UInt64;
+  moved @14 :UInt64;
+  asked @15 :UInt64;
+  # Lookups not asked of the cluster because the same query missed there
+  # within the daemon's --remote-miss-ttl (a negative cache).
+  missesCached @16 :UInt64;
 }
 
 # One entry in full: what List gives, and, when asked, every layer's

@@ -918,6 +918,7 @@ bool Session::OnStat(const Incoming& in) {
     d.connections = counters_->connections.load();
     d.publishes_in_flight = counters_->publishes_in_flight.load();
     d.uncommitted_bytes = counters_->uncommitted_bytes.load();
+    d.remote = store_->RemoteCounters();
     sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteDaemonStats(d, r.initStat()); }));
   });
   return true;

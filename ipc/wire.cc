@@ -169,6 +169,52 @@ std::optional<LookupHit> ReadLookupHit(wire::LookupReply::Reader r) {
   return LookupHit{r.getEntry(), r.getLength(), r.getLayerCount(), r.getBytes(), r.getRawBytes()};
 }
 
+namespace {
+
+void WriteRemoteStats(const RemoteStats& s, wire::RemoteTierStats::Builder w) {
+  w.setHits(s.hits);
+  w.setMisses(s.misses);
+  w.setErrors(s.errors);
+  w.setFetchedBytes(s.fetched_bytes);
+  w.setQueued(s.queued);
+  w.setPut(s.put);
+  w.setDropped(s.dropped);
+  w.setPutBytes(s.put_bytes);
+  w.setQueueDepth(s.queue_depth);
+  w.setEvicted(s.evicted);
+  w.setDamaged(s.damaged);
+  w.setBreakerOpen(s.breaker_open);
+  w.setBreakerOpens(s.breaker_opens);
+  w.setFastFailures(s.fast_failures);
+  w.setMoved(s.moved);
+  w.setAsked(s.asked);
+  w.setMissesCached(s.misses_cached);
+}
+
+RemoteStats ReadRemoteStats(wire::RemoteTierStats::Reader r) {
+  RemoteStats s;
+  s.hits = r.getHits();
+  s.misses = r.getMisses();
+  s.errors = r.getErrors();
+  s.fetched_bytes = r.getFetchedBytes();
+  s.queued = r.getQueued();
+  s.put = r.getPut();
+  s.dropped = r.getDropped();
+  s.put_bytes = r.getPutBytes();
+  s.queue_depth = r.getQueueDepth();
+  s.evicted = r.getEvicted();
+  s.damaged = r.getDamaged();
+  s.breaker_open = r.getBreakerOpen();
+  s.breaker_opens = r.getBreakerOpens();
+  s.fast_failures = r.getFastFailures();
+  s.moved = r.getMoved();
+  s.asked = r.getAsked();
+  s.misses_cached = r.getMissesCached();
+  return s;
+}
+
+}  // namespace
+
 void WriteDaemonStats(const DaemonStats& d, wire::StatReply::Builder w) {
   const StoreStats& s = d.store;
   w.setEntries(s.entries);
@@ -190,6 +236,7 @@ void WriteDaemonStats(const DaemonStats& d, wire::StatReply::Builder w) {
   w.setConnections(d.connections);
   w.setPublishesInFlight(d.publishes_in_flight);
   w.setUncommittedBytes(d.uncommitted_bytes);
+  if (d.remote.has_value()) WriteRemoteStats(*d.remote, w.initRemote());
 }
 
 DaemonStats ReadDaemonStats(wire::StatReply::Reader r) {
@@ -214,6 +261,7 @@ DaemonStats ReadDaemonStats(wire::StatReply::Reader r) {
   d.connections = r.getConnections();
   d.publishes_in_flight = r.getPublishesInFlight();
   d.uncommitted_bytes = r.getUncommittedBytes();
+  if (r.hasRemote()) d.remote = ReadRemoteStats(r.getRemote());
   return d;
 }
 

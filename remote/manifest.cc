@@ -97,6 +97,28 @@ Manifest ManifestOf(PublishRequest entry, const std::vector<LayerBytes>& layers)
   return m;
 }
 
+ChunkCheck CheckChunk(const ChunkRef& ref, const std::optional<std::string>& value) {
+  if (!value.has_value()) return ChunkCheck::kMissing;
+  if (value->size() != ref.size) return ChunkCheck::kWrongSize;
+  if (!(Checksum128(AsBytes(*value)) == ref.address)) return ChunkCheck::kWrongAddress;
+  return ChunkCheck::kOk;
+}
+
+std::string ChunkCheckText(ChunkCheck check, const ChunkRef& ref, const std::optional<std::string>& value) {
+  switch (check) {
+    case ChunkCheck::kOk:
+      return "ok";
+    case ChunkCheck::kMissing:
+      return "missing (evicted or deleted)";
+    case ChunkCheck::kWrongSize:
+      return std::to_string(value->size()) + " bytes where the manifest records " + std::to_string(ref.size) +
+             " (truncated or replaced)";
+    case ChunkCheck::kWrongAddress:
+      return "its bytes do not match its content address (corrupted)";
+  }
+  return "unknown check";
+}
+
 std::string EncodeManifest(const Manifest& m) {
   std::string out;
   ByteWriter w(&out);

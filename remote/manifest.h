@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,12 @@ inline constexpr std::uint64_t kMaxChunkBytes = 1ull << 30;
 
 // The manifest of an entry stored locally as `layers`.
 Manifest ManifestOf(PublishRequest entry, const std::vector<LayerBytes>& layers);
+
+// What a chunk value read back from the cluster is against its reference.
+enum class ChunkCheck { kOk, kMissing, kWrongSize, kWrongAddress };
+ChunkCheck CheckChunk(const ChunkRef& ref, const std::optional<std::string>& value);
+// The check's result in words, for reports ("missing (evicted)", ...).
+std::string ChunkCheckText(ChunkCheck check, const ChunkRef& ref, const std::optional<std::string>& value);
 std::string EncodeManifest(const Manifest& m);
 Result<Manifest> DecodeManifest(std::string_view bytes);
 

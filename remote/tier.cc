@@ -140,13 +140,13 @@ Result<std::optional<std::vector<std::string>>> RemoteTier::FetchChunks(const Ma
   PC_ASSIGN_OR_RETURN(auto values, client_->GetMany(keys));
   std::vector<std::string> out(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
-    const auto& v = values[i];
-    if (!v) {  // evicted: the entry is gone as a whole
+    const ChunkCheck check = CheckChunk(*refs[i], values[i]);
+    if (check == ChunkCheck::kMissing) {  // evicted: the entry is gone as a whole
       Count(&RemoteTierStats::evicted, 1);
       (void)Remove(m.entry.model, m.entry.ns, boundary);
       return std::optional<std::vector<std::string>>();
     }
-    if (v->size() != refs[i]->size || !(Checksum128(AsBytes(*v)) == refs[i]->address)) {
+    if (check != ChunkCheck::kOk) {
       Count(&RemoteTierStats::damaged, 1);
       (void)client_->Del(keys[i]);
       (void)Remove(m.entry.model, m.entry.ns, boundary);
@@ -193,6 +193,32 @@ Result<std::optional<RemoteEntry>> RemoteTier::Fetch(const Hash128& model, std::
   Count(&RemoteTierStats::fetched, 1);
   Count(&RemoteTierStats::fetched_bytes, e.chunk_bytes);
   return std::optional<RemoteEntry>(std::move(e));
+}
+
+Result<std::vector<std::string>> RemoteTier::ManifestKeys(std::size_t limit) {
+  return client_->Keys("pc:m:*", limit);
+}
+
+Result<std::vector<std::optional<Result<Manifest>>>> RemoteTier::ReadManifests(std::span<const std::string> keys) {
+  PC_ASSIGN_OR_RETURN(auto values, client_->GetMany(keys));
+  std::vector<std::optional<Result<Manifest>>> out;
+  out.reserve(values.size());
+  for (const auto& v : values) {
+    if (!v) {
+      out.emplace_back();
+    } else {
+      out.emplace_back(DecodeManifest(*v));
+    }
+  }
+  return out;
+}
+
+Result<std::vector<std::optional<std::string>>> RemoteTier::ReadChunks(const Manifest& m) {
+  std::vector<std::string> keys;
+  for (const ManifestLayer& l : m.layers) {
+    for (const ChunkRef& c : l.chunks) keys.push_back(ChunkKey(c.address));
+  }
+  return client_->GetMany(keys);
 }
 
 RemoteTierStats RemoteTier::stats() const {

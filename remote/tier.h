@@ -77,6 +77,15 @@ class RemoteTier {
   // Removes an entry's manifest and index member (its chunks may be shared).
   Status Remove(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> boundary);
 
+  // For tools (primecachectl), read-only, nothing checked or removed:
+  // every manifest key in the cluster (at most `limit`); the manifests under
+  // `keys` in order (nullopt where a key holds none, kCorruption where one
+  // does not decode); a manifest's chunk values in its order (nullopt where
+  // absent), to be judged with CheckChunk.
+  Result<std::vector<std::string>> ManifestKeys(std::size_t limit);
+  Result<std::vector<std::optional<Result<Manifest>>>> ReadManifests(std::span<const std::string> keys);
+  Result<std::vector<std::optional<std::string>>> ReadChunks(const Manifest& m);
+
   RemoteTierStats stats() const;
   ClusterClient& client() { return *client_; }
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "primecache/codec.h"
+#include "remote/miss_cache.h"
 
 namespace primecache::remote {
 namespace {
@@ -52,7 +53,11 @@ class QueueingSink : public ipc::PublishSink {
 class Tiered final : public TieredBackend {
  public:
   Tiered(std::unique_ptr<ipc::StoreBackend> local, std::shared_ptr<RemoteTier> tier, TieredOptions options)
-      : local_(std::move(local)), tier_(std::move(tier)), options_(std::move(options)), worker_([this] { Loop(); }) {}
+      : local_(std::move(local)),
+        tier_(std::move(tier)),
+        options_(std::move(options)),
+        misses_(options_.miss_ttl, options_.miss_cache_entries),
+        worker_([this] { Loop(); }) {}
   ~Tiered() override {
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -87,6 +92,7 @@ class Tiered final : public TieredBackend {
   Status Compact() override { return local_->Compact(); }
 
   TieredStats tiered_stats() const override;
+  std::optional<RemoteStats> RemoteCounters() const override;
   void Drain() override {
     std::unique_lock<std::mutex> l(mu_);
     idle_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
@@ -109,11 +115,12 @@ class Tiered final : public TieredBackend {
   std::unique_ptr<ipc::StoreBackend> local_;
   std::shared_ptr<RemoteTier> tier_;
   const TieredOptions options_;
+  MissCache misses_;
   void Count(std::uint64_t TieredStats::*field, std::uint64_t n);
 
   mutable std::mutex stats_mu_;
   TieredStats stats_;  // guarded by stats_mu_
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<Job> queue_;  // guarded by mu_
   bool busy_ = false;      // guarded by mu_: the worker is putting a job
@@ -133,6 +140,12 @@ Result<std::optional<LookupHit>> Tiered::Lookup(const Hash128& digest, const std
   if (!local.ok() || !Uses(ns)) return local;
   const std::uint64_t have = *local ? (*local)->length : 0;
   if (have >= tokens.size()) return local;  // the whole query is here already
+  const Hash128 query = MissCache::KeyOf(digest, ns, tokens);
+  const auto now = MissCache::Clock::now();
+  if (misses_.Contains(query, now)) {
+    Count(&TieredStats::remote_misses_cached, 1);
+    return local;
+  }
   auto remote = tier_->Lookup(digest, ns, tokens);
   if (!remote.ok()) {
     Count(&TieredStats::remote_errors, 1);
@@ -141,10 +154,13 @@ Result<std::optional<LookupHit>> Tiered::Lookup(const Hash128& digest, const std
   }
   if (!*remote || (*remote)->length <= have) {
     Count(&TieredStats::remote_misses, 1);
+    misses_.Add(query, now);
     return local;
   }
   if (Status s = Import(digest, ns, tokens, **remote); !s.ok()) {
-    Count(s.code() == StatusCode::kNotFound ? &TieredStats::remote_misses : &TieredStats::remote_errors, 1);
+    const bool gone = s.code() == StatusCode::kNotFound;
+    Count(gone ? &TieredStats::remote_misses : &TieredStats::remote_errors, 1);
+    if (gone) misses_.Add(query, now);
     spdlog::debug("remote entry of {} tokens not imported: {}", (*remote)->length, s.ToString());
     return local;
   }
@@ -221,6 +237,34 @@ void Tiered::Loop() {
 TieredStats Tiered::tiered_stats() const {
   std::lock_guard<std::mutex> l(stats_mu_);
   return stats_;
+}
+
+std::optional<RemoteStats> Tiered::RemoteCounters() const {
+  const TieredStats t = tiered_stats();
+  const RemoteTierStats r = tier_->stats();
+  const ClusterStats c = tier_->client().stats();
+  RemoteStats s;
+  s.hits = t.remote_hits;
+  s.misses = t.remote_misses;
+  s.misses_cached = t.remote_misses_cached;
+  s.errors = t.remote_errors;
+  s.fetched_bytes = t.imported_bytes;
+  s.queued = t.queued;
+  s.put = t.put;
+  s.dropped = t.dropped;
+  s.put_bytes = t.put_bytes;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    s.queue_depth = queue_.size() + (busy_ ? 1 : 0);
+  }
+  s.evicted = r.evicted;
+  s.damaged = r.damaged;
+  s.breaker_open = tier_->client().breaker_open();
+  s.breaker_opens = c.breaker_opens;
+  s.fast_failures = c.fast_failures;
+  s.moved = c.moved;
+  s.asked = c.asked;
+  return s;
 }
 
 void Tiered::Count(std::uint64_t TieredStats::*field, std::uint64_t n) {

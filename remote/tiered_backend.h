@@ -15,6 +15,7 @@
 // Thread-safety: as StoreBackend (every method from many threads at once).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <set>
 #include <string>
@@ -26,6 +27,11 @@ namespace primecache::remote {
 
 struct TieredOptions {
   std::size_t queue_entries = 64;  // write-behind entries waiting at most
+  // A query the cluster could not extend is not asked again for this long
+  // (0: always asked); at most miss_cache_entries such queries are kept
+  // (remote/miss_cache.h).
+  std::chrono::milliseconds miss_ttl{1000};
+  std::size_t miss_cache_entries = 65536;
   // Namespaces that use the tier; empty: every namespace.
   std::set<std::string> namespaces;
 };
@@ -33,6 +39,7 @@ struct TieredOptions {
 struct TieredStats {
   std::uint64_t remote_hits = 0;     // lookups served by an entry brought from the cluster
   std::uint64_t remote_misses = 0;   // lookups the cluster could not extend
+  std::uint64_t remote_misses_cached = 0;  // lookups not asked: the query missed within miss_ttl
   std::uint64_t remote_errors = 0;   // cluster or import failures (the lookup or put went on without it)
   std::uint64_t imported_bytes = 0;  // chunk bytes brought from the cluster
   std::uint64_t queued = 0, put = 0, dropped = 0;  // write-behind entries

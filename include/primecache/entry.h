@@ -101,6 +101,27 @@ struct StoreStats {
   std::string write_error;
 };
 
+// The daemon's remote tier on a Redis Cluster (docs/cluster.md), counted
+// since it started.
+struct RemoteStats {
+  // Lookups the local store did not cover whole: extended from the cluster
+  // (fetched, checked, kept locally), not extended, or failed (answered locally).
+  std::uint64_t hits = 0, misses = 0, errors = 0;
+  // Lookups not asked of the cluster: the same query missed there within
+  // the daemon's --remote-miss-ttl.
+  std::uint64_t misses_cached = 0;
+  std::uint64_t fetched_bytes = 0;  // chunk bytes brought from the cluster
+  // Write-behind entries: queued, written, dropped (queue full); bytes written;
+  // entries waiting or being written now.
+  std::uint64_t queued = 0, put = 0, dropped = 0, put_bytes = 0, queue_depth = 0;
+  // Remote entries met evicted or damaged (each a miss, removed from the cluster).
+  std::uint64_t evicted = 0, damaged = 0;
+  // The cluster client: breaker open now, times opened, commands refused
+  // while open; MOVED and ASK redirections followed.
+  bool breaker_open = false;
+  std::uint64_t breaker_opens = 0, fast_failures = 0, moved = 0, asked = 0;
+};
+
 // The daemon's own figures, next to its store's (Client::Stat).
 struct DaemonStats {
   StoreStats store;
@@ -109,6 +130,8 @@ struct DaemonStats {
   // Header and chunk bytes of publishes begun and not yet committed or
   // aborted, over every connection.
   std::uint64_t uncommitted_bytes = 0;
+  // Absent when the daemon runs without a remote tier.
+  std::optional<RemoteStats> remote;
 };
 
 // What a store-wide consistency check found (Store::Verify, Client::VerifyStore).

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "remote/cluster_client.h"
@@ -70,6 +71,44 @@ class RedisCluster {
   }
   void Kill(int port) { ASSERT_TRUE(RunCommand(Script() + " kill " + dir_ + " " + std::to_string(port))); }
   void StopAll() { ASSERT_TRUE(RunCommand(Script() + " stop " + dir_)); }
+
+  // The keys of `slot` held by the node at `at` (at most 100).
+  static std::vector<std::string> KeysInSlot(const Endpoint& at, int slot) {
+    auto conn = RedisConn::Open(at, std::chrono::milliseconds(500), std::chrono::milliseconds(2000));
+    if (!conn.ok()) return {};
+    auto r = (*conn)->Call({"CLUSTER", "GETKEYSINSLOT", std::to_string(slot), "100"});
+    if (!r.ok()) return {};
+    auto keys = ReplyStrings(r->get(), 100, 1024);
+    return keys.ok() ? *keys : std::vector<std::string>{};
+  }
+
+  // Moves `slot` from its owner `from` to `to` as redis-cli --cluster
+  // reshard does: IMPORTING on `to`, MIGRATING on `from`, its keys moved
+  // with MIGRATE one at a time with `pause` after each (clients meanwhile
+  // get ASK for the keys already moved), then the slot given to `to` on
+  // every primary. Returns what went wrong, or "" when it moved.
+  static std::string MoveSlot(int slot, const Endpoint& from, const Endpoint& to,
+                              const std::vector<Endpoint>& primaries, std::chrono::milliseconds pause) {
+    const std::string s = std::to_string(slot);
+    const std::string from_id = On(from, {"CLUSTER", "MYID"}), to_id = On(to, {"CLUSTER", "MYID"});
+    if (std::string r = On(to, {"CLUSTER", "SETSLOT", s, "IMPORTING", from_id}); r != "OK") return "IMPORTING: " + r;
+    if (std::string r = On(from, {"CLUSTER", "SETSLOT", s, "MIGRATING", to_id}); r != "OK") return "MIGRATING: " + r;
+    for (std::vector<std::string> keys; !(keys = KeysInSlot(from, slot)).empty();) {
+      for (const std::string& k : keys) {
+        const std::string r = On(from, {"MIGRATE", to.host, std::to_string(to.port), k, "0", "5000"});
+        if (r != "OK" && r != "NOKEY") return "MIGRATE " + k + ": " + r;
+        std::this_thread::sleep_for(pause);
+      }
+    }
+    // The new owner first, then the old one, then the rest (as redis-cli does).
+    if (std::string r = On(to, {"CLUSTER", "SETSLOT", s, "NODE", to_id}); r != "OK") return "NODE on target: " + r;
+    if (std::string r = On(from, {"CLUSTER", "SETSLOT", s, "NODE", to_id}); r != "OK") return "NODE on source: " + r;
+    for (const Endpoint& p : primaries) {
+      if (p == from || p == to) continue;
+      if (std::string r = On(p, {"CLUSTER", "SETSLOT", s, "NODE", to_id}); r != "OK") return "NODE: " + r;
+    }
+    return "";
+  }
 
   // One command on one node, its reply as text ("" for nil).
   static std::string On(const Endpoint& at, std::vector<std::string> argv) {

@@ -1,5 +1,6 @@
 // ls, show, rm, gc, stats, export, import, compact (verify: verify.cc).
 #include "tools/ctl/commands.h"
+#include "tools/ctl/entry_view.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -52,6 +53,8 @@ Status InUseAsRefusal(const Status& s) {
   return s;
 }
 
+}  // namespace
+
 std::string NamespaceLabel(const std::string& ns) {
   return ns.empty() ? "(default)" : ns;
 }
@@ -62,7 +65,6 @@ bool Matches(const EntryInfo& e, const LsOptions& o) {
   return e.length >= o.min_length;
 }
 
-// Orders by the chosen key, then by id (so every order is total).
 void SortEntries(std::vector<EntryInfo>& v, const std::string& key, bool reverse) {
   auto value = [&](const EntryInfo& e) -> std::uint64_t {
     if (key == "age") return ~e.created_unix_ms;  // oldest first
@@ -80,6 +82,8 @@ void SortEntries(std::vector<EntryInfo>& v, const std::string& key, bool reverse
     return reverse ? a.id > b.id : a.id < b.id;
   });
 }
+
+namespace {
 
 std::string AgeOf(const EntryInfo& e, std::uint64_t now_ms) {
   return HumanAge(now_ms > e.created_unix_ms ? (now_ms - e.created_unix_ms) / 1000 : 0);
@@ -141,7 +145,8 @@ std::string GeometryText(const LayerShape& shape) {
   return s;
 }
 
-// The entry's fingerprint, from its descriptor; null when there is none.
+}  // namespace
+
 nlohmann::json FingerprintJson(const EntryInfo& e, std::string* problem) {
   if (e.model_descriptor.empty()) return nullptr;
   auto fp = DecodeFingerprint(e.model_descriptor);
@@ -156,8 +161,6 @@ nlohmann::json FingerprintJson(const EntryInfo& e, std::string* problem) {
           {"weights_digest", Hex(fp->weights_digest)},
           {"codec_versions", versions}};
 }
-
-}  // namespace
 
 // ---- ls ---------------------------------------------------------------------------------
 
@@ -210,16 +213,6 @@ int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
 
 // ---- show ---------------------------------------------------------------------------------
 
-namespace {
-
-// One layer of `show`, from its stored header: the JSON, the table row, and
-// what is wrong with the header (empty when it parses).
-struct ShownLayer {
-  nlohmann::json json;
-  std::vector<std::string> row;
-  std::string problem;
-};
-
 ShownLayer ShowLayer(std::size_t i, const std::string& bytes) {
   const std::string checksum = Hex64(Checksum64(bytes));
   auto h = ParseLayerHeader(AsBytes(bytes));
@@ -267,6 +260,12 @@ ShownLayer ShowLayer(std::size_t i, const std::string& bytes) {
           ""};
 }
 
+std::vector<std::string> ShownLayerColumns() {
+  return {">LAYER", "KIND", "GEOMETRY", "TRANSFORM", ">CHUNKS", ">RAW", ">ENCODED", "HEADER XXH3"};
+}
+
+namespace {
+
 // `show` without --json: the entry's lines, then its layers as a table.
 void ShowText(const EntryInfo& e, const nlohmann::json& fingerprint, const std::string& fp_problem,
               const std::string& text, const std::vector<std::vector<std::string>>& rows, const Output& out) {
@@ -289,8 +288,7 @@ void ShowText(const EntryInfo& e, const nlohmann::json& fingerprint, const std::
   if (!e.quarantined()) out.Line("  text       " + text);
   if (!rows.empty()) {
     out.Line("");
-    out.Line(RenderTable({">LAYER", "KIND", "GEOMETRY", "TRANSFORM", ">CHUNKS", ">RAW", ">ENCODED", "HEADER XXH3"},
-                         rows));
+    out.Line(RenderTable(ShownLayerColumns(), rows));
   }
 }
 
@@ -434,6 +432,59 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
 
 // ---- stats ----------------------------------------------------------------------------
 
+namespace {
+
+nlohmann::json RemoteStatsJson(const std::optional<RemoteStats>& r) {
+  if (!r.has_value()) return nullptr;
+  return {{"hits", r->hits},
+          {"misses", r->misses},
+          {"misses_cached", r->misses_cached},
+          {"errors", r->errors},
+          {"fetched_bytes", r->fetched_bytes},
+          {"write_behind",
+           {{"queued", r->queued},
+            {"put", r->put},
+            {"dropped", r->dropped},
+            {"put_bytes", r->put_bytes},
+            {"queue_depth", r->queue_depth}}},
+          {"evicted", r->evicted},
+          {"damaged", r->damaged},
+          {"breaker", {{"open", r->breaker_open}, {"opens", r->breaker_opens}, {"refused", r->fast_failures}}},
+          {"moved", r->moved},
+          {"asked", r->asked}};
+}
+
+// The remote tier's rows of the `stats` table.
+void AddRemoteRows(const RemoteStats& r, std::vector<std::vector<std::string>>* rows) {
+  rows->push_back({"remote lookups", std::to_string(r.hits) + " hits, " + std::to_string(r.misses) + " misses, " +
+                                         std::to_string(r.errors) + " errors; " + std::to_string(r.misses_cached) +
+                                         " not asked (missed recently)"});
+  rows->push_back({"remote bytes", HumanBytes(r.fetched_bytes) + " fetched, " + HumanBytes(r.put_bytes) + " put"});
+  rows->push_back({"write-behind", std::to_string(r.queued) + " queued, " + std::to_string(r.put) + " put, " +
+                                       std::to_string(r.dropped) + " dropped, " + std::to_string(r.queue_depth) +
+                                       " waiting"});
+  rows->push_back({"remote cleanup", std::to_string(r.evicted) + " evicted, " + std::to_string(r.damaged) +
+                                         " damaged (removed)"});
+  rows->push_back({"cluster", std::string(r.breaker_open ? "breaker OPEN" : "breaker closed") + " (" +
+                                  std::to_string(r.breaker_opens) + " openings, " + std::to_string(r.fast_failures) +
+                                  " refused), " + std::to_string(r.moved) + " MOVED, " + std::to_string(r.asked) +
+                                  " ASK"});
+}
+
+// The daemon's own rows of the `stats` table, its remote tier's included.
+void AddDaemonRows(const DaemonStats& s, std::vector<std::vector<std::string>>* rows) {
+  rows->push_back({"daemon", std::to_string(s.connections) + " connections, " +
+                                 std::to_string(s.publishes_in_flight) + " publishes in flight (" +
+                                 HumanBytes(s.uncommitted_bytes) + " uncommitted)"});
+  if (s.remote.has_value()) {
+    AddRemoteRows(*s.remote, rows);
+  } else {
+    rows->push_back({"remote tier", "none"});
+  }
+}
+
+}  // namespace
+
 int Stats(StoreAccess& access, const Output& out) {
   auto s = access.Stat();
   if (!s.ok()) return out.Error(s.status());
@@ -467,7 +518,8 @@ int Stats(StoreAccess& access, const Output& out) {
             {"active_leases", st.active_leases},
             {"capacity_bytes", st.byte_budget},
             {"disk_bytes", st.disk_bytes},
-            {"daemon", daemon}});
+            {"daemon", daemon},
+            {"remote", RemoteStatsJson(s->remote)}});
   char rate[32] = "n/a";
   if (lookups > 0) std::snprintf(rate, sizeof rate, "%.1f%%", 100.0 * static_cast<double>(st.hits) / lookups);
   char ratio[32];
@@ -484,11 +536,7 @@ int Stats(StoreAccess& access, const Output& out) {
       {"evictions", std::to_string(st.evictions)},
       {"admission refusals", std::to_string(st.admission_refusals)},
       {"leases held", std::to_string(st.active_leases)}};
-  if (access.through_daemon()) {
-    rows.push_back({"daemon", std::to_string(s->connections) + " connections, " +
-                                  std::to_string(s->publishes_in_flight) + " publishes in flight (" +
-                                  HumanBytes(s->uncommitted_bytes) + " uncommitted)"});
-  }
+  if (access.through_daemon()) AddDaemonRows(*s, &rows);
   out.Line(RenderTable({"STORE", access.where()}, rows));
   return kExitOk;
 }

@@ -5,6 +5,7 @@
 // only read.
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -17,6 +18,7 @@
 #include "tools/ctl/access.h"
 #include "tools/ctl/commands.h"
 #include "tools/ctl/output.h"
+#include "tools/ctl/remote.h"
 
 using namespace primecache;       // NOLINT(google-build-using-namespace)
 using namespace primecache::ctl;  // NOLINT(google-build-using-namespace)
@@ -37,9 +39,13 @@ struct Invocation {
   bool json = false, offline = false, no_progress = false;
   double timeout_s = 600;
 
+  // A Redis Cluster's seeds: ls, show and verify read the remote tier there.
+  std::string remote;
   LsOptions ls;
+  std::string show_entry;  // an entry id; with --remote a remote entry's name
   std::uint64_t show_id = 0;
   std::size_t text_chars = 240;
+  std::string verify_entry;
   VerifyOptions verify;
   std::vector<std::uint64_t> rm_ids;
   GcOptions gc;
@@ -88,18 +94,28 @@ void AddLs(CLI::App& app, Invocation& in) {
       ->capture_default_str();
   cmd->add_flag("--reverse", ls.reverse, "reverse the order");
   cmd->add_option("--limit", ls.limit, "print at most this many");
+  cmd->add_option("--remote", in.remote, "list the remote tier's entries in this Redis Cluster (redis://host:port,...)");
+}
+
+// The --remote option of show and verify.
+void AddRemoteEntryOption(CLI::App* cmd, Invocation& in) {
+  cmd->add_option("--remote", in.remote,
+                  "ENTRY is in the remote tier of this Redis Cluster (redis://host:port,...): its id (4+ hex "
+                  "digits, from ls --remote) or manifest key");
 }
 
 void AddShowAndVerify(CLI::App& app, Invocation& in) {
   in.show_cmd = app.add_subcommand("show", "one entry: its model, tokens as text, and every layer");
-  in.show_cmd->add_option("ENTRY", in.show_id, "entry id (from ls)")->required();
+  in.show_cmd->add_option("ENTRY", in.show_entry, "entry id (from ls)")->required();
+  AddRemoteEntryOption(in.show_cmd, in);
   in.show_cmd->add_option("--text-chars", in.text_chars, "show at most this many characters of the tokens' text")
       ->capture_default_str();
 
   VerifyOptions& verify = in.verify;
   in.verify_cmd = app.add_subcommand(
       "verify", "decode and validate an entry, the whole store (--all) or a .pcsnap file (--file)");
-  auto* v_entry = in.verify_cmd->add_option("ENTRY", verify.entry, "entry id");
+  auto* v_entry = in.verify_cmd->add_option("ENTRY", in.verify_entry, "entry id");
+  AddRemoteEntryOption(in.verify_cmd, in);
   auto* v_all =
       in.verify_cmd->add_flag("--all", verify.all, "every entry, plus the store's records and chunk references");
   auto* v_file = in.verify_cmd->add_option("--file", verify.file, "a .pcsnap file (no store needed)");
@@ -146,6 +162,18 @@ void AddCompactAndMigrate(CLI::App& app, Invocation& in) {
   in.migrate_cmd->add_option("--store", in.migrate_store, "the store directory (default: DATA_DIR/store)");
 }
 
+
+// ls, show and verify of the remote tier: the cluster alone, no store.
+int RunOnRemote(const Invocation& in, const Output& out) {
+  RemoteOptions ro;
+  ro.url = in.remote;
+  ro.timeout = std::min(std::chrono::milliseconds(static_cast<std::int64_t>(in.timeout_s * 1000)),
+                        std::chrono::milliseconds(std::chrono::seconds(30)));
+  if (in.ls_cmd->parsed()) return LsRemote(ro, in.ls, out);
+  if (in.show_cmd->parsed()) return ShowRemote(ro, in.show_entry, in.text_chars, out);
+  return VerifyRemote(ro, in.verify_entry, out);
+}
+
 // The subcommands that need a store (or the daemon), once it is open.
 int RunOnStore(StoreAccess& a, Invocation& in, const Output& out) {
   if (in.ls_cmd->parsed()) return Ls(a, in.ls, out);
@@ -166,6 +194,7 @@ int RunOnStore(StoreAccess& a, Invocation& in, const Output& out) {
 // Runs the parsed command: `verify --file` alone, `migrate` on the store
 // path, every other one through the daemon or the store opened read-only.
 int Run(Invocation& in, const Output& out) {
+  if (!in.remote.empty()) return RunOnRemote(in, out);
   if (in.verify_cmd->parsed() && !in.verify.file.empty()) return Verify(nullptr, in.verify, out);
 
   AccessOptions ao;
@@ -186,6 +215,35 @@ int Run(Invocation& in, const Output& out) {
   if (!access.ok()) return out.Error(access.status());
   if (fell_back) out.Note("no daemon answers; reading " + (*access)->where());
   return RunOnStore(**access, in, out);
+}
+
+// An entry id given on the command line; nullopt when it is not a number.
+std::optional<std::uint64_t> EntryId(const std::string& arg) {
+  std::uint64_t id = 0;
+  const auto r = std::from_chars(arg.data(), arg.data() + arg.size(), id);
+  if (arg.empty() || r.ec != std::errc() || r.ptr != arg.data() + arg.size()) return std::nullopt;
+  return id;
+}
+
+// What CLI11 cannot say of the parsed arguments: verify's target, --remote's
+// subcommands and options, ENTRY as a number (without --remote).
+Status CheckArguments(Invocation& in) {
+  if (in.verify_cmd->parsed() && in.verify_entry.empty() && !in.verify.all && in.verify.file.empty()) {
+    return Status::InvalidArgument("verify needs ENTRY, --all or --file F.pcsnap");
+  }
+  if (!in.remote.empty()) {
+    if (in.verify_cmd->parsed() && in.verify_entry.empty()) return Status::InvalidArgument("verify --remote needs ENTRY");
+    if (in.ls_cmd->parsed() && in.ls.quarantined) return Status::InvalidArgument("ls --remote has no --quarantined");
+    return Status::Ok();
+  }
+  const std::string& arg = in.show_cmd->parsed() ? in.show_entry : in.verify_entry;
+  if (!arg.empty() && (in.show_cmd->parsed() || in.verify_cmd->parsed())) {
+    const auto id = EntryId(arg);
+    if (!id) return Status::InvalidArgument("ENTRY is an entry id (a number), not '" + arg + "'");
+    in.show_id = *id;
+    in.verify.entry = *id;
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -214,8 +272,8 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? kExitOk : kExitUsage;
   }
-  if (in.verify_cmd->parsed() && !in.verify.entry && !in.verify.all && in.verify.file.empty()) {
-    std::fprintf(stderr, "primecachectl: verify needs ENTRY, --all or --file F.pcsnap\n");
+  if (Status s = CheckArguments(in); !s.ok()) {
+    std::fprintf(stderr, "primecachectl: %s\n", s.message().c_str());
     return kExitUsage;
   }
   const Output out(in.json, !in.no_progress);

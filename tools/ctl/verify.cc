@@ -8,6 +8,7 @@
 #include "primecache/env.h"
 #include "primecache/snapshot.h"
 #include "tools/ctl/commands.h"
+#include "tools/ctl/remote.h"
 
 namespace primecache::ctl {
 
@@ -115,6 +116,25 @@ void VerifyFile(const std::string& file, Findings* f) {
   CheckBoundaryOf(where, snap->header.tokens, shapes, snap->layers.size(), f);
 }
 
+// The findings as the result of `verify`: a JSON document or lines; exit 0
+// when there are none, 1 (damage) otherwise.
+int Report(const Findings& f, const std::string& target, const Output& out) {
+  const bool ok = f.problems.empty();
+  out.Json({{"ok", ok},
+            {"target", target},
+            {"checked", {{"entries", f.entries}, {"layers", f.layers}, {"chunks", f.chunks}, {"bytes", f.bytes}}},
+            {"problems", f.problems}});
+  const std::string counts = std::to_string(f.entries) + " entries, " + std::to_string(f.layers) + " layers, " +
+                             std::to_string(f.chunks) + " chunks, " + HumanBytes(f.bytes) + " read";
+  if (ok) {
+    out.Line("ok: " + target + ": " + counts + "; every checksum, layer and reference agrees");
+    return kExitOk;
+  }
+  out.Line("DAMAGE: " + target + ": " + std::to_string(f.problems.size()) + " problems (" + counts + ")");
+  for (const auto& p : f.problems) out.Line("  " + p["where"].get<std::string>() + ": " + p["what"].get<std::string>());
+  return kExitDamage;
+}
+
 }  // namespace
 
 int Verify(StoreAccess* access, const VerifyOptions& o, const Output& out) {
@@ -152,20 +172,87 @@ int Verify(StoreAccess* access, const VerifyOptions& o, const Output& out) {
     f.entries += quarantined->size();
     out.EndProgress();
   }
-  const bool ok = f.problems.empty();
-  out.Json({{"ok", ok},
-            {"target", target},
-            {"checked", {{"entries", f.entries}, {"layers", f.layers}, {"chunks", f.chunks}, {"bytes", f.bytes}}},
-            {"problems", f.problems}});
-  const std::string counts = std::to_string(f.entries) + " entries, " + std::to_string(f.layers) + " layers, " +
-                             std::to_string(f.chunks) + " chunks, " + HumanBytes(f.bytes) + " read";
-  if (ok) {
-    out.Line("ok: " + target + ": " + counts + "; every checksum, layer and reference agrees");
-    return kExitOk;
+  return Report(f, target, out);
+}
+
+// ---- verify --remote --------------------------------------------------------------------
+
+namespace {
+
+// Checks one chunk value against the manifest's reference; keeps the bytes
+// of a good one in `layer` (reset once the layer has a bad chunk).
+void CheckRemoteChunk(const std::string& where, const remote::ChunkRef& ref, std::optional<std::string> value,
+                      std::optional<EncodedLayer>* layer, Findings* f) {
+  ++f->chunks;
+  const remote::ChunkCheck check = remote::CheckChunk(ref, value);
+  if (check != remote::ChunkCheck::kOk) {
+    f->Add(where + " (" + remote::ChunkKey(ref.address) + ")", remote::ChunkCheckText(check, ref, value));
+    layer->reset();
+    return;
   }
-  out.Line("DAMAGE: " + target + ": " + std::to_string(f.problems.size()) + " problems (" + counts + ")");
-  for (const auto& p : f.problems) out.Line("  " + p["where"].get<std::string>() + ": " + p["what"].get<std::string>());
-  return kExitDamage;
+  f->bytes += value->size();
+  if (layer->has_value()) (*layer)->chunks.push_back(std::move(*value));
+}
+
+// One layer of a remote entry: its header parsed, every chunk checked, and,
+// when all are good, decoded and validated (its shape kept in *shapes).
+void CheckRemoteLayer(const std::string& where, const remote::ManifestLayer& ml,
+                      std::vector<std::optional<std::string>>& values, std::size_t* next,
+                      std::vector<LayerShape>* shapes, Findings* f) {
+  ++f->layers;
+  std::optional<EncodedLayer> layer;
+  auto header = ParseLayerHeader(AsBytes(ml.header));
+  if (header.ok()) {
+    layer = EncodedLayer{std::move(header).value(), {}};
+  } else {
+    f->Add(where, "header: " + header.status().message());
+  }
+  for (std::size_t c = 0; c < ml.chunks.size(); ++c) {
+    CheckRemoteChunk(where + ", chunk " + std::to_string(c), ml.chunks[c], std::move(values[(*next)++]), &layer, f);
+  }
+  if (layer.has_value()) CheckLayer(where, *layer, shapes, f);
+}
+
+// The remote entry behind `key`: whether lookups reach it, every chunk
+// checked, every layer decoded and validated, the boundary checked. Returns
+// an error only when the entry could not be examined; damage is a finding.
+Status VerifyRemoteEntry(remote::RemoteTier& tier, const std::string& key, Findings* f) {
+  const std::string where = "remote entry " + std::string(RemoteId(key));
+  PC_ASSIGN_OR_RETURN(auto read, tier.ReadManifests(std::span<const std::string>(&key, 1)));
+  if (!read.front().has_value()) return Status::NotFound("no remote entry " + key);
+  ++f->entries;
+  if (!read.front()->ok()) {
+    f->Add(where, "manifest: " + read.front()->status().message());
+    return Status::Ok();
+  }
+  const remote::Manifest& m = **read.front();
+  const auto& tokens = m.entry.tokens;
+  if (remote::ManifestKey(m.entry.model, m.entry.ns, tokens) != key) {
+    f->Add(where, "the manifest is another entry's (its model, namespace and tokens do not give this key)");
+  }
+  PC_ASSIGN_OR_RETURN(auto hit, tier.Lookup(m.entry.model, m.entry.ns, tokens));
+  if (!hit || hit->length != tokens.size()) f->Add(where, "no index member leads to it: lookups never find it");
+  PC_ASSIGN_OR_RETURN(auto values, tier.ReadChunks(m));
+  std::vector<LayerShape> shapes;
+  std::size_t next = 0;
+  for (std::size_t l = 0; l < m.layers.size(); ++l) {
+    CheckRemoteLayer(where + ", layer " + std::to_string(l), m.layers[l], values, &next, &shapes, f);
+  }
+  CheckBoundaryOf(where, tokens, shapes, m.layers.size(), f);
+  return Status::Ok();
+}
+
+}  // namespace
+
+int VerifyRemote(const RemoteOptions& options, const std::string& entry, const Output& out) {
+  auto tier = OpenRemote(options);
+  if (!tier.ok()) return RemoteError(out, tier.status());
+  auto key = ResolveRemoteEntry(**tier, entry);
+  if (!key.ok()) return RemoteError(out, key.status());
+  Findings f;
+  Status s = VerifyRemoteEntry(**tier, *key, &f);
+  if (!s.ok()) return RemoteError(out, s);
+  return Report(f, "remote entry " + *key + " on " + options.url, out);
 }
 
 }  // namespace primecache::ctl

@@ -102,6 +102,7 @@ struct Flags {
   std::string remote;
   double remote_timeout = 1;      // seconds a cluster command may take
   std::size_t remote_queue = 64;  // entries waiting for write-behind at most
+  double remote_miss_ttl = 1;     // seconds a query the cluster missed is not asked again
   std::vector<std::string> remote_namespaces;  // empty: every namespace
 };
 
@@ -139,6 +140,7 @@ Status ApplyConfig(const std::string& path, const CLI::App& app, Flags* f,
     str("remote", "--remote", &f->remote);
     num("remote_timeout", "--remote-timeout", &f->remote_timeout);
     num("remote_queue", "--remote-queue", &f->remote_queue);
+    num("remote_miss_ttl", "--remote-miss-ttl", &f->remote_miss_ttl);
     num("remote_namespaces", "--remote-ns", &f->remote_namespaces);
     num("max_connections", "--max-connections", &f->max_connections);
     num("max_connections_per_uid", "--max-connections-per-uid", &f->max_connections_per_uid);
@@ -241,6 +243,9 @@ void AddFlags(CLI::App* app, Flags* f) {
       ->check(CLI::Range(0.001, 600.0));
   app->add_option("--remote-queue", f->remote_queue, "committed entries waiting to be written to the cluster at most")
       ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--remote-miss-ttl", f->remote_miss_ttl,
+                  "seconds a lookup the cluster could not extend is not asked of it again (0: always ask)")
+      ->check(CLI::Range(0.0, 3600.0));
   app->add_option("--remote-ns", f->remote_namespaces, "a namespace that uses the remote tier (repeat; default all)");
 }
 
@@ -262,6 +267,7 @@ Result<std::unique_ptr<primecache::ipc::StoreBackend>> WithRemoteTier(
   if (Status s = client->Refresh(); !s.ok()) spdlog::warn("primecached: remote tier not reachable yet: {}", s.message());
   remote::TieredOptions to;
   to.queue_entries = f.remote_queue;
+  to.miss_ttl = Millis(f.remote_miss_ttl);
   to.namespaces.insert(f.remote_namespaces.begin(), f.remote_namespaces.end());
   auto tier = std::make_shared<remote::RemoteTier>(std::shared_ptr<remote::ClusterClient>(std::move(client)));
   spdlog::info("primecached: remote tier on {} ({} namespaces)", f.remote,

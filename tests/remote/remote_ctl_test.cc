@@ -1,0 +1,429 @@
+// The remote tier as an operator sees it: a daemon's remote counters in
+// `stats` (over the wire and through primecachectl), and primecachectl's
+// `ls`, `show` and `verify` of entries in the cluster itself.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "primecache/model.h"
+#include "primecache/snapshot.h"
+#include "remote/manifest.h"
+#include "remote/tier.h"
+#include "tests/ipc/daemon_harness.h"
+#include "tests/remote/redis_cluster_harness.h"
+
+namespace primecache::testing {
+namespace {
+
+using nlohmann::json;
+using remote::testing::RedisCluster;
+
+// A model with a real fingerprint, its descriptor sent along.
+ModelId FingerprintedModel() {
+  ModelFingerprint fp;
+  fp.architecture = "remote-model";
+  fp.plan_digest = {21, 22};
+  fp.weights_digest = {23, 24};
+  fp.codec_versions = {"kda-recurrent/v1", "mla-latent/v1", "raw/v1"};
+  return ModelId{fp.Digest(), fp.architecture, EncodeFingerprint(fp)};
+}
+
+std::vector<LayerBytes> AsLayerBytes(const std::vector<LayerData>& layers) {
+  std::vector<LayerBytes> out;
+  for (const LayerData& l : layers) {
+    LayerBytes& b = out.emplace_back();
+    b.header.assign(reinterpret_cast<const char*>(l.header.data()), l.header.size());
+    for (const auto& c : l.chunks) b.chunks.emplace_back(reinterpret_cast<const char*>(c.data()), c.size());
+  }
+  return out;
+}
+
+PublishRequest RequestOf(const ModelId& model, std::span<const std::uint32_t> tokens, std::string ns = "") {
+  PublishRequest r;
+  r.model = model.digest;
+  r.model_name = model.name;
+  r.model_descriptor = model.descriptor;
+  r.ns = std::move(ns);
+  r.tokens.assign(tokens.begin(), tokens.end());
+  return r;
+}
+
+// A RemoteTier of its own ("another host") on the test's cluster.
+std::unique_ptr<remote::RemoteTier> OtherHost(const RedisCluster& cluster) {
+  auto c = remote::ClusterClient::Connect(cluster.Options());
+  if (!c.ok()) return nullptr;
+  return std::make_unique<remote::RemoteTier>(std::shared_ptr<remote::ClusterClient>(std::move(c).value()));
+}
+
+struct CtlRun : ProcessResult {
+  json Json() const {
+    json j = json::parse(out, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(j.is_discarded()) << "stdout is not JSON:\n" << out << "\nstderr:\n" << err;
+    return j;
+  }
+};
+
+CtlRun Ctl(std::vector<std::string> args) {
+  args.insert(args.begin(), PRIMECACHECTL_PATH);
+  return CtlRun{RunProcess(std::move(args))};
+}
+
+// The daemon's counters over the wire, waiting (up to 10 s) until `done` holds.
+template <typename Pred>
+std::optional<DaemonStats> StatWhen(Client& c, Pred done) {
+  std::optional<DaemonStats> last;
+  for (int i = 0; i < 200; ++i) {
+    auto s = c.Stat();
+    if (s.ok()) {
+      last = *s;
+      if (done(*s)) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return last;
+}
+
+// ---- stats ------------------------------------------------------------------------------
+
+TEST(RemoteStats, PutHitAndMissMoveTheCountersOverTheWire) {
+  RedisCluster cluster;
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  Daemon d({"--remote", cluster.url()});
+  ASSERT_TRUE(d.Start());
+  auto c = Client::Connect(d.Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto fresh = (*c)->Stat();
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  ASSERT_TRUE(fresh->remote.has_value()) << "a daemon with --remote reports no remote counters";
+  EXPECT_EQ(fresh->remote->hits + fresh->remote->misses + fresh->remote->errors + fresh->remote->put, 0u);
+
+  // Another host put an entry: this daemon's lookup brings it over (a hit).
+  const ModelId model = FingerprintedModel();
+  const auto shared = Tokens(600, 7);
+  auto other = OtherHost(cluster);
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(other->Put(RequestOf(model, shared), AsLayerBytes(MakeLayers(600, 2, 7))).ok());
+  auto hit = (*c)->Lookup(model, shared);
+  ASSERT_TRUE(hit.ok() && hit->has_value()) << "the cluster's entry was not found";
+  EXPECT_EQ((*hit)->length, 600u);
+  // Tokens nobody stored: a remote miss.
+  auto miss = (*c)->Lookup(model, Tokens(300, 99));
+  ASSERT_TRUE(miss.ok() && !miss->has_value());
+  // A publish here goes to the cluster behind the client's back.
+  ASSERT_TRUE((*c)->Publish(model, Tokens(256, 8), MakeLayers(256, 2, 8)).ok());
+
+  auto st = StatWhen(**c, [](const DaemonStats& s) { return s.remote && s.remote->put == 1; });
+  ASSERT_TRUE(st && st->remote);
+  const RemoteStats& r = *st->remote;
+  EXPECT_EQ(r.hits, 1u);
+  EXPECT_EQ(r.misses, 1u);
+  EXPECT_EQ(r.errors, 0u);
+  EXPECT_GT(r.fetched_bytes, 0u);
+  EXPECT_EQ(r.queued, 1u);  // the imported entry is not written back
+  EXPECT_EQ(r.put, 1u);
+  EXPECT_GT(r.put_bytes, 0u);
+  EXPECT_EQ(r.dropped, 0u);
+  EXPECT_FALSE(r.breaker_open);
+
+  // primecachectl shows the same figures, as JSON and as text.
+  json j = Ctl({"--socket", d.admin_socket(), "stats", "--json"}).Json();
+  ASSERT_TRUE(j["remote"].is_object()) << j.dump();
+  EXPECT_EQ(j["remote"]["hits"], 1);
+  EXPECT_EQ(j["remote"]["misses"], 1);
+  EXPECT_EQ(j["remote"]["errors"], 0);
+  EXPECT_EQ(j["remote"]["fetched_bytes"], r.fetched_bytes);
+  EXPECT_EQ(j["remote"]["write_behind"]["put"], 1);
+  EXPECT_EQ(j["remote"]["breaker"]["open"], false);
+  CtlRun text = Ctl({"--socket", d.admin_socket(), "stats"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out.find("1 hits, 1 misses, 0 errors"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("breaker closed"), std::string::npos) << text.out;
+}
+
+TEST(RemoteStats, ADaemonWithoutARemoteTierReportsNone) {
+  Daemon d;
+  ASSERT_TRUE(d.Start());
+  auto c = Client::Connect(d.Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto st = (*c)->Stat();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_FALSE(st->remote.has_value());
+  json j = Ctl({"--socket", d.admin_socket(), "stats", "--json"}).Json();
+  EXPECT_TRUE(j["remote"].is_null()) << j.dump();
+  CtlRun text = Ctl({"--socket", d.admin_socket(), "stats"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out.find("remote tier"), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("remote lookups"), std::string::npos) << text.out;
+}
+
+TEST(RemoteStats, WithTheClusterDownErrorsRiseAndLocalServiceGoesOn) {
+  RedisCluster cluster;
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  Daemon d({"--remote", cluster.url(), "--remote-timeout", "0.2"});
+  ASSERT_TRUE(d.Start());
+  auto c = Client::Connect(d.Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const ModelId model = FingerprintedModel();
+  const auto local = Tokens(256, 5);
+  ASSERT_TRUE((*c)->Publish(model, local, MakeLayers(256, 2, 5)).ok());
+  ASSERT_TRUE(StatWhen(**c, [](const DaemonStats& s) { return s.remote && s.remote->put == 1; }));
+  cluster.StopAll();
+
+  constexpr int kLookups = 4;
+  for (int i = 0; i < kLookups; ++i) {
+    auto miss = (*c)->Lookup(model, Tokens(300, 100 + i));
+    ASSERT_TRUE(miss.ok()) << miss.status().ToString();
+    EXPECT_FALSE(miss->has_value());
+  }
+  auto hit = (*c)->Lookup(model, local);  // whole locally: the cluster is not asked
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+  auto st = (*c)->Stat();
+  ASSERT_TRUE(st.ok() && st->remote);
+  EXPECT_EQ(st->remote->errors, static_cast<std::uint64_t>(kLookups));
+  EXPECT_EQ(st->remote->hits, 0u);
+  EXPECT_EQ(st->remote->misses, 0u);
+  json j = Ctl({"--socket", d.admin_socket(), "stats", "--json"}).Json();
+  EXPECT_EQ(j["remote"]["errors"], kLookups) << j.dump();
+}
+
+
+TEST(RemoteStats, ARecentMissIsNotAskedAgainUntilItsTtlPasses) {
+  RedisCluster cluster;
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  Daemon d({"--remote", cluster.url(), "--remote-miss-ttl", "3"});
+  ASSERT_TRUE(d.Start());
+  auto c = Client::Connect(d.Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const ModelId model = FingerprintedModel();
+  const auto query = Tokens(400, 31);
+  const auto first_miss = std::chrono::steady_clock::now();
+  auto miss = (*c)->Lookup(model, query);
+  ASSERT_TRUE(miss.ok() && !miss->has_value());
+  // Asked again at once: answered without the cluster.
+  ASSERT_TRUE((*c)->Lookup(model, query).ok());
+  // Another host puts it meanwhile: within the ttl the daemon still says miss.
+  auto other = OtherHost(cluster);
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(other->Put(RequestOf(model, query), AsLayerBytes(MakeLayers(400, 2, 31))).ok());
+  auto still = (*c)->Lookup(model, query);
+  ASSERT_TRUE(still.ok() && !still->has_value());
+  // Another query is asked as ever.
+  ASSERT_TRUE((*c)->Lookup(model, Tokens(300, 32)).ok());
+  auto st = (*c)->Stat();
+  ASSERT_TRUE(st.ok() && st->remote);
+  ASSERT_LT(std::chrono::steady_clock::now() - first_miss, std::chrono::seconds(3)) << "too slow to test a 3 s ttl";
+  EXPECT_EQ(st->remote->misses, 2u);
+  EXPECT_EQ(st->remote->misses_cached, 2u);
+  EXPECT_EQ(st->remote->hits, 0u);
+  // Once the ttl has passed the cluster is asked again, and has it.
+  std::this_thread::sleep_until(first_miss + std::chrono::milliseconds(3200));
+  auto hit = (*c)->Lookup(model, query);
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+  EXPECT_EQ((*hit)->length, query.size());
+  st = (*c)->Stat();
+  ASSERT_TRUE(st.ok() && st->remote);
+  EXPECT_EQ(st->remote->hits, 1u);
+  EXPECT_EQ(st->remote->misses_cached, 2u);
+  json j = Ctl({"--socket", d.admin_socket(), "stats", "--json"}).Json();
+  EXPECT_EQ(j["remote"]["misses_cached"], 2) << j.dump();
+}
+
+TEST(RemoteStats, AZeroMissTtlAsksTheClusterEveryTime) {
+  RedisCluster cluster;
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  Daemon d({"--remote", cluster.url(), "--remote-miss-ttl", "0"});
+  ASSERT_TRUE(d.Start());
+  auto c = Client::Connect(d.Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const auto query = Tokens(400, 33);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*c)->Lookup(FingerprintedModel(), query).ok());
+  auto st = (*c)->Stat();
+  ASSERT_TRUE(st.ok() && st->remote);
+  EXPECT_EQ(st->remote->misses, 3u);
+  EXPECT_EQ(st->remote->misses_cached, 0u);
+}
+
+// ---- ls / show / verify --remote ---------------------------------------------------------
+
+// The byte tokenizer's tokens of a text (BOS, then the bytes).
+std::vector<std::uint32_t> TextTokens(const std::string& text) {
+  std::vector<std::uint32_t> t = {model::kBosToken};
+  for (unsigned char c : text) t.push_back(c);
+  return t;
+}
+
+const char kText[] =
+    "The ferry left the harbour at six, and the harbour master wrote down its name, its cargo and the wind.";
+
+class RemoteCtlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(cluster_.ok()) << cluster_.error();
+    tier_ = OtherHost(cluster_);
+    ASSERT_NE(tier_, nullptr);
+    tokens_ = TextTokens(kText);
+    layers_ = AsLayerBytes(MakeLayers(tokens_.size(), 2, 11));
+    request_ = RequestOf(model_, tokens_, "team-a");
+    ASSERT_TRUE(tier_->Put(request_, layers_).ok());
+    key_ = remote::ManifestKey(model_.digest, "team-a", tokens_);
+  }
+  CtlRun Remote(std::vector<std::string> args) const {
+    args.insert(args.begin() + 1, {"--remote", cluster_.url()});
+    return Ctl(std::move(args));
+  }
+  // The cluster key of chunk `c` of layer `l` of the test's entry.
+  std::string ChunkKeyOf(std::size_t l, std::size_t c) const {
+    const remote::Manifest m = remote::ManifestOf(request_, layers_);
+    return remote::ChunkKey(m.layers[l].chunks[c].address);
+  }
+  std::string Id() const { return key_.substr(key_.size() - 32); }
+
+  RedisCluster cluster_;
+  std::unique_ptr<remote::RemoteTier> tier_;
+  const ModelId model_ = FingerprintedModel();
+  std::vector<std::uint32_t> tokens_;
+  std::vector<LayerBytes> layers_;
+  PublishRequest request_;
+  std::string key_;
+};
+
+TEST_F(RemoteCtlTest, LsListsTheManifestsInTheCluster) {
+  const auto other = Tokens(300, 3);
+  ASSERT_TRUE(tier_->Put(RequestOf(model_, other), AsLayerBytes(MakeLayers(300, 1, 3))).ok());
+  CtlRun r = Remote({"ls", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = r.Json();
+  ASSERT_EQ(j["entries"].size(), 2u) << j.dump();
+  json e;
+  for (const auto& x : j["entries"]) {
+    if (x["namespace"] == "team-a") e = x;
+  }
+  ASSERT_FALSE(e.is_null()) << j.dump();
+  EXPECT_EQ(e["key"], key_);
+  EXPECT_EQ(e["id"], Id());
+  EXPECT_EQ(e["model"]["name"], "remote-model");
+  EXPECT_EQ(e["length"], tokens_.size());
+  EXPECT_EQ(e["layers"], 2);
+  std::uint64_t chunks = 0, bytes = 0;
+  for (const auto& l : layers_) {
+    chunks += l.chunks.size();
+    for (const auto& c : l.chunks) bytes += c.size();
+  }
+  EXPECT_EQ(e["chunks"], chunks);
+  EXPECT_EQ(e["bytes"], bytes);
+  EXPECT_TRUE(j["unreadable"].empty());
+
+  j = Remote({"ls", "--json", "--namespace", "team-a"}).Json();
+  ASSERT_EQ(j["entries"].size(), 1u);
+  j = Remote({"ls", "--json", "--min-length", "200", "--sort", "length"}).Json();
+  ASSERT_EQ(j["entries"].size(), 1u);
+  EXPECT_EQ(j["entries"][0]["length"], 300);
+  CtlRun text = Remote({"ls"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out.find(Id().substr(0, 12)), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("team-a"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("2 remote entries"), std::string::npos) << text.out;
+  EXPECT_EQ(Remote({"ls", "--quarantined"}).rc, 2);
+}
+
+TEST_F(RemoteCtlTest, ShowPrintsOneManifest) {
+  CtlRun r = Remote({"show", Id().substr(0, 8), "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = r.Json();
+  EXPECT_EQ(j["entry"]["key"], key_);
+  EXPECT_EQ(j["entry"]["namespace"], "team-a");
+  EXPECT_EQ(j["tokens"]["count"], tokens_.size());
+  EXPECT_NE(j["tokens"]["text"].get<std::string>().find("harbour master"), std::string::npos) << j.dump();
+  EXPECT_EQ(j["fingerprint"]["architecture"], "remote-model");
+  ASSERT_EQ(j["layers"].size(), 2u);
+  EXPECT_EQ(j["layers"][0]["kind"], "mla-latent/v1");
+  EXPECT_EQ(j["layers"][1]["kind"], "kda-recurrent/v1");
+  EXPECT_EQ(j["layers"][0]["chunk_refs"].size(), layers_[0].chunks.size());
+  EXPECT_EQ(j["layers"][0]["chunk_refs"][0]["key"], ChunkKeyOf(0, 0));
+
+  CtlRun text = Remote({"show", key_});  // the full key names it too
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out.find("remote entry " + Id()), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("team-a"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("mla-latent"), std::string::npos) << text.out;
+
+  EXPECT_EQ(Remote({"show", "0123456789abcdef0123"}).rc, 3);  // no such id
+  EXPECT_EQ(Remote({"verify", "0123456789abcdef0123"}).rc, 3);
+  EXPECT_EQ(Remote({"show", "zz"}).rc, 2);
+}
+
+TEST_F(RemoteCtlTest, VerifyPassesAGoodEntryAndFindsACorruptedOrMissingChunk) {
+  CtlRun r = Remote({"verify", Id()});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("ok: remote entry"), std::string::npos) << r.out;
+
+  remote::ClusterClient& c = tier_->client();
+  const std::string chunk = ChunkKeyOf(0, 0);
+  std::string bytes = layers_[0].chunks[0];
+  bytes[bytes.size() / 2] ^= 0x5a;
+  ASSERT_TRUE(c.Set(chunk, bytes).ok());
+  r = Remote({"verify", Id(), "--json"});
+  EXPECT_EQ(r.rc, 1) << r.out;
+  json j = r.Json();
+  EXPECT_FALSE(j["ok"].get<bool>());
+  ASSERT_EQ(j["problems"].size(), 1u) << j.dump();
+  EXPECT_NE(j["problems"][0]["where"].get<std::string>().find("layer 0, chunk 0 (" + chunk + ")"), std::string::npos)
+      << j.dump();
+  EXPECT_NE(j["problems"][0]["what"].get<std::string>().find("corrupted"), std::string::npos) << j.dump();
+
+  ASSERT_TRUE(c.Set(chunk, layers_[0].chunks[0].substr(1)).ok());  // truncated
+  r = Remote({"verify", Id()});
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("truncated"), std::string::npos) << r.out;
+
+  ASSERT_TRUE(c.Set(chunk, layers_[0].chunks[0]).ok());  // mended
+  ASSERT_EQ(Remote({"verify", Id()}).rc, 0);
+  const std::string gone = ChunkKeyOf(1, 0);
+  ASSERT_TRUE(c.Del(gone).ok());
+  r = Remote({"verify", Id()});
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("DAMAGE: remote entry " + key_), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layer 1, chunk 0 (" + gone + "): missing"), std::string::npos) << r.out;
+  // verify only reads: the damage is still there to be seen.
+  EXPECT_EQ(Remote({"verify", Id()}).rc, 1);
+}
+
+TEST_F(RemoteCtlTest, VerifyValidatesLayersWhoseChunksMatchTheirAddresses) {
+  // Another entry whose manifest agrees with its chunks, but whose layer 0
+  // chunk holds other bytes than its header describes: only decoding and
+  // validating the layer finds it.
+  const auto tokens = TextTokens(std::string(kText) + " Then it rained.");
+  auto layers = AsLayerBytes(MakeLayers(tokens.size(), 2, 12));
+  layers[0].chunks[0][0] ^= 0x01;
+  ASSERT_TRUE(tier_->Put(RequestOf(model_, tokens, "team-a"), layers).ok());
+  const std::string key = remote::ManifestKey(model_.digest, "team-a", tokens);
+  CtlRun r = Remote({"verify", key, "--json"});
+  EXPECT_EQ(r.rc, 1) << r.out;
+  json j = r.Json();
+  ASSERT_FALSE(j["problems"].empty()) << j.dump();
+  const std::string where = j["problems"][0]["where"];
+  EXPECT_NE(where.find("layer 0"), std::string::npos) << j.dump();
+  EXPECT_EQ(where.find("chunk"), std::string::npos) << "the chunk matches its address; the layer is what fails";
+
+  // An index member removed: the entry is there but no lookup can reach it.
+  ASSERT_TRUE(tier_->Remove(model_.digest, "team-a", tokens_).ok());
+  ASSERT_TRUE(tier_->client().Set(key_, remote::EncodeManifest(remote::ManifestOf(request_, layers_))).ok());
+  r = Remote({"verify", Id()});
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("lookups never find it"), std::string::npos) << r.out;
+}
+
+TEST(RemoteCtl, AClusterNobodyAnswersIsUnavailable) {
+  RedisCluster cluster;
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string url = cluster.url();
+  cluster.StopAll();
+  CtlRun r = Ctl({"ls", "--remote", url, "--timeout", "1"});
+  EXPECT_EQ(r.rc, 4) << r.out << r.err;
+  EXPECT_NE(r.err.find("no node of the cluster"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace primecache::testing
