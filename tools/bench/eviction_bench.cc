@@ -148,6 +148,9 @@ StoreOptions StoreOptionsFor(const Policy& p, const StateGeometry& g, std::uint6
   so.admit_after_sightings = p.admit_after;
   so.admit_reuse_share = p.reuse_share;
   so.fetch_read_threads = 0;
+  // No background segment rewriting: it would only move dead bytes around
+  // (the budget counts live bytes) and take the CPU the replays need.
+  so.reclaim_after_bytes = ~0ull;
   return so;
 }
 
@@ -333,7 +336,7 @@ void ApplyShort(Options& o) {
   o.budgets = "0.05,0.25";
   o.policies = "lru,utility-a1,lru-reuse";
   o.length_scale = 0.2;
-  if (o.conversations == 0) o.conversations = 6;
+  if (o.conversations == 0) o.conversations = 4;
 }
 
 // The unlimited replay (the trace's whole state), then every budget x policy.
