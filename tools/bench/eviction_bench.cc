@@ -50,6 +50,7 @@ struct Options {
   std::string csv, json;
   std::string daemon;
   std::string dir = "/tmp";
+  bool no_cost = false;
 };
 
 // One policy: eviction, its parameters and admission, by name.
@@ -160,7 +161,7 @@ Result<Row> RunInProcess(const Options& o, const traces::Trace& trace, const Sta
   ScratchDir dir(o.dir);
   if (dir.path.empty()) return Status::IOError("cannot make a directory under " + o.dir);
   PC_ASSIGN_OR_RETURN(auto store, Store::Open(StoreOptionsFor(p, g, budget, dir.path)));
-  replay::StoreTarget target(store.get(), g);
+  replay::StoreTarget target(store.get(), g, !o.no_cost);
   Row row{std::string(traces::KindName(trace.kind)), p.name, "process", share, budget, {}, 0};
   const auto t0 = std::chrono::steady_clock::now();
   PC_ASSIGN_OR_RETURN(row.r, replay::Replay(trace, g, target, ReplayOptionsFor(o, budget)));
@@ -329,6 +330,8 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--json", o.json, "write every row as JSON here");
   app.add_option("--daemon", o.daemon, "primecached: also replay the first trace, budget and policy through it");
   app.add_option("--dir", o.dir, "where the temporary stores go");
+  app.add_flag("--no-cost", o.no_cost,
+               "publish without the model's prefill cost (as the daemon's protocol does): the utility weighs tokens");
 }
 
 void ApplyShort(Options& o) {

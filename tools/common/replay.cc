@@ -179,7 +179,7 @@ PublishRequest StoreTarget::RequestFor(std::span<const std::uint32_t> tokens) co
   r.model = Checksum128(std::as_bytes(std::span(g_.model.data(), g_.model.size())));
   r.model_name = g_.model;
   r.tokens.assign(tokens.begin(), tokens.end());
-  r.cost = g_.cost;
+  if (send_cost_) r.cost = g_.cost;
   return r;
 }
 

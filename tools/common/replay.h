@@ -74,7 +74,10 @@ class Target {
 // The store in process.
 class StoreTarget final : public Target {
  public:
-  StoreTarget(Store* store, const StateGeometry& g) : store_(store), g_(g) {}
+  // send_cost false: publishes carry no ModelCost (as through the daemon,
+  // whose protocol has none), so the store weighs an entry's tokens.
+  StoreTarget(Store* store, const StateGeometry& g, bool send_cost = true)
+      : store_(store), g_(g), send_cost_(send_cost) {}
   Result<std::uint64_t> Lookup(std::span<const std::uint32_t> tokens) override;
   Result<std::optional<PublishResult>> Publish(std::span<const std::uint32_t> tokens,
                                                const std::vector<LayerBytes>& layers) override;
@@ -84,6 +87,7 @@ class StoreTarget final : public Target {
   PublishRequest RequestFor(std::span<const std::uint32_t> tokens) const;
   Store* store_;
   StateGeometry g_;
+  bool send_cost_;
 };
 
 // Which boundaries a request publishes: its prompt's end (what PrefixCache

@@ -101,6 +101,7 @@ std::string_view KindName(Kind kind) {
     case Kind::kAgentic: return "agentic";
     case Kind::kFewShot: return "fewshot";
     case Kind::kDocuments: return "documents";
+    case Kind::kMixed: return "mixed";
   }
   return "?";
 }
@@ -110,7 +111,7 @@ Result<Kind> ParseKind(std::string_view name) {
     if (KindName(k) == name) return k;
   }
   return Status::InvalidArgument("unknown trace '" + std::string(name) +
-                                 "' (chat, agentic, fewshot, documents)");
+                                 "' (chat, agentic, fewshot, documents, mixed)");
 }
 
 std::uint64_t Trace::TotalTokens() const {
@@ -205,17 +206,42 @@ Trace GenerateDocuments(const DocumentParams& p, std::uint64_t seed) {
   return Finish(Kind::kDocuments, seed, std::move(reqs));
 }
 
+Trace GenerateMixed(const ChatParams& chat, const DocumentParams& docs, std::uint64_t seed) {
+  Trace c = GenerateChat(chat, seed);
+  Trace d = GenerateDocuments(docs, seed);
+  std::vector<Request> reqs = std::move(c.requests);
+  for (Request& r : d.requests) {
+    r.conversation += chat.conversations;
+    reqs.push_back(std::move(r));
+  }
+  return Finish(Kind::kMixed, seed, std::move(reqs));
+}
+
+namespace {
+
+ChatParams ChatFor(const TraceOptions& o) {
+  ChatParams p;
+  if (o.conversations) p.conversations = o.conversations;
+  p.system_tokens = ScaledTokens(p.system_tokens, o.length_scale);
+  p.user = Scaled(p.user, o.length_scale);
+  p.reply = Scaled(p.reply, o.length_scale);
+  return p;
+}
+
+DocumentParams DocumentsFor(const TraceOptions& o) {
+  DocumentParams p;
+  if (o.conversations) p.documents = o.conversations;
+  p.document = Scaled(p.document, o.length_scale);
+  p.question = Scaled(p.question, o.length_scale);
+  return p;
+}
+
+}  // namespace
+
 Trace Generate(Kind kind, const TraceOptions& o) {
   const double f = o.length_scale;
   switch (kind) {
-    case Kind::kChat: {
-      ChatParams p;
-      if (o.conversations) p.conversations = o.conversations;
-      p.system_tokens = ScaledTokens(p.system_tokens, f);
-      p.user = Scaled(p.user, f);
-      p.reply = Scaled(p.reply, f);
-      return GenerateChat(p, o.seed);
-    }
+    case Kind::kChat: return GenerateChat(ChatFor(o), o.seed);
     case Kind::kAgentic: {
       AgenticParams p;
       if (o.conversations) p.sessions = o.conversations;
@@ -232,12 +258,14 @@ Trace Generate(Kind kind, const TraceOptions& o) {
       p.suffix = Scaled(p.suffix, f);
       return GenerateFewShot(p, o.seed);
     }
-    case Kind::kDocuments: {
-      DocumentParams p;
-      if (o.conversations) p.documents = o.conversations;
-      p.document = Scaled(p.document, f);
-      p.question = Scaled(p.question, f);
-      return GenerateDocuments(p, o.seed);
+    case Kind::kDocuments: return GenerateDocuments(DocumentsFor(o), o.seed);
+    case Kind::kMixed: {
+      // Documents arrive as often as conversations start (one upload per conversation).
+      DocumentParams d = DocumentsFor(o);
+      const ChatParams c = ChatFor(o);
+      d.documents = c.conversations;
+      d.gap_mean_s = c.start_gap_mean_s;
+      return GenerateMixed(c, d, o.seed);
     }
   }
   return {};

@@ -10,7 +10,9 @@
 //    branching back to an earlier step and retrying from there;
 //  - fewshot: batches of requests sharing a long prefix (instructions and
 //    examples), each with a short suffix of its own;
-//  - documents: one-off long documents, each with a short question.
+//  - documents: one-off long documents, each with a short question;
+//  - mixed: chat and documents interleaved (one-off uploads among
+//    conversations: what admission is for).
 //
 // A trace is a function of (kind, options) alone: the same seed gives the
 // same bytes on every platform (the sampler is integer splitmix64 and
@@ -28,11 +30,11 @@
 
 namespace primecache::traces {
 
-enum class Kind : std::uint8_t { kChat, kAgentic, kFewShot, kDocuments };
+enum class Kind : std::uint8_t { kChat, kAgentic, kFewShot, kDocuments, kMixed };
 
 std::string_view KindName(Kind kind);
 Result<Kind> ParseKind(std::string_view name);
-inline constexpr Kind kAllKinds[] = {Kind::kChat, Kind::kAgentic, Kind::kFewShot, Kind::kDocuments};
+inline constexpr Kind kAllKinds[] = {Kind::kChat, Kind::kAgentic, Kind::kFewShot, Kind::kDocuments, Kind::kMixed};
 
 // A lognormal length: exp(N(ln median, sigma)), rounded, clamped to [min, max].
 struct LogNormal {
@@ -125,6 +127,8 @@ Trace GenerateChat(const ChatParams& p, std::uint64_t seed);
 Trace GenerateAgentic(const AgenticParams& p, std::uint64_t seed);
 Trace GenerateFewShot(const FewShotParams& p, std::uint64_t seed);
 Trace GenerateDocuments(const DocumentParams& p, std::uint64_t seed);
+// Both traces' requests by arrival; the documents' conversation ids follow the chat's.
+Trace GenerateMixed(const ChatParams& chat, const DocumentParams& docs, std::uint64_t seed);
 // The kind's default parameters adjusted by `options`.
 Trace Generate(Kind kind, const TraceOptions& options);
 
