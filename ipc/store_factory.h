@@ -32,7 +32,7 @@ struct StoreConfig {
   std::size_t utility_window = 64;
   AdmissionPolicy admission = AdmissionPolicy::kAll;
   std::uint32_t admit_after_sightings = 1;
-  double admit_reuse_share = 0.5;
+  double admit_reuse_share = 0.25;
 };
 
 // "lru" | "utility"; "all" | "seen-twice" | "reuse" (seen-twice sets

@@ -270,7 +270,7 @@ struct StoreOptions {
   std::uint32_t admit_after_sightings = 1;  // >1: a boundary is stored only once lookups missed it this often
   std::size_t sighting_capacity = 1u << 16;  // boundaries whose sightings are remembered (in memory)
   AdmissionPolicy admission = AdmissionPolicy::kAll;
-  double admit_reuse_share = 0.5;  // kReuse: the share of a boundary an earlier lookup must have shared
+  double admit_reuse_share = 0.25;  // kReuse: the share of a boundary an earlier lookup must have shared
 
   // Creation-time format choices, recorded in the store; an existing store
   // keeps its own.

@@ -337,7 +337,9 @@ void AddOptions(CLI::App& app, Options& o) {
 void ApplyShort(Options& o) {
   if (!o.short_run) return;
   o.budgets = "0.05,0.25";
-  o.policies = "lru,utility-a1,lru-reuse";
+  // The first is the one replayed through the daemon too: admission by
+  // reuse there exercises the daemon's flags and its lookups' sightings.
+  o.policies = "lru-reuse0.25,lru,utility-a1";
   o.length_scale = 0.2;
   if (o.conversations == 0) o.conversations = 4;
 }

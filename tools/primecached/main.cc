@@ -76,7 +76,7 @@ struct Flags {
   double utility_alpha = 1.0;
   std::size_t utility_window = 64;
   std::string admission = "all";
-  double admit_reuse_share = 0.5;
+  double admit_reuse_share = 0.25;
   std::string log_level;
   std::string socket_group;
   int tcp_port = -1;
