@@ -121,6 +121,9 @@ replay::ReplayResult MustReplay(const traces::Trace& t, const replay::StateGeome
                                 std::uint64_t budget_real = 0) {
   o.byte_budget = budget_real / g.scale;
   o.validator = nullptr;
+  // No background segment rewriting: Verify (below) does not hold gc off,
+  // and reports a segment that gc drops while it runs as missing.
+  o.reclaim_after_bytes = ~0ull;
   MemStore m(o);
   replay::StoreTarget target(m.store.get(), g);
   replay::ReplayOptions ro;
