@@ -452,6 +452,12 @@ Result<Store::PublishStart> Store::StartPublish(PublishRequest req) {
                              std::to_string(impl_->opts.admit_after_sightings) + " times");
     }
   }
+  if (impl_->opts.admission == AdmissionPolicy::kReuse) {
+    if (Status a = impl_->AdmitReused(req.model, req.ns, req.tokens); !a.ok()) {
+      ++impl_->refusals;
+      return a;
+    }
+  }
   TEST_KILL_POINT("publish.begin");
   return PublishStart{std::unique_ptr<Publisher>(new PublisherImpl(*impl_, std::move(req), place)), std::nullopt};
 }

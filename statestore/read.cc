@@ -208,6 +208,10 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
     } else {
       ++s.misses;
     }
+    if (s.opts.admission == AdmissionPolicy::kReuse) {
+      const std::size_t levels = q / Impl::kSightingBlock;
+      s.NotePrefixSightings(model, ns, ChainHashes(*s.hasher, tokens, Impl::kSightingBlock, levels), levels);
+    }
     if (!hit || hit->length < q) {
       const std::uint64_t query_hash = s.hasher->Hash(tokens.subspan(top * block), h[top]);
       s.NoteSighting(Impl::SightingKey(model, ns, q, query_hash));

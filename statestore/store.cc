@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "statestore/rocks_env.h"
 #include "statestore/store_impl.h"
@@ -216,6 +217,55 @@ void Store::RecordSighting(const Hash128& model, std::string_view ns, std::span<
   if (tokens.empty()) return;
   BoundaryPlace place = PlaceOf(*impl_->hasher, tokens, impl_->params.block_tokens);
   impl_->NoteSighting(Impl::SightingKey(model, ns, tokens.size(), place.exact_hash));
+  if (impl_->opts.admission == AdmissionPolicy::kReuse) {
+    const std::size_t levels = tokens.size() / Impl::kSightingBlock;
+    impl_->NotePrefixSightings(model, ns, ChainHashes(*impl_->hasher, tokens, Impl::kSightingBlock, levels), levels);
+  }
+}
+
+std::uint64_t Store::Impl::PrefixSightingKey(const Hash128& model, std::string_view ns, std::uint64_t level,
+                                             std::uint64_t h) {
+  std::string k = HashKey(model);
+  PutBE64(&k, level);
+  k += ns;
+  return Checksum64(k, h);
+}
+
+void Store::Impl::NotePrefixSightings(const Hash128& model, std::string_view ns, const std::vector<std::uint64_t>& h,
+                                      std::size_t levels) {
+  const std::size_t cap = std::max<std::size_t>(opts.sighting_capacity, 1) * 4;
+  std::vector<std::uint64_t> keys;
+  keys.reserve(levels);
+  for (std::size_t a = 1; a <= levels && a < h.size(); ++a) keys.push_back(PrefixSightingKey(model, ns, a, h[a]));
+  std::lock_guard g(sight_mu);
+  for (std::uint64_t key : keys) {
+    auto [it, inserted] = prefix_sightings.try_emplace(key, 0);
+    if (it->second < UINT32_MAX) ++it->second;
+    if (!inserted) continue;
+    prefix_order.push_back(key);
+    while (prefix_order.size() > cap) {
+      prefix_sightings.erase(prefix_order.front());
+      prefix_order.pop_front();
+    }
+  }
+}
+
+Status Store::Impl::AdmitReused(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> tokens) {
+  const std::uint32_t block = kSightingBlock;
+  const std::size_t levels = tokens.size() / block;
+  const double share = std::clamp(opts.admit_reuse_share, 0.0, 1.0);
+  const auto need = static_cast<std::uint64_t>(std::ceil(share * static_cast<double>(tokens.size())));
+  const std::size_t lowest = std::max<std::size_t>(1, (need + block - 1) / block);
+  if (levels >= lowest) {
+    const std::vector<std::uint64_t> h = ChainHashes(*hasher, tokens, block, levels);
+    std::lock_guard g(sight_mu);
+    for (std::size_t a = levels; a >= lowest; --a) {
+      auto it = prefix_sightings.find(PrefixSightingKey(model, ns, a, h[a]));
+      if (it != prefix_sightings.end() && it->second >= 2) return Status::Ok();
+    }
+  }
+  return Status::Aborted("not admitted: no earlier lookup shared " + std::to_string(need) + " of its " +
+                         std::to_string(tokens.size()) + " tokens (admission: reuse)");
 }
 
 // ---- delete ------------------------------------------------------------------------------

@@ -222,6 +222,9 @@ struct Store::Impl {
   std::mutex sight_mu;
   std::unordered_map<std::string, std::uint32_t> sightings;  // guarded by sight_mu
   std::deque<std::string> sighting_order;                    // oldest first; guarded by sight_mu
+  // AdmissionPolicy::kReuse: lookups per (scope name, block-aligned prefix).
+  std::unordered_map<std::uint64_t, std::uint32_t> prefix_sightings;  // guarded by sight_mu
+  std::deque<std::uint64_t> prefix_order;                             // oldest first; guarded by sight_mu
 
   ~Impl();
 
@@ -275,6 +278,18 @@ struct Store::Impl {
                                  std::uint64_t exact_hash);
   void NoteSighting(const std::string& key);
   std::uint32_t Sightings(const std::string& key);
+  // kReuse: the key of the prefix of `level` blocks of kSightingBlock tokens
+  // whose chain hash (ChainHashes with that block) is `h`; a lookup notes
+  // each of its query's whole-block prefixes (h_1..h_n, h[0] unused). The
+  // block is finer than the index's, so that prompts of a few hundred
+  // tokens are told apart.
+  static constexpr std::uint32_t kSightingBlock = 64;
+  static std::uint64_t PrefixSightingKey(const Hash128& model, std::string_view ns, std::uint64_t level,
+                                         std::uint64_t h);
+  void NotePrefixSightings(const Hash128& model, std::string_view ns, const std::vector<std::uint64_t>& h,
+                           std::size_t levels);
+  // kReuse: OK when an earlier lookup shared enough of the boundary; else kAborted saying why.
+  Status AdmitReused(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> tokens);
 
   // ---- list.cc
   Result<EntryInfo> MakeInfo(EntryId id, const statestore_internal::EntrySummary& s, EntryState state);

@@ -23,7 +23,8 @@
 //    planes that K boundaries of one conversation share are stored once.
 //  - A byte budget is kept by evicting entries (LRU, or a utility that weighs
 //    recency against compute saved per stored byte); leased entries are never
-//    evicted; admission can require a prefix to be seen N times first.
+//    evicted; admission can require a boundary to be seen N times first, or
+//    (AdmissionPolicy::kReuse) a prefix of it to have been looked up before.
 //
 // Every file access, RocksDB's included, goes through primecache::Env.
 // Byte layouts: docs/format-store.md.
@@ -213,6 +214,20 @@ enum class EvictionPolicy : std::uint8_t {
   kUtility = 1,  // Marconi-style: recency + alpha * (FLOPs saved / bytes freed), lowest first
 };
 
+// Which new boundaries a publish may store.
+enum class AdmissionPolicy : std::uint8_t {
+  kAll = 0,  // every one (after admit_after_sightings misses, when that is > 1)
+  // Only a boundary likely to be reached again: one whose prefix of at least
+  // admit_reuse_share of its tokens (counted in whole blocks of 64 tokens)
+  // was also looked up by an earlier request, i.e. by at least two lookups
+  // counting the publisher's own (its conversation goes on, or it shares a
+  // prefix with others). One-off prompts that share nothing with anything
+  // are not stored. Lookups note their query's prefixes of whole 64-token
+  // blocks in memory (the latest sighting_capacity * 4 of them).
+  // Lookups that do not record (LookupOptions::record false) note nothing.
+  kReuse = 1,
+};
+
 struct StoreOptions {
   std::string path;    // the store's directory; empty: DefaultDataDir() + "/store"
   Env* env = nullptr;  // nullptr: Env::Default(); must outlive the store
@@ -231,6 +246,8 @@ struct StoreOptions {
   std::size_t utility_window = 64;          // oldest evictable entries the utility compares
   std::uint32_t admit_after_sightings = 1;  // >1: a boundary is stored only once lookups missed it this often
   std::size_t sighting_capacity = 1u << 16;  // boundaries whose sightings are remembered (in memory)
+  AdmissionPolicy admission = AdmissionPolicy::kAll;
+  double admit_reuse_share = 0.25;  // kReuse: the share of a boundary an earlier lookup must have shared
 
   // Creation-time format choices, recorded in the store; an existing store
   // keeps its own.

@@ -70,6 +70,13 @@ struct Flags {
   std::string admin_socket;
   std::string data_dir;
   std::string capacity = "0";
+  // Eviction and admission (docs/protocol.md, "Daemon options"); the
+  // defaults are the ones docs/BENCHMARKS.md's eviction figures chose.
+  std::string eviction = "lru";
+  double utility_alpha = 1.0;
+  std::size_t utility_window = 64;
+  std::string admission = "all";
+  double admit_reuse_share = 0.25;
   std::string log_level;
   std::string socket_group;
   int tcp_port = -1;
@@ -134,6 +141,8 @@ Status ApplyConfig(const std::string& path, const CLI::App& app, Flags* f,
     str("device_copies", "--device-copies", &f->device_copies);
     str("device_register_budget", "--device-register-budget", &f->device_register_budget);
     str("read_ahead", "--read-ahead", &f->read_ahead);
+    str("eviction", "--eviction", &f->eviction);
+    str("admission", "--admission", &f->admission);
     auto num = [&](const char* key, const char* flag, auto* out) {
       if (j.contains(key) && app.count(flag) == 0) *out = j.at(key).get<std::remove_pointer_t<decltype(out)>>();
     };
@@ -148,6 +157,9 @@ Status ApplyConfig(const std::string& path, const CLI::App& app, Flags* f,
     num("hello_timeout", "--hello-timeout", &f->hello_timeout);
     num("idle_timeout", "--idle-timeout", &f->idle_timeout);
     num("publish_timeout", "--publish-timeout", &f->publish_timeout);
+    num("utility_alpha", "--utility-alpha", &f->utility_alpha);
+    num("utility_window", "--utility-window", &f->utility_window);
+    num("admit_reuse_share", "--admit-reuse-share", &f->admit_reuse_share);
     if (j.contains("capacity") && app.count("--capacity") == 0) {
       f->capacity = j["capacity"].is_number() ? std::to_string(j["capacity"].get<std::uint64_t>())
                                               : j["capacity"].get<std::string>();
@@ -196,6 +208,18 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--data-dir", f->data_dir,
                   "store directory (default $XDG_DATA_HOME/primecache); made private (0700, files 0600) at start");
   app->add_option("--capacity", f->capacity, "store byte budget, e.g. 64G (0: unlimited)");
+  app->add_option("--eviction", f->eviction,
+                  "which entries go when the budget is reached: lru, or utility (recency + FLOPs saved per byte)");
+  app->add_option("--utility-alpha", f->utility_alpha, "utility: weight of FLOPs saved per byte against recency")
+      ->check(CLI::Range(0.0, 1e6));
+  app->add_option("--utility-window", f->utility_window, "utility: oldest entries compared per eviction")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--admission", f->admission,
+                  "which boundaries are stored: all, seen-twice (after two missed lookups), or reuse (a prefix an "
+                  "earlier lookup shared)");
+  app->add_option("--admit-reuse-share", f->admit_reuse_share,
+                  "reuse: share of a boundary's tokens an earlier lookup must have shared")
+      ->check(CLI::Range(0.0, 1.0));
   app->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|critical|off");
   app->add_option("--socket-group", f->socket_group, "group allowed on the socket (mode 0660 instead of 0600)");
   app->add_option("--tcp-port", f->tcp_port, "also listen on 127.0.0.1:PORT (0 picks one; no shared memory)");
@@ -386,6 +410,11 @@ int main(int argc, char** argv) {
   auto read_ahead = ParseBytes(f.read_ahead);
   if (!read_ahead.ok()) return Fail(read_ahead.status());
   sc.read_ahead_bytes = *read_ahead;
+  if (Status s = primecache::ipc::ParseEviction(f.eviction, &sc); !s.ok()) return Fail(s);
+  if (Status s = primecache::ipc::ParseAdmission(f.admission, &sc); !s.ok()) return Fail(s);
+  sc.utility_alpha = f.utility_alpha;
+  sc.utility_window = f.utility_window;
+  sc.admit_reuse_share = f.admit_reuse_share;
   auto store = primecache::ipc::OpenStore(sc);
   if (!store.ok()) return Fail(store.status());
   store = WithRemoteTier(f, std::move(store).value());
