@@ -19,7 +19,7 @@
 // the RocksDB handles, the pools) is only read afterwards. Every other field
 // is atomic or says which mutex guards it. Lock order, outermost first (a
 // thread holding one takes only those listed after it):
-//   gc_mu      one segment rewrite at a time;
+//   gc_mu      one segment rewrite at a time, and none during a Verify;
 //   write_mu   every metadata batch (commit, delete, eviction, quarantine,
 //              gc, touch flushes);
 //   pool_mu    the writable segments not handed out (gc takes it under

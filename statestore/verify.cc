@@ -330,7 +330,9 @@ Status CheckCounters(Store::Impl& s, const rocksdb::ReadOptions& ro, Counters me
 Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
   // Every metadata change is one batch under write_mu, so a snapshot taken
   // under it is consistent; the checks then read that snapshot while
-  // publishes, deletes and evictions go on.
+  // publishes, deletes and evictions go on. Segment gc waits: a segment it
+  // dropped after the snapshot would read as missing.
+  std::lock_guard gc(gc_mu);
   Counters mem;
   const rocksdb::Snapshot* snapshot = nullptr;
   {
