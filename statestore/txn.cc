@@ -206,11 +206,25 @@ Result<std::vector<NodeSlot>> Txn::NodeSlots(const std::string& key) {
   return DecodeNode(*v, s_.params.block_tokens);
 }
 
+namespace {
+
+// Where a boundary of `length` tokens at `place` sits in the index: its
+// node's key, its slot r within the node, and its exact record's key.
+struct IndexPlace {
+  std::string node_key;
+  std::uint32_t r = 0;
+  std::string exact_key;
+};
+
+IndexPlace PlaceInIndex(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, std::uint32_t block) {
+  return {NodeKey(scope, place.level, place.node_hash), static_cast<std::uint32_t>(length - place.level * block),
+          ExactKey(scope, length, place.exact_hash)};
+}
+
+}  // namespace
+
 Status Txn::IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id) {
-  const std::uint32_t block = s_.params.block_tokens;
-  std::uint32_t r = static_cast<std::uint32_t>(length - place.level * block);
-  std::string nk = NodeKey(scope, place.level, place.node_hash);
-  std::string xk = ExactKey(scope, length, place.exact_hash);
+  const auto [nk, r, xk] = PlaceInIndex(scope, length, place, s_.params.block_tokens);
   PC_ASSIGN_OR_RETURN(std::vector<std::uint64_t> ids, ExactIds(xk));
   bool new_exact = ids.empty();
   ids.push_back(id);
@@ -232,10 +246,7 @@ Status Txn::IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPl
 }
 
 Status Txn::IndexRemove(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id) {
-  const std::uint32_t block = s_.params.block_tokens;
-  std::uint32_t r = static_cast<std::uint32_t>(length - place.level * block);
-  std::string nk = NodeKey(scope, place.level, place.node_hash);
-  std::string xk = ExactKey(scope, length, place.exact_hash);
+  const auto [nk, r, xk] = PlaceInIndex(scope, length, place, s_.params.block_tokens);
   PC_ASSIGN_OR_RETURN(std::vector<std::uint64_t> ids, ExactIds(xk));
   auto pos = std::find(ids.begin(), ids.end(), id);
   if (pos == ids.end()) {
