@@ -224,7 +224,10 @@ IndexPlace PlaceInIndex(std::uint64_t scope, std::uint64_t length, const Boundar
 }  // namespace
 
 Status Txn::IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id) {
-  const auto [nk, r, xk] = PlaceInIndex(scope, length, place, s_.params.block_tokens);
+  const IndexPlace at = PlaceInIndex(scope, length, place, s_.params.block_tokens);
+  const std::string& nk = at.node_key;
+  const std::string& xk = at.exact_key;
+  const std::uint32_t r = at.r;
   PC_ASSIGN_OR_RETURN(std::vector<std::uint64_t> ids, ExactIds(xk));
   bool new_exact = ids.empty();
   ids.push_back(id);
@@ -246,7 +249,10 @@ Status Txn::IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPl
 }
 
 Status Txn::IndexRemove(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id) {
-  const auto [nk, r, xk] = PlaceInIndex(scope, length, place, s_.params.block_tokens);
+  const IndexPlace at = PlaceInIndex(scope, length, place, s_.params.block_tokens);
+  const std::string& nk = at.node_key;
+  const std::string& xk = at.exact_key;
+  const std::uint32_t r = at.r;
   PC_ASSIGN_OR_RETURN(std::vector<std::uint64_t> ids, ExactIds(xk));
   auto pos = std::find(ids.begin(), ids.end(), id);
   if (pos == ids.end()) {
