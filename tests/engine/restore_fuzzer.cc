@@ -134,31 +134,31 @@ void Mutate(std::vector<LayerSnapshot>& s, std::uint8_t op, std::uint8_t layer, 
   auto* kv = std::get_if<KvSnapshot>(&l);
   switch (op % 20) {
     case 0:
-      if (lat) lat->len = v;
-      if (kv) kv->len = v;
-      if (rec) rec->heads = v;
+      if (lat) lat->shape.len = v;
+      if (kv) kv->shape.len = v;
+      if (rec) rec->shape.heads = v;
       break;
     case 1:
-      if (lat) lat->width = v;
-      if (kv) kv->k_width = v;
-      if (rec) rec->head_dim = v;
+      if (lat) lat->shape.width = v;
+      if (kv) kv->shape.k_width = v;
+      if (rec) rec->shape.head_dim = v;
       break;
     case 2:
-      if (lat) lat->index_width = v;
-      if (kv) kv->v_width = v;
-      if (rec) rec->kernel = v;
+      if (lat) lat->shape.index_width = v;
+      if (kv) kv->shape.v_width = v;
+      if (rec) rec->shape.kernel = v;
       break;
     case 3:
-      if (lat) lat->pool = v;
+      if (lat) lat->shape.pool = v;
       break;
     case 4:
-      if (lat) lat->pools_ready = v;
+      if (lat) lat->shape.pools_ready = v;
       break;
     case 5:
-      if (lat) lat->index_is_ring = !lat->index_is_ring;
+      if (lat) lat->shape.index_is_ring = !lat->shape.index_is_ring;
       break;
     case 6:
-      if (lat) lat->index_ring_rows = v;
+      if (lat) lat->shape.index_ring_rows = v;
       break;
     case 7:
     case 8:
@@ -178,9 +178,9 @@ void Mutate(std::vector<LayerSnapshot>& s, std::uint8_t op, std::uint8_t layer, 
       break;
     }
     case 13:  // a len that is consistent with the planes' sizes again
-      if (lat && lat->width != 0) lat->len = lat->latent_rows.size() / lat->width;
-      if (lat && lat->pool != 0) lat->pools_ready = lat->len / lat->pool;
-      if (kv && kv->k_width != 0) kv->len = kv->k_rows.size() / kv->k_width;
+      if (lat && lat->shape.width != 0) lat->shape.len = lat->latent_rows.size() / lat->shape.width;
+      if (lat && lat->shape.pool != 0) lat->shape.pools_ready = lat->shape.len / lat->shape.pool;
+      if (kv && kv->shape.k_width != 0) kv->shape.len = kv->k_rows.size() / kv->shape.k_width;
       break;
     case 14:
       std::swap(l, s[v % s.size()]);
@@ -197,12 +197,12 @@ void Mutate(std::vector<LayerSnapshot>& s, std::uint8_t op, std::uint8_t layer, 
       if (v % 3 == 2) l = KvSnapshot{};
       break;
     case 18:  // a 64-bit field set far out of range
-      if (lat) lat->len = (std::uint64_t{v} << 32) | v;
-      if (kv) kv->len = (std::uint64_t{v} << 32) | v;
-      if (lat && v % 2) lat->pools_ready = (std::uint64_t{v} << 32);
+      if (lat) lat->shape.len = (std::uint64_t{v} << 32) | v;
+      if (kv) kv->shape.len = (std::uint64_t{v} << 32) | v;
+      if (lat && v % 2) lat->shape.pools_ready = (std::uint64_t{v} << 32);
       break;
     default:
-      if (lat) lat->index_ring_rows = (std::uint64_t{v} << 32) | v;
+      if (lat) lat->shape.index_ring_rows = (std::uint64_t{v} << 32) | v;
       break;
   }
 }
@@ -220,8 +220,10 @@ bool SameLayer(const LayerSnapshot& a, const LayerSnapshot& b) {
   if (a.index() != b.index()) return false;
   if (const auto* x = std::get_if<LatentPlaneSnapshot>(&a)) {
     const auto& y = std::get<LatentPlaneSnapshot>(b);
-    return x->shape.len == y.len && x->width == y.width && x->index_width == y.index_width &&
-           x->pool == y.pool && x->pools_ready == y.pools_ready && eq(x->latent_rows, y.latent_rows) &&
+    // Ring or flat may differ: a ring snapshot restores into a flat plane.
+    const LatentShape &xs = x->shape, &ys = y.shape;
+    return xs.len == ys.len && xs.width == ys.width && xs.index_width == ys.index_width && xs.pool == ys.pool &&
+           xs.pools_ready == ys.pools_ready && eq(x->latent_rows, y.latent_rows) &&
            eq(x->index_tail_rows, y.index_tail_rows) && eq(x->pool_keys, y.pool_keys);
   }
   if (const auto* r = std::get_if<RecurrentSnapshot>(&a)) {
