@@ -139,30 +139,6 @@ class StatestoreBackend : public StoreBackend {
 
 }  // namespace
 
-Status ParseEviction(std::string_view name, StoreConfig* config) {
-  if (name == "lru") {
-    config->eviction = EvictionPolicy::kLru;
-  } else if (name == "utility") {
-    config->eviction = EvictionPolicy::kUtility;
-  } else {
-    return Status::InvalidArgument("eviction policy must be lru or utility, not '" + std::string(name) + "'");
-  }
-  return Status::Ok();
-}
-
-Status ParseAdmission(std::string_view name, StoreConfig* config) {
-  config->admission = AdmissionPolicy::kAll;
-  config->admit_after_sightings = 1;
-  if (name == "seen-twice") {
-    config->admit_after_sightings = 2;
-  } else if (name == "reuse") {
-    config->admission = AdmissionPolicy::kReuse;
-  } else if (name != "all") {
-    return Status::InvalidArgument("admission must be all, seen-twice or reuse, not '" + std::string(name) + "'");
-  }
-  return Status::Ok();
-}
-
 Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config) {
   // The data directory itself is made private (its sockets keep their own
   // modes); the store makes its own directory and files private.
@@ -183,11 +159,6 @@ Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config) {
   o.fetch_read_ahead_bytes = config.read_ahead_bytes;
   o.fetch_read_ahead = std::clamp<std::size_t>(config.read_ahead_bytes >> 17, 16, 1024);
   o.eviction = config.eviction;
-  o.utility_alpha = config.utility_alpha;
-  o.utility_window = config.utility_window;
-  o.admission = config.admission;
-  o.admit_after_sightings = config.admit_after_sightings;
-  o.admit_reuse_share = config.admit_reuse_share;
   PC_ASSIGN_OR_RETURN(auto store, Store::Open(std::move(o)));
   return std::unique_ptr<StoreBackend>(new StatestoreBackend(std::move(store)));
 }

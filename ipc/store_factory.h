@@ -26,19 +26,9 @@ struct StoreConfig {
   // How far a fetch reads ahead of its sink (StoreOptions::fetch_read_ahead_bytes;
   // the chunk count follows: one per 128 KiB, 16 to 1024).
   std::uint64_t read_ahead_bytes = 64ull << 20;
-  // Eviction and admission (StoreOptions; docs/protocol.md "Daemon options").
-  EvictionPolicy eviction = EvictionPolicy::kLru;
-  double utility_alpha = 1.0;
-  std::size_t utility_window = 64;
-  AdmissionPolicy admission = AdmissionPolicy::kAll;
-  std::uint32_t admit_after_sightings = 1;
-  double admit_reuse_share = 0.25;
+  // Eviction and admission (docs/protocol.md "Daemon options").
+  EvictionOptions eviction;
 };
-
-// "lru" | "utility"; "all" | "seen-twice" | "reuse" (seen-twice sets
-// admit_after_sightings to 2). kInvalidArgument naming the choices otherwise.
-Status ParseEviction(std::string_view name, StoreConfig* config);
-Status ParseAdmission(std::string_view name, StoreConfig* config);
 
 Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config);
 

@@ -443,16 +443,16 @@ Result<Store::PublishStart> Store::StartPublish(PublishRequest req) {
       return PublishStart{nullptr, existing};
     }
   }
-  if (impl_->opts.admit_after_sightings > 1) {
+  if (impl_->opts.eviction.admit_after_sightings > 1) {
     std::uint32_t seen =
         impl_->Sightings(Impl::SightingKey(req.model, req.ns, req.tokens.size(), place.exact_hash));
-    if (seen < impl_->opts.admit_after_sightings) {
+    if (seen < impl_->opts.eviction.admit_after_sightings) {
       ++impl_->refusals;
       return Status::Aborted("not admitted: boundary seen " + std::to_string(seen) + " of " +
-                             std::to_string(impl_->opts.admit_after_sightings) + " times");
+                             std::to_string(impl_->opts.eviction.admit_after_sightings) + " times");
     }
   }
-  if (impl_->opts.admission == AdmissionPolicy::kReuse) {
+  if (impl_->opts.eviction.admission == AdmissionPolicy::kReuse) {
     if (Status a = impl_->AdmitReused(req.model, req.ns, req.tokens); !a.ok()) {
       ++impl_->refusals;
       return a;

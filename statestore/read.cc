@@ -124,10 +124,10 @@ std::vector<std::pair<std::size_t, std::uint64_t>> CandidateExacts(Store::Impl& 
 }
 
 // The first entry of exact record (scope, length, exact) whose stored
-// tokens are the query's first `length`, if any.
+// tokens are the query's first `length`, if any (`quarantine`: as TokensMatch's).
 Result<std::optional<LookupHit>> MatchExact(Store::Impl& s, std::uint64_t scope, std::size_t length,
                                             std::uint64_t exact, std::span<const std::uint32_t> tokens,
-                                            const HitFn& hit_for) {
+                                            const HitFn& hit_for, bool quarantine) {
   std::string v;
   bool found = false;
   PC_RETURN_IF_ERROR(s.GetValue(s.cf_index, ExactKey(scope, length, exact), &v, &found));
@@ -138,7 +138,7 @@ Result<std::optional<LookupHit>> MatchExact(Store::Impl& s, std::uint64_t scope,
     return std::optional<LookupHit>();
   }
   for (EntryId id : *ids) {
-    PC_ASSIGN_OR_RETURN(bool match, s.TokensMatch(id, tokens.first(length), true));
+    PC_ASSIGN_OR_RETURN(bool match, s.TokensMatch(id, tokens.first(length), quarantine));
     if (!match) continue;
     PC_ASSIGN_OR_RETURN(std::optional<LookupHit> hit, hit_for(id, length));  // nullopt: being removed
     if (hit) return hit;
@@ -150,7 +150,8 @@ Result<std::optional<LookupHit>> MatchExact(Store::Impl& s, std::uint64_t scope,
 // exist, read in one batch, then walked deepest first. `h` holds the chain
 // hashes of the query's nodes.
 Result<std::optional<LookupHit>> FindLongest(Store::Impl& s, std::uint64_t scope, std::span<const std::uint32_t> tokens,
-                                             const std::vector<std::uint64_t>& h, const HitFn& hit_for) {
+                                             const std::vector<std::uint64_t>& h, const HitFn& hit_for,
+                                             bool quarantine = true) {
   const std::vector<std::size_t> levels = CandidateLevels(s, scope, h);
   const std::size_t n = levels.size();
   std::vector<std::string> keys(n);
@@ -176,7 +177,8 @@ Result<std::optional<LookupHit>> FindLongest(Store::Impl& s, std::uint64_t scope
       continue;
     }
     for (const auto& [length, exact] : CandidateExacts(s, scope, a, *slots, tokens, h[a])) {
-      PC_ASSIGN_OR_RETURN(std::optional<LookupHit> hit, MatchExact(s, scope, length, exact, tokens, hit_for));
+      PC_ASSIGN_OR_RETURN(std::optional<LookupHit> hit,
+                          MatchExact(s, scope, length, exact, tokens, hit_for, quarantine));
       if (hit) return hit;
     }
   }
@@ -184,6 +186,21 @@ Result<std::optional<LookupHit>> FindLongest(Store::Impl& s, std::uint64_t scope
 }
 
 }  // namespace
+
+Result<std::optional<EntryId>> Store::Impl::LongestStoredPrefix(std::uint64_t scope,
+                                                                std::span<const std::uint32_t> tokens,
+                                                                const std::function<bool(EntryId)>& usable) {
+  if (tokens.empty()) return std::optional<EntryId>();
+  const std::size_t top = (tokens.size() - 1) / params.block_tokens;
+  const std::vector<std::uint64_t> h = ChainHashes(*hasher, tokens, params.block_tokens, top);
+  auto hit_for = [&](EntryId id, std::uint64_t length) -> Result<std::optional<LookupHit>> {
+    if (!usable(id)) return std::optional<LookupHit>();
+    return std::optional<LookupHit>(LookupHit{id, length, 0, 0, 0});
+  };
+  PC_ASSIGN_OR_RETURN(std::optional<LookupHit> hit, FindLongest(*this, scope, tokens, h, hit_for, false));
+  if (!hit) return std::optional<EntryId>();
+  return std::optional<EntryId>(hit->id);
+}
 
 Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string_view ns,
                                                std::span<const std::uint32_t> tokens,
@@ -208,7 +225,7 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
     } else {
       ++s.misses;
     }
-    if (s.opts.admission == AdmissionPolicy::kReuse) {
+    if (s.opts.eviction.admission == AdmissionPolicy::kReuse) {
       const std::size_t levels = q / Impl::kSightingBlock;
       s.NotePrefixSightings(model, ns, ChainHashes(*s.hasher, tokens, Impl::kSightingBlock, levels), levels);
     }

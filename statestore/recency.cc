@@ -1,6 +1,7 @@
 // Recency and eviction: the logical clock of accesses (buffered, written in
 // batches), and evicting entries (LRU, or the utility of their compute saved
-// per stored byte) until the stored bytes fit the budget.
+// per stored byte, whole or beyond their stored parent) until the stored
+// bytes fit the budget.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -97,6 +98,36 @@ Result<double> Txn::ExclusiveBytes(EntryId id, const EntrySummary& s) {
   return bytes;
 }
 
+// What evicting `id` costs a later request that reaches its tokens: the
+// FLOPs of prefilling from the longest shorter boundary of them still stored
+// (its parent; both were priced with the same model cost) instead of from `id`.
+Result<double> Txn::MarginalFlops(EntryId id, const EntrySummary& s) {
+  auto memo = marginal_.find(id);
+  if (memo != marginal_.end() && (!memo->second.parent || removed_.count(*memo->second.parent) == 0)) {
+    return memo->second.flops;
+  }
+  std::string tv;
+  bool found = false;
+  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_tokens, IdKey(id), &tv, &found));
+  if (!found) return s.flops;
+  PC_ASSIGN_OR_RETURN(std::vector<std::uint32_t> tokens, DecodeTokens(tv));
+  if (tokens.size() < 2) return s.flops;
+  auto usable = [&](EntryId e) { return e != id && removed_.count(e) == 0; };
+  PC_ASSIGN_OR_RETURN(std::optional<EntryId> parent,
+                      s_.LongestStoredPrefix(s.scope, std::span(tokens).first(tokens.size() - 1), usable));
+  Marginal m{parent, s.flops};
+  if (parent) {
+    std::string pv;
+    PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_entries, IdKey(*parent), &pv, &found));
+    if (found) {
+      PC_ASSIGN_OR_RETURN(EntrySummary ps, DecodeSummary(pv));
+      m.flops = std::max(s.flops - ps.flops, 0.0);
+    }
+  }
+  marginal_[id] = m;
+  return m.flops;
+}
+
 Result<std::optional<EntryId>> Txn::PickVictim(std::optional<EntryId> keep) {
   struct Candidate {
     EntryId id;
@@ -104,8 +135,8 @@ Result<std::optional<EntryId>> Txn::PickVictim(std::optional<EntryId> keep) {
     double flops_per_byte;
   };
   std::vector<Candidate> window;
-  const bool lru = s_.opts.eviction == EvictionPolicy::kLru;
-  const std::size_t want = lru ? 1 : s_.opts.utility_window;
+  const bool lru = s_.opts.eviction.policy == EvictionPolicy::kLru;
+  const std::size_t want = lru ? 1 : s_.opts.eviction.utility_window;
   std::unique_ptr<rocksdb::Iterator> it(s_.db->NewIterator(rocksdb::ReadOptions(), s_.cf_lru));
   std::string prefix(1, kAgeTag);
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix) && window.size() < want; it->Next()) {
@@ -123,7 +154,11 @@ Result<std::optional<EntryId>> Txn::PickVictim(std::optional<EntryId> keep) {
     if (!found) continue;
     PC_ASSIGN_OR_RETURN(EntrySummary s, DecodeSummary(sv));
     PC_ASSIGN_OR_RETURN(double freed, ExclusiveBytes(id, s));
-    window.push_back({id, tick, s.flops / std::max(freed, 1.0)});
+    double saved = s.flops;
+    if (s_.opts.eviction.policy == EvictionPolicy::kMarginal) {
+      PC_ASSIGN_OR_RETURN(saved, MarginalFlops(id, s));
+    }
+    window.push_back({id, tick, saved / std::max(freed, 1.0)});
   }
   PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan recency"));
   if (window.empty()) return std::optional<EntryId>();
@@ -143,7 +178,7 @@ Result<std::optional<EntryId>> Txn::PickVictim(std::optional<EntryId> keep) {
   for (const auto& c : window) {
     double rec = t1 > t0 ? static_cast<double>(c.tick - t0) / static_cast<double>(t1 - t0) : 0.0;
     double eff = e1 > 0 ? c.flops_per_byte / e1 : 0.0;
-    double u = rec + s_.opts.utility_alpha * eff;
+    double u = rec + s_.opts.eviction.utility_alpha * eff;
     if (best == nullptr || u < best_u || (u == best_u && c.tick < best->tick)) {
       best = &c;
       best_u = u;

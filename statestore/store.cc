@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <string_view>
+#include <utility>
 
 #include "statestore/rocks_env.h"
 #include "statestore/store_impl.h"
@@ -33,6 +35,46 @@ double EstimatePrefillFlops(const ModelCost& cost, std::uint64_t tokens) {
   return l * static_cast<double>(cost.flops_per_token) +
          static_cast<double>(cost.attention_layers) * static_cast<double>(cost.attention_flops_per_pair) * l *
              (l + 1) / 2;
+}
+
+namespace {
+constexpr std::pair<EvictionPolicy, std::string_view> kEvictionNames[] = {
+    {EvictionPolicy::kLru, "lru"}, {EvictionPolicy::kUtility, "utility"}, {EvictionPolicy::kMarginal, "marginal"}};
+}  // namespace
+
+Status ParseEvictionPolicy(std::string_view name, EvictionOptions* options) {
+  for (const auto& [policy, n] : kEvictionNames) {
+    if (n == name) {
+      options->policy = policy;
+      return Status::Ok();
+    }
+  }
+  return Status::InvalidArgument("eviction policy must be lru, utility or marginal, not '" + std::string(name) + "'");
+}
+
+std::string_view EvictionPolicyName(EvictionPolicy policy) {
+  for (const auto& [p, n] : kEvictionNames) {
+    if (p == policy) return n;
+  }
+  return "unknown";
+}
+
+Status ParseAdmission(std::string_view name, EvictionOptions* options) {
+  if (name == "all" || name == "seen-twice") {
+    options->admission = AdmissionPolicy::kAll;
+    options->admit_after_sightings = name == "all" ? 1 : 2;
+  } else if (name == "reuse") {
+    options->admission = AdmissionPolicy::kReuse;
+    options->admit_after_sightings = 1;
+  } else {
+    return Status::InvalidArgument("admission must be all, seen-twice or reuse, not '" + std::string(name) + "'");
+  }
+  return Status::Ok();
+}
+
+std::string_view AdmissionName(const EvictionOptions& options) {
+  if (options.admission == AdmissionPolicy::kReuse) return "reuse";
+  return options.admit_after_sightings > 1 ? "seen-twice" : "all";
 }
 
 Status Publisher::AddLayer(const LayerBytes& layer) {
@@ -194,13 +236,13 @@ std::string Store::Impl::SightingKey(const Hash128& model, std::string_view ns, 
 }
 
 void Store::Impl::NoteSighting(const std::string& key) {
-  if (opts.admit_after_sightings <= 1) return;
+  if (opts.eviction.admit_after_sightings <= 1) return;
   std::lock_guard g(sight_mu);
   auto [it, inserted] = sightings.try_emplace(key, 0);
   if (it->second < UINT32_MAX) ++it->second;
   if (inserted) {
     sighting_order.push_back(key);
-    while (sighting_order.size() > std::max<std::size_t>(opts.sighting_capacity, 1)) {
+    while (sighting_order.size() > std::max<std::size_t>(opts.eviction.sighting_capacity, 1)) {
       sightings.erase(sighting_order.front());
       sighting_order.pop_front();
     }
@@ -217,7 +259,7 @@ void Store::RecordSighting(const Hash128& model, std::string_view ns, std::span<
   if (tokens.empty()) return;
   BoundaryPlace place = PlaceOf(*impl_->hasher, tokens, impl_->params.block_tokens);
   impl_->NoteSighting(Impl::SightingKey(model, ns, tokens.size(), place.exact_hash));
-  if (impl_->opts.admission == AdmissionPolicy::kReuse) {
+  if (impl_->opts.eviction.admission == AdmissionPolicy::kReuse) {
     const std::size_t levels = tokens.size() / Impl::kSightingBlock;
     impl_->NotePrefixSightings(model, ns, ChainHashes(*impl_->hasher, tokens, Impl::kSightingBlock, levels), levels);
   }
@@ -233,7 +275,7 @@ std::uint64_t Store::Impl::PrefixSightingKey(const Hash128& model, std::string_v
 
 void Store::Impl::NotePrefixSightings(const Hash128& model, std::string_view ns, const std::vector<std::uint64_t>& h,
                                       std::size_t levels) {
-  const std::size_t cap = std::max<std::size_t>(opts.sighting_capacity, 1) * 4;
+  const std::size_t cap = std::max<std::size_t>(opts.eviction.sighting_capacity, 1) * 4;
   std::vector<std::uint64_t> keys;
   keys.reserve(levels);
   for (std::size_t a = 1; a <= levels && a < h.size(); ++a) keys.push_back(PrefixSightingKey(model, ns, a, h[a]));
@@ -253,7 +295,7 @@ void Store::Impl::NotePrefixSightings(const Hash128& model, std::string_view ns,
 Status Store::Impl::AdmitReused(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> tokens) {
   const std::uint32_t block = kSightingBlock;
   const std::size_t levels = tokens.size() / block;
-  const double share = std::clamp(opts.admit_reuse_share, 0.0, 1.0);
+  const double share = std::clamp(opts.eviction.admit_reuse_share, 0.0, 1.0);
   const auto need = static_cast<std::uint64_t>(std::ceil(share * static_cast<double>(tokens.size())));
   const std::size_t lowest = std::max<std::size_t>(1, (need + block - 1) / block);
   if (levels >= lowest) {

@@ -308,6 +308,11 @@ struct Store::Impl {
   // (Under write_mu, pass quarantine = false: a corrupt record then only
   // answers false.)
   Result<bool> TokensMatch(EntryId id, std::span<const std::uint32_t> tokens, bool quarantine);
+  // The longest stored boundary of `scope` whose tokens are a prefix of
+  // `tokens` (the whole of them included) and which `usable` accepts. Reads
+  // committed records only and quarantines nothing (for use under write_mu).
+  Result<std::optional<EntryId>> LongestStoredPrefix(std::uint64_t scope, std::span<const std::uint32_t> tokens,
+                                                     const std::function<bool(EntryId)>& usable);
   // The entry stored under exactly this identity, if any.
   Result<std::optional<EntryId>> FindIdentity(std::uint64_t scope, std::span<const std::uint32_t> tokens,
                                               const statestore_internal::BoundaryPlace& place,
@@ -458,6 +463,7 @@ class Txn {
   bool SegmentLive(std::uint64_t id) const;
   Result<std::optional<EntryId>> PickVictim(std::optional<EntryId> keep);
   Result<double> ExclusiveBytes(EntryId id, const EntrySummary& s);
+  Result<double> MarginalFlops(EntryId id, const EntrySummary& s);
 
   Store::Impl& s_;
   rocksdb::WriteBatch batch_;
@@ -467,6 +473,15 @@ class Txn {
   std::map<std::string, std::uint64_t> filter_base_;  // each N/X key's filter count before this batch
   std::vector<EntryId> dying_;
   std::set<EntryId> removed_;  // removed in this batch, or not to be picked again by eviction
+  // kMarginal's figures so far: an entry's stored parent (the longest shorter
+  // boundary of its tokens) and the FLOPs it saves beyond it; good while that
+  // parent is not removed. (The entry a publish's batch adds is not seen as
+  // a parent: its records are not committed yet.)
+  struct Marginal {
+    std::optional<EntryId> parent;
+    double flops = 0;
+  };
+  std::unordered_map<EntryId, Marginal> marginal_;
   std::vector<ScopeRecord> new_scopes_;  // created or rewritten in this batch
   std::map<std::uint64_t, std::optional<SegmentRecord>> segs_;  // changed segment records (nullopt: dropped)
   std::uint64_t dropped_bytes_ = 0;                              // chunk bytes that lost their last reference

@@ -132,7 +132,7 @@ Result<std::unique_ptr<Store>> Store::Impl::Open(StoreOptions options, std::shar
     return Invalid("max_chunk_bytes must be in [1, 1 GiB]");
   }
   if (options.validator == nullptr) return Invalid("a store needs a layer validator (StoreOptions::validator)");
-  if (options.utility_window == 0) options.utility_window = 1;
+  if (options.eviction.utility_window == 0) options.eviction.utility_window = 1;
   impl->path = options.path;
   impl->validator = options.validator;
   impl->hasher = &DefaultTokenHasher();

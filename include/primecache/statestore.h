@@ -212,6 +212,11 @@ struct ListOptions {
 enum class EvictionPolicy : std::uint8_t {
   kLru = 0,      // least recently used first
   kUtility = 1,  // Marconi-style: recency + alpha * (FLOPs saved / bytes freed), lowest first
+  // As kUtility, but an entry is credited only with the FLOPs it saves beyond
+  // the longest shorter boundary of its own tokens that is also stored (the
+  // prefill a hit on that one would still need): of one conversation's
+  // boundaries, the ones that add little over an older stored one go first.
+  kMarginal = 2,
 };
 
 // Which new boundaries a publish may store.
@@ -228,6 +233,30 @@ enum class AdmissionPolicy : std::uint8_t {
   kReuse = 1,
 };
 
+// Which entries a byte budget keeps: what a publish may store (admission)
+// and what goes first when space is short (eviction). One value from the
+// daemon's flags and config file, through the benches, to the store.
+struct EvictionOptions {
+  EvictionPolicy policy = EvictionPolicy::kLru;
+  double utility_alpha = 1.0;       // kUtility, kMarginal: weight of compute-per-byte against recency
+  std::size_t utility_window = 64;  // kUtility, kMarginal: oldest evictable entries compared per eviction
+  AdmissionPolicy admission = AdmissionPolicy::kAll;
+  std::uint32_t admit_after_sightings = 1;   // >1: a boundary is stored only once lookups missed it this often
+  std::size_t sighting_capacity = 1u << 16;  // boundaries whose sightings are remembered (in memory)
+  double admit_reuse_share = 0.25;  // kReuse: the share of a boundary an earlier lookup must have shared
+
+  friend bool operator==(const EvictionOptions&, const EvictionOptions&) = default;
+};
+
+// The names the daemon's --eviction and --admission take: "lru" | "utility"
+// | "marginal"; "all" | "seen-twice" | "reuse" (seen-twice sets
+// admit_after_sightings to 2, the others 1). kInvalidArgument naming the
+// choices otherwise; `options` is then unchanged.
+Status ParseEvictionPolicy(std::string_view name, EvictionOptions* options);
+Status ParseAdmission(std::string_view name, EvictionOptions* options);
+std::string_view EvictionPolicyName(EvictionPolicy policy);
+std::string_view AdmissionName(const EvictionOptions& options);
+
 struct StoreOptions {
   std::string path;    // the store's directory; empty: DefaultDataDir() + "/store"
   Env* env = nullptr;  // nullptr: Env::Default(); must outlive the store
@@ -241,13 +270,7 @@ struct StoreOptions {
   bool read_only = false;
 
   std::uint64_t byte_budget = 0;  // stored_bytes kept at or below this; 0: unlimited
-  EvictionPolicy eviction = EvictionPolicy::kLru;
-  double utility_alpha = 1.0;               // weight of compute-per-byte against recency
-  std::size_t utility_window = 64;          // oldest evictable entries the utility compares
-  std::uint32_t admit_after_sightings = 1;  // >1: a boundary is stored only once lookups missed it this often
-  std::size_t sighting_capacity = 1u << 16;  // boundaries whose sightings are remembered (in memory)
-  AdmissionPolicy admission = AdmissionPolicy::kAll;
-  double admit_reuse_share = 0.25;  // kReuse: the share of a boundary an earlier lookup must have shared
+  EvictionOptions eviction;
 
   // Creation-time format choices, recorded in the store; an existing store
   // keeps its own.

@@ -149,9 +149,9 @@ TEST(Replay, ASeedReplaysToTheSameHits) {
   const traces::Trace t = traces::Generate(traces::Kind::kChat, {11, 10, 0.3});
   const replay::ReplayResult unlimited = MustReplay(t, g, CodecStoreOptions());
   ASSERT_GT(unlimited.hit_tokens, 0u);
-  for (auto policy : {EvictionPolicy::kLru, EvictionPolicy::kUtility}) {
+  for (auto policy : {EvictionPolicy::kLru, EvictionPolicy::kUtility, EvictionPolicy::kMarginal}) {
     StoreOptions o = CodecStoreOptions();
-    o.eviction = policy;
+    o.eviction.policy = policy;
     const std::uint64_t budget = unlimited.peak_stored_bytes / 5;
     const replay::ReplayResult a = MustReplay(t, g, o, budget);
     const replay::ReplayResult b = MustReplay(traces::Generate(traces::Kind::kChat, {11, 10, 0.3}), g, o, budget);
@@ -169,10 +169,10 @@ TEST(Replay, TheBudgetHoldsAfterEveryAcknowledgedPublish) {
   const traces::Trace t = traces::Generate(traces::Kind::kAgentic, {3, 3, 0.2});
   const replay::ReplayResult unlimited = MustReplay(t, g, CodecStoreOptions());
   for (double share : {0.02, 0.1, 0.5}) {
-    for (auto policy : {EvictionPolicy::kLru, EvictionPolicy::kUtility}) {
+    for (auto policy : {EvictionPolicy::kLru, EvictionPolicy::kUtility, EvictionPolicy::kMarginal}) {
       StoreOptions o = CodecStoreOptions();
-      o.eviction = policy;
-      o.utility_window = 8;
+      o.eviction.policy = policy;
+      o.eviction.utility_window = 8;
       const auto budget = static_cast<std::uint64_t>(share * static_cast<double>(unlimited.peak_stored_bytes));
       const replay::ReplayResult r = MustReplay(t, g, o, budget);
       EXPECT_EQ(r.over_budget, 0u) << share;
@@ -185,14 +185,14 @@ TEST(Replay, TheBudgetHoldsAfterEveryAcknowledgedPublish) {
 // ---- leases ---------------------------------------------------------------------------------
 
 TEST(Replay, LeasedEntriesAreNeverEvicted) {
-  for (auto policy : {EvictionPolicy::kLru, EvictionPolicy::kUtility}) {
+  for (auto policy : {EvictionPolicy::kLru, EvictionPolicy::kUtility, EvictionPolicy::kMarginal}) {
     const std::uint64_t one = [] {
       MemStore m;
       MustPublish(*m.store, Conversation(300, 1));
       return m.store->Stat()->stored_bytes;
     }();
     StoreOptions o = CodecStoreOptions();
-    o.eviction = policy;
+    o.eviction.policy = policy;
     o.byte_budget = one * 6;
     MemStore m(o);
     std::vector<Lease> leases;
@@ -236,9 +236,9 @@ TEST(Utility, EvictsTheLowestScoreComputedByHand) {
   };
   for (const Case c : {Case{0.0, 0}, Case{0.2, 0}, Case{0.6, 1}, Case{5.0, 1}}) {
     StoreOptions o = CodecStoreOptions();
-    o.eviction = EvictionPolicy::kUtility;
-    o.utility_alpha = c.alpha;
-    o.utility_window = 3;
+    o.eviction.policy = EvictionPolicy::kUtility;
+    o.eviction.utility_alpha = c.alpha;
+    o.eviction.utility_window = 3;
     MemStore m(o);
     std::vector<EntryInfo> e;
     for (std::size_t i = 0; i < lengths.size(); ++i) {
@@ -266,8 +266,8 @@ TEST(Utility, EvictsTheLowestScoreComputedByHand) {
 
 TEST(Admission, ReuseStoresWhatAnEarlierLookupShared) {
   StoreOptions o = CodecStoreOptions();
-  o.admission = AdmissionPolicy::kReuse;
-  o.admit_reuse_share = 0.5;
+  o.eviction.admission = AdmissionPolicy::kReuse;
+  o.eviction.admit_reuse_share = 0.5;
   o.block_tokens = 64;
   MemStore m(o);
   const auto conv = Conversation(1000, 9);

@@ -1,5 +1,6 @@
-// Capacity: LRU order and the byte budget, the utility policy, leases
-// (explicit and during a fetch), and admission after N sightings.
+// Capacity: LRU order and the byte budget, the utility and marginal
+// policies and their option names, leases (explicit and during a fetch),
+// and admission after N sightings.
 #include <thread>
 
 #include "store_test_util.h"
@@ -89,7 +90,7 @@ TEST(Eviction, UtilityKeepsWhatSavesTheMostComputePerByte) {
   for (auto policy : {EvictionPolicy::kLru, EvictionPolicy::kUtility}) {
     const std::uint64_t long_bytes = EntryBytes(2000), short_bytes = EntryBytes(100);
     StoreOptions o = CodecStoreOptions();
-    o.eviction = policy;
+    o.eviction.policy = policy;
     o.byte_budget = long_bytes + short_bytes * 2 + short_bytes / 2;
     MemStore m(o);
     EntryId big = MustPublish(*m.store, Conversation(2000, 1), 1, "", kModel);
@@ -116,8 +117,8 @@ TEST(Eviction, UtilityCountsOnlyTheBytesAnEvictionWouldFree) {
   // more than an unrelated entry of the same length, though it is older
   // (LRU, or a utility over whole entry sizes, would drop it).
   StoreOptions o = CodecStoreOptions();
-  o.eviction = EvictionPolicy::kUtility;
-  o.utility_alpha = 10;  // let compute per byte decide
+  o.eviction.policy = EvictionPolicy::kUtility;
+  o.eviction.utility_alpha = 10;  // let compute per byte decide
   MemStore m(o);
   auto conv = Conversation(1500, 1);
   EntryId shorter = MustPublish(*m.store, Prefix(conv, 1000), 1, "", kModel);
@@ -129,6 +130,86 @@ TEST(Eviction, UtilityCountsOnlyTheBytesAnEvictionWouldFree) {
   EXPECT_TRUE(Present(*m.store, shorter));
   EXPECT_TRUE(Present(*m.store, longer));
   ExpectConsistent(*m.store);
+}
+
+TEST(Eviction, MarginalCreditsABoundaryOnlyBeyondItsStoredParent) {
+  // b (oldest) stands alone; a2 extends a1 by one token. The utility credits
+  // a2 with the whole prefill of its 1001 tokens, so the old, unrelated b
+  // goes. Marginal credits a2 only with its last token beyond a1 (a hit on
+  // a1 would prefill just that one), so a2 goes and b, the only state of
+  // its conversation, stays. With model cost {1000, 2, 64}, one more token
+  // past 1000 saves 1000 + 2 * 64 * 1001 = 129128 FLOPs against b's
+  // 1000 * 1000 + 64 * 1000 * 1001 = 65064000.
+  for (auto policy : {EvictionPolicy::kUtility, EvictionPolicy::kMarginal}) {
+    StoreOptions o = CodecStoreOptions();
+    o.eviction.policy = policy;
+    o.eviction.utility_alpha = 100;  // compute per byte decides; recency breaks near-ties
+    MemStore m(o);
+    auto conv = Conversation(1001, 7);
+    EntryId b = MustPublish(*m.store, Conversation(1000, 8), 1, "", kModel);
+    EntryId a1 = MustPublish(*m.store, Prefix(conv, 1000), 1, "", kModel);
+    EntryId a2 = MustPublish(*m.store, conv, 1, "", kModel);
+    ASSERT_TRUE(m.store->SetByteBudget(m.store->Stat()->stored_bytes - 1).ok());
+    EXPECT_EQ(m.store->Stat()->evictions, 1u);
+    EXPECT_TRUE(Present(*m.store, a1));
+    if (policy == EvictionPolicy::kUtility) {
+      EXPECT_FALSE(Present(*m.store, b)) << "utility: the old whole conversation is worth least per byte";
+      EXPECT_TRUE(Present(*m.store, a2));
+    } else {
+      EXPECT_TRUE(Present(*m.store, b)) << "marginal: b is the only stored state of its tokens";
+      EXPECT_FALSE(Present(*m.store, a2)) << "marginal: a2 adds one token's prefill over a1";
+    }
+    ExpectConsistent(*m.store);
+  }
+}
+
+TEST(Eviction, MarginalCreditsAChildWhollyOnceItsParentIsEvicted) {
+  // a1 < a2 < a3 of one conversation, each one token longer, and two
+  // unrelated entries u1, u2. Evicting three: marginal drops a3, then a2
+  // (whose parent a1 is still there); a1, now the only boundary of its
+  // conversation, is credited whole and stays while u1 goes.
+  StoreOptions o = CodecStoreOptions();
+  o.eviction.policy = EvictionPolicy::kMarginal;
+  o.eviction.utility_alpha = 100;
+  MemStore m(o);
+  auto conv = Conversation(1002, 11);
+  EntryId u1 = MustPublish(*m.store, Conversation(1000, 12), 1, "", kModel);
+  EntryId a1 = MustPublish(*m.store, Prefix(conv, 1000), 1, "", kModel);
+  EntryId a2 = MustPublish(*m.store, Prefix(conv, 1001), 1, "", kModel);
+  EntryId a3 = MustPublish(*m.store, conv, 1, "", kModel);
+  EntryId u2 = MustPublish(*m.store, Conversation(1000, 13), 1, "", kModel);
+  const std::uint64_t all = m.store->Stat()->stored_bytes;
+  const std::uint64_t whole = EntryBytes(1000);
+  ASSERT_TRUE(m.store->SetByteBudget(all - whole - 1).ok());
+  EXPECT_FALSE(Present(*m.store, a3));
+  EXPECT_FALSE(Present(*m.store, a2));
+  EXPECT_FALSE(Present(*m.store, u1)) << "the older of the two whole conversations";
+  EXPECT_TRUE(Present(*m.store, a1)) << "a1 lost its children and is now credited whole";
+  EXPECT_TRUE(Present(*m.store, u2));
+  ExpectConsistent(*m.store);
+}
+
+TEST(EvictionOptions, NamesParseBothWaysAndABadOneChangesNothing) {
+  for (auto policy : {EvictionPolicy::kLru, EvictionPolicy::kUtility, EvictionPolicy::kMarginal}) {
+    EvictionOptions o;
+    ASSERT_TRUE(ParseEvictionPolicy(EvictionPolicyName(policy), &o).ok());
+    EXPECT_EQ(o.policy, policy);
+  }
+  for (const char* name : {"all", "seen-twice", "reuse", "all"}) {
+    EvictionOptions o;
+    ASSERT_TRUE(ParseAdmission(name, &o).ok());
+    EXPECT_EQ(AdmissionName(o), name);
+  }
+  EvictionOptions o;
+  ASSERT_TRUE(ParseAdmission("seen-twice", &o).ok());
+  ASSERT_TRUE(ParseAdmission("reuse", &o).ok());
+  EXPECT_EQ(o.admit_after_sightings, 1u) << "reuse does not also wait for sightings";
+  const EvictionOptions before = o;
+  Status s = ParseEvictionPolicy("lfu", &o);
+  EXPECT_TRUE(s.IsInvalidArgument());
+  EXPECT_NE(s.message().find("lru, utility or marginal"), std::string::npos) << s.message();
+  EXPECT_TRUE(ParseAdmission("sometimes", &o).IsInvalidArgument());
+  EXPECT_EQ(o, before);
 }
 
 TEST(Eviction, LeasesProtectEntries) {
@@ -205,7 +286,7 @@ TEST(Eviction, AFetchLeasesItsEntryWhileItRuns) {
 
 TEST(Admission, ABoundaryMustBeSeenNTimesFirst) {
   StoreOptions o = CodecStoreOptions();
-  o.admit_after_sightings = 2;
+  o.eviction.admit_after_sightings = 2;
   MemStore m(o);
   auto t = Conversation(200, 1);
   auto layers = MakeLayers(t, kModel);
@@ -234,8 +315,8 @@ TEST(Admission, ABoundaryMustBeSeenNTimesFirst) {
 
 TEST(Admission, SightingsAreBoundedInMemory) {
   StoreOptions o = CodecStoreOptions();
-  o.admit_after_sightings = 2;
-  o.sighting_capacity = 4;
+  o.eviction.admit_after_sightings = 2;
+  o.eviction.sighting_capacity = 4;
   MemStore m(o);
   auto t = Conversation(50, 1);
   m.store->RecordSighting(ModelDigest(1), "", t);

@@ -708,7 +708,7 @@ TEST(StoreDescriptor, KeptCheckedAndReturned) {
 // as stored, never refused.
 TEST(StoreAdmission, AStoredBoundaryIsNeverRefused) {
   StoreOptions o = CodecStoreOptions();
-  o.admit_after_sightings = 2;
+  o.eviction.admit_after_sightings = 2;
   MemStore m(o);
   auto tokens = Conversation(64, 8);
   EXPECT_EQ(m.store->BeginPublish(Request(tokens)).status().code(), StatusCode::kAborted);

@@ -39,7 +39,7 @@ struct Options {
   std::uint32_t scale = 32;
   std::string traces = "chat,agentic,fewshot,documents";
   std::string budgets = "0.02,0.05,0.1,0.25,0.5";
-  std::string policies = "lru,utility-a0.25,utility-a1,utility-a4,lru-reuse,utility-reuse,lru-seen2";
+  std::string policies = "lru,utility-a0.25,utility-a1,utility-a4,marginal-a1,marginal-a4,lru-reuse,utility-reuse,lru-seen2";
   std::string boundaries = "branch";
   std::uint64_t seed = 1;
   bool short_run = false;
@@ -53,41 +53,47 @@ struct Options {
   bool no_cost = false;
 };
 
-// One policy: eviction, its parameters and admission, by name.
+// One policy, by name: eviction, its parameters and admission.
 struct Policy {
   std::string name;
-  EvictionPolicy eviction = EvictionPolicy::kLru;
-  double alpha = 1.0;
-  std::size_t window = 64;
-  AdmissionPolicy admission = AdmissionPolicy::kAll;
-  std::uint32_t admit_after = 1;
-  double reuse_share = 0.5;
+  EvictionOptions eviction;
 };
 
-// "lru", "utility" with "-aALPHA" / "-wWINDOW", then "-reuse", "-reuseSHARE" or "-seen2".
+// Reads the parts after a policy's eviction name: "-aALPHA" / "-wWINDOW"
+// (utility and marginal only), then "-reuse", "-reuseSHARE" or "-seen2".
+Status ParsePolicyPart(const std::string& part, EvictionOptions* e) {
+  const bool weighs = e->policy != EvictionPolicy::kLru;
+  if (part.starts_with("a") && weighs) {
+    e->utility_alpha = std::stod(part.substr(1));
+  } else if (part.starts_with("w") && weighs) {
+    e->utility_window = std::stoul(part.substr(1));
+  } else if (part == "seen2") {
+    return ParseAdmission("seen-twice", e);
+  } else if (part.starts_with("reuse")) {
+    PC_RETURN_IF_ERROR(ParseAdmission("reuse", e));
+    if (part.size() > 5) e->admit_reuse_share = std::stod(part.substr(5));
+  } else {
+    return Status::InvalidArgument("unknown part '" + part + "'");
+  }
+  return Status::Ok();
+}
+
+// "lru", "utility" or "marginal" (the daemon's --eviction names), then parts
+// (ParsePolicyPart) joined by '-'.
 Result<Policy> ParsePolicy(const std::string& name) {
-  Policy p;
-  p.name = name;
+  Policy p{name, {}};
   std::stringstream in(name);
   std::string part;
   std::getline(in, part, '-');
-  if (part == "utility") {
-    p.eviction = EvictionPolicy::kUtility;
-  } else if (part != "lru") {
-    return Status::InvalidArgument("policy '" + name + "' starts with neither lru nor utility");
-  }
+  PC_RETURN_IF_ERROR(ParseEvictionPolicy(part, &p.eviction));
   while (std::getline(in, part, '-')) {
+    Status s;
     try {
-      if (part.starts_with("a") && p.eviction == EvictionPolicy::kUtility) p.alpha = std::stod(part.substr(1));
-      else if (part.starts_with("w") && p.eviction == EvictionPolicy::kUtility) p.window = std::stoul(part.substr(1));
-      else if (part == "seen2") p.admit_after = 2;
-      else if (part.starts_with("reuse")) {
-        p.admission = AdmissionPolicy::kReuse;
-        if (part.size() > 5) p.reuse_share = std::stod(part.substr(5));
-      } else return Status::InvalidArgument("policy '" + name + "': unknown part '" + part + "'");
+      s = ParsePolicyPart(part, &p.eviction);
     } catch (const std::exception&) {
-      return Status::InvalidArgument("policy '" + name + "': bad number in '" + part + "'");
+      s = Status::InvalidArgument("bad number in '" + part + "'");
     }
+    if (!s.ok()) return Status::InvalidArgument("policy '" + name + "': " + s.message());
   }
   return p;
 }
@@ -144,11 +150,6 @@ StoreOptions StoreOptionsFor(const Policy& p, const StateGeometry& g, std::uint6
   so.sync_commits = false;  // a throwaway store: the figures are counts, not times
   so.byte_budget = budget / g.scale;
   so.eviction = p.eviction;
-  so.utility_alpha = p.alpha;
-  so.utility_window = p.window;
-  so.admission = p.admission;
-  so.admit_after_sightings = p.admit_after;
-  so.admit_reuse_share = p.reuse_share;
   so.fetch_read_threads = 0;
   // No background segment rewriting: it would only move dead bytes around
   // (the budget counts live bytes) and take the CPU the replays need.
@@ -209,13 +210,11 @@ class DaemonTarget final : public replay::Target {
 };
 
 std::vector<std::string> DaemonArgs(const Policy& p, const StateGeometry& g, std::uint64_t budget) {
-  std::vector<std::string> a = {"--capacity", std::to_string(budget / g.scale), "--log-level", "warn",
-                                "--eviction", p.eviction == EvictionPolicy::kLru ? "lru" : "utility",
-                                "--utility-alpha", std::to_string(p.alpha), "--utility-window",
-                                std::to_string(p.window), "--admit-reuse-share", std::to_string(p.reuse_share)};
-  a.push_back("--admission");
-  a.push_back(p.admission == AdmissionPolicy::kReuse ? "reuse" : p.admit_after > 1 ? "seen-twice" : "all");
-  return a;
+  const EvictionOptions& e = p.eviction;
+  return {"--capacity", std::to_string(budget / g.scale), "--log-level", "warn",
+          "--eviction", std::string(EvictionPolicyName(e.policy)), "--utility-alpha", std::to_string(e.utility_alpha),
+          "--utility-window", std::to_string(e.utility_window), "--admit-reuse-share",
+          std::to_string(e.admit_reuse_share), "--admission", std::string(AdmissionName(e))};
 }
 
 // The same replay through a real primecached (its store's commits synced, as it serves).
@@ -315,7 +314,7 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--traces", o.traces, "comma-separated: chat, agentic, fewshot, documents");
   app.add_option("--budgets", o.budgets, "byte budgets as shares of the trace's whole state, comma-separated");
   app.add_option("--policies", o.policies,
-                 "comma-separated: lru | utility[-aALPHA][-wWINDOW], then -reuse[SHARE] or -seen2 (admission)");
+                 "comma-separated: lru | utility[-aALPHA][-wWINDOW] | marginal[-aALPHA][-wWINDOW], then -reuse[SHARE] or -seen2 (admission)");
   app.add_option("--boundaries", o.boundaries, "end: each prompt's end only; branch: also its branch point")
       ->check(CLI::IsMember({"end", "branch"}));
   app.add_option("--seed", o.seed, "trace seed");
@@ -340,7 +339,7 @@ void ApplyShort(Options& o) {
   o.budgets = "0.05,0.25";
   // The first is the one replayed through the daemon too: admission by
   // reuse there exercises the daemon's flags and its lookups' sightings.
-  o.policies = "lru-reuse0.25,lru,utility-a1";
+  o.policies = "lru-reuse0.25,lru,utility-a1,marginal-a1";
   o.length_scale = 0.2;
   if (o.conversations == 0) o.conversations = 4;
 }

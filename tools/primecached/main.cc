@@ -209,10 +209,11 @@ void AddFlags(CLI::App* app, Flags* f) {
                   "store directory (default $XDG_DATA_HOME/primecache); made private (0700, files 0600) at start");
   app->add_option("--capacity", f->capacity, "store byte budget, e.g. 64G (0: unlimited)");
   app->add_option("--eviction", f->eviction,
-                  "which entries go when the budget is reached: lru, or utility (recency + FLOPs saved per byte)");
-  app->add_option("--utility-alpha", f->utility_alpha, "utility: weight of FLOPs saved per byte against recency")
+                  "which entries go when the budget is reached: lru, utility (recency + FLOPs saved per byte), or "
+                  "marginal (as utility, counting only the FLOPs saved beyond the longest shorter stored boundary)");
+  app->add_option("--utility-alpha", f->utility_alpha, "utility, marginal: weight of FLOPs saved per byte against recency")
       ->check(CLI::Range(0.0, 1e6));
-  app->add_option("--utility-window", f->utility_window, "utility: oldest entries compared per eviction")
+  app->add_option("--utility-window", f->utility_window, "utility, marginal: oldest entries compared per eviction")
       ->check(CLI::Range(1, 1 << 20));
   app->add_option("--admission", f->admission,
                   "which boundaries are stored: all, seen-twice (after two missed lookups), or reuse (a prefix an "
@@ -410,11 +411,11 @@ int main(int argc, char** argv) {
   auto read_ahead = ParseBytes(f.read_ahead);
   if (!read_ahead.ok()) return Fail(read_ahead.status());
   sc.read_ahead_bytes = *read_ahead;
-  if (Status s = primecache::ipc::ParseEviction(f.eviction, &sc); !s.ok()) return Fail(s);
-  if (Status s = primecache::ipc::ParseAdmission(f.admission, &sc); !s.ok()) return Fail(s);
-  sc.utility_alpha = f.utility_alpha;
-  sc.utility_window = f.utility_window;
-  sc.admit_reuse_share = f.admit_reuse_share;
+  if (Status s = primecache::ParseEvictionPolicy(f.eviction, &sc.eviction); !s.ok()) return Fail(s);
+  if (Status s = primecache::ParseAdmission(f.admission, &sc.eviction); !s.ok()) return Fail(s);
+  sc.eviction.utility_alpha = f.utility_alpha;
+  sc.eviction.utility_window = f.utility_window;
+  sc.eviction.admit_reuse_share = f.admit_reuse_share;
   auto store = primecache::ipc::OpenStore(sc);
   if (!store.ok()) return Fail(store.status());
   store = WithRemoteTier(f, std::move(store).value());
