@@ -9,6 +9,7 @@
 #include <random>
 
 #include "remote/tier.h"
+#include "tests/remote/random_entry.h"
 #include "tests/remote/redis_cluster_harness.h"
 
 namespace primecache::remote {
@@ -22,29 +23,10 @@ using testing::RedisCluster;
 constexpr std::uint64_t kHeadroom = 4u << 20;
 constexpr std::uint32_t kEntries = 160;
 
-struct Stored {
-  PublishRequest request;
-  std::vector<LayerBytes> layers;
-};
+using Stored = testing::RandomEntry;
 
 Stored MakeEntry(std::uint32_t i) {
-  Stored s;
-  s.request.model = Hash128{0x99, 0xaa};
-  s.request.model_name = "evict-model";
-  s.request.ns = "ns";
-  std::mt19937 rng(7000 + i);
-  s.request.tokens.resize(100 + i);
-  for (auto& t : s.request.tokens) t = rng() % 50000;
-  s.layers.resize(2);
-  for (std::size_t l = 0; l < s.layers.size(); ++l) {
-    s.layers[l].header = "header " + std::to_string(i) + "/" + std::to_string(l);
-    for (int c = 0; c < 2; ++c) {
-      std::string chunk(24 << 10, '\0');
-      for (char& b : chunk) b = static_cast<char>(rng());
-      s.layers[l].chunks.push_back(std::move(chunk));
-    }
-  }
-  return s;
+  return testing::MakeRandomEntry({Hash128{0x99, 0xaa}, "evict-model", 7000 + i, 100 + i, 24 << 10, 24 << 10}, i);
 }
 
 std::uint64_t InfoField(const Endpoint& at, const std::string& section, const std::string& field) {

@@ -14,6 +14,7 @@
 
 #include "remote/key_slot.h"
 #include "remote/tier.h"
+#include "tests/remote/random_entry.h"
 #include "tests/remote/redis_cluster_harness.h"
 
 namespace primecache::remote {
@@ -21,30 +22,11 @@ namespace {
 
 using testing::RedisCluster;
 
-struct Stored {
-  PublishRequest request;
-  std::vector<LayerBytes> layers;
-};
+using Stored = testing::RandomEntry;
 
 // Entry i: its own tokens (no entry's tokens prefix another's) and chunks.
 Stored MakeEntry(std::uint32_t i) {
-  Stored s;
-  s.request.model = Hash128{0x77, 0x88};
-  s.request.model_name = "reshard-model";
-  s.request.ns = "ns";
-  std::mt19937 rng(1000 + i);
-  s.request.tokens.resize(200 + i % 50);
-  for (auto& t : s.request.tokens) t = rng() % 50000;
-  s.layers.resize(2);
-  for (std::size_t l = 0; l < s.layers.size(); ++l) {
-    s.layers[l].header = "header " + std::to_string(i) + "/" + std::to_string(l);
-    for (int c = 0; c < 2; ++c) {
-      std::string chunk(2000 + rng() % 6000, '\0');
-      for (char& b : chunk) b = static_cast<char>(rng());
-      s.layers[l].chunks.push_back(std::move(chunk));
-    }
-  }
-  return s;
+  return testing::MakeRandomEntry({Hash128{0x77, 0x88}, "reshard-model", 1000 + i, 200 + i % 50, 2000, 7999}, i);
 }
 
 bool SameLayers(const std::vector<LayerBytes>& a, const std::vector<LayerBytes>& b) {
