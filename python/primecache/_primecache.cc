@@ -27,7 +27,8 @@ ErrorClasses& Errors() {
   return classes;
 }
 
-py::handle NewError(py::module_& m, const char* name, py::handle bases, const char* doc, py::dict attrs) {
+py::handle NewError(py::module_& m, const char* name, py::handle bases, const char* doc,
+                    const py::dict& attrs) {
   const std::string qualified = "primecache." + std::string(name);
   PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), attrs.ptr());
   if (cls == nullptr) throw py::error_already_set();
@@ -45,7 +46,8 @@ void BindErrors(py::module_& m) {
   e.base = NewError(m, "Error", PyExc_Exception,
                     "A primecache call failed: .code names the status code, .message says why.", attrs);
   auto sub = [&](const char* name, PyObject* builtin, const char* doc) {
-    return NewError(m, name, py::make_tuple(e.base, py::handle(builtin)).release(), doc, py::dict());
+    const py::tuple bases = py::make_tuple(e.base, py::handle(builtin));
+    return NewError(m, name, bases, doc, py::dict());
   };
   e.not_found = sub("NotFoundError", PyExc_KeyError, "No such entry (status 'not found').");
   e.invalid_argument = sub("InvalidArgumentError", PyExc_ValueError, "A request refused as invalid.");

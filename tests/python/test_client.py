@@ -99,6 +99,14 @@ def test_publish_lookup_fetch_round_trip(client):
     assert again.existed and again.id == pub.id
 
 
+def test_round_trip_through_shared_memory(daemon):
+    rng = np.random.default_rng(12)
+    layers, tokens, model = make_layers(rng), tokens_of(rng), model_id()
+    with primecache.connect(daemon.socket, shared_memory=True, shared_memory_bytes=1 << 20, timeout=15) as c:
+        entry = c.publish(model, tokens, layers, transform="raw/v1").id
+        assert_same_bits(layers, c.fetch(entry))
+
+
 def test_fetch_some_layers(client):
     rng = np.random.default_rng(2)
     layers, tokens, model = make_layers(rng), tokens_of(rng), model_id()
