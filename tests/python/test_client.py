@@ -5,6 +5,7 @@ errors, the zero-copy views and the released GIL."""
 import ast
 import gc
 import pathlib
+import signal
 import socket
 import threading
 import time
@@ -334,7 +335,33 @@ def test_a_blocking_call_releases_the_gil(tmp_path):
     assert pause < 1.0, pause
 
 
-def test_concurrent_fetches_from_threads(client):
+CALLS = {
+    "lookup": lambda c, entry, layers: c.lookup(model_id(), tokens_of(np.random.default_rng(0))),
+    "fetch": lambda c, entry, layers: c.fetch(entry),
+    "describe": lambda c, entry, layers: c.describe(entry),
+    "stats": lambda c, entry, layers: c.stats(),
+    "publish": lambda c, entry, layers: c.publish(model_id(), tokens_of(np.random.default_rng(1)), layers),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_calls_release_the_gil_while_the_daemon_is_silent(daemon, call):
+    rng = np.random.default_rng(13)
+    layers = make_layers(rng)
+    with primecache.connect(daemon.socket, timeout=1.0) as c, Counter() as counter:
+        entry = c.publish(model_id(), tokens_of(rng), layers).id
+        daemon.proc.send_signal(signal.SIGSTOP)  # the daemon stops answering
+        try:
+            counter.longest_pause = 0.0
+            with pytest.raises(primecache.DeadlineExceededError):
+                CALLS[call](c, entry, layers)
+            pause = counter.longest_pause
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+    assert pause < 0.5, pause
+
+
+def test_concurrent_fetches_from_two_threads(client):
     rng = np.random.default_rng(11)
     length = 4096
     latent = primecache.LatentShape(len=length, width=512)  # 8 MiB of latent rows
@@ -352,14 +379,13 @@ def test_concurrent_fetches_from_threads(client):
         except Exception as e:  # noqa: BLE001  (reported by the main thread)
             errors.append(e)
 
-    with Counter() as counter:
-        threads = [threading.Thread(target=fetch_loop, args=(r,)) for r in results]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    threads = [threading.Thread(target=fetch_loop, args=(r,)) for r in results]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     assert not errors
-    assert counter.value > 0
+    assert [len(r) for r in results] == [4, 4]
     for got in results[0] + results[1]:
         assert np.array_equal(got, planes["latent_rows"])
 
