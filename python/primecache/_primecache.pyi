@@ -1,0 +1,258 @@
+"""Type stubs of primecache._primecache (python/primecache/*.cc)."""
+
+from enum import Enum
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+Tokens = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
+Planes = Union[Mapping[str, npt.NDArray[np.float32]], Sequence[npt.NDArray[np.float32]]]
+
+class Error(Exception):
+    code: str
+    message: str
+
+class NotFoundError(Error, KeyError): ...
+class InvalidArgumentError(Error, ValueError): ...
+class UnavailableError(Error, ConnectionError): ...
+class DeadlineExceededError(Error, TimeoutError): ...
+
+class LatentShape:
+    len: int
+    width: int
+    index_width: int
+    pool: int
+    pools_ready: int
+    index_is_ring: bool
+    index_ring_rows: int
+    def __init__(self, *, len: int = ..., width: int = ..., index_width: int = ..., pool: int = ...,
+                 pools_ready: int = ..., index_is_ring: bool = ..., index_ring_rows: int = ...) -> None: ...
+    def tail_rows(self) -> int: ...
+
+class RecurrentShape:
+    heads: int
+    head_dim: int
+    kernel: int
+    def __init__(self, *, heads: int = ..., head_dim: int = ..., kernel: int = ...) -> None: ...
+
+class KvFormat:
+    window: int
+    quant_bits: int
+    head_dim: int
+    signs_digest: int
+    def __init__(self, *, window: int = ..., quant_bits: int = ..., head_dim: int = ...,
+                 signs_digest: int = ...) -> None: ...
+
+class KvShape:
+    len: int
+    k_width: int
+    v_width: int
+    format: KvFormat
+    rows: int
+    def __init__(self, *, len: int = ..., k_width: int = ..., v_width: int = ..., format: KvFormat = ...,
+                 rows: int = ...) -> None: ...
+    def held_rows(self) -> int: ...
+
+LayerShape = Union[LatentShape, RecurrentShape, KvShape]
+
+class Hash128:
+    lo: int
+    hi: int
+    def __init__(self, *, lo: int = ..., hi: int = ...) -> None: ...
+
+class ModelFingerprint:
+    architecture: str
+    plan_digest: Hash128
+    weights_digest: Hash128
+    codec_versions: list[str]
+    def __init__(self, *, architecture: str = ..., plan_digest: Hash128 = ..., weights_digest: Hash128 = ...,
+                 codec_versions: list[str] = ...) -> None: ...
+    def digest(self) -> Hash128: ...
+    def encode(self) -> bytes: ...
+
+class ModelId:
+    digest: Hash128
+    name: str
+    descriptor: bytes
+    def __init__(self, *, digest: Hash128 = ..., name: str = ..., descriptor: bytes = ...) -> None: ...
+    @staticmethod
+    def from_fingerprint(fingerprint: ModelFingerprint, name: str = "") -> ModelId: ...
+
+def codec_identities() -> list[str]: ...
+
+class ClientOptions:
+    endpoint: str
+    client_name: str
+    ns: str
+    timeout: float
+    connect_timeout: float
+    reconnect_attempts: int
+    reconnect_backoff: float
+    shared_memory: bool
+    shared_memory_bytes: int
+    def __init__(self, *, endpoint: str = ..., client_name: str = ..., ns: str = ..., timeout: float = ...,
+                 connect_timeout: float = ..., reconnect_attempts: int = ..., reconnect_backoff: float = ...,
+                 shared_memory: bool = ..., shared_memory_bytes: int = ...) -> None: ...
+
+class ServerInfo:
+    version: int
+    server: str
+    max_message_bytes: int
+    max_chunk_bytes: int
+    max_publishes_in_flight: int
+    admin: bool
+    device_copies: bool
+
+class EntryState(Enum):
+    LIVE = 0
+    QUARANTINED = 1
+
+class LookupHit:
+    id: int
+    length: int
+    layers: int
+    chunk_bytes: int
+    raw_bytes: int
+
+class PublishResult:
+    id: int
+    existed: bool
+    new_chunk_bytes: int
+    shared_chunk_bytes: int
+    evicted: int
+
+class EntryInfo:
+    id: int
+    state: EntryState
+    model: Hash128
+    model_name: str
+    model_descriptor: bytes
+    ns: str
+    length: int
+    tokens: list[int]
+    layers: int
+    chunk_bytes: int
+    raw_bytes: int
+    meta_bytes: int
+    flops: float
+    created_unix_ms: int
+    last_access: int
+    hits: int
+    reason: str
+    quarantined: bool
+
+class EntryDetail:
+    info: EntryInfo
+    layer_headers: list[bytes]
+
+class ListPage:
+    entries: list[EntryInfo]
+    next_page_token: str
+
+class VerifyResult:
+    ok: bool
+    message: str
+    layers: int
+    bytes: int
+
+class StoreStats:
+    entries: int
+    quarantined: int
+    chunks: int
+    stored_bytes: int
+    logical_bytes: int
+    raw_bytes: int
+    dedup_saved_bytes: int
+    hits: int
+    misses: int
+    evictions: int
+    admission_refusals: int
+    active_leases: int
+    byte_budget: int
+    disk_bytes: int
+    staged_bytes: int
+    write_error: str
+
+class RemoteStats:
+    hits: int
+    misses: int
+    errors: int
+    misses_cached: int
+    fetched_bytes: int
+    queued: int
+    put: int
+    dropped: int
+    put_bytes: int
+    queue_depth: int
+    evicted: int
+    damaged: int
+    breaker_open: bool
+    breaker_opens: int
+    fast_failures: int
+    moved: int
+    asked: int
+
+class DaemonStats:
+    store: StoreStats
+    connections: int
+    publishes_in_flight: int
+    uncommitted_bytes: int
+    remote: Optional[RemoteStats]
+
+class ChunkRecord:
+    raw_bytes: int
+    encoded_bytes: int
+    raw_checksum: int
+    encoded_checksum: int
+
+class PlaneRecord:
+    name: str
+    transform: str
+    level: int
+    rows: int
+    row_width: int
+    chunk_rows: int
+    chunks: list[ChunkRecord]
+
+class LayerHeader:
+    kind: str
+    shape: LayerShape
+    planes: list[PlaneRecord]
+    chunk_count: int
+
+def parse_layer_header(header: bytes) -> LayerHeader: ...
+
+class FetchBuffer:
+    fetched_bytes: int
+    copied_bytes: int
+
+class FetchedLayer:
+    layer: int
+    header_bytes: bytes
+    header: Optional[LayerHeader]
+    shape: Optional[LayerShape]
+    planes: dict[str, npt.NDArray[np.float32]]
+    chunks: list[npt.NDArray[np.uint8]]
+
+LayerInput = Union[Tuple[LayerShape, Planes], FetchedLayer]
+
+class Client:
+    @staticmethod
+    def connect(options: ClientOptions) -> Client: ...
+    def lookup(self, model: ModelId, tokens: Tokens) -> Optional[LookupHit]: ...
+    def publish(self, model: ModelId, tokens: Tokens, layers: Sequence[LayerInput], *,
+                transform: Optional[str] = None, level: int = 0, chunk_bytes: int = 1048576) -> PublishResult: ...
+    def fetch(self, entry: int, layers: Optional[Sequence[int]] = None, *, decode: bool = True) -> list[FetchedLayer]: ...
+    def describe(self, entry: int, layer_headers: bool = False) -> EntryDetail: ...
+    def stats(self) -> DaemonStats: ...
+    def list(self, model: Optional[Hash128] = None, page_size: int = 100, page_token: str = "",
+             omit_tokens: bool = False) -> ListPage: ...
+    def verify(self, entry: int) -> VerifyResult: ...
+    @property
+    def server_info(self) -> ServerInfo: ...
+    @property
+    def connected(self) -> bool: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Client: ...
+    def __exit__(self, *args: object) -> None: ...

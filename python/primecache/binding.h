@@ -1,0 +1,102 @@
+// Shared pieces of the Python binding (python/primecache/*.cc): how a
+// Status becomes a Python exception, and how a client call runs without the
+// GIL. Internal to the module; not a public header.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "primecache/client.h"
+#include "primecache/codec.h"
+#include "primecache/status.h"
+
+namespace primecache::python {
+
+namespace py = pybind11;
+
+// Creates the exception classes (primecache.Error and its subclasses by
+// status code) in `m`. Called once, from the module's init.
+void BindErrors(py::module_& m);
+
+// Raises the exception class of s.code() carrying s.message() (and the code's
+// name as its `code` attribute). Requires the GIL and a non-OK status.
+[[noreturn]] void Raise(const Status& s);
+
+inline void ThrowIfError(const Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+template <typename T>
+T ValueOrRaise(Result<T> r) {
+  if (!r.ok()) Raise(r.status());
+  return std::move(r).value();
+}
+
+// Runs f() with the GIL released: every call into the client (socket I/O,
+// encoding, decoding) goes through here, so other Python threads run
+// meanwhile. f must not touch Python objects.
+template <typename F>
+auto WithoutGil(F&& f) -> decltype(f()) {
+  py::gil_scoped_release release;
+  return f();
+}
+
+// Token ids from any 1-D sequence or array of integers in [0, 2^32);
+// ValueError otherwise.
+std::vector<std::uint32_t> TokensFrom(py::handle tokens);
+
+// Keyword construction for any bound value: T() with each keyword set as its
+// attribute (TypeError for a name T has not).
+template <typename T>
+void KeywordInit(py::class_<T>& cls) {
+  cls.def(py::init([](const py::kwargs& kw) {
+    T value{};
+    py::object view = py::cast(&value, py::return_value_policy::reference);
+    for (auto [key, item] : kw) {
+      if (!py::hasattr(view, key)) {
+        throw py::type_error(std::string(py::str(py::type::of(view).attr("__name__"))) + " has no field '" +
+                             std::string(py::str(key)) + "'");
+      }
+      view.attr(key) = item;
+    }
+    return value;
+  }));
+}
+
+// A repr listing the given fields: "LookupHit(id=3, length=12, ...)".
+template <typename T>
+void FieldRepr(py::class_<T>& cls, std::vector<std::string> fields) {
+  cls.def("__repr__", [fields](const py::object& self) {
+    std::string s = std::string(py::str(py::type::of(self).attr("__name__"))) + "(";
+    for (std::size_t i = 0; i < fields.size(); ++i) {
+      s += (i ? ", " : "") + fields[i] + "=" + std::string(py::repr(self.attr(fields[i].c_str())));
+    }
+    return s + ")";
+  });
+}
+
+// client.cc: the entry and stats values (entry.h) and the Client class.
+void BindEntries(py::module_& m);
+void BindStats(py::module_& m);
+void BindClient(py::module_& m);
+
+// layers.cc: NumPy planes to and from the daemon.
+// Binds FetchBuffer, FetchedLayer, LayerHeader and its records.
+void BindLayers(py::module_& m);
+// Encodes each layer of `layers` ((shape, planes) pairs or objects with
+// .shape and .planes, planes by name or in stored order) and publishes them;
+// ValueError for arrays that do not fit their shape.
+PublishResult PublishArrays(client::Client& c, const client::ModelId& model,
+                            std::vector<std::uint32_t> tokens, py::sequence layers,
+                            const EncodeOptions& options);
+// Fetches an entry's layers (empty: all) as a list of FetchedLayer: decoded
+// float32 planes (views of the fetched bytes where a plane is one raw chunk)
+// or, without decode, the chunks' bytes as uint8 views.
+py::list FetchArrays(client::Client& c, std::uint64_t entry, std::vector<std::uint32_t> layers, bool decode);
+
+}  // namespace primecache::python

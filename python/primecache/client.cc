@@ -1,0 +1,225 @@
+// The entry and stats values (primecache/entry.h) and the Client class of
+// the Python binding. Every call into the daemon runs without the GIL.
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+
+#include "python/primecache/binding.h"
+
+namespace primecache::python {
+
+void BindEntries(py::module_& m) {
+  py::enum_<EntryState>(m, "EntryState")
+      .value("LIVE", EntryState::kLive)
+      .value("QUARANTINED", EntryState::kQuarantined);
+  py::class_<LookupHit> hit(m, "LookupHit", "The longest stored boundary that prefixes a query.");
+  hit.def_readonly("id", &LookupHit::id)
+      .def_readonly("length", &LookupHit::length)
+      .def_readonly("layers", &LookupHit::layers)
+      .def_readonly("chunk_bytes", &LookupHit::chunk_bytes)
+      .def_readonly("raw_bytes", &LookupHit::raw_bytes);
+  FieldRepr(hit, {"id", "length", "layers", "chunk_bytes", "raw_bytes"});
+  py::class_<PublishResult> pub(m, "PublishResult", "What a publish did.");
+  pub.def_readonly("id", &PublishResult::id)
+      .def_readonly("existed", &PublishResult::existed)
+      .def_readonly("new_chunk_bytes", &PublishResult::new_chunk_bytes)
+      .def_readonly("shared_chunk_bytes", &PublishResult::shared_chunk_bytes)
+      .def_readonly("evicted", &PublishResult::evicted);
+  FieldRepr(pub, {"id", "existed", "new_chunk_bytes", "shared_chunk_bytes", "evicted"});
+  py::class_<EntryInfo> info(m, "EntryInfo", "One stored entry.");
+  info.def_readonly("id", &EntryInfo::id)
+      .def_readonly("state", &EntryInfo::state)
+      .def_readonly("model", &EntryInfo::model)
+      .def_readonly("model_name", &EntryInfo::model_name)
+      .def_property_readonly("model_descriptor",
+                             [](const EntryInfo& e) { return py::bytes(e.model_descriptor); })
+      .def_readonly("ns", &EntryInfo::ns)
+      .def_readonly("length", &EntryInfo::length)
+      .def_readonly("tokens", &EntryInfo::tokens)
+      .def_readonly("layers", &EntryInfo::layers)
+      .def_readonly("chunk_bytes", &EntryInfo::chunk_bytes)
+      .def_readonly("raw_bytes", &EntryInfo::raw_bytes)
+      .def_readonly("meta_bytes", &EntryInfo::meta_bytes)
+      .def_readonly("flops", &EntryInfo::flops)
+      .def_readonly("created_unix_ms", &EntryInfo::created_unix_ms)
+      .def_readonly("last_access", &EntryInfo::last_access)
+      .def_readonly("hits", &EntryInfo::hits)
+      .def_readonly("reason", &EntryInfo::reason)
+      .def_property_readonly("quarantined", &EntryInfo::quarantined);
+  FieldRepr(info, {"id", "model_name", "ns", "length", "layers", "chunk_bytes", "hits"});
+  py::class_<EntryDetail> detail(m, "EntryDetail",
+                                 "An entry and, when asked for, its layers' serialized headers.");
+  detail.def_readonly("info", &EntryDetail::info)
+      .def_property_readonly("layer_headers", [](const EntryDetail& d) {
+        py::list out;
+        for (const std::string& h : d.layer_headers) out.append(py::bytes(h));
+        return out;
+      });
+  py::class_<ListPage>(m, "ListPage")
+      .def_readonly("entries", &ListPage::entries)
+      .def_readonly("next_page_token", &ListPage::next_page_token);
+  py::class_<client::VerifyResult> verify(m, "VerifyResult");
+  verify.def_readonly("ok", &client::VerifyResult::ok)
+      .def_readonly("message", &client::VerifyResult::message)
+      .def_readonly("layers", &client::VerifyResult::layers)
+      .def_readonly("bytes", &client::VerifyResult::bytes);
+  FieldRepr(verify, {"ok", "message", "layers", "bytes"});
+}
+
+void BindStats(py::module_& m) {
+  py::class_<StoreStats> store(m, "StoreStats");
+  store.def_readonly("entries", &StoreStats::entries)
+      .def_readonly("quarantined", &StoreStats::quarantined)
+      .def_readonly("chunks", &StoreStats::chunks)
+      .def_readonly("stored_bytes", &StoreStats::stored_bytes)
+      .def_readonly("logical_bytes", &StoreStats::logical_bytes)
+      .def_readonly("raw_bytes", &StoreStats::raw_bytes)
+      .def_readonly("dedup_saved_bytes", &StoreStats::dedup_saved_bytes)
+      .def_readonly("hits", &StoreStats::hits)
+      .def_readonly("misses", &StoreStats::misses)
+      .def_readonly("evictions", &StoreStats::evictions)
+      .def_readonly("admission_refusals", &StoreStats::admission_refusals)
+      .def_readonly("active_leases", &StoreStats::active_leases)
+      .def_readonly("byte_budget", &StoreStats::byte_budget)
+      .def_readonly("disk_bytes", &StoreStats::disk_bytes)
+      .def_readonly("staged_bytes", &StoreStats::staged_bytes)
+      .def_readonly("write_error", &StoreStats::write_error);
+  FieldRepr(store, {"entries", "chunks", "stored_bytes", "hits", "misses", "evictions"});
+  py::class_<RemoteStats> remote(m, "RemoteStats", "The daemon's remote tier (docs/cluster.md).");
+  remote.def_readonly("hits", &RemoteStats::hits)
+      .def_readonly("misses", &RemoteStats::misses)
+      .def_readonly("errors", &RemoteStats::errors)
+      .def_readonly("misses_cached", &RemoteStats::misses_cached)
+      .def_readonly("fetched_bytes", &RemoteStats::fetched_bytes)
+      .def_readonly("queued", &RemoteStats::queued)
+      .def_readonly("put", &RemoteStats::put)
+      .def_readonly("dropped", &RemoteStats::dropped)
+      .def_readonly("put_bytes", &RemoteStats::put_bytes)
+      .def_readonly("queue_depth", &RemoteStats::queue_depth)
+      .def_readonly("evicted", &RemoteStats::evicted)
+      .def_readonly("damaged", &RemoteStats::damaged)
+      .def_readonly("breaker_open", &RemoteStats::breaker_open)
+      .def_readonly("breaker_opens", &RemoteStats::breaker_opens)
+      .def_readonly("fast_failures", &RemoteStats::fast_failures)
+      .def_readonly("moved", &RemoteStats::moved)
+      .def_readonly("asked", &RemoteStats::asked);
+  py::class_<DaemonStats> daemon(m, "DaemonStats");
+  daemon.def_readonly("store", &DaemonStats::store)
+      .def_readonly("connections", &DaemonStats::connections)
+      .def_readonly("publishes_in_flight", &DaemonStats::publishes_in_flight)
+      .def_readonly("uncommitted_bytes", &DaemonStats::uncommitted_bytes)
+      .def_readonly("remote", &DaemonStats::remote);
+  FieldRepr(daemon, {"store", "connections", "publishes_in_flight"});
+}
+
+namespace {
+
+// A connection to the daemon. close() drops it; a call running on another
+// thread keeps its own reference until it returns. The GIL guards client_.
+class PyClient {
+ public:
+  explicit PyClient(std::unique_ptr<client::Client> c) : client_(std::move(c)) {}
+
+  static std::shared_ptr<PyClient> Connect(client::ClientOptions options) {
+    auto c = ValueOrRaise(WithoutGil([&] { return client::Client::Connect(std::move(options)); }));
+    return std::make_shared<PyClient>(std::move(c));
+  }
+  std::shared_ptr<client::Client> Get() const {
+    if (!client_) Raise(Status::FailedPrecondition("the client is closed"));
+    return client_;
+  }
+  void Close() { client_.reset(); }
+
+ private:
+  std::shared_ptr<client::Client> client_;
+};
+
+EncodeOptions EncodeOptionsFrom(const std::optional<std::string>& transform, std::int32_t level,
+                                std::uint64_t chunk_bytes) {
+  if (chunk_bytes == 0) throw py::value_error("chunk_bytes must be positive");
+  EncodeOptions o;
+  if (transform) o.all_planes = TransformSpec{*transform, level};
+  o.target_chunk_bytes = chunk_bytes;
+  return o;
+}
+
+void BindCalls(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
+  cls.def(
+         "lookup",
+         [](const PyClient& self, const client::ModelId& model, const py::object& tokens) {
+           auto c = self.Get();
+           const auto ids = TokensFrom(tokens);
+           return ValueOrRaise(WithoutGil([&] { return c->Lookup(model, ids); }));
+         },
+         py::arg("model"), py::arg("tokens"))
+      .def(
+          "publish",
+          [](const PyClient& self, const client::ModelId& model, const py::object& tokens,
+             const py::sequence& layers, const std::optional<std::string>& transform, std::int32_t level,
+             std::uint64_t chunk_bytes) {
+            return PublishArrays(*self.Get(), model, TokensFrom(tokens), layers,
+                                 EncodeOptionsFrom(transform, level, chunk_bytes));
+          },
+          py::arg("model"), py::arg("tokens"), py::arg("layers"), py::kw_only(),
+          py::arg("transform") = py::none(), py::arg("level") = 0,
+          py::arg("chunk_bytes") = kDefaultChunkBytes)
+      .def(
+          "fetch",
+          [](const PyClient& self, std::uint64_t entry,
+             const std::optional<std::vector<std::uint32_t>>& layers, bool decode) {
+            return FetchArrays(*self.Get(), entry, layers.value_or(std::vector<std::uint32_t>{}), decode);
+          },
+          py::arg("entry"), py::arg("layers") = py::none(), py::kw_only(), py::arg("decode") = true)
+      .def(
+          "describe",
+          [](const PyClient& self, std::uint64_t entry, bool layer_headers) {
+            auto c = self.Get();
+            return ValueOrRaise(WithoutGil([&] { return c->Describe(entry, layer_headers); }));
+          },
+          py::arg("entry"), py::arg("layer_headers") = false)
+      .def("stats", [](const PyClient& self) {
+        auto c = self.Get();
+        return ValueOrRaise(WithoutGil([&] { return c->Stat(); }));
+      });
+}
+
+void BindMore(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
+  cls.def(
+         "list",
+         [](const PyClient& self, const std::optional<Hash128>& model, std::uint32_t page_size,
+            const std::string& page_token, bool omit_tokens) {
+           auto c = self.Get();
+           client::ListOptions o;
+           o.model = model;
+           o.page_size = page_size;
+           o.page_token = page_token;
+           o.omit_tokens = omit_tokens;
+           return ValueOrRaise(WithoutGil([&] { return c->List(o); }));
+         },
+         py::arg("model") = py::none(), py::arg("page_size") = 100, py::arg("page_token") = "",
+         py::arg("omit_tokens") = false)
+      .def(
+          "verify",
+          [](const PyClient& self, std::uint64_t entry) {
+            auto c = self.Get();
+            return ValueOrRaise(WithoutGil([&] { return c->Verify(entry); }));
+          },
+          py::arg("entry"))
+      .def_property_readonly("server_info", [](const PyClient& self) { return self.Get()->server_info(); })
+      .def_property_readonly("connected", [](const PyClient& self) { return self.Get()->connected(); })
+      .def("close", &PyClient::Close)
+      .def("__enter__", [](const py::object& self) { return self; })
+      .def("__exit__", [](PyClient& self, const py::args&) { self.Close(); });
+}
+
+}  // namespace
+
+void BindClient(py::module_& m) {
+  py::class_<PyClient, std::shared_ptr<PyClient>> cls(m, "Client", "A connection to primecached (client.h).");
+  cls.def_static("connect", &PyClient::Connect, py::arg("options"));
+  BindCalls(cls);
+  BindMore(cls);
+}
+
+}  // namespace primecache::python

@@ -1,0 +1,298 @@
+// NumPy planes to and from the daemon: publish encodes arrays with the
+// codecs (LayerEncoder) and streams them; fetch decodes what comes back
+// (LayerDecoder) into arrays whose base object keeps the fetched bytes alive.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+
+#include "python/primecache/binding.h"
+
+namespace primecache::python {
+namespace {
+
+// The bytes one fetch brought and the planes decoded from them: the base
+// object of every array a fetch returns, so that they live as long as any of
+// those arrays. Written only while the fetch runs, read-only after.
+struct FetchBuffer {
+  std::vector<client::FetchedLayer> layers;
+  // Planes that are not one raw chunk. Views point into the inner vectors,
+  // whose buffers stay put when the outer one grows.
+  std::vector<std::vector<float>> decoded;
+  std::uint64_t fetched_bytes = 0;  // chunk bytes received
+  std::uint64_t copied_bytes = 0;   // plane bytes decoded into memory of their own
+};
+
+// One fetched layer as Python sees it (client::FetchedLayer plus its parsed
+// header and its planes as arrays).
+struct PyFetchedLayer {
+  std::uint32_t layer = 0;
+  py::bytes header_bytes;
+  std::optional<LayerHeader> header;  // parsed when decoded
+  py::dict planes;                    // plane name -> float32 [rows, row_width]
+  py::list chunks;                    // uint8 views of the chunks, when not decoded
+};
+
+// Where one decoded plane's floats lie (inside a FetchBuffer).
+struct PlaneView {
+  std::string name;
+  std::uint64_t rows = 0;
+  std::uint32_t width = 0;
+  const float* data = nullptr;  // null for a plane without values
+};
+
+struct DecodedLayer {
+  LayerHeader header;
+  std::vector<PlaneView> planes;
+};
+
+std::span<const std::byte> Bytes(const std::vector<std::byte>& v) {
+  return {v.data(), v.size()};
+}
+
+// Plane p of a decoded layer: a view of its chunk when it is one raw/v1
+// chunk of aligned floats (checked against its checksum), else decoded into
+// a buffer of its own.
+Result<PlaneView> DecodePlane(const LayerDecoder& dec, std::size_t p, client::LayerData& data,
+                              FetchBuffer& buf) {
+  const PlaneLayout& lay = dec.planes()[p];
+  PlaneView view{std::string(PlaneName(lay.id)), lay.rows, lay.row_width, nullptr};
+  if (lay.values() == 0) return view;
+  std::vector<std::size_t> chunks;
+  for (std::size_t i = 0; i < dec.chunk_count(); ++i) {
+    if (dec.chunk(i).plane == p) chunks.push_back(i);
+  }
+  if (chunks.size() == 1 && dec.ChunkIsRaw(chunks[0]) &&
+      reinterpret_cast<std::uintptr_t>(data.chunks[chunks[0]].data()) % alignof(float) == 0) {
+    PC_RETURN_IF_ERROR(dec.CheckEncoded(chunks[0], Bytes(data.chunks[chunks[0]])));
+    view.data = reinterpret_cast<const float*>(data.chunks[chunks[0]].data());
+    return view;
+  }
+  std::vector<float>& out = buf.decoded.emplace_back(lay.values());
+  for (std::size_t i : chunks) {
+    PC_RETURN_IF_ERROR(dec.DecodeChunk(i, Bytes(data.chunks[i]), out));
+    data.chunks[i] = {};  // decoded: its encoded bytes are not needed any more
+  }
+  buf.copied_bytes += lay.raw_bytes();
+  view.data = out.data();
+  return view;
+}
+
+Result<DecodedLayer> DecodeLayer(client::LayerData& data, FetchBuffer& buf) {
+  PC_ASSIGN_OR_RETURN(LayerHeader header, ParseLayerHeader(Bytes(data.header)));
+  PC_ASSIGN_OR_RETURN(LayerDecoder dec, LayerDecoder::Create(header));
+  if (data.chunks.size() != dec.chunk_count()) {
+    return Status::Corruption("layer has " + std::to_string(data.chunks.size()) +
+                              " chunks, its header says " + std::to_string(dec.chunk_count()));
+  }
+  DecodedLayer out{std::move(header), {}};
+  for (std::size_t p = 0; p < dec.planes().size(); ++p) {
+    PC_ASSIGN_OR_RETURN(PlaneView view, DecodePlane(dec, p, data, buf));
+    out.planes.push_back(std::move(view));
+  }
+  return out;
+}
+
+// Runs without the GIL: the fetch, and with `decode` every layer's decoding.
+Status FetchAndDecode(client::Client& c, std::uint64_t entry, const std::vector<std::uint32_t>& which,
+                      bool decode, FetchBuffer& buf, std::vector<DecodedLayer>& decoded) {
+  PC_ASSIGN_OR_RETURN(buf.layers, c.FetchLayers(entry, which));
+  for (const client::FetchedLayer& l : buf.layers) {
+    for (const auto& chunk : l.data.chunks) buf.fetched_bytes += chunk.size();
+  }
+  if (!decode) return Status::Ok();
+  for (client::FetchedLayer& l : buf.layers) {
+    auto d = DecodeLayer(l.data, buf);
+    if (!d.ok()) return d.status().WithContext("layer " + std::to_string(l.layer));
+    decoded.push_back(std::move(d).value());
+  }
+  return Status::Ok();
+}
+
+py::array PlaneArray(const PlaneView& v, const py::object& base) {
+  const std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(v.rows), static_cast<py::ssize_t>(v.width)};
+  if (v.data == nullptr) return py::array_t<float>(shape);
+  return py::array(py::dtype::of<float>(), shape, {}, v.data, base);
+}
+
+}  // namespace
+
+py::list FetchArrays(client::Client& c, std::uint64_t entry, std::vector<std::uint32_t> layers, bool decode) {
+  auto buf = std::make_shared<FetchBuffer>();
+  std::vector<DecodedLayer> decoded;
+  ThrowIfError(WithoutGil([&] { return FetchAndDecode(c, entry, layers, decode, *buf, decoded); }));
+  const py::object base = py::cast(buf);
+  py::list out;
+  for (std::size_t i = 0; i < buf->layers.size(); ++i) {
+    client::FetchedLayer& l = buf->layers[i];
+    PyFetchedLayer f;
+    f.layer = l.layer;
+    f.header_bytes = py::bytes(reinterpret_cast<const char*>(l.data.header.data()), l.data.header.size());
+    if (decode) {
+      f.header = std::move(decoded[i].header);
+      for (const PlaneView& v : decoded[i].planes) f.planes[py::str(v.name)] = PlaneArray(v, base);
+    } else {
+      for (const auto& chunk : l.data.chunks) {
+        f.chunks.append(py::array(py::dtype::of<std::uint8_t>(), {static_cast<py::ssize_t>(chunk.size())}, {},
+                                  chunk.data(), base));
+      }
+    }
+    out.append(py::cast(std::move(f)));
+  }
+  return out;
+}
+
+namespace {
+
+// A layer to publish: its shape and its planes in stored order, as views of
+// the arrays it keeps referenced.
+struct LayerInput {
+  LayerShape shape;
+  std::vector<py::array> arrays;
+  std::vector<std::span<const float>> planes;
+};
+
+// Checks one plane array against its layout; ValueError saying what differs.
+std::span<const float> PlaneSpan(const py::handle& obj, const PlaneLayout& lay, const std::string& where,
+                                 std::vector<py::array>& keep) {
+  if (!py::isinstance<py::array>(obj)) throw py::value_error(where + ": not a NumPy array");
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  if (!a.dtype().is(py::dtype::of<float>())) {
+    throw py::value_error(where + ": dtype " + std::string(py::str(a.dtype())) + ", want float32");
+  }
+  if ((a.flags() & py::array::c_style) == 0) throw py::value_error(where + ": not C-contiguous");
+  const bool fits = a.ndim() == 2 ? static_cast<std::uint64_t>(a.shape(0)) == lay.rows &&
+                                        static_cast<std::uint64_t>(a.shape(1)) == lay.row_width
+                                  : a.ndim() == 1 && static_cast<std::uint64_t>(a.size()) == lay.values();
+  if (!fits) {
+    throw py::value_error(where + ": shape " + std::string(py::str(a.attr("shape"))) + ", want (" +
+                          std::to_string(lay.rows) + ", " + std::to_string(lay.row_width) + ") or (" +
+                          std::to_string(lay.values()) + ",)");
+  }
+  keep.push_back(a);
+  return {static_cast<const float*>(a.data()), lay.values()};
+}
+
+LayerInput ReadLayer(const py::handle& item, std::size_t index) {
+  const std::string where = "layer " + std::to_string(index);
+  py::object shape_obj, planes_obj;
+  if (py::isinstance<py::tuple>(item) && py::len(item) == 2) {
+    shape_obj = item[py::int_(0)];
+    planes_obj = item[py::int_(1)];
+  } else if (py::hasattr(item, "shape") && py::hasattr(item, "planes")) {
+    shape_obj = item.attr("shape");
+    planes_obj = item.attr("planes");
+  } else {
+    throw py::value_error(where + ": want a (shape, planes) pair or an object with .shape and .planes");
+  }
+  LayerInput in;
+  try {
+    in.shape = shape_obj.cast<LayerShape>();
+  } catch (const py::cast_error&) {
+    throw py::value_error(where + ": shape is not a LatentShape, RecurrentShape or KvShape");
+  }
+  if (Status s = CheckShape(in.shape); !s.ok()) throw py::value_error(where + ": " + s.message());
+  auto codec = CodecRegistry::Default().KindFor(in.shape);
+  if (!codec.ok()) throw py::value_error(where + ": " + codec.status().message());
+  auto layouts = (*codec)->Planes(in.shape, CodecLimits{});
+  if (!layouts.ok()) throw py::value_error(where + ": " + layouts.status().message());
+  const bool by_name = py::isinstance<py::dict>(planes_obj);
+  if (!by_name && py::len(planes_obj) != layouts->size()) {
+    throw py::value_error(where + ": " + std::to_string(py::len(planes_obj)) + " planes, its kind " +
+                          std::string((*codec)->kind()) + " has " + std::to_string(layouts->size()));
+  }
+  for (std::size_t p = 0; p < layouts->size(); ++p) {
+    const PlaneLayout& lay = (*layouts)[p];
+    const std::string name(PlaneName(lay.id));
+    if (by_name && !planes_obj.contains(name)) throw py::value_error(where + ": no plane '" + name + "'");
+    py::object plane = by_name ? planes_obj[py::str(name)] : planes_obj[py::int_(p)];
+    in.planes.push_back(PlaneSpan(plane, lay, where + " plane '" + name + "'", in.arrays));
+  }
+  if (by_name && py::len(planes_obj) != layouts->size()) {
+    throw py::value_error(where + ": planes other than its kind's (" + std::string((*codec)->kind()) + ")");
+  }
+  return in;
+}
+
+// Encodes one layer chunk by chunk and streams it.
+Status StreamLayer(client::PublishStream& stream, const LayerInput& in, const EncodeOptions& options) {
+  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(in.shape, in.planes, options));
+  std::vector<std::vector<std::byte>> chunks(enc.chunk_count());
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    chunks[i].resize(enc.MaxChunkBytes(i));
+    PC_ASSIGN_OR_RETURN(std::size_t n, enc.EncodeChunk(i, chunks[i]));
+    chunks[i].resize(n);
+  }
+  PC_ASSIGN_OR_RETURN(LayerHeader header, enc.Finish());
+  const std::string h = SerializeLayerHeader(header);
+  PC_RETURN_IF_ERROR(stream.BeginLayer(AsBytes(h), static_cast<std::uint32_t>(chunks.size())));
+  for (const auto& chunk : chunks) PC_RETURN_IF_ERROR(stream.AddChunk(chunk));
+  return Status::Ok();
+}
+
+}  // namespace
+
+PublishResult PublishArrays(client::Client& c, const client::ModelId& model,
+                            std::vector<std::uint32_t> tokens, py::sequence layers,
+                            const EncodeOptions& options) {
+  std::vector<LayerInput> inputs;
+  inputs.reserve(py::len(layers));
+  for (std::size_t i = 0; i < py::len(layers); ++i) inputs.push_back(ReadLayer(layers[i], i));
+  return ValueOrRaise(WithoutGil([&]() -> Result<PublishResult> {
+    PC_ASSIGN_OR_RETURN(auto stream,
+                        c.BeginPublish(model, tokens, static_cast<std::uint32_t>(inputs.size())));
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (Status s = StreamLayer(*stream, inputs[i], options); !s.ok()) {
+        return s.WithContext("layer " + std::to_string(i));
+      }
+    }
+    return stream->Commit();
+  }));
+}
+
+void BindLayers(py::module_& m) {
+  py::class_<FetchBuffer, std::shared_ptr<FetchBuffer>>(
+      m, "FetchBuffer", "The bytes of one fetch: the base object of every array it returned.")
+      .def_readonly("fetched_bytes", &FetchBuffer::fetched_bytes, "chunk bytes received")
+      .def_readonly("copied_bytes", &FetchBuffer::copied_bytes,
+                    "plane bytes decoded into memory of their own (0: every plane views the fetched bytes)");
+  py::class_<ChunkRecord>(m, "ChunkRecord")
+      .def_readonly("raw_bytes", &ChunkRecord::raw_bytes)
+      .def_readonly("encoded_bytes", &ChunkRecord::encoded_bytes)
+      .def_readonly("raw_checksum", &ChunkRecord::raw_checksum)
+      .def_readonly("encoded_checksum", &ChunkRecord::encoded_checksum);
+  py::class_<PlaneRecord>(m, "PlaneRecord")
+      .def_property_readonly("name", [](const PlaneRecord& p) { return std::string(PlaneName(p.id)); })
+      .def_readonly("transform", &PlaneRecord::transform)
+      .def_readonly("level", &PlaneRecord::level)
+      .def_readonly("rows", &PlaneRecord::rows)
+      .def_readonly("row_width", &PlaneRecord::row_width)
+      .def_readonly("chunk_rows", &PlaneRecord::chunk_rows)
+      .def_readonly("chunks", &PlaneRecord::chunks);
+  py::class_<LayerHeader>(m, "LayerHeader")
+      .def_readonly("kind", &LayerHeader::kind)
+      .def_readonly("shape", &LayerHeader::shape)
+      .def_readonly("planes", &LayerHeader::planes)
+      .def_property_readonly("chunk_count", &LayerHeader::chunk_count);
+  m.def(
+      "parse_layer_header",
+      [](const py::bytes& b) {
+        const std::string s = b;
+        return ValueOrRaise(ParseLayerHeader(AsBytes(s)));
+      },
+      py::arg("header"),
+      "Parses a serialized layer header (EntryDetail.layer_headers, FetchedLayer.header_bytes).");
+  py::class_<PyFetchedLayer>(m, "FetchedLayer")
+      .def_readonly("layer", &PyFetchedLayer::layer)
+      .def_readonly("header_bytes", &PyFetchedLayer::header_bytes)
+      .def_readonly("header", &PyFetchedLayer::header)
+      .def_property_readonly("shape",
+                             [](const PyFetchedLayer& f) -> py::object {
+                               return f.header ? py::cast(f.header->shape) : py::none();
+                             })
+      .def_readonly("planes", &PyFetchedLayer::planes)
+      .def_readonly("chunks", &PyFetchedLayer::chunks);
+}
+
+}  // namespace primecache::python
