@@ -711,5 +711,28 @@ TEST(CliCompletion, GeneratedBashScriptIsValidAndCompletesCommandsOptionsAndChoi
   std::filesystem::remove_all(dir);
 }
 
+// Progress goes to stderr on a terminal only: with stderr a pipe (as here)
+// and progress not turned off, the long commands write no bar, and their
+// --json stdout is one JSON document.
+TEST_F(CliTest, LongCommandsWriteNoProgressOffATerminalAndKeepJsonValid) {
+  const auto fp = Fingerprint();
+  const std::uint64_t id = Publish(IdOf(fp), Tokens(300, 1), 6, 1);
+  Publish(IdOf(fp), Tokens(200, 2), 4, 2);
+  const std::string file = d_.dir() + "/p.pcsnap";
+  const std::vector<std::vector<std::string>> commands = {
+      {"verify", "--all"}, {"verify", std::to_string(id)}, {"export", std::to_string(id), file},
+      {"import", file, "--namespace", "again"}, {"gc", "--older-than", "1d"}, {"compact"},
+      {"ls"}, {"show", std::to_string(id)}, {"stats"}, {"rm", std::to_string(id)}};
+  for (const auto& args : commands) {
+    std::vector<std::string> a = {"--data-dir", d_.data_dir(), "--socket", d_.admin_socket(), "--json"};
+    a.insert(a.end(), args.begin(), args.end());
+    const CtlRun r = testing::Ctl(a);
+    EXPECT_EQ(r.rc, 0) << args[0] << ": " << r.err;
+    EXPECT_EQ(r.err.find('\r'), std::string::npos) << args[0] << " drew progress: " << r.err;
+    EXPECT_EQ(r.err.find('#'), std::string::npos) << args[0] << ": " << r.err;
+    EXPECT_TRUE(r.Json().is_object()) << args[0];
+  }
+}
+
 }  // namespace
 }  // namespace primecache::testing
