@@ -75,7 +75,7 @@ def plot_codec(rows, out):
         vals = {(r["kind"], r["transform"]): float(r[key]) for r in layer}
         grouped_bars(ax, kinds, transforms, vals, fmt=lambda y: f"{y:.2f}")
         ax.set_title(f"{title}, {tokens} tokens")
-    memcpy = {r["kind"]: float(r["memcpy_gbps"]) for r in layer}
+    memcpy = {k: median([float(r["memcpy_gbps"]) for r in layer if r["kind"] == k]) for k in kinds}
     for ax in axes[1:]:
         for g, k in enumerate(kinds):
             ax.hlines(memcpy[k], g - 0.45, g + 0.45, colors="black", linestyles="--",
@@ -96,12 +96,12 @@ def plot_lookup(rows, out):
                               ("miss_p50_us", "miss p50", "-s"), ("miss_p99_us", "miss p99", "--s")):
         ax.plot(xs, [float(r[key]) for r in rows], style, label=label)
     ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xticks(xs)
     ax.set_xticklabels([f"{x:,}" for x in xs])
     ax.minorticks_off()
-    ax.set_ylim(bottom=0)
     ax.set_xlabel("entries in the store")
-    ax.set_ylabel("lookup latency, µs")
+    ax.set_ylabel("lookup latency, µs (log)")
     ax.set_title(f"store lookup, {rows[0]['query_tokens']}-token queries, in process")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
