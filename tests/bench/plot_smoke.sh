@@ -31,8 +31,10 @@ if [ -n "${bin[model_bench]:-}" ]; then
   done
   "${bin[engine_bench]}" --cpu --tokens 64 --mla-layers 1 --kda-layers 1 --ring 0 --chunk 32 --eager-reps 1 \
     --full-reps 1 --restore-reps 1 --csv-dir "$csv" > /dev/null || true
-  [ -e "$csv/engine-restore.csv" ] || { echo "plot_smoke: engine bench wrote no CSV" >&2; exit 1; }
-  expect+=(engine-restore.png)
+  [ -e "$csv/engine-restore-cpu.csv" ] || { echo "plot_smoke: engine bench wrote no CSV" >&2; exit 1; }
+  expect+=(engine-restore-cpu.png)
+  "${bin[engine_bench]}" --cpu --kv-kinds --tokens 64 --restore-reps 1 --csv-dir "$csv" > /dev/null
+  expect+=(kv-kinds-cpu.png)
 fi
 # The eviction figures' committed CSV (its own smoke run is eviction_bench_smoke).
 cp "$src/docs/img/eviction-results.csv" "$csv/"

@@ -211,7 +211,8 @@ void AddOptions(CLI::App& app, Options& o) {
       "--kv-kinds", o.kv_kinds,
       "measure the KV storage kinds (plain, rotating, TurboQuant) at the first --tokens length instead");
   app.add_option("--csv-dir", o.csv_dir,
-                 "also write the restore rates as DIR/engine-restore.csv (tools/bench/plot.py)");
+                 "also write the restore rates as DIR/engine-restore-BACKEND.csv, or with --kv-kinds "
+                 "DIR/kv-kinds-BACKEND.csv (BACKEND cpu or cuda; tools/bench/plot.py)");
 }
 
 // The restore rates in model_bench's restore table's columns, so that one
@@ -446,7 +447,9 @@ int main(int argc, char** argv) {
   auto device =
       o.cpu ? NewCpuDevice({.memory_bytes = 64ull << 30}) : Must(NewCudaDevice({}), "open CUDA device");
   Device& dev = *device;
-  if (o.kv_kinds) return KvKindsBench(device, o.tokens.front(), o.restore_reps);
+  // The backend in the file names: a CPU run's CSV never replaces a GPU one's.
+  const std::string backend = o.cpu ? "-cpu" : "-cuda";
+  if (o.kv_kinds) return KvKindsBench(device, o.tokens.front(), o.restore_reps, o.csv_dir, "kv-kinds" + backend);
 
   const StatePlan plan = HybridPlan(o);
   const std::uint64_t max_ctx = o.tokens.back() + 1;
@@ -470,7 +473,7 @@ int main(int argc, char** argv) {
     run.csv = &csv;
     pass = MeasureLength(run, primer, ti) && pass;
   }
-  if (Status st = csv.WriteToDir(o.csv_dir, "engine-restore"); !st.ok()) {
+  if (Status st = csv.WriteToDir(o.csv_dir, "engine-restore" + backend); !st.ok()) {
     std::fprintf(stderr, "engine-bench: %s\n", st.ToString().c_str());
     pass = false;
   }

@@ -15,7 +15,8 @@ an error, so a benchmark whose CSV changes fails here (and in the ctest
   ipc_bench --csv-dir D              ipc-fetch.png (fetch GB/s against memcpy), ipc-lookup.png
   primecache-model-bench --csv-dir D model-ttft-CONFIG.png (TTFT full vs restored by prefix),
                                      model-restore-CONFIG.png (restore GB/s against pinned H2D)
-  primecache-engine-bench --csv-dir D engine-restore.png (as model-restore)
+  primecache-engine-bench --csv-dir D engine-restore-BACKEND.png (as model-restore); with --kv-kinds
+                                     kv-kinds-BACKEND.png (bytes per token, restore GB/s per KV kind)
   primecache-eviction-bench --csv X  eviction-TRACE.png per trace, rows of every such file merged
 """
 import csv
@@ -185,6 +186,30 @@ def plot_restore(rows, out):
     return [save(fig, out + ".png", bottom=legend_below(fig, ax))]
 
 
+def plot_kv_kinds(rows, out):
+    kinds = [r["kind"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    vals = {}
+    for r in rows:
+        for key, label in (("booked_bytes_per_token", "booked"), ("snapshot_bytes_per_token", "captured"),
+                           ("stored_bytes_per_token", "stored (shuffle-zstd L1)")):
+            vals[(r["kind"], label)] = float(r[key])
+    grouped_bars(axes[0], kinds, ["booked", "captured", "stored (shuffle-zstd L1)"], vals,
+                 fmt=lambda y: f"{y:.0f}")
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("bytes per token (log)")
+    axes[0].legend(fontsize=7)
+    bars = axes[1].bar(range(len(kinds)), [float(r["restore_gbps"]) for r in rows], color="C2")
+    axes[1].bar_label(bars, labels=[f"{float(r['restore_gbps']):.3g}" for r in rows], fontsize=7)
+    axes[1].set_xticks(range(len(kinds)))
+    axes[1].set_ylabel("restore from pinned memory, GB/s")
+    axes[1].grid(True, axis="y", alpha=0.3)
+    for ax in axes:
+        ax.set_xticklabels(kinds, fontsize=7, rotation=20, ha="right")
+    fig.suptitle(f"KV storage kinds at {rows[0]['tokens']} tokens on {rows[0]['device']}", fontsize=10)
+    return [save(fig, out + ".png")]
+
+
 # ---- eviction_bench ---------------------------------------------------------------------
 
 
@@ -242,6 +267,8 @@ FIGURES = {
     "query,round_trips,p50_us,p99_us": (plot_ipc_lookup, False),
     "config,device,prefix_tokens,suffix_tokens,path,ttft_ms": (plot_ttft, False),
     RESTORE: (plot_restore, False),
+    "device,tokens,kind,booked_bytes_per_token,snapshot_bytes_per_token,stored_bytes_per_token,capture_ms,"
+    "restore_gbps": (plot_kv_kinds, False),
     "budget_bytes,budget_share,bytes_written,evictions,failed,flops_saved,flops_saved_share,hit_rate,hit_tokens,"
     "over_budget,peak_stored_bytes,policy,prefill_flops,prompt_tokens,publishes,refused,requests,requests_hit,"
     "seconds,trace,ttft_mean_ms,ttft_nocache_mean_ms,ttft_p95_ms,where": (plot_eviction, True),
