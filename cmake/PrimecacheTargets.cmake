@@ -47,7 +47,8 @@ function(primecache_gtest name)
 endfunction()
 
 # primecache_gpu_bench(TARGET [ARGS...]): a program tools/gpu-check runs on the
-# GPU machine after the GPU tests, with these arguments.
+# GPU machine after the GPU tests, with these arguments (@CSV_DIR@ in them
+# becomes the runner's $OUT/csv, where benchmarks write their CSV figures).
 function(primecache_gpu_bench target)
   list(JOIN ARGN " " args)
   set_property(GLOBAL APPEND PROPERTY PRIMECACHE_GPU_BENCHES "$<TARGET_FILE_NAME:${target}> ${args}")

@@ -164,7 +164,8 @@ Result<EncodedSnapshot> EncodeSnapshot(const BoundarySnapshot& snapshot, const E
   return out;
 }
 
-Result<BoundarySnapshot> DecodeSnapshot(const EncodedSnapshot& snapshot, const CodecLimits& limits) {
+Result<BoundarySnapshot> DecodeSnapshot(const EncodedSnapshot& snapshot, const CodecLimits& limits,
+                                        const std::function<void(std::size_t done, std::size_t total)>& progress) {
   PC_RETURN_IF_ERROR(codecs::AsCorruption(CheckBoundary(snapshot.header, ShapesOf(snapshot))));
   BoundarySnapshot out;
   out.header = snapshot.header;
@@ -172,6 +173,7 @@ Result<BoundarySnapshot> DecodeSnapshot(const EncodedSnapshot& snapshot, const C
     Result<LayerSnapshot> l = DecodeLayer(snapshot.layers[i], limits);
     if (!l.ok()) return l.status().WithContext("layer " + N(i));
     out.layers.push_back(std::move(l).value());
+    if (progress) progress(i + 1, snapshot.layers.size());
   }
   return out;
 }

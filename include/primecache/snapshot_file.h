@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,7 +45,10 @@ struct SnapshotLimits {
 Result<EncodedSnapshot> EncodeSnapshot(const BoundarySnapshot& snapshot, const EncodeOptions& options = {});
 
 // Decodes every layer and checks the boundary (CheckBoundary) as above.
-Result<BoundarySnapshot> DecodeSnapshot(const EncodedSnapshot& snapshot, const CodecLimits& limits = {});
+// `progress`, when given, is told (layers decoded, layers) after each layer.
+Result<BoundarySnapshot> DecodeSnapshot(
+    const EncodedSnapshot& snapshot, const CodecLimits& limits = {},
+    const std::function<void(std::size_t done, std::size_t total)>& progress = nullptr);
 
 // Before any decoding: CheckBoundary, CheckHeader of every layer, one target
 // per layer, and Validate(layer header, target) for each. Valid only when

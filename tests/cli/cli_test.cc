@@ -15,6 +15,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "daemon_harness.h"
 #include "primecache/model.h"
@@ -643,6 +644,94 @@ TEST(CliMigrate, MigratesAnOlderStoreThatReadOnlyCommandsRefuse) {
   EXPECT_EQ(r.rc, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("nothing to migrate"), std::string::npos) << r.out;
   std::filesystem::remove_all(dir);
+}
+
+// The subcommands the top-level --help lists (its "Subcommands:" section).
+std::vector<std::string> ListedSubcommands() {
+  const CtlRun r = Ctl({"--help"});
+  std::vector<std::string> names;
+  const std::size_t at = r.out.find("Subcommands:\n");
+  EXPECT_NE(at, std::string::npos) << r.out;
+  std::istringstream lines(r.out.substr(at + 13));
+  for (std::string line; std::getline(lines, line) && line.starts_with("  ");) {
+    names.push_back(line.substr(2, line.find(' ', 2) - 2));
+  }
+  return names;
+}
+
+TEST(CliUsage, EverySubcommandsHelpEndsWithExamplesOfItself) {
+  const std::vector<std::string> subs = ListedSubcommands();
+  EXPECT_GE(subs.size(), 10u);
+  // `completion` is hidden from the list but has its own help too.
+  for (const std::string& sub : [&] { auto all = subs; all.push_back("completion"); return all; }()) {
+    const CtlRun r = Ctl({sub, "--help"});
+    EXPECT_EQ(r.rc, 0) << sub;
+    const std::size_t at = r.out.find("Examples:\n");
+    ASSERT_NE(at, std::string::npos) << sub << ":\n" << r.out;
+    const std::string examples = r.out.substr(at);
+    EXPECT_NE(examples.find(" " + sub + " "), std::string::npos) << sub << ":\n" << examples;
+    EXPECT_NE(examples.find("  primecachectl "), std::string::npos) << sub << ":\n" << examples;
+  }
+}
+
+// Runs `script` in bash after sourcing the generated completion and
+// completing the words `line` (the cursor after the last word); the
+// candidates, space-separated.
+std::string Complete(const std::string& completion_file, const std::string& line) {
+  const std::string script = "source '" + completion_file + "'; COMP_WORDS=(" + line +
+                             "); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); _primecachectl; echo \"${COMPREPLY[*]}\"";
+  const CtlRun r = Spawn("/bin/bash", {"--norc", "--noprofile", "-c", script});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  return r.out.empty() ? r.out : r.out.substr(0, r.out.size() - 1);
+}
+
+TEST(CliCompletion, GeneratedBashScriptIsValidAndCompletesCommandsOptionsAndChoices) {
+  const CtlRun gen = Ctl({"completion", "bash"});
+  ASSERT_EQ(gen.rc, 0) << gen.err;
+  const std::string dir = MakeTempDir(), file = dir + "/primecachectl.bash";
+  WriteFile(file, gen.out);
+  const CtlRun syntax = Spawn("/bin/bash", {"-n", file});
+  EXPECT_EQ(syntax.rc, 0) << syntax.err;
+  EXPECT_NE(gen.out.find("complete -F _primecachectl primecachectl"), std::string::npos);
+  // Every listed subcommand is offered, the hidden one not.
+  const std::string top = " " + Complete(file, "primecachectl ''") + " ";
+  for (const std::string& sub : ListedSubcommands()) EXPECT_NE(top.find(" " + sub + " "), std::string::npos) << sub;
+  EXPECT_EQ(top.find(" completion "), std::string::npos) << top;
+  EXPECT_NE(top.find(" --data-dir "), std::string::npos) << top;
+  EXPECT_EQ(Complete(file, "primecachectl ver"), "verify");
+  EXPECT_EQ(Complete(file, "primecachectl --data-dir /tmp --json ex"), "export");
+  EXPECT_EQ(Complete(file, "primecachectl ls --so"), "--socket --sort");  // a global one too
+  EXPECT_EQ(Complete(file, "primecachectl ls --sort r"), "raw recent");
+  EXPECT_EQ(Complete(file, "primecachectl gc --dr"), "--dry-run");
+  EXPECT_EQ(Complete(file, "primecachectl --log-level w"), "warn");
+  EXPECT_EQ(Complete(file, "primecachectl ls --limit ''"), "");  // a number: nothing to guess
+  EXPECT_EQ(Complete(file, "primecachectl gc --js"), "--json");  // global options after the command
+  EXPECT_EQ(Complete(file, "primecachectl verify --file " + dir + "/primecachectl.ba"), file);
+  EXPECT_EQ(Complete(file, "primecachectl stats --sort"), "");  // ls's option is not stats'
+  std::filesystem::remove_all(dir);
+}
+
+// Progress goes to stderr on a terminal only: with stderr a pipe (as here)
+// and progress not turned off, the long commands write no bar, and their
+// --json stdout is one JSON document.
+TEST_F(CliTest, LongCommandsWriteNoProgressOffATerminalAndKeepJsonValid) {
+  const auto fp = Fingerprint();
+  const std::uint64_t id = Publish(IdOf(fp), Tokens(300, 1), 6, 1);
+  Publish(IdOf(fp), Tokens(200, 2), 4, 2);
+  const std::string file = d_.dir() + "/p.pcsnap";
+  const std::vector<std::vector<std::string>> commands = {
+      {"verify", "--all"}, {"verify", std::to_string(id)}, {"export", std::to_string(id), file},
+      {"import", file, "--namespace", "again"}, {"gc", "--older-than", "1d"}, {"compact"},
+      {"ls"}, {"show", std::to_string(id)}, {"stats"}, {"rm", std::to_string(id)}};
+  for (const auto& args : commands) {
+    std::vector<std::string> a = {"--data-dir", d_.data_dir(), "--socket", d_.admin_socket(), "--json"};
+    a.insert(a.end(), args.begin(), args.end());
+    const CtlRun r = testing::Ctl(a);
+    EXPECT_EQ(r.rc, 0) << args[0] << ": " << r.err;
+    EXPECT_EQ(r.err.find('\r'), std::string::npos) << args[0] << " drew progress: " << r.err;
+    EXPECT_EQ(r.err.find('#'), std::string::npos) << args[0] << ": " << r.err;
+    EXPECT_TRUE(r.Json().is_object()) << args[0];
+  }
 }
 
 }  // namespace

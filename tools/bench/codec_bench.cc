@@ -3,7 +3,7 @@
 // of the same bytes in the same run. Not a test: it prints a Markdown table
 // for docs/BENCHMARKS.md.
 //
-//   codec_bench [--tokens N] [--reps R] [--level L] [--chunk-bytes B]
+//   codec_bench [--tokens N] [--reps R] [--level L] [--chunk-bytes B] [--csv FILE]
 //
 // Throughput is raw (decoded f32) bytes over the best of R wall-clock runs,
 // single thread. "pass" rows time a transform's own work over the same
@@ -24,6 +24,7 @@
 #include "codecs/shuffle.h"
 #include "primecache/checksum.h"
 #include "primecache/codec.h"
+#include "tools/common/csv.h"
 
 using namespace primecache;
 
@@ -98,7 +99,7 @@ std::vector<Case> Cases(std::uint64_t tokens) {
 }
 
 struct Row {
-  std::string what, transform;
+  std::string kind, what, transform;
   std::uint64_t raw_bytes = 0, encoded_bytes = 0;
   double enc = 0, dec = 0, memcpy = 0;
 };
@@ -110,11 +111,25 @@ void Print(const std::vector<Row>& rows) {
   std::printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows) {
     std::printf(
-        "| %s | %s | %.2f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.what.c_str(), r.transform.c_str(),
+        "| %s | %s | %s | %.2f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.kind.c_str(), r.what.c_str(),
+        r.transform.c_str(),
         static_cast<double>(r.raw_bytes) / (1 << 20),
         static_cast<double>(r.raw_bytes) / static_cast<double>(std::max<std::uint64_t>(r.encoded_bytes, 1)),
         r.enc, r.dec, r.memcpy, r.enc / r.memcpy, r.dec / r.memcpy);
   }
+}
+
+// The same rows as a tidy CSV (tools/bench/plot.py draws it).
+Status WriteCsv(const std::vector<Row>& rows, std::uint64_t tokens, const std::string& path) {
+  bench::CsvTable t({"kind", "what", "transform", "tokens", "raw_bytes", "encoded_bytes", "ratio", "encode_gbps",
+                     "decode_gbps", "memcpy_gbps"});
+  for (const Row& r : rows) {
+    PC_RETURN_IF_ERROR(t.Add({r.kind, r.what, r.transform, tokens, r.raw_bytes, r.encoded_bytes,
+                              static_cast<double>(r.raw_bytes) /
+                                  static_cast<double>(std::max<std::uint64_t>(r.encoded_bytes, 1)),
+                              r.enc, r.dec, r.memcpy}));
+  }
+  return t.WriteTo(path);
 }
 
 // The command line.
@@ -123,6 +138,7 @@ struct Options {
   int reps = 5;
   int level = 1;
   std::uint64_t chunk_bytes = kDefaultChunkBytes;
+  std::string csv;
 };
 
 void AddOptions(CLI::App& app, Options& o) {
@@ -130,6 +146,7 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--reps", o.reps, "timed repetitions; the best is reported");
   app.add_option("--level", o.level, "zstd level of shuffle-zstd");
   app.add_option("--chunk-bytes", o.chunk_bytes, "target raw bytes per chunk");
+  app.add_option("--csv", o.csv, "also write the rows as CSV to this file (tools/bench/plot.py)");
 }
 
 using Variant = std::pair<std::string, EncodeOptions>;  // a row's name, how it encodes
@@ -200,7 +217,7 @@ Status LayerRows(const Case& c, Planes& p, const std::vector<Variant>& variants,
         reps, [&] { st = decoder.DecodeInto(enc.chunks, spans); }, p.copy);
     const double memcpy_s = std::min(copy_enc_s, copy_dec_s);
     PC_RETURN_IF_ERROR(st);
-    rows.push_back({c.kind + " | layer", name, p.raw, encoded, Gbps(p.raw, enc_s), Gbps(p.raw, dec_s),
+    rows.push_back({c.kind, "layer", name, p.raw, encoded, Gbps(p.raw, enc_s), Gbps(p.raw, dec_s),
                     Gbps(p.raw, memcpy_s)});
   }
   return Status::Ok();
@@ -226,7 +243,7 @@ void PassRows(const Case& c, Planes& p, const EncodeOptions& raw_options, int re
         for (auto& [in, out] : chunks) (void)rawt->Decode(std::as_bytes(in), out);
       },
       p.copy);
-  rows.push_back({c.kind + " | pass", "raw (checked copy)", raw, raw, Gbps(raw, raw_pass),
+  rows.push_back({c.kind, "pass", "raw (checked copy)", raw, raw, Gbps(raw, raw_pass),
                   Gbps(raw, raw_pass), Gbps(raw, copy_raw)});
   // One byte-shuffle direction over every chunk, against memcpy.
   const auto shuffle_pass = [&](auto* shuffle) {
@@ -242,7 +259,7 @@ void PassRows(const Case& c, Planes& p, const EncodeOptions& raw_options, int re
   };
   const auto [sh, copy_sh] = shuffle_pass(&codecs::ShuffleBytes4);
   const auto [unsh, copy_unsh] = shuffle_pass(&codecs::UnshuffleBytes4);
-  rows.push_back({c.kind + " | pass", "byte shuffle / unshuffle", raw, raw, Gbps(raw, sh), Gbps(raw, unsh),
+  rows.push_back({c.kind, "pass", "byte shuffle / unshuffle", raw, raw, Gbps(raw, sh), Gbps(raw, unsh),
                   Gbps(raw, std::min(copy_sh, copy_unsh))});
   std::uint64_t sink = 0;
   const auto [xxh, copy_xxh] = BestAgainst(
@@ -251,7 +268,7 @@ void PassRows(const Case& c, Planes& p, const EncodeOptions& raw_options, int re
         for (auto& [in, out] : chunks) sink += Checksum64(std::as_bytes(in));
       },
       p.copy);
-  rows.push_back({c.kind + " | pass", "xxh3-64 (read only)", raw, raw, Gbps(raw, xxh), Gbps(raw, xxh),
+  rows.push_back({c.kind, "pass", "xxh3-64 (read only)", raw, raw, Gbps(raw, xxh), Gbps(raw, xxh),
                   Gbps(raw, copy_xxh)});
   if (sink == 42) std::printf(" ");
 }
@@ -277,5 +294,10 @@ int main(int argc, char** argv) {
     PassRows(c, planes, variants[0].second, opt.reps, rows);
   }
   Print(rows);
+  if (opt.csv.empty()) return 0;
+  if (Status st = WriteCsv(rows, opt.tokens, opt.csv); !st.ok()) {
+    std::fprintf(stderr, "%s\n", st.ToString().c_str());
+    return 1;
+  }
   return 0;
 }

@@ -31,6 +31,7 @@
 #include "engine/device.h"
 #include "primecache/engine.h"
 #include "tools/bench/kv_kinds_bench.h"
+#include "tools/common/csv.h"
 
 using namespace primecache;
 using namespace primecache::engine;
@@ -193,6 +194,7 @@ struct Options {
   std::uint32_t mla_layers = 12, kda_layers = 36, eager_reps = 20, full_reps = 3, restore_reps = 5;
   std::uint64_t ring = 4096, chunk = 8192;
   bool cpu = false, kv_kinds = false;
+  std::string csv_dir;
 };
 
 void AddOptions(CLI::App& app, Options& o) {
@@ -208,6 +210,16 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_flag(
       "--kv-kinds", o.kv_kinds,
       "measure the KV storage kinds (plain, rotating, TurboQuant) at the first --tokens length instead");
+  app.add_option("--csv-dir", o.csv_dir,
+                 "also write the restore rates as DIR/engine-restore-BACKEND.csv, or with --kv-kinds "
+                 "DIR/kv-kinds-BACKEND.csv (BACKEND cpu or cuda; tools/bench/plot.py)");
+}
+
+// The restore rates in model_bench's restore table's columns, so that one
+// chart draws both.
+bench::CsvTable RestoreTable() {
+  return bench::CsvTable({"config", "device", "prefix_tokens", "path", "restored_bytes", "restore_ms",
+                          "restore_gbps", "pinned_h2d_gbps"});
 }
 
 const LatentPlan kMla{512, 64, 128, 4};
@@ -235,6 +247,7 @@ struct Run {
   std::uint64_t len;
   std::vector<LayerSnapshot> full;  // the source's full snapshot at len
   double full_bytes = 0, full_med = 0;
+  bench::CsvTable* csv = nullptr;  // the restore rows, when asked for
 };
 
 // CaptureFull, timed: the median of full_reps into run.full_med.
@@ -374,6 +387,10 @@ bool MeasureRestore(Run& run) {
   const double restore_gbs = run.full_bytes / Median(restore_s) / 1e9;
   const double copy_gbs = run.full_bytes / Median(copy_s) / 1e9;
   const bool restore_target = restore_gbs >= 0.8 * copy_gbs;
+  if (run.csv != nullptr) {
+    (void)run.csv->Add({"engine-bench hybrid", run.dev.name(), run.len, "engine restore, pinned",
+                        static_cast<std::uint64_t>(run.full_bytes), Median(restore_s) * 1e3, restore_gbs, copy_gbs});
+  }
   std::printf(
       "engine-bench: [%llu tokens] restore from pinned host %.3f GiB in %.1f ms = %.1f GB/s (median of "
       "%u); "
@@ -430,7 +447,9 @@ int main(int argc, char** argv) {
   auto device =
       o.cpu ? NewCpuDevice({.memory_bytes = 64ull << 30}) : Must(NewCudaDevice({}), "open CUDA device");
   Device& dev = *device;
-  if (o.kv_kinds) return KvKindsBench(device, o.tokens.front(), o.restore_reps);
+  // The backend in the file names: a CPU run's CSV never replaces a GPU one's.
+  const std::string backend = o.cpu ? "-cpu" : "-cuda";
+  if (o.kv_kinds) return KvKindsBench(device, o.tokens.front(), o.restore_reps, o.csv_dir, "kv-kinds" + backend);
 
   const StatePlan plan = HybridPlan(o);
   const std::uint64_t max_ctx = o.tokens.back() + 1;
@@ -448,9 +467,15 @@ int main(int argc, char** argv) {
   auto source = Must(engine->NewSession(), "source session");
   bool pass = true;
   const auto bench_start = Clock::now();
+  bench::CsvTable csv = RestoreTable();
   for (std::size_t ti = 0; ti < o.tokens.size(); ++ti) {
     Run run{o, dev, *engine, *source, o.tokens[ti]};
+    run.csv = &csv;
     pass = MeasureLength(run, primer, ti) && pass;
+  }
+  if (Status st = csv.WriteToDir(o.csv_dir, "engine-restore" + backend); !st.ok()) {
+    std::fprintf(stderr, "engine-bench: %s\n", st.ToString().c_str());
+    pass = false;
   }
   std::printf("engine-bench: %s in %.1f s\n", pass ? "all targets met" : "TARGET MISSED OR MISMATCH",
               Seconds(bench_start, Clock::now()));

@@ -24,6 +24,7 @@
 #include "primecache/env.h"
 #include "primecache/logging.h"
 #include "primecache/model.h"
+#include "tools/common/csv.h"
 #include "tools/common/daemon_process.h"
 #include "tools/common/replay.h"
 
@@ -287,20 +288,15 @@ Status WriteOutputs(const Options& o, const std::vector<Row>& rows) {
     if (!f) return Status::IOError("cannot write " + o.json);
   }
   if (o.csv.empty() || all.empty()) return Status::Ok();
-  std::ofstream f(o.csv);
-  std::string head;
-  for (const auto& [k, v] : all.front().items()) head += (head.empty() ? "" : ",") + k;
-  f << head << "\n";
+  std::vector<std::string> columns;
+  for (const auto& [k, v] : all.front().items()) columns.push_back(k);
+  bench::CsvTable table(std::move(columns));
   for (const auto& rec : all) {
-    std::string line;
-    for (const auto& [k, v] : rec.items()) {
-      if (!line.empty()) line += ",";
-      line += v.is_string() ? v.get<std::string>() : v.dump();
-    }
-    f << line << "\n";
+    std::vector<bench::CsvCell> cells;
+    for (const auto& [k, v] : rec.items()) cells.emplace_back(v.is_string() ? v.get<std::string>() : v.dump());
+    PC_RETURN_IF_ERROR(table.Add(std::move(cells)));
   }
-  if (!f) return Status::IOError("cannot write " + o.csv);
-  return Status::Ok();
+  return table.WriteTo(o.csv);
 }
 
 }  // namespace

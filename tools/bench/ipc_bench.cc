@@ -2,7 +2,7 @@
 // memcpy of the same bytes, and lookup round-trip latency, in one run against
 // a real primecached (started here on a temporary data dir).
 //
-//   ipc_bench [--daemon PATH] [--mib 256] [--reps 3] [--lookups 20000]
+//   ipc_bench [--daemon PATH] [--mib 256] [--reps 3] [--lookups 20000] [--csv-dir DIR]
 //
 // A fetch's callback copies every chunk into a destination buffer, as an
 // engine copies into its staging (or pinned) memory; memcpy is the same copy
@@ -20,6 +20,7 @@
 
 #include "primecache/client.h"
 #include "primecache/codec.h"
+#include "tools/common/csv.h"
 #include "tools/common/daemon_process.h"
 
 using namespace primecache;          // NOLINT
@@ -68,6 +69,7 @@ double Percentile(std::vector<double> v, double p) {
 struct Options {
   std::string daemon = PRIMECACHED_PATH;
   int mib = 256, reps = 3, lookups = 20000;
+  std::string csv_dir;
 };
 
 void AddOptions(CLI::App& app, Options& o) {
@@ -75,6 +77,8 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--mib", o.mib, "entry size to fetch, MiB");
   app.add_option("--reps", o.reps, "fetch repetitions (best and median reported)");
   app.add_option("--lookups", o.lookups, "lookup round trips timed");
+  app.add_option("--csv-dir", o.csv_dir,
+                 "also write DIR/ipc-fetch.csv (every timed fetch and memcpy) and DIR/ipc-lookup.csv (tools/bench/plot.py)");
 }
 
 constexpr std::uint64_t kLen = 8192;  // tokens of the published entry
@@ -200,6 +204,23 @@ void PrintRates(const Bench& b, const std::vector<double>& mem, const std::vecto
   std::printf("%-28s %10.2f %10.2f %8.2f\n", "fetch over shared memory", med(shm), best(shm), med(shm) / med(mem));
 }
 
+// Every timed copy (GB/s per repetition and path) and the lookup
+// percentiles, as CSV under `dir` (nothing when it is empty).
+Status WriteCsv(const std::string& dir, const Bench& b,
+                const std::vector<std::pair<const char*, const std::vector<double>*>>& rates,
+                const std::vector<std::pair<std::string, const std::vector<double>*>>& lookups) {
+  bench::CsvTable fetch({"path", "rep", "bytes", "gbps"});
+  for (const auto& [path, v] : rates) {
+    for (std::size_t i = 0; i < v->size(); ++i) PC_RETURN_IF_ERROR(fetch.Add({path, i, b.total, (*v)[i]}));
+  }
+  bench::CsvTable lookup({"query", "round_trips", "p50_us", "p99_us"});
+  for (const auto& [query, v] : lookups) {
+    PC_RETURN_IF_ERROR(lookup.Add({query, v->size(), Percentile(*v, 0.5), Percentile(*v, 0.99)}));
+  }
+  PC_RETURN_IF_ERROR(fetch.WriteToDir(dir, "ipc-fetch"));
+  return lookup.WriteToDir(dir, "ipc-lookup");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -242,5 +263,13 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(kLen), Percentile(l_short, 0.5), Percentile(l_short, 0.99));
   std::printf("lookup round trip, 1-token miss (transport alone): p50 %.1f us, p99 %.1f us\n",
               Percentile(l_min, 0.5), Percentile(l_min, 0.99));
+  const Status csv = WriteCsv(opt.csv_dir, b, {{"memcpy", &mem}, {"socket", &sock}, {"shared memory", &shm}},
+                              {{std::to_string(longq.size()) + "-token hit", &l_long},
+                               {std::to_string(kLen) + "-token exact", &l_short},
+                               {"1-token miss (transport)", &l_min}});
+  if (!csv.ok()) {
+    std::fprintf(stderr, "%s\n", csv.ToString().c_str());
+    return 1;
+  }
   return 0;
 }

@@ -5,6 +5,7 @@
 // of 128, a window of 4096 where rotating; TurboQuant rows encoded from the
 // same Gaussian rows the f32 kinds store.
 #include "tools/bench/kv_kinds_bench.h"
+#include "tools/common/csv.h"
 
 #include <algorithm>
 #include <chrono>
@@ -131,7 +132,10 @@ Measured MeasureKind(const std::shared_ptr<Device>& device, const KvPlan& plan, 
 
 }  // namespace
 
-int KvKindsBench(const std::shared_ptr<Device>& device, std::uint64_t tokens, std::uint32_t reps) {
+int KvKindsBench(const std::shared_ptr<Device>& device, std::uint64_t tokens, std::uint32_t reps,
+                 const std::string& csv_dir, const std::string& csv_name) {
+  bench::CsvTable csv({"device", "tokens", "kind", "booked_bytes_per_token", "snapshot_bytes_per_token",
+                       "stored_bytes_per_token", "capture_ms", "restore_gbps"});
   std::vector<float> signs(kHeadDim);
   std::mt19937 rng(5);
   for (auto& s : signs) s = rng() % 2 ? 1.0f : -1.0f;
@@ -157,8 +161,12 @@ int KvKindsBench(const std::shared_ptr<Device>& device, std::uint64_t tokens, st
                   m.stored_per_token, window == 0 ? f32_snapshot / m.snapshot_per_token : row_ratio, m.capture_s * 1e3,
                   m.restore_gbs, m.exact ? "bit-identical" : "DIFFERENT");
       pass = pass && m.exact;
+      Must(csv.Add({device->name(), tokens, std::string(KvKindOf(plan.format)), m.booked_per_token,
+                    m.snapshot_per_token, m.stored_per_token, m.capture_s * 1e3, m.restore_gbs}),
+           "csv");
     }
   }
+  Must(csv.WriteToDir(csv_dir, csv_name), "csv");
   return pass ? 0 : 1;
 }
 

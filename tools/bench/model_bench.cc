@@ -17,6 +17,8 @@
 // fsync'd sequential write and an O_DIRECT sequential read of as many bytes on
 // the daemon's file system; one line per ratio with its target.
 // --ttft-table prints the TTFT rows of docs/BENCHMARKS.md instead.
+// --csv-dir DIR also writes the figures as DIR/model-ttft-CONFIG.csv and
+// DIR/model-restore-CONFIG.csv (tools/bench/plot.py draws them).
 // Every restored continuation must be bit-identical to the captured session's.
 #include <CLI/CLI.hpp>
 
@@ -38,6 +40,7 @@
 #include "engine/model/hybrid_model.h"
 #include "primecache/codec.h"
 #include "serving/prefix_cache.h"
+#include "tools/common/csv.h"
 #include "tools/common/daemon_process.h"
 
 using namespace primecache;
@@ -485,12 +488,38 @@ void ReportInProcess(std::size_t P, std::size_t suffix, const InProcess& r, cons
   Ratio("full snapshot / pinned D2H", Gbs(r.bytes, r.snapshot_ms) / bus.d2h_gbs, ">=", 0.5);
 }
 
+// The figures as CSV tables: TTFT per path and prefix, and every restore's
+// rate beside the pinned host-to-device copy of the same run.
+struct Figures {
+  std::string config, device;
+  bench::CsvTable ttft{{"config", "device", "prefix_tokens", "suffix_tokens", "path", "ttft_ms"}};
+  bench::CsvTable restore{{"config", "device", "prefix_tokens", "path", "restored_bytes", "restore_ms",
+                           "restore_gbps", "pinned_h2d_gbps"}};
+};
+
+void RecordInProcess(Figures& f, std::size_t P, std::size_t suffix, const InProcess& r, const BusRates& bus) {
+  (void)f.ttft.Add({f.config, f.device, P, suffix, "full prefill", r.full_ms});
+  (void)f.ttft.Add({f.config, f.device, P, suffix, "restore in process", r.ttft_ms});
+  (void)f.restore.Add(
+      {f.config, f.device, P, "in process, pinned", r.bytes, r.restore_ms, Gbs(r.bytes, r.restore_ms), bus.h2d_gbs});
+}
+
+void RecordDaemon(Figures& f, std::size_t P, std::size_t suffix, const std::string& transform, const DaemonRun& d,
+                  const BusRates& bus) {
+  const std::uint64_t b = d.hot.restored_bytes;
+  for (const auto& [temp, req] : {std::pair<const char*, const model::Request*>{"hot", &d.hot}, {"cold", &d.cold}}) {
+    const std::string path = "daemon " + transform + ", " + temp;
+    (void)f.ttft.Add({f.config, f.device, P, suffix, path, req->ttft_ms});
+    (void)f.restore.Add({f.config, f.device, P, path, b, req->restore_ms, Gbs(b, req->restore_ms), bus.h2d_gbs});
+  }
+}
+
 struct Args {
   std::string config_path = "configs/hrm-glm5-class.json";
   std::vector<std::size_t> prefixes = {4096, 32768};
   std::size_t suffix = 16, chunk = 2048, quant_error = 0;
   std::uint64_t seed = 1;
-  std::string daemon_bin;
+  std::string daemon_bin, csv_dir;
   std::vector<std::string> daemon_args;
   bool cpu = false, ttft_table = false, ratios = false;
   model::PrefixCacheOptions::Staging staging = model::PrefixCacheOptions::Staging::kAuto;
@@ -498,7 +527,7 @@ struct Args {
 
 // One prefix length: the in-process figures and, with a daemon, both
 // transforms through it; the TTFT table's row when asked for.
-int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng) {
+int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng, Figures& fig) {
   engine::Device& dev = b.engine->device();
   const std::vector<std::uint32_t> tokens = RandomTokens(P + a.suffix, rng);
   auto r = MeasureInProcess(*b.model, dev, tokens, P);
@@ -507,6 +536,7 @@ int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng) {
   if (!bus.ok()) return Fail(bus.status(), "pinned copies");
   if (!a.ttft_table) ReportInProcess(P, a.suffix, *r, *bus);
   if (!r->exact) return 1;
+  RecordInProcess(fig, P, a.suffix, *r, *bus);
   if (a.ratios && P == *std::max_element(a.prefixes.begin(), a.prefixes.end())) {
     auto snap = b.model->NewSession();
     if (snap.ok() && b.model->Prime(*snap, std::span(tokens).first(P), model::LogitsWanted::kNone, nullptr).ok()) {
@@ -530,6 +560,7 @@ int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng) {
       std::printf("model-bench: %s: a restore through the daemon was not bit-identical\n", transform);
       return 1;
     }
+    RecordDaemon(fig, P, a.suffix, transform, *d, *bus);
     if (a.ttft_table && std::string(transform) == "raw/v1") {
       std::printf("| %zu | %.1f ms | %.1f ms | %.1f ms | %.1f ms |\n", P, r->full_ms, r->ttft_ms, d->hot.ttft_ms,
                   d->cold.ttft_ms);
@@ -562,6 +593,7 @@ int main(int argc, char** argv) {
   app.add_flag("--ttft-table", a.ttft_table,
                "print the TTFT table rows (full prefill, restore in process, through the daemon hot and cold) for "
                "each --prefix (default 4096, 32768, 131072)");
+  app.add_option("--csv-dir", a.csv_dir, "also write the figures as CSV files here (tools/bench/plot.py)");
   app.add_flag("--ratios", a.ratios, "also encode the longest prefix's capture with every transform");
   const std::map<std::string, model::PrefixCacheOptions::Staging> stagings = {
       {"auto", model::PrefixCacheOptions::Staging::kAuto},
@@ -597,8 +629,14 @@ int main(int argc, char** argv) {
     std::printf("| --- | --- | --- | --- | --- |\n");
   }
   std::mt19937 rng(7);
+  Figures fig;
+  fig.config = b->config.name;
+  fig.device = b->engine->device().name();
   for (std::size_t P : a.prefixes) {
-    if (const int rc = RunPrefix(a, *b, P, rng); rc != 0) return rc;
+    if (const int rc = RunPrefix(a, *b, P, rng, fig); rc != 0) return rc;
+  }
+  for (const auto& [table, name] : {std::pair{&fig.ttft, "model-ttft-"}, {&fig.restore, "model-restore-"}}) {
+    if (Status s = table->WriteToDir(a.csv_dir, name + fig.config); !s.ok()) return Fail(s, "csv");
   }
   return 0;
 }

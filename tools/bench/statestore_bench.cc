@@ -31,6 +31,7 @@
 #include "primecache/logging.h"
 #include "primecache/snapshot.h"
 #include "primecache/statestore.h"
+#include "tools/common/csv.h"
 
 namespace {
 
@@ -409,7 +410,66 @@ class AcceptAll final : public LayerValidator {
   }
 };
 
-void Lookup(const std::string& dir, std::uint64_t max_entries, int queries) {
+// Latencies in microseconds of one store size's queries.
+struct LookupFigures {
+  double hit_p50 = 0, hit_p99 = 0, miss_p50 = 0, miss_p99 = 0;
+  std::uint64_t hit_len = 0;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))];
+}
+
+// `queries` queries of `q` tokens each way: the conversation extended
+// differently each time (hits its 30000 boundary), and fresh random tokens
+// (misses).
+LookupFigures TimeLookups(Store& store, const std::vector<std::uint32_t>& conv, std::size_t q, int queries) {
+  std::vector<double> hit, miss;
+  LookupFigures f;
+  for (int i = 0; i < queries; ++i) {
+    std::vector<std::uint32_t> qh(conv.begin(), conv.begin() + static_cast<long>(q));
+    qh[q - 1 - static_cast<std::size_t>(i % 100)] ^= static_cast<std::uint32_t>(i + 1);
+    auto h0 = Clock::now();
+    auto r = store.Lookup(Hash128{0x1234, 0x5678}, "bench", qh);
+    hit.push_back(std::chrono::duration<double, std::micro>(Clock::now() - h0).count());
+    if (!r.ok() || !r->has_value()) Die(Status::Internal("expected a hit"), "lookup");
+    f.hit_len = (*r)->length;
+    auto qm = Tokens(q, 1'000'000'000ull + static_cast<std::uint64_t>(i));
+    auto m0 = Clock::now();
+    auto rm = store.Lookup(Hash128{0x1234, 0x5678}, "bench", qm);
+    miss.push_back(std::chrono::duration<double, std::micro>(Clock::now() - m0).count());
+    if (!rm.ok() || rm->has_value()) Die(Status::Internal("expected a miss"), "lookup");
+  }
+  f.hit_p50 = Percentile(hit, 0.5);
+  f.hit_p99 = Percentile(hit, 0.99);
+  f.miss_p50 = Percentile(miss, 0.5);
+  f.miss_p99 = Percentile(miss, 0.99);
+  return f;
+}
+
+// Filler entries up to `target`: other conversations, 16..271 tokens, one
+// in 16 sharing the first 1024 tokens of the queried conversation.
+void GrowTo(Store& store, const std::vector<std::uint32_t>& conv, std::uint64_t target, std::mt19937_64& rng,
+            std::uint64_t* entries) {
+  LayerBytes layer{"placeholder", {"x"}};
+  std::vector<std::uint32_t> t;
+  while (*entries < target) {
+    std::size_t len = 16 + rng() % 256;
+    if (rng() % 16 == 0) {
+      t.assign(conv.begin(), conv.begin() + 1024);
+      for (std::size_t i = 0; i < len; ++i) t.push_back(static_cast<std::uint32_t>(rng() % 150000));
+    } else {
+      t = Tokens(len, rng());
+    }
+    Die(store.Publish(Request(t), {&layer, 1}).status(), "publish");
+    ++*entries;
+  }
+}
+
+// Lookup latency as the store grows from 10^3 to `max_entries` entries by
+// factors of ten; the rows also go into `csv` (columns as its header says).
+void Lookup(const std::string& dir, std::uint64_t max_entries, int queries, bench::CsvTable* csv) {
   std::printf("\n## lookup: 32768-token queries, in process, latency in microseconds\n\n");
   std::printf(
       "| entries | hit p50 | hit p99 | miss p50 | miss p99 | hit length |\n| --- | --- | --- | --- | --- | "
@@ -430,53 +490,17 @@ void Lookup(const std::string& dir, std::uint64_t max_entries, int queries) {
     auto r = (*store)->Publish(Request({conv.begin(), conv.begin() + static_cast<long>(len)}), {&layer, 1});
     Die(r.status(), "publish");
   }
-  // Filler entries: other conversations, 16..271 tokens, one in 16 sharing
-  // the first 1024 tokens of the queried conversation.
   std::mt19937_64 rng(99);
   std::uint64_t entries = 4;
-  std::vector<std::uint32_t> t;
   for (std::uint64_t target = 1000; target <= max_entries; target *= 10) {
     auto t0 = Clock::now();
-    while (entries < target) {
-      std::size_t len = 16 + rng() % 256;
-      if (rng() % 16 == 0) {
-        t.assign(conv.begin(), conv.begin() + 1024);
-        for (std::size_t i = 0; i < len; ++i) t.push_back(static_cast<std::uint32_t>(rng() % 150000));
-      } else {
-        t = Tokens(len, rng());
-      }
-      auto r = (*store)->Publish(Request(t), {&layer, 1});
-      Die(r.status(), "publish");
-      ++entries;
-    }
+    GrowTo(**store, conv, target, rng, &entries);
     double build = Seconds(t0);
     Die((*store)->Compact(), "compact");  // measure a settled store, not one busy compacting
-    // Queries: the conversation extended differently each time (hits the
-    // 30000 boundary), and fresh random tokens (misses).
-    std::vector<double> hit, miss;
-    std::uint64_t hit_len = 0;
-    for (int i = 0; i < queries; ++i) {
-      std::vector<std::uint32_t> qh(conv.begin(), conv.begin() + q);
-      qh[q - 1 - (i % 100)] ^= static_cast<std::uint32_t>(i + 1);
-      auto h0 = Clock::now();
-      auto r = (*store)->Lookup(Hash128{0x1234, 0x5678}, "bench", qh);
-      hit.push_back(std::chrono::duration<double, std::micro>(Clock::now() - h0).count());
-      if (!r.ok() || !r->has_value()) Die(Status::Internal("expected a hit"), "lookup");
-      hit_len = (*r)->length;
-      auto qm = Tokens(q, 1'000'000'000ull + static_cast<std::uint64_t>(i));
-      auto m0 = Clock::now();
-      auto rm = (*store)->Lookup(Hash128{0x1234, 0x5678}, "bench", qm);
-      miss.push_back(std::chrono::duration<double, std::micro>(Clock::now() - m0).count());
-      if (!rm.ok() || rm->has_value()) Die(Status::Internal("expected a miss"), "lookup");
-    }
-    std::sort(hit.begin(), hit.end());
-    std::sort(miss.begin(), miss.end());
-    auto pct = [](const std::vector<double>& v, double p) {
-      return v[static_cast<std::size_t>(p * (v.size() - 1))];
-    };
-    std::printf("| %llu | %.1f | %.1f | %.1f | %.1f | %llu |\n", static_cast<unsigned long long>(entries),
-                pct(hit, 0.5), pct(hit, 0.99), pct(miss, 0.5), pct(miss, 0.99),
-                static_cast<unsigned long long>(hit_len));
+    const LookupFigures f = TimeLookups(**store, conv, q, queries);
+    std::printf("| %llu | %.1f | %.1f | %.1f | %.1f | %llu |\n", static_cast<unsigned long long>(entries), f.hit_p50,
+                f.hit_p99, f.miss_p50, f.miss_p99, static_cast<unsigned long long>(f.hit_len));
+    Die(csv->Add({entries, q, f.hit_len, f.hit_p50, f.hit_p99, f.miss_p50, f.miss_p99}), "csv");
     std::fprintf(stderr, "lookup: %llu entries built in %.1f s\n", static_cast<unsigned long long>(entries),
                  build);
     std::fflush(stdout);
@@ -541,6 +565,7 @@ int main(int argc, char** argv) {
   int mib = 256, reps = 3, queries = 200, boundaries = 8;
   std::uint64_t max_entries = 1'000'000, dedup_tokens = 32768;
   bool no_throughput = false, no_lookup = false, no_dedup = false;
+  std::string csv_dir;
   app.add_option("--dir", dir, "scratch directory (on the disk to measure)");
   app.add_option("--mib", mib, "throughput: MiB per entry")->check(CLI::Range(1, 8192));
   app.add_option("--reps", reps, "throughput: entries timed per case")->check(CLI::Range(1, 100));
@@ -551,11 +576,15 @@ int main(int argc, char** argv) {
   app.add_flag("--no-throughput", no_throughput);
   app.add_flag("--no-lookup", no_lookup);
   app.add_flag("--no-dedup", no_dedup);
+  app.add_option("--csv-dir", csv_dir, "also write the lookup figures as DIR/lookup-latency.csv (tools/bench/plot.py)");
   CLI11_PARSE(app, argc, argv);
   Die(InitLogging("warn"), "logging");
   std::filesystem::create_directories(dir);
   if (!no_throughput) Throughput(dir, mib, reps);
   if (!no_dedup) Dedup(dir, dedup_tokens, boundaries);
-  if (!no_lookup) Lookup(dir, max_entries, queries);
+  bench::CsvTable lookups(
+      {"entries", "query_tokens", "hit_tokens", "hit_p50_us", "hit_p99_us", "miss_p50_us", "miss_p99_us"});
+  if (!no_lookup) Lookup(dir, max_entries, queries, &lookups);
+  if (!no_lookup) Die(lookups.WriteToDir(csv_dir, "lookup-latency"), "csv");
   return 0;
 }

@@ -350,6 +350,12 @@ int Rm(StoreAccess& access, const std::vector<std::uint64_t>& ids, const Output&
 
 // ---- gc ---------------------------------------------------------------------------------
 
+// access.Compact(), its running time shown on a terminal.
+Status CompactShowingTime(StoreAccess& access, const Output& out, const char* what) {
+  const ProgressTicker ticker(out, what);
+  return access.Compact();
+}
+
 int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
   if (!access.writable() && !o.dry_run) {
     return out.Error(Status::FailedPrecondition("gc needs the running daemon (" + access.where() +
@@ -398,7 +404,7 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
   bool compacted = false;
   nlohmann::json compact_error = nullptr;
   if (!o.dry_run && o.compact) {
-    Status s = access.Compact();
+    Status s = CompactShowingTime(access, out, "gc: compacting");
     compacted = s.ok();
     if (!s.ok()) {
       if (code == kExitOk) code = ExitCodeFor(s);
@@ -597,10 +603,17 @@ int Import(StoreAccess& access, const std::string& file, const std::optional<std
   auto snap = ReadPcsnap(Env::Default(), file);
   if (!snap.ok()) return out.Error(snap.status().WithContext(file));
   // Every chunk decodes to what its header promises before anything is sent.
-  auto decoded = DecodeSnapshot(*snap);
+  auto decoded = DecodeSnapshot(*snap, {}, [&](std::size_t done, std::size_t total) {
+    out.Progress("import: checking layers", done, total);
+  });
+  out.EndProgress();
   if (!decoded.ok()) return out.Error(decoded.status().WithContext(file));
+  decoded = BoundarySnapshot{};  // checked; only the encoded bytes travel
   const std::string target = ns.value_or(snap->header.ns);
-  auto r = access.Import(*snap, target);
+  auto r = [&] {
+    const ProgressTicker ticker(out, "import: storing " + std::to_string(snap->layers.size()) + " layers");
+    return access.Import(*snap, target);
+  }();
   if (!r.ok()) return out.Error(r.status().WithContext("import " + file));
   out.Json({{"file", file},
             {"entry", r->id},
@@ -618,7 +631,7 @@ int Compact(StoreAccess& access, const Output& out) {
   auto before = access.Stat();
   if (!before.ok()) return out.Error(before.status());
   const auto start = std::chrono::steady_clock::now();
-  Status s = access.Compact();
+  Status s = CompactShowingTime(access, out, "compact");
   if (!s.ok()) return out.Error(s);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto after = access.Stat();

@@ -17,6 +17,7 @@
 #include "primecache/statestore.h"
 #include "tools/ctl/access.h"
 #include "tools/ctl/commands.h"
+#include "tools/ctl/completion.h"
 #include "tools/ctl/output.h"
 #include "tools/ctl/remote.h"
 
@@ -56,6 +57,7 @@ struct Invocation {
   std::string import_file;
   std::optional<std::string> import_ns;
   std::string migrate_store;
+  std::string completion_shell;
 
   CLI::App* ls_cmd = nullptr;
   CLI::App* show_cmd = nullptr;
@@ -67,6 +69,7 @@ struct Invocation {
   CLI::App* import_cmd = nullptr;
   CLI::App* compact_cmd = nullptr;
   CLI::App* migrate_cmd = nullptr;
+  CLI::App* completion_cmd = nullptr;
 };
 
 void AddGlobalOptions(CLI::App& app, Invocation& in) {
@@ -78,7 +81,8 @@ void AddGlobalOptions(CLI::App& app, Invocation& in) {
   app.add_option("--timeout", in.timeout_s, "seconds to wait for the daemon's answer to one request")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--log-level", in.log_level, "trace, debug, info, warn, error, off (default: warn)");
+  app.add_option("--log-level", in.log_level, "trace, debug, info, warn, error, off (default: warn)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
 }
 
 void AddLs(CLI::App& app, Invocation& in) {
@@ -162,6 +166,70 @@ void AddCompactAndMigrate(CLI::App& app, Invocation& in) {
   in.migrate_cmd->add_option("--store", in.migrate_store, "the store directory (default: DATA_DIR/store)");
 }
 
+// Every subcommand's --help ends with examples (docs/cli.md has more).
+void AddExamples(const Invocation& in) {
+  const std::pair<CLI::App*, const char*> examples[] = {
+      {in.ls_cmd,
+       "Examples:\n"
+       "  primecachectl ls --sort size --reverse --limit 10   # the ten largest entries\n"
+       "  primecachectl ls --model hrm-tiny --namespace t1    # one model's entries in one namespace\n"
+       "  primecachectl ls --quarantined                      # damaged entries and why\n"
+       "  primecachectl ls --json | jq '.entries[].id'        # exact numbers for scripts"},
+      {in.show_cmd,
+       "Examples:\n"
+       "  primecachectl show 42                    # model, tokens as text, every layer\n"
+       "  primecachectl show 42 --text-chars 2000  # more of the prompt's text\n"
+       "  primecachectl show 3fa9c0 --remote redis://10.0.0.5:7000"},
+      {in.verify_cmd,
+       "Examples:\n"
+       "  primecachectl verify 42                # one entry: every checksum and layer\n"
+       "  primecachectl verify --all --json      # the whole store, problems as JSON (exit 1 on damage)\n"
+       "  primecachectl verify --file e42.pcsnap # a .pcsnap file, no store needed"},
+      {in.rm_cmd,
+       "Examples:\n"
+       "  primecachectl rm 42         # one entry\n"
+       "  primecachectl rm 42 43 57   # several"},
+      {in.gc_cmd,
+       "Examples:\n"
+       "  primecachectl gc --older-than 7d --dry-run  # what a weekly clean-up would remove\n"
+       "  primecachectl gc --older-than 7d            # then do it, and compact\n"
+       "  primecachectl gc                            # quarantined entries only"},
+      {in.stats_cmd,
+       "Examples:\n"
+       "  primecachectl stats          # entries, bytes, dedup, hit rate, evictions\n"
+       "  primecachectl stats --json   # exact numbers for scripts and monitoring"},
+      {in.export_cmd,
+       "Examples:\n"
+       "  primecachectl export 42 e42.pcsnap          # one entry as a file\n"
+       "  primecachectl export 42 e42.pcsnap --force  # replace the file"},
+      {in.import_cmd,
+       "Examples:\n"
+       "  primecachectl --data-dir /srv/primecache import e42.pcsnap  # into another daemon's store\n"
+       "  primecachectl import e42.pcsnap --namespace tenant-b        # into another namespace"},
+      {in.compact_cmd,
+       "Examples:\n"
+       "  primecachectl compact                  # reclaim deleted entries' space now\n"
+       "  primecachectl compact --timeout 3600   # a large store: wait up to an hour"},
+      {in.migrate_cmd,
+       "Examples:\n"
+       "  primecachectl migrate                                  # the default data dir's store (daemon stopped)\n"
+       "  primecachectl migrate --store /srv/primecache/store"},
+  };
+  for (const auto& [cmd, text] : examples) cmd->footer(text);
+}
+
+// `completion bash`: the completion script, generated from the command tree.
+// Hidden from --help (an empty group); docs/cli.md says how to install it.
+void AddCompletion(CLI::App& app, Invocation& in) {
+  in.completion_cmd = app.add_subcommand("completion", "print a shell completion script (bash)")->group("");
+  in.completion_cmd->add_option("SHELL", in.completion_shell, "the shell")
+      ->required()
+      ->check(CLI::IsMember({"bash"}));
+  in.completion_cmd->footer(
+      "Examples:\n"
+      "  primecachectl completion bash > /etc/bash_completion.d/primecachectl\n"
+      "  source <(primecachectl completion bash)");
+}
 
 // ls, show and verify of the remote tier: the cluster alone, no store.
 int RunOnRemote(const Invocation& in, const Output& out) {
@@ -265,12 +333,18 @@ int main(int argc, char** argv) {
   AddRmAndGc(app, in);
   AddStatsExportImport(app, in);
   AddCompactAndMigrate(app, in);
+  AddExamples(in);
+  AddCompletion(app, in);
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? kExitOk : kExitUsage;
+  }
+  if (in.completion_cmd->parsed()) {
+    std::fputs(BashCompletion(app, "primecachectl").c_str(), stdout);
+    return kExitOk;
   }
   if (Status s = CheckArguments(in); !s.ok()) {
     std::fprintf(stderr, "primecachectl: %s\n", s.message().c_str());

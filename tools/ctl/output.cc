@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
 
 #include "primecache/model.h"
@@ -75,13 +76,48 @@ int Output::Error(const Status& s) const {
   return code;
 }
 
+bool Output::ShowsProgress() const {
+  return !json_ && progress_ && isatty(STDERR_FILENO) != 0;
+}
+
 void Output::Progress(std::string_view what, std::uint64_t done, std::uint64_t total) const {
-  if (json_ || !progress_ || isatty(STDERR_FILENO) == 0 || total == 0) return;
+  if (!ShowsProgress() || total == 0) return;
   constexpr int kWidth = 30;
   const int filled = static_cast<int>(std::min<std::uint64_t>(kWidth, done * kWidth / total));
   std::cerr << '\r' << what << " [" << std::string(filled, '#') << std::string(kWidth - filled, '.') << "] " << done
             << '/' << total << std::flush;
   drawn_ = true;
+}
+
+void Output::Elapsed(std::string_view what, double seconds) const {
+  if (!ShowsProgress()) return;
+  char took[32];
+  std::snprintf(took, sizeof took, "%.1f s", seconds);
+  std::cerr << '\r' << what << " ... " << took << std::flush;
+  drawn_ = true;
+}
+
+ProgressTicker::ProgressTicker(const Output& out, std::string what) : out_(out), what_(std::move(what)) {
+  if (!out_.ShowsProgress()) return;
+  thread_ = std::thread([this] {
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      out_.Elapsed(what_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      cv_.wait_for(lock, std::chrono::milliseconds(200));
+    }
+  });
+}
+
+ProgressTicker::~ProgressTicker() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+  out_.EndProgress();
 }
 
 void Output::EndProgress() const {

@@ -6,8 +6,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "primecache/checksum.h"
@@ -47,7 +50,12 @@ class Output {
 
   // A progress bar on stderr, drawn only on a terminal and not in json mode.
   void Progress(std::string_view what, std::uint64_t done, std::uint64_t total) const;
+  // Where no fraction is known: what runs and for how long, as Progress.
+  void Elapsed(std::string_view what, double seconds) const;
   void EndProgress() const;
+  // Whether Progress and Elapsed draw: not --json, not --no-progress, and
+  // stderr a terminal.
+  bool ShowsProgress() const;
 
  private:
   bool json_;
@@ -55,11 +63,31 @@ class Output {
   mutable bool drawn_ = false;
 };
 
+// While one long call runs whose progress cannot be told (compact, import's
+// publish): redraws Output::Elapsed every 200 ms from a thread of its own,
+// started only when the output shows progress; clears the line when it
+// goes. The caller writes nothing else to `out` while a ticker lives.
+class ProgressTicker {
+ public:
+  ProgressTicker(const Output& out, std::string what);
+  ~ProgressTicker();
+  ProgressTicker(const ProgressTicker&) = delete;
+  ProgressTicker& operator=(const ProgressTicker&) = delete;
+
+ private:
+  const Output& out_;
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 // A plain text table: a header row, then rows, columns padded to fit; a
 // column whose header starts with '>' is right-aligned.
 std::string RenderTable(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
 
-std::string HumanBytes(std::uint64_t bytes);  // "1.50 MiB"
+std::string HumanBytes(std::uint64_t bytes);  // "1023 B", "1.50 MiB" (binary units, two decimals)
 std::string HumanAge(std::uint64_t seconds);   // "45s", "12m", "3h04m", "5d02h"
 std::string Hex(const Hash128& h);             // 32 hex digits, hi then lo
 std::string Hex64(std::uint64_t v);            // 16 hex digits
