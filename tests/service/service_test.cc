@@ -319,6 +319,18 @@ TEST_F(ServiceTest, TheOldTenantsObjectStillReads) {
   EXPECT_EQ(j.at("max_connections"), "8");
 }
 
+// The commented example that is installed (packaging/primecached.conf) reads,
+// and says what docs/operations.md says it does.
+TEST_F(ServiceTest, TheExampleConfigReads) {
+  auto [out, rc] = RunToEnd({"--config", EXAMPLE_CONFIG, "--print-config"});
+  ASSERT_EQ(rc, 0) << ReadFile(path("run.err"));
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j.at("data_dir"), "/var/lib/primecache");
+  EXPECT_EQ(j.at("socket"), "/run/primecache/primecached.sock");
+  EXPECT_EQ(j.at("socket_group"), "primecache");
+  EXPECT_EQ(j.at("capacity"), "64G");
+}
+
 TEST_F(ServiceTest, StartRefusesUnknownKeysAndMissingFiles) {
   const std::string cfg = path("primecached.conf");
   WriteFile(cfg, R"({"capacity": "1G", "max_chunks": "2M"})");
