@@ -222,12 +222,17 @@ TEST_F(ServiceTest, SighupAppliesLogLevelAndCapacityFromTheConfig) {
   // At debug, the connection Budget() made is logged.
   EXPECT_NE(log.find("primecached: connection "), std::string::npos) << log;
 
-  // Up to warn: the shutdown's info lines are no longer written.
-  WriteFile(cfg, R"({"log_level": "warn", "capacity": "2G"})");
+  // Up to warn: the shutdown's info lines are no longer written. A setting
+  // that cannot change while running is named as waiting for a restart.
+  WriteFile(cfg, R"({"log_level": "warn", "capacity": "2G", "idle_timeout": 77})");
   d.Signal(SIGHUP);
   ASSERT_TRUE(notify.WaitFor("RELOADING=1", &seen, 10s));
   ASSERT_TRUE(notify.WaitFor("READY=1", &seen, 10s));
-  const std::size_t before = ReadFile(path("log")).size();
+  log = ReadFile(path("log"));
+  EXPECT_NE(log.find("reload: idle_timeout changed; only log_level and capacity change while running"),
+            std::string::npos)
+      << log;
+  const std::size_t before = log.size();
   d.Signal(SIGTERM);
   EXPECT_EQ(d.Wait(), 0);
   log = ReadFile(path("log")).substr(before);

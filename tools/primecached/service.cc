@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,22 @@ class PriorityFlag : public spdlog::custom_flag_formatter {
 };
 
 std::string Bytes(std::uint64_t bytes) { return bytes == 0 ? std::string("unlimited") : std::to_string(bytes); }
+
+// The keys whose values differ between two JSON objects of settings ("" for
+// text that is not such an object, which compares whole).
+std::string ChangedKeys(const std::string& before, const std::string& after) {
+  const auto a = nlohmann::json::parse(before, nullptr, /*allow_exceptions=*/false);
+  const auto b = nlohmann::json::parse(after, nullptr, /*allow_exceptions=*/false);
+  if (!a.is_object() || !b.is_object()) return before == after ? "" : "(settings)";
+  std::set<std::string> keys;
+  for (const auto& [k, v] : a.items()) keys.insert(k);
+  for (const auto& [k, v] : b.items()) keys.insert(k);
+  std::string changed;
+  for (const auto& k : keys) {
+    if (a.value(k, nlohmann::json()) != b.value(k, nlohmann::json())) changed += (changed.empty() ? "" : ", ") + k;
+  }
+  return changed;
+}
 
 }  // namespace
 
@@ -142,9 +160,10 @@ void ServiceSignals::Apply(const Settings& next) {
     changed.push_back("log level " + std::string(LogLevelName(current_.log_level)) + " -> " +
                       std::string(LogLevelName(next.log_level)));
   }
-  if (next.others != current_.others) {
-    spdlog::warn("primecached: reload: settings besides log_level and capacity changed; they take effect at the "
-                 "next restart");
+  if (const std::string keys = ChangedKeys(current_.others, next.others); !keys.empty()) {
+    spdlog::warn("primecached: reload: {} changed; only log_level and capacity change while running, the rest at "
+                 "the next restart",
+                 keys);
   }
   const std::string others = current_.others;
   current_ = next;

@@ -33,8 +33,8 @@ namespace primecache::daemon {
 struct Settings {
   LogLevel log_level = LogLevel::kInfo;
   std::uint64_t capacity_bytes = 0;
-  // Every other setting, as text (primecached --print-config): a change there
-  // needs a restart.
+  // Every other setting, a JSON object as primecached --print-config writes
+  // it: a change there needs a restart, and a reload names the keys.
   std::string others;
 };
 
