@@ -375,8 +375,6 @@ int main(int argc, char** argv) {
   if (f.admin_socket.empty() && !f.no_admin_socket) f.admin_socket = f.data_dir + "/primecached-admin.sock";
   if (f.no_admin_socket) f.admin_socket.clear();
 
-  auto capacity = ParseBytes(f.capacity);
-  if (!capacity.ok()) return Fail(capacity.status());
   auto opts = ServerOptionsFrom(f, *tenants);
   if (!opts.ok()) return Fail(opts.status());
   if (Status s = CheckSocketGroup(f); !s.ok()) return Fail(s);
@@ -388,7 +386,7 @@ int main(int argc, char** argv) {
 
   primecache::ipc::StoreConfig sc;
   sc.data_dir = f.data_dir;
-  sc.capacity_bytes = *capacity;
+  sc.capacity_bytes = settings->capacity_bytes;
   sc.max_staged_bytes = opts->limits.max_uncommitted_total_bytes;
   sc.read_threads = f.read_threads;
   sc.direct_reads = f.direct_reads;
