@@ -65,7 +65,10 @@ for c in "$work/consumer/primecache-consumer" "$work/consumer/primecache-consume
   echo "== $(basename "$c")"
   "$c" "$sock" "$admin" || fail "$(basename "$c") against the daemon"
 done
-ldd "$work/consumer/primecache-consumer" | grep -q "$prefix/$libdir/$soname" || fail "consumer does not load $soname"
+# (ldd's output is read whole first: grep -q may stop reading early, and
+# pipefail would count ldd's SIGPIPE as a failure.)
+loads=$(ldd "$work/consumer/primecache-consumer")
+grep -q "$prefix/$libdir/$soname" <<<"$loads" || fail "consumer does not load $soname"
 budget=$("$prefix/bin/primecachectl" --data-dir "$data" --socket "$admin" stats --json |
          python3 -c 'import json,sys; print(json.load(sys.stdin)["capacity_bytes"])')
 [ "$budget" = $((3 << 30)) ] || fail "primecachectl stats shows capacity $budget"

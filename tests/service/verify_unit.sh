@@ -25,4 +25,5 @@ mkdir -p "$work/root/etc"
 systemd-sysusers --root="$work/root" "$(realpath "$sysusers")" >/dev/null
 grep -q '^primecache:x:[0-9]*:[0-9]*:.*:/var/lib/primecache:' "$work/root/etc/passwd" || { echo "verify_unit: no primecache user"; exit 1; }
 grep -q '^primecache:x:' "$work/root/etc/group" || { echo "verify_unit: no primecache group"; exit 1; }
-echo "verify_unit: ok ($(systemd-analyze --version | head -1))"
+version=$(systemd-analyze --version)
+echo "verify_unit: ok (${version%%$'\n'*})"

@@ -292,6 +292,17 @@ Status CheckSocketGroup(const Flags& f) {
                                  ", which is private (0700): the group could not reach " + f.socket);
 }
 
+// The data dir and the sockets in it, where the flags leave them out.
+Status DefaultPaths(Flags* f) {
+  if (f->data_dir.empty()) {
+    PC_ASSIGN_OR_RETURN(f->data_dir, primecache::DefaultDataDir());
+  }
+  if (f->socket.empty()) f->socket = f->data_dir + "/primecached.sock";
+  if (f->admin_socket.empty() && !f->no_admin_socket) f->admin_socket = f->data_dir + "/primecached-admin.sock";
+  if (f->no_admin_socket) f->admin_socket.clear();
+  return Status::Ok();
+}
+
 // The daemon's DeviceDma (null: no device copies), as --device-copies says.
 Result<std::unique_ptr<primecache::ipc::DeviceDma>> DeviceCopiesFrom(const Flags& f) {
   if (f.device_copies != "auto" && f.device_copies != "off") {
@@ -366,14 +377,7 @@ int main(int argc, char** argv) {
   if (Status s = InitDaemonLogging(f); !s.ok()) return Fail(s);
   auto settings = SettingsOf(app, f);
   if (!settings.ok()) return Fail(settings.status());
-  if (f.data_dir.empty()) {
-    auto dir = primecache::DefaultDataDir();
-    if (!dir.ok()) return Fail(dir.status());
-    f.data_dir = *dir;
-  }
-  if (f.socket.empty()) f.socket = f.data_dir + "/primecached.sock";
-  if (f.admin_socket.empty() && !f.no_admin_socket) f.admin_socket = f.data_dir + "/primecached-admin.sock";
-  if (f.no_admin_socket) f.admin_socket.clear();
+  if (Status s = DefaultPaths(&f); !s.ok()) return Fail(s);
 
   auto opts = ServerOptionsFrom(f, *tenants);
   if (!opts.ok()) return Fail(opts.status());
