@@ -7,9 +7,12 @@
 //
 // Readiness: the socket path appears only once the daemon accepts on it; a
 // script may also pass --ready-fd (the daemon writes "ready\n" to it and
-// closes it) or --ready-file (written atomically once serving).
+// closes it) or --ready-file (written atomically once serving); under systemd
+// it sends READY=1 (service.h).
 // SIGTERM/SIGINT: stop accepting, abort publishes in flight, close the store,
-// remove the socket files, exit 0.
+// remove the socket files, exit 0. SIGHUP: re-read the config file; the log
+// level and the byte budget change at once (service.h).
+// --config FILE: the flags as a JSON object (config.h, docs/operations.md).
 #include <grp.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -18,6 +21,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -36,6 +40,8 @@
 #include "primecache/statestore.h"
 #include "ipc/store_factory.h"
 #include "remote/tiered_backend.h"
+#include "tools/primecached/config.h"
+#include "tools/primecached/service.h"
 
 namespace {
 
@@ -65,7 +71,6 @@ Result<std::uint64_t> ParseBytes(const std::string& text) {
 }
 
 struct Flags {
-  std::string config;
   std::string socket;
   std::string admin_socket;
   std::string data_dir;
@@ -111,77 +116,10 @@ struct Flags {
   std::size_t remote_queue = 64;  // entries waiting for write-behind at most
   double remote_miss_ttl = 1;     // seconds a query the cluster missed is not asked again
   std::vector<std::string> remote_namespaces;  // empty: every namespace
+  std::vector<std::string> tenants;  // UID=NS[,NS...]: the namespaces a uid may use
+  std::string log_format = "auto";   // auto, text or journal
+  bool print_config = false;
 };
-
-// Applies the JSON config's keys to flags the command line did not give.
-Status ApplyConfig(const std::string& path, const CLI::App& app, Flags* f,
-                   std::map<uid_t, std::vector<std::string>>* tenants) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound("cannot read config file " + path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    return Status::InvalidArgument("config " + path + ": " + e.what());
-  }
-  if (!j.is_object()) return Status::InvalidArgument("config " + path + ": not a JSON object");
-  try {
-    auto str = [&](const char* key, const char* flag, std::string* out) {
-      if (j.contains(key) && app.count(flag) == 0) *out = j.at(key).get<std::string>();
-    };
-    str("socket", "--socket", &f->socket);
-    str("admin_socket", "--admin-socket", &f->admin_socket);
-    str("data_dir", "--data-dir", &f->data_dir);
-    str("log_level", "--log-level", &f->log_level);
-    str("socket_group", "--socket-group", &f->socket_group);
-    str("max_chunk", "--max-chunk", &f->max_chunk);
-    str("write_queue", "--write-queue", &f->write_queue);
-    str("max_uncommitted_per_connection", "--max-uncommitted-per-connection", &f->max_uncommitted_per_connection);
-    str("max_uncommitted_total", "--max-uncommitted-total", &f->max_uncommitted_total);
-    str("device_copies", "--device-copies", &f->device_copies);
-    str("device_register_budget", "--device-register-budget", &f->device_register_budget);
-    str("read_ahead", "--read-ahead", &f->read_ahead);
-    str("eviction", "--eviction", &f->eviction);
-    str("admission", "--admission", &f->admission);
-    auto num = [&](const char* key, const char* flag, auto* out) {
-      if (j.contains(key) && app.count(flag) == 0) *out = j.at(key).get<std::remove_pointer_t<decltype(out)>>();
-    };
-    str("remote", "--remote", &f->remote);
-    num("remote_timeout", "--remote-timeout", &f->remote_timeout);
-    num("remote_queue", "--remote-queue", &f->remote_queue);
-    num("remote_miss_ttl", "--remote-miss-ttl", &f->remote_miss_ttl);
-    num("remote_namespaces", "--remote-ns", &f->remote_namespaces);
-    num("max_connections", "--max-connections", &f->max_connections);
-    num("max_connections_per_uid", "--max-connections-per-uid", &f->max_connections_per_uid);
-    num("max_admin_connections", "--max-admin-connections", &f->max_admin_connections);
-    num("hello_timeout", "--hello-timeout", &f->hello_timeout);
-    num("idle_timeout", "--idle-timeout", &f->idle_timeout);
-    num("publish_timeout", "--publish-timeout", &f->publish_timeout);
-    num("utility_alpha", "--utility-alpha", &f->utility_alpha);
-    num("utility_window", "--utility-window", &f->utility_window);
-    num("admit_reuse_share", "--admit-reuse-share", &f->admit_reuse_share);
-    if (j.contains("capacity") && app.count("--capacity") == 0) {
-      f->capacity = j["capacity"].is_number() ? std::to_string(j["capacity"].get<std::uint64_t>())
-                                              : j["capacity"].get<std::string>();
-    }
-    if (j.contains("tcp_port") && app.count("--tcp-port") == 0) f->tcp_port = j["tcp_port"].get<int>();
-    if (j.contains("workers") && app.count("--workers") == 0) f->workers = j["workers"].get<std::size_t>();
-    if (j.contains("fetch_workers") && app.count("--fetch-workers") == 0) f->fetch_workers = j["fetch_workers"].get<std::size_t>();
-    num("read_threads", "--read-threads", &f->read_threads);
-    num("direct_reads", "--direct-reads", &f->direct_reads);
-    if (j.contains("max_publishes") && app.count("--max-publishes") == 0) f->max_publishes = j["max_publishes"].get<std::uint32_t>();
-    if (j.contains("admin_uids") && app.count("--admin-uid") == 0) f->admin_uids = j["admin_uids"].get<std::vector<unsigned>>();
-    if (j.contains("tenants")) {
-      // {"1000": ["team-a", "team-b"], ...}: uid -> namespaces it may use.
-      for (auto& [uid, list] : j["tenants"].items()) {
-        (*tenants)[static_cast<uid_t>(std::stoul(uid))] = list.get<std::vector<std::string>>();
-      }
-    }
-  } catch (const std::exception& e) {
-    return Status::InvalidArgument("config " + path + ": " + e.what());
-  }
-  return Status::Ok();
-}
 
 Status WriteReady(const Flags& f) {
   if (!f.ready_file.empty()) {
@@ -200,7 +138,14 @@ Status WriteReady(const Flags& f) {
 }
 
 void AddFlags(CLI::App* app, Flags* f) {
-  app->add_option("--config", f->config, "JSON config file (keys as the flags, with underscores); flags win");
+  primecache::daemon::UseJsonConfig(app, "--config",
+                                    "JSON config file: the long flags as keys (docs/operations.md); flags win");
+  app->add_flag("--print-config", f->print_config, "print the settings given (flags and config) as a config, and exit")
+      ->configurable(false);
+  app->add_option("--tenant", f->tenants, "UID=NS[,NS...]: the namespaces this uid may use (repeat per uid)");
+  app->add_option("--log-format", f->log_format,
+                  "auto (journal when stderr is systemd's journal), text (with timestamps) or journal (<N> priority)")
+      ->check(CLI::IsMember({"auto", "text", "journal"}));
   app->add_option("--socket", f->socket, "Unix socket path (default DATA_DIR/primecached.sock)");
   app->add_option("--admin-socket", f->admin_socket,
                  "admin socket for delete/compact (default DATA_DIR/primecached-admin.sock)");
@@ -224,8 +169,8 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|critical|off");
   app->add_option("--socket-group", f->socket_group, "group allowed on the socket (mode 0660 instead of 0600)");
   app->add_option("--tcp-port", f->tcp_port, "also listen on 127.0.0.1:PORT (0 picks one; no shared memory)");
-  app->add_option("--ready-fd", f->ready_fd, "write 'ready' to this descriptor once serving");
-  app->add_option("--ready-file", f->ready_file, "write this file (our pid) once serving");
+  app->add_option("--ready-fd", f->ready_fd, "write 'ready' to this descriptor once serving")->configurable(false);
+  app->add_option("--ready-file", f->ready_file, "write this file (our pid) once serving")->configurable(false);
   app->add_option("--workers", f->workers, "worker threads for store work")->check(CLI::Range(1, 256));
   app->add_option("--fetch-workers", f->fetch_workers, "worker threads for fetches")->check(CLI::Range(1, 1024));
   app->add_option("--read-threads", f->read_threads,
@@ -348,6 +293,17 @@ Status CheckSocketGroup(const Flags& f) {
                                  ", which is private (0700): the group could not reach " + f.socket);
 }
 
+// The data dir and the sockets in it, where the flags leave them out.
+Status DefaultPaths(Flags* f) {
+  if (f->data_dir.empty()) {
+    PC_ASSIGN_OR_RETURN(f->data_dir, primecache::DefaultDataDir());
+  }
+  if (f->socket.empty()) f->socket = f->data_dir + "/primecached.sock";
+  if (f->admin_socket.empty() && !f->no_admin_socket) f->admin_socket = f->data_dir + "/primecached-admin.sock";
+  if (f->no_admin_socket) f->admin_socket.clear();
+  return Status::Ok();
+}
+
 // The daemon's DeviceDma (null: no device copies), as --device-copies says.
 Result<std::unique_ptr<primecache::ipc::DeviceDma>> DeviceCopiesFrom(const Flags& f) {
   if (f.device_copies != "auto" && f.device_copies != "off") {
@@ -369,31 +325,62 @@ int Fail(const Status& s) {
   return 1;
 }
 
+Status InitDaemonLogging(const Flags& f) {
+  PC_RETURN_IF_ERROR(primecache::InitLogging(f.log_level));
+  if (f.log_format == "journal" || (f.log_format == "auto" && primecache::daemon::StderrIsJournal())) {
+    primecache::daemon::UseJournalLogFormat();
+  }
+  return Status::Ok();
+}
+
+// What a reload compares: the settings `app` parsed into `f`.
+Result<primecache::daemon::Settings> SettingsOf(const CLI::App& app, const Flags& f) {
+  primecache::daemon::Settings s;
+  PC_ASSIGN_OR_RETURN(s.log_level, primecache::ResolveLogLevel(f.log_level));
+  PC_ASSIGN_OR_RETURN(s.capacity_bytes, ParseBytes(f.capacity));
+  s.others = primecache::daemon::SettingsText(app, {"log_level", "capacity"});
+  return s;
+}
+
+// SIGHUP: the command line parsed again, which reads the config file again;
+// every setting is checked as at start, so a bad file changes nothing.
+Result<primecache::daemon::Settings> Reread(int argc, char** argv) {
+  CLI::App app;
+  Flags f;
+  AddFlags(&app, &f);
+  try {
+    app.parse(argc, argv);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(e.what());
+  }
+  PC_RETURN_IF_ERROR(primecache::daemon::CheckConfigKeys(app));
+  PC_ASSIGN_OR_RETURN(auto tenants, primecache::daemon::ParseTenants(f.tenants));
+  PC_RETURN_IF_ERROR(ServerOptionsFrom(f, tenants).status());
+  return SettingsOf(app, f);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (Status s = primecache::daemon::BlockServiceSignals(); !s.ok()) return Fail(s);
   CLI::App app{"primecached: the primecache daemon"};
   Flags f;
   AddFlags(&app, &f);
   CLI11_PARSE(app, argc, argv);
-
-  std::map<uid_t, std::vector<std::string>> tenants;
-  if (!f.config.empty()) {
-    if (Status s = ApplyConfig(f.config, app, &f, &tenants); !s.ok()) return Fail(s);
+  (void)primecache::InitLogging("");  // stderr for what follows; the level comes below
+  if (Status s = primecache::daemon::CheckConfigKeys(app); !s.ok()) return Fail(s);
+  if (f.print_config) {
+    std::fputs(app.config_to_str().c_str(), stdout);
+    return 0;
   }
-  if (Status s = primecache::InitLogging(f.log_level); !s.ok()) return Fail(s);
-  if (f.data_dir.empty()) {
-    auto dir = primecache::DefaultDataDir();
-    if (!dir.ok()) return Fail(dir.status());
-    f.data_dir = *dir;
-  }
-  if (f.socket.empty()) f.socket = f.data_dir + "/primecached.sock";
-  if (f.admin_socket.empty() && !f.no_admin_socket) f.admin_socket = f.data_dir + "/primecached-admin.sock";
-  if (f.no_admin_socket) f.admin_socket.clear();
+  auto tenants = primecache::daemon::ParseTenants(f.tenants);
+  if (!tenants.ok()) return Fail(tenants.status());
+  if (Status s = InitDaemonLogging(f); !s.ok()) return Fail(s);
+  auto settings = SettingsOf(app, f);
+  if (!settings.ok()) return Fail(settings.status());
+  if (Status s = DefaultPaths(&f); !s.ok()) return Fail(s);
 
-  auto capacity = ParseBytes(f.capacity);
-  if (!capacity.ok()) return Fail(capacity.status());
-  auto opts = ServerOptionsFrom(f, tenants);
+  auto opts = ServerOptionsFrom(f, *tenants);
   if (!opts.ok()) return Fail(opts.status());
   if (Status s = CheckSocketGroup(f); !s.ok()) return Fail(s);
   auto device_dma = DeviceCopiesFrom(f);
@@ -404,7 +391,7 @@ int main(int argc, char** argv) {
 
   primecache::ipc::StoreConfig sc;
   sc.data_dir = f.data_dir;
-  sc.capacity_bytes = *capacity;
+  sc.capacity_bytes = settings->capacity_bytes;
   sc.max_staged_bytes = opts->limits.max_uncommitted_total_bytes;
   sc.read_threads = f.read_threads;
   sc.direct_reads = f.direct_reads;
@@ -425,7 +412,13 @@ int main(int argc, char** argv) {
   {
     auto server = primecache::ipc::Server::Create(store->get(), *std::move(opts));
     if (!server.ok()) return Fail(server.status());
-    if (Status s = (*server)->HandleSignals(); !s.ok()) return Fail(s);
+    primecache::ipc::StoreBackend* backend = store->get();
+    primecache::ipc::Server* srv = server->get();
+    primecache::daemon::ServiceSignals signals(
+        *std::move(settings), {.reread = [argc, argv] { return Reread(argc, argv); },
+                               .set_capacity = [backend](std::uint64_t bytes) { return backend->SetCapacity(bytes); },
+                               .stop = [srv] { srv->Stop(); }});
+    signals.Start();
     if (Status s = (*server)->Listen(); !s.ok()) return Fail(s);
     spdlog::info("primecached: serving {} (admin {}), data {}, pid {}", f.socket,
                  f.admin_socket.empty() ? "off" : f.admin_socket, f.data_dir, getpid());
@@ -434,7 +427,9 @@ int main(int argc, char** argv) {
       rc = Fail(s);
       (*server)->Stop();
     }
+    primecache::daemon::NotifyReady("serving " + f.socket);
     if (Status s = (*server)->Run(); !s.ok()) rc = Fail(s);
+    signals.Join();
   }  // the server (and its workers) go before the store
   store->reset();
   device_dma->reset();
