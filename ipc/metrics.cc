@@ -28,7 +28,8 @@ void WriteLookups(ExpositionWriter& w, const StoreStats& st, const ServerCounter
 
 void WriteRequests(ExpositionWriter& w, const ServerCounters& c) {
   w.Counter("primecache_publish_bytes_total", "Chunk bytes of committed publishes.", Load(c.publish_bytes));
-  w.Counter("primecache_publish_errors_total", "Publishes that a store step or the commit failed.",
+  w.Counter("primecache_publish_errors_total",
+            "Publishes that a store step or the commit failed (admission refusals are counted apart).",
             Load(c.publish_errors));
   w.Family("primecache_publish_duration_seconds", Type::kHistogram,
            "Seconds from a publishBegin's arrival to its commit's answer, of committed publishes.");

@@ -249,7 +249,11 @@ void Session::FailPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id,
   // Worker side. The store's staging of it, and its count against the
   // uncommitted bounds, go now rather than when the client gives up on it.
   pub->failed = std::move(s);
-  counters_->publish_errors.fetch_add(1, std::memory_order_relaxed);
+  // Admission's refusal (aborted before the store opened a sink) is the
+  // policy at work, not a failure; the store counts it (admission_refusals).
+  if (pub->sink || pub->failed.code() != StatusCode::kAborted) {
+    counters_->publish_errors.fetch_add(1, std::memory_order_relaxed);
+  }
   if (pub->sink) {
     pub->sink->Abort();
     pub->sink.reset();
