@@ -162,7 +162,7 @@ class MetricsEndpointTest(unittest.TestCase):
         self.assertEqual(value(values, "primecache_publish_bytes_total"), did["publish_bytes"])
         self.assertEqual(value(values, "primecache_fetch_bytes_total"), did["fetch_bytes"])
         self.assertEqual(value(values, "primecache_publish_errors_total"), 0)
-        self.assertEqual(value(values, "primecache_fetch_errors_total"), 0)
+        self.assertEqual(value(values, "primecache_fetch_errors_total"), did["fetch_errors"])
         self.check_histogram(values, "primecache_publish_duration_seconds", did["publishes"])
         self.check_histogram(values, "primecache_fetch_duration_seconds", did["fetches"])
         self.assertEqual(types["primecache_publish_duration_seconds"], "histogram")
@@ -195,6 +195,43 @@ class MetricsEndpointTest(unittest.TestCase):
         self.assertEqual(value(values, "primecache_lookups_total", result="miss"), did["misses"] + did2["misses"])
         self.assertEqual(value(values, "primecache_fetch_duration_seconds_count"), did["fetches"] + did2["fetches"])
         self.assertEqual(value(values, "primecache_entries"), did["publishes"])
+
+    def test_shared_memory_in_use(self):
+        d = self.daemon("--metrics-listen", "127.0.0.1:0")
+        d.wait_ready()
+        url = d.metrics_url()
+        w = subprocess.Popen([ARGS.workload, "--socket", d.socket, "--hold"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: (w.kill(), w.wait(), w.stdin.close(), w.stdout.close()))
+        held = json.loads(w.stdout.readline())["held_shm_bytes"]
+        self.assertGreater(held, 0)
+        # The fetch waits for room in its full window: what the client holds
+        # there is in use; the region is the client's 128 KiB.
+        values, _ = samples(scrape(url)[2])
+        self.assertEqual(value(values, "primecache_connections"), 1)
+        self.assertEqual(value(values, "primecache_shm_regions"), 1)
+        self.assertEqual(value(values, "primecache_shm_capacity_bytes"), 128 << 10)
+        self.assertEqual(value(values, "primecache_shm_in_use_bytes"), held)
+        self.assertEqual(value(values, "primecache_active_leases"), 1)  # the fetch holds its entry
+        w.stdin.write("release\n")
+        w.stdin.flush()
+        self.assertGreater(json.loads(w.stdout.readline())["fetched_chunks"], 0)
+        self.assertEqual(w.wait(30), 0)
+        values, _ = samples(scrape(url)[2])
+        self.assertEqual(value(values, "primecache_shm_in_use_bytes"), 0)
+        self.assertEqual(value(values, "primecache_shm_regions"), 0)
+        self.assertEqual(value(values, "primecache_fetch_duration_seconds_count"), 1)
+        self.assertEqual(value(values, "primecache_active_leases"), 0)
+
+    def test_admission_refusals_are_not_errors(self):
+        d = self.daemon("--metrics-listen", "127.0.0.1:0", "--admission", "seen-twice")
+        d.wait_ready()
+        did = self.run_workload(d, "--refused", "2")
+        values, _ = samples(scrape(d.metrics_url())[2])
+        self.assertEqual(value(values, "primecache_admission_refusals_total"), did["refused"])
+        self.assertEqual(value(values, "primecache_publish_errors_total"), 0)
+        self.assertEqual(value(values, "primecache_publish_duration_seconds_count"), 0)
+        self.assertEqual(value(values, "primecache_entries"), 0)
 
     def test_other_paths_and_methods(self):
         d = self.daemon("--metrics-listen", "127.0.0.1:0")
