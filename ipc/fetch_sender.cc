@@ -14,9 +14,14 @@ namespace primecache::ipc {
 
 // ---- WindowRing --------------------------------------------------------------
 
-void WindowRing::Open(std::uint64_t offset, std::uint64_t length) {
+WindowRing::~WindowRing() {
+  if (in_use_ != nullptr && used_ != 0) in_use_->fetch_sub(used_, std::memory_order_relaxed);
+}
+
+void WindowRing::Open(std::uint64_t offset, std::uint64_t length, std::atomic<std::uint64_t>* in_use) {
   offset_ = offset;
   length_ = length;
+  in_use_ = in_use;
 }
 
 bool WindowRing::Overlaps(const WindowRing& other) const {
@@ -41,6 +46,7 @@ Result<std::optional<std::uint64_t>> WindowRing::Place(std::uint64_t len, bool m
     }
     if (used_ + skip + len <= length_) {
       used_ += skip + len;
+      if (in_use_ != nullptr) in_use_->fetch_add(skip + len, std::memory_order_relaxed);
       head_ = at + len == length_ ? 0 : at + len;
       placed_.push_back({at, len, skip + len});
       ++unsent_;
@@ -97,6 +103,7 @@ bool WindowRing::Release(std::uint64_t pos, std::uint64_t len) {
 void WindowRing::PopReleasedLocked() {
   while (!placed_.empty() && placed_.front().released) {
     used_ -= placed_.front().span;
+    if (in_use_ != nullptr) in_use_->fetch_sub(placed_.front().span, std::memory_order_relaxed);
     placed_.pop_front();
   }
 }

@@ -37,8 +37,15 @@ namespace primecache::ipc {
 // held by a chunk sent only after this one. Thread-safe.
 class WindowRing {
  public:
-  // The window: `length` bytes at `offset` of its region (0: none).
-  void Open(std::uint64_t offset, std::uint64_t length);
+  WindowRing() = default;
+  ~WindowRing();
+  WindowRing(const WindowRing&) = delete;
+  WindowRing& operator=(const WindowRing&) = delete;
+
+  // The window: `length` bytes at `offset` of its region (0: none). With
+  // `in_use`, the bytes the ring holds placed are added to it while they
+  // are (ServerCounters::shm_bytes_in_use).
+  void Open(std::uint64_t offset, std::uint64_t length, std::atomic<std::uint64_t>* in_use = nullptr);
   bool open() const { return length_ != 0; }
   std::uint64_t offset() const { return offset_; }
   std::uint64_t length() const { return length_; }
@@ -66,6 +73,7 @@ class WindowRing {
   void PopReleasedLocked();
 
   std::uint64_t offset_ = 0, length_ = 0;
+  std::atomic<std::uint64_t>* in_use_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;
   std::uint64_t head_ = 0, used_ = 0;

@@ -303,6 +303,8 @@ Result<std::unique_ptr<Server>> Server::Create(StoreBackend* store, ServerOption
 
 int Server::tcp_port() const { return impl_->tcp_port; }
 
+const ServerCounters& Server::counters() const { return impl_->counters; }
+
 Status Server::Impl::ListenUnix(const std::string& path, bool admin) {
   sockaddr_un addr{};
   const std::string tmp = path + "." + std::to_string(getpid()) + ".tmp";

@@ -70,6 +70,9 @@ class Server {
   void Stop();
 
   int tcp_port() const;
+  // What the sessions count (read by the metrics endpoint from its thread;
+  // every field is an atomic).
+  const ServerCounters& counters() const;
 
   struct Impl;
 

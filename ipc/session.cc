@@ -28,6 +28,10 @@ struct Session::Publish {
   std::uint32_t layers_begun = 0;
   std::uint32_t chunks_expected = 0;  // of the current layer
   std::uint32_t chunks_seen = 0;
+  // Chunk bytes received (loop thread; the commit's op, queued after every
+  // chunk's under `mu`, reads it) and when publishBegin arrived: metrics.
+  std::uint64_t chunk_bytes = 0;
+  const std::chrono::steady_clock::time_point begun = std::chrono::steady_clock::now();
 
   // Applied in order on workers.
   std::mutex mu;
@@ -88,7 +92,12 @@ Session::Session(StoreBackend* store, Executor* executor, Executor* fetch_execut
   last_answer_ns_ = NowNs();
 }
 
-Session::~Session() = default;
+Session::~Session() {
+  if (shm_) {
+    counters_->shm_regions.fetch_sub(1, std::memory_order_relaxed);
+    counters_->shm_bytes.fetch_sub(shm_->size(), std::memory_order_relaxed);
+  }
+}
 
 void Session::Serve(Executor* executor, std::function<void()> job) {
   jobs_in_flight_.fetch_add(1);
@@ -240,6 +249,11 @@ void Session::FailPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id,
   // Worker side. The store's staging of it, and its count against the
   // uncommitted bounds, go now rather than when the client gives up on it.
   pub->failed = std::move(s);
+  // Admission's refusal (aborted before the store opened a sink) is the
+  // policy at work, not a failure; the store counts it (admission_refusals).
+  if (pub->sink || pub->failed.code() != StatusCode::kAborted) {
+    counters_->publish_errors.fetch_add(1, std::memory_order_relaxed);
+  }
   if (pub->sink) {
     pub->sink->Abort();
     pub->sink.reset();
@@ -274,7 +288,7 @@ bool Session::OpenWindows(std::uint64_t id, wire::Fetch::Reader f, FetchState& s
       return false;
     }
     st.shm = shm_;
-    st.shm_ring.Open(w.getOffset(), w.getLength());
+    st.shm_ring.Open(w.getOffset(), w.getLength(), &counters_->shm_bytes_in_use);
   }
   if (f.hasDeviceWindow() && f.getDeviceWindow().getLength() != 0) {
     auto w = f.getDeviceWindow();
@@ -693,6 +707,7 @@ bool Session::OnPublishChunk(const Incoming& in, const std::shared_ptr<Publish>&
   }
   if (Status r = ReserveUncommitted(*pub, bytes.size()); !r.ok()) return AbortPublish(pub, id, r);
   ++pub->chunks_seen;
+  pub->chunk_bytes += bytes.size();
   auto keep = std::make_shared<Frame>(std::move(*in.owned));
   RunPublishOp(pub, bytes.size(), [this, pub, id, bytes, keep, region] {
     if (!pub->failed.ok() || !pub->sink) {
@@ -737,8 +752,12 @@ bool Session::OnPublishEnd(const Incoming& in, const std::shared_ptr<Publish>& p
     }
     auto done = pub->sink->Commit();
     if (!done.ok()) {
+      counters_->publish_errors.fetch_add(1, std::memory_order_relaxed);
       SendError(id, done.status());
     } else {
+      // Counted before the answer: a client that saw it finds it counted.
+      counters_->publish_bytes.fetch_add(pub->chunk_bytes, std::memory_order_relaxed);
+      counters_->publish_seconds.Observe(std::chrono::steady_clock::now() - pub->begun);
       sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WritePublishResult(*done, r.initPublished()); }));
     }
     FinishPublish(pub);
@@ -760,7 +779,11 @@ bool Session::OnLookup(const Incoming& in) {
   std::vector<std::uint32_t> toks = ToVector(tokens);
   Serve(executor_, [this, id, digest, toks = std::move(toks)] {
     auto hit = store_->Lookup(digest, ns_, toks);
-    if (!hit.ok()) return SendError(id, hit.status());
+    if (!hit.ok()) {
+      counters_->lookup_errors.fetch_add(1, std::memory_order_relaxed);
+      return SendError(id, hit.status());
+    }
+    if (*hit) counters_->hit_tokens.fetch_add((*hit)->length, std::memory_order_relaxed);
     sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteLookupHit(*hit, r.initLookup()); }));
   });
   return true;
@@ -800,7 +823,8 @@ bool Session::OnFetch(const Incoming& in) {
   }
   std::vector<std::uint32_t> layers = ToVector(layers_r);
   const std::uint64_t entry = f.getEntry();
-  Serve(fetch_executor_, [this, id, st, entry, layers = std::move(layers)] {
+  const auto arrived = std::chrono::steady_clock::now();
+  Serve(fetch_executor_, [this, id, st, entry, arrived, layers = std::move(layers)] {
     FetchSender sender(id, st.get(), sink_.get(), device_dma_);
     FetchOptions options;
     options.ns = TenantScope();
@@ -810,7 +834,12 @@ bool Session::OnFetch(const Incoming& in) {
       std::lock_guard<std::mutex> l(mu_);
       fetches_.erase(id);
     }
-    if (!s.ok()) return SendError(id, s);
+    counters_->fetch_bytes.fetch_add(sender.bytes(), std::memory_order_relaxed);
+    if (!s.ok()) {
+      counters_->fetch_errors.fetch_add(1, std::memory_order_relaxed);
+      return SendError(id, s);
+    }
+    counters_->fetch_seconds.Observe(std::chrono::steady_clock::now() - arrived);
     sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
       auto d = r.initFetchDone();
       d.setLayers(sender.layers());
@@ -1006,6 +1035,8 @@ bool Session::OnShmAttach(const Incoming& in) {
   auto region = ShmRegion::Adopt(fd, static_cast<std::size_t>(size));
   if (!region.ok()) return SendError(id, region.status()), true;
   shm_ = std::shared_ptr<ShmRegion>(std::move(region).value());
+  counters_->shm_regions.fetch_add(1, std::memory_order_relaxed);
+  counters_->shm_bytes.fetch_add(shm_->size(), std::memory_order_relaxed);
   sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
   return true;
 }

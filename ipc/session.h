@@ -26,6 +26,7 @@
 #include "ipc/backend.h"
 #include "ipc/device_dma.h"
 #include "ipc/framing.h"
+#include "ipc/histogram.h"
 #include "ipc/primecache.capnp.h"
 #include "ipc/shm.h"
 #include "primecache/status.h"
@@ -86,11 +87,30 @@ struct PeerInfo {
   std::string refused;
 };
 
-// Counters the server shares among sessions.
+// Counters the server shares among sessions. The metrics endpoint
+// (ipc/metrics.h) reads them from its own thread: each is an atomic (the
+// histograms are made of them), updated where the work they count ends.
 struct ServerCounters {
   std::atomic<std::uint32_t> connections{0};
   std::atomic<std::uint32_t> publishes_in_flight{0};
   std::atomic<std::uint64_t> uncommitted_bytes{0};  // of every open publish (SessionLimits)
+  // Since the daemon started. Lookups' hits and misses are the store's own
+  // counters (StoreStats); these are what the store does not count.
+  std::atomic<std::uint64_t> lookup_errors{0};   // lookups the store answered with an error
+  std::atomic<std::uint64_t> hit_tokens{0};      // tokens of the prefixes lookups found
+  std::atomic<std::uint64_t> fetch_bytes{0};     // chunk bytes fetches sent (fetchDone.bytes, or as far as they got)
+  std::atomic<std::uint64_t> fetch_errors{0};    // fetches answered with an error (cancelled ones included)
+  std::atomic<std::uint64_t> publish_bytes{0};   // chunk bytes of committed publishes
+  std::atomic<std::uint64_t> publish_errors{0};  // publishes a store step or the commit failed
+  // Seconds from a fetch request's arrival to its fetchDone; from a
+  // publishBegin's arrival to its commit's answer (successful ones).
+  Histogram fetch_seconds{RequestSecondsBuckets()};
+  Histogram publish_seconds{RequestSecondsBuckets()};
+  // Shared regions attached now, their bytes, and the bytes of them that
+  // fetched chunks occupy until the client releases them.
+  std::atomic<std::uint64_t> shm_regions{0};
+  std::atomic<std::uint64_t> shm_bytes{0};
+  std::atomic<std::uint64_t> shm_bytes_in_use{0};
 };
 
 struct FetchState;  // ipc/fetch_sender.h

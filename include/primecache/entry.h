@@ -105,7 +105,8 @@ struct StoreStats {
 // since it started.
 struct RemoteStats {
   // Lookups the local store did not cover whole: extended from the cluster
-  // (fetched, checked, kept locally), not extended, or failed (answered locally).
+  // (fetched, checked, kept locally) or not extended. Errors: cluster
+  // operations that failed, lookups (answered locally) and write-behind puts.
   std::uint64_t hits = 0, misses = 0, errors = 0;
   // Lookups not asked of the cluster: the same query missed there within
   // the daemon's --remote-miss-ttl.

@@ -3,7 +3,7 @@
 //
 //   primecached [--config FILE] [--socket PATH] [--admin-socket PATH]
 //               [--data-dir DIR] [--capacity BYTES] [--log-level LEVEL]
-//               [--ready-fd FD] [--ready-file PATH] ...
+//               [--ready-fd FD] [--ready-file PATH] [--metrics-listen HOST:PORT] ...
 //
 // Readiness: the socket path appears only once the daemon accepts on it; a
 // script may also pass --ready-fd (the daemon writes "ready\n" to it and
@@ -34,6 +34,8 @@
 
 #include "core/errno_text.h"
 #include "ipc/device_dma.h"
+#include "ipc/metrics.h"
+#include "ipc/metrics_http.h"
 #include "ipc/server.h"
 #include "primecache/env.h"
 #include "primecache/logging.h"
@@ -119,6 +121,9 @@ struct Flags {
   std::vector<std::string> tenants;  // UID=NS[,NS...]: the namespaces a uid may use
   std::string log_format = "auto";   // auto, text or journal
   bool print_config = false;
+  // The Prometheus endpoint (docs/metrics.md): HOST:PORT, empty: none.
+  std::string metrics_listen;
+  bool metrics_allow_non_loopback = false;
 };
 
 Status WriteReady(const Flags& f) {
@@ -217,6 +222,24 @@ void AddFlags(CLI::App* app, Flags* f) {
                   "seconds a lookup the cluster could not extend is not asked of it again (0: always ask)")
       ->check(CLI::Range(0.0, 3600.0));
   app->add_option("--remote-ns", f->remote_namespaces, "a namespace that uses the remote tier (repeat; default all)");
+  app->add_option("--metrics-listen", f->metrics_listen,
+                  "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9464 (0: any free port; "
+                  "default: no endpoint)");
+  app->add_flag("--metrics-allow-non-loopback", f->metrics_allow_non_loopback,
+                "let --metrics-listen name an address beyond loopback (the endpoint has no authentication)");
+}
+
+// The metrics endpoint when --metrics-listen asks for one (null otherwise);
+// it reads the server's counters and the store from its own thread.
+Result<std::unique_ptr<primecache::ipc::MetricsEndpoint>> StartMetrics(const Flags& f,
+                                                                       const primecache::ipc::Server& server,
+                                                                       primecache::ipc::StoreBackend& store) {
+  if (f.metrics_listen.empty()) return std::unique_ptr<primecache::ipc::MetricsEndpoint>();
+  PC_ASSIGN_OR_RETURN(auto endpoint, primecache::ipc::MetricsEndpoint::Start(
+                                         f.metrics_listen, f.metrics_allow_non_loopback,
+                                         [&server, &store] { return primecache::ipc::RenderMetrics(store, server.counters()); }));
+  spdlog::info("primecached: metrics on http://{}/metrics", endpoint->address());
+  return endpoint;
 }
 
 std::chrono::milliseconds Millis(double seconds) {
@@ -423,6 +446,8 @@ int main(int argc, char** argv) {
     spdlog::info("primecached: serving {} (admin {}), data {}, pid {}", f.socket,
                  f.admin_socket.empty() ? "off" : f.admin_socket, f.data_dir, getpid());
     if ((*server)->tcp_port() >= 0) spdlog::info("primecached: also on 127.0.0.1:{}", (*server)->tcp_port());
+    auto metrics = StartMetrics(f, **server, **store);  // goes before the server
+    if (!metrics.ok()) return Fail(metrics.status());
     if (Status s = WriteReady(f); !s.ok()) {
       rc = Fail(s);
       (*server)->Stop();
