@@ -142,6 +142,42 @@ Status WriteReady(const Flags& f) {
   return Status::Ok();
 }
 
+// The byte budget, eviction and admission (docs/protocol.md, "Eviction and admission").
+void AddBudgetFlags(CLI::App* app, Flags* f) {
+  app->add_option("--capacity", f->capacity, "store byte budget, e.g. 64G (0: unlimited)");
+  app->add_option("--eviction", f->eviction,
+                  "which entries go when the budget is reached: lru, utility (recency + FLOPs saved per byte), or "
+                  "marginal (as utility, counting only the FLOPs saved beyond the longest shorter stored boundary)");
+  app->add_option("--utility-alpha", f->utility_alpha, "utility, marginal: weight of FLOPs saved per byte against recency")
+      ->check(CLI::Range(0.0, 1e6));
+  app->add_option("--utility-window", f->utility_window, "utility, marginal: oldest entries compared per eviction")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--admission", f->admission,
+                  "which boundaries are stored: all, seen-twice (after two missed lookups), or reuse (a prefix an "
+                  "earlier lookup shared)");
+  app->add_option("--admit-reuse-share", f->admit_reuse_share,
+                  "reuse: share of a boundary's tokens an earlier lookup must have shared")
+      ->check(CLI::Range(0.0, 1.0));
+}
+
+// The shared tier (docs/cluster.md) and the Prometheus endpoint (docs/metrics.md).
+void AddRemoteAndMetricsFlags(CLI::App* app, Flags* f) {
+  app->add_option("--remote", f->remote, "shared tier on a Redis Cluster: redis://host:port[,host:port...]");
+  app->add_option("--remote-timeout", f->remote_timeout, "seconds one cluster command may take")
+      ->check(CLI::Range(0.001, 600.0));
+  app->add_option("--remote-queue", f->remote_queue, "committed entries waiting to be written to the cluster at most")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--remote-miss-ttl", f->remote_miss_ttl,
+                  "seconds a lookup the cluster could not extend is not asked of it again (0: always ask)")
+      ->check(CLI::Range(0.0, 3600.0));
+  app->add_option("--remote-ns", f->remote_namespaces, "a namespace that uses the remote tier (repeat; default all)");
+  app->add_option("--metrics-listen", f->metrics_listen,
+                  "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9464 (0: any free port; "
+                  "default: no endpoint)");
+  app->add_flag("--metrics-allow-non-loopback", f->metrics_allow_non_loopback,
+                "let --metrics-listen name an address beyond loopback (the endpoint has no authentication)");
+}
+
 void AddFlags(CLI::App* app, Flags* f) {
   primecache::daemon::UseJsonConfig(app, "--config",
                                     "JSON config file: the long flags as keys (docs/operations.md); flags win");
@@ -157,20 +193,7 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_flag("--no-admin-socket", f->no_admin_socket, "serve no admin socket (destructive ops refused)");
   app->add_option("--data-dir", f->data_dir,
                   "store directory (default $XDG_DATA_HOME/primecache); made private (0700, files 0600) at start");
-  app->add_option("--capacity", f->capacity, "store byte budget, e.g. 64G (0: unlimited)");
-  app->add_option("--eviction", f->eviction,
-                  "which entries go when the budget is reached: lru, utility (recency + FLOPs saved per byte), or "
-                  "marginal (as utility, counting only the FLOPs saved beyond the longest shorter stored boundary)");
-  app->add_option("--utility-alpha", f->utility_alpha, "utility, marginal: weight of FLOPs saved per byte against recency")
-      ->check(CLI::Range(0.0, 1e6));
-  app->add_option("--utility-window", f->utility_window, "utility, marginal: oldest entries compared per eviction")
-      ->check(CLI::Range(1, 1 << 20));
-  app->add_option("--admission", f->admission,
-                  "which boundaries are stored: all, seen-twice (after two missed lookups), or reuse (a prefix an "
-                  "earlier lookup shared)");
-  app->add_option("--admit-reuse-share", f->admit_reuse_share,
-                  "reuse: share of a boundary's tokens an earlier lookup must have shared")
-      ->check(CLI::Range(0.0, 1.0));
+  AddBudgetFlags(app, f);
   app->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|critical|off");
   app->add_option("--socket-group", f->socket_group, "group allowed on the socket (mode 0660 instead of 0600)");
   app->add_option("--tcp-port", f->tcp_port, "also listen on 127.0.0.1:PORT (0 picks one; no shared memory)");
@@ -213,20 +236,7 @@ void AddFlags(CLI::App* app, Flags* f) {
                   "auto: copy raw chunks into engines' device memory when a CUDA device is there; off: never");
   app->add_option("--device-register-budget", f->device_register_budget,
                   "bytes of mapped store files kept registered with the device driver for those copies, e.g. 8G");
-  app->add_option("--remote", f->remote, "shared tier on a Redis Cluster: redis://host:port[,host:port...]");
-  app->add_option("--remote-timeout", f->remote_timeout, "seconds one cluster command may take")
-      ->check(CLI::Range(0.001, 600.0));
-  app->add_option("--remote-queue", f->remote_queue, "committed entries waiting to be written to the cluster at most")
-      ->check(CLI::Range(1, 1 << 20));
-  app->add_option("--remote-miss-ttl", f->remote_miss_ttl,
-                  "seconds a lookup the cluster could not extend is not asked of it again (0: always ask)")
-      ->check(CLI::Range(0.0, 3600.0));
-  app->add_option("--remote-ns", f->remote_namespaces, "a namespace that uses the remote tier (repeat; default all)");
-  app->add_option("--metrics-listen", f->metrics_listen,
-                  "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9464 (0: any free port; "
-                  "default: no endpoint)");
-  app->add_flag("--metrics-allow-non-loopback", f->metrics_allow_non_loopback,
-                "let --metrics-listen name an address beyond loopback (the endpoint has no authentication)");
+  AddRemoteAndMetricsFlags(app, f);
 }
 
 // The metrics endpoint when --metrics-listen asks for one (null otherwise);
