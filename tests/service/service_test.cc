@@ -252,6 +252,7 @@ TEST_F(ServiceTest, BadConfigOnReloadChangesNothing) {
       {R"({"log_level": "loud", "capacity": "2G"})", "loud"},
       {R"({"log_level": "debug", "capacity": "2G", "capacityy": "3G"})", "unknown flag, argument or config key: capacityy"},
       {R"({"log_level": "debug", "capacity": "2G", "max_publishes": 0})", "max-publishes"},
+      {R"({"log_level": "debug", "capacity": "2G", "eviction": "lfu"})", "lru, utility or marginal"},
       {R"({"log_level": "debug", "capacity": )", "not JSON"},
   };
   for (const auto& [text, why] : bad) {

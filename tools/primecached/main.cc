@@ -366,6 +366,24 @@ Status InitDaemonLogging(const Flags& f) {
   return Status::Ok();
 }
 
+// The store the flags describe (its capacity and staging bound parsed by the caller).
+Result<primecache::ipc::StoreConfig> StoreConfigFrom(const Flags& f, std::uint64_t capacity,
+                                                     std::uint64_t max_staged) {
+  primecache::ipc::StoreConfig sc;
+  sc.data_dir = f.data_dir;
+  sc.capacity_bytes = capacity;
+  sc.max_staged_bytes = max_staged;
+  sc.read_threads = f.read_threads;
+  sc.direct_reads = f.direct_reads;
+  PC_ASSIGN_OR_RETURN(sc.read_ahead_bytes, ParseBytes(f.read_ahead));
+  PC_RETURN_IF_ERROR(primecache::ParseEvictionPolicy(f.eviction, &sc.eviction));
+  PC_RETURN_IF_ERROR(primecache::ParseAdmission(f.admission, &sc.eviction));
+  sc.eviction.utility_alpha = f.utility_alpha;
+  sc.eviction.utility_window = f.utility_window;
+  sc.eviction.admit_reuse_share = f.admit_reuse_share;
+  return sc;
+}
+
 // What a reload compares: the settings `app` parsed into `f`.
 Result<primecache::daemon::Settings> SettingsOf(const CLI::App& app, const Flags& f) {
   primecache::daemon::Settings s;
@@ -388,8 +406,11 @@ Result<primecache::daemon::Settings> Reread(int argc, char** argv) {
   }
   PC_RETURN_IF_ERROR(primecache::daemon::CheckConfigKeys(app));
   PC_ASSIGN_OR_RETURN(auto tenants, primecache::daemon::ParseTenants(f.tenants));
-  PC_RETURN_IF_ERROR(ServerOptionsFrom(f, tenants).status());
-  return SettingsOf(app, f);
+  PC_ASSIGN_OR_RETURN(auto opts, ServerOptionsFrom(f, tenants));
+  PC_ASSIGN_OR_RETURN(auto settings, SettingsOf(app, f));
+  PC_RETURN_IF_ERROR(
+      StoreConfigFrom(f, settings.capacity_bytes, opts.limits.max_uncommitted_total_bytes).status());
+  return settings;
 }
 
 }  // namespace
@@ -422,21 +443,9 @@ int main(int argc, char** argv) {
 
   if (Status s = primecache::CreateDirs(primecache::Env::Default(), f.data_dir); !s.ok()) return Fail(s);
 
-  primecache::ipc::StoreConfig sc;
-  sc.data_dir = f.data_dir;
-  sc.capacity_bytes = settings->capacity_bytes;
-  sc.max_staged_bytes = opts->limits.max_uncommitted_total_bytes;
-  sc.read_threads = f.read_threads;
-  sc.direct_reads = f.direct_reads;
-  auto read_ahead = ParseBytes(f.read_ahead);
-  if (!read_ahead.ok()) return Fail(read_ahead.status());
-  sc.read_ahead_bytes = *read_ahead;
-  if (Status s = primecache::ParseEvictionPolicy(f.eviction, &sc.eviction); !s.ok()) return Fail(s);
-  if (Status s = primecache::ParseAdmission(f.admission, &sc.eviction); !s.ok()) return Fail(s);
-  sc.eviction.utility_alpha = f.utility_alpha;
-  sc.eviction.utility_window = f.utility_window;
-  sc.eviction.admit_reuse_share = f.admit_reuse_share;
-  auto store = primecache::ipc::OpenStore(sc);
+  auto sc = StoreConfigFrom(f, settings->capacity_bytes, opts->limits.max_uncommitted_total_bytes);
+  if (!sc.ok()) return Fail(sc.status());
+  auto store = primecache::ipc::OpenStore(*sc);
   if (!store.ok()) return Fail(store.status());
   store = WithRemoteTier(f, std::move(store).value());
   if (!store.ok()) return Fail(store.status());
