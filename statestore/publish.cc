@@ -384,11 +384,17 @@ Status PublisherImpl::AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget
 // The writer of a publish that ends without a commit.
 void Store::Impl::AbortPublish(std::unique_ptr<SegmentWriter> w, std::uint64_t written_bytes) {
   if (w == nullptr) return;
-  // Cut back to what is committed; failing that, the bytes are dead space
-  // (gc reclaims them, or the next open cuts them).
+  // Cut back to what is committed (also when a write failed: a full disk
+  // must get the space back at once); failing that, segment gc retries the
+  // cut (and the next open makes it).
   Status s = w->Rewind();
   if (!s.ok()) {
-    spdlog::warn("statestore {}: giving back an aborted publish's bytes: {}", path, s.ToString());
+    spdlog::warn("statestore {}: giving back an aborted publish's bytes: {} (retried by the next segment gc)",
+                 path, s.ToString());
+    {
+      std::lock_guard g(pool_mu);
+      uncut_tails[w->id()] = w->fresh() ? 0 : w->committed();
+    }
     if (written_bytes > 0) NoteDropped(written_bytes);
   }
   ReleaseWriter(std::move(w), /*reuse=*/true);

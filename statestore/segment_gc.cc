@@ -35,6 +35,7 @@ bool WorthRewriting(const SegmentRecord& rec, bool all) {
 
 Status Store::Impl::CollectSegments(bool all) {
   std::lock_guard gc(gc_mu);
+  Status cut = CutAbortedTails();
   std::vector<std::pair<std::uint64_t, SegmentRecord>> todo;
   std::vector<std::unique_ptr<SegmentWriter>> closing;
   {
@@ -58,7 +59,7 @@ Status Store::Impl::CollectSegments(bool all) {
     }
   }
   for (auto& w : closing) (void)w->Close();
-  Status first;
+  Status first = cut;
   for (const auto& [id, rec] : todo) {
     if (gc_cancel.load()) break;
     Status s = rec.live == 0 ? DropDeadSegment(id) : RewriteSegment(id, rec);
@@ -66,6 +67,37 @@ Status Store::Impl::CollectSegments(bool all) {
       spdlog::warn("statestore {}: rewriting segment {}: {}", path, SegmentHex(id), s.ToString());
       if (first.ok()) first = s;
     }
+  }
+  return first;
+}
+
+// No writer holds these segments (they were closed broken): only gc and
+// open touch their files.
+Status Store::Impl::CutAbortedTails() {
+  std::map<std::uint64_t, std::uint64_t> todo;
+  {
+    std::lock_guard g(pool_mu);
+    todo = uncut_tails;
+  }
+  Status first;
+  for (const auto& [id, keep] : todo) {
+    const std::string file = seg_dir + "/" + SegmentFileName(id);
+    Status s;
+    if (keep == 0) {
+      s = env->RemoveFile(file);  // never recorded: nothing in it is anyone's
+      if (!s.ok() && !env->FileExists(file)) s = Status::Ok();
+    } else {
+      auto size = env->GetFileSize(file);
+      s = size.status();
+      if (s.ok() && *size > keep) s = env->TruncateFile(file, keep);
+    }
+    if (!s.ok()) {
+      if (first.ok()) first = s.WithContext("cut the tail of aborted publishes in segment " + SegmentHex(id));
+      continue;
+    }
+    spdlog::info("statestore {}: cut the tail an aborted publish left in segment {}", path, SegmentHex(id));
+    std::lock_guard g(pool_mu);
+    uncut_tails.erase(id);
   }
   return first;
 }

@@ -234,8 +234,8 @@ Status SegmentWriter::Sync() {
 }
 
 Status SegmentWriter::Rewind() {
-  if (broken_) return Status::IOError("segment " + path_ + " failed an earlier write");
   const std::uint64_t keep = fresh_ ? kSegmentHeaderBytes : committed_;
+  if (broken_) return CutBroken(keep);
   const std::uint64_t on_disk = end_ - buf_.size();
   end_ = keep;
   kicked_ = std::min(kicked_, keep);
@@ -248,6 +248,19 @@ Status SegmentWriter::Rewind() {
   if (s.ok()) s = env_->TruncateFile(path_, keep);
   if (!s.ok()) broken_ = true;
   return s;
+}
+
+// A failed write may have left any part of what was appended in the file
+// (a full disk takes what fits): the file's own length says what to cut. The
+// writer stays broken (never appended to again), so its position no longer
+// matters. Cutting needs no new space, so it works on a full disk.
+Status SegmentWriter::CutBroken(std::uint64_t keep) {
+  buf_.clear();
+  end_ = std::min(end_, keep);
+  PC_RETURN_IF_ERROR(Frozen());
+  PC_ASSIGN_OR_RETURN(std::uint64_t size, env_->GetFileSize(path_));
+  if (size <= keep) return Status::Ok();
+  return env_->TruncateFile(path_, keep).WithContext("cut the failed writes of segment " + path_);
 }
 
 Status SegmentWriter::Close() {

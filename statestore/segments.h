@@ -88,7 +88,9 @@ class SegmentWriter {
   Status Sync();
   // Forgets what was appended since the last commit (an aborted publish):
   // the buffer is dropped and the file cut back to its committed length
-  // (a fresh segment to its header), so the space comes back at once.
+  // (a fresh segment to its header), so the space comes back at once. Also
+  // when the writer is broken (a write failed, say on a full disk): it is
+  // cut all the same and stays broken.
   Status Rewind();
   // The metadata batch recording end() as the committed length was written.
   void MarkCommitted() {
@@ -102,6 +104,7 @@ class SegmentWriter {
                 std::uint64_t end, FreezeHook freeze);
   Status Write(std::span<const std::byte> bytes);
   Status FlushBuffer();
+  Status CutBroken(std::uint64_t keep);
   void Kick(std::uint64_t written);
   Status Frozen();
 

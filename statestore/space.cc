@@ -86,6 +86,47 @@ void Store::Impl::StopReclaimer() {
   reclaimer.join();
 }
 
+// ---- the disk reserve ------------------------------------------------------------------------
+
+std::string Store::Impl::ReservePath() const {
+  return path + "/DISK-RESERVE";
+}
+
+bool Store::Impl::GiveBackReserve() {
+  const std::string file = ReservePath();
+  if (opts.read_only || !env->FileExists(file)) return false;
+  if (Status s = env->RemoveFile(file); !s.ok()) {
+    spdlog::error("statestore {}: the disk is full and its reserve cannot be removed: {}", path, s.ToString());
+    return false;
+  }
+  spdlog::warn("statestore {}: the disk is full: gave back the store's disk reserve so that it opens; reads go "
+               "on, writes are refused until space is freed",
+               path);
+  return true;
+}
+
+void Store::Impl::EnsureReserve() {
+  const std::string file = ReservePath();
+  if (opts.read_only || opts.disk_reserve_bytes == 0 || env->FileExists(file)) return;
+  // Written, not fallocated: every Env and file system then really holds
+  // the space (tmpfs and an fallocate-less Env alike).
+  auto w = env->NewWritableFile(file);
+  Status s = w.status();
+  const std::vector<std::byte> zeros(1u << 20);
+  for (std::uint64_t left = opts.disk_reserve_bytes; s.ok() && left > 0;) {
+    const std::uint64_t n = std::min<std::uint64_t>(left, zeros.size());
+    s = (*w)->Append(std::span(zeros.data(), n));
+    left -= n;
+  }
+  if (s.ok()) s = (*w)->Sync();
+  if (w.ok()) (void)(*w)->Close();
+  if (s.ok()) return;
+  (void)env->RemoveFile(file);
+  spdlog::info("statestore {}: no room for the {}-byte disk reserve ({}); made at the next open or compaction "
+               "with room",
+               path, opts.disk_reserve_bytes, s.ToString());
+}
+
 // ---- Compact ----------------------------------------------------------------------------
 
 Status Store::Compact() {
@@ -99,6 +140,7 @@ Status Store::Compact() {
     PC_RETURN_IF_ERROR(s.AfterWriteError(
         FromRocks(s.db->CompactRange(o, cf, nullptr, nullptr), "compact " + cf->GetName())));
   }
+  s.EnsureReserve();
   return Status::Ok();
 }
 

@@ -154,6 +154,10 @@ struct Store::Impl {
   std::mutex pool_mu;
   std::vector<std::unique_ptr<statestore_internal::SegmentWriter>> idle_writers;  // guarded by pool_mu
   std::set<std::uint64_t> busy_segments;                                          // guarded by pool_mu
+  // Closed segments an aborted publish could not cut back (the cut itself
+  // failed): id -> the length to cut to (a fresh, unrecorded one's file is
+  // removed instead). Segment gc retries the cut; the next open does it too.
+  std::map<std::uint64_t, std::uint64_t> uncut_tails;  // guarded by pool_mu
   std::atomic<std::uint64_t> next_segment{1};
   // A writable segment for one publisher (or gc, or migration) alone.
   Result<std::unique_ptr<statestore_internal::SegmentWriter>> AcquireWriter();
@@ -359,12 +363,23 @@ struct Store::Impl {
   bool reclaim_stop = false;               // guarded by reclaim_mu
   std::atomic<std::uint64_t> reclaims{0};  // completed (for tests)
 
+  // ---- space.cc: the disk reserve (StoreOptions::disk_reserve_bytes)
+  std::string ReservePath() const;
+  // Removes the reserve at an open that found the disk full; true when there
+  // was one to give back.
+  bool GiveBackReserve();
+  // Makes the reserve when it is missing and there is room; a failure only
+  // leaves it for the next open or Compact.
+  void EnsureReserve();
+
   // ---- segment_gc.cc
   std::mutex gc_mu;
   std::atomic<bool> gc_cancel{false};  // the store is closing: a rewrite under way stops
   // Rewrites the segments with dead bytes (all: every one with any; else
   // those at least half dead) and deletes those with no live chunk.
   Status CollectSegments(bool all);
+  // Cuts the tails in uncut_tails (those it cannot stay for the next try).
+  Status CutAbortedTails();
   Status RewriteSegment(std::uint64_t id, const statestore_internal::SegmentRecord& rec);
   Status DropDeadSegment(std::uint64_t id);
   Status UnlinkSegment(std::uint64_t id);

@@ -149,13 +149,20 @@ Result<std::unique_ptr<Store>> Store::Impl::Open(StoreOptions options, std::shar
     impl->read_pool = std::make_unique<WorkerPool>(impl->opts.fetch_read_threads);
   }
   impl->seg_dir = impl->path + "/" + kSegmentDir;
-  PC_RETURN_IF_ERROR(impl->OpenDb().WithContext("open store " + impl->path));
+  Status opened = impl->OpenDb();
+  // A full disk: RocksDB writes a few new files to open; the reserve's space
+  // lets it (only when nothing was opened yet, so the retry starts afresh).
+  if (opened.code() == StatusCode::kResourceExhausted && impl->db == nullptr && impl->GiveBackReserve()) {
+    opened = impl->OpenDb();
+  }
+  PC_RETURN_IF_ERROR(opened.WithContext("open store " + impl->path));
   PC_RETURN_IF_ERROR(impl->LoadState().WithContext("open store " + impl->path));
   PC_RETURN_IF_ERROR(impl->LoadSegments().WithContext("open store " + impl->path));
   PC_RETURN_IF_ERROR(impl->RecoverSegments().WithContext("open store " + impl->path));
   if (impl->stored_schema < kFirstSegmentSchema) {
     PC_RETURN_IF_ERROR(impl->MigrateChunks().WithContext("migrate store " + impl->path));
   }
+  impl->EnsureReserve();
   spdlog::debug("statestore {}: open, {} entries, {} chunks", impl->path, impl->counters.entries,
                 impl->counters.chunks);
   return std::unique_ptr<Store>(new Store(std::move(impl)));
@@ -295,6 +302,10 @@ rocksdb::DBOptions Store::Impl::SetUpRocks() {
   dbo.db_write_buffer_size = 512ull << 20;
   dbo.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
   dbo.avoid_flush_during_shutdown = true;
+  // Replayed WAL records stay in the memtable instead of being flushed at
+  // open: an open then needs only a few small new files (the disk reserve
+  // covers them on a full disk), not an SST per column family.
+  dbo.avoid_flush_during_recovery = true;
   dbo.bgerror_resume_retry_interval = 20000;  // 20 ms between automatic recovery attempts
   return dbo;
 }

@@ -306,6 +306,12 @@ struct StoreOptions {
   // dead in the background (and deletes those with no live chunk), so that
   // their space comes back within seconds (0: after every drop).
   std::uint64_t reclaim_after_bytes = 16ull << 20;
+  // A file of this many bytes kept in the store's directory (DISK-RESERVE)
+  // for a full disk: an open that finds no room for RocksDB's new files
+  // removes it and opens with its space (reads go on; writes are refused
+  // until space is freed, and then resume); it is made again at an open or a
+  // Compact that has room. 0: none.
+  std::uint64_t disk_reserve_bytes = 4ull << 20;
 
   // Checks every layer at commit (required: Open refuses a store without one).
   // The codecs library supplies the validator of its encoded layers,

@@ -5,6 +5,9 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,6 +89,33 @@ void OpenPublish(RawConn& c, std::uint64_t pub, std::uint32_t chunks, std::uint3
     ASSERT_TRUE(r.has_value());
     ASSERT_EQ(r->which, wire::Response::ACK) << r->message;
   }
+}
+
+// Writes `path` until its file system is full.
+void FillDisk(const std::string& path) {
+  std::ofstream filler(path, std::ios::binary);
+  const std::string block(1 << 12, 'f');
+  while (filler.write(block.data(), static_cast<std::streamsize>(block.size()))) {
+  }
+}
+
+// Sends chunks of distinct bytes (no two deduplicate) to open publish `pub`,
+// each answered before the next, until one is refused; that refusal.
+std::optional<Reply> ChunksUntilRefused(RawConn& c, std::uint64_t pub, std::uint32_t chunks, std::size_t bytes) {
+  for (std::uint32_t i = 0; i < chunks; ++i) {
+    const bool sent = c.Send(*ipc::BuildRequest(pub + 2 + i, [&](wire::Request::Builder q) {
+      auto ch = q.initPublishChunk();
+      ch.setPublish(pub);
+      ch.setLayer(0);
+      ch.setIndex(i);
+      auto d = ch.initData().initInline(static_cast<unsigned>(bytes));
+      std::memcpy(d.begin(), &i, sizeof i);
+    }, bytes / 8 + 64));
+    if (!sent) return std::nullopt;
+    auto r = NextReply(c);
+    if (!r.has_value() || r->which != wire::Response::ACK) return r;
+  }
+  return std::nullopt;
 }
 
 std::unique_ptr<Client> Admin(const Daemon& d) {
@@ -347,6 +377,9 @@ TEST(UncommittedBytes, APublishTheStoreRefusesIsReleasedAtOnce) {
     auto c = Client::Connect(d.Options());
     ASSERT_TRUE(c.ok());
     ASSERT_FALSE(FillStore(**c).ok()) << "16 MiB never filled";
+    // The refused publish gave its bytes back: the disk is filled to the
+    // last byte from outside.
+    FillDisk(data + "/filler");
     auto admin = Admin(d);
     ASSERT_NE(admin, nullptr);
     // A publish into the full store: its chunks are refused (the steps
@@ -369,6 +402,58 @@ TEST(UncommittedBytes, APublishTheStoreRefusesIsReleasedAtOnce) {
     ASSERT_TRUE(st.ok());
     EXPECT_EQ(st->publishes_in_flight, 1u);  // still open: the client has not given up on it
     d.Kill();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The wedge: one client fills a small disk with a publish that never
+// commits and goes away; the daemon gives the bytes back at once (new
+// publishes and a compaction go through, no restart), and a daemon stopped
+// on a disk that is full starts again and serves what it stored.
+TEST(FullDisk, AnAbortedPublishThatFilledTheDiskDoesNotWedgeTheDaemon) {
+  const std::string dir = MakeTempDir();
+  const std::string data = dir + "/data";
+  ASSERT_EQ(mkdir(data.c_str(), 0700), 0);
+  {
+    TmpfsMount small(data, "32m");
+    if (!small.ok()) GTEST_SKIP() << "cannot mount a tmpfs here: " << small.error();
+    Daemon d({"--publish-timeout", "0"}, dir);
+    d.DisownDir();
+    ASSERT_TRUE(d.Start());
+    auto c = Client::Connect(d.Options());
+    ASSERT_TRUE(c.ok());
+    const auto kept = Tokens(256, 3);
+    ASSERT_TRUE((*c)->Publish(TestModel(), kept, MakeLayers(256, 1, 3)).ok());
+    {
+      RawConn r(d.socket());
+      ASSERT_TRUE(r.Hello());
+      ASSERT_TRUE(SendBegin(r, 10, 1, 99));
+      ASSERT_TRUE(SendLayer(r, 11, 10, 0, 400));
+      for (int i = 0; i < 2; ++i) ASSERT_TRUE(NextReply(r).has_value());
+      auto refused = ChunksUntilRefused(r, 10, 400, 100000);
+      ASSERT_TRUE(refused.has_value()) << "40 MB never filled a 32 MiB disk";
+      EXPECT_EQ(refused->code, wire::ErrorCode::RESOURCE_EXHAUSTED) << refused->message;
+    }  // the connection goes: its publish is aborted
+    auto admin = Admin(d);
+    ASSERT_NE(admin, nullptr);
+    ASSERT_TRUE(StatBecomes(*admin, [](const DaemonStats& s) { return s.publishes_in_flight == 0; }));
+    auto again = (*c)->Publish(TestModel(), Tokens(256, 4), MakeLayers(256, 1, 4));
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    ASSERT_TRUE(admin->Compact().ok());
+    EXPECT_EQ(d.Stop(), 0);
+
+    FillDisk(data + "/filler");  // left full by someone else: the daemon starts all the same
+    Daemon restarted({"--publish-timeout", "0"}, dir);
+    restarted.DisownDir();
+    ASSERT_TRUE(restarted.Start()) << "the daemon did not start on a full disk";
+    auto c2 = Client::Connect(restarted.Options());
+    ASSERT_TRUE(c2.ok());
+    auto hit = (*c2)->Lookup(TestModel(), kept);
+    ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+    ASSERT_TRUE(hit->has_value());
+    auto layers = (*c2)->FetchLayers((*hit)->id);
+    ASSERT_TRUE(layers.ok()) << layers.status().ToString();
+    EXPECT_EQ(restarted.Stop(), 0);
   }
   std::filesystem::remove_all(dir);
 }

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <filesystem>
 #include <cstring>
 
 #include "store_test_util.h"
@@ -104,6 +106,127 @@ TEST(FullDisk, OnATmpfsTheRunningStoreRecoversOnceSpaceIsFreed) {
   ASSERT_TRUE(durable.ok()) << durable.status().ToString();
   ExpectSameLayers(*durable, MakeLayers(next));
   ExpectConsistent(**reopened);
+}
+
+
+// Bytes in the files of `dir` (the segments), as the disk holds them.
+std::uint64_t DirBytes(const std::string& dir) {
+  std::uint64_t total = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) total += e.file_size();
+  return total;
+}
+
+// Stages chunks of one publish until the disk is full, then aborts it.
+void FillWithAbortedPublish(Store& s) {
+  const auto tokens = Conversation(64, 9);
+  auto layers = MakeLayers(tokens);
+  auto pub = s.BeginPublish(Request(tokens));
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  ASSERT_TRUE((*pub)->BeginLayer(layers[0].header).ok());
+  const std::string chunk(1 << 20, 'z');
+  Status st;
+  for (int i = 0; i < 64 && st.ok(); ++i) st = (*pub)->AddChunk(chunk + std::to_string(i));
+  ASSERT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+  (*pub)->Abort();
+}
+
+// An aborted publish that met a full disk gives its bytes back at once (the
+// segment that failed a write is cut to its committed length and never
+// written again), so the running store publishes and compacts again with no
+// restart.
+TEST(FullDisk, AnAbortedPublishThatFilledTheDiskGivesItsBytesBack) {
+  Tmpfs fs(32);
+  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << fs.error() << ")";
+  StoreOptions o = CodecStoreOptions();
+  o.path = fs.path() + "/store";
+  auto opened = Store::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Store& s = **opened;
+  const auto first = Conversation(600, 1);
+  const EntryId kept = MustPublish(s, first);
+  const std::uint64_t before = DirBytes(o.path + "/segments");
+
+  FillWithAbortedPublish(s);
+  EXPECT_LE(DirBytes(o.path + "/segments"), before + (64u << 10)) << "the aborted publish's bytes stayed";
+
+  const auto next = Conversation(900, 7);
+  auto again = s.Publish(Request(next), MakeLayers(next));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE(s.Compact().ok());
+  auto back = s.FetchAll(kept);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSameLayers(*back, MakeLayers(first));
+  ExpectConsistent(s);
+}
+
+// Compaction cuts the tail of an aborted publish whose cut failed at the
+// abort (the disk frozen just then), once the disk works again.
+TEST(FullDisk, CompactionCutsATailTheAbortCouldNotCut) {
+  TempDir dir;
+  StoreOptions o = CodecStoreOptions();
+  o.path = dir.path + "/store";
+  auto hooks = std::make_shared<statestore_internal::TestHooks>();
+  hooks->freeze_io = std::make_shared<std::atomic<bool>>(false);
+  auto opened = statestore_internal::OpenWithHooks(o, hooks);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Store& s = **opened;
+  MustPublish(s, Conversation(600, 1));
+  const std::uint64_t before = DirBytes(o.path + "/segments");
+
+  const auto tokens = Conversation(64, 9);
+  auto layers = MakeLayers(tokens);
+  auto pub = s.BeginPublish(Request(tokens));
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  ASSERT_TRUE((*pub)->BeginLayer(layers[0].header).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE((*pub)->AddChunk(std::string(1 << 20, 'a' + i)).ok());
+  hooks->freeze_io->store(true);
+  (*pub)->Abort();
+  hooks->freeze_io->store(false);
+  ASSERT_GE(DirBytes(o.path + "/segments"), before + (4u << 20)) << "the frozen abort cut its tail after all";
+
+  ASSERT_TRUE(s.Compact().ok());
+  EXPECT_LE(DirBytes(o.path + "/segments"), before) << "compaction kept the aborted publish's tail";
+  ExpectConsistent(s);
+  const auto next = Conversation(900, 7);
+  auto again = s.Publish(Request(next), MakeLayers(next));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
+// A store whose disk is full opens (the reserve it keeps is given back so
+// that RocksDB can open), serves reads, refuses writes clearly, and writes
+// again once space is freed, with no restart.
+TEST(FullDisk, AStoreOpensOnAFullDiskAndServesReads) {
+  Tmpfs fs(32);
+  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << fs.error() << ")";
+  StoreOptions o = CodecStoreOptions();
+  o.path = fs.path() + "/store";
+  const auto first = Conversation(600, 1);
+  EntryId kept = 0;
+  {
+    auto opened = Store::Open(o);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    kept = MustPublish(**opened, first);
+  }
+  const std::string ballast = fs.path() + "/ballast";
+  FillUp(ballast, 0);
+  auto opened = Store::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Store& s = **opened;
+  auto back = s.FetchAll(kept);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSameLayers(*back, MakeLayers(first));
+
+  FillUp(ballast + "2", 0);  // whatever the open gave back is taken too
+  const auto next = Conversation(900, 7);
+  auto refused = s.Publish(Request(next), MakeLayers(next));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted) << refused.status().ToString();
+
+  ASSERT_EQ(::unlink(ballast.c_str()), 0);
+  ASSERT_EQ(::unlink((ballast + "2").c_str()), 0);
+  auto again = s.Publish(Request(next), MakeLayers(next));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ExpectConsistent(s);
 }
 
 }  // namespace
