@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ipc/device_dma.h"
+#include "ipc/registration_ledger.h"
 
 namespace primecache::ipc {
 namespace {
@@ -60,27 +61,27 @@ class CudaWindow final : public DeviceWindow {
   std::uint64_t size_;
 };
 
-// One registered (or registering) mapping. `users` copies are reading it;
-// it is unregistered only when none are.
+// One registered (or registering) mapping. Once ready, its users (copies
+// and pins) and its place in the budget are the ledger's; `waiting`
+// counts the callers waiting for it to be registered.
 struct Registration {
   MappedRegion mapping;
   std::uint64_t serial = 0;  // unique to this registration
   bool ready = false;
   Status failed;
-  int users = 0;
-  std::list<std::uint64_t>::iterator lru;
+  int waiting = 0;
 };
 
 class CudaDma final : public DeviceDma {
  public:
-  explicit CudaDma(std::uint64_t budget) : budget_(budget) {}
+  explicit CudaDma(std::uint64_t budget) : ledger_(budget) {}
   ~CudaDma() override;
 
   Result<std::shared_ptr<DeviceWindow>> Open(const DeviceWindowSpec& spec) override;
   Result<std::unique_ptr<DeviceCopyQueue>> NewQueue(std::shared_ptr<DeviceWindow> window) override;
   std::uint64_t registered_bytes() const override {
     std::lock_guard g(mu_);
-    return registered_;
+    return ledger_.counted_bytes();
   }
   std::uint64_t PinnedAs(const MappedRegion& mapping) const override {
     std::lock_guard g(mu_);
@@ -88,6 +89,7 @@ class CudaDma final : public DeviceDma {
     if (it == regs_.end() || !it->second.ready || it->second.mapping.data != mapping.data) return 0;
     return it->second.serial;
   }
+  Result<MappingPin> Pin(const MappedRegion& mapping) override;
 
   // For the queues.
   Result<Registration*> Use(const MappedRegion& mapping);
@@ -98,12 +100,10 @@ class CudaDma final : public DeviceDma {
  private:
   void EvictLocked();
 
-  const std::uint64_t budget_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::uint64_t, Registration> regs_;  // by mapping id
-  std::list<std::uint64_t> lru_;                // front: most recent
-  std::uint64_t registered_ = 0;
+  RegistrationLedger ledger_;                   // of the ready ones
   std::uint64_t serials_ = 0;
   std::map<std::string, std::weak_ptr<CudaWindow>> windows_;  // by handle bytes
   std::map<int, std::vector<cudaStream_t>> streams_;          // idle, by device
@@ -158,7 +158,7 @@ Result<std::shared_ptr<DeviceWindow>> CudaDma::Open(const DeviceWindowSpec& spec
 }
 
 // Registers the mapping on first use (one thread does; others of the same
-// mapping wait) and counts this copy as a user.
+// mapping wait) and counts this caller as a user.
 Result<Registration*> CudaDma::Use(const MappedRegion& mapping) {
   std::unique_lock g(mu_);
   auto [it, fresh] = regs_.try_emplace(mapping.id);
@@ -167,18 +167,23 @@ Result<Registration*> CudaDma::Use(const MappedRegion& mapping) {
     if (r.mapping.data != mapping.data || r.mapping.size != mapping.size) {
       return Status::Internal("device copy: two live mappings share id " + std::to_string(mapping.id));
     }
-    ++r.users;
+    if (r.ready) {
+      ledger_.Used(mapping.id);
+      return &r;
+    }
+    // Counted as a user by the registering thread once it is ready, so
+    // that it cannot be let go before this one wakes.
+    ++r.waiting;
     cv_.wait(g, [&] { return r.ready || !r.failed.ok(); });
+    --r.waiting;
     if (!r.failed.ok()) {
       Status s = r.failed;
-      if (--r.users == 0) regs_.erase(it);
+      if (r.waiting == 0) regs_.erase(it);
       return s;
     }
-    lru_.splice(lru_.begin(), lru_, r.lru);
     return &r;
   }
   r.mapping = mapping;
-  r.users = 1;
   g.unlock();
   Status s = Cuda(cudaHostRegister(const_cast<std::byte*>(mapping.data), mapping.size, cudaHostRegisterReadOnly),
                   "register " + std::to_string(mapping.size) + " mapped bytes");
@@ -186,14 +191,15 @@ Result<Registration*> CudaDma::Use(const MappedRegion& mapping) {
   if (!s.ok()) {
     r.failed = s;
     cv_.notify_all();
-    if (--r.users == 0) regs_.erase(it);
+    if (r.waiting == 0) regs_.erase(it);
     return s;
   }
   r.ready = true;
   r.serial = ++serials_;
-  lru_.push_front(mapping.id);
-  r.lru = lru_.begin();
-  registered_ += mapping.size;
+  // Counted once per file: a longer mapping of a segment that grew takes
+  // the place of the shorter one's registration in the budget.
+  ledger_.Added(mapping.id, mapping.file, mapping.size);
+  for (int i = 0; i < r.waiting; ++i) ledger_.Used(mapping.id);
   EvictLocked();
   cv_.notify_all();
   return &r;
@@ -201,24 +207,30 @@ Result<Registration*> CudaDma::Use(const MappedRegion& mapping) {
 
 void CudaDma::Unuse(Registration* r) {
   std::lock_guard g(mu_);
-  --r->users;
+  ledger_.Unused(r->mapping.id);
   EvictLocked();
 }
 
-// Unregisters the least recently used mappings no copy is reading until the
-// total is within the budget (the most recent one always stays).
+// A pin is one more user of the registration: it is not unregistered (and
+// its serial stays) until the pin's holder lets go.
+Result<MappingPin> CudaDma::Pin(const MappedRegion& mapping) {
+  PC_ASSIGN_OR_RETURN(Registration * r, Use(mapping));
+  MappingPin pin;
+  pin.serial = r->serial;
+  pin.hold = std::shared_ptr<const void>(r, [this](const void* p) {
+    Unuse(static_cast<Registration*>(const_cast<void*>(p)));
+  });
+  return pin;
+}
+
+// Unregisters what the ledger lets go: replaced registrations no copy uses,
+// and the least recently used ones past the budget.
 void CudaDma::EvictLocked() {
-  auto it = lru_.end();
-  while (registered_ > budget_ && it != lru_.begin()) {
-    --it;
-    if (it == lru_.begin()) break;
-    Registration& r = regs_.at(*it);
-    if (r.users > 0) continue;
-    cudaHostUnregister(const_cast<std::byte*>(r.mapping.data));
-    registered_ -= r.mapping.size;
-    const std::uint64_t id = *it;
-    it = lru_.erase(it);
-    regs_.erase(id);
+  for (std::uint64_t id : ledger_.TakeEvictable()) {
+    auto it = regs_.find(id);
+    if (it == regs_.end()) continue;
+    cudaHostUnregister(const_cast<std::byte*>(it->second.mapping.data));
+    regs_.erase(it);
   }
 }
 

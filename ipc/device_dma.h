@@ -4,9 +4,10 @@
 // so that no CPU copies the bytes of a restored chunk.
 //
 // Host ranges must lie in a MappedRegion (primecache/env.h). A mapping is registered with the
-// driver (read-only) on its first copy and stays registered, and alive,
-// while it is among the most recently used within the byte budget; past the
-// budget the least recently used are unregistered and let go. Registering
+// driver (read-only) on its first pin or copy and stays registered, and
+// alive, while it is among the most recently used within the byte budget;
+// past the budget the least recently used are unregistered and let go
+// (RegistrationLedger: counted once per file). Registering
 // costs about 30 ms per GiB on an H200 host, which is why it is kept.
 //
 // Built without CUDA, Create answers kNotSupported and the daemon offers
@@ -76,11 +77,16 @@ class DeviceDma {
   virtual Result<std::unique_ptr<DeviceCopyQueue>> NewQueue(std::shared_ptr<DeviceWindow> window) = 0;
 
   // Nonzero while `mapping` is registered (its pages pinned): a number
-  // that stays the same exactly as long as this registration lasts
-  // (FetchSink::PinnedAs).
+  // that stays the same exactly as long as this registration lasts.
   virtual std::uint64_t PinnedAs(const MappedRegion& mapping) const = 0;
+  // Registers `mapping` (when it is not) and holds the registration until
+  // the pin's hold is let go: its serial is PinnedAs(mapping) meanwhile
+  // (FetchSink::Pin).
+  virtual Result<MappingPin> Pin(const MappedRegion& mapping) = 0;
 
-  // Bytes of mappings registered now.
+  // Bytes of mappings registered now, counted once per file
+  // (MappedRegion::file: a longer mapping of a file replaces the shorter
+  // one's registration, let go once no copy uses it).
   virtual std::uint64_t registered_bytes() const = 0;
 };
 

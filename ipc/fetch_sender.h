@@ -125,8 +125,10 @@ class FetchSender : public FetchSink {
   bool TakesMappedChunks() const override { return st_->device != nullptr && dma_ != nullptr; }
   Status OnMappedChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
                        const MappedRegion& mapping) override;
-  std::uint64_t PinnedAs(const MappedRegion& mapping) const override {
-    return dma_ != nullptr ? dma_->PinnedAs(mapping) : 0;
+  // The device registration of `mapping`, held by the store until it
+  // handed the chunk out (OnMappedChunk's copy then holds it itself).
+  Result<MappingPin> Pin(const MappedRegion& mapping) override {
+    return dma_ != nullptr ? dma_->Pin(mapping) : Result<MappingPin>(MappingPin{});
   }
 
   // After the store's Fetch returned `fetched`: waits for every device copy

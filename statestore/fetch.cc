@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "statestore/store_impl.h"
+#include "statestore/test_hooks.h"
 
 namespace primecache {
 
@@ -48,6 +49,7 @@ class FetchRun {
     MappedRegion mapping;              // set: the chunk is handed out where it lies
     std::span<const std::byte> mapped;  // its bytes inside `mapping`
     std::uint64_t offset = 0;          // of the chunk in its segment (mapped)
+    MappingPin pin;                    // the sink's pin of `mapping`, held until handed out
     bool checked = false;              // its address was checked in this fetch
     Status status;                     // guarded by mu_
     std::size_t parts_left = 0;        // guarded by mu_
@@ -57,8 +59,9 @@ class FetchRun {
   Status Locate();
   Status StartReads();
   // The chunk's bytes in place when the sink takes mapped chunks and they are
-  // in the page cache (checked on the pool, unless they were checked while
-  // the sink held them pinned as it does now); else false (it is read).
+  // in the page cache: pinned by the sink first, then checked on the pool
+  // over the pinned bytes (unless they were checked under this same pin);
+  // else false (it is read).
   bool TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Located& at);
   void PostCheck(Slot& slot, const Hash128& h, const Extent& at);
   // After a read chunk failed its address: whether a second read, into
@@ -169,11 +172,17 @@ bool FetchRun::TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Loc
   slot.mapping = std::move(m).value();
   slot.mapped = std::span(slot.mapping.data + at.extent.offset, ref.size);
   slot.offset = at.extent.offset;
-  if (s_.CheckedWhilePinned(slot.mapping.id, slot.offset, sink_.PinnedAs(slot.mapping))) {
+  // Pinned before the check, so that what is checked is what stays pinned
+  // for the copy: pages read back from the disk between a check and a pin
+  // would go out unchecked. A pin that failed is no pin: checked as any.
+  if (auto pin = sink_.Pin(slot.mapping); pin.ok()) slot.pin = std::move(pin).value();
+  if (s_.CheckedWhilePinned(slot.mapping.id, slot.offset, slot.pin.serial)) {
+    if (s_.hooks != nullptr && s_.hooks->mapped_checks) ++s_.hooks->mapped_checks->skipped;
     std::lock_guard g(mu_);
     slot.done = true;
     return true;
   }
+  if (s_.hooks != nullptr && s_.hooks->mapped_checks) ++s_.hooks->mapped_checks->checked;
   slot.checked = true;
   PostCheck(slot, ref.hash, at.extent);
   return true;
@@ -286,10 +295,10 @@ Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
       }
       PC_RETURN_IF_ERROR(rs);
       if (slot.mapping.owner) {
+        // Checked over the bytes pinned as slot.pin, still held: not checked
+        // again while that pin lasts.
+        if (slot.checked) s_.NoteCheckedWhilePinned(slot.mapping.id, slot.offset, slot.pin.serial);
         PC_RETURN_IF_ERROR(sink_.OnMappedChunk(l, c, slot.mapped, slot.mapping));
-        // Pinned by the sink now (say, registered for its copy): not checked
-        // again while it stays pinned.
-        if (slot.checked) s_.NoteCheckedWhilePinned(slot.mapping.id, slot.offset, sink_.PinnedAs(slot.mapping));
       } else {
         PC_RETURN_IF_ERROR(sink_.OnChunk(l, c, slot.bytes));
       }

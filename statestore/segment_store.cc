@@ -149,7 +149,12 @@ Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomA
   }
   PC_ASSIGN_OR_RETURN(MappedRegion m, file.Map(committed));
   std::lock_guard g(files_mu);
-  mappings[id] = m;
+  // A longer mapping of a segment that grew maps the same file: it keeps
+  // the shorter one's `file`, so that a device registration budget counts
+  // the file once.
+  auto& kept = mappings[id];
+  m.file = kept.file != 0 ? kept.file : NextMappingId();
+  kept = m;
   return m;
 }
 

@@ -180,7 +180,7 @@ struct Store::Impl {
   std::unordered_map<std::uint64_t, MappedRegion> mappings;  // guarded by files_mu
   Result<MappedRegion> SegmentMapping(std::uint64_t id, const RandomAccessFile& file, std::uint64_t end);
   // Chunks whose address matched while a sink held their mapping pinned
-  // (FetchSink::PinnedAs): mapping id -> chunk offset -> pin number. Bounded
+  // (FetchSink::Pin, the serial of the pin held while it was checked): mapping id -> chunk offset -> pin number. Bounded
   // (cleared when it grows past a million chunks); a forgotten mapping's
   // entries go with it.
   std::mutex checked_mu;

@@ -11,6 +11,13 @@
 
 namespace primecache::statestore_internal {
 
+// Chunks handed out in place (FetchSink::TakesMappedChunks) whose address
+// a fetch checked, and those it did not check again because they had been
+// checked under the sink's same pin.
+struct MappedCheckCounts {
+  std::atomic<std::uint64_t> checked{0}, skipped{0};
+};
+
 struct TestHooks {
   // Replaces the index's token hasher (e.g. one that always collides). The
   // store records the hasher's id and refuses to open with another.
@@ -31,6 +38,8 @@ struct TestHooks {
   bool no_compactions = false;
   // The chunk bytes one migration step copies before its batch (0: 64 MiB).
   std::uint64_t migrate_step_bytes = 0;
+  // When set: counts the checks of mapped chunks done and skipped.
+  std::shared_ptr<MappedCheckCounts> mapped_checks;
 };
 
 // The freeze of TestHooks::freeze_io and freeze_countdown, as the store's

@@ -36,6 +36,20 @@ struct MappedRegion {
   std::size_t size = 0;
   std::uint64_t id = 0;
   std::shared_ptr<const void> owner;
+  // Which file it maps, unique in the process (0: not said). A longer
+  // mapping of a file that grew has a new id but the same `file`, so that
+  // what is counted per file (a device registration budget) counts it once.
+  std::uint64_t file = 0;
+};
+
+// A mapping's pages held pinned in memory (registered with a device driver,
+// say) while `hold` is held: they can be neither dropped nor read back from
+// the disk meanwhile. `serial` is unique to one pinning of one mapping: a
+// mapping unpinned and pinned again gets another. Empty (serial 0): not
+// pinned.
+struct MappingPin {
+  std::uint64_t serial = 0;
+  std::shared_ptr<const void> hold;
 };
 
 class SequentialFile {

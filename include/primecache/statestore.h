@@ -188,16 +188,22 @@ class FetchSink {
     (void)mapping;
     return OnChunk(layer, chunk, bytes);
   }
-  // Nonzero while the sink holds the pages of `mapping` pinned in memory (a
-  // device registration): a number that stays the same exactly as long as
-  // they stay pinned. A chunk whose address matched while its mapping was
-  // pinned as N is not checked again while it is still pinned as N: pinned
-  // pages cannot be dropped and read back from the disk, and the store never
-  // writes committed bytes (as a block cache serves blocks checked when they
-  // were read from the file). 0 (the default): every chunk is checked.
-  virtual std::uint64_t PinnedAs(const MappedRegion& mapping) const {
+  // Pins the pages of `mapping` (the daemon registers it with the device
+  // driver for its copies) and says under which pin. Called on the fetching
+  // thread before a chunk of `mapping` is checked; the store holds the pin
+  // until OnMappedChunk for that chunk returned, so the bytes checked are
+  // the bytes handed out. A chunk whose address matched over bytes pinned
+  // as N is not checked again while `mapping` is still pinned as N: pinned
+  // pages cannot be dropped and read back from the disk, and the store
+  // never writes committed bytes (as a block cache serves blocks checked
+  // when they were read from the file). The check comes after the pin, not
+  // before: pages read back between a check and a later pin would be handed
+  // out unchecked, and every later fetch under that pin would skip them.
+  // An empty pin (the default) or an error: the chunk is checked, and
+  // handed out all the same (OnMappedChunk).
+  virtual Result<MappingPin> Pin(const MappedRegion& mapping) {
     (void)mapping;
-    return 0;
+    return MappingPin{};
   }
 };
 

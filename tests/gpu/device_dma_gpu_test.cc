@@ -1,7 +1,11 @@
 // DeviceDma on a real device: a peer process exports a device buffer, this
 // one opens it and queues copies of mapped file bytes into it by DMA; the
 // peer's checksum of its device bytes must match the file's, and copies
-// outside the window or the mapping are refused.
+// outside the window or the mapping are refused. Pins: a registration's
+// serial (PinnedAs) lasts exactly as long as the registration, a file is
+// counted once in the budget however many mappings of it are registered,
+// and a store's fetch skips the check of a chunk only under the pin it was
+// checked under.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -19,6 +23,7 @@
 
 #include "ipc/device_dma.h"
 #include "primecache/checksum.h"
+#include "tests/statestore/store_test_util.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/gpu/dma_peer.h"
 
@@ -49,6 +54,21 @@ struct MappedFile {
   }
   ~MappedFile() { std::filesystem::remove(path); }
 };
+
+// Another read-only mapping of the file at `path`, of its first `size` bytes.
+MappedRegion MapAgain(const std::string& path, std::size_t size, std::uint64_t id) {
+  MappedRegion m;
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return m;
+  void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return m;
+  m.data = static_cast<const std::byte*>(p);
+  m.size = size;
+  m.id = id;
+  m.owner = std::shared_ptr<const void>(p, [size](const void* q) { munmap(const_cast<void*>(q), size); });
+  return m;
+}
 
 std::string SumLine(std::span<const std::byte> b) {
   char buf[64];
@@ -185,6 +205,124 @@ TEST(DeviceDmaGpu, RefusesAWindowLargerThanItsAllocation) {
   EXPECT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
   auto window = p.dma->Open(p.spec);
   EXPECT_TRUE(window.ok()) << window.status().ToString();
+}
+
+// PinnedAs is 0 before a registration, the same nonzero serial while it
+// lasts (across pins and copies), 0 once it was evicted, and another serial
+// once the mapping is registered again.
+TEST(DeviceDmaGpu, APinsSerialLastsExactlyAsLongAsItsRegistration) {
+  PC_SKIP_WITHOUT_CUDA();
+  auto dma = DeviceDma::Create(6u << 20);
+  ASSERT_TRUE(dma.ok()) << dma.status().ToString();
+  MappedFile a(4u << 20, 21, 1), b(4u << 20, 22, 2);
+  EXPECT_EQ((*dma)->PinnedAs(a.mapping), 0u) << "not registered yet";
+  std::uint64_t first = 0;
+  {
+    auto pin = (*dma)->Pin(a.mapping);
+    ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+    first = pin->serial;
+    EXPECT_NE(first, 0u);
+    EXPECT_EQ((*dma)->PinnedAs(a.mapping), first);
+    auto again = (*dma)->Pin(a.mapping);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->serial, first) << "a second pin of a registered mapping is the same registration";
+  }
+  EXPECT_EQ((*dma)->PinnedAs(a.mapping), first) << "kept registered after its pins went, within the budget";
+  {
+    auto pin = (*dma)->Pin(b.mapping);  // over the 6 MiB budget: `a`, unused, goes
+    ASSERT_TRUE(pin.ok());
+    EXPECT_NE(pin->serial, first);
+    EXPECT_EQ((*dma)->PinnedAs(a.mapping), 0u) << "evicted";
+  }
+  auto redone = (*dma)->Pin(a.mapping);
+  ASSERT_TRUE(redone.ok());
+  EXPECT_NE(redone->serial, 0u);
+  EXPECT_NE(redone->serial, first) << "a registration redone must not match the old one's records";
+  EXPECT_EQ((*dma)->PinnedAs(a.mapping), redone->serial);
+}
+
+// A file mapped twice (a segment that grew: a shorter and a longer mapping)
+// is counted once against the budget; the shorter one's registration goes
+// once nothing holds it.
+TEST(DeviceDmaGpu, AFileMappedTwiceIsCountedOnce) {
+  PC_SKIP_WITHOUT_CUDA();
+  auto dma = DeviceDma::Create(64u << 20);
+  ASSERT_TRUE(dma.ok()) << dma.status().ToString();
+  MappedFile file(8u << 20, 31, 3);
+  // The file as the store maps it: first its first 4 MiB, then all of it,
+  // at another address under another id.
+  MappedRegion longer = file.mapping;
+  MappedRegion shorter = MapAgain(file.path, 4u << 20, 32);
+  ASSERT_NE(shorter.data, nullptr);
+  shorter.file = longer.file = 1234;
+  auto held = (*dma)->Pin(shorter);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_EQ((*dma)->registered_bytes(), shorter.size);
+  {
+    auto pin = (*dma)->Pin(longer);
+    ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+    EXPECT_EQ((*dma)->registered_bytes(), longer.size) << "one file counted twice";
+    EXPECT_NE((*dma)->PinnedAs(shorter), 0u) << "still held: still registered";
+  }
+  held->hold.reset();
+  EXPECT_EQ((*dma)->PinnedAs(shorter), 0u) << "replaced, and no longer held: let go";
+  EXPECT_NE((*dma)->PinnedAs(longer), 0u);
+  EXPECT_EQ((*dma)->registered_bytes(), longer.size);
+}
+
+// A store's fetch through a sink that pins with DeviceDma, as the daemon's
+// does: the first fetch checks every mapped chunk, a second under the same
+// registration checks none, and once the registration was evicted and
+// redone every chunk is checked again (TestHooks::mapped_checks).
+struct DmaPinSink final : FetchSink {
+  DeviceDma* dma = nullptr;
+  std::size_t mapped = 0;
+  Status OnLayer(std::uint32_t, std::string_view, std::uint32_t) override { return Status::Ok(); }
+  Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte>) override { return Status::Ok(); }
+  bool TakesMappedChunks() const override { return true; }
+  Status OnMappedChunk(std::uint32_t, std::uint32_t, std::span<const std::byte>, const MappedRegion&) override {
+    ++mapped;
+    return Status::Ok();
+  }
+  Result<MappingPin> Pin(const MappedRegion& m) override { return dma->Pin(m); }
+};
+
+TEST(DeviceDmaGpu, AFetchSkipsTheCheckOnlyUnderTheRegistrationItWasCheckedUnder) {
+  PC_SKIP_WITHOUT_CUDA();
+  using namespace store_test;  // NOLINT(google-build-using-namespace)
+  TempDir dir;
+  auto hooks = std::make_shared<statestore_internal::TestHooks>();
+  hooks->mapped_checks = std::make_shared<statestore_internal::MappedCheckCounts>();
+  StoreOptions o = CodecStoreOptions();
+  o.path = dir.path + "/store";
+  auto store = statestore_internal::OpenWithHooks(o, hooks);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  TestModel model;
+  model.chunk_bytes = 64u << 10;
+  const EntryId id = MustPublish(**store, Conversation(2000, 41), 1, "", model);
+  // A budget below one more mapping: pinning `other` evicts the segment's.
+  auto dma = DeviceDma::Create(1u << 20);
+  ASSERT_TRUE(dma.ok()) << dma.status().ToString();
+  DmaPinSink sink;
+  sink.dma = dma->get();
+  auto& counts = *hooks->mapped_checks;
+  // (A chunk met twice in one fetch may be skipped the second time.)
+  ASSERT_TRUE((*store)->Fetch(id, {}, sink).ok());
+  const std::uint64_t chunks = sink.mapped;
+  ASSERT_GT(chunks, 0u) << "just published, the segment is in the page cache";
+  const std::uint64_t checked = counts.checked.load(), skipped = counts.skipped.load();
+  EXPECT_GT(checked, 0u);
+  EXPECT_EQ(checked + skipped, chunks);
+  ASSERT_TRUE((*store)->Fetch(id, {}, sink).ok());
+  EXPECT_EQ(sink.mapped, 2 * chunks);
+  EXPECT_EQ(counts.checked.load(), checked) << "checked again under the same registration";
+  EXPECT_EQ(counts.skipped.load(), skipped + chunks);
+  MappedFile other(2u << 20, 1ull << 40, 5);
+  ASSERT_TRUE((*dma)->Pin(other.mapping).ok());  // evicts the segment's registration
+  ASSERT_TRUE((*store)->Fetch(id, {}, sink).ok());
+  EXPECT_EQ(sink.mapped, 3 * chunks);
+  EXPECT_GT(counts.checked.load(), checked) << "not checked again after the registration was redone";
+  EXPECT_EQ(counts.checked.load() + counts.skipped.load(), 3 * chunks);
 }
 
 }  // namespace

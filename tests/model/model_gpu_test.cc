@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include <filesystem>
+#include <fstream>
 
 #include "serving/prefix_cache.h"
 
@@ -427,6 +428,78 @@ TEST(PrefixCacheGpuDeviceWindowTest, DeviceCopyRestoreIsTheInProcessRestore) {
               static_cast<unsigned long long>(second.restored_tokens),
               static_cast<unsigned long long>(second.device_chunks), second.device_chunk_bytes / 1e6,
               static_cast<unsigned long long>(second.direct_chunks), second.fetch_ms, second.copy_ms);
+}
+
+// Flips bytes in the middle of every segment file under `data_dir`, in
+// place (the page cache holds the damaged bytes: the daemon's mapping sees
+// them and its chunks still come by device copy). Returns how many files.
+int DamageSegments(const std::string& data_dir) {
+  int n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(data_dir)) {
+    if (!e.is_regular_file() || e.path().parent_path().filename() != "segments") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = static_cast<std::streamoff>(e.file_size());
+    if (size < 4096) continue;
+    std::string mid(256, '\0');
+    f.seekg(size / 2);
+    f.read(mid.data(), static_cast<std::streamsize>(mid.size()));
+    for (char& c : mid) c = static_cast<char>(c ^ 0x5a);
+    f.seekp(size / 2);
+    f.write(mid.data(), static_cast<std::streamsize>(mid.size()));
+    n += f.good() ? 1 : 0;
+  }
+  return n;
+}
+
+// The client does not check device chunks (the daemon that read the file
+// checked their addresses over the bytes it pinned and copied;
+// docs/protocol.md, "Device copies"): a damaged segment behind a fetch by
+// device copy is refused by the daemon, before the engine restores
+// anything. The request prefills from scratch, its session is fresh, and
+// the entry is quarantined.
+TEST(PrefixCacheGpuDeviceWindowTest, ADamagedSegmentIsRefusedByTheDaemonBeforeAnyRestore) {
+  PC_SKIP_WITHOUT_CUDA();
+  GpuPrefixModel g;
+  ASSERT_NO_FATAL_FAILURE(MakeGpuPrefixModel(&g));
+  primecache::testing::Daemon daemon({"--device-copies", "auto"});
+  ASSERT_TRUE(daemon.Start());
+  auto cl = client::Client::Connect(daemon.Options("gpu", /*shm=*/true));
+  ASSERT_TRUE(cl.ok()) << cl.status().ToString();
+  ASSERT_TRUE((*cl)->server_info().device_copies) << "the daemon makes no device copies on this GPU";
+  PrefixCacheOptions opt;
+  opt.encode.all_planes = TransformSpec{"raw/v1", 0};
+  opt.encode.target_chunk_bytes = 16 << 10;
+  opt.device_window_bytes = 256 << 10;
+  PrefixCache cache(g.model.get(), std::move(cl).value(), PrefixCache::ModelIdFor(g.config, g.weights), opt);
+  ASSERT_TRUE(cache.device_window()) << "the device window was not attached";
+  ASSERT_TRUE(cache.ReserveStaging(400).ok());
+  HybridModel& m = *g.model;
+  const std::vector<std::uint32_t> full = Prompt({"p", g.config, 340, 0});
+  {
+    auto first = cache.Prime(std::span(full).first(300));
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    cache.Finish(*first);
+    ASSERT_EQ(cache.Drain(), 0u);
+  }
+  ASSERT_GT(DamageSegments(daemon.data_dir()), 0) << "no segment file found";
+  std::vector<float> plain;
+  {
+    auto s = m.NewSession();
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(m.Prime(*s, full, LogitsWanted::kLast, &plain).ok());
+  }
+  auto r = cache.Prime(full);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->restored_tokens, 0u) << "a damaged entry was restored";
+  EXPECT_EQ(r->prefilled_tokens, full.size());
+  EXPECT_TRUE(r->session.cache->CheckInvariants().ok());
+  ASSERT_EQ(r->last_logits.size(), plain.size());
+  EXPECT_EQ(std::memcmp(r->last_logits.data(), plain.data(), plain.size() * 4), 0);
+  auto admin = client::Client::Connect(daemon.Options("gpu"));
+  ASSERT_TRUE(admin.ok()) << admin.status().ToString();
+  auto stat = (*admin)->Stat();
+  ASSERT_TRUE(stat.ok()) << stat.status().ToString();
+  EXPECT_GE(stat->store.quarantined, 1u) << "the daemon did not quarantine the damaged entry";
 }
 
 TEST(PrefixCacheGpuRefusalTest, RefusedEntryLeavesTheSessionFresh) {

@@ -7,9 +7,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
+#include <map>
 
 #include "segment_util.h"
 #include "store_test_util.h"
+#include "tests/support/fault_env.h"
 
 namespace primecache {
 namespace {
@@ -55,7 +58,44 @@ struct PinningSink final : FetchSink {
     return Status::Ok();
   }
   bool TakesMappedChunks() const override { return true; }
-  std::uint64_t PinnedAs(const MappedRegion&) const override { return pin; }
+  Result<MappingPin> Pin(const MappedRegion&) override { return MappingPin{pin, nullptr}; }
+};
+
+// A sink that pins (registers) each mapping the first time it meets it, as
+// the daemon's device copies do, with a pin number that changes with every
+// registration. `on_register` runs as a registration reads the pages, before
+// they are pinned. Records the order of its calls.
+struct RegisteringSink final : FetchSink {
+  std::function<void()> on_register;
+  std::map<std::uint64_t, std::uint64_t> pins;  // mapping id -> pin
+  std::uint64_t serials = 100;
+  std::vector<std::string> calls, chunks;
+  std::uint64_t Register(const MappedRegion& m) {
+    auto [it, fresh] = pins.try_emplace(m.id, 0);
+    if (fresh) {
+      calls.push_back("register");
+      if (on_register) on_register();
+      it->second = ++serials;
+    }
+    return it->second;
+  }
+  Status OnLayer(std::uint32_t, std::string_view, std::uint32_t) override { return Status::Ok(); }
+  Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte> b) override {
+    calls.push_back("read");
+    chunks.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+    return Status::Ok();
+  }
+  bool TakesMappedChunks() const override { return true; }
+  Result<MappingPin> Pin(const MappedRegion& m) override {
+    calls.push_back("pin");
+    return MappingPin{Register(m), nullptr};
+  }
+  Status OnMappedChunk(std::uint32_t, std::uint32_t, std::span<const std::byte> b, const MappedRegion& m) override {
+    Register(m);  // the copy registers what is not registered yet
+    calls.push_back("copy");
+    chunks.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+    return Status::Ok();
+  }
 };
 
 std::vector<std::string> AllChunks(const std::vector<LayerBytes>& layers) {
@@ -191,6 +231,47 @@ TEST(MappedFetch, AChunkCheckedWhilePinnedIsCheckedAgainOnlyUnderAnotherPin) {
   EXPECT_EQ((*store)->Describe(id)->state, EntryState::kQuarantined);
   store->reset();
   std::filesystem::remove_all(dir);
+}
+
+// The pages of a mapping can be dropped and read back from the disk at any
+// time until they are pinned: here, as the first chunk's mapping is
+// registered, its bytes on the disk are other bytes (FaultInjectionEnv's
+// page cache). The address must be checked over the bytes that are pinned,
+// so the fetch refuses, quarantines the entry and hands out nothing damaged.
+TEST(MappedFetch, BytesReadBackFromTheDiskBeforeTheyArePinnedAreChecked) {
+  auto base = NewMemEnv();
+  FaultInjectionEnv fenv(base.get());
+  fenv.MapAsPageCache("/segments/");
+  StoreOptions o = CodecStoreOptions();
+  o.env = &fenv;
+  o.path = "/store";
+  const auto t = Conversation(400, 17);
+  const auto layers = MakeLayers(t, kModel);
+  EntryId id = 0;
+  {
+    auto store = Store::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    id = MustPublish(**store, t, 1, "", kModel);
+  }
+  // The first chunk fetched is the one read back damaged: its check is the
+  // only one done before the first registration, whatever the read-ahead.
+  const std::string good = layers[0].chunks[0];
+  const ChunkPlace place = PlaceOfChunk(base.get(), o.path, Checksum128(std::as_bytes(std::span(good))));
+  std::string bad = good;
+  bad[bad.size() / 2] ^= 0x10;
+  auto store = Store::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  RegisteringSink sink;
+  sink.on_register = [&] {
+    OverwriteAt(base.get(), place.file, place.offset, bad);
+    ASSERT_TRUE(fenv.ReadBackMappedPages("/segments/").ok());
+  };
+  Status s = (*store)->Fetch(id, {}, sink);
+  ASSERT_FALSE(sink.calls.empty());
+  EXPECT_EQ(sink.calls.front(), "pin") << "the mapping is pinned before anything is handed out";
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  for (const auto& c : sink.chunks) EXPECT_NE(c, bad) << "a chunk damaged before it was pinned reached the sink";
+  EXPECT_EQ((*store)->Describe(id)->state, EntryState::kQuarantined);
 }
 
 }  // namespace

@@ -45,6 +45,9 @@ struct FaultInjectionEnv::State {
   std::array<std::uint64_t, kFaultOpCount> fail_at{};  // 0: no fault armed
   std::optional<std::string> corrupt_next;  // CorruptNextWrite's path part
   std::optional<std::string> corrupt_read;  // CorruptNextRead's path part
+  std::optional<std::string> page_cache;    // MapAsPageCache's path part
+  // The live mappings made as the Env's own copies: path -> their bytes.
+  std::multimap<std::string, std::weak_ptr<std::string>> copies;
 
   // Whether this read of `path` is the one to corrupt (then disarmed).
   bool TakeCorruptRead(const std::string& path) {
@@ -116,7 +119,15 @@ class FaultRandomAccessFile final : public RandomAccessFile {
   }
   Result<MappedRegion> Map(std::uint64_t size) const override {
     PC_RETURN_IF_ERROR(st_->Tick(FaultOp::kRead, path_));
-    return f_->Map(size);
+    PC_ASSIGN_OR_RETURN(MappedRegion m, f_->Map(size));
+    std::lock_guard lock(st_->mu);
+    if (!st_->page_cache || path_.find(*st_->page_cache) == std::string::npos) return m;
+    // The Env's own bytes, which ReadBackMappedPages may change in place.
+    auto copy = std::make_shared<std::string>(reinterpret_cast<const char*>(m.data), m.size);
+    st_->copies.emplace(path_, copy);
+    m.data = reinterpret_cast<const std::byte*>(copy->data());
+    m.owner = std::move(copy);
+    return m;
   }
   std::size_t alignment() const override { return f_->alignment(); }
 
@@ -211,11 +222,38 @@ void FaultInjectionEnv::CorruptNextRead(std::string path_part) {
   state_->corrupt_read = std::move(path_part);
 }
 
+void FaultInjectionEnv::MapAsPageCache(std::string path_part) {
+  std::lock_guard lock(state_->mu);
+  state_->page_cache = std::move(path_part);
+}
+
+Status FaultInjectionEnv::ReadBackMappedPages(const std::string& path_part) {
+  std::lock_guard lock(state_->mu);
+  for (auto it = state_->copies.begin(); it != state_->copies.end();) {
+    auto copy = it->second.lock();
+    if (!copy) {
+      it = state_->copies.erase(it);
+      continue;
+    }
+    if (it->first.find(path_part) != std::string::npos) {
+      PC_ASSIGN_OR_RETURN(std::string now, ReadFileToString(state_->base, it->first));
+      // Byte by byte, only where they differ: holders may be reading the
+      // bytes that stay the same meanwhile.
+      for (std::size_t i = 0; i < copy->size() && i < now.size(); ++i) {
+        if ((*copy)[i] != now[i]) (*copy)[i] = now[i];
+      }
+    }
+    ++it;
+  }
+  return Status::Ok();
+}
+
 void FaultInjectionEnv::ClearFaults() {
   std::lock_guard lock(state_->mu);
   state_->fail_at = {};
   state_->corrupt_next.reset();
   state_->corrupt_read.reset();
+  state_->page_cache.reset();
 }
 
 void FaultInjectionEnv::SetSpaceLimit(std::uint64_t bytes) {

@@ -34,6 +34,13 @@ inline constexpr int kFaultOpCount = 4;
 //  - CorruptNextRead(part): the next positional read of such a file returns
 //    its bytes with the last one flipped (a transient fault: the file is
 //    intact and a second read is right);
+//  - MapAsPageCache(part): mappings of files whose path contains `part`
+//    made from now on are the Env's own copies of the file's bytes, standing
+//    for the page cache; ReadBackMappedPages(part) then refreshes every live
+//    one from the file's bytes as they are now, as pages dropped from the
+//    page cache and read again from a disk that holds other bytes show
+//    through every mapping of the file (the mapping's bytes change under its
+//    holders; only bytes that differ are written);
 //  - SimulateCrash(): the machine loses power. Every file written through
 //    this Env is cut back to its last synced length, and directory entries
 //    created or renamed since their directory's last SyncDir are undone
@@ -49,6 +56,8 @@ class FaultInjectionEnv : public Env {
   void FailNth(FaultOp op, std::uint64_t n);
   void CorruptNextWrite(std::string path_part);
   void CorruptNextRead(std::string path_part);
+  void MapAsPageCache(std::string path_part);
+  Status ReadBackMappedPages(const std::string& path_part);
   void ClearFaults();
   void SetSpaceLimit(std::uint64_t bytes);
   void ClearSpaceLimit();
