@@ -53,6 +53,7 @@ Result<std::optional<std::uint64_t>> WindowRing::Place(std::uint64_t len, bool m
       return Answer(at);
     }
     if (!may_wait || unsent_ != 0) return Answer();
+    ++waits_;
     if (cv_.wait_for(l, std::chrono::seconds(60)) == std::cv_status::timeout) {
       return Status::DeadlineExceeded("client released no window bytes for 60 s");
     }

@@ -64,6 +64,8 @@ class WindowRing {
   bool Release(std::uint64_t pos, std::uint64_t len);
   // Wakes a waiting Place (to see `stop`).
   void Wake();
+  // Times a Place began waiting for room: tests observe the wait path.
+  std::uint64_t waits() const { return waits_.load(); }
 
  private:
   struct Placed {
@@ -79,6 +81,7 @@ class WindowRing {
   std::uint64_t head_ = 0, used_ = 0;
   std::uint32_t unsent_ = 0;
   std::deque<Placed> placed_;
+  std::atomic<std::uint64_t> waits_{0};
 };
 
 // One fetch in flight on a connection.

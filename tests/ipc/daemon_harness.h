@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -29,6 +28,7 @@
 #include "primecache/client.h"
 #include "primecache/codec.h"
 #include "primecache/snapshot.h"
+#include "tests/support/tmpfs.h"
 #include "tools/common/daemon_process.h"
 
 namespace primecache::testing {
@@ -275,30 +275,6 @@ inline ProcessResult RunProcess(std::vector<std::string> argv_in, std::optional<
 }
 
 inline ModelId TestModel(std::uint64_t k = 1) { return ModelId{Hash128{0x1234 + k, 0xabcd * k}, "test-model", ""}; }
-
-// A small tmpfs mounted at `path` (an empty directory) for a test that fills
-// a file system; unmounted when it goes. ok() is false where the test may
-// not mount (not root, no CAP_SYS_ADMIN): skip then.
-class TmpfsMount {
- public:
-  TmpfsMount(std::string path, const std::string& size) : path_(std::move(path)) {
-    const std::string opts = "size=" + size + ",mode=0700";
-    ok_ = mount("tmpfs", path_.c_str(), "tmpfs", 0, opts.c_str()) == 0;
-    if (!ok_) error_ = std::strerror(errno);
-  }
-  ~TmpfsMount() {
-    if (ok_) umount2(path_.c_str(), MNT_DETACH);
-  }
-  TmpfsMount(const TmpfsMount&) = delete;
-  TmpfsMount& operator=(const TmpfsMount&) = delete;
-  bool ok() const { return ok_; }
-  const std::string& error() const { return error_; }
-
- private:
-  std::string path_;
-  bool ok_ = false;
-  std::string error_;
-};
 
 // Publishes 1 MiB entries of distinct content until the store refuses one
 // (at most 100); that refusal.

@@ -370,8 +370,8 @@ TEST(UncommittedBytes, APublishTheStoreRefusesIsReleasedAtOnce) {
   const std::string data = dir + "/data";
   ASSERT_EQ(mkdir(data.c_str(), 0700), 0);
   {
-    TmpfsMount small(data, "16m");
-    if (!small.ok()) GTEST_SKIP() << "cannot mount a tmpfs here: " << small.error();
+    Tmpfs small(data, 16);
+    PRIMECACHE_TMPFS_OR_SKIP(small);
     Daemon d({"--publish-timeout", "0"}, dir);
     ASSERT_TRUE(d.Start());
     auto c = Client::Connect(d.Options());
@@ -415,8 +415,8 @@ TEST(FullDisk, AnAbortedPublishThatFilledTheDiskDoesNotWedgeTheDaemon) {
   const std::string data = dir + "/data";
   ASSERT_EQ(mkdir(data.c_str(), 0700), 0);
   {
-    TmpfsMount small(data, "32m");
-    if (!small.ok()) GTEST_SKIP() << "cannot mount a tmpfs here: " << small.error();
+    Tmpfs small(data, 32);
+    PRIMECACHE_TMPFS_OR_SKIP(small);
     Daemon d({"--publish-timeout", "0"}, dir);
     d.DisownDir();
     ASSERT_TRUE(d.Start());

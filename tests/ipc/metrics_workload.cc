@@ -9,10 +9,12 @@
 //
 // --hold: publishes one entry, then fetches it through a small shared
 // region and keeps the chunks it is handed, so the daemon's fetch window
-// fills and the fetch waits; it prints {"held_shm_bytes": N} once nothing
-// more arrives, waits for a line on stdin, releases everything, lets the
+// fills and the fetch waits; it prints {"held_shm_bytes": N} once the next
+// chunk cannot fit in what the held ones leave of the window (the daemon then
+// waits for a release and sends nothing more), waits for a line on stdin, releases everything, lets the
 // fetch finish and prints {"fetched_chunks": N}.
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -70,11 +72,18 @@ int Hold(const std::string& socket) {
   auto c = Client::Connect(o);
   if (!c.ok()) Die("connect", c.status());
   const auto tokens = Tokens(1000, 5);
-  auto pub = (*c)->Publish(TestModel(), tokens, MakeLayers(1000, 3, 5));
+  const auto layers = MakeLayers(1000, 3, 5);
+  auto pub = (*c)->Publish(TestModel(), tokens, layers);
   if (!pub.ok()) Die("publish", pub.status());
   const SharedRegion region = (*c)->region();
   const auto* base = static_cast<const std::byte*>(region.base);
+  const std::uint64_t window = region.size / 2;  // the fetch window: the region's second half
+  std::vector<std::uint64_t> sizes;              // every chunk's, in the order they are sent
+  for (const LayerData& l : layers) {
+    for (const auto& ch : l.chunks) sizes.push_back(ch.size());
+  }
   std::mutex mu;
+  std::condition_variable cv;
   std::vector<ChunkRelease> held;
   std::uint64_t held_shm_bytes = 0, chunks = 0;
   bool releasing = false;
@@ -89,20 +98,22 @@ int Hold(const std::string& socket) {
     }
     if (b.data() >= base && b.data() < base + region.size) held_shm_bytes += b.size();
     held.push_back(std::move(release));
+    cv.notify_all();
     return primecache::Status::Ok();
   };
   primecache::Status fetched;
   std::thread fetch([&] { fetched = (*c)->Fetch(pub->id, {}, cb); });
-  // Nothing more arrives for half a second: the window is full.
-  std::uint64_t last = ~0ull;
-  for (;;) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    std::lock_guard<std::mutex> l(mu);
-    if (chunks == last) break;
-    last = chunks;
-  }
+  // The window is full once the next chunk (one that fits a window at all)
+  // does not fit beside the held ones: the daemon cannot place it.
+  const auto full = [&] {
+    return chunks < sizes.size() && sizes[chunks] <= window && held_shm_bytes + sizes[chunks] > window;
+  };
   {
-    std::lock_guard<std::mutex> l(mu);
+    std::unique_lock<std::mutex> l(mu);
+    if (!cv.wait_for(l, std::chrono::seconds(30), full)) {
+      Die("held fetch", primecache::Status::DeadlineExceeded("the fetch window never filled (" +
+                                                             std::to_string(chunks) + " chunks held)"));
+    }
     std::printf("%s\n", nlohmann::json{{"held_shm_bytes", held_shm_bytes}}.dump().c_str());
     std::fflush(stdout);
   }

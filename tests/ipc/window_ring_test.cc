@@ -13,6 +13,12 @@ namespace {
 
 const std::function<bool()> kGoOn = [] { return false; };
 
+// Until `ring` has begun `n` waits (at most 10 s): a waiter is known waiting.
+bool WaitsReach(const WindowRing& ring, std::uint64_t n) {
+  for (int i = 0; i < 10000 && ring.waits() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return ring.waits() >= n;
+}
+
 TEST(WindowRingTest, SpaceComesBackInPlacingOrderWhateverTheReleaseOrder) {
   WindowRing ring;
   ring.Open(1000, 300);
@@ -51,12 +57,14 @@ TEST(WindowRingTest, WaitsOnlyWhenEveryPlacedChunkWasSent) {
   ASSERT_TRUE(b.ok());
   EXPECT_FALSE(b->has_value());
   ring.Sent(**a);
+  EXPECT_EQ(ring.waits(), 0u) << "no room was waited for yet";
   std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(WaitsReach(ring, 1)) << "the place never waited";
     EXPECT_TRUE(ring.Release(**a, 150));
   });
   auto c = ring.Place(100, true, kGoOn);  // waits for the release
   releaser.join();
+  EXPECT_EQ(ring.waits(), 1u) << "the place got its room by waiting, once";
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_TRUE(c->has_value());
   EXPECT_EQ(**c, 0u) << "an empty ring starts over at its front";
@@ -73,13 +81,14 @@ TEST(WindowRingTest, DroppedPlaceGivesItsSpaceBackAndStopEndsAWait) {
   ring.Sent(**b);
   std::atomic<bool> stop{false};
   std::thread stopper([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(WaitsReach(ring, 1)) << "the place never waited";
     stop = true;
     ring.Wake();
   });
   auto c = ring.Place(10, true, [&] { return stop.load(); });
   stopper.join();
   EXPECT_EQ(c.status().code(), StatusCode::kAborted);
+  EXPECT_EQ(ring.waits(), 1u) << "the stop ended a wait";
 }
 
 }  // namespace

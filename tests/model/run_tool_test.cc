@@ -90,8 +90,8 @@ TEST(RunTool, AStoreThatCannotWriteIsNotReportedAsTheDaemonDown) {
   const std::string data = dir + "/data";
   ASSERT_EQ(mkdir(data.c_str(), 0700), 0);
   {
-    TmpfsMount small(data, "16m");
-    if (!small.ok()) GTEST_SKIP() << "cannot mount a tmpfs here: " << small.error();
+    Tmpfs small(data, 16);
+    PRIMECACHE_TMPFS_OR_SKIP(small);
     Daemon d({}, dir);
     ASSERT_TRUE(d.Start());
     auto c = Client::Connect(d.Options("default"));

@@ -3,7 +3,6 @@
 // fault_test.cc). The store fills it, fails clearly while reads go on, and
 // once a file is removed the same running store publishes again.
 #include <fcntl.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,38 +11,14 @@
 #include <cstring>
 
 #include "store_test_util.h"
+#include "tests/support/tmpfs.h"
 
 namespace primecache {
 namespace {
 
 using namespace store_test;  // NOLINT(google-build-using-namespace)
 
-// A tmpfs of `mib` MiB on a fresh directory, unmounted at the end.
-class Tmpfs {
- public:
-  explicit Tmpfs(int mib) {
-    const std::string opts = "size=" + std::to_string(mib) + "m,mode=0700";
-    if (::mount("tmpfs", dir_.path.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
-      error_ = std::strerror(errno);
-    } else {
-      mounted_ = true;
-    }
-  }
-  ~Tmpfs() {
-    if (mounted_) ::umount2(dir_.path.c_str(), MNT_DETACH);
-  }
-  Tmpfs(const Tmpfs&) = delete;
-  Tmpfs& operator=(const Tmpfs&) = delete;
-
-  bool mounted() const { return mounted_; }
-  const std::string& error() const { return error_; }
-  const std::string& path() const { return dir_.path; }
-
- private:
-  TempDir dir_;
-  bool mounted_ = false;
-  std::string error_;
-};
+using testing::Tmpfs;
 
 // Writes `path` until the file system is full, then gives `keep_free` back.
 void FillUp(const std::string& path, off_t keep_free) {
@@ -63,7 +38,7 @@ void FillUp(const std::string& path, off_t keep_free) {
 
 TEST(FullDisk, OnATmpfsTheRunningStoreRecoversOnceSpaceIsFreed) {
   Tmpfs fs(16);
-  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << fs.error() << ")";
+  PRIMECACHE_TMPFS_OR_SKIP(fs);
   StoreOptions o = CodecStoreOptions();
   o.path = fs.path() + "/store";
   auto opened = Store::Open(o);
@@ -136,7 +111,7 @@ void FillWithAbortedPublish(Store& s) {
 // restart.
 TEST(FullDisk, AnAbortedPublishThatFilledTheDiskGivesItsBytesBack) {
   Tmpfs fs(32);
-  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << fs.error() << ")";
+  PRIMECACHE_TMPFS_OR_SKIP(fs);
   StoreOptions o = CodecStoreOptions();
   o.path = fs.path() + "/store";
   auto opened = Store::Open(o);
@@ -197,7 +172,7 @@ TEST(FullDisk, CompactionCutsATailTheAbortCouldNotCut) {
 // again once space is freed, with no restart.
 TEST(FullDisk, AStoreOpensOnAFullDiskAndServesReads) {
   Tmpfs fs(32);
-  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << fs.error() << ")";
+  PRIMECACHE_TMPFS_OR_SKIP(fs);
   StoreOptions o = CodecStoreOptions();
   o.path = fs.path() + "/store";
   const auto first = Conversation(600, 1);

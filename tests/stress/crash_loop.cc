@@ -3,6 +3,7 @@
 // publishing real entries of varied size, SIGKILL at a random time, restart,
 // then: every acknowledged entry present and byte-exact, every stored entry
 // one that was attempted and complete, and `primecachectl verify --all` clean.
+// A run fails unless some acknowledged entry was checked after a kill.
 #include <signal.h>
 
 #include <filesystem>
@@ -187,7 +188,11 @@ int CrashLoop::Run() {
     }
   }
   d_.Stop();
-  const bool ok = done == o_.iterations && t_.lost == 0 && t_.torn == 0 && t_.verify_failed == 0 &&
+  // A run in which no publish was acknowledged before a kill (and checked
+  // after the restart) proved nothing about acknowledged entries.
+  const bool proved = t_.acked.load() > 0 && t_.acked_checked > 0;
+  if (!proved) Say("crash: FAIL: no acknowledged publish was checked after a kill (kill too early?)");
+  const bool ok = done == o_.iterations && proved && t_.lost == 0 && t_.torn == 0 && t_.verify_failed == 0 &&
                   t_.errors == 0 && t_.restart_failures == 0;
   Say("RESULT crash %s: iterations=%d kills=%llu attempted=%llu acked=%llu acked_checks=%llu lost=%llu torn=%llu "
       "unacked_present=%llu verify_all_clean=%llu/%llu errors=%llu restart_failures=%llu seconds=%.1f",

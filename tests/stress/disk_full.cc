@@ -1,24 +1,23 @@
 // The disk-full cycle: the real primecached with its data dir on a small
-// tmpfs mounted here (root only; otherwise the campaign is skipped, exit 77).
+// tmpfs mounted here (root only; otherwise the campaign is skipped, exit 77,
+// or fails under CI=true: tests/support/tmpfs.h).
 // A filler file takes most of the room, then publishes go on until one is
 // refused; that refusal must name the lack of space. While full, stored
 // entries are still served byte-exact. Then the filler is removed and,
 // without a restart, publishes must succeed again within recover_seconds;
 // every acknowledged entry is present and byte-exact, `verify --all` is
 // clean, and all of it survives a restart.
-#include <sys/mount.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "tests/stress/stress_modes.h"
 #include "tests/stress/stress_util.h"
+#include "tests/support/tmpfs.h"
 
 namespace primecache::stress {
 namespace {
@@ -168,24 +167,22 @@ int DiskFull::Run() {
 }  // namespace
 
 int RunDiskFull(const DiskFullOptions& o) {
-  if (geteuid() != 0) {
-    Say("diskfull: SKIPPED: mounting a tmpfs needs root (run as root, or see docs/RELIABILITY.md)");
-    return 77;
-  }
   const std::string dir = MakeWorkDir(o.common.work_dir, "pcstress-diskfull");
   const std::string fs = dir + "/fs";
   std::filesystem::create_directories(fs);
-  const std::string data = "size=" + std::to_string(o.tmpfs_mib) + "m,mode=0700";
-  if (mount("tmpfs", fs.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) != 0) {
-    const int e = errno;
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    Say("diskfull: SKIPPED: cannot mount a tmpfs here: %s", std::strerror(e));
-    return e == EPERM || e == EACCES ? 77 : 1;
+  int rc = 0;
+  {
+    testing::Tmpfs tmpfs(fs, o.tmpfs_mib);
+    if (!tmpfs.mounted()) {
+      // Skipped where mounting is not allowed; under CI=true a failure.
+      Say("diskfull: %s: %s", testing::Tmpfs::Required() ? "FAIL" : "SKIPPED", tmpfs.Why().c_str());
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      return testing::Tmpfs::Required() ? 1 : 77;
+    }
+    Say("diskfull: a %d MiB tmpfs at %s", o.tmpfs_mib, fs.c_str());
+    rc = DiskFull(o, dir).Run();
   }
-  Say("diskfull: a %d MiB tmpfs at %s", o.tmpfs_mib, fs.c_str());
-  const int rc = DiskFull(o, dir).Run();
-  umount2(fs.c_str(), MNT_DETACH);
   std::error_code ec;
   if (rc == 0 && !o.common.keep) std::filesystem::remove_all(dir, ec);
   return rc;
