@@ -82,6 +82,18 @@ class CountingSink : public FetchSink {
   std::uint64_t bytes = 0;
 };
 
+// Why chunk `index` of layer `layer` is out of publish `pub`'s order.
+std::string ChunkOrderError(const Session::Publish& pub, std::uint32_t layer, std::uint32_t index) {
+  const std::string got = "chunk " + std::to_string(index) + " of layer " + std::to_string(layer);
+  if (pub.layers_begun == 0) return "chunk out of order: " + got + " before any publishLayer";
+  const std::string current = std::to_string(pub.layers_begun - 1);
+  if (pub.chunks_seen >= pub.chunks_expected) {
+    return "chunk out of order: " + got + ", but layer " + current + " announced " +
+           std::to_string(pub.chunks_expected) + " chunk(s) and all of them were sent";
+  }
+  return "chunk out of order: expected chunk " + std::to_string(pub.chunks_seen) + " of layer " + current + ", got " + got;
+}
+
 }  // namespace
 
 Session::Session(StoreBackend* store, Executor* executor, Executor* fetch_executor,
@@ -221,6 +233,8 @@ void Session::RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t byte
     std::lock_guard<std::mutex> l(pub->mu);
     pub->ops.push_back([this, pub, op = std::move(op), bytes] {
       op();
+      // Finished and its answers sent: a later step need not queue behind it.
+      if (pub->finished) ForgetEnded(*pub);
       if (bytes != 0) ReleaseBacklog(bytes);
       pub->progress_ns = NowNs();
       pub->ops_pending.fetch_sub(1);
@@ -243,6 +257,12 @@ void Session::RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t byte
       next();
     }
   });
+}
+
+void Session::ForgetEnded(const Publish& pub) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = ending_.find(pub.id);
+  if (it != ending_.end() && it->second.get() == &pub) ending_.erase(it);
 }
 
 void Session::FailPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id, Status s) {
@@ -601,11 +621,18 @@ bool Session::OnPublishStep(const Incoming& in) {
   if (which == wire::Request::PUBLISH_CHUNK) pid = req.getPublishChunk().getPublish();
   if (which == wire::Request::PUBLISH_COMMIT) pid = req.getPublishCommit().getPublish();
   if (which == wire::Request::PUBLISH_ABORT) pid = req.getPublishAbort().getPublish();
-  std::shared_ptr<Publish> pub;
+  std::shared_ptr<Publish> pub, ending;
   {
     std::lock_guard<std::mutex> l(mu_);
     auto it = publishes_.find(pid);
     if (it != publishes_.end()) pub = it->second;
+    auto e = ending_.find(pid);
+    if (!pub && e != ending_.end()) ending = e->second;
+  }
+  if (ending) {
+    // Its end is still queued: this answer goes after the publish's others.
+    RunPublishOp(ending, 0, [this, id, pid] { SendError(id, Status::NotFound("no open publish " + std::to_string(pid))); });
+    return true;
   }
   if (!pub) {
     const std::string expired = ExpiredReason(pid);
@@ -623,13 +650,20 @@ bool Session::OnPublishStep(const Incoming& in) {
   return OnPublishEnd(in, pub);
 }
 
+void Session::EndPublish(const std::shared_ptr<Publish>& pub) {
+  std::lock_guard<std::mutex> l(mu_);
+  publishes_.erase(pub->id);
+  ending_[pub->id] = pub;
+}
+
 bool Session::AbortPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id, Status s) {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    publishes_.erase(pub->id);
-  }
-  SendError(id, s);
-  RunPublishOp(pub, 0, [this, pub] { FinishPublish(pub); });
+  EndPublish(pub);
+  // Answered from the publish's queue, after the steps before it (their
+  // answers come from there), once its staged bytes are gone.
+  RunPublishOp(pub, 0, [this, pub, id, s = std::move(s)] {
+    FinishPublish(pub);
+    SendError(id, s);
+  });
   return true;
 }
 
@@ -682,7 +716,7 @@ bool Session::OnPublishChunk(const Incoming& in, const std::shared_ptr<Publish>&
   auto pc = in.req.getPublishChunk();
   if (pub->layers_begun == 0 || pc.getLayer() != pub->layers_begun - 1 ||
       pc.getIndex() != pub->chunks_seen || pub->chunks_seen >= pub->chunks_expected) {
-    return AbortPublish(pub, id, Status::InvalidArgument("chunk out of order"));
+    return AbortPublish(pub, id, Status::InvalidArgument(ChunkOrderError(*pub, pc.getLayer(), pc.getIndex())));
   }
   auto data = pc.getData();
   std::span<const std::byte> bytes;
@@ -726,10 +760,7 @@ bool Session::OnPublishChunk(const Incoming& in, const std::shared_ptr<Publish>&
 // Commit or abort: the publish leaves the table now.
 bool Session::OnPublishEnd(const Incoming& in, const std::shared_ptr<Publish>& pub) {
   const std::uint64_t id = in.id;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    publishes_.erase(pub->id);
-  }
+  EndPublish(pub);
   if (in.req.which() == wire::Request::PUBLISH_ABORT) {
     RunPublishOp(pub, 0, [this, pub, id] {
       FinishPublish(pub);
@@ -738,10 +769,13 @@ bool Session::OnPublishEnd(const Incoming& in, const std::shared_ptr<Publish>& p
     return true;
   }
   if (pub->layers_begun != pub->layer_count || pub->chunks_seen != pub->chunks_expected) {
-    SendError(id, Status::InvalidArgument("commit before every layer and chunk arrived: " +
-                                          std::to_string(pub->layers_begun) + " of " +
-                                          std::to_string(pub->layer_count) + " layers"));
-    RunPublishOp(pub, 0, [this, pub] { FinishPublish(pub); });
+    Status early = Status::InvalidArgument("commit before every layer and chunk arrived: " +
+                                           std::to_string(pub->layers_begun) + " of " +
+                                           std::to_string(pub->layer_count) + " layers");
+    RunPublishOp(pub, 0, [this, pub, id, early = std::move(early)] {
+      FinishPublish(pub);
+      SendError(id, early);
+    });
     return true;
   }
   RunPublishOp(pub, 0, [this, pub, id] {

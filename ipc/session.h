@@ -169,8 +169,12 @@ class Session : public std::enable_shared_from_this<Session> {
   bool OnPublishLayer(const Incoming& in, const std::shared_ptr<Publish>& pub);
   bool OnPublishChunk(const Incoming& in, const std::shared_ptr<Publish>& pub);
   bool OnPublishEnd(const Incoming& in, const std::shared_ptr<Publish>& pub);
-  // A request broke the publish's order: it leaves the table, `s` answers
-  // `id`, and its staged work is dropped. Returns true (keep the connection).
+  // Commit, abort or a broken order: the publish leaves the table for
+  // `ending_` until its queue has finished it.
+  void EndPublish(const std::shared_ptr<Publish>& pub);
+  // A request broke the publish's order: it leaves the table, its staged
+  // work is dropped, and `s` answers `id` after every earlier step's answer.
+  // Returns true (keep the connection).
   bool AbortPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id, Status s);
   bool OnLookup(const Incoming& in);
   bool OnFetch(const Incoming& in);
@@ -186,6 +190,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void SendProtocolError(std::uint64_t id, const std::string& msg);
   void RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t bytes, std::function<void()> op);
   void FinishPublish(const std::shared_ptr<Publish>& pub);
+  // Drops a finished publish from `ending_` (worker, after the op that
+  // finished it has answered).
+  void ForgetEnded(const Publish& pub);
   // A store step of the publish failed: answers `id` with `s`; later steps
   // of it answer the same, and nothing of it stays staged or counted.
   void FailPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id, Status s);
@@ -229,6 +236,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   mutable std::mutex mu_;  // guards the maps, the count and the backlog below
   std::map<std::uint64_t, std::shared_ptr<Publish>> publishes_;
+  // Publishes ended (commit, abort, a broken order) whose queue has not yet
+  // finished them: a later step naming one is answered from its queue, so
+  // that it too comes after the publish's earlier answers.
+  std::map<std::uint64_t, std::shared_ptr<Publish>> ending_;
   std::map<std::uint64_t, std::shared_ptr<FetchState>> fetches_;
   std::shared_ptr<DeviceWindow> device_;  // attached (attachDevice); fetches keep their own
   std::uint32_t publishes_open_ = 0;  // begun and not yet finished (commit/abort done)

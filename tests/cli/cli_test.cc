@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -423,6 +424,29 @@ TEST_F(CliTest, VerifyFindsDamageInFiles) {
   EXPECT_EQ(Ctl({"ls", "--json"}).Json()["entries"].size(), 1u);
   EXPECT_EQ(Ctl({"verify"}).rc, 2);
   EXPECT_EQ(Ctl({"verify", "1", "--all"}).rc, 2);
+}
+
+// A damaged .pcsnap is named once in what verify --file and import say.
+TEST_F(CliTest, ADamagedFileIsNamedOnceInTheMessage) {
+  const std::uint64_t id = Publish(IdOf(Fingerprint()), Tokens(150, 3), 2, 8);
+  const std::string file = d_.dir() + "/named.pcsnap";
+  ASSERT_EQ(Ctl({"export", std::to_string(id), file}).rc, 0);
+  std::string bytes = ReadFile(file);
+  bytes[bytes.size() / 2] ^= 0x01;  // inside a layer's section
+  WriteFile(file, bytes);
+  const std::string name = std::regex_replace(file, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)");
+  const std::string mismatch = ": section [0-9]+ checksum mismatch";
+  CtlRun r = Ctl({"verify", "--file", file});
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\n  file " + name + mismatch + "\n"))) << r.out;
+  const json j = Ctl({"verify", "--file", file, "--json"}).Json();
+  ASSERT_EQ(j["problems"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["problems"][0]["where"], "file " + file);
+  EXPECT_TRUE(std::regex_match(j["problems"][0]["what"].get<std::string>(), std::regex("section [0-9]+ checksum mismatch")))
+      << j.dump();
+  r = Ctl({"import", file});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(std::regex_match(r.err, std::regex("primecachectl: corruption: " + name + mismatch + "\n"))) << r.err;
 }
 
 // export -> import into another daemon -> export: the same bytes, and the

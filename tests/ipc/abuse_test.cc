@@ -3,6 +3,7 @@
 // `capnp` tool.
 #include <capnp/any.h>
 #include <gtest/gtest.h>
+#include <sys/ioctl.h>
 
 #include <cstdio>
 #include <fstream>
@@ -232,6 +233,23 @@ TEST_F(AbuseTest, PointerAmplificationHitsTheTraversalLimit) {
   ExpectHealthy();
 }
 
+// Whether the peer of `fd` stopped sending: bytes wait unread in its receive
+// queue and their count has not changed over five looks 100 ms apart. False
+// when that does not happen within 20 s.
+bool SenderStalled(int fd) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  int last = -1, same = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    int queued = 0;
+    if (ioctl(fd, FIONREAD, &queued) != 0) return false;
+    same = queued > 0 && queued == last ? same + 1 : 0;
+    if (same >= 5) return true;
+    last = queued;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 TEST(Backpressure, SlowReaderDoesNotMakeTheDaemonBuffer) {
   Daemon d({"--write-queue", "4M"});
   ASSERT_TRUE(d.Start());
@@ -256,7 +274,9 @@ TEST(Backpressure, SlowReaderDoesNotMakeTheDaemonBuffer) {
   const long before = d.RssKiB();
   auto fetch = ipc::BuildRequest(9, [&](wire::Request::Builder q) { q.initFetch().setEntry(pub->id); });
   ASSERT_TRUE(slow.Send(*fetch));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // What the daemon buffers is measured once it has stalled on this reader:
+  // bytes wait in the socket and none arrive any more.
+  ASSERT_TRUE(SenderStalled(slow.fd())) << "the fetch never stalled on the slow reader";
   const long during = d.RssKiB();
   // Others are served meanwhile.
   auto hit = (*c)->Lookup(TestModel(), tokens);

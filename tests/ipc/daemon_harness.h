@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -275,6 +276,90 @@ inline ProcessResult RunProcess(std::vector<std::string> argv_in, std::optional<
 }
 
 inline ModelId TestModel(std::uint64_t k = 1) { return ModelId{Hash128{0x1234 + k, 0xabcd * k}, "test-model", ""}; }
+
+// One response, as a test reads it.
+struct Reply {
+  std::uint64_t id = 0;
+  wire::Response::Which which = wire::Response::ACK;
+  wire::ErrorCode code = wire::ErrorCode::INTERNAL;
+  std::string message;  // of an error
+};
+
+inline std::optional<Reply> NextReply(RawConn& c, int timeout_ms = 10000) {
+  auto f = c.Next(timeout_ms);
+  if (!f) return std::nullopt;
+  auto rd = f->Reader({});
+  auto r = rd->getRoot<wire::Response>();
+  Reply out;
+  out.id = r.getId();
+  out.which = r.which();
+  if (out.which == wire::Response::ERROR) {
+    out.code = r.getError().getCode();
+    out.message = r.getError().getMessage().cStr();
+  }
+  return out;
+}
+
+// Raw publish requests (the client library never misbehaves this way): a
+// publish of `layers` layers over 16 tokens, chunks of `bytes` zero bytes.
+inline bool SendBegin(RawConn& c, std::uint64_t id, std::uint32_t layers, std::uint32_t seed) {
+  const auto tokens = Tokens(16, seed);
+  return c.Send(*ipc::BuildRequest(id, [&](wire::Request::Builder q) {
+    auto pb = q.initPublishBegin();
+    pb.setLayerCount(layers);
+    auto b = pb.initBoundary();
+    b.initFingerprint().setDigestLo(TestModel().digest.lo);
+    b.getFingerprint().setDigestHi(TestModel().digest.hi);
+    auto t = b.initTokens(static_cast<unsigned>(tokens.size()));
+    for (unsigned i = 0; i < tokens.size(); ++i) t.set(i, tokens[i]);
+    b.setLength(static_cast<std::uint32_t>(tokens.size()));
+  }));
+}
+
+inline bool SendLayer(RawConn& c, std::uint64_t id, std::uint64_t pub, std::uint32_t layer, std::uint32_t chunks) {
+  return c.Send(*ipc::BuildRequest(id, [&](wire::Request::Builder q) {
+    auto l = q.initPublishLayer();
+    l.setPublish(pub);
+    l.setLayer(layer);
+    l.setChunkCount(chunks);
+  }));
+}
+
+inline bool SendChunk(RawConn& c, std::uint64_t id, std::uint64_t pub, std::uint32_t layer, std::uint32_t index,
+                      std::size_t bytes) {
+  return c.Send(*ipc::BuildRequest(id, [&](wire::Request::Builder q) {
+    auto ch = q.initPublishChunk();
+    ch.setPublish(pub);
+    ch.setLayer(layer);
+    ch.setIndex(index);
+    ch.initData().initInline(static_cast<unsigned>(bytes));
+  }, bytes / 8 + 64));
+}
+
+inline bool SendCommit(RawConn& c, std::uint64_t id, std::uint64_t pub) {
+  return c.Send(*ipc::BuildRequest(id, [&](wire::Request::Builder q) { q.initPublishCommit().setPublish(pub); }));
+}
+
+// A client on the daemon's admin socket (it may Stat), or null.
+inline std::unique_ptr<Client> Admin(const Daemon& d) {
+  ClientOptions o = d.Options();
+  o.endpoint = d.admin_socket();
+  auto c = Client::Connect(o);
+  if (!c.ok()) std::fprintf(stderr, "[harness] admin socket: %s\n", c.status().ToString().c_str());
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+// Polls the daemon's stat until `pred` holds or 10 s pass.
+template <typename Pred>
+inline bool StatBecomes(Client& admin, Pred pred) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < end) {
+    auto st = admin.Stat();
+    if (st.ok() && pred(*st)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
 
 // Publishes 1 MiB entries of distinct content until the store refuses one
 // (at most 100); that refusal.

@@ -19,64 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One response, as a test reads it.
-struct Reply {
-  std::uint64_t id = 0;
-  wire::Response::Which which = wire::Response::ACK;
-  wire::ErrorCode code = wire::ErrorCode::INTERNAL;
-  std::string message;  // of an error
-};
-
-std::optional<Reply> NextReply(RawConn& c, int timeout_ms = 10000) {
-  auto f = c.Next(timeout_ms);
-  if (!f) return std::nullopt;
-  auto rd = f->Reader({});
-  auto r = rd->getRoot<wire::Response>();
-  Reply out;
-  out.id = r.getId();
-  out.which = r.which();
-  if (out.which == wire::Response::ERROR) {
-    out.code = r.getError().getCode();
-    out.message = r.getError().getMessage().cStr();
-  }
-  return out;
-}
-
-// Raw publish requests (the client library never misbehaves this way).
-bool SendBegin(RawConn& c, std::uint64_t id, std::uint32_t layers, std::uint32_t seed) {
-  const auto tokens = Tokens(16, seed);
-  return c.Send(*ipc::BuildRequest(id, [&](wire::Request::Builder q) {
-    auto pb = q.initPublishBegin();
-    pb.setLayerCount(layers);
-    auto b = pb.initBoundary();
-    b.initFingerprint().setDigestLo(TestModel().digest.lo);
-    b.getFingerprint().setDigestHi(TestModel().digest.hi);
-    auto t = b.initTokens(static_cast<unsigned>(tokens.size()));
-    for (unsigned i = 0; i < tokens.size(); ++i) t.set(i, tokens[i]);
-    b.setLength(static_cast<std::uint32_t>(tokens.size()));
-  }));
-}
-
-bool SendLayer(RawConn& c, std::uint64_t id, std::uint64_t pub, std::uint32_t layer, std::uint32_t chunks) {
-  return c.Send(*ipc::BuildRequest(id, [&](wire::Request::Builder q) {
-    auto l = q.initPublishLayer();
-    l.setPublish(pub);
-    l.setLayer(layer);
-    l.setChunkCount(chunks);
-  }));
-}
-
-bool SendChunk(RawConn& c, std::uint64_t id, std::uint64_t pub, std::uint32_t layer, std::uint32_t index,
-               std::size_t bytes) {
-  return c.Send(*ipc::BuildRequest(id, [&](wire::Request::Builder q) {
-    auto ch = q.initPublishChunk();
-    ch.setPublish(pub);
-    ch.setLayer(layer);
-    ch.setIndex(index);
-    ch.initData().initInline(static_cast<unsigned>(bytes));
-  }, bytes / 8 + 64));
-}
-
 // Opens publish `pub` of one layer of `chunks` chunks and sends `sent` of
 // them, `bytes` each; every request acked.
 void OpenPublish(RawConn& c, std::uint64_t pub, std::uint32_t chunks, std::uint32_t sent, std::size_t bytes,
@@ -116,26 +58,6 @@ std::optional<Reply> ChunksUntilRefused(RawConn& c, std::uint64_t pub, std::uint
     if (!r.has_value() || r->which != wire::Response::ACK) return r;
   }
   return std::nullopt;
-}
-
-std::unique_ptr<Client> Admin(const Daemon& d) {
-  ClientOptions o = d.Options();
-  o.endpoint = d.admin_socket();
-  auto c = Client::Connect(o);
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
-  return c.ok() ? std::move(c).value() : nullptr;
-}
-
-// Polls the daemon's stat until `pred` holds or 10 s pass.
-template <typename Pred>
-bool StatBecomes(Client& admin, Pred pred) {
-  const auto end = Clock::now() + std::chrono::seconds(10);
-  while (Clock::now() < end) {
-    auto st = admin.Stat();
-    if (st.ok() && pred(*st)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
 }
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }

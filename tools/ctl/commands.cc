@@ -601,7 +601,7 @@ int Import(StoreAccess& access, const std::string& file, const std::optional<std
     return out.Error(Status::FailedPrecondition("import needs the running daemon (" + access.where() + ")"));
   }
   auto snap = ReadPcsnap(Env::Default(), file);
-  if (!snap.ok()) return out.Error(snap.status().WithContext(file));
+  if (!snap.ok()) return out.Error(snap.status());  // it names the file
   // Every chunk decodes to what its header promises before anything is sent.
   auto decoded = DecodeSnapshot(*snap, {}, [&](std::size_t done, std::size_t total) {
     out.Progress("import: checking layers", done, total);

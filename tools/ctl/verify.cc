@@ -102,7 +102,12 @@ Status VerifyEntry(StoreAccess& access, std::uint64_t id, Findings* f) {
 void VerifyFile(const std::string& file, Findings* f) {
   const std::string where = "file " + file;
   auto snap = ReadPcsnap(Env::Default(), file);
-  if (!snap.ok()) return f->Add(where, snap.status().message());
+  if (!snap.ok()) {
+    // Its message names the file, as `where` does already.
+    std::string_view what = snap.status().message();
+    if (what.starts_with(file + ": ")) what.remove_prefix(file.size() + 2);
+    return f->Add(where, std::string(what));
+  }
   ++f->entries;
   std::vector<LayerShape> shapes;
   for (std::size_t i = 0; i < snap->layers.size(); ++i) {
