@@ -110,10 +110,17 @@ Status FetchAndDecode(client::Client& c, std::uint64_t entry, const std::vector<
   return Status::Ok();
 }
 
+// What a fetch returns is read-only: the arrays are views of the fetch's
+// buffer (shared by every array of the fetch), not the caller's to write.
+py::array ReadOnly(py::array a) {
+  a.attr("setflags")(py::arg("write") = false);
+  return a;
+}
+
 py::array PlaneArray(const PlaneView& v, const py::object& base) {
   const std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(v.rows), static_cast<py::ssize_t>(v.width)};
-  if (v.data == nullptr) return py::array_t<float>(shape);
-  return py::array(py::dtype::of<float>(), shape, {}, v.data, base);
+  if (v.data == nullptr) return ReadOnly(py::array_t<float>(shape));
+  return ReadOnly(py::array(py::dtype::of<float>(), shape, {}, v.data, base));
 }
 
 }  // namespace
@@ -134,8 +141,8 @@ py::list FetchArrays(client::Client& c, std::uint64_t entry, std::vector<std::ui
       for (const PlaneView& v : decoded[i].planes) f.planes[py::str(v.name)] = PlaneArray(v, base);
     } else {
       for (const auto& chunk : l.data.chunks) {
-        f.chunks.append(py::array(py::dtype::of<std::uint8_t>(), {static_cast<py::ssize_t>(chunk.size())}, {},
-                                  chunk.data(), base));
+        f.chunks.append(ReadOnly(py::array(py::dtype::of<std::uint8_t>(),
+                                           {static_cast<py::ssize_t>(chunk.size())}, {}, chunk.data(), base)));
       }
     }
     out.append(py::cast(std::move(f)));

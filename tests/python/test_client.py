@@ -143,6 +143,20 @@ def test_raw_planes_are_views_of_the_fetched_bytes(client):
     assert np.array_equal(kept.view(np.uint32), want.view(np.uint32))  # the base kept the bytes alive
 
 
+def test_fetched_arrays_are_read_only(client):
+    rng = np.random.default_rng(13)
+    layers, tokens, model = make_layers(rng), tokens_of(rng), model_id()
+    entry = client.publish(model, tokens, layers, transform="raw/v1").id
+    arrays = [a for f in client.fetch(entry) for a in f.planes.values()]
+    arrays += [c for f in client.fetch(entry, decode=False) for c in f.chunks]
+    assert arrays
+    for a in arrays:
+        assert not a.flags.writeable
+        if a.size:
+            with pytest.raises(ValueError):
+                a.reshape(-1)[0] = 1
+
+
 def test_encoded_planes_are_decoded_into_memory_of_their_own(client):
     rng = np.random.default_rng(4)
     layers, tokens, model = make_layers(rng), tokens_of(rng), model_id()
