@@ -33,14 +33,6 @@ void OpenPublish(RawConn& c, std::uint64_t pub, std::uint32_t chunks, std::uint3
   }
 }
 
-// Writes `path` until its file system is full.
-void FillDisk(const std::string& path) {
-  std::ofstream filler(path, std::ios::binary);
-  const std::string block(1 << 12, 'f');
-  while (filler.write(block.data(), static_cast<std::streamsize>(block.size()))) {
-  }
-}
-
 // Sends chunks of distinct bytes (no two deduplicate) to open publish `pub`,
 // each answered before the next, until one is refused; that refusal.
 std::optional<Reply> ChunksUntilRefused(RawConn& c, std::uint64_t pub, std::uint32_t chunks, std::size_t bytes) {
@@ -301,7 +293,7 @@ TEST(UncommittedBytes, APublishTheStoreRefusesIsReleasedAtOnce) {
     ASSERT_FALSE(FillStore(**c).ok()) << "16 MiB never filled";
     // The refused publish gave its bytes back: the disk is filled to the
     // last byte from outside.
-    FillDisk(data + "/filler");
+    testing::FillFileSystem(data + "/filler");
     auto admin = Admin(d);
     ASSERT_NE(admin, nullptr);
     // A publish into the full store: its chunks are refused (the steps
@@ -364,7 +356,7 @@ TEST(FullDisk, AnAbortedPublishThatFilledTheDiskDoesNotWedgeTheDaemon) {
     ASSERT_TRUE(admin->Compact().ok());
     EXPECT_EQ(d.Stop(), 0);
 
-    FillDisk(data + "/filler");  // left full by someone else: the daemon starts all the same
+    testing::FillFileSystem(data + "/filler");  // left full by someone else: the daemon starts all the same
     Daemon restarted({"--publish-timeout", "0"}, dir);
     restarted.DisownDir();
     ASSERT_TRUE(restarted.Start()) << "the daemon did not start on a full disk";

@@ -97,6 +97,9 @@ TEST(RunTool, AStoreThatCannotWriteIsNotReportedAsTheDaemonDown) {
     auto c = Client::Connect(d.Options("default"));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     ASSERT_FALSE(FillStore(**c).ok()) << "16 MiB never filled";
+    // The refused publish gave its bytes back: the disk is filled to the
+    // last byte from outside.
+    testing::FillFileSystem(data + "/filler");
     ASSERT_TRUE(d.Alive());
     ProcessResult r = RunThrough(d);
     EXPECT_EQ(r.rc, 3) << r.out << r.err;

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 #include <vector>
 
@@ -53,6 +54,13 @@ std::string Tmpfs::Why() const {
   std::string why = "cannot mount a tmpfs at " + path_ + " (" + error_ + ")";
   if (Required()) why += "; CI=true: a full-disk test must run on CI (as root), not skip";
   return why;
+}
+
+void FillFileSystem(const std::string& path) {
+  std::ofstream filler(path, std::ios::binary);
+  const std::string block(1 << 12, 'f');
+  while (filler.write(block.data(), static_cast<std::streamsize>(block.size()))) {
+  }
 }
 
 }  // namespace primecache::testing

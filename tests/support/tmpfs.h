@@ -40,6 +40,10 @@ class Tmpfs {
   std::string error_;
 };
 
+// Writes `path` until its file system is full (a disk filled by someone
+// else); the file stays for the caller to remove.
+void FillFileSystem(const std::string& path);
+
 }  // namespace primecache::testing
 
 // In a gtest test, after `Tmpfs fs(...)`: skips where mounting is not allowed,
