@@ -363,6 +363,12 @@ Result<LayerSnapshot> DecodeLayer(const EncodedLayer& layer, const CodecLimits& 
   return codecs::DecodeLayer(layer, limits, codecs::Checksums::kVerify);
 }
 
+Result<LayerShape> CheckDecodes(const EncodedLayer& layer, const CodecLimits& limits) {
+  PC_ASSIGN_OR_RETURN(LayerSnapshot snap, DecodeLayer(layer, limits));
+  PC_RETURN_IF_ERROR(CheckSnapshot(snap));
+  return ShapeOf(snap);
+}
+
 Status DecodeLayerInto(const EncodedLayer& layer, std::span<const std::span<float>> planes,
                        const CodecLimits& limits) {
   PC_ASSIGN_OR_RETURN(LayerDecoder decoder, LayerDecoder::Create(layer.header, limits));

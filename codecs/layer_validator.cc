@@ -1,8 +1,10 @@
 // The store's validator of encoded layers (CodecLayerValidator in codec.h).
 #include <variant>
+#include <vector>
 
 #include "primecache/codec.h"
 #include "primecache/layer_validator.h"
+#include "primecache/snapshot.h"
 
 namespace primecache {
 namespace {
@@ -46,6 +48,18 @@ class CodecValidator final : public LayerValidator {
                                      " tokens in a boundary of " + std::to_string(boundary_tokens));
     }
     return facts;
+  }
+
+  Status CheckModel(std::string_view model_descriptor, std::span<const std::string_view> headers) const override {
+    if (model_descriptor.empty()) return Status::Ok();
+    PC_ASSIGN_OR_RETURN(ModelFingerprint fingerprint, DecodeFingerprint(model_descriptor));
+    std::vector<LayerShape> shapes;
+    shapes.reserve(headers.size());
+    for (std::string_view header : headers) {
+      PC_ASSIGN_OR_RETURN(LayerHeader h, ParseLayerHeader(AsBytes(header)));
+      shapes.push_back(h.shape);
+    }
+    return CheckPlan(fingerprint, shapes);
   }
 };
 

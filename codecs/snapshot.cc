@@ -301,6 +301,31 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
   return Checksum128(std::as_bytes(std::span(canon.data(), canon.size())));
 }
 
+LayerGeometry PlanGeometryOf(const LayerShape& shape) {
+  if (const auto* l = std::get_if<LatentShape>(&shape)) {
+    return LatentGeometry{l->width, l->index_width, l->pool, /*index_ring_rows=*/0, /*max_ctx=*/0};
+  }
+  if (const auto* r = std::get_if<RecurrentShape>(&shape)) return *r;
+  const auto& kv = std::get<KvShape>(shape);
+  return KvGeometry{kv.k_width, kv.v_width, /*max_ctx=*/0, kv.format};
+}
+
+Hash128 PlanDigest(std::span<const LayerShape> shapes) {
+  std::vector<LayerGeometry> plan;
+  plan.reserve(shapes.size());
+  for (const LayerShape& s : shapes) plan.push_back(PlanGeometryOf(s));
+  return GeometryDigest(plan);
+}
+
+Status CheckPlan(const ModelFingerprint& fingerprint, std::span<const LayerShape> shapes) {
+  const Hash128 got = PlanDigest(shapes);
+  if (got == fingerprint.plan_digest) return Status::Ok();
+  auto hex = [](const Hash128& h) { return codecs::Hex64(h.hi).substr(2) + codecs::Hex64(h.lo).substr(2); };
+  return Status::InvalidArgument("these " + std::to_string(shapes.size()) + " layers are not the plan of model " +
+                                 codecs::Quote(fingerprint.architecture) + ": their plan digest is " + hex(got) +
+                                 ", the model's " + hex(fingerprint.plan_digest));
+}
+
 namespace {
 constexpr std::string_view kFingerprintTag = "primecache-fingerprint/1";
 }  // namespace

@@ -18,10 +18,12 @@ WindowRing::~WindowRing() {
   if (in_use_ != nullptr && used_ != 0) in_use_->fetch_sub(used_, std::memory_order_relaxed);
 }
 
-void WindowRing::Open(std::uint64_t offset, std::uint64_t length, std::atomic<std::uint64_t>* in_use) {
+void WindowRing::Open(std::uint64_t offset, std::uint64_t length, std::atomic<std::uint64_t>* in_use,
+                      std::atomic<std::uint64_t>* waits) {
   offset_ = offset;
   length_ = length;
   in_use_ = in_use;
+  waits_total_ = waits;
 }
 
 bool WindowRing::Overlaps(const WindowRing& other) const {
@@ -54,6 +56,7 @@ Result<std::optional<std::uint64_t>> WindowRing::Place(std::uint64_t len, bool m
     }
     if (!may_wait || unsent_ != 0) return Answer();
     ++waits_;
+    if (waits_total_ != nullptr) waits_total_->fetch_add(1, std::memory_order_relaxed);
     if (cv_.wait_for(l, std::chrono::seconds(60)) == std::cv_status::timeout) {
       return Status::DeadlineExceeded("client released no window bytes for 60 s");
     }

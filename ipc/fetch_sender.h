@@ -44,8 +44,10 @@ class WindowRing {
 
   // The window: `length` bytes at `offset` of its region (0: none). With
   // `in_use`, the bytes the ring holds placed are added to it while they
-  // are (ServerCounters::shm_bytes_in_use).
-  void Open(std::uint64_t offset, std::uint64_t length, std::atomic<std::uint64_t>* in_use = nullptr);
+  // are (ServerCounters::shm_bytes_in_use); with `waits`, every wait for
+  // room is counted there too (ServerCounters::fetch_window_waits).
+  void Open(std::uint64_t offset, std::uint64_t length, std::atomic<std::uint64_t>* in_use = nullptr,
+            std::atomic<std::uint64_t>* waits = nullptr);
   bool open() const { return length_ != 0; }
   std::uint64_t offset() const { return offset_; }
   std::uint64_t length() const { return length_; }
@@ -76,6 +78,7 @@ class WindowRing {
 
   std::uint64_t offset_ = 0, length_ = 0;
   std::atomic<std::uint64_t>* in_use_ = nullptr;
+  std::atomic<std::uint64_t>* waits_total_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;
   std::uint64_t head_ = 0, used_ = 0;

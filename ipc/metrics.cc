@@ -50,6 +50,9 @@ void WriteRequests(ExpositionWriter& w, const ServerCounters& c) {
   w.Gauge("primecache_shm_in_use_bytes",
           "Bytes of the shared regions that fetched chunks occupy until their client releases them.",
           Load(c.shm_bytes_in_use));
+  w.Counter("primecache_fetch_window_waits_total",
+            "Times a fetch waited for its client to release room in its shared or device window.",
+            Load(c.fetch_window_waits));
 }
 
 void WriteStore(ExpositionWriter& w, const StoreStats& st) {
@@ -95,6 +98,8 @@ void WriteRemote(ExpositionWriter& w, const RemoteStats& r) {
           r.queue_depth);
   w.Counter("primecache_remote_evicted_total", "Remote entries found evicted (each a miss).", r.evicted);
   w.Counter("primecache_remote_damaged_total", "Remote entries found damaged (each a miss, removed).", r.damaged);
+  w.Counter("primecache_remote_refused_total",
+            "Remote entries whose layers the local checks refused (each a miss, removed, never kept).", r.refused);
   w.Gauge("primecache_remote_breaker_open", "1 while the cluster client's circuit breaker is open.",
           r.breaker_open ? 1 : 0);
   w.Counter("primecache_remote_breaker_opens_total", "Times the circuit breaker opened.", r.breaker_opens);

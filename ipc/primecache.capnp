@@ -300,6 +300,9 @@ struct StatReply {
   # The remote tier's counters since the daemon started; absent when the
   # daemon runs without one (--remote). A reader of an older schema skips it.
   remote @19 :RemoteTierStats;
+  # Times a fetch waited for its client to release room in its shared or
+  # device window since the daemon started (a slow reader, or a small window).
+  fetchWindowWaits @20 :UInt64;
 }
 
 # The shared tier on a Redis Cluster (docs/cluster.md), as one daemon saw it.
@@ -334,6 +337,10 @@ struct RemoteTierStats {
   # Lookups not asked of the cluster because the same query missed there
   # within the daemon's --remote-miss-ttl (a negative cache).
   missesCached @16 :UInt64;
+  # Remote entries whose chunks matched their addresses but whose layers the
+  # local checks refused (not decodable to what their headers declare, or
+  # not their model's plan): a miss, removed from the cluster, not kept.
+  refused @17 :UInt64;
 }
 
 # One entry in full: what List gives, and, when asked, every layer's

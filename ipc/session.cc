@@ -308,7 +308,7 @@ bool Session::OpenWindows(std::uint64_t id, wire::Fetch::Reader f, FetchState& s
       return false;
     }
     st.shm = shm_;
-    st.shm_ring.Open(w.getOffset(), w.getLength(), &counters_->shm_bytes_in_use);
+    st.shm_ring.Open(w.getOffset(), w.getLength(), &counters_->shm_bytes_in_use, &counters_->fetch_window_waits);
   }
   if (f.hasDeviceWindow() && f.getDeviceWindow().getLength() != 0) {
     auto w = f.getDeviceWindow();
@@ -327,7 +327,7 @@ bool Session::OpenWindows(std::uint64_t id, wire::Fetch::Reader f, FetchState& s
       return false;
     }
     st.device = std::move(device);
-    st.device_ring.Open(w.getOffset(), w.getLength());
+    st.device_ring.Open(w.getOffset(), w.getLength(), nullptr, &counters_->fetch_window_waits);
   }
   return true;
 }
@@ -981,6 +981,7 @@ bool Session::OnStat(const Incoming& in) {
     d.connections = counters_->connections.load();
     d.publishes_in_flight = counters_->publishes_in_flight.load();
     d.uncommitted_bytes = counters_->uncommitted_bytes.load();
+    d.fetch_window_waits = counters_->fetch_window_waits.load();
     d.remote = store_->RemoteCounters();
     sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteDaemonStats(d, r.initStat()); }));
   });

@@ -111,6 +111,9 @@ struct ServerCounters {
   std::atomic<std::uint64_t> shm_regions{0};
   std::atomic<std::uint64_t> shm_bytes{0};
   std::atomic<std::uint64_t> shm_bytes_in_use{0};
+  // Times a fetch waited for a client to release room in its window (shared
+  // or device): the client reads slower than the store, or its window is small.
+  std::atomic<std::uint64_t> fetch_window_waits{0};
 };
 
 struct FetchState;  // ipc/fetch_sender.h

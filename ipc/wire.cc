@@ -189,6 +189,7 @@ void WriteRemoteStats(const RemoteStats& s, wire::RemoteTierStats::Builder w) {
   w.setMoved(s.moved);
   w.setAsked(s.asked);
   w.setMissesCached(s.misses_cached);
+  w.setRefused(s.refused);
 }
 
 RemoteStats ReadRemoteStats(wire::RemoteTierStats::Reader r) {
@@ -210,6 +211,7 @@ RemoteStats ReadRemoteStats(wire::RemoteTierStats::Reader r) {
   s.moved = r.getMoved();
   s.asked = r.getAsked();
   s.misses_cached = r.getMissesCached();
+  s.refused = r.getRefused();
   return s;
 }
 
@@ -236,6 +238,7 @@ void WriteDaemonStats(const DaemonStats& d, wire::StatReply::Builder w) {
   w.setConnections(d.connections);
   w.setPublishesInFlight(d.publishes_in_flight);
   w.setUncommittedBytes(d.uncommitted_bytes);
+  w.setFetchWindowWaits(d.fetch_window_waits);
   if (d.remote.has_value()) WriteRemoteStats(*d.remote, w.initRemote());
 }
 
@@ -261,6 +264,7 @@ DaemonStats ReadDaemonStats(wire::StatReply::Reader r) {
   d.connections = r.getConnections();
   d.publishes_in_flight = r.getPublishesInFlight();
   d.uncommitted_bytes = r.getUncommittedBytes();
+  d.fetch_window_waits = r.getFetchWindowWaits();
   if (r.hasRemote()) d.remote = ReadRemoteStats(r.getRemote());
   return d;
 }

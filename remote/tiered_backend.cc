@@ -159,9 +159,20 @@ Result<std::optional<LookupHit>> Tiered::Lookup(const Hash128& digest, const std
   }
   if (Status s = Import(digest, ns, tokens, **remote); !s.ok()) {
     const bool gone = s.code() == StatusCode::kNotFound;
-    Count(gone ? &TieredStats::remote_misses : &TieredStats::remote_errors, 1);
-    if (gone) misses_.Add(query, now);
-    spdlog::debug("remote entry of {} tokens not imported: {}", (*remote)->length, s.ToString());
+    // The entry itself is wrong: its layers are not what a restore of this
+    // model could take. Not asked for again, and removed from the cluster.
+    const bool refused = s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kCorruption;
+    Count(gone ? &TieredStats::remote_misses
+               : refused ? &TieredStats::remote_refused
+                         : &TieredStats::remote_errors,
+          1);
+    if (gone || refused) misses_.Add(query, now);
+    if (refused) {
+      spdlog::warn("refused a remote entry of {} tokens: {}", (*remote)->length, s.ToString());
+      (void)tier_->Remove(digest, ns, tokens.first((*remote)->length));
+    } else {
+      spdlog::debug("remote entry of {} tokens not imported: {}", (*remote)->length, s.ToString());
+    }
     return local;
   }
   Count(&TieredStats::remote_hits, 1);
@@ -172,9 +183,22 @@ Status Tiered::Import(const Hash128& digest, const std::string& ns, std::span<co
                       const RemoteHit& hit) {
   PC_ASSIGN_OR_RETURN(auto entry, tier_->Fetch(digest, ns, tokens, hit));
   if (!entry) return Status::NotFound("the remote entry is gone or failed its checks");
+  // Chunks whose bytes match their addresses may still not be the layer their
+  // header declares: each layer is decoded and checked as a restore would
+  // see it before anything is kept.
+  for (std::uint32_t l = 0; l < entry->layers.size(); ++l) {
+    LayerBytes& layer = entry->layers[l];
+    auto header = ParseLayerHeader(AsBytes(layer.header));
+    if (!header.ok()) return header.status().WithContext("layer " + std::to_string(l));
+    EncodedLayer encoded{std::move(header).value(), std::move(layer.chunks)};  // lent, not copied
+    Status s = CheckDecodes(encoded).status();
+    layer.chunks = std::move(encoded.chunks);
+    if (!s.ok()) return s.WithContext("layer " + std::to_string(l));
+  }
   // Straight into the local store (not through BeginPublish above: it came
   // from the cluster and goes back to no queue). Its commit runs the layer
-  // validator over every layer.
+  // validator over every layer, and over all of them against the model's
+  // plan (the entry's descriptor).
   PC_ASSIGN_OR_RETURN(auto sink, local_->BeginPublish(entry->entry, static_cast<std::uint32_t>(entry->layers.size())));
   for (std::uint32_t l = 0; l < entry->layers.size(); ++l) {
     const LayerBytes& layer = entry->layers[l];
@@ -259,6 +283,7 @@ std::optional<RemoteStats> Tiered::RemoteCounters() const {
   }
   s.evicted = r.evicted;
   s.damaged = r.damaged;
+  s.refused = t.remote_refused;
   s.breaker_open = tier_->client().breaker_open();
   s.breaker_opens = c.breaker_opens;
   s.fast_failures = c.fast_failures;

@@ -6,8 +6,10 @@
 //    is full the entry is dropped and counted);
 //  - on a lookup whose local hit does not cover the query, asks the cluster
 //    for a longer boundary; a remote hit is fetched and checked (RemoteTier),
-//    published into the local store (whose layer validator checks every
-//    layer), and then served as a local hit. Remote failures only count: the
+//    decoded and checked layer by layer, published into the local store
+//    (whose layer validator checks every layer, and all of them against the
+//    model's plan), and then served as a local hit; an entry that fails
+//    those checks is refused, counted and removed from the cluster. Remote failures only count: the
 //    lookup answers from the local store as if the tier were absent.
 // The namespace and fingerprint rules hold remotely as locally: an entry is
 // looked up, stored and fetched under its exact (model digest, namespace).
@@ -41,6 +43,10 @@ struct TieredStats {
   std::uint64_t remote_misses = 0;   // lookups the cluster could not extend
   std::uint64_t remote_misses_cached = 0;  // lookups not asked: the query missed within miss_ttl
   std::uint64_t remote_errors = 0;   // cluster or import failures (the lookup or put went on without it)
+  // Remote entries whose layers failed the local checks: not decodable to
+  // what their headers declare, or not the plan of their model. Never kept;
+  // removed from the cluster and not asked for again within miss_ttl.
+  std::uint64_t remote_refused = 0;
   std::uint64_t imported_bytes = 0;  // chunk bytes brought from the cluster
   std::uint64_t queued = 0, put = 0, dropped = 0;  // write-behind entries
   std::uint64_t put_bytes = 0;

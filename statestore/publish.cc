@@ -172,6 +172,7 @@ class PublisherImpl final : public Publisher {
     PC_RETURN_IF_ERROR(Usable());
     if (in_layer_) return Fail(Status::FailedPrecondition("Commit inside a layer"));
     if (layers_.empty()) return Fail(Status::FailedPrecondition("Commit of a publish with no layers"));
+    PC_RETURN_IF_ERROR(CheckModel());
     auto r = CommitImpl();
     if (!r.ok()) return Fail(r.status());
     return r;
@@ -245,6 +246,14 @@ class PublisherImpl final : public Publisher {
     return s;
   }
 
+  // The layers together against the model they are filed under (LayerValidator::CheckModel).
+  Status CheckModel() {
+    std::vector<std::string_view> headers;
+    headers.reserve(layers_.size());
+    for (const ManifestLayer& l : layers_) headers.emplace_back(l.header);
+    Status s = s_.validator->CheckModel(req_.model_descriptor, headers);
+    return s.ok() ? s : Fail(s.WithContext("entry refused"));
+  }
   Result<PublishResult> CommitImpl();
   Status SyncAndReadBack();
   Status AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget, PublishResult* result);

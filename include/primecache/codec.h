@@ -386,9 +386,17 @@ std::string SerializeLayer(const EncodedLayer& layer);
 Result<EncodedLayer> ParseLayer(std::span<const std::byte> bytes, const CodecLimits& limits = {});
 
 // The store's check of these layers at commit (a LayerValidator): the header
-// parses, its chunk table matches the chunks received, and append-only planes
-// hold one row per token of the boundary. One shared, immutable instance.
+// parses, its chunk table matches the chunks received, append-only planes
+// hold one row per token of the boundary, and, when the publish carries its
+// model's descriptor, the layers are that model's plan (CheckPlan). One
+// shared, immutable instance.
 std::shared_ptr<const LayerValidator> CodecLayerValidator();
+
+// Decodes one layer and checks its planes against its shape, as a restore
+// would (every chunk against its checksums, every plane its exact size), and
+// returns the shape. The decoded values are dropped: this is a check of bytes
+// from outside (a remote tier, a file) before they are kept.
+Result<LayerShape> CheckDecodes(const EncodedLayer& layer, const CodecLimits& limits = {});
 
 inline std::span<const std::byte> AsBytes(std::string_view s) {
   return std::as_bytes(std::span(s.data(), s.size()));

@@ -117,6 +117,10 @@ struct RemoteStats {
   std::uint64_t queued = 0, put = 0, dropped = 0, put_bytes = 0, queue_depth = 0;
   // Remote entries met evicted or damaged (each a miss, removed from the cluster).
   std::uint64_t evicted = 0, damaged = 0;
+  // Remote entries refused by the local checks: whole and matching their
+  // addresses, but their layers do not decode to what their headers declare
+  // or are not the plan of their model. Each a miss, removed from the cluster.
+  std::uint64_t refused = 0;
   // The cluster client: breaker open now, times opened, commands refused
   // while open; MOVED and ASK redirections followed.
   bool breaker_open = false;
@@ -131,6 +135,9 @@ struct DaemonStats {
   // Header and chunk bytes of publishes begun and not yet committed or
   // aborted, over every connection.
   std::uint64_t uncommitted_bytes = 0;
+  // Times a fetch waited for its client to release room in its shared or
+  // device window, since the daemon started (a slow reader or a small window).
+  std::uint64_t fetch_window_waits = 0;
   // Absent when the daemon runs without a remote tier.
   std::optional<RemoteStats> remote;
 };

@@ -26,8 +26,9 @@ struct ChunkFacts {
   std::uint64_t checksum = 0;
 };
 
-// Checks one layer at commit: the header parses, its chunk table agrees with
-// the chunks received, and it describes this boundary. Anything it refuses
+// Checks one layer as it ends: the header parses, its chunk table agrees with
+// the chunks received, and it describes this boundary; then, at commit, all
+// of them against the model they are filed under. Anything it refuses
 // fails the publish (fail closed). Implementations are immutable and safe to
 // call from many threads.
 class LayerValidator {
@@ -35,6 +36,11 @@ class LayerValidator {
   virtual ~LayerValidator() = default;
   virtual Result<LayerFacts> Check(std::string_view header, std::span<const ChunkFacts> chunks,
                                    std::uint64_t boundary_tokens) const = 0;
+  // Checks every layer of an entry, each passed by Check already, against
+  // the model the entry is filed under: `model_descriptor` is the publish's
+  // (PublishRequest::model_descriptor), `headers` the layers' in order. An
+  // empty descriptor names no model to check against.
+  virtual Status CheckModel(std::string_view model_descriptor, std::span<const std::string_view> headers) const = 0;
 };
 
 }  // namespace primecache

@@ -123,6 +123,14 @@ Status Validate(const LayerSnapshot& layer, const LayerGeometry& target);
 // order (for ModelFingerprint::plan_digest). Independent of host and build.
 Hash128 GeometryDigest(std::span<const LayerGeometry> layers);
 
+// The plan a layer of this shape belongs to: its geometry without a capacity
+// or a ring size (max_ctx 0, index_ring_rows 0), since a snapshot restores
+// into caches of any capacity that hold it.
+LayerGeometry PlanGeometryOf(const LayerShape& shape);
+// GeometryDigest of the shapes' plan geometries, in layer order: what a
+// fingerprint's plan_digest is for the model whose layers have these shapes.
+Hash128 PlanDigest(std::span<const LayerShape> shapes);
+
 // ---- The boundary snapshot ------------------------------------------------------
 
 // Which model produced a snapshot. Two snapshots are interchangeable only when
@@ -165,6 +173,11 @@ struct BoundarySnapshot {
   BoundaryHeader header;
   std::vector<LayerSnapshot> layers;
 };
+
+// Checks that layers of these shapes, in layer order, are the plan of the
+// model `fingerprint` names: PlanDigest(shapes) == fingerprint.plan_digest.
+// The message names the model and both digests.
+Status CheckPlan(const ModelFingerprint& fingerprint, std::span<const LayerShape> shapes);
 
 // Checks boundary_len == tokens.size() and that every layer whose length is
 // per token (latent, KV) has len == boundary_len; shapes[i] is layer i's.

@@ -39,6 +39,7 @@ from ._primecache import (  # noqa: F401  (the package's API)
     UnavailableError,
     VerifyResult,
     codec_identities,
+    plan_digest,
     parse_layer_header,
 )
 

@@ -195,6 +195,10 @@ void BindModel(py::module_& m) {
   m.def(
       "codec_identities", [] { return CodecRegistry::Default().Identities(); },
       "Every built-in kind and transform identity: a fingerprint's codec_versions.");
+  m.def(
+      "plan_digest", [](const std::vector<LayerShape>& shapes) { return PlanDigest(shapes); }, py::arg("shapes"),
+      "The plan digest of a model whose layers have these shapes, in layer order: a fingerprint's plan_digest "
+      "(the daemon refuses a publish whose layers are not its fingerprint's plan).");
 }
 
 void BindOptions(py::module_& m) {

@@ -80,6 +80,7 @@ class ModelId:
     def from_fingerprint(fingerprint: ModelFingerprint, name: str = "") -> ModelId: ...
 
 def codec_identities() -> list[str]: ...
+def plan_digest(shapes: list[Union[LatentShape, RecurrentShape, KvShape]]) -> Hash128: ...
 
 class ClientOptions:
     endpoint: str
@@ -187,6 +188,7 @@ class RemoteStats:
     queue_depth: int
     evicted: int
     damaged: int
+    refused: int
     breaker_open: bool
     breaker_opens: int
     fast_failures: int
@@ -198,6 +200,7 @@ class DaemonStats:
     connections: int
     publishes_in_flight: int
     uncommitted_bytes: int
+    fetch_window_waits: int
     remote: Optional[RemoteStats]
 
 class ChunkRecord:

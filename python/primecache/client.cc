@@ -99,6 +99,7 @@ void BindStats(py::module_& m) {
       .def_readonly("queue_depth", &RemoteStats::queue_depth)
       .def_readonly("evicted", &RemoteStats::evicted)
       .def_readonly("damaged", &RemoteStats::damaged)
+      .def_readonly("refused", &RemoteStats::refused)
       .def_readonly("breaker_open", &RemoteStats::breaker_open)
       .def_readonly("breaker_opens", &RemoteStats::breaker_opens)
       .def_readonly("fast_failures", &RemoteStats::fast_failures)
@@ -109,6 +110,7 @@ void BindStats(py::module_& m) {
       .def_readonly("connections", &DaemonStats::connections)
       .def_readonly("publishes_in_flight", &DaemonStats::publishes_in_flight)
       .def_readonly("uncommitted_bytes", &DaemonStats::uncommitted_bytes)
+      .def_readonly("fetch_window_waits", &DaemonStats::fetch_window_waits)
       .def_readonly("remote", &DaemonStats::remote);
   FieldRepr(daemon, {"store", "connections", "publishes_in_flight"});
 }

@@ -53,11 +53,12 @@ CtlRun Ctl(const std::vector<std::string>& args, std::optional<uid_t> as_uid = s
   return Spawn(PRIMECACHECTL_PATH, args, as_uid);
 }
 
-// The model a test publishes for: a real fingerprint, its descriptor sent.
-ModelFingerprint Fingerprint(std::string arch = "cli-model") {
+// The model a test publishes for: a real fingerprint, its descriptor sent,
+// whose plan is that of MakeLayers' entries of `layers` layers.
+ModelFingerprint Fingerprint(std::string arch = "cli-model", std::uint32_t layers = 2) {
   ModelFingerprint fp;
   fp.architecture = std::move(arch);
-  fp.plan_digest = {11, 12};
+  fp.plan_digest = MakeLayersPlan(layers);
   fp.weights_digest = {13, 14};
   fp.codec_versions = {"kda-recurrent/v1", "mla-latent/v1", "raw/v1"};
   return fp;
@@ -112,7 +113,7 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, LsFiltersSortsAndPrintsJson) {
   const auto fp_a = Fingerprint("model-a"), fp_b = Fingerprint("model-b");
   const std::uint64_t e1 = Publish(IdOf(fp_a), TextTokens("short prompt"), 2, 1);
-  const std::uint64_t e2 = Publish(IdOf(fp_a), TextTokens(std::string(300, 'x')), 4, 2, "tenant");
+  const std::uint64_t e2 = Publish(IdOf(Fingerprint("model-a", 4)), TextTokens(std::string(300, 'x')), 4, 2, "tenant");
   const std::uint64_t e3 = Publish(IdOf(fp_b), TextTokens("another prompt of middle size"), 2, 3);
 
   CtlRun r = Ctl({"ls", "--json"});
@@ -164,7 +165,7 @@ TEST_F(CliTest, LsFiltersSortsAndPrintsJson) {
 }
 
 TEST_F(CliTest, ShowGivesLayersFingerprintAndText) {
-  const auto fp = Fingerprint();
+  const auto fp = Fingerprint("cli-model", 4);
   const std::string prompt = "The quick brown fox\tjumps over the lazy dog";
   const std::uint64_t id = Publish(IdOf(fp), TextTokens(prompt), 4, 5);
   CtlRun r = Ctl({"show", std::to_string(id), "--json"});
@@ -452,7 +453,7 @@ TEST_F(CliTest, ADamagedFileIsNamedOnceInTheMessage) {
 // export -> import into another daemon -> export: the same bytes, and the
 // imported entry serves the same layers.
 TEST_F(CliTest, ExportImportRoundTripIsByteExact) {
-  const auto fp = Fingerprint();
+  const auto fp = Fingerprint("cli-model", 4);
   auto tokens = TextTokens("a prompt whose snapshot moves between stores");
   const std::uint64_t id = Publish(IdOf(fp), tokens, 4, 12, "tenant-x");
   const std::string f1 = d_.dir() + "/one.pcsnap", f2 = d_.dir() + "/two.pcsnap";
@@ -739,9 +740,8 @@ TEST(CliCompletion, GeneratedBashScriptIsValidAndCompletesCommandsOptionsAndChoi
 // and progress not turned off, the long commands write no bar, and their
 // --json stdout is one JSON document.
 TEST_F(CliTest, LongCommandsWriteNoProgressOffATerminalAndKeepJsonValid) {
-  const auto fp = Fingerprint();
-  const std::uint64_t id = Publish(IdOf(fp), Tokens(300, 1), 6, 1);
-  Publish(IdOf(fp), Tokens(200, 2), 4, 2);
+  const std::uint64_t id = Publish(IdOf(Fingerprint("cli-model", 6)), Tokens(300, 1), 6, 1);
+  Publish(IdOf(Fingerprint("cli-model", 4)), Tokens(200, 2), 4, 2);
   const std::string file = d_.dir() + "/p.pcsnap";
   const std::vector<std::vector<std::string>> commands = {
       {"verify", "--all"}, {"verify", std::to_string(id)}, {"export", std::to_string(id), file},

@@ -222,6 +222,60 @@ TEST(DigestTest, GeometryAndFingerprintDigestsAreStable) {
   EXPECT_EQ(gd, (Hash128{0xef2b1125225e78fbull, 0xe98558b3283d182aull})) << std::hex << gd.lo << " " << gd.hi;
 }
 
+// The plan read back from layer shapes: the same at any length and ring
+// size, another for another width, kind or order; CheckPlan and the store's
+// validator hold layers against a fingerprint's plan_digest with it.
+TEST(PlanTest, ShapesGiveTheirModelsPlanDigestAndAnotherPlanIsRefused) {
+  auto shapes_of = [](const BoundarySnapshot& b) {
+    std::vector<LayerShape> out;
+    for (const LayerSnapshot& l : b.layers) out.push_back(ShapeOf(l));
+    return out;
+  };
+  const std::vector<LayerShape> shapes = shapes_of(MakeBoundary(40));
+  const Hash128 plan = PlanDigest(shapes);
+  EXPECT_EQ(plan, PlanDigest(shapes_of(MakeBoundary(97))));
+  // The plan is the geometry without capacity or ring: a ring-indexed layer
+  // and its flat twin have one plan.
+  std::vector<LayerGeometry> flat = GeometryOfBoundary(0);
+  std::get<LatentGeometry>(flat[1]).index_ring_rows = 0;
+  EXPECT_EQ(plan, GeometryDigest(flat));
+  auto wider = shapes;
+  std::get<LatentShape>(wider[3]).width += 1;
+  EXPECT_NE(PlanDigest(wider), plan);
+  auto other_kind = shapes;
+  other_kind[4] = LatentShape{40, 12, 0, 0, 0, false, 0};  // 12 floats a row, as the KV layer's 6 + 6
+  EXPECT_NE(PlanDigest(other_kind), plan);
+  auto swapped = shapes;
+  std::swap(swapped[0], swapped[1]);
+  EXPECT_NE(PlanDigest(swapped), plan);
+  auto fewer = shapes;
+  fewer.pop_back();
+  EXPECT_NE(PlanDigest(fewer), plan);
+
+  ModelFingerprint fp = testing_util::TestFingerprint();
+  fp.plan_digest = plan;
+  EXPECT_TRUE(CheckPlan(fp, shapes).ok());
+  ExpectSays(CheckPlan(fp, wider), "these 5 layers are not the plan of model 'hrm-tiny': their plan digest is ");
+
+  // The store's validator: every layer's header, against the descriptor.
+  std::vector<std::string> headers;
+  for (const LayerSnapshot& l : MakeBoundary(40).layers) {
+    auto enc = EncodeLayer(l);
+    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    headers.push_back(SerializeLayerHeader(enc->header));
+  }
+  std::vector<std::string_view> views(headers.begin(), headers.end());
+  const auto& validator = *CodecLayerValidator();
+  EXPECT_TRUE(validator.CheckModel(EncodeFingerprint(fp), views).ok());
+  EXPECT_TRUE(validator.CheckModel("", views).ok()) << "no descriptor, no model to check against";
+  ModelFingerprint other = fp;
+  other.plan_digest.lo ^= 1;
+  ExpectSays(validator.CheckModel(EncodeFingerprint(other), views), "not the plan of model 'hrm-tiny'");
+  std::swap(views[0], views[1]);
+  ExpectSays(validator.CheckModel(EncodeFingerprint(fp), views), "not the plan of model");
+  EXPECT_FALSE(validator.CheckModel("not a fingerprint", views).ok());
+}
+
 // The descriptor is the digest's preimage: it round-trips, hashes to the
 // digest, and anything that is not exactly one encoding is refused.
 TEST(FingerprintDescriptorTest, RoundTripsHashesToTheDigestAndRefusesDamage) {

@@ -178,17 +178,27 @@ inline LayerData ToLayerData(const primecache::EncodedLayer& e) {
   return d;
 }
 
+// Layer l of MakeLayers' entries: a latent layer of `width` floats a row
+// when l is even, a small recurrent layer when it is odd.
+inline primecache::LayerShape MakeLayersShape(std::uint64_t len, std::uint32_t l, std::uint32_t width = 64) {
+  if (l % 2 == 0) return primecache::LatentShape{len, width, 0, 0, 0, false, 0};
+  return primecache::RecurrentShape{2, 8, 4};
+}
+
+// The plan digest of a model whose entries are MakeLayers' (of any length):
+// what its fingerprint's plan_digest must be for the daemon to take them.
+inline primecache::Hash128 MakeLayersPlan(std::uint32_t layers, std::uint32_t width = 64) {
+  std::vector<primecache::LayerShape> shapes;
+  for (std::uint32_t l = 0; l < layers; ++l) shapes.push_back(MakeLayersShape(0, l, width));
+  return primecache::PlanDigest(shapes);
+}
+
 inline std::vector<LayerData> MakeLayers(std::uint64_t len, std::uint32_t layers, std::uint32_t seed,
                                          std::uint32_t width = 64, std::uint64_t rows_per_chunk = 64) {
   std::vector<LayerData> out;
   std::mt19937 g(seed);
   for (std::uint32_t l = 0; l < layers; ++l) {
-    primecache::LayerShape shape;
-    if (l % 2 == 0) {
-      shape = primecache::LatentShape{len, width, 0, 0, 0, false, 0};
-    } else {
-      shape = primecache::RecurrentShape{2, 8, 4};
-    }
+    const primecache::LayerShape shape = MakeLayersShape(len, l, width);
     auto snap = primecache::MakeSnapshot(shape);
     if (!snap.ok()) std::abort();
     for (auto plane : primecache::CodecRegistry::Default().KindFor(shape).value()->MutablePlaneData(*snap)) {

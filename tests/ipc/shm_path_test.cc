@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -114,18 +115,28 @@ TEST_F(ShmPathTest, ReserveDropReserveAgainAndExhaustion) {
   ASSERT_FALSE(full.ok());
   EXPECT_EQ(full.status().code(), StatusCode::kDeadlineExceeded) << full.status().ToString();
   EXPECT_NE(full.status().message().find("publish half"), std::string::npos) << full.status().ToString();
-  // A waiter gets the space as soon as a reservation is dropped.
-  std::atomic<bool> got{false};
+  // A waiter gets the space as soon as a reservation is dropped. The half
+  // is full until the drop, so a reservation that succeeds having lasted
+  // until the drop is one that waited for it.
+  std::atomic<bool> got{false}, calling{false};
+  std::atomic<std::int64_t> waited_ms{-1};
   const std::span<std::byte> a_bytes = a->bytes();
   std::thread waiter([&] {
+    calling = true;
+    const auto t0 = std::chrono::steady_clock::now();
     auto r = (*stream)->ReserveChunk(half / 4);
+    waited_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
     got = r.ok() && r->bytes().data() >= a_bytes.data() &&
           r->bytes().data() + r->size() <= a_bytes.data() + a_bytes.size();
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!calling) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const bool done_before_the_drop = waited_ms.load() >= 0;
   *a = ReservedChunk();
   waiter.join();
+  EXPECT_FALSE(done_before_the_drop) << "a reservation in a full half came back before any space was given back";
   EXPECT_TRUE(got.load());
+  EXPECT_GE(waited_ms.load(), 100) << "the reservation did not wait for the drop";
   // What b holds was never handed out twice.
   for (std::byte x : b->bytes()) ASSERT_EQ(x, std::byte{0x5A});
   // Too large for the half, or for the daemon: refused at once.
@@ -173,11 +184,15 @@ struct Fetched {
   std::vector<std::vector<std::byte>> chunks;
   std::size_t in_region = 0;
 };
-Fetched FetchCounting(Client& c, std::uint64_t entry, std::size_t fail_after = SIZE_MAX) {
+// Fetches an entry, keeping its chunks; `pause` per chunk makes a slow
+// reader (the store then fills the window and must wait for releases).
+Fetched FetchCounting(Client& c, std::uint64_t entry, std::size_t fail_after = SIZE_MAX,
+                      std::chrono::microseconds pause = {}) {
   Fetched f;
   FetchCallbacks cb;
   cb.on_chunk = [&](std::uint32_t, std::uint32_t, std::span<const std::byte> b) {
     if (f.chunks.size() == fail_after) return Status::Aborted("enough");
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
     f.chunks.emplace_back(b.begin(), b.end());
     if (InRegion(c, b)) ++f.in_region;
     return Status::Ok();
@@ -205,17 +220,25 @@ TEST_F(ShmPathTest, FetchesThroughSmallWindowsAreBitExact) {
   auto a = (*p)->Publish(TestModel(), Tokens(128, 51), small);
   auto b = (*p)->Publish(TestModel(), Tokens(300, 52), odd);
   ASSERT_TRUE(a.ok() && b.ok());
+  auto waits = [&] {
+    auto st = (*p)->Stat();
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    return st.ok() ? st->fetch_window_waits : 0;
+  };
   for (std::size_t region : {512u << 10, 1u << 20, 3u << 20}) {
+    const std::uint64_t waits_before = waits();
     ClientOptions o = d_.Options("", true);
     o.shared_memory_bytes = region;  // windows of 256 KiB, 512 KiB, 1.5 MiB
     auto c = Client::Connect(o);
     ASSERT_TRUE(c.ok());
     for (int rep = 0; rep < 2; ++rep) {
-      Fetched fa = FetchCounting(**c, a->id);
+      // The first time round, a slow reader.
+      const auto pause = std::chrono::microseconds(rep == 0 ? 1000 : 0);
+      Fetched fa = FetchCounting(**c, a->id, SIZE_MAX, pause);
       ASSERT_TRUE(fa.status.ok()) << fa.status.ToString();
       EXPECT_TRUE(fa.chunks == AllChunks(small)) << "region " << region;
       EXPECT_EQ(fa.in_region, fa.chunks.size()) << "region " << region;
-      Fetched fb = FetchCounting(**c, b->id);
+      Fetched fb = FetchCounting(**c, b->id, SIZE_MAX, pause);
       ASSERT_TRUE(fb.status.ok()) << fb.status.ToString();
       EXPECT_TRUE(fb.chunks == AllChunks(odd)) << "region " << region;
       // 401152-byte latent chunks fit a window of 512 KiB or more; below it
@@ -227,6 +250,9 @@ TEST_F(ShmPathTest, FetchesThroughSmallWindowsAreBitExact) {
         EXPECT_EQ(fb.in_region, fb.chunks.size());
       }
     }
+    // Each entry is several windows long: the store's read-ahead filled the
+    // window and waited for releases (the path this test is about).
+    EXPECT_GT(waits(), waits_before) << "region " << region << ": no fetch waited for room";
   }
 }
 

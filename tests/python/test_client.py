@@ -18,8 +18,12 @@ import primecache
 LENGTH = 40  # tokens of the test boundary
 
 
-def model_id(name="py-test"):
-    fp = primecache.ModelFingerprint(architecture=name, plan_digest=primecache.Hash128(lo=1, hi=2),
+def model_id(name="py-test", shapes=None):
+    """The model whose layers have these shapes (by default make_layers'):
+    its plan digest is theirs, as the daemon checks at every publish."""
+    if shapes is None:
+        shapes = [shape for shape, _ in make_layers(np.random.default_rng(0))]
+    fp = primecache.ModelFingerprint(architecture=name, plan_digest=primecache.plan_digest(shapes),
                                      weights_digest=primecache.Hash128(lo=3, hi=4),
                                      codec_versions=primecache.codec_identities())
     return primecache.ModelId.from_fingerprint(fp)
@@ -293,6 +297,17 @@ def test_refusals_of_the_daemon_and_the_codecs_raise_error(client):
     assert client.stats().store.entries == 0
 
 
+def test_a_publish_whose_layers_are_not_its_models_plan_is_refused(client):
+    rng = np.random.default_rng(12)
+    layers = make_layers(rng)
+    others = [shape for shape, _ in make_layers(rng, LENGTH)][:2]  # the plan of a two-layer model
+    with pytest.raises(primecache.InvalidArgumentError) as e:
+        client.publish(model_id("two-layers", shapes=others), tokens_of(rng), layers)
+    assert "not the plan of model 'two-layers'" in e.value.message
+    assert client.stats().store.entries == 0
+    assert not client.publish(model_id("three-layers"), tokens_of(rng), layers).existed
+
+
 def test_a_closed_client_raises(daemon):
     c = primecache.connect(daemon.socket)
     c.close()
@@ -382,7 +397,7 @@ def test_concurrent_fetches_from_two_threads(client):
     planes = {"latent_rows": rng.standard_normal((length, 512), dtype=np.float32),
               "index_tail_rows": np.zeros((0, 0), dtype=np.float32),
               "pool_keys": np.zeros((0, 0), dtype=np.float32)}
-    tokens, model = tokens_of(rng, length), model_id()
+    tokens, model = tokens_of(rng, length), model_id(shapes=[latent])
     entry = client.publish(model, tokens, [(latent, planes)]).id
     results, errors = [[], []], []
 

@@ -4,9 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "primecache/checksum.h"
+#include "primecache/codec.h"
 #include "primecache/model.h"
 #include "primecache/snapshot.h"
 #include "remote/manifest.h"
@@ -20,11 +24,12 @@ namespace {
 using nlohmann::json;
 using remote::testing::RedisCluster;
 
-// A model with a real fingerprint, its descriptor sent along.
+// A model with a real fingerprint, its descriptor sent along, whose plan is
+// that of MakeLayers' two-layer entries.
 ModelId FingerprintedModel() {
   ModelFingerprint fp;
   fp.architecture = "remote-model";
-  fp.plan_digest = {21, 22};
+  fp.plan_digest = MakeLayersPlan(2);
   fp.weights_digest = {23, 24};
   fp.codec_versions = {"kda-recurrent/v1", "mla-latent/v1", "raw/v1"};
   return ModelId{fp.Digest(), fp.architecture, EncodeFingerprint(fp)};
@@ -245,6 +250,115 @@ TEST(RemoteStats, AZeroMissTtlAsksTheClusterEveryTime) {
   EXPECT_EQ(st->remote->misses_cached, 0u);
 }
 
+// ---- entries whose layers lie ------------------------------------------------------------
+
+// One layer of this shape, random values, raw transform, as stored bytes.
+LayerBytes RawLayer(const LayerShape& shape, std::uint32_t seed) {
+  auto snap = MakeSnapshot(shape);
+  EXPECT_TRUE(snap.ok()) << snap.status().ToString();
+  std::mt19937 g(seed);
+  for (auto plane : CodecRegistry::Default().KindFor(shape).value()->MutablePlaneData(*snap)) {
+    for (float& x : plane) x = static_cast<float>(g() % 1000) * 0.5f;
+  }
+  EncodeOptions eo;
+  eo.all_planes = TransformSpec{std::string(kRawTransform), 0};
+  eo.target_chunk_bytes = 64 * 64 * sizeof(float);
+  auto enc = EncodeLayer(*snap, eo);
+  EXPECT_TRUE(enc.ok()) << enc.status().ToString();
+  return AsLayerBytes({ToLayerData(*enc)}).front();
+}
+
+// Edits a stored layer's header and serializes it again (its own checksum
+// made right, so that only what the edit says is wrong).
+void EditHeader(LayerBytes* layer, const std::function<void(LayerHeader&)>& edit) {
+  auto h = ParseLayerHeader(AsBytes(layer->header));
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  edit(*h);
+  layer->header = SerializeLayerHeader(*h);
+}
+
+struct Lie {
+  std::string what;
+  std::function<std::vector<LayerBytes>(std::size_t tokens)> layers;
+};
+
+// Entries another host put whose every chunk is there and matches its
+// address, so the tier's own checks pass them, but whose layers are not what
+// this model can restore. Each is refused by the daemon that brings it over:
+// no hit, nothing stored, counted as refused, removed from the cluster, and
+// not fetched again.
+TEST(RemoteRefusal, AnEntryWhoseChunksHashRightButWhoseLayersLieIsRefused) {
+  const std::vector<Lie> lies = {
+      {"a geometry the model does not have (latent rows of 32 floats, not 64)",
+       [](std::size_t n) { return AsLayerBytes(MakeLayers(n, 2, 41, /*width=*/32)); }},
+      {"another kind (a KV layer where the model has a latent one)",
+       [](std::size_t n) {
+         auto layers = AsLayerBytes(MakeLayers(n, 2, 42));
+         layers[0] = RawLayer(KvShape{n, 32, 32, {}, 0}, 42);
+         return layers;
+       }},
+      {"plane sizes its shape does not give (a chunk's decoded size)",
+       [](std::size_t n) {
+         auto layers = AsLayerBytes(MakeLayers(n, 2, 43));
+         EditHeader(&layers[0], [](LayerHeader& h) { h.planes[0].chunks[0].raw_bytes += 4; });
+         return layers;
+       }},
+      {"chunk bytes that are not the floats the header declares (encoded checksum made to match)",
+       [](std::size_t n) {
+         auto layers = AsLayerBytes(MakeLayers(n, 2, 44));
+         layers[0].chunks[0][5] ^= 0x40;
+         const std::string& c = layers[0].chunks[0];
+         const std::uint64_t sum = Checksum64(AsBytes(c));
+         EditHeader(&layers[0], [&](LayerHeader& h) { h.planes[0].chunks[0].encoded_checksum = sum; });
+         return layers;
+       }},
+  };
+  RedisCluster cluster;
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  Daemon d({"--remote", cluster.url(), "--remote-miss-ttl", "60"});
+  ASSERT_TRUE(d.Start());
+  auto c = Client::Connect(d.Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto other = OtherHost(cluster);
+  ASSERT_NE(other, nullptr);
+  const ModelId model = FingerprintedModel();
+
+  for (std::size_t i = 0; i < lies.size(); ++i) {
+    SCOPED_TRACE(lies[i].what);
+    const auto tokens = Tokens(300, static_cast<std::uint32_t>(500 + i));
+    ASSERT_TRUE(other->Put(RequestOf(model, tokens), lies[i].layers(tokens.size())).ok());
+    const std::string key = remote::ManifestKey(model.digest, "", tokens);
+    ASSERT_TRUE(other->client().Get(key).value().has_value());
+
+    auto hit = (*c)->Lookup(model, tokens);
+    ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+    EXPECT_FALSE(hit->has_value()) << "a lying entry was served";
+    auto st = (*c)->Stat();
+    ASSERT_TRUE(st.ok() && st->remote);
+    EXPECT_EQ(st->remote->refused, i + 1);
+    EXPECT_EQ(st->remote->hits, 0u);
+    EXPECT_EQ(st->store.entries, 0u) << "a refused entry was stored";
+    EXPECT_FALSE(other->client().Get(key).value().has_value()) << "the refused entry stayed in the cluster";
+    // Asked again: not fetched again (the query is remembered as a miss).
+    auto again = (*c)->Lookup(model, tokens);
+    ASSERT_TRUE(again.ok() && !again->has_value());
+    st = (*c)->Stat();
+    ASSERT_TRUE(st.ok() && st->remote);
+    EXPECT_EQ(st->remote->refused, i + 1);
+    EXPECT_EQ(st->remote->misses_cached, i + 1);
+  }
+  // A truthful entry of the same model is still taken.
+  const auto good = Tokens(300, 600);
+  ASSERT_TRUE(other->Put(RequestOf(model, good), AsLayerBytes(MakeLayers(good.size(), 2, 45))).ok());
+  auto hit = (*c)->Lookup(model, good);
+  ASSERT_TRUE(hit.ok() && hit->has_value()) << "the model's own entry was refused too";
+  json j = Ctl({"--socket", d.admin_socket(), "stats", "--json"}).Json();
+  EXPECT_EQ(j["remote"]["refused"], lies.size()) << j.dump();
+  EXPECT_EQ(j["entries"], 1) << j.dump();
+  CtlRun text = Ctl({"--socket", d.admin_socket(), "stats"});
+  EXPECT_NE(text.out.find(std::to_string(lies.size()) + " refused (removed)"), std::string::npos) << text.out;
+}
+
 // ---- ls / show / verify --remote ---------------------------------------------------------
 
 // The byte tokenizer's tokens of a text (BOS, then the bytes).
@@ -291,7 +405,7 @@ class RemoteCtlTest : public ::testing::Test {
 
 TEST_F(RemoteCtlTest, LsListsTheManifestsInTheCluster) {
   const auto other = Tokens(300, 3);
-  ASSERT_TRUE(tier_->Put(RequestOf(model_, other), AsLayerBytes(MakeLayers(300, 1, 3))).ok());
+  ASSERT_TRUE(tier_->Put(RequestOf(model_, other), AsLayerBytes(MakeLayers(300, 2, 3))).ok());
   CtlRun r = Remote({"ls", "--json"});
   ASSERT_EQ(r.rc, 0) << r.err;
   json j = r.Json();

@@ -150,6 +150,13 @@ TEST_P(RestoreExactnessTest, RestoredSessionContinuesBitForBit) {
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_EQ(first->restored_tokens, 0u);
   EXPECT_EQ(first->prefilled_tokens, prefix.size());
+  // The plan read back from the captured layers is the one the model id
+  // names: the daemon checks it at every publish.
+  std::vector<LayerShape> shapes;
+  for (const LayerSnapshot& l : Planes(first->session)) shapes.push_back(ShapeOf(l));
+  auto fp = DecodeFingerprint(h.id.descriptor);
+  ASSERT_TRUE(fp.ok());
+  EXPECT_EQ(PlanDigest(shapes), fp->plan_digest);
   cache->Finish(*first);
   ASSERT_EQ(cache->Drain(), 0u);
   ASSERT_EQ(cache->published(), 1u);
@@ -290,7 +297,8 @@ TEST(PrefixCacheTest, CpuDeviceExportsNoDeviceWindow) {
 // KDA layer where the cache has an MLA one): layer 0 is staged (with device
 // staging, copied to the device) before layer 1's header is refused. The
 // session stays fresh and the request is prefilled in full, bit for bit like
-// a plain prefill.
+// a plain prefill. (Published without the model's descriptor: with it, the
+// daemon refuses layers that are not the model's plan at the commit.)
 TEST(PrefixCacheTest, RefusedStagedRestoreLeavesTheSessionFresh) {
   for (auto staging : {PrefixCacheOptions::Staging::kHost, PrefixCacheOptions::Staging::kDevice}) {
     SCOPED_TRACE(staging == PrefixCacheOptions::Staging::kDevice ? "device staging" : "host staging");
@@ -311,7 +319,15 @@ TEST(PrefixCacheTest, RefusedStagedRestoreLeavesTheSessionFresh) {
     auto s = wrong.cpu.model->NewSession();
     ASSERT_TRUE(s.ok());
     ASSERT_TRUE(wrong.cpu.model->Prime(*s, std::span(prompt).first(45), LogitsWanted::kNone, nullptr).ok());
-    const Status published = cache->Publish(std::span(prompt).first(45), Planes(*s));
+    client::ModelId undescribed = h.id;
+    undescribed.descriptor.clear();
+    auto c = client::Client::Connect(daemon.Options("t"));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    PrefixCache liar(h.cpu.model.get(), std::move(c).value(), undescribed, opt);
+    // With the descriptor, these layers are refused at the commit.
+    const Status refused = cache->Publish(std::span(prompt).first(45), Planes(*s));
+    EXPECT_TRUE(refused.IsInvalidArgument()) << refused.ToString();
+    const Status published = liar.Publish(std::span(prompt).first(45), Planes(*s));
     ASSERT_TRUE(published.ok()) << published.ToString();
     std::vector<float> plain;
     {

@@ -661,10 +661,10 @@ using namespace store_test;  // NOLINT(google-build-using-namespace)
 // and comes back with every entry of that scope.
 TEST(StoreDescriptor, KeptCheckedAndReturned) {
   MemStore m;
-  const std::string descriptor = "primecache-fingerprint/1 of some model";
-  const Hash128 digest = Checksum128(std::as_bytes(std::span(descriptor.data(), descriptor.size())));
   auto tokens = Conversation(64, 7);
   auto layers = MakeLayers(tokens);
+  const std::string descriptor = DescriptorFor(layers);
+  const Hash128 digest = Checksum128(std::as_bytes(std::span(descriptor.data(), descriptor.size())));
 
   PublishRequest wrong = Request(tokens);
   wrong.model = digest;
@@ -705,6 +705,35 @@ TEST(StoreDescriptor, KeptCheckedAndReturned) {
   m.Reopen();
   EXPECT_EQ(m.store->Describe(bare->id)->model_descriptor, descriptor);
   ExpectConsistent(*m.store);
+}
+
+// An entry is filed under a model only with that model's layers: a publish
+// whose descriptor names another plan is refused at commit, stores nothing
+// and gives its staged bytes back; without a descriptor nothing is checked.
+TEST(StoreDescriptor, LayersThatAreNotTheModelsPlanAreRefused) {
+  MemStore m;
+  auto tokens = Conversation(64, 9);
+  auto layers = MakeLayers(tokens);
+  TestModel wider;
+  wider.width += 8;
+  const std::string descriptor = DescriptorFor(MakeLayers(tokens, wider), "wider-model");
+  PublishRequest r = Request(tokens);
+  r.model = Checksum128(std::as_bytes(std::span(descriptor.data(), descriptor.size())));
+  r.model_descriptor = descriptor;
+  auto refused = m.store->Publish(r, layers);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("not the plan of model 'wider-model'"), std::string::npos)
+      << refused.status().ToString();
+  auto st = m.store->Stat();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->entries, 0u);
+  EXPECT_EQ(st->staged_bytes, 0u);
+  ExpectConsistent(*m.store);
+  // The same layers under their own model's descriptor are taken.
+  r.model_descriptor = DescriptorFor(layers, "wider-model");
+  r.model = Checksum128(std::as_bytes(std::span(r.model_descriptor.data(), r.model_descriptor.size())));
+  EXPECT_TRUE(m.store->Publish(r, layers).ok());
 }
 
 // Admission applies to new boundaries only: one already stored is reported

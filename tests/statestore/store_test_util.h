@@ -194,6 +194,22 @@ inline EntryId MustPublish(Store& s, const std::vector<std::uint32_t>& tokens, s
   return r.ok() ? r->id : 0;
 }
 
+// The descriptor of a model (named `architecture`) whose plan is these
+// layers' (any of its entries: the plan does not depend on the length).
+inline std::string DescriptorFor(const std::vector<LayerBytes>& layers, std::string architecture = "store-model") {
+  std::vector<LayerShape> shapes;
+  for (const LayerBytes& l : layers) {
+    auto h = ParseLayerHeader(AsBytes(l.header));
+    EXPECT_TRUE(h.ok()) << h.status().ToString();
+    if (h.ok()) shapes.push_back(h->shape);
+  }
+  ModelFingerprint fp;
+  fp.architecture = std::move(architecture);
+  fp.plan_digest = PlanDigest(shapes);
+  fp.codec_versions = CodecRegistry::Default().Identities();
+  return EncodeFingerprint(fp);
+}
+
 inline void ExpectConsistent(Store& s) {
   auto v = s.Verify(true);
   ASSERT_TRUE(v.ok()) << v.status().ToString();

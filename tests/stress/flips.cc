@@ -24,11 +24,12 @@ void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
-// A model with a real fingerprint, so that its entries can be exported.
+// A model with a real fingerprint, so that its entries can be exported, whose
+// plan is that of MakeLayers' four-layer entries.
 client::ModelId ExportableModel() {
   ModelFingerprint fp;
   fp.architecture = "stress-model";
-  fp.plan_digest = {21, 22};
+  fp.plan_digest = testing::MakeLayersPlan(4);
   fp.weights_digest = {23, 24};
   fp.codec_versions = {"kda-recurrent/v1", "mla-latent/v1", "raw/v1"};
   return client::ModelId{fp.Digest(), fp.architecture, EncodeFingerprint(fp)};

@@ -455,6 +455,7 @@ nlohmann::json RemoteStatsJson(const std::optional<RemoteStats>& r) {
             {"queue_depth", r->queue_depth}}},
           {"evicted", r->evicted},
           {"damaged", r->damaged},
+          {"refused", r->refused},
           {"breaker", {{"open", r->breaker_open}, {"opens", r->breaker_opens}, {"refused", r->fast_failures}}},
           {"moved", r->moved},
           {"asked", r->asked}};
@@ -470,7 +471,7 @@ void AddRemoteRows(const RemoteStats& r, std::vector<std::vector<std::string>>* 
                                        std::to_string(r.dropped) + " dropped, " + std::to_string(r.queue_depth) +
                                        " waiting"});
   rows->push_back({"remote cleanup", std::to_string(r.evicted) + " evicted, " + std::to_string(r.damaged) +
-                                         " damaged (removed)"});
+                                         " damaged, " + std::to_string(r.refused) + " refused (removed)"});
   rows->push_back({"cluster", std::string(r.breaker_open ? "breaker OPEN" : "breaker closed") + " (" +
                                   std::to_string(r.breaker_opens) + " openings, " + std::to_string(r.fast_failures) +
                                   " refused), " + std::to_string(r.moved) + " MOVED, " + std::to_string(r.asked) +
@@ -481,7 +482,8 @@ void AddRemoteRows(const RemoteStats& r, std::vector<std::vector<std::string>>* 
 void AddDaemonRows(const DaemonStats& s, std::vector<std::vector<std::string>>* rows) {
   rows->push_back({"daemon", std::to_string(s.connections) + " connections, " +
                                  std::to_string(s.publishes_in_flight) + " publishes in flight (" +
-                                 HumanBytes(s.uncommitted_bytes) + " uncommitted)"});
+                                 HumanBytes(s.uncommitted_bytes) + " uncommitted), " +
+                                 std::to_string(s.fetch_window_waits) + " fetch window waits"});
   if (s.remote.has_value()) {
     AddRemoteRows(*s.remote, rows);
   } else {
@@ -505,7 +507,8 @@ int Stats(StoreAccess& access, const Output& out) {
   if (access.through_daemon()) {
     daemon = {{"connections", s->connections},
               {"publishes_in_flight", s->publishes_in_flight},
-              {"uncommitted_bytes", s->uncommitted_bytes}};
+              {"uncommitted_bytes", s->uncommitted_bytes},
+              {"fetch_window_waits", s->fetch_window_waits}};
   }
   out.Json({{"source", access.where()},
             {"entries", st.entries},

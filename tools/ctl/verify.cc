@@ -25,21 +25,38 @@ struct Findings {
 // shape is kept for the boundary check.
 void CheckLayer(const std::string& where, const EncodedLayer& layer, std::vector<LayerShape>* shapes,
                 Findings* f) {
-  auto snap = DecodeLayer(layer);
-  if (!snap.ok()) return f->Add(where, snap.status().message());
-  Status s = CheckSnapshot(*snap);
-  if (!s.ok()) return f->Add(where, s.message());
-  shapes->push_back(ShapeOf(*snap));
+  auto shape = CheckDecodes(layer);
+  if (!shape.ok()) return f->Add(where, shape.status().message());
+  shapes->push_back(*shape);
 }
 
+// The layers together: their lengths against the boundary's tokens and,
+// when the model is known, their shapes against its plan.
 void CheckBoundaryOf(const std::string& where, const std::vector<std::uint32_t>& tokens,
-                     const std::vector<LayerShape>& shapes, std::size_t layers, Findings* f) {
+                     const std::optional<ModelFingerprint>& model, const std::vector<LayerShape>& shapes,
+                     std::size_t layers, Findings* f) {
   if (shapes.size() != layers) return;  // a layer failed already; its problem is reported
   BoundaryHeader b;
   b.tokens = tokens;
   b.boundary_len = tokens.size();
   Status s = CheckBoundary(b, shapes);
   if (!s.ok()) f->Add(where, s.message());
+  if (model.has_value()) {
+    s = CheckPlan(*model, shapes);
+    if (!s.ok()) f->Add(where, s.message());
+  }
+}
+
+// The model a descriptor names; none when there is no descriptor, and a
+// finding when there is one that does not decode.
+std::optional<ModelFingerprint> ModelOf(const std::string& where, const std::string& descriptor, Findings* f) {
+  if (descriptor.empty()) return std::nullopt;
+  auto fp = DecodeFingerprint(descriptor);
+  if (!fp.ok()) {
+    f->Add(where, "model descriptor: " + fp.status().message());
+    return std::nullopt;
+  }
+  return *fp;
 }
 
 // Fetches, decodes and validates one entry. Returns an error only when the
@@ -95,7 +112,7 @@ Status VerifyEntry(StoreAccess& access, std::uint64_t id, Findings* f) {
     f->Add(where, std::to_string(e.tokens.size()) + " tokens stored; the entry records length " +
                       std::to_string(e.length));
   }
-  CheckBoundaryOf(where, e.tokens, shapes, layers_seen, f);
+  CheckBoundaryOf(where, e.tokens, ModelOf(where, e.model_descriptor, f), shapes, layers_seen, f);
   return Status::Ok();
 }
 
@@ -118,7 +135,7 @@ void VerifyFile(const std::string& file, Findings* f) {
     }
     CheckLayer(where + ", layer " + std::to_string(i), snap->layers[i], &shapes, f);
   }
-  CheckBoundaryOf(where, snap->header.tokens, shapes, snap->layers.size(), f);
+  CheckBoundaryOf(where, snap->header.tokens, snap->header.fingerprint, shapes, snap->layers.size(), f);
 }
 
 // The findings as the result of `verify`: a JSON document or lines; exit 0
@@ -243,7 +260,7 @@ Status VerifyRemoteEntry(remote::RemoteTier& tier, const std::string& key, Findi
   for (std::size_t l = 0; l < m.layers.size(); ++l) {
     CheckRemoteLayer(where + ", layer " + std::to_string(l), m.layers[l], values, &next, &shapes, f);
   }
-  CheckBoundaryOf(where, tokens, shapes, m.layers.size(), f);
+  CheckBoundaryOf(where, tokens, ModelOf(where, m.entry.model_descriptor, f), shapes, m.layers.size(), f);
   return Status::Ok();
 }
 
