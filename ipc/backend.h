@@ -51,9 +51,11 @@ class StoreBackend {
   virtual Result<std::unique_ptr<PublishSink>> BeginPublish(const PublishRequest& request,
                                                             std::uint32_t layer_count) = 0;
   // Longest stored boundary of (digest, ns) whose tokens prefix `tokens`,
-  // sized from the entry's record; nullopt on a miss.
+  // sized from the entry's record; nullopt on a miss. `shared_tokens`, when
+  // not null, receives the query's shared length (LookupOptions::shared_tokens).
   virtual Result<std::optional<LookupHit>> Lookup(const Hash128& digest, const std::string& ns,
-                                                  std::span<const std::uint32_t> tokens) = 0;
+                                                  std::span<const std::uint32_t> tokens,
+                                                  std::uint64_t* shared_tokens = nullptr) = 0;
   // One entry, described once: a live one with its tokens (and, with
   // layer_headers, its layer headers), or a quarantined one. With `ns` only
   // a live entry of that namespace; anything else is kNotFound.

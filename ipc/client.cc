@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -670,20 +671,35 @@ Result<T> Expect(Result<Frame> f, const FrameLimits& lim, wire::Response::Which 
 }  // namespace
 
 Result<std::optional<LookupHit>> Client::Lookup(const ModelId& model, std::span<const std::uint32_t> tokens) {
+  return Lookup(model, tokens, nullptr);
+}
+
+Result<std::optional<LookupHit>> Client::Lookup(const ModelId& model, std::span<const std::uint32_t> tokens,
+                                                std::uint64_t* shared_tokens) {
   return impl_->Retry([&]() -> Result<std::optional<LookupHit>> {
     PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
     const std::uint64_t id = impl_->NextId();
     auto m = BuildRequest(
         id,
         [&](wire::Request::Builder r) {
-          auto q = r.initLookup().initQuery();
+          auto l = r.initLookup();
+          l.setWantShared(shared_tokens != nullptr);
+          auto q = l.initQuery();
           SetFingerprint(q.initFingerprint(), model);
           q.setNamespace(impl_->opts.ns);
           SetTokens(q, tokens);
         },
         tokens.size() / 2 + 64);
-    return Expect<std::optional<LookupHit>>(impl_->Call(c, id, *m), c->limits, wire::Response::LOOKUP,
-                                            [](wire::Response::Reader r) { return ipc::ReadLookupHit(r.getLookup()); });
+    return Expect<std::optional<LookupHit>>(
+        impl_->Call(c, id, *m), c->limits, wire::Response::LOOKUP, [&](wire::Response::Reader r) {
+          auto hit = ipc::ReadLookupHit(r.getLookup());
+          if (shared_tokens != nullptr) {
+            // An older daemon answers 0: the hit's length is then all that is known.
+            *shared_tokens = std::clamp<std::uint64_t>(r.getLookup().getSharedTokens(), hit ? hit->length : 0,
+                                                       tokens.size());
+          }
+          return hit;
+        });
   });
 }
 

@@ -180,6 +180,9 @@ struct SetCapacity {
 struct Lookup {
   # fingerprint, namespace and the query tokens; length is ignored.
   query @0 :Boundary;
+  # Also answer LookupReply.sharedTokens (the branch point). An older
+  # daemon ignores it and answers 0.
+  wantShared @1 :Bool;
 }
 
 struct EntryInfo {
@@ -212,6 +215,10 @@ struct LookupReply {
   # what a restore sizes itself by.
   bytes @4 :UInt64;
   rawBytes @5 :UInt64;
+  # With Lookup.wantShared: the longest prefix of the query that a stored
+  # entry of the same model and namespace shares token for token, boundary
+  # there or not (at least `length`; 0 when none). Set on a miss too.
+  sharedTokens @6 :UInt32;
 }
 
 struct Fetch {

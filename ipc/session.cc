@@ -811,14 +811,17 @@ bool Session::OnLookup(const Incoming& in) {
   }
   Hash128 digest{q.getFingerprint().getDigestLo(), q.getFingerprint().getDigestHi()};
   std::vector<std::uint32_t> toks = ToVector(tokens);
-  Serve(executor_, [this, id, digest, toks = std::move(toks)] {
-    auto hit = store_->Lookup(digest, ns_, toks);
+  const bool want_shared = req.getLookup().getWantShared();
+  Serve(executor_, [this, id, digest, want_shared, toks = std::move(toks)] {
+    std::uint64_t shared = 0;
+    auto hit = store_->Lookup(digest, ns_, toks, want_shared ? &shared : nullptr);
     if (!hit.ok()) {
       counters_->lookup_errors.fetch_add(1, std::memory_order_relaxed);
       return SendError(id, hit.status());
     }
     if (*hit) counters_->hit_tokens.fetch_add((*hit)->length, std::memory_order_relaxed);
-    sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteLookupHit(*hit, r.initLookup()); }));
+    sink_->Send(
+        BuildResponse(id, [&](wire::Response::Builder r) { WriteLookupHit(*hit, shared, r.initLookup()); }));
   });
   return true;
 }

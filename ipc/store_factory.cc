@@ -74,8 +74,11 @@ class StatestoreBackend : public StoreBackend {
   }
 
   Result<std::optional<LookupHit>> Lookup(const Hash128& digest, const std::string& ns,
-                                          std::span<const std::uint32_t> tokens) override {
-    return store_->Lookup(digest, ns, tokens);
+                                          std::span<const std::uint32_t> tokens,
+                                          std::uint64_t* shared_tokens) override {
+    LookupOptions o;
+    o.shared_tokens = shared_tokens;
+    return store_->Lookup(digest, ns, tokens, o);
   }
 
   Result<EntryDetail> Describe(std::uint64_t entry, const std::optional<std::string>& ns,

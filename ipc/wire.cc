@@ -154,7 +154,9 @@ EntryDetail ReadEntryDetail(wire::DescribeReply::Reader r) {
   return d;
 }
 
-void WriteLookupHit(const std::optional<LookupHit>& hit, wire::LookupReply::Builder w) {
+void WriteLookupHit(const std::optional<LookupHit>& hit, std::uint64_t shared_tokens,
+                    wire::LookupReply::Builder w) {
+  w.setSharedTokens(static_cast<std::uint32_t>(shared_tokens));
   if (!hit) return;
   w.setFound(true);
   w.setEntry(hit->id);

@@ -80,7 +80,9 @@ ListPage ReadListPage(wire::ListReply::Reader r);
 void WriteEntryDetail(const EntryDetail& d, wire::DescribeReply::Builder w);
 EntryDetail ReadEntryDetail(wire::DescribeReply::Reader r);
 // nullopt: a miss (found is false).
-void WriteLookupHit(const std::optional<LookupHit>& hit, wire::LookupReply::Builder w);
+// shared_tokens: LookupReply.sharedTokens (0 when not asked for).
+void WriteLookupHit(const std::optional<LookupHit>& hit, std::uint64_t shared_tokens,
+                    wire::LookupReply::Builder w);
 std::optional<LookupHit> ReadLookupHit(wire::LookupReply::Reader r);
 void WriteDaemonStats(const DaemonStats& s, wire::StatReply::Builder w);
 DaemonStats ReadDaemonStats(wire::StatReply::Reader r);

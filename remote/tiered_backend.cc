@@ -74,8 +74,10 @@ class Tiered final : public TieredBackend {
     return std::unique_ptr<ipc::PublishSink>(new QueueingSink(this, std::move(inner), request));
   }
 
+  // The shared length is the local store's: the cluster keeps no pass records.
   Result<std::optional<LookupHit>> Lookup(const Hash128& digest, const std::string& ns,
-                                          std::span<const std::uint32_t> tokens) override;
+                                          std::span<const std::uint32_t> tokens,
+                                          std::uint64_t* shared_tokens) override;
 
   Result<EntryDetail> Describe(std::uint64_t entry, const std::optional<std::string>& ns, bool headers) override {
     return local_->Describe(entry, ns, headers);
@@ -135,8 +137,9 @@ Result<PublishResult> QueueingSink::Commit() {
 }
 
 Result<std::optional<LookupHit>> Tiered::Lookup(const Hash128& digest, const std::string& ns,
-                                                std::span<const std::uint32_t> tokens) {
-  auto local = local_->Lookup(digest, ns, tokens);
+                                                std::span<const std::uint32_t> tokens,
+                                                std::uint64_t* shared_tokens) {
+  auto local = local_->Lookup(digest, ns, tokens, shared_tokens);
   if (!local.ok() || !Uses(ns)) return local;
   const std::uint64_t have = *local ? (*local)->length : 0;
   if (have >= tokens.size()) return local;  // the whole query is here already
@@ -176,7 +179,7 @@ Result<std::optional<LookupHit>> Tiered::Lookup(const Hash128& digest, const std
     return local;
   }
   Count(&TieredStats::remote_hits, 1);
-  return local_->Lookup(digest, ns, tokens);
+  return local_->Lookup(digest, ns, tokens, shared_tokens);
 }
 
 Status Tiered::Import(const Hash128& digest, const std::string& ns, std::span<const std::uint32_t> tokens,

@@ -451,6 +451,18 @@ std::string MemberPrefix(std::uint64_t scope) {
   PutBE64(&k, scope);
   return k;
 }
+std::string PassPrefix(std::uint64_t scope, std::uint64_t level, std::uint64_t pass_hash) {
+  std::string k(1, kPassTag);
+  PutBE64(&k, scope);
+  PutBE64(&k, level);
+  PutBE64(&k, pass_hash);
+  return k;
+}
+std::string PassKey(std::uint64_t scope, std::uint64_t level, std::uint64_t pass_hash, std::uint64_t id) {
+  std::string k = PassPrefix(scope, level, pass_hash);
+  PutBE64(&k, id);
+  return k;
+}
 
 std::string EncodeNode(const std::vector<NodeSlot>& slots) {
   std::string v;

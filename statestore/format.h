@@ -90,6 +90,11 @@ std::string HashHex(const Hash128& h);
 inline constexpr std::string_view kMetaSchemaKey = "schema";
 inline constexpr std::string_view kMetaParamsKey = "params";
 inline constexpr std::string_view kMetaCountersKey = "counters";
+// Present (value: the pass records' version, LE32) once every live entry has
+// its pass records ('P', below): a store created with them, or one whose
+// entries were given theirs at an open.
+inline constexpr std::string_view kMetaPassIndexKey = "pass_index";
+inline constexpr std::uint32_t kPassIndexVersion = 1;
 
 std::string EncodeSchema(std::uint32_t version);
 Result<std::uint32_t> DecodeSchema(std::string_view v);
@@ -228,13 +233,21 @@ Result<SegmentRecord> DecodeSegment(std::string_view v);
 // hanging off a chain node, as (r = L - level*B in [1, B], count) pairs.
 // 'X' scope(8) length(8) exact_hash(8) -> ids (LE64 each) stored under it.
 // 'M' scope(8) id(8) -> "": scope membership, for List.
+// 'P' scope(8) level(8) pass_hash(8) id(8) -> "": entry `id` holds at least
+// level * kPassBlockTokens tokens (level >= 1), and its first ones chain-hash
+// (token_hash.h, B = kPassBlockTokens) to pass_hash. A lookup's branch point
+// (the longest prefix any entry shares with the query) starts from them.
 inline constexpr char kNodeTag = 'N';
 inline constexpr char kExactTag = 'X';
 inline constexpr char kMemberTag = 'M';
+inline constexpr char kPassTag = 'P';
+inline constexpr std::uint32_t kPassBlockTokens = 64;
 std::string NodeKey(std::uint64_t scope, std::uint64_t level, std::uint64_t node_hash);
 std::string ExactKey(std::uint64_t scope, std::uint64_t length, std::uint64_t exact_hash);
 std::string MemberKey(std::uint64_t scope, std::uint64_t id);
 std::string MemberPrefix(std::uint64_t scope);
+std::string PassPrefix(std::uint64_t scope, std::uint64_t level, std::uint64_t pass_hash);  // 25 bytes
+std::string PassKey(std::uint64_t scope, std::uint64_t level, std::uint64_t pass_hash, std::uint64_t id);
 
 struct NodeSlot {
   std::uint32_t r = 0;

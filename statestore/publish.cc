@@ -370,6 +370,7 @@ Status PublisherImpl::AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget
     PC_RETURN_IF_ERROR(t.AddRefs(h, st.size, st.count, st.wrote, st.seen));
   }
   PC_RETURN_IF_ERROR(t.IndexAdd(scope, length, place_, id));
+  for (const std::string& k : PassKeys(*s_.hasher, scope, req_.tokens, id)) t.batch().Put(s_.cf_index, k, "");
   std::uint64_t tick = s_.clock.fetch_add(1);
   t.batch().Put(s_.cf_lru, AgeKey(tick, id), "");
   t.batch().Put(s_.cf_lru, AccessKey(id), EncodeAccess({tick, 0}));

@@ -214,9 +214,17 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
   std::vector<std::uint64_t> h = ChainHashes(*s.hasher, tokens, block, top);
 
   std::optional<LookupHit> hit;
+  if (options.shared_tokens != nullptr) *options.shared_tokens = 0;
   if (auto scope = s.FindScope(model, ns)) {
     auto hit_for = [&](EntryId id, std::uint64_t length) { return HitFor(id, length, options.lease); };
     PC_ASSIGN_OR_RETURN(hit, FindLongest(s, *scope, tokens, h, hit_for));
+    if (options.shared_tokens != nullptr) {
+      // The hit stands on its own: a branch point that cannot be read is
+      // only the hit's length.
+      auto shared = s.BranchPoint(*scope, tokens, hit ? hit->length : 0);
+      if (!shared.ok()) spdlog::warn("statestore {}: branch point: {}", s.path, shared.status().ToString());
+      *options.shared_tokens = shared.ok() ? *shared : (hit ? hit->length : 0);
+    }
   }
   if (options.record) {
     if (hit) {

@@ -80,6 +80,11 @@ std::uint64_t NowUnixMs();
 
 struct TestHooks;  // statestore/test_hooks.h
 
+// The pass records ('P', format.h) an entry of `scope` with these tokens
+// leaves, one per whole kPassBlockTokens block (branch.cc).
+std::vector<std::string> PassKeys(const TokenHasher& hasher, std::uint64_t scope,
+                                  std::span<const std::uint32_t> tokens, std::uint64_t id);
+
 }  // namespace statestore_internal
 
 // Who holds a lease on which entry, and which entries are being removed
@@ -131,6 +136,9 @@ struct Store::Impl {
   rocksdb::ColumnFamilyHandle* cf_quarantine = nullptr;
   rocksdb::ColumnFamilyHandle* cf_segments = nullptr;
   std::uint32_t stored_schema = 0;  // the schema found at open (kSchemaVersion once migrated)
+  // Every live entry has its pass records (kMetaPassIndexKey), so branch
+  // points reach all of them; false only in a read-only open of an older store.
+  bool pass_index = false;
 
   // ---- the write path.
   std::mutex write_mu;
@@ -315,6 +323,17 @@ struct Store::Impl {
   // The longest stored boundary of `scope` whose tokens are a prefix of
   // `tokens` (the whole of them included) and which `usable` accepts. Reads
   // committed records only and quarantines nothing (for use under write_mu).
+  // ---- branch.cc
+  // The longest prefix of `tokens` that a live entry of `scope` shares token
+  // for token, and at least `at_least` (the hit's length): from the pass
+  // records, confirmed on the stored tokens of a few entries that pass the
+  // deepest shared level.
+  Result<std::uint64_t> BranchPoint(std::uint64_t scope, std::span<const std::uint32_t> tokens,
+                                    std::uint64_t at_least);
+  // At open: gives the entries of a store without pass records theirs (in
+  // batches, then the marker), and notes whether the store has them.
+  Status BuildPassIndex();
+
   Result<std::optional<EntryId>> LongestStoredPrefix(std::uint64_t scope, std::span<const std::uint32_t> tokens,
                                                      const std::function<bool(EntryId)>& usable);
   // The entry stored under exactly this identity, if any.
@@ -446,6 +465,9 @@ class Txn {
   Result<std::uint64_t> ScopeFor(const Hash128& model, std::string_view model_name, std::string_view ns,
                                  std::string_view descriptor);
 
+  // Deletes entry `id`'s pass records found by scanning its scope's (for an
+  // entry whose tokens cannot be read).
+  Status DeletePassRecordsByScan(std::uint64_t scope, EntryId id);
   // Removes a live entry (references, index, records); false when it is not
   // there. With a reason, it goes to quarantine instead of away.
   Result<bool> RemoveEntry(EntryId id, const std::optional<std::string>& quarantine_reason);

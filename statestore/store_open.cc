@@ -162,6 +162,12 @@ Result<std::unique_ptr<Store>> Store::Impl::Open(StoreOptions options, std::shar
   if (impl->stored_schema < kFirstSegmentSchema) {
     PC_RETURN_IF_ERROR(impl->MigrateChunks().WithContext("migrate store " + impl->path));
   }
+  if (Status s = impl->BuildPassIndex(); !s.ok()) {
+    // Only branch points suffer: they reach no entry stored before this
+    // build until an open that can write the records.
+    spdlog::warn("statestore {}: entries stored before branch points were indexed are not reached by them: {}",
+                 impl->path, s.ToString());
+  }
   impl->EnsureReserve();
   spdlog::debug("statestore {}: open, {} entries, {} chunks", impl->path, impl->counters.entries,
                 impl->counters.chunks);
@@ -362,6 +368,9 @@ Status Store::Impl::InitialiseRecords() {
   b.Put(cf_meta, std::string(kMetaSchemaKey), EncodeSchema(kSchemaVersion));
   b.Put(cf_meta, std::string(kMetaParamsKey), EncodeParams(params));
   b.Put(cf_meta, std::string(kMetaCountersKey), EncodeCounters(Counters()));
+  std::string pass_version;
+  PutLE32(&pass_version, kPassIndexVersion);
+  b.Put(cf_meta, std::string(kMetaPassIndexKey), pass_version);
   rocksdb::WriteOptions wo;
   wo.sync = true;
   return FromRocks(db->Write(wo, &b), "initialise store");

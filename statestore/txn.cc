@@ -343,6 +343,16 @@ Result<bool> Txn::RemoveEntry(EntryId id, const std::optional<std::string>& quar
   PC_RETURN_IF_ERROR(
       IndexRemove(s.scope, s.length,
                   BoundaryPlace{(s.length - 1) / s_.params.block_tokens, s.node_hash, s.exact_hash}, id));
+  // Its pass records go with it: found from its tokens, or, when those
+  // cannot be read (a damaged record, quarantined), by a scan of its scope's.
+  std::string tv;
+  PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_tokens, key, &tv, &found));
+  auto tokens = found ? DecodeTokens(tv) : Result<std::vector<std::uint32_t>>(Status::NotFound("no tokens"));
+  if (tokens.ok()) {
+    for (const std::string& k : PassKeys(*s_.hasher, s.scope, *tokens, id)) batch_.Delete(s_.cf_index, k);
+  } else {
+    PC_RETURN_IF_ERROR(DeletePassRecordsByScan(s.scope, id));
+  }
   PC_RETURN_IF_ERROR(DeleteEntryRecords(id, /*tolerate_bad_access=*/false));
   --c_.entries;
   c_.logical_chunk_bytes -= s.chunk_bytes;
@@ -359,6 +369,17 @@ Result<bool> Txn::RemoveEntry(EntryId id, const std::optional<std::string>& quar
   }
   removed_.insert(id);
   return true;
+}
+
+Status Txn::DeletePassRecordsByScan(std::uint64_t scope, EntryId id) {
+  std::string prefix(1, kPassTag);
+  PutBE64(&prefix, scope);
+  std::unique_ptr<rocksdb::Iterator> it(s_.db->NewIterator(rocksdb::ReadOptions(), s_.cf_index));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const rocksdb::Slice k = it->key();
+    if (k.size() == 33 && GetBE64(k.data() + 25) == id) batch_.Delete(s_.cf_index, k);
+  }
+  return FromRocks(it->status(), "scan pass records");
 }
 
 Status Txn::DeleteEntryRecords(EntryId id, bool tolerate_bad_access) {

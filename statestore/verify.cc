@@ -125,6 +125,9 @@ Status TallyEntry(Store::Impl& s, const rocksdb::ReadOptions& ro, const EntryRec
   if (ids.empty()) ++t->nodes[NodeKey(sum.scope, place.level, place.node_hash)][slot];
   ids.push_back(r.id);
   e->index[MemberKey(sum.scope, r.id)] = "";
+  if (s.pass_index) {
+    for (const std::string& k : PassKeys(*s.hasher, sum.scope, r.tokens, r.id)) e->index[k] = "";
+  }
   std::string av;
   bool found = false;
   PC_RETURN_IF_ERROR(s.GetValue(s.cf_lru, AccessKey(r.id), &av, &found, ro));

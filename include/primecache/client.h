@@ -289,7 +289,15 @@ class Client {
   bool connected() const;
 
   // The longest stored boundary that prefixes `tokens` (nullopt: a miss),
-  // with the layer count and sizes a restore needs.
+  // with the layer count and sizes a restore needs. `shared_tokens`, when not
+  // null, receives the query's shared length, its branch point: the longest
+  // prefix of `tokens` that a stored entry of this model and namespace
+  // shares token for token, boundary there or not (at least the hit's
+  // length; 0 when none). An engine that captures its state there makes the
+  // prefix a boundary for the next request that shares it.
+  Result<std::optional<LookupHit>> Lookup(const ModelId& model, std::span<const std::uint32_t> tokens,
+                                          std::uint64_t* shared_tokens);
+  // Without the shared length (the daemon then does not look for it).
   Result<std::optional<LookupHit>> Lookup(const ModelId& model, std::span<const std::uint32_t> tokens);
   Result<std::unique_ptr<PublishStream>> BeginPublish(const ModelId& model, std::span<const std::uint32_t> tokens,
                                                       std::uint32_t layer_count);

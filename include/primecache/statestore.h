@@ -139,6 +139,13 @@ struct LookupOptions {
   bool record = true;  // count the hit or miss, refresh recency, note a miss as a sighting
   // Not null: a hit is returned with a lease on it already held here.
   Lease* lease = nullptr;
+  // Not null: receives the query's shared length (its branch point): the
+  // longest prefix of the query that a live entry of the same model and
+  // namespace shares token for token, boundary there or not; at least the
+  // hit's length, 0 when no entry shares a token. Found from the entries'
+  // pass records (one per whole 64-token block) and confirmed, to the exact
+  // token, on the stored tokens of up to four entries sharing the deepest block.
+  std::uint64_t* shared_tokens = nullptr;
 };
 
 struct FetchOptions {

@@ -1,7 +1,7 @@
 """Type stubs of primecache._primecache (python/primecache/*.cc)."""
 
 from enum import Enum
-from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Literal, Mapping, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -243,7 +243,12 @@ LayerInput = Union[Tuple[LayerShape, Planes], FetchedLayer]
 class Client:
     @staticmethod
     def connect(options: ClientOptions) -> Client: ...
+    @overload
     def lookup(self, model: ModelId, tokens: Tokens) -> Optional[LookupHit]: ...
+    @overload
+    def lookup(self, model: ModelId, tokens: Tokens, *, shared: Literal[False]) -> Optional[LookupHit]: ...
+    @overload
+    def lookup(self, model: ModelId, tokens: Tokens, *, shared: Literal[True]) -> Tuple[Optional[LookupHit], int]: ...
     def publish(self, model: ModelId, tokens: Tokens, layers: Sequence[LayerInput], *,
                 transform: Optional[str] = None, level: int = 0, chunk_bytes: int = 1048576) -> PublishResult: ...
     def fetch(self, entry: int, layers: Optional[Sequence[int]] = None, *, decode: bool = True) -> list[FetchedLayer]: ...

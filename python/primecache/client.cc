@@ -149,12 +149,16 @@ EncodeOptions EncodeOptionsFrom(const std::optional<std::string>& transform, std
 void BindCalls(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
   cls.def(
          "lookup",
-         [](const PyClient& self, const client::ModelId& model, const py::object& tokens) {
+         [](const PyClient& self, const client::ModelId& model, const py::object& tokens,
+            bool shared) -> py::object {
            auto c = self.Get();
            const auto ids = TokensFrom(tokens);
-           return ValueOrRaise(WithoutGil([&] { return c->Lookup(model, ids); }));
+           std::uint64_t shared_tokens = 0;
+           auto hit = ValueOrRaise(WithoutGil([&] { return c->Lookup(model, ids, shared ? &shared_tokens : nullptr); }));
+           if (!shared) return py::cast(hit);
+           return py::make_tuple(hit, shared_tokens);
          },
-         py::arg("model"), py::arg("tokens"))
+         py::arg("model"), py::arg("tokens"), py::kw_only(), py::arg("shared") = false)
       .def(
           "publish",
           [](const PyClient& self, const client::ModelId& model, const py::object& tokens,

@@ -270,6 +270,40 @@ TEST_F(CliTest, ModelRunsWithAttnLayersRestoreAndShowTheirKinds) {
   }
 }
 
+// lookup: the hit and the branch point of a query given as text or ids,
+// through the daemon and read-only; unknown and ambiguous models refused.
+TEST_F(CliTest, LookupShowsTheHitAndTheSharedLength) {
+  const std::string system(200, 's');  // a shared "system prompt" of 200 bytes
+  const auto fp = Fingerprint("lookup-model");
+  Publish(IdOf(fp), TextTokens(system + " and the first question"), 2, 1);
+  const std::uint64_t second = Publish(IdOf(fp), TextTokens(system), 2, 2);
+  const std::string query = system + " and another question";
+  json j = Ctl({"lookup", "--model", "lookup-model", "--text", query, "--json"}).Json();
+  EXPECT_EQ(j["query_tokens"], TextTokens(query).size()) << j.dump();
+  ASSERT_TRUE(j["hit"].is_object()) << j.dump();
+  EXPECT_EQ(j["hit"]["id"], second);
+  EXPECT_EQ(j["hit"]["length"], 201);  // <bos> and the system prompt
+  EXPECT_EQ(j["shared_tokens"], TextTokens(system + " and ").size()) << j.dump();
+  // Token ids, another namespace, and the text for people.
+  j = Ctl({"lookup", "--model", "lookup-model", "--tokens", "256,115,115,120", "--json"}).Json();
+  EXPECT_TRUE(j["hit"].is_null());
+  EXPECT_EQ(j["shared_tokens"], 0);
+  j = Ctl({"lookup", "--model", "lookup-model", "--namespace", "tenant", "--text", query, "--json"}).Json();
+  EXPECT_TRUE(j["hit"].is_null());
+  EXPECT_EQ(j["shared_tokens"], 0);
+  CtlRun text = Ctl({"lookup", "--model", "lookup-model", "--text", query});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out.find("hit     entry " + std::to_string(second) + ": its 201 tokens restore"), std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("shared  206 tokens"), std::string::npos) << text.out;
+  // Read-only, with the daemon stopped: the same answer.
+  d_.Stop();
+  j = testing::Ctl({"--data-dir", d_.data_dir(), "lookup", "--model", "lookup-model", "--text", query, "--json"}).Json();
+  EXPECT_EQ(j["shared_tokens"], 206) << j.dump();
+  EXPECT_EQ(testing::Ctl({"--data-dir", d_.data_dir(), "lookup", "--model", "nobody", "--text", "x"}).rc, 3);
+  EXPECT_EQ(testing::Ctl({"--data-dir", d_.data_dir(), "lookup", "--model", "lookup-model"}).rc, 2);
+}
+
 TEST_F(CliTest, StatsCountHitsBytesAndDedup) {
   const auto fp = Fingerprint();
   auto tokens = Tokens(512, 9);

@@ -247,6 +247,35 @@ TEST_F(DaemonTest, RepublishingABoundaryAnswersTheStoredEntry) {
   EXPECT_FALSE((*c)->Lookup(TestModel(), Tokens(48, 32))->has_value());
 }
 
+// The branch point over the wire: asked for, a lookup answers how far a
+// stored entry shares the query (on a miss too, and in the namespace of the
+// connection only); not asked for, the client leaves it alone.
+TEST_F(DaemonTest, ALookupAnswersItsSharedLengthWhenAsked) {
+  auto c = Client::Connect(d_.Options());
+  ASSERT_TRUE(c.ok());
+  const auto stored = Tokens(900, 41);
+  ASSERT_TRUE((*c)->Publish(TestModel(), stored, MakeLayers(900, 2, 41)).ok());
+  std::vector<std::uint32_t> query(stored.begin(), stored.begin() + 700);
+  for (std::uint32_t t : Tokens(100, 42)) query.push_back(t | 0x80000000u);  // differs from token 700 on
+  std::uint64_t shared = 12345;
+  auto miss = (*c)->Lookup(TestModel(), query, &shared);
+  ASSERT_TRUE(miss.ok()) << miss.status().ToString();
+  EXPECT_FALSE(miss->has_value());
+  EXPECT_EQ(shared, 700u);
+  // A query that extends the entry: hit and branch point are the boundary.
+  std::vector<std::uint32_t> longer = stored;
+  longer.push_back(7);
+  auto hit = (*c)->Lookup(TestModel(), longer, &shared);
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+  EXPECT_EQ((*hit)->length, 900u);
+  EXPECT_EQ(shared, 900u);
+  // Another namespace's connection shares nothing with it.
+  auto other = Client::Connect(d_.Options("elsewhere"));
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)->Lookup(TestModel(), query, &shared).ok());
+  EXPECT_EQ(shared, 0u);
+}
+
 TEST_F(DaemonTest, SocketModeIs0600AndPathsExist) {
   struct stat st {};
   ASSERT_EQ(stat(d_.socket().c_str(), &st), 0);

@@ -297,6 +297,19 @@ def test_refusals_of_the_daemon_and_the_codecs_raise_error(client):
     assert client.stats().store.entries == 0
 
 
+def test_lookup_answers_the_shared_length_when_asked(client):
+    rng = np.random.default_rng(13)
+    length = 200
+    layers, tokens, model = make_layers(rng, length), tokens_of(rng, length), model_id()
+    client.publish(model, tokens, layers)
+    query = np.concatenate([tokens[:150], tokens_of(rng, 60) + 60000])  # differs from token 150 on
+    assert client.lookup(model, query) is None
+    hit, shared = client.lookup(model, query, shared=True)
+    assert hit is None and shared == 150
+    hit, shared = client.lookup(model, np.concatenate([tokens, tokens[:5]]), shared=True)
+    assert hit.length == length and shared == length
+
+
 def test_a_publish_whose_layers_are_not_its_models_plan_is_refused(client):
     rng = np.random.default_rng(12)
     layers = make_layers(rng)

@@ -51,6 +51,17 @@ class RawDb {
   void Put(const std::string& cfname, const std::string& key, const std::string& value) {
     EXPECT_TRUE(db_->Put(rocksdb::WriteOptions(), cf(cfname), key, value).ok());
   }
+  void Delete(const std::string& cfname, const std::string& key) {
+    EXPECT_TRUE(db_->Delete(rocksdb::WriteOptions(), cf(cfname), key).ok());
+  }
+  // Deletes every key of `cfname` that starts with `prefix`; how many.
+  std::size_t DeletePrefix(const std::string& cfname, const std::string& prefix) {
+    std::vector<std::string> keys;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf(cfname)));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) keys.push_back(it->key().ToString());
+    for (const auto& k : keys) Delete(cfname, k);
+    return keys.size();
+  }
   rocksdb::DB* db() { return db_; }
 
  private:

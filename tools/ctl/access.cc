@@ -61,6 +61,16 @@ class DaemonAccess final : public StoreAccess {
     return admin_->Fetch(id, {}, cb);
   }
 
+  Result<std::optional<LookupHit>> Lookup(const Hash128& model, const std::string& ns,
+                                          std::span<const std::uint32_t> tokens,
+                                          std::uint64_t* shared_tokens) override {
+    // A lookup is in the namespace of its connection.
+    client::ClientOptions o = options_;
+    o.ns = ns;
+    PC_ASSIGN_OR_RETURN(auto c, client::Client::Connect(o));
+    return c->Lookup(client::ModelId{model, "", ""}, tokens, shared_tokens);
+  }
+
   Result<DaemonStats> Stat() override { return admin_->Stat(); }
   Result<VerifyReport> CheckStore(bool read_chunks) override { return admin_->VerifyStore(read_chunks); }
 
@@ -144,6 +154,15 @@ class DirectAccess final : public StoreAccess {
     } sink;
     sink.h = &h;
     return store_->Fetch(id, {}, sink);
+  }
+
+  Result<std::optional<LookupHit>> Lookup(const Hash128& model, const std::string& ns,
+                                          std::span<const std::uint32_t> tokens,
+                                          std::uint64_t* shared_tokens) override {
+    LookupOptions lo;
+    lo.record = false;  // read-only: no counters, no recency, no sightings
+    lo.shared_tokens = shared_tokens;
+    return store_->Lookup(model, ns, tokens, lo);
   }
 
   Result<DaemonStats> Stat() override {

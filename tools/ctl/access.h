@@ -46,6 +46,13 @@ class StoreAccess {
   virtual Result<EntryInfo> Describe(std::uint64_t id, std::vector<std::string>* headers) = 0;
   // Streams every layer; every chunk has passed its content-address check.
   virtual Status Fetch(std::uint64_t id, const FetchHandlers& handlers) = 0;
+  // The longest stored boundary of (model, ns) that prefixes `tokens`, and
+  // the query's shared length (LookupOptions::shared_tokens). Through the
+  // daemon it counts as a lookup (hits, misses, recency); read-only, nothing
+  // is recorded.
+  virtual Result<std::optional<LookupHit>> Lookup(const Hash128& model, const std::string& ns,
+                                                  std::span<const std::uint32_t> tokens,
+                                                  std::uint64_t* shared_tokens) = 0;
   // The store's totals; through the daemon, its own figures too (zero otherwise).
   virtual Result<DaemonStats> Stat() = 0;
   virtual Result<VerifyReport> CheckStore(bool read_chunks) = 0;

@@ -44,6 +44,15 @@ struct GcOptions {
 int Gc(StoreAccess& access, const GcOptions& options, const Output& out);
 
 int Stats(StoreAccess& access, const Output& out);
+// lookup: what a request with these tokens would restore, and how far it
+// shares tokens with a stored entry (its branch point).
+struct LookupCommand {
+  std::string model;  // a model name, or a fingerprint hex prefix (4+ digits), of a stored entry
+  std::string ns;     // the namespace ("" the default)
+  std::string text;   // the query as text (the byte tokenizer: <bos>, then its bytes), or
+  std::vector<std::uint32_t> tokens;  // the query's token ids
+};
+int Lookup(StoreAccess& access, const LookupCommand& command, const Output& out);
 int Export(StoreAccess& access, std::uint64_t id, const std::string& file, bool force, const Output& out);
 int Import(StoreAccess& access, const std::string& file, const std::optional<std::string>& ns, const Output& out);
 int Compact(StoreAccess& access, const Output& out);

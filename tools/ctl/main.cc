@@ -58,6 +58,7 @@ struct Invocation {
   std::optional<std::string> import_ns;
   std::string migrate_store;
   std::string completion_shell;
+  LookupCommand lookup;
 
   CLI::App* ls_cmd = nullptr;
   CLI::App* show_cmd = nullptr;
@@ -70,6 +71,7 @@ struct Invocation {
   CLI::App* compact_cmd = nullptr;
   CLI::App* migrate_cmd = nullptr;
   CLI::App* completion_cmd = nullptr;
+  CLI::App* lookup_cmd = nullptr;
 };
 
 void AddGlobalOptions(CLI::App& app, Invocation& in) {
@@ -147,6 +149,16 @@ void AddRmAndGc(CLI::App& app, Invocation& in) {
 
 void AddStatsExportImport(CLI::App& app, Invocation& in) {
   in.stats_cmd = app.add_subcommand("stats", "totals: entries, bytes, dedup savings, hit rate, evictions");
+  in.lookup_cmd = app.add_subcommand(
+      "lookup", "what a request with these tokens restores, and how far it shares tokens with a stored entry");
+  in.lookup_cmd->add_option("--model", in.lookup.model, "a stored model: its name, or a fingerprint hex prefix (4+ digits)")
+      ->required();
+  in.lookup_cmd->add_option("--namespace", in.lookup.ns, "the namespace (default: the default namespace)");
+  auto* text = in.lookup_cmd->add_option("--text", in.lookup.text,
+                                         "the query as text: <bos>, then its bytes (the byte tokenizer's tokens)");
+  auto* toks = in.lookup_cmd->add_option("--tokens", in.lookup.tokens, "the query's token ids (comma-separated)")
+                   ->delimiter(',');
+  text->excludes(toks);
 
   in.export_cmd = app.add_subcommand("export", "write an entry to a .pcsnap file");
   in.export_cmd->add_option("ENTRY", in.export_id, "entry id")->required();
@@ -194,6 +206,10 @@ void AddExamples(const Invocation& in) {
        "  primecachectl gc --older-than 7d --dry-run  # what a weekly clean-up would remove\n"
        "  primecachectl gc --older-than 7d            # then do it, and compact\n"
        "  primecachectl gc                            # quarantined entries only"},
+      {in.lookup_cmd,
+       "Examples:\n"
+       "  primecachectl lookup --model hrm-tiny --text \"The cat sat on\"   # hit, and shared tokens\n"
+       "  primecachectl lookup --model 3fa9c0 --namespace t1 --tokens 256,84,104 --json"},
       {in.stats_cmd,
        "Examples:\n"
        "  primecachectl stats          # entries, bytes, dedup, hit rate, evictions\n"
@@ -253,6 +269,7 @@ int RunOnStore(StoreAccess& a, Invocation& in, const Output& out) {
     return Gc(a, in.gc, out);
   }
   if (in.stats_cmd->parsed()) return Stats(a, out);
+  if (in.lookup_cmd->parsed()) return Lookup(a, in.lookup, out);
   if (in.export_cmd->parsed()) return Export(a, in.export_id, in.export_file, in.export_force, out);
   if (in.import_cmd->parsed()) return Import(a, in.import_file, in.import_ns, out);
   if (in.compact_cmd->parsed()) return Compact(a, out);
@@ -298,6 +315,9 @@ std::optional<std::uint64_t> EntryId(const std::string& arg) {
 Status CheckArguments(Invocation& in) {
   if (in.verify_cmd->parsed() && in.verify_entry.empty() && !in.verify.all && in.verify.file.empty()) {
     return Status::InvalidArgument("verify needs ENTRY, --all or --file F.pcsnap");
+  }
+  if (in.lookup_cmd->parsed() && in.lookup.text.empty() && in.lookup.tokens.empty()) {
+    return Status::InvalidArgument("lookup needs --text or --tokens");
   }
   if (!in.remote.empty()) {
     if (in.verify_cmd->parsed() && in.verify_entry.empty()) return Status::InvalidArgument("verify --remote needs ENTRY");
