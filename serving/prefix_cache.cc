@@ -482,7 +482,8 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
                                               Request* figures) {
   if (client_ == nullptr || tokens.size() < options_.min_prefix) return std::uint64_t{0};
   const auto t_lookup = Clock::now();
-  auto found = client_->Lookup(model_id_, tokens);
+  const bool want_shared = options_.publish && options_.publish_branch_points;
+  auto found = client_->Lookup(model_id_, tokens, want_shared ? &figures->shared_tokens : nullptr);
   figures->lookup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_lookup).count();
   if (!found.ok()) {
     NoteFailure("lookup", found.status());
@@ -546,15 +547,14 @@ Result<Request> PrefixCache::Prime(std::span<const std::uint32_t> prompt, bool a
     PC_ASSIGN_OR_RETURN(r.session, model_->NewSession());
   }
   r.restored_tokens = restored.ok() ? *restored : 0;
-  const auto rest = prompt.subspan(r.restored_tokens);
   std::vector<float> logits;
-  PC_RETURN_IF_ERROR(model_->Prime(r.session, rest, all_logits ? LogitsWanted::kAll : LogitsWanted::kLast, &logits));
+  PC_RETURN_IF_ERROR(PrimeRest(r, all_logits, &logits));
   const std::size_t V = model_->config().vocab;
   r.last_logits.assign(logits.end() - static_cast<std::ptrdiff_t>(V), logits.end());
   if (all_logits) r.all_logits = std::move(logits);
-  r.prefilled_tokens = rest.size();
+  r.prefilled_tokens = prompt.size() - r.restored_tokens;
   r.ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  if (client_ != nullptr && options_.publish) {
+  if (client_ != nullptr && options_.publish && options_.publish_prompt_end) {
     auto cap = r.session.cache->CaptureEager();
     if (cap.ok()) {
       r.capture.emplace(std::move(cap).value());
@@ -565,23 +565,104 @@ Result<Request> PrefixCache::Prime(std::span<const std::uint32_t> prompt, bool a
   return r;
 }
 
-void PrefixCache::Finish(Request& r) {
-  if (!r.capture) return;
-  auto eager = r.capture->Collect();
-  r.capture.reset();
-  if (!eager.ok()) {
-    spdlog::warn("prefix cache: eager capture lost: {}", eager.status().ToString());
+std::vector<std::uint64_t> PrefixCache::PrefillCuts(const Request& r) const {
+  std::vector<std::uint64_t> cuts;
+  if (client_ == nullptr || !options_.publish) return cuts;
+  const std::uint64_t from = r.restored_tokens, to = r.prompt.size();
+  if (options_.publish_branch_points && r.shared_tokens > from && r.shared_tokens < to) cuts.push_back(r.shared_tokens);
+  if (const std::uint64_t n = options_.checkpoint_every; n > 0) {
+    for (std::uint64_t at = (from / n + 1) * n; at < to; at += n) cuts.push_back(at);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  return cuts;
+}
+
+Status PrefixCache::PrimeRest(Request& r, bool all_logits, std::vector<float>* logits) {
+  const std::span<const std::uint32_t> prompt(r.prompt);
+  const LogitsWanted want = all_logits ? LogitsWanted::kAll : LogitsWanted::kLast;
+  std::uint64_t at = r.restored_tokens;
+  // The eager half taken at the previous cut: collected (its trip to host
+  // memory done meanwhile, its slot freed) before the next one is taken.
+  std::optional<std::pair<std::uint64_t, engine::PendingCapture>> pending;
+  auto collect = [&] {
+    if (!pending) return;
+    auto eager = pending->second.Collect();
+    if (eager.ok()) {
+      r.prefill_captures.emplace_back(pending->first, std::move(eager).value());
+    } else {
+      spdlog::warn("prefix cache: boundary at {} tokens lost: {}", pending->first, eager.status().ToString());
+    }
+    pending.reset();
+  };
+  for (std::uint64_t cut : PrefillCuts(r)) {
+    // Positions before the cut keep their logits only when all are asked for.
+    std::vector<float> part;
+    PC_RETURN_IF_ERROR(model_->Prime(r.session, prompt.subspan(at, cut - at),
+                                     all_logits ? LogitsWanted::kAll : LogitsWanted::kNone,
+                                     all_logits ? &part : nullptr));
+    logits->insert(logits->end(), part.begin(), part.end());
+    at = cut;
+    collect();
+    auto cap = r.session.cache->CaptureEager();
+    if (cap.ok()) {
+      pending.emplace(cut, std::move(cap).value());
+    } else {
+      // A boundary this request would have added; the request goes on.
+      spdlog::warn("prefix cache: no capture at {} tokens: {}", cut, cap.status().ToString());
+    }
+  }
+  std::vector<float> rest;
+  PC_RETURN_IF_ERROR(model_->Prime(r.session, prompt.subspan(at), want, &rest));
+  logits->insert(logits->end(), rest.begin(), rest.end());
+  collect();
+  return Status::Ok();
+}
+
+void PrefixCache::Finish(Request& r, std::span<const std::uint32_t> generated) {
+  engine::SessionCache& cache = *r.session.cache;
+  for (auto& [length, eager] : r.prefill_captures) {
+    QueuePublish(cache, std::move(eager), std::vector<std::uint32_t>(r.prompt.begin(), r.prompt.begin() + length));
+  }
+  r.prefill_captures.clear();
+  if (r.capture) {
+    auto eager = r.capture->Collect();
+    r.capture.reset();
+    if (eager.ok()) {
+      QueuePublish(cache, std::move(eager).value(), r.prompt);
+    } else {
+      spdlog::warn("prefix cache: eager capture lost: {}", eager.status().ToString());
+    }
+  }
+  // The generation's end: off the decode path already, so both halves now.
+  const std::uint64_t fed = r.session.position > r.prompt.size() ? r.session.position - r.prompt.size() : 0;
+  if (client_ == nullptr || !options_.publish || !options_.publish_generation_end || fed == 0) return;
+  if (fed > generated.size()) {
+    spdlog::warn("prefix cache: {} tokens fed after the prompt, {} generated given: the generation end is not published",
+                 fed, generated.size());
     return;
   }
+  std::vector<std::uint32_t> tokens = r.prompt;
+  tokens.insert(tokens.end(), generated.begin(), generated.begin() + static_cast<std::ptrdiff_t>(fed));
+  auto cap = cache.CaptureEager();
+  auto eager = cap.ok() ? cap->Collect() : Result<engine::EagerHalf>(cap.status());
+  if (!eager.ok()) {
+    spdlog::warn("prefix cache: no capture of the generation's end: {}", eager.status().ToString());
+    return;
+  }
+  QueuePublish(cache, std::move(eager).value(), std::move(tokens));
+}
+
+void PrefixCache::QueuePublish(engine::SessionCache& cache, engine::EagerHalf eager, std::vector<std::uint32_t> tokens) {
   // The deferred half downloads into a pinned arena the encoder reads.
   engine::Memory arena;
   const engine::CaptureSpace space = [&](std::uint64_t floats) -> Result<std::span<float>> {
     PC_ASSIGN_OR_RETURN(arena, TakeArena(std::max<std::uint64_t>(floats, 1) * sizeof(float)));
     return std::span<float>(arena.at<float>(0), floats);
   };
-  auto layers = r.session.cache->CompleteCaptureInto(std::move(eager).value(), space);
+  auto layers = cache.CompleteCaptureInto(std::move(eager), space);
   if (!layers.ok()) {
-    spdlog::warn("prefix cache: boundary not published: {}", layers.status().ToString());
+    spdlog::warn("prefix cache: boundary of {} tokens not published: {}", tokens.size(), layers.status().ToString());
     if (!arena.empty()) {
       std::lock_guard lock(mu_);
       arenas_.push_back(std::move(arena));
@@ -590,7 +671,7 @@ void PrefixCache::Finish(Request& r) {
   }
   {
     std::lock_guard lock(mu_);
-    queue_.push_back(Job{r.prompt, std::move(arena), std::move(layers).value()});
+    queue_.push_back(Job{std::move(tokens), std::move(arena), std::move(layers).value()});
   }
   cv_.notify_all();
 }

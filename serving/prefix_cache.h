@@ -44,7 +44,23 @@ namespace primecache::model {
 
 struct PrefixCacheOptions {
   EncodeOptions encode;         // how published layers are encoded
-  bool publish = true;          // publish each prompt's boundary
+  bool publish = true;          // publish boundaries at all (each kind below also has its own switch)
+  // Which boundaries a request publishes. A hybrid model's recurrent state
+  // cannot be cut back to a shorter prefix, so a later request restores
+  // only a prefix where a boundary was captured:
+  //  - the prompt's end;
+  //  - the branch point: where the lookup says the prompt stops sharing
+  //    tokens with a stored entry, when that lies beyond the restored prefix
+  //    (a shared system prompt or few-shot block becomes a boundary of its
+  //    own; the prefill stops there for the eager half of a capture);
+  //  - the generation's end: the prompt and the generated tokens fed so far,
+  //    at Finish (a conversation's next turn restores its own last reply);
+  //  - checkpoints: every checkpoint_every prompt tokens (0: none), so that a
+  //    long document asked again with an edited tail restores most of it.
+  bool publish_prompt_end = true;
+  bool publish_branch_points = true;
+  bool publish_generation_end = true;
+  std::uint64_t checkpoint_every = 0;
   std::size_t min_prefix = 1;   // shortest stored prefix worth restoring
   // Threads that decode fetched chunks into pinned staging while the next
   // ones arrive; 0: the hardware's threads, at most 8.
@@ -78,10 +94,16 @@ struct Request {
   // staging (they overlap); validating and copying to the device.
   double lookup_ms = 0, fetch_ms = 0, copy_ms = 0;
   std::uint64_t restored_bytes = 0;  // decoded bytes of the restored planes
+  // The lookup's branch point: how far the prompt shares tokens with a
+  // stored entry (0 without a lookup, or when branch points are off).
+  std::uint64_t shared_tokens = 0;
   std::uint64_t direct_chunks = 0;   // raw chunks copied to the device straight from the region
   // Raw chunks the daemon copied into the device window, and their bytes.
   std::uint64_t device_chunks = 0, device_chunk_bytes = 0;
-  std::optional<engine::PendingCapture> capture;
+  std::optional<engine::PendingCapture> capture;  // the prompt end's eager half
+  // Eager halves taken inside the prefill (branch point, checkpoints), with
+  // their boundary lengths; Finish completes and publishes them.
+  std::vector<std::pair<std::uint64_t, engine::EagerHalf>> prefill_captures;
 };
 
 class PrefixCache {
@@ -102,10 +124,12 @@ class PrefixCache {
   // logits (restored positions have none).
   Result<Request> Prime(std::span<const std::uint32_t> prompt, bool all_logits = false);
 
-  // After generation: completes the deferred capture and queues the publish.
-  // A capture that cannot be completed is dropped with a log line; it never
-  // fails the request.
-  void Finish(Request& request);
+  // After generation: completes the deferred captures and queues their
+  // publishes: the prompt end and those taken inside the prefill, and, with
+  // publish_generation_end, the boundary of the prompt and `generated` as
+  // far as the session has fed them (its position). A capture that cannot
+  // be completed is dropped with a log line; it never fails the request.
+  void Finish(Request& request, std::span<const std::uint32_t> generated = {});
 
   // Waits until every queued publish has been tried; the number that failed.
   std::size_t Drain();
@@ -143,6 +167,13 @@ class PrefixCache {
   // (once) when the connection is gone, else what the daemon answered.
   void NoteFailure(const std::string& what, const Status& why);
   void PublishLoop();
+  // Where the prefill stops for an eager half: the branch point and the
+  // checkpoints that lie in (restored, prompt), ascending.
+  std::vector<std::uint64_t> PrefillCuts(const Request& r) const;
+  // Primes the prompt from the restored prefix, taking an eager half at each cut.
+  Status PrimeRest(Request& r, bool all_logits, std::vector<float>* logits);
+  // Completes one capture into a pinned arena and queues its publish.
+  void QueuePublish(engine::SessionCache& cache, engine::EagerHalf eager, std::vector<std::uint32_t> tokens);
   Status PublishLayer(client::PublishStream& stream, const engine::LayerSnapshotView& view);
   Status GrowStaging(std::uint64_t bytes);
   // Registers the client's current shared region with the device (again

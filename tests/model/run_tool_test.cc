@@ -16,9 +16,13 @@ namespace {
 const char kPrompt[] =
     "The lighthouse keeper counted the ships that passed each night and wrote their names in a ledger.";
 
-ProcessResult RunThrough(const Daemon& d) {
-  return RunProcess({PRIMECACHE_RUN_PATH, "--model", std::string(PRIMECACHE_SOURCE_DIR) + "/configs/hrm-tiny.json",
-                     "--prompt", kPrompt, "--socket", d.socket(), "--max-new-tokens", "2", "--log-level", "warn"});
+ProcessResult RunThrough(const Daemon& d, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {PRIMECACHE_RUN_PATH, "--model",
+                                   std::string(PRIMECACHE_SOURCE_DIR) + "/configs/hrm-tiny.json",
+                                   "--prompt", kPrompt, "--socket", d.socket(), "--max-new-tokens", "2",
+                                   "--log-level", "warn"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return RunProcess(args);
 }
 
 std::string LastLine(const std::string& text) {
@@ -33,7 +37,12 @@ TEST(RunTool, TheSummaryCountsPublishesAndAFailedOneExitsThree) {
   ASSERT_TRUE(ok.Start());
   ProcessResult r = RunThrough(ok);
   EXPECT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(LastLine(r.out).find("published=1 publish_failures=0"), std::string::npos) << r.out;
+  // The prompt's end and the generation's end.
+  EXPECT_NE(LastLine(r.out).find("published=2 publish_failures=0"), std::string::npos) << r.out;
+  // Only the prompt's end when the generation's is switched off.
+  ProcessResult one = RunThrough(ok, {"--no-generation-end", "--namespace", "other"});
+  EXPECT_EQ(one.rc, 0) << one.err;
+  EXPECT_NE(LastLine(one.out).find("published=1 publish_failures=0"), std::string::npos) << one.out;
 
   // A daemon that refuses the entry: the text is still printed, but the
   // run exits 3 and says why.
@@ -41,7 +50,7 @@ TEST(RunTool, TheSummaryCountsPublishesAndAFailedOneExitsThree) {
   ASSERT_TRUE(tight.Start());
   r = RunThrough(tight);
   EXPECT_EQ(r.rc, 3) << r.err;
-  EXPECT_NE(LastLine(r.out).find("published=0 publish_failures=1"), std::string::npos) << r.out;
+  EXPECT_NE(LastLine(r.out).find("published=0 publish_failures=2"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("--max-uncommitted-per-connection"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("the daemon is unavailable"), std::string::npos) << r.err;
 }
@@ -80,7 +89,7 @@ TEST(RunTool, SpeculationPrintsThePlainGreedyTextThroughTheCache) {
   EXPECT_EQ(Generated(spec.out), Generated(plain.out));
   EXPECT_EQ(Generated(alone.out), Generated(plain.out));
   EXPECT_NE(spec.out.find("speculate: gamma=4 rounds="), std::string::npos) << spec.out;
-  EXPECT_NE(LastLine(spec.out).find("published=1 publish_failures=0"), std::string::npos) << spec.out;
+  EXPECT_NE(LastLine(spec.out).find("published=2 publish_failures=0"), std::string::npos) << spec.out;
   EXPECT_EQ(LastLine(spec.out).find("restored_tokens=0 "), std::string::npos) << spec.out;
 }
 
@@ -103,7 +112,7 @@ TEST(RunTool, AStoreThatCannotWriteIsNotReportedAsTheDaemonDown) {
     ASSERT_TRUE(d.Alive());
     ProcessResult r = RunThrough(d);
     EXPECT_EQ(r.rc, 3) << r.out << r.err;
-    EXPECT_NE(LastLine(r.out).find("publish_failures=1"), std::string::npos) << r.out;
+    EXPECT_NE(LastLine(r.out).find("publish_failures=2"), std::string::npos) << r.out;
     EXPECT_EQ(r.err.find("the daemon is unavailable"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("publish of a"), std::string::npos) << r.err;
     d.Kill();

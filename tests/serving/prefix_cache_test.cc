@@ -190,6 +190,143 @@ TEST_P(RestoreExactnessTest, RestoredSessionContinuesBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Stacks, RestoreExactnessTest, ::testing::ValuesIn(Variants()),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// ---- boundaries beyond the prompt's end -------------------------------------------
+
+// `head`, then the tokens of Prompt(n, seed) after its BOS.
+std::vector<std::uint32_t> Then(std::vector<std::uint32_t> head, std::size_t n, unsigned seed) {
+  const auto tail = Prompt(n, seed);
+  head.insert(head.end(), tail.begin() + 1, tail.end());
+  return head;
+}
+
+// Logits of a session that never met the cache, its prefill split at `cut`
+// (what a restore at `cut` and a prefill of the rest compute): the rows of
+// positions [cut, end).
+std::vector<float> SplitReference(Harness& h, const std::vector<std::uint32_t>& prompt, std::size_t cut) {
+  auto s = h.cpu.model->NewSession();
+  EXPECT_TRUE(s.ok());
+  if (!s.ok()) return {};
+  EXPECT_TRUE(h.cpu.model->Prime(*s, std::span(prompt).first(cut), LogitsWanted::kNone, nullptr).ok());
+  std::vector<float> out;
+  EXPECT_TRUE(h.cpu.model->Prime(*s, std::span(prompt).subspan(cut), LogitsWanted::kAll, &out).ok());
+  return out;
+}
+
+class BranchPointTest : public ::testing::TestWithParam<Variant> {};
+
+// Three requests share a 150-token prefix (a system prompt) and differ
+// after it. The first stores its prompt end only; the second's lookup finds
+// the branch point at 150, its prefill stops there for an eager half, and
+// it publishes that boundary too, its planes bit for bit those of an
+// unsplit prefill; the third restores the 150 tokens and continues bit for
+// bit like a run without cache split at the same place.
+TEST_P(BranchPointTest, ThreeRequestsSharingAPrefixRestoreIt) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  Harness h(GetParam().config, GetParam().ring_rows);
+  auto cache = h.Cache(&daemon);
+  const auto shared = Prompt(150, 1);
+  const auto a = Then(shared, 31, 2), b = Then(shared, 31, 3), c = Then(shared, 31, 4);
+  ASSERT_TRUE(a[150] != b[150] && b[150] != c[150] && a[150] != c[150]);
+
+  auto ra = cache->Prime(a);
+  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+  EXPECT_EQ(ra->shared_tokens, 0u);
+  cache->Finish(*ra);
+  ASSERT_EQ(cache->Drain(), 0u);
+  ASSERT_EQ(cache->published(), 1u);
+
+  auto rb = cache->Prime(b);
+  ASSERT_TRUE(rb.ok()) << rb.status().ToString();
+  EXPECT_EQ(rb->restored_tokens, 0u);
+  EXPECT_EQ(rb->shared_tokens, 150u);
+  ASSERT_EQ(rb->prefill_captures.size(), 1u);
+  {
+    auto plain = h.cpu.model->NewSession();
+    ASSERT_TRUE(plain.ok());
+    ASSERT_TRUE(h.cpu.model->Prime(*plain, b, LogitsWanted::kNone, nullptr).ok());
+    EXPECT_TRUE(SamePlanes(Planes(rb->session), Planes(*plain))) << "a prefill split at the branch point differs";
+  }
+  cache->Finish(*rb);
+  ASSERT_EQ(cache->Drain(), 0u);
+  ASSERT_EQ(cache->published(), 3u);  // a, the branch point, b
+  ra->session = ModelSession{};  // the harness has three sessions
+  rb->session = ModelSession{};
+
+  auto rc = cache->Prime(c, /*all_logits=*/true);
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  EXPECT_EQ(rc->restored_tokens, 150u);
+  EXPECT_TRUE(rc->prefill_captures.empty()) << "the branch point is stored already";
+  EXPECT_TRUE(SameBits(rc->all_logits, SplitReference(h, c, 150))) << "the continuation after the restore differs";
+  EXPECT_TRUE(rc->session.cache->CheckInvariants().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Stacks, BranchPointTest, ::testing::ValuesIn(Variants()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// A conversation's next turn holds the model's own reply: the boundary of
+// the prompt and the generated tokens, published at Finish, is what it
+// restores, and it continues bit for bit like a run without cache.
+TEST(PrefixCacheTest, ANextTurnRestoresTheLastReply) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  Harness h(Mixed(), 0);
+  auto cache = h.Cache(&daemon);
+  const auto prompt = Prompt(90, 21);
+  auto r = cache->Prime(prompt);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto generated = h.cpu.model->Generate(r->session, r->last_logits, 8, nullptr);
+  ASSERT_TRUE(generated.ok()) << generated.status().ToString();
+  const std::uint64_t fed = r->session.position;
+  ASSERT_GT(fed, prompt.size());
+  cache->Finish(*r, *generated);
+  ASSERT_EQ(cache->Drain(), 0u);
+  EXPECT_EQ(cache->published(), 2u);  // the prompt's end and the generation's
+
+  std::vector<std::uint32_t> next = prompt;
+  next.insert(next.end(), generated->begin(), generated->begin() + static_cast<std::ptrdiff_t>(fed - prompt.size()));
+  next = Then(next, 20, 22);
+  auto r2 = cache->Prime(next, /*all_logits=*/true);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(r2->restored_tokens, fed);
+  EXPECT_TRUE(SameBits(r2->all_logits, SplitReference(h, next, fed)));
+  r2->capture.reset();  // its snapshot slot (the harness has one) back
+
+  // With the kind switched off, only the prompt's end is published.
+  PrefixCacheOptions off;
+  off.publish_generation_end = false;
+  auto quiet = h.Cache(&daemon, "t2", false, off);
+  auto r3 = quiet->Prime(prompt);
+  ASSERT_TRUE(r3.ok());
+  ASSERT_TRUE(h.cpu.model->Generate(r3->session, r3->last_logits, 8, nullptr).ok());
+  quiet->Finish(*r3, *generated);
+  ASSERT_EQ(quiet->Drain(), 0u);
+  EXPECT_EQ(quiet->published(), 1u);
+}
+
+// Checkpoints every N prompt tokens: a long prompt asked again with its
+// tail edited restores the last checkpoint before the edit.
+TEST(PrefixCacheTest, CheckpointsLetAnEditedTailRestoreMostOfThePrompt) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  Harness h(Mixed(), 0);
+  PrefixCacheOptions o;
+  o.checkpoint_every = 64;
+  auto cache = h.Cache(&daemon, "t", false, o);
+  const auto doc = Prompt(220, 31);
+  auto r = cache->Prime(doc);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->prefill_captures.size(), 3u);  // 64, 128, 192
+  cache->Finish(*r);
+  ASSERT_EQ(cache->Drain(), 0u);
+  EXPECT_EQ(cache->published(), 4u);
+  auto edited = Then(std::vector<std::uint32_t>(doc.begin(), doc.begin() + 200), 30, 32);
+  auto r2 = cache->Prime(edited, /*all_logits=*/true);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(r2->restored_tokens, 192u);
+  EXPECT_TRUE(SameBits(r2->all_logits, SplitReference(h, edited, 192)));
+}
+
 
 // ---- the restore through the client's shared region ----------------------------
 

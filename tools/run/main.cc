@@ -116,6 +116,9 @@ struct RunOptions {
   std::uint64_t seed = 1;
   std::size_t max_new = 32, chunk = 1024, speculate = 0;
   bool no_cache = false, show_store = false;
+  // Which boundaries the run publishes (PrefixCacheOptions).
+  bool prompt_end = true, branch_points = true, generation_end = true;
+  std::uint64_t checkpoint_every = 0;
 };
 
 void AddOptions(CLI::App& app, RunOptions& o) {
@@ -136,6 +139,12 @@ void AddOptions(CLI::App& app, RunOptions& o) {
   app.add_flag("--show-store", o.show_store, "after the run, list what the store holds for this namespace");
   app.add_option("--speculate", o.speculate, "draft N tokens per verify round by prompt lookup (0: plain greedy)")
       ->check(CLI::Range(0, 64));
+  app.add_flag("--prompt-end,!--no-prompt-end", o.prompt_end, "publish the prompt's boundary (default on)");
+  app.add_flag("--branch-points,!--no-branch-points", o.branch_points,
+               "publish the boundary where the prompt stops sharing tokens with a stored entry (default on)");
+  app.add_flag("--generation-end,!--no-generation-end", o.generation_end,
+               "publish the boundary of the prompt and the generated tokens (default on)");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "publish a boundary every N prompt tokens (0: none)");
 }
 
 // --prompt, or the contents of --prompt-file.
@@ -214,7 +223,12 @@ int Run(const RunOptions& o) {
   LoadedModel lm;
   if (Status s = LoadModel(o, tokens.size(), &lm); !s.ok()) return Fail(s);
   model::HybridModel& m = *lm.model;
-  model::PrefixCache cache(&m, ConnectToCache(o), model::PrefixCache::ModelIdFor(lm.config, lm.weights));
+  model::PrefixCacheOptions co;
+  co.publish_prompt_end = o.prompt_end;
+  co.publish_branch_points = o.branch_points;
+  co.publish_generation_end = o.generation_end;
+  co.checkpoint_every = o.checkpoint_every;
+  model::PrefixCache cache(&m, ConnectToCache(o), model::PrefixCache::ModelIdFor(lm.config, lm.weights), co);
 
   auto r = cache.Prime(tokens, !o.dump_logits.empty());
   if (!r.ok()) return Fail(r.status());
@@ -225,7 +239,7 @@ int Run(const RunOptions& o) {
                                     : model::GenerateSpeculative(m, r->session, tokens, r->last_logits, o.max_new,
                                                                  {o.speculate, nullptr}, &stats, keep_logits);
   if (!generated.ok()) return Fail(generated.status());
-  cache.Finish(*r);
+  cache.Finish(*r, *generated);
   std::printf("%s\n", Printable(model::Detokenize(*generated)).c_str());
   std::fflush(stdout);
 
