@@ -806,6 +806,12 @@ Result<std::unique_ptr<PublishStream>> Client::BeginPublish(const ModelId& model
       [&](wire::Request::Builder r) {
         auto pb = r.initPublishBegin();
         pb.setLayerCount(layer_count);
+        if (!(model.cost == ModelCost{})) {
+          auto c = pb.initCost();
+          c.setFlopsPerToken(model.cost.flops_per_token);
+          c.setAttentionLayers(model.cost.attention_layers);
+          c.setAttentionFlopsPerPair(model.cost.attention_flops_per_pair);
+        }
         auto b = pb.initBoundary();
         SetFingerprint(b.initFingerprint(), model);
         b.setNamespace(impl_->opts.ns);

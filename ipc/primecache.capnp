@@ -139,6 +139,16 @@ struct HelloReply {
 struct PublishBegin {
   boundary @0 :Boundary;
   layerCount @1 :UInt32;
+  # What a prefill of the model costs (ModelCost in entry.h), for the
+  # utility and marginal eviction policies; absent or all zero: unknown
+  # (the boundary's tokens are weighed). An older client sends none.
+  cost @2 :PrefillCost;
+}
+
+struct PrefillCost {
+  flopsPerToken @0 :UInt64;          # at most 2^50
+  attentionLayers @1 :UInt32;        # at most the layer count
+  attentionFlopsPerPair @2 :UInt64;  # at most 2^40
 }
 
 # Starts the next layer of an open publish: its encoded header bytes.

@@ -578,6 +578,21 @@ bool Session::OnPublishBegin(const Incoming& in) {
     SendError(id, Status::InvalidArgument("layer count must be 1.." + std::to_string(limits_.max_layers)));
     return true;
   }
+  ModelCost cost;
+  if (pb.hasCost()) {
+    auto c = pb.getCost();
+    cost = {c.getFlopsPerToken(), c.getAttentionLayers(), c.getAttentionFlopsPerPair()};
+    if (cost.flops_per_token > (1ull << 50) || cost.attention_layers > layer_count ||
+        cost.attention_flops_per_pair > (1ull << 40)) {
+      SendError(id, Status::InvalidArgument("prefill cost out of bounds: " + std::to_string(cost.flops_per_token) +
+                                            " flops a token (at most 2^50), " +
+                                            std::to_string(cost.attention_layers) + " attention layers (at most " +
+                                            std::to_string(layer_count) + "), " +
+                                            std::to_string(cost.attention_flops_per_pair) +
+                                            " flops a pair (at most 2^40)"));
+      return true;
+    }
+  }
   auto pub = std::make_shared<Publish>();
   pub->id = id;
   pub->layer_count = layer_count;
@@ -588,6 +603,7 @@ bool Session::OnPublishBegin(const Incoming& in) {
                              fp.getDescriptor().size());
   pub->key.ns = ns_;
   pub->key.tokens = ToVector(tokens);
+  pub->key.cost = cost;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (publishes_.count(id) != 0) {

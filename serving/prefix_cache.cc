@@ -342,7 +342,7 @@ client::ModelId PrefixCache::ModelIdFor(const ModelConfig& config, const Weights
   fp.plan_digest = GeometryDigest(geometry);
   fp.weights_digest = weights.Digest();
   fp.codec_versions = CodecRegistry::Default().Identities();
-  return client::ModelId{fp.Digest(), config.name, EncodeFingerprint(fp)};
+  return client::ModelId{fp.Digest(), config.name, EncodeFingerprint(fp), PrefillCost(config)};
 }
 
 PrefixCache::PrefixCache(HybridModel* model, std::unique_ptr<client::Client> client, client::ModelId model_id,

@@ -35,6 +35,38 @@ std::string ShapeString(const Shape& s) {
 
 }  // namespace
 
+ModelCost PrefillCost(const ModelConfig& c) {
+  double params = 0;
+  for (const auto& [name, shape] : ExpectedTensors(c)) {
+    if (!name.starts_with("layers.")) continue;
+    double n = 1;
+    for (std::int64_t d : shape) n *= static_cast<double>(d);
+    params += n;
+  }
+  double per_token = 2 * params;
+  // One (query, key) pair: the q.k product and the weighted v, per head.
+  const double mla_pair = 2.0 * (c.mla.nope_dim + c.mla.rope_dim + c.mla.v_dim) * c.mla.heads;
+  const double attn_pair = 2.0 * (2.0 * c.attn.head_dim) * c.attn.heads;
+  double pairs = 0;
+  std::uint32_t attention = 0;
+  for (LayerType t : c.layers) {
+    if (t == LayerType::kMla) {
+      pairs += mla_pair;
+      ++attention;
+    } else if (t == LayerType::kAttn && c.attn.window == 0) {
+      pairs += attn_pair;
+      ++attention;
+    } else if (t == LayerType::kAttn) {
+      per_token += attn_pair * c.attn.window;  // at most `window` keys a query
+    }
+  }
+  ModelCost cost;
+  cost.flops_per_token = static_cast<std::uint64_t>(per_token);
+  cost.attention_layers = attention;
+  cost.attention_flops_per_pair = attention == 0 ? 0 : static_cast<std::uint64_t>(pairs / attention + 0.5);
+  return cost;
+}
+
 std::vector<std::pair<std::string, Shape>> ExpectedTensors(const ModelConfig& c) {
   const std::int64_t H = c.hidden, F = c.mlp_hidden, V = c.vocab;
   std::vector<std::pair<std::string, Shape>> t = {

@@ -82,6 +82,10 @@ struct ModelId {
   // primecache/snapshot.h) whose Checksum128 is `digest`; may be empty. Sent
   // with a publish, it lets the entry be exported whole later.
   std::string descriptor;
+  // What a prefill of the model costs; sent with every publish so that the
+  // daemon's utility and marginal policies weigh a boundary by the compute
+  // it saves (zero: unknown, its tokens are weighed).
+  ModelCost cost;
 };
 
 // One encoded layer: its serialized header (SerializeLayerHeader) and its

@@ -72,6 +72,21 @@ struct ListPage {
 
 // The longest stored boundary that prefixes a query, with what a restore
 // needs to size itself.
+// What a model costs to prefill, for the utility and marginal eviction
+// policies (EstimatePrefillFlops in primecache/statestore.h).
+// flops_per_token covers every per-token cost that does not grow with the
+// context (projections, MLPs, recurrent/linear-attention layers, a sliding
+// window's bounded attention: about 2 x active parameters);
+// attention_flops_per_pair is one full-attention layer's cost for one
+// (query, key) pair (2 x (qk width + v width) x heads), averaged over the
+// attention_layers. All zero: unknown (a boundary then weighs its tokens).
+struct ModelCost {
+  std::uint64_t flops_per_token = 0;
+  std::uint32_t attention_layers = 0;
+  std::uint64_t attention_flops_per_pair = 0;
+  friend bool operator==(const ModelCost&, const ModelCost&) = default;
+};
+
 struct LookupHit {
   EntryId id = 0;
   std::uint64_t length = 0;  // boundary length: tokens[0, length) of the query are stored

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "primecache/checksum.h"
+#include "primecache/entry.h"
 #include "primecache/env.h"
 #include "primecache/status.h"
 
@@ -111,6 +112,12 @@ struct Tensor {
 
 // The tensors a configuration needs, by name, with their shapes.
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> ExpectedTensors(const ModelConfig& config);
+
+// What a prefill of this model costs (ModelCost, primecache/entry.h): two
+// FLOPs per parameter of its layers per token, plus each sliding-window attn
+// layer's bounded attention; MLA and full-attention layers as attention
+// layers, their per-pair costs averaged.
+ModelCost PrefillCost(const ModelConfig& config);
 
 // A named set of tensors, checked against a configuration.
 class Weights {

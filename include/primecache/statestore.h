@@ -53,19 +53,10 @@
 
 namespace primecache {
 
-// What the model costs to prefill, for the utility eviction policy.
+// The prefill estimate of ModelCost (primecache/entry.h):
 // EstimatePrefillFlops(L) = L * flops_per_token
 //                         + attention_layers * attention_flops_per_pair * L * (L + 1) / 2
-// flops_per_token covers every per-token cost that does not grow with the
-// context (projections, MLPs, recurrent/linear-attention layers: about 2 x
-// active parameters); attention_flops_per_pair is one attention layer's cost
-// for one (query, key) pair (2 x (qk width + v width) x heads). All zero: the
-// estimate falls back to L.
-struct ModelCost {
-  std::uint64_t flops_per_token = 0;
-  std::uint32_t attention_layers = 0;
-  std::uint64_t attention_flops_per_pair = 0;
-};
+// All zero: the estimate falls back to L.
 double EstimatePrefillFlops(const ModelCost& cost, std::uint64_t tokens);
 
 // The boundary a publish stores. The model is named by the digest of its

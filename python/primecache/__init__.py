@@ -27,6 +27,7 @@ from ._primecache import (  # noqa: F401  (the package's API)
     LayerHeader,
     ListPage,
     LookupHit,
+    ModelCost,
     ModelFingerprint,
     ModelId,
     NotFoundError,

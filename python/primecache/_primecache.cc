@@ -178,16 +178,25 @@ void BindModel(py::module_& m) {
       .def("encode", [](const ModelFingerprint& f) { return Bytes(EncodeFingerprint(f)); });
   KeywordInit(fp);
   FieldRepr(fp, {"architecture", "plan_digest", "weights_digest", "codec_versions"});
+  py::class_<ModelCost> cost(m, "ModelCost",
+                             "What a prefill of the model costs, for the daemon's eviction policies (entry.h).");
+  cost.def_readwrite("flops_per_token", &ModelCost::flops_per_token)
+      .def_readwrite("attention_layers", &ModelCost::attention_layers)
+      .def_readwrite("attention_flops_per_pair", &ModelCost::attention_flops_per_pair)
+      .def("__eq__", Equal<ModelCost>, py::is_operator());
+  KeywordInit(cost);
+  FieldRepr(cost, {"flops_per_token", "attention_layers", "attention_flops_per_pair"});
   py::class_<client::ModelId> id(m, "ModelId", "The model a lookup or publish is for (client.h).");
   id.def_readwrite("digest", &client::ModelId::digest)
       .def_readwrite("name", &client::ModelId::name)
+      .def_readwrite("cost", &client::ModelId::cost)
       .def_property(
           "descriptor", [](const client::ModelId& x) { return Bytes(x.descriptor); },
           [](client::ModelId& x, const py::bytes& b) { x.descriptor = b; })
       .def_static(
           "from_fingerprint",
           [](const ModelFingerprint& f, const std::string& name) {
-            return client::ModelId{f.Digest(), name.empty() ? f.architecture : name, EncodeFingerprint(f)};
+            return client::ModelId{f.Digest(), name.empty() ? f.architecture : name, EncodeFingerprint(f), {}};
           },
           py::arg("fingerprint"), py::arg("name") = "");
   KeywordInit(id);

@@ -71,11 +71,19 @@ class ModelFingerprint:
     def digest(self) -> Hash128: ...
     def encode(self) -> bytes: ...
 
+class ModelCost:
+    flops_per_token: int
+    attention_layers: int
+    attention_flops_per_pair: int
+    def __init__(self, *, flops_per_token: int = ..., attention_layers: int = ...,
+                 attention_flops_per_pair: int = ...) -> None: ...
+
 class ModelId:
     digest: Hash128
     name: str
     descriptor: bytes
-    def __init__(self, *, digest: Hash128 = ..., name: str = ..., descriptor: bytes = ...) -> None: ...
+    cost: ModelCost
+    def __init__(self, *, digest: Hash128 = ..., name: str = ..., descriptor: bytes = ..., cost: ModelCost = ...) -> None: ...
     @staticmethod
     def from_fingerprint(fingerprint: ModelFingerprint, name: str = "") -> ModelId: ...
 

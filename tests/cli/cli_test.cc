@@ -64,7 +64,7 @@ ModelFingerprint Fingerprint(std::string arch = "cli-model", std::uint32_t layer
   return fp;
 }
 ModelId IdOf(const ModelFingerprint& fp) {
-  return ModelId{fp.Digest(), fp.architecture, EncodeFingerprint(fp)};
+  return ModelId{fp.Digest(), fp.architecture, EncodeFingerprint(fp), {}};
 }
 
 // The byte tokenizer's tokens of a text (BOS, then the bytes).

@@ -335,7 +335,7 @@ std::string Shell(const std::string& cmd) {
 TEST_F(AbuseTest, RequestEncodedByTheCapnpToolIsAnswered) {
   // An entry with known tokens and model.
   const std::vector<std::uint32_t> tokens = {10, 20, 30, 40, 50};
-  const ModelId model{Hash128{4242, 99}, "tool-model", ""};
+  const ModelId model{Hash128{4242, 99}, "tool-model", "", {}};
   auto pub = good_->Publish(model, tokens, MakeLayers(5, 1, 5));
   ASSERT_TRUE(pub.ok());
 

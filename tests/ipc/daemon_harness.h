@@ -285,7 +285,7 @@ inline ProcessResult RunProcess(std::vector<std::string> argv_in, std::optional<
   return r;
 }
 
-inline ModelId TestModel(std::uint64_t k = 1) { return ModelId{Hash128{0x1234 + k, 0xabcd * k}, "test-model", ""}; }
+inline ModelId TestModel(std::uint64_t k = 1) { return ModelId{Hash128{0x1234 + k, 0xabcd * k}, "test-model", "", {}}; }
 
 // One response, as a test reads it.
 struct Reply {

@@ -276,6 +276,33 @@ TEST_F(DaemonTest, ALookupAnswersItsSharedLengthWhenAsked) {
   EXPECT_EQ(shared, 0u);
 }
 
+// A publish carries its model's prefill cost: the entry's FLOPs are the
+// estimate from it (what the utility and marginal policies weigh), its
+// tokens when none is sent; a cost out of bounds is refused.
+TEST_F(DaemonTest, APublishCarriesItsModelsPrefillCost) {
+  auto c = Client::Connect(d_.Options());
+  ASSERT_TRUE(c.ok());
+  ModelId costly = TestModel(7);
+  costly.cost = {1000000, 2, 512};
+  auto with = (*c)->Publish(costly, Tokens(300, 51), MakeLayers(300, 2, 51));
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  auto without = (*c)->Publish(TestModel(8), Tokens(300, 52), MakeLayers(300, 2, 52));
+  ASSERT_TRUE(without.ok()) << without.status().ToString();
+  auto a = (*c)->Describe(with->id, false), b = (*c)->Describe(without->id, false);
+  ASSERT_TRUE(a.ok() && b.ok());
+  // L * flops_per_token + attention_layers * flops_per_pair * L (L + 1) / 2
+  EXPECT_DOUBLE_EQ(a->info.flops, 300.0 * 1000000 + 2.0 * 512 * 300 * 301 / 2);
+  EXPECT_DOUBLE_EQ(b->info.flops, 300.0);
+  ModelId absurd = TestModel(9);
+  absurd.cost = {1ull << 51, 0, 0};
+  auto refused = (*c)->Publish(absurd, Tokens(300, 53), MakeLayers(300, 2, 53));
+  EXPECT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
+  absurd.cost = {1, 3, 1};  // more attention layers than the publish has layers
+  refused = (*c)->Publish(absurd, Tokens(300, 53), MakeLayers(300, 2, 53));
+  EXPECT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
+  EXPECT_EQ((*c)->Stat()->store.entries, 2u);
+}
+
 TEST_F(DaemonTest, SocketModeIs0600AndPathsExist) {
   struct stat st {};
   ASSERT_EQ(stat(d_.socket().c_str(), &st), 0);

@@ -141,6 +141,35 @@ TEST(ModelConfigTest, SignVectorsAreRefusedUnlessEveryValueIsPlusOrMinusOne) {
   EXPECT_NE(s.message().find("+1 or -1"), std::string::npos) << s.message();
 }
 
+// The prefill cost a publish carries: two FLOPs per layer parameter a
+// token, MLA and full attention layers as attention layers, and a sliding
+// window's bounded attention per token.
+TEST(ModelConfigTest, PrefillCostCountsLayerParametersAndAttention) {
+  auto c = ModelConfig::FromJson(kTiny);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  double params = 0;
+  for (const auto& [name, shape] : ExpectedTensors(*c)) {
+    if (!name.starts_with("layers.")) continue;
+    double n = 1;
+    for (auto d : shape) n *= static_cast<double>(d);
+    params += n;
+  }
+  const ModelCost tiny = PrefillCost(*c);
+  EXPECT_EQ(tiny.flops_per_token, static_cast<std::uint64_t>(2 * params));
+  EXPECT_EQ(tiny.attention_layers, 2u);
+  EXPECT_EQ(tiny.attention_flops_per_pair, 2u * (16 + 8 + 16) * 4);
+  // Attention layers: a full one counts as attention, a windowed one per token.
+  ModelConfig full = *c, windowed = *c;
+  full.layers = windowed.layers = {LayerType::kKda, LayerType::kAttn};
+  full.attn = windowed.attn = {4, 2, 16, 0, 10000.0f, 0};
+  windowed.attn.window = 32;
+  const ModelCost f = PrefillCost(full), w = PrefillCost(windowed);
+  EXPECT_EQ(f.attention_layers, 1u);
+  EXPECT_EQ(f.attention_flops_per_pair, 2u * 2 * 16 * 4);
+  EXPECT_EQ(w.attention_layers, 0u);
+  EXPECT_EQ(w.flops_per_token, f.flops_per_token + 32u * (2 * 2 * 16 * 4));
+}
+
 TEST(TokenizerTest, BosThenBytes) {
   auto t = Tokenize("hé");
   ASSERT_EQ(t.size(), 4u);

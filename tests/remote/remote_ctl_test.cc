@@ -32,7 +32,7 @@ ModelId FingerprintedModel() {
   fp.plan_digest = MakeLayersPlan(2);
   fp.weights_digest = {23, 24};
   fp.codec_versions = {"kda-recurrent/v1", "mla-latent/v1", "raw/v1"};
-  return ModelId{fp.Digest(), fp.architecture, EncodeFingerprint(fp)};
+  return ModelId{fp.Digest(), fp.architecture, EncodeFingerprint(fp), {}};
 }
 
 std::vector<LayerBytes> AsLayerBytes(const std::vector<LayerData>& layers) {

@@ -32,7 +32,7 @@ client::ModelId ExportableModel() {
   fp.plan_digest = testing::MakeLayersPlan(4);
   fp.weights_digest = {23, 24};
   fp.codec_versions = {"kda-recurrent/v1", "mla-latent/v1", "raw/v1"};
-  return client::ModelId{fp.Digest(), fp.architecture, EncodeFingerprint(fp)};
+  return client::ModelId{fp.Digest(), fp.architecture, EncodeFingerprint(fp), {}};
 }
 
 // One damaged copy of `good` and what was done to it.

@@ -177,7 +177,7 @@ Result<Row> RunInProcess(const Options& o, const traces::Trace& trace, const Sta
 class DaemonTarget final : public replay::Target {
  public:
   DaemonTarget(client::Client* c, const StateGeometry& g)
-      : c_(c), id_{Checksum128(std::as_bytes(std::span(g.model.data(), g.model.size()))), g.model, ""} {}
+      : c_(c), id_{Checksum128(std::as_bytes(std::span(g.model.data(), g.model.size()))), g.model, "", g.cost} {}
   Result<std::uint64_t> Lookup(std::span<const std::uint32_t> tokens) override {
     PC_ASSIGN_OR_RETURN(auto hit, c_->Lookup(id_, tokens));
     return hit ? hit->length : 0;

@@ -82,7 +82,7 @@ void AddOptions(CLI::App& app, Options& o) {
 }
 
 constexpr std::uint64_t kLen = 8192;  // tokens of the published entry
-const ModelId kModel{Hash128{7, 7}, "bench", ""};
+const ModelId kModel{Hash128{7, 7}, "bench", "", {}};
 
 // The published entry, its tokens, and the clients: over the socket alone
 // and with shared memory.
@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
   // token): what the transport and the thread hand-offs cost alone.
   const std::uint32_t one = 1;
   auto l_min =
-      LookupLatencies(*b.sock, ModelId{Hash128{1, 1}, "none", ""}, std::span(&one, 1), opt.lookups, false);
+      LookupLatencies(*b.sock, ModelId{Hash128{1, 1}, "none", "", {}}, std::span(&one, 1), opt.lookups, false);
 
   PrintRates(b, mem, sock, shm);
   std::printf("lookup round trip, %zu-token query (hit of %llu): p50 %.1f us, p99 %.1f us\n", longq.size(),

@@ -143,16 +143,7 @@ Result<StateGeometry> GeometryFor(const model::ModelConfig& c, std::uint32_t sca
     g.kernel = c.kda.conv_kernel;
   }
   g.chunk_bytes = std::max<std::uint64_t>(4096, kDefaultChunkBytes / scale);
-  double params = 0;
-  for (const auto& [name, shape] : model::ExpectedTensors(c)) {
-    if (!name.starts_with("layers.")) continue;
-    double n = 1;
-    for (std::int64_t d : shape) n *= static_cast<double>(d);
-    params += n;
-  }
-  g.cost.flops_per_token = static_cast<std::uint64_t>(2 * params);
-  g.cost.attention_layers = g.latent_layers;
-  g.cost.attention_flops_per_pair = 2ull * (c.mla.nope_dim + c.mla.rope_dim + c.mla.v_dim) * c.mla.heads;
+  g.cost = model::PrefillCost(c);
   return g;
 }
 

@@ -74,8 +74,8 @@ class Target {
 // The store in process.
 class StoreTarget final : public Target {
  public:
-  // send_cost false: publishes carry no ModelCost (as through the daemon,
-  // whose protocol has none), so the store weighs an entry's tokens.
+  // send_cost false: publishes carry no ModelCost (as from a client that
+  // sends none), so the store weighs an entry's tokens.
   StoreTarget(Store* store, const StateGeometry& g, bool send_cost = true)
       : store_(store), g_(g), send_cost_(send_cost) {}
   Result<std::uint64_t> Lookup(std::span<const std::uint32_t> tokens) override;

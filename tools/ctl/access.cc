@@ -68,7 +68,7 @@ class DaemonAccess final : public StoreAccess {
     client::ClientOptions o = options_;
     o.ns = ns;
     PC_ASSIGN_OR_RETURN(auto c, client::Client::Connect(o));
-    return c->Lookup(client::ModelId{model, "", ""}, tokens, shared_tokens);
+    return c->Lookup(client::ModelId{model, "", "", {}}, tokens, shared_tokens);
   }
 
   Result<DaemonStats> Stat() override { return admin_->Stat(); }
@@ -83,7 +83,7 @@ class DaemonAccess final : public StoreAccess {
     o.ns = ns;
     PC_ASSIGN_OR_RETURN(auto c, client::Client::Connect(o));
     const ModelFingerprint& fp = snap.header.fingerprint;
-    client::ModelId model{fp.Digest(), fp.architecture, EncodeFingerprint(fp)};
+    client::ModelId model{fp.Digest(), fp.architecture, EncodeFingerprint(fp), {}};
     std::vector<client::LayerData> layers;
     layers.reserve(snap.layers.size());
     for (const EncodedLayer& l : snap.layers) {
