@@ -502,6 +502,65 @@ TEST(PrefixCacheGpuDeviceWindowTest, ADamagedSegmentIsRefusedByTheDaemonBeforeAn
   EXPECT_GE(stat->store.quarantined, 1u) << "the daemon did not quarantine the damaged entry";
 }
 
+// Branch points on CUDA, through a real daemon: three requests share a
+// 150-token prefix and differ after it; the second's lookup finds the branch
+// point, its prefill stops there for an eager half and it publishes that
+// boundary; the third restores the 150 tokens and its every logits row after
+// them is bit for bit that of an uncached run on the same device whose
+// prefill is split at 150.
+TEST(PrefixCacheGpuBranchTest, ThreeRequestsSharingAPrefixRestoreIt) {
+  PC_SKIP_WITHOUT_CUDA();
+  GpuPrefixModel g;
+  ASSERT_NO_FATAL_FAILURE(MakeGpuPrefixModel(&g));
+  primecache::testing::Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  auto cl = client::Client::Connect(daemon.Options("gpu-branch", /*shm=*/true));
+  ASSERT_TRUE(cl.ok()) << cl.status().ToString();
+  PrefixCacheOptions opt;
+  opt.encode.all_planes = TransformSpec{"raw/v1", 0};
+  opt.publish_generation_end = false;
+  PrefixCache cache(g.model.get(), std::move(cl).value(), PrefixCache::ModelIdFor(g.config, g.weights), opt);
+  ASSERT_TRUE(cache.ReserveStaging(200).ok());
+  const auto shared = testing::RandomPrompt(150, 1);
+  auto then = [&](std::uint32_t seed) {
+    std::vector<std::uint32_t> t = shared;
+    const auto tail = testing::RandomPrompt(31, seed);
+    t.insert(t.end(), tail.begin() + 1, tail.end());
+    return t;
+  };
+  const auto a = then(2), b = then(3), c = then(4);
+  ASSERT_TRUE(a[150] != b[150] && b[150] != c[150] && a[150] != c[150]);
+  auto ra = cache.Prime(a);
+  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+  cache.Finish(*ra);
+  ASSERT_EQ(cache.Drain(), 0u);
+  ra->session = ModelSession{};
+  auto rb = cache.Prime(b);
+  ASSERT_TRUE(rb.ok()) << rb.status().ToString();
+  EXPECT_EQ(rb->shared_tokens, 150u);
+  EXPECT_EQ(rb->prefill_captures.size(), 1u);
+  cache.Finish(*rb);
+  ASSERT_EQ(cache.Drain(), 0u);
+  EXPECT_EQ(cache.published(), 3u);
+  rb->session = ModelSession{};
+  auto rc = cache.Prime(c, /*all_logits=*/true);
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  EXPECT_EQ(rc->restored_tokens, 150u);
+  std::vector<float> reference;
+  {
+    auto s = g.model->NewSession();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE(g.model->Prime(*s, std::span(c).first(150), LogitsWanted::kNone, nullptr).ok());
+    ASSERT_TRUE(g.model->Prime(*s, std::span(c).subspan(150), LogitsWanted::kAll, &reference).ok());
+  }
+  ASSERT_EQ(rc->all_logits.size(), reference.size());
+  EXPECT_EQ(std::memcmp(rc->all_logits.data(), reference.data(), reference.size() * sizeof(float)), 0)
+      << "the continuation after the branch point's restore differs";
+  std::printf("[ model-gpu ] branch point: shared %llu, restored %llu tokens, ttft %.2f ms\n",
+              static_cast<unsigned long long>(rb->shared_tokens),
+              static_cast<unsigned long long>(rc->restored_tokens), rc->ttft_ms);
+}
+
 TEST(PrefixCacheGpuRefusalTest, RefusedEntryLeavesTheSessionFresh) {
   PC_SKIP_WITHOUT_CUDA();
   ModelConfig c = Medium();
@@ -525,12 +584,21 @@ TEST(PrefixCacheGpuRefusalTest, RefusedEntryLeavesTheSessionFresh) {
   opt.publish = false;
   opt.encode.all_planes = TransformSpec{"raw/v1", 0};
   PrefixCache cache(models[0].model.get(), std::move(cl).value(), PrefixCache::ModelIdFor(c, w), opt);
+  // The other model's layers under this model's digest, published without
+  // its descriptor: with it, the daemon refuses layers that are not the
+  // model's plan at the commit (as the first publish shows).
+  client::ModelId undescribed = PrefixCache::ModelIdFor(c, w);
+  undescribed.descriptor.clear();
+  auto liar_client = client::Client::Connect(daemon.Options("gpu", /*shm=*/true));
+  ASSERT_TRUE(liar_client.ok());
+  PrefixCache liar(models[0].model.get(), std::move(liar_client).value(), undescribed, opt);
   const std::vector<std::uint32_t> prompt = Prompt({"p", c, 200, 0});
   {
     auto s = models[1].model->NewSession();
     ASSERT_TRUE(s.ok());
     ASSERT_TRUE(models[1].model->Prime(*s, std::span(prompt).first(150), LogitsWanted::kNone, nullptr).ok());
-    ASSERT_TRUE(cache.Publish(std::span(prompt).first(150), CaptureAll(*s)).ok());
+    EXPECT_TRUE(cache.Publish(std::span(prompt).first(150), CaptureAll(*s)).IsInvalidArgument());
+    ASSERT_TRUE(liar.Publish(std::span(prompt).first(150), CaptureAll(*s)).ok());
   }
   std::vector<float> plain;
   {
