@@ -165,6 +165,24 @@ TEST(BranchPoint, AnOlderStoresEntriesGetTheirRecordsAtOpen) {
   ExpectConsistent(*m.store);
 }
 
+// An entry removed between its pass records and its tokens (as a racing
+// eviction leaves a lookup that read the records first): the branch point
+// skips it, never an error, and never claims its tokens.
+TEST(BranchPoint, AnEntryGoneUnderItsPassRecordsIsNoBranch) {
+  MemStore m;
+  const auto conv = Conversation(900, 41);
+  const EntryId e = MustPublish(*m.store, conv, 1, "", kTiny);
+  m.store.reset();
+  {
+    RawDb raw(m.env.get(), m.options.path);
+    raw.Delete(statestore_internal::kCfTokens, statestore_internal::IdKey(e));
+  }
+  m.Reopen();
+  Answer a = Ask(*m.store, DivergeAt(conv, 500, 800, 42));
+  EXPECT_EQ(a.hit, 0u);
+  EXPECT_EQ(a.shared, 0u);
+}
+
 // Random trees of conversations against a brute force: the answer never
 // claims more than some entry shares; it reaches the deepest shared whole
 // block; and it is exact whenever at most four entries pass that block
