@@ -217,7 +217,15 @@ class MetricsEndpointTest(unittest.TestCase):
         w.stdin.flush()
         self.assertGreater(json.loads(w.stdout.readline())["fetched_chunks"], 0)
         self.assertEqual(w.wait(30), 0)
-        values, _ = samples(scrape(url)[2])
+        # The daemon sees the client's connection close on its own thread:
+        # wait (10 s at most) until it has, then read what it gave back.
+        deadline = time.monotonic() + 10
+        while True:
+            values, _ = samples(scrape(url)[2])
+            if value(values, "primecache_connections") == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        self.assertEqual(value(values, "primecache_connections"), 0)
         self.assertEqual(value(values, "primecache_shm_in_use_bytes"), 0)
         self.assertEqual(value(values, "primecache_shm_regions"), 0)
         self.assertEqual(value(values, "primecache_fetch_duration_seconds_count"), 1)
