@@ -12,7 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstring>
+#include <cstddef>
 
 #include "statestore/rocks_env.h"
 #include "statestore/store_impl.h"
@@ -41,11 +41,15 @@ namespace {
 // branch point past it (each is a read of its tokens record).
 constexpr std::size_t kBranchCandidates = 4;
 
-// The number of leading tokens `a` and `b` share.
-std::size_t CommonPrefix(std::span<const std::uint32_t> a, std::span<const std::uint32_t> b) {
-  const std::size_t n = std::min(a.size(), b.size());
-  auto [ia, ib] = std::mismatch(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n), b.begin());
-  return static_cast<std::size_t>(ia - a.begin());
+// The number of leading tokens `query` shares with `stored`, a tokens
+// record's bytes in place (TokenBytes: little-endian u32, the query's own
+// layout): the first differing byte's token.
+std::size_t CommonPrefix(std::span<const std::uint32_t> query, std::string_view stored) {
+  const auto q = std::as_bytes(query);
+  const std::size_t n = std::min(q.size(), stored.size());
+  const auto* s = reinterpret_cast<const std::byte*>(stored.data());
+  const auto at = std::mismatch(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(n), s).first;
+  return static_cast<std::size_t>(at - q.begin()) / sizeof(std::uint32_t);
 }
 
 // Up to `limit` ids of the pass records under `prefix` (25 bytes).
@@ -91,7 +95,7 @@ Result<std::uint64_t> Store::Impl::BranchPoint(std::uint64_t scope, std::span<co
     rocksdb::Status s = db->Get(rocksdb::ReadOptions(), cf_tokens, IdKey(id), &v);
     if (s.IsNotFound()) continue;  // removed meanwhile: not a branch any more
     PC_RETURN_IF_ERROR(FromRocks(s, "read tokens"));
-    auto stored = DecodeTokens(v.ToStringView());
+    auto stored = TokenBytes(v.ToStringView());
     if (!stored.ok()) continue;  // a damaged record is the fetch's to quarantine
     best = std::max<std::uint64_t>(best, CommonPrefix(tokens, *stored));
   }

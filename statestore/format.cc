@@ -339,14 +339,20 @@ std::string EncodeTokens(std::span<const std::uint32_t> tokens) {
   AppendChecksum(&v);
   return v;
 }
-Result<std::vector<std::uint32_t>> DecodeTokens(std::string_view v) {
+Result<std::string_view> TokenBytes(std::string_view v) {
   PC_ASSIGN_OR_RETURN(std::string_view body, CheckTrailer(v, "tokens record"));
   Reader r(body);
   std::uint32_t n = 0;
   if (!r.U32(&n) || n == 0 || n > kMaxTokens || r.remaining() != std::size_t{n} * 4) {
     return Bad("tokens record", "count disagrees with size");
   }
-  std::vector<std::uint32_t> tokens(n);
+  return body.substr(4);
+}
+
+Result<std::vector<std::uint32_t>> DecodeTokens(std::string_view v) {
+  PC_ASSIGN_OR_RETURN(std::string_view bytes, TokenBytes(v));
+  Reader r(bytes);
+  std::vector<std::uint32_t> tokens(bytes.size() / 4);
   for (auto& t : tokens) r.U32(&t);
   return tokens;
 }

@@ -189,6 +189,9 @@ Result<Manifest> DecodeManifest(std::string_view v, std::uint64_t max_chunk_byte
 // tokens CF.
 std::string EncodeTokens(std::span<const std::uint32_t> tokens);
 Result<std::vector<std::uint32_t>> DecodeTokens(std::string_view v);
+// The record's token bytes in place (little-endian u32 each, unaligned),
+// checked as DecodeTokens checks them: for a comparison without a copy.
+Result<std::string_view> TokenBytes(std::string_view v);
 
 // ---- chunks ----------------------------------------------------------------------
 
