@@ -12,6 +12,7 @@
 #include "statestore/format.h"
 #include "statestore/test_hooks.h"
 #include "statestore/token_hash.h"
+#include "lookup_util.h"
 #include "store_test_util.h"
 
 namespace primecache {
@@ -19,27 +20,6 @@ namespace {
 
 using namespace store_test;  // NOLINT(google-build-using-namespace)
 using statestore_internal::TestHooks;
-using statestore_internal::TokenHasher;
-
-// Every hash is the same: every pass record of a level collides.
-class CollidingHasher final : public TokenHasher {
- public:
-  std::uint32_t id() const override { return 0xC0111DE; }
-  std::uint64_t Hash(std::span<const std::uint32_t>, std::uint64_t) const override { return 42; }
-};
-
-const TestModel kTiny = [] {
-  TestModel m;
-  m.latent_layers = 1;
-  m.recurrent_layers = 1;
-  m.width = 2;
-  m.index_head_dim = 0;
-  m.heads = 1;
-  m.head_dim = 2;
-  m.kernel = 2;
-  m.chunk_bytes = 4096;
-  return m;
-}();
 
 struct Answer {
   std::uint64_t hit = 0;  // the hit's length, 0 on a miss

@@ -7,6 +7,7 @@
 
 #include "statestore/test_hooks.h"
 #include "statestore/token_hash.h"
+#include "lookup_util.h"
 #include "store_test_util.h"
 
 namespace primecache {
@@ -15,37 +16,6 @@ namespace {
 using namespace store_test;  // NOLINT(google-build-using-namespace)
 using statestore_internal::TestHooks;
 using statestore_internal::TokenHasher;
-
-// Every hash is the same: every node and every boundary of a length collide.
-class CollidingHasher final : public TokenHasher {
- public:
-  std::uint32_t id() const override { return 0xC0111DE; }
-  std::uint64_t Hash(std::span<const std::uint32_t>, std::uint64_t) const override { return 42; }
-};
-
-// A hash of 2 bits: many collisions, but not all.
-class WeakHasher final : public TokenHasher {
- public:
-  std::uint32_t id() const override { return 0x3EA4; }
-  std::uint64_t Hash(std::span<const std::uint32_t> t, std::uint64_t seed) const override {
-    std::uint64_t x = seed;
-    for (auto v : t) x = x * 31 + v;
-    return x & 3;
-  }
-};
-
-const TestModel kTiny = [] {
-  TestModel m;
-  m.latent_layers = 1;
-  m.recurrent_layers = 1;
-  m.width = 2;
-  m.index_head_dim = 0;
-  m.heads = 1;
-  m.head_dim = 2;
-  m.kernel = 2;
-  m.chunk_bytes = 4096;
-  return m;
-}();
 
 StoreOptions WithBlock(std::uint32_t block) {
   StoreOptions o = CodecStoreOptions();
