@@ -24,10 +24,11 @@ std::uint64_t ChecksumOf(std::span<const float> v) {
 
 // The chunk rows an encoder uses for a plane: none for an empty plane, all
 // of them for an eager plane, fixed absolute boundaries for an append-only one.
-std::uint64_t EncoderChunkRows(const PlaneLayout& plane, std::uint64_t target_bytes) {
+std::uint64_t EncoderChunkRows(const PlaneLayout& plane, const EncodeOptions& options) {
   if (plane.values() == 0) return 0;
   if (!plane.append_only) return plane.rows;
-  return ChunkRowsFor(std::uint64_t{plane.row_width} * sizeof(float), target_bytes);
+  return ChunkRowsFor(std::uint64_t{plane.row_width} * sizeof(float), options.target_chunk_bytes,
+                      options.max_chunk_rows);
 }
 
 // raw/v1 stores the raw bytes themselves: its raw and encoded checksums are
@@ -142,6 +143,10 @@ Result<LayerEncoder> LayerEncoder::Create(const LayerShape& shape, std::vector<s
     return Status::InvalidArgument("target_chunk_bytes " + N(options.target_chunk_bytes) + " outside [4, " +
                                    N(limits.max_chunk_bytes) + "]");
   }
+  if (options.max_chunk_rows == 0 || options.max_chunk_rows > limits.max_tokens) {
+    return Status::InvalidArgument("max_chunk_rows " + N(options.max_chunk_rows) + " outside [1, " +
+                                   N(limits.max_tokens) + "]");
+  }
   if (planes.size() != layouts.size()) {
     return Status::InvalidArgument(std::string(codec->kind()) + ": " + N(planes.size()) + " planes given; the kind has " +
                                    N(layouts.size()));
@@ -163,7 +168,7 @@ Result<LayerEncoder> LayerEncoder::Create(const LayerShape& shape, std::vector<s
                                      " refused (only latent rows may be stored lossy)");
     }
     PC_RETURN_IF_ERROR(t->CheckLevel(spec.level).WithContext(where));
-    PlaneRecord rec{lay.id, spec.id, spec.level, lay.rows, lay.row_width, EncoderChunkRows(lay, options.target_chunk_bytes), {}};
+    PlaneRecord rec{lay.id, spec.id, spec.level, lay.rows, lay.row_width, EncoderChunkRows(lay, options), {}};
     for (std::uint64_t first = 0; first < lay.rows && rec.chunk_rows != 0; first += rec.chunk_rows) {
       const std::uint64_t rows = std::min(rec.chunk_rows, lay.rows - first);
       e.locations_.push_back({p, rec.chunks.size(), first, rows, first * lay.row_width, rows * lay.row_width});

@@ -197,9 +197,10 @@ TransformSpec EncodeOptions::ForPlane(PlaneId plane) const {
   return all_planes ? *all_planes : DefaultTransform(plane);
 }
 
-std::uint64_t ChunkRowsFor(std::uint64_t row_bytes, std::uint64_t target_bytes) {
+std::uint64_t ChunkRowsFor(std::uint64_t row_bytes, std::uint64_t target_bytes, std::uint64_t max_rows) {
+  const std::uint64_t cap = std::bit_floor(std::max<std::uint64_t>(max_rows, 1));
   if (row_bytes == 0 || row_bytes >= target_bytes) return 1;
-  return std::bit_floor(target_bytes / row_bytes);
+  return std::min(std::bit_floor(target_bytes / row_bytes), cap);
 }
 
 // ---- Header helpers ----------------------------------------------------------------

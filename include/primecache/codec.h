@@ -217,6 +217,13 @@ struct TransformSpec {
 TransformSpec DefaultTransform(PlaneId plane);
 
 inline constexpr std::uint64_t kDefaultChunkBytes = 1ull << 20;
+// The most rows one chunk of an append-only plane holds by default. Without a
+// cap a small plane (a tiny model's latent rows: 160 bytes a row) would be one
+// chunk whose bytes change with its length, so two boundaries of one
+// conversation would share none of it; with it they share every chunk but the
+// last. The GLM-5-class latent rows already cut at 256 rows; the cap only
+// cuts its pool keys (2,048 rows of 512 bytes) finer (docs/codecs.md).
+inline constexpr std::uint64_t kDefaultMaxChunkRows = 1024;
 
 struct EncodeOptions {
   // Applied to every plane not named in plane_transforms; DefaultTransform when unset.
@@ -224,15 +231,19 @@ struct EncodeOptions {
   // Per-plane choices. A lossy transform is refused on any plane other than
   // latent rows (index rows and pool keys decide top-k ties; they stay exact).
   std::vector<std::pair<PlaneId, TransformSpec>> plane_transforms;
-  // Append-only planes are chunked every ChunkRowsFor(row bytes, this) rows.
+  // Append-only planes are chunked every
+  // ChunkRowsFor(row bytes, target_chunk_bytes, max_chunk_rows) rows.
   std::uint64_t target_chunk_bytes = kDefaultChunkBytes;
+  std::uint64_t max_chunk_rows = kDefaultMaxChunkRows;
 
   TransformSpec ForPlane(PlaneId plane) const;
 };
 
-// The largest power of two of rows whose bytes fit target_bytes (at least 1):
-// a function of the row size alone, so chunk boundaries do not move with len.
-std::uint64_t ChunkRowsFor(std::uint64_t row_bytes, std::uint64_t target_bytes);
+// The largest power of two of rows whose bytes fit target_bytes, and at most
+// max_rows (at least 1): a function of the row size alone, so chunk boundaries
+// do not move with len.
+std::uint64_t ChunkRowsFor(std::uint64_t row_bytes, std::uint64_t target_bytes,
+                           std::uint64_t max_rows = kDefaultMaxChunkRows);
 
 // ---- The encoded layer ------------------------------------------------------------
 

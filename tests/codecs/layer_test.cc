@@ -193,16 +193,56 @@ TEST(LayerTest, ChunksAppendOnlyPlanesAtFixedRowsAndEagerPlanesOnce) {
   for (const auto& p : rec->header.planes) EXPECT_EQ(p.chunks.size(), 1u);
 }
 
-TEST(LayerTest, DefaultChunksHoldBetweenAQuarterAndOneMebibyte) {
+TEST(LayerTest, DefaultChunksHoldAtMostOneMebibyteAndAtMostTheRowCap) {
   for (std::uint64_t row_bytes = 4; row_bytes <= 256 * 1024; row_bytes += row_bytes / 3 + 4) {
     std::uint64_t rows = ChunkRowsFor(row_bytes, kDefaultChunkBytes);
-    EXPECT_GE(rows * row_bytes, 256u * 1024) << row_bytes;
     EXPECT_LE(rows * row_bytes, 1024u * 1024) << row_bytes;
+    EXPECT_LE(rows, kDefaultMaxChunkRows) << row_bytes;
+    // Either the cap cut it, or the chunk is at least a quarter of the target.
+    EXPECT_TRUE(rows == kDefaultMaxChunkRows || rows * row_bytes >= 256u * 1024) << row_bytes;
     EXPECT_EQ(rows & (rows - 1), 0u) << "a power of two";
   }
-  EXPECT_EQ(ChunkRowsFor(576 * 4, kDefaultChunkBytes), 256u);   // GLM-5-class latent rows
-  EXPECT_EQ(ChunkRowsFor(128 * 4, kDefaultChunkBytes), 2048u);  // pool keys of head_dim 128
+  EXPECT_EQ(ChunkRowsFor(576 * 4, kDefaultChunkBytes), 256u);   // GLM-5-class latent rows: under the cap
+  EXPECT_EQ(ChunkRowsFor(128 * 4, kDefaultChunkBytes), 1024u);  // pool keys of head_dim 128: the cap
+  EXPECT_EQ(ChunkRowsFor(128 * 4, kDefaultChunkBytes, 1u << 30), 2048u);  // without it
+  EXPECT_EQ(ChunkRowsFor(40 * 4, kDefaultChunkBytes), 1024u);   // the tiny model's latent rows
+  EXPECT_EQ(ChunkRowsFor(40 * 4, kDefaultChunkBytes, 300), 256u);  // a cap rounds down to a power of two
   EXPECT_EQ(ChunkRowsFor(4 << 20, kDefaultChunkBytes), 1u);
+}
+
+TEST(LayerTest, AMaxChunkRowsOfZeroOrBeyondTheTokenLimitIsRefused) {
+  for (std::uint64_t bad : {std::uint64_t{0}, CodecLimits{}.max_tokens + 1}) {
+    EncodeOptions o;
+    o.max_chunk_rows = bad;
+    auto enc = EncodeLayer(MakeLatent(100, 10, 4, 4), o);
+    ASSERT_FALSE(enc.ok()) << bad;
+    EXPECT_EQ(enc.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(enc.status().message().find("max_chunk_rows"), std::string::npos) << enc.status().ToString();
+  }
+}
+
+// The quickstart's two boundaries (1,427 and 1,464 tokens of the tiny model,
+// latent rows of 40 floats) under the default options: before the row cap
+// each small plane was one chunk whose bytes changed with its length, and
+// the two shared nothing. Now they share every chunk but each plane's last.
+TEST(LayerTest, SmallPlanesOfTwoBoundariesShareEveryChunkButTheLast) {
+  auto a = EncodeLayer(MakeLatent(1427, 40, 16, 4));
+  auto b = EncodeLayer(MakeLatent(1464, 40, 16, 4));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::size_t ca = 0, cb = 0, shared_bytes = 0;
+  for (std::size_t p = 0; p < a->header.planes.size(); ++p) {
+    const auto& pa = a->header.planes[p];
+    const auto& pb = b->header.planes[p];
+    if (pa.id == PlaneId::kLatentRows) {
+      ASSERT_EQ(pa.chunks.size(), 2u) << "1,024 rows, then the rest";
+      EXPECT_EQ(a->chunks[ca], b->chunks[cb]);
+      EXPECT_NE(a->chunks[ca + 1], b->chunks[cb + 1]);
+      shared_bytes += a->chunks[ca].size();
+    }
+    ca += pa.chunks.size();
+    cb += pb.chunks.size();
+  }
+  EXPECT_GT(shared_bytes, 0u);
 }
 
 // The statestore keeps chunks content-addressed: the leading full chunks of

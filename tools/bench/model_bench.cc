@@ -282,7 +282,7 @@ Result<std::unique_ptr<model::PrefixCache>> OpenCache(launcher::DaemonProcess& d
                                                       const model::ModelConfig& config,
                                                       const model::Weights& weights, const InProcess& ref,
                                                       std::size_t P, const char* transform,
-                                                      model::PrefixCacheOptions::Staging staging) {
+                                                      const model::PrefixCacheOptions& base) {
   client::ClientOptions o;
   o.endpoint = daemon.socket();
   o.ns = transform;
@@ -297,10 +297,9 @@ Result<std::unique_ptr<model::PrefixCache>> OpenCache(launcher::DaemonProcess& d
   o.shared_memory_bytes = std::clamp<std::uint64_t>(4 * largest + (64u << 20), 256u << 20, 4ull << 30);
   o.timeout = std::chrono::milliseconds(300000);
   PC_ASSIGN_OR_RETURN(auto cl, client::Client::Connect(o));
-  model::PrefixCacheOptions opt;
+  model::PrefixCacheOptions opt = base;  // its staging and chunking
   opt.encode.all_planes = TransformSpec{transform, transform == std::string("raw/v1") ? 0 : 1};
   opt.publish = false;
-  opt.staging = staging;
   auto cache =
       std::make_unique<model::PrefixCache>(&m, std::move(cl), model::PrefixCache::ModelIdFor(config, weights), opt);
   PC_RETURN_IF_ERROR(cache->ReserveStaging(P));
@@ -315,8 +314,8 @@ Result<std::unique_ptr<model::PrefixCache>> OpenCache(launcher::DaemonProcess& d
 Result<DaemonRun> MeasureDaemon(launcher::DaemonProcess& daemon, model::HybridModel& m,
                                 const model::ModelConfig& config, const model::Weights& weights,
                                 const InProcess& ref, std::span<const std::uint32_t> tokens, std::size_t P,
-                                const char* transform, model::PrefixCacheOptions::Staging staging) {
-  PC_ASSIGN_OR_RETURN(auto cache, OpenCache(daemon, m, config, weights, ref, P, transform, staging));
+                                const char* transform, const model::PrefixCacheOptions& base) {
+  PC_ASSIGN_OR_RETURN(auto cache, OpenCache(daemon, m, config, weights, ref, P, transform, base));
   DaemonRun d;
   auto t0 = Clock::now();
   PC_RETURN_IF_ERROR(cache->Publish(tokens.first(P), ref.views));
@@ -335,7 +334,7 @@ Result<DaemonRun> MeasureDaemon(launcher::DaemonProcess& daemon, model::HybridMo
   cache.reset();
   PC_RETURN_IF_ERROR(daemon.Restart());
   DropPageCache(daemon.data_dir());
-  PC_ASSIGN_OR_RETURN(cache, OpenCache(daemon, m, config, weights, ref, P, transform, staging));
+  PC_ASSIGN_OR_RETURN(cache, OpenCache(daemon, m, config, weights, ref, P, transform, base));
   const std::vector<std::uint32_t> miss = {model::kBosToken, 1, 2, 3, 4, 5, 6, 7};
   PC_RETURN_IF_ERROR(cache->Prime(miss).status());
   PC_ASSIGN_OR_RETURN(d.cold, Through(*cache, tokens, ref, P, &d.exact));
@@ -523,6 +522,7 @@ struct Args {
   std::vector<std::string> daemon_args;
   bool cpu = false, ttft_table = false, ratios = false;
   model::PrefixCacheOptions::Staging staging = model::PrefixCacheOptions::Staging::kAuto;
+  std::uint64_t max_chunk_rows = kDefaultMaxChunkRows;
 };
 
 // One prefix length: the in-process figures and, with a daemon, both
@@ -554,7 +554,10 @@ int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng, Fi
                 daemon.dir().c_str(), Gbs(r->bytes, disk->write_ms), Gbs(r->bytes, disk->read_ms));
   }
   for (const char* transform : {"raw/v1", "shuffle-zstd/v1"}) {
-    auto d = MeasureDaemon(daemon, *b.model, b.config, b.weights, *r, tokens, P, transform, a.staging);
+    model::PrefixCacheOptions base;
+    base.staging = a.staging;
+    base.encode.max_chunk_rows = a.max_chunk_rows;
+    auto d = MeasureDaemon(daemon, *b.model, b.config, b.weights, *r, tokens, P, transform, base);
     if (!d.ok()) return Fail(d.status(), transform);
     if (!d->exact) {
       std::printf("model-bench: %s: a restore through the daemon was not bit-identical\n", transform);
@@ -599,6 +602,8 @@ int main(int argc, char** argv) {
       {"auto", model::PrefixCacheOptions::Staging::kAuto},
       {"device", model::PrefixCacheOptions::Staging::kDevice},
       {"host", model::PrefixCacheOptions::Staging::kHost}};
+  app.add_option("--max-chunk-rows", a.max_chunk_rows, "the most rows a published chunk of an append-only plane holds")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 22));
   app.add_option("--staging", a.staging, "where a restore through the daemon stages (auto: device on CUDA)")
       ->transform(CLI::CheckedTransformer(stagings, CLI::ignore_case));
   CLI11_PARSE(app, argc, argv);

@@ -119,6 +119,7 @@ struct RunOptions {
   // Which boundaries the run publishes (PrefixCacheOptions).
   bool prompt_end = true, branch_points = true, generation_end = true;
   std::uint64_t checkpoint_every = 0;
+  std::uint64_t max_chunk_rows = kDefaultMaxChunkRows;
 };
 
 void AddOptions(CLI::App& app, RunOptions& o) {
@@ -145,6 +146,8 @@ void AddOptions(CLI::App& app, RunOptions& o) {
   app.add_flag("--generation-end,!--no-generation-end", o.generation_end,
                "publish the boundary of the prompt and the generated tokens (default on)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "publish a boundary every N prompt tokens (0: none)");
+  app.add_option("--max-chunk-rows", o.max_chunk_rows, "the most rows a chunk of an append-only plane holds")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 22));
 }
 
 // --prompt, or the contents of --prompt-file.
@@ -228,6 +231,7 @@ int Run(const RunOptions& o) {
   co.publish_branch_points = o.branch_points;
   co.publish_generation_end = o.generation_end;
   co.checkpoint_every = o.checkpoint_every;
+  co.encode.max_chunk_rows = o.max_chunk_rows;
   model::PrefixCache cache(&m, ConnectToCache(o), model::PrefixCache::ModelIdFor(lm.config, lm.weights), co);
 
   auto r = cache.Prime(tokens, !o.dump_logits.empty());
