@@ -75,6 +75,11 @@ TEST(Traces, ChatConversationsGrowTurnByTurnAndShareTheirPrefix) {
       const auto& b = reqs[k]->tokens;
       ASSERT_GT(b.size(), a.size());
       ASSERT_TRUE(std::equal(a.begin(), a.end(), b.begin())) << "a turn extends the one before";
+      const auto& reply = reqs[k - 1]->reply;
+      ASSERT_GE(reply.size(), p.reply.min);
+      ASSERT_GE(b.size(), a.size() + reply.size());
+      EXPECT_TRUE(std::equal(reply.begin(), reply.end(), b.begin() + static_cast<std::ptrdiff_t>(a.size())))
+          << "the next turn carries the reply right after the prompt";
       EXPECT_GT(reqs[k]->arrival_s, reqs[k - 1]->arrival_s);
     }
     user.push_back(static_cast<double>(reqs.front()->tokens.size() - p.system_tokens));
@@ -101,10 +106,23 @@ TEST(Traces, FewShotBatchesShareTheirPrefixAndAgentsTheirSystemPrompt) {
   for (const auto& [b, n] : shared) EXPECT_GE(n, 500u) << "batch " << b;
   const traces::AgenticParams ap;
   const traces::Trace a = traces::GenerateAgentic(ap, 5);
+  std::map<std::uint64_t, const traces::Request*> before;  // session -> its previous step
+  std::size_t carried = 0, steps = 0;
   for (const auto& r : a.requests) {
     ASSERT_GT(r.tokens.size(), ap.system_tokens);
     EXPECT_TRUE(std::equal(a.requests[0].tokens.begin(), a.requests[0].tokens.begin() + 6000, r.tokens.begin()));
+    EXPECT_GE(r.reply.size(), ap.action.min) << "every step has the agent's action";
+    if (const auto* prev = before[r.conversation]) {
+      std::vector<std::uint32_t> answered = prev->tokens;
+      answered.insert(answered.end(), prev->reply.begin(), prev->reply.end());
+      // A step carries the previous one's action, unless it branched back.
+      carried += r.tokens.size() >= answered.size() && std::equal(answered.begin(), answered.end(), r.tokens.begin());
+      ++steps;
+    }
+    before[r.conversation] = &r;
   }
+  EXPECT_GT(carried, steps * 3 / 4) << carried << " of " << steps << " steps carried their action";
+  for (const auto& r : f.requests) EXPECT_TRUE(r.reply.empty()) << "few-shot requests have no reply";
 }
 
 // ---- replay ---------------------------------------------------------------------------------

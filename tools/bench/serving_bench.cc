@@ -7,9 +7,14 @@
 // For each trace and setting it measures the token hit rate (restored
 // tokens over prompt tokens), the boundaries published and the chunk bytes
 // they stored, and TTFT p50/p95; settings: `end` (the prompt's end only,
-// what the serving path did before branch points) and `branch` (the
-// prompt's end and the branch point). Requests run one after another, each
-// one's publishes drained before the next (the replay's assumption too).
+// what the serving path did before branch points), `branch` (the prompt's
+// end and the branch point) and `gen` (those and the generation's end: the
+// trace's reply to each request, chat's assistant turn or agentic's action,
+// is fed through the model after the prompt as its generation, and Finish
+// publishes the boundary after it, which the conversation's next request
+// carries). Requests run one after another, each one's publishes drained
+// before the next (the replay's assumption too). The replay knows no
+// generation ends, so `gen` is set beside the replay's `branch` figure.
 // Trace tokens are folded into the model's vocabulary (t mod 256, the byte
 // tokens), which keeps every shared prefix shared.
 //
@@ -17,8 +22,9 @@
 //       --config configs/hrm-tiny.json --traces fewshot,agentic,chat --conversations 2 --length-scale 0.1
 //
 // With --check it also holds the figures to what they must show: on every
-// trace the `branch` setting hits at least as many tokens as `end`, and the
-// real path's hit rate is within --max-gap of the replay's.
+// trace `branch` hits at least as many tokens as `end` and `gen` at least as
+// many as `branch` (more, where the trace gives replies), and under `end`
+// and `branch` the real path's hit rate is within --max-gap of the replay's.
 // Exit status: 0; 1 when a run failed; 3 when --check found a figure out.
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -28,6 +34,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <unistd.h>
 #include <string>
 #include <vector>
@@ -46,7 +53,8 @@ namespace {
 struct Args {
   std::string daemon_bin, config_path = "configs/hrm-tiny.json", backend = "cpu", csv;
   std::vector<std::string> traces = {"fewshot", "agentic", "chat"};
-  std::vector<std::string> settings = {"end", "branch"};
+  std::vector<std::string> settings = {"end", "branch", "gen"};
+  std::uint64_t max_chunk_rows = kDefaultMaxChunkRows;
   std::uint32_t conversations = 2;
   double length_scale = 0.1;
   std::uint64_t seed = 1;
@@ -67,23 +75,40 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
 }
 
-// The trace's prompts in the model's vocabulary.
-std::vector<std::vector<std::uint32_t>> Prompts(const traces::Trace& t, std::size_t limit) {
-  std::vector<std::vector<std::uint32_t>> out;
+// Which boundaries a run publishes.
+struct Setting {
+  bool branch_points = false;
+  bool generation_end = false;
+};
+
+Setting SettingNamed(const std::string& name) {
+  return {name != "end", name == "gen"};
+}
+
+// One request of a trace in the model's vocabulary: its prompt and the
+// reply the trace gives it (fed as its generation under `gen`).
+struct Turn {
+  std::vector<std::uint32_t> prompt, reply;
+};
+
+std::vector<Turn> Turns(const traces::Trace& t, std::size_t limit) {
+  std::vector<Turn> out;
   for (const auto& r : t.requests) {
     if (limit != 0 && out.size() == limit) break;
-    std::vector<std::uint32_t> p = {model::kBosToken};
-    for (std::uint32_t x : r.tokens) p.push_back(x % 256);
-    out.push_back(std::move(p));
+    Turn turn;
+    turn.prompt = {model::kBosToken};
+    for (std::uint32_t x : r.tokens) turn.prompt.push_back(x % 256);
+    for (std::uint32_t x : r.reply) turn.reply.push_back(x % 256);
+    out.push_back(std::move(turn));
   }
   return out;
 }
 
 // One trace through the serving path under one setting, on a fresh daemon.
 Result<Figures> RunServing(const Args& a, const model::ModelConfig& config, const model::Weights& weights,
-                           const std::vector<std::vector<std::uint32_t>>& prompts, bool branch) {
+                           const std::vector<Turn>& turns, Setting setting) {
   std::size_t longest = 0;
-  for (const auto& p : prompts) longest = std::max(longest, p.size());
+  for (const auto& t : turns) longest = std::max(longest, t.prompt.size() + t.reply.size());
   std::shared_ptr<engine::Device> device;
   if (a.backend == "cuda") {
     PC_ASSIGN_OR_RETURN(device, engine::NewCudaDevice());
@@ -106,18 +131,23 @@ Result<Figures> RunServing(const Args& a, const model::ModelConfig& config, cons
   PC_ASSIGN_OR_RETURN(auto cl, client::Client::Connect(o));
   auto* stats_client = cl.get();
   model::PrefixCacheOptions opt;
-  opt.publish_branch_points = branch;
-  opt.publish_generation_end = false;  // the traces give no generation to continue
+  opt.publish_branch_points = setting.branch_points;
+  opt.publish_generation_end = setting.generation_end;
+  opt.encode.max_chunk_rows = a.max_chunk_rows;
   model::PrefixCache cache(m.get(), std::move(cl), model::PrefixCache::ModelIdFor(config, weights), opt);
   PC_RETURN_IF_ERROR(cache.ReserveStaging(longest));
   Figures f;
-  for (const auto& p : prompts) {
-    PC_ASSIGN_OR_RETURN(model::Request r, cache.Prime(p));
+  for (const Turn& t : turns) {
+    PC_ASSIGN_OR_RETURN(model::Request r, cache.Prime(t.prompt));
     f.ttft_ms.push_back(r.ttft_ms);
     ++f.requests;
-    f.prompt_tokens += p.size();
+    f.prompt_tokens += t.prompt.size();
     f.hit_tokens += r.restored_tokens;
-    cache.Finish(r);
+    if (setting.generation_end && !t.reply.empty()) {
+      std::vector<float> logits;
+      PC_RETURN_IF_ERROR(m->Prime(r.session, t.reply, model::LogitsWanted::kLast, &logits));
+    }
+    cache.Finish(r, t.reply);
     if (cache.Drain() != 0) return Status::Internal("a publish failed (see the log)");
   }
   f.published = cache.published();
@@ -147,6 +177,36 @@ Result<double> ReplayHitRate(const model::ModelConfig& config, const traces::Tra
   return r.HitRate();
 }
 
+bool HasReplies(const std::vector<Turn>& turns) {
+  return std::any_of(turns.begin(), turns.end(), [](const Turn& t) { return !t.reply.empty(); });
+}
+
+// --check's rules for one row, given the hit rates of the settings run
+// before it on the same trace; false, with a line on stderr, when one fails.
+bool CheckRow(const Args& a, const std::string& trace, const std::string& setting, double hit, double replay,
+              const std::map<std::string, double>& before, bool replies) {
+  bool ok = true;
+  if (setting != "gen" && std::abs(hit - replay) > a.max_gap) {
+    std::fprintf(stderr, "check: %s/%s hit rate %.3f is more than %.2f from the replay's %.3f\n", trace.c_str(),
+                 setting.c_str(), hit, a.max_gap, replay);
+    ok = false;
+  }
+  if (auto end = before.find("end"); setting == "branch" && end != before.end() && hit < end->second) {
+    std::fprintf(stderr, "check: %s: branch points hit %.3f, below the prompt ends' %.3f\n", trace.c_str(), hit,
+                 end->second);
+    ok = false;
+  }
+  // Where the trace gives replies, the next turn carries one: generation
+  // ends must restore more than branch points alone.
+  if (auto br = before.find("branch"); setting == "gen" && br != before.end() &&
+                                       (replies ? hit <= br->second : hit < br->second)) {
+    std::fprintf(stderr, "check: %s: generation ends hit %.3f, not above the branch points' %.3f\n", trace.c_str(),
+                 hit, br->second);
+    ok = false;
+  }
+  return ok;
+}
+
 int Run(const Args& a) {
   auto config = model::LoadModelConfig(Env::Default(), a.config_path);
   if (!config.ok()) return std::fprintf(stderr, "%s\n", config.status().ToString().c_str()), 1;
@@ -157,7 +217,6 @@ int Run(const Args& a) {
               "replay", "published", "stored", "ttft_p50", "ttft_p95");
   int status = 0;
   for (const std::string& name : a.traces) {
-    double end_rate = -1;
     auto kind = traces::ParseKind(name);
     if (!kind.ok()) return std::fprintf(stderr, "%s\n", kind.status().ToString().c_str()), 1;
     traces::TraceOptions to;
@@ -165,10 +224,11 @@ int Run(const Args& a) {
     to.conversations = a.conversations;
     to.length_scale = a.length_scale;
     const traces::Trace trace = traces::Generate(*kind, to);
-    const auto prompts = Prompts(trace, a.max_requests);
+    const auto turns = Turns(trace, a.max_requests);
+    std::map<std::string, double> rates;  // setting -> its hit rate, as they run
     for (const std::string& setting : a.settings) {
-      const bool branch = setting == "branch";
-      auto f = RunServing(a, *config, weights, prompts, branch);
+      const bool branch = setting != "end";
+      auto f = RunServing(a, *config, weights, turns, SettingNamed(setting));
       if (!f.ok()) return std::fprintf(stderr, "%s/%s: %s\n", name.c_str(), setting.c_str(), f.status().ToString().c_str()), 1;
       auto replayed = ReplayHitRate(*config, trace, a.max_requests, branch);
       if (!replayed.ok()) return std::fprintf(stderr, "replay: %s\n", replayed.status().ToString().c_str()), 1;
@@ -182,18 +242,8 @@ int Run(const Args& a) {
           !s.ok()) {
         return std::fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
       }
-      if (!a.check) continue;
-      if (std::abs(f->HitRate() - *replayed) > a.max_gap) {
-        std::fprintf(stderr, "check: %s/%s hit rate %.3f is more than %.2f from the replay's %.3f\n", name.c_str(),
-                     setting.c_str(), f->HitRate(), a.max_gap, *replayed);
-        status = 3;
-      }
-      if (setting == "end") end_rate = f->HitRate();
-      if (setting == "branch" && end_rate >= 0 && f->HitRate() < end_rate) {
-        std::fprintf(stderr, "check: %s: branch points hit %.3f, below the prompt ends' %.3f\n", name.c_str(),
-                     f->HitRate(), end_rate);
-        status = 3;
-      }
+      if (a.check && !CheckRow(a, name, setting, f->HitRate(), *replayed, rates, HasReplies(turns))) status = 3;
+      rates[setting] = f->HitRate();
     }
   }
   if (!a.csv.empty()) {
@@ -212,15 +262,18 @@ int main(int argc, char** argv) {
   app.add_option("--config", a.config_path, "model config (JSON)");
   app.add_option("--backend", a.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--traces", a.traces, "trace kinds (chat, agentic, fewshot, documents, mixed)")->delimiter(',');
-  app.add_option("--settings", a.settings, "boundary settings: end, branch")
+  app.add_option("--settings", a.settings, "boundary settings: end, branch, gen (branch and generation ends)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"end", "branch"}));
+      ->check(CLI::IsMember({"end", "branch", "gen"}));
+  app.add_option("--max-chunk-rows", a.max_chunk_rows, "the most rows a chunk of an append-only plane holds")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 22));
   app.add_option("--conversations", a.conversations, "conversations (sessions, batches) per trace");
   app.add_option("--length-scale", a.length_scale, "scales every length distribution of the traces");
   app.add_option("--max-requests", a.max_requests, "replay at most this many requests of each trace (0: all)");
   app.add_option("--seed", a.seed, "trace seed");
   app.add_option("--csv", a.csv, "also write the rows to this CSV file");
-  app.add_flag("--check", a.check, "exit 3 unless branch points hit at least the prompt ends and the replay agrees");
+  app.add_flag("--check", a.check,
+               "exit 3 unless each setting hits at least the one before and the replay agrees (end, branch)");
   app.add_option("--max-gap", a.max_gap, "--check: the largest hit-rate gap to the replay");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);

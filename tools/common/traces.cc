@@ -21,6 +21,13 @@ void AppendFresh(Sampler& s, std::uint64_t n, std::vector<std::uint32_t>* out) {
   for (std::uint64_t i = 0; i < n; ++i) out->push_back(static_cast<std::uint32_t>(s.Next() % kVocab));
 }
 
+std::vector<std::uint32_t> Prefix(const std::vector<std::uint32_t>& t, std::size_t n) {
+  return {t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)};
+}
+std::vector<std::uint32_t> Suffix(const std::vector<std::uint32_t>& t, std::size_t from) {
+  return {t.begin() + static_cast<std::ptrdiff_t>(from), t.end()};
+}
+
 std::vector<std::uint32_t> Fresh(Sampler& s, std::uint64_t n) {
   std::vector<std::uint32_t> t;
   t.reserve(n);
@@ -135,8 +142,9 @@ Trace GenerateChat(const ChatParams& p, std::uint64_t seed) {
     double t = start;
     for (std::uint32_t k = 0; k < turns; ++k) {
       AppendFresh(s, s.Draw(p.user), &history);
-      reqs.push_back({t, c, k, false, history});
+      const std::size_t asked = history.size();
       AppendFresh(s, s.Draw(p.reply), &history);
+      reqs.push_back({t, c, k, false, Prefix(history, asked), Suffix(history, asked)});
       t += static_cast<double>(s.Draw(p.think_s));
     }
   }
@@ -163,8 +171,9 @@ Trace GenerateAgentic(const AgenticParams& p, std::uint64_t seed) {
         AppendFresh(s, s.Draw(p.action), &history);
       }
       step_lengths.push_back(history.size());
-      reqs.push_back({t, c, k, false, history});
+      const std::size_t asked = history.size();
       AppendFresh(s, s.Draw(p.action), &history);
+      reqs.push_back({t, c, k, false, Prefix(history, asked), Suffix(history, asked)});
       AppendFresh(s, s.Draw(p.tool_output), &history);
       t += static_cast<double>(s.Draw(p.tool_s));
     }
@@ -185,7 +194,7 @@ Trace GenerateFewShot(const FewShotParams& p, std::uint64_t seed) {
     for (std::uint32_t i = 0; i < n; ++i) {
       std::vector<std::uint32_t> tokens = prefix;
       AppendFresh(s, s.Draw(p.suffix), &tokens);
-      reqs.push_back({t, b, i, false, std::move(tokens)});
+      reqs.push_back({t, b, i, false, std::move(tokens), {}});
       t += s.Exponential(p.request_gap_mean_s);
     }
   }
@@ -201,7 +210,7 @@ Trace GenerateDocuments(const DocumentParams& p, std::uint64_t seed) {
     Sampler s(SubSeed(seed, 4, d + 1));
     std::vector<std::uint32_t> tokens = Fresh(s, s.Draw(p.document));
     AppendFresh(s, s.Draw(p.question), &tokens);
-    reqs.push_back({t, d, 0, false, std::move(tokens)});
+    reqs.push_back({t, d, 0, false, std::move(tokens), {}});
   }
   return Finish(Kind::kDocuments, seed, std::move(reqs));
 }
@@ -296,6 +305,8 @@ std::string Serialize(const Trace& trace) {
     Put64(&out, (std::uint64_t{r.turn} << 1) | (r.last ? 1 : 0));
     Put64(&out, r.tokens.size());
     for (std::uint32_t t : r.tokens) PutLE(&out, t, 4);
+    Put64(&out, r.reply.size());
+    for (std::uint32_t t : r.reply) PutLE(&out, t, 4);
   }
   return out;
 }

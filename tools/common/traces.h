@@ -66,6 +66,10 @@ struct Request {
   std::uint32_t turn = 0;          // 0-based request number within it
   bool last = false;               // no later request of this conversation follows
   std::vector<std::uint32_t> tokens;
+  // What the model answers it, as the conversation's next request carries it
+  // after `tokens` (chat: the assistant's reply; agentic: the agent's
+  // action); empty where the trace generates none (few-shot, documents).
+  std::vector<std::uint32_t> reply;
 };
 
 struct Trace {
