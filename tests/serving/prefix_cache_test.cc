@@ -10,6 +10,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "serving/prefix_cache.h"
 #include "tests/ipc/daemon_harness.h"
@@ -263,6 +264,91 @@ TEST_P(BranchPointTest, ThreeRequestsSharingAPrefixRestoreIt) {
 
 INSTANTIATE_TEST_SUITE_P(Stacks, BranchPointTest, ::testing::ValuesIn(Variants()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The daemon is killed around a branch capture: before the request's Finish
+// (its publishes find no daemon), or a moment after it, while the branch
+// point and the prompt end are on their way. The request never fails; the
+// daemon restarted on the same directory finds a store that verifies clean,
+// each boundary whole or absent; and a third request restores what is there
+// and continues bit for bit like a run that split its prefill at that point.
+TEST(PrefixCacheTest, ADaemonKilledAroundABranchCaptureLeavesNoTornEntry) {
+  Harness h(Mixed(), 0);
+  const auto shared = Prompt(150, 1);
+  const auto a = Then(shared, 31, 2), b = Then(shared, 31, 3), c = Then(shared, 31, 4);
+  std::set<std::uint64_t> restored_seen;
+  for (int delay_us : {-1, 0, 300, 1000, 3000, 10000}) {
+    SCOPED_TRACE("killed " + (delay_us < 0 ? std::string("before Finish") : std::to_string(delay_us) + " us after"));
+    Daemon daemon;
+    ASSERT_TRUE(daemon.Start());
+    daemon.DisownDir();
+    {
+      auto cache = h.Cache(&daemon);
+      auto ra = cache->Prime(a);
+      ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+      cache->Finish(*ra);
+      ASSERT_EQ(cache->Drain(), 0u);
+      ra->session = ModelSession{};
+      auto rb = cache->Prime(b);
+      ASSERT_TRUE(rb.ok()) << rb.status().ToString();
+      ASSERT_EQ(rb->prefill_captures.size(), 1u) << "the branch point is captured";
+      if (delay_us < 0) daemon.Kill();
+      std::thread killer;
+      if (delay_us >= 0) {
+        killer = std::thread([&daemon, delay_us] {
+          std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+          daemon.Kill();
+        });
+      }
+      cache->Finish(*rb);  // returns nothing to fail: a lost publish is a log line
+      const std::size_t failed = cache->Drain();
+      if (killer.joinable()) killer.join();
+      if (delay_us < 0) {
+        EXPECT_EQ(failed, 2u) << "both publishes found no daemon";
+      }
+      rb->session = ModelSession{};
+    }
+    Daemon again({}, daemon.dir());
+    again.OwnDir();
+    ASSERT_TRUE(again.Start());
+    {
+      auto admin = primecache::testing::Admin(again);
+      ASSERT_NE(admin, nullptr);
+      auto report = admin->VerifyStore(/*read_chunks=*/true);
+      ASSERT_TRUE(report.ok()) << report.status().ToString();
+      EXPECT_EQ(report->problem_count, 0u) << "a torn or inconsistent store after the kill: "
+                                           << (report->problems.empty() ? "" : report->problems[0]);
+      auto st = admin->Stat();
+      ASSERT_TRUE(st.ok());
+      EXPECT_GE(st->store.entries, 1u) << "the acknowledged first boundary is lost";
+      EXPECT_LE(st->store.entries, 3u);
+      EXPECT_EQ(report->entries, st->store.entries);
+    }
+    auto cache = h.Cache(&again);
+    auto rc = cache->Prime(c, /*all_logits=*/true);
+    ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+    ASSERT_TRUE(rc->restored_tokens == 0 || rc->restored_tokens == 150) << rc->restored_tokens;
+    if (delay_us < 0) {
+      EXPECT_EQ(rc->restored_tokens, 0u) << "nothing of the second request was stored";
+    }
+    restored_seen.insert(rc->restored_tokens);
+    std::vector<float> reference;
+    if (rc->restored_tokens == 0) {
+      auto plain = h.cpu.model->NewSession();
+      ASSERT_TRUE(plain.ok());
+      ASSERT_TRUE(h.cpu.model->Prime(*plain, c, LogitsWanted::kAll, &reference).ok());
+    } else {
+      reference = SplitReference(h, c, rc->restored_tokens);
+    }
+    EXPECT_TRUE(SameBits(rc->all_logits, reference)) << "the continuation differs from a run without cache";
+  }
+  std::printf("[kill around the branch capture] third request restored: %s\n",
+              [&] {
+                std::string out;
+                for (auto n : restored_seen) out += std::to_string(n) + " ";
+                return out;
+              }()
+                  .c_str());
+}
 
 // A conversation's next turn holds the model's own reply: the boundary of
 // the prompt and the generated tokens, published at Finish, is what it

@@ -36,15 +36,6 @@ Answer Ask(Store& s, const std::vector<std::uint32_t>& q, std::uint64_t model = 
   return a;
 }
 
-// `base` up to `at`, then tokens of another conversation.
-std::vector<std::uint32_t> DivergeAt(const std::vector<std::uint32_t>& base, std::size_t at, std::size_t n,
-                                     std::uint64_t seed) {
-  std::vector<std::uint32_t> t = Prefix(base, at);
-  for (std::uint32_t x : Conversation(n - at, seed)) t.push_back(x);
-  if (t[at] == base[at]) t[at] ^= 1;  // they differ exactly at `at`
-  return t;
-}
-
 void ExpectHandMadeCases(Store& s) {
   const auto conv = Conversation(1000, 1);
   // No entry.

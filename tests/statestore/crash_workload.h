@@ -26,8 +26,10 @@ inline const store_test::TestModel& Model() {
 
 // Boundaries of two conversations that share chunks, a delete of a boundary
 // whose chunks a longer one keeps, a Compact that rewrites the segment its
-// dead chunks are in (gc), a larger publish, an eviction, a last publish and
-// a last Compact.
+// dead chunks are in (gc), a larger publish, what the serving path publishes
+// for a request that branches off a stored conversation (the branch point,
+// a shorter boundary sharing its chunks, then the request's own prompt end),
+// an eviction, a last publish and a last Compact.
 inline const std::vector<Step>& Workload() {
   static const std::vector<Step> steps = [] {
     using store_test::Conversation;
@@ -40,6 +42,8 @@ inline const std::vector<Step>& Workload() {
     s.push_back({Step::kDelete, {}, 0});
     s.push_back({Step::kCompact, {}, -1});
     s.push_back({Step::kPublish, Prefix(a, 700), -1});
+    s.push_back({Step::kPublish, Prefix(a, 320), -1});  // the branch point of d and a
+    s.push_back({Step::kPublish, store_test::DivergeAt(a, 320, 520, 504), -1});
     s.push_back({Step::kPublish, Prefix(b, 260), -1});
     s.push_back({Step::kEvict, {}, -1});
     s.push_back({Step::kPublish, Prefix(c, 500), -1});

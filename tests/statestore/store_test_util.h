@@ -128,6 +128,15 @@ inline std::vector<std::uint32_t> Prefix(const std::vector<std::uint32_t>& t, st
   return {t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)};
 }
 
+// `base` up to `at`, then tokens of another conversation.
+inline std::vector<std::uint32_t> DivergeAt(const std::vector<std::uint32_t>& base, std::size_t at, std::size_t n,
+                                            std::uint64_t seed) {
+  std::vector<std::uint32_t> t = Prefix(base, at);
+  for (std::uint32_t x : Conversation(n - at, seed)) t.push_back(x);
+  if (t[at] == base[at]) t[at] ^= 1;  // they differ exactly at `at`
+  return t;
+}
+
 inline Hash128 ModelDigest(std::uint64_t n) {
   return Hash128{Mix(n), Mix(n + 1)};
 }
