@@ -47,6 +47,9 @@ fi
 # The eviction figures' committed CSV (its own smoke run is eviction_bench_smoke).
 cp "$src/docs/img/eviction-results.csv" "$csv/"
 expect+=(eviction-chat.png eviction-mixed.png)
+# The serving bench's committed CSV (its own smoke runs are serving_bench_smoke*).
+cp "$src/docs/img/serving/serving-cpu.csv" "$csv/"
+expect+=(serving-cpu.png)
 
 /usr/bin/python3 "$src/tools/bench/plot.py" "$work/png" "$csv" > "$work/plotted.txt"
 for png in "${expect[@]}"; do

@@ -18,6 +18,8 @@ an error, so a benchmark whose CSV changes fails here (and in the ctest
   primecache-engine-bench --csv-dir D engine-restore-BACKEND.png (as model-restore); with --kv-kinds
                                      kv-kinds-BACKEND.png (bytes per token, restore GB/s per KV kind)
   primecache-eviction-bench --csv X  eviction-TRACE.png per trace, rows of every such file merged
+  primecache-serving-bench --csv X   X.png: hit rate (and the replay's), TTFT p50/p95 and stored bytes
+                                     per trace x boundary setting
 """
 import csv
 import os
@@ -255,6 +257,40 @@ def plot_eviction(rows, out_dir):
     return [plot_eviction_trace(t, rs, out_dir) for t, rs in sorted(by_trace.items())]
 
 
+def plot_serving(rows, out):
+    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    at = {(r["trace"], r["setting"]): r for r in rows}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    hit = {k: float(r["hit_rate"]) for k, r in at.items()}
+    grouped_bars(axes[0], traces, settings, hit, fmt=lambda y: f"{y:.2f}")
+    width = 0.8 / max(len(settings), 1)
+    for i, s in enumerate(settings):
+        xs = [g + (i - (len(settings) - 1) / 2) * width for g in range(len(traces))]
+        ys = [float(at[(t, s)]["replay_hit_rate"]) if (t, s) in at else float("nan") for t in traces]
+        axes[0].scatter(xs, ys, marker="_", s=300, color="black", zorder=3,
+                        label="replay's estimate" if i == 0 else None)
+    axes[0].set_ylim(0, 1.1)
+    axes[0].set_ylabel("token hit rate")
+    axes[0].set_title("hit rate (bars: real path; dash: replay)")
+    p50 = {k: float(r["ttft_p50_ms"]) for k, r in at.items()}
+    grouped_bars(axes[1], traces, settings, p50, fmt=lambda y: f"{y:.0f}")
+    for i, s in enumerate(settings):
+        xs = [g + (i - (len(settings) - 1) / 2) * width for g in range(len(traces))]
+        ys = [float(at[(t, s)]["ttft_p95_ms"]) if (t, s) in at else float("nan") for t in traces]
+        axes[1].scatter(xs, ys, marker="v", color="black", s=14, zorder=3, label="p95" if i == 0 else None)
+    axes[1].set_ylabel("ms")
+    axes[1].set_title("TTFT p50 (bars) and p95")
+    end = {t: float(at[(t, settings[0])]["stored_bytes"]) for t in traces if (t, settings[0]) in at}
+    stored = {k: float(r["stored_bytes"]) / end[k[0]] for k, r in at.items() if end.get(k[0])}
+    grouped_bars(axes[2], traces, settings, stored, fmt=lambda y: f"{y:.2f}x")
+    axes[2].set_ylabel(f"stored bytes / {settings[0]}'s")
+    axes[2].set_title("bytes stored")
+    for ax, where in zip(axes, ("lower left", "upper right", "upper left")):
+        ax.legend(fontsize=7, loc=where)
+    return [save(fig, out + ".png")]
+
+
 # ---- dispatch -------------------------------------------------------------------------------
 
 RESTORE = ("config,device,prefix_tokens,path,restored_bytes,restore_ms,restore_gbps,pinned_h2d_gbps")
@@ -272,6 +308,8 @@ FIGURES = {
     "budget_bytes,budget_share,bytes_written,evictions,failed,flops_saved,flops_saved_share,hit_rate,hit_tokens,"
     "over_budget,peak_stored_bytes,policy,prefill_flops,prompt_tokens,publishes,refused,requests,requests_hit,"
     "seconds,trace,ttft_mean_ms,ttft_nocache_mean_ms,ttft_p95_ms,where": (plot_eviction, True),
+    "trace,setting,requests,prompt_tokens,hit_rate,replay_hit_rate,published,stored_bytes,ttft_p50_ms,"
+    "ttft_p95_ms": (plot_serving, False),
 }
 
 
