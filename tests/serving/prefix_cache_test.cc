@@ -265,6 +265,45 @@ TEST_P(BranchPointTest, ThreeRequestsSharingAPrefixRestoreIt) {
 INSTANTIATE_TEST_SUITE_P(Stacks, BranchPointTest, ::testing::ValuesIn(Variants()),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// Two engines find the same branch point at once (each primes its request
+// before the other's publishes land) and both publish it: the second
+// publish deduplicates, the store keeps one entry of those tokens, and a
+// later request restores it bit for bit.
+TEST(PrefixCacheTest, TwoEnginesPublishingOneBranchPointStoreItOnce) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.Start());
+  Harness h1(Mixed(), 0), h2(Mixed(), 0);
+  ASSERT_TRUE(h1.id.digest == h2.id.digest) << "one model, two engines";
+  auto e1 = h1.Cache(&daemon), e2 = h2.Cache(&daemon);
+  const auto shared = Prompt(150, 1);
+  const auto a = Then(shared, 31, 2), b = Then(shared, 31, 3), c = Then(shared, 31, 4), d = Then(shared, 31, 5);
+  auto ra = e1->Prime(a);
+  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+  e1->Finish(*ra);
+  ASSERT_EQ(e1->Drain(), 0u);
+  ra->session = ModelSession{};
+  auto rb = e1->Prime(b);
+  auto rc = e2->Prime(c);
+  ASSERT_TRUE(rb.ok() && rc.ok());
+  ASSERT_EQ(rb->prefill_captures.size(), 1u);
+  ASSERT_EQ(rc->prefill_captures.size(), 1u) << "both engines capture the branch point";
+  e1->Finish(*rb);
+  ASSERT_EQ(e1->Drain(), 0u);
+  e2->Finish(*rc);
+  ASSERT_EQ(e2->Drain(), 0u) << "a publish of tokens stored meanwhile is no failure";
+  auto admin = primecache::testing::Admin(daemon);
+  ASSERT_NE(admin, nullptr);
+  auto st = admin->Stat();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->store.entries, 4u) << "a, the branch point once, b and c";
+  rb->session = ModelSession{};
+  rc->session = ModelSession{};
+  auto rd = e1->Prime(d, /*all_logits=*/true);
+  ASSERT_TRUE(rd.ok()) << rd.status().ToString();
+  EXPECT_EQ(rd->restored_tokens, 150u);
+  EXPECT_TRUE(SameBits(rd->all_logits, SplitReference(h1, d, 150)));
+}
+
 // The daemon is killed around a branch capture: before the request's Finish
 // (its publishes find no daemon), or a moment after it, while the branch
 // point and the prompt end are on their way. The request never fails; the
