@@ -176,12 +176,7 @@ TEST(BranchPoint, RandomTreesAgreeWithABruteForce) {
       const auto& base = stored[rng() % stored.size()];
       const std::size_t at = 1 + rng() % (base.size() - 1);
       const auto q = DivergeAt(base, at, at + 1 + rng() % 300, 5000 + qn);
-      std::uint64_t brute = 0;
-      for (const auto& s : stored) {
-        std::size_t k = 0;
-        while (k < s.size() && k < q.size() && s[k] == q[k]) ++k;
-        brute = std::max<std::uint64_t>(brute, k);
-      }
+      const std::uint64_t brute = LongestSharedPrefix(q, stored);
       const std::uint64_t block = brute / statestore_internal::kPassBlockTokens * statestore_internal::kPassBlockTokens;
       std::size_t passing = 0;
       for (const auto& s : stored) {

@@ -116,23 +116,16 @@ Acks ParseAcks(const std::string& out) {
 // The pass records a crash left agree with the entries that are there: a
 // query diverging a few tokens before each entry's end is answered the
 // longest prefix any present entry shares with it, no more, no less.
-void ExpectBranchPointsOf(Store& store, const std::vector<EntryInfo>& present) {
-  std::vector<std::vector<std::uint32_t>> stored;
-  for (const auto& e : present) stored.push_back(*store.Tokens(e.id));
+void ExpectBranchPointsOf(Store& store, const std::vector<std::vector<std::uint32_t>>& stored) {
   for (const auto& t : stored) {
     const auto query = DivergeAt(t, t.size() - 5, t.size() + 40, 77);
-    std::uint64_t want = 0;
-    for (const auto& u : stored) {
-      const auto m = std::mismatch(query.begin(), query.end(), u.begin(), u.end());
-      want = std::max<std::uint64_t>(want, static_cast<std::uint64_t>(m.first - query.begin()));
-    }
     std::uint64_t shared = 0;
     LookupOptions o;
     o.record = false;
     o.shared_tokens = &shared;
     auto r = store.Lookup(ModelDigest(1), "", query, o);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_EQ(shared, want) << "the branch point of a query diverging at " << t.size() - 5;
+    EXPECT_EQ(shared, LongestSharedPrefix(query, stored)) << "the branch point of a query diverging at " << t.size() - 5;
   }
 }
 
@@ -158,9 +151,11 @@ void CheckStore(const std::string& dir, const Acks& acks, const std::string& wha
   auto page = store.List(lo);
   ASSERT_TRUE(page.ok());
   std::set<int> present_steps;
+  std::vector<std::vector<std::uint32_t>> present_tokens;
   for (const auto& e : page->entries) {
     auto tokens = store.Tokens(e.id);
     ASSERT_TRUE(tokens.ok());
+    present_tokens.push_back(*tokens);
     auto it = step_of.find(*tokens);
     ASSERT_NE(it, step_of.end()) << "entry " << e.id << " was never published";
     int step = it->second;
@@ -189,7 +184,7 @@ void CheckStore(const std::string& dir, const Acks& acks, const std::string& wha
       EXPECT_EQ(present_steps.count(step), 1u) << "acknowledged step " << step << " lost";
     }
   }
-  ExpectBranchPointsOf(store, page->entries);
+  ExpectBranchPointsOf(store, present_tokens);
   // The store goes on: the rest of the workload's kind of work succeeds.
   auto t = Conversation(150, 999);
   auto r = store.Publish(Request(t), MakeLayers(t, crash_test::Model()));

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -135,6 +136,18 @@ inline std::vector<std::uint32_t> DivergeAt(const std::vector<std::uint32_t>& ba
   for (std::uint32_t x : Conversation(n - at, seed)) t.push_back(x);
   if (t[at] == base[at]) t[at] ^= 1;  // they differ exactly at `at`
   return t;
+}
+
+// The longest prefix of `query` that any of `stored` shares token for token
+// (the branch point a lookup must answer, worked out by brute force).
+inline std::uint64_t LongestSharedPrefix(const std::vector<std::uint32_t>& query,
+                                         const std::vector<std::vector<std::uint32_t>>& stored) {
+  std::uint64_t best = 0;
+  for (const auto& s : stored) {
+    const auto m = std::mismatch(query.begin(), query.end(), s.begin(), s.end());
+    best = std::max<std::uint64_t>(best, static_cast<std::uint64_t>(m.first - query.begin()));
+  }
+  return best;
 }
 
 inline Hash128 ModelDigest(std::uint64_t n) {
