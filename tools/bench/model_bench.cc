@@ -603,7 +603,7 @@ int main(int argc, char** argv) {
       {"device", model::PrefixCacheOptions::Staging::kDevice},
       {"host", model::PrefixCacheOptions::Staging::kHost}};
   app.add_option("--max-chunk-rows", a.max_chunk_rows, "the most rows a published chunk of an append-only plane holds")
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 22));
+      ->check(CLI::Range(std::uint64_t{1}, primecache::CodecLimits{}.max_tokens));  // the encoder's bound
   app.add_option("--staging", a.staging, "where a restore through the daemon stages (auto: device on CUDA)")
       ->transform(CLI::CheckedTransformer(stagings, CLI::ignore_case));
   CLI11_PARSE(app, argc, argv);

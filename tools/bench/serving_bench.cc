@@ -227,10 +227,10 @@ int Run(const Args& a) {
     const auto turns = Turns(trace, a.max_requests);
     std::map<std::string, double> rates;  // setting -> its hit rate, as they run
     for (const std::string& setting : a.settings) {
-      const bool branch = setting != "end";
-      auto f = RunServing(a, *config, weights, turns, SettingNamed(setting));
+      const Setting boundaries = SettingNamed(setting);
+      auto f = RunServing(a, *config, weights, turns, boundaries);
       if (!f.ok()) return std::fprintf(stderr, "%s/%s: %s\n", name.c_str(), setting.c_str(), f.status().ToString().c_str()), 1;
-      auto replayed = ReplayHitRate(*config, trace, a.max_requests, branch);
+      auto replayed = ReplayHitRate(*config, trace, a.max_requests, boundaries.branch_points);
       if (!replayed.ok()) return std::fprintf(stderr, "replay: %s\n", replayed.status().ToString().c_str()), 1;
       const double p50 = Percentile(f->ttft_ms, 0.5), p95 = Percentile(f->ttft_ms, 0.95);
       std::printf("%-8s %-7s %9llu %9llu %9.3f %9.3f %10llu %12llu %10.1f %10.1f\n", name.c_str(), setting.c_str(),
@@ -266,7 +266,7 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"end", "branch", "gen"}));
   app.add_option("--max-chunk-rows", a.max_chunk_rows, "the most rows a chunk of an append-only plane holds")
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 22));
+      ->check(CLI::Range(std::uint64_t{1}, primecache::CodecLimits{}.max_tokens));  // the encoder's bound
   app.add_option("--conversations", a.conversations, "conversations (sessions, batches) per trace");
   app.add_option("--length-scale", a.length_scale, "scales every length distribution of the traces");
   app.add_option("--max-requests", a.max_requests, "replay at most this many requests of each trace (0: all)");

@@ -147,7 +147,7 @@ void AddOptions(CLI::App& app, RunOptions& o) {
                "publish the boundary of the prompt and the generated tokens (default on)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "publish a boundary every N prompt tokens (0: none)");
   app.add_option("--max-chunk-rows", o.max_chunk_rows, "the most rows a chunk of an append-only plane holds")
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 22));
+      ->check(CLI::Range(std::uint64_t{1}, CodecLimits{}.max_tokens));  // the encoder's bound
 }
 
 // --prompt, or the contents of --prompt-file.
