@@ -38,8 +38,11 @@ function(primecache_gtest name)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include)
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   primecache_target_options(${name})
+  # Listing a binary's tests runs it once at ctest start; on a loaded
+  # 2-core machine that has taken over gtest's default 5 s.
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
+    DISCOVERY_TIMEOUT 120
     PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
   if("gpu" IN_LIST ARG_LABELS)
     set_property(GLOBAL APPEND PROPERTY PRIMECACHE_GPU_TESTS ${name})
