@@ -1,6 +1,8 @@
 // The built-in storage kinds: mla-latent/v1, kda-recurrent/v1 and the KV
 // kinds (plain, rotating, and TurboQuant 2/4 around either).
 // Each fixes its header fields and its planes (docs/codecs.md).
+#include <algorithm>
+#include <initializer_list>
 #include <limits>
 
 #include "codecs/builtin.h"
@@ -18,12 +20,6 @@ Status WrongKind(std::string_view kind) {
   return Status::InvalidArgument("shape is not a " + std::string(kind) + " shape");
 }
 
-Status CheckFieldCount(std::string_view kind, std::span<const std::uint64_t> fields, std::size_t want) {
-  if (fields.size() == want) return Status::Ok();
-  return Status::Corruption(std::string(kind) + " has " + N(want) + " header fields; got " +
-                            N(fields.size()));
-}
-
 // Reads a field that the shape keeps in 32 bits.
 Status Field32(std::span<const std::uint64_t> fields, std::size_t i, std::string_view name,
                std::uint32_t* out) {
@@ -32,6 +28,34 @@ Status Field32(std::span<const std::uint64_t> fields, std::size_t i, std::string
   }
   *out = static_cast<std::uint32_t>(fields[i]);
   return Status::Ok();
+}
+
+// Element types are the header's last fields, written only when some plane
+// is not f32, so that an f32 layer's header is what it was before planes had
+// types. `fields` holds them (and nothing else); fills `out` in order.
+void AppendDtypes(std::initializer_list<ElementType> types, std::vector<std::uint64_t>* fields) {
+  if (std::all_of(types.begin(), types.end(), [](ElementType t) { return t == ElementType::kF32; })) return;
+  for (ElementType t : types) fields->push_back(static_cast<std::uint64_t>(t));
+}
+
+Status DtypeFields(std::span<const std::uint64_t> fields, std::initializer_list<ElementType*> out) {
+  if (fields.empty()) return Status::Ok();  // all f32
+  auto it = out.begin();
+  for (std::uint64_t f : fields) {
+    if (f > static_cast<std::uint64_t>(kLastElementType)) {
+      return Status::Corruption("element type " + N(f) + " is not one of f32, bf16, f16, f8e4m3");
+    }
+    **it++ = static_cast<ElementType>(f);
+  }
+  return Status::Ok();
+}
+
+// A kind's field count without and with its element types.
+Status CheckFieldCount(std::string_view kind, std::span<const std::uint64_t> fields, std::size_t want,
+                       std::size_t dtypes) {
+  if (fields.size() == want || fields.size() == want + dtypes) return Status::Ok();
+  return Status::Corruption(std::string(kind) + " has " + N(want) + " header fields, or " + N(want + dtypes) +
+                            " with element types; got " + N(fields.size()));
 }
 
 Status CheckLen(std::uint64_t len, const CodecLimits& limits) {
@@ -48,7 +72,7 @@ Status ApplyLimits(const std::vector<PlaneLayout>& planes, const CodecLimits& li
   for (const PlaneLayout& plane : planes) {
     if (plane.row_width > limits.max_row_values) {
       p.Add(std::string(PlaneName(plane.id)) + " rows of " + N(plane.row_width) +
-            " floats exceed the limit of " + N(limits.max_row_values));
+ " values exceed the limit of " + N(limits.max_row_values));
     }
     if (!plane.append_only && plane.raw_bytes() > limits.max_chunk_bytes) {
       p.Add(std::string(PlaneName(plane.id)) + " (one chunk) takes " + N(plane.raw_bytes()) +
@@ -74,12 +98,14 @@ class MlaLatentCodec final : public LayerCodec {
 
   std::vector<std::uint64_t> ShapeFields(const LayerShape& shape) const override {
     const auto& s = std::get<LatentShape>(shape);
-    return {
+    std::vector<std::uint64_t> f = {
         s.len, s.width, s.index_width, s.pool, s.pools_ready, s.index_is_ring ? 1u : 0u, s.index_ring_rows};
+    AppendDtypes({s.dtype, s.index_dtype}, &f);
+    return f;
   }
 
   Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> f) const override {
-    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, 7));
+    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, 7, 2));
     LatentShape s;
     s.len = f[0];
     PC_RETURN_IF_ERROR(Field32(f, 1, "width", &s.width));
@@ -89,6 +115,7 @@ class MlaLatentCodec final : public LayerCodec {
     if (f[5] > 1) return Status::Corruption("index_is_ring is " + N(f[5]) + "; it is 0 or 1");
     s.index_is_ring = f[5] == 1;
     s.index_ring_rows = f[6];
+    PC_RETURN_IF_ERROR(DtypeFields(f.subspan(7), {&s.dtype, &s.index_dtype}));
     return LayerShape(s);
   }
 
@@ -98,9 +125,9 @@ class MlaLatentCodec final : public LayerCodec {
     const auto& s = std::get<LatentShape>(shape);
     PC_RETURN_IF_ERROR(CheckLen(s.len, limits));
     std::vector<PlaneLayout> planes = {
-        {PlaneId::kLatentRows, s.len, s.width, /*append_only=*/true, /*lossy_allowed=*/true},
-        {PlaneId::kIndexTailRows, s.tail_rows(), s.index_width, false, false},
-        {PlaneId::kPoolKeys, s.pools_ready, s.index_head_dim(), true, false},
+        {PlaneId::kLatentRows, s.len, s.width, /*append_only=*/true, /*lossy_allowed=*/true, s.dtype},
+        {PlaneId::kIndexTailRows, s.tail_rows(), s.index_width, false, false, s.index_dtype},
+        {PlaneId::kPoolKeys, s.pools_ready, s.index_head_dim(), true, false, s.index_dtype},
     };
     PC_RETURN_IF_ERROR(ApplyLimits(planes, limits));
     return planes;
@@ -125,15 +152,18 @@ class KdaRecurrentCodec final : public LayerCodec {
 
   std::vector<std::uint64_t> ShapeFields(const LayerShape& shape) const override {
     const auto& s = std::get<RecurrentShape>(shape);
-    return {s.heads, s.head_dim, s.kernel};
+    std::vector<std::uint64_t> f = {s.heads, s.head_dim, s.kernel};
+    AppendDtypes({s.conv_dtype, s.state_dtype}, &f);
+    return f;
   }
 
   Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> f) const override {
-    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, 3));
+    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, 3, 2));
     RecurrentShape s;
     PC_RETURN_IF_ERROR(Field32(f, 0, "heads", &s.heads));
     PC_RETURN_IF_ERROR(Field32(f, 1, "head_dim", &s.head_dim));
     PC_RETURN_IF_ERROR(Field32(f, 2, "kernel", &s.kernel));
+    PC_RETURN_IF_ERROR(DtypeFields(f.subspan(3), {&s.conv_dtype, &s.state_dtype}));
     return LayerShape(s);
   }
 
@@ -142,8 +172,8 @@ class KdaRecurrentCodec final : public LayerCodec {
     PC_RETURN_IF_ERROR(CheckShape(shape));
     const auto& s = std::get<RecurrentShape>(shape);
     std::vector<PlaneLayout> planes = {
-        {PlaneId::kConvRing, s.conv_channels(), s.kernel - 1, false, false},
-        {PlaneId::kRecurrentState, std::uint64_t{s.heads} * s.head_dim, s.head_dim, false, false},
+        {PlaneId::kConvRing, s.conv_channels(), s.kernel - 1, false, false, s.conv_dtype},
+        {PlaneId::kRecurrentState, std::uint64_t{s.heads} * s.head_dim, s.head_dim, false, false, s.state_dtype},
     };
     PC_RETURN_IF_ERROR(ApplyLimits(planes, limits));
     return planes;
@@ -178,11 +208,13 @@ class KvCodec final : public LayerCodec {
     std::vector<std::uint64_t> f = {s.len, s.k_width, s.v_width};
     if (rotating_) f.insert(f.end(), {s.format.window, s.rows});
     if (bits_ != 0) f.insert(f.end(), {s.format.head_dim, s.format.signs_digest});
+    AppendDtypes({s.dtype}, &f);
     return f;
   }
 
   Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> f) const override {
-    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, 3 + (rotating_ ? 2 : 0) + (bits_ != 0 ? 2 : 0)));
+    const std::size_t count = 3 + (rotating_ ? 2 : 0) + (bits_ != 0 ? 2 : 0);
+    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, count, 1));
     KvShape s;
     s.len = f[0];
     PC_RETURN_IF_ERROR(Field32(f, 1, "k_width", &s.k_width));
@@ -199,6 +231,7 @@ class KvCodec final : public LayerCodec {
       PC_RETURN_IF_ERROR(Field32(f, next, "head_dim", &s.format.head_dim));
       s.format.signs_digest = f[next + 1];
     }
+    PC_RETURN_IF_ERROR(DtypeFields(f.subspan(count), {&s.dtype}));
     return LayerShape(s);
   }
 
@@ -209,8 +242,8 @@ class KvCodec final : public LayerCodec {
     PC_RETURN_IF_ERROR(CheckLen(s.len, limits));
     const bool append_only = !rotating_;
     std::vector<PlaneLayout> planes = {
-        {PlaneId::kKeyRows, s.held_rows(), s.k_width, append_only, false},
-        {PlaneId::kValueRows, s.held_rows(), s.v_width, append_only, false},
+        {PlaneId::kKeyRows, s.held_rows(), s.k_width, append_only, false, s.dtype},
+        {PlaneId::kValueRows, s.held_rows(), s.v_width, append_only, false, s.dtype},
     };
     PC_RETURN_IF_ERROR(ApplyLimits(planes, limits));
     return planes;

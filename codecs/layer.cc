@@ -18,8 +18,8 @@ std::string N(std::uint64_t v) {
   return std::to_string(v);
 }
 
-std::uint64_t ChecksumOf(std::span<const float> v) {
-  return Checksum64(std::as_bytes(v));
+std::uint64_t ChecksumOf(std::span<const std::byte> v) {
+  return Checksum64(v);
 }
 
 // The chunk rows an encoder uses for a plane: none for an empty plane, all
@@ -27,8 +27,7 @@ std::uint64_t ChecksumOf(std::span<const float> v) {
 std::uint64_t EncoderChunkRows(const PlaneLayout& plane, const EncodeOptions& options) {
   if (plane.values() == 0) return 0;
   if (!plane.append_only) return plane.rows;
-  return ChunkRowsFor(std::uint64_t{plane.row_width} * sizeof(float), options.target_chunk_bytes,
-                      options.max_chunk_rows);
+  return ChunkRowsFor(plane.row_bytes(), options.target_chunk_bytes, options.max_chunk_rows);
 }
 
 // raw/v1 stores the raw bytes themselves: its raw and encoded checksums are
@@ -40,23 +39,38 @@ bool IsIdentity(const Transform& t) {
 // Encodes one chunk's values into `out` and fills its record. The raw
 // checksum covers the values decoding will give back: the input itself for a
 // lossless transform, the decoded approximation for a lossy one.
-Result<std::size_t> EncodeChunkInto(const Transform& t, std::int32_t level, std::span<const float> values,
+Result<std::size_t> EncodeChunkInto(const Transform& t, std::int32_t level, ElementSpan values,
                                     std::span<std::byte> out, ChunkRecord* rec) {
   PC_ASSIGN_OR_RETURN(std::size_t n, t.EncodeInto(values, level, out));
   const std::span<const std::byte> encoded = out.first(n);
-  rec->raw_bytes = values.size_bytes();
+  rec->raw_bytes = values.bytes.size();
   rec->encoded_bytes = n;
   if (!t.lossy()) {
-    rec->raw_checksum = ChecksumOf(values);
+    rec->raw_checksum = ChecksumOf(values.bytes);
     rec->encoded_checksum = IsIdentity(t) ? rec->raw_checksum : Checksum64(encoded);
     return n;
   }
   rec->encoded_checksum = Checksum64(encoded);
-  thread_local std::vector<float> decoded;
-  decoded.resize(values.size());
-  PC_RETURN_IF_ERROR(t.Decode(encoded, decoded).WithContext("decoding what was just encoded"));
+  thread_local std::vector<std::byte> decoded;
+  decoded.resize(values.bytes.size());
+  PC_RETURN_IF_ERROR(t.Decode(encoded, MutableElementSpan(decoded, values.type))
+                         .WithContext("decoding what was just encoded"));
   rec->raw_checksum = ChecksumOf(decoded);
   return n;
+}
+
+// A destination plane must be of the plane's type and hold all of it.
+Status CheckDestination(const PlaneLayout& lay, const MutableElementSpan& plane) {
+  if (plane.type != lay.dtype) {
+    return Status::InvalidArgument(std::string("destination holds ") + ElementTypeName(plane.type) +
+                                   " values; the plane is " + ElementTypeName(lay.dtype));
+  }
+  if (plane.bytes.size() != lay.raw_bytes()) {
+    return Status::InvalidArgument("destination holds " + N(plane.bytes.size()) + " bytes; the plane has " +
+                                   N(lay.values()) + " " + ElementTypeName(lay.dtype) + " values (" +
+                                   N(lay.raw_bytes()) + " bytes)");
+  }
+  return Status::Ok();
 }
 
 // The number of chunks a plane of `rows` rows has at `chunk_rows` rows each.
@@ -69,7 +83,7 @@ std::uint64_t ChunksFor(std::uint64_t rows, std::uint64_t chunk_rows) {
 // locations.
 Status CheckPlaneChunks(const PlaneRecord& rec, const PlaneLayout& lay, const Transform& t, std::size_t plane,
                         const CodecLimits& limits, std::vector<ChunkLocation>* locations) {
-  const std::uint64_t row_bytes = std::uint64_t{lay.row_width} * sizeof(float);
+  const std::uint64_t row_bytes = lay.row_bytes();
   if (lay.values() == 0) {
     if (rec.chunk_rows != 0 || !rec.chunks.empty()) {
       return Status::Corruption("holds no values but records chunk_rows " + N(rec.chunk_rows) + " and " +
@@ -97,17 +111,17 @@ Status CheckPlaneChunks(const PlaneRecord& rec, const PlaneLayout& lay, const Tr
     const std::uint64_t rows = std::min(rec.chunk_rows, lay.rows - first_row);
     const std::uint64_t values = rows * lay.row_width;
     const std::string where = "chunk " + N(k) + " (rows [" + N(first_row) + ", " + N(first_row + rows) + "))";
-    if (c.raw_bytes != values * sizeof(float)) {
-      return Status::Corruption(where + " records " + N(c.raw_bytes) + " raw bytes; its rows make " +
-                                N(values * sizeof(float)));
+    const std::uint64_t raw = values * ElementBytes(lay.dtype);
+    if (c.raw_bytes != raw) {
+      return Status::Corruption(where + " records " + N(c.raw_bytes) + " raw bytes; its rows make " + N(raw));
     }
-    if (auto exact = t.ExactEncodedSize(values); exact && c.encoded_bytes != *exact) {
+    if (auto exact = t.ExactEncodedSize(values, lay.dtype); exact && c.encoded_bytes != *exact) {
       return Status::Corruption(where + " records " + N(c.encoded_bytes) + " encoded bytes; " +
                                 std::string(t.id()) + " makes exactly " + N(*exact));
     }
-    if (c.encoded_bytes > t.MaxEncodedSize(values)) {
+    if (const std::uint64_t most = t.MaxEncodedSize(values, lay.dtype); c.encoded_bytes > most) {
       return Status::Corruption(where + " records " + N(c.encoded_bytes) + " encoded bytes; " +
-                                std::string(t.id()) + " makes at most " + N(t.MaxEncodedSize(values)));
+                                std::string(t.id()) + " makes at most " + N(most));
     }
     locations->push_back({plane, k, first_row, rows, first_row * lay.row_width, values});
   }
@@ -133,7 +147,13 @@ Result<LayerSnapshot> DecodeLayer(const EncodedLayer& layer, const CodecLimits& 
 
 // ---- Encoding ------------------------------------------------------------------------
 
-Result<LayerEncoder> LayerEncoder::Create(const LayerShape& shape, std::vector<std::span<const float>> planes,
+Result<LayerEncoder> LayerEncoder::Create(const LayerShape& shape,
+                                          const std::vector<std::span<const float>>& planes,
+                                          const EncodeOptions& options) {
+  return Create(shape, std::vector<ElementSpan>(planes.begin(), planes.end()), options);
+}
+
+Result<LayerEncoder> LayerEncoder::Create(const LayerShape& shape, std::vector<ElementSpan> planes,
                                           const EncodeOptions& options) {
   const CodecRegistry& registry = CodecRegistry::Default();
   const CodecLimits limits;
@@ -157,9 +177,14 @@ Result<LayerEncoder> LayerEncoder::Create(const LayerShape& shape, std::vector<s
   for (std::size_t p = 0; p < layouts.size(); ++p) {
     const PlaneLayout& lay = layouts[p];
     const std::string where = std::string(codec->kind()) + " plane " + std::string(PlaneName(lay.id));
-    if (planes[p].size() != lay.values()) {
-      return Status::InvalidArgument(where + " holds " + N(planes[p].size()) + " floats, the shape says " +
-                                     N(lay.values()));
+    if (planes[p].type != lay.dtype) {
+      return Status::InvalidArgument(where + " is given " + ElementTypeName(planes[p].type) +
+                                     " values; the shape says " + ElementTypeName(lay.dtype));
+    }
+    if (planes[p].bytes.size() != lay.raw_bytes()) {
+      return Status::InvalidArgument(where + " holds " + N(planes[p].bytes.size()) + " bytes, the shape says " +
+                                     N(lay.values()) + " " + ElementTypeName(lay.dtype) + " values (" +
+                                     N(lay.raw_bytes()) + " bytes)");
     }
     const TransformSpec spec = options.ForPlane(lay.id);
     PC_ASSIGN_OR_RETURN(const Transform* t, registry.FindTransform(spec.id));
@@ -167,6 +192,7 @@ Result<LayerEncoder> LayerEncoder::Create(const LayerShape& shape, std::vector<s
       return Status::InvalidArgument(where + " must be lossless; " + std::string(t->id()) +
                                      " refused (only latent rows may be stored lossy)");
     }
+    PC_RETURN_IF_ERROR(t->CheckType(lay.dtype).WithContext(where));
     PC_RETURN_IF_ERROR(t->CheckLevel(spec.level).WithContext(where));
     PlaneRecord rec{lay.id, spec.id, spec.level, lay.rows, lay.row_width, EncoderChunkRows(lay, options), {}};
     for (std::uint64_t first = 0; first < lay.rows && rec.chunk_rows != 0; first += rec.chunk_rows) {
@@ -188,7 +214,8 @@ Result<LayerEncoder> LayerEncoder::Create(const LayerShape& shape, std::vector<s
 
 std::uint64_t LayerEncoder::MaxChunkBytes(std::size_t i) const {
   if (i >= locations_.size()) return 0;
-  return transforms_[locations_[i].plane]->MaxEncodedSize(locations_[i].value_count);
+  const ChunkLocation& loc = locations_[i];
+  return transforms_[loc.plane]->MaxEncodedSize(loc.value_count, planes_[loc.plane].type);
 }
 
 Result<std::size_t> LayerEncoder::EncodeChunk(std::size_t i, std::span<std::byte> out) {
@@ -197,7 +224,9 @@ Result<std::size_t> LayerEncoder::EncodeChunk(std::size_t i, std::span<std::byte
   }
   const ChunkLocation& loc = locations_[i];
   PlaneRecord& rec = header_.planes[loc.plane];
-  const std::span<const float> values = planes_[loc.plane].subspan(loc.value_offset, loc.value_count);
+  const ElementSpan& plane = planes_[loc.plane];
+  const std::uint32_t width = ElementBytes(plane.type);
+  const ElementSpan values(plane.bytes.subspan(loc.value_offset * width, loc.value_count * width), plane.type);
   const std::string where = header_.kind + " plane " + std::string(PlaneName(rec.id));
   Result<std::size_t> n = EncodeChunkInto(*transforms_[loc.plane], rec.level, values, out, &rec.chunks[loc.index]);
   if (!n.ok()) return n.status().WithContext(where);
@@ -254,7 +283,7 @@ Result<LayerDecoder> LayerDecoder::Create(LayerHeader header, const CodecLimits&
     }
     if (rec.rows != lay.rows || rec.row_width != lay.row_width) {
       return Status::Corruption(where + " records " + N(rec.rows) + " rows of " + N(rec.row_width) +
-                                " floats; the layer's metadata makes " + N(lay.rows) + " rows of " +
+                                " values; the layer's metadata makes " + N(lay.rows) + " rows of " +
                                 N(lay.row_width));
     }
     Result<const Transform*> t = registry.FindTransform(rec.transform);
@@ -262,6 +291,7 @@ Result<LayerDecoder> LayerDecoder::Create(LayerHeader header, const CodecLimits&
     if ((*t)->lossy() && !lay.lossy_allowed) {
       return Status::Corruption(where + " is stored " + rec.transform + "; it must be lossless");
     }
+    PC_RETURN_IF_ERROR(AsCorruption((*t)->CheckType(lay.dtype)).WithContext(where));
     PC_RETURN_IF_ERROR(AsCorruption((*t)->CheckLevel(rec.level)).WithContext(where));
     if (rec.chunks.size() > limits.max_chunks - d.locations_.size()) {
       return Status::ResourceExhausted(where + ": more than " + N(limits.max_chunks) +
@@ -306,7 +336,7 @@ Status LayerDecoder::CheckEncoded(std::size_t i, std::span<const std::byte> enco
 }
 
 Status LayerDecoder::DecodeChunk(std::size_t i, std::span<const std::byte> encoded,
-                                 std::span<float> plane) const {
+                                 MutableElementSpan plane) const {
   if (i >= locations_.size()) {
     return Status::InvalidArgument("chunk " + N(i) + " of a layer of " + N(locations_.size()) + " chunks");
   }
@@ -314,18 +344,16 @@ Status LayerDecoder::DecodeChunk(std::size_t i, std::span<const std::byte> encod
   const PlaneLayout& lay = layouts_[loc.plane];
   const ChunkRecord& rec = header_.planes[loc.plane].chunks[loc.index];
   const std::string where = ChunkWhere(i);
-  if (plane.size() != lay.values()) {
-    return Status::InvalidArgument(where + ": destination holds " + N(plane.size()) +
-                                   " floats; the plane has " + N(lay.values()));
-  }
+  PC_RETURN_IF_ERROR(CheckDestination(lay, plane).WithContext(where));
   PC_RETURN_IF_ERROR(CheckEncoded(i, encoded));
-  std::span<float> dst = plane.subspan(loc.value_offset, loc.value_count);
+  const std::uint32_t width = ElementBytes(lay.dtype);
+  const MutableElementSpan dst(plane.bytes.subspan(loc.value_offset * width, loc.value_count * width), lay.dtype);
   const Transform& t = *transforms_[loc.plane];
   PC_RETURN_IF_ERROR(AsCorruption(t.Decode(encoded, dst)).WithContext(where));
   // For raw/v1 the bytes written are the encoded bytes just verified, so
   // their hash is the encoded checksum.
   const bool raw_ok =
-      IsIdentity(t) ? rec.raw_checksum == rec.encoded_checksum : ChecksumOf(dst) == rec.raw_checksum;
+      IsIdentity(t) ? rec.raw_checksum == rec.encoded_checksum : ChecksumOf(dst.bytes) == rec.raw_checksum;
   if (verify_checksums_ && !raw_ok) {
     return Status::Corruption(where + ": checksum mismatch on the decoded (raw) bytes");
   }
@@ -334,6 +362,12 @@ Status LayerDecoder::DecodeChunk(std::size_t i, std::span<const std::byte> encod
 
 Status LayerDecoder::DecodeInto(std::span<const std::string> chunks,
                                 std::span<const std::span<float>> planes) const {
+  const std::vector<MutableElementSpan> typed(planes.begin(), planes.end());
+  return DecodeInto(chunks, typed);
+}
+
+Status LayerDecoder::DecodeInto(std::span<const std::string> chunks,
+                                std::span<const MutableElementSpan> planes) const {
   if (chunks.size() != locations_.size()) {
     return Status::Corruption(header_.kind + ": " + N(chunks.size()) + " chunks; the header records " +
                               N(locations_.size()));
@@ -347,11 +381,8 @@ Status LayerDecoder::DecodeInto(std::span<const std::string> chunks,
   }
   // Planes without values have no chunks; their destinations are checked here.
   for (std::size_t p = 0; p < layouts_.size(); ++p) {
-    if (planes[p].size() != layouts_[p].values()) {
-      return Status::InvalidArgument(header_.kind + " " + std::string(PlaneName(layouts_[p].id)) +
-                                     ": destination holds " + N(planes[p].size()) +
-                                     " floats; the plane has " + N(layouts_[p].values()));
-    }
+    PC_RETURN_IF_ERROR(CheckDestination(layouts_[p], planes[p])
+                           .WithContext(header_.kind + " " + std::string(PlaneName(layouts_[p].id))));
   }
   return Status::Ok();
 }
@@ -369,9 +400,15 @@ Result<LayerSnapshot> DecodeLayer(const EncodedLayer& layer, const CodecLimits& 
 }
 
 Result<LayerShape> CheckDecodes(const EncodedLayer& layer, const CodecLimits& limits) {
-  PC_ASSIGN_OR_RETURN(LayerSnapshot snap, DecodeLayer(layer, limits));
-  PC_RETURN_IF_ERROR(CheckSnapshot(snap));
-  return ShapeOf(snap);
+  PC_ASSIGN_OR_RETURN(LayerDecoder decoder, LayerDecoder::Create(layer.header, limits));
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<MutableElementSpan> planes;
+  bytes.reserve(decoder.planes().size());
+  for (const PlaneLayout& lay : decoder.planes()) {
+    planes.emplace_back(bytes.emplace_back(lay.raw_bytes()), lay.dtype);
+  }
+  PC_RETURN_IF_ERROR(decoder.DecodeInto(layer.chunks, planes));
+  return decoder.header().shape;
 }
 
 Status DecodeLayerInto(const EncodedLayer& layer, std::span<const std::span<float>> planes,

@@ -1,4 +1,4 @@
-// Byte shuffle of 4-byte values: the bytes of n f32 values regrouped by
+// Byte shuffle of 4-byte (and 2-byte) values: the bytes of n f32 values regrouped by
 // significance, so that the sign/exponent bytes of a smooth plane sit next to
 // each other where a compressor finds them. Internal to primecache_codecs.
 //
@@ -16,6 +16,10 @@ namespace primecache::codecs {
 
 void ShuffleBytes4(const std::byte* in, std::size_t n, std::byte* out);
 void UnshuffleBytes4(const std::byte* in, std::size_t n, std::byte* out);
+
+// The same for n 2-byte values (bf16, f16): shuffled[b * n + i] = values[2 * i + b].
+void ShuffleBytes2(const std::byte* in, std::size_t n, std::byte* out);
+void UnshuffleBytes2(const std::byte* in, std::size_t n, std::byte* out);
 
 // The implementations, for tests that compare them.
 enum class ShuffleIsa { kScalar, kSse2, kAvx2 };

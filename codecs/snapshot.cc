@@ -3,6 +3,7 @@
 #include "primecache/snapshot.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <type_traits>
 
 #include "codecs/bytes.h"
@@ -27,7 +28,22 @@ bool FitsBytes(Problems& p, std::string_view what, std::uint64_t a, std::uint64_
   return false;
 }
 
+// A dtype read from outside may hold any byte: it must name an ElementType.
+void CheckDtype(Problems& p, std::string_view plane, ElementType t) {
+  if (static_cast<std::uint8_t>(t) > static_cast<std::uint8_t>(kLastElementType)) {
+    p.Add(std::string(plane) + " dtype " + N(static_cast<std::uint8_t>(t)) + " is not an element type");
+  }
+}
+
+void CompareDtype(Problems& p, std::string_view plane, ElementType have, ElementType plan) {
+  if (have != plan) {
+    p.Add(std::string(plane) + " dtype " + ElementTypeName(have) + " != plan " + ElementTypeName(plan));
+  }
+}
+
 void CheckLatent(const LatentShape& s, Problems& p) {
+  CheckDtype(p, "latent_rows", s.dtype);
+  CheckDtype(p, "index rows", s.index_dtype);
   if (s.len == 0) p.Add("len is 0; a layer that holds no token is recorded as absent, not snapshotted");
   if (s.width == 0) p.Add("width is 0");
   FitsBytes(p, "len * width (" + N(s.len) + " * " + N(s.width) + ")", s.len, s.width);
@@ -36,6 +52,7 @@ void CheckLatent(const LatentShape& s, Problems& p) {
     if (s.pools_ready != 0) p.Add("pools_ready " + N(s.pools_ready) + " without an indexer (index_width 0)");
     if (s.index_is_ring) p.Add("index_is_ring without an indexer (index_width 0)");
     if (s.index_ring_rows != 0) p.Add("index_ring_rows " + N(s.index_ring_rows) + " without an indexer");
+    if (s.index_dtype != ElementType::kF32) p.Add("index_dtype without an indexer (index_width 0)");
     return;
   }
   if (s.index_width % 2 != 0) p.Add("index_width " + N(s.index_width) + " is odd; it is 2 * index_head_dim");
@@ -62,6 +79,8 @@ void CheckLatent(const LatentShape& s, Problems& p) {
 }
 
 void CheckRecurrent(const RecurrentShape& s, Problems& p) {
+  CheckDtype(p, "conv_ring", s.conv_dtype);
+  CheckDtype(p, "state", s.state_dtype);
   if (s.heads == 0) p.Add("heads is 0");
   if (s.head_dim == 0) p.Add("head_dim is 0");
   if (s.kernel < 2) p.Add("kernel " + N(s.kernel) + " < 2 (no conv ring)");
@@ -88,6 +107,9 @@ void CheckKvFormat(const KvShape& s, Problems& p) {
     return;
   }
   const std::uint64_t entry = 1 + std::uint64_t{f.head_dim} * f.quant_bits / 32;
+  if (s.dtype != ElementType::kF32) {
+    p.Add(std::string("TurboQuant rows are 4-byte words; dtype ") + ElementTypeName(s.dtype) + " given");
+  }
   if (s.k_width % entry != 0 || s.v_width % entry != 0) {
     p.Add("widths " + N(s.k_width) + "/" + N(s.v_width) + " are not whole TurboQuant entries of " + N(entry) +
           " words");
@@ -95,6 +117,7 @@ void CheckKvFormat(const KvShape& s, Problems& p) {
 }
 
 void CheckKv(const KvShape& s, Problems& p) {
+  CheckDtype(p, "K and V rows", s.dtype);
   if (s.len == 0) p.Add("len is 0; a layer that holds no token is recorded as absent, not snapshotted");
   if (s.k_width == 0) p.Add("k_width is 0");
   if (s.v_width == 0) p.Add("v_width is 0");
@@ -148,6 +171,8 @@ void CompareTarget(const LatentShape& s, const LatentGeometry& g, bool consisten
   if (s.index_width != g.index_width)
     p.Add("index_width " + N(s.index_width) + " != plan " + N(g.index_width));
   if (s.pool != g.pool) p.Add("pool " + N(s.pool) + " != plan " + N(g.pool));
+  CompareDtype(p, "latent_rows", s.dtype, g.dtype);
+  if (s.index_width != 0) CompareDtype(p, "index rows", s.index_dtype, g.index_dtype);
   if (s.len > g.max_ctx) p.Add("len " + N(s.len) + " > max_ctx " + N(g.max_ctx));
   if (consistent && g.index_ring_rows != 0 && s.tail_rows() > g.index_ring_rows) {
     p.Add("tail of " + N(s.tail_rows()) + " rows exceeds the plan's ring of " + N(g.index_ring_rows));
@@ -157,6 +182,8 @@ void CompareTarget(const RecurrentShape& s, const RecurrentGeometry& g, bool, Pr
   if (s.heads != g.heads) p.Add("heads " + N(s.heads) + " != plan " + N(g.heads));
   if (s.head_dim != g.head_dim) p.Add("head_dim " + N(s.head_dim) + " != plan " + N(g.head_dim));
   if (s.kernel != g.kernel) p.Add("kernel " + N(s.kernel) + " != plan " + N(g.kernel));
+  CompareDtype(p, "conv_ring", s.conv_dtype, g.conv_dtype);
+  CompareDtype(p, "state", s.state_dtype, g.state_dtype);
 }
 void CompareTarget(const KvShape& s, const KvGeometry& g, bool, Problems& p) {
   const std::string_view kind = KvKindOf(s.format), plan = KvKindOf(g.format);
@@ -174,6 +201,7 @@ void CompareTarget(const KvShape& s, const KvGeometry& g, bool, Problems& p) {
   }
   if (s.k_width != g.k_width) p.Add("k_width " + N(s.k_width) + " != plan " + N(g.k_width));
   if (s.v_width != g.v_width) p.Add("v_width " + N(s.v_width) + " != plan " + N(g.v_width));
+  CompareDtype(p, "K and V rows", s.dtype, g.dtype);
   if (s.len > g.max_ctx) p.Add("len " + N(s.len) + " > max_ctx " + N(g.max_ctx));
 }
 
@@ -184,6 +212,34 @@ void PutU64(std::string& out, std::uint64_t v) {
 void PutString(std::string& out, std::string_view s) {
   PutU64(out, s.size());
   out.append(s);
+}
+// A layer's element types, after its other fields. All f32 (the default)
+// adds nothing, so the digests of f32 plans stay what they were before
+// planes had types.
+void PutDtypes(std::string& out, std::initializer_list<ElementType> types) {
+  if (std::all_of(types.begin(), types.end(), [](ElementType t) { return t == ElementType::kF32; })) return;
+  PutString(out, "dtypes");
+  for (ElementType t : types) PutU64(out, static_cast<std::uint64_t>(t));
+}
+
+// Snapshots hold f32 planes only.
+Status CheckF32(const LayerShape& shape) {
+  Problems p;
+  auto f32 = [&](std::string_view plane, ElementType t) {
+    if (t != ElementType::kF32) {
+      p.Add(std::string(plane) + " are " + ElementTypeName(t) + "; a snapshot holds f32 planes only");
+    }
+  };
+  if (const auto* l = std::get_if<LatentShape>(&shape)) {
+    f32("latent_rows", l->dtype);
+    f32("index rows", l->index_dtype);
+  } else if (const auto* r = std::get_if<RecurrentShape>(&shape)) {
+    f32("conv_ring", r->conv_dtype);
+    f32("state", r->state_dtype);
+  } else {
+    f32("K and V rows", std::get<KvShape>(shape).dtype);
+  }
+  return p.ToStatus();
 }
 
 }  // namespace
@@ -207,6 +263,7 @@ LayerShape ShapeOf(const LayerSnapshot& layer) {
 
 Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape) {
   PC_RETURN_IF_ERROR(CheckShape(shape));
+  PC_RETURN_IF_ERROR(CheckF32(shape));
   if (const auto* s = std::get_if<LatentShape>(&shape)) {
     LatentPlaneSnapshot l{*s, {}, {}, {}};
     l.latent_rows.resize(s->latent_values());
@@ -229,6 +286,7 @@ Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape) {
 
 Status CheckSnapshot(const LayerSnapshot& layer) {
   PC_RETURN_IF_ERROR(CheckShape(ShapeOf(layer)));
+  PC_RETURN_IF_ERROR(CheckF32(ShapeOf(layer)));
   Problems p;
   if (const auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) {
     const LatentShape& s = l->shape;
@@ -283,8 +341,10 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
                               l->index_ring_rows, l->max_ctx}) {
         PutU64(canon, v);
       }
+      PutDtypes(canon, {l->dtype, l->index_dtype});
     } else if (const auto* r = std::get_if<RecurrentGeometry>(&g)) {
       for (std::uint64_t v : {r->heads, r->head_dim, r->kernel}) PutU64(canon, v);
+      PutDtypes(canon, {r->conv_dtype, r->state_dtype});
     } else {
       const auto& kv = std::get<KvGeometry>(g);
       for (std::uint64_t v : {std::uint64_t{kv.k_width}, std::uint64_t{kv.v_width}, kv.max_ctx})
@@ -296,6 +356,7 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
                                 std::uint64_t{kv.format.head_dim}, kv.format.signs_digest})
           PutU64(canon, v);
       }
+      PutDtypes(canon, {kv.dtype});
     }
   }
   return Checksum128(std::as_bytes(std::span(canon.data(), canon.size())));
@@ -303,11 +364,12 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
 
 LayerGeometry PlanGeometryOf(const LayerShape& shape) {
   if (const auto* l = std::get_if<LatentShape>(&shape)) {
-    return LatentGeometry{l->width, l->index_width, l->pool, /*index_ring_rows=*/0, /*max_ctx=*/0};
+    return LatentGeometry{l->width,     l->index_width, l->pool, /*index_ring_rows=*/0, /*max_ctx=*/0,
+                          l->dtype,     l->index_dtype};
   }
   if (const auto* r = std::get_if<RecurrentShape>(&shape)) return *r;
   const auto& kv = std::get<KvShape>(shape);
-  return KvGeometry{kv.k_width, kv.v_width, /*max_ctx=*/0, kv.format};
+  return KvGeometry{kv.k_width, kv.v_width, /*max_ctx=*/0, kv.format, kv.dtype};
 }
 
 Hash128 PlanDigest(std::span<const LayerShape> shapes) {

@@ -8,16 +8,42 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "codecs/builtin.h"
 #include "codecs/bytes.h"
+#include "codecs/internal.h"
 #include "codecs/shuffle.h"
 
 namespace primecache::codecs {
 namespace {
 
-std::span<const std::byte> FloatBytes(std::span<const float> v) {
-  return std::as_bytes(v);
+// The f32 values of an f32 run (lossy transforms code f32 only; CheckType
+// refused anything else before). The bytes may be unaligned: copied when so.
+std::span<const float> F32Of(ElementSpan v, std::vector<float>& aligned) {
+  if (reinterpret_cast<std::uintptr_t>(v.bytes.data()) % alignof(float) == 0) {
+    return {reinterpret_cast<const float*>(v.bytes.data()), v.bytes.size() / sizeof(float)};
+  }
+  aligned.resize(v.bytes.size() / sizeof(float));
+  if (!v.bytes.empty()) std::memcpy(aligned.data(), v.bytes.data(), v.bytes.size());
+  return aligned;
+}
+
+Status AnyType(std::string_view, ElementType t) {
+  if (static_cast<std::uint8_t>(t) <= static_cast<std::uint8_t>(kLastElementType)) return Status::Ok();
+  return Status::InvalidArgument("element type " + std::to_string(static_cast<int>(t)) + " is not one");
+}
+
+Status WholeValues(std::string_view id, std::size_t bytes, ElementType t) {
+  if (bytes % ElementBytes(t) == 0) return Status::Ok();
+  return Status::InvalidArgument(std::string(id) + ": " + std::to_string(bytes) + " bytes are not whole " +
+                                 ElementTypeName(t) + " values");
+}
+
+Status F32Only(std::string_view id, ElementType t) {
+  if (t == ElementType::kF32) return Status::Ok();
+  return Status::InvalidArgument(std::string(id) + " codes f32 values; the plane is " + ElementTypeName(t) +
+                                 " (its bytes are stored as they are: raw/v1 or shuffle-zstd/v1)");
 }
 
 Status SizeMismatch(std::string_view id, std::uint64_t got, std::uint64_t want, std::uint64_t values) {
@@ -58,29 +84,36 @@ Scratch& ThreadScratch() {
   return scratch;
 }
 
-// ---- raw/v1: the little-endian f32 bytes as they are ------------------------
+// ---- raw/v1: the little-endian bytes as they are ------------------------------
 
 class RawTransform final : public Transform {
  public:
   std::string_view id() const override { return kRawTransform; }
   bool lossy() const override { return false; }
   Status CheckLevel(std::int32_t level) const override { return NoLevel(id(), level); }
-  std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values) const override { return values * 4; }
-  std::uint64_t MaxEncodedSize(std::uint64_t values) const override { return values * 4; }
-
-  Result<std::size_t> EncodeInto(std::span<const float> values, std::int32_t level,
-                                 std::span<std::byte> out) const override {
-    PC_RETURN_IF_ERROR(CheckLevel(level));
-    PC_RETURN_IF_ERROR(Room(id(), out.size(), MaxEncodedSize(values.size())));
-    auto b = FloatBytes(values);
-    if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());
-    return b.size();
+  Status CheckType(ElementType type) const override { return AnyType(id(), type); }
+  std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values, ElementType type) const override {
+    return values * ElementBytes(type);
+  }
+  std::uint64_t MaxEncodedSize(std::uint64_t values, ElementType type) const override {
+    return values * ElementBytes(type);
   }
 
-  Status Decode(std::span<const std::byte> encoded, std::span<float> out) const override {
-    if (encoded.size() != out.size_bytes())
-      return SizeMismatch(id(), encoded.size(), out.size_bytes(), out.size());
-    if (!encoded.empty()) std::memcpy(out.data(), encoded.data(), encoded.size());
+  Result<std::size_t> EncodeInto(ElementSpan values, std::int32_t level, std::span<std::byte> out) const override {
+    PC_RETURN_IF_ERROR(CheckLevel(level));
+    PC_RETURN_IF_ERROR(CheckType(values.type));
+    PC_RETURN_IF_ERROR(WholeValues(id(), values.bytes.size(), values.type));
+    PC_RETURN_IF_ERROR(Room(id(), out.size(), values.bytes.size()));
+    if (!values.bytes.empty()) std::memcpy(out.data(), values.bytes.data(), values.bytes.size());
+    return values.bytes.size();
+  }
+
+  Status Decode(std::span<const std::byte> encoded, MutableElementSpan out) const override {
+    PC_RETURN_IF_ERROR(CheckType(out.type));
+    PC_RETURN_IF_ERROR(WholeValues(id(), out.bytes.size(), out.type));
+    if (encoded.size() != out.bytes.size())
+      return SizeMismatch(id(), encoded.size(), out.bytes.size(), out.size());
+    if (!encoded.empty()) std::memcpy(out.bytes.data(), encoded.data(), encoded.size());
     return Status::Ok();
   }
 };
@@ -114,18 +147,27 @@ class ShuffleZstdTransform final : public Transform {
     }
     return Status::Ok();
   }
-  std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t) const override { return std::nullopt; }
-  std::uint64_t MaxEncodedSize(std::uint64_t values) const override {
-    return ZSTD_compressBound(static_cast<std::size_t>(values * 4));
+  Status CheckType(ElementType type) const override { return AnyType(id(), type); }
+  std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t, ElementType) const override { return std::nullopt; }
+  std::uint64_t MaxEncodedSize(std::uint64_t values, ElementType type) const override {
+    return ZSTD_compressBound(static_cast<std::size_t>(values * ElementBytes(type)));
   }
 
-  Result<std::size_t> EncodeInto(std::span<const float> values, std::int32_t level,
-                                 std::span<std::byte> out) const override {
+  // The bytes regrouped by significance for 4- and 2-byte values; 1-byte
+  // values (fp8) go to zstd as they are.
+  Result<std::size_t> EncodeInto(ElementSpan values, std::int32_t level, std::span<std::byte> out) const override {
     PC_RETURN_IF_ERROR(CheckLevel(level));
-    PC_RETURN_IF_ERROR(Room(id(), out.size(), MaxEncodedSize(values.size())));
-    const std::size_t n = values.size(), raw = values.size_bytes();
-    std::byte* shuffled = ThreadScratch().Get(raw);
-    ShuffleBytes4(FloatBytes(values).data(), n, shuffled);
+    PC_RETURN_IF_ERROR(CheckType(values.type));
+    PC_RETURN_IF_ERROR(WholeValues(id(), values.bytes.size(), values.type));
+    PC_RETURN_IF_ERROR(Room(id(), out.size(), MaxEncodedSize(values.size(), values.type)));
+    const std::size_t n = values.size(), raw = values.bytes.size();
+    const std::byte* shuffled = values.bytes.data();
+    if (ElementBytes(values.type) > 1) {
+      std::byte* scratch = ThreadScratch().Get(raw);
+      if (ElementBytes(values.type) == 4) ShuffleBytes4(values.bytes.data(), n, scratch);
+      if (ElementBytes(values.type) == 2) ShuffleBytes2(values.bytes.data(), n, scratch);
+      shuffled = scratch;
+    }
     ZstdContexts& z = ThreadZstd();
     if (z.c == nullptr && (z.c = ZSTD_createCCtx()) == nullptr)
       return Status::ResourceExhausted("ZSTD_createCCtx");
@@ -138,8 +180,10 @@ class ShuffleZstdTransform final : public Transform {
     return got;
   }
 
-  Status Decode(std::span<const std::byte> encoded, std::span<float> out) const override {
-    const std::size_t raw = out.size_bytes();
+  Status Decode(std::span<const std::byte> encoded, MutableElementSpan out) const override {
+    PC_RETURN_IF_ERROR(CheckType(out.type));
+    PC_RETURN_IF_ERROR(WholeValues(id(), out.bytes.size(), out.type));
+    const std::size_t raw = out.bytes.size();
     unsigned long long content = ZSTD_getFrameContentSize(encoded.data(), encoded.size());
     if (content == ZSTD_CONTENTSIZE_ERROR)
       return Status::Corruption(std::string(id()) + ": not a zstd frame");
@@ -157,7 +201,8 @@ class ShuffleZstdTransform final : public Transform {
     ZstdContexts& z = ThreadZstd();
     if (z.d == nullptr && (z.d = ZSTD_createDCtx()) == nullptr)
       return Status::ResourceExhausted("ZSTD_createDCtx");
-    std::byte* shuffled = ThreadScratch().Get(raw);
+    const std::uint32_t width = ElementBytes(out.type);
+    std::byte* shuffled = width == 1 ? out.bytes.data() : ThreadScratch().Get(raw);
     std::size_t got = ZSTD_decompressDCtx(z.d, shuffled, raw, encoded.data(), encoded.size());
     if (ZSTD_isError(got)) {
       return Status::Corruption(std::string(id()) + ": zstd: " + ZSTD_getErrorName(got));
@@ -166,7 +211,8 @@ class ShuffleZstdTransform final : public Transform {
       return Status::Corruption(std::string(id()) + ": zstd gave " + std::to_string(got) +
                                 " bytes; expected " + std::to_string(raw));
     }
-    UnshuffleBytes4(shuffled, out.size(), reinterpret_cast<std::byte*>(out.data()));
+    if (width == 4) UnshuffleBytes4(shuffled, out.size(), out.bytes.data());
+    if (width == 2) UnshuffleBytes2(shuffled, out.size(), out.bytes.data());
     return Status::Ok();
   }
 };
@@ -195,13 +241,18 @@ class Bf16Transform final : public Transform {
   std::string_view id() const override { return kBf16Transform; }
   bool lossy() const override { return true; }
   Status CheckLevel(std::int32_t level) const override { return NoLevel(id(), level); }
-  std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values) const override { return values * 2; }
-  std::uint64_t MaxEncodedSize(std::uint64_t values) const override { return values * 2; }
+  Status CheckType(ElementType type) const override { return F32Only(id(), type); }
+  std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values, ElementType) const override {
+    return values * 2;
+  }
+  std::uint64_t MaxEncodedSize(std::uint64_t values, ElementType) const override { return values * 2; }
 
-  Result<std::size_t> EncodeInto(std::span<const float> values, std::int32_t level,
-                                 std::span<std::byte> out) const override {
+  Result<std::size_t> EncodeInto(ElementSpan in, std::int32_t level, std::span<std::byte> out) const override {
     PC_RETURN_IF_ERROR(CheckLevel(level));
-    PC_RETURN_IF_ERROR(Room(id(), out.size(), MaxEncodedSize(values.size())));
+    PC_RETURN_IF_ERROR(CheckType(in.type));
+    PC_RETURN_IF_ERROR(Room(id(), out.size(), MaxEncodedSize(in.size(), in.type)));
+    thread_local std::vector<float> aligned;
+    const std::span<const float> values = F32Of(in, aligned);
     auto* dst = reinterpret_cast<unsigned char*>(out.data());
     for (std::size_t i = 0; i < values.size(); ++i) {
       std::uint16_t b = ToBf16(values[i]);
@@ -210,13 +261,15 @@ class Bf16Transform final : public Transform {
     return values.size() * 2;
   }
 
-  Status Decode(std::span<const std::byte> encoded, std::span<float> out) const override {
+  Status Decode(std::span<const std::byte> encoded, MutableElementSpan out) const override {
+    PC_RETURN_IF_ERROR(AsCorruption(CheckType(out.type)));
     if (encoded.size() != out.size() * 2)
       return SizeMismatch(id(), encoded.size(), out.size() * 2, out.size());
     for (std::size_t i = 0; i < out.size(); ++i) {
       std::uint16_t b;
       std::memcpy(&b, encoded.data() + 2 * i, 2);
-      out[i] = FromBf16(b);
+      const float x = FromBf16(b);
+      std::memcpy(out.bytes.data() + 4 * i, &x, 4);
     }
     return Status::Ok();
   }
@@ -247,15 +300,18 @@ class Q8_0Transform final : public Transform {
   std::string_view id() const override { return kQ8_0Transform; }
   bool lossy() const override { return true; }
   Status CheckLevel(std::int32_t level) const override { return NoLevel(id(), level); }
-  std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values) const override {
+  Status CheckType(ElementType type) const override { return F32Only(id(), type); }
+  std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values, ElementType) const override {
     return Q8EncodedSize(values);
   }
-  std::uint64_t MaxEncodedSize(std::uint64_t values) const override { return Q8EncodedSize(values); }
+  std::uint64_t MaxEncodedSize(std::uint64_t values, ElementType) const override { return Q8EncodedSize(values); }
 
-  Result<std::size_t> EncodeInto(std::span<const float> values, std::int32_t level,
-                                 std::span<std::byte> out) const override {
+  Result<std::size_t> EncodeInto(ElementSpan in, std::int32_t level, std::span<std::byte> out) const override {
     PC_RETURN_IF_ERROR(CheckLevel(level));
-    PC_RETURN_IF_ERROR(Room(id(), out.size(), MaxEncodedSize(values.size())));
+    PC_RETURN_IF_ERROR(CheckType(in.type));
+    PC_RETURN_IF_ERROR(Room(id(), out.size(), MaxEncodedSize(in.size(), in.type)));
+    thread_local std::vector<float> aligned;
+    const std::span<const float> values = F32Of(in, aligned);
     auto* dst = reinterpret_cast<unsigned char*>(out.data());
     for (std::size_t start = 0; start < values.size(); start += kQ8Block) {
       const std::size_t len = std::min(kQ8Block, values.size() - start);
@@ -281,7 +337,8 @@ class Q8_0Transform final : public Transform {
     return static_cast<std::size_t>(Q8EncodedSize(values.size()));
   }
 
-  Status Decode(std::span<const std::byte> encoded, std::span<float> out) const override {
+  Status Decode(std::span<const std::byte> encoded, MutableElementSpan out) const override {
+    PC_RETURN_IF_ERROR(AsCorruption(CheckType(out.type)));
     const std::uint64_t want = Q8EncodedSize(out.size());
     if (encoded.size() != want) return SizeMismatch(id(), encoded.size(), want, out.size());
     const auto* src = reinterpret_cast<const unsigned char*>(encoded.data());
@@ -302,7 +359,8 @@ class Q8_0Transform final : public Transform {
           return Status::Corruption(std::string(id()) + ": value " + std::to_string(start + j) +
                                     " is -128; quantized values lie in [-127, 127]");
         }
-        out[start + j] = static_cast<float>(q) * d;
+        const float x = static_cast<float>(q) * d;
+        std::memcpy(out.bytes.data() + 4 * (start + j), &x, 4);
       }
       src += len;
     }
@@ -316,8 +374,9 @@ class Q8_0Transform final : public Transform {
 
 namespace primecache {
 
-Status Transform::Encode(std::span<const float> values, std::int32_t level, std::string* out) const {
-  out->resize(MaxEncodedSize(values.size()));
+Status Transform::Encode(ElementSpan values, std::int32_t level, std::string* out) const {
+  PC_RETURN_IF_ERROR(CheckType(values.type));
+  out->resize(MaxEncodedSize(values.size(), values.type));
   PC_ASSIGN_OR_RETURN(std::size_t n, EncodeInto(values, level, std::as_writable_bytes(std::span(*out))));
   out->resize(n);
   return Status::Ok();

@@ -36,6 +36,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -92,19 +93,46 @@ std::string_view PlaneName(PlaneId id);  // "latent_rows", ...
 struct PlaneLayout {
   PlaneId id = PlaneId::kLatentRows;
   std::uint64_t rows = 0;
-  std::uint32_t row_width = 0;  // floats per row
+  std::uint32_t row_width = 0;  // values per row
   bool append_only = false;     // chunked at fixed row boundaries; else one chunk
-  bool lossy_allowed = false;   // only latent rows
+  bool lossy_allowed = false;   // only f32 latent rows
+  ElementType dtype = ElementType::kF32;
   std::uint64_t values() const { return rows * row_width; }
-  std::uint64_t raw_bytes() const { return values() * sizeof(float); }
+  std::uint64_t row_bytes() const { return std::uint64_t{row_width} * ElementBytes(dtype); }
+  std::uint64_t raw_bytes() const { return values() * ElementBytes(dtype); }
   friend bool operator==(const PlaneLayout&, const PlaneLayout&) = default;
+};
+
+// A run of values in memory anywhere (host, pinned, mapped): their bytes and
+// their element type. Converts from f32 spans, the reference engine's planes.
+struct ElementSpan {
+  std::span<const std::byte> bytes;
+  ElementType type = ElementType::kF32;
+  ElementSpan() = default;
+  ElementSpan(std::span<const std::byte> b, ElementType t) : bytes(b), type(t) {}
+  ElementSpan(std::span<const float> f) : bytes(std::as_bytes(f)) {}  // NOLINT(google-explicit-constructor)
+  template <typename C>
+    requires std::is_convertible_v<const C&, std::span<const float>>
+  ElementSpan(const C& c) : ElementSpan(std::span<const float>(c)) {}  // NOLINT(google-explicit-constructor)
+  std::uint64_t size() const { return bytes.size() / ElementBytes(type); }
+};
+struct MutableElementSpan {
+  std::span<std::byte> bytes;
+  ElementType type = ElementType::kF32;
+  MutableElementSpan() = default;
+  MutableElementSpan(std::span<std::byte> b, ElementType t) : bytes(b), type(t) {}
+  MutableElementSpan(std::span<float> f) : bytes(std::as_writable_bytes(f)) {}  // NOLINT(google-explicit-constructor)
+  template <typename C>
+    requires std::is_convertible_v<C&, std::span<float>>
+  MutableElementSpan(C& c) : MutableElementSpan(std::span<float>(c)) {}  // NOLINT(google-explicit-constructor)
+  std::uint64_t size() const { return bytes.size() / ElementBytes(type); }
 };
 
 // Bounds applied to everything decoded (and to what is encoded, so that an
 // encoded layer always decodes under the defaults).
 struct CodecLimits {
   std::uint64_t max_tokens = 1ull << 22;        // len of a layer; tokens of a boundary
-  std::uint64_t max_row_values = 1ull << 16;    // floats in one row of any plane
+  std::uint64_t max_row_values = 1ull << 16;    // values in one row of any plane
   std::uint64_t max_layer_bytes = 16ull << 30;  // decoded bytes of one layer, all planes
   std::uint64_t max_chunk_bytes = 64ull << 20;  // decoded bytes of one chunk
   std::uint64_t max_chunks = 1ull << 20;        // chunks of one layer
@@ -112,9 +140,10 @@ struct CodecLimits {
 
 // ---- Transforms ----------------------------------------------------------------
 
-// A transform turns a run of f32 values into bytes and back. Lossless ones
-// give back the exact bit patterns (NaN payloads and -0 included); lossy ones
-// stay within the bound docs/codecs.md states and the tests hold:
+// A transform turns a run of values into bytes and back. Lossless ones
+// (raw/v1, shuffle-zstd/v1) take every element type and give back the exact
+// bytes (NaN payloads and -0 included); lossy ones take f32 only and stay
+// within the bound docs/codecs.md states and the tests hold:
 //   bf16/v1: round to nearest even; |x - y| <= 2^-8 |x| for normal x,
 //            <= 2^-134 for subnormal x; finite values that would round past
 //            the largest bf16 saturate to it (|x - y| <= 2^-7 |x|); NaN stays
@@ -131,21 +160,23 @@ class Transform {
   // Only shuffle-zstd takes a level (zstd's, within [ZSTD_minCLevel,
   // ZSTD_maxCLevel]); the others require 0.
   virtual Status CheckLevel(std::int32_t level) const = 0;
+  // Whether it codes values of this type (InvalidArgument naming both if not).
+  virtual Status CheckType(ElementType type) const = 0;
   // The exact encoded size of n values when it does not depend on the data.
-  virtual std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values) const = 0;
+  virtual std::optional<std::uint64_t> ExactEncodedSize(std::uint64_t values, ElementType type) const = 0;
   // An upper bound on the encoded size of n values, whatever the data.
-  virtual std::uint64_t MaxEncodedSize(std::uint64_t values) const = 0;
+  virtual std::uint64_t MaxEncodedSize(std::uint64_t values, ElementType type) const = 0;
   // Writes the encoding of values into `out`, which holds at least
-  // MaxEncodedSize(values.size()) bytes, and returns the bytes written.
-  // Deterministic: equal input and level give equal bytes (this is what
-  // chunk dedup relies on).
-  virtual Result<std::size_t> EncodeInto(std::span<const float> values, std::int32_t level,
+  // MaxEncodedSize(values.size(), values.type) bytes, and returns the bytes
+  // written. Deterministic: equal input and level give equal bytes (this is
+  // what chunk dedup relies on).
+  virtual Result<std::size_t> EncodeInto(ElementSpan values, std::int32_t level,
                                          std::span<std::byte> out) const = 0;
   // EncodeInto a string: replaces *out with the encoding of values.
-  Status Encode(std::span<const float> values, std::int32_t level, std::string* out) const;
-  // Decodes exactly out.size() values from encoded; anything that does not
-  // decode to exactly that many is refused as corruption.
-  virtual Status Decode(std::span<const std::byte> encoded, std::span<float> out) const = 0;
+  Status Encode(ElementSpan values, std::int32_t level, std::string* out) const;
+  // Decodes exactly out.size() values of out.type from encoded; anything that
+  // does not decode to exactly that many is refused as corruption.
+  virtual Status Decode(std::span<const std::byte> encoded, MutableElementSpan out) const = 0;
   // This transform wrapping a storage kind: "id(inner_kind)".
   std::string WrappedId(std::string_view inner_kind) const { return WrappedIdentity(id(), inner_kind); }
 };
@@ -169,7 +200,7 @@ class LayerCodec {
   // another kind, one failing CheckShape, or one past the limits.
   virtual Result<std::vector<PlaneLayout>> Planes(const LayerShape& shape,
                                                   const CodecLimits& limits) const = 0;
-  // A snapshot's planes in that order. Requires a snapshot of this kind.
+  // A snapshot's planes in that order (f32). Requires a snapshot of this kind.
   virtual std::vector<std::span<const float>> PlaneData(const LayerSnapshot& layer) const = 0;
   virtual std::vector<std::span<float>> MutablePlaneData(LayerSnapshot& layer) const = 0;
 };
@@ -248,9 +279,9 @@ std::uint64_t ChunkRowsFor(std::uint64_t row_bytes, std::uint64_t target_bytes,
 // ---- The encoded layer ------------------------------------------------------------
 
 struct ChunkRecord {
-  std::uint64_t raw_bytes = 0;  // decoded f32 bytes
+  std::uint64_t raw_bytes = 0;  // decoded bytes (values of the plane's type)
   std::uint64_t encoded_bytes = 0;
-  std::uint64_t raw_checksum = 0;      // XXH3-64 of the f32 bytes decoding must produce
+  std::uint64_t raw_checksum = 0;      // XXH3-64 of the bytes decoding must produce
   std::uint64_t encoded_checksum = 0;  // XXH3-64 of the encoded bytes
   friend bool operator==(const ChunkRecord&, const ChunkRecord&) = default;
 };
@@ -306,7 +337,10 @@ struct ChunkLocation {
 // different chunks; Finish after every chunk was encoded.
 class LayerEncoder {
  public:
-  static Result<LayerEncoder> Create(const LayerShape& shape, std::vector<std::span<const float>> planes,
+  // Each plane's type must be the shape's for that plane.
+  static Result<LayerEncoder> Create(const LayerShape& shape, std::vector<ElementSpan> planes,
+                                     const EncodeOptions& options = {});
+  static Result<LayerEncoder> Create(const LayerShape& shape, const std::vector<std::span<const float>>& planes,
                                      const EncodeOptions& options = {});
   std::size_t chunk_count() const { return locations_.size(); }
   const ChunkLocation& chunk(std::size_t i) const { return locations_[i]; }
@@ -321,7 +355,7 @@ class LayerEncoder {
  private:
   LayerEncoder() = default;
   LayerHeader header_;
-  std::vector<std::span<const float>> planes_;
+  std::vector<ElementSpan> planes_;
   std::vector<const Transform*> transforms_;
   std::vector<ChunkLocation> locations_;
   std::vector<std::uint8_t> encoded_;  // per chunk: EncodeChunk succeeded
@@ -350,10 +384,11 @@ class LayerDecoder {
   const ChunkLocation& chunk(std::size_t i) const { return locations_[i]; }
 
   // Decodes chunk i into its rows of `plane`, the whole destination plane
-  // (planes()[chunk(i).plane].values() floats, e.g. a pinned staging buffer).
-  // Checks size and checksum of the encoded bytes before decoding and the
-  // checksum of the written f32 bytes after; on error those rows are garbage.
-  Status DecodeChunk(std::size_t i, std::span<const std::byte> encoded, std::span<float> plane) const;
+  // (planes()[chunk(i).plane].values() values of its dtype, e.g. a pinned
+  // staging buffer). Checks size and checksum of the encoded bytes before
+  // decoding and the checksum of the written bytes after; on error those
+  // rows are garbage. A destination of another element type is refused.
+  Status DecodeChunk(std::size_t i, std::span<const std::byte> encoded, MutableElementSpan plane) const;
   // Whether chunk i is stored raw/v1: its encoded bytes are its values, so
   // they may be copied where the plane lies (to a device) once
   // CheckEncoded(i, ...) passed, without DecodeChunk.
@@ -361,8 +396,9 @@ class LayerDecoder {
   // Chunk i's encoded size and checksum (what DecodeChunk checks first).
   Status CheckEncoded(std::size_t i, std::span<const std::byte> encoded) const;
   // Every chunk into caller-provided planes, one span per plane in order.
+  Status DecodeInto(std::span<const std::string> chunks, std::span<const MutableElementSpan> planes) const;
   Status DecodeInto(std::span<const std::string> chunks, std::span<const std::span<float>> planes) const;
-  // Every chunk into a freshly allocated snapshot.
+  // Every chunk into a freshly allocated snapshot (f32 planes only).
   Result<LayerSnapshot> Decode(std::span<const std::string> chunks) const;
 
  private:
@@ -406,7 +442,8 @@ std::shared_ptr<const LayerValidator> CodecLayerValidator();
 // Decodes one layer and checks its planes against its shape, as a restore
 // would (every chunk against its checksums, every plane its exact size), and
 // returns the shape. The decoded values are dropped: this is a check of bytes
-// from outside (a remote tier, a file) before they are kept.
+// from outside (a remote tier, a file) before they are kept. Planes of any
+// element type.
 Result<LayerShape> CheckDecodes(const EncodedLayer& layer, const CodecLimits& limits = {});
 
 inline std::span<const std::byte> AsBytes(std::string_view s) {

@@ -6,7 +6,9 @@
 //  - RecurrentShape: a KDA layer's conv ring and recurrent state (also the
 //    geometry a cache fixes, RecurrentGeometry, and the engine's
 //    RecurrentPlan: a recurrent layer's state has no length);
-//  - KvFormat and KvShape: an attention layer's K and V rows.
+//  - KvFormat and KvShape: an attention layer's K and V rows;
+//  - ElementType: what one value of a plane is (f32 unless the engine keeps
+//    its cache in bf16, f16 or fp8).
 //
 // Plain values with inline arithmetic only; library primecache_shape (header
 // only, no dependencies). Checking them is the codecs' (CheckShape).
@@ -17,6 +19,46 @@
 
 namespace primecache {
 
+// The type of one value of a plane, as the engine keeps it. A plane is
+// stored as its bytes: nothing is ever widened or narrowed, and a layer
+// restores only into a cache whose planes have the same types (Validate).
+// f32 is the default everywhere and what the reference engine computes in.
+enum class ElementType : std::uint8_t {
+  kF32 = 0,
+  kBf16 = 1,
+  kF16 = 2,
+  kF8E4M3 = 3,  // OCP fp8 e4m3 (torch.float8_e4m3fn)
+};
+inline constexpr ElementType kLastElementType = ElementType::kF8E4M3;
+
+constexpr std::uint32_t ElementBytes(ElementType t) {
+  switch (t) {
+    case ElementType::kF32:
+      return 4;
+    case ElementType::kBf16:
+    case ElementType::kF16:
+      return 2;
+    case ElementType::kF8E4M3:
+      return 1;
+  }
+  return 4;
+}
+
+// "f32", "bf16", "f16", "f8e4m3"; "?" for a value outside the enum.
+constexpr const char* ElementTypeName(ElementType t) {
+  switch (t) {
+    case ElementType::kF32:
+      return "f32";
+    case ElementType::kBf16:
+      return "bf16";
+    case ElementType::kF16:
+      return "f16";
+    case ElementType::kF8E4M3:
+      return "f8e4m3";
+  }
+  return "?";
+}
+
 // An MLA latent plane at a boundary. Invariants (CheckShape): len >= 1,
 // width >= 1; with an indexer (index_width > 0): index_width even, pool >= 1,
 // pools_ready == len / pool, and a ring (index_is_ring) whose effective size
@@ -24,18 +66,20 @@ namespace primecache {
 // pools_ready, index_is_ring and index_ring_rows are all zero.
 struct LatentShape {
   std::uint64_t len = 0;              // tokens; one latent row per token
-  std::uint32_t width = 0;            // kv_rank + rope_dim floats per latent row
-  std::uint32_t index_width = 0;      // 2 * index_head_dim floats per index row; 0: no indexer
+  std::uint32_t width = 0;            // kv_rank + rope_dim values per latent row
+  std::uint32_t index_width = 0;      // 2 * index_head_dim values per index row; 0: no indexer
   std::uint32_t pool = 0;             // tokens per k-pool; 0 without an indexer
   std::uint64_t pools_ready = 0;      // pools [0, pools_ready) hold final keys
   bool index_is_ring = false;         // the source index plane was a tail ring
   std::uint64_t index_ring_rows = 0;  // its effective size (multiple of pool); 0 when flat
+  ElementType dtype = ElementType::kF32;        // latent rows
+  ElementType index_dtype = ElementType::kF32;  // index tail rows and pool keys
 
   std::uint32_t index_head_dim() const { return index_width / 2; }
   // Index rows not yet folded into a pool key: [pools_ready * pool, len);
   // none without an indexer.
   std::uint64_t tail_rows() const { return index_width == 0 ? 0 : len - pools_ready * pool; }
-  // Floats per plane; meaningful once CheckShape passed (no overflow then).
+  // Values per plane; meaningful once CheckShape passed (no overflow then).
   std::uint64_t latent_values() const { return len * width; }
   std::uint64_t tail_values() const { return tail_rows() * index_width; }
   std::uint64_t pool_key_values() const { return pools_ready * index_head_dim(); }
@@ -50,6 +94,8 @@ struct RecurrentShape {
   std::uint32_t heads = 0;
   std::uint32_t head_dim = 0;
   std::uint32_t kernel = 0;  // short-conv kernel; the ring keeps kernel - 1 inputs
+  ElementType conv_dtype = ElementType::kF32;
+  ElementType state_dtype = ElementType::kF32;
 
   std::uint64_t conv_channels() const { return 3ull * heads * head_dim; }  // q, k and v planes
   std::uint64_t conv_values() const { return conv_channels() * (kernel - 1); }
@@ -81,8 +127,8 @@ struct KvFormat {
 };
 
 // An attention layer's K and V rows. Invariants: len, k_width, v_width >= 1
-// (widths in 4-byte words: floats, or TurboQuant words, a whole number of
-// entries); plain: rows 0 (every position [0, len) is held); rotating: the
+// (widths in values of dtype, or in TurboQuant's 4-byte words, a whole
+// number of entries, with dtype f32); plain: rows 0 (every position [0, len) is held); rotating: the
 // held rows are positions [len - rows, len) with rows <= min(len, window)
 // and rows >= min(len, window) - 1 (a trim of one row after a wrap; see
 // docs/engine.md), rows >= 1.
@@ -91,7 +137,8 @@ struct KvShape {
   std::uint32_t k_width = 0;
   std::uint32_t v_width = 0;
   KvFormat format = {};
-  std::uint64_t rows = 0;  // rotating only: rows held
+  std::uint64_t rows = 0;                 // rotating only: rows held
+  ElementType dtype = ElementType::kF32;  // K and V rows; f32 words when TurboQuant
 
   std::uint64_t held_rows() const { return format.rotating() ? rows : len; }
   std::uint64_t k_values() const { return held_rows() * k_width; }

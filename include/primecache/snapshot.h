@@ -42,6 +42,11 @@ Status CheckShape(const LayerShape& shape);
 
 // ---- Snapshots: shapes with their planes --------------------------------------
 
+// Snapshots hold f32 planes (the reference engine's type): a shape whose
+// planes are of another ElementType has no snapshot (MakeSnapshot refuses
+// it); such layers are encoded from and decoded into the caller's memory
+// (LayerEncoder, LayerDecoder::DecodeInto).
+//
 // The latent-plane snapshot of one MLA layer: its shape, and the planes,
 // row-major f32:
 //   latent_rows      [len * width]                 rows [0, len)
@@ -77,7 +82,8 @@ using LayerSnapshot = std::variant<LatentPlaneSnapshot, RecurrentSnapshot, KvSna
 LayerShape ShapeOf(const LayerSnapshot& layer);
 
 // A snapshot of this shape with every plane allocated (zero-filled).
-// Requires CheckShape(shape) to pass; returns its error otherwise.
+// Requires CheckShape(shape) to pass and every plane to be f32; returns the
+// error otherwise.
 Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape);
 
 // CheckShape plus: every plane holds exactly the floats the shape says.
@@ -95,6 +101,8 @@ struct LatentGeometry {
   std::uint32_t pool = 0;
   std::uint64_t index_ring_rows = 0;
   std::uint64_t max_ctx = 0;  // the cache's capacity in tokens
+  ElementType dtype = ElementType::kF32;        // latent rows
+  ElementType index_dtype = ElementType::kF32;  // index tail rows and pool keys
   friend bool operator==(const LatentGeometry&, const LatentGeometry&) = default;
 };
 
@@ -106,13 +114,14 @@ struct KvGeometry {
   std::uint32_t v_width = 0;
   std::uint64_t max_ctx = 0;
   KvFormat format = {};  // the kind, window, TurboQuant bits, head_dim and sign digest
+  ElementType dtype = ElementType::kF32;
   friend bool operator==(const KvGeometry&, const KvGeometry&) = default;
 };
 
 using LayerGeometry = std::variant<LatentGeometry, RecurrentGeometry, KvGeometry>;
 
 // Checks that a layer of this shape can be restored into a cache layer of this
-// geometry: same kind, same widths and pool, len within capacity, tail within
+// geometry: same kind, same widths and pool, same element types, len within capacity, tail within
 // the ring, and the shape's own invariants. Returns InvalidArgument whose
 // message lists every disagreement ("width 576 != plan 512; len 9000 > max_ctx 8192").
 Status Validate(const LayerShape& shape, const LayerGeometry& target);

@@ -15,6 +15,7 @@ from ._primecache import (  # noqa: F401  (the package's API)
     DeadlineExceededError,
     EntryDetail,
     EntryInfo,
+    ElementType,
     EntryState,
     Error,
     FetchBuffer,
@@ -40,6 +41,8 @@ from ._primecache import (  # noqa: F401  (the package's API)
     UnavailableError,
     VerifyResult,
     codec_identities,
+    element_bytes,
+    plane_dtype,
     plan_digest,
     parse_layer_header,
 )

@@ -117,6 +117,14 @@ double Seconds(std::chrono::milliseconds ms) {
 }
 
 void BindShapes(py::module_& m) {
+  py::enum_<ElementType>(m, "ElementType", "The type of one value of a plane (layer_shape.h).")
+      .value("f32", ElementType::kF32)
+      .value("bf16", ElementType::kBf16)
+      .value("f16", ElementType::kF16)
+      .value("f8e4m3", ElementType::kF8E4M3);
+  m.def("element_bytes", &ElementBytes, py::arg("type"), "Bytes of one value of this type.");
+  m.def("plane_dtype", &PlaneDtype, py::arg("type"),
+        "The NumPy dtype planes of this type are given and returned as (bf16 as uint16, f8e4m3 as uint8).");
   py::class_<LatentShape> latent(m, "LatentShape",
                                  "An MLA layer's latent rows and DSA index state (layer_shape.h).");
   latent.def_readwrite("len", &LatentShape::len)
@@ -126,18 +134,23 @@ void BindShapes(py::module_& m) {
       .def_readwrite("pools_ready", &LatentShape::pools_ready)
       .def_readwrite("index_is_ring", &LatentShape::index_is_ring)
       .def_readwrite("index_ring_rows", &LatentShape::index_ring_rows)
+      .def_readwrite("dtype", &LatentShape::dtype)
+      .def_readwrite("index_dtype", &LatentShape::index_dtype)
       .def("tail_rows", &LatentShape::tail_rows)
       .def("__eq__", Equal<LatentShape>, py::is_operator());
   KeywordInit(latent);
   FieldRepr(latent,
-            {"len", "width", "index_width", "pool", "pools_ready", "index_is_ring", "index_ring_rows"});
+            {"len", "width", "index_width", "pool", "pools_ready", "index_is_ring", "index_ring_rows", "dtype",
+             "index_dtype"});
   py::class_<RecurrentShape> recurrent(m, "RecurrentShape", "A KDA layer's conv ring and recurrent state.");
   recurrent.def_readwrite("heads", &RecurrentShape::heads)
       .def_readwrite("head_dim", &RecurrentShape::head_dim)
       .def_readwrite("kernel", &RecurrentShape::kernel)
+      .def_readwrite("conv_dtype", &RecurrentShape::conv_dtype)
+      .def_readwrite("state_dtype", &RecurrentShape::state_dtype)
       .def("__eq__", Equal<RecurrentShape>, py::is_operator());
   KeywordInit(recurrent);
-  FieldRepr(recurrent, {"heads", "head_dim", "kernel"});
+  FieldRepr(recurrent, {"heads", "head_dim", "kernel", "conv_dtype", "state_dtype"});
   py::class_<KvFormat> format(m, "KvFormat", "How an attention layer stores its K and V rows.");
   format.def_readwrite("window", &KvFormat::window)
       .def_readwrite("quant_bits", &KvFormat::quant_bits)
@@ -152,10 +165,11 @@ void BindShapes(py::module_& m) {
       .def_readwrite("v_width", &KvShape::v_width)
       .def_readwrite("format", &KvShape::format)
       .def_readwrite("rows", &KvShape::rows)
+      .def_readwrite("dtype", &KvShape::dtype)
       .def("held_rows", &KvShape::held_rows)
       .def("__eq__", Equal<KvShape>, py::is_operator());
   KeywordInit(kv);
-  FieldRepr(kv, {"len", "k_width", "v_width", "format", "rows"});
+  FieldRepr(kv, {"len", "k_width", "v_width", "format", "rows", "dtype"});
 }
 
 py::bytes Bytes(const std::string& s) {

@@ -7,7 +7,16 @@ import numpy as np
 import numpy.typing as npt
 
 Tokens = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
-Planes = Union[Mapping[str, npt.NDArray[np.float32]], Sequence[npt.NDArray[np.float32]]]
+Planes = Union[Mapping[str, npt.NDArray[Any]], Sequence[npt.NDArray[Any]]]
+
+class ElementType(Enum):
+    f32 = 0
+    bf16 = 1
+    f16 = 2
+    f8e4m3 = 3
+
+def element_bytes(type: ElementType) -> int: ...
+def plane_dtype(type: ElementType) -> np.dtype[Any]: ...
 
 class Error(Exception):
     code: str
@@ -26,15 +35,21 @@ class LatentShape:
     pools_ready: int
     index_is_ring: bool
     index_ring_rows: int
+    dtype: ElementType
+    index_dtype: ElementType
     def __init__(self, *, len: int = ..., width: int = ..., index_width: int = ..., pool: int = ...,
-                 pools_ready: int = ..., index_is_ring: bool = ..., index_ring_rows: int = ...) -> None: ...
+                 pools_ready: int = ..., index_is_ring: bool = ..., index_ring_rows: int = ...,
+                 dtype: ElementType = ..., index_dtype: ElementType = ...) -> None: ...
     def tail_rows(self) -> int: ...
 
 class RecurrentShape:
     heads: int
     head_dim: int
     kernel: int
-    def __init__(self, *, heads: int = ..., head_dim: int = ..., kernel: int = ...) -> None: ...
+    conv_dtype: ElementType
+    state_dtype: ElementType
+    def __init__(self, *, heads: int = ..., head_dim: int = ..., kernel: int = ...,
+                 conv_dtype: ElementType = ..., state_dtype: ElementType = ...) -> None: ...
 
 class KvFormat:
     window: int
@@ -50,8 +65,9 @@ class KvShape:
     v_width: int
     format: KvFormat
     rows: int
+    dtype: ElementType
     def __init__(self, *, len: int = ..., k_width: int = ..., v_width: int = ..., format: KvFormat = ...,
-                 rows: int = ...) -> None: ...
+                 rows: int = ..., dtype: ElementType = ...) -> None: ...
     def held_rows(self) -> int: ...
 
 LayerShape = Union[LatentShape, RecurrentShape, KvShape]
@@ -260,6 +276,7 @@ class Client:
     def publish(self, model: ModelId, tokens: Tokens, layers: Sequence[LayerInput], *,
                 transform: Optional[str] = None, level: int = 0, chunk_bytes: int = 1048576) -> PublishResult: ...
     def fetch(self, entry: int, layers: Optional[Sequence[int]] = None, *, decode: bool = True) -> list[FetchedLayer]: ...
+    def fetch_into(self, entry: int, planes: Mapping[int, Planes]) -> dict[int, LayerHeader]: ...
     def describe(self, entry: int, layer_headers: bool = False) -> EntryDetail: ...
     def stats(self) -> DaemonStats: ...
     def list(self, model: Optional[Hash128] = None, page_size: int = 100, page_token: str = "",

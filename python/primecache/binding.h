@@ -3,6 +3,7 @@
 // GIL. Internal to the module; not a public header.
 #pragma once
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -98,5 +99,14 @@ PublishResult PublishArrays(client::Client& c, const client::ModelId& model,
 // float32 planes (views of the fetched bytes where a plane is one raw chunk)
 // or, without decode, the chunks' bytes as uint8 views.
 py::list FetchArrays(client::Client& c, std::uint64_t entry, std::vector<std::uint32_t> layers, bool decode);
+// Fetches the layers keyed in `planes` ({layer: destination arrays, in stored
+// order or by plane name}) and decodes them into those arrays, which must be
+// writable, C-contiguous and each exactly its plane (dtype, rows, width).
+// Every destination and every chunk's encoded bytes are checked before the
+// first is written; a chunk that then fails to decode leaves the
+// destinations undefined (and raises). Returns {layer: LayerHeader}.
+py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& planes);
+// The NumPy dtype of a plane of element type t (layers.cc, top).
+py::dtype PlaneDtype(ElementType t);
 
 }  // namespace primecache::python

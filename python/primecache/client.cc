@@ -178,6 +178,12 @@ void BindCalls(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
           },
           py::arg("entry"), py::arg("layers") = py::none(), py::kw_only(), py::arg("decode") = true)
       .def(
+          "fetch_into",
+          [](const PyClient& self, std::uint64_t entry, const py::dict& planes) {
+            return FetchInto(*self.Get(), entry, planes);
+          },
+          py::arg("entry"), py::arg("planes"))
+      .def(
           "describe",
           [](const PyClient& self, std::uint64_t entry, bool layer_headers) {
             auto c = self.Get();

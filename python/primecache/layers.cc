@@ -1,6 +1,12 @@
 // NumPy planes to and from the daemon: publish encodes arrays with the
 // codecs (LayerEncoder) and streams them; fetch decodes what comes back
-// (LayerDecoder) into arrays whose base object keeps the fetched bytes alive.
+// (LayerDecoder) into arrays whose base object keeps the fetched bytes alive,
+// fetch_into into arrays the caller owns.
+//
+// A plane's element type maps to one NumPy dtype (PlaneDtype): f32 float32,
+// f16 float16, and the types NumPy lacks as their bits, bf16 uint16 and
+// f8e4m3 uint8 (primecache.torch views them as torch.bfloat16 and
+// torch.float8_e4m3fn). An array of another dtype is refused by name.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -10,7 +16,60 @@
 #include "python/primecache/binding.h"
 
 namespace primecache::python {
+
+py::dtype PlaneDtype(ElementType t) {
+  switch (t) {
+    case ElementType::kF32:
+      return py::dtype("float32");
+    case ElementType::kF16:
+      return py::dtype("float16");
+    case ElementType::kBf16:
+      return py::dtype("uint16");
+    case ElementType::kF8E4M3:
+      return py::dtype("uint8");
+  }
+  throw py::value_error("not an element type");
+}
+
 namespace {
+
+// Whether an array's dtype carries values of type t: its PlaneDtype, or,
+// for the types NumPy lacks, a dtype of their name (ml_dtypes') or any
+// integer of their width holding the bits.
+bool CarriesType(const py::dtype& d, ElementType t) {
+  if (d.itemsize() != static_cast<py::ssize_t>(ElementBytes(t))) return false;
+  const char kind = d.kind();
+  const std::string name = py::str(d.attr("name"));
+  switch (t) {
+    case ElementType::kF32:
+    case ElementType::kF16:
+      return kind == 'f';
+    case ElementType::kBf16:
+      return kind == 'u' || kind == 'i' || name == "bfloat16";
+    case ElementType::kF8E4M3:
+      return kind == 'u' || kind == 'i' || name == "float8_e4m3fn";
+  }
+  return false;
+}
+
+// Checks an array as plane `lay` (its dtype, C order, its rows and row
+// width or its flat size); ValueError naming `where` and what differs.
+void CheckPlaneArray(const py::array& a, const PlaneLayout& lay, const std::string& where) {
+  if (!CarriesType(a.dtype(), lay.dtype)) {
+    throw py::value_error(where + ": dtype " + std::string(py::str(a.dtype())) + ", the plane is " +
+                          ElementTypeName(lay.dtype) + " (want " + std::string(py::str(PlaneDtype(lay.dtype))) +
+                          ")");
+  }
+  if ((a.flags() & py::array::c_style) == 0) throw py::value_error(where + ": not C-contiguous");
+  const bool fits = a.ndim() == 2 ? static_cast<std::uint64_t>(a.shape(0)) == lay.rows &&
+                                        static_cast<std::uint64_t>(a.shape(1)) == lay.row_width
+                                  : a.ndim() == 1 && static_cast<std::uint64_t>(a.size()) == lay.values();
+  if (!fits) {
+    throw py::value_error(where + ": shape " + std::string(py::str(a.attr("shape"))) + ", want (" +
+                          std::to_string(lay.rows) + ", " + std::to_string(lay.row_width) + ") or (" +
+                          std::to_string(lay.values()) + ",)");
+  }
+}
 
 // The bytes one fetch brought and the planes decoded from them: the base
 // object of every array a fetch returns, so that they live as long as any of
@@ -19,7 +78,7 @@ struct FetchBuffer {
   std::vector<client::FetchedLayer> layers;
   // Planes that are not one raw chunk. Views point into the inner vectors,
   // whose buffers stay put when the outer one grows.
-  std::vector<std::vector<float>> decoded;
+  std::vector<std::vector<std::byte>> decoded;
   std::uint64_t fetched_bytes = 0;  // chunk bytes received
   std::uint64_t copied_bytes = 0;   // plane bytes decoded into memory of their own
 };
@@ -30,7 +89,7 @@ struct PyFetchedLayer {
   std::uint32_t layer = 0;
   py::bytes header_bytes;
   std::optional<LayerHeader> header;  // parsed when decoded
-  py::dict planes;                    // plane name -> float32 [rows, row_width]
+  py::dict planes;                    // plane name -> [rows, row_width] of PlaneDtype
   py::list chunks;                    // uint8 views of the chunks, when not decoded
 };
 
@@ -39,7 +98,8 @@ struct PlaneView {
   std::string name;
   std::uint64_t rows = 0;
   std::uint32_t width = 0;
-  const float* data = nullptr;  // null for a plane without values
+  ElementType dtype = ElementType::kF32;
+  const std::byte* data = nullptr;  // null for a plane without values
 };
 
 struct DecodedLayer {
@@ -57,21 +117,21 @@ std::span<const std::byte> Bytes(const std::vector<std::byte>& v) {
 Result<PlaneView> DecodePlane(const LayerDecoder& dec, std::size_t p, client::LayerData& data,
                               FetchBuffer& buf) {
   const PlaneLayout& lay = dec.planes()[p];
-  PlaneView view{std::string(PlaneName(lay.id)), lay.rows, lay.row_width, nullptr};
+  PlaneView view{std::string(PlaneName(lay.id)), lay.rows, lay.row_width, lay.dtype, nullptr};
   if (lay.values() == 0) return view;
   std::vector<std::size_t> chunks;
   for (std::size_t i = 0; i < dec.chunk_count(); ++i) {
     if (dec.chunk(i).plane == p) chunks.push_back(i);
   }
   if (chunks.size() == 1 && dec.ChunkIsRaw(chunks[0]) &&
-      reinterpret_cast<std::uintptr_t>(data.chunks[chunks[0]].data()) % alignof(float) == 0) {
+      reinterpret_cast<std::uintptr_t>(data.chunks[chunks[0]].data()) % ElementBytes(lay.dtype) == 0) {
     PC_RETURN_IF_ERROR(dec.CheckEncoded(chunks[0], Bytes(data.chunks[chunks[0]])));
-    view.data = reinterpret_cast<const float*>(data.chunks[chunks[0]].data());
+    view.data = data.chunks[chunks[0]].data();
     return view;
   }
-  std::vector<float>& out = buf.decoded.emplace_back(lay.values());
+  std::vector<std::byte>& out = buf.decoded.emplace_back(lay.raw_bytes());
   for (std::size_t i : chunks) {
-    PC_RETURN_IF_ERROR(dec.DecodeChunk(i, Bytes(data.chunks[i]), out));
+    PC_RETURN_IF_ERROR(dec.DecodeChunk(i, Bytes(data.chunks[i]), MutableElementSpan(out, lay.dtype)));
     data.chunks[i] = {};  // decoded: its encoded bytes are not needed any more
   }
   buf.copied_bytes += lay.raw_bytes();
@@ -119,8 +179,8 @@ py::array ReadOnly(py::array a) {
 
 py::array PlaneArray(const PlaneView& v, const py::object& base) {
   const std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(v.rows), static_cast<py::ssize_t>(v.width)};
-  if (v.data == nullptr) return ReadOnly(py::array_t<float>(shape));
-  return ReadOnly(py::array(py::dtype::of<float>(), shape, {}, v.data, base));
+  if (v.data == nullptr) return ReadOnly(py::array(PlaneDtype(v.dtype), shape));
+  return ReadOnly(py::array(PlaneDtype(v.dtype), shape, {}, v.data, base));
 }
 
 }  // namespace
@@ -152,33 +212,110 @@ py::list FetchArrays(client::Client& c, std::uint64_t entry, std::vector<std::ui
 
 namespace {
 
+// One layer's destinations for fetch_into: its decoder and one writable
+// span per plane, each checked against the plane before anything is written.
+struct Destination {
+  std::uint32_t layer = 0;
+  std::vector<py::array> arrays;
+  std::vector<MutableElementSpan> planes;
+};
+
+std::vector<MutableElementSpan> CheckDestinations(const LayerDecoder& dec, const py::handle& given,
+                                                  const std::string& where, std::vector<py::array>& keep) {
+  const auto& layouts = dec.planes();
+  const bool by_name = py::isinstance<py::dict>(given);
+  if (py::len(given) != layouts.size()) {
+    throw py::value_error(where + ": " + std::to_string(py::len(given)) + " destination planes; its kind " +
+                          dec.header().kind + " has " + std::to_string(layouts.size()));
+  }
+  std::vector<MutableElementSpan> planes;
+  for (std::size_t p = 0; p < layouts.size(); ++p) {
+    const std::string name(PlaneName(layouts[p].id));
+    if (by_name && !given.contains(name)) throw py::value_error(where + ": no destination for plane '" + name + "'");
+    py::object obj = by_name ? given[py::str(name)] : given[py::int_(p)];
+    const std::string at = where + " plane '" + name + "'";
+    if (!py::isinstance<py::array>(obj)) throw py::value_error(at + ": not a NumPy array");
+    auto a = py::reinterpret_borrow<py::array>(obj);
+    CheckPlaneArray(a, layouts[p], at);
+    if (!a.writeable()) throw py::value_error(at + ": not writable");
+    keep.push_back(a);
+    planes.emplace_back(std::span(static_cast<std::byte*>(a.mutable_data()), layouts[p].raw_bytes()),
+                        layouts[p].dtype);
+  }
+  return planes;
+}
+
+// Every chunk's encoded bytes against the header first, so that a damaged
+// chunk refuses the fetch before any destination is written.
+Status DecodeAll(const std::vector<client::FetchedLayer>& fetched, const std::vector<LayerDecoder>& decoders,
+                 const std::vector<Destination>& dests) {
+  for (std::size_t l = 0; l < fetched.size(); ++l) {
+    const auto& chunks = fetched[l].data.chunks;
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      PC_RETURN_IF_ERROR(decoders[l].CheckEncoded(i, Bytes(chunks[i])).WithContext("layer " + std::to_string(dests[l].layer)));
+    }
+  }
+  for (std::size_t l = 0; l < fetched.size(); ++l) {
+    const auto& chunks = fetched[l].data.chunks;
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      const MutableElementSpan& plane = dests[l].planes[decoders[l].chunk(i).plane];
+      PC_RETURN_IF_ERROR(decoders[l].DecodeChunk(i, Bytes(chunks[i]), plane).WithContext("layer " + std::to_string(dests[l].layer)));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& planes) {
+  std::vector<Destination> dests;
+  for (auto [key, value] : planes) dests.push_back({key.cast<std::uint32_t>(), {}, {}});
+  std::vector<std::uint32_t> which;
+  for (const Destination& d : dests) which.push_back(d.layer);
+  if (which.empty()) throw py::value_error("fetch_into: no layers given");
+  std::vector<client::FetchedLayer> fetched =
+      ValueOrRaise(WithoutGil([&] { return c.FetchLayers(entry, which); }));
+  if (fetched.size() != dests.size()) {
+    Raise(Status::Corruption("fetch_into: asked for " + std::to_string(dests.size()) + " layers, got " +
+                             std::to_string(fetched.size())));
+  }
+  std::vector<LayerDecoder> decoders;
+  py::dict headers;
+  for (std::size_t l = 0; l < fetched.size(); ++l) {
+    const std::string where = "layer " + std::to_string(dests[l].layer);
+    if (fetched[l].layer != dests[l].layer) Raise(Status::Corruption(where + ": the daemon sent another layer"));
+    LayerHeader h = ValueOrRaise(ParseLayerHeader(Bytes(fetched[l].data.header)));
+    LayerDecoder dec = ValueOrRaise(LayerDecoder::Create(h));
+    if (fetched[l].data.chunks.size() != dec.chunk_count()) {
+      Raise(Status::Corruption(where + ": " + std::to_string(fetched[l].data.chunks.size()) +
+                               " chunks, its header says " + std::to_string(dec.chunk_count())));
+    }
+    dests[l].planes = CheckDestinations(dec, planes[py::int_(dests[l].layer)], where, dests[l].arrays);
+    headers[py::int_(dests[l].layer)] = py::cast(h);
+    decoders.push_back(std::move(dec));
+  }
+  ThrowIfError(WithoutGil([&] { return DecodeAll(fetched, decoders, dests); }));
+  return headers;
+}
+
+namespace {
+
 // A layer to publish: its shape and its planes in stored order, as views of
 // the arrays it keeps referenced.
 struct LayerInput {
   LayerShape shape;
   std::vector<py::array> arrays;
-  std::vector<std::span<const float>> planes;
+  std::vector<ElementSpan> planes;
 };
 
 // Checks one plane array against its layout; ValueError saying what differs.
-std::span<const float> PlaneSpan(const py::handle& obj, const PlaneLayout& lay, const std::string& where,
-                                 std::vector<py::array>& keep) {
+ElementSpan PlaneSpan(const py::handle& obj, const PlaneLayout& lay, const std::string& where,
+                      std::vector<py::array>& keep) {
   if (!py::isinstance<py::array>(obj)) throw py::value_error(where + ": not a NumPy array");
   auto a = py::reinterpret_borrow<py::array>(obj);
-  if (!a.dtype().is(py::dtype::of<float>())) {
-    throw py::value_error(where + ": dtype " + std::string(py::str(a.dtype())) + ", want float32");
-  }
-  if ((a.flags() & py::array::c_style) == 0) throw py::value_error(where + ": not C-contiguous");
-  const bool fits = a.ndim() == 2 ? static_cast<std::uint64_t>(a.shape(0)) == lay.rows &&
-                                        static_cast<std::uint64_t>(a.shape(1)) == lay.row_width
-                                  : a.ndim() == 1 && static_cast<std::uint64_t>(a.size()) == lay.values();
-  if (!fits) {
-    throw py::value_error(where + ": shape " + std::string(py::str(a.attr("shape"))) + ", want (" +
-                          std::to_string(lay.rows) + ", " + std::to_string(lay.row_width) + ") or (" +
-                          std::to_string(lay.values()) + ",)");
-  }
+  CheckPlaneArray(a, lay, where);
   keep.push_back(a);
-  return {static_cast<const float*>(a.data()), lay.values()};
+  return {{static_cast<const std::byte*>(a.data()), lay.raw_bytes()}, lay.dtype};
 }
 
 LayerInput ReadLayer(const py::handle& item, std::size_t index) {

@@ -420,8 +420,8 @@ TEST(LayerEncoderTest, EncodesFromViewsIntoCallerBuffersExactlyAsEncodeLayer) {
     std::vector<std::byte> tight(enc->MaxChunkBytes(0) - 1);
     EXPECT_TRUE(enc->EncodeChunk(0, tight).status().IsInvalidArgument());
   }
-  EXPECT_TRUE(LayerEncoder::Create(l.shape, {planes[0], planes[1]}).status().IsInvalidArgument());
-  EXPECT_TRUE(LayerEncoder::Create(l.shape, {planes[0], planes[1], planes[2].first(3)}).status().IsInvalidArgument());
+  EXPECT_TRUE(LayerEncoder::Create(l.shape, std::vector<std::span<const float>>{planes[0], planes[1]}).status().IsInvalidArgument());
+  EXPECT_TRUE(LayerEncoder::Create(l.shape, std::vector<std::span<const float>>{planes[0], planes[1], planes[2].first(3)}).status().IsInvalidArgument());
 }
 
 TEST(HeaderTest, SerializesAloneAndRefusesTrailingBytes) {

@@ -139,7 +139,7 @@ TEST_F(RefusalTest, GeometryMismatchBetweenPlanesAndMetadata) {
   EncodedLayer l = layer_;
   l.header.planes[0].row_width = 23;
   ExpectRefused(Reparse(l), StatusCode::kCorruption,
-                "records 203 rows of 23 floats; the layer's metadata makes 203 rows of 24");
+                "records 203 rows of 23 values; the layer's metadata makes 203 rows of 24");
   l = layer_;
   l.header.planes[0].rows = 202;
   ExpectRefused(Reparse(l), StatusCode::kCorruption, "records 202 rows");
@@ -174,7 +174,7 @@ TEST_F(RefusalTest, PoolsReadyDisagreesWithLenOverPool) {
 TEST_F(RefusalTest, TailRowCountDisagreesWithLenAndPoolsReady) {
   layer_.header.planes[1].rows = 4;
   ExpectRefused(Reparse(layer_), StatusCode::kCorruption,
-                "plane 1 (index_tail_rows) records 4 rows of 16 floats; the layer's metadata makes 3 rows");
+                "plane 1 (index_tail_rows) records 4 rows of 16 values; the layer's metadata makes 3 rows");
   LayerSnapshot snap = MakeLatent(203, 24, 8, 4, 16);
   std::get<LatentPlaneSnapshot>(snap).index_tail_rows.resize(4 * 16);
   ExpectRefused(EncodeLayer(snap).status(), StatusCode::kInvalidArgument,
@@ -220,7 +220,7 @@ TEST_F(RefusalTest, Limits) {
   ExpectRefused(Reparse(layer_, l), StatusCode::kResourceExhausted, "the limit is 1000");
   l = {};
   l.max_row_values = 16;
-  ExpectRefused(Reparse(layer_, l), StatusCode::kResourceExhausted, "latent_rows rows of 24 floats exceed");
+  ExpectRefused(Reparse(layer_, l), StatusCode::kResourceExhausted, "latent_rows rows of 24 values exceed");
   l = {};
   l.max_chunk_bytes = 200;  // rows of 96 bytes: the header's 8-row chunks are too big
   ExpectRefused(Reparse(layer_, l), StatusCode::kCorruption, "chunk_rows 8 outside [1, 2]");

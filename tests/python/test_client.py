@@ -264,7 +264,7 @@ def test_arrays_that_do_not_fit_raise_value_error(client):
         layers[layer_index][1][plane] = array
         client.publish(model, tokens, layers)
 
-    with pytest.raises(ValueError, match=r"layer 1 plane 'state': dtype float64, want float32"):
+    with pytest.raises(ValueError, match=r"layer 1 plane 'state': dtype float64, the plane is f32 \(want float32\)"):
         publish_with(1, "state", np.zeros((8, 4), dtype=np.float64))
     with pytest.raises(ValueError, match=r"layer 2 plane 'k_rows': shape \(40, 9\), want \(40, 8\)"):
         publish_with(2, "k_rows", np.zeros((LENGTH, 9), dtype=np.float32))

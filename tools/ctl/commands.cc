@@ -97,13 +97,20 @@ nlohmann::json GeometryJson(const LayerShape& shape) {
             {"pool", l->pool},
             {"pools_ready", l->pools_ready},
             {"index_is_ring", l->index_is_ring},
-            {"index_ring_rows", l->index_ring_rows}};
+            {"index_ring_rows", l->index_ring_rows},
+            {"dtype", ElementTypeName(l->dtype)},
+            {"index_dtype", ElementTypeName(l->index_dtype)}};
   }
   if (const auto* r = std::get_if<RecurrentShape>(&shape)) {
-    return {{"heads", r->heads}, {"head_dim", r->head_dim}, {"kernel", r->kernel}};
+    return {{"heads", r->heads},
+            {"head_dim", r->head_dim},
+            {"kernel", r->kernel},
+            {"conv_dtype", ElementTypeName(r->conv_dtype)},
+            {"state_dtype", ElementTypeName(r->state_dtype)}};
   }
   const auto& kv = std::get<KvShape>(shape);
-  nlohmann::json j = {{"len", kv.len}, {"k_width", kv.k_width}, {"v_width", kv.v_width}};
+  nlohmann::json j = {
+      {"len", kv.len}, {"k_width", kv.k_width}, {"v_width", kv.v_width}, {"dtype", ElementTypeName(kv.dtype)}};
   if (kv.format.rotating()) {
     j["window"] = kv.format.window;
     j["rows"] = kv.rows;
@@ -126,11 +133,17 @@ std::string GeometryText(const LayerShape& shape) {
            std::to_string(l->pools_ready) + " ready, " +
            (l->index_is_ring ? "ring " + std::to_string(l->index_ring_rows) : std::string("flat")) + ")";
     }
+    if (l->dtype != ElementType::kF32) s += std::string(", ") + ElementTypeName(l->dtype);
+    if (l->index_dtype != ElementType::kF32) s += std::string(", index ") + ElementTypeName(l->index_dtype);
     return s;
   }
   if (const auto* r = std::get_if<RecurrentShape>(&shape)) {
-    return std::to_string(r->heads) + " heads x " + std::to_string(r->head_dim) + ", kernel " +
-           std::to_string(r->kernel);
+    std::string s = std::to_string(r->heads) + " heads x " + std::to_string(r->head_dim) + ", kernel " +
+                    std::to_string(r->kernel);
+    if (r->conv_dtype != ElementType::kF32 || r->state_dtype != ElementType::kF32) {
+      s += std::string(", conv ") + ElementTypeName(r->conv_dtype) + ", state " + ElementTypeName(r->state_dtype);
+    }
+    return s;
   }
   const auto& kv = std::get<KvShape>(shape);
   std::string s = "len " + std::to_string(kv.len) + ", k " + std::to_string(kv.k_width) + ", v " +
@@ -142,6 +155,7 @@ std::string GeometryText(const LayerShape& shape) {
     s += ", turboquant " + std::to_string(kv.format.quant_bits) + "-bit head_dim " +
          std::to_string(kv.format.head_dim);
   }
+  if (kv.dtype != ElementType::kF32) s += std::string(", ") + ElementTypeName(kv.dtype);
   return s;
 }
 
