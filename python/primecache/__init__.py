@@ -32,6 +32,7 @@ from ._primecache import (  # noqa: F401  (the package's API)
     ModelFingerprint,
     ModelId,
     NotFoundError,
+    PlaneLayout,
     PlaneRecord,
     PublishResult,
     RecurrentShape,
@@ -44,6 +45,7 @@ from ._primecache import (  # noqa: F401  (the package's API)
     element_bytes,
     plane_dtype,
     plan_digest,
+    plane_layouts,
     parse_layer_header,
 )
 

@@ -250,6 +250,16 @@ class LayerHeader:
 
 def parse_layer_header(header: bytes) -> LayerHeader: ...
 
+class PlaneLayout:
+    name: str
+    rows: int
+    row_width: int
+    dtype: ElementType
+    append_only: bool
+    raw_bytes: int
+
+def plane_layouts(shape: LayerShape) -> list[PlaneLayout]: ...
+
 class FetchBuffer:
     fetched_bytes: int
     copied_bytes: int

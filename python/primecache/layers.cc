@@ -401,6 +401,20 @@ void BindLayers(py::module_& m) {
       .def_readonly("fetched_bytes", &FetchBuffer::fetched_bytes, "chunk bytes received")
       .def_readonly("copied_bytes", &FetchBuffer::copied_bytes,
                     "plane bytes decoded into memory of their own (0: every plane views the fetched bytes)");
+  py::class_<PlaneLayout>(m, "PlaneLayout", "One plane of a layer of a given shape (codec.h).")
+      .def_property_readonly("name", [](const PlaneLayout& p) { return std::string(PlaneName(p.id)); })
+      .def_readonly("rows", &PlaneLayout::rows)
+      .def_readonly("row_width", &PlaneLayout::row_width)
+      .def_readonly("dtype", &PlaneLayout::dtype)
+      .def_readonly("append_only", &PlaneLayout::append_only)
+      .def_property_readonly("raw_bytes", &PlaneLayout::raw_bytes);
+  m.def(
+      "plane_layouts",
+      [](const LayerShape& shape) {
+        const LayerCodec* codec = ValueOrRaise(CodecRegistry::Default().KindFor(shape));
+        return ValueOrRaise(codec->Planes(shape, CodecLimits{}));
+      },
+      py::arg("shape"), "The planes of a layer of this shape, in stored order (ValueError for a bad shape).");
   py::class_<ChunkRecord>(m, "ChunkRecord")
       .def_readonly("raw_bytes", &ChunkRecord::raw_bytes)
       .def_readonly("encoded_bytes", &ChunkRecord::encoded_bytes)
