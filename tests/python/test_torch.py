@@ -212,3 +212,28 @@ def test_a_damaged_chunk_is_refused_before_any_destination_is_written(client, da
     with pytest.raises(primecache.Error):
         pt.fetch_into(client, res.id, {0: (kv, dest)})
     assert not dest[0].any() and not dest[1].any()
+
+
+# ---- CUDA tensors (the GPU machine: tools/gpu-check's run-python) ----------------
+
+import os  # noqa: E402
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() and not os.environ.get("PRIMECACHE_REQUIRE_GPU"),
+                                reason="no CUDA device (PRIMECACHE_REQUIRE_GPU makes this a failure)")
+
+
+@needs_cuda
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_cuda_tensors_publish_and_restore_bit_for_bit(client, t):
+    kv = primecache.KvShape(len=LEN, k_width=4 * 16, v_width=4 * 16, dtype=t)
+    gen = torch.Generator().manual_seed(11)
+    dtype = pt.torch_dtype(t)
+    keys = random_plane(4 * LEN, 16, dtype, gen).view(4, LEN, 16).cuda()
+    values = random_plane(4 * LEN, 16, dtype, gen).view(4, LEN, 16).cuda()
+    res = pt.publish(client, model_for([kv]), list(range(LEN)), [(kv, [keys.transpose(0, 1), values.transpose(0, 1)])],
+                     transform="raw/v1")
+    k2, v2 = torch.zeros_like(keys), torch.zeros_like(values)
+    pt.fetch_into(client, res.id, {0: (kv, {"k_rows": k2.transpose(0, 1), "v_rows": v2.transpose(0, 1)})})
+    assert k2.is_cuda and same_bits(k2, keys) and same_bits(v2, values)
+    (shape, planes), = pt.fetch(client, res.id, device="cuda")
+    assert planes["k_rows"].is_cuda and same_bits(planes["k_rows"], keys.transpose(0, 1).reshape(LEN, 64))
