@@ -102,9 +102,12 @@ py::list FetchArrays(client::Client& c, std::uint64_t entry, std::vector<std::ui
 // Fetches the layers keyed in `planes` ({layer: destination arrays, in stored
 // order or by plane name}) and decodes them into those arrays, which must be
 // writable, C-contiguous and each exactly its plane (dtype, rows, width).
-// Every destination and every chunk's encoded bytes are checked before the
-// first is written; a chunk that then fails to decode leaves the
-// destinations undefined (and raises). Returns {layer: LayerHeader}.
+// The layers' headers (Describe) and every destination are checked before
+// the fetch starts, so such a refusal writes nothing; then each chunk is
+// decoded from where it arrived straight into its rows, once its size and
+// checksums passed. A damaged chunk raises, its rows unwritten, but earlier
+// chunks' rows were written: the caller discards the destinations. Returns
+// {layer: LayerHeader}.
 py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& planes);
 // The NumPy dtype of a plane of element type t (layers.cc, top).
 py::dtype PlaneDtype(ElementType t);

@@ -10,9 +10,15 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cstring>
+#include <condition_variable>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <string>
 
+#include "core/worker_pool.h"
 #include "python/primecache/binding.h"
 
 namespace primecache::python {
@@ -245,21 +251,96 @@ std::vector<MutableElementSpan> CheckDestinations(const LayerDecoder& dec, const
   return planes;
 }
 
-// Every chunk's encoded bytes against the header first, so that a damaged
-// chunk refuses the fetch before any destination is written.
-Status DecodeAll(const std::vector<client::FetchedLayer>& fetched, const std::vector<LayerDecoder>& decoders,
-                 const std::vector<Destination>& dests) {
-  for (std::size_t l = 0; l < fetched.size(); ++l) {
-    const auto& chunks = fetched[l].data.chunks;
-    for (std::size_t i = 0; i < chunks.size(); ++i) {
-      PC_RETURN_IF_ERROR(decoders[l].CheckEncoded(i, Bytes(chunks[i])).WithContext("layer " + std::to_string(dests[l].layer)));
-    }
+// The threads fetch_into decodes on: chunks decode while the next ones
+// arrive. Never destroyed (threads that outlive the interpreter's teardown
+// touch no Python object).
+WorkerPool& DecodePool() {
+  static WorkerPool* pool = new WorkerPool(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
+  return *pool;
+}
+
+// Chunks handed to DecodePool: how many are still decoding, and the first
+// error. Thread-safety: all members under mu.
+class DecodeJobs {
+ public:
+  void Start() {
+    std::lock_guard<std::mutex> l(mu_);
+    ++pending_;
   }
-  for (std::size_t l = 0; l < fetched.size(); ++l) {
-    const auto& chunks = fetched[l].data.chunks;
-    for (std::size_t i = 0; i < chunks.size(); ++i) {
-      const MutableElementSpan& plane = dests[l].planes[decoders[l].chunk(i).plane];
-      PC_RETURN_IF_ERROR(decoders[l].DecodeChunk(i, Bytes(chunks[i]), plane).WithContext("layer " + std::to_string(dests[l].layer)));
+  void Done(Status s) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!s.ok() && first_.ok()) first_ = std::move(s);
+    if (--pending_ == 0) cv_.notify_all();
+  }
+  Status Error() {
+    std::lock_guard<std::mutex> l(mu_);
+    return first_;
+  }
+  // Waits for every chunk started; returns the first error.
+  Status Wait() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [this] { return pending_ == 0; });
+    return first_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t pending_ = 0;
+  Status first_;
+};
+
+// Streams the fetch, decoding each chunk from where it arrived (the shared
+// fetch window, or the socket's buffer) straight into its destination plane,
+// on DecodePool: every chunk is checked (size, checksums) before its rows
+// are written. The daemon must send the layers and headers Describe gave.
+Status StreamInto(client::Client& c, std::uint64_t entry, const std::vector<std::uint32_t>& which,
+                  const std::vector<std::string>& headers, const std::vector<LayerDecoder>& decoders,
+                  const std::vector<Destination>& dests) {
+  std::size_t at = dests.size();  // the layer streaming now
+  std::uint32_t chunks_seen = 0;
+  client::FetchCallbacks cb;
+  cb.on_layer = [&](std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunk_count) {
+    at = at == dests.size() ? 0 : at + 1;
+    chunks_seen = 0;
+    if (at >= dests.size() || layer != dests[at].layer) return Status::Corruption("the daemon sent another layer");
+    const std::string_view want = headers[at];
+    if (header.size() != want.size() || std::memcmp(header.data(), want.data(), want.size()) != 0 ||
+        chunk_count != decoders[at].chunk_count()) {
+      return Status::Corruption("layer " + std::to_string(layer) + ": the fetched header is not the described one");
+    }
+    return Status::Ok();
+  };
+  DecodeJobs jobs;
+  cb.on_chunk_held = [&](std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                         client::ChunkRelease release) {
+    if (at >= dests.size() || layer != dests[at].layer || index != chunks_seen++ ||
+        index >= decoders[at].chunk_count()) {
+      release();
+      return Status::Corruption("layer " + std::to_string(layer) + ": chunk " + std::to_string(index) +
+                                " out of order");
+    }
+    if (Status s = jobs.Error(); !s.ok()) {
+      release();
+      return s;
+    }
+    const LayerDecoder& dec = decoders[at];
+    const MutableElementSpan plane = dests[at].planes[dec.chunk(index).plane];
+    jobs.Start();
+    DecodePool().Post([&jobs, &dec, plane, index, bytes, layer, release = std::move(release)] {
+      Status s = dec.DecodeChunk(index, bytes, plane).WithContext("layer " + std::to_string(layer));
+      release();
+      jobs.Done(std::move(s));
+    });
+    return Status::Ok();
+  };
+  const Status fetched = c.Fetch(entry, which, cb);
+  const Status decoded = jobs.Wait();  // always: the jobs use dests and decoders
+  PC_RETURN_IF_ERROR(fetched);
+  PC_RETURN_IF_ERROR(decoded);
+  for (std::size_t l = 0; l < dests.size(); ++l) {
+    if (l > at || (l == at && chunks_seen != decoders[l].chunk_count())) {
+      return Status::Corruption("layer " + std::to_string(dests[l].layer) + ": the fetch ended early");
     }
   }
   return Status::Ok();
@@ -270,32 +351,30 @@ Status DecodeAll(const std::vector<client::FetchedLayer>& fetched, const std::ve
 py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& planes) {
   std::vector<Destination> dests;
   for (auto [key, value] : planes) dests.push_back({key.cast<std::uint32_t>(), {}, {}});
+  std::sort(dests.begin(), dests.end(), [](const auto& a, const auto& b) { return a.layer < b.layer; });
+  if (dests.empty()) throw py::value_error("fetch_into: no layers given");
+  const EntryDetail detail = ValueOrRaise(WithoutGil([&] { return c.Describe(entry, true); }));
   std::vector<std::uint32_t> which;
-  for (const Destination& d : dests) which.push_back(d.layer);
-  if (which.empty()) throw py::value_error("fetch_into: no layers given");
-  std::vector<client::FetchedLayer> fetched =
-      ValueOrRaise(WithoutGil([&] { return c.FetchLayers(entry, which); }));
-  if (fetched.size() != dests.size()) {
-    Raise(Status::Corruption("fetch_into: asked for " + std::to_string(dests.size()) + " layers, got " +
-                             std::to_string(fetched.size())));
-  }
+  std::vector<std::string> headers;
   std::vector<LayerDecoder> decoders;
-  py::dict headers;
-  for (std::size_t l = 0; l < fetched.size(); ++l) {
-    const std::string where = "layer " + std::to_string(dests[l].layer);
-    if (fetched[l].layer != dests[l].layer) Raise(Status::Corruption(where + ": the daemon sent another layer"));
-    LayerHeader h = ValueOrRaise(ParseLayerHeader(Bytes(fetched[l].data.header)));
-    LayerDecoder dec = ValueOrRaise(LayerDecoder::Create(h));
-    if (fetched[l].data.chunks.size() != dec.chunk_count()) {
-      Raise(Status::Corruption(where + ": " + std::to_string(fetched[l].data.chunks.size()) +
-                               " chunks, its header says " + std::to_string(dec.chunk_count())));
+  py::dict out;
+  for (Destination& d : dests) {
+    const std::string where = "layer " + std::to_string(d.layer);
+    if (d.layer >= detail.layer_headers.size()) {
+      throw py::value_error(where + ": the entry has " + std::to_string(detail.layer_headers.size()) + " layers");
     }
-    dests[l].planes = CheckDestinations(dec, planes[py::int_(dests[l].layer)], where, dests[l].arrays);
-    headers[py::int_(dests[l].layer)] = py::cast(h);
+    if (!which.empty() && which.back() == d.layer) throw py::value_error(where + ": given twice");
+    const std::string& bytes = detail.layer_headers[d.layer];
+    LayerHeader h = ValueOrRaise(ParseLayerHeader(AsBytes(bytes)));
+    LayerDecoder dec = ValueOrRaise(LayerDecoder::Create(h));
+    d.planes = CheckDestinations(dec, planes[py::int_(d.layer)], where, d.arrays);
+    out[py::int_(d.layer)] = py::cast(std::move(h));
+    which.push_back(d.layer);
+    headers.push_back(bytes);
     decoders.push_back(std::move(dec));
   }
-  ThrowIfError(WithoutGil([&] { return DecodeAll(fetched, decoders, dests); }));
-  return headers;
+  ThrowIfError(WithoutGil([&] { return StreamInto(c, entry, which, headers, decoders, dests); }));
+  return out;
 }
 
 namespace {

@@ -156,8 +156,11 @@ def fetch_into(client: native.Client, entry: int, layers: Mapping[int, tuple]) -
     by name or in stored order. The stored headers must equal the expected
     shapes, and every destination fit, before anything is written; then each
     plane is decoded into its tensor (into a CPU staging buffer first, and
-    copied, when the tensor is not contiguous on the CPU). Returns the
-    layers' headers."""
+    copied, when the tensor is not contiguous on the CPU; a CUDA tensor's
+    copy is queued on the current stream, so work queued after this call
+    sees the restored values). A damaged chunk
+    raises primecache.Error with the destinations partly written: discard
+    them. Returns the layers' headers."""
     detail = client.describe(entry, layer_headers=True)
     headers = [native.parse_layer_header(h) for h in detail.layer_headers]
     plan = {}
@@ -175,7 +178,9 @@ def fetch_into(client: native.Client, entry: int, layers: Mapping[int, tuple]) -
     for planes in staged.values():
         for s, t, _ in planes:
             if s is not t:
-                t.copy_(s.view(t.shape))
+                # From pinned memory: queued on the current stream (torch's
+                # pinned allocator keeps the buffer until the copy is done).
+                t.copy_(s.view(t.shape), non_blocking=t.device.type == "cuda")
     return got
 
 
