@@ -42,7 +42,7 @@ Status DtypeFields(std::span<const std::uint64_t> fields, std::initializer_list<
   if (fields.empty()) return Status::Ok();  // all f32
   auto it = out.begin();
   for (std::uint64_t f : fields) {
-    if (f > static_cast<std::uint64_t>(kLastElementType)) {
+    if (!IsElementType(f)) {
       return Status::Corruption("element type " + N(f) + " is not one of f32, bf16, f16, f8e4m3");
     }
     **it++ = static_cast<ElementType>(f);

@@ -30,7 +30,7 @@ bool FitsBytes(Problems& p, std::string_view what, std::uint64_t a, std::uint64_
 
 // A dtype read from outside may hold any byte: it must name an ElementType.
 void CheckDtype(Problems& p, std::string_view plane, ElementType t) {
-  if (static_cast<std::uint8_t>(t) > static_cast<std::uint8_t>(kLastElementType)) {
+  if (!IsElementType(static_cast<std::uint8_t>(t))) {
     p.Add(std::string(plane) + " dtype " + N(static_cast<std::uint8_t>(t)) + " is not an element type");
   }
 }

@@ -30,7 +30,7 @@ std::span<const float> F32Of(ElementSpan v, std::vector<float>& aligned) {
 }
 
 Status AnyType(std::string_view, ElementType t) {
-  if (static_cast<std::uint8_t>(t) <= static_cast<std::uint8_t>(kLastElementType)) return Status::Ok();
+  if (IsElementType(static_cast<std::uint8_t>(t))) return Status::Ok();
   return Status::InvalidArgument("element type " + std::to_string(static_cast<int>(t)) + " is not one");
 }
 

@@ -31,6 +31,12 @@ enum class ElementType : std::uint8_t {
 };
 inline constexpr ElementType kLastElementType = ElementType::kF8E4M3;
 
+// Whether a code read from outside (a header field, a caller's value) names
+// an ElementType.
+constexpr bool IsElementType(std::uint64_t code) {
+  return code <= static_cast<std::uint64_t>(kLastElementType);
+}
+
 constexpr std::uint32_t ElementBytes(ElementType t) {
   switch (t) {
     case ElementType::kF32:
