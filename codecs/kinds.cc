@@ -1,5 +1,6 @@
-// The built-in storage kinds: mla-latent/v1, kda-recurrent/v1 and the KV
-// kinds (plain, rotating, and TurboQuant 2/4 around either).
+// The built-in storage kinds: mla-latent/v1, kda-recurrent/v1, the KV kinds
+// (plain, rotating, TurboQuant 2/4 around either, and indexed) and
+// linear-state/v1.
 // Each fixes its header fields and its planes (docs/codecs.md).
 #include <algorithm>
 #include <initializer_list>
@@ -189,14 +190,20 @@ class KdaRecurrentCodec final : public LayerCodec {
   }
 };
 
-// Every KV kind: plain or rotating rows, f32 or TurboQuant words. The header
-// fields are len, k_width, v_width, then window and rows when rotating, then
-// head_dim and signs_digest when TurboQuant. A rotating kind's planes are
-// eager (generation overwrites every held row, so they are captured at the
-// boundary); a plain kind's are append-only. No KV plane may be lossy.
+// Every KV kind: plain or rotating rows, f32 or TurboQuant words, or plain
+// rows with indexer keys. The header fields are len, k_width, v_width, then
+// window and rows when rotating, head_dim and signs_digest when TurboQuant,
+// index_width when indexed. A rotating kind's planes are eager (generation
+// overwrites every held row, so they are captured at the boundary); the
+// others' are append-only. No KV plane may be lossy.
 class KvCodec final : public LayerCodec {
  public:
-  KvCodec(std::string_view kind, bool rotating, std::uint32_t bits) : kind_(kind), rotating_(rotating), bits_(bits) {}
+  struct Form {
+    bool rotating = false;
+    std::uint32_t bits = 0;  // TurboQuant bits; 0 for rows of dtype
+    bool indexed = false;
+  };
+  KvCodec(std::string_view kind, Form form) : kind_(kind), form_(form) {}
   std::string_view kind() const override { return kind_; }
   bool Accepts(const LayerShape& shape) const override {
     const auto* kv = std::get_if<KvShape>(&shape);
@@ -206,30 +213,42 @@ class KvCodec final : public LayerCodec {
   std::vector<std::uint64_t> ShapeFields(const LayerShape& shape) const override {
     const auto& s = std::get<KvShape>(shape);
     std::vector<std::uint64_t> f = {s.len, s.k_width, s.v_width};
-    if (rotating_) f.insert(f.end(), {s.format.window, s.rows});
-    if (bits_ != 0) f.insert(f.end(), {s.format.head_dim, s.format.signs_digest});
-    AppendDtypes({s.dtype}, &f);
+    if (form_.rotating) f.insert(f.end(), {s.format.window, s.rows});
+    if (form_.bits != 0) f.insert(f.end(), {s.format.head_dim, s.format.signs_digest});
+    if (form_.indexed) {
+      f.push_back(s.format.index_width);
+      AppendDtypes({s.dtype, s.index_dtype}, &f);
+    } else {
+      AppendDtypes({s.dtype}, &f);
+    }
     return f;
   }
 
   Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> f) const override {
-    const std::size_t count = 3 + (rotating_ ? 2 : 0) + (bits_ != 0 ? 2 : 0);
-    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, count, 1));
+    const std::size_t count = 3 + (form_.rotating ? 2 : 0) + (form_.bits != 0 ? 2 : 0) + (form_.indexed ? 1 : 0);
+    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, count, form_.indexed ? 2 : 1));
     KvShape s;
     s.len = f[0];
     PC_RETURN_IF_ERROR(Field32(f, 1, "k_width", &s.k_width));
     PC_RETURN_IF_ERROR(Field32(f, 2, "v_width", &s.v_width));
     std::size_t next = 3;
-    if (rotating_) {
+    if (form_.rotating) {
       PC_RETURN_IF_ERROR(Field32(f, next, "window", &s.format.window));
       if (s.format.window == 0) return Status::Corruption(std::string(kind_) + " with window 0");
       s.rows = f[next + 1];
       next += 2;
     }
-    if (bits_ != 0) {
-      s.format.quant_bits = bits_;
+    if (form_.bits != 0) {
+      s.format.quant_bits = form_.bits;
       PC_RETURN_IF_ERROR(Field32(f, next, "head_dim", &s.format.head_dim));
       s.format.signs_digest = f[next + 1];
+      next += 2;
+    }
+    if (form_.indexed) {
+      PC_RETURN_IF_ERROR(Field32(f, next, "index_width", &s.format.index_width));
+      if (s.format.index_width == 0) return Status::Corruption(std::string(kind_) + " with index_width 0");
+      PC_RETURN_IF_ERROR(DtypeFields(f.subspan(count), {&s.dtype, &s.index_dtype}));
+      return LayerShape(s);
     }
     PC_RETURN_IF_ERROR(DtypeFields(f.subspan(count), {&s.dtype}));
     return LayerShape(s);
@@ -240,15 +259,18 @@ class KvCodec final : public LayerCodec {
     PC_RETURN_IF_ERROR(CheckShape(shape));
     const auto& s = std::get<KvShape>(shape);
     PC_RETURN_IF_ERROR(CheckLen(s.len, limits));
-    const bool append_only = !rotating_;
+    const bool append_only = !form_.rotating;
     std::vector<PlaneLayout> planes = {
         {PlaneId::kKeyRows, s.held_rows(), s.k_width, append_only, false, s.dtype},
         {PlaneId::kValueRows, s.held_rows(), s.v_width, append_only, false, s.dtype},
     };
+    if (form_.indexed) planes.push_back({PlaneId::kIndexKeys, s.len, s.format.index_width, true, false, s.index_dtype});
     PC_RETURN_IF_ERROR(ApplyLimits(planes, limits));
     return planes;
   }
 
+  // Snapshots (the reference engine's) have no indexer keys: MakeSnapshot
+  // refuses an indexed shape, so only the other forms come here.
   std::vector<std::span<const float>> PlaneData(const LayerSnapshot& layer) const override {
     const auto& kv = As<KvSnapshot>(layer);
     return {kv.k_rows, kv.v_rows};
@@ -260,8 +282,54 @@ class KvCodec final : public LayerCodec {
 
  private:
   std::string_view kind_;
-  bool rotating_;
-  std::uint32_t bits_;
+  Form form_;
+};
+
+// linear-state/v1: fields conv_channels, conv_width, state_heads,
+// state_k_dim, state_v_dim; both planes eager (the state changes whole with
+// every token).
+class LinearStateCodec final : public LayerCodec {
+ public:
+  std::string_view kind() const override { return kLinearStateKind; }
+  bool Accepts(const LayerShape& shape) const override {
+    return std::holds_alternative<LinearStateShape>(shape);
+  }
+
+  std::vector<std::uint64_t> ShapeFields(const LayerShape& shape) const override {
+    const auto& s = std::get<LinearStateShape>(shape);
+    std::vector<std::uint64_t> f = {s.conv_channels, s.conv_width, s.state_heads, s.state_k_dim, s.state_v_dim};
+    AppendDtypes({s.conv_dtype, s.state_dtype}, &f);
+    return f;
+  }
+
+  Result<LayerShape> ShapeFromFields(std::span<const std::uint64_t> f) const override {
+    PC_RETURN_IF_ERROR(CheckFieldCount(kind(), f, 5, 2));
+    LinearStateShape s;
+    PC_RETURN_IF_ERROR(Field32(f, 0, "conv_channels", &s.conv_channels));
+    PC_RETURN_IF_ERROR(Field32(f, 1, "conv_width", &s.conv_width));
+    PC_RETURN_IF_ERROR(Field32(f, 2, "state_heads", &s.state_heads));
+    PC_RETURN_IF_ERROR(Field32(f, 3, "state_k_dim", &s.state_k_dim));
+    PC_RETURN_IF_ERROR(Field32(f, 4, "state_v_dim", &s.state_v_dim));
+    PC_RETURN_IF_ERROR(DtypeFields(f.subspan(5), {&s.conv_dtype, &s.state_dtype}));
+    return LayerShape(s);
+  }
+
+  Result<std::vector<PlaneLayout>> Planes(const LayerShape& shape, const CodecLimits& limits) const override {
+    if (!Accepts(shape)) return WrongKind(kind());
+    PC_RETURN_IF_ERROR(CheckShape(shape));
+    const auto& s = std::get<LinearStateShape>(shape);
+    std::vector<PlaneLayout> planes = {
+        {PlaneId::kConvRing, s.conv_channels, s.conv_width, false, false, s.conv_dtype},
+        {PlaneId::kRecurrentState, s.state_rows(), s.state_v_dim, false, false, s.state_dtype},
+    };
+    PC_RETURN_IF_ERROR(ApplyLimits(planes, limits));
+    return planes;
+  }
+
+  // No snapshot holds this kind (MakeSnapshot refuses it): its layers are
+  // encoded from and decoded into the caller's memory only.
+  std::vector<std::span<const float>> PlaneData(const LayerSnapshot&) const override { return {}; }
+  std::vector<std::span<float>> MutablePlaneData(LayerSnapshot&) const override { return {}; }
 };
 
 }  // namespace
@@ -269,10 +337,13 @@ class KvCodec final : public LayerCodec {
 std::vector<const LayerCodec*> BuiltinKinds() {
   static const MlaLatentCodec mla;
   static const KdaRecurrentCodec kda;
-  static const KvCodec plain(kKvPlainKind, false, 0), rotating(kKvRotatingKind, true, 0),
-      tq2_plain(kTurboQuant2PlainKind, false, 2), tq4_plain(kTurboQuant4PlainKind, false, 4),
-      tq2_rotating(kTurboQuant2RotatingKind, true, 2), tq4_rotating(kTurboQuant4RotatingKind, true, 4);
-  return {&mla, &kda, &plain, &rotating, &tq2_plain, &tq4_plain, &tq2_rotating, &tq4_rotating};
+  static const LinearStateCodec linear;
+  static const KvCodec plain(kKvPlainKind, {}), rotating(kKvRotatingKind, {.rotating = true}),
+      tq2_plain(kTurboQuant2PlainKind, {.bits = 2}), tq4_plain(kTurboQuant4PlainKind, {.bits = 4}),
+      tq2_rotating(kTurboQuant2RotatingKind, {.rotating = true, .bits = 2}),
+      tq4_rotating(kTurboQuant4RotatingKind, {.rotating = true, .bits = 4}),
+      indexed(kKvIndexedKind, {.indexed = true});
+  return {&mla, &kda, &plain, &rotating, &tq2_plain, &tq4_plain, &tq2_rotating, &tq4_rotating, &indexed, &linear};
 }
 
 }  // namespace primecache::codecs
@@ -280,6 +351,7 @@ std::vector<const LayerCodec*> BuiltinKinds() {
 namespace primecache {
 
 std::string_view KvKindOf(const KvFormat& f) {
+  if (f.indexed()) return f.rotating() || f.quantized() ? std::string_view{} : kKvIndexedKind;
   switch (f.quant_bits) {
     case 0:
       return f.rotating() ? kKvRotatingKind : kKvPlainKind;

@@ -33,7 +33,7 @@ std::string_view Clip(std::string_view s) {
 
 bool KnownPlaneId(std::uint8_t id) {
   return id >= static_cast<std::uint8_t>(PlaneId::kLatentRows) &&
-         id <= static_cast<std::uint8_t>(PlaneId::kValueRows);
+         id <= static_cast<std::uint8_t>(PlaneId::kIndexKeys);
 }
 
 void WriteBody(const LayerHeader& h, std::string* body) {

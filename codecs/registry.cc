@@ -66,6 +66,8 @@ std::string_view PlaneName(PlaneId id) {
       return "k_rows";
     case PlaneId::kValueRows:
       return "v_rows";
+    case PlaneId::kIndexKeys:
+      return "index_keys";
   }
   return "unknown_plane";
 }

@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <iterator>
+#include <limits>
 #include <type_traits>
 
 #include "codecs/bytes.h"
 #include "codecs/problems.h"
+#include "primecache/codec.h"
 
 namespace primecache {
 
@@ -95,9 +98,15 @@ void CheckRecurrent(const RecurrentShape& s, Problems& p) {
 void CheckKvFormat(const KvShape& s, Problems& p) {
   const KvFormat& f = s.format;
   if (KvKindOf(f).empty()) {
-    p.Add("kv_quant bits " + N(f.quant_bits) + " name no storage kind (0, 2 or 4)");
+    if (f.indexed()) {
+      p.Add("indexer keys (index_width " + N(f.index_width) + ") on " +
+            (f.rotating() ? "a rotating" : "a TurboQuant") + " layer: kv-indexed rows are plain and unquantized");
+    } else {
+      p.Add("kv_quant bits " + N(f.quant_bits) + " name no storage kind (0, 2 or 4)");
+    }
     return;
   }
+  if (!f.indexed() && s.index_dtype != ElementType::kF32) p.Add("index_dtype without indexer keys (index_width 0)");
   if (!f.quantized()) {
     if (f.head_dim != 0 || f.signs_digest != 0) p.Add("head_dim or sign digest on f32 rows");
     return;
@@ -134,10 +143,28 @@ void CheckKv(const KvShape& s, Problems& p) {
   const std::string rows = s.format.rotating() ? "rows" : "len";
   FitsBytes(p, rows + " * k_width", s.held_rows(), s.k_width);
   FitsBytes(p, rows + " * v_width", s.held_rows(), s.v_width);
+  if (s.format.indexed()) {
+    CheckDtype(p, "index_keys", s.index_dtype);
+    FitsBytes(p, "len * index_width", s.len, s.format.index_width);
+  }
 }
 
+void CheckLinearState(const LinearStateShape& s, Problems& p) {
+  CheckDtype(p, "conv_ring", s.conv_dtype);
+  CheckDtype(p, "state", s.state_dtype);
+  if (s.conv_channels == 0) p.Add("conv_channels is 0");
+  if (s.conv_width == 0) p.Add("conv_width is 0");
+  if (s.state_heads == 0) p.Add("state_heads is 0");
+  if (s.state_k_dim == 0) p.Add("state_k_dim is 0");
+  if (s.state_v_dim == 0) p.Add("state_v_dim is 0");
+  FitsBytes(p, "conv_channels * conv_width", s.conv_channels, s.conv_width);
+  FitsBytes(p, "state_heads * state_k_dim * state_v_dim", s.state_heads, s.state_k_dim, s.state_v_dim);
+}
+
+// Indexed by LayerShape's (and LayerGeometry's) alternative.
 const char* KindName(std::size_t index) {
-  constexpr const char* kNames[] = {"latent", "recurrent", "kv"};
+  constexpr const char* kNames[] = {"latent", "recurrent", "kv", "linear-state"};
+  static_assert(std::size(kNames) == std::variant_size_v<LayerShape>);
   return kNames[index];
 }
 
@@ -162,6 +189,10 @@ struct TargetOf<RecurrentShape> {
 template <>
 struct TargetOf<KvShape> {
   using type = KvGeometry;
+};
+template <>
+struct TargetOf<LinearStateShape> {
+  using type = LinearStateGeometry;
 };
 
 // The target comparison for each pair of shape and geometry of the same kind.
@@ -201,8 +232,23 @@ void CompareTarget(const KvShape& s, const KvGeometry& g, bool, Problems& p) {
   }
   if (s.k_width != g.k_width) p.Add("k_width " + N(s.k_width) + " != plan " + N(g.k_width));
   if (s.v_width != g.v_width) p.Add("v_width " + N(s.v_width) + " != plan " + N(g.v_width));
+  if (s.format.index_width != g.format.index_width)
+    p.Add("index_width " + N(s.format.index_width) + " != plan " + N(g.format.index_width));
   CompareDtype(p, "K and V rows", s.dtype, g.dtype);
+  if (s.format.indexed()) CompareDtype(p, "index_keys", s.index_dtype, g.index_dtype);
   if (s.len > g.max_ctx) p.Add("len " + N(s.len) + " > max_ctx " + N(g.max_ctx));
+}
+void CompareTarget(const LinearStateShape& s, const LinearStateGeometry& g, bool, Problems& p) {
+  auto same = [&p](std::string_view field, std::uint32_t have, std::uint32_t plan) {
+    if (have != plan) p.Add(std::string(field) + " " + N(have) + " != plan " + N(plan));
+  };
+  same("conv_channels", s.conv_channels, g.conv_channels);
+  same("conv_width", s.conv_width, g.conv_width);
+  same("state_heads", s.state_heads, g.state_heads);
+  same("state_k_dim", s.state_k_dim, g.state_k_dim);
+  same("state_v_dim", s.state_v_dim, g.state_v_dim);
+  CompareDtype(p, "conv_ring", s.conv_dtype, g.conv_dtype);
+  CompareDtype(p, "state", s.state_dtype, g.state_dtype);
 }
 
 // Little-endian canonical encodings for the digests.
@@ -222,22 +268,28 @@ void PutDtypes(std::string& out, std::initializer_list<ElementType> types) {
   for (ElementType t : types) PutU64(out, static_cast<std::uint64_t>(t));
 }
 
-// Snapshots hold f32 planes only.
-Status CheckF32(const LayerShape& shape) {
+// Snapshots hold the reference engine's kinds, with f32 planes. The planes
+// and their types are the kind's (LayerCodec::Planes), counted without
+// limits: a snapshot's size is its caller's to bound.
+Status CheckHasSnapshot(const LayerShape& shape) {
+  const auto* kv = std::get_if<KvShape>(&shape);
+  if (std::holds_alternative<LinearStateShape>(shape) || (kv != nullptr && kv->format.indexed())) {
+    return Status::NotSupported(std::string(std::holds_alternative<LinearStateShape>(shape) ? kLinearStateKind
+                                                                                             : kKvIndexedKind) +
+                                " layers have no snapshot (the reference engine has none); they are encoded "
+                                "from and decoded into the caller's planes");
+  }
+  auto kind = CodecRegistry::Default().KindFor(shape);
+  PC_RETURN_IF_ERROR(kind.status());
+  constexpr std::uint64_t kAny = std::numeric_limits<std::uint64_t>::max();
+  auto planes = (*kind)->Planes(shape, CodecLimits{kAny, kAny, kAny, kAny, kAny});
+  PC_RETURN_IF_ERROR(planes.status());
   Problems p;
-  auto f32 = [&](std::string_view plane, ElementType t) {
-    if (t != ElementType::kF32) {
-      p.Add(std::string(plane) + " are " + ElementTypeName(t) + "; a snapshot holds f32 planes only");
+  for (const PlaneLayout& plane : *planes) {
+    if (plane.dtype != ElementType::kF32) {
+      p.Add(std::string(PlaneName(plane.id)) + " are " + ElementTypeName(plane.dtype) +
+            "; a snapshot holds f32 planes only");
     }
-  };
-  if (const auto* l = std::get_if<LatentShape>(&shape)) {
-    f32("latent_rows", l->dtype);
-    f32("index rows", l->index_dtype);
-  } else if (const auto* r = std::get_if<RecurrentShape>(&shape)) {
-    f32("conv_ring", r->conv_dtype);
-    f32("state", r->state_dtype);
-  } else {
-    f32("K and V rows", std::get<KvShape>(shape).dtype);
   }
   return p.ToStatus();
 }
@@ -252,6 +304,7 @@ Status CheckShape(const LayerShape& shape) {
         if constexpr (std::is_same_v<T, LatentShape>) CheckLatent(s, p);
         if constexpr (std::is_same_v<T, RecurrentShape>) CheckRecurrent(s, p);
         if constexpr (std::is_same_v<T, KvShape>) CheckKv(s, p);
+        if constexpr (std::is_same_v<T, LinearStateShape>) CheckLinearState(s, p);
       },
       shape);
   return p.ToStatus();
@@ -263,7 +316,7 @@ LayerShape ShapeOf(const LayerSnapshot& layer) {
 
 Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape) {
   PC_RETURN_IF_ERROR(CheckShape(shape));
-  PC_RETURN_IF_ERROR(CheckF32(shape));
+  PC_RETURN_IF_ERROR(CheckHasSnapshot(shape));
   if (const auto* s = std::get_if<LatentShape>(&shape)) {
     LatentPlaneSnapshot l{*s, {}, {}, {}};
     l.latent_rows.resize(s->latent_values());
@@ -286,7 +339,7 @@ Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape) {
 
 Status CheckSnapshot(const LayerSnapshot& layer) {
   PC_RETURN_IF_ERROR(CheckShape(ShapeOf(layer)));
-  PC_RETURN_IF_ERROR(CheckF32(ShapeOf(layer)));
+  PC_RETURN_IF_ERROR(CheckHasSnapshot(ShapeOf(layer)));
   Problems p;
   if (const auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) {
     const LatentShape& s = l->shape;
@@ -345,18 +398,27 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
     } else if (const auto* r = std::get_if<RecurrentGeometry>(&g)) {
       for (std::uint64_t v : {r->heads, r->head_dim, r->kernel}) PutU64(canon, v);
       PutDtypes(canon, {r->conv_dtype, r->state_dtype});
-    } else {
-      const auto& kv = std::get<KvGeometry>(g);
-      for (std::uint64_t v : {std::uint64_t{kv.k_width}, std::uint64_t{kv.v_width}, kv.max_ctx})
+    } else if (const auto* kv = std::get_if<KvGeometry>(&g)) {
+      for (std::uint64_t v : {std::uint64_t{kv->k_width}, std::uint64_t{kv->v_width}, kv->max_ctx})
         PutU64(canon, v);
       // The default (plain f32) adds nothing, so digests of plain plans stay as they were.
-      if (!(kv.format == KvFormat{})) {
-        PutString(canon, KvKindOf(kv.format));
-        for (std::uint64_t v : {std::uint64_t{kv.format.window}, std::uint64_t{kv.format.quant_bits},
-                                std::uint64_t{kv.format.head_dim}, kv.format.signs_digest})
+      if (!(kv->format == KvFormat{})) {
+        PutString(canon, KvKindOf(kv->format));
+        for (std::uint64_t v : {std::uint64_t{kv->format.window}, std::uint64_t{kv->format.quant_bits},
+                                std::uint64_t{kv->format.head_dim}, kv->format.signs_digest})
           PutU64(canon, v);
+        if (kv->format.indexed()) PutU64(canon, kv->format.index_width);
       }
-      PutDtypes(canon, {kv.dtype});
+      if (kv->format.indexed()) {
+        PutDtypes(canon, {kv->dtype, kv->index_dtype});
+      } else {
+        PutDtypes(canon, {kv->dtype});
+      }
+    } else {
+      const auto& ls = std::get<LinearStateGeometry>(g);
+      for (std::uint64_t v : {ls.conv_channels, ls.conv_width, ls.state_heads, ls.state_k_dim, ls.state_v_dim})
+        PutU64(canon, v);
+      PutDtypes(canon, {ls.conv_dtype, ls.state_dtype});
     }
   }
   return Checksum128(std::as_bytes(std::span(canon.data(), canon.size())));
@@ -368,8 +430,9 @@ LayerGeometry PlanGeometryOf(const LayerShape& shape) {
                           l->dtype,     l->index_dtype};
   }
   if (const auto* r = std::get_if<RecurrentShape>(&shape)) return *r;
+  if (const auto* ls = std::get_if<LinearStateShape>(&shape)) return *ls;
   const auto& kv = std::get<KvShape>(shape);
-  return KvGeometry{kv.k_width, kv.v_width, /*max_ctx=*/0, kv.format, kv.dtype};
+  return KvGeometry{kv.k_width, kv.v_width, /*max_ctx=*/0, kv.format, kv.dtype, kv.index_dtype};
 }
 
 Hash128 PlanDigest(std::span<const LayerShape> shapes) {
@@ -377,6 +440,20 @@ Hash128 PlanDigest(std::span<const LayerShape> shapes) {
   plan.reserve(shapes.size());
   for (const LayerShape& s : shapes) plan.push_back(PlanGeometryOf(s));
   return GeometryDigest(plan);
+}
+
+std::vector<std::string> CodecVersionsOf(std::span<const LayerGeometry> plan) {
+  std::vector<std::string> kinds;
+  for (const LayerGeometry& g : plan) {
+    std::string_view kind = kLinearStateKind;
+    if (std::holds_alternative<LatentGeometry>(g)) kind = kMlaLatentKind;
+    if (std::holds_alternative<RecurrentGeometry>(g)) kind = kKdaRecurrentKind;
+    if (const auto* kv = std::get_if<KvGeometry>(&g)) kind = KvKindOf(kv->format);
+    if (!kind.empty()) kinds.emplace_back(kind);
+  }
+  std::sort(kinds.begin(), kinds.end());
+  kinds.erase(std::unique(kinds.begin(), kinds.end()), kinds.end());
+  return kinds;
 }
 
 Status CheckPlan(const ModelFingerprint& fingerprint, std::span<const LayerShape> shapes) {
@@ -450,7 +527,8 @@ Status CheckBoundary(const BoundaryHeader& header, std::span<const LayerShape> s
     std::uint64_t len = 0;
     if (const auto* l = std::get_if<LatentShape>(&shapes[i])) len = l->len;
     if (const auto* kv = std::get_if<KvShape>(&shapes[i])) len = kv->len;
-    if (!std::holds_alternative<RecurrentShape>(shapes[i]) && len != header.boundary_len) {
+    const bool has_len = std::holds_alternative<LatentShape>(shapes[i]) || std::holds_alternative<KvShape>(shapes[i]);
+    if (has_len && len != header.boundary_len) {
       p.Add("layer " + N(i) + ": len " + N(len) + " != boundary_len " + N(header.boundary_len));
     }
   }

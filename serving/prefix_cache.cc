@@ -341,7 +341,7 @@ client::ModelId PrefixCache::ModelIdFor(const ModelConfig& config, const Weights
   fp.architecture = config.name;
   fp.plan_digest = GeometryDigest(geometry);
   fp.weights_digest = weights.Digest();
-  fp.codec_versions = CodecRegistry::Default().Identities();
+  fp.codec_versions = CodecVersionsOf(geometry);
   return client::ModelId{fp.Digest(), config.name, EncodeFingerprint(fp), PrefillCost(config)};
 }
 

@@ -52,6 +52,8 @@ inline constexpr std::string_view kMlaLatentKind = "mla-latent/v1";
 inline constexpr std::string_view kKdaRecurrentKind = "kda-recurrent/v1";
 inline constexpr std::string_view kKvPlainKind = "kv-plain/v1";
 inline constexpr std::string_view kKvRotatingKind = "kv-rotating/v1";
+inline constexpr std::string_view kKvIndexedKind = "kv-indexed/v1";
+inline constexpr std::string_view kLinearStateKind = "linear-state/v1";
 // TurboQuant wraps the row store it encodes into: "outer/vN(inner/vM)".
 inline constexpr std::string_view kTurboQuant2PlainKind = "turboquant2/v1(kv-plain/v1)";
 inline constexpr std::string_view kTurboQuant4PlainKind = "turboquant4/v1(kv-plain/v1)";
@@ -82,10 +84,13 @@ enum class PlaneId : std::uint8_t {
   kLatentRows = 1,      // mla-latent: [len, width]
   kIndexTailRows = 2,   // mla-latent: [tail_rows, index_width]
   kPoolKeys = 3,        // mla-latent: [pools_ready, index_head_dim]
-  kConvRing = 4,        // kda-recurrent: [3 * heads * head_dim, kernel - 1]
-  kRecurrentState = 5,  // kda-recurrent: [heads * head_dim, head_dim]
+  kConvRing = 4,        // kda-recurrent: [3 * heads * head_dim, kernel - 1];
+                        // linear-state: [conv_channels, conv_width]
+  kRecurrentState = 5,  // kda-recurrent: [heads * head_dim, head_dim];
+                        // linear-state: [state_heads * state_k_dim, state_v_dim]
   kKeyRows = 6,         // KV kinds: [held rows, k_width]
   kValueRows = 7,       // KV kinds: [held rows, v_width]
+  kIndexKeys = 8,       // kv-indexed: [len, index_width]
 };
 std::string_view PlaneName(PlaneId id);  // "latent_rows", ...
 
@@ -224,8 +229,8 @@ class CodecRegistry {
   // exactly and nothing may surround them. The kind may itself be a wrapped
   // kind ("turboquant4/v1(kv-plain/v1)"), known exactly as a whole.
   Result<std::pair<const Transform*, const LayerCodec*>> ResolveWrapped(std::string_view identity) const;
-  // Every kind and transform identity, sorted: a model fingerprint's
-  // codec_versions when it uses the built-in codecs.
+  // Every kind and transform identity, sorted. (A fingerprint's
+  // codec_versions are only the kinds its model uses: CodecVersionsOf.)
   std::vector<std::string> Identities() const;
 
   CodecRegistry(std::vector<const LayerCodec*> kinds, std::vector<const Transform*> transforms);

@@ -394,7 +394,10 @@ using LayerSnapshotView = std::variant<LatentView, RecurrentView, KvView>;
 enum class PlaneResidence : std::uint8_t { kHost, kDevice };
 LayerSnapshotView ViewOf(const LayerSnapshot& layer);
 // A view of `shape` whose planes lie back to back at `base` (floats, in the
-// view's plane order), and how many floats they take.
+// view's plane order), and how many floats they take. `shape` is of the
+// reference engine's kinds: one of the engine's own, or one that passed
+// Validate against an engine layer's geometry (which no linear-state or
+// kv-indexed shape does).
 LayerSnapshotView ViewAt(const LayerShape& shape, const float* base);
 std::uint64_t ViewFloats(const LayerShape& shape);
 

@@ -6,7 +6,11 @@
 //  - RecurrentShape: a KDA layer's conv ring and recurrent state (also the
 //    geometry a cache fixes, RecurrentGeometry, and the engine's
 //    RecurrentPlan: a recurrent layer's state has no length);
-//  - KvFormat and KvShape: an attention layer's K and V rows;
+//  - KvFormat and KvShape: an attention layer's K and V rows (and a DSA
+//    layer's indexer keys beside them);
+//  - LinearStateShape: a linear-attention layer's state as a PyTorch engine
+//    keeps it (any conv width, state heads of their own key and value
+//    dims), which the reference engine does not produce;
 //  - ElementType: what one value of a plane is (f32 unless the engine keeps
 //    its cache in bf16, f16 or fp8).
 //
@@ -121,14 +125,19 @@ struct RecurrentShape {
 //    are (the "floats" of such a plane are opaque 4-byte words: they are
 //    copied, never decoded, rotated or requantized). head_dim and the digest
 //    of the rotation's sign vector (XXH3-64 of its f32 bytes) are part of the
-//    kind's geometry: rows encoded with other signs decode to other values.
+//    kind's geometry: rows encoded with other signs decode to other values;
+//  - index_width D > 0: a DSA layer's rows ("kv-indexed/v1"), plain and
+//    unquantized, with a third append-only plane of D values per token, the
+//    indexer's keys (transformers' DynamicIndexedLayer).
 struct KvFormat {
   std::uint32_t window = 0;
   std::uint32_t quant_bits = 0;
   std::uint32_t head_dim = 0;         // TurboQuant only (0 otherwise)
   std::uint64_t signs_digest = 0;     // TurboQuant only (0 otherwise)
+  std::uint32_t index_width = 0;      // kv-indexed only: values per indexer key row
   bool rotating() const { return window != 0; }
   bool quantized() const { return quant_bits != 0; }
+  bool indexed() const { return index_width != 0; }
   friend bool operator==(const KvFormat&, const KvFormat&) = default;
 };
 
@@ -145,13 +154,39 @@ struct KvShape {
   KvFormat format = {};
   std::uint64_t rows = 0;                 // rotating only: rows held
   ElementType dtype = ElementType::kF32;  // K and V rows; f32 words when TurboQuant
+  ElementType index_dtype = ElementType::kF32;  // indexer keys (kv-indexed only)
 
   std::uint64_t held_rows() const { return format.rotating() ? rows : len; }
   std::uint64_t k_values() const { return held_rows() * k_width; }
   std::uint64_t v_values() const { return held_rows() * v_width; }
+  std::uint64_t index_values() const { return len * format.index_width; }
   friend bool operator==(const KvShape&, const KvShape&) = default;
 };
 
-using LayerShape = std::variant<LatentShape, RecurrentShape, KvShape>;
+// A linear-attention layer's state as PyTorch engines keep it (transformers'
+// LinearAttentionLayer: gated DeltaNet, KDA, Mamba-style layers): the short
+// convolution's last inputs, conv_channels rows of conv_width values (one
+// row per channel, as torch's [channels, width] conv state lies), and the
+// recurrent state, state_heads matrices of state_k_dim rows by state_v_dim
+// values. Like RecurrentShape it has no length, and it is its own geometry
+// (LinearStateGeometry). Invariants: every dimension >= 1.
+struct LinearStateShape {
+  std::uint32_t conv_channels = 0;
+  std::uint32_t conv_width = 0;
+  std::uint32_t state_heads = 0;
+  std::uint32_t state_k_dim = 0;
+  std::uint32_t state_v_dim = 0;
+  ElementType conv_dtype = ElementType::kF32;
+  ElementType state_dtype = ElementType::kF32;
+
+  std::uint64_t conv_values() const { return std::uint64_t{conv_channels} * conv_width; }
+  std::uint64_t state_rows() const { return std::uint64_t{state_heads} * state_k_dim; }
+  std::uint64_t state_values() const { return state_rows() * state_v_dim; }
+  friend bool operator==(const LinearStateShape&, const LinearStateShape&) = default;
+};
+
+// The alternatives' order is part of the stored geometry digest (its index
+// is hashed): new kinds are appended.
+using LayerShape = std::variant<LatentShape, RecurrentShape, KvShape, LinearStateShape>;
 
 }  // namespace primecache

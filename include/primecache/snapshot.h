@@ -1,11 +1,14 @@
 // Decoded cache-state snapshots: what an engine captures at a prime boundary
 // and what it restores from, one snapshot per model layer.
 //
-// Three layer kinds exist (see docs/codecs.md):
+// The reference engine's three layer kinds have snapshots (docs/codecs.md):
 //  - LatentPlaneSnapshot: an MLA layer's latent rows, plus, for a layer with a
 //    DSA k-pool indexer, the incomplete index tail and the final pool keys;
 //  - RecurrentSnapshot: a KDA layer's conv ring and recurrent state;
 //  - KvSnapshot: a standard attention layer's K and V rows.
+// The kinds PyTorch engines need besides (linear-state/v1, kv-indexed/v1)
+// have shapes and geometries but no snapshot: their planes are encoded from
+// and decoded into the caller's memory.
 // Each has a Shape (its metadata without the data) that says how many floats
 // every plane holds, and a target Geometry (what a cache's state plan fixes)
 // to validate a snapshot against before the first byte is restored.
@@ -43,9 +46,9 @@ Status CheckShape(const LayerShape& shape);
 // ---- Snapshots: shapes with their planes --------------------------------------
 
 // Snapshots hold f32 planes (the reference engine's type): a shape whose
-// planes are of another ElementType has no snapshot (MakeSnapshot refuses
-// it); such layers are encoded from and decoded into the caller's memory
-// (LayerEncoder, LayerDecoder::DecodeInto).
+// planes are of another ElementType, or of a kind without a snapshot, has
+// none (MakeSnapshot refuses it); such layers are encoded from and decoded
+// into the caller's memory (LayerEncoder, LayerDecoder::DecodeInto).
 //
 // The latent-plane snapshot of one MLA layer: its shape, and the planes,
 // row-major f32:
@@ -82,8 +85,8 @@ using LayerSnapshot = std::variant<LatentPlaneSnapshot, RecurrentSnapshot, KvSna
 LayerShape ShapeOf(const LayerSnapshot& layer);
 
 // A snapshot of this shape with every plane allocated (zero-filled).
-// Requires CheckShape(shape) to pass and every plane to be f32; returns the
-// error otherwise.
+// Requires CheckShape(shape) to pass, a kind with a snapshot and every plane
+// f32; returns the error otherwise.
 Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape);
 
 // CheckShape plus: every plane holds exactly the floats the shape says.
@@ -113,12 +116,17 @@ struct KvGeometry {
   std::uint32_t k_width = 0;
   std::uint32_t v_width = 0;
   std::uint64_t max_ctx = 0;
-  KvFormat format = {};  // the kind, window, TurboQuant bits, head_dim and sign digest
+  KvFormat format = {};  // the kind, window, TurboQuant bits, head_dim, sign digest, index width
   ElementType dtype = ElementType::kF32;
+  ElementType index_dtype = ElementType::kF32;  // kv-indexed only
   friend bool operator==(const KvGeometry&, const KvGeometry&) = default;
 };
 
-using LayerGeometry = std::variant<LatentGeometry, RecurrentGeometry, KvGeometry>;
+// A linear-state layer has no length either.
+using LinearStateGeometry = LinearStateShape;
+
+// One alternative per LayerShape alternative, in the same order.
+using LayerGeometry = std::variant<LatentGeometry, RecurrentGeometry, KvGeometry, LinearStateGeometry>;
 
 // Checks that a layer of this shape can be restored into a cache layer of this
 // geometry: same kind, same widths and pool, same element types, len within capacity, tail within
@@ -140,6 +148,13 @@ LayerGeometry PlanGeometryOf(const LayerShape& shape);
 // fingerprint's plan_digest is for the model whose layers have these shapes.
 Hash128 PlanDigest(std::span<const LayerShape> shapes);
 
+// The storage kinds a model of this plan is stored as, sorted, each once:
+// its fingerprint's codec_versions ("kv-plain/v1", "mla-latent/v1", ...).
+// Only the kinds it uses, so that a kind added to the registry changes no
+// other model's fingerprint; transforms are not in it, since every plane's
+// header names its transform exactly.
+std::vector<std::string> CodecVersionsOf(std::span<const LayerGeometry> plan);
+
 // ---- The boundary snapshot ------------------------------------------------------
 
 // Which model produced a snapshot. Two snapshots are interchangeable only when
@@ -148,7 +163,7 @@ struct ModelFingerprint {
   std::string architecture;                 // e.g. "hrm-tiny"
   Hash128 plan_digest;                      // GeometryDigest of the state plan
   Hash128 weights_digest;                   // of the weights file(s)
-  std::vector<std::string> codec_versions;  // exact identities in use, e.g. "mla-latent/v1"
+  std::vector<std::string> codec_versions;  // the kinds in use (CodecVersionsOf), e.g. "mla-latent/v1"
 
   // Checksum128 over a canonical, length-prefixed encoding of every field:
   // stable across hosts, builds and runs.

@@ -156,9 +156,10 @@ void BindShapes(py::module_& m) {
       .def_readwrite("quant_bits", &KvFormat::quant_bits)
       .def_readwrite("head_dim", &KvFormat::head_dim)
       .def_readwrite("signs_digest", &KvFormat::signs_digest)
+      .def_readwrite("index_width", &KvFormat::index_width)
       .def("__eq__", Equal<KvFormat>, py::is_operator());
   KeywordInit(format);
-  FieldRepr(format, {"window", "quant_bits", "head_dim", "signs_digest"});
+  FieldRepr(format, {"window", "quant_bits", "head_dim", "signs_digest", "index_width"});
   py::class_<KvShape> kv(m, "KvShape", "An attention layer's K and V rows.");
   kv.def_readwrite("len", &KvShape::len)
       .def_readwrite("k_width", &KvShape::k_width)
@@ -166,10 +167,25 @@ void BindShapes(py::module_& m) {
       .def_readwrite("format", &KvShape::format)
       .def_readwrite("rows", &KvShape::rows)
       .def_readwrite("dtype", &KvShape::dtype)
+      .def_readwrite("index_dtype", &KvShape::index_dtype)
       .def("held_rows", &KvShape::held_rows)
       .def("__eq__", Equal<KvShape>, py::is_operator());
   KeywordInit(kv);
-  FieldRepr(kv, {"len", "k_width", "v_width", "format", "rows", "dtype"});
+  FieldRepr(kv, {"len", "k_width", "v_width", "format", "rows", "dtype", "index_dtype"});
+  py::class_<LinearStateShape> linear(m, "LinearStateShape",
+                                      "A linear-attention layer's conv and recurrent state as PyTorch engines keep "
+                                      "it (layer_shape.h; kind linear-state/v1).");
+  linear.def_readwrite("conv_channels", &LinearStateShape::conv_channels)
+      .def_readwrite("conv_width", &LinearStateShape::conv_width)
+      .def_readwrite("state_heads", &LinearStateShape::state_heads)
+      .def_readwrite("state_k_dim", &LinearStateShape::state_k_dim)
+      .def_readwrite("state_v_dim", &LinearStateShape::state_v_dim)
+      .def_readwrite("conv_dtype", &LinearStateShape::conv_dtype)
+      .def_readwrite("state_dtype", &LinearStateShape::state_dtype)
+      .def("__eq__", Equal<LinearStateShape>, py::is_operator());
+  KeywordInit(linear);
+  FieldRepr(linear, {"conv_channels", "conv_width", "state_heads", "state_k_dim", "state_v_dim", "conv_dtype",
+                     "state_dtype"});
 }
 
 py::bytes Bytes(const std::string& s) {
@@ -217,7 +233,17 @@ void BindModel(py::module_& m) {
   FieldRepr(id, {"name", "digest"});
   m.def(
       "codec_identities", [] { return CodecRegistry::Default().Identities(); },
-      "Every built-in kind and transform identity: a fingerprint's codec_versions.");
+      "Every built-in kind and transform identity.");
+  m.def(
+      "codec_versions",
+      [](const std::vector<LayerShape>& shapes) {
+        std::vector<LayerGeometry> plan;
+        for (const LayerShape& s : shapes) plan.push_back(PlanGeometryOf(s));
+        return CodecVersionsOf(plan);
+      },
+      py::arg("shapes"),
+      "The storage kinds a model whose layers have these shapes is stored as, sorted: a fingerprint's "
+      "codec_versions.");
   m.def(
       "plan_digest", [](const std::vector<LayerShape>& shapes) { return PlanDigest(shapes); }, py::arg("shapes"),
       "The plan digest of a model whose layers have these shapes, in layer order: a fingerprint's plan_digest "

@@ -56,8 +56,9 @@ class KvFormat:
     quant_bits: int
     head_dim: int
     signs_digest: int
+    index_width: int
     def __init__(self, *, window: int = ..., quant_bits: int = ..., head_dim: int = ...,
-                 signs_digest: int = ...) -> None: ...
+                 signs_digest: int = ..., index_width: int = ...) -> None: ...
 
 class KvShape:
     len: int
@@ -66,11 +67,24 @@ class KvShape:
     format: KvFormat
     rows: int
     dtype: ElementType
+    index_dtype: ElementType
     def __init__(self, *, len: int = ..., k_width: int = ..., v_width: int = ..., format: KvFormat = ...,
-                 rows: int = ..., dtype: ElementType = ...) -> None: ...
+                 rows: int = ..., dtype: ElementType = ..., index_dtype: ElementType = ...) -> None: ...
     def held_rows(self) -> int: ...
 
-LayerShape = Union[LatentShape, RecurrentShape, KvShape]
+class LinearStateShape:
+    conv_channels: int
+    conv_width: int
+    state_heads: int
+    state_k_dim: int
+    state_v_dim: int
+    conv_dtype: ElementType
+    state_dtype: ElementType
+    def __init__(self, *, conv_channels: int = ..., conv_width: int = ..., state_heads: int = ...,
+                 state_k_dim: int = ..., state_v_dim: int = ..., conv_dtype: ElementType = ...,
+                 state_dtype: ElementType = ...) -> None: ...
+
+LayerShape = Union[LatentShape, RecurrentShape, KvShape, LinearStateShape]
 
 class Hash128:
     lo: int
@@ -104,7 +118,8 @@ class ModelId:
     def from_fingerprint(fingerprint: ModelFingerprint, name: str = "") -> ModelId: ...
 
 def codec_identities() -> list[str]: ...
-def plan_digest(shapes: list[Union[LatentShape, RecurrentShape, KvShape]]) -> Hash128: ...
+def codec_versions(shapes: list[LayerShape]) -> list[str]: ...
+def plan_digest(shapes: list[LayerShape]) -> Hash128: ...
 
 class ClientOptions:
     endpoint: str

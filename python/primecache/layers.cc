@@ -413,7 +413,7 @@ LayerInput ReadLayer(const py::handle& item, std::size_t index) {
   try {
     in.shape = shape_obj.cast<LayerShape>();
   } catch (const py::cast_error&) {
-    throw py::value_error(where + ": shape is not a LatentShape, RecurrentShape or KvShape");
+    throw py::value_error(where + ": shape is not a LatentShape, RecurrentShape, KvShape or LinearStateShape");
   }
   if (Status s = CheckShape(in.shape); !s.ok()) throw py::value_error(where + ": " + s.message());
   auto codec = CodecRegistry::Default().KindFor(in.shape);

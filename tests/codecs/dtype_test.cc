@@ -27,7 +27,13 @@ std::vector<LayerShape> ShapesOf(ElementType t, ElementType u) {
   kv.dtype = t;
   KvShape rotating{203, 12, 20, KvFormat{64, 0, 0, 0}, 64};
   rotating.dtype = u;
-  return {latent, recurrent, kv, rotating};
+  KvShape indexed{203, 12, 20, KvFormat{.index_width = 16}};
+  indexed.dtype = t;
+  indexed.index_dtype = u;
+  LinearStateShape linear{24, 4, 2, 8, 6};
+  linear.conv_dtype = t;
+  linear.state_dtype = u;
+  return {latent, recurrent, kv, rotating, indexed, linear};
 }
 
 // Random bytes for every plane of a shape (NaN and subnormal patterns among

@@ -26,7 +26,8 @@ TEST(IdentityTest, ParsesStrictly) {
 }
 
 TEST(RegistryTest, FindsEveryBuiltInByItsExactIdentity) {
-  for (auto k : {kMlaLatentKind, kKdaRecurrentKind, kKvPlainKind, kKvRotatingKind, kTurboQuant4PlainKind}) {
+  for (auto k : {kMlaLatentKind, kKdaRecurrentKind, kKvPlainKind, kKvRotatingKind, kTurboQuant4PlainKind, kKvIndexedKind,
+                 kLinearStateKind}) {
     auto c = R().FindKind(k);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     EXPECT_EQ((*c)->kind(), k);
@@ -87,8 +88,8 @@ TEST(RegistryTest, KindForPicksTheCurrentCodecOfAShape) {
 
 TEST(RegistryTest, IdentitiesAreSortedAndComplete) {
   auto ids = R().Identities();
-  EXPECT_EQ(ids, (std::vector<std::string>{"bf16/v1", "kda-recurrent/v1", "kv-plain/v1", "kv-rotating/v1",
-                                           "mla-latent/v1", "q8_0/v1", "raw/v1", "shuffle-zstd/v1",
+  EXPECT_EQ(ids, (std::vector<std::string>{"bf16/v1", "kda-recurrent/v1", "kv-indexed/v1", "kv-plain/v1",
+                                           "kv-rotating/v1", "linear-state/v1", "mla-latent/v1", "q8_0/v1", "raw/v1", "shuffle-zstd/v1",
                                            "turboquant2/v1(kv-plain/v1)", "turboquant2/v1(kv-rotating/v1)",
                                            "turboquant4/v1(kv-plain/v1)", "turboquant4/v1(kv-rotating/v1)"}));
 }

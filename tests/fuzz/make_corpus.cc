@@ -32,6 +32,29 @@ KvSnapshot MakeKvOf(KvShape shape, std::uint64_t len, std::uint32_t k_width, std
   return s;
 }
 
+// A layer of a kind without a snapshot (linear-state, kv-indexed), encoded
+// from planes of its types whose bytes follow a fixed pattern.
+Result<EncodedLayer> EncodeShape(const LayerShape& shape, const EncodeOptions& options) {
+  PC_ASSIGN_OR_RETURN(const LayerCodec* codec, CodecRegistry::Default().KindFor(shape));
+  PC_ASSIGN_OR_RETURN(std::vector<PlaneLayout> layouts, codec->Planes(shape, CodecLimits{}));
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<ElementSpan> spans;
+  for (const PlaneLayout& lay : layouts) {
+    auto& b = bytes.emplace_back(lay.raw_bytes());
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>(i * 37 + 11);
+  }
+  for (std::size_t p = 0; p < layouts.size(); ++p) spans.emplace_back(bytes[p], layouts[p].dtype);
+  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(shape, spans, options));
+  EncodedLayer out;
+  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
+    std::string& c = out.chunks.emplace_back(enc.MaxChunkBytes(i), '\0');
+    PC_ASSIGN_OR_RETURN(std::size_t n, enc.EncodeChunk(i, std::as_writable_bytes(std::span(c))));
+    c.resize(n);
+  }
+  PC_ASSIGN_OR_RETURN(out.header, enc.Finish());
+  return out;
+}
+
 Status Put(const std::string& dir, const std::string& name, const std::string& bytes) {
   PC_RETURN_IF_ERROR(CreateDirs(Env::Default(), dir));
   return WriteFileAtomically(Env::Default(), dir + "/" + name, bytes);
@@ -80,6 +103,22 @@ Status Run(const std::string& root) {
       if (lossy && kind != "mla_latent")
         continue;  // would equal the zstd seed: lossy applies to latent rows only
       PC_ASSIGN_OR_RETURN(EncodedLayer enc, EncodeLayer(layer, options));
+      PC_RETURN_IF_ERROR(Put(root + "/layer_" + kind, lname + "-" + oname, SerializeLayer(enc)));
+    }
+    KvShape indexed{7, 4, 6, KvFormat{.index_width = 4}};
+    indexed.dtype = indexed.index_dtype = ElementType::kBf16;
+    LinearStateShape linear{6, 4, 2, 3, 2};
+    linear.conv_dtype = ElementType::kBf16;
+    const std::vector<std::pair<std::string, LayerShape>> shaped = {
+        {"kv_indexed-bf16", indexed},
+        {"kv_indexed-f32", KvShape{5, 3, 3, KvFormat{.index_width = 2}}},
+        {"linear_state-bf16", linear},
+        {"linear_state-f32", LinearStateShape{3, 2, 1, 2, 4}},
+    };
+    for (const auto& [lname, shape] : shaped) {
+      if (!options.plane_transforms.empty()) continue;  // lossy: latent rows only
+      PC_ASSIGN_OR_RETURN(EncodedLayer enc, EncodeShape(shape, options));
+      const std::string kind = lname.substr(0, lname.find('-'));
       PC_RETURN_IF_ERROR(Put(root + "/layer_" + kind, lname + "-" + oname, SerializeLayer(enc)));
     }
     for (std::uint64_t len : {1u, 6u}) {

@@ -25,7 +25,7 @@ def model_id(name="py-test", shapes=None):
         shapes = [shape for shape, _ in make_layers(np.random.default_rng(0))]
     fp = primecache.ModelFingerprint(architecture=name, plan_digest=primecache.plan_digest(shapes),
                                      weights_digest=primecache.Hash128(lo=3, hi=4),
-                                     codec_versions=primecache.codec_identities())
+                                     codec_versions=primecache.codec_versions(shapes))
     return primecache.ModelId.from_fingerprint(fp)
 
 

@@ -19,7 +19,7 @@ LEN = 150
 def model_for(shapes, name="torch-test"):
     fp = primecache.ModelFingerprint(
         architecture=name, plan_digest=primecache.plan_digest(shapes),
-        weights_digest=primecache.Hash128(hi=7, lo=len(shapes)), codec_versions=primecache.codec_identities())
+        weights_digest=primecache.Hash128(hi=7, lo=len(shapes)), codec_versions=primecache.codec_versions(shapes))
     return primecache.ModelId.from_fingerprint(fp)
 
 
@@ -32,7 +32,20 @@ def shapes_of(t, u):
         primecache.KvShape(len=LEN, k_width=12, v_width=20, dtype=t),
         primecache.KvShape(len=LEN, k_width=12, v_width=20, format=primecache.KvFormat(window=64), rows=64,
                            dtype=u),
+        primecache.KvShape(len=LEN, k_width=12, v_width=20, format=primecache.KvFormat(index_width=16), dtype=t,
+                           index_dtype=u),
+        primecache.LinearStateShape(conv_channels=40, conv_width=4, state_heads=2, state_k_dim=8, state_v_dim=6,
+                                    conv_dtype=t, state_dtype=u),
     ]
+
+
+def test_a_fingerprint_names_the_kinds_its_layers_use():
+    assert primecache.codec_versions(shapes_of(T.f32, T.f32)) == [
+        "kda-recurrent/v1", "kv-indexed/v1", "kv-plain/v1", "kv-rotating/v1", "linear-state/v1", "mla-latent/v1"]
+    assert primecache.codec_versions([primecache.KvShape(len=3, k_width=4, v_width=4)] * 2) == ["kv-plain/v1"]
+    layouts = pt.plane_layouts(shapes_of(T.bf16, T.f32)[4])
+    assert layouts == [("k_rows", LEN, 12, T.bf16), ("v_rows", LEN, 20, T.bf16), ("index_keys", LEN, 16, T.f32)]
+    assert pt.plane_layouts(shapes_of(T.bf16, T.f32)[5]) == [("conv_ring", 40, 4, T.bf16), ("state", 16, 6, T.f32)]
 
 
 def random_plane(rows, width, dtype, gen):
@@ -90,7 +103,7 @@ def test_fetch_into_writes_the_callers_tensors_in_place(client):
     dests = {i: (s, {n: torch.zeros_like(p) for n, p in planes.items()}) for i, (s, planes) in enumerate(layers)}
     ptrs = {i: {n: p.data_ptr() for n, p in d[1].items()} for i, d in dests.items()}
     headers = pt.fetch_into(client, res.id, dests)
-    assert sorted(headers) == [0, 1, 2, 3]
+    assert sorted(headers) == list(range(len(shapes)))
     for i, (shape, want) in enumerate(layers):
         assert headers[i].shape == shape
         for name, tensor in want.items():

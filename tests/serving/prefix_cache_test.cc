@@ -734,6 +734,16 @@ TEST(PrefixCacheTest, ModelIdentityCoversKvKindWindowQuantizationAndSigns) {
   const auto b = DecodeFingerprint(PrefixCache::ModelIdFor(c, Weights(std::move(t))).descriptor);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_FALSE(a->plan_digest == b->plan_digest);
+  // The codec versions are the kinds this model is stored as and nothing
+  // else, so a kind added to the registry changes no existing fingerprint.
+  EXPECT_EQ(a->codec_versions,
+            (std::vector<std::string>{"kda-recurrent/v1", std::string(kTurboQuant4RotatingKind)}));
+  const auto mixed = DecodeFingerprint(PrefixCache::ModelIdFor(Mixed(), Weights::Generate(Mixed(), 5)).descriptor);
+  ASSERT_TRUE(mixed.ok());
+  for (const std::string& v : mixed->codec_versions) {
+    EXPECT_NE(v, kLinearStateKind) << "no layer of the reference engine is stored as linear-state";
+    EXPECT_NE(v, kKvIndexedKind);
+  }
 }
 
 TEST(PrefixCacheTest, DaemonDownFallsBackAndSaysSoOnce) {

@@ -90,7 +90,7 @@ def main():
     nbytes = sum(t.numel() * t.element_size() for _, p in layers for t in p.values())
     fp = primecache.ModelFingerprint(architecture="kimi-linear-class", plan_digest=primecache.plan_digest(shapes),
                                      weights_digest=primecache.Hash128(lo=1, hi=1),
-                                     codec_versions=primecache.codec_identities())
+                                     codec_versions=primecache.codec_versions(shapes))
     model = primecache.ModelId.from_fingerprint(fp)
     with tempfile.TemporaryDirectory() as tmp:
         proc = start_daemon(pathlib.Path(tmp))

@@ -108,9 +108,19 @@ nlohmann::json GeometryJson(const LayerShape& shape) {
             {"conv_dtype", ElementTypeName(r->conv_dtype)},
             {"state_dtype", ElementTypeName(r->state_dtype)}};
   }
+  if (const auto* ls = std::get_if<LinearStateShape>(&shape)) {
+    return {{"conv_channels", ls->conv_channels}, {"conv_width", ls->conv_width},
+            {"state_heads", ls->state_heads},     {"state_k_dim", ls->state_k_dim},
+            {"state_v_dim", ls->state_v_dim},     {"conv_dtype", ElementTypeName(ls->conv_dtype)},
+            {"state_dtype", ElementTypeName(ls->state_dtype)}};
+  }
   const auto& kv = std::get<KvShape>(shape);
   nlohmann::json j = {
       {"len", kv.len}, {"k_width", kv.k_width}, {"v_width", kv.v_width}, {"dtype", ElementTypeName(kv.dtype)}};
+  if (kv.format.indexed()) {
+    j["index_width"] = kv.format.index_width;
+    j["index_dtype"] = ElementTypeName(kv.index_dtype);
+  }
   if (kv.format.rotating()) {
     j["window"] = kv.format.window;
     j["rows"] = kv.rows;
@@ -145,9 +155,22 @@ std::string GeometryText(const LayerShape& shape) {
     }
     return s;
   }
+  if (const auto* ls = std::get_if<LinearStateShape>(&shape)) {
+    std::string s = "conv " + std::to_string(ls->conv_channels) + " x " + std::to_string(ls->conv_width) +
+                    ", state " + std::to_string(ls->state_heads) + " x " + std::to_string(ls->state_k_dim) + " x " +
+                    std::to_string(ls->state_v_dim);
+    if (ls->conv_dtype != ElementType::kF32 || ls->state_dtype != ElementType::kF32) {
+      s += std::string(", conv ") + ElementTypeName(ls->conv_dtype) + ", state " + ElementTypeName(ls->state_dtype);
+    }
+    return s;
+  }
   const auto& kv = std::get<KvShape>(shape);
   std::string s = "len " + std::to_string(kv.len) + ", k " + std::to_string(kv.k_width) + ", v " +
                   std::to_string(kv.v_width);
+  if (kv.format.indexed()) {
+    s += ", index keys " + std::to_string(kv.format.index_width);
+    if (kv.index_dtype != kv.dtype) s += std::string(" ") + ElementTypeName(kv.index_dtype);
+  }
   if (kv.format.rotating()) {
     s += ", window " + std::to_string(kv.format.window) + " (" + std::to_string(kv.rows) + " rows held)";
   }
