@@ -15,7 +15,7 @@ def test_installed_package_imports(tmp_path):
                    check=True, capture_output=True)
     package = tmp_path / site_dir / "primecache"
     assert {p.name for p in package.iterdir() if not p.name.startswith("_primecache.cpython")} == {
-        "__init__.py", "_primecache.pyi", "py.typed", "torch.py"}
+        "__init__.py", "_primecache.pyi", "py.typed", "torch.py", "hf.py"}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(tmp_path / site_dir)
     out = subprocess.run(
