@@ -52,7 +52,7 @@ def device() -> str:
 
 
 def make_config(model_type: str, **overrides):
-    kw = dict(BASE, **CONFIGS[model_type], **overrides)
+    kw = {**BASE, **CONFIGS[model_type], **overrides}
     if model_type == "gemma3_text" and "num_hidden_layers" in overrides:
         kw["layer_types"] = kw["layer_types"][:overrides["num_hidden_layers"]]
     if model_type == "kimi_linear" and "num_hidden_layers" in overrides:
