@@ -408,7 +408,7 @@ class CacheStore:
             raise ValueError(f"entry {hit.id} has {len(headers)} store layers; the model has {len(shapes)}")
         for j, (header, shape) in enumerate(zip(headers, shapes)):
             if header.shape != shape:
-                raise ValueError(f"{self._where(j)}: {pt._differences(header.shape, shape)}")
+                raise ValueError(f"{self._where(j)}: {pt.shape_differences(header.shape, shape)}")
         device = torch.device(device) if device is not None else self.device
         destinations, tensors = {}, []
         j = 0

@@ -124,7 +124,7 @@ def publish(client: native.Client, model: native.ModelId, tokens, layers: Sequen
     return client.publish(model, tokens, prepared, **options)
 
 
-def _differences(stored, expected) -> str:
+def shape_differences(stored, expected) -> str:
     """What differs between a stored shape and the cache's, field by field."""
     if type(stored) is not type(expected):
         return f"stored as a {type(stored).__name__}; the cache expects a {type(expected).__name__}"
@@ -169,7 +169,7 @@ def fetch_into(client: native.Client, entry: int, layers: Mapping[int, tuple]) -
         if not 0 <= layer < len(headers):
             raise ValueError(f"{where}: the entry has {len(headers)} layers")
         if headers[layer].shape != shape:
-            raise ValueError(f"{where}: {_differences(headers[layer].shape, shape)}")
+            raise ValueError(f"{where}: {shape_differences(headers[layer].shape, shape)}")
         plan[layer] = _planes_in_order(shape, given, where)
     staged = {layer: [(_staging(t, lay[3]), t, lay) for t, lay in planes] for layer, planes in plan.items()}
     arrays = {layer: [s.reshape(-1).view(_CARRIER[lay[3]]).numpy() for s, _, lay in planes]

@@ -209,6 +209,54 @@ TEST_F(CliTest, ShowGivesLayersFingerprintAndText) {
   EXPECT_EQ(Ctl({"show", "abc"}).rc, 2);
 }
 
+// The kinds only PyTorch engines store (primecache.hf) show their geometry
+// and element types like the others.
+TEST_F(CliTest, ShowGivesTheLinearStateAndIndexedKvGeometry) {
+  LinearStateShape linear{40, 4, 2, 8, 6};
+  linear.conv_dtype = ElementType::kBf16;
+  KvShape indexed{30, 12, 20, KvFormat{.index_width = 16}};
+  indexed.dtype = indexed.index_dtype = ElementType::kBf16;
+  std::vector<LayerData> layers;
+  for (const LayerShape& shape : std::vector<LayerShape>{linear, indexed}) {
+    auto planes = (*CodecRegistry::Default().KindFor(shape))->Planes(shape, CodecLimits{});
+    ASSERT_TRUE(planes.ok()) << planes.status().ToString();
+    std::vector<std::vector<std::byte>> bytes;
+    std::vector<ElementSpan> spans;
+    for (const PlaneLayout& p : *planes) bytes.emplace_back(p.raw_bytes(), std::byte{0x3c});
+    for (std::size_t i = 0; i < planes->size(); ++i) spans.emplace_back(bytes[i], (*planes)[i].dtype);
+    auto enc = LayerEncoder::Create(shape, spans);
+    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    LayerData& data = layers.emplace_back();
+    for (std::size_t i = 0; i < enc->chunk_count(); ++i) {
+      auto& c = data.chunks.emplace_back(enc->MaxChunkBytes(i));
+      auto n = enc->EncodeChunk(i, c);
+      ASSERT_TRUE(n.ok()) << n.status().ToString();
+      c.resize(*n);
+    }
+    const std::string header = SerializeLayerHeader(*enc->Finish());
+    data.header.assign(reinterpret_cast<const std::byte*>(header.data()),
+                       reinterpret_cast<const std::byte*>(header.data()) + header.size());
+  }
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  auto published = c->Publish(TestModel(9), Tokens(30, 9), layers);
+  ASSERT_TRUE(published.ok()) << published.status().ToString();
+  json j = Ctl({"show", std::to_string(published->id), "--json"}).Json();
+  ASSERT_EQ(j["layers"].size(), 2u);
+  EXPECT_EQ(j["layers"][0]["kind"], "linear-state/v1");
+  EXPECT_EQ(j["layers"][0]["geometry"],
+            (json{{"conv_channels", 40}, {"conv_width", 4}, {"state_heads", 2}, {"state_k_dim", 8},
+                  {"state_v_dim", 6}, {"conv_dtype", "bf16"}, {"state_dtype", "f32"}}));
+  EXPECT_EQ(j["layers"][1]["kind"], "kv-indexed/v1");
+  EXPECT_EQ(j["layers"][1]["geometry"]["index_width"], 16);
+  EXPECT_EQ(j["layers"][1]["geometry"]["index_dtype"], "bf16");
+  EXPECT_EQ(j["layers"][1]["planes"][2]["plane"], "index_keys");
+  CtlRun r = Ctl({"show", std::to_string(published->id)});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("conv 40 x 4, state 2 x 8 x 6, conv bf16, state f32"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("len 30, k 12, v 20, index keys 16, bf16"), std::string::npos) << r.out;
+}
+
 // The reference model with attention layers through the daemon: the first
 // run publishes its boundary, the second restores it; show prints each KV
 // kind with its geometry.

@@ -43,9 +43,11 @@ def layout(tokens):
         if i % 4 == 3:
             shapes.append(primecache.KvShape(len=tokens, k_width=512, v_width=64, dtype=T.bf16))
         else:
-            # kernel 5: a ring of 4 columns, the kernel-size state transformers keeps.
-            shapes.append(primecache.RecurrentShape(heads=32, head_dim=128, kernel=5, conv_dtype=T.bf16,
-                                                    state_dtype=T.f32))
+            # The KDA layer as transformers keeps it: q, k and v conv inputs of
+            # 32 heads x 128 by the kernel's 4 columns, and the f32 state.
+            shapes.append(primecache.LinearStateShape(conv_channels=3 * 32 * 128, conv_width=4, state_heads=32,
+                                                      state_k_dim=128, state_v_dim=128, conv_dtype=T.bf16,
+                                                      state_dtype=T.f32))
     return shapes
 
 
