@@ -44,6 +44,7 @@ from ._primecache import (  # noqa: F401  (the package's API)
     VerifyResult,
     codec_identities,
     codec_versions,
+    cuda_runtime_available,
     element_bytes,
     plane_dtype,
     plan_digest,

@@ -109,6 +109,29 @@ py::list FetchArrays(client::Client& c, std::uint64_t entry, std::vector<std::ui
 // chunks' rows were written: the caller discards the destinations. Returns
 // {layer: LayerHeader}.
 py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& planes);
+// Where a device fetch copies to (FetchIntoDevice): the device, the caller's
+// stream (the copies are queued on it), and the device window attached to
+// the client's daemon.
+class CudaRuntime;
+struct DeviceTarget {
+  const CudaRuntime* cuda = nullptr;
+  int device = 0;
+  void* stream = nullptr;  // a cudaStream_t
+  std::byte* window = nullptr;
+  std::uint64_t window_bytes = 0;
+};
+struct FetchCounts {
+  std::uint64_t device_chunks = 0;  // copied by the device out of the device window
+  std::uint64_t host_chunks = 0;    // decoded on the host
+};
+// FetchInto into device memory: `planes` maps each layer to its planes'
+// (device pointer, bytes), in stored order or by name, each exactly its
+// plane's bytes. Raw chunks the daemon copied into the device window are
+// copied on by the device; any other chunk is decoded on the host and
+// copied up. Returns once every copy ran: ({layer: LayerHeader},
+// {"device_chunks": n, "host_chunks": m}).
+py::tuple FetchIntoDevice(client::Client& c, const DeviceTarget& device, std::uint64_t entry,
+                          const py::dict& planes);
 // The NumPy dtype of a plane of element type t (layers.cc, top).
 py::dtype PlaneDtype(ElementType t);
 

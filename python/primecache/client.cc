@@ -2,10 +2,12 @@
 // the Python binding. Every call into the daemon runs without the GIL.
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "python/primecache/binding.h"
+#include "python/primecache/cuda_runtime.h"
 
 namespace primecache::python {
 
@@ -119,9 +121,61 @@ namespace {
 
 // A connection to the daemon. close() drops it; a call running on another
 // thread keeps its own reference until it returns. The GIL guards client_.
+// A device window: one whole device allocation (an IPC handle names one)
+// that the daemon copies raw chunks into; freed after the connection that
+// named it is gone.
+class DeviceWindow {
+ public:
+  DeviceWindow(const CudaRuntime* cuda, int device, std::byte* base, std::uint64_t bytes)
+      : cuda_(cuda), device_(device), base_(base), bytes_(bytes) {}
+  ~DeviceWindow() {
+    if (cuda_->SetDevice(device_).ok()) (void)cuda_->Free(base_);
+  }
+  DeviceWindow(const DeviceWindow&) = delete;
+  DeviceWindow& operator=(const DeviceWindow&) = delete;
+  int device() const { return device_; }
+  std::byte* base() const { return base_; }
+  std::uint64_t bytes() const { return bytes_; }
+
+ private:
+  const CudaRuntime* cuda_;
+  int device_;
+  std::byte* base_;
+  std::uint64_t bytes_;
+};
+
+// Allocates a window on `device`, exports it and attaches it to the client's
+// daemon; the Status says why not.
+Result<std::unique_ptr<DeviceWindow>> AttachWindow(client::Client& c, int device, std::uint64_t bytes) {
+  std::string why;
+  const CudaRuntime* cuda = CudaRuntime::Get(&why);
+  if (cuda == nullptr) return Status::NotSupported(why);
+  if (!c.server_info().device_copies) return Status::NotSupported("the daemon makes no device copies");
+  PC_RETURN_IF_ERROR(cuda->SetDevice(device));
+  void* base = nullptr;
+  PC_RETURN_IF_ERROR(cuda->Malloc(bytes, &base));
+  auto window = std::make_unique<DeviceWindow>(cuda, device, static_cast<std::byte*>(base), bytes);
+  client::DeviceWindowSpec spec;
+  spec.size = bytes;
+  PC_RETURN_IF_ERROR(cuda->PciBusId(device, &spec.pci_bus_id));
+  PC_RETURN_IF_ERROR(cuda->IpcHandle(base, &spec.handle));
+  PC_RETURN_IF_ERROR(c.AttachDeviceWindow(spec));
+  return window;
+}
+
 class PyClient {
  public:
   explicit PyClient(std::unique_ptr<client::Client> c) : client_(std::move(c)) {}
+
+  // The client's device window on `device`, attached now if it has none
+  // there (replacing one on another device). Raises why not.
+  const DeviceWindow& WindowOn(int device, std::uint64_t bytes) {
+    auto c = Get();
+    if (window_ && window_->device() == device) return *window_;
+    std::unique_ptr<DeviceWindow> w = ValueOrRaise(WithoutGil([&] { return AttachWindow(*c, device, bytes); }));
+    window_ = std::move(w);  // the old one is no longer named by the daemon
+    return *window_;
+  }
 
   static std::shared_ptr<PyClient> Connect(client::ClientOptions options) {
     auto c = ValueOrRaise(WithoutGil([&] { return client::Client::Connect(std::move(options)); }));
@@ -131,9 +185,13 @@ class PyClient {
     if (!client_) Raise(Status::FailedPrecondition("the client is closed"));
     return client_;
   }
-  void Close() { client_.reset(); }
+  void Close() {
+    client_.reset();
+    window_.reset();
+  }
 
  private:
+  std::unique_ptr<DeviceWindow> window_;    // destroyed after client_: the connection goes first
   std::shared_ptr<client::Client> client_;
 };
 
@@ -184,6 +242,30 @@ void BindCalls(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
           },
           py::arg("entry"), py::arg("planes"))
       .def(
+          "attach_device_window",
+          [](PyClient& self, int device, std::uint64_t bytes) -> std::optional<std::string> {
+            try {
+              (void)self.WindowOn(device, bytes);
+              return std::nullopt;
+            } catch (const py::error_already_set& e) {
+              return std::string(py::str(e.value()));
+            }
+          },
+          py::arg("device"), py::arg("bytes") = std::uint64_t{256} << 20,
+          "Gives the daemon a device window on CUDA device `device` to copy raw chunks into (once per "
+          "connection and device). None when attached, else why not (no CUDA runtime, a daemon without device "
+          "copies, a TCP connection).")
+      .def(
+          "fetch_into_device",
+          [](PyClient& self, std::uint64_t entry, const py::dict& planes, int device, std::uintptr_t stream,
+             std::uint64_t window_bytes) {
+            const DeviceWindow& w = self.WindowOn(device, window_bytes);
+            DeviceTarget target{CudaRuntime::Get(), device, reinterpret_cast<void*>(stream), w.base(), w.bytes()};
+            return FetchIntoDevice(*self.Get(), target, entry, planes);
+          },
+          py::arg("entry"), py::arg("planes"), py::kw_only(), py::arg("device"), py::arg("stream") = 0,
+          py::arg("window_bytes") = std::uint64_t{256} << 20)
+      .def(
           "describe",
           [](const PyClient& self, std::uint64_t entry, bool layer_headers) {
             auto c = self.Get();
@@ -230,6 +312,13 @@ void BindMore(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
 void BindClient(py::module_& m) {
   py::class_<PyClient, std::shared_ptr<PyClient>> cls(m, "Client", "A connection to primecached (client.h).");
   cls.def_static("connect", &PyClient::Connect, py::arg("options"));
+  m.def(
+      "cuda_runtime_available",
+      [] {
+        std::string why;
+        return CudaRuntime::Get(&why) != nullptr;
+      },
+      "Whether this process has a CUDA runtime the binding can copy with (Client.fetch_into_device).");
   BindCalls(cls);
   BindMore(cls);
 }

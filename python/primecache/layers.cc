@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -20,6 +21,7 @@
 
 #include "core/worker_pool.h"
 #include "python/primecache/binding.h"
+#include "python/primecache/cuda_runtime.h"
 
 namespace primecache::python {
 
@@ -251,6 +253,31 @@ std::vector<MutableElementSpan> CheckDestinations(const LayerDecoder& dec, const
   return planes;
 }
 
+// A device destination plane: (pointer, bytes) with bytes the plane's.
+// The pointer is the caller's (primecache.torch passes a CUDA tensor's
+// data_ptr): the binding cannot check device memory, only the size claimed.
+std::vector<MutableElementSpan> CheckDeviceDestinations(const LayerDecoder& dec, const py::handle& given,
+                                                        const std::string& where) {
+  const auto& layouts = dec.planes();
+  const bool by_name = py::isinstance<py::dict>(given);
+  if (py::len(given) != layouts.size()) {
+    throw py::value_error(where + ": " + std::to_string(py::len(given)) + " destination planes; its kind " +
+                          dec.header().kind + " has " + std::to_string(layouts.size()));
+  }
+  std::vector<MutableElementSpan> planes;
+  for (std::size_t p = 0; p < layouts.size(); ++p) {
+    const std::string name(PlaneName(layouts[p].id));
+    if (by_name && !given.contains(name)) throw py::value_error(where + ": no destination for plane '" + name + "'");
+    const auto pair = (by_name ? given[py::str(name)] : given[py::int_(p)]).cast<std::pair<std::uintptr_t, std::uint64_t>>();
+    if (pair.second != layouts[p].raw_bytes() || (pair.first == 0 && pair.second != 0)) {
+      throw py::value_error(where + " plane '" + name + "': " + std::to_string(pair.second) +
+                            " device bytes, the plane has " + std::to_string(layouts[p].raw_bytes()));
+    }
+    planes.emplace_back(std::span(reinterpret_cast<std::byte*>(pair.first), pair.second), layouts[p].dtype);
+  }
+  return planes;
+}
+
 // The threads fetch_into decodes on: chunks decode while the next ones
 // arrive. Never destroyed (threads that outlive the interpreter's teardown
 // touch no Python object).
@@ -290,65 +317,247 @@ class DecodeJobs {
   Status first_;
 };
 
-// Streams the fetch, decoding each chunk from where it arrived (the shared
-// fetch window, or the socket's buffer) straight into its destination plane,
-// on DecodePool: every chunk is checked (size, checksums) before its rows
-// are written. The daemon must send the layers and headers Describe gave.
-Status StreamInto(client::Client& c, std::uint64_t entry, const std::vector<std::uint32_t>& which,
-                  const std::vector<std::string>& headers, const std::vector<LayerDecoder>& decoders,
-                  const std::vector<Destination>& dests) {
-  std::size_t at = dests.size();  // the layer streaming now
-  std::uint32_t chunks_seen = 0;
-  client::FetchCallbacks cb;
-  cb.on_layer = [&](std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunk_count) {
-    at = at == dests.size() ? 0 : at + 1;
-    chunks_seen = 0;
-    if (at >= dests.size() || layer != dests[at].layer) return Status::Corruption("the daemon sent another layer");
-    const std::string_view want = headers[at];
+// Returns each device chunk's window space once its copy out of the window
+// ran: every copy is followed by an event, and one thread waits for them in
+// arrival order, the order in which the daemon reuses the window. (A host
+// callback on the stream would stall the copies queued behind it.)
+// Thread-safety: Lend from one thread at a time; Close once, from any.
+class LoanReleaser {
+ public:
+  LoanReleaser(const CudaRuntime* cuda, int device) : cuda_(cuda), device_(device), thread_([this] { Run(); }) {}
+  ~LoanReleaser() { (void)Close(); }
+  LoanReleaser(const LoanReleaser&) = delete;
+  LoanReleaser& operator=(const LoanReleaser&) = delete;
+
+  // After a copy out of lent window space was queued on `stream`.
+  Status Lend(CudaRuntime::Stream stream, client::ChunkRelease release) {
+    CudaRuntime::Event e = nullptr;
+    Status s = cuda_->CreateEvent(&e);
+    if (s.ok()) s = cuda_->Record(e, stream);
+    if (!s.ok()) {
+      if (e != nullptr) (void)cuda_->DestroyEvent(e);
+      release();  // nothing reads the space once the fetch fails
+      return s;
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    loans_.push_back({e, std::move(release)});
+    cv_.notify_one();
+    return Status::Ok();
+  }
+  // Waits until every loan's copy ran and its space was returned; the first
+  // error waiting for one.
+  Status Close() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      closed_ = true;
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+    std::lock_guard<std::mutex> l(mu_);
+    return first_;
+  }
+
+ private:
+  struct Loan {
+    CudaRuntime::Event event = nullptr;
+    client::ChunkRelease release;
+  };
+  void Run() {
+    (void)cuda_->SetDevice(device_);
+    for (;;) {
+      Loan loan;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return closed_ || !loans_.empty(); });
+        if (loans_.empty()) return;
+        loan = std::move(loans_.front());
+        loans_.pop_front();
+      }
+      Status s = cuda_->Wait(loan.event);
+      (void)cuda_->DestroyEvent(loan.event);
+      loan.release();
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> l(mu_);
+        if (first_.ok()) first_ = std::move(s);
+      }
+    }
+  }
+
+  const CudaRuntime* cuda_;
+  const int device_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Loan> loans_;
+  bool closed_ = false;
+  Status first_;
+  std::thread thread_;  // last: it starts once the members above exist
+};
+
+// One fetch of described layers into their destinations: the daemon must
+// send exactly the layers and headers Describe gave, each chunk in order.
+// Host destinations: each chunk decodes from where it arrived (the shared
+// fetch window, or the socket's buffer) straight into its rows, on
+// DecodePool, once its size and checksums passed. Device destinations
+// (`device` set): a raw chunk the daemon copied into the device window is
+// copied on from there by the device (the daemon checked it over the bytes
+// it read); any other chunk decodes on the host into a staging copy of its
+// plane and is copied to the device from there.
+class PlaneStream {
+ public:
+  PlaneStream(const std::vector<std::string>& headers, const std::vector<LayerDecoder>& decoders,
+              const std::vector<Destination>& dests, const DeviceTarget* device)
+      : headers_(headers), decoders_(decoders), dests_(dests), device_(device), at_(dests.size()) {
+    if (device_ != nullptr) staging_.resize(dests.size());
+  }
+
+  Status Run(client::Client& c, std::uint64_t entry, const std::vector<std::uint32_t>& which, FetchCounts* counts) {
+    client::FetchCallbacks cb;
+    cb.on_layer = [this](std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunk_count) {
+      return OnLayer(layer, header, chunk_count);
+    };
+    cb.on_chunk_held = [this](std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                              client::ChunkRelease release) { return OnChunk(layer, index, bytes, std::move(release)); };
+    std::optional<LoanReleaser> loans;
+    if (device_ != nullptr) {
+      PC_RETURN_IF_ERROR(device_->cuda->SetDevice(device_->device));
+      loans.emplace(device_->cuda, device_->device);
+      cb.on_device_chunk = [this, &loans](std::uint32_t layer, std::uint32_t index, std::uint64_t offset,
+                                          std::uint64_t length, client::ChunkRelease release) {
+        return OnDeviceChunk(layer, index, offset, length, std::move(release), *loans);
+      };
+    }
+    const Status fetched = c.Fetch(entry, which, cb);
+    // Always: the jobs and the copies use the destinations and decoders.
+    const Status decoded = jobs_.Wait();
+    Status copied = loans ? loans->Close() : Status::Ok();
+    if (copied.ok() && device_ != nullptr) copied = device_->cuda->Synchronize(device_->stream);
+    counts->device_chunks = device_chunks_;
+    counts->host_chunks = host_chunks_;
+    PC_RETURN_IF_ERROR(fetched);
+    PC_RETURN_IF_ERROR(decoded);
+    PC_RETURN_IF_ERROR(copied);
+    for (std::size_t l = 0; l < dests_.size(); ++l) {
+      if (l > at_ || (l == at_ && seen_ != decoders_[l].chunk_count())) {
+        return Status::Corruption("layer " + std::to_string(dests_[l].layer) + ": the fetch ended early");
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Status OnLayer(std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunk_count) {
+    at_ = at_ == dests_.size() ? 0 : at_ + 1;
+    seen_ = 0;
+    if (at_ >= dests_.size() || layer != dests_[at_].layer) return Status::Corruption("the daemon sent another layer");
+    const std::string_view want = headers_[at_];
     if (header.size() != want.size() || std::memcmp(header.data(), want.data(), want.size()) != 0 ||
-        chunk_count != decoders[at].chunk_count()) {
+        chunk_count != decoders_[at_].chunk_count()) {
       return Status::Corruption("layer " + std::to_string(layer) + ": the fetched header is not the described one");
     }
     return Status::Ok();
-  };
-  DecodeJobs jobs;
-  cb.on_chunk_held = [&](std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
-                         client::ChunkRelease release) {
-    if (at >= dests.size() || layer != dests[at].layer || index != chunks_seen++ ||
-        index >= decoders[at].chunk_count()) {
+  }
+
+  // The next chunk in order, or the error that ends the fetch (the loan
+  // returned then).
+  Status Claim(std::uint32_t layer, std::uint32_t index, const client::ChunkRelease& release) {
+    if (at_ >= dests_.size() || layer != dests_[at_].layer || index != seen_++ ||
+        index >= decoders_[at_].chunk_count()) {
       release();
       return Status::Corruption("layer " + std::to_string(layer) + ": chunk " + std::to_string(index) +
                                 " out of order");
     }
-    if (Status s = jobs.Error(); !s.ok()) {
+    if (Status s = jobs_.Error(); !s.ok()) {
       release();
       return s;
     }
-    const LayerDecoder& dec = decoders[at];
-    const MutableElementSpan plane = dests[at].planes[dec.chunk(index).plane];
-    jobs.Start();
-    DecodePool().Post([&jobs, &dec, plane, index, bytes, layer, release = std::move(release)] {
-      Status s = dec.DecodeChunk(index, bytes, plane).WithContext("layer " + std::to_string(layer));
+    return Status::Ok();
+  }
+
+  Status OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                 client::ChunkRelease release) {
+    PC_RETURN_IF_ERROR(Claim(layer, index, release));
+    const LayerDecoder& dec = decoders_[at_];
+    const std::size_t plane_index = dec.chunk(index).plane;
+    MutableElementSpan plane = dests_[at_].planes[plane_index];
+    const MutableElementSpan device_plane = plane;
+    if (device_ != nullptr) plane = StagingFor(at_, plane_index);
+    ++host_chunks_;
+    jobs_.Start();
+    DecodePool().Post([this, &dec, plane, device_plane, index, bytes, layer, release = std::move(release)] {
+      Status s = dec.DecodeChunk(index, bytes, plane);
       release();
-      jobs.Done(std::move(s));
+      if (s.ok() && device_ != nullptr) s = CopyUp(dec.chunk(index), plane, device_plane);
+      jobs_.Done(s.WithContext("layer " + std::to_string(layer)));
     });
     return Status::Ok();
-  };
-  const Status fetched = c.Fetch(entry, which, cb);
-  const Status decoded = jobs.Wait();  // always: the jobs use dests and decoders
-  PC_RETURN_IF_ERROR(fetched);
-  PC_RETURN_IF_ERROR(decoded);
-  for (std::size_t l = 0; l < dests.size(); ++l) {
-    if (l > at || (l == at && chunks_seen != decoders[l].chunk_count())) {
-      return Status::Corruption("layer " + std::to_string(dests[l].layer) + ": the fetch ended early");
-    }
   }
-  return Status::Ok();
-}
+
+  Status OnDeviceChunk(std::uint32_t layer, std::uint32_t index, std::uint64_t offset, std::uint64_t length,
+                       client::ChunkRelease release, LoanReleaser& loans) {
+    PC_RETURN_IF_ERROR(Claim(layer, index, release));
+    const LayerDecoder& dec = decoders_[at_];
+    const ChunkLocation& loc = dec.chunk(index);
+    const MutableElementSpan plane = dests_[at_].planes[loc.plane];
+    const std::uint64_t value = ElementBytes(plane.type);
+    const std::string where = "layer " + std::to_string(layer) + ": device chunk " + std::to_string(index);
+    if (!dec.ChunkIsRaw(index)) {
+      release();
+      return Status::Corruption(where + " is not stored raw");
+    }
+    if (length != loc.value_count * value || offset > device_->window_bytes ||
+        length > device_->window_bytes - offset) {
+      release();
+      return Status::Corruption(where + ": " + std::to_string(length) + " bytes at " + std::to_string(offset) +
+                                " do not fit the chunk or the window");
+    }
+    Status s = device_->cuda->CopyDeviceToDeviceAsync(plane.bytes.data() + loc.value_offset * value,
+                                                     device_->window + offset, length, device_->stream);
+    if (!s.ok()) {
+      release();
+      return s;
+    }
+    ++device_chunks_;
+    return loans.Lend(device_->stream, std::move(release));
+  }
+
+  // A host copy of a device plane that chunks decode into first (made once,
+  // on the fetch's thread).
+  MutableElementSpan StagingFor(std::size_t layer, std::size_t plane) {
+    auto& planes = staging_[layer];
+    if (planes.empty()) planes.resize(dests_[layer].planes.size());
+    std::vector<std::byte>& bytes = planes[plane];
+    const MutableElementSpan dest = dests_[layer].planes[plane];
+    if (bytes.size() != dest.bytes.size()) bytes.resize(dest.bytes.size());
+    return {std::span(bytes), dest.type};
+  }
+
+  Status CopyUp(const ChunkLocation& loc, MutableElementSpan host, MutableElementSpan device) const {
+    const std::uint64_t value = ElementBytes(host.type);
+    PC_RETURN_IF_ERROR(device_->cuda->SetDevice(device_->device));
+    return device_->cuda->CopyHostToDevice(device.bytes.data() + loc.value_offset * value,
+                                           host.bytes.data() + loc.value_offset * value, loc.value_count * value);
+  }
+
+  const std::vector<std::string>& headers_;
+  const std::vector<LayerDecoder>& decoders_;
+  const std::vector<Destination>& dests_;
+  const DeviceTarget* device_;
+  std::size_t at_;          // the layer streaming now
+  std::uint32_t seen_ = 0;  // its chunks so far
+  std::vector<std::vector<std::vector<std::byte>>> staging_;  // [layer][plane], device fetches only
+  std::uint64_t device_chunks_ = 0;
+  std::uint64_t host_chunks_ = 0;
+  DecodeJobs jobs_;
+};
 
 }  // namespace
 
-py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& planes) {
+namespace {
+
+// FetchInto and FetchIntoDevice: the layers' headers (Describe) and every
+// destination are checked before the fetch starts, then it streams.
+py::dict FetchDescribed(client::Client& c, std::uint64_t entry, const py::dict& planes, const DeviceTarget* device,
+                        FetchCounts* counts) {
   std::vector<Destination> dests;
   for (auto [key, value] : planes) dests.push_back({key.cast<std::uint32_t>(), {}, {}});
   std::sort(dests.begin(), dests.end(), [](const auto& a, const auto& b) { return a.layer < b.layer; });
@@ -367,14 +576,33 @@ py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& plane
     const std::string& bytes = detail.layer_headers[d.layer];
     LayerHeader h = ValueOrRaise(ParseLayerHeader(AsBytes(bytes)));
     LayerDecoder dec = ValueOrRaise(LayerDecoder::Create(h));
-    d.planes = CheckDestinations(dec, planes[py::int_(d.layer)], where, d.arrays);
+    const py::handle given = planes[py::int_(d.layer)];
+    d.planes = device != nullptr ? CheckDeviceDestinations(dec, given, where)
+                                 : CheckDestinations(dec, given, where, d.arrays);
     out[py::int_(d.layer)] = py::cast(std::move(h));
     which.push_back(d.layer);
     headers.push_back(bytes);
     decoders.push_back(std::move(dec));
   }
-  ThrowIfError(WithoutGil([&] { return StreamInto(c, entry, which, headers, decoders, dests); }));
+  ThrowIfError(WithoutGil([&] { return PlaneStream(headers, decoders, dests, device).Run(c, entry, which, counts); }));
   return out;
+}
+
+}  // namespace
+
+py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& planes) {
+  FetchCounts counts;
+  return FetchDescribed(c, entry, planes, nullptr, &counts);
+}
+
+py::tuple FetchIntoDevice(client::Client& c, const DeviceTarget& device, std::uint64_t entry,
+                          const py::dict& planes) {
+  FetchCounts counts;
+  py::dict headers = FetchDescribed(c, entry, planes, &device, &counts);
+  py::dict stats;
+  stats["device_chunks"] = counts.device_chunks;
+  stats["host_chunks"] = counts.host_chunks;
+  return py::make_tuple(headers, stats);
 }
 
 namespace {

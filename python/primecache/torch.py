@@ -11,8 +11,10 @@ and width) before anything is sent or written, and a refusal is a
 ValueError naming the layer, the plane and what differs.
 
 Copies: a contiguous CPU tensor is handed to the codecs as it is (publish)
-or decoded into in place (fetch_into); any other tensor costs one copy
-through a contiguous CPU buffer (pinned when the tensor is on CUDA).
+or decoded into in place (fetch_into). A restore into CUDA tensors takes
+raw chunks through a device window the daemon copies into, with no host
+copy (fetch_into); any other tensor costs one copy through a contiguous
+buffer (pinned host memory for a CUDA publish).
 """
 
 from __future__ import annotations
@@ -149,18 +151,70 @@ def _staging(t: torch.Tensor, dtype: ElementType) -> torch.Tensor:
     return torch.empty(t.numel(), dtype=_CARRIER[dtype], pin_memory=pin).view(t.dtype)
 
 
-def fetch_into(client: native.Client, entry: int, layers: Mapping[int, tuple]) -> dict[int, native.LayerHeader]:
+# Bytes of the device window each connection gives its daemon for CUDA
+# restores (Client.attach_device_window).
+DEVICE_WINDOW_BYTES = 256 << 20
+
+
+def _device_path(client: native.Client, tensors: list) -> Optional[torch.device]:
+    """The CUDA device a restore copies to through the daemon's device
+    window, or None for the host path: every destination on one CUDA device,
+    a CUDA runtime in this process, and a window the daemon took."""
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        return None
+    device = next(iter(devices))
+    if device.type != "cuda" or not native.cuda_runtime_available():
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if client.attach_device_window(index, DEVICE_WINDOW_BYTES) is not None:
+        return None
+    return torch.device("cuda", index)
+
+
+def _fetch_into_device(client, entry, plan, device, stats):
+    """The device path: raw chunks go from the daemon's copy into the window
+    to each plane by a device copy; a non-contiguous destination is filled
+    through a contiguous device buffer."""
+    staged, targets = {}, {}
+    for layer, planes in plan.items():
+        staged[layer] = []
+        for t, _ in planes:
+            s = t if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype, device=device)
+            staged[layer].append((s, t))
+        targets[layer] = [(s.data_ptr(), s.numel() * s.element_size()) for s, _ in staged[layer]]
+    stream = torch.cuda.current_stream(device)
+    headers, counts = client.fetch_into_device(entry, targets, device=device.index, stream=stream.cuda_stream,
+                                               window_bytes=DEVICE_WINDOW_BYTES)
+    for planes in staged.values():
+        for s, t in planes:
+            if s is not t:
+                t.copy_(s.view(t.shape))
+    if stats is not None:
+        stats.update(path="device window", **counts)
+    return headers
+
+
+def fetch_into(client: native.Client, entry: int, layers: Mapping[int, tuple],
+               stats: Optional[dict] = None) -> dict[int, native.LayerHeader]:
     """Restores layers of `entry` into tensors the caller owns:
     {layer: (shape, planes)}, shape the layer's expected shape (the cache's
     own: element types, widths, length) and planes its destination tensors
     by name or in stored order. The stored headers must equal the expected
-    shapes, and every destination fit, before anything is written; then each
-    plane is decoded into its tensor (into a CPU staging buffer first, and
-    copied, when the tensor is not contiguous on the CPU; a CUDA tensor's
-    copy is queued on the current stream, so work queued after this call
-    sees the restored values). A damaged chunk
-    raises primecache.Error with the destinations partly written: discard
-    them. Returns the layers' headers."""
+    shapes, and every destination fit, before anything is written.
+
+    Then, when every destination is on one CUDA device and the daemon makes
+    device copies, raw chunks reach the device with no host copy: the daemon
+    copies them into a device window this connection gave it, and the device
+    copies them on into the planes (other chunks are decoded on the host and
+    copied up); the call returns once every copy ran. Otherwise each plane
+    is decoded on the host into its tensor (into a CPU staging buffer first,
+    and copied, when the tensor is not contiguous on the CPU; a CUDA
+    tensor's copy is queued on the current stream, so work queued after this
+    call sees the restored values). `stats`, a dict, gets the path taken and
+    the chunks each way. A damaged chunk raises primecache.Error with the
+    destinations partly written: discard them. Returns the layers'
+    headers."""
     detail = client.describe(entry, layer_headers=True)
     headers = [native.parse_layer_header(h) for h in detail.layer_headers]
     plan = {}
@@ -171,6 +225,9 @@ def fetch_into(client: native.Client, entry: int, layers: Mapping[int, tuple]) -
         if headers[layer].shape != shape:
             raise ValueError(f"{where}: {shape_differences(headers[layer].shape, shape)}")
         plan[layer] = _planes_in_order(shape, given, where)
+    device = _device_path(client, [t for planes in plan.values() for t, _ in planes])
+    if device is not None:
+        return _fetch_into_device(client, entry, plan, device, stats)
     staged = {layer: [(_staging(t, lay[3]), t, lay) for t, lay in planes] for layer, planes in plan.items()}
     arrays = {layer: [s.reshape(-1).view(_CARRIER[lay[3]]).numpy() for s, _, lay in planes]
               for layer, planes in staged.items()}
@@ -181,6 +238,9 @@ def fetch_into(client: native.Client, entry: int, layers: Mapping[int, tuple]) -
                 # From pinned memory: queued on the current stream (torch's
                 # pinned allocator keeps the buffer until the copy is done).
                 t.copy_(s.view(t.shape), non_blocking=t.device.type == "cuda")
+    if stats is not None:
+        stats.update(path="host", device_chunks=0,
+                     host_chunks=sum(len(r.chunks) for h in got.values() for r in h.planes))
     return got
 
 

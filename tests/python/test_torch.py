@@ -250,3 +250,62 @@ def test_cuda_tensors_publish_and_restore_bit_for_bit(client, t):
     assert k2.is_cuda and same_bits(k2, keys) and same_bits(v2, values)
     (shape, planes), = pt.fetch(client, res.id, device="cuda")
     assert planes["k_rows"].is_cuda and same_bits(planes["k_rows"], keys.transpose(0, 1).reshape(LEN, 64))
+
+
+@needs_cuda
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_cuda_restores_take_raw_chunks_through_the_device_window(client, transform):
+    shapes = shapes_of(T.bf16, T.f32)
+    gen = torch.Generator().manual_seed(13)
+    layers = [(s, planes_for(s, gen)) for s in shapes]
+    res = pt.publish(client, model_for(shapes), list(range(LEN)), layers, transform=transform,
+                     level=1 if "zstd" in transform else 0)
+    # Contiguous destinations and, for layer 2, a transposed view of a
+    # [heads, seq, head_dim] cache (filled through a device buffer).
+    dests = {i: (s, {n: torch.zeros_like(p, device="cuda") for n, p in planes.items()})
+             for i, (s, planes) in enumerate(layers)}
+    heads_k = torch.zeros(4, LEN, 3, dtype=torch.bfloat16, device="cuda")
+    dests[2][1]["k_rows"] = heads_k.transpose(0, 1)
+    stats = {}
+    pt.fetch_into(client, res.id, dests, stats=stats)
+    assert stats["path"] == "device window", stats
+    if transform == "raw/v1":
+        assert stats["device_chunks"] > 0 and stats["host_chunks"] == 0, stats
+    else:
+        assert stats["device_chunks"] == 0 and stats["host_chunks"] > 0, stats
+    for i, (shape, want) in enumerate(layers):
+        for name, tensor in want.items():
+            got = dests[i][1][name]
+            assert got.is_cuda and same_bits(got.reshape(tensor.shape).cpu(), tensor), (i, name, stats)
+    assert same_bits(heads_k.transpose(0, 1).reshape(LEN, 12).cpu(), layers[2][1]["k_rows"])
+
+
+@needs_cuda
+def test_a_damaged_chunk_is_refused_on_the_device_path(client, daemon):
+    import pathlib
+    kv = primecache.KvShape(len=64, k_width=16, v_width=16, dtype=T.bf16)
+    gen = torch.Generator().manual_seed(4)
+    planes = [random_plane(64, 16, torch.bfloat16, gen), random_plane(64, 16, torch.bfloat16, gen)]
+    res = pt.publish(client, model_for([kv]), list(range(64)), [(kv, planes)], transform="raw/v1")
+    needle = bits(planes[1]).numpy().tobytes()[:32]
+    for segment in (p for p in pathlib.Path(daemon.root / "data").rglob("*") if p.is_file() and "seg" in p.name):
+        data = segment.read_bytes()
+        at = data.find(needle)
+        if at >= 0:
+            with open(segment, "r+b") as f:
+                f.seek(at + 5)
+                f.write(bytes([data[at + 5] ^ 0x40]))
+            break
+    else:
+        pytest.fail("the raw chunk's bytes are in no segment file")
+    dest = [torch.zeros(64, 16, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+    stats = {}
+    with pytest.raises(primecache.Error):
+        pt.fetch_into(client, res.id, {0: (kv, dest)}, stats=stats)
+
+
+def test_without_a_gpu_a_device_window_is_refused_with_the_reason(client):
+    if torch.cuda.is_available():
+        pytest.skip("this machine attaches one (the CUDA tests above)")
+    why = client.attach_device_window(0)
+    assert isinstance(why, str) and ("CUDA runtime" in why or "device copies" in why or "cuda" in why), why

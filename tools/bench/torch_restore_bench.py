@@ -7,7 +7,8 @@ layout (every 4th layer MLA: its latent kv_nope [seq, 512] and k_rot
 layers KDA: a bf16 conv state of 3 x 32 x 128 channels by 4 and an f32
 recurrent state 32 x 128 x 128) to a fresh primecached, then times, each the
 median of --reps runs:
-  - restore_cuda: pt.fetch_into the layers into preallocated CUDA tensors;
+  - restore_cuda: pt.fetch_into the layers into preallocated CUDA tensors
+    (raw chunks through the daemon's device window);
   - h2d_pinned: one pinned host-to-device copy of the same bytes;
   - restore_cpu: pt.fetch_into into preallocated CPU tensors;
   - memcpy: one host copy of the same bytes.
@@ -101,10 +102,12 @@ def main():
                 res = pt.publish(client, model, list(range(args.tokens)), layers, transform="raw/v1")
                 rows = [("bytes", nbytes)]
 
+                stats = {}
+
                 def restore_into(device):
                     dests = {i: (s, {n: torch.empty_like(t, device=device) for n, t in p.items()})
                              for i, (s, p) in enumerate(layers)}
-                    return lambda: pt.fetch_into(client, res.id, dests)
+                    return lambda: pt.fetch_into(client, res.id, dests, stats=stats)
 
                 cpu_sync = lambda: None  # noqa: E731
                 restore_cpu = median_seconds(restore_into("cpu"), args.reps, cpu_sync)
@@ -120,7 +123,9 @@ def main():
                     dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
                     h2d = median_seconds(lambda: dev.copy_(pinned, non_blocking=True), args.reps, sync)
                     rows += [("restore_cuda_s", restore_cuda), ("h2d_pinned_s", h2d),
-                             ("cuda_ratio", h2d / restore_cuda)]
+                             ("cuda_ratio", h2d / restore_cuda), ("cuda_device_chunks", stats["device_chunks"]),
+                             ("cuda_host_chunks", stats["host_chunks"])]
+                    print(f"cuda restore path: {stats['path']}")
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
