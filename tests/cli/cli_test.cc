@@ -23,6 +23,7 @@
 #include "primecache/snapshot.h"
 #include "raw_db.h"
 #include "segment_util.h"
+#include "tests/codecs/codec_test_util.h"
 #include "statestore/format.h"
 
 namespace primecache::testing {
@@ -224,18 +225,15 @@ TEST_F(CliTest, ShowGivesTheLinearStateAndIndexedKvGeometry) {
     std::vector<ElementSpan> spans;
     for (const PlaneLayout& p : *planes) bytes.emplace_back(p.raw_bytes(), std::byte{0x3c});
     for (std::size_t i = 0; i < planes->size(); ++i) spans.emplace_back(bytes[i], (*planes)[i].dtype);
-    auto enc = LayerEncoder::Create(shape, spans);
+    auto enc = testing_util::EncodeSpans(shape, spans);
     ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    auto bytes_of = [](std::string_view s) {
+      const auto* b = reinterpret_cast<const std::byte*>(s.data());
+      return std::vector<std::byte>(b, b + s.size());
+    };
     LayerData& data = layers.emplace_back();
-    for (std::size_t i = 0; i < enc->chunk_count(); ++i) {
-      auto& c = data.chunks.emplace_back(enc->MaxChunkBytes(i));
-      auto n = enc->EncodeChunk(i, c);
-      ASSERT_TRUE(n.ok()) << n.status().ToString();
-      c.resize(*n);
-    }
-    const std::string header = SerializeLayerHeader(*enc->Finish());
-    data.header.assign(reinterpret_cast<const std::byte*>(header.data()),
-                       reinterpret_cast<const std::byte*>(header.data()) + header.size());
+    data.header = bytes_of(SerializeLayerHeader(enc->header));
+    for (const std::string& c : enc->chunks) data.chunks.push_back(bytes_of(c));
   }
   auto c = Connect();
   ASSERT_NE(c, nullptr);

@@ -186,4 +186,20 @@ inline void ResealPcsnap(std::string& f) {
   Store<std::uint64_t>(f, l.table_at + 32 * l.sections, Xxh(f, l.table_at, 32 * l.sections));
 }
 
+// Encodes a layer from planes anywhere in memory (the kind's planes in
+// stored order, of its types), every chunk into a string: what a caller
+// without a LayerSnapshot (a PyTorch engine's kinds, planes not f32) does.
+inline Result<EncodedLayer> EncodeSpans(const LayerShape& shape, std::vector<ElementSpan> planes,
+                                        const EncodeOptions& options = {}) {
+  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(shape, std::move(planes), options));
+  EncodedLayer out;
+  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
+    std::string& c = out.chunks.emplace_back(enc.MaxChunkBytes(i), '\0');
+    PC_ASSIGN_OR_RETURN(std::size_t n, enc.EncodeChunk(i, std::as_writable_bytes(std::span(c))));
+    c.resize(n);
+  }
+  PC_ASSIGN_OR_RETURN(out.header, enc.Finish());
+  return out;
+}
+
 }  // namespace primecache::testing_util

@@ -63,15 +63,7 @@ Planes RandomPlanes(const LayerShape& shape, std::uint32_t seed) {
 }
 
 Result<EncodedLayer> Encode(const LayerShape& shape, const Planes& planes, const EncodeOptions& options = {}) {
-  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(shape, planes.spans(), options));
-  EncodedLayer out;
-  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
-    std::string& c = out.chunks.emplace_back(enc.MaxChunkBytes(i), '\0');
-    PC_ASSIGN_OR_RETURN(std::size_t n, enc.EncodeChunk(i, std::as_writable_bytes(std::span(c))));
-    c.resize(n);
-  }
-  PC_ASSIGN_OR_RETURN(out.header, enc.Finish());
-  return out;
+  return testing_util::EncodeSpans(shape, planes.spans(), options);
 }
 
 std::vector<MutableElementSpan> Destinations(std::vector<std::vector<std::byte>>& bytes, const Planes& like) {

@@ -42,15 +42,9 @@ Encoded EncodeRandom(const LayerShape& shape, std::uint32_t seed, const EncodeOp
     }
   }
   for (std::size_t p = 0; p < layouts.size(); ++p) spans.emplace_back(out.planes[p], layouts[p].dtype);
-  auto enc = LayerEncoder::Create(shape, spans, options);
+  auto enc = testing_util::EncodeSpans(shape, spans, options);
   EXPECT_TRUE(enc.ok()) << enc.status().ToString();
-  for (std::size_t i = 0; i < enc->chunk_count(); ++i) {
-    std::string& c = out.layer.chunks.emplace_back(enc->MaxChunkBytes(i), '\0');
-    auto n = enc->EncodeChunk(i, std::as_writable_bytes(std::span(c)));
-    EXPECT_TRUE(n.ok()) << n.status().ToString();
-    c.resize(*n);
-  }
-  out.layer.header = *enc->Finish();
+  if (enc.ok()) out.layer = std::move(enc).value();
   return out;
 }
 

@@ -44,15 +44,7 @@ Result<EncodedLayer> EncodeShape(const LayerShape& shape, const EncodeOptions& o
     for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>(i * 37 + 11);
   }
   for (std::size_t p = 0; p < layouts.size(); ++p) spans.emplace_back(bytes[p], layouts[p].dtype);
-  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(shape, spans, options));
-  EncodedLayer out;
-  for (std::size_t i = 0; i < enc.chunk_count(); ++i) {
-    std::string& c = out.chunks.emplace_back(enc.MaxChunkBytes(i), '\0');
-    PC_ASSIGN_OR_RETURN(std::size_t n, enc.EncodeChunk(i, std::as_writable_bytes(std::span(c))));
-    c.resize(n);
-  }
-  PC_ASSIGN_OR_RETURN(out.header, enc.Finish());
-  return out;
+  return EncodeSpans(shape, spans, options);
 }
 
 Status Put(const std::string& dir, const std::string& name, const std::string& bytes) {

@@ -22,14 +22,9 @@ bit and prints its distance from the full prefill. CSV with --csv.
 
 import argparse
 import copy
-import csv
-import os
 import pathlib
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
@@ -38,6 +33,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import primecache
 import primecache.hf as phf
 import primecache.torch as pt
+from bench_daemon import fresh_daemon, report
 
 
 def make_model(args, device):
@@ -54,19 +50,6 @@ def make_model(args, device):
         layer_types=layer_types)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).to(torch.bfloat16).to(device).eval()
-
-
-def start_daemon(root):
-    ready = root / "ready"
-    proc = subprocess.Popen([os.environ["PRIMECACHED"], "--data-dir", str(root / "data"), "--socket",
-                             str(root / "d.sock"), "--admin-socket", str(root / "a.sock"), "--ready-file",
-                             str(ready), "--log-level", "warn"])
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("primecached did not start")
-        time.sleep(0.02)
-    return proc
 
 
 def timed(fn, sync):
@@ -92,58 +75,44 @@ def main():
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(3, 4096, (1, args.tokens + args.suffix), generator=gen).to(device)
     prompt, rest = ids[:, :args.tokens], ids[:, args.tokens:]
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
-        proc = start_daemon(pathlib.Path(tmp))
-        try:
-            with primecache.connect(str(pathlib.Path(tmp) / "d.sock"), timeout=120.0, shared_memory=True) as client:
-                store = phf.CacheStore(client, model)
-                kept = model(prompt, use_cache=True).past_key_values
-                res = store.publish(prompt, kept, transform="raw/v1")
-                stored = client.describe(res.id).info.raw_bytes
-                full, restored, lookups, kept_t = [], [], [], []
-                for _ in range(args.reps):
-                    t, out_full = timed(lambda: model(ids, use_cache=True).logits[:, -1], sync)
-                    full.append(t)
+    with fresh_daemon() as socket, torch.no_grad():
+        with primecache.connect(socket, timeout=120.0, shared_memory=True) as client:
+            store = phf.CacheStore(client, model)
+            kept = model(prompt, use_cache=True).past_key_values
+            res = store.publish(prompt, kept, transform="raw/v1")
+            stored = client.describe(res.id).info.raw_bytes
+            full, restored, lookups, kept_t = [], [], [], []
+            for _ in range(args.reps):
+                t, out_full = timed(lambda: model(ids, use_cache=True).logits[:, -1], sync)
+                full.append(t)
 
-                    def restore_and_continue():
-                        t0 = time.perf_counter()
-                        cache, covered = store.lookup(ids)
-                        sync()
-                        lookups.append(time.perf_counter() - t0)
-                        assert covered == args.tokens, covered
-                        return model(rest, past_key_values=cache, use_cache=True).logits[:, -1]
+                def restore_and_continue():
+                    t0 = time.perf_counter()
+                    cache, covered = store.lookup(ids)
+                    sync()
+                    lookups.append(time.perf_counter() - t0)
+                    assert covered == args.tokens, covered
+                    return model(rest, past_key_values=cache, use_cache=True).logits[:, -1]
 
-                    t, out_restored = timed(restore_and_continue, sync)
-                    restored.append(t)
-                    copied = copy.deepcopy(kept)
-                    t, out_kept = timed(lambda: model(rest, past_key_values=copied, use_cache=True).logits[:, -1],
-                                        sync)
-                    kept_t.append(t)
-                    if not torch.equal(out_restored, out_kept):
-                        raise SystemExit("the restored continuation differs from the kept cache's")
-                diff = (out_restored.float() - out_full.float()).abs().max().item()
-                nbytes = sum(rows * width * primecache.element_bytes(dtype) for shape in store.shapes(args.tokens)
-                             for _, rows, width, dtype in pt.plane_layouts(shape))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+                t, out_restored = timed(restore_and_continue, sync)
+                restored.append(t)
+                copied = copy.deepcopy(kept)
+                t, out_kept = timed(lambda: model(rest, past_key_values=copied, use_cache=True).logits[:, -1],
+                                    sync)
+                kept_t.append(t)
+                if not torch.equal(out_restored, out_kept):
+                    raise SystemExit("the restored continuation differs from the kept cache's")
+            diff = (out_restored.float() - out_full.float()).abs().max().item()
+            nbytes = sum(rows * width * primecache.element_bytes(dtype) for shape in store.shapes(args.tokens)
+                         for _, rows, width, dtype in pt.plane_layouts(shape))
     med = statistics.median
     rows = [("tokens", args.tokens), ("suffix", args.suffix), ("layers", args.layers),
             ("cache_bytes", nbytes), ("stored_raw_bytes", stored),
             ("ttft_full_s", med(full)), ("ttft_restored_s", med(restored)), ("lookup_restore_s", med(lookups)),
             ("ttft_kept_s", med(kept_t)), ("full_over_restored", med(full) / med(restored)),
             ("restored_equals_kept", 1), ("max_abs_diff_vs_full", diff)]
-    print(f"hf TTFT, kimi_linear-shaped bf16, {args.tokens} + {args.suffix} tokens on {device} "
-          f"(median of {args.reps}):")
-    for name, value in rows:
-        print(f"  {name:22s} {value:.6g}")
-    if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.csv, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["metric", "value"])
-            w.writerows(rows)
+    report(f"hf TTFT, kimi_linear-shaped bf16, {args.tokens} + {args.suffix} tokens on {device} "
+           f"(median of {args.reps}):", rows, args.csv)
     return 0
 
 

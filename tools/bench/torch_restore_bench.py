@@ -20,20 +20,16 @@ writes them as CSV with --csv.
 """
 
 import argparse
-import csv
-import os
 import pathlib
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 
 import primecache
 import primecache.torch as pt
+from bench_daemon import fresh_daemon, report
 
 T = primecache.ElementType
 
@@ -52,19 +48,6 @@ def layout(tokens):
     return shapes
 
 
-def start_daemon(root):
-    ready = root / "ready"
-    proc = subprocess.Popen([os.environ["PRIMECACHED"], "--data-dir", str(root / "data"), "--socket",
-                             str(root / "d.sock"), "--admin-socket", str(root / "a.sock"), "--ready-file",
-                             str(ready), "--log-level", "warn"])
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("primecached did not start")
-        time.sleep(0.02)
-    return proc
-
-
 def median_seconds(fn, reps, sync):
     times = []
     for _ in range(reps):
@@ -74,6 +57,15 @@ def median_seconds(fn, reps, sync):
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def check_exact(layers, dests):
+    """Every restored plane is its published bits, or the bench reports nothing."""
+    for i, (_, want) in enumerate(layers):
+        for name, t in want.items():
+            carrier = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()]
+            if not torch.equal(dests[i][1][name].cpu().view(carrier), t.view(carrier)):
+                raise SystemExit(f"layer {i} plane {name} was restored wrong")
 
 
 def main():
@@ -95,49 +87,38 @@ def main():
                                      weights_digest=primecache.Hash128(lo=1, hi=1),
                                      codec_versions=primecache.codec_versions(shapes))
     model = primecache.ModelId.from_fingerprint(fp)
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = start_daemon(pathlib.Path(tmp))
-        try:
-            with primecache.connect(str(pathlib.Path(tmp) / "d.sock"), timeout=60.0, shared_memory=True) as client:
-                res = pt.publish(client, model, list(range(args.tokens)), layers, transform="raw/v1")
-                rows = [("bytes", nbytes)]
+    with fresh_daemon() as socket:
+        with primecache.connect(socket, timeout=60.0, shared_memory=True) as client:
+            res = pt.publish(client, model, list(range(args.tokens)), layers, transform="raw/v1")
+            rows = [("bytes", nbytes)]
+            stats = {}
 
-                stats = {}
+            def restore_into(device):
+                dests = {i: (s, {n: torch.empty_like(t, device=device) for n, t in p.items()})
+                         for i, (s, p) in enumerate(layers)}
+                restore = lambda: pt.fetch_into(client, res.id, dests, stats=stats)  # noqa: E731
+                restore()
+                check_exact(layers, dests)  # once, outside the timed runs
+                return restore
 
-                def restore_into(device):
-                    dests = {i: (s, {n: torch.empty_like(t, device=device) for n, t in p.items()})
-                             for i, (s, p) in enumerate(layers)}
-                    return lambda: pt.fetch_into(client, res.id, dests, stats=stats)
-
-                cpu_sync = lambda: None  # noqa: E731
-                restore_cpu = median_seconds(restore_into("cpu"), args.reps, cpu_sync)
-                src = torch.empty(nbytes, dtype=torch.uint8).random_()
-                dst = torch.empty_like(src)
-                memcpy = median_seconds(lambda: dst.copy_(src), args.reps, cpu_sync)
-                rows += [("restore_cpu_s", restore_cpu), ("memcpy_s", memcpy),
-                         ("cpu_ratio", memcpy / restore_cpu)]
-                if cuda:
-                    sync = torch.cuda.synchronize
-                    restore_cuda = median_seconds(restore_into("cuda"), args.reps, sync)
-                    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).random_()
-                    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-                    h2d = median_seconds(lambda: dev.copy_(pinned, non_blocking=True), args.reps, sync)
-                    rows += [("restore_cuda_s", restore_cuda), ("h2d_pinned_s", h2d),
-                             ("cuda_ratio", h2d / restore_cuda), ("cuda_device_chunks", stats["device_chunks"]),
-                             ("cuda_host_chunks", stats["host_chunks"])]
-                    print(f"cuda restore path: {stats['path']}")
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-    print(f"torch restore, {args.tokens} tokens, {nbytes / 1e6:.1f} MB (median of {args.reps}):")
-    for name, value in rows:
-        print(f"  {name:16s} {value:.6g}")
-    if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.csv, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["metric", "value"])
-            w.writerows(rows)
+            cpu_sync = lambda: None  # noqa: E731
+            restore_cpu = median_seconds(restore_into("cpu"), args.reps, cpu_sync)
+            src = torch.empty(nbytes, dtype=torch.uint8).random_()
+            dst = torch.empty_like(src)
+            memcpy = median_seconds(lambda: dst.copy_(src), args.reps, cpu_sync)
+            rows += [("restore_cpu_s", restore_cpu), ("memcpy_s", memcpy),
+                     ("cpu_ratio", memcpy / restore_cpu)]
+            if cuda:
+                sync = torch.cuda.synchronize
+                restore_cuda = median_seconds(restore_into("cuda"), args.reps, sync)
+                pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).random_()
+                dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+                h2d = median_seconds(lambda: dev.copy_(pinned, non_blocking=True), args.reps, sync)
+                rows += [("restore_cuda_s", restore_cuda), ("h2d_pinned_s", h2d),
+                         ("cuda_ratio", h2d / restore_cuda), ("cuda_device_chunks", stats["device_chunks"]),
+                         ("cuda_host_chunks", stats["host_chunks"])]
+                print(f"cuda restore path: {stats['path']}")
+    report(f"torch restore, {args.tokens} tokens, {nbytes / 1e6:.1f} MB (median of {args.reps}):", rows, args.csv)
     return 0
 
 
