@@ -107,10 +107,8 @@ py::list FetchArrays(client::Client& c, std::uint64_t entry, std::vector<std::ui
 // decoded from where it arrived straight into its rows, once its size and
 // checksums passed. A damaged chunk raises, its rows unwritten, but earlier
 // chunks' rows were written: the caller discards the destinations. Returns
-// {layer: LayerHeader}. `described`: the entry's layer headers from the
-// caller's own Describe (EntryDetail::layer_headers), which saves one.
-py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& planes,
-                   const std::optional<std::vector<std::string>>& described = std::nullopt);
+// {layer: LayerHeader}.
+py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& planes);
 // Where a device fetch copies to (FetchIntoDevice): the device, the caller's
 // stream (the copies are queued on it), and the device window attached to
 // the client's daemon.
@@ -133,8 +131,7 @@ struct FetchCounts {
 // copied up. Returns once every copy ran: ({layer: LayerHeader},
 // {"device_chunks": n, "host_chunks": m}).
 py::tuple FetchIntoDevice(client::Client& c, const DeviceTarget& device, std::uint64_t entry,
-                          const py::dict& planes,
-                          const std::optional<std::vector<std::string>>& described = std::nullopt);
+                          const py::dict& planes);
 // The NumPy dtype of a plane of element type t (layers.cc, top).
 py::dtype PlaneDtype(ElementType t);
 

@@ -163,14 +163,6 @@ Result<std::unique_ptr<DeviceWindow>> AttachWindow(client::Client& c, int device
   return window;
 }
 
-// A caller's Describe's layer_headers, as the strings the binding keeps.
-std::optional<std::vector<std::string>> Strings(const std::optional<std::vector<py::bytes>>& b) {
-  if (!b) return std::nullopt;
-  std::vector<std::string> out;
-  for (const py::bytes& x : *b) out.emplace_back(x);
-  return out;
-}
-
 class PyClient {
  public:
   explicit PyClient(std::unique_ptr<client::Client> c) : client_(std::move(c)) {}
@@ -245,11 +237,10 @@ void BindCalls(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
           py::arg("entry"), py::arg("layers") = py::none(), py::kw_only(), py::arg("decode") = true)
       .def(
           "fetch_into",
-          [](const PyClient& self, std::uint64_t entry, const py::dict& planes,
-             const std::optional<std::vector<py::bytes>>& layer_headers) {
-            return FetchInto(*self.Get(), entry, planes, Strings(layer_headers));
+          [](const PyClient& self, std::uint64_t entry, const py::dict& planes) {
+            return FetchInto(*self.Get(), entry, planes);
           },
-          py::arg("entry"), py::arg("planes"), py::kw_only(), py::arg("layer_headers") = py::none())
+          py::arg("entry"), py::arg("planes"))
       .def(
           "attach_device_window",
           [](PyClient& self, int device, std::uint64_t bytes) -> std::optional<std::string> {
@@ -267,13 +258,13 @@ void BindCalls(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
       .def(
           "fetch_into_device",
           [](PyClient& self, std::uint64_t entry, const py::dict& planes, int device, std::uintptr_t stream,
-             std::uint64_t window_bytes, const std::optional<std::vector<py::bytes>>& layer_headers) {
+             std::uint64_t window_bytes) {
             const DeviceWindow& w = self.WindowOn(device, window_bytes);
             DeviceTarget target{CudaRuntime::Get(), device, reinterpret_cast<void*>(stream), w.base(), w.bytes()};
-            return FetchIntoDevice(*self.Get(), target, entry, planes, Strings(layer_headers));
+            return FetchIntoDevice(*self.Get(), target, entry, planes);
           },
           py::arg("entry"), py::arg("planes"), py::kw_only(), py::arg("device"), py::arg("stream") = 0,
-          py::arg("window_bytes") = std::uint64_t{256} << 20, py::arg("layer_headers") = py::none())
+          py::arg("window_bytes") = std::uint64_t{256} << 20)
       .def(
           "describe",
           [](const PyClient& self, std::uint64_t entry, bool layer_headers) {

@@ -419,7 +419,7 @@ class CacheStore:
                 tensors.append(made)
                 j += 1
         try:
-            pt.fetch_into(self.client, hit.id, destinations, detail=detail)
+            pt.fetch_into(self.client, hit.id, destinations)
         except native.NotFoundError:
             return None, 0  # evicted since the lookup; the tensors are dropped
         return self._fill(tensors, covered), covered

@@ -562,28 +562,24 @@ namespace {
 
 // FetchInto and FetchIntoDevice: the layers' headers (Describe) and every
 // destination are checked before the fetch starts, then it streams.
-py::dict FetchDescribed(client::Client& c, std::uint64_t entry, const py::dict& planes,
-                        const std::optional<std::vector<std::string>>& described, const DeviceTarget* device,
+py::dict FetchDescribed(client::Client& c, std::uint64_t entry, const py::dict& planes, const DeviceTarget* device,
                         FetchCounts* counts) {
   std::vector<Destination> dests;
   for (auto [key, value] : planes) dests.push_back({key.cast<std::uint32_t>(), {}, {}});
   std::sort(dests.begin(), dests.end(), [](const auto& a, const auto& b) { return a.layer < b.layer; });
   if (dests.empty()) throw py::value_error("fetch_into: no layers given");
-  // The caller's Describe of the entry, or ours: either way the fetch
-  // refuses a layer whose header is not the described one.
-  const std::vector<std::string> layer_headers =
-      described ? *described : ValueOrRaise(WithoutGil([&] { return c.Describe(entry, true); })).layer_headers;
+  const EntryDetail detail = ValueOrRaise(WithoutGil([&] { return c.Describe(entry, true); }));
   std::vector<std::uint32_t> which;
   std::vector<std::string> headers;
   std::vector<LayerDecoder> decoders;
   py::dict out;
   for (Destination& d : dests) {
     const std::string where = "layer " + std::to_string(d.layer);
-    if (d.layer >= layer_headers.size()) {
-      throw py::value_error(where + ": the entry has " + std::to_string(layer_headers.size()) + " layers");
+    if (d.layer >= detail.layer_headers.size()) {
+      throw py::value_error(where + ": the entry has " + std::to_string(detail.layer_headers.size()) + " layers");
     }
     if (!which.empty() && which.back() == d.layer) throw py::value_error(where + ": given twice");
-    const std::string& bytes = layer_headers[d.layer];
+    const std::string& bytes = detail.layer_headers[d.layer];
     LayerHeader h = ValueOrRaise(ParseLayerHeader(AsBytes(bytes)));
     LayerDecoder dec = ValueOrRaise(LayerDecoder::Create(h));
     const py::handle given = planes[py::int_(d.layer)];
@@ -600,16 +596,15 @@ py::dict FetchDescribed(client::Client& c, std::uint64_t entry, const py::dict& 
 
 }  // namespace
 
-py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& planes,
-                   const std::optional<std::vector<std::string>>& described) {
+py::dict FetchInto(client::Client& c, std::uint64_t entry, const py::dict& planes) {
   FetchCounts counts;
-  return FetchDescribed(c, entry, planes, described, nullptr, &counts);
+  return FetchDescribed(c, entry, planes, nullptr, &counts);
 }
 
 py::tuple FetchIntoDevice(client::Client& c, const DeviceTarget& device, std::uint64_t entry,
-                          const py::dict& planes, const std::optional<std::vector<std::string>>& described) {
+                          const py::dict& planes) {
   FetchCounts counts;
-  py::dict headers = FetchDescribed(c, entry, planes, described, &device, &counts);
+  py::dict headers = FetchDescribed(c, entry, planes, &device, &counts);
   py::dict stats;
   stats["device_chunks"] = counts.device_chunks;
   stats["host_chunks"] = counts.host_chunks;

@@ -172,7 +172,7 @@ def _device_path(client: native.Client, tensors: list) -> Optional[torch.device]
     return torch.device("cuda", index)
 
 
-def _fetch_into_device(client, entry, plan, device, stats, layer_headers):
+def _fetch_into_device(client, entry, plan, device, stats):
     """The device path: raw chunks go from the daemon's copy into the window
     to each plane by a device copy; a non-contiguous destination is filled
     through a contiguous device buffer."""
@@ -185,7 +185,7 @@ def _fetch_into_device(client, entry, plan, device, stats, layer_headers):
         targets[layer] = [(s.data_ptr(), s.numel() * s.element_size()) for s, _ in staged[layer]]
     stream = torch.cuda.current_stream(device)
     headers, counts = client.fetch_into_device(entry, targets, device=device.index, stream=stream.cuda_stream,
-                                               window_bytes=DEVICE_WINDOW_BYTES, layer_headers=layer_headers)
+                                               window_bytes=DEVICE_WINDOW_BYTES)
     for planes in staged.values():
         for s, t in planes:
             if s is not t:
@@ -195,8 +195,8 @@ def _fetch_into_device(client, entry, plan, device, stats, layer_headers):
     return headers
 
 
-def fetch_into(client: native.Client, entry: int, layers: Mapping[int, tuple], stats: Optional[dict] = None,
-               detail: Optional[native.EntryDetail] = None) -> dict[int, native.LayerHeader]:
+def fetch_into(client: native.Client, entry: int, layers: Mapping[int, tuple],
+               stats: Optional[dict] = None) -> dict[int, native.LayerHeader]:
     """Restores layers of `entry` into tensors the caller owns:
     {layer: (shape, planes)}, shape the layer's expected shape (the cache's
     own: element types, widths, length) and planes its destination tensors
@@ -213,12 +213,9 @@ def fetch_into(client: native.Client, entry: int, layers: Mapping[int, tuple], s
     tensor's copy is queued on the current stream, so work queued after this
     call sees the restored values). `stats`, a dict, gets the path taken and
     the chunks each way. A damaged chunk raises primecache.Error with the
-    destinations partly written: discard them. `detail`: the caller's own
-    client.describe(entry, layer_headers=True), which saves a round trip
-    (the fetch still refuses a layer whose header is not the one described).
-    Returns the layers' headers."""
-    if detail is None:
-        detail = client.describe(entry, layer_headers=True)
+    destinations partly written: discard them. Returns the layers'
+    headers."""
+    detail = client.describe(entry, layer_headers=True)
     headers = [native.parse_layer_header(h) for h in detail.layer_headers]
     plan = {}
     for layer, (shape, given) in layers.items():
@@ -230,11 +227,11 @@ def fetch_into(client: native.Client, entry: int, layers: Mapping[int, tuple], s
         plan[layer] = _planes_in_order(shape, given, where)
     device = _device_path(client, [t for planes in plan.values() for t, _ in planes])
     if device is not None:
-        return _fetch_into_device(client, entry, plan, device, stats, detail.layer_headers)
+        return _fetch_into_device(client, entry, plan, device, stats)
     staged = {layer: [(_staging(t, lay[3]), t, lay) for t, lay in planes] for layer, planes in plan.items()}
     arrays = {layer: [s.reshape(-1).view(_CARRIER[lay[3]]).numpy() for s, _, lay in planes]
               for layer, planes in staged.items()}
-    got = client.fetch_into(entry, arrays, layer_headers=detail.layer_headers)
+    got = client.fetch_into(entry, arrays)
     for planes in staged.values():
         for s, t, _ in planes:
             if s is not t:
@@ -262,5 +259,5 @@ def fetch(client: native.Client, entry: int, layers: Optional[Sequence[int]] = N
                   for name, rows, width, dtype in plane_layouts(shape)}
         out.append((shape, planes))
         dests[layer] = (shape, planes)
-    fetch_into(client, entry, dests, detail=detail)
+    fetch_into(client, entry, dests)
     return out

@@ -309,18 +309,3 @@ def test_without_a_gpu_a_device_window_is_refused_with_the_reason(client):
         pytest.skip("this machine attaches one (the CUDA tests above)")
     why = client.attach_device_window(0)
     assert isinstance(why, str) and ("CUDA runtime" in why or "device copies" in why or "cuda" in why), why
-
-
-def test_headers_the_caller_described_must_be_what_the_daemon_sends(client):
-    kv = primecache.KvShape(len=LEN, k_width=8, v_width=8, dtype=T.bf16)
-    gen = torch.Generator().manual_seed(21)
-    model = model_for([kv])
-    a = pt.publish(client, model, list(range(LEN)), [(kv, planes_for(kv, gen))], transform="raw/v1")
-    b = pt.publish(client, model, list(range(1, LEN + 1)), [(kv, planes_for(kv, gen))], transform="raw/v1")
-    dest = {0: (kv, {n: torch.zeros(r, w, dtype=torch.bfloat16) for n, r, w, _ in pt.plane_layouts(kv)})}
-    # Entry a's description given for a fetch of entry b: same shape, other chunks.
-    with pytest.raises(primecache.Error, match="not the described one"):
-        pt.fetch_into(client, b.id, dest, detail=client.describe(a.id, layer_headers=True))
-    assert not any(t.any() for t in dest[0][1].values()), "a refused fetch wrote rows"
-    pt.fetch_into(client, b.id, dest, detail=client.describe(b.id, layer_headers=True))
-    assert all(t.any() for t in dest[0][1].values())
