@@ -228,33 +228,22 @@ struct Destination {
   std::vector<MutableElementSpan> planes;
 };
 
-// The destinations given for a layer's planes ({name: ...} or a sequence in
-// stored order), in stored order; ValueError for a count or a name amiss.
-std::vector<py::object> GivenPlanes(const LayerDecoder& dec, const py::handle& given, const std::string& where) {
+std::vector<MutableElementSpan> CheckDestinations(const LayerDecoder& dec, const py::handle& given,
+                                                  const std::string& where, std::vector<py::array>& keep) {
   const auto& layouts = dec.planes();
   const bool by_name = py::isinstance<py::dict>(given);
   if (py::len(given) != layouts.size()) {
     throw py::value_error(where + ": " + std::to_string(py::len(given)) + " destination planes; its kind " +
                           dec.header().kind + " has " + std::to_string(layouts.size()));
   }
-  std::vector<py::object> out;
+  std::vector<MutableElementSpan> planes;
   for (std::size_t p = 0; p < layouts.size(); ++p) {
     const std::string name(PlaneName(layouts[p].id));
     if (by_name && !given.contains(name)) throw py::value_error(where + ": no destination for plane '" + name + "'");
-    out.push_back(by_name ? given[py::str(name)] : given[py::int_(p)]);
-  }
-  return out;
-}
-
-std::vector<MutableElementSpan> CheckDestinations(const LayerDecoder& dec, const py::handle& given,
-                                                  const std::string& where, std::vector<py::array>& keep) {
-  const auto& layouts = dec.planes();
-  const std::vector<py::object> objs = GivenPlanes(dec, given, where);
-  std::vector<MutableElementSpan> planes;
-  for (std::size_t p = 0; p < layouts.size(); ++p) {
-    const std::string at = where + " plane '" + std::string(PlaneName(layouts[p].id)) + "'";
-    if (!py::isinstance<py::array>(objs[p])) throw py::value_error(at + ": not a NumPy array");
-    auto a = py::reinterpret_borrow<py::array>(objs[p]);
+    py::object obj = by_name ? given[py::str(name)] : given[py::int_(p)];
+    const std::string at = where + " plane '" + name + "'";
+    if (!py::isinstance<py::array>(obj)) throw py::value_error(at + ": not a NumPy array");
+    auto a = py::reinterpret_borrow<py::array>(obj);
     CheckPlaneArray(a, layouts[p], at);
     if (!a.writeable()) throw py::value_error(at + ": not writable");
     keep.push_back(a);
@@ -270,16 +259,21 @@ std::vector<MutableElementSpan> CheckDestinations(const LayerDecoder& dec, const
 std::vector<MutableElementSpan> CheckDeviceDestinations(const LayerDecoder& dec, const py::handle& given,
                                                         const std::string& where) {
   const auto& layouts = dec.planes();
-  const std::vector<py::object> objs = GivenPlanes(dec, given, where);
+  const bool by_name = py::isinstance<py::dict>(given);
+  if (py::len(given) != layouts.size()) {
+    throw py::value_error(where + ": " + std::to_string(py::len(given)) + " destination planes; its kind " +
+                          dec.header().kind + " has " + std::to_string(layouts.size()));
+  }
   std::vector<MutableElementSpan> planes;
   for (std::size_t p = 0; p < layouts.size(); ++p) {
-    const auto [ptr, bytes] = objs[p].cast<std::pair<std::uintptr_t, std::uint64_t>>();
-    if (bytes != layouts[p].raw_bytes() || (ptr == 0 && bytes != 0)) {
-      throw py::value_error(where + " plane '" + std::string(PlaneName(layouts[p].id)) + "': " +
-                            std::to_string(bytes) + " device bytes at " + std::to_string(ptr) + ", the plane has " +
-                            std::to_string(layouts[p].raw_bytes()));
+    const std::string name(PlaneName(layouts[p].id));
+    if (by_name && !given.contains(name)) throw py::value_error(where + ": no destination for plane '" + name + "'");
+    const auto pair = (by_name ? given[py::str(name)] : given[py::int_(p)]).cast<std::pair<std::uintptr_t, std::uint64_t>>();
+    if (pair.second != layouts[p].raw_bytes() || (pair.first == 0 && pair.second != 0)) {
+      throw py::value_error(where + " plane '" + name + "': " + std::to_string(pair.second) +
+                            " device bytes, the plane has " + std::to_string(layouts[p].raw_bytes()));
     }
-    planes.emplace_back(std::span(reinterpret_cast<std::byte*>(ptr), bytes), layouts[p].dtype);
+    planes.emplace_back(std::span(reinterpret_cast<std::byte*>(pair.first), pair.second), layouts[p].dtype);
   }
   return planes;
 }
