@@ -2,12 +2,12 @@
 
 #include <cstdio>
 
+#include "primecache/checksum.h"
+
 namespace primecache::codecs {
 
 std::string Hex64(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
-  return buf;
+  return "0x" + HexDigits(v);
 }
 
 std::string Quote(std::string_view text) {

@@ -459,10 +459,9 @@ std::vector<std::string> CodecVersionsOf(std::span<const LayerGeometry> plan) {
 Status CheckPlan(const ModelFingerprint& fingerprint, std::span<const LayerShape> shapes) {
   const Hash128 got = PlanDigest(shapes);
   if (got == fingerprint.plan_digest) return Status::Ok();
-  auto hex = [](const Hash128& h) { return codecs::Hex64(h.hi).substr(2) + codecs::Hex64(h.lo).substr(2); };
   return Status::InvalidArgument("these " + std::to_string(shapes.size()) + " layers are not the plan of model " +
-                                 codecs::Quote(fingerprint.architecture) + ": their plan digest is " + hex(got) +
-                                 ", the model's " + hex(fingerprint.plan_digest));
+                                 codecs::Quote(fingerprint.architecture) + ": their plan digest is " + HexDigits(got) +
+                                 ", the model's " + HexDigits(fingerprint.plan_digest));
 }
 
 namespace {

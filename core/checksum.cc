@@ -3,6 +3,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <cstdio>
+
 namespace primecache {
 
 std::uint64_t Checksum64(std::span<const std::byte> data, std::uint64_t seed) {
@@ -30,5 +32,15 @@ void Checksum64Stream::Update(std::span<const std::byte> data) {
 }
 
 std::uint64_t Checksum64Stream::Digest() const { return XXH3_64bits_digest(&impl_->state); }
+
+std::string HexDigits(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string HexDigits(const Hash128& h) {
+  return HexDigits(h.hi) + HexDigits(h.lo);
+}
 
 }  // namespace primecache

@@ -12,26 +12,19 @@ namespace {
 
 namespace ss = statestore_internal;
 
-std::string Hex(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-std::string Hex(const Hash128& h) { return Hex(h.hi) + Hex(h.lo); }
 
 Hash128 TokensId(std::span<const std::uint32_t> tokens) { return Checksum128(std::as_bytes(tokens)); }
 
 std::string ScopeKey(const Hash128& model, std::string_view ns) {
-  return Hex(model) + ":" + Hex(Checksum128(AsBytes(ns)));
+  return HexDigits(model) + ":" + HexDigits(Checksum128(AsBytes(ns)));
 }
 
 std::string NodeKey(const std::string& scope, std::uint64_t level, std::uint64_t node_hash) {
-  return "pc:n:" + scope + ":" + std::to_string(level) + ":" + Hex(node_hash);
+  return "pc:n:" + scope + ":" + std::to_string(level) + ":" + HexDigits(node_hash);
 }
 
 std::string Member(std::uint64_t length, std::uint64_t exact_hash) {
-  return std::to_string(length) + ":" + Hex(exact_hash);
+  return std::to_string(length) + ":" + HexDigits(exact_hash);
 }
 
 // "<length>:<16 hex>", or nullopt for anything else.
@@ -54,10 +47,10 @@ bool SameIdentity(const PublishRequest& e, const Hash128& model, std::string_vie
 
 }  // namespace
 
-std::string ChunkKey(const Hash128& address) { return "pc:c:" + Hex(address); }
+std::string ChunkKey(const Hash128& address) { return "pc:c:" + HexDigits(address); }
 
 std::string ManifestKey(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> boundary) {
-  return "pc:m:" + ScopeKey(model, ns) + ":" + Hex(TokensId(boundary));
+  return "pc:m:" + ScopeKey(model, ns) + ":" + HexDigits(TokensId(boundary));
 }
 
 RemoteTier::RemoteTier(std::shared_ptr<ClusterClient> client, RemoteTierOptions options)

@@ -38,9 +38,7 @@ std::span<const std::byte> AsBytes(std::string_view s) {
 }  // namespace
 
 std::string SegmentHex(std::uint64_t id) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(id));
-  return buf;
+  return HexDigits(id);
 }
 
 std::string SegmentFileName(std::uint64_t id) {

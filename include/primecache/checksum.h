@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace primecache {
@@ -39,5 +40,11 @@ struct Hash128 {
   friend bool operator==(const Hash128&, const Hash128&) = default;
 };
 Hash128 Checksum128(std::span<const std::byte> data, std::uint64_t seed = 0);
+
+// How checksums and digests are written wherever people or keys read them
+// (messages, primecachectl, remote keys, file names): 16 lowercase hex
+// digits, and for a Hash128 32, hi then lo.
+std::string HexDigits(std::uint64_t v);
+std::string HexDigits(const Hash128& h);
 
 }  // namespace primecache

@@ -50,10 +50,7 @@ std::string DigestOf(const std::vector<LayerBytes>& layers) {
     for (const auto& c : l.chunks) all += c;
   }
   Hash128 h = Checksum128(std::as_bytes(std::span(all.data(), all.size())));
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.hi),
-                static_cast<unsigned long long>(h.lo));
-  return buf;
+  return HexDigits(h);
 }
 
 // A private copy of a fixture store.

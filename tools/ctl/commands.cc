@@ -28,7 +28,7 @@ std::string AgeOf(const EntryInfo& e, std::uint64_t now_ms);
 nlohmann::json EntryJson(const EntryInfo& e, std::uint64_t now_ms) {
   nlohmann::json j = {{"id", e.id},
                       {"state", e.quarantined() ? "quarantined" : "live"},
-                      {"model", {{"name", e.model_name}, {"digest", Hex(e.model)}}},
+                      {"model", {{"name", e.model_name}, {"digest", HexDigits(e.model)}}},
                       {"namespace", e.ns},
                       {"length", e.length},
                       {"layers", e.layers},
@@ -128,9 +128,7 @@ nlohmann::json GeometryJson(const LayerShape& shape) {
   if (kv.format.quantized()) {
     j["turboquant_bits"] = kv.format.quant_bits;
     j["head_dim"] = kv.format.head_dim;
-    char digest[24];
-    std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(kv.format.signs_digest));
-    j["signs_digest"] = digest;
+    j["signs_digest"] = HexDigits(kv.format.signs_digest);
   }
   return j;
 }
@@ -194,8 +192,8 @@ nlohmann::json FingerprintJson(const EntryInfo& e, std::string* problem) {
   nlohmann::json versions = nlohmann::json::array();
   for (const auto& v : fp->codec_versions) versions.push_back(v);
   return {{"architecture", fp->architecture},
-          {"plan_digest", Hex(fp->plan_digest)},
-          {"weights_digest", Hex(fp->weights_digest)},
+          {"plan_digest", HexDigits(fp->plan_digest)},
+          {"weights_digest", HexDigits(fp->weights_digest)},
           {"codec_versions", versions}};
 }
 
@@ -222,7 +220,7 @@ int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
   for (const auto& e : entries) {
     std::vector<std::string> row = {std::to_string(e.id),
                                     e.model_name,
-                                    Hex(e.model).substr(0, 12),
+                                    HexDigits(e.model).substr(0, 12),
                                     NamespaceLabel(e.ns),
                                     std::to_string(e.length),
                                     std::to_string(e.layers),
@@ -251,7 +249,7 @@ int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
 // ---- show ---------------------------------------------------------------------------------
 
 ShownLayer ShowLayer(std::size_t i, const std::string& bytes) {
-  const std::string checksum = Hex64(Checksum64(bytes));
+  const std::string checksum = HexDigits(Checksum64(bytes));
   auto h = ParseLayerHeader(AsBytes(bytes));
   if (!h.ok()) {
     return {{{"index", i}, {"error", h.status().message()}, {"checksum", checksum}},
@@ -307,7 +305,7 @@ namespace {
 void ShowText(const EntryInfo& e, const nlohmann::json& fingerprint, const std::string& fp_problem,
               const std::string& text, const std::vector<std::vector<std::string>>& rows, const Output& out) {
   out.Line("entry " + std::to_string(e.id) + (e.quarantined() ? "  QUARANTINED: " + e.reason : ""));
-  out.Line("  model      " + e.model_name + "  " + Hex(e.model));
+  out.Line("  model      " + e.model_name + "  " + HexDigits(e.model));
   if (!fingerprint.is_null()) {
     std::string versions;
     for (const auto& v : fingerprint["codec_versions"]) versions += (versions.empty() ? "" : ", ") + v.get<std::string>();

@@ -52,12 +52,12 @@ int Lookup(StoreAccess& access, const LookupCommand& command, const Output& out)
   nlohmann::json hit_json = nullptr;
   if (*hit) hit_json = {{"id", (*hit)->id}, {"length", (*hit)->length}, {"layers", (*hit)->layers}};
   out.Json({{"source", access.where()},
-            {"model", {{"name", model->second}, {"digest", Hex(model->first)}}},
+            {"model", {{"name", model->second}, {"digest", HexDigits(model->first)}}},
             {"namespace", command.ns},
             {"query_tokens", tokens.size()},
             {"hit", hit_json},
             {"shared_tokens", shared}});
-  out.Line("lookup  model " + model->second + " (" + Hex(model->first).substr(0, 12) + "), namespace " +
+  out.Line("lookup  model " + model->second + " (" + HexDigits(model->first).substr(0, 12) + "), namespace " +
            NamespaceLabel(command.ns) + ", " + std::to_string(tokens.size()) + " query tokens");
   if (*hit) {
     out.Line("hit     entry " + std::to_string((*hit)->id) + ": its " + std::to_string((*hit)->length) +

@@ -184,21 +184,11 @@ std::string HumanAge(std::uint64_t s) {
   return buf;
 }
 
-std::string Hex64(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-std::string Hex(const Hash128& h) {
-  return Hex64(h.hi) + Hex64(h.lo);
-}
-
 bool HexPrefixMatches(const Hash128& h, std::string_view prefix) {
   if (prefix.size() < 4 || prefix.size() > 32) return false;
   std::string lower(prefix);
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  return Hex(h).starts_with(lower);
+  return HexDigits(h).starts_with(lower);
 }
 
 namespace {

@@ -89,9 +89,7 @@ std::string RenderTable(const std::vector<std::string>& header, const std::vecto
 
 std::string HumanBytes(std::uint64_t bytes);  // "1023 B", "1.50 MiB" (binary units, two decimals)
 std::string HumanAge(std::uint64_t seconds);   // "45s", "12m", "3h04m", "5d02h"
-std::string Hex(const Hash128& h);             // 32 hex digits, hi then lo
-std::string Hex64(std::uint64_t v);            // 16 hex digits
-// Parses Hex()'s form or a prefix of it (at least 4 digits).
+// Parses HexDigits()'s form or a prefix of it (at least 4 digits).
 bool HexPrefixMatches(const Hash128& h, std::string_view prefix);
 
 // The byte tokenizer's tokens as text for a terminal: printable ASCII as is,

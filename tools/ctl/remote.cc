@@ -75,7 +75,7 @@ Result<std::vector<RemoteRow>> ReadAll(remote::RemoteTier& tier, bool* truncated
 nlohmann::json EntryJson(const std::string& key, const EntryInfo& e, std::uint64_t chunks) {
   return {{"id", std::string(RemoteId(key))},
           {"key", key},
-          {"model", {{"name", e.model_name}, {"digest", Hex(e.model)}}},
+          {"model", {{"name", e.model_name}, {"digest", HexDigits(e.model)}}},
           {"namespace", e.ns},
           {"length", e.length},
           {"layers", e.layers},
@@ -153,7 +153,7 @@ int LsRemote(const RemoteOptions& options, const LsOptions& o, const Output& out
   for (const EntryInfo& e : shown) {
     const RemoteRow& r = (*all)[e.id];
     list.push_back(EntryJson(r.key, r.info, r.chunks));
-    rows.push_back({std::string(RemoteId(r.key)).substr(0, 12), e.model_name, Hex(e.model).substr(0, 12),
+    rows.push_back({std::string(RemoteId(r.key)).substr(0, 12), e.model_name, HexDigits(e.model).substr(0, 12),
                     NamespaceLabel(e.ns), std::to_string(e.length), std::to_string(e.layers),
                     std::to_string(r.chunks), HumanBytes(e.chunk_bytes)});
     bytes += e.chunk_bytes;
@@ -195,7 +195,7 @@ void ShowRemoteText(const std::string& key, const EntryInfo& e, std::uint64_t ch
                     const std::string& text, const std::vector<std::vector<std::string>>& rows, const Output& out) {
   out.Line("remote entry " + std::string(RemoteId(key)));
   out.Line("  key        " + key);
-  out.Line("  model      " + e.model_name + "  " + Hex(e.model));
+  out.Line("  model      " + e.model_name + "  " + HexDigits(e.model));
   if (!fp.is_null()) {
     out.Line("  plan       " + fp["plan_digest"].get<std::string>());
     out.Line("  weights    " + fp["weights_digest"].get<std::string>());
