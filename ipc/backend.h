@@ -69,9 +69,9 @@ class StoreBackend {
   virtual Result<ListPage> List(const ListFilter& filter) = 0;
   virtual Result<StoreStats> Stat() = 0;
   // Changes the byte budget (0: unlimited), evicting down to it.
-  virtual Status SetCapacity(std::uint64_t bytes) = 0;
+  virtual Status SetByteBudget(std::uint64_t bytes) = 0;
   // Cross-checks the store's records; with read_chunks, every chunk's bytes.
-  virtual Result<VerifyReport> VerifyStore(bool read_chunks) = 0;
+  virtual Result<StoreCheckReport> CheckStore(bool read_chunks) = 0;
   // Compacts now, reclaiming the space of deleted entries; returns when done.
   virtual Status Compact() = 0;
   // The remote tier's counters; nullopt for a store without one.

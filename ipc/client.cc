@@ -1203,14 +1203,14 @@ Result<DaemonStats> Client::Stat() {
   });
 }
 
-Result<VerifyResult> Client::Verify(std::uint64_t entry) {
-  return impl_->Retry([&]() -> Result<VerifyResult> {
+Result<EntryCheckReport> Client::CheckEntry(std::uint64_t entry) {
+  return impl_->Retry([&]() -> Result<EntryCheckReport> {
     PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
     const std::uint64_t id = impl_->NextId();
-    auto m = BuildRequest(id, [&](wire::Request::Builder r) { r.initVerify().setEntry(entry); });
-    return Expect<VerifyResult>(impl_->Call(c, id, *m), c->limits, wire::Response::VERIFY, [](wire::Response::Reader r) {
-      auto v = r.getVerify();
-      return VerifyResult{v.getOk(), v.getMessage(), v.getLayers(), v.getBytes()};
+    auto m = BuildRequest(id, [&](wire::Request::Builder r) { r.initCheckEntry().setEntry(entry); });
+    return Expect<EntryCheckReport>(impl_->Call(c, id, *m), c->limits, wire::Response::CHECK_ENTRY, [](wire::Response::Reader r) {
+      auto v = r.getCheckEntry();
+      return EntryCheckReport{v.getOk(), v.getMessage(), v.getLayers(), v.getBytes()};
     });
   });
 }
@@ -1229,12 +1229,12 @@ Result<EntryDetail> Client::Describe(std::uint64_t entry, bool layer_headers) {
   });
 }
 
-Result<VerifyReport> Client::VerifyStore(bool read_chunks) {
+Result<StoreCheckReport> Client::CheckStore(bool read_chunks) {
   PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
   const std::uint64_t id = impl_->NextId();
-  auto m = BuildRequest(id, [&](wire::Request::Builder r) { r.initVerifyStore().setReadChunks(read_chunks); });
-  return Expect<VerifyReport>(impl_->Call(c, id, *m), c->limits, wire::Response::STORE_REPORT,
-                              [](wire::Response::Reader r) { return ipc::ReadVerifyReport(r.getStoreReport()); });
+  auto m = BuildRequest(id, [&](wire::Request::Builder r) { r.initCheckStore().setReadChunks(read_chunks); });
+  return Expect<StoreCheckReport>(impl_->Call(c, id, *m), c->limits, wire::Response::STORE_CHECK_REPORT,
+                              [](wire::Response::Reader r) { return ipc::ReadStoreCheckReport(r.getStoreCheckReport()); });
 }
 
 Status Client::Compact() {
@@ -1253,10 +1253,10 @@ Status Client::Delete(std::uint64_t entry) {
   return reply.ok() ? Status::Ok() : reply.status();
 }
 
-Status Client::SetCapacity(std::uint64_t bytes) {
+Status Client::SetByteBudget(std::uint64_t bytes) {
   PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
   const std::uint64_t id = impl_->NextId();
-  auto m = BuildRequest(id, [bytes](wire::Request::Builder r) { r.initSetCapacity().setBytes(bytes); });
+  auto m = BuildRequest(id, [bytes](wire::Request::Builder r) { r.initSetByteBudget().setBytes(bytes); });
   auto reply = impl_->Call(c, id, *m);
   return reply.ok() ? Status::Ok() : reply.status();
 }

@@ -97,13 +97,13 @@ struct Request {
     delete @9 :EntryRef;
     list @10 :ListRequest;
     stat @11 :Void;
-    verify @12 :EntryRef;
+    checkEntry @12 :EntryRef;
     shmAttach @13 :ShmAttach;
     shmRelease @14 :ShmRef;
-    setCapacity @15 :SetCapacity;
+    setByteBudget @15 :SetByteBudget;
     cancel @16 :Cancel;
     describe @17 :Describe;
-    verifyStore @18 :VerifyStore;
+    checkStore @18 :CheckStore;
     compact @19 :Void;
     attachDevice @20 :AttachDevice;
     # The client is done with a fetched chunk's bytes in the device window
@@ -183,7 +183,7 @@ struct Published {
 }
 
 # Admin: changes the store's byte budget (0: unlimited) and evicts down to it.
-struct SetCapacity {
+struct SetByteBudget {
   bytes @0 :UInt64;
 }
 
@@ -297,7 +297,7 @@ struct StatReply {
   evictions @5 :UInt64;
   connections @6 :UInt32;
   publishesInFlight @7 :UInt32;
-  capacityBytes @8 :UInt64;
+  byteBudget @8 :UInt64;
   quarantined @9 :UInt64;
   # Distinct chunks, and what the entries would take without sharing them.
   chunks @10 :UInt64;
@@ -377,11 +377,11 @@ struct DescribeReply {
 # Admin: cross-checks everything the store records (manifests against chunk
 # reference counts, the index, recency records, counters); with readChunks,
 # every chunk's bytes against its address too.
-struct VerifyStore {
+struct CheckStore {
   readChunks @0 :Bool;
 }
 
-struct StoreReport {
+struct StoreCheckReport {
   entries @0 :UInt64;
   chunks @1 :UInt64;
   # Empty: consistent. At most 1000 are sent; problemCount has them all.
@@ -389,7 +389,7 @@ struct StoreReport {
   problemCount @3 :UInt64;
 }
 
-struct VerifyReply {
+struct CheckEntryReply {
   ok @0 :Bool;
   message @1 :Text;
   layers @2 :UInt32;
@@ -432,8 +432,8 @@ struct Response {
     fetchDone @8 :FetchDone;
     list @9 :ListReply;
     stat @10 :StatReply;
-    verify @11 :VerifyReply;
+    checkEntry @11 :CheckEntryReply;
     describe @12 :DescribeReply;
-    storeReport @13 :StoreReport;
+    storeCheckReport @13 :StoreCheckReport;
   }
 }

@@ -484,7 +484,7 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
     case wire::Request::CANCEL:
       return OnCancel(in);
     case wire::Request::DELETE:
-    case wire::Request::SET_CAPACITY:
+    case wire::Request::SET_BYTE_BUDGET:
     case wire::Request::COMPACT:
       return OnAdminOp(in);
     case wire::Request::LIST:
@@ -493,10 +493,10 @@ bool Session::Dispatch(const Frame& frame_ref, Frame* owned, std::vector<int>* f
       return OnStat(in);
     case wire::Request::DESCRIBE:
       return OnDescribe(in);
-    case wire::Request::VERIFY_STORE:
-      return OnVerifyStore(in);
-    case wire::Request::VERIFY:
-      return OnVerify(in);
+    case wire::Request::CHECK_STORE:
+      return OnCheckStore(in);
+    case wire::Request::CHECK_ENTRY:
+      return OnCheckEntry(in);
     case wire::Request::SHM_ATTACH:
       return OnShmAttach(in);
     default:
@@ -921,21 +921,21 @@ bool Session::OnCancel(const Incoming& in) {
   return true;
 }
 
-// delete, setCapacity and compact: admin requests answered with an ack.
+// delete, setByteBudget and compact: admin requests answered with an ack.
 bool Session::OnAdminOp(const Incoming& in) {
   const std::uint64_t id = in.id;
   const wire::Request::Reader req = in.req;
   const auto which = in.req.which();
   if (!peer_.admin) {
     sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED,
-                              "delete, setCapacity and compact are served on the admin socket only"));
+                              "delete, setByteBudget and compact are served on the admin socket only"));
     return true;
   }
   std::function<Status()> op;
   if (which == wire::Request::DELETE) {
     op = [this, entry = req.getDelete().getEntry()] { return store_->Delete(entry); };
-  } else if (which == wire::Request::SET_CAPACITY) {
-    op = [this, bytes = req.getSetCapacity().getBytes()] { return store_->SetCapacity(bytes); };
+  } else if (which == wire::Request::SET_BYTE_BUDGET) {
+    op = [this, bytes = req.getSetByteBudget().getBytes()] { return store_->SetByteBudget(bytes); };
   } else {
     op = [this] { return store_->Compact(); };
   }
@@ -1023,27 +1023,27 @@ bool Session::OnDescribe(const Incoming& in) {
   return true;
 }
 
-bool Session::OnVerifyStore(const Incoming& in) {
+bool Session::OnCheckStore(const Incoming& in) {
   const std::uint64_t id = in.id;
   const wire::Request::Reader req = in.req;
   if (!peer_.admin) {
-    sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "verifyStore is served on the admin socket only"));
+    sink_->Send(ErrorResponse(id, ErrorCode::PERMISSION_DENIED, "checkStore is served on the admin socket only"));
     return true;
   }
-  const bool read_chunks = req.getVerifyStore().getReadChunks();
+  const bool read_chunks = req.getCheckStore().getReadChunks();
   Serve(executor_, [this, id, read_chunks] {
-    auto report = store_->VerifyStore(read_chunks);
+    auto report = store_->CheckStore(read_chunks);
     if (!report.ok()) return SendError(id, report.status());
-    sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteVerifyReport(*report, r.initStoreReport()); },
+    sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) { WriteStoreCheckReport(*report, r.initStoreCheckReport()); },
                               WordsFor(*report)));
   });
   return true;
 }
 
-bool Session::OnVerify(const Incoming& in) {
+bool Session::OnCheckEntry(const Incoming& in) {
   const std::uint64_t id = in.id;
   const wire::Request::Reader req = in.req;
-  const std::uint64_t entry = req.getVerify().getEntry();
+  const std::uint64_t entry = req.getCheckEntry().getEntry();
   Serve(fetch_executor_, [this, id, entry] {
     CountingSink v;
     FetchOptions options;
@@ -1051,7 +1051,7 @@ bool Session::OnVerify(const Incoming& in) {
     Status s = store_->Fetch(entry, {}, options, v);
     if (!s.ok() && !s.IsCorruption()) return SendError(id, s);
     sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
-      auto out = r.initVerify();
+      auto out = r.initCheckEntry();
       out.setOk(s.ok());
       out.setMessage(s.ok() ? "" : s.ToString());
       out.setLayers(v.layers);

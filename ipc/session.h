@@ -186,8 +186,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool OnList(const Incoming& in);
   bool OnStat(const Incoming& in);
   bool OnDescribe(const Incoming& in);
-  bool OnVerifyStore(const Incoming& in);
-  bool OnVerify(const Incoming& in);
+  bool OnCheckStore(const Incoming& in);
+  bool OnCheckEntry(const Incoming& in);
   bool OnShmAttach(const Incoming& in);
   void SendError(std::uint64_t id, const Status& s);
   void SendProtocolError(std::uint64_t id, const std::string& msg);

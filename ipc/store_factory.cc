@@ -130,9 +130,9 @@ class StatestoreBackend : public StoreBackend {
 
   Result<StoreStats> Stat() override { return store_->Stat(); }
 
-  Status SetCapacity(std::uint64_t bytes) override { return store_->SetByteBudget(bytes); }
+  Status SetByteBudget(std::uint64_t bytes) override { return store_->SetByteBudget(bytes); }
 
-  Result<VerifyReport> VerifyStore(bool read_chunks) override { return store_->Verify(read_chunks); }
+  Result<StoreCheckReport> CheckStore(bool read_chunks) override { return store_->CheckStore(read_chunks); }
 
   Status Compact() override { return store_->Compact(); }
 

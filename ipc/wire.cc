@@ -233,7 +233,7 @@ void WriteDaemonStats(const DaemonStats& d, wire::StatReply::Builder w) {
   w.setEvictions(s.evictions);
   w.setAdmissionRefusals(s.admission_refusals);
   w.setActiveLeases(s.active_leases);
-  w.setCapacityBytes(s.byte_budget);
+  w.setByteBudget(s.byte_budget);
   w.setDiskBytes(s.disk_bytes);
   w.setStagedBytes(s.staged_bytes);
   w.setWriteError(s.write_error);
@@ -259,7 +259,7 @@ DaemonStats ReadDaemonStats(wire::StatReply::Reader r) {
   s.evictions = r.getEvictions();
   s.admission_refusals = r.getAdmissionRefusals();
   s.active_leases = r.getActiveLeases();
-  s.byte_budget = r.getCapacityBytes();
+  s.byte_budget = r.getByteBudget();
   s.disk_bytes = r.getDiskBytes();
   s.staged_bytes = r.getStagedBytes();
   s.write_error = Str(r.getWriteError());
@@ -271,7 +271,7 @@ DaemonStats ReadDaemonStats(wire::StatReply::Reader r) {
   return d;
 }
 
-void WriteVerifyReport(const VerifyReport& report, wire::StoreReport::Builder w) {
+void WriteStoreCheckReport(const StoreCheckReport& report, wire::StoreCheckReport::Builder w) {
   const std::size_t sent = std::min(report.problems.size(), kMaxProblemsSent);
   w.setEntries(report.entries);
   w.setChunks(report.chunks);
@@ -280,8 +280,8 @@ void WriteVerifyReport(const VerifyReport& report, wire::StoreReport::Builder w)
   for (unsigned i = 0; i < sent; ++i) ps.set(i, report.problems[i]);
 }
 
-VerifyReport ReadVerifyReport(wire::StoreReport::Reader r) {
-  VerifyReport report;
+StoreCheckReport ReadStoreCheckReport(wire::StoreCheckReport::Reader r) {
+  StoreCheckReport report;
   report.entries = r.getEntries();
   report.chunks = r.getChunks();
   report.problem_count = r.getProblemCount();
@@ -306,7 +306,7 @@ std::size_t WordsFor(const EntryDetail& d) {
   return words;
 }
 
-std::size_t WordsFor(const VerifyReport& report) {
+std::size_t WordsFor(const StoreCheckReport& report) {
   std::size_t words = 64;
   const std::size_t sent = std::min(report.problems.size(), kMaxProblemsSent);
   for (std::size_t i = 0; i < sent; ++i) words += report.problems[i].size() / 8 + 2;

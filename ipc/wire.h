@@ -88,13 +88,13 @@ void WriteDaemonStats(const DaemonStats& s, wire::StatReply::Builder w);
 DaemonStats ReadDaemonStats(wire::StatReply::Reader r);
 // Writes at most kMaxProblemsSent problems; problemCount counts them all.
 inline constexpr std::size_t kMaxProblemsSent = 1000;
-void WriteVerifyReport(const VerifyReport& report, wire::StoreReport::Builder w);
-VerifyReport ReadVerifyReport(wire::StoreReport::Reader r);
+void WriteStoreCheckReport(const StoreCheckReport& report, wire::StoreCheckReport::Builder w);
+StoreCheckReport ReadStoreCheckReport(wire::StoreCheckReport::Reader r);
 
 // Message words the values above take when written, with room to spare.
 std::size_t WordsFor(const EntryInfo& e);
 std::size_t WordsFor(const ListPage& page);
 std::size_t WordsFor(const EntryDetail& d);
-std::size_t WordsFor(const VerifyReport& report);
+std::size_t WordsFor(const StoreCheckReport& report);
 
 }  // namespace primecache::ipc

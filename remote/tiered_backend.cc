@@ -89,8 +89,8 @@ class Tiered final : public TieredBackend {
   Status Delete(std::uint64_t entry) override { return local_->Delete(entry); }
   Result<ListPage> List(const ipc::ListFilter& filter) override { return local_->List(filter); }
   Result<StoreStats> Stat() override { return local_->Stat(); }
-  Status SetCapacity(std::uint64_t bytes) override { return local_->SetCapacity(bytes); }
-  Result<VerifyReport> VerifyStore(bool read_chunks) override { return local_->VerifyStore(read_chunks); }
+  Status SetByteBudget(std::uint64_t bytes) override { return local_->SetByteBudget(bytes); }
+  Result<StoreCheckReport> CheckStore(bool read_chunks) override { return local_->CheckStore(read_chunks); }
   Status Compact() override { return local_->Compact(); }
 
   TieredStats tiered_stats() const override;

@@ -347,8 +347,8 @@ Status Store::Impl::ForceRemove(EntryId id) {
   return RebuildDerived();
 }
 
-Result<Store::VerifyReport> Store::Verify(bool read_chunks) {
-  return impl_->Verify(read_chunks);
+Result<Store::StoreCheckReport> Store::CheckStore(bool read_chunks) {
+  return impl_->CheckStore(read_chunks);
 }
 
 }  // namespace primecache

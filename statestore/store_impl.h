@@ -407,7 +407,7 @@ struct Store::Impl {
   Status MigrateChunks();
 
   // ---- verify.cc
-  Result<VerifyReport> Verify(bool read_chunks);
+  Result<StoreCheckReport> CheckStore(bool read_chunks);
   // Recomputes what the entries imply (chunk references, the index, the
   // counters) and rewrites what disagrees; requires write_mu. For damage
   // that cannot be undone entry by entry.

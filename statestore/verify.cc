@@ -330,7 +330,7 @@ Status CheckCounters(Store::Impl& s, const rocksdb::ReadOptions& ro, Counters me
 
 }  // namespace
 
-Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
+Result<Store::StoreCheckReport> Store::Impl::CheckStore(bool read_chunks) {
   // Every metadata change is one batch under write_mu, so a snapshot taken
   // under it is consistent; the checks then read that snapshot while
   // publishes, deletes and evictions go on. Segment gc waits: a segment it
@@ -351,7 +351,7 @@ Result<Store::VerifyReport> Store::Impl::Verify(bool read_chunks) {
   ro.fill_cache = false;  // one pass over everything must not evict what lookups use
   Expected e;
   PC_RETURN_IF_ERROR(Derive(*this, ro, &e));
-  VerifyReport report;
+  StoreCheckReport report;
   report.entries = e.live.size();
   report.chunks = e.refs.size();
 

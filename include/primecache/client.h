@@ -8,7 +8,7 @@
 //
 // Everything here is in namespace primecache::client, except the values that
 // describe entries (EntryInfo, EntryDetail, ListPage, LookupHit, DaemonStats,
-// VerifyReport, PublishResult: primecache/entry.h), which are the store's
+// StoreCheckReport, PublishResult: primecache/entry.h), which are the store's
 // own, passed through unchanged.
 //
 // Errors are typed by StatusCode: kNotFound (no such entry or publish),
@@ -142,21 +142,13 @@ struct ListOptions {
 };
 
 using primecache::DaemonStats;
+using primecache::EntryCheckReport;
 using primecache::EntryDetail;
 using primecache::EntryInfo;
 using primecache::ListPage;
 using primecache::LookupHit;
 using primecache::PublishResult;
-using primecache::VerifyReport;
-
-// One entry's check (Client::Verify): every chunk read and its checksum
-// compared; ok false says why in message (the entry is then quarantined).
-struct VerifyResult {
-  bool ok = false;
-  std::string message;
-  std::uint32_t layers = 0;
-  std::uint64_t bytes = 0;
-};
+using primecache::StoreCheckReport;
 
 struct ServerInfo {
   std::uint32_t version = 0;
@@ -313,17 +305,17 @@ class Client {
   Result<std::vector<FetchedLayer>> FetchLayers(std::uint64_t entry, std::span<const std::uint32_t> layers = {});
   Result<ListPage> List(const ListOptions& options = {});
   Result<DaemonStats> Stat();
-  Result<VerifyResult> Verify(std::uint64_t entry);
+  Result<EntryCheckReport> CheckEntry(std::uint64_t entry);
   // One entry; with layer_headers, every layer's header too (no chunk bytes).
   // Quarantined entries are described on the admin socket only.
   Result<EntryDetail> Describe(std::uint64_t entry, bool layer_headers = false);
-  // Admin socket only. SetCapacity changes the store's byte budget (0:
-  // unlimited) and evicts down to it. VerifyStore cross-checks the store's
+  // Admin socket only. SetByteBudget changes the store's byte budget (0:
+  // unlimited) and evicts down to it. CheckStore cross-checks the store's
   // records (and with read_chunks every chunk's bytes); Compact reclaims the
   // space of deleted entries. Both can take long: mind ClientOptions::timeout.
   Status Delete(std::uint64_t entry);
-  Status SetCapacity(std::uint64_t bytes);
-  Result<VerifyReport> VerifyStore(bool read_chunks);
+  Status SetByteBudget(std::uint64_t bytes);
+  Result<StoreCheckReport> CheckStore(bool read_chunks);
   Status Compact();
 
   // Asynchronous forms: the same work, finished on the client's threads.

@@ -157,12 +157,21 @@ struct DaemonStats {
   std::optional<RemoteStats> remote;
 };
 
-// What a store-wide consistency check found (Store::Verify, Client::VerifyStore).
-struct VerifyReport {
+// What a store-wide consistency check found (Store::CheckStore, Client::CheckStore).
+struct StoreCheckReport {
   std::uint64_t entries = 0;
   std::uint64_t chunks = 0;
   std::vector<std::string> problems;  // in words; empty: consistent; the first 1000
   std::uint64_t problem_count = 0;    // all of them
+};
+
+// One entry's check (Store::CheckEntry, Client::CheckEntry): every chunk read and its checksum
+// compared; ok false says why in message (the entry is then quarantined).
+struct EntryCheckReport {
+  bool ok = false;
+  std::string message;
+  std::uint32_t layers = 0;
+  std::uint64_t bytes = 0;
 };
 
 }  // namespace primecache

@@ -398,8 +398,8 @@ class Store {
   // consistent snapshot, so writers go on meanwhile. The problems found, in
   // words (empty: consistent). Read-only, the chunks of publishes a writer
   // has not collected yet are not counted as problems.
-  using VerifyReport = primecache::VerifyReport;
-  Result<VerifyReport> Verify(bool read_chunks);
+  using StoreCheckReport = primecache::StoreCheckReport;
+  Result<StoreCheckReport> CheckStore(bool read_chunks);
 
   struct Impl;
 

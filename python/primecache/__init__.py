@@ -41,7 +41,7 @@ from ._primecache import (  # noqa: F401  (the package's API)
     ServerInfo,
     StoreStats,
     UnavailableError,
-    VerifyResult,
+    EntryCheckReport,
     codec_identities,
     codec_versions,
     cuda_runtime_available,

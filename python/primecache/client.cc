@@ -61,11 +61,11 @@ void BindEntries(py::module_& m) {
   py::class_<ListPage>(m, "ListPage")
       .def_readonly("entries", &ListPage::entries)
       .def_readonly("next_page_token", &ListPage::next_page_token);
-  py::class_<client::VerifyResult> verify(m, "VerifyResult");
-  verify.def_readonly("ok", &client::VerifyResult::ok)
-      .def_readonly("message", &client::VerifyResult::message)
-      .def_readonly("layers", &client::VerifyResult::layers)
-      .def_readonly("bytes", &client::VerifyResult::bytes);
+  py::class_<client::EntryCheckReport> verify(m, "EntryCheckReport");
+  verify.def_readonly("ok", &client::EntryCheckReport::ok)
+      .def_readonly("message", &client::EntryCheckReport::message)
+      .def_readonly("layers", &client::EntryCheckReport::layers)
+      .def_readonly("bytes", &client::EntryCheckReport::bytes);
   FieldRepr(verify, {"ok", "message", "layers", "bytes"});
 }
 
@@ -294,10 +294,10 @@ void BindMore(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
          py::arg("model") = py::none(), py::arg("page_size") = 100, py::arg("page_token") = "",
          py::arg("omit_tokens") = false)
       .def(
-          "verify",
+          "check_entry",
           [](const PyClient& self, std::uint64_t entry) {
             auto c = self.Get();
-            return ValueOrRaise(WithoutGil([&] { return c->Verify(entry); }));
+            return ValueOrRaise(WithoutGil([&] { return c->CheckEntry(entry); }));
           },
           py::arg("entry"))
       .def_property_readonly("server_info", [](const PyClient& self) { return self.Get()->server_info(); })

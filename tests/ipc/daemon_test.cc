@@ -99,7 +99,7 @@ void RoundTrip(Daemon& d, bool shm) {
     EXPECT_EQ(in_region, total);
   }
 
-  auto v = cl.Verify((*hit)->id);
+  auto v = cl.CheckEntry((*hit)->id);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_TRUE(v->ok) << v->message;
   EXPECT_EQ(v->layers, 3u);
@@ -512,7 +512,7 @@ TEST_F(DaemonTest, DestructiveOpsNeedTheAdminSocket) {
   Status del = (*c)->Delete(pub->id);
   EXPECT_EQ(del.code(), StatusCode::kFailedPrecondition) << del.ToString();
   EXPECT_NE(del.message().find("permission denied"), std::string::npos);
-  EXPECT_EQ((*c)->SetCapacity(0).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*c)->SetByteBudget(0).code(), StatusCode::kFailedPrecondition);
   ListOptions lo;
   lo.all_namespaces = true;
   auto all = (*c)->List(lo);
@@ -524,7 +524,7 @@ TEST_F(DaemonTest, DestructiveOpsNeedTheAdminSocket) {
   auto admin = Client::Connect(ao);
   ASSERT_TRUE(admin.ok()) << admin.status().ToString();
   EXPECT_TRUE((*admin)->server_info().admin);
-  EXPECT_TRUE((*admin)->SetCapacity(0).ok());
+  EXPECT_TRUE((*admin)->SetByteBudget(0).ok());
   EXPECT_TRUE((*admin)->Delete(pub->id).ok());
   EXPECT_TRUE((*admin)->Delete(pub->id).IsNotFound());
   EXPECT_FALSE((*c)->Lookup(TestModel(), Tokens(10, 1))->has_value());
@@ -540,7 +540,7 @@ TEST_F(DaemonTest, NamespacesKeepTenantsApart) {
   EXPECT_TRUE((*a)->Lookup(TestModel(), tokens)->has_value());
   EXPECT_FALSE((*b)->Lookup(TestModel(), tokens)->has_value());
   EXPECT_TRUE((*b)->FetchLayers(pub->id).status().IsNotFound());
-  EXPECT_TRUE((*b)->Verify(pub->id).status().IsNotFound());
+  EXPECT_TRUE((*b)->CheckEntry(pub->id).status().IsNotFound());
   EXPECT_EQ((*b)->List()->entries.size(), 0u);
   EXPECT_EQ((*a)->List()->entries.size(), 1u);
   // A raw request naming another namespace than the hello's is refused.

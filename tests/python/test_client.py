@@ -231,7 +231,7 @@ def test_stats_count_publishes_hits_and_misses(client):
     assert after.store.stored_bytes > before.store.stored_bytes
     assert after.connections >= 1 and after.remote is None
     assert [e.id for e in client.list().entries] == [entry]
-    assert client.verify(entry).ok
+    assert client.check_entry(entry).ok
 
 
 # ---- errors ----------------------------------------------------------------------

@@ -352,7 +352,7 @@ TEST(PrefixCacheTest, ADaemonKilledAroundABranchCaptureLeavesNoTornEntry) {
     {
       auto admin = primecache::testing::Admin(again);
       ASSERT_NE(admin, nullptr);
-      auto report = admin->VerifyStore(/*read_chunks=*/true);
+      auto report = admin->CheckStore(/*read_chunks=*/true);
       ASSERT_TRUE(report.ok()) << report.status().ToString();
       EXPECT_EQ(report->problem_count, 0u) << "a torn or inconsistent store after the kill: "
                                            << (report->problems.empty() ? "" : report->problems[0]);

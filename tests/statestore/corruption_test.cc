@@ -207,7 +207,7 @@ TEST(Corruption, AnUnreadableEntryRecordCanStillBeDeleted) {
   }
   m.Reopen();
   EXPECT_TRUE(m.store->Describe(b).status().IsCorruption());
-  auto v = m.store->Verify(false);
+  auto v = m.store->CheckStore(false);
   ASSERT_TRUE(v.ok());
   EXPECT_FALSE(v->problems.empty()) << "verify reports the damage";
   ASSERT_TRUE(m.store->Delete(b).ok());

@@ -77,7 +77,7 @@ TEST(Segments, AnUnrecordedSegmentIsRemovedAtOpen) {
 // kCorruption naming the segment, is quarantined, Verify reports the
 // segment; a new publish of the same chunks heals the store.
 void ExpectDamagedSegment(MemStore& m, const std::vector<std::uint32_t>& t, EntryId id, const std::string& what) {
-  auto v = m.store->Verify(false);
+  auto v = m.store->CheckStore(false);
   ASSERT_TRUE(v.ok());
   bool reported = false;
   for (const auto& p : v->problems) reported |= p.find("segment 0000000000000001") != std::string::npos;

@@ -261,7 +261,7 @@ int VerifyWhileDeleting(int round) {
   int runs = 0;
   bool clean = true;
   while (clean && (!done.load() || runs < 3)) {
-    auto v = m.store->Verify(true);
+    auto v = m.store->CheckStore(true);
     clean = v.ok() && v->problems.empty();
     EXPECT_TRUE(v.ok()) << v.status().ToString();
     if (v.ok()) {

@@ -792,8 +792,8 @@ TEST(StoreReadOnly, ReadsEverythingWritesNothing) {
     auto back = st.FetchAll(id);
     ASSERT_TRUE(back.ok()) << back.status().ToString();
     ExpectSameLayers(*back, layers);
-    EXPECT_TRUE(st.Verify(true).ok());
-    EXPECT_TRUE(st.Verify(true)->problems.empty());
+    EXPECT_TRUE(st.CheckStore(true).ok());
+    EXPECT_TRUE(st.CheckStore(true)->problems.empty());
     EXPECT_TRUE(st.Stat().ok());
     auto list = st.List({});
     ASSERT_TRUE(list.ok());

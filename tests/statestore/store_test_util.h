@@ -233,7 +233,7 @@ inline std::string DescriptorFor(const std::vector<LayerBytes>& layers, std::str
 }
 
 inline void ExpectConsistent(Store& s) {
-  auto v = s.Verify(true);
+  auto v = s.CheckStore(true);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   for (const auto& p : v->problems) ADD_FAILURE() << "verify: " << p;
 }

@@ -122,7 +122,7 @@ void PowerLossLoop::Check(Store& store, int it) {
       Say("power: iteration %d: LOST acknowledged entry %llu", it, U(a.entry));
     }
   }
-  auto v = store.Verify(true);
+  auto v = store.CheckStore(true);
   if (!v.ok() || !v->problems.empty()) {
     ++t_.torn;
     Say("power: iteration %d: the store's cross-check: %s", it,

@@ -72,7 +72,7 @@ class DaemonAccess final : public StoreAccess {
   }
 
   Result<DaemonStats> Stat() override { return admin_->Stat(); }
-  Result<VerifyReport> CheckStore(bool read_chunks) override { return admin_->VerifyStore(read_chunks); }
+  Result<StoreCheckReport> CheckStore(bool read_chunks) override { return admin_->CheckStore(read_chunks); }
 
   Status Delete(std::uint64_t id) override { return admin_->Delete(id); }
   Status Compact() override { return admin_->Compact(); }
@@ -171,7 +171,7 @@ class DirectAccess final : public StoreAccess {
     return out;
   }
 
-  Result<VerifyReport> CheckStore(bool read_chunks) override { return store_->Verify(read_chunks); }
+  Result<StoreCheckReport> CheckStore(bool read_chunks) override { return store_->CheckStore(read_chunks); }
 
   Status Delete(std::uint64_t) override { return ReadOnly("rm"); }
   Status Compact() override { return ReadOnly("compact"); }

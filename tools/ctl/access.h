@@ -55,7 +55,7 @@ class StoreAccess {
                                                   std::uint64_t* shared_tokens) = 0;
   // The store's totals; through the daemon, its own figures too (zero otherwise).
   virtual Result<DaemonStats> Stat() = 0;
-  virtual Result<VerifyReport> CheckStore(bool read_chunks) = 0;
+  virtual Result<StoreCheckReport> CheckStore(bool read_chunks) = 0;
 
   // Changes (refused when read-only).
   virtual Status Delete(std::uint64_t id) = 0;

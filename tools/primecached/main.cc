@@ -458,7 +458,7 @@ int main(int argc, char** argv) {
     primecache::ipc::Server* srv = server->get();
     primecache::daemon::ServiceSignals signals(
         *std::move(settings), {.reread = [argc, argv] { return Reread(argc, argv); },
-                               .set_capacity = [backend](std::uint64_t bytes) { return backend->SetCapacity(bytes); },
+                               .set_capacity = [backend](std::uint64_t bytes) { return backend->SetByteBudget(bytes); },
                                .stop = [srv] { srv->Stop(); }});
     signals.Start();
     if (Status s = (*server)->Listen(); !s.ok()) return Fail(s);

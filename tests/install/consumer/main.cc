@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   auto admin = Connect(argv[2], /*shared_memory=*/false);
   if (!admin.ok()) return Fail("connect admin", admin.status());
   constexpr std::uint64_t kBudget = 3ull << 30;
-  if (pc::Status s = (*admin)->SetCapacity(kBudget); !s.ok()) return Fail("set capacity", s);
+  if (pc::Status s = (*admin)->SetByteBudget(kBudget); !s.ok()) return Fail("set capacity", s);
   auto stats = (*data)->Stat();
   if (!stats.ok()) return Fail("stat", stats.status());
   std::printf("entries %llu, budget %llu\n", static_cast<unsigned long long>(stats->store.entries),
