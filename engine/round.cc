@@ -1,5 +1,5 @@
 // Speculative verify rounds: arming, the stash, commit and rollback of every
-// layer kind (docs/engine.md, "Verify rounds").
+// layer kind (docs/engine.md, "Speculative rounds").
 //
 // What each kind keeps so that a rollback to `keep` positions leaves it
 // bit-identical to a layer armed at the same point and given only those:

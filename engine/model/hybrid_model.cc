@@ -402,7 +402,7 @@ Status HybridModel::AttnMixer(ModelSession& s, std::size_t l, std::size_t count)
   return c.Gemm(o, qw, L(l, "attn.wo"), S("out"), H, count, qw, H);
 }
 
-Status HybridModel::Verify(ModelSession& s, std::span<const std::uint32_t> tokens, std::vector<float>* logits) {
+Status HybridModel::VerifyDraft(ModelSession& s, std::span<const std::uint32_t> tokens, std::vector<float>* logits) {
   if (s.cache == nullptr) return Status::InvalidArgument("model: session without a cache");
   if (tokens.empty()) return Status::InvalidArgument("model: a verify call needs tokens");
   PC_RETURN_IF_ERROR(s.cache->ArmRound(tokens.size()));

@@ -442,7 +442,7 @@ class SessionCache {
   // Every layer's CheckInvariants, and not left broken by a failed restore.
   Status CheckInvariants() const;
 
-  // ---- speculative verify rounds (docs/engine.md, "Verify rounds")
+  // ---- speculative verify rounds (docs/engine.md, "Speculative rounds")
 
   // Arms a round on every layer: the next calls may append up to `tokens`
   // positions (at most the reserve's round_tokens), and the round ends with
