@@ -297,7 +297,7 @@ Result<PendingCapture> SessionCache::CaptureEager() {
       AddWatch(&l->watches_, watch);
       half.layers.emplace_back(std::move(e));
     } else if (RecurrentLayer* r = recurrent(i)) {
-      const RecurrentPlan& p = r->plan_;
+      const RecurrentShape& p = r->plan_;
       PC_RETURN_IF_ERROR(dev.CopyOnDevice(dslot.at<float>(areas[i].conv_ring.offset), r->committed_conv_ring(),
                                           p.conv_values() * sizeof(float), Lane::kCompute));
       PC_RETURN_IF_ERROR(dev.CopyOnDevice(dslot.at<float>(areas[i].state.offset), r->committed_state(),

@@ -134,7 +134,7 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
     } else if (const auto* rr = std::get_if<RecurrentReserve>(&p.layers[i])) {
       std::unique_ptr<RecurrentLayer> l(new RecurrentLayer());
       l->dev_ = dev;
-      l->plan_ = std::get<RecurrentPlan>(lp);
+      l->plan_ = std::get<RecurrentShape>(lp);
       l->conv_ = m.at<float>(rr->conv_ring.offset);
       l->state_[0] = m.at<float>(rr->state[0].offset);
       l->state_[1] = m.at<float>(rr->state[1].offset);

@@ -27,7 +27,7 @@ std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
     if (const auto* l = std::get_if<engine::LatentPlan>(&layer)) {
       total += len * l->width();
       if (l->has_indexer()) total += std::uint64_t{l->pool} * l->index_width() + len / l->pool * l->index_head_dim;
-    } else if (const auto* r = std::get_if<engine::RecurrentPlan>(&layer)) {
+    } else if (const auto* r = std::get_if<RecurrentShape>(&layer)) {
       total += r->conv_values() + r->state_values();
     } else {
       const auto& k = std::get<engine::KvPlan>(layer);

@@ -40,7 +40,7 @@ engine::StatePlan HybridModel::PlanFor(const ModelConfig& c, const Weights& weig
       p.k_width = p.v_width = a.kv_heads * entry;
       plan.layers.emplace_back(p);
     } else {
-      plan.layers.emplace_back(engine::RecurrentPlan{c.kda.heads, c.kda.head_dim, c.kda.conv_kernel});
+      plan.layers.emplace_back(RecurrentShape{c.kda.heads, c.kda.head_dim, c.kda.conv_kernel});
     }
   }
   return plan;

@@ -203,7 +203,7 @@ class LatentLayer {
 
 class RecurrentLayer {
  public:
-  const RecurrentPlan& plan() const { return plan_; }
+  const RecurrentShape& plan() const { return plan_; }
   // [3 * heads * head_dim, kernel - 1]: per channel the last kernel-1 pre-conv
   // inputs, oldest first.
   float* conv_ring() { return conv_; }
@@ -235,7 +235,7 @@ class RecurrentLayer {
   Status Arm(std::uint64_t tokens);
   Status Rollback(std::uint64_t keep);
   Device* dev_ = nullptr;
-  RecurrentPlan plan_;
+  RecurrentShape plan_;
   float* conv_ = nullptr;
   float* state_[2] = {nullptr, nullptr};
   int cur_ = 0;

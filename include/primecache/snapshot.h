@@ -109,9 +109,6 @@ struct LatentGeometry {
   friend bool operator==(const LatentGeometry&, const LatentGeometry&) = default;
 };
 
-// A recurrent layer's state has no length: its shape is all a cache fixes.
-using RecurrentGeometry = RecurrentShape;
-
 struct KvGeometry {
   std::uint32_t k_width = 0;
   std::uint32_t v_width = 0;
@@ -122,11 +119,11 @@ struct KvGeometry {
   friend bool operator==(const KvGeometry&, const KvGeometry&) = default;
 };
 
-// A linear-state layer has no length either.
-using LinearStateGeometry = LinearStateShape;
-
-// One alternative per LayerShape alternative, in the same order.
-using LayerGeometry = std::variant<LatentGeometry, RecurrentGeometry, KvGeometry, LinearStateGeometry>;
+// One alternative per LayerShape alternative, in the same order. A recurrent
+// or linear-state layer's state has no length: its shape is all a cache
+// fixes, so its geometry is its shape (one type, RecurrentShape or
+// LinearStateShape).
+using LayerGeometry = std::variant<LatentGeometry, RecurrentShape, KvGeometry, LinearStateShape>;
 
 // Checks that a layer of this shape can be restored into a cache layer of this
 // geometry: same kind, same widths and pool, same element types, len within capacity, tail within

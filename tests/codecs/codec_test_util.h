@@ -115,7 +115,7 @@ inline BoundarySnapshot MakeBoundary(std::uint64_t len) {
 }
 
 inline std::vector<LayerGeometry> GeometryOfBoundary(std::uint64_t max_ctx) {
-  return {RecurrentGeometry{2, 4, 4}, LatentGeometry{10, 8, 4, 8, max_ctx}, RecurrentGeometry{2, 4, 4},
+  return {RecurrentShape{2, 4, 4}, LatentGeometry{10, 8, 4, 8, max_ctx}, RecurrentShape{2, 4, 4},
           LatentGeometry{10, 0, 0, 0, max_ctx}, KvGeometry{6, 6, max_ctx}};
 }
 

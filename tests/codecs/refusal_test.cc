@@ -156,7 +156,7 @@ TEST_F(RefusalTest, GeometryMismatchAgainstTheTarget) {
   Status s = Validate(layer_.header, target);
   ExpectRefused(s, StatusCode::kInvalidArgument, "width 24 != plan 576");
   ExpectRefused(s, StatusCode::kInvalidArgument, "len 203 > max_ctx 100");
-  ExpectRefused(Validate(layer_.header, RecurrentGeometry{1, 1, 4}), StatusCode::kInvalidArgument,
+  ExpectRefused(Validate(layer_.header, RecurrentShape{1, 1, 4}), StatusCode::kInvalidArgument,
                 "the plan expects a recurrent layer");
 }
 

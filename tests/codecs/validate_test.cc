@@ -82,7 +82,7 @@ TEST(ValidateTest, AcceptsAMatchingPlanAndRingOrFlatTargets) {
   EXPECT_TRUE(Validate(l, LatentGeometry{24, 16, 4, 0, 4096}).ok())
       << "a ring snapshot restores into a flat plane";
   EXPECT_TRUE(Validate(l, LatentGeometry{24, 16, 4, 4, 203}).ok()) << "a tail of 3 fits a ring of one pool";
-  EXPECT_TRUE(Validate(MakeRecurrent(2, 4, 4), RecurrentGeometry{2, 4, 4}).ok());
+  EXPECT_TRUE(Validate(MakeRecurrent(2, 4, 4), RecurrentShape{2, 4, 4}).ok());
   EXPECT_TRUE(Validate(MakeKv(5, 4, 6), KvGeometry{4, 6, 5}).ok());
 }
 
@@ -93,7 +93,7 @@ TEST(ValidateTest, ListsEveryDisagreementAtOnce) {
   ExpectSays(s, "index_width 16 != plan 256");
   ExpectSays(s, "pool 4 != plan 8");
   ExpectSays(s, "len 203 > max_ctx 100");
-  s = Validate(MakeRecurrent(2, 4, 4), RecurrentGeometry{3, 5, 2});
+  s = Validate(MakeRecurrent(2, 4, 4), RecurrentShape{3, 5, 2});
   ExpectSays(s, "heads 2 != plan 3");
   ExpectSays(s, "head_dim 4 != plan 5");
   ExpectSays(s, "kernel 4 != plan 2");
@@ -165,7 +165,7 @@ TEST(ValidateBoundaryTest, AWholeSnapshotIsValidOnlyIfEveryLayerIs) {
   EXPECT_TRUE(Validate(b, plan).ok()) << Validate(b, plan).ToString();
 
   std::get<KvSnapshot>(b.layers[4]).k_rows.pop_back();
-  plan[0] = RecurrentGeometry{2, 4, 3};
+  plan[0] = RecurrentShape{2, 4, 3};
   Status s = Validate(b, plan);
   ExpectSays(s, "layer 0: kernel 4 != plan 3");
   ExpectSays(s, "layer 4: k_rows holds 179 floats");

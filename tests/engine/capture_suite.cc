@@ -19,8 +19,8 @@ namespace {
 // A small hybrid: MLA with an indexer, KDA, NoPE MLA without an indexer, KDA,
 // plain KV.
 StatePlan Hybrid(std::uint32_t pool = 4) {
-  return StatePlan{{LatentPlan{16, 8, 8, pool}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0},
-                    RecurrentPlan{3, 2, 3}, KvPlan{6, 10}}};
+  return StatePlan{{LatentPlan{16, 8, 8, pool}, RecurrentShape{2, 4, 4}, LatentPlan{24, 0, 0, 0},
+                    RecurrentShape{3, 2, 3}, KvPlan{6, 10}}};
 }
 
 std::vector<std::byte> ArenaBytes(const SessionCache& s) {

@@ -223,7 +223,7 @@ struct SessionDriver {
       if (latent[i]) {
         PC_RETURN_IF_ERROR(latent[i]->Append(count));
       } else if (RecurrentLayer* r = session->recurrent(i)) {
-        const RecurrentPlan& p = r->plan();
+        const RecurrentShape& p = r->plan();
         Write(dev, r->next_state(), DetRows(seed, i, pos, 4, p.state_values()));
         DeviceVec in(dev, DetRows(seed, i, pos, 5, count * p.conv_channels()));
         PC_RETURN_IF_ERROR(r->Step(in.get(), count));

@@ -167,7 +167,7 @@ TEST_P(KvKindsSuite, EveryKindCapturesRestoresAndContinuesBitForBit) {
   for (KvFormat fmt : {Plain(), Rotating(5), Plain(2, 9), Plain(4, 9), Rotating(7, 2, 9), Rotating(7, 4, 9)}) {
     for (std::uint64_t len : {3ull, 5ull, 7ull, 8ull, 19ull}) {
       SCOPED_TRACE(std::string(KvKindOf(fmt)) + " at len " + std::to_string(len));
-      auto e = NewEngine(StatePlan{{Kv(fmt), RecurrentPlan{2, 4, 3}}});
+      auto e = NewEngine(StatePlan{{Kv(fmt), RecurrentShape{2, 4, 3}}});
       auto a = e->NewSession().value();
       auto b = e->NewSession().value();
       KvFeeder fa{dev_.get(), a->kv(0), {}, {}};
@@ -203,7 +203,7 @@ TEST_P(KvKindsSuite, EveryKindCapturesRestoresAndContinuesBitForBit) {
 // The eager half holds a rotating layer's rows; generation that laps the
 // buffer after the capture changes nothing in the completed snapshot.
 TEST_P(KvKindsSuite, EagerRotatingRowsSurviveGenerationThatLapsTheBuffer) {
-  auto e = NewEngine(StatePlan{{Kv(Rotating(6, 4, 3)), Kv(Plain(4, 3)), RecurrentPlan{2, 4, 3}}});
+  auto e = NewEngine(StatePlan{{Kv(Rotating(6, 4, 3)), Kv(Plain(4, 3)), RecurrentShape{2, 4, 3}}});
   auto s = e->NewSession().value();
   KvFeeder f0{dev_.get(), s->kv(0), {}, {}}, f1{dev_.get(), s->kv(1), {}, {}};
   ASSERT_TRUE(f0.Append(9).ok());

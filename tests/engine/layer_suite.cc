@@ -251,7 +251,7 @@ TEST_P(LayerSuite, LayerWithoutIndexerCarriesNoPoolState) {
 }
 
 TEST_P(LayerSuite, RecurrentStepPushesTheConvRingAndSwapsThePingPongPair) {
-  const RecurrentPlan rp{2, 3, 4};  // 18 channels, ring of 3 inputs each
+  const RecurrentShape rp{2, 3, 4};  // 18 channels, ring of 3 inputs each
   auto e = NewEngine(OneLayer(rp), 16, 0);
   auto s = e->NewSession().value();
   RecurrentLayer* r = s->recurrent(0);
@@ -319,7 +319,7 @@ TEST_P(LayerSuite, KvLayerAppendsRewindsAndMirrorsLen) {
 
 TEST_P(LayerSuite, SessionsAreReservedUpFrontAndComeBackFresh) {
   ReserveRequest r;
-  r.plan = StatePlan{{Latent(8, 4, 4, 4), RecurrentPlan{2, 4, 3}, KvPlan{4, 4}}};
+  r.plan = StatePlan{{Latent(8, 4, 4, 4), RecurrentShape{2, 4, 3}, KvPlan{4, 4}}};
   r.max_ctx = 64;
   r.sessions = 2;
   r.snapshot_slots = 3;

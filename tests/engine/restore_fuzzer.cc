@@ -37,15 +37,15 @@ struct Geometry {
 
 std::vector<Geometry> Geometries() {
   const StatePlan hybrid{
-      {LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
+      {LatentPlan{16, 8, 8, 4}, RecurrentShape{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
   const StatePlan pool2{
-      {LatentPlan{16, 8, 8, 2}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
+      {LatentPlan{16, 8, 8, 2}, RecurrentShape{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
   return {
       {hybrid, 128, 8},
       {hybrid, 128, 0},
       {hybrid, 128, 13},
       {pool2, 128, 8},
-      {StatePlan{{LatentPlan{8, 0, 4, 3}, RecurrentPlan{1, 2, 2}}}, 96, 6},
+      {StatePlan{{LatentPlan{8, 0, 4, 3}, RecurrentShape{1, 2, 2}}}, 96, 6},
       {StatePlan{{KvPlan{4, 4}, LatentPlan{16, 8, 8, 4}}}, 64, 0},
   };
 }

@@ -117,7 +117,7 @@ class RoundFeeder {
   }
 
   Status StepRecurrent(std::size_t i, RecurrentLayer* r, std::uint64_t count) {
-    const RecurrentPlan& p = r->plan();
+    const RecurrentShape& p = r->plan();
     const std::size_t c = p.conv_channels(), nd = std::size_t{p.heads} * p.head_dim;
     std::vector<float> qkv = TokenValues(seed_, i, pos_, count, 8, c);
     NormaliseQk(&qkv, c, p.heads, p.head_dim);

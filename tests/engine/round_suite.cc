@@ -34,7 +34,7 @@ struct Case {
 
 std::vector<Case> Cases() {
   const LatentPlan dense{16, 8, 0, 0}, indexed{16, 8, 8, 4};
-  const RecurrentPlan rec{2, 4, 4}, rec2{1, 8, 2};
+  const RecurrentShape rec{2, 4, 4}, rec2{1, 8, 2};
   return {
       {"latent-dense", StatePlan{{dense}}},
       {"latent-indexer-flat", StatePlan{{indexed}}},

@@ -91,9 +91,9 @@ struct Primer {
   Primer(Device& d, const StatePlan& p, std::uint64_t chunk_tokens, std::mt19937& rng)
       : dev(d), plan(p), chunk(chunk_tokens) {
     const auto& mla = std::get<LatentPlan>(plan.layers.back());
-    RecurrentPlan kda{};
+    RecurrentShape kda{};
     for (const auto& l : plan.layers) {
-      if (const auto* r = std::get_if<RecurrentPlan>(&l)) kda = *r;
+      if (const auto* r = std::get_if<RecurrentShape>(&l)) kda = *r;
     }
     latent = RandomDevice(dev, chunk * mla.width(), rng);
     index = RandomDevice(dev, chunk * mla.index_width(), rng);
@@ -225,7 +225,7 @@ bench::CsvTable RestoreTable() {
 }
 
 const LatentPlan kMla{512, 64, 128, 4};
-const RecurrentPlan kKda{64, 128, 4};
+const RecurrentShape kKda{64, 128, 4};
 
 // kda, kda, kda, mla, ... with the MLA layers spread evenly, an MLA layer last.
 StatePlan HybridPlan(const Options& o) {

@@ -120,22 +120,22 @@ INSTANTIATE_TEST_SUITE_P(
     Geometries, CudaVsCpuTest,
     ::testing::Values(
         Case{"tiny_ring8",
-             StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, KvPlan{6, 10}}},
+             StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentShape{2, 4, 4}, KvPlan{6, 10}}},
              512,
              8,
              {1, 1, 2, 3, 4, 9, 40, 1, 100}},
         Case{"tiny_flat",
-             StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}}},
+             StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentShape{2, 4, 4}, LatentPlan{24, 0, 0, 0}}},
              512,
              0,
              {7, 1, 33, 2}},
         Case{"odd_pool3_ring10",
-             StatePlan{{LatentPlan{5, 3, 7, 3}, RecurrentPlan{3, 5, 2}}},
+             StatePlan{{LatentPlan{5, 3, 7, 3}, RecurrentShape{3, 5, 2}}},
              600,
              10,
              {1, 2, 9, 10, 11, 97}},
         Case{"glm5_class_ring256",
-             StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentPlan{64, 128, 4}, LatentPlan{512, 64, 128, 4}}},
+             StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentShape{64, 128, 4}, LatentPlan{512, 64, 128, 4}}},
              8192,
              256,
              {1000, 1, 1, 3, 300}}),
@@ -155,8 +155,8 @@ TEST(CudaVsCpuRoundTest, RollbacksAgreeAcrossBackends) {
   ASSERT_NE(cuda, nullptr);
   auto cpu = NewCpuDevice({.memory_bytes = 4ull << 30});
   const KvPlan rotating{6, 6, KvFormat{8, 0, 0, 0}};
-  ReserveRequest req{StatePlan{{RecurrentPlan{4, 32, 4}, LatentPlan{64, 16, 32, 4}, rotating,
-                                LatentPlan{32, 0, 0, 0}, RecurrentPlan{2, 64, 2}}},
+  ReserveRequest req{StatePlan{{RecurrentShape{4, 32, 4}, LatentPlan{64, 16, 32, 4}, rotating,
+                                LatentPlan{32, 0, 0, 0}, RecurrentShape{2, 64, 2}}},
                      256, 1, 1, 8};
   req.round_tokens = 5;
   auto eg = Engine::Create(cuda, req).value();
