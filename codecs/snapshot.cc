@@ -318,7 +318,7 @@ Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape) {
   PC_RETURN_IF_ERROR(CheckShape(shape));
   PC_RETURN_IF_ERROR(CheckHasSnapshot(shape));
   if (const auto* s = std::get_if<LatentShape>(&shape)) {
-    LatentPlaneSnapshot l{*s, {}, {}, {}};
+    LatentSnapshot l{*s, {}, {}, {}};
     l.latent_rows.resize(s->latent_values());
     l.index_tail_rows.resize(s->tail_values());
     l.pool_keys.resize(s->pool_key_values());
@@ -341,7 +341,7 @@ Status CheckSnapshot(const LayerSnapshot& layer) {
   PC_RETURN_IF_ERROR(CheckShape(ShapeOf(layer)));
   PC_RETURN_IF_ERROR(CheckHasSnapshot(ShapeOf(layer)));
   Problems p;
-  if (const auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) {
+  if (const auto* l = std::get_if<LatentSnapshot>(&layer)) {
     const LatentShape& s = l->shape;
     CheckPlaneSize(p, "latent_rows", l->latent_rows.size(), s.latent_values(), "len * width");
     CheckPlaneSize(p, "index_tail_rows", l->index_tail_rows.size(), s.tail_values(),

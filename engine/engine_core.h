@@ -65,7 +65,7 @@ struct EngineInternals {
   static const Memory& Arena(const SessionCache& s) { return s.core_->arenas[s.arena_]; }
   static Device& DeviceOf(const SessionCache& s) { return *s.core_->device; }
   static void Break(SessionCache& s, std::string why) { s.broken_ = std::move(why); }
-  static void SetPoolsReady(LatentLayer& l, std::uint64_t v) { l.pools_ready_ = v; }
+  static void SetPoolsReady(LatentCacheLayer& l, std::uint64_t v) { l.pools_ready_ = v; }
 };
 
 }  // namespace primecache::engine

@@ -46,9 +46,9 @@ void LowerWatches(std::vector<std::weak_ptr<RewindWatch>>* watches, std::size_t 
 
 }  // namespace
 
-// ---- LatentLayer --------------------------------------------------------------
+// ---- LatentCacheLayer --------------------------------------------------------------
 
-Status LatentLayer::CheckInvariants() const {
+Status LatentCacheLayer::CheckInvariants() const {
   if (dev_ == nullptr) return Status::FailedPrecondition("latent layer is not part of a cache");
   if (len_ > max_ctx_) return Broken("len " + N(len_) + " > max_ctx " + N(max_ctx_));
   if (!plan_.has_indexer()) {
@@ -79,7 +79,7 @@ Status LatentLayer::CheckInvariants() const {
   return Status::Ok();
 }
 
-Status LatentLayer::ResolvePool(std::uint32_t pool) {
+Status LatentCacheLayer::ResolvePool(std::uint32_t pool) {
   if (pool != plan_.pool) {
     return Status::InvalidArgument("indexer pool " + N(pool) + " disagrees with the plan's pool " +
                                    N(plan_.pool));
@@ -101,15 +101,15 @@ Status LatentLayer::ResolvePool(std::uint32_t pool) {
   return Status::Ok();
 }
 
-Status LatentLayer::WriteLen() {
+Status LatentCacheLayer::WriteLen() {
   return dev_->WriteI32(len_d_, static_cast<std::int32_t>(len_), Lane::kCompute);
 }
 
-void LatentLayer::NoteRewind(std::uint64_t new_len) {
+void LatentCacheLayer::NoteRewind(std::uint64_t new_len) {
   LowerWatches(&watches_, index_in_cache_, new_len);
 }
 
-Status LatentLayer::Append(const float* latent_rows, const float* index_rows, std::uint64_t count,
+Status LatentCacheLayer::Append(const float* latent_rows, const float* index_rows, std::uint64_t count,
                            const IndexerInputs* indexer) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (count == 0) return Status::Ok();
@@ -181,12 +181,12 @@ Status LatentLayer::Append(const float* latent_rows, const float* index_rows, st
   return st.ok() ? wl : st;
 }
 
-Status LatentLayer::Truncate(std::uint64_t new_len) {
+Status LatentCacheLayer::Truncate(std::uint64_t new_len) {
   PC_RETURN_IF_ERROR(RefuseInRound(round_, "truncate"));
   return TruncateTo(new_len);
 }
 
-Status LatentLayer::TruncateTo(std::uint64_t new_len) {
+Status LatentCacheLayer::TruncateTo(std::uint64_t new_len) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (new_len > len_) return Status::InvalidArgument("truncate to " + N(new_len) + " above len " + N(len_));
   if (new_len == len_) return Status::Ok();
@@ -207,9 +207,9 @@ Status LatentLayer::TruncateTo(std::uint64_t new_len) {
   return WriteLen();
 }
 
-// ---- RecurrentLayer ------------------------------------------------------------
+// ---- RecurrentCacheLayer ------------------------------------------------------------
 
-Status RecurrentLayer::Step(const float* conv_inputs, std::uint64_t count) {
+Status RecurrentCacheLayer::Step(const float* conv_inputs, std::uint64_t count) {
   if (dev_ == nullptr) return Status::FailedPrecondition("recurrent layer is not part of a cache");
   if (count == 0 || conv_inputs == nullptr) return Status::InvalidArgument("step: no inputs");
   if (round_.armed) {
@@ -236,14 +236,14 @@ Status RecurrentLayer::Step(const float* conv_inputs, std::uint64_t count) {
   return Status::Ok();
 }
 
-// ---- KvLayer -------------------------------------------------------------------
+// ---- KvCacheLayer -------------------------------------------------------------------
 
-std::uint64_t KvLayer::resumable_floor() const {
+std::uint64_t KvCacheLayer::resumable_floor() const {
   if (!plan_.format.rotating() || lo_ == 0) return 0;
   return lo_ + plan_.format.window - 1;
 }
 
-Status KvLayer::CheckInvariants() const {
+Status KvCacheLayer::CheckInvariants() const {
   if (dev_ == nullptr) return Status::FailedPrecondition("KV layer is not part of a cache");
   auto broken = [](const std::string& what) { return Status::Internal("KV layer invariant broken: " + what); };
   if (len_ > max_ctx_) return broken("len " + N(len_) + " > max_ctx " + N(max_ctx_));
@@ -261,15 +261,15 @@ Status KvLayer::CheckInvariants() const {
   return Status::Ok();
 }
 
-Status KvLayer::WriteLen() {
+Status KvCacheLayer::WriteLen() {
   return dev_->WriteI32(len_d_, static_cast<std::int32_t>(len_), Lane::kCompute);
 }
 
-void KvLayer::NoteRewind(std::uint64_t new_len) {
+void KvCacheLayer::NoteRewind(std::uint64_t new_len) {
   LowerWatches(&watches_, index_in_cache_, new_len);
 }
 
-Status KvLayer::Append(const float* k_rows, const float* v_rows, std::uint64_t count) {
+Status KvCacheLayer::Append(const float* k_rows, const float* v_rows, std::uint64_t count) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (count == 0) return Status::Ok();
   if (k_rows == nullptr || v_rows == nullptr) return Status::InvalidArgument("KV append: null rows");
@@ -300,12 +300,12 @@ Status KvLayer::Append(const float* k_rows, const float* v_rows, std::uint64_t c
   return WriteLen();
 }
 
-Status KvLayer::Truncate(std::uint64_t new_len) {
+Status KvCacheLayer::Truncate(std::uint64_t new_len) {
   PC_RETURN_IF_ERROR(RefuseInRound(round_, "KV truncate"));
   return TruncateTo(new_len);
 }
 
-Status KvLayer::TruncateTo(std::uint64_t new_len) {
+Status KvCacheLayer::TruncateTo(std::uint64_t new_len) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (new_len > len_)
     return Status::InvalidArgument("KV truncate to " + N(new_len) + " above len " + N(len_));

@@ -115,7 +115,7 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
     const LayerPlan& lp = p.request.plan.layers[i];
     if (const auto* r = std::get_if<LatentReserve>(&p.layers[i])) {
-      std::unique_ptr<LatentLayer> l(new LatentLayer());
+      std::unique_ptr<LatentCacheLayer> l(new LatentCacheLayer());
       l->dev_ = dev;
       l->index_in_cache_ = i;
       l->plan_ = std::get<LatentPlan>(lp);
@@ -132,7 +132,7 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
       }
       layers_.emplace_back(std::move(l));
     } else if (const auto* rr = std::get_if<RecurrentReserve>(&p.layers[i])) {
-      std::unique_ptr<RecurrentLayer> l(new RecurrentLayer());
+      std::unique_ptr<RecurrentCacheLayer> l(new RecurrentCacheLayer());
       l->dev_ = dev;
       l->plan_ = std::get<RecurrentShape>(lp);
       l->conv_ = m.at<float>(rr->conv_ring.offset);
@@ -148,7 +148,7 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
       layers_.emplace_back(std::move(l));
     } else {
       const auto& kr = std::get<KvReserve>(p.layers[i]);
-      std::unique_ptr<KvLayer> l(new KvLayer());
+      std::unique_ptr<KvCacheLayer> l(new KvCacheLayer());
       l->dev_ = dev;
       l->index_in_cache_ = i;
       l->plan_ = std::get<KvPlan>(lp);
@@ -187,23 +187,23 @@ T* Get(Layers& layers, std::size_t i) {
 }
 }  // namespace
 
-LatentLayer* SessionCache::latent(std::size_t i) {
-  return Get<LatentLayer>(layers_, i);
+LatentCacheLayer* SessionCache::latent(std::size_t i) {
+  return Get<LatentCacheLayer>(layers_, i);
 }
-RecurrentLayer* SessionCache::recurrent(std::size_t i) {
-  return Get<RecurrentLayer>(layers_, i);
+RecurrentCacheLayer* SessionCache::recurrent(std::size_t i) {
+  return Get<RecurrentCacheLayer>(layers_, i);
 }
-KvLayer* SessionCache::kv(std::size_t i) {
-  return Get<KvLayer>(layers_, i);
+KvCacheLayer* SessionCache::kv(std::size_t i) {
+  return Get<KvCacheLayer>(layers_, i);
 }
-const LatentLayer* SessionCache::latent(std::size_t i) const {
-  return Get<LatentLayer>(layers_, i);
+const LatentCacheLayer* SessionCache::latent(std::size_t i) const {
+  return Get<LatentCacheLayer>(layers_, i);
 }
-const RecurrentLayer* SessionCache::recurrent(std::size_t i) const {
-  return Get<RecurrentLayer>(layers_, i);
+const RecurrentCacheLayer* SessionCache::recurrent(std::size_t i) const {
+  return Get<RecurrentCacheLayer>(layers_, i);
 }
-const KvLayer* SessionCache::kv(std::size_t i) const {
-  return Get<KvLayer>(layers_, i);
+const KvCacheLayer* SessionCache::kv(std::size_t i) const {
+  return Get<KvCacheLayer>(layers_, i);
 }
 
 bool SessionCache::fresh() const {
@@ -221,7 +221,7 @@ Status SessionCache::CheckInvariants() const {
     Status st = std::visit(
         [](const auto& p) -> Status {
           using T = typename std::decay_t<decltype(p)>::element_type;
-          if constexpr (std::is_same_v<T, RecurrentLayer>) {
+          if constexpr (std::is_same_v<T, RecurrentCacheLayer>) {
             return Status::Ok();
           } else {
             return p->CheckInvariants();

@@ -322,9 +322,9 @@ LayerShape ShapeOfView(const engine::LayerSnapshotView& v) {
 
 // A view's planes in the codec's stored order (the view's own order).
 std::vector<std::span<const float>> PlanesOfView(const engine::LayerSnapshotView& v) {
-  if (const auto* l = std::get_if<engine::LatentView>(&v)) return {l->latent_rows, l->index_tail_rows, l->pool_keys};
-  if (const auto* r = std::get_if<engine::RecurrentView>(&v)) return {r->conv_ring, r->state};
-  const auto& kv = std::get<engine::KvView>(v);
+  if (const auto* l = std::get_if<engine::LatentSnapshotView>(&v)) return {l->latent_rows, l->index_tail_rows, l->pool_keys};
+  if (const auto* r = std::get_if<engine::RecurrentSnapshotView>(&v)) return {r->conv_ring, r->state};
+  const auto& kv = std::get<engine::KvSnapshotView>(v);
   return {kv.k_rows, kv.v_rows};
 }
 

@@ -5,7 +5,7 @@
 // lays them out. A SessionCache is one session's state, one layer object per
 // state-plan layer:
 //
-//  - LatentLayer: rows [max_ctx, width] f32, one per token; len, and a device
+//  - LatentCacheLayer: rows [max_ctx, width] f32, one per token; len, and a device
 //    mirror of len kept in lock-step (every call that moves len rewrites it,
 //    in lane order); with an indexer, an index plane (flat, or a tail ring of
 //    the booked rows rounded down to a multiple of the pool when the pool is
@@ -14,9 +14,9 @@
 //    authoritative for both planes. At every call boundary pools_ready ==
 //    len / pool; every call checks it, and anything that lowers len clamps
 //    pools_ready in the same place.
-//  - RecurrentLayer: a KDA layer's conv ring and recurrent state (a ping-pong
+//  - RecurrentCacheLayer: a KDA layer's conv ring and recurrent state (a ping-pong
 //    pair: a step reads state() and writes next_state()).
-//  - KvLayer: plain K and V rows with len and its mirror.
+//  - KvCacheLayer: plain K and V rows with len and its mirror.
 //
 // Speculative verify rounds (SessionCache::ArmRound) put every layer in a
 // round: appends stay within the armed positions, and the round ends in a
@@ -112,7 +112,7 @@ struct ScanInputs {
 struct EngineCore;   // engine-internal shared state (arenas, slots)
 class Event;         // engine-internal (engine/device.h)
 
-class LatentLayer {
+class LatentCacheLayer {
  public:
   const LatentPlan& plan() const { return plan_; }
   std::uint64_t max_ctx() const { return max_ctx_; }
@@ -170,7 +170,7 @@ class LatentLayer {
  private:
   friend class SessionCache;
   friend struct EngineInternals;  // engine/engine_core.h
-  LatentLayer() = default;
+  LatentCacheLayer() = default;
   Status ResolvePool(std::uint32_t pool);
   Status WriteLen();
   void NoteRewind(std::uint64_t new_len);
@@ -201,7 +201,7 @@ class LatentLayer {
   std::vector<std::weak_ptr<RewindWatch>> watches_;
 };
 
-class RecurrentLayer {
+class RecurrentCacheLayer {
  public:
   const RecurrentShape& plan() const { return plan_; }
   // [3 * heads * head_dim, kernel - 1]: per channel the last kernel-1 pre-conv
@@ -231,7 +231,7 @@ class RecurrentLayer {
 
  private:
   friend class SessionCache;
-  RecurrentLayer() = default;
+  RecurrentCacheLayer() = default;
   Status Arm(std::uint64_t tokens);
   Status Rollback(std::uint64_t keep);
   Device* dev_ = nullptr;
@@ -259,7 +259,7 @@ class RecurrentLayer {
 // length a trim may reach with every row the next query's window reads still
 // held: 0 while nothing was overwritten, first_held + W - 1 after a wrap. A
 // plain layer's floor is 0.
-class KvLayer {
+class KvCacheLayer {
  public:
   const KvPlan& plan() const { return plan_; }
   std::uint64_t max_ctx() const { return max_ctx_; }
@@ -296,7 +296,7 @@ class KvLayer {
 
  private:
   friend class SessionCache;
-  KvLayer() = default;
+  KvCacheLayer() = default;
   Status WriteLen();
   void NoteRewind(std::uint64_t new_len);
   Status TruncateTo(std::uint64_t new_len);
@@ -321,25 +321,17 @@ class KvLayer {
 
 // ---- capture and restore ----------------------------------------------------
 
-// The eager half of a boundary capture, per layer: what generation destroys,
-// copied out at the boundary, plus the boundary's metadata that the deferred
-// half checks the live layers against.
-struct EagerLatent {
-  LatentShape shape;             // index_ring_rows: the effective ring
-  std::vector<float> tail_rows;  // [shape.tail_rows() * index_width], logical order
-};
-struct EagerKv {
-  KvShape shape;
-  // Rotating only: the held rows, captured eagerly in logical order.
-  std::vector<float> k_rows = {};
-  std::vector<float> v_rows = {};
-};
-// A recurrent layer's eager half is its whole state.
-using EagerLayer = std::variant<EagerLatent, RecurrentSnapshot, EagerKv>;
-
+// The eager half of a boundary capture: per layer, what generation destroys,
+// copied out at the boundary, with the boundary's shape that the deferred
+// half checks the live layers against. Each layer's part is a partial
+// snapshot of its kind (snapshot.h), holding only the planes captured
+// eagerly: a latent layer's index tail rows (index_tail_rows; its shape's
+// index_ring_rows is the effective ring), a recurrent layer's whole state,
+// a rotating KV layer's held rows in logical order (none for plain KV). The
+// deferred half fills in the rest from the live layers.
 struct EagerHalf {
   std::uint64_t session_id = 0;  // the cache it was captured from
-  std::vector<EagerLayer> layers;
+  std::vector<LayerSnapshot> layers;  // the eagerly captured planes only (above)
   // Rewinds of the captured cache since the capture (engine-internal).
   std::shared_ptr<const RewindWatch> watch;
 };
@@ -378,19 +370,19 @@ class PendingCapture {
 // the engine's device memory (PlaneResidence::kDevice: a restore staged on the
 // device). The planes are laid out as in the matching snapshot type of
 // snapshot.h.
-struct LatentView {
+struct LatentSnapshotView {
   LatentShape shape;
   std::span<const float> latent_rows, index_tail_rows, pool_keys;
 };
-struct RecurrentView {
+struct RecurrentSnapshotView {
   RecurrentShape shape;
   std::span<const float> conv_ring, state;
 };
-struct KvView {
+struct KvSnapshotView {
   KvShape shape;
   std::span<const float> k_rows, v_rows;
 };
-using LayerSnapshotView = std::variant<LatentView, RecurrentView, KvView>;
+using LayerSnapshotView = std::variant<LatentSnapshotView, RecurrentSnapshotView, KvSnapshotView>;
 enum class PlaneResidence : std::uint8_t { kHost, kDevice };
 LayerSnapshotView ViewOf(const LayerSnapshot& layer);
 // A view of `shape` whose planes lie back to back at `base` (floats, in the
@@ -430,12 +422,12 @@ class SessionCache {
   std::uint64_t max_ctx() const;
   std::size_t layer_count() const { return layers_.size(); }
   // Layer i as its kind, or null when layer i is of another kind (or out of range).
-  LatentLayer* latent(std::size_t i);
-  RecurrentLayer* recurrent(std::size_t i);
-  KvLayer* kv(std::size_t i);
-  const LatentLayer* latent(std::size_t i) const;
-  const RecurrentLayer* recurrent(std::size_t i) const;
-  const KvLayer* kv(std::size_t i) const;
+  LatentCacheLayer* latent(std::size_t i);
+  RecurrentCacheLayer* recurrent(std::size_t i);
+  KvCacheLayer* kv(std::size_t i);
+  const LatentCacheLayer* latent(std::size_t i) const;
+  const RecurrentCacheLayer* recurrent(std::size_t i) const;
+  const KvCacheLayer* kv(std::size_t i) const;
 
   // Nothing appended, stepped or restored since the engine handed it out.
   bool fresh() const;
@@ -522,7 +514,7 @@ class SessionCache {
   friend struct EngineInternals;  // engine/engine_core.h
   SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena, std::uint64_t id);
   using Layer =
-      std::variant<std::unique_ptr<LatentLayer>, std::unique_ptr<RecurrentLayer>, std::unique_ptr<KvLayer>>;
+      std::variant<std::unique_ptr<LatentCacheLayer>, std::unique_ptr<RecurrentCacheLayer>, std::unique_ptr<KvCacheLayer>>;
   std::shared_ptr<EngineCore> core_;
   std::uint32_t arena_ = 0;
   std::uint64_t id_ = 0;

@@ -2,7 +2,7 @@
 // and what it restores from, one snapshot per model layer.
 //
 // The reference engine's three layer kinds have snapshots (docs/codecs.md):
-//  - LatentPlaneSnapshot: an MLA layer's latent rows, plus, for a layer with a
+//  - LatentSnapshot: an MLA layer's latent rows, plus, for a layer with a
 //    DSA k-pool indexer, the incomplete index tail and the final pool keys;
 //  - RecurrentSnapshot: a KDA layer's conv ring and recurrent state;
 //  - KvSnapshot: a standard attention layer's K and V rows.
@@ -55,7 +55,7 @@ Status CheckShape(const LayerShape& shape);
 //   latent_rows      [len * width]                 rows [0, len)
 //   index_tail_rows  [tail_rows() * index_width]   rows [pools_ready * pool, len), logical token order
 //   pool_keys        [pools_ready * index_width/2] key p at p * index_head_dim
-struct LatentPlaneSnapshot {
+struct LatentSnapshot {
   LatentShape shape;
   std::vector<float> latent_rows;
   std::vector<float> index_tail_rows;
@@ -76,11 +76,11 @@ struct RecurrentSnapshot {
 // planes hold its held rows, oldest first.
 struct KvSnapshot {
   KvShape shape;
-  std::vector<float> k_rows;
-  std::vector<float> v_rows;
+  std::vector<float> k_rows = {};
+  std::vector<float> v_rows = {};
 };
 
-using LayerSnapshot = std::variant<LatentPlaneSnapshot, RecurrentSnapshot, KvSnapshot>;
+using LayerSnapshot = std::variant<LatentSnapshot, RecurrentSnapshot, KvSnapshot>;
 
 LayerShape ShapeOf(const LayerSnapshot& layer);
 

@@ -162,7 +162,7 @@ class RoundProgram {
         std::visit(
             [&](const auto& l) {
               using T = std::decay_t<decltype(l)>;
-              if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
+              if constexpr (std::is_same_v<T, LatentSnapshot>) {
                 v.push_back(static_cast<float>(l.shape.len));
                 v.push_back(static_cast<float>(l.shape.pools_ready));
                 for (const auto* p : {&l.latent_rows, &l.index_tail_rows, &l.pool_keys})

@@ -282,7 +282,7 @@ TEST_P(RoundSuite, RefusalsLeaveTheCacheAsItWas) {
   // Nothing was appended by the refused call (it failed on the first layer).
   EXPECT_EQ(a->RoundAppended().value(), 0u);
   // A recurrent step whose scan inputs were not stashed is refused.
-  RecurrentLayer* r = a->recurrent(0);
+  RecurrentCacheLayer* r = a->recurrent(0);
   std::vector<float> raw(r->plan().conv_channels(), 1.0f);
   DeviceVec draw(dev_.get(), raw);
   Status unstashed = r->Step(draw.get(), 1);

@@ -67,7 +67,7 @@ std::vector<float> Flat(const LayerSnapshot& s) {
   std::visit(
       [&](const auto& x) {
         using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
+        if constexpr (std::is_same_v<T, LatentSnapshot>) {
           for (const auto* p : {&x.latent_rows, &x.index_tail_rows, &x.pool_keys}) v.insert(v.end(), p->begin(), p->end());
         } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
           for (const auto* p : {&x.conv_ring, &x.state}) v.insert(v.end(), p->begin(), p->end());

@@ -29,12 +29,12 @@ double ExpectMatchesAcrossBackends(const std::vector<LayerSnapshot>& gpu,
   EXPECT_EQ(gpu.size(), cpu.size());
   for (std::size_t i = 0; i < gpu.size() && i < cpu.size(); ++i) {
     SCOPED_TRACE("layer " + std::to_string(i));
-    if (const auto* g = std::get_if<LatentPlaneSnapshot>(&gpu[i])) {
-      const auto& c = std::get<LatentPlaneSnapshot>(cpu[i]);
+    if (const auto* g = std::get_if<LatentSnapshot>(&gpu[i])) {
+      const auto& c = std::get<LatentSnapshot>(cpu[i]);
       const double err = MaxRelErr(g->pool_keys, c.pool_keys);
       worst = std::max(worst, err);
       EXPECT_LE(err, kKeyTolerance) << "pool keys";
-      LatentPlaneSnapshot gk = *g;
+      LatentSnapshot gk = *g;
       gk.pool_keys = c.pool_keys;
       ExpectLayerEqual(LayerSnapshot(gk), cpu[i]);
     } else {
@@ -74,7 +74,7 @@ TEST_P(CudaVsCpuTest, SameTokensSameStateAndSnapshotsCrossBackends) {
     worst = std::max(worst, ExpectMatchesAcrossBackends(sg.value(), sc.value()));
     ASSERT_TRUE(g->CheckInvariants().ok());
     for (std::size_t i = 0; i < g->layer_count(); ++i) {
-      if (const LatentLayer* l = g->latent(i)) {
+      if (const LatentCacheLayer* l = g->latent(i)) {
         EXPECT_EQ(cuda->ReadI32(l->len_device(), Lane::kCompute).value(), static_cast<int>(l->len()));
         EXPECT_EQ(l->index_floor(), h->latent(i)->index_floor());
       }
