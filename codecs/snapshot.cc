@@ -1,6 +1,6 @@
 // Shapes, snapshots, target geometry and the boundary: the checks that need
 // no codec.
-#include "primecache/snapshot.h"
+#include "primecache/internal/snapshot.h"
 
 #include <algorithm>
 #include <initializer_list>
@@ -10,7 +10,7 @@
 
 #include "codecs/bytes.h"
 #include "codecs/problems.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 namespace primecache {
 

@@ -45,7 +45,7 @@
 #include "kernels/kda_scan.h"
 #include "kernels/pool_keys.h"
 #include "kernels/ring_rows.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 #include "primecache/status.h"
 
 namespace primecache::engine {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "engine/device.h"
-#include "primecache/engine.h"
-#include "primecache/reserve.h"
+#include "primecache/internal/engine.h"
+#include "primecache/internal/reserve.h"
 
 namespace primecache::engine {
 

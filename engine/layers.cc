@@ -6,7 +6,7 @@
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine {
 namespace {

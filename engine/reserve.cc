@@ -1,4 +1,4 @@
-#include "primecache/reserve.h"
+#include "primecache/internal/reserve.h"
 
 #include <algorithm>
 #include <cstdio>

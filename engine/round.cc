@@ -19,7 +19,7 @@
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine {
 namespace {

@@ -1,6 +1,6 @@
-#include "primecache/state_plan.h"
+#include "primecache/internal/state_plan.h"
 
-#include "primecache/reserve.h"
+#include "primecache/internal/reserve.h"
 
 #include <string>
 #include <type_traits>

@@ -18,8 +18,8 @@
 
 #include "engine/device.h"
 #include "engine/model/compute.h"
-#include "primecache/engine.h"
-#include "primecache/model.h"
+#include "primecache/internal/engine.h"
+#include "primecache/internal/model.h"
 
 namespace primecache::model {
 

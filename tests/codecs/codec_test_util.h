@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "primecache/checksum.h"
-#include "primecache/codec.h"
-#include "primecache/snapshot.h"
-#include "primecache/snapshot_file.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/snapshot.h"
+#include "primecache/internal/snapshot_file.h"
 
 namespace primecache::testing_util {
 

@@ -18,7 +18,7 @@
 
 #include "engine/device.h"
 #include "kernels/pool_keys.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine {
 // Test names read "cpu" / "cuda" rather than raw bytes.

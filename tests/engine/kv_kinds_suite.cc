@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "engine/engine_core.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace primecache::engine::testing {

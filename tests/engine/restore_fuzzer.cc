@@ -18,7 +18,7 @@
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 
 using namespace primecache;
 using namespace primecache::engine;

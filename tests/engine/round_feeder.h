@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/device.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine::testing {
 

@@ -31,7 +31,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/model/hybrid_model.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/snapshot.h"
 
 namespace primecache::model::testing {
 

@@ -23,7 +23,7 @@
 
 #include "codecs/shuffle.h"
 #include "primecache/checksum.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "tools/common/csv.h"
 
 using namespace primecache;

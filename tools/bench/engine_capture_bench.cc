@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "engine/device.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 #include "tools/bench/kv_kinds_bench.h"
 #include "tools/common/csv.h"
 

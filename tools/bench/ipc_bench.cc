@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "primecache/client.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "tools/common/csv.h"
 #include "tools/common/daemon_process.h"
 

@@ -17,7 +17,7 @@
 
 #include "engine/device.h"
 #include "kernels/kv_attention.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 namespace primecache::engine {
 namespace {

@@ -26,10 +26,10 @@
 #include <string>
 #include <vector>
 
-#include "primecache/codec.h"
-#include "primecache/env.h"
-#include "primecache/logging.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/env.h"
+#include "primecache/internal/logging.h"
+#include "primecache/internal/snapshot.h"
 #include "primecache/statestore.h"
 #include "tools/common/csv.h"
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "primecache/codec.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/snapshot.h"
 
 namespace primecache::replay {
 

@@ -19,8 +19,8 @@
 #include <variant>
 #include <vector>
 
-#include "primecache/layer_shape.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/layer_shape.h"
+#include "primecache/internal/snapshot.h"
 #include "primecache/status.h"
 
 namespace primecache::engine {

@@ -40,9 +40,9 @@
 #include <variant>
 #include <vector>
 
-#include "primecache/reserve.h"
-#include "primecache/snapshot.h"
-#include "primecache/state_plan.h"
+#include "primecache/internal/reserve.h"
+#include "primecache/internal/snapshot.h"
+#include "primecache/internal/state_plan.h"
 #include "primecache/status.h"
 
 namespace primecache::engine {
