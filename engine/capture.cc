@@ -10,6 +10,7 @@
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
+#include "engine/layer_state.h"
 #include "primecache/internal/engine.h"
 
 namespace primecache::engine {
@@ -33,7 +34,7 @@ Status LayerRefusal(std::size_t i, const std::string& why) {
 
 // The eager capture of a rotating layer: its held rows of the committed
 // state, copied on the device into the slot in logical order.
-Status CopyRotatingToSlot(Device& dev, const KvCacheLayer& kv, float* k_dst, float* v_dst) {
+Status CopyRotatingToSlot(Device& dev, const KvLayerState& kv, float* k_dst, float* v_dst) {
   const std::uint64_t kw = kv.plan().k_width, vw = kv.plan().v_width;
   for (const KvCacheLayer::RowRun& r : kv.CommittedRuns()) {
     PC_RETURN_IF_ERROR(dev.CopyOnDevice(k_dst + r.offset * kw, r.k, r.rows * kw * sizeof(float), Lane::kCompute));
@@ -57,12 +58,12 @@ Status SessionCache::CheckCapturable() const {
   bool have = false;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     std::uint64_t len = 0;
-    if (const LatentCacheLayer* l = latent(i)) {
+    if (const LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
       if (l->plan().has_indexer() && l->pool() == 0)
         return LayerRefusal(i, "the indexer's pool is unresolved");
       PC_RETURN_IF_ERROR(l->CheckInvariants().WithContext("layer " + N(i)));
       len = l->committed_len();
-    } else if (const KvCacheLayer* kv = this->kv(i)) {
+    } else if (const KvLayerState* kv = LayerAt<KvLayerState>(layers_, i)) {
       PC_RETURN_IF_ERROR(kv->CheckInvariants().WithContext("layer " + N(i)));
       len = kv->committed_len();
     } else {
@@ -196,7 +197,7 @@ Result<std::vector<LayerSnapshotView>> ToBlock(Device& dev, const SessionCache::
 // A KV layer's held rows at a boundary of `len` tokens, in logical order:
 // rows [0, len) of a plain layer, the committed state's held rows of a
 // rotating one (len is then its committed len).
-void KvSources(const KvCacheLayer& kv, std::uint64_t len, SessionCache::Sources* src) {
+void KvSources(const KvLayerState& kv, std::uint64_t len, SessionCache::Sources* src) {
   const KvPlan& p = kv.plan();
   const bool rot = p.format.rotating();
   const KvShape shape{len, p.k_width, p.v_width, p.format, rot ? len - kv.committed_first_held() : 0};
@@ -221,7 +222,7 @@ Result<SessionCache::Sources> SessionCache::FullSources() {
   Device& dev = *core_->device;
   Sources src;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    if (LatentCacheLayer* l = latent(i)) {
+    if (LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
       const bool ring = l->ring_ && l->plan_.has_indexer();
       const LatentShape s{l->committed_len(), l->width(), l->index_width(), l->pool_, l->committed_pools_ready(),
                           ring, ring ? l->ring_rows_ : 0};
@@ -238,12 +239,13 @@ Result<SessionCache::Sources> SessionCache::FullSources() {
         src.FromDevice(1, 0, l->tail_scratch_, s.tail_values());
         src.FromDevice(2, 0, l->keys_, s.pool_key_values());
       }
-    } else if (RecurrentCacheLayer* r = recurrent(i)) {
+    } else if (RecurrentLayerState* r = LayerAt<RecurrentLayerState>(layers_, i)) {
       src.NewLayer(r->plan_);
       src.FromDevice(0, 0, r->committed_conv_ring(), r->plan_.conv_values());
       src.FromDevice(1, 0, r->committed_state(), r->plan_.state_values());
     } else {
-      KvSources(*kv(i), kv(i)->committed_len(), &src);
+      const KvLayerState& kv = *LayerAt<KvLayerState>(layers_, i);
+      KvSources(kv, kv.committed_len(), &src);
     }
   }
   return src;
@@ -278,7 +280,7 @@ Result<PendingCapture> SessionCache::CaptureEager() {
   half.session_id = id_;
   half.layers.reserve(layers_.size());
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    if (LatentCacheLayer* l = latent(i)) {
+    if (LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
       LatentSnapshot e;  // the eager part: the shape and the tail rows
       LatentShape& s = e.shape;
       s.len = l->committed_len();
@@ -296,7 +298,7 @@ Result<PendingCapture> SessionCache::CaptureEager() {
       }
       AddWatch(&l->watches_, watch);
       half.layers.emplace_back(std::move(e));
-    } else if (RecurrentCacheLayer* r = recurrent(i)) {
+    } else if (RecurrentLayerState* r = LayerAt<RecurrentLayerState>(layers_, i)) {
       const RecurrentShape& p = r->plan_;
       PC_RETURN_IF_ERROR(dev.CopyOnDevice(dslot.at<float>(areas[i].conv_ring.offset), r->committed_conv_ring(),
                                           p.conv_values() * sizeof(float), Lane::kCompute));
@@ -304,7 +306,7 @@ Result<PendingCapture> SessionCache::CaptureEager() {
                                           p.state_values() * sizeof(float), Lane::kCompute));
       half.layers.emplace_back(RecurrentSnapshot{p, {}, {}});
     } else {
-      KvCacheLayer* kv = this->kv(i);
+      KvLayerState* kv = LayerAt<KvLayerState>(layers_, i);
       KvSnapshot e{{kv->committed_len(), kv->plan_.k_width, kv->plan_.v_width, kv->plan_.format, 0}};
       if (e.shape.format.rotating()) {
         e.shape.rows = e.shape.len - kv->committed_first_held();
@@ -405,7 +407,7 @@ Result<EagerHalf> PendingCapture::Collect() {
 namespace {
 
 // The deferred half's checks of one latent layer against its eager half.
-Status CheckLatentCompletion(std::size_t i, const LayerSnapshot& el, const LatentCacheLayer* l, std::uint64_t low) {
+Status CheckLatentCompletion(std::size_t i, const LayerSnapshot& el, const LatentLayerState* l, std::uint64_t low) {
   const auto* eager = std::get_if<LatentSnapshot>(&el);
   if (eager == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
   const LatentShape* e = &eager->shape;
@@ -449,7 +451,7 @@ Status CheckLatentCompletion(std::size_t i, const LayerSnapshot& el, const Laten
 }
 
 // The same for one KV layer (a rotating one is checked against its eager rows alone).
-Status CheckKvCompletion(std::size_t i, const LayerSnapshot& el, const KvCacheLayer* kv, std::uint64_t low) {
+Status CheckKvCompletion(std::size_t i, const LayerSnapshot& el, const KvLayerState* kv, std::uint64_t low) {
   const auto* eager = std::get_if<KvSnapshot>(&el);
   if (eager == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
   const KvShape* e = &eager->shape;
@@ -497,9 +499,9 @@ Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
   const std::vector<std::uint64_t>& low = eager.watch->low;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const LayerSnapshot& el = eager.layers[i];
-    if (const LatentCacheLayer* l = latent(i)) {
+    if (const LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
       PC_RETURN_IF_ERROR(CheckLatentCompletion(i, el, l, low[i]));
-    } else if (const RecurrentCacheLayer* r = recurrent(i)) {
+    } else if (const RecurrentLayerState* r = LayerAt<RecurrentLayerState>(layers_, i)) {
       const auto* e = std::get_if<RecurrentSnapshot>(&el);
       if (e == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
       const RecurrentShape& want = r->plan();
@@ -508,7 +510,7 @@ Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
         return LayerRefusal(i, "the eager recurrent state does not have the layer's shape");
       }
     } else {
-      PC_RETURN_IF_ERROR(CheckKvCompletion(i, el, this->kv(i), low[i]));
+      PC_RETURN_IF_ERROR(CheckKvCompletion(i, el, LayerAt<KvLayerState>(layers_, i), low[i]));
     }
   }
   return Status::Ok();
@@ -521,14 +523,14 @@ Result<SessionCache::Sources> SessionCache::CompletionSources(EagerHalf& eager) 
   Sources src;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     LayerSnapshot& el = eager.layers[i];
-    if (const LatentCacheLayer* l = latent(i)) {
+    if (const LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
       const auto& e = std::get<LatentSnapshot>(el);
       const LatentShape& s = e.shape;
       src.NewLayer(s);
       src.FromDevice(0, 0, l->rows_, s.latent_values());
       src.FromHost(1, e.index_tail_rows);
       src.FromDevice(2, 0, l->keys_, s.pool_key_values());
-    } else if (recurrent(i) != nullptr) {
+    } else if (LayerAt<RecurrentLayerState>(layers_, i) != nullptr) {
       const auto& r = std::get<RecurrentSnapshot>(el);
       src.NewLayer(r.shape);
       src.FromHost(0, r.conv_ring);
@@ -538,7 +540,7 @@ Result<SessionCache::Sources> SessionCache::CompletionSources(EagerHalf& eager) 
       src.FromHost(0, e.k_rows);
       src.FromHost(1, e.v_rows);
     } else {
-      KvSources(*kv(i), e.shape.len, &src);
+      KvSources(*LayerAt<KvLayerState>(layers_, i), e.shape.len, &src);
     }
   }
   return src;

@@ -6,6 +6,7 @@
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
+#include "engine/layer_state.h"
 #include "primecache/internal/engine.h"
 
 namespace primecache::engine {
@@ -191,7 +192,7 @@ Status SessionCache::Restore(std::span<const LayerSnapshotView> layers, PlaneRes
   };
   Status st;
   for (std::size_t i = 0; i < layers_.size() && st.ok(); ++i) {
-    if (LatentCacheLayer* l = latent(i)) {
+    if (LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
       const auto& v = std::get<LatentSnapshotView>(layers[i]);
       const LatentShape& s = v.shape;
       l->touched_ = true;
@@ -214,13 +215,13 @@ Status SessionCache::Restore(std::span<const LayerSnapshotView> layers, PlaneRes
       }
       l->len_ = s.len;
       if (st.ok()) st = l->WriteLen();
-    } else if (RecurrentCacheLayer* r = recurrent(i)) {
+    } else if (RecurrentLayerState* r = LayerAt<RecurrentLayerState>(layers_, i)) {
       const auto& v = std::get<RecurrentSnapshotView>(layers[i]);
       r->touched_ = true;
       st = upload(r->conv_, v.conv_ring);
       if (st.ok()) st = upload(r->state_[r->cur_], v.state);
     } else {
-      KvCacheLayer* kv = this->kv(i);
+      KvLayerState* kv = LayerAt<KvLayerState>(layers_, i);
       const auto& v = std::get<KvSnapshotView>(layers[i]);
       kv->touched_ = true;
       // Held rows in logical order, to their physical rows (one run when plain).

@@ -1,4 +1,8 @@
 // The engine's cache state: devices, session caches and their layers.
+// Internal to the build (not installed), like everything under
+// include/primecache/internal/. This header is the engine's interface only:
+// the layers' state is engine/layer_state.h's, behind the layer interfaces
+// below.
 //
 // An Engine owns one device's reserve (reserve.h): every session arena and
 // every snapshot slot is allocated by Engine::Create, exactly as PlanReserve
@@ -49,14 +53,18 @@ namespace primecache::engine {
 
 // ---- devices ----------------------------------------------------------------
 
-// A Device is opaque here: a caller makes one (NewCpuDevice, NewCudaDevice)
-// and hands it to Engine::Create, which shares it with every session. Its
-// interface (memory, lanes, transfers, events, the kernels) is the engine's
-// internal seam, engine/device.h, used by the layers built on the engine in
-// this tree (the model, serving, tests, benchmarks); it names the kernels'
-// argument types, so it is not public API. Device pointers handed to the
-// layers come from the caller's own allocations on the same device (host
-// memory on the CPU backend).
+// A Device is a handle here: a caller makes one (NewCpuDevice,
+// NewCudaDevice) and hands it to Engine::Create, which shares it with every
+// session. Its interface (memory, lanes, transfers, events, the kernels) is
+// the engine's seam, engine/device.h. Like this header, it is internal to the
+// build (only include/primecache/'s top-level headers are installed); it
+// lives beside its library rather than under include/ because it names the
+// kernels' argument types (kernels/*.h). Code of this tree that works on
+// device memory itself includes it: the model (engine/model/hybrid_model.h),
+// the engine's tests and the engine and model benchmarks; code that only
+// runs the engine (serving, primecache-run, the Python package) does not.
+// Device pointers handed to the layers come from the caller's own
+// allocations on the same device (host memory on the CPU backend).
 class Device;
 
 struct CpuDeviceOptions {
@@ -111,32 +119,40 @@ struct ScanInputs {
 };
 struct EngineCore;   // engine-internal shared state (arenas, slots)
 class Event;         // engine-internal (engine/device.h)
+class LatentLayerState;     // engine-internal: the layers' implementations
+class RecurrentLayerState;  // (engine/layer_state.h)
+class KvLayerState;
 
+// The layers are interfaces: SessionCache owns each layer's implementation
+// (engine/layer_state.h, engine-internal), and hands out these.
 class LatentCacheLayer {
  public:
-  const LatentPlan& plan() const { return plan_; }
-  std::uint64_t max_ctx() const { return max_ctx_; }
-  std::uint64_t len() const { return len_; }
-  std::uint32_t width() const { return plan_.width(); }
-  std::uint32_t index_width() const { return plan_.index_width(); }
+  LatentCacheLayer(const LatentCacheLayer&) = delete;
+  LatentCacheLayer& operator=(const LatentCacheLayer&) = delete;
+
+  virtual const LatentPlan& plan() const = 0;
+  virtual std::uint64_t max_ctx() const = 0;
+  virtual std::uint64_t len() const = 0;
+  virtual std::uint32_t width() const = 0;
+  virtual std::uint32_t index_width() const = 0;
   // 0 until the first append (or restore) resolves it.
-  std::uint32_t pool() const { return pool_; }
-  std::uint64_t pools_ready() const { return pools_ready_; }
-  bool index_is_ring() const { return ring_; }
+  virtual std::uint32_t pool() const = 0;
+  virtual std::uint64_t pools_ready() const = 0;
+  virtual bool index_is_ring() const = 0;
   // Physical rows booked for a ring (0 when flat).
-  std::uint64_t booked_ring_rows() const { return ring_ ? index_rows_ : 0; }
+  virtual std::uint64_t booked_ring_rows() const = 0;
   // The effective ring: booked rows rounded down to a multiple of the pool,
   // once the pool is known; 0 before, and when flat.
-  std::uint64_t index_ring_rows() const { return ring_rows_; }
-  std::uint64_t pool_key_capacity() const { return key_capacity_; }
+  virtual std::uint64_t index_ring_rows() const = 0;
+  virtual std::uint64_t pool_key_capacity() const = 0;
   // The lowest token whose index row the plane still holds: rows below it were
   // lapped by the ring or never restored (their pools' keys are final).
-  std::uint64_t index_floor() const { return floor_; }
+  virtual std::uint64_t index_floor() const = 0;
 
-  const float* rows() const { return rows_; }
-  const std::int32_t* len_device() const { return len_d_; }
-  const float* index_rows() const { return index_; }
-  const float* pool_keys() const { return keys_; }
+  virtual const float* rows() const = 0;
+  virtual const std::int32_t* len_device() const = 0;
+  virtual const float* index_rows() const = 0;
+  virtual const float* pool_keys() const = 0;
 
   // Appends `count` tokens: latent rows [count, width] and, with an indexer,
   // index rows [count, index_width] (device pointers, token-major) and the
@@ -147,105 +163,65 @@ class LatentCacheLayer {
   // completed by this call. Refuses (nothing written) when count would pass
   // max_ctx, the pool disagrees with the plan or the resolved pool, or the
   // layer's invariants do not hold.
-  Status Append(const float* latent_rows, const float* index_rows, std::uint64_t count,
-                const IndexerInputs* indexer);
+  virtual Status Append(const float* latent_rows, const float* index_rows, std::uint64_t count,
+                        const IndexerInputs* indexer) = 0;
 
   // Lowers len to new_len <= len and clamps pools_ready to new_len / pool in
   // the same place. Refuses when the rows of the new tail are no longer held
   // (new_len / pool * pool < index_floor()), and while a round is armed.
-  Status Truncate(std::uint64_t new_len);
+  virtual Status Truncate(std::uint64_t new_len) = 0;
 
-  const RoundMark& round() const { return round_; }
+  virtual const RoundMark& round() const = 0;
   // len and pools_ready of the committed state (those at arming while a
   // round is armed).
-  std::uint64_t committed_len() const { return round_.armed ? round_.base : len_; }
-  std::uint64_t committed_pools_ready() const { return round_.armed ? round_.pools_ready : pools_ready_; }
+  virtual std::uint64_t committed_len() const = 0;
+  virtual std::uint64_t committed_pools_ready() const = 0;
 
   // Host-side invariants: len <= max_ctx; without a resolved pool no pools;
   // with one, pools_ready == len / pool, the effective ring a positive multiple
   // of the pool and the live tail within it, and index_floor() at or below the
   // tail's first row. Internal error naming the first broken one.
-  Status CheckInvariants() const;
+  virtual Status CheckInvariants() const = 0;
 
- private:
-  friend class SessionCache;
-  friend struct EngineInternals;  // engine/engine_core.h
+ protected:
   LatentCacheLayer() = default;
-  Status ResolvePool(std::uint32_t pool);
-  Status WriteLen();
-  void NoteRewind(std::uint64_t new_len);
-  Status TruncateTo(std::uint64_t new_len);
-  Status Arm(std::uint64_t tokens);
-  Status Rollback(std::uint64_t keep);
-
-  Device* dev_ = nullptr;
-  RoundMark round_;
-  std::size_t index_in_cache_ = 0;
-  LatentPlan plan_;
-  std::uint64_t max_ctx_ = 0;
-  float* rows_ = nullptr;
-  std::int32_t* len_d_ = nullptr;
-  float* index_ = nullptr;
-  std::uint64_t index_rows_ = 0;  // physical rows
-  bool ring_ = false;
-  float* keys_ = nullptr;
-  std::uint64_t key_capacity_ = 0;
-  float* tail_scratch_ = nullptr;
-
-  std::uint64_t len_ = 0;
-  std::uint32_t pool_ = 0;
-  std::uint64_t pools_ready_ = 0;
-  std::uint64_t ring_rows_ = 0;
-  std::uint64_t floor_ = 0;
-  bool touched_ = false;
-  std::vector<std::weak_ptr<RewindWatch>> watches_;
+  ~LatentCacheLayer() = default;
 };
 
 class RecurrentCacheLayer {
  public:
-  const RecurrentShape& plan() const { return plan_; }
+  RecurrentCacheLayer(const RecurrentCacheLayer&) = delete;
+  RecurrentCacheLayer& operator=(const RecurrentCacheLayer&) = delete;
+
+  virtual const RecurrentShape& plan() const = 0;
   // [3 * heads * head_dim, kernel - 1]: per channel the last kernel-1 pre-conv
   // inputs, oldest first.
-  float* conv_ring() { return conv_; }
-  const float* conv_ring() const { return conv_; }
+  virtual float* conv_ring() = 0;
+  virtual const float* conv_ring() const = 0;
   // The current state [heads, head_dim, head_dim], and where a step writes the next.
-  const float* state() const { return state_[cur_]; }
-  float* next_state() { return state_[cur_ ^ 1]; }
+  virtual const float* state() const = 0;
+  virtual float* next_state() = 0;
   // Completes a step of `count` tokens whose new state the caller wrote into
   // next_state(): pushes the step's pre-conv inputs ([count, 3*heads*head_dim],
   // device, token-major) into the conv ring and makes next_state() current.
   // While a round is armed the step must stay within it and its tokens' scan
   // inputs must have been stashed (StashScanInputs); its pre-conv inputs are
   // stashed too.
-  Status Step(const float* conv_inputs, std::uint64_t count);
+  virtual Status Step(const float* conv_inputs, std::uint64_t count) = 0;
   // While a round is armed: stashes the scan inputs of the `count` tokens the
   // next Step consumes, so that a rollback can replay the kept ones through
   // the same scan from the pre-round state. FailedPrecondition without a
   // round, ResourceExhausted past the round's positions.
-  Status StashScanInputs(const ScanInputs& inputs, std::uint64_t count);
+  virtual Status StashScanInputs(const ScanInputs& inputs, std::uint64_t count) = 0;
 
-  const RoundMark& round() const { return round_; }
+  virtual const RoundMark& round() const = 0;
   // The committed conv ring and state (the pre-round copies while a round is armed).
-  const float* committed_conv_ring() const { return round_.armed ? stash_.conv : conv_; }
-  const float* committed_state() const { return round_.armed ? stash_.state : state(); }
+  virtual const float* committed_conv_ring() const = 0;
+  virtual const float* committed_state() const = 0;
 
- private:
-  friend class SessionCache;
+ protected:
   RecurrentCacheLayer() = default;
-  Status Arm(std::uint64_t tokens);
-  Status Rollback(std::uint64_t keep);
-  Device* dev_ = nullptr;
-  RecurrentShape plan_;
-  float* conv_ = nullptr;
-  float* state_[2] = {nullptr, nullptr};
-  int cur_ = 0;
-  bool touched_ = false;
-  struct Stash {
-    float *conv = nullptr, *state = nullptr, *raw = nullptr, *qkv = nullptr, *g = nullptr, *b = nullptr,
-          *out = nullptr;
-    float gate_lower_bound = 0.0f;
-  } stash_;
-  RoundMark round_;
+  ~RecurrentCacheLayer() = default;
 };
 
 // An attention layer's K and V rows: plain (row of position p at physical
@@ -261,28 +237,31 @@ class RecurrentCacheLayer {
 // plain layer's floor is 0.
 class KvCacheLayer {
  public:
-  const KvPlan& plan() const { return plan_; }
-  std::uint64_t max_ctx() const { return max_ctx_; }
-  std::uint64_t len() const { return len_; }
+  KvCacheLayer(const KvCacheLayer&) = delete;
+  KvCacheLayer& operator=(const KvCacheLayer&) = delete;
+
+  virtual const KvPlan& plan() const = 0;
+  virtual std::uint64_t max_ctx() const = 0;
+  virtual std::uint64_t len() const = 0;
   // Physical rows of each plane (W when rotating, max_ctx when plain).
-  std::uint64_t capacity() const { return rows_; }
-  std::uint64_t first_held() const { return lo_; }
-  std::uint64_t held_rows() const { return len_ - lo_; }
-  std::uint64_t resumable_floor() const;
-  const float* k_rows() const { return k_; }
-  const float* v_rows() const { return v_; }
-  const std::int32_t* len_device() const { return len_d_; }
+  virtual std::uint64_t capacity() const = 0;
+  virtual std::uint64_t first_held() const = 0;
+  virtual std::uint64_t held_rows() const = 0;
+  virtual std::uint64_t resumable_floor() const = 0;
+  virtual const float* k_rows() const = 0;
+  virtual const float* v_rows() const = 0;
+  virtual const std::int32_t* len_device() const = 0;
   // Appends count rows of K [count, k_width] and V [count, v_width] (device
   // pointers, token-major). A rotating layer keeps the last W of them, written
   // by one row-scatter launch per plane.
-  Status Append(const float* k_rows, const float* v_rows, std::uint64_t count);
+  virtual Status Append(const float* k_rows, const float* v_rows, std::uint64_t count) = 0;
   // Lowers len to new_len; FailedPrecondition below resumable_floor() and
   // while a round is armed.
-  Status Truncate(std::uint64_t new_len);
-  Status CheckInvariants() const;
+  virtual Status Truncate(std::uint64_t new_len) = 0;
+  virtual Status CheckInvariants() const = 0;
 
-  const RoundMark& round() const { return round_; }
-  std::uint64_t committed_len() const { return round_.armed ? round_.base : len_; }
+  virtual const RoundMark& round() const = 0;
+  virtual std::uint64_t committed_len() const = 0;
   // A rotating layer's held rows of the committed state, in logical order,
   // as runs of rows: from the round's stash where the round overwrote them,
   // else from the buffer. Plain layers: rows [0, committed_len()).
@@ -291,32 +270,12 @@ class KvCacheLayer {
     const float* v = nullptr;
     std::uint64_t offset = 0, rows = 0;  // logical offset from the first held row
   };
-  std::uint64_t committed_first_held() const { return round_.armed ? round_.first_held : lo_; }
-  std::vector<RowRun> CommittedRuns() const;
+  virtual std::uint64_t committed_first_held() const = 0;
+  virtual std::vector<RowRun> CommittedRuns() const = 0;
 
- private:
-  friend class SessionCache;
+ protected:
   KvCacheLayer() = default;
-  Status WriteLen();
-  void NoteRewind(std::uint64_t new_len);
-  Status TruncateTo(std::uint64_t new_len);
-  Status Arm(std::uint64_t tokens);
-  Status Rollback(std::uint64_t keep);
-  RoundMark round_;
-  float* round_k_ = nullptr;
-  float* round_v_ = nullptr;
-  Device* dev_ = nullptr;
-  std::size_t index_in_cache_ = 0;
-  KvPlan plan_;
-  std::uint64_t max_ctx_ = 0;
-  float* k_ = nullptr;
-  float* v_ = nullptr;
-  std::uint64_t rows_ = 0;
-  std::int32_t* len_d_ = nullptr;
-  std::uint64_t len_ = 0;
-  std::uint64_t lo_ = 0;  // first held position (rotating)
-  bool touched_ = false;
-  std::vector<std::weak_ptr<RewindWatch>> watches_;
+  ~KvCacheLayer() = default;
 };
 
 // ---- capture and restore ----------------------------------------------------
@@ -513,8 +472,8 @@ class SessionCache {
   friend class Engine;
   friend struct EngineInternals;  // engine/engine_core.h
   SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena, std::uint64_t id);
-  using Layer =
-      std::variant<std::unique_ptr<LatentCacheLayer>, std::unique_ptr<RecurrentCacheLayer>, std::unique_ptr<KvCacheLayer>>;
+  using Layer = std::variant<std::unique_ptr<LatentLayerState>, std::unique_ptr<RecurrentLayerState>,
+                             std::unique_ptr<KvLayerState>>;
   std::shared_ptr<EngineCore> core_;
   std::uint32_t arena_ = 0;
   std::uint64_t id_ = 0;
@@ -540,7 +499,7 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   const ReservePlan& reserve() const;
-  // The engine's device (opaque here; see Device above).
+  // The engine's device (a handle here; see Device above).
   Device& device() const;
   // A fresh session cache (its arena zeroed); ResourceExhausted when every
   // reserved session is open.
