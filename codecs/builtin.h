@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 namespace primecache::codecs {
 

@@ -9,8 +9,8 @@
 #include <cstddef>
 #include <span>
 
-#include "primecache/codec.h"
-#include "primecache/snapshot_file.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/snapshot_file.h"
 
 namespace primecache {
 

@@ -135,11 +135,11 @@ class MlaLatentCodec final : public LayerCodec {
   }
 
   std::vector<std::span<const float>> PlaneData(const LayerSnapshot& layer) const override {
-    const auto& l = As<LatentPlaneSnapshot>(layer);
+    const auto& l = As<LatentSnapshot>(layer);
     return {l.latent_rows, l.index_tail_rows, l.pool_keys};
   }
   std::vector<std::span<float>> MutablePlaneData(LayerSnapshot& layer) const override {
-    auto& l = std::get<LatentPlaneSnapshot>(layer);
+    auto& l = std::get<LatentSnapshot>(layer);
     return {l.latent_rows, l.index_tail_rows, l.pool_keys};
   }
 };

@@ -4,7 +4,7 @@
 #include "codecs/bytes.h"
 #include "codecs/internal.h"
 #include "primecache/checksum.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 namespace primecache {
 

@@ -2,9 +2,9 @@
 #include <variant>
 #include <vector>
 
-#include "primecache/codec.h"
-#include "primecache/layer_validator.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/layer_validator.h"
+#include "primecache/internal/snapshot.h"
 
 namespace primecache {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "codecs/builtin.h"
 #include "codecs/bytes.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 namespace primecache {
 

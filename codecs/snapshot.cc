@@ -1,6 +1,6 @@
 // Shapes, snapshots, target geometry and the boundary: the checks that need
 // no codec.
-#include "primecache/snapshot.h"
+#include "primecache/internal/snapshot.h"
 
 #include <algorithm>
 #include <initializer_list>
@@ -10,7 +10,7 @@
 
 #include "codecs/bytes.h"
 #include "codecs/problems.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 namespace primecache {
 
@@ -184,7 +184,7 @@ struct TargetOf<LatentShape> {
 };
 template <>
 struct TargetOf<RecurrentShape> {
-  using type = RecurrentGeometry;
+  using type = RecurrentShape;
 };
 template <>
 struct TargetOf<KvShape> {
@@ -192,7 +192,7 @@ struct TargetOf<KvShape> {
 };
 template <>
 struct TargetOf<LinearStateShape> {
-  using type = LinearStateGeometry;
+  using type = LinearStateShape;
 };
 
 // The target comparison for each pair of shape and geometry of the same kind.
@@ -209,7 +209,7 @@ void CompareTarget(const LatentShape& s, const LatentGeometry& g, bool consisten
     p.Add("tail of " + N(s.tail_rows()) + " rows exceeds the plan's ring of " + N(g.index_ring_rows));
   }
 }
-void CompareTarget(const RecurrentShape& s, const RecurrentGeometry& g, bool, Problems& p) {
+void CompareTarget(const RecurrentShape& s, const RecurrentShape& g, bool, Problems& p) {
   if (s.heads != g.heads) p.Add("heads " + N(s.heads) + " != plan " + N(g.heads));
   if (s.head_dim != g.head_dim) p.Add("head_dim " + N(s.head_dim) + " != plan " + N(g.head_dim));
   if (s.kernel != g.kernel) p.Add("kernel " + N(s.kernel) + " != plan " + N(g.kernel));
@@ -238,7 +238,7 @@ void CompareTarget(const KvShape& s, const KvGeometry& g, bool, Problems& p) {
   if (s.format.indexed()) CompareDtype(p, "index_keys", s.index_dtype, g.index_dtype);
   if (s.len > g.max_ctx) p.Add("len " + N(s.len) + " > max_ctx " + N(g.max_ctx));
 }
-void CompareTarget(const LinearStateShape& s, const LinearStateGeometry& g, bool, Problems& p) {
+void CompareTarget(const LinearStateShape& s, const LinearStateShape& g, bool, Problems& p) {
   auto same = [&p](std::string_view field, std::uint32_t have, std::uint32_t plan) {
     if (have != plan) p.Add(std::string(field) + " " + N(have) + " != plan " + N(plan));
   };
@@ -318,7 +318,7 @@ Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape) {
   PC_RETURN_IF_ERROR(CheckShape(shape));
   PC_RETURN_IF_ERROR(CheckHasSnapshot(shape));
   if (const auto* s = std::get_if<LatentShape>(&shape)) {
-    LatentPlaneSnapshot l{*s, {}, {}, {}};
+    LatentSnapshot l{*s, {}, {}, {}};
     l.latent_rows.resize(s->latent_values());
     l.index_tail_rows.resize(s->tail_values());
     l.pool_keys.resize(s->pool_key_values());
@@ -341,7 +341,7 @@ Status CheckSnapshot(const LayerSnapshot& layer) {
   PC_RETURN_IF_ERROR(CheckShape(ShapeOf(layer)));
   PC_RETURN_IF_ERROR(CheckHasSnapshot(ShapeOf(layer)));
   Problems p;
-  if (const auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) {
+  if (const auto* l = std::get_if<LatentSnapshot>(&layer)) {
     const LatentShape& s = l->shape;
     CheckPlaneSize(p, "latent_rows", l->latent_rows.size(), s.latent_values(), "len * width");
     CheckPlaneSize(p, "index_tail_rows", l->index_tail_rows.size(), s.tail_values(),
@@ -395,7 +395,7 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
         PutU64(canon, v);
       }
       PutDtypes(canon, {l->dtype, l->index_dtype});
-    } else if (const auto* r = std::get_if<RecurrentGeometry>(&g)) {
+    } else if (const auto* r = std::get_if<RecurrentShape>(&g)) {
       for (std::uint64_t v : {r->heads, r->head_dim, r->kernel}) PutU64(canon, v);
       PutDtypes(canon, {r->conv_dtype, r->state_dtype});
     } else if (const auto* kv = std::get_if<KvGeometry>(&g)) {
@@ -415,7 +415,7 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
         PutDtypes(canon, {kv->dtype});
       }
     } else {
-      const auto& ls = std::get<LinearStateGeometry>(g);
+      const auto& ls = std::get<LinearStateShape>(g);
       for (std::uint64_t v : {ls.conv_channels, ls.conv_width, ls.state_heads, ls.state_k_dim, ls.state_v_dim})
         PutU64(canon, v);
       PutDtypes(canon, {ls.conv_dtype, ls.state_dtype});
@@ -447,7 +447,7 @@ std::vector<std::string> CodecVersionsOf(std::span<const LayerGeometry> plan) {
   for (const LayerGeometry& g : plan) {
     std::string_view kind = kLinearStateKind;
     if (std::holds_alternative<LatentGeometry>(g)) kind = kMlaLatentKind;
-    if (std::holds_alternative<RecurrentGeometry>(g)) kind = kKdaRecurrentKind;
+    if (std::holds_alternative<RecurrentShape>(g)) kind = kKdaRecurrentKind;
     if (const auto* kv = std::get_if<KvGeometry>(&g)) kind = KvKindOf(kv->format);
     if (!kind.empty()) kinds.emplace_back(kind);
   }

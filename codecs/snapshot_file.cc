@@ -1,5 +1,5 @@
 // Whole-boundary encoding and the .pcsnap container (docs/format-snapshot.md).
-#include "primecache/snapshot_file.h"
+#include "primecache/internal/snapshot_file.h"
 
 #include <cstring>
 

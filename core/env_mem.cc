@@ -5,7 +5,7 @@
 #include <mutex>
 #include <set>
 
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 
 namespace primecache {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/errno_text.h"
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 
 namespace primecache {
 namespace {

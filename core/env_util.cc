@@ -6,7 +6,7 @@
 
 #include <unistd.h>
 
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 
 namespace primecache {
 

@@ -1,4 +1,4 @@
-#include "primecache/logging.h"
+#include "primecache/internal/logging.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>

@@ -10,7 +10,8 @@
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
-#include "primecache/engine.h"
+#include "engine/layer_state.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine {
 namespace {
@@ -33,9 +34,9 @@ Status LayerRefusal(std::size_t i, const std::string& why) {
 
 // The eager capture of a rotating layer: its held rows of the committed
 // state, copied on the device into the slot in logical order.
-Status CopyRotatingToSlot(Device& dev, const KvLayer& kv, float* k_dst, float* v_dst) {
+Status CopyRotatingToSlot(Device& dev, const KvLayerState& kv, float* k_dst, float* v_dst) {
   const std::uint64_t kw = kv.plan().k_width, vw = kv.plan().v_width;
-  for (const KvLayer::RowRun& r : kv.CommittedRuns()) {
+  for (const KvCacheLayer::RowRun& r : kv.CommittedRuns()) {
     PC_RETURN_IF_ERROR(dev.CopyOnDevice(k_dst + r.offset * kw, r.k, r.rows * kw * sizeof(float), Lane::kCompute));
     PC_RETURN_IF_ERROR(dev.CopyOnDevice(v_dst + r.offset * vw, r.v, r.rows * vw * sizeof(float), Lane::kCompute));
   }
@@ -57,12 +58,12 @@ Status SessionCache::CheckCapturable() const {
   bool have = false;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     std::uint64_t len = 0;
-    if (const LatentLayer* l = latent(i)) {
+    if (const LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
       if (l->plan().has_indexer() && l->pool() == 0)
         return LayerRefusal(i, "the indexer's pool is unresolved");
       PC_RETURN_IF_ERROR(l->CheckInvariants().WithContext("layer " + N(i)));
       len = l->committed_len();
-    } else if (const KvLayer* kv = this->kv(i)) {
+    } else if (const KvLayerState* kv = LayerAt<KvLayerState>(layers_, i)) {
       PC_RETURN_IF_ERROR(kv->CheckInvariants().WithContext("layer " + N(i)));
       len = kv->committed_len();
     } else {
@@ -115,9 +116,9 @@ std::vector<std::span<float>> PlanesAt(const LayerShape& shape, float* base) {
       [&](const auto& view) {
         using V = std::decay_t<decltype(view)>;
         auto add = [&](std::span<const float> p) { planes.emplace_back(const_cast<float*>(p.data()), p.size()); };
-        if constexpr (std::is_same_v<V, LatentView>) {
+        if constexpr (std::is_same_v<V, LatentSnapshotView>) {
           add(view.latent_rows), add(view.index_tail_rows), add(view.pool_keys);
-        } else if constexpr (std::is_same_v<V, RecurrentView>) {
+        } else if constexpr (std::is_same_v<V, RecurrentSnapshotView>) {
           add(view.conv_ring), add(view.state);
         } else {
           add(view.k_rows), add(view.v_rows);
@@ -129,7 +130,7 @@ std::vector<std::span<float>> PlanesAt(const LayerShape& shape, float* base) {
 
 // A snapshot's planes in view order.
 std::vector<std::span<float>> PlanesOf(LayerSnapshot& layer) {
-  if (auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) return {l->latent_rows, l->index_tail_rows, l->pool_keys};
+  if (auto* l = std::get_if<LatentSnapshot>(&layer)) return {l->latent_rows, l->index_tail_rows, l->pool_keys};
   if (auto* r = std::get_if<RecurrentSnapshot>(&layer)) return {r->conv_ring, r->state};
   auto& kv = std::get<KvSnapshot>(layer);
   return {kv.k_rows, kv.v_rows};
@@ -196,7 +197,7 @@ Result<std::vector<LayerSnapshotView>> ToBlock(Device& dev, const SessionCache::
 // A KV layer's held rows at a boundary of `len` tokens, in logical order:
 // rows [0, len) of a plain layer, the committed state's held rows of a
 // rotating one (len is then its committed len).
-void KvSources(const KvLayer& kv, std::uint64_t len, SessionCache::Sources* src) {
+void KvSources(const KvLayerState& kv, std::uint64_t len, SessionCache::Sources* src) {
   const KvPlan& p = kv.plan();
   const bool rot = p.format.rotating();
   const KvShape shape{len, p.k_width, p.v_width, p.format, rot ? len - kv.committed_first_held() : 0};
@@ -206,7 +207,7 @@ void KvSources(const KvLayer& kv, std::uint64_t len, SessionCache::Sources* src)
     src->FromDevice(1, 0, kv.v_rows(), len * p.v_width);
     return;
   }
-  for (const KvLayer::RowRun& r : kv.CommittedRuns()) {
+  for (const KvCacheLayer::RowRun& r : kv.CommittedRuns()) {
     src->FromDevice(0, r.offset * p.k_width, r.k, r.rows * p.k_width);
     src->FromDevice(1, r.offset * p.v_width, r.v, r.rows * p.v_width);
   }
@@ -221,7 +222,7 @@ Result<SessionCache::Sources> SessionCache::FullSources() {
   Device& dev = *core_->device;
   Sources src;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    if (LatentLayer* l = latent(i)) {
+    if (LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
       const bool ring = l->ring_ && l->plan_.has_indexer();
       const LatentShape s{l->committed_len(), l->width(), l->index_width(), l->pool_, l->committed_pools_ready(),
                           ring, ring ? l->ring_rows_ : 0};
@@ -238,12 +239,13 @@ Result<SessionCache::Sources> SessionCache::FullSources() {
         src.FromDevice(1, 0, l->tail_scratch_, s.tail_values());
         src.FromDevice(2, 0, l->keys_, s.pool_key_values());
       }
-    } else if (RecurrentLayer* r = recurrent(i)) {
+    } else if (RecurrentLayerState* r = LayerAt<RecurrentLayerState>(layers_, i)) {
       src.NewLayer(r->plan_);
       src.FromDevice(0, 0, r->committed_conv_ring(), r->plan_.conv_values());
       src.FromDevice(1, 0, r->committed_state(), r->plan_.state_values());
     } else {
-      KvSources(*kv(i), kv(i)->committed_len(), &src);
+      const KvLayerState& kv = *LayerAt<KvLayerState>(layers_, i);
+      KvSources(kv, kv.committed_len(), &src);
     }
   }
   return src;
@@ -278,8 +280,8 @@ Result<PendingCapture> SessionCache::CaptureEager() {
   half.session_id = id_;
   half.layers.reserve(layers_.size());
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    if (LatentLayer* l = latent(i)) {
-      EagerLatent e;
+    if (LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
+      LatentSnapshot e;  // the eager part: the shape and the tail rows
       LatentShape& s = e.shape;
       s.len = l->committed_len();
       s.pools_ready = l->committed_pools_ready();
@@ -296,16 +298,16 @@ Result<PendingCapture> SessionCache::CaptureEager() {
       }
       AddWatch(&l->watches_, watch);
       half.layers.emplace_back(std::move(e));
-    } else if (RecurrentLayer* r = recurrent(i)) {
-      const RecurrentPlan& p = r->plan_;
+    } else if (RecurrentLayerState* r = LayerAt<RecurrentLayerState>(layers_, i)) {
+      const RecurrentShape& p = r->plan_;
       PC_RETURN_IF_ERROR(dev.CopyOnDevice(dslot.at<float>(areas[i].conv_ring.offset), r->committed_conv_ring(),
                                           p.conv_values() * sizeof(float), Lane::kCompute));
       PC_RETURN_IF_ERROR(dev.CopyOnDevice(dslot.at<float>(areas[i].state.offset), r->committed_state(),
                                           p.state_values() * sizeof(float), Lane::kCompute));
       half.layers.emplace_back(RecurrentSnapshot{p, {}, {}});
     } else {
-      KvLayer* kv = this->kv(i);
-      EagerKv e{{kv->committed_len(), kv->plan_.k_width, kv->plan_.v_width, kv->plan_.format, 0}};
+      KvLayerState* kv = LayerAt<KvLayerState>(layers_, i);
+      KvSnapshot e{{kv->committed_len(), kv->plan_.k_width, kv->plan_.v_width, kv->plan_.format, 0}};
       if (e.shape.format.rotating()) {
         e.shape.rows = e.shape.len - kv->committed_first_held();
         PC_RETURN_IF_ERROR(CopyRotatingToSlot(dev, *kv, dslot.at<float>(areas[i].k_rows.offset),
@@ -384,13 +386,13 @@ Result<EagerHalf> PendingCapture::Collect() {
   const Memory& staged = core_->slot_staging[slot_];
   const std::vector<SlotArea>& areas = core_->plan.slot_areas;
   for (std::size_t i = 0; i < half_.layers.size(); ++i) {
-    if (auto* e = std::get_if<EagerLatent>(&half_.layers[i])) {
-      e->tail_rows = ToVector(staged.at<const float>(areas[i].tail.offset), e->shape.tail_values());
+    if (auto* e = std::get_if<LatentSnapshot>(&half_.layers[i])) {
+      e->index_tail_rows = ToVector(staged.at<const float>(areas[i].tail.offset), e->shape.tail_values());
     } else if (auto* r = std::get_if<RecurrentSnapshot>(&half_.layers[i])) {
       const RecurrentShape& s = r->shape;
       r->conv_ring = ToVector(staged.at<const float>(areas[i].conv_ring.offset), s.conv_values());
       r->state = ToVector(staged.at<const float>(areas[i].state.offset), s.state_values());
-    } else if (auto* kv = std::get_if<EagerKv>(&half_.layers[i]); kv != nullptr && kv->shape.format.rotating()) {
+    } else if (auto* kv = std::get_if<KvSnapshot>(&half_.layers[i]); kv != nullptr && kv->shape.format.rotating()) {
       kv->k_rows = ToVector(staged.at<const float>(areas[i].k_rows.offset), kv->shape.k_values());
       kv->v_rows = ToVector(staged.at<const float>(areas[i].v_rows.offset), kv->shape.v_values());
     }
@@ -405,8 +407,8 @@ Result<EagerHalf> PendingCapture::Collect() {
 namespace {
 
 // The deferred half's checks of one latent layer against its eager half.
-Status CheckLatentCompletion(std::size_t i, const EagerLayer& el, const LatentLayer* l, std::uint64_t low) {
-  const auto* eager = std::get_if<EagerLatent>(&el);
+Status CheckLatentCompletion(std::size_t i, const LayerSnapshot& el, const LatentLayerState* l, std::uint64_t low) {
+  const auto* eager = std::get_if<LatentSnapshot>(&el);
   if (eager == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
   const LatentShape* e = &eager->shape;
   if (e->width != l->width() || e->index_width != l->index_width()) {
@@ -432,15 +434,15 @@ Status CheckLatentCompletion(std::size_t i, const EagerLayer& el, const LatentLa
       return LayerRefusal(
           i, "pools_ready " + N(l->pools_ready()) + " is behind the boundary's " + N(e->pools_ready));
     }
-    if (eager->tail_rows.size() != e->tail_values()) {
-      return LayerRefusal(i, "the eager tail holds " + N(eager->tail_rows.size()) +
+    if (eager->index_tail_rows.size() != e->tail_values()) {
+      return LayerRefusal(i, "the eager tail holds " + N(eager->index_tail_rows.size()) +
                                  " floats, not the boundary's " + N(e->tail_values()));
     }
     if (e->index_is_ring != (l->index_ring_rows() != 0) || e->index_ring_rows != l->index_ring_rows()) {
       return LayerRefusal(
           i, "index ring " + N(e->index_ring_rows) + " != the layer's " + N(l->index_ring_rows()));
     }
-  } else if (e->pools_ready != 0 || !eager->tail_rows.empty() || e->index_is_ring ||
+  } else if (e->pools_ready != 0 || !eager->index_tail_rows.empty() || e->index_is_ring ||
              e->index_ring_rows != 0) {
     return LayerRefusal(i, "pool state on a layer without an indexer");
   }
@@ -449,8 +451,8 @@ Status CheckLatentCompletion(std::size_t i, const EagerLayer& el, const LatentLa
 }
 
 // The same for one KV layer (a rotating one is checked against its eager rows alone).
-Status CheckKvCompletion(std::size_t i, const EagerLayer& el, const KvLayer* kv, std::uint64_t low) {
-  const auto* eager = std::get_if<EagerKv>(&el);
+Status CheckKvCompletion(std::size_t i, const LayerSnapshot& el, const KvLayerState* kv, std::uint64_t low) {
+  const auto* eager = std::get_if<KvSnapshot>(&el);
   if (eager == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
   const KvShape* e = &eager->shape;
   if (e->k_width != kv->plan().k_width || e->v_width != kv->plan().v_width) {
@@ -496,10 +498,10 @@ Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
   }
   const std::vector<std::uint64_t>& low = eager.watch->low;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    const EagerLayer& el = eager.layers[i];
-    if (const LatentLayer* l = latent(i)) {
+    const LayerSnapshot& el = eager.layers[i];
+    if (const LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
       PC_RETURN_IF_ERROR(CheckLatentCompletion(i, el, l, low[i]));
-    } else if (const RecurrentLayer* r = recurrent(i)) {
+    } else if (const RecurrentLayerState* r = LayerAt<RecurrentLayerState>(layers_, i)) {
       const auto* e = std::get_if<RecurrentSnapshot>(&el);
       if (e == nullptr) return LayerRefusal(i, "the eager half holds another kind of layer");
       const RecurrentShape& want = r->plan();
@@ -508,7 +510,7 @@ Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
         return LayerRefusal(i, "the eager recurrent state does not have the layer's shape");
       }
     } else {
-      PC_RETURN_IF_ERROR(CheckKvCompletion(i, el, this->kv(i), low[i]));
+      PC_RETURN_IF_ERROR(CheckKvCompletion(i, el, LayerAt<KvLayerState>(layers_, i), low[i]));
     }
   }
   return Status::Ok();
@@ -520,25 +522,25 @@ Result<SessionCache::Sources> SessionCache::CompletionSources(EagerHalf& eager) 
   PC_RETURN_IF_ERROR(CheckCompletion(eager));
   Sources src;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    EagerLayer& el = eager.layers[i];
-    if (const LatentLayer* l = latent(i)) {
-      const auto& e = std::get<EagerLatent>(el);
+    LayerSnapshot& el = eager.layers[i];
+    if (const LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
+      const auto& e = std::get<LatentSnapshot>(el);
       const LatentShape& s = e.shape;
       src.NewLayer(s);
       src.FromDevice(0, 0, l->rows_, s.latent_values());
-      src.FromHost(1, e.tail_rows);
+      src.FromHost(1, e.index_tail_rows);
       src.FromDevice(2, 0, l->keys_, s.pool_key_values());
-    } else if (recurrent(i) != nullptr) {
+    } else if (LayerAt<RecurrentLayerState>(layers_, i) != nullptr) {
       const auto& r = std::get<RecurrentSnapshot>(el);
       src.NewLayer(r.shape);
       src.FromHost(0, r.conv_ring);
       src.FromHost(1, r.state);
-    } else if (const auto& e = std::get<EagerKv>(el); e.shape.format.rotating()) {
+    } else if (const auto& e = std::get<KvSnapshot>(el); e.shape.format.rotating()) {
       src.NewLayer(e.shape);
       src.FromHost(0, e.k_rows);
       src.FromHost(1, e.v_rows);
     } else {
-      KvSources(*kv(i), e.shape.len, &src);
+      KvSources(*LayerAt<KvLayerState>(layers_, i), e.shape.len, &src);
     }
   }
   return src;

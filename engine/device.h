@@ -1,4 +1,7 @@
 // The device seam: everything the engine does to memory goes through a Device.
+// Internal to the build, beside its library because it names the kernels'
+// argument types; who includes it, and why, is in
+// include/primecache/internal/engine.h ("devices").
 //
 // Two backends implement it:
 //  - the CPU reference (NewCpuDevice): "device" memory is host memory, every
@@ -45,7 +48,7 @@
 #include "kernels/kda_scan.h"
 #include "kernels/pool_keys.h"
 #include "kernels/ring_rows.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 #include "primecache/status.h"
 
 namespace primecache::engine {

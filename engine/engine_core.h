@@ -11,8 +11,9 @@
 #include <vector>
 
 #include "engine/device.h"
-#include "primecache/engine.h"
-#include "primecache/reserve.h"
+#include "engine/layer_state.h"
+#include "primecache/internal/engine.h"
+#include "primecache/internal/reserve.h"
 
 namespace primecache::engine {
 
@@ -65,7 +66,9 @@ struct EngineInternals {
   static const Memory& Arena(const SessionCache& s) { return s.core_->arenas[s.arena_]; }
   static Device& DeviceOf(const SessionCache& s) { return *s.core_->device; }
   static void Break(SessionCache& s, std::string why) { s.broken_ = std::move(why); }
-  static void SetPoolsReady(LatentLayer& l, std::uint64_t v) { l.pools_ready_ = v; }
+  static void SetPoolsReady(LatentCacheLayer& l, std::uint64_t v) {
+    static_cast<LatentLayerState&>(l).pools_ready_ = v;  // every LatentCacheLayer is one
+  }
 };
 
 }  // namespace primecache::engine

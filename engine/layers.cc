@@ -6,7 +6,8 @@
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
-#include "primecache/engine.h"
+#include "engine/layer_state.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine {
 namespace {
@@ -46,9 +47,9 @@ void LowerWatches(std::vector<std::weak_ptr<RewindWatch>>* watches, std::size_t 
 
 }  // namespace
 
-// ---- LatentLayer --------------------------------------------------------------
+// ---- LatentLayerState --------------------------------------------------------------
 
-Status LatentLayer::CheckInvariants() const {
+Status LatentLayerState::CheckInvariants() const {
   if (dev_ == nullptr) return Status::FailedPrecondition("latent layer is not part of a cache");
   if (len_ > max_ctx_) return Broken("len " + N(len_) + " > max_ctx " + N(max_ctx_));
   if (!plan_.has_indexer()) {
@@ -79,7 +80,7 @@ Status LatentLayer::CheckInvariants() const {
   return Status::Ok();
 }
 
-Status LatentLayer::ResolvePool(std::uint32_t pool) {
+Status LatentLayerState::ResolvePool(std::uint32_t pool) {
   if (pool != plan_.pool) {
     return Status::InvalidArgument("indexer pool " + N(pool) + " disagrees with the plan's pool " +
                                    N(plan_.pool));
@@ -101,15 +102,15 @@ Status LatentLayer::ResolvePool(std::uint32_t pool) {
   return Status::Ok();
 }
 
-Status LatentLayer::WriteLen() {
+Status LatentLayerState::WriteLen() {
   return dev_->WriteI32(len_d_, static_cast<std::int32_t>(len_), Lane::kCompute);
 }
 
-void LatentLayer::NoteRewind(std::uint64_t new_len) {
+void LatentLayerState::NoteRewind(std::uint64_t new_len) {
   LowerWatches(&watches_, index_in_cache_, new_len);
 }
 
-Status LatentLayer::Append(const float* latent_rows, const float* index_rows, std::uint64_t count,
+Status LatentLayerState::Append(const float* latent_rows, const float* index_rows, std::uint64_t count,
                            const IndexerInputs* indexer) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (count == 0) return Status::Ok();
@@ -181,12 +182,12 @@ Status LatentLayer::Append(const float* latent_rows, const float* index_rows, st
   return st.ok() ? wl : st;
 }
 
-Status LatentLayer::Truncate(std::uint64_t new_len) {
+Status LatentLayerState::Truncate(std::uint64_t new_len) {
   PC_RETURN_IF_ERROR(RefuseInRound(round_, "truncate"));
   return TruncateTo(new_len);
 }
 
-Status LatentLayer::TruncateTo(std::uint64_t new_len) {
+Status LatentLayerState::TruncateTo(std::uint64_t new_len) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (new_len > len_) return Status::InvalidArgument("truncate to " + N(new_len) + " above len " + N(len_));
   if (new_len == len_) return Status::Ok();
@@ -207,9 +208,9 @@ Status LatentLayer::TruncateTo(std::uint64_t new_len) {
   return WriteLen();
 }
 
-// ---- RecurrentLayer ------------------------------------------------------------
+// ---- RecurrentLayerState ------------------------------------------------------------
 
-Status RecurrentLayer::Step(const float* conv_inputs, std::uint64_t count) {
+Status RecurrentLayerState::Step(const float* conv_inputs, std::uint64_t count) {
   if (dev_ == nullptr) return Status::FailedPrecondition("recurrent layer is not part of a cache");
   if (count == 0 || conv_inputs == nullptr) return Status::InvalidArgument("step: no inputs");
   if (round_.armed) {
@@ -236,14 +237,14 @@ Status RecurrentLayer::Step(const float* conv_inputs, std::uint64_t count) {
   return Status::Ok();
 }
 
-// ---- KvLayer -------------------------------------------------------------------
+// ---- KvLayerState -------------------------------------------------------------------
 
-std::uint64_t KvLayer::resumable_floor() const {
+std::uint64_t KvLayerState::resumable_floor() const {
   if (!plan_.format.rotating() || lo_ == 0) return 0;
   return lo_ + plan_.format.window - 1;
 }
 
-Status KvLayer::CheckInvariants() const {
+Status KvLayerState::CheckInvariants() const {
   if (dev_ == nullptr) return Status::FailedPrecondition("KV layer is not part of a cache");
   auto broken = [](const std::string& what) { return Status::Internal("KV layer invariant broken: " + what); };
   if (len_ > max_ctx_) return broken("len " + N(len_) + " > max_ctx " + N(max_ctx_));
@@ -261,15 +262,15 @@ Status KvLayer::CheckInvariants() const {
   return Status::Ok();
 }
 
-Status KvLayer::WriteLen() {
+Status KvLayerState::WriteLen() {
   return dev_->WriteI32(len_d_, static_cast<std::int32_t>(len_), Lane::kCompute);
 }
 
-void KvLayer::NoteRewind(std::uint64_t new_len) {
+void KvLayerState::NoteRewind(std::uint64_t new_len) {
   LowerWatches(&watches_, index_in_cache_, new_len);
 }
 
-Status KvLayer::Append(const float* k_rows, const float* v_rows, std::uint64_t count) {
+Status KvLayerState::Append(const float* k_rows, const float* v_rows, std::uint64_t count) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (count == 0) return Status::Ok();
   if (k_rows == nullptr || v_rows == nullptr) return Status::InvalidArgument("KV append: null rows");
@@ -300,12 +301,12 @@ Status KvLayer::Append(const float* k_rows, const float* v_rows, std::uint64_t c
   return WriteLen();
 }
 
-Status KvLayer::Truncate(std::uint64_t new_len) {
+Status KvLayerState::Truncate(std::uint64_t new_len) {
   PC_RETURN_IF_ERROR(RefuseInRound(round_, "KV truncate"));
   return TruncateTo(new_len);
 }
 
-Status KvLayer::TruncateTo(std::uint64_t new_len) {
+Status KvLayerState::TruncateTo(std::uint64_t new_len) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (new_len > len_)
     return Status::InvalidArgument("KV truncate to " + N(new_len) + " above len " + N(len_));

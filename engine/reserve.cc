@@ -1,4 +1,4 @@
-#include "primecache/reserve.h"
+#include "primecache/internal/reserve.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -94,7 +94,7 @@ std::vector<std::pair<std::string, std::uint64_t>> Terms(const ReservePlan& p) {
 }
 
 // A recurrent layer's round stash for rounds of `t` positions (empty when t is 0).
-RecurrentRoundStash TakeRoundStash(Layout& arena, const RecurrentPlan& l, std::uint64_t t) {
+RecurrentRoundStash TakeRoundStash(Layout& arena, const RecurrentShape& l, std::uint64_t t) {
   RecurrentRoundStash r;
   if (t == 0) return r;
   const std::uint64_t nd = std::uint64_t{l.heads} * l.head_dim;
@@ -140,7 +140,7 @@ class LayerPlanner {
     p_.slot_areas.push_back(area);
   }
 
-  void Add(std::size_t /*i*/, const RecurrentPlan& l) {
+  void Add(std::size_t /*i*/, const RecurrentShape& l) {
     RecurrentReserve r;
     const std::uint64_t conv = arena_.Mul(l.conv_values(), kF32);
     const std::uint64_t state = arena_.Mul(l.state_values(), kF32);
@@ -236,7 +236,7 @@ std::uint64_t MinRingRows(std::uint32_t pool, std::uint32_t round_tokens) {
 
 std::uint64_t BytesPerToken(const LayerPlan& layer, std::uint64_t len) {
   if (const auto* l = std::get_if<LatentPlan>(&layer)) return std::uint64_t{l->width()} * kF32;
-  if (std::holds_alternative<RecurrentPlan>(layer)) return 0;
+  if (std::holds_alternative<RecurrentShape>(layer)) return 0;
   const auto& kv = std::get<KvPlan>(layer);
   if (kv.format.rotating() && len >= kv.format.window) return 0;
   return (std::uint64_t{kv.k_width} + kv.v_width) * kF32;

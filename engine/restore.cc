@@ -6,7 +6,8 @@
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
-#include "primecache/engine.h"
+#include "engine/layer_state.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine {
 namespace {
@@ -32,15 +33,15 @@ LayerShape ShapeOfView(const LayerSnapshotView& v) {
 // Meaningful only once the shape passed CheckShape.
 std::string PlaneProblems(const LayerSnapshotView& v) {
   std::string p;
-  if (const auto* l = std::get_if<LatentView>(&v)) {
+  if (const auto* l = std::get_if<LatentSnapshotView>(&v)) {
     PlaneSize(&p, "latent_rows", l->latent_rows.size(), l->shape.latent_values());
     PlaneSize(&p, "index_tail_rows", l->index_tail_rows.size(), l->shape.tail_values());
     PlaneSize(&p, "pool_keys", l->pool_keys.size(), l->shape.pool_key_values());
-  } else if (const auto* r = std::get_if<RecurrentView>(&v)) {
+  } else if (const auto* r = std::get_if<RecurrentSnapshotView>(&v)) {
     PlaneSize(&p, "conv_ring", r->conv_ring.size(), r->shape.conv_values());
     PlaneSize(&p, "state", r->state.size(), r->shape.state_values());
   } else {
-    const auto& kv = std::get<KvView>(v);
+    const auto& kv = std::get<KvSnapshotView>(v);
     PlaneSize(&p, "k_rows", kv.k_rows.size(), kv.shape.k_values());
     PlaneSize(&p, "v_rows", kv.v_rows.size(), kv.shape.v_values());
   }
@@ -50,13 +51,13 @@ std::string PlaneProblems(const LayerSnapshotView& v) {
 }  // namespace
 
 LayerSnapshotView ViewOf(const LayerSnapshot& layer) {
-  if (const auto* l = std::get_if<LatentPlaneSnapshot>(&layer)) {
-    return LatentView{l->shape, l->latent_rows, l->index_tail_rows, l->pool_keys};
+  if (const auto* l = std::get_if<LatentSnapshot>(&layer)) {
+    return LatentSnapshotView{l->shape, l->latent_rows, l->index_tail_rows, l->pool_keys};
   }
   if (const auto* r = std::get_if<RecurrentSnapshot>(&layer))
-    return RecurrentView{r->shape, r->conv_ring, r->state};
+    return RecurrentSnapshotView{r->shape, r->conv_ring, r->state};
   const auto& kv = std::get<KvSnapshot>(layer);
-  return KvView{kv.shape, kv.k_rows, kv.v_rows};
+  return KvSnapshotView{kv.shape, kv.k_rows, kv.v_rows};
 }
 
 std::uint64_t ViewFloats(const LayerShape& shape) {
@@ -76,15 +77,15 @@ LayerSnapshotView ViewAt(const LayerShape& shape, const float* base) {
   if (const auto* l = std::get_if<LatentShape>(&shape)) {
     auto rows = take(l->latent_values());
     auto tail = take(l->tail_values());
-    return LatentView{*l, rows, tail, take(l->pool_key_values())};
+    return LatentSnapshotView{*l, rows, tail, take(l->pool_key_values())};
   }
   if (const auto* r = std::get_if<RecurrentShape>(&shape)) {
     auto conv = take(r->conv_values());
-    return RecurrentView{*r, conv, take(r->state_values())};
+    return RecurrentSnapshotView{*r, conv, take(r->state_values())};
   }
   const auto& kv = std::get<KvShape>(shape);
   auto k = take(kv.k_values());
-  return KvView{kv, k, take(kv.v_values())};
+  return KvSnapshotView{kv, k, take(kv.v_values())};
 }
 
 std::vector<LayerSnapshotView> ViewsOf(std::span<const LayerSnapshot> layers) {
@@ -191,8 +192,8 @@ Status SessionCache::Restore(std::span<const LayerSnapshotView> layers, PlaneRes
   };
   Status st;
   for (std::size_t i = 0; i < layers_.size() && st.ok(); ++i) {
-    if (LatentLayer* l = latent(i)) {
-      const auto& v = std::get<LatentView>(layers[i]);
+    if (LatentLayerState* l = LayerAt<LatentLayerState>(layers_, i)) {
+      const auto& v = std::get<LatentSnapshotView>(layers[i]);
       const LatentShape& s = v.shape;
       l->touched_ = true;
       st = upload(l->rows_, v.latent_rows);
@@ -214,14 +215,14 @@ Status SessionCache::Restore(std::span<const LayerSnapshotView> layers, PlaneRes
       }
       l->len_ = s.len;
       if (st.ok()) st = l->WriteLen();
-    } else if (RecurrentLayer* r = recurrent(i)) {
-      const auto& v = std::get<RecurrentView>(layers[i]);
+    } else if (RecurrentLayerState* r = LayerAt<RecurrentLayerState>(layers_, i)) {
+      const auto& v = std::get<RecurrentSnapshotView>(layers[i]);
       r->touched_ = true;
       st = upload(r->conv_, v.conv_ring);
       if (st.ok()) st = upload(r->state_[r->cur_], v.state);
     } else {
-      KvLayer* kv = this->kv(i);
-      const auto& v = std::get<KvView>(layers[i]);
+      KvLayerState* kv = LayerAt<KvLayerState>(layers_, i);
+      const auto& v = std::get<KvSnapshotView>(layers[i]);
       kv->touched_ = true;
       // Held rows in logical order, to their physical rows (one run when plain).
       const std::uint64_t held = v.shape.held_rows(), first = v.shape.len - held;

@@ -1,5 +1,5 @@
 // Speculative verify rounds: arming, the stash, commit and rollback of every
-// layer kind (docs/engine.md, "Verify rounds").
+// layer kind (docs/engine.md, "Speculative rounds").
 //
 // What each kind keeps so that a rollback to `keep` positions leaves it
 // bit-identical to a layer armed at the same point and given only those:
@@ -19,7 +19,8 @@
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
-#include "primecache/engine.h"
+#include "engine/layer_state.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine {
 namespace {
@@ -40,9 +41,9 @@ RoundMark Armed(std::uint64_t base, std::uint64_t tokens) {
 
 }  // namespace
 
-// ---- LatentLayer ---------------------------------------------------------------
+// ---- LatentLayerState ---------------------------------------------------------------
 
-Status LatentLayer::Arm(std::uint64_t tokens) {
+Status LatentLayerState::Arm(std::uint64_t tokens) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   if (plan_.has_indexer() && ring_) {
     const std::uint64_t ring = ring_rows_ != 0 ? ring_rows_ : EffectiveRingRows(index_rows_, plan_.pool);
@@ -58,15 +59,15 @@ Status LatentLayer::Arm(std::uint64_t tokens) {
   return Status::Ok();
 }
 
-Status LatentLayer::Rollback(std::uint64_t keep) {
+Status LatentLayerState::Rollback(std::uint64_t keep) {
   const std::uint64_t target = round_.base + keep;
   round_ = {};
   return TruncateTo(target);
 }
 
-// ---- RecurrentLayer ------------------------------------------------------------
+// ---- RecurrentLayerState ------------------------------------------------------------
 
-Status RecurrentLayer::Arm(std::uint64_t tokens) {
+Status RecurrentLayerState::Arm(std::uint64_t tokens) {
   if (dev_ == nullptr) return Status::FailedPrecondition("recurrent layer is not part of a cache");
   PC_RETURN_IF_ERROR(dev_->CopyOnDevice(stash_.conv, conv_, plan_.conv_values() * kF32, Lane::kCompute));
   PC_RETURN_IF_ERROR(dev_->CopyOnDevice(stash_.state, state(), plan_.state_values() * kF32, Lane::kCompute));
@@ -74,7 +75,7 @@ Status RecurrentLayer::Arm(std::uint64_t tokens) {
   return Status::Ok();
 }
 
-Status RecurrentLayer::StashScanInputs(const ScanInputs& in, std::uint64_t count) {
+Status RecurrentLayerState::StashScanInputs(const ScanInputs& in, std::uint64_t count) {
   if (!round_.armed) return Status::FailedPrecondition("scan inputs stashed without an armed round");
   if (count == 0 || in.qkv == nullptr || in.g == nullptr || in.b == nullptr) {
     return Status::InvalidArgument("stash of scan inputs: no tokens or a null plane");
@@ -103,7 +104,7 @@ Status RecurrentLayer::StashScanInputs(const ScanInputs& in, std::uint64_t count
 // Restores the pre-round ring and state, then runs the kept tokens as one
 // step of `keep` tokens: their pre-conv inputs through the ring push, their
 // scan inputs through the scan, from the pre-round state into next_state().
-Status RecurrentLayer::Rollback(std::uint64_t keep) {
+Status RecurrentLayerState::Rollback(std::uint64_t keep) {
   const std::uint64_t appended = round_.appended;
   round_ = {};
   if (keep == appended) return Status::Ok();
@@ -133,9 +134,9 @@ Status RecurrentLayer::Rollback(std::uint64_t keep) {
   return Status::Ok();
 }
 
-// ---- KvLayer -------------------------------------------------------------------
+// ---- KvLayerState -------------------------------------------------------------------
 
-Status KvLayer::Arm(std::uint64_t tokens) {
+Status KvLayerState::Arm(std::uint64_t tokens) {
   PC_RETURN_IF_ERROR(CheckInvariants());
   RoundMark r = Armed(len_, tokens);
   r.first_held = lo_;
@@ -157,7 +158,7 @@ Status KvLayer::Arm(std::uint64_t tokens) {
   return Status::Ok();
 }
 
-Status KvLayer::Rollback(std::uint64_t keep) {
+Status KvLayerState::Rollback(std::uint64_t keep) {
   const RoundMark r = round_;
   round_ = {};
   const std::uint64_t target = r.base + keep;
@@ -178,7 +179,7 @@ Status KvLayer::Rollback(std::uint64_t keep) {
   return WriteLen();
 }
 
-std::vector<KvLayer::RowRun> KvLayer::CommittedRuns() const {
+std::vector<KvCacheLayer::RowRun> KvLayerState::CommittedRuns() const {
   std::vector<RowRun> runs;
   const std::uint64_t kw = plan_.k_width, vw = plan_.v_width, len = committed_len();
   if (!plan_.format.rotating()) {
@@ -203,9 +204,9 @@ Status SessionCache::CheckRoundBoundary(const char* what) const {
   bool have = false;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     std::uint64_t l = 0;
-    if (const LatentLayer* lat = latent(i)) {
+    if (const LatentLayerState* lat = LayerAt<LatentLayerState>(layers_, i)) {
       l = lat->len();
-    } else if (const KvLayer* k = kv(i)) {
+    } else if (const KvLayerState* k = LayerAt<KvLayerState>(layers_, i)) {
       l = k->len();
     } else {
       continue;

@@ -5,7 +5,8 @@
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
-#include "primecache/engine.h"
+#include "engine/layer_state.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine {
 
@@ -115,7 +116,7 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
     const LayerPlan& lp = p.request.plan.layers[i];
     if (const auto* r = std::get_if<LatentReserve>(&p.layers[i])) {
-      std::unique_ptr<LatentLayer> l(new LatentLayer());
+      std::unique_ptr<LatentLayerState> l(new LatentLayerState());
       l->dev_ = dev;
       l->index_in_cache_ = i;
       l->plan_ = std::get<LatentPlan>(lp);
@@ -132,9 +133,9 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
       }
       layers_.emplace_back(std::move(l));
     } else if (const auto* rr = std::get_if<RecurrentReserve>(&p.layers[i])) {
-      std::unique_ptr<RecurrentLayer> l(new RecurrentLayer());
+      std::unique_ptr<RecurrentLayerState> l(new RecurrentLayerState());
       l->dev_ = dev;
-      l->plan_ = std::get<RecurrentPlan>(lp);
+      l->plan_ = std::get<RecurrentShape>(lp);
       l->conv_ = m.at<float>(rr->conv_ring.offset);
       l->state_[0] = m.at<float>(rr->state[0].offset);
       l->state_[1] = m.at<float>(rr->state[1].offset);
@@ -148,7 +149,7 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
       layers_.emplace_back(std::move(l));
     } else {
       const auto& kr = std::get<KvReserve>(p.layers[i]);
-      std::unique_ptr<KvLayer> l(new KvLayer());
+      std::unique_ptr<KvLayerState> l(new KvLayerState());
       l->dev_ = dev;
       l->index_in_cache_ = i;
       l->plan_ = std::get<KvPlan>(lp);
@@ -178,32 +179,23 @@ std::uint64_t SessionCache::max_ctx() const {
   return core_->plan.request.max_ctx;
 }
 
-namespace {
-template <typename T, typename Layers>
-T* Get(Layers& layers, std::size_t i) {
-  if (i >= layers.size()) return nullptr;
-  auto* p = std::get_if<std::unique_ptr<T>>(&layers[i]);
-  return p != nullptr ? p->get() : nullptr;
+LatentCacheLayer* SessionCache::latent(std::size_t i) {
+  return LayerAt<LatentLayerState>(layers_, i);
 }
-}  // namespace
-
-LatentLayer* SessionCache::latent(std::size_t i) {
-  return Get<LatentLayer>(layers_, i);
+RecurrentCacheLayer* SessionCache::recurrent(std::size_t i) {
+  return LayerAt<RecurrentLayerState>(layers_, i);
 }
-RecurrentLayer* SessionCache::recurrent(std::size_t i) {
-  return Get<RecurrentLayer>(layers_, i);
+KvCacheLayer* SessionCache::kv(std::size_t i) {
+  return LayerAt<KvLayerState>(layers_, i);
 }
-KvLayer* SessionCache::kv(std::size_t i) {
-  return Get<KvLayer>(layers_, i);
+const LatentCacheLayer* SessionCache::latent(std::size_t i) const {
+  return LayerAt<LatentLayerState>(layers_, i);
 }
-const LatentLayer* SessionCache::latent(std::size_t i) const {
-  return Get<LatentLayer>(layers_, i);
+const RecurrentCacheLayer* SessionCache::recurrent(std::size_t i) const {
+  return LayerAt<RecurrentLayerState>(layers_, i);
 }
-const RecurrentLayer* SessionCache::recurrent(std::size_t i) const {
-  return Get<RecurrentLayer>(layers_, i);
-}
-const KvLayer* SessionCache::kv(std::size_t i) const {
-  return Get<KvLayer>(layers_, i);
+const KvCacheLayer* SessionCache::kv(std::size_t i) const {
+  return LayerAt<KvLayerState>(layers_, i);
 }
 
 bool SessionCache::fresh() const {
@@ -221,7 +213,7 @@ Status SessionCache::CheckInvariants() const {
     Status st = std::visit(
         [](const auto& p) -> Status {
           using T = typename std::decay_t<decltype(p)>::element_type;
-          if constexpr (std::is_same_v<T, RecurrentLayer>) {
+          if constexpr (std::is_same_v<T, RecurrentLayerState>) {
             return Status::Ok();
           } else {
             return p->CheckInvariants();

@@ -1,6 +1,6 @@
-#include "primecache/state_plan.h"
+#include "primecache/internal/state_plan.h"
 
-#include "primecache/reserve.h"
+#include "primecache/internal/reserve.h"
 
 #include <string>
 #include <type_traits>
@@ -36,7 +36,7 @@ Status CheckPlan(const StatePlan& plan) {
             if (l.has_indexer() && l.pool == 0) Problem(&problems, i, "indexer without a pool");
             if (!l.has_indexer() && l.pool != 0)
               Problem(&problems, i, "pool " + std::to_string(l.pool) + " without an indexer");
-          } else if constexpr (std::is_same_v<T, RecurrentPlan>) {
+          } else if constexpr (std::is_same_v<T, RecurrentShape>) {
             CheckDim(&problems, i, "heads", l.heads);
             CheckDim(&problems, i, "head_dim", l.head_dim);
             CheckDim(&problems, i, "kernel", l.kernel);
@@ -63,7 +63,7 @@ LayerGeometry GeometryOf(const LayerPlan& layer, std::uint64_t max_ctx, std::uin
     const std::uint64_t ring = l->has_indexer() ? EffectiveRingRows(booked_ring_rows, l->pool) : 0;
     return LatentGeometry{l->width(), l->index_width(), l->pool, ring, max_ctx};
   }
-  if (const auto* r = std::get_if<RecurrentPlan>(&layer)) return *r;
+  if (const auto* r = std::get_if<RecurrentShape>(&layer)) return *r;
   const auto& kv = std::get<KvPlan>(layer);
   return KvGeometry{kv.k_width, kv.v_width, max_ctx, kv.format};
 }

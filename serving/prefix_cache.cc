@@ -27,7 +27,7 @@ std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
     if (const auto* l = std::get_if<engine::LatentPlan>(&layer)) {
       total += len * l->width();
       if (l->has_indexer()) total += std::uint64_t{l->pool} * l->index_width() + len / l->pool * l->index_head_dim;
-    } else if (const auto* r = std::get_if<engine::RecurrentPlan>(&layer)) {
+    } else if (const auto* r = std::get_if<RecurrentShape>(&layer)) {
       total += r->conv_values() + r->state_values();
     } else {
       const auto& k = std::get<engine::KvPlan>(layer);
@@ -322,9 +322,9 @@ LayerShape ShapeOfView(const engine::LayerSnapshotView& v) {
 
 // A view's planes in the codec's stored order (the view's own order).
 std::vector<std::span<const float>> PlanesOfView(const engine::LayerSnapshotView& v) {
-  if (const auto* l = std::get_if<engine::LatentView>(&v)) return {l->latent_rows, l->index_tail_rows, l->pool_keys};
-  if (const auto* r = std::get_if<engine::RecurrentView>(&v)) return {r->conv_ring, r->state};
-  const auto& kv = std::get<engine::KvView>(v);
+  if (const auto* l = std::get_if<engine::LatentSnapshotView>(&v)) return {l->latent_rows, l->index_tail_rows, l->pool_keys};
+  if (const auto* r = std::get_if<engine::RecurrentSnapshotView>(&v)) return {r->conv_ring, r->state};
+  const auto& kv = std::get<engine::KvSnapshotView>(v);
   return {kv.k_rows, kv.v_rows};
 }
 

@@ -37,8 +37,8 @@
 #include "core/worker_pool.h"
 #include "engine/model/hybrid_model.h"
 #include "primecache/client.h"
-#include "primecache/codec.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/snapshot.h"
 
 namespace primecache::model {
 

@@ -40,7 +40,7 @@ engine::StatePlan HybridModel::PlanFor(const ModelConfig& c, const Weights& weig
       p.k_width = p.v_width = a.kv_heads * entry;
       plan.layers.emplace_back(p);
     } else {
-      plan.layers.emplace_back(engine::RecurrentPlan{c.kda.heads, c.kda.head_dim, c.kda.conv_kernel});
+      plan.layers.emplace_back(RecurrentShape{c.kda.heads, c.kda.head_dim, c.kda.conv_kernel});
     }
   }
   return plan;
@@ -228,7 +228,7 @@ Status HybridModel::MlaMixer(ModelSession& s, std::size_t l, std::size_t count) 
   const std::size_t width = r + dr, qw = nh * (dn + dr);
   const float eps = config_.norm_eps;
   const std::uint64_t p0 = s.position;
-  engine::LatentLayer* lat = s.cache->latent(l);
+  engine::LatentCacheLayer* lat = s.cache->latent(l);
   if (lat == nullptr) return Status::Internal("the cache's layer is not a latent layer");
   if (lat->len() != p0) {
     return Status::FailedPrecondition("latent len " + std::to_string(lat->len()) + " != session position " +
@@ -303,7 +303,7 @@ Status HybridModel::KdaMixer(ModelSession& s, std::size_t l, std::size_t count) 
   Compute& c = *compute_;
   const KdaConfig& k = config_.kda;
   const std::size_t H = config_.hidden, n = k.heads, d = k.head_dim, nd = n * d, K = k.conv_kernel;
-  engine::RecurrentLayer* rec = s.cache->recurrent(l);
+  engine::RecurrentCacheLayer* rec = s.cache->recurrent(l);
   if (rec == nullptr) return Status::Internal("the cache's layer is not a recurrent layer");
   const float* u = S("u");
   float *raw = S("raw"), *conv = S("conv"), *g = S("g"), *b = S("b"), *og = S("og"), *ko = S("ko");
@@ -354,7 +354,7 @@ Status HybridModel::AttnMixer(ModelSession& s, std::size_t l, std::size_t count)
   Compute& c = *compute_;
   const AttnConfig& at = config_.attn;
   const std::size_t H = config_.hidden, hd = at.head_dim, qw = at.q_width(), kw = at.kv_width();
-  engine::KvLayer* kv = s.cache->kv(l);
+  engine::KvCacheLayer* kv = s.cache->kv(l);
   if (kv == nullptr) return Status::Internal("the cache's layer is not a KV layer");
   if (kv->len() != s.position) {
     return Status::FailedPrecondition("KV len " + std::to_string(kv->len()) + " != session position " +
@@ -402,7 +402,7 @@ Status HybridModel::AttnMixer(ModelSession& s, std::size_t l, std::size_t count)
   return c.Gemm(o, qw, L(l, "attn.wo"), S("out"), H, count, qw, H);
 }
 
-Status HybridModel::Verify(ModelSession& s, std::span<const std::uint32_t> tokens, std::vector<float>* logits) {
+Status HybridModel::VerifyDraft(ModelSession& s, std::span<const std::uint32_t> tokens, std::vector<float>* logits) {
   if (s.cache == nullptr) return Status::InvalidArgument("model: session without a cache");
   if (tokens.empty()) return Status::InvalidArgument("model: a verify call needs tokens");
   PC_RETURN_IF_ERROR(s.cache->ArmRound(tokens.size()));

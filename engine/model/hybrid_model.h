@@ -18,8 +18,8 @@
 
 #include "engine/device.h"
 #include "engine/model/compute.h"
-#include "primecache/engine.h"
-#include "primecache/model.h"
+#include "primecache/internal/engine.h"
+#include "primecache/internal/model.h"
 
 namespace primecache::model {
 
@@ -71,7 +71,7 @@ class HybridModel {
   // row per token to *logits. On the CPU each row is bit-identical to the
   // row a one-token call at that position gives. A failed call leaves no
   // round armed (rolled back to the start).
-  Status Verify(ModelSession& session, std::span<const std::uint32_t> tokens, std::vector<float>* logits);
+  Status VerifyDraft(ModelSession& session, std::span<const std::uint32_t> tokens, std::vector<float>* logits);
   // Resolves the armed round: keeps the first `keep` verified positions
   // (all of them: a commit) and moves the session's position there. The
   // cache is then bit-identical to one that was given only those tokens.

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "primecache/model.h"
+#include "primecache/internal/model.h"
 
 namespace primecache::model {
 namespace {

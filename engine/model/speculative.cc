@@ -39,7 +39,7 @@ Result<RoundOutcome> VerifyRound(HybridModel& model, ModelSession& session, std:
   tokens.insert(tokens.end(), drafts.begin(), drafts.end());
   std::vector<float> rows;
   auto t0 = Clock::now();
-  PC_RETURN_IF_ERROR(model.Verify(session, tokens, &rows));
+  PC_RETURN_IF_ERROR(model.VerifyDraft(session, tokens, &rows));
   stats.verify_ms += MsSince(t0);
   RoundOutcome r;
   for (std::size_t j = 0; j < drafts.size(); ++j) {

@@ -1,6 +1,6 @@
 // Speculative greedy decoding with a prompt-lookup (n-gram) drafter: no
 // second model. Each round feeds the next greedy token and up to gamma
-// drafted ones in one verify call (HybridModel::Verify), keeps the drafts
+// drafted ones in one verify call (HybridModel::VerifyDraft), keeps the drafts
 // the model's own argmax agrees with, and rolls the rest back
 // (HybridModel::ResolveRound). The output is the plain greedy output token
 // for token, and the session ends holding the same tokens; on the CPU the

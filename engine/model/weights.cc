@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "primecache/checksum.h"
-#include "primecache/model.h"
+#include "primecache/internal/model.h"
 
 namespace primecache::model {
 namespace {

@@ -11,7 +11,7 @@
 #include <limits>
 #include <string>
 
-#include "primecache/snapshot.h"
+#include "primecache/internal/snapshot.h"
 #include "python/primecache/binding.h"
 
 namespace primecache::python {

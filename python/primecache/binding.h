@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "primecache/client.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "primecache/status.h"
 
 namespace primecache::python {

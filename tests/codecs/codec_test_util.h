@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "primecache/checksum.h"
-#include "primecache/codec.h"
-#include "primecache/snapshot.h"
-#include "primecache/snapshot_file.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/snapshot.h"
+#include "primecache/internal/snapshot_file.h"
 
 namespace primecache::testing_util {
 
@@ -56,10 +56,10 @@ inline std::vector<float> SmoothPlane(std::uint64_t seed, std::uint64_t first_ro
 
 // A latent snapshot at boundary `len`, as an engine would capture it.
 // index_head_dim 0 means no indexer.
-inline LatentPlaneSnapshot MakeLatent(std::uint64_t len, std::uint32_t width, std::uint32_t index_head_dim,
+inline LatentSnapshot MakeLatent(std::uint64_t len, std::uint32_t width, std::uint32_t index_head_dim,
                                       std::uint32_t pool, std::uint64_t ring_rows = 0,
                                       std::uint64_t seed = 1) {
-  LatentPlaneSnapshot s;
+  LatentSnapshot s;
   s.shape.len = len;
   s.shape.width = width;
   s.shape.index_width = 2 * index_head_dim;
@@ -115,7 +115,7 @@ inline BoundarySnapshot MakeBoundary(std::uint64_t len) {
 }
 
 inline std::vector<LayerGeometry> GeometryOfBoundary(std::uint64_t max_ctx) {
-  return {RecurrentGeometry{2, 4, 4}, LatentGeometry{10, 8, 4, 8, max_ctx}, RecurrentGeometry{2, 4, 4},
+  return {RecurrentShape{2, 4, 4}, LatentGeometry{10, 8, 4, 8, max_ctx}, RecurrentShape{2, 4, 4},
           LatentGeometry{10, 0, 0, 0, max_ctx}, KvGeometry{6, 6, max_ctx}};
 }
 
@@ -127,8 +127,8 @@ inline bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
 
 inline bool BitEqual(const LayerSnapshot& a, const LayerSnapshot& b) {
   if (a.index() != b.index() || !(ShapeOf(a) == ShapeOf(b))) return false;
-  if (const auto* l = std::get_if<LatentPlaneSnapshot>(&a)) {
-    const auto& m = std::get<LatentPlaneSnapshot>(b);
+  if (const auto* l = std::get_if<LatentSnapshot>(&a)) {
+    const auto& m = std::get<LatentSnapshot>(b);
     return BitEqual(l->latent_rows, m.latent_rows) && BitEqual(l->index_tail_rows, m.index_tail_rows) &&
            BitEqual(l->pool_keys, m.pool_keys);
   }

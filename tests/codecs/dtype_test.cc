@@ -177,7 +177,7 @@ TEST(DtypeTest, ValidateRefusesAnotherTypeByPlane) {
 
   RecurrentShape r{3, 8, 4};
   r.state_dtype = ElementType::kF16;
-  RecurrentGeometry g{3, 8, 4};
+  RecurrentShape g{3, 8, 4};
   g.state_dtype = ElementType::kF32;
   s = Validate(r, g);
   EXPECT_NE(s.message().find("state dtype f16 != plan f32"), std::string::npos) << s.ToString();

@@ -104,12 +104,12 @@ TEST_P(RoundTripTest, DecodesWhatWasEncoded) {
   auto dec = DecodeLayer(*parsed);
   ASSERT_TRUE(dec.ok()) << dec.status().ToString();
 
-  if (!lossy || !std::holds_alternative<LatentPlaneSnapshot>(kind.layer)) {
+  if (!lossy || !std::holds_alternative<LatentSnapshot>(kind.layer)) {
     EXPECT_TRUE(BitEqual(kind.layer, *dec));
     return;
   }
-  const auto& in = std::get<LatentPlaneSnapshot>(kind.layer);
-  const auto& out = std::get<LatentPlaneSnapshot>(*dec);
+  const auto& in = std::get<LatentSnapshot>(kind.layer);
+  const auto& out = std::get<LatentSnapshot>(*dec);
   EXPECT_TRUE(in.shape == out.shape);
   ExpectLatentRowsWithinBound(transform.spec.id, in.latent_rows, out.latent_rows,
                               parsed->header.planes[0].chunk_rows * in.shape.width);
@@ -285,7 +285,7 @@ INSTANTIATE_TEST_SUITE_P(Transforms, DedupTest, ::testing::ValuesIn(Transforms()
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(DecodeIntoTest, WritesStraightIntoCallerMemory) {
-  LatentPlaneSnapshot l = MakeLatent(203, 24, 8, 4, 16);
+  LatentSnapshot l = MakeLatent(203, 24, 8, 4, 16);
   EncodeOptions o;
   o.target_chunk_bytes = 1000;
   auto enc = EncodeLayer(l, o);
@@ -323,7 +323,7 @@ TEST(DecodeIntoTest, WritesStraightIntoCallerMemory) {
 // layer decode from several threads at once into one plane (and encoding runs
 // concurrently too: per-thread scratch only).
 TEST(DecodeIntoTest, ChunksDecodeConcurrentlyIntoOnePlane) {
-  LatentPlaneSnapshot l = MakeLatent(4000, 24, 8, 4, 16);
+  LatentSnapshot l = MakeLatent(4000, 24, 8, 4, 16);
   EncodeOptions o;
   o.target_chunk_bytes = 4096;
   std::vector<Result<EncodedLayer>> encoded(4, Status::Internal("not run"));
@@ -376,7 +376,7 @@ TEST(DecodeIntoTest, RefusesDestinationsOfTheWrongSize) {
 // every transform. Too little room, a wrong plane count or size, and a
 // header asked for before every chunk was encoded are refused.
 TEST(LayerEncoderTest, EncodesFromViewsIntoCallerBuffersExactlyAsEncodeLayer) {
-  const LatentPlaneSnapshot l = MakeLatent(203, 24, 8, 4, 16);
+  const LatentSnapshot l = MakeLatent(203, 24, 8, 4, 16);
   std::vector<float> block;
   for (const auto* p : {&l.latent_rows, &l.index_tail_rows, &l.pool_keys}) block.insert(block.end(), p->begin(), p->end());
   const std::span<const float> all(block);

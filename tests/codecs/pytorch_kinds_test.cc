@@ -170,14 +170,14 @@ TEST(PytorchKinds, EveryPlaneRoundTripsAndAppendOnlyIndexKeysShareChunks) {
 
 TEST(PytorchKinds, ValidateNamesWhatDiffers) {
   const LinearStateShape ls = QwenNextLike();
-  LinearStateGeometry g = ls;
+  LinearStateShape g = ls;
   EXPECT_TRUE(Validate(ls, g).ok());
   g.conv_width = 3;
   g.conv_dtype = ElementType::kF32;
   Status s = Validate(ls, g);
   EXPECT_NE(s.message().find("conv_width 4 != plan 3"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("conv_ring dtype bf16 != plan f32"), std::string::npos) << s.ToString();
-  s = Validate(ls, RecurrentGeometry{4, 16, 4});
+  s = Validate(ls, RecurrentShape{4, 16, 4});
   EXPECT_NE(s.message().find("layer is a linear-state layer; the plan expects a recurrent layer"), std::string::npos)
       << s.ToString();
 

@@ -156,7 +156,7 @@ TEST_F(RefusalTest, GeometryMismatchAgainstTheTarget) {
   Status s = Validate(layer_.header, target);
   ExpectRefused(s, StatusCode::kInvalidArgument, "width 24 != plan 576");
   ExpectRefused(s, StatusCode::kInvalidArgument, "len 203 > max_ctx 100");
-  ExpectRefused(Validate(layer_.header, RecurrentGeometry{1, 1, 4}), StatusCode::kInvalidArgument,
+  ExpectRefused(Validate(layer_.header, RecurrentShape{1, 1, 4}), StatusCode::kInvalidArgument,
                 "the plan expects a recurrent layer");
 }
 
@@ -166,7 +166,7 @@ TEST_F(RefusalTest, PoolsReadyDisagreesWithLenOverPool) {
                 "pools_ready 49 != len / pool = 50 (len 203, pool 4)");
   ExpectRefused(Redecode(layer_), StatusCode::kCorruption, "pools_ready 49 != len / pool = 50");
   LayerSnapshot snap = MakeLatent(203, 24, 8, 4, 16);
-  std::get<LatentPlaneSnapshot>(snap).shape.pools_ready = 51;
+  std::get<LatentSnapshot>(snap).shape.pools_ready = 51;
   ExpectRefused(EncodeLayer(snap).status(), StatusCode::kInvalidArgument,
                 "pools_ready 51 != len / pool = 50");
 }
@@ -176,7 +176,7 @@ TEST_F(RefusalTest, TailRowCountDisagreesWithLenAndPoolsReady) {
   ExpectRefused(Reparse(layer_), StatusCode::kCorruption,
                 "plane 1 (index_tail_rows) records 4 rows of 16 values; the layer's metadata makes 3 rows");
   LayerSnapshot snap = MakeLatent(203, 24, 8, 4, 16);
-  std::get<LatentPlaneSnapshot>(snap).index_tail_rows.resize(4 * 16);
+  std::get<LatentSnapshot>(snap).index_tail_rows.resize(4 * 16);
   ExpectRefused(EncodeLayer(snap).status(), StatusCode::kInvalidArgument,
                 "index_tail_rows holds 64 floats; (len - pools_ready * pool) * index_width = 48");
 }

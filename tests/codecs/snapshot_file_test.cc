@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "codec_test_util.h"
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 #include "tests/support/fault_env.h"
 
 namespace primecache {

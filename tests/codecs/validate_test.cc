@@ -55,7 +55,7 @@ TEST(CheckShapeTest, NamesBrokenRecurrentAndKvInvariants) {
 TEST(CheckSnapshotTest, PlanesMustHoldWhatTheShapeSays) {
   LayerSnapshot l = MakeLatent(9, 8, 4, 4);
   EXPECT_TRUE(CheckSnapshot(l).ok());
-  std::get<LatentPlaneSnapshot>(l).pool_keys.push_back(0);
+  std::get<LatentSnapshot>(l).pool_keys.push_back(0);
   ExpectSays(CheckSnapshot(l), "pool_keys holds 9 floats; pools_ready * index_width / 2 = 8");
   LayerSnapshot r = MakeRecurrent(2, 4, 4);
   std::get<RecurrentSnapshot>(r).conv_ring.pop_back();
@@ -68,7 +68,7 @@ TEST(CheckSnapshotTest, PlanesMustHoldWhatTheShapeSays) {
 TEST(MakeSnapshotTest, AllocatesEveryPlane) {
   auto s = MakeSnapshot(LatentShape{9, 8, 8, 4, 2, true, 8});
   ASSERT_TRUE(s.ok());
-  const auto& l = std::get<LatentPlaneSnapshot>(*s);
+  const auto& l = std::get<LatentSnapshot>(*s);
   EXPECT_EQ(l.latent_rows.size(), 72u);
   EXPECT_EQ(l.index_tail_rows.size(), 8u);
   EXPECT_EQ(l.pool_keys.size(), 8u);
@@ -82,7 +82,7 @@ TEST(ValidateTest, AcceptsAMatchingPlanAndRingOrFlatTargets) {
   EXPECT_TRUE(Validate(l, LatentGeometry{24, 16, 4, 0, 4096}).ok())
       << "a ring snapshot restores into a flat plane";
   EXPECT_TRUE(Validate(l, LatentGeometry{24, 16, 4, 4, 203}).ok()) << "a tail of 3 fits a ring of one pool";
-  EXPECT_TRUE(Validate(MakeRecurrent(2, 4, 4), RecurrentGeometry{2, 4, 4}).ok());
+  EXPECT_TRUE(Validate(MakeRecurrent(2, 4, 4), RecurrentShape{2, 4, 4}).ok());
   EXPECT_TRUE(Validate(MakeKv(5, 4, 6), KvGeometry{4, 6, 5}).ok());
 }
 
@@ -93,7 +93,7 @@ TEST(ValidateTest, ListsEveryDisagreementAtOnce) {
   ExpectSays(s, "index_width 16 != plan 256");
   ExpectSays(s, "pool 4 != plan 8");
   ExpectSays(s, "len 203 > max_ctx 100");
-  s = Validate(MakeRecurrent(2, 4, 4), RecurrentGeometry{3, 5, 2});
+  s = Validate(MakeRecurrent(2, 4, 4), RecurrentShape{3, 5, 2});
   ExpectSays(s, "heads 2 != plan 3");
   ExpectSays(s, "head_dim 4 != plan 5");
   ExpectSays(s, "kernel 4 != plan 2");
@@ -107,10 +107,10 @@ TEST(ValidateTest, RefusesAnotherKindAndAnInconsistentSnapshot) {
   ExpectSays(Validate(MakeKv(5, 4, 6), LatentGeometry{4, 0, 0, 0, 9}),
              "layer is a kv layer; the plan expects a latent layer");
   LayerSnapshot l = MakeLatent(9, 8, 4, 4);
-  std::get<LatentPlaneSnapshot>(l).shape.pools_ready = 1;
+  std::get<LatentSnapshot>(l).shape.pools_ready = 1;
   ExpectSays(Validate(l, LatentGeometry{8, 8, 4, 0, 64}), "pools_ready 1 != len / pool = 2");
   LayerSnapshot m = MakeLatent(9, 8, 4, 4);
-  std::get<LatentPlaneSnapshot>(m).latent_rows.pop_back();
+  std::get<LatentSnapshot>(m).latent_rows.pop_back();
   ExpectSays(Validate(m, LatentGeometry{8, 8, 4, 0, 64}), "latent_rows holds 71 floats");
 }
 
@@ -165,7 +165,7 @@ TEST(ValidateBoundaryTest, AWholeSnapshotIsValidOnlyIfEveryLayerIs) {
   EXPECT_TRUE(Validate(b, plan).ok()) << Validate(b, plan).ToString();
 
   std::get<KvSnapshot>(b.layers[4]).k_rows.pop_back();
-  plan[0] = RecurrentGeometry{2, 4, 3};
+  plan[0] = RecurrentShape{2, 4, 3};
   Status s = Validate(b, plan);
   ExpectSays(s, "layer 0: kernel 4 != plan 3");
   ExpectSays(s, "layer 4: k_rows holds 179 floats");

@@ -19,8 +19,8 @@ namespace {
 // A small hybrid: MLA with an indexer, KDA, NoPE MLA without an indexer, KDA,
 // plain KV.
 StatePlan Hybrid(std::uint32_t pool = 4) {
-  return StatePlan{{LatentPlan{16, 8, 8, pool}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0},
-                    RecurrentPlan{3, 2, 3}, KvPlan{6, 10}}};
+  return StatePlan{{LatentPlan{16, 8, 8, pool}, RecurrentShape{2, 4, 4}, LatentPlan{24, 0, 0, 0},
+                    RecurrentShape{3, 2, 3}, KvPlan{6, 10}}};
 }
 
 std::vector<std::byte> ArenaBytes(const SessionCache& s) {
@@ -58,7 +58,7 @@ class CaptureSuite : public ::testing::TestWithParam<DeviceKind> {
     EXPECT_EQ(s->fresh(), was_fresh);
     EXPECT_TRUE(ArenaBytes(*s) == before) << "a refused restore moved bytes";
     for (std::size_t i = 0; i < s->layer_count(); ++i) {
-      if (const LatentLayer* l = s->latent(i)) {
+      if (const LatentCacheLayer* l = s->latent(i)) {
         EXPECT_EQ(l->pool(), 0u);
       }
     }
@@ -83,7 +83,7 @@ TEST_P(CaptureSuite, FullCaptureRestoresEqualOnEveryPlaneAcrossBoundaries) {
       auto snap = src->CaptureFull();
       ASSERT_TRUE(snap.ok()) << snap.status().ToString();
       for (const auto& l : snap.value()) EXPECT_TRUE(CheckSnapshot(l).ok()) << CheckSnapshot(l).ToString();
-      const auto& lp = std::get<LatentPlaneSnapshot>(snap.value()[0]);
+      const auto& lp = std::get<LatentSnapshot>(snap.value()[0]);
       EXPECT_EQ(lp.shape.len, len);
       EXPECT_EQ(lp.shape.pools_ready, len / 4);
       EXPECT_EQ(lp.shape.index_is_ring, ring != 0);
@@ -103,7 +103,7 @@ TEST_P(CaptureSuite, FullCaptureRestoresEqualOnEveryPlaneAcrossBoundaries) {
       ExpectSnapshotsEqual(again.value(), snap.value());
       // On the device: len mirrors, the pool-key plane sized to capacity, the
       // tail rows at their physical addresses.
-      const LatentLayer* l = dst->latent(0);
+      const LatentCacheLayer* l = dst->latent(0);
       EXPECT_EQ(dev_->ReadI32(l->len_device(), Lane::kCompute).value(), static_cast<int>(len));
       EXPECT_EQ(dev_->ReadI32(dst->latent(2)->len_device(), Lane::kCompute).value(), static_cast<int>(len));
       EXPECT_EQ(dev_->ReadI32(dst->kv(4)->len_device(), Lane::kCompute).value(), static_cast<int>(len));
@@ -151,7 +151,7 @@ TEST_P(CaptureSuite, RingSnapshotRestoresIntoAFlatCacheAndBack) {
   auto flat = flat_engine->NewSession().value();
   ASSERT_TRUE(flat->Restore(snap).ok());
   auto flat_snap = flat->CaptureFull().value();
-  EXPECT_FALSE(std::get<LatentPlaneSnapshot>(flat_snap[0]).shape.index_is_ring);
+  EXPECT_FALSE(std::get<LatentSnapshot>(flat_snap[0]).shape.index_is_ring);
   ExpectSnapshotsEqual(flat_snap, snap, /*ignore_ring=*/true);
   auto ring = ring_engine->NewSession().value();
   ASSERT_TRUE(ring->Restore(flat_snap).ok());
@@ -176,10 +176,10 @@ TEST_P(CaptureSuite, EagerThenDeferredEqualsTheFullSnapshotAtTheBoundary) {
     ASSERT_TRUE(half.ok()) << half.status().ToString();
     EXPECT_EQ(e->free_snapshot_slots(), 2u);
     EXPECT_TRUE(pending.value().Collect().status().IsFailedPrecondition());
-    const auto& el = std::get<EagerLatent>(half.value().layers[0]);
+    const auto& el = std::get<LatentSnapshot>(half.value().layers[0]);
     EXPECT_EQ(el.shape.len, 37u);
     EXPECT_EQ(el.shape.pools_ready, 9u);
-    EXPECT_EQ(el.tail_rows.size(), 1u * 16);
+    EXPECT_EQ(el.index_tail_rows.size(), 1u * 16);
     // A verify-style rollback that stays above the boundary is fine.
     ASSERT_TRUE(s->latent(0)->Truncate(60).ok());  // within what the ring still holds
     ASSERT_TRUE(s->kv(4)->Truncate(37).ok());
@@ -265,32 +265,32 @@ TEST_P(CaptureSuite, DeferredHalfRefusesEveryDisagreement) {
   }
   {
     EagerHalf h = good;
-    std::get<EagerLatent>(h.layers[0]).shape.pool = 2;
+    std::get<LatentSnapshot>(h.layers[0]).shape.pool = 2;
     refuse(h, "pool 2 != the layer's pool 4");
   }
   {
     EagerHalf h = good;
-    std::get<EagerLatent>(h.layers[0]).tail_rows.push_back(0.0f);
+    std::get<LatentSnapshot>(h.layers[0]).index_tail_rows.push_back(0.0f);
     refuse(h, "the eager tail holds");
   }
   {
     EagerHalf h = good;
-    std::get<EagerLatent>(h.layers[0]).shape.width = 23;
+    std::get<LatentSnapshot>(h.layers[0]).shape.width = 23;
     refuse(h, "widths 23/16");
   }
   {
     EagerHalf h = good;
-    std::get<EagerLatent>(h.layers[0]).shape.pools_ready = 4;
+    std::get<LatentSnapshot>(h.layers[0]).shape.pools_ready = 4;
     refuse(h, "boundary pools_ready 4 != len / pool");
   }
   {
     EagerHalf h = good;
-    std::get<EagerLatent>(h.layers[0]).shape.index_ring_rows = 4;
+    std::get<LatentSnapshot>(h.layers[0]).shape.index_ring_rows = 4;
     refuse(h, "index ring 4 != the layer's 8");
   }
   {
     EagerHalf h = good;
-    std::get<EagerLatent>(h.layers[2]).shape.pools_ready = 1;
+    std::get<LatentSnapshot>(h.layers[2]).shape.pools_ready = 1;
     refuse(h, "pool state on a layer without an indexer");
   }
   {
@@ -303,12 +303,12 @@ TEST_P(CaptureSuite, DeferredHalfRefusesEveryDisagreement) {
     std::swap(h.layers[0], h.layers[2]);
     refuse(h, "widths");
     EagerHalf k = good;
-    k.layers[1] = EagerKv{{21, 6, 10}};
+    k.layers[1] = KvSnapshot{{21, 6, 10}};
     refuse(k, "another kind of layer");
   }
   {
     EagerHalf h = good;
-    std::get<EagerKv>(h.layers[4]).shape.v_width = 9;
+    std::get<KvSnapshot>(h.layers[4]).shape.v_width = 9;
     refuse(h, "K/V widths differ");
   }
   {
@@ -355,8 +355,8 @@ TEST_P(CaptureSuite, RestoreRefusesEveryMismatchAndMovesNoByte) {
     f(s);
     return s;
   };
-  auto L = [](std::vector<LayerSnapshot>& s, int i) -> LatentPlaneSnapshot& {
-    return std::get<LatentPlaneSnapshot>(s[i]);
+  auto L = [](std::vector<LayerSnapshot>& s, int i) -> LatentSnapshot& {
+    return std::get<LatentSnapshot>(s[i]);
   };
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) { L(s, 0).shape.width = 25; }), "width 25 != plan 24");
   ExpectRefusedUntouched(dst.get(), mutate([&](auto& s) {
@@ -469,9 +469,9 @@ TEST_P(CaptureSuite, RestoreFromPinnedViewsEqualsRestoreFromVectors) {
     std::visit(
         [&](const auto& x) {
           using T = std::decay_t<decltype(x)>;
-          if constexpr (std::is_same_v<T, LatentView>) {
+          if constexpr (std::is_same_v<T, LatentSnapshotView>) {
             total += x.latent_rows.size() + x.index_tail_rows.size() + x.pool_keys.size();
-          } else if constexpr (std::is_same_v<T, RecurrentView>) {
+          } else if constexpr (std::is_same_v<T, RecurrentSnapshotView>) {
             total += x.conv_ring.size() + x.state.size();
           } else {
             total += x.k_rows.size() + x.v_rows.size();
@@ -493,11 +493,11 @@ TEST_P(CaptureSuite, RestoreFromPinnedViewsEqualsRestoreFromVectors) {
     std::visit(
         [&](auto& x) {
           using T = std::decay_t<decltype(x)>;
-          if constexpr (std::is_same_v<T, LatentView>) {
+          if constexpr (std::is_same_v<T, LatentSnapshotView>) {
             x.latent_rows = place(x.latent_rows);
             x.index_tail_rows = place(x.index_tail_rows);
             x.pool_keys = place(x.pool_keys);
-          } else if constexpr (std::is_same_v<T, RecurrentView>) {
+          } else if constexpr (std::is_same_v<T, RecurrentSnapshotView>) {
             x.conv_ring = place(x.conv_ring);
             x.state = place(x.state);
           } else {
@@ -509,13 +509,13 @@ TEST_P(CaptureSuite, RestoreFromPinnedViewsEqualsRestoreFromVectors) {
     views.push_back(v);
   }
   EXPECT_TRUE(dev_->IsPinned(
-      views.front().index() == 0 ? std::get<LatentView>(views.front()).latent_rows.data() : nullptr));
+      views.front().index() == 0 ? std::get<LatentSnapshotView>(views.front()).latent_rows.data() : nullptr));
   auto dst = e->NewSession().value();
   ASSERT_TRUE(dst->Restore(views).ok());
   ExpectSnapshotsEqual(dst->CaptureFull().value(), snap);
   // A broken view is refused like a broken snapshot.
   auto bad = views;
-  std::get<LatentView>(bad[0]).pool_keys = std::get<LatentView>(bad[0]).pool_keys.first(3);
+  std::get<LatentSnapshotView>(bad[0]).pool_keys = std::get<LatentSnapshotView>(bad[0]).pool_keys.first(3);
   auto fresh = e->NewSession().value();
   Status st = fresh->Restore(bad);
   EXPECT_TRUE(st.IsInvalidArgument());
@@ -531,10 +531,10 @@ std::vector<LayerSnapshot> FromViews(const std::vector<LayerSnapshotView>& views
         [&](const auto& x) {
           using T = std::decay_t<decltype(x)>;
           auto vec = [](std::span<const float> p) { return std::vector<float>(p.begin(), p.end()); };
-          if constexpr (std::is_same_v<T, LatentView>) {
+          if constexpr (std::is_same_v<T, LatentSnapshotView>) {
             out.push_back(
-                LatentPlaneSnapshot{x.shape, vec(x.latent_rows), vec(x.index_tail_rows), vec(x.pool_keys)});
-          } else if constexpr (std::is_same_v<T, RecurrentView>) {
+                LatentSnapshot{x.shape, vec(x.latent_rows), vec(x.index_tail_rows), vec(x.pool_keys)});
+          } else if constexpr (std::is_same_v<T, RecurrentSnapshotView>) {
             out.push_back(RecurrentSnapshot{x.shape, vec(x.conv_ring), vec(x.state)});
           } else {
             out.push_back(KvSnapshot{x.shape, vec(x.k_rows), vec(x.v_rows)});

@@ -18,7 +18,7 @@
 
 #include "engine/device.h"
 #include "kernels/pool_keys.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine {
 // Test names read "cpu" / "cuda" rather than raw bytes.
@@ -134,7 +134,7 @@ struct LatentReference {
 
 // The index rows [first, last) as the device plane holds them, read at their
 // physical (ring or flat) addresses.
-inline std::vector<float> ReadIndexRows(Device* dev, const LatentLayer& l, std::uint64_t first,
+inline std::vector<float> ReadIndexRows(Device* dev, const LatentCacheLayer& l, std::uint64_t first,
                                         std::uint64_t last) {
   const std::size_t iw = l.index_width();
   const std::uint64_t physical = l.index_is_ring() ? l.booked_ring_rows() : l.max_ctx();
@@ -149,7 +149,7 @@ inline std::vector<float> ReadIndexRows(Device* dev, const LatentLayer& l, std::
 }
 
 // Checks everything a latent layer must hold against the reference.
-inline void ExpectLatentMatches(Device* dev, const LatentLayer& l, const LatentReference& ref) {
+inline void ExpectLatentMatches(Device* dev, const LatentCacheLayer& l, const LatentReference& ref) {
   ASSERT_TRUE(l.CheckInvariants().ok()) << l.CheckInvariants().ToString();
   const std::uint64_t len = ref.len();
   ASSERT_EQ(l.len(), len);
@@ -181,7 +181,7 @@ inline std::vector<float> DetRows(std::uint64_t seed, std::uint64_t layer, std::
 
 // Appends deterministic tokens to one latent layer and to its reference.
 struct LatentDriver {
-  LatentDriver(Device* d, LatentLayer* l, std::uint64_t seed_, std::size_t layer_index = 0)
+  LatentDriver(Device* d, LatentCacheLayer* l, std::uint64_t seed_, std::size_t layer_index = 0)
       : dev(d), layer(l), seed(seed_), li(layer_index) {
     ref.plan = l->plan();
     if (ref.plan.has_indexer()) {
@@ -201,7 +201,7 @@ struct LatentDriver {
     return st;
   }
   Device* dev;
-  LatentLayer* layer;
+  LatentCacheLayer* layer;
   std::uint64_t seed;
   std::size_t li;
   LatentReference ref;
@@ -222,12 +222,12 @@ struct SessionDriver {
     for (std::size_t i = 0; i < session->layer_count(); ++i) {
       if (latent[i]) {
         PC_RETURN_IF_ERROR(latent[i]->Append(count));
-      } else if (RecurrentLayer* r = session->recurrent(i)) {
-        const RecurrentPlan& p = r->plan();
+      } else if (RecurrentCacheLayer* r = session->recurrent(i)) {
+        const RecurrentShape& p = r->plan();
         Write(dev, r->next_state(), DetRows(seed, i, pos, 4, p.state_values()));
         DeviceVec in(dev, DetRows(seed, i, pos, 5, count * p.conv_channels()));
         PC_RETURN_IF_ERROR(r->Step(in.get(), count));
-      } else if (KvLayer* kv = session->kv(i)) {
+      } else if (KvCacheLayer* kv = session->kv(i)) {
         DeviceVec k(dev, DetRows(seed, i, pos, 6, count * kv->plan().k_width));
         DeviceVec v(dev, DetRows(seed, i, pos, 7, count * kv->plan().v_width));
         PC_RETURN_IF_ERROR(kv->Append(k.get(), v.get(), count));
@@ -248,8 +248,8 @@ struct SessionDriver {
 // source's index plane, not the state) are not compared.
 inline void ExpectLayerEqual(const LayerSnapshot& a, const LayerSnapshot& b, bool ignore_ring = false) {
   ASSERT_EQ(a.index(), b.index());
-  if (const auto* x = std::get_if<LatentPlaneSnapshot>(&a)) {
-    const auto& y = std::get<LatentPlaneSnapshot>(b);
+  if (const auto* x = std::get_if<LatentSnapshot>(&a)) {
+    const auto& y = std::get<LatentSnapshot>(b);
     EXPECT_EQ(x->shape.len, y.shape.len);
     EXPECT_EQ(x->shape.width, y.shape.width);
     EXPECT_EQ(x->shape.index_width, y.shape.index_width);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "engine/engine_core.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace primecache::engine::testing {
@@ -39,7 +39,7 @@ std::vector<float> RowAt(std::uint64_t pos, std::uint32_t salt, std::size_t n) {
 // Feeds a KV layer per-position rows and keeps the whole history on the host.
 struct KvFeeder {
   Device* dev;
-  KvLayer* kv;
+  KvCacheLayer* kv;
   std::vector<float> k, v;  // every position's rows
   Status Append(std::uint64_t count) {
     const std::uint64_t kw = kv->plan().k_width, vw = kv->plan().v_width, first = kv->len();
@@ -77,11 +77,11 @@ class KvKindsSuite : public ::testing::TestWithParam<DeviceKind> {
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     return e.ok() ? std::move(e).value() : nullptr;
   }
-  std::vector<float> HeldOnDevice(const KvLayer& kv, bool key) {
+  std::vector<float> HeldOnDevice(const KvCacheLayer& kv, bool key) {
     auto snap = SnapshotOf(kv);
     return key ? snap.k_rows : snap.v_rows;
   }
-  KvSnapshot SnapshotOf(const KvLayer& kv) {
+  KvSnapshot SnapshotOf(const KvCacheLayer& kv) {
     const std::uint64_t cap = kv.capacity(), kw = kv.plan().k_width, vw = kv.plan().v_width;
     auto K = Read(dev_.get(), kv.k_rows(), cap * kw), V = Read(dev_.get(), kv.v_rows(), cap * vw);
     KvSnapshot s{{kv.len(), kv.plan().k_width, kv.plan().v_width, kv.plan().format, 0}, {}, {}};
@@ -105,7 +105,7 @@ TEST_P(KvKindsSuite, RotatingBufferKeepsTheLastWindowAcrossCallSizes) {
       EXPECT_EQ(s->kv(0)->capacity(), w);
       while (s->kv(0)->len() + call <= 40) {
         ASSERT_TRUE(f.Append(call).ok());
-        const KvLayer& kv = *s->kv(0);
+        const KvCacheLayer& kv = *s->kv(0);
         ASSERT_TRUE(kv.CheckInvariants().ok()) << kv.CheckInvariants().ToString();
         EXPECT_EQ(kv.held_rows(), std::min<std::uint64_t>(kv.len(), w));
         EXPECT_EQ(kv.resumable_floor(), kv.len() > w ? kv.len() - 1 : 0);
@@ -120,7 +120,7 @@ TEST_P(KvKindsSuite, RotatingBufferKeepsTheLastWindowAcrossCallSizes) {
 TEST_P(KvKindsSuite, RotatingTrimStopsAtTheResumableFloor) {
   auto e = NewEngine(StatePlan{{Kv(Rotating(6))}});
   auto s = e->NewSession().value();
-  KvLayer* kv = s->kv(0);
+  KvCacheLayer* kv = s->kv(0);
   KvFeeder f{dev_.get(), kv, {}, {}};
   // Not wrapped (exactly W rows): trimmable to anything.
   ASSERT_TRUE(f.Append(6).ok());
@@ -167,7 +167,7 @@ TEST_P(KvKindsSuite, EveryKindCapturesRestoresAndContinuesBitForBit) {
   for (KvFormat fmt : {Plain(), Rotating(5), Plain(2, 9), Plain(4, 9), Rotating(7, 2, 9), Rotating(7, 4, 9)}) {
     for (std::uint64_t len : {3ull, 5ull, 7ull, 8ull, 19ull}) {
       SCOPED_TRACE(std::string(KvKindOf(fmt)) + " at len " + std::to_string(len));
-      auto e = NewEngine(StatePlan{{Kv(fmt), RecurrentPlan{2, 4, 3}}});
+      auto e = NewEngine(StatePlan{{Kv(fmt), RecurrentShape{2, 4, 3}}});
       auto a = e->NewSession().value();
       auto b = e->NewSession().value();
       KvFeeder fa{dev_.get(), a->kv(0), {}, {}};
@@ -203,7 +203,7 @@ TEST_P(KvKindsSuite, EveryKindCapturesRestoresAndContinuesBitForBit) {
 // The eager half holds a rotating layer's rows; generation that laps the
 // buffer after the capture changes nothing in the completed snapshot.
 TEST_P(KvKindsSuite, EagerRotatingRowsSurviveGenerationThatLapsTheBuffer) {
-  auto e = NewEngine(StatePlan{{Kv(Rotating(6, 4, 3)), Kv(Plain(4, 3)), RecurrentPlan{2, 4, 3}}});
+  auto e = NewEngine(StatePlan{{Kv(Rotating(6, 4, 3)), Kv(Plain(4, 3)), RecurrentShape{2, 4, 3}}});
   auto s = e->NewSession().value();
   KvFeeder f0{dev_.get(), s->kv(0), {}, {}}, f1{dev_.get(), s->kv(1), {}, {}};
   ASSERT_TRUE(f0.Append(9).ok());

@@ -43,7 +43,7 @@ class LayerSuite : public ::testing::TestWithParam<DeviceKind> {
 TEST_P(LayerSuite, FreshLatentLayerHoldsNothing) {
   auto e = NewEngine(OneLayer(Latent(8, 4, 4, 4)), 64, 0);
   auto s = e->NewSession().value();
-  LatentLayer* l = s->latent(0);
+  LatentCacheLayer* l = s->latent(0);
   ASSERT_NE(l, nullptr);
   EXPECT_EQ(s->recurrent(0), nullptr);
   EXPECT_EQ(s->kv(0), nullptr);
@@ -76,7 +76,7 @@ TEST_P(LayerSuite, FlatAppendsKeepEveryInvariantAcrossCallSizes) {
 TEST_P(LayerSuite, KeysAreBuiltOnlyForNewlyCompletedPools) {
   auto e = NewEngine(OneLayer(Latent(8, 0, 4, 4)), 256, 0);
   auto s = e->NewSession().value();
-  LatentLayer* l = s->latent(0);
+  LatentCacheLayer* l = s->latent(0);
   LatentDriver drv(dev_.get(), l, 5);
   ASSERT_TRUE(drv.Append(10).ok());  // pools 0 and 1 complete
   ASSERT_EQ(l->pools_ready(), 2u);
@@ -110,7 +110,7 @@ TEST_P(LayerSuite, RingWrapsAcrossRingSizesAndCallSizesAndMatchesTheFlatPlane) {
       SCOPED_TRACE("booked ring rows " + std::to_string(booked));
       auto e = NewEngine(OneLayer(Latent(8, 4, 4, pool)), 2048, booked);
       auto s = e->NewSession().value();
-      LatentLayer* l = s->latent(0);
+      LatentCacheLayer* l = s->latent(0);
       LatentDriver drv(dev_.get(), l, static_cast<unsigned>(booked * 131 + calls.size()));
       for (std::uint64_t t : calls) {
         ASSERT_TRUE(drv.Append(t).ok()) << "call of " << t;
@@ -130,7 +130,7 @@ TEST_P(LayerSuite, RingWrapsAcrossRingSizesAndCallSizesAndMatchesTheFlatPlane) {
 TEST_P(LayerSuite, OneCallFarLongerThanTheRingDrainsIt) {
   auto e = NewEngine(OneLayer(Latent(16, 8, 8, 4)), 4096, 8);
   auto s = e->NewSession().value();
-  LatentLayer* l = s->latent(0);
+  LatentCacheLayer* l = s->latent(0);
   LatentDriver drv(dev_.get(), l, 3);
   ASSERT_TRUE(drv.Append(3).ok());
   ASSERT_TRUE(drv.Append(1000).ok());  // 125 rings' worth in one call
@@ -157,7 +157,7 @@ TEST_P(LayerSuite, RingKeysEqualFlatKeysForTheSameTokens) {
 TEST_P(LayerSuite, TruncateClampsPoolsReadyInTheSameCall) {
   auto e = NewEngine(OneLayer(Latent(8, 4, 4, 4)), 256, 0);
   auto s = e->NewSession().value();
-  LatentLayer* l = s->latent(0);
+  LatentCacheLayer* l = s->latent(0);
   LatentDriver drv(dev_.get(), l, 21);
   ASSERT_TRUE(drv.Append(37).ok());
   ASSERT_EQ(l->pools_ready(), 9u);
@@ -180,7 +180,7 @@ TEST_P(LayerSuite, TruncateClampsPoolsReadyInTheSameCall) {
 TEST_P(LayerSuite, TruncateIntoLappedRingRowsIsRefused) {
   auto e = NewEngine(OneLayer(Latent(8, 4, 4, 4)), 256, 8);
   auto s = e->NewSession().value();
-  LatentLayer* l = s->latent(0);
+  LatentCacheLayer* l = s->latent(0);
   LatentDriver drv(dev_.get(), l, 4);
   ASSERT_TRUE(drv.Append(30).ok());  // the ring holds rows [22, 30)
   ASSERT_EQ(l->index_floor(), 22u);
@@ -198,7 +198,7 @@ TEST_P(LayerSuite, TruncateIntoLappedRingRowsIsRefused) {
 TEST_P(LayerSuite, AppendRefusalsLeaveTheLayerUnchanged) {
   auto e = NewEngine(OneLayer(Latent(8, 4, 4, 4)), 32, 0);
   auto s = e->NewSession().value();
-  LatentLayer* l = s->latent(0);
+  LatentCacheLayer* l = s->latent(0);
   LatentDriver drv(dev_.get(), l, 8);
   ASSERT_TRUE(drv.Append(30).ok());
   DeviceVec rows(dev_.get(), std::vector<float>(3 * 12, 1.0f)),
@@ -218,7 +218,7 @@ TEST_P(LayerSuite, AppendRefusalsLeaveTheLayerUnchanged) {
 TEST_P(LayerSuite, EveryCallChecksPoolsReadyAgainstLen) {
   auto e = NewEngine(OneLayer(Latent(8, 4, 4, 4)), 64, 0);
   auto s = e->NewSession().value();
-  LatentLayer* l = s->latent(0);
+  LatentCacheLayer* l = s->latent(0);
   LatentDriver drv(dev_.get(), l, 1);
   ASSERT_TRUE(drv.Append(9).ok());
   EngineInternals::SetPoolsReady(*l, 1);  // behind len / pool = 2
@@ -234,7 +234,7 @@ TEST_P(LayerSuite, EveryCallChecksPoolsReadyAgainstLen) {
 TEST_P(LayerSuite, LayerWithoutIndexerCarriesNoPoolState) {
   auto e = NewEngine(OneLayer(Latent(32, 0, 0, 0)), 64, 16);
   auto s = e->NewSession().value();
-  LatentLayer* l = s->latent(0);
+  LatentCacheLayer* l = s->latent(0);
   EXPECT_EQ(l->width(), 32u);  // NoPE: width == kv_rank
   LatentDriver drv(dev_.get(), l, 2);
   ASSERT_TRUE(drv.Append(40).ok());
@@ -251,10 +251,10 @@ TEST_P(LayerSuite, LayerWithoutIndexerCarriesNoPoolState) {
 }
 
 TEST_P(LayerSuite, RecurrentStepPushesTheConvRingAndSwapsThePingPongPair) {
-  const RecurrentPlan rp{2, 3, 4};  // 18 channels, ring of 3 inputs each
+  const RecurrentShape rp{2, 3, 4};  // 18 channels, ring of 3 inputs each
   auto e = NewEngine(OneLayer(rp), 16, 0);
   auto s = e->NewSession().value();
-  RecurrentLayer* r = s->recurrent(0);
+  RecurrentCacheLayer* r = s->recurrent(0);
   ASSERT_NE(r, nullptr);
   const std::size_t C = rp.conv_channels(), keep = rp.kernel - 1;
   std::mt19937 rng(17);
@@ -294,7 +294,7 @@ TEST_P(LayerSuite, RecurrentStepPushesTheConvRingAndSwapsThePingPongPair) {
 TEST_P(LayerSuite, KvLayerAppendsRewindsAndMirrorsLen) {
   auto e = NewEngine(OneLayer(KvPlan{6, 5}), 20, 0);
   auto s = e->NewSession().value();
-  KvLayer* kv = s->kv(0);
+  KvCacheLayer* kv = s->kv(0);
   ASSERT_NE(kv, nullptr);
   std::mt19937 rng(3);
   std::vector<float> K, V;
@@ -319,7 +319,7 @@ TEST_P(LayerSuite, KvLayerAppendsRewindsAndMirrorsLen) {
 
 TEST_P(LayerSuite, SessionsAreReservedUpFrontAndComeBackFresh) {
   ReserveRequest r;
-  r.plan = StatePlan{{Latent(8, 4, 4, 4), RecurrentPlan{2, 4, 3}, KvPlan{4, 4}}};
+  r.plan = StatePlan{{Latent(8, 4, 4, 4), RecurrentShape{2, 4, 3}, KvPlan{4, 4}}};
   r.max_ctx = 64;
   r.sessions = 2;
   r.snapshot_slots = 3;

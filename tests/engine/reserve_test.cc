@@ -21,14 +21,14 @@ std::uint64_t Up(std::uint64_t b) {
 
 StatePlan Hybrid() {
   return StatePlan{
-      {LatentPlan{512, 64, 128, 4}, RecurrentPlan{64, 128, 4}, LatentPlan{512, 0, 0, 0}, KvPlan{96, 80}}};
+      {LatentPlan{512, 64, 128, 4}, RecurrentShape{64, 128, 4}, LatentPlan{512, 0, 0, 0}, KvPlan{96, 80}}};
 }
 
 TEST(StatePlanTest, ChecksEveryLayer) {
   EXPECT_TRUE(CheckPlan(Hybrid()).ok());
   EXPECT_TRUE(CheckPlan(StatePlan{}).IsInvalidArgument());
   Status st = CheckPlan(StatePlan{{LatentPlan{0, 0, 0, 0}, LatentPlan{8, 0, 4, 0}, LatentPlan{8, 0, 0, 4},
-                                   RecurrentPlan{0, 4, 4}, RecurrentPlan{1, 4, 1}, KvPlan{0, 3},
+                                   RecurrentShape{0, 4, 4}, RecurrentShape{1, 4, 1}, KvPlan{0, 3},
                                    LatentPlan{kMaxPlanDim + 1, 0, 0, 0}}});
   ASSERT_TRUE(st.IsInvalidArgument());
   for (const char* want : {"layer 0: latent width 0", "layer 1: indexer without a pool",
@@ -39,7 +39,7 @@ TEST(StatePlanTest, ChecksEveryLayer) {
   LatentPlan l{512, 64, 128, 4};
   EXPECT_EQ(l.width(), 576u);
   EXPECT_EQ(l.index_width(), 256u);
-  RecurrentPlan r{64, 128, 4};
+  RecurrentShape r{64, 128, 4};
   EXPECT_EQ(r.conv_channels(), 3u * 64 * 128);
   EXPECT_EQ(r.conv_values(), 3u * 64 * 128 * 3);
   EXPECT_EQ(r.state_values(), 64u * 128 * 128);
@@ -172,7 +172,7 @@ TEST(ReserveTest, RotatingKvStopsGrowingAtItsWindow) {
   EXPECT_EQ(BytesPerToken(rotating, 64), 0u);
   EXPECT_EQ(BytesPerToken(plain, 100000), 64u);
   EXPECT_EQ(BytesPerToken(tq, 63), 48u);
-  EXPECT_EQ(BytesPerToken(RecurrentPlan{2, 4, 3}, 0), 0u);
+  EXPECT_EQ(BytesPerToken(RecurrentShape{2, 4, 3}, 0), 0u);
   EXPECT_EQ(BytesPerToken(LatentPlan{16, 8, 0, 0}, 5), 96u);
   // A format the kinds do not know is refused by the plan check.
   auto bad = PlanReserve(ReserveRequest{StatePlan{{KvPlan{8, 8, KvFormat{0, 3, 16, 0}}}}, 100, 1, 0, 0});
@@ -197,7 +197,7 @@ TEST(ReserveTest, RingLadderHalvesDownToOnePool) {
 TEST(ReserveTest, RoundStashIsBookedPerLayerAndRefusedWhenItCannotWork) {
   const KvPlan rotating{8, 8, KvFormat{64, 0, 0, 0}};
   ReserveRequest req{
-      StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentPlan{64, 128, 4}, KvPlan{96, 80}, rotating}}, 1000, 1,
+      StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentShape{64, 128, 4}, KvPlan{96, 80}, rotating}}, 1000, 1,
       0, 8};
   req.round_tokens = 5;
   auto p = PlanReserve(req);
@@ -248,7 +248,7 @@ TEST(ReserveTest, RoundStashIsBookedPerLayerAndRefusedWhenItCannotWork) {
   ladder.index_ring_rows = 64;
   EXPECT_EQ(RingFitLadder(ladder), (std::vector<std::uint64_t>{64, 32, 16, 8}));
   // Short by a byte: the stash is named among the largest terms when it is one.
-  ReserveRequest heavy{StatePlan{{RecurrentPlan{64, 128, 4}}}, 16, 1, 0, 0};
+  ReserveRequest heavy{StatePlan{{RecurrentShape{64, 128, 4}}}, 16, 1, 0, 0};
   heavy.round_tokens = 64;
   auto hp = PlanReserve(heavy).value();
   auto short_by_one = Preflight(heavy, hp.device_bytes - 1);
@@ -328,7 +328,7 @@ TEST(ReserveTest, PreflightAndAllocationAgree) {
           plan.layers.push_back(LatentPlan{16 * small(rng), 0, 0, 0});
           break;
         case 2:
-          plan.layers.push_back(RecurrentPlan{small(rng), 4 * small(rng), 1 + small(rng)});
+          plan.layers.push_back(RecurrentShape{small(rng), 4 * small(rng), 1 + small(rng)});
           break;
         default: {
           // Plain or rotating, f32 or TurboQuant-4 over head_dim 16 (3 words an entry).

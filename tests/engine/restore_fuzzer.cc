@@ -18,7 +18,7 @@
 
 #include "engine/device.h"
 #include "engine/engine_core.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 
 using namespace primecache;
 using namespace primecache::engine;
@@ -37,15 +37,15 @@ struct Geometry {
 
 std::vector<Geometry> Geometries() {
   const StatePlan hybrid{
-      {LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
+      {LatentPlan{16, 8, 8, 4}, RecurrentShape{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
   const StatePlan pool2{
-      {LatentPlan{16, 8, 8, 2}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
+      {LatentPlan{16, 8, 8, 2}, RecurrentShape{2, 4, 4}, LatentPlan{24, 0, 0, 0}, KvPlan{6, 10}}};
   return {
       {hybrid, 128, 8},
       {hybrid, 128, 0},
       {hybrid, 128, 13},
       {pool2, 128, 8},
-      {StatePlan{{LatentPlan{8, 0, 4, 3}, RecurrentPlan{1, 2, 2}}}, 96, 6},
+      {StatePlan{{LatentPlan{8, 0, 4, 3}, RecurrentShape{1, 2, 2}}}, 96, 6},
       {StatePlan{{KvPlan{4, 4}, LatentPlan{16, 8, 8, 4}}}, 64, 0},
   };
 }
@@ -80,19 +80,19 @@ struct Buffer {
 // Feeds `count` tokens to every layer of a session.
 Status Feed(Device& d, SessionCache& s, Rng& rng, std::uint64_t count) {
   for (std::size_t i = 0; i < s.layer_count(); ++i) {
-    if (LatentLayer* l = s.latent(i)) {
+    if (LatentCacheLayer* l = s.latent(i)) {
       const LatentPlan& p = l->plan();
       Buffer rows(d, rng.Rows(count * p.width())), idx(d, rng.Rows(count * p.index_width() + 1));
       Buffer ape(d, rng.Rows(std::size_t{p.pool} * p.index_head_dim + 1));
       IndexerInputs ix{p.pool, ape.get()};
       PC_RETURN_IF_ERROR(l->Append(rows.get(), p.has_indexer() ? idx.get() : nullptr, count,
                                    p.has_indexer() ? &ix : nullptr));
-    } else if (RecurrentLayer* r = s.recurrent(i)) {
+    } else if (RecurrentCacheLayer* r = s.recurrent(i)) {
       const std::vector<float> next = rng.Rows(r->plan().state_values());
       PC_RETURN_IF_ERROR(d.Upload(r->next_state(), next.data(), next.size() * sizeof(float), Lane::kCompute));
       Buffer in(d, rng.Rows(count * r->plan().conv_channels()));
       PC_RETURN_IF_ERROR(r->Step(in.get(), count));
-    } else if (KvLayer* kv = s.kv(i)) {
+    } else if (KvCacheLayer* kv = s.kv(i)) {
       Buffer k(d, rng.Rows(count * kv->plan().k_width)), v(d, rng.Rows(count * kv->plan().v_width));
       PC_RETURN_IF_ERROR(kv->Append(k.get(), v.get(), count));
     }
@@ -114,7 +114,7 @@ struct World {
 };
 
 std::vector<float>* Plane(LayerSnapshot& l, std::uint32_t which) {
-  if (auto* x = std::get_if<LatentPlaneSnapshot>(&l)) {
+  if (auto* x = std::get_if<LatentSnapshot>(&l)) {
     std::vector<float>* p[] = {&x->latent_rows, &x->index_tail_rows, &x->pool_keys};
     return p[which % 3];
   }
@@ -129,7 +129,7 @@ void Mutate(std::vector<LayerSnapshot>& s, std::uint8_t op, std::uint8_t layer, 
     return;
   }
   LayerSnapshot& l = s[layer % s.size()];
-  auto* lat = std::get_if<LatentPlaneSnapshot>(&l);
+  auto* lat = std::get_if<LatentSnapshot>(&l);
   auto* rec = std::get_if<RecurrentSnapshot>(&l);
   auto* kv = std::get_if<KvSnapshot>(&l);
   switch (op % 20) {
@@ -192,7 +192,7 @@ void Mutate(std::vector<LayerSnapshot>& s, std::uint8_t op, std::uint8_t layer, 
       s.insert(s.begin() + static_cast<std::ptrdiff_t>(v % (s.size() + 1)), LayerSnapshot(l));
       break;
     case 17:
-      if (v % 3 == 0) l = LatentPlaneSnapshot{};
+      if (v % 3 == 0) l = LatentSnapshot{};
       if (v % 3 == 1) l = RecurrentSnapshot{};
       if (v % 3 == 2) l = KvSnapshot{};
       break;
@@ -218,8 +218,8 @@ bool SameLayer(const LayerSnapshot& a, const LayerSnapshot& b) {
     return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * 4) == 0);
   };
   if (a.index() != b.index()) return false;
-  if (const auto* x = std::get_if<LatentPlaneSnapshot>(&a)) {
-    const auto& y = std::get<LatentPlaneSnapshot>(b);
+  if (const auto* x = std::get_if<LatentSnapshot>(&a)) {
+    const auto& y = std::get<LatentSnapshot>(b);
     // Ring or flat may differ: a ring snapshot restores into a flat plane.
     const LatentShape &xs = x->shape, &ys = y.shape;
     return xs.len == ys.len && xs.width == ys.width && xs.index_width == ys.index_width && xs.pool == ys.pool &&
@@ -290,8 +290,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Rng more{7};
   std::uint64_t room = world->geometries[dst_i].max_ctx;
   for (std::size_t i = 0; i < dst.layer_count(); ++i) {
-    if (const LatentLayer* l = dst.latent(i)) room = std::min(room, l->max_ctx() - l->len());
-    if (const KvLayer* k = dst.kv(i)) room = std::min(room, k->max_ctx() - k->len());
+    if (const LatentCacheLayer* l = dst.latent(i)) room = std::min(room, l->max_ctx() - l->len());
+    if (const KvCacheLayer* k = dst.kv(i)) room = std::min(room, k->max_ctx() - k->len());
   }
   if (room > 0) {
     PC_FUZZ_CHECK(Feed(dev, dst, more, std::min<std::uint64_t>(room, 9)).ok());

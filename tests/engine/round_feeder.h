@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/device.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine::testing {
 
@@ -66,9 +66,9 @@ class RoundFeeder {
   Status Append(std::uint64_t count) {
     for (std::size_t i = 0; i < s_->layer_count(); ++i) {
       Status st;
-      if (LatentLayer* l = s_->latent(i)) {
+      if (LatentCacheLayer* l = s_->latent(i)) {
         st = AppendLatent(i, l, count);
-      } else if (RecurrentLayer* r = s_->recurrent(i)) {
+      } else if (RecurrentCacheLayer* r = s_->recurrent(i)) {
         st = StepRecurrent(i, r, count);
       } else {
         st = AppendKv(i, s_->kv(i), count);
@@ -88,7 +88,7 @@ class RoundFeeder {
     return m;
   }
 
-  Status AppendLatent(std::size_t i, LatentLayer* l, std::uint64_t count) {
+  Status AppendLatent(std::size_t i, LatentCacheLayer* l, std::uint64_t count) {
     const LatentPlan& p = l->plan();
     PC_ASSIGN_OR_RETURN(Memory rows, Upload(TokenValues(seed_, i, pos_, count, 2, p.width())));
     if (!p.has_indexer()) {
@@ -116,8 +116,8 @@ class RoundFeeder {
     }
   }
 
-  Status StepRecurrent(std::size_t i, RecurrentLayer* r, std::uint64_t count) {
-    const RecurrentPlan& p = r->plan();
+  Status StepRecurrent(std::size_t i, RecurrentCacheLayer* r, std::uint64_t count) {
+    const RecurrentShape& p = r->plan();
     const std::size_t c = p.conv_channels(), nd = std::size_t{p.heads} * p.head_dim;
     std::vector<float> qkv = TokenValues(seed_, i, pos_, count, 8, c);
     NormaliseQk(&qkv, c, p.heads, p.head_dim);
@@ -149,7 +149,7 @@ class RoundFeeder {
     return dev_->Synchronize(Lane::kCompute);
   }
 
-  Status AppendKv(std::size_t i, KvLayer* kv, std::uint64_t count) {
+  Status AppendKv(std::size_t i, KvCacheLayer* kv, std::uint64_t count) {
     PC_ASSIGN_OR_RETURN(Memory k, Upload(TokenValues(seed_, i, pos_, count, 6, kv->plan().k_width)));
     PC_ASSIGN_OR_RETURN(Memory v, Upload(TokenValues(seed_, i, pos_, count, 7, kv->plan().v_width)));
     PC_RETURN_IF_ERROR(kv->Append(k.at<float>(0), v.at<float>(0), count));

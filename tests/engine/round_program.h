@@ -34,9 +34,9 @@ struct RoundGeometry {
 inline std::vector<RoundGeometry> RoundGeometries() {
   const KvPlan rot{4, 4, KvFormat{6, 0, 0, 0}}, tq{6, 6, KvFormat{5, 4, 16, 3}}, plain{3, 5, {}};
   return {
-      {StatePlan{{RecurrentPlan{2, 4, 4}, LatentPlan{8, 4, 4, 4}, rot, LatentPlan{6, 0, 0, 0}, plain}}, 8},
-      {StatePlan{{LatentPlan{8, 0, 4, 3}, RecurrentPlan{1, 4, 2}, tq}}, 9},
-      {StatePlan{{RecurrentPlan{1, 8, 3}, rot}}, 0},
+      {StatePlan{{RecurrentShape{2, 4, 4}, LatentPlan{8, 4, 4, 4}, rot, LatentPlan{6, 0, 0, 0}, plain}}, 8},
+      {StatePlan{{LatentPlan{8, 0, 4, 3}, RecurrentShape{1, 4, 2}, tq}}, 9},
+      {StatePlan{{RecurrentShape{1, 8, 3}, rot}}, 0},
       {StatePlan{{LatentPlan{8, 4, 4, 2}, plain, tq}}, 0},
   };
 }
@@ -162,7 +162,7 @@ class RoundProgram {
         std::visit(
             [&](const auto& l) {
               using T = std::decay_t<decltype(l)>;
-              if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
+              if constexpr (std::is_same_v<T, LatentSnapshot>) {
                 v.push_back(static_cast<float>(l.shape.len));
                 v.push_back(static_cast<float>(l.shape.pools_ready));
                 for (const auto* p : {&l.latent_rows, &l.index_tail_rows, &l.pool_keys})

@@ -34,7 +34,7 @@ struct Case {
 
 std::vector<Case> Cases() {
   const LatentPlan dense{16, 8, 0, 0}, indexed{16, 8, 8, 4};
-  const RecurrentPlan rec{2, 4, 4}, rec2{1, 8, 2};
+  const RecurrentShape rec{2, 4, 4}, rec2{1, 8, 2};
   return {
       {"latent-dense", StatePlan{{dense}}},
       {"latent-indexer-flat", StatePlan{{indexed}}},
@@ -282,7 +282,7 @@ TEST_P(RoundSuite, RefusalsLeaveTheCacheAsItWas) {
   // Nothing was appended by the refused call (it failed on the first layer).
   EXPECT_EQ(a->RoundAppended().value(), 0u);
   // A recurrent step whose scan inputs were not stashed is refused.
-  RecurrentLayer* r = a->recurrent(0);
+  RecurrentCacheLayer* r = a->recurrent(0);
   std::vector<float> raw(r->plan().conv_channels(), 1.0f);
   DeviceVec draw(dev_.get(), raw);
   Status unstashed = r->Step(draw.get(), 1);

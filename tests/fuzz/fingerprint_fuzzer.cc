@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "fuzz_limits.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/snapshot.h"
 
 using namespace primecache;
 

@@ -2,7 +2,7 @@
 // make a target allocate more than a few MiB, large enough for every seed.
 #pragma once
 
-#include "primecache/snapshot_file.h"
+#include "primecache/internal/snapshot_file.h"
 
 namespace primecache::fuzz {
 

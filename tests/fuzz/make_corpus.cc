@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "primecache/env.h"
-#include "primecache/snapshot_file.h"
+#include "primecache/internal/env.h"
+#include "primecache/internal/snapshot_file.h"
 #include "tests/codecs/codec_test_util.h"
 
 using namespace primecache;

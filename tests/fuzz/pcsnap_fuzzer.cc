@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::vector<LayerGeometry> plan;
     for (const EncodedLayer& l : parsed->layers) {
       (void)codecs::DecodeLayer(l, limits.codec, checksums);
-      plan.push_back(RecurrentGeometry{1, 1, 2});
+      plan.push_back(RecurrentShape{1, 1, 2});
     }
     (void)Validate(*parsed, plan);
   }

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "fuzz_limits.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 #ifndef PC_FUZZ_TRANSFORM
 #error "PC_FUZZ_TRANSFORM names the transform this target decodes"

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "primecache/model.h"
+#include "primecache/internal/model.h"
 
 namespace primecache::model {
 namespace {

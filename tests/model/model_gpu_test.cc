@@ -147,7 +147,7 @@ std::vector<float> Fetch(engine::Device& dev, const float* src, std::size_t n) {
 
 // A KV layer's held rows on both backends (f32 rows; TurboQuant configs go
 // through the state-forced test below), within 1e-4 relative.
-double CompareKv(engine::Device& gd, const engine::KvLayer& kc, const engine::KvLayer& kg, std::size_t l) {
+double CompareKv(engine::Device& gd, const engine::KvCacheLayer& kc, const engine::KvCacheLayer& kg, std::size_t l) {
   EXPECT_EQ(kg.len(), kc.len());
   EXPECT_EQ(kg.first_held(), kc.first_held());
   const engine::KvPlan& p = kc.plan();
@@ -300,9 +300,9 @@ bool SameLayerBits(const std::vector<LayerSnapshot>& a, const std::vector<LayerS
     const auto va = engine::ViewOf(a[l]), vb = engine::ViewOf(b[l]);
     if (ShapeOf(a[l]) != ShapeOf(b[l])) return false;
     auto planes = [](const engine::LayerSnapshotView& v) -> std::vector<std::span<const float>> {
-      if (const auto* x = std::get_if<engine::LatentView>(&v)) return {x->latent_rows, x->index_tail_rows, x->pool_keys};
-      if (const auto* r = std::get_if<engine::RecurrentView>(&v)) return {r->conv_ring, r->state};
-      const auto& kv = std::get<engine::KvView>(v);
+      if (const auto* x = std::get_if<engine::LatentSnapshotView>(&v)) return {x->latent_rows, x->index_tail_rows, x->pool_keys};
+      if (const auto* r = std::get_if<engine::RecurrentSnapshotView>(&v)) return {r->conv_ring, r->state};
+      const auto& kv = std::get<engine::KvSnapshotView>(v);
       return {kv.k_rows, kv.v_rows};
     };
     const auto pa = planes(va), pb = planes(vb);

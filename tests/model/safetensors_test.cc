@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "primecache/model.h"
+#include "primecache/internal/model.h"
 
 namespace primecache::model {
 namespace {

@@ -67,7 +67,7 @@ std::vector<float> Flat(const LayerSnapshot& s) {
   std::visit(
       [&](const auto& x) {
         using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
+        if constexpr (std::is_same_v<T, LatentSnapshot>) {
           for (const auto* p : {&x.latent_rows, &x.index_tail_rows, &x.pool_keys}) v.insert(v.end(), p->begin(), p->end());
         } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
           for (const auto* p : {&x.conv_ring, &x.state}) v.insert(v.end(), p->begin(), p->end());
@@ -113,10 +113,10 @@ TEST_P(SpeculativeGpuTest, VerifyRowsMatchOneTokenCallsAndTheCpu) {
   std::vector<float> ignore, g_verify, g_decode, c_verify;
   for (ModelSession* s : {&gv, &gd}) ASSERT_TRUE(p.gpu.model->Prime(*s, prompt, LogitsWanted::kLast, &ignore).ok());
   ASSERT_TRUE(p.cpu.model->Prime(cv, prompt, LogitsWanted::kLast, &ignore).ok());
-  ASSERT_TRUE(p.gpu.model->Verify(gv, round, &g_verify).ok());
+  ASSERT_TRUE(p.gpu.model->VerifyDraft(gv, round, &g_verify).ok());
   for (std::uint32_t t : round)
     ASSERT_TRUE(p.gpu.model->Prime(gd, std::span(&t, 1), LogitsWanted::kLast, &g_decode).ok());
-  ASSERT_TRUE(p.cpu.model->Verify(cv, round, &c_verify).ok());
+  ASSERT_TRUE(p.cpu.model->VerifyDraft(cv, round, &c_verify).ok());
   // On one backend a verify row is the one-token call, bit for bit
   // (Compute::kRowInvariantRows): logits, and every plane once committed.
   EXPECT_TRUE(SameBits(g_verify, g_decode)) << "verify against one-token calls on the device, max rel err "
@@ -146,7 +146,7 @@ TEST_P(SpeculativeGpuTest, RollbackMatchesTheCpuRollback) {
       std::vector<float>& l = m == p.gpu.model.get() ? gl : cl;
       ASSERT_TRUE(m->Prime(*s, prompt, LogitsWanted::kLast, &ignore).ok());
       for (int r = 0; r < 3; ++r) {  // three rounds, each kept to `keep`, a call of 4 between them
-        ASSERT_TRUE(m->Verify(*s, std::span(more).subspan(1 + 9 * r, kRound), &ignore).ok());
+        ASSERT_TRUE(m->VerifyDraft(*s, std::span(more).subspan(1 + 9 * r, kRound), &ignore).ok());
         ASSERT_TRUE(m->ResolveRound(*s, keep).ok());
         ASSERT_TRUE(m->Prime(*s, std::span(more).subspan(6 + 9 * r, 4), LogitsWanted::kAll, &l).ok());
       }

@@ -91,7 +91,7 @@ TEST(SpeculativeTest, VerifyRowsAreBitIdenticalToOneTokenDecodeCalls) {
     ASSERT_TRUE(m->model->Prime(a, prompt, LogitsWanted::kLast, &ignore).ok());
     ASSERT_TRUE(m->model->Prime(b, prompt, LogitsWanted::kLast, &ignore).ok());
     const std::span<const std::uint32_t> tokens = std::span(draft).subspan(1);
-    ASSERT_TRUE(m->model->Verify(a, tokens, &verify).ok());
+    ASSERT_TRUE(m->model->VerifyDraft(a, tokens, &verify).ok());
     for (std::uint32_t t : tokens)
       ASSERT_TRUE(m->model->Prime(b, std::span(&t, 1), LogitsWanted::kLast, &decode).ok());
     EXPECT_TRUE(SameBits(verify, decode)) << "verify rows differ from one-token calls";
@@ -113,10 +113,10 @@ TEST(SpeculativeTest, RollbackToEveryKeepEqualsASessionGivenOnlyTheKeptTokens) {
       std::vector<float> la, lb;
       ASSERT_TRUE(m->model->Prime(a, prompt, LogitsWanted::kLast, &la).ok());
       ASSERT_TRUE(m->model->Prime(b, prompt, LogitsWanted::kLast, &lb).ok());
-      ASSERT_TRUE(m->model->Verify(a, round, &la).ok());
+      ASSERT_TRUE(m->model->VerifyDraft(a, round, &la).ok());
       ASSERT_TRUE(m->model->ResolveRound(a, keep).ok());
       if (keep != 0) {
-        ASSERT_TRUE(m->model->Verify(b, round.first(keep), &lb).ok());  // armed, given only the kept tokens
+        ASSERT_TRUE(m->model->VerifyDraft(b, round.first(keep), &lb).ok());  // armed, given only the kept tokens
         ASSERT_TRUE(m->model->ResolveRound(b, keep).ok());
       }
       ASSERT_EQ(a.position, b.position);
@@ -226,7 +226,7 @@ TEST(SpeculativeTest, RestoreOfABoundaryCapturedRightAfterARollbackContinuesIden
     const auto prompt = Prompt(21), more = Prompt(20, 9);
     std::vector<float> ignore;
     ASSERT_TRUE(m->model->Prime(a, prompt, LogitsWanted::kLast, &ignore).ok());
-    ASSERT_TRUE(m->model->Verify(a, std::span(more).subspan(1, kRound), &ignore).ok());
+    ASSERT_TRUE(m->model->VerifyDraft(a, std::span(more).subspan(1, kRound), &ignore).ok());
     ASSERT_TRUE(m->model->ResolveRound(a, 2).ok());
     ASSERT_TRUE(r.cache->Restore(Capture(a)).ok());
     r.position = a.position;
@@ -234,7 +234,7 @@ TEST(SpeculativeTest, RestoreOfABoundaryCapturedRightAfterARollbackContinuesIden
     for (ModelSession* s : {&a, &r}) {
       std::vector<float>& l = s == &a ? la : lr;
       ASSERT_TRUE(m->model->Prime(*s, std::span(more).subspan(6, 3), LogitsWanted::kAll, &l).ok());
-      ASSERT_TRUE(m->model->Verify(*s, std::span(more).subspan(9, kRound), &l).ok());
+      ASSERT_TRUE(m->model->VerifyDraft(*s, std::span(more).subspan(9, kRound), &l).ok());
       ASSERT_TRUE(m->model->ResolveRound(*s, 3).ok());
       ASSERT_TRUE(m->model->Prime(*s, std::span(more).subspan(12, 2), LogitsWanted::kAll, &l).ok());
     }
@@ -266,7 +266,7 @@ TEST(SpeculativeTest, VerifyRefusesWithoutARoundReserveAndLeavesTheSessionAsItWa
   std::vector<float> l;
   ASSERT_TRUE(m->model->Prime(s, Prompt(9), LogitsWanted::kLast, &l).ok());
   const auto before = Capture(s);
-  Status st = m->model->Verify(s, Prompt(3), &l);
+  Status st = m->model->VerifyDraft(s, Prompt(3), &l);
   EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
   EXPECT_NE(st.message().find("round_tokens"), std::string::npos) << st.message();
   EXPECT_EQ(s.position, 9u);

@@ -31,7 +31,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/model/hybrid_model.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/snapshot.h"
 
 namespace primecache::model::testing {
 
@@ -98,7 +98,7 @@ inline double CompareTqPlane(const std::vector<float>& got, const std::vector<fl
 
 // The f32 planes of one layer, in a fixed order (KV planes only when f32).
 inline std::vector<const std::vector<float>*> FloatPlanes(const LayerSnapshot& s) {
-  if (const auto* l = std::get_if<LatentPlaneSnapshot>(&s)) return {&l->latent_rows, &l->index_tail_rows, &l->pool_keys};
+  if (const auto* l = std::get_if<LatentSnapshot>(&s)) return {&l->latent_rows, &l->index_tail_rows, &l->pool_keys};
   if (const auto* r = std::get_if<RecurrentSnapshot>(&s)) return {&r->conv_ring, &r->state};
   const auto& kv = std::get<KvSnapshot>(s);
   if (kv.shape.format.quantized()) return {};

@@ -73,7 +73,7 @@ class StepCompareTest : public ::testing::Test {
     const auto& kv = std::get<KvSnapshot>(got_[l]);
     return kv.v_rows.size() / (1 + kv.shape.format.head_dim * kv.shape.format.quant_bits / 32);
   }
-  std::vector<float>& LatentRows() { return std::get<LatentPlaneSnapshot>(got_[2]).latent_rows; }
+  std::vector<float>& LatentRows() { return std::get<LatentSnapshot>(got_[2]).latent_rows; }
 
   testing::CpuModel m_;
   std::uint64_t first_new_ = 0;

@@ -89,7 +89,7 @@ bool SamePlanes(const std::vector<LayerSnapshot>& a, const std::vector<LayerSnap
         [&](const auto& x) {
           using T = std::decay_t<decltype(x)>;
           const T& y = std::get<T>(b[l]);
-          if constexpr (std::is_same_v<T, LatentPlaneSnapshot>) {
+          if constexpr (std::is_same_v<T, LatentSnapshot>) {
             return x.shape == y.shape && SameBits(x.latent_rows, y.latent_rows) &&
                    SameBits(x.index_tail_rows, y.index_tail_rows) && SameBits(x.pool_keys, y.pool_keys);
           } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {

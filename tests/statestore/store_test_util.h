@@ -74,7 +74,7 @@ inline std::vector<LayerBytes> MakeLayers(const std::vector<std::uint32_t>& toke
     out.push_back({SerializeLayerHeader(enc->header), std::move(enc->chunks)});
   };
   for (std::uint32_t l = 0; l < m.latent_layers; ++l) {
-    LatentPlaneSnapshot s;
+    LatentSnapshot s;
     s.shape.len = len;
     s.shape.width = m.width;
     s.latent_rows.resize(len * m.width);

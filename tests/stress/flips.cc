@@ -9,7 +9,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "primecache/snapshot.h"
+#include "primecache/internal/snapshot.h"
 #include "tests/stress/stress_modes.h"
 #include "tests/stress/stress_util.h"
 

@@ -10,7 +10,7 @@
 #include <set>
 #include <thread>
 
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "statestore/test_hooks.h"
 #include "tests/support/fault_env.h"
 #include "tests/stress/stress_modes.h"

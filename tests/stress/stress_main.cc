@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "primecache/logging.h"
+#include "primecache/internal/logging.h"
 #include "tests/stress/stress_modes.h"
 #include "tests/stress/stress_util.h"
 

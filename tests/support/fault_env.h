@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 #include "primecache/status.h"
 
 namespace primecache {

@@ -1,6 +1,6 @@
 // The Env contract, run against the POSIX Env (in a temporary directory) and
 // the in-memory Env alike.
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

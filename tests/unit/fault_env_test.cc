@@ -2,7 +2,7 @@
 // crash tests rely on.
 #include <gtest/gtest.h>
 
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 #include "tests/support/fault_env.h"
 
 namespace primecache {

@@ -1,4 +1,4 @@
-#include "primecache/logging.h"
+#include "primecache/internal/logging.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>

@@ -23,7 +23,7 @@
 
 #include "codecs/shuffle.h"
 #include "primecache/checksum.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "tools/common/csv.h"
 
 using namespace primecache;
@@ -81,7 +81,7 @@ struct Case {
 
 std::vector<Case> Cases(std::uint64_t tokens) {
   const std::uint32_t kv_rank = 512, rope = 64, index_head_dim = 128, pool = 4;
-  LatentPlaneSnapshot l;
+  LatentSnapshot l;
   l.shape.len = tokens;
   l.shape.width = kv_rank + rope;
   l.shape.index_width = 2 * index_head_dim;

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "engine/device.h"
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 #include "tools/bench/kv_kinds_bench.h"
 #include "tools/common/csv.h"
 
@@ -91,9 +91,9 @@ struct Primer {
   Primer(Device& d, const StatePlan& p, std::uint64_t chunk_tokens, std::mt19937& rng)
       : dev(d), plan(p), chunk(chunk_tokens) {
     const auto& mla = std::get<LatentPlan>(plan.layers.back());
-    RecurrentPlan kda{};
+    RecurrentShape kda{};
     for (const auto& l : plan.layers) {
-      if (const auto* r = std::get_if<RecurrentPlan>(&l)) kda = *r;
+      if (const auto* r = std::get_if<RecurrentShape>(&l)) kda = *r;
     }
     latent = RandomDevice(dev, chunk * mla.width(), rng);
     index = RandomDevice(dev, chunk * mla.index_width(), rng);
@@ -105,11 +105,11 @@ struct Primer {
     for (std::uint64_t len = s.latent(plan.layers.size() - 1)->len(); len < to;) {
       const std::uint64_t t = std::min(chunk, to - len);
       for (std::size_t i = 0; i < s.layer_count(); ++i) {
-        if (LatentLayer* l = s.latent(i)) {
+        if (LatentCacheLayer* l = s.latent(i)) {
           IndexerInputs ix{l->plan().pool, static_cast<const float*>(ape.data())};
           BENCH_OK(l->Append(static_cast<const float*>(latent.data()),
                              static_cast<const float*>(index.data()), t, &ix));
-        } else if (RecurrentLayer* r = s.recurrent(i)) {
+        } else if (RecurrentCacheLayer* r = s.recurrent(i)) {
           BENCH_OK(dev.CopyOnDevice(r->next_state(), state.data(), state.bytes(), Lane::kCompute));
           BENCH_OK(r->Step(static_cast<const float*>(conv.data()), r->plan().kernel - 1));
         }
@@ -123,7 +123,7 @@ struct Primer {
 std::uint64_t SnapshotBytes(const std::vector<LayerSnapshot>& snap) {
   std::uint64_t b = 0;
   for (const auto& l : snap) {
-    if (const auto* x = std::get_if<LatentPlaneSnapshot>(&l)) {
+    if (const auto* x = std::get_if<LatentSnapshot>(&l)) {
       b += (x->latent_rows.size() + x->index_tail_rows.size() + x->pool_keys.size()) * 4;
     } else if (const auto* r = std::get_if<RecurrentSnapshot>(&l)) {
       b += (r->conv_ring.size() + r->state.size()) * 4;
@@ -143,8 +143,8 @@ bool SameSnapshot(const std::vector<LayerSnapshot>& a, const std::vector<LayerSn
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i) {
     if (a[i].index() != b[i].index()) return false;
-    if (const auto* x = std::get_if<LatentPlaneSnapshot>(&a[i])) {
-      const auto& y = std::get<LatentPlaneSnapshot>(b[i]);
+    if (const auto* x = std::get_if<LatentSnapshot>(&a[i])) {
+      const auto& y = std::get<LatentSnapshot>(b[i]);
       if (!(x->shape == y.shape) || !Same(x->latent_rows, y.latent_rows) ||
           !Same(x->index_tail_rows, y.index_tail_rows) || !Same(x->pool_keys, y.pool_keys)) {
         return false;
@@ -173,15 +173,15 @@ struct PinnedSnapshot {
     };
     for (const auto& l : snap) {
       LayerSnapshotView v = ViewOf(l);
-      if (auto* x = std::get_if<LatentView>(&v)) {
+      if (auto* x = std::get_if<LatentSnapshotView>(&v)) {
         x->latent_rows = place(x->latent_rows);
         x->index_tail_rows = place(x->index_tail_rows);
         x->pool_keys = place(x->pool_keys);
-      } else if (auto* r = std::get_if<RecurrentView>(&v)) {
+      } else if (auto* r = std::get_if<RecurrentSnapshotView>(&v)) {
         r->conv_ring = place(r->conv_ring);
         r->state = place(r->state);
       } else {
-        auto& kv = std::get<KvView>(v);
+        auto& kv = std::get<KvSnapshotView>(v);
         kv.k_rows = place(kv.k_rows);
         kv.v_rows = place(kv.v_rows);
       }
@@ -225,7 +225,7 @@ bench::CsvTable RestoreTable() {
 }
 
 const LatentPlan kMla{512, 64, 128, 4};
-const RecurrentPlan kKda{64, 128, 4};
+const RecurrentShape kKda{64, 128, 4};
 
 // kda, kda, kda, mla, ... with the MLA layers spread evenly, an MLA layer last.
 StatePlan HybridPlan(const Options& o) {

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "primecache/client.h"
-#include "primecache/codec.h"
-#include "primecache/env.h"
-#include "primecache/logging.h"
-#include "primecache/model.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/env.h"
+#include "primecache/internal/logging.h"
+#include "primecache/internal/model.h"
 #include "tools/common/csv.h"
 #include "tools/common/daemon_process.h"
 #include "tools/common/replay.h"

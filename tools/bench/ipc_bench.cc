@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "primecache/client.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "tools/common/csv.h"
 #include "tools/common/daemon_process.h"
 
@@ -39,7 +39,7 @@ std::vector<LayerData> MakeLayers(std::uint64_t len, int layers) {
   for (int l = 0; l < layers; ++l) {
     LatentShape shape{len, 576, 0, 0, 0, false, 0};
     auto snap = MakeSnapshot(shape);
-    auto& lat = std::get<LatentPlaneSnapshot>(*snap);
+    auto& lat = std::get<LatentSnapshot>(*snap);
     for (auto& x : lat.latent_rows) x = static_cast<float>(g() % 20000) * 1e-3f - 10.f;
     EncodeOptions eo;
     eo.all_planes = TransformSpec{std::string(kRawTransform), 0};

@@ -17,7 +17,7 @@
 
 #include "engine/device.h"
 #include "kernels/kv_attention.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 namespace primecache::engine {
 namespace {
@@ -108,7 +108,7 @@ Measured MeasureKind(const std::shared_ptr<Device>& device, const KvPlan& plan, 
     const std::size_t k_bytes = kv.k_rows.size() * sizeof(float);  // Memory::at takes byte offsets
     std::memcpy(pinned.data(), kv.k_rows.data(), k_bytes);
     std::memcpy(pinned.at<float>(k_bytes), kv.v_rows.data(), kv.v_rows.size() * sizeof(float));
-    const KvView view{kv.shape, {pinned.at<const float>(0), kv.k_rows.size()},
+    const KvSnapshotView view{kv.shape, {pinned.at<const float>(0), kv.k_rows.size()},
                       {pinned.at<const float>(k_bytes), kv.v_rows.size()}};
     std::vector<double> times;
     for (std::uint32_t r = 0; r < reps; ++r) {

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "primecache/engine.h"
+#include "primecache/internal/engine.h"
 
 namespace primecache::engine {
 

@@ -38,7 +38,7 @@
 
 #include "engine/device.h"
 #include "engine/model/hybrid_model.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "serving/prefix_cache.h"
 #include "tools/common/csv.h"
 #include "tools/common/daemon_process.h"

@@ -39,8 +39,8 @@
 #include <string>
 #include <vector>
 
-#include "primecache/engine.h"
-#include "primecache/model.h"
+#include "primecache/internal/engine.h"
+#include "primecache/internal/model.h"
 #include "serving/prefix_cache.h"
 #include "tools/common/csv.h"
 #include "tools/common/daemon_process.h"

@@ -26,10 +26,10 @@
 #include <string>
 #include <vector>
 
-#include "primecache/codec.h"
-#include "primecache/env.h"
-#include "primecache/logging.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/env.h"
+#include "primecache/internal/logging.h"
+#include "primecache/internal/snapshot.h"
 #include "primecache/statestore.h"
 #include "tools/common/csv.h"
 
@@ -92,7 +92,7 @@ std::vector<LayerBytes> Encode(const Geometry& g, std::uint64_t tokens, std::uin
     out.push_back({SerializeLayerHeader(enc->header), std::move(enc->chunks)});
   };
   for (std::uint32_t l = 0; l < g.latent_layers; ++l) {
-    LatentPlaneSnapshot s;
+    LatentSnapshot s;
     s.shape.len = tokens;
     s.shape.width = g.width;
     Fill(&s.latent_rows, tokens, g.width, seed * 100 + l);

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "primecache/codec.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/snapshot.h"
 
 namespace primecache::replay {
 
@@ -35,8 +35,8 @@ std::vector<std::uint64_t> RunningHashes(std::span<const std::uint32_t> tokens) 
   return h;
 }
 
-LatentPlaneSnapshot LatentLayer(const StateGeometry& g, const std::vector<std::uint64_t>& h, std::uint32_t l) {
-  LatentPlaneSnapshot s;
+LatentSnapshot LatentCacheLayer(const StateGeometry& g, const std::vector<std::uint64_t>& h, std::uint32_t l) {
+  LatentSnapshot s;
   const std::uint64_t len = h.size();
   s.shape.len = len;
   s.shape.width = g.latent_width;
@@ -57,7 +57,7 @@ LatentPlaneSnapshot LatentLayer(const StateGeometry& g, const std::vector<std::u
   return s;
 }
 
-RecurrentSnapshot RecurrentLayer(const StateGeometry& g, std::uint64_t at, std::uint32_t l) {
+RecurrentSnapshot RecurrentCacheLayer(const StateGeometry& g, std::uint64_t at, std::uint32_t l) {
   RecurrentSnapshot s{{g.heads, g.head_dim, g.kernel}, {}, {}};
   s.conv_ring.resize(3ull * g.heads * g.head_dim * (g.kernel - 1));
   s.state.resize(std::uint64_t{g.heads} * g.head_dim * g.head_dim);
@@ -158,8 +158,8 @@ std::vector<LayerBytes> EncodeBoundary(const StateGeometry& g, std::span<const s
     if (!enc.ok()) return;  // cannot happen for these shapes; the store then refuses the publish
     out.push_back({SerializeLayerHeader(enc->header), std::move(enc->chunks)});
   };
-  for (std::uint32_t l = 0; l < g.latent_layers; ++l) push(LatentLayer(g, h, l));
-  for (std::uint32_t l = 0; l < g.recurrent_layers; ++l) push(RecurrentLayer(g, h.empty() ? 0 : h.back(), l));
+  for (std::uint32_t l = 0; l < g.latent_layers; ++l) push(LatentCacheLayer(g, h, l));
+  for (std::uint32_t l = 0; l < g.recurrent_layers; ++l) push(RecurrentCacheLayer(g, h.empty() ? 0 : h.back(), l));
   return out;
 }
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "primecache/model.h"
+#include "primecache/internal/model.h"
 #include "primecache/statestore.h"
 #include "tools/common/traces.h"
 

@@ -24,7 +24,7 @@
 #include <string>
 #include <thread>
 
-#include "primecache/logging.h"
+#include "primecache/internal/logging.h"
 #include "primecache/status.h"
 
 namespace primecache::daemon {

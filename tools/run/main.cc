@@ -29,8 +29,8 @@
 #include <limits>
 
 #include "engine/model/speculative.h"
-#include "primecache/env.h"
-#include "primecache/logging.h"
+#include "primecache/internal/env.h"
+#include "primecache/internal/logging.h"
 #include "serving/prefix_cache.h"
 
 using namespace primecache;

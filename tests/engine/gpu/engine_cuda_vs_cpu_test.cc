@@ -29,12 +29,12 @@ double ExpectMatchesAcrossBackends(const std::vector<LayerSnapshot>& gpu,
   EXPECT_EQ(gpu.size(), cpu.size());
   for (std::size_t i = 0; i < gpu.size() && i < cpu.size(); ++i) {
     SCOPED_TRACE("layer " + std::to_string(i));
-    if (const auto* g = std::get_if<LatentPlaneSnapshot>(&gpu[i])) {
-      const auto& c = std::get<LatentPlaneSnapshot>(cpu[i]);
+    if (const auto* g = std::get_if<LatentSnapshot>(&gpu[i])) {
+      const auto& c = std::get<LatentSnapshot>(cpu[i]);
       const double err = MaxRelErr(g->pool_keys, c.pool_keys);
       worst = std::max(worst, err);
       EXPECT_LE(err, kKeyTolerance) << "pool keys";
-      LatentPlaneSnapshot gk = *g;
+      LatentSnapshot gk = *g;
       gk.pool_keys = c.pool_keys;
       ExpectLayerEqual(LayerSnapshot(gk), cpu[i]);
     } else {
@@ -74,7 +74,7 @@ TEST_P(CudaVsCpuTest, SameTokensSameStateAndSnapshotsCrossBackends) {
     worst = std::max(worst, ExpectMatchesAcrossBackends(sg.value(), sc.value()));
     ASSERT_TRUE(g->CheckInvariants().ok());
     for (std::size_t i = 0; i < g->layer_count(); ++i) {
-      if (const LatentLayer* l = g->latent(i)) {
+      if (const LatentCacheLayer* l = g->latent(i)) {
         EXPECT_EQ(cuda->ReadI32(l->len_device(), Lane::kCompute).value(), static_cast<int>(l->len()));
         EXPECT_EQ(l->index_floor(), h->latent(i)->index_floor());
       }
@@ -120,22 +120,22 @@ INSTANTIATE_TEST_SUITE_P(
     Geometries, CudaVsCpuTest,
     ::testing::Values(
         Case{"tiny_ring8",
-             StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, KvPlan{6, 10}}},
+             StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentShape{2, 4, 4}, KvPlan{6, 10}}},
              512,
              8,
              {1, 1, 2, 3, 4, 9, 40, 1, 100}},
         Case{"tiny_flat",
-             StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentPlan{2, 4, 4}, LatentPlan{24, 0, 0, 0}}},
+             StatePlan{{LatentPlan{16, 8, 8, 4}, RecurrentShape{2, 4, 4}, LatentPlan{24, 0, 0, 0}}},
              512,
              0,
              {7, 1, 33, 2}},
         Case{"odd_pool3_ring10",
-             StatePlan{{LatentPlan{5, 3, 7, 3}, RecurrentPlan{3, 5, 2}}},
+             StatePlan{{LatentPlan{5, 3, 7, 3}, RecurrentShape{3, 5, 2}}},
              600,
              10,
              {1, 2, 9, 10, 11, 97}},
         Case{"glm5_class_ring256",
-             StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentPlan{64, 128, 4}, LatentPlan{512, 64, 128, 4}}},
+             StatePlan{{LatentPlan{512, 64, 128, 4}, RecurrentShape{64, 128, 4}, LatentPlan{512, 64, 128, 4}}},
              8192,
              256,
              {1000, 1, 1, 3, 300}}),
@@ -155,8 +155,8 @@ TEST(CudaVsCpuRoundTest, RollbacksAgreeAcrossBackends) {
   ASSERT_NE(cuda, nullptr);
   auto cpu = NewCpuDevice({.memory_bytes = 4ull << 30});
   const KvPlan rotating{6, 6, KvFormat{8, 0, 0, 0}};
-  ReserveRequest req{StatePlan{{RecurrentPlan{4, 32, 4}, LatentPlan{64, 16, 32, 4}, rotating,
-                                LatentPlan{32, 0, 0, 0}, RecurrentPlan{2, 64, 2}}},
+  ReserveRequest req{StatePlan{{RecurrentShape{4, 32, 4}, LatentPlan{64, 16, 32, 4}, rotating,
+                                LatentPlan{32, 0, 0, 0}, RecurrentShape{2, 64, 2}}},
                      256, 1, 1, 8};
   req.round_tokens = 5;
   auto eg = Engine::Create(cuda, req).value();

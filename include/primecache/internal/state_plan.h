@@ -5,7 +5,8 @@
 //    with a DSA k-pool indexer (index_head_dim > 0) an index plane of
 //    index_width = 2 * index_head_dim f32 per token and resident pool keys,
 //    index_head_dim f32 per pool of `pool` tokens.
-//  - RecurrentPlan: a KDA layer's conv ring (the last kernel-1 pre-conv inputs
+//  - RecurrentShape (layer_shape.h; a layer without length is planned by its
+//    shape): a KDA layer's conv ring (the last kernel-1 pre-conv inputs
 //    of the fused q, k, v planes: 3 * heads * head_dim channels) and its
 //    recurrent state, heads x head_dim x head_dim f32.
 //  - KvPlan: an attention layer's K and V rows (plain or rotating, f32 or
@@ -18,8 +19,8 @@
 #include <variant>
 #include <vector>
 
-#include "primecache/layer_shape.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/layer_shape.h"
+#include "primecache/internal/snapshot.h"
 #include "primecache/status.h"
 
 namespace primecache::engine {
@@ -36,9 +37,6 @@ struct LatentPlan {
   friend bool operator==(const LatentPlan&, const LatentPlan&) = default;
 };
 
-// heads, head_dim, kernel (a short-conv kernel >= 2): layer_shape.h.
-using RecurrentPlan = RecurrentShape;
-
 // k_width, v_width in 4-byte words per token (KvShape); format: plain or
 // rotating, f32 or TurboQuant (layer_shape.h).
 struct KvPlan {
@@ -52,7 +50,9 @@ struct KvPlan {
   friend bool operator==(const KvPlan&, const KvPlan&) = default;
 };
 
-using LayerPlan = std::variant<LatentPlan, RecurrentPlan, KvPlan>;
+// A recurrent layer's plan is its shape (heads, head_dim, kernel >= 2:
+// layer_shape.h): its state has no length.
+using LayerPlan = std::variant<LatentPlan, RecurrentShape, KvPlan>;
 
 struct StatePlan {
   std::vector<LayerPlan> layers;

@@ -19,7 +19,7 @@
 #include <variant>
 #include <vector>
 
-#include "primecache/state_plan.h"
+#include "primecache/internal/state_plan.h"
 #include "primecache/status.h"
 
 namespace primecache::engine {

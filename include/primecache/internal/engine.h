@@ -1,11 +1,15 @@
 // The engine's cache state: devices, session caches and their layers.
+// Internal to the build (not installed), like everything under
+// include/primecache/internal/. This header is the engine's interface only:
+// the layers' state is engine/layer_state.h's, behind the layer interfaces
+// below.
 //
 // An Engine owns one device's reserve (reserve.h): every session arena and
 // every snapshot slot is allocated by Engine::Create, exactly as PlanReserve
 // lays them out. A SessionCache is one session's state, one layer object per
 // state-plan layer:
 //
-//  - LatentLayer: rows [max_ctx, width] f32, one per token; len, and a device
+//  - LatentCacheLayer: rows [max_ctx, width] f32, one per token; len, and a device
 //    mirror of len kept in lock-step (every call that moves len rewrites it,
 //    in lane order); with an indexer, an index plane (flat, or a tail ring of
 //    the booked rows rounded down to a multiple of the pool when the pool is
@@ -14,9 +18,9 @@
 //    authoritative for both planes. At every call boundary pools_ready ==
 //    len / pool; every call checks it, and anything that lowers len clamps
 //    pools_ready in the same place.
-//  - RecurrentLayer: a KDA layer's conv ring and recurrent state (a ping-pong
+//  - RecurrentCacheLayer: a KDA layer's conv ring and recurrent state (a ping-pong
 //    pair: a step reads state() and writes next_state()).
-//  - KvLayer: plain K and V rows with len and its mirror.
+//  - KvCacheLayer: plain K and V rows with len and its mirror.
 //
 // Speculative verify rounds (SessionCache::ArmRound) put every layer in a
 // round: appends stay within the armed positions, and the round ends in a
@@ -40,23 +44,27 @@
 #include <variant>
 #include <vector>
 
-#include "primecache/reserve.h"
-#include "primecache/snapshot.h"
-#include "primecache/state_plan.h"
+#include "primecache/internal/reserve.h"
+#include "primecache/internal/snapshot.h"
+#include "primecache/internal/state_plan.h"
 #include "primecache/status.h"
 
 namespace primecache::engine {
 
 // ---- devices ----------------------------------------------------------------
 
-// A Device is opaque here: a caller makes one (NewCpuDevice, NewCudaDevice)
-// and hands it to Engine::Create, which shares it with every session. Its
-// interface (memory, lanes, transfers, events, the kernels) is the engine's
-// internal seam, engine/device.h, used by the layers built on the engine in
-// this tree (the model, serving, tests, benchmarks); it names the kernels'
-// argument types, so it is not public API. Device pointers handed to the
-// layers come from the caller's own allocations on the same device (host
-// memory on the CPU backend).
+// A Device is a handle here: a caller makes one (NewCpuDevice,
+// NewCudaDevice) and hands it to Engine::Create, which shares it with every
+// session. Its interface (memory, lanes, transfers, events, the kernels) is
+// the engine's seam, engine/device.h. Like this header, it is internal to the
+// build (only include/primecache/'s top-level headers are installed); it
+// lives beside its library rather than under include/ because it names the
+// kernels' argument types (kernels/*.h). Code of this tree that works on
+// device memory itself includes it: the model (engine/model/hybrid_model.h),
+// the engine's tests and the engine and model benchmarks; code that only
+// runs the engine (serving, primecache-run, the Python package) does not.
+// Device pointers handed to the layers come from the caller's own
+// allocations on the same device (host memory on the CPU backend).
 class Device;
 
 struct CpuDeviceOptions {
@@ -111,32 +119,40 @@ struct ScanInputs {
 };
 struct EngineCore;   // engine-internal shared state (arenas, slots)
 class Event;         // engine-internal (engine/device.h)
+class LatentLayerState;     // engine-internal: the layers' implementations
+class RecurrentLayerState;  // (engine/layer_state.h)
+class KvLayerState;
 
-class LatentLayer {
+// The layers are interfaces: SessionCache owns each layer's implementation
+// (engine/layer_state.h, engine-internal), and hands out these.
+class LatentCacheLayer {
  public:
-  const LatentPlan& plan() const { return plan_; }
-  std::uint64_t max_ctx() const { return max_ctx_; }
-  std::uint64_t len() const { return len_; }
-  std::uint32_t width() const { return plan_.width(); }
-  std::uint32_t index_width() const { return plan_.index_width(); }
+  LatentCacheLayer(const LatentCacheLayer&) = delete;
+  LatentCacheLayer& operator=(const LatentCacheLayer&) = delete;
+
+  virtual const LatentPlan& plan() const = 0;
+  virtual std::uint64_t max_ctx() const = 0;
+  virtual std::uint64_t len() const = 0;
+  virtual std::uint32_t width() const = 0;
+  virtual std::uint32_t index_width() const = 0;
   // 0 until the first append (or restore) resolves it.
-  std::uint32_t pool() const { return pool_; }
-  std::uint64_t pools_ready() const { return pools_ready_; }
-  bool index_is_ring() const { return ring_; }
+  virtual std::uint32_t pool() const = 0;
+  virtual std::uint64_t pools_ready() const = 0;
+  virtual bool index_is_ring() const = 0;
   // Physical rows booked for a ring (0 when flat).
-  std::uint64_t booked_ring_rows() const { return ring_ ? index_rows_ : 0; }
+  virtual std::uint64_t booked_ring_rows() const = 0;
   // The effective ring: booked rows rounded down to a multiple of the pool,
   // once the pool is known; 0 before, and when flat.
-  std::uint64_t index_ring_rows() const { return ring_rows_; }
-  std::uint64_t pool_key_capacity() const { return key_capacity_; }
+  virtual std::uint64_t index_ring_rows() const = 0;
+  virtual std::uint64_t pool_key_capacity() const = 0;
   // The lowest token whose index row the plane still holds: rows below it were
   // lapped by the ring or never restored (their pools' keys are final).
-  std::uint64_t index_floor() const { return floor_; }
+  virtual std::uint64_t index_floor() const = 0;
 
-  const float* rows() const { return rows_; }
-  const std::int32_t* len_device() const { return len_d_; }
-  const float* index_rows() const { return index_; }
-  const float* pool_keys() const { return keys_; }
+  virtual const float* rows() const = 0;
+  virtual const std::int32_t* len_device() const = 0;
+  virtual const float* index_rows() const = 0;
+  virtual const float* pool_keys() const = 0;
 
   // Appends `count` tokens: latent rows [count, width] and, with an indexer,
   // index rows [count, index_width] (device pointers, token-major) and the
@@ -147,105 +163,65 @@ class LatentLayer {
   // completed by this call. Refuses (nothing written) when count would pass
   // max_ctx, the pool disagrees with the plan or the resolved pool, or the
   // layer's invariants do not hold.
-  Status Append(const float* latent_rows, const float* index_rows, std::uint64_t count,
-                const IndexerInputs* indexer);
+  virtual Status Append(const float* latent_rows, const float* index_rows, std::uint64_t count,
+                        const IndexerInputs* indexer) = 0;
 
   // Lowers len to new_len <= len and clamps pools_ready to new_len / pool in
   // the same place. Refuses when the rows of the new tail are no longer held
   // (new_len / pool * pool < index_floor()), and while a round is armed.
-  Status Truncate(std::uint64_t new_len);
+  virtual Status Truncate(std::uint64_t new_len) = 0;
 
-  const RoundMark& round() const { return round_; }
+  virtual const RoundMark& round() const = 0;
   // len and pools_ready of the committed state (those at arming while a
   // round is armed).
-  std::uint64_t committed_len() const { return round_.armed ? round_.base : len_; }
-  std::uint64_t committed_pools_ready() const { return round_.armed ? round_.pools_ready : pools_ready_; }
+  virtual std::uint64_t committed_len() const = 0;
+  virtual std::uint64_t committed_pools_ready() const = 0;
 
   // Host-side invariants: len <= max_ctx; without a resolved pool no pools;
   // with one, pools_ready == len / pool, the effective ring a positive multiple
   // of the pool and the live tail within it, and index_floor() at or below the
   // tail's first row. Internal error naming the first broken one.
-  Status CheckInvariants() const;
+  virtual Status CheckInvariants() const = 0;
 
- private:
-  friend class SessionCache;
-  friend struct EngineInternals;  // engine/engine_core.h
-  LatentLayer() = default;
-  Status ResolvePool(std::uint32_t pool);
-  Status WriteLen();
-  void NoteRewind(std::uint64_t new_len);
-  Status TruncateTo(std::uint64_t new_len);
-  Status Arm(std::uint64_t tokens);
-  Status Rollback(std::uint64_t keep);
-
-  Device* dev_ = nullptr;
-  RoundMark round_;
-  std::size_t index_in_cache_ = 0;
-  LatentPlan plan_;
-  std::uint64_t max_ctx_ = 0;
-  float* rows_ = nullptr;
-  std::int32_t* len_d_ = nullptr;
-  float* index_ = nullptr;
-  std::uint64_t index_rows_ = 0;  // physical rows
-  bool ring_ = false;
-  float* keys_ = nullptr;
-  std::uint64_t key_capacity_ = 0;
-  float* tail_scratch_ = nullptr;
-
-  std::uint64_t len_ = 0;
-  std::uint32_t pool_ = 0;
-  std::uint64_t pools_ready_ = 0;
-  std::uint64_t ring_rows_ = 0;
-  std::uint64_t floor_ = 0;
-  bool touched_ = false;
-  std::vector<std::weak_ptr<RewindWatch>> watches_;
+ protected:
+  LatentCacheLayer() = default;
+  ~LatentCacheLayer() = default;
 };
 
-class RecurrentLayer {
+class RecurrentCacheLayer {
  public:
-  const RecurrentPlan& plan() const { return plan_; }
+  RecurrentCacheLayer(const RecurrentCacheLayer&) = delete;
+  RecurrentCacheLayer& operator=(const RecurrentCacheLayer&) = delete;
+
+  virtual const RecurrentShape& plan() const = 0;
   // [3 * heads * head_dim, kernel - 1]: per channel the last kernel-1 pre-conv
   // inputs, oldest first.
-  float* conv_ring() { return conv_; }
-  const float* conv_ring() const { return conv_; }
+  virtual float* conv_ring() = 0;
+  virtual const float* conv_ring() const = 0;
   // The current state [heads, head_dim, head_dim], and where a step writes the next.
-  const float* state() const { return state_[cur_]; }
-  float* next_state() { return state_[cur_ ^ 1]; }
+  virtual const float* state() const = 0;
+  virtual float* next_state() = 0;
   // Completes a step of `count` tokens whose new state the caller wrote into
   // next_state(): pushes the step's pre-conv inputs ([count, 3*heads*head_dim],
   // device, token-major) into the conv ring and makes next_state() current.
   // While a round is armed the step must stay within it and its tokens' scan
   // inputs must have been stashed (StashScanInputs); its pre-conv inputs are
   // stashed too.
-  Status Step(const float* conv_inputs, std::uint64_t count);
+  virtual Status Step(const float* conv_inputs, std::uint64_t count) = 0;
   // While a round is armed: stashes the scan inputs of the `count` tokens the
   // next Step consumes, so that a rollback can replay the kept ones through
   // the same scan from the pre-round state. FailedPrecondition without a
   // round, ResourceExhausted past the round's positions.
-  Status StashScanInputs(const ScanInputs& inputs, std::uint64_t count);
+  virtual Status StashScanInputs(const ScanInputs& inputs, std::uint64_t count) = 0;
 
-  const RoundMark& round() const { return round_; }
+  virtual const RoundMark& round() const = 0;
   // The committed conv ring and state (the pre-round copies while a round is armed).
-  const float* committed_conv_ring() const { return round_.armed ? stash_.conv : conv_; }
-  const float* committed_state() const { return round_.armed ? stash_.state : state(); }
+  virtual const float* committed_conv_ring() const = 0;
+  virtual const float* committed_state() const = 0;
 
- private:
-  friend class SessionCache;
-  RecurrentLayer() = default;
-  Status Arm(std::uint64_t tokens);
-  Status Rollback(std::uint64_t keep);
-  Device* dev_ = nullptr;
-  RecurrentPlan plan_;
-  float* conv_ = nullptr;
-  float* state_[2] = {nullptr, nullptr};
-  int cur_ = 0;
-  bool touched_ = false;
-  struct Stash {
-    float *conv = nullptr, *state = nullptr, *raw = nullptr, *qkv = nullptr, *g = nullptr, *b = nullptr,
-          *out = nullptr;
-    float gate_lower_bound = 0.0f;
-  } stash_;
-  RoundMark round_;
+ protected:
+  RecurrentCacheLayer() = default;
+  ~RecurrentCacheLayer() = default;
 };
 
 // An attention layer's K and V rows: plain (row of position p at physical
@@ -259,30 +235,33 @@ class RecurrentLayer {
 // length a trim may reach with every row the next query's window reads still
 // held: 0 while nothing was overwritten, first_held + W - 1 after a wrap. A
 // plain layer's floor is 0.
-class KvLayer {
+class KvCacheLayer {
  public:
-  const KvPlan& plan() const { return plan_; }
-  std::uint64_t max_ctx() const { return max_ctx_; }
-  std::uint64_t len() const { return len_; }
+  KvCacheLayer(const KvCacheLayer&) = delete;
+  KvCacheLayer& operator=(const KvCacheLayer&) = delete;
+
+  virtual const KvPlan& plan() const = 0;
+  virtual std::uint64_t max_ctx() const = 0;
+  virtual std::uint64_t len() const = 0;
   // Physical rows of each plane (W when rotating, max_ctx when plain).
-  std::uint64_t capacity() const { return rows_; }
-  std::uint64_t first_held() const { return lo_; }
-  std::uint64_t held_rows() const { return len_ - lo_; }
-  std::uint64_t resumable_floor() const;
-  const float* k_rows() const { return k_; }
-  const float* v_rows() const { return v_; }
-  const std::int32_t* len_device() const { return len_d_; }
+  virtual std::uint64_t capacity() const = 0;
+  virtual std::uint64_t first_held() const = 0;
+  virtual std::uint64_t held_rows() const = 0;
+  virtual std::uint64_t resumable_floor() const = 0;
+  virtual const float* k_rows() const = 0;
+  virtual const float* v_rows() const = 0;
+  virtual const std::int32_t* len_device() const = 0;
   // Appends count rows of K [count, k_width] and V [count, v_width] (device
   // pointers, token-major). A rotating layer keeps the last W of them, written
   // by one row-scatter launch per plane.
-  Status Append(const float* k_rows, const float* v_rows, std::uint64_t count);
+  virtual Status Append(const float* k_rows, const float* v_rows, std::uint64_t count) = 0;
   // Lowers len to new_len; FailedPrecondition below resumable_floor() and
   // while a round is armed.
-  Status Truncate(std::uint64_t new_len);
-  Status CheckInvariants() const;
+  virtual Status Truncate(std::uint64_t new_len) = 0;
+  virtual Status CheckInvariants() const = 0;
 
-  const RoundMark& round() const { return round_; }
-  std::uint64_t committed_len() const { return round_.armed ? round_.base : len_; }
+  virtual const RoundMark& round() const = 0;
+  virtual std::uint64_t committed_len() const = 0;
   // A rotating layer's held rows of the committed state, in logical order,
   // as runs of rows: from the round's stash where the round overwrote them,
   // else from the buffer. Plain layers: rows [0, committed_len()).
@@ -291,55 +270,27 @@ class KvLayer {
     const float* v = nullptr;
     std::uint64_t offset = 0, rows = 0;  // logical offset from the first held row
   };
-  std::uint64_t committed_first_held() const { return round_.armed ? round_.first_held : lo_; }
-  std::vector<RowRun> CommittedRuns() const;
+  virtual std::uint64_t committed_first_held() const = 0;
+  virtual std::vector<RowRun> CommittedRuns() const = 0;
 
- private:
-  friend class SessionCache;
-  KvLayer() = default;
-  Status WriteLen();
-  void NoteRewind(std::uint64_t new_len);
-  Status TruncateTo(std::uint64_t new_len);
-  Status Arm(std::uint64_t tokens);
-  Status Rollback(std::uint64_t keep);
-  RoundMark round_;
-  float* round_k_ = nullptr;
-  float* round_v_ = nullptr;
-  Device* dev_ = nullptr;
-  std::size_t index_in_cache_ = 0;
-  KvPlan plan_;
-  std::uint64_t max_ctx_ = 0;
-  float* k_ = nullptr;
-  float* v_ = nullptr;
-  std::uint64_t rows_ = 0;
-  std::int32_t* len_d_ = nullptr;
-  std::uint64_t len_ = 0;
-  std::uint64_t lo_ = 0;  // first held position (rotating)
-  bool touched_ = false;
-  std::vector<std::weak_ptr<RewindWatch>> watches_;
+ protected:
+  KvCacheLayer() = default;
+  ~KvCacheLayer() = default;
 };
 
 // ---- capture and restore ----------------------------------------------------
 
-// The eager half of a boundary capture, per layer: what generation destroys,
-// copied out at the boundary, plus the boundary's metadata that the deferred
-// half checks the live layers against.
-struct EagerLatent {
-  LatentShape shape;             // index_ring_rows: the effective ring
-  std::vector<float> tail_rows;  // [shape.tail_rows() * index_width], logical order
-};
-struct EagerKv {
-  KvShape shape;
-  // Rotating only: the held rows, captured eagerly in logical order.
-  std::vector<float> k_rows = {};
-  std::vector<float> v_rows = {};
-};
-// A recurrent layer's eager half is its whole state.
-using EagerLayer = std::variant<EagerLatent, RecurrentSnapshot, EagerKv>;
-
+// The eager half of a boundary capture: per layer, what generation destroys,
+// copied out at the boundary, with the boundary's shape that the deferred
+// half checks the live layers against. Each layer's part is a partial
+// snapshot of its kind (snapshot.h), holding only the planes captured
+// eagerly: a latent layer's index tail rows (index_tail_rows; its shape's
+// index_ring_rows is the effective ring), a recurrent layer's whole state,
+// a rotating KV layer's held rows in logical order (none for plain KV). The
+// deferred half fills in the rest from the live layers.
 struct EagerHalf {
   std::uint64_t session_id = 0;  // the cache it was captured from
-  std::vector<EagerLayer> layers;
+  std::vector<LayerSnapshot> layers;  // the eagerly captured planes only (above)
   // Rewinds of the captured cache since the capture (engine-internal).
   std::shared_ptr<const RewindWatch> watch;
 };
@@ -378,19 +329,19 @@ class PendingCapture {
 // the engine's device memory (PlaneResidence::kDevice: a restore staged on the
 // device). The planes are laid out as in the matching snapshot type of
 // snapshot.h.
-struct LatentView {
+struct LatentSnapshotView {
   LatentShape shape;
   std::span<const float> latent_rows, index_tail_rows, pool_keys;
 };
-struct RecurrentView {
+struct RecurrentSnapshotView {
   RecurrentShape shape;
   std::span<const float> conv_ring, state;
 };
-struct KvView {
+struct KvSnapshotView {
   KvShape shape;
   std::span<const float> k_rows, v_rows;
 };
-using LayerSnapshotView = std::variant<LatentView, RecurrentView, KvView>;
+using LayerSnapshotView = std::variant<LatentSnapshotView, RecurrentSnapshotView, KvSnapshotView>;
 enum class PlaneResidence : std::uint8_t { kHost, kDevice };
 LayerSnapshotView ViewOf(const LayerSnapshot& layer);
 // A view of `shape` whose planes lie back to back at `base` (floats, in the
@@ -430,19 +381,19 @@ class SessionCache {
   std::uint64_t max_ctx() const;
   std::size_t layer_count() const { return layers_.size(); }
   // Layer i as its kind, or null when layer i is of another kind (or out of range).
-  LatentLayer* latent(std::size_t i);
-  RecurrentLayer* recurrent(std::size_t i);
-  KvLayer* kv(std::size_t i);
-  const LatentLayer* latent(std::size_t i) const;
-  const RecurrentLayer* recurrent(std::size_t i) const;
-  const KvLayer* kv(std::size_t i) const;
+  LatentCacheLayer* latent(std::size_t i);
+  RecurrentCacheLayer* recurrent(std::size_t i);
+  KvCacheLayer* kv(std::size_t i);
+  const LatentCacheLayer* latent(std::size_t i) const;
+  const RecurrentCacheLayer* recurrent(std::size_t i) const;
+  const KvCacheLayer* kv(std::size_t i) const;
 
   // Nothing appended, stepped or restored since the engine handed it out.
   bool fresh() const;
   // Every layer's CheckInvariants, and not left broken by a failed restore.
   Status CheckInvariants() const;
 
-  // ---- speculative verify rounds (docs/engine.md, "Verify rounds")
+  // ---- speculative verify rounds (docs/engine.md, "Speculative rounds")
 
   // Arms a round on every layer: the next calls may append up to `tokens`
   // positions (at most the reserve's round_tokens), and the round ends with
@@ -521,8 +472,8 @@ class SessionCache {
   friend class Engine;
   friend struct EngineInternals;  // engine/engine_core.h
   SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena, std::uint64_t id);
-  using Layer =
-      std::variant<std::unique_ptr<LatentLayer>, std::unique_ptr<RecurrentLayer>, std::unique_ptr<KvLayer>>;
+  using Layer = std::variant<std::unique_ptr<LatentLayerState>, std::unique_ptr<RecurrentLayerState>,
+                             std::unique_ptr<KvLayerState>>;
   std::shared_ptr<EngineCore> core_;
   std::uint32_t arena_ = 0;
   std::uint64_t id_ = 0;
@@ -548,7 +499,7 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   const ReservePlan& reserve() const;
-  // The engine's device (opaque here; see Device above).
+  // The engine's device (a handle here; see Device above).
   Device& device() const;
   // A fresh session cache (its arena zeroed); ResourceExhausted when every
   // reserved session is open.

@@ -3,9 +3,9 @@
 // a cache can take) and the engine (state_plan.h: what a session reserves).
 //
 //  - LatentShape: an MLA layer's latent rows and its DSA k-pool index state;
-//  - RecurrentShape: a KDA layer's conv ring and recurrent state (also the
-//    geometry a cache fixes, RecurrentGeometry, and the engine's
-//    RecurrentPlan: a recurrent layer's state has no length);
+//  - RecurrentShape: a KDA layer's conv ring and recurrent state; a
+//    recurrent layer's state has no length, so this one type is also the
+//    geometry a cache fixes and the engine's plan of the layer;
 //  - KvFormat and KvShape: an attention layer's K and V rows (and a DSA
 //    layer's indexer keys beside them);
 //  - LinearStateShape: a linear-attention layer's state as a PyTorch engine
@@ -168,8 +168,8 @@ struct KvShape {
 // convolution's last inputs, conv_channels rows of conv_width values (one
 // row per channel, as torch's [channels, width] conv state lies), and the
 // recurrent state, state_heads matrices of state_k_dim rows by state_v_dim
-// values. Like RecurrentShape it has no length, and it is its own geometry
-// (LinearStateGeometry). Invariants: every dimension >= 1.
+// values. Like RecurrentShape it has no length, and it is its own geometry.
+// Invariants: every dimension >= 1.
 struct LinearStateShape {
   std::uint32_t conv_channels = 0;
   std::uint32_t conv_width = 0;
