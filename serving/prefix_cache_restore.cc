@@ -1,0 +1,150 @@
+// PrefixCache's lookup and restore: the staging, the longest stored prefix
+// fetched into it (StagedFetch) and restored into a fresh session, then the
+// rest of the prompt primed (prefix_cache_publish.cc's PrimeRest).
+#include "serving/prefix_cache.h"
+#include "serving/staged_fetch.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <variant>
+
+namespace primecache::model {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The most floats a restored layer of this plan can hold at `len` tokens:
+// what sizes the pinned staging before any header has arrived.
+std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
+  std::uint64_t total = 0;
+  for (const auto& layer : plan.layers) {
+    if (const auto* l = std::get_if<engine::LatentPlan>(&layer)) {
+      total += len * l->width();
+      if (l->has_indexer()) total += std::uint64_t{l->pool} * l->index_width() + len / l->pool * l->index_head_dim;
+    } else if (const auto* r = std::get_if<RecurrentShape>(&layer)) {
+      total += r->conv_values() + r->state_values();
+    } else {
+      const auto& k = std::get<engine::KvPlan>(layer);
+      total += std::min<std::uint64_t>(len, k.capacity(len)) * (std::uint64_t{k.k_width} + k.v_width);
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
+Status PrefixCache::GrowStaging(std::uint64_t bytes) {
+  engine::Device& dev = model_->engine().device();
+  if (staging_.bytes() < bytes) {
+    staging_.Reset();
+    PC_ASSIGN_OR_RETURN(staging_, dev.AllocatePinned(bytes));
+  }
+  if (device_staging_ && device_staging_mem_.bytes() < bytes) {
+    device_staging_mem_.Reset();
+    PC_ASSIGN_OR_RETURN(device_staging_mem_, dev.Allocate(bytes));
+  }
+  return Status::Ok();
+}
+
+Status PrefixCache::ReserveStaging(std::uint64_t tokens) {
+  PC_ASSIGN_OR_RETURN(auto session, model_->NewSession());
+  const std::uint64_t bound = StagingFloats(session.cache->plan(), tokens) * sizeof(float);
+  PC_RETURN_IF_ERROR(GrowStaging(bound));
+  if (client_ == nullptr || !options_.publish) return Status::Ok();
+  PC_ASSIGN_OR_RETURN(engine::Memory arena, TakeArena(bound));
+  std::lock_guard lock(mu_);
+  arenas_.push_back(std::move(arena));
+  return Status::Ok();
+}
+
+Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens,
+                                              Request* figures) {
+  if (client_ == nullptr || tokens.size() < options_.min_prefix) return std::uint64_t{0};
+  const auto t_lookup = Clock::now();
+  const bool want_shared = options_.publish && options_.publish_branch_points;
+  auto found = client_->Lookup(model_id_, tokens, want_shared ? &figures->shared_tokens : nullptr);
+  figures->lookup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_lookup).count();
+  if (!found.ok()) {
+    NoteFailure("lookup", found.status());
+    return std::uint64_t{0};
+  }
+  if (!found->has_value() || (*found)->length < options_.min_prefix) return std::uint64_t{0};
+  const std::uint64_t len = (*found)->length;
+  engine::SessionCache& cache = *session.cache;
+  engine::Device& dev = model_->engine().device();
+  // Staging for the planes, grown to this boundary's bound.
+  const std::uint64_t bound = StagingFloats(cache.plan(), len) * sizeof(float);
+  PC_RETURN_IF_ERROR(GrowStaging(bound));
+  RegisterRegion();
+
+  const auto t_fetch = Clock::now();
+  StagedFetch fetch(dev, *decode_pool_, cache.Geometry(), staging_.at<float>(0),
+                    device_staging_ ? device_staging_mem_.at<float>(0) : nullptr, bound / sizeof(float),
+                    std::span(device_window_.at<const std::byte>(0), device_window_.bytes()));
+  Status fetched = fetch.Finish(client_->Fetch((*found)->id, {}, fetch.Callbacks()));
+  figures->fetch_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fetch).count();
+  figures->direct_chunks = fetch.direct_chunks();
+  figures->device_chunks = fetch.device_chunks();
+  figures->device_chunk_bytes = fetch.device_chunk_bytes();
+  if (!fetched.ok()) {
+    NoteFailure("restoring entry " + std::to_string((*found)->id), fetched);
+    return std::uint64_t{0};
+  }
+
+  const auto t_copy = Clock::now();
+  const std::vector<engine::LayerSnapshotView> views = fetch.Views();
+  // Restore validates every layer (the one whole-set validation) before the
+  // first byte reaches the cache: a refusal leaves the session fresh. A cache
+  // that is no longer fresh failed while copying.
+  Status restored =
+      cache.Restore(views, device_staging_ ? engine::PlaneResidence::kDevice : engine::PlaneResidence::kHost);
+  if (!restored.ok() && cache.fresh()) {
+    spdlog::warn("prefix cache: entry {} refused: {}", (*found)->id, restored.ToString());
+    return std::uint64_t{0};
+  }
+  PC_RETURN_IF_ERROR(restored);
+  PC_RETURN_IF_ERROR(dev.Synchronize(engine::Lane::kCompute));
+  session.position = len;
+  figures->copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_copy).count();
+  figures->restored_bytes = fetch.floats() * sizeof(float);
+  return len;
+}
+
+Result<Request> PrefixCache::Prime(std::span<const std::uint32_t> prompt, bool all_logits) {
+  if (prompt.empty()) return Status::InvalidArgument("prefix cache: empty prompt");
+  const auto t0 = Clock::now();
+  Request r;
+  r.prompt.assign(prompt.begin(), prompt.end());
+  PC_ASSIGN_OR_RETURN(r.session, model_->NewSession());
+  // At least the last prompt token is primed: its logits pick the first new token.
+  auto restored = TryRestore(r.session, prompt.first(prompt.size() - 1), &r);
+  r.restore_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (!restored.ok()) {
+    // A device failure mid-restore leaves the cache unusable: start afresh.
+    spdlog::warn("prefix cache: restore failed ({}); prefilling in full", restored.status().ToString());
+    r.session = ModelSession{};
+    PC_ASSIGN_OR_RETURN(r.session, model_->NewSession());
+  }
+  r.restored_tokens = restored.ok() ? *restored : 0;
+  std::vector<float> logits;
+  PC_RETURN_IF_ERROR(PrimeRest(r, all_logits, &logits));
+  const std::size_t V = model_->config().vocab;
+  r.last_logits.assign(logits.end() - static_cast<std::ptrdiff_t>(V), logits.end());
+  if (all_logits) r.all_logits = std::move(logits);
+  r.prefilled_tokens = prompt.size() - r.restored_tokens;
+  r.ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (client_ != nullptr && options_.publish && options_.publish_prompt_end) {
+    auto cap = r.session.cache->CaptureEager();
+    if (cap.ok()) {
+      r.capture.emplace(std::move(cap).value());
+    } else {
+      spdlog::warn("prefix cache: no eager capture of this boundary: {}", cap.status().ToString());
+    }
+  }
+  return r;
+}
+
+}  // namespace primecache::model

@@ -1,0 +1,195 @@
+#include "serving/staged_fetch.h"
+
+#include <string>
+#include <utility>
+
+namespace primecache::model {
+
+StagedFetch::StagedFetch(engine::Device& dev, WorkerPool& pool, std::vector<LayerGeometry> geometry, float* host,
+                         float* device, std::uint64_t capacity, std::span<const std::byte> window)
+    : dev_(dev), pool_(pool), geometry_(std::move(geometry)), host_(host), device_(device), capacity_(capacity),
+      window_(device != nullptr ? window : std::span<const std::byte>{}), layers_(geometry_.size()) {
+  if (device_ != nullptr) releaser_ = std::thread([this] { ReleaseLoop(); });
+}
+
+client::FetchCallbacks StagedFetch::Callbacks() {
+  client::FetchCallbacks cb;
+  cb.on_layer = [this](std::uint32_t l, std::span<const std::byte> h, std::uint32_t n) { return OnLayer(l, h, n); };
+  cb.on_chunk_held = [this](std::uint32_t l, std::uint32_t i, std::span<const std::byte> b, client::ChunkRelease r) {
+    return OnChunk(l, i, b, std::move(r));
+  };
+  if (!window_.empty()) {
+    cb.on_device_chunk = [this](std::uint32_t l, std::uint32_t i, std::uint64_t off, std::uint64_t n,
+                                client::ChunkRelease r) { return OnDeviceChunk(l, i, off, n, std::move(r)); };
+  }
+  return cb;
+}
+
+Status StagedFetch::Finish(Status fetched) {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+  CloseLoans();  // every loan is queued by now; each is returned once its copy ran
+  if (device_ != nullptr) {
+    Status t = dev_.Synchronize(engine::Lane::kTransfer);
+    if (fetched.ok()) fetched = t;
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (fetched.ok()) fetched = status_;
+  }
+  for (std::size_t l = 0; fetched.ok() && l < layers_.size(); ++l) {
+    if (!layers_[l].decoder) fetched = Status::Corruption("the entry has no layer " + std::to_string(l));
+    for (bool s : layers_[l].seen)
+      if (!s && fetched.ok()) fetched = Status::Corruption("layer " + std::to_string(l) + " is missing chunks");
+  }
+  return fetched;
+}
+
+std::vector<engine::LayerSnapshotView> StagedFetch::Views() const {
+  std::vector<engine::LayerSnapshotView> v;
+  const float* base = device_ != nullptr ? device_ : host_;
+  for (const Layer& l : layers_) v.push_back(engine::ViewAt(l.decoder->header().shape, base + l.offset));
+  return v;
+}
+
+Status StagedFetch::OnLayer(std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunks) {
+  if (layer >= layers_.size() || layers_[layer].decoder) {
+    return Status::Corruption("fetch sent layer " + std::to_string(layer) + " out of place");
+  }
+  PC_ASSIGN_OR_RETURN(LayerHeader h, ParseLayerHeader(header));
+  // The header alone is checked against this cache before any chunk lands.
+  PC_RETURN_IF_ERROR(Validate(h, geometry_[layer]).WithContext("layer " + std::to_string(layer)));
+  PC_ASSIGN_OR_RETURN(LayerDecoder d, LayerDecoder::Create(std::move(h)));
+  if (d.chunk_count() != chunks) return Status::Corruption("layer " + std::to_string(layer) + ": chunk count disagrees");
+  Layer& l = layers_[layer];
+  l.offset = used_;
+  for (const PlaneLayout& p : d.planes()) {
+    if (p.values() > capacity_ - used_) return Status::Corruption("fetched layers exceed the boundary's size");
+    l.planes.push_back(used_ - l.offset);
+    used_ += p.values();
+  }
+  l.seen.assign(d.chunk_count(), false);
+  l.decoder.emplace(std::move(d));
+  return Status::Ok();
+}
+
+Status StagedFetch::Claim(std::uint32_t layer, std::uint32_t index, const client::ChunkRelease& release) {
+  if (layer >= layers_.size() || !layers_[layer].decoder || index >= layers_[layer].seen.size() ||
+      layers_[layer].seen[index]) {
+    release();
+    return Status::Corruption("fetch sent chunk " + std::to_string(index) + " of layer " + std::to_string(layer) +
+                              " out of place");
+  }
+  layers_[layer].seen[index] = true;
+  std::lock_guard lock(mu_);
+  if (!status_.ok()) release();
+  return status_;
+}
+
+Status StagedFetch::OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                            client::ChunkRelease release) {
+  PC_RETURN_IF_ERROR(Claim(layer, index, release));
+  {
+    std::lock_guard lock(mu_);
+    ++pending_;
+  }
+  // The layer sits in a vector sized up front: its address holds.
+  pool_.Post([this, l = &layers_[layer], layer, index, bytes, release = std::move(release)]() mutable {
+    Done(RunChunk(*l, index, bytes, std::move(release)), layer);
+  });
+  return Status::Ok();
+}
+
+Status StagedFetch::RunChunk(const Layer& l, std::size_t index, std::span<const std::byte> bytes,
+                             client::ChunkRelease release) {
+  const LayerDecoder& d = *l.decoder;
+  const ChunkLocation& loc = d.chunk(index);
+  const std::uint64_t at = l.offset + l.planes[loc.plane] + loc.value_offset;
+  const std::size_t n = loc.value_count * sizeof(float);
+  if (device_ != nullptr && d.ChunkIsRaw(index) && dev_.IsPinned(bytes.data())) {
+    Status s = d.CheckEncoded(index, bytes);
+    if (s.ok()) s = dev_.UploadAsync(device_ + at, bytes.data(), n, engine::Lane::kTransfer);
+    PC_RETURN_IF_ERROR(Lend(s, std::move(release)));
+    ++direct_;
+    return Status::Ok();
+  }
+  const std::span<float> plane(host_ + l.offset + l.planes[loc.plane], d.planes()[loc.plane].values());
+  Status s = d.DecodeChunk(index, bytes, plane);
+  release();
+  if (s.ok() && device_ != nullptr) s = dev_.UploadAsync(device_ + at, host_ + at, n, engine::Lane::kTransfer);
+  return s;
+}
+
+Status StagedFetch::OnDeviceChunk(std::uint32_t layer, std::uint32_t index, std::uint64_t offset, std::uint64_t length,
+                                  client::ChunkRelease release) {
+  PC_RETURN_IF_ERROR(Claim(layer, index, release));
+  const Layer& l = layers_[layer];
+  const LayerDecoder& d = *l.decoder;
+  const ChunkLocation& loc = d.chunk(index);
+  const std::uint64_t n = loc.value_count * sizeof(float);
+  const std::string where = "device chunk " + std::to_string(index) + " of layer " + std::to_string(layer);
+  if (!d.ChunkIsRaw(index)) {
+    release();
+    return Status::Corruption(where + " is not stored raw");
+  }
+  if (length != n || length != d.header().planes[loc.plane].chunks[loc.index].encoded_bytes ||
+      offset > window_.size() || length > window_.size() - offset) {
+    release();
+    return Status::Corruption(where + ": " + std::to_string(length) + " bytes at " + std::to_string(offset) +
+                              " do not fit the chunk or the window");
+  }
+  const std::uint64_t at = l.offset + l.planes[loc.plane] + loc.value_offset;
+  Status s = dev_.CopyOnDevice(device_ + at, window_.data() + offset, n, engine::Lane::kTransfer);
+  PC_RETURN_IF_ERROR(Lend(s, std::move(release)));
+  ++device_chunks_;
+  device_bytes_ += n;
+  return Status::Ok();
+}
+
+Status StagedFetch::Lend(const Status& copied, client::ChunkRelease release) {
+  Result<engine::Event> e = copied.ok() ? dev_.Record(engine::Lane::kTransfer) : Result<engine::Event>(copied);
+  if (!e.ok()) {
+    release();
+    return e.status();
+  }
+  std::lock_guard lock(loan_mu_);
+  loans_.push_back({std::move(e).value(), std::move(release)});
+  loan_cv_.notify_one();
+  return Status::Ok();
+}
+
+void StagedFetch::ReleaseLoop() {
+  for (;;) {
+    Loan loan;
+    {
+      std::unique_lock lock(loan_mu_);
+      loan_cv_.wait(lock, [&] { return closing_ || !loans_.empty(); });
+      if (loans_.empty()) return;
+      loan = std::move(loans_.front());
+      loans_.pop_front();
+    }
+    Status s = dev_.Synchronize(loan.copied);
+    loan.release();
+    if (!s.ok()) Done(s.WithContext("a copy out of the shared region or the device window"), 0, /*counted=*/false);
+  }
+}
+
+void StagedFetch::CloseLoans() {
+  if (!releaser_.joinable()) return;
+  {
+    std::lock_guard lock(loan_mu_);
+    closing_ = true;
+  }
+  loan_cv_.notify_all();
+  releaser_.join();
+}
+
+void StagedFetch::Done(const Status& s, std::uint32_t layer, bool counted) {
+  std::lock_guard lock(mu_);
+  if (!s.ok() && status_.ok()) status_ = counted ? s.WithContext("layer " + std::to_string(layer)) : s;
+  if (counted && --pending_ == 0) cv_.notify_all();
+}
+
+}  // namespace primecache::model

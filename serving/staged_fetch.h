@@ -1,0 +1,118 @@
+// StagedFetch: one fetch of a stored boundary into PrefixCache's staging
+// (serving/prefix_cache_restore.cc). Private to primecache_serving.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "core/worker_pool.h"
+#include "engine/model/hybrid_model.h"
+#include "primecache/client.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/engine.h"
+
+namespace primecache::model {
+
+// One fetch into staging. Layer headers are checked against the cache as
+// they arrive and give each layer its block (planes back to back, in view
+// order) at the same offset in host and device staging. Each chunk is handed
+// to the pool: a raw one whose bytes lie in registered memory is checked and
+// copied to device staging from where it lies, its loan returned by a
+// releaser thread once an event recorded after the copy has passed; one the
+// daemon copied into the device window is copied on from there the same way;
+// any other is decoded into host staging, its loan returned, and (with device
+// staging) copied up from there.
+// Callbacks run on the client's reader thread; chunk work on the pool.
+class StagedFetch {
+ public:
+  // `window`: the device window attached to the daemon (empty: none; only
+  // with device staging).
+  StagedFetch(engine::Device& dev, WorkerPool& pool, std::vector<LayerGeometry> geometry, float* host,
+              float* device, std::uint64_t capacity, std::span<const std::byte> window);
+  ~StagedFetch() { CloseLoans(); }
+  StagedFetch(const StagedFetch&) = delete;
+  StagedFetch& operator=(const StagedFetch&) = delete;
+
+  client::FetchCallbacks Callbacks();
+
+  // After Fetch returned `fetched`: waits for every chunk's work and the
+  // transfer lane (whatever happened: no copy may outlive the staging), then
+  // checks that every layer and chunk arrived.
+  Status Finish(Status fetched);
+
+  // The staged layers as views (of device staging when there is one).
+  std::vector<engine::LayerSnapshotView> Views() const;
+  std::uint64_t floats() const { return used_; }
+  std::uint64_t direct_chunks() const { return direct_.load(); }
+  std::uint64_t device_chunks() const { return device_chunks_.load(); }
+  std::uint64_t device_chunk_bytes() const { return device_bytes_.load(); }
+
+ private:
+  struct Layer {
+    std::optional<LayerDecoder> decoder;
+    std::uint64_t offset = 0;            // of its block in staging, in floats
+    std::vector<std::uint64_t> planes;  // each plane's offset within the block
+    std::vector<bool> seen;
+  };
+
+  Status OnLayer(std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunks);
+  // Marks chunk `index` of `layer` as arrived: refused (and released) when
+  // it is not one this fetch expects, is there already, or the fetch failed.
+  Status Claim(std::uint32_t layer, std::uint32_t index, const client::ChunkRelease& release);
+  Status OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
+                 client::ChunkRelease release);
+  Status RunChunk(const Layer& l, std::size_t index, std::span<const std::byte> bytes, client::ChunkRelease release);
+  // A raw chunk the daemon copied into the device window: checked as if the
+  // daemon were hostile (a chunk this fetch expects, stored raw, exactly its
+  // size, inside the window; the daemon checked its address over the bytes
+  // it copied), then copied on to its place in device staging on the
+  // transfer lane, here on the reader thread (an enqueue, no host work); its
+  // window space is lent back once the copy has run (the releaser).
+  Status OnDeviceChunk(std::uint32_t layer, std::uint32_t index, std::uint64_t offset, std::uint64_t length,
+                       client::ChunkRelease release);
+  // After a copy out of lent memory was enqueued (`copied` its status):
+  // queues the loan for the releaser behind an event recorded after the copy
+  // (a host callback on the stream would stall the copies behind it for a
+  // round trip to the host each). On failure the loan ends now.
+  Status Lend(const Status& copied, client::ChunkRelease release);
+  // The releaser: returns each direct chunk's loan once its copy has run,
+  // until Finish closes the queue.
+  void ReleaseLoop();
+  void CloseLoans();
+  void Done(const Status& s, std::uint32_t layer, bool counted = true);
+
+  engine::Device& dev_;
+  WorkerPool& pool_;
+  const std::vector<LayerGeometry> geometry_;
+  float* const host_;
+  float* const device_;  // null: host staging only
+  const std::uint64_t capacity_;
+  const std::span<const std::byte> window_;  // device; empty: no device chunks
+  std::vector<Layer> layers_;
+  std::uint64_t used_ = 0;
+  std::atomic<std::uint64_t> direct_{0};
+  std::atomic<std::uint64_t> device_chunks_{0}, device_bytes_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t pending_ = 0;
+  Status status_;
+
+  struct Loan {
+    engine::Event copied;  // recorded on the transfer lane after the chunk's copy
+    client::ChunkRelease release;
+  };
+  std::mutex loan_mu_;
+  std::condition_variable loan_cv_;
+  std::deque<Loan> loans_;
+  bool closing_ = false;
+  std::thread releaser_;  // with device staging
+};
+
+}  // namespace primecache::model
