@@ -86,9 +86,14 @@ void BindEntries(py::module_& m);
 void BindStats(py::module_& m);
 void BindClient(py::module_& m);
 
-// layers.cc: NumPy planes to and from the daemon.
+// layers.cc: NumPy planes to and from the daemon (fetch in fetch.cc,
+// fetch_into in fetch_into.cc and fetch_device.cc).
 // Binds FetchBuffer, FetchedLayer, LayerHeader and its records.
 void BindLayers(py::module_& m);
+// fetch.cc: the bindings of FetchBuffer and of FetchedLayer (BindLayers
+// calls them, the first before its own values, the second after).
+void BindFetchBuffer(py::module_& m);
+void BindFetchedLayer(py::module_& m);
 // Encodes each layer of `layers` ((shape, planes) pairs or objects with
 // .shape and .planes, planes by name or in stored order) and publishes them;
 // ValueError for arrays that do not fit their shape.
@@ -134,5 +139,9 @@ py::tuple FetchIntoDevice(client::Client& c, const DeviceTarget& device, std::ui
                           const py::dict& planes);
 // The NumPy dtype of a plane of element type t (layers.cc, top).
 py::dtype PlaneDtype(ElementType t);
+// Checks an array as plane `lay` (its dtype, C order, its rows and row
+// width or its flat size); ValueError naming `where` and what differs
+// (layers.cc).
+void CheckPlaneArray(const py::array& a, const PlaneLayout& lay, const std::string& where);
 
 }  // namespace primecache::python

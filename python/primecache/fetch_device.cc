@@ -1,0 +1,135 @@
+// fetch_into's device path (FetchIntoDevice, binding.h): destinations given
+// as device pointers, raw chunks copied on by the device out of the device
+// window (their space lent back once the copy ran: LoanReleaser), any other
+// chunk decoded on the host into a staging copy of its plane and copied up.
+#include "python/primecache/fetch_into.h"
+
+#include <string>
+#include <utility>
+
+namespace primecache::python {
+
+std::vector<MutableElementSpan> CheckDeviceDestinations(const LayerDecoder& dec, const py::handle& given,
+                                                        const std::string& where) {
+  const auto& layouts = dec.planes();
+  const bool by_name = py::isinstance<py::dict>(given);
+  if (py::len(given) != layouts.size()) {
+    throw py::value_error(where + ": " + std::to_string(py::len(given)) + " destination planes; its kind " +
+                          dec.header().kind + " has " + std::to_string(layouts.size()));
+  }
+  std::vector<MutableElementSpan> planes;
+  for (std::size_t p = 0; p < layouts.size(); ++p) {
+    const std::string name(PlaneName(layouts[p].id));
+    if (by_name && !given.contains(name)) throw py::value_error(where + ": no destination for plane '" + name + "'");
+    const auto pair = (by_name ? given[py::str(name)] : given[py::int_(p)]).cast<std::pair<std::uintptr_t, std::uint64_t>>();
+    if (pair.second != layouts[p].raw_bytes() || (pair.first == 0 && pair.second != 0)) {
+      throw py::value_error(where + " plane '" + name + "': " + std::to_string(pair.second) +
+                            " device bytes, the plane has " + std::to_string(layouts[p].raw_bytes()));
+    }
+    planes.emplace_back(std::span(reinterpret_cast<std::byte*>(pair.first), pair.second), layouts[p].dtype);
+  }
+  return planes;
+}
+
+Status LoanReleaser::Lend(CudaRuntime::Stream stream, client::ChunkRelease release) {
+  CudaRuntime::Event e = nullptr;
+  Status s = cuda_->CreateEvent(&e);
+  if (s.ok()) s = cuda_->Record(e, stream);
+  if (!s.ok()) {
+    if (e != nullptr) (void)cuda_->DestroyEvent(e);
+    release();  // nothing reads the space once the fetch fails
+    return s;
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  loans_.push_back({e, std::move(release)});
+  cv_.notify_one();
+  return Status::Ok();
+}
+
+Status LoanReleaser::Close() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    closed_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> l(mu_);
+  return first_;
+}
+
+void LoanReleaser::Run() {
+  (void)cuda_->SetDevice(device_);
+  for (;;) {
+    Loan loan;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [this] { return closed_ || !loans_.empty(); });
+      if (loans_.empty()) return;
+      loan = std::move(loans_.front());
+      loans_.pop_front();
+    }
+    Status s = cuda_->Wait(loan.event);
+    (void)cuda_->DestroyEvent(loan.event);
+    loan.release();
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (first_.ok()) first_ = std::move(s);
+    }
+  }
+}
+
+Status PlaneStream::OnDeviceChunk(std::uint32_t layer, std::uint32_t index, std::uint64_t offset, std::uint64_t length,
+                                  client::ChunkRelease release, LoanReleaser& loans) {
+  PC_RETURN_IF_ERROR(Claim(layer, index, release));
+  const LayerDecoder& dec = decoders_[at_];
+  const ChunkLocation& loc = dec.chunk(index);
+  const MutableElementSpan plane = dests_[at_].planes[loc.plane];
+  const std::uint64_t value = ElementBytes(plane.type);
+  const std::string where = "layer " + std::to_string(layer) + ": device chunk " + std::to_string(index);
+  if (!dec.ChunkIsRaw(index)) {
+    release();
+    return Status::Corruption(where + " is not stored raw");
+  }
+  if (length != loc.value_count * value || offset > device_->window_bytes ||
+      length > device_->window_bytes - offset) {
+    release();
+    return Status::Corruption(where + ": " + std::to_string(length) + " bytes at " + std::to_string(offset) +
+                              " do not fit the chunk or the window");
+  }
+  Status s = device_->cuda->CopyDeviceToDeviceAsync(plane.bytes.data() + loc.value_offset * value,
+                                                   device_->window + offset, length, device_->stream);
+  if (!s.ok()) {
+    release();
+    return s;
+  }
+  ++device_chunks_;
+  return loans.Lend(device_->stream, std::move(release));
+}
+
+MutableElementSpan PlaneStream::StagingFor(std::size_t layer, std::size_t plane) {
+  auto& planes = staging_[layer];
+  if (planes.empty()) planes.resize(dests_[layer].planes.size());
+  std::vector<std::byte>& bytes = planes[plane];
+  const MutableElementSpan dest = dests_[layer].planes[plane];
+  if (bytes.size() != dest.bytes.size()) bytes.resize(dest.bytes.size());
+  return {std::span(bytes), dest.type};
+}
+
+Status PlaneStream::CopyUp(const ChunkLocation& loc, MutableElementSpan host, MutableElementSpan device) const {
+  const std::uint64_t value = ElementBytes(host.type);
+  PC_RETURN_IF_ERROR(device_->cuda->SetDevice(device_->device));
+  return device_->cuda->CopyHostToDevice(device.bytes.data() + loc.value_offset * value,
+                                         host.bytes.data() + loc.value_offset * value, loc.value_count * value);
+}
+
+py::tuple FetchIntoDevice(client::Client& c, const DeviceTarget& device, std::uint64_t entry,
+                          const py::dict& planes) {
+  FetchCounts counts;
+  py::dict headers = FetchDescribed(c, entry, planes, &device, &counts);
+  py::dict stats;
+  stats["device_chunks"] = counts.device_chunks;
+  stats["host_chunks"] = counts.host_chunks;
+  return py::make_tuple(headers, stats);
+}
+
+}  // namespace primecache::python
