@@ -11,6 +11,7 @@
 #include "engine/device.h"
 #include "engine/engine_core.h"
 #include "engine/layer_state.h"
+#include "engine/session_state.h"
 #include "primecache/internal/engine.h"
 
 namespace primecache::engine {
@@ -52,7 +53,7 @@ std::vector<T> ToVector(const T* host, std::size_t n) {
 
 // ---- preconditions ------------------------------------------------------------
 
-Status SessionCache::CheckCapturable() const {
+Status SessionState::CheckCapturable() const {
   if (!broken_.empty()) return Status::FailedPrecondition("session cache is broken: " + broken_);
   std::uint64_t boundary = 0;
   bool have = false;
@@ -84,7 +85,7 @@ Status SessionCache::CheckCapturable() const {
 
 // One copy of a capture: `values` floats from device memory (device non-null)
 // or host memory (host) into plane `plane` of the layer's view, at `offset`.
-struct SessionCache::Sources {
+struct SessionState::Sources {
   struct Run {
     std::size_t plane = 0;
     std::uint64_t offset = 0, values = 0;
@@ -140,7 +141,7 @@ std::vector<std::span<float>> PlanesOf(LayerSnapshot& layer) {
 // into pinned memory are enqueued on the compute lane back to back and the
 // lane is waited for once; pageable destinations go through the device's
 // staging, one run at a time.
-Status DownloadSources(Device& dev, const SessionCache::Sources& src,
+Status DownloadSources(Device& dev, const SessionState::Sources& src,
                        const std::vector<std::vector<std::span<float>>>& dst) {
   bool async = false;
   for (std::size_t l = 0; l < src.runs.size(); ++l) {
@@ -160,7 +161,7 @@ Status DownloadSources(Device& dev, const SessionCache::Sources& src,
 }
 
 // The sources as snapshots of their own (pageable vectors).
-Result<std::vector<LayerSnapshot>> ToSnapshots(Device& dev, const SessionCache::Sources& src) {
+Result<std::vector<LayerSnapshot>> ToSnapshots(Device& dev, const SessionState::Sources& src) {
   std::vector<LayerSnapshot> out;
   std::vector<std::vector<std::span<float>>> dst;
   out.reserve(src.shapes.size());
@@ -174,7 +175,7 @@ Result<std::vector<LayerSnapshot>> ToSnapshots(Device& dev, const SessionCache::
 }
 
 // The sources into one block from `space`, as views of it.
-Result<std::vector<LayerSnapshotView>> ToBlock(Device& dev, const SessionCache::Sources& src,
+Result<std::vector<LayerSnapshotView>> ToBlock(Device& dev, const SessionState::Sources& src,
                                                const CaptureSpace& space) {
   std::uint64_t floats = 0;
   for (const LayerShape& shape : src.shapes) floats += ViewFloats(shape);
@@ -197,7 +198,7 @@ Result<std::vector<LayerSnapshotView>> ToBlock(Device& dev, const SessionCache::
 // A KV layer's held rows at a boundary of `len` tokens, in logical order:
 // rows [0, len) of a plain layer, the committed state's held rows of a
 // rotating one (len is then its committed len).
-void KvSources(const KvLayerState& kv, std::uint64_t len, SessionCache::Sources* src) {
+void KvSources(const KvLayerState& kv, std::uint64_t len, SessionState::Sources* src) {
   const KvPlan& p = kv.plan();
   const bool rot = p.format.rotating();
   const KvShape shape{len, p.k_width, p.v_width, p.format, rot ? len - kv.committed_first_held() : 0};
@@ -217,7 +218,7 @@ void KvSources(const KvLayerState& kv, std::uint64_t len, SessionCache::Sources*
 
 // ---- full snapshot -------------------------------------------------------------
 
-Result<SessionCache::Sources> SessionCache::FullSources() {
+Result<SessionState::Sources> SessionState::FullSources() {
   PC_RETURN_IF_ERROR(CheckCapturable());
   Device& dev = *core_->device;
   Sources src;
@@ -251,32 +252,32 @@ Result<SessionCache::Sources> SessionCache::FullSources() {
   return src;
 }
 
-Result<std::vector<LayerSnapshot>> SessionCache::CaptureFull() {
+Result<std::vector<LayerSnapshot>> SessionState::CaptureFull() {
   PC_ASSIGN_OR_RETURN(Sources src, FullSources());
   return ToSnapshots(*core_->device, src);
 }
 
-Result<std::vector<LayerSnapshotView>> SessionCache::CaptureFullInto(const CaptureSpace& space) {
+Result<std::vector<LayerSnapshotView>> SessionState::CaptureFullInto(const CaptureSpace& space) {
   PC_ASSIGN_OR_RETURN(Sources src, FullSources());
   return ToBlock(*core_->device, src, space);
 }
 
 // ---- eager half ----------------------------------------------------------------
 
-Result<PendingCapture> SessionCache::CaptureEager() {
+Result<PendingCapture> SessionState::CaptureEager() {
   PC_RETURN_IF_ERROR(CheckCapturable());
   PC_ASSIGN_OR_RETURN(std::uint32_t slot, core_->AcquireSlot());
-  PendingCapture pc;
-  pc.core_ = core_;
-  pc.slot_ = slot;
-  pc.held_ = true;  // from here on the slot is released by pc
+  auto pc = std::make_unique<PendingState>();
+  pc->core = core_;
+  pc->slot = slot;
+  pc->held = true;  // from here on the slot is released by pc
   Device& dev = *core_->device;
   const Memory& dslot = core_->slots[slot];
   const std::vector<SlotArea>& areas = core_->plan.slot_areas;
 
   auto watch = std::make_shared<RewindWatch>();
   watch->low.assign(layers_.size(), std::numeric_limits<std::uint64_t>::max());
-  EagerHalf& half = pc.half_;
+  EagerHalf& half = pc->half;
   half.session_id = id_;
   half.layers.reserve(layers_.size());
   for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -326,79 +327,65 @@ Result<PendingCapture> SessionCache::CaptureEager() {
   PC_RETURN_IF_ERROR(
       dev.DownloadAsync(core_->slot_staging[slot].data(), dslot.data(), dslot.bytes(), Lane::kTransfer));
   PC_ASSIGN_OR_RETURN(Event staged, dev.Record(Lane::kTransfer));
-  pc.event_ = std::make_unique<Event>(std::move(staged));
-  return pc;
+  pc->event = std::make_unique<Event>(std::move(staged));
+  return PendingCapture(std::move(pc));
 }
 
-PendingCapture::PendingCapture(PendingCapture&& o) noexcept
-    : core_(std::move(o.core_)),
-      slot_(o.slot_),
-      held_(o.held_),
-      event_(std::move(o.event_)),
-      half_(std::move(o.half_)) {
-  o.held_ = false;
-}
+PendingCapture::PendingCapture(std::unique_ptr<PendingState> state) : state_(std::move(state)) {}
+PendingCapture::PendingCapture(PendingCapture&& o) noexcept = default;
+// The state given up is destroyed, its slot released, as in the destructor.
+PendingCapture& PendingCapture::operator=(PendingCapture&& o) noexcept = default;
+PendingCapture::~PendingCapture() = default;
 
-PendingCapture& PendingCapture::operator=(PendingCapture&& o) noexcept {
-  if (this != &o) {
-    Release();
-    core_ = std::move(o.core_);
-    slot_ = o.slot_;
-    held_ = o.held_;
-    event_ = std::move(o.event_);
-    half_ = std::move(o.half_);
-    o.held_ = false;
-  }
-  return *this;
-}
-
-PendingCapture::~PendingCapture() {
-  Release();
-}
-
-void PendingCapture::Release() {
-  if (!held_) return;
+void PendingState::Release() {
+  if (!held) return;
   // The slot may still be on its way out: wait before handing it to another
   // capture. Without an event nothing was enqueued on the transfer lane, but
   // the compute lane may still be filling the slot.
-  if (event_ != nullptr) {
-    (void)core_->device->Synchronize(*event_);
+  if (event != nullptr) {
+    (void)core->device->Synchronize(*event);
   } else {
-    (void)core_->device->Synchronize(Lane::kCompute);
+    (void)core->device->Synchronize(Lane::kCompute);
   }
-  event_.reset();
-  core_->ReleaseSlot(slot_);
-  held_ = false;
+  event.reset();
+  core->ReleaseSlot(slot);
+  held = false;
 }
 
 Result<bool> PendingCapture::Ready() const {
-  if (!held_ || event_ == nullptr) return Status::FailedPrecondition("capture already collected");
-  return core_->device->Query(*event_);
+  if (state_ == nullptr || !state_->held || state_->event == nullptr) {
+    return Status::FailedPrecondition("capture already collected");
+  }
+  return state_->core->device->Query(*state_->event);
 }
 
 Result<EagerHalf> PendingCapture::Collect() {
-  if (!held_ || event_ == nullptr) return Status::FailedPrecondition("capture already collected");
-  Status st = core_->device->Synchronize(*event_);
+  if (state_ == nullptr || !state_->held || state_->event == nullptr) {
+    return Status::FailedPrecondition("capture already collected");
+  }
+  PendingState& p = *state_;
+  Status st = p.core->device->Synchronize(*p.event);
   if (!st.ok()) {
-    Release();
+    p.Release();
     return st.WithContext("eager capture's trip to host memory");
   }
-  const Memory& staged = core_->slot_staging[slot_];
-  const std::vector<SlotArea>& areas = core_->plan.slot_areas;
-  for (std::size_t i = 0; i < half_.layers.size(); ++i) {
-    if (auto* e = std::get_if<LatentSnapshot>(&half_.layers[i])) {
+  const Memory& staged = p.core->slot_staging[p.slot];
+  const std::vector<SlotArea>& areas = p.core->plan.slot_areas;
+  EagerHalf& half = p.half;
+  for (std::size_t i = 0; i < half.layers.size(); ++i) {
+    if (auto* e = std::get_if<LatentSnapshot>(&half.layers[i])) {
       e->index_tail_rows = ToVector(staged.at<const float>(areas[i].tail.offset), e->shape.tail_values());
-    } else if (auto* r = std::get_if<RecurrentSnapshot>(&half_.layers[i])) {
+    } else if (auto* r = std::get_if<RecurrentSnapshot>(&half.layers[i])) {
       const RecurrentShape& s = r->shape;
       r->conv_ring = ToVector(staged.at<const float>(areas[i].conv_ring.offset), s.conv_values());
       r->state = ToVector(staged.at<const float>(areas[i].state.offset), s.state_values());
-    } else if (auto* kv = std::get_if<KvSnapshot>(&half_.layers[i]); kv != nullptr && kv->shape.format.rotating()) {
+    } else if (auto* kv = std::get_if<KvSnapshot>(&half.layers[i]); kv != nullptr && kv->shape.format.rotating()) {
       kv->k_rows = ToVector(staged.at<const float>(areas[i].k_rows.offset), kv->shape.k_values());
       kv->v_rows = ToVector(staged.at<const float>(areas[i].v_rows.offset), kv->shape.v_values());
     }
   }
-  EagerHalf out = std::move(half_);
-  Release();
+  EagerHalf out = std::move(half);
+  p.Release();
   return out;
 }
 
@@ -483,7 +470,7 @@ Status CheckKvCompletion(std::size_t i, const LayerSnapshot& el, const KvLayerSt
 
 }  // namespace
 
-Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
+Status SessionState::CheckCompletion(const EagerHalf& eager) const {
   if (!broken_.empty()) return Status::FailedPrecondition("session cache is broken: " + broken_);
   if (eager.session_id != id_) {
     return Status::FailedPrecondition("the eager half was captured from session " + N(eager.session_id) +
@@ -518,7 +505,7 @@ Status SessionCache::CheckCompletion(const EagerHalf& eager) const {
 
 // The eager half's planes stay in its vectors (host runs); the deferred ones
 // are the live layers' rows at the boundary (device runs).
-Result<SessionCache::Sources> SessionCache::CompletionSources(EagerHalf& eager) {
+Result<SessionState::Sources> SessionState::CompletionSources(EagerHalf& eager) {
   PC_RETURN_IF_ERROR(CheckCompletion(eager));
   Sources src;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -546,12 +533,12 @@ Result<SessionCache::Sources> SessionCache::CompletionSources(EagerHalf& eager) 
   return src;
 }
 
-Result<std::vector<LayerSnapshot>> SessionCache::CompleteCapture(EagerHalf eager) {
+Result<std::vector<LayerSnapshot>> SessionState::CompleteCapture(EagerHalf eager) {
   PC_ASSIGN_OR_RETURN(Sources src, CompletionSources(eager));
   return ToSnapshots(*core_->device, src);
 }
 
-Result<std::vector<LayerSnapshotView>> SessionCache::CompleteCaptureInto(EagerHalf eager,
+Result<std::vector<LayerSnapshotView>> SessionState::CompleteCaptureInto(EagerHalf eager,
                                                                          const CaptureSpace& space) {
   PC_ASSIGN_OR_RETURN(Sources src, CompletionSources(eager));
   return ToBlock(*core_->device, src, space);

@@ -12,6 +12,7 @@
 
 #include "engine/device.h"
 #include "engine/layer_state.h"
+#include "engine/session_state.h"
 #include "primecache/internal/engine.h"
 #include "primecache/internal/reserve.h"
 
@@ -63,9 +64,13 @@ struct EngineCore {
 // refused restore, and break a session or a layer on purpose to see the
 // break refused. This header is not installed, so the access is not public.
 struct EngineInternals {
-  static const Memory& Arena(const SessionCache& s) { return s.core_->arenas[s.arena_]; }
-  static Device& DeviceOf(const SessionCache& s) { return *s.core_->device; }
-  static void Break(SessionCache& s, std::string why) { s.broken_ = std::move(why); }
+  // Every SessionCache is a SessionState.
+  static const Memory& Arena(const SessionCache& s) {
+    const auto& state = static_cast<const SessionState&>(s);
+    return state.core_->arenas[state.arena_];
+  }
+  static Device& DeviceOf(const SessionCache& s) { return *static_cast<const SessionState&>(s).core_->device; }
+  static void Break(SessionCache& s, std::string why) { static_cast<SessionState&>(s).broken_ = std::move(why); }
   static void SetPoolsReady(LatentCacheLayer& l, std::uint64_t v) {
     static_cast<LatentLayerState&>(l).pools_ready_ = v;  // every LatentCacheLayer is one
   }

@@ -1,8 +1,9 @@
 // The cache layers' implementations: the state behind the interfaces of
 // include/primecache/internal/engine.h (LatentCacheLayer, RecurrentCacheLayer,
 // KvCacheLayer). Engine-internal: only engine/ (and the engine's tests,
-// through EngineInternals) sees these; a SessionCache owns one per layer and
-// its own code (capture, restore, rounds) works on them directly.
+// through EngineInternals) sees these; a SessionState (engine/session_state.h)
+// owns one per layer and its own code (capture, restore, rounds) works on
+// them directly.
 #pragma once
 
 #include <cstddef>

@@ -7,6 +7,7 @@
 #include "engine/device.h"
 #include "engine/engine_core.h"
 #include "engine/layer_state.h"
+#include "engine/session_state.h"
 #include "primecache/internal/engine.h"
 
 namespace primecache::engine {
@@ -138,13 +139,13 @@ Status ValidateRestore(std::span<const LayerSnapshotView> layers, std::span<cons
   return Status::Ok();
 }
 
-// ---- SessionCache ----------------------------------------------------------------
+// ---- SessionState ----------------------------------------------------------------
 
-std::vector<LayerGeometry> SessionCache::Geometry() const {
+std::vector<LayerGeometry> SessionState::Geometry() const {
   return RestoreGeometry(core_->plan.request);
 }
 
-Status SessionCache::ValidateRestore(std::span<const LayerSnapshotView> layers) const {
+Status SessionState::ValidateRestore(std::span<const LayerSnapshotView> layers) const {
   if (!fresh()) {
     return Status::FailedPrecondition("restore needs a fresh session cache; session " + N(id_) +
                                       (broken_.empty() ? " already holds state" : " is broken: " + broken_));
@@ -153,31 +154,31 @@ Status SessionCache::ValidateRestore(std::span<const LayerSnapshotView> layers) 
   return engine::ValidateRestore(layers, g);
 }
 
-Status SessionCache::ValidateRestore(std::span<const LayerSnapshot> layers) const {
+Status SessionState::ValidateRestore(std::span<const LayerSnapshot> layers) const {
   const std::vector<LayerSnapshotView> v = ViewsOf(layers);
   return ValidateRestore(v);
 }
 
-Status SessionCache::ValidateRestore(const BoundarySnapshot& snapshot) const {
+Status SessionState::ValidateRestore(const BoundarySnapshot& snapshot) const {
   std::vector<LayerShape> shapes;
   for (const LayerSnapshot& l : snapshot.layers) shapes.push_back(ShapeOf(l));
   PC_RETURN_IF_ERROR(CheckBoundary(snapshot.header, shapes).WithContext("restore: boundary"));
   return ValidateRestore(std::span<const LayerSnapshot>(snapshot.layers));
 }
 
-Status SessionCache::Restore(const BoundarySnapshot& snapshot) {
+Status SessionState::Restore(const BoundarySnapshot& snapshot) {
   std::vector<LayerShape> shapes;
   for (const LayerSnapshot& l : snapshot.layers) shapes.push_back(ShapeOf(l));
   PC_RETURN_IF_ERROR(CheckBoundary(snapshot.header, shapes).WithContext("restore: boundary"));
   return Restore(std::span<const LayerSnapshot>(snapshot.layers));
 }
 
-Status SessionCache::Restore(std::span<const LayerSnapshot> layers) {
+Status SessionState::Restore(std::span<const LayerSnapshot> layers) {
   const std::vector<LayerSnapshotView> v = ViewsOf(layers);
   return Restore(v);
 }
 
-Status SessionCache::Restore(std::span<const LayerSnapshotView> layers, PlaneResidence residence) {
+Status SessionState::Restore(std::span<const LayerSnapshotView> layers, PlaneResidence residence) {
   PC_RETURN_IF_ERROR(ValidateRestore(layers));
   Device& dev = *core_->device;
   // Planes staged on the device are copied there; pinned planes go up

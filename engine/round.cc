@@ -20,6 +20,7 @@
 #include "engine/device.h"
 #include "engine/engine_core.h"
 #include "engine/layer_state.h"
+#include "engine/session_state.h"
 #include "primecache/internal/engine.h"
 
 namespace primecache::engine {
@@ -196,9 +197,9 @@ std::vector<KvCacheLayer::RowRun> KvLayerState::CommittedRuns() const {
   return runs;
 }
 
-// ---- SessionCache --------------------------------------------------------------
+// ---- SessionState --------------------------------------------------------------
 
-Status SessionCache::CheckRoundBoundary(const char* what) const {
+Status SessionState::CheckRoundBoundary(const char* what) const {
   if (!broken_.empty()) return Status::FailedPrecondition("session cache is broken: " + broken_);
   std::uint64_t len = 0;
   bool have = false;
@@ -221,7 +222,7 @@ Status SessionCache::CheckRoundBoundary(const char* what) const {
   return Status::Ok();
 }
 
-Status SessionCache::ArmRound(std::uint64_t tokens) {
+Status SessionState::ArmRound(std::uint64_t tokens) {
   if (round_armed_) return Status::FailedPrecondition("a speculative round is already armed");
   const std::uint64_t reserved = core_->plan.request.round_tokens;
   if (tokens == 0 || tokens > reserved) {
@@ -241,7 +242,7 @@ Status SessionCache::ArmRound(std::uint64_t tokens) {
   return Status::Ok();
 }
 
-Result<std::uint64_t> SessionCache::RoundAppended() const {
+Result<std::uint64_t> SessionState::RoundAppended() const {
   if (!round_armed_) return std::uint64_t{0};
   std::uint64_t n = 0;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -255,7 +256,7 @@ Result<std::uint64_t> SessionCache::RoundAppended() const {
   return n;
 }
 
-Status SessionCache::CommitRound() {
+Status SessionState::CommitRound() {
   if (!round_armed_) return Status::FailedPrecondition("commit without an armed round");
   PC_RETURN_IF_ERROR(RoundAppended().status().WithContext("commit round"));
   for (auto& l : layers_) std::visit([](auto& p) { p->round_ = {}; }, l);
@@ -263,7 +264,7 @@ Status SessionCache::CommitRound() {
   return Status::Ok();
 }
 
-Status SessionCache::RollbackRound(std::uint64_t keep) {
+Status SessionState::RollbackRound(std::uint64_t keep) {
   if (!round_armed_) return Status::FailedPrecondition("rollback without an armed round");
   PC_ASSIGN_OR_RETURN(std::uint64_t appended, RoundAppended());
   if (keep > appended) {

@@ -6,6 +6,7 @@
 #include "engine/device.h"
 #include "engine/engine_core.h"
 #include "engine/layer_state.h"
+#include "engine/session_state.h"
 #include "primecache/internal/engine.h"
 
 namespace primecache::engine {
@@ -98,7 +99,7 @@ Result<std::unique_ptr<SessionCache>> Engine::NewSession() {
     core_->arena_in_use[arena] = true;
     id = core_->next_session_id++;
   }
-  std::unique_ptr<SessionCache> s(new SessionCache(core_, arena, id));
+  std::unique_ptr<SessionCache> s(new SessionState(core_, arena, id));
   // A fresh cache starts from zeros: recurrent state and conv ring are zero at
   // position 0, and every len mirror reads 0.
   const Memory& m = core_->arenas[arena];
@@ -106,9 +107,9 @@ Result<std::unique_ptr<SessionCache>> Engine::NewSession() {
   return s;
 }
 
-// ---- SessionCache --------------------------------------------------------------
+// ---- SessionState --------------------------------------------------------------
 
-SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena, std::uint64_t id)
+SessionState::SessionState(std::shared_ptr<EngineCore> core, std::uint32_t arena, std::uint64_t id)
     : core_(std::move(core)), arena_(arena), id_(id) {
   const ReservePlan& p = core_->plan;
   const Memory& m = core_->arenas[arena_];
@@ -167,38 +168,38 @@ SessionCache::SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena
   }
 }
 
-SessionCache::~SessionCache() {
+SessionState::~SessionState() {
   std::lock_guard<std::mutex> lock(core_->mu);
   core_->arena_in_use[arena_] = false;
 }
 
-const StatePlan& SessionCache::plan() const {
+const StatePlan& SessionState::plan() const {
   return core_->plan.request.plan;
 }
-std::uint64_t SessionCache::max_ctx() const {
+std::uint64_t SessionState::max_ctx() const {
   return core_->plan.request.max_ctx;
 }
 
-LatentCacheLayer* SessionCache::latent(std::size_t i) {
+LatentCacheLayer* SessionState::latent(std::size_t i) {
   return LayerAt<LatentLayerState>(layers_, i);
 }
-RecurrentCacheLayer* SessionCache::recurrent(std::size_t i) {
+RecurrentCacheLayer* SessionState::recurrent(std::size_t i) {
   return LayerAt<RecurrentLayerState>(layers_, i);
 }
-KvCacheLayer* SessionCache::kv(std::size_t i) {
+KvCacheLayer* SessionState::kv(std::size_t i) {
   return LayerAt<KvLayerState>(layers_, i);
 }
-const LatentCacheLayer* SessionCache::latent(std::size_t i) const {
+const LatentCacheLayer* SessionState::latent(std::size_t i) const {
   return LayerAt<LatentLayerState>(layers_, i);
 }
-const RecurrentCacheLayer* SessionCache::recurrent(std::size_t i) const {
+const RecurrentCacheLayer* SessionState::recurrent(std::size_t i) const {
   return LayerAt<RecurrentLayerState>(layers_, i);
 }
-const KvCacheLayer* SessionCache::kv(std::size_t i) const {
+const KvCacheLayer* SessionState::kv(std::size_t i) const {
   return LayerAt<KvLayerState>(layers_, i);
 }
 
-bool SessionCache::fresh() const {
+bool SessionState::fresh() const {
   if (!broken_.empty() || round_armed_) return false;
   for (const auto& l : layers_) {
     const bool touched = std::visit([](const auto& p) { return p->touched_; }, l);
@@ -207,7 +208,7 @@ bool SessionCache::fresh() const {
   return true;
 }
 
-Status SessionCache::CheckInvariants() const {
+Status SessionState::CheckInvariants() const {
   if (!broken_.empty()) return Status::FailedPrecondition("session cache is broken: " + broken_);
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     Status st = std::visit(

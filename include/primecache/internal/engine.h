@@ -2,7 +2,7 @@
 // Internal to the build (not installed), like everything under
 // include/primecache/internal/. This header is the engine's interface only:
 // the layers' state is engine/layer_state.h's, behind the layer interfaces
-// below.
+// below, and a session's and a pending capture's engine/session_state.h's.
 //
 // An Engine owns one device's reserve (reserve.h): every session arena and
 // every snapshot slot is allocated by Engine::Create, exactly as PlanReserve
@@ -118,10 +118,7 @@ struct ScanInputs {
   float gate_lower_bound = 0.0f;
 };
 struct EngineCore;   // engine-internal shared state (arenas, slots)
-class Event;         // engine-internal (engine/device.h)
-class LatentLayerState;     // engine-internal: the layers' implementations
-class RecurrentLayerState;  // (engine/layer_state.h)
-class KvLayerState;
+struct PendingState;  // engine-internal: a pending capture's state (engine/session_state.h)
 
 // The layers are interfaces: SessionCache owns each layer's implementation
 // (engine/layer_state.h, engine-internal), and hands out these.
@@ -301,6 +298,8 @@ struct EagerHalf {
 // uncollected capture waits for the copy too, then frees the slot. Move-only.
 class PendingCapture {
  public:
+  // Made by SessionCache::CaptureEager (its state is engine-internal).
+  explicit PendingCapture(std::unique_ptr<PendingState> state);
   PendingCapture(PendingCapture&& other) noexcept;
   PendingCapture& operator=(PendingCapture&& other) noexcept;
   PendingCapture(const PendingCapture&) = delete;
@@ -314,14 +313,7 @@ class PendingCapture {
   Result<EagerHalf> Collect();
 
  private:
-  friend class SessionCache;
-  PendingCapture() = default;
-  void Release();
-  std::shared_ptr<EngineCore> core_;
-  std::uint32_t slot_ = 0;
-  bool held_ = false;
-  std::unique_ptr<Event> event_;
-  EagerHalf half_;  // metadata; the planes are filled in by Collect
+  std::unique_ptr<PendingState> state_;  // null once moved from
 };
 
 // Borrowed views of one layer snapshot: its shape and its planes, which may
@@ -370,28 +362,30 @@ Status ValidateRestore(std::span<const LayerSnapshotView> layers, std::span<cons
 
 // ---- sessions and the engine -------------------------------------------------
 
+// One session's cache: an interface, as the layers are (its implementation,
+// SessionState, is engine/session_state.h's). Engine::NewSession makes one.
 class SessionCache {
  public:
-  ~SessionCache();  // hands its arena back to the engine
+  virtual ~SessionCache() = default;  // the implementation hands its arena back to the engine
   SessionCache(const SessionCache&) = delete;
   SessionCache& operator=(const SessionCache&) = delete;
 
-  std::uint64_t id() const { return id_; }
-  const StatePlan& plan() const;
-  std::uint64_t max_ctx() const;
-  std::size_t layer_count() const { return layers_.size(); }
+  virtual std::uint64_t id() const = 0;
+  virtual const StatePlan& plan() const = 0;
+  virtual std::uint64_t max_ctx() const = 0;
+  virtual std::size_t layer_count() const = 0;
   // Layer i as its kind, or null when layer i is of another kind (or out of range).
-  LatentCacheLayer* latent(std::size_t i);
-  RecurrentCacheLayer* recurrent(std::size_t i);
-  KvCacheLayer* kv(std::size_t i);
-  const LatentCacheLayer* latent(std::size_t i) const;
-  const RecurrentCacheLayer* recurrent(std::size_t i) const;
-  const KvCacheLayer* kv(std::size_t i) const;
+  virtual LatentCacheLayer* latent(std::size_t i) = 0;
+  virtual RecurrentCacheLayer* recurrent(std::size_t i) = 0;
+  virtual KvCacheLayer* kv(std::size_t i) = 0;
+  virtual const LatentCacheLayer* latent(std::size_t i) const = 0;
+  virtual const RecurrentCacheLayer* recurrent(std::size_t i) const = 0;
+  virtual const KvCacheLayer* kv(std::size_t i) const = 0;
 
   // Nothing appended, stepped or restored since the engine handed it out.
-  bool fresh() const;
+  virtual bool fresh() const = 0;
   // Every layer's CheckInvariants, and not left broken by a failed restore.
-  Status CheckInvariants() const;
+  virtual Status CheckInvariants() const = 0;
 
   // ---- speculative verify rounds (docs/engine.md, "Speculative rounds")
 
@@ -402,20 +396,20 @@ class SessionCache {
   // rows the round may overwrite) in the arena's round stash. Refuses, with
   // nothing armed: a round already armed, tokens 0 or above the reserve, a
   // cache off a call boundary, broken or failing its invariants.
-  Status ArmRound(std::uint64_t tokens);
-  bool round_armed() const { return round_armed_; }
+  virtual Status ArmRound(std::uint64_t tokens) = 0;
+  virtual bool round_armed() const = 0;
   // Positions appended since arming (0 without a round); every layer must
   // agree (a call boundary) for a commit or a rollback.
-  Result<std::uint64_t> RoundAppended() const;
+  virtual Result<std::uint64_t> RoundAppended() const = 0;
   // Keeps everything the round appended and disarms.
-  Status CommitRound();
+  virtual Status CommitRound() = 0;
   // Keeps the first `keep` positions the round appended (0 <= keep <= the
   // appended count) and disarms: latent and plain KV layers trimmed (index
   // ring, pool keys and pools_ready with them), rotating layers trimmed with
   // the overwritten rows put back, recurrent layers restored and the kept
   // tokens replayed through the same scan. A device failure leaves the
   // cache broken.
-  Status RollbackRound(std::uint64_t keep);
+  virtual Status RollbackRound(std::uint64_t keep) = 0;
 
   // ---- capture: while a round is armed, every capture takes the committed
   // state (the cache as it was when the round was armed): a boundary never
@@ -424,16 +418,16 @@ class SessionCache {
   // pool, and the invariants hold.
 
   // A full snapshot, every plane copied to host memory before it returns.
-  Result<std::vector<LayerSnapshot>> CaptureFull();
+  virtual Result<std::vector<LayerSnapshot>> CaptureFull() = 0;
   // The same into one block `space` gives (planes back to back, layer by
   // layer, in view order); views of it. With pinned space every plane's copy
   // is enqueued on the compute lane and the lane is waited for once.
-  Result<std::vector<LayerSnapshotView>> CaptureFullInto(const CaptureSpace& space);
+  virtual Result<std::vector<LayerSnapshotView>> CaptureFullInto(const CaptureSpace& space) = 0;
   // The eager half: the incomplete tail-ring rows, each recurrent layer's
   // conv ring and state, and the boundary metadata, copied on the device into
   // a free snapshot slot (ResourceExhausted when none is free); the call
   // returns once the copies are enqueued.
-  Result<PendingCapture> CaptureEager();
+  virtual Result<PendingCapture> CaptureEager() = 0;
   // The deferred half: slices latent rows [0, len) and final pool keys [0,
   // pools_ready * index_head_dim) (and K/V rows [0, len)) at the captured
   // boundary out of the live layers and joins them with the eager half.
@@ -441,50 +435,34 @@ class SessionCache {
   // session, fewer rows than the boundary, a rewind below the boundary since
   // the capture, another pool, pools_ready behind the boundary, other widths
   // or shapes, a tail that is not the boundary's.
-  Result<std::vector<LayerSnapshot>> CompleteCapture(EagerHalf eager);
+  virtual Result<std::vector<LayerSnapshot>> CompleteCapture(EagerHalf eager) = 0;
   // The same checks, the planes written into one block `space` gives (as
   // CaptureFullInto); views of it.
-  Result<std::vector<LayerSnapshotView>> CompleteCaptureInto(EagerHalf eager, const CaptureSpace& space);
+  virtual Result<std::vector<LayerSnapshotView>> CompleteCaptureInto(EagerHalf eager,
+                                                                     const CaptureSpace& space) = 0;
 
   // ---- restore
 
-  std::vector<LayerGeometry> Geometry() const;
+  virtual std::vector<LayerGeometry> Geometry() const = 0;
   // ValidateRestore against Geometry(), and FailedPrecondition unless the
   // cache is fresh.
-  Status ValidateRestore(std::span<const LayerSnapshotView> layers) const;
-  Status ValidateRestore(std::span<const LayerSnapshot> layers) const;
+  virtual Status ValidateRestore(std::span<const LayerSnapshotView> layers) const = 0;
+  virtual Status ValidateRestore(std::span<const LayerSnapshot> layers) const = 0;
   // Also checks the boundary header (len == boundary_len == token count).
-  Status ValidateRestore(const BoundarySnapshot& snapshot) const;
+  virtual Status ValidateRestore(const BoundarySnapshot& snapshot) const = 0;
   // Validates every layer, then copies: latent rows [0, len), the final pool
   // keys into the plane sized to the session's capacity, the tail rows at
   // their physical ring (or flat) addresses, len, pools_ready, the pool and
   // every len mirror; conv rings and states; K/V rows. A snapshot that fails
   // validation leaves the cache exactly as it was. A device failure during
   // the copies leaves the cache broken (every later call refuses).
-  Status Restore(std::span<const LayerSnapshotView> layers,
-                 PlaneResidence residence = PlaneResidence::kHost);
-  Status Restore(std::span<const LayerSnapshot> layers);
-  Status Restore(const BoundarySnapshot& snapshot);
+  virtual Status Restore(std::span<const LayerSnapshotView> layers,
+                         PlaneResidence residence = PlaneResidence::kHost) = 0;
+  virtual Status Restore(std::span<const LayerSnapshot> layers) = 0;
+  virtual Status Restore(const BoundarySnapshot& snapshot) = 0;
 
-  struct Sources;  // engine-internal (capture.cc): where a capture's planes come from
-
- private:
-  friend class Engine;
-  friend struct EngineInternals;  // engine/engine_core.h
-  SessionCache(std::shared_ptr<EngineCore> core, std::uint32_t arena, std::uint64_t id);
-  using Layer = std::variant<std::unique_ptr<LatentLayerState>, std::unique_ptr<RecurrentLayerState>,
-                             std::unique_ptr<KvLayerState>>;
-  std::shared_ptr<EngineCore> core_;
-  std::uint32_t arena_ = 0;
-  std::uint64_t id_ = 0;
-  Status CheckCapturable() const;
-  Status CheckRoundBoundary(const char* what) const;
-  Result<Sources> FullSources();
-  Status CheckCompletion(const EagerHalf& eager) const;
-  Result<Sources> CompletionSources(EagerHalf& eager);
-  std::vector<Layer> layers_;
-  std::string broken_;  // why a failed restore left it unusable; empty when healthy
-  bool round_armed_ = false;
+ protected:
+  SessionCache() = default;
 };
 
 class Engine {
