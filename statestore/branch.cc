@@ -113,7 +113,7 @@ Status Store::Impl::BuildPassIndex() {
   }
   if (opts.read_only) return Status::Ok();  // branch points then reach no older entry
   // Under write_mu: no entry comes or goes while the records are written.
-  std::lock_guard wl(write_mu);
+  MutexLock wl(&write_mu);
   rocksdb::WriteBatch b;
   std::uint64_t entries = 0;
   auto flush = [&]() -> Status {

@@ -81,14 +81,14 @@ class FetchRun {
   std::size_t next_read_ = 0;
   std::uint64_t bytes_ahead_ = 0;
   std::uint64_t own_ahead_ = 0;  // of bytes_ahead_, in the store's own buffers
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::size_t outstanding_ = 0;  // jobs on the pool; guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::size_t outstanding_ GUARDED_BY(mu_) = 0;  // jobs on the pool
 };
 
 void FetchRun::WaitAll() {
-  std::unique_lock g(mu_);
-  cv_.wait(g, [&] { return outstanding_ == 0; });
+  MutexLock g(&mu_);
+  cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return outstanding_ == 0; });
 }
 
 // Every chunk's extent and open file, in one MultiGet.
@@ -116,11 +116,11 @@ void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at
   }
   auto read_all = [this, &slot, h, at] {
     Status st = s_.ReadExtent(at.file, at.extent, h, slot.bytes);
-    std::lock_guard g(mu_);
+    MutexLock g(&mu_);
     slot.status = std::move(st);
     slot.done = true;
     --outstanding_;
-    cv_.notify_all();
+    cv_.SignalAll();
   };
   if (!s_.read_pool) {
     slot.status = s_.ReadExtent(at.file, at.extent, h, slot.bytes);
@@ -131,7 +131,7 @@ void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at
       std::min<std::uint64_t>(s_.read_pool->size(), (size + kPartBytes - 1) / kPartBytes);
   if (parts <= 1) {
     {
-      std::lock_guard g(mu_);
+      MutexLock g(&mu_);
       ++outstanding_;
     }
     s_.read_pool->Post(read_all);
@@ -140,7 +140,7 @@ void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at
   // Parts on several threads; the last one to land checks the address.
   const std::uint64_t part = (size + parts - 1) / parts;
   {
-    std::lock_guard g(mu_);
+    MutexLock g(&mu_);
     outstanding_ += parts;
     slot.parts_left = parts;
   }
@@ -153,14 +153,14 @@ void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at
         st = Status::Corruption("chunk " + HashHex(h) + " in segment " + SegmentHex(at.extent.segment) +
                                 ": the file ends early (truncated behind the store's back?)");
       }
-      std::unique_lock g(mu_);
+      MutexLock g(&mu_);
       if (!st.ok() && slot.status.ok()) slot.status = st;
       if (--slot.parts_left == 0) {
         if (slot.status.ok()) slot.status = Store::Impl::CheckAddress(slot.bytes, h, at.extent);
         slot.done = true;
       }
       --outstanding_;
-      cv_.notify_all();
+      cv_.SignalAll();
     });
   }
 }
@@ -178,7 +178,7 @@ bool FetchRun::TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Loc
   if (auto pin = sink_.Pin(slot.mapping); pin.ok()) slot.pin = std::move(pin).value();
   if (s_.CheckedWhilePinned(slot.mapping.id, slot.offset, slot.pin.serial)) {
     if (s_.hooks != nullptr && s_.hooks->mapped_checks) ++s_.hooks->mapped_checks->skipped;
-    std::lock_guard g(mu_);
+    MutexLock g(&mu_);
     slot.done = true;
     return true;
   }
@@ -192,14 +192,14 @@ bool FetchRun::TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Loc
 void FetchRun::PostCheck(Slot& slot, const Hash128& h, const Extent& at) {
   auto check = [this, &slot, h, at] {
     Status st = Store::Impl::CheckAddress(slot.mapped, h, at);
-    std::lock_guard g(mu_);
+    MutexLock g(&mu_);
     slot.status = std::move(st);
     slot.done = true;
     --outstanding_;
-    cv_.notify_all();
+    cv_.SignalAll();
   };
   {
-    std::lock_guard g(mu_);
+    MutexLock g(&mu_);
     ++outstanding_;
   }
   if (s_.read_pool) {
@@ -277,8 +277,8 @@ Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
       Slot& slot = slots_.front();
       Status rs;
       {
-        std::unique_lock g(mu_);
-        cv_.wait(g, [&] { return slot.done; });
+        MutexLock g(&mu_);
+        cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return slot.done; });
         rs = std::move(slot.status);
       }
       if (rs.IsCorruption()) {

@@ -10,7 +10,7 @@ using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 // ---- leases -------------------------------------------------------------------------
 
 bool Lease::Table::TryAcquire(EntryId id) {
-  std::lock_guard g(mu);
+  MutexLock g(&mu);
   auto& slot = slots[id];
   if (slot.dying) return false;
   ++slot.count;
@@ -18,28 +18,28 @@ bool Lease::Table::TryAcquire(EntryId id) {
   return true;
 }
 void Lease::Table::Release(EntryId id) {
-  std::lock_guard g(mu);
+  MutexLock g(&mu);
   auto it = slots.find(id);
   if (it == slots.end() || it->second.count == 0) return;
   --active;
   if (--it->second.count == 0 && !it->second.dying) slots.erase(it);
 }
 bool Lease::Table::MarkDying(EntryId id) {
-  std::lock_guard g(mu);
+  MutexLock g(&mu);
   auto& slot = slots[id];
   if (slot.count > 0 || slot.dying) return false;
   slot.dying = true;
   return true;
 }
 void Lease::Table::ClearDying(EntryId id) {
-  std::lock_guard g(mu);
+  MutexLock g(&mu);
   auto it = slots.find(id);
   if (it == slots.end()) return;
   it->second.dying = false;
   if (it->second.count == 0) slots.erase(it);
 }
 bool Lease::Table::Leased(EntryId id) {
-  std::lock_guard g(mu);
+  MutexLock g(&mu);
   auto it = slots.find(id);
   return it != slots.end() && it->second.count > 0;
 }

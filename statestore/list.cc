@@ -41,7 +41,7 @@ Result<EntryInfo> Store::Impl::MakeInfo(EntryId id, const EntrySummary& s, Entry
       info.last_access = a.tick;
       info.hits = a.hits;
     }
-    std::lock_guard g(touch_mu);
+    MutexLock g(&touch_mu);
     auto it = pending_touches.find(id);
     if (it != pending_touches.end()) {
       info.last_access = std::max(info.last_access, it->second.tick);
@@ -73,7 +73,7 @@ namespace {
 std::vector<std::uint64_t> ScopesOf(const Store::Impl& s, const Hash128& model,
                                     const std::optional<std::string>& ns) {
   std::vector<std::uint64_t> ids;
-  std::shared_lock g(s.scope_mu);
+  ReaderLock g(&s.scope_mu);
   for (const auto& [id, sc] : s.scopes) {
     if (sc.digest == model && (!ns || sc.ns == *ns)) ids.push_back(id);
   }

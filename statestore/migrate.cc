@@ -76,7 +76,7 @@ Status CommitStep(Store::Impl& s, SegmentWriter& w, Step& step) {
   PC_RETURN_IF_ERROR(w.Sync());
   SegmentRecord rec;
   {
-    std::lock_guard wl(s.write_mu);
+    MutexLock wl(&s.write_mu);
     if (auto it = s.segments.find(w.id()); it != s.segments.end()) rec = it->second;
   }
   rec.committed = w.end();
@@ -89,7 +89,7 @@ Status CommitStep(Store::Impl& s, SegmentWriter& w, Step& step) {
   PC_RETURN_IF_ERROR(s.Write(wo, &step.batch, "migrate chunks"));
   TEST_KILL_POINT("migrate.after_batch");
   {
-    std::lock_guard wl(s.write_mu);
+    MutexLock wl(&s.write_mu);
     s.segments[w.id()] = rec;
   }
   w.MarkCommitted();

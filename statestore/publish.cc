@@ -56,7 +56,7 @@ class ReadBack {
     for (std::size_t from = 0; from < chunks_.size(); from += per) {
       const std::size_t to = std::min(chunks_.size(), from + per);
       {
-        std::lock_guard g(mu_);
+        MutexLock g(&mu_);
         ++left_;
       }
       if (s_.read_pool) {
@@ -68,8 +68,8 @@ class ReadBack {
   }
 
   Status Wait() {
-    std::unique_lock g(mu_);
-    cv_.wait(g, [&] { return left_ == 0; });
+    MutexLock g(&mu_);
+    cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return left_ == 0; });
     return first_;
   }
 
@@ -89,20 +89,20 @@ class ReadBack {
         st = Store::Impl::CheckAddress(std::span(mapping_.data + c.at.offset, c.size), c.hash, c.at);
       }
     }
-    std::lock_guard g(mu_);
+    MutexLock g(&mu_);
     if (!st.ok() && first_.ok()) first_ = std::move(st);
     --left_;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
   Store::Impl& s_;
   std::shared_ptr<RandomAccessFile> file_;
   MappedRegion mapping_;  // unset: read back with ReadExtent
   std::vector<Chunk> chunks_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::size_t left_ = 0;  // guarded by mu_
-  Status first_;          // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::size_t left_ GUARDED_BY(mu_) = 0;
+  Status first_ GUARDED_BY(mu_);
 };
 
 class PublisherImpl final : public Publisher {
@@ -256,7 +256,7 @@ class PublisherImpl final : public Publisher {
   }
   Result<PublishResult> CommitImpl();
   Status SyncAndReadBack();
-  Status AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget, PublishResult* result);
+  Status AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget, PublishResult* result) REQUIRES(t.mu());
 
   Store::Impl& s_;
   PublishRequest req_;
@@ -287,7 +287,7 @@ Result<PublishResult> PublisherImpl::CommitImpl() {
   }
   PublishResult result;
   {
-    std::lock_guard wl(s_.write_mu);
+    MutexLock wl(&s_.write_mu);
     const std::uint64_t budget = s_.byte_budget;
     if (budget > 0) PC_RETURN_IF_ERROR(s_.FlushTouches());
     Txn t(s_);
@@ -402,7 +402,7 @@ void Store::Impl::AbortPublish(std::unique_ptr<SegmentWriter> w, std::uint64_t w
     spdlog::warn("statestore {}: giving back an aborted publish's bytes: {} (retried by the next segment gc)",
                  path, s.ToString());
     {
-      std::lock_guard g(pool_mu);
+      MutexLock g(&pool_mu);
       uncut_tails[w->id()] = w->fresh() ? 0 : w->committed();
     }
     if (written_bytes > 0) NoteDropped(written_bytes);
@@ -414,7 +414,7 @@ Status Store::Impl::AfterSegmentError(const Status& s) {
   if (s.code() != StatusCode::kResourceExhausted) return s;
   Status full = Status::ResourceExhausted("no space left on the disk of the store at " + path + " (" + s.message() +
                                           "); writes are refused until space is freed, reads go on");
-  std::lock_guard g(recover_mu);
+  MutexLock g(&recover_mu);
   segment_error = full;
   segment_full.store(true);
   return full;
@@ -422,7 +422,7 @@ Status Store::Impl::AfterSegmentError(const Status& s) {
 
 void Store::Impl::SegmentWritesOk() {
   if (!segment_full.load()) return;
-  std::lock_guard g(recover_mu);
+  MutexLock g(&recover_mu);
   segment_full.store(false);
   segment_error = Status::Ok();
 }
@@ -451,7 +451,7 @@ Result<Store::PublishStart> Store::StartPublish(PublishRequest req) {
     if (existing) {
       auto rec = impl_->ScopeById(*scope);
       if (!req.model_descriptor.empty() && rec.has_value() && rec->descriptor.empty()) {
-        std::lock_guard wl(impl_->write_mu);
+        MutexLock wl(&impl_->write_mu);
         Txn t(*impl_);
         PC_RETURN_IF_ERROR(t.ScopeFor(req.model, req.model_name, req.ns, req.model_descriptor).status());
         PC_RETURN_IF_ERROR(t.Commit(impl_->CommitWriteOptions(), "scope.before_write", "scope.after_write"));

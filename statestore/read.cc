@@ -89,7 +89,7 @@ using HitFn = std::function<Result<std::optional<LookupHit>>(EntryId id, std::ui
 // rules out the others), shallowest first.
 std::vector<std::size_t> CandidateLevels(Store::Impl& s, std::uint64_t scope, const std::vector<std::uint64_t>& h) {
   std::vector<std::size_t> levels;
-  std::shared_lock g(s.node_filter.mu);
+  ReaderLock g(&s.node_filter.mu);
   for (std::size_t a = 0; a < h.size(); ++a) {
     if (s.node_filter.MayContain(NodeFilter::Fingerprint(scope, a, h[a]))) levels.push_back(a);
   }
@@ -113,7 +113,7 @@ std::vector<std::pair<std::size_t, std::uint64_t>> CandidateExacts(Store::Impl& 
   s.hasher->HashPrefixes(tokens.subspan(a * block, std::min<std::size_t>(block, q - a * block)), chain_hash, rs,
                          exacts);
   std::vector<std::pair<std::size_t, std::uint64_t>> present;
-  std::shared_lock g(s.exact_filter.mu);
+  ReaderLock g(&s.exact_filter.mu);
   for (std::size_t k = rs.size(); k-- > 0;) {
     const std::size_t length = a * block + rs[k];
     if (s.exact_filter.MayContain(NodeFilter::Fingerprint(scope, length, exacts[k]))) {
@@ -318,7 +318,7 @@ void Store::Impl::Quarantine(EntryId id, const std::string& reason, std::optiona
                   reason);
     return;
   }
-  std::lock_guard wl(write_mu);
+  MutexLock wl(&write_mu);
   Txn t(*this);
   auto removed = t.RemoveEntry(id, reason);
   Status s;

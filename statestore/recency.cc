@@ -19,14 +19,14 @@ void Store::Impl::Touch(EntryId id, bool hit) {
   if (opts.read_only) return;
   bool flush = false;
   {
-    std::lock_guard g(touch_mu);
+    MutexLock g(&touch_mu);
     auto& t = pending_touches[id];
     t.tick = clock.fetch_add(1);
     if (hit) ++t.hits;
     flush = pending_touches.size() >= 4096;
   }
   if (flush) {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     Status s = FlushTouches();
     if (!s.ok()) spdlog::warn("statestore {}: recording recency: {}", path, s.ToString());
   }
@@ -35,7 +35,7 @@ void Store::Impl::Touch(EntryId id, bool hit) {
 Status Store::Impl::FlushTouches() {
   std::unordered_map<EntryId, PendingTouch> pending;
   {
-    std::lock_guard g(touch_mu);
+    MutexLock g(&touch_mu);
     pending.swap(pending_touches);
   }
   if (pending.empty()) return Status::Ok();
@@ -61,7 +61,7 @@ Status Store::SetByteBudget(std::uint64_t bytes) {
   PC_RETURN_IF_ERROR(impl_->Writable());
   impl_->byte_budget = bytes;
   if (bytes == 0) return Status::Ok();
-  std::lock_guard wl(impl_->write_mu);
+  MutexLock wl(&impl_->write_mu);
   PC_RETURN_IF_ERROR(impl_->FlushTouches());
   Txn t(*impl_);
   std::uint64_t evicted = 0;

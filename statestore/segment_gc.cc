@@ -34,13 +34,13 @@ bool WorthRewriting(const SegmentRecord& rec, bool all) {
 }  // namespace
 
 Status Store::Impl::CollectSegments(bool all) {
-  std::lock_guard gc(gc_mu);
+  MutexLock gc(&gc_mu);
   Status cut = CutAbortedTails();
   std::vector<std::pair<std::uint64_t, SegmentRecord>> todo;
   std::vector<std::unique_ptr<SegmentWriter>> closing;
   {
-    std::lock_guard wl(write_mu);
-    std::lock_guard pl(pool_mu);
+    MutexLock wl(&write_mu);
+    MutexLock pl(&pool_mu);
     // Idle writable segments worth rewriting leave the pool first.
     for (auto it = idle_writers.begin(); it != idle_writers.end();) {
       auto rec = segments.find((*it)->id());
@@ -76,7 +76,7 @@ Status Store::Impl::CollectSegments(bool all) {
 Status Store::Impl::CutAbortedTails() {
   std::map<std::uint64_t, std::uint64_t> todo;
   {
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     todo = uncut_tails;
   }
   Status first;
@@ -96,7 +96,7 @@ Status Store::Impl::CutAbortedTails() {
       continue;
     }
     spdlog::info("statestore {}: cut the tail an aborted publish left in segment {}", path, SegmentHex(id));
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     uncut_tails.erase(id);
   }
   return first;
@@ -104,12 +104,12 @@ Status Store::Impl::CutAbortedTails() {
 
 Status Store::Impl::DropDeadSegment(std::uint64_t id) {
   {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     auto it = segments.find(id);
     if (it == segments.end() || it->second.live != 0) return Status::Ok();  // changed meanwhile
     Txn t(*this);
     t.DropSegment(id);
-    std::unique_lock ex(extent_mu);
+    MutexLock ex(&extent_mu);
     PC_RETURN_IF_ERROR(t.Commit(CommitWriteOptions(), "gc.before_batch", "gc.after_batch"));
     ForgetSegmentFile(id);
   }
@@ -170,7 +170,7 @@ Status CopyLive(Store::Impl& s, std::uint64_t id, const SegmentRecord& rec, Segm
 // segment's record dropped. Refused (nothing changes) when the old segment
 // gained a chunk meanwhile.
 Status CommitRewrite(Store::Impl& s, std::uint64_t id, SegmentWriter& w, const std::vector<Moved>& moved) {
-  std::lock_guard wl(s.write_mu);
+  MutexLock wl(&s.write_mu);
   auto cur = s.segments.find(id);
   if (cur == s.segments.end()) return Status::Aborted("segment dropped meanwhile");
   Txn t(s);
@@ -185,7 +185,7 @@ Status CommitRewrite(Store::Impl& s, std::uint64_t id, SegmentWriter& w, const s
     return Status::Aborted("segment " + SegmentHex(id) + " changed while it was rewritten; left for the next gc");
   }
   t.DropSegment(id);
-  std::unique_lock ex(s.extent_mu);
+  MutexLock ex(&s.extent_mu);
   PC_RETURN_IF_ERROR(t.Commit(s.CommitWriteOptions(), "gc.before_batch", "gc.after_batch"));
   s.ForgetSegmentFile(id);
   w.MarkCommitted();

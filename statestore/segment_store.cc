@@ -17,7 +17,7 @@ using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
 Result<std::unique_ptr<SegmentWriter>> Store::Impl::AcquireWriter() {
   {
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     if (!idle_writers.empty()) {
       auto w = std::move(idle_writers.back());
       idle_writers.pop_back();
@@ -27,12 +27,12 @@ Result<std::unique_ptr<SegmentWriter>> Store::Impl::AcquireWriter() {
   }
   const std::uint64_t id = next_segment.fetch_add(1);
   {
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     busy_segments.insert(id);
   }
   auto w = SegmentWriter::Create(env, seg_dir, id, freeze);
   if (!w.ok()) {
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     busy_segments.erase(id);
   }
   return w;
@@ -42,13 +42,13 @@ void Store::Impl::ReleaseWriter(std::unique_ptr<SegmentWriter> w, bool reuse) {
   if (w == nullptr) return;
   bool sealed = false;
   if (!w->fresh()) {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     auto it = segments.find(w->id());
     sealed = it == segments.end() || it->second.state == SegmentState::kSealed;
   }
   // A segment never committed has no record: it is reused, or (closed) its
   // file is removed by the next open.
-  std::lock_guard g(pool_mu);
+  MutexLock g(&pool_mu);
   busy_segments.erase(w->id());
   if (reuse && !w->broken() && !sealed && !opts.read_only) {
     idle_writers.push_back(std::move(w));
@@ -61,7 +61,7 @@ void Store::Impl::ReleaseWriter(std::unique_ptr<SegmentWriter> w, bool reuse) {
 void Store::Impl::CloseIdleWriters() {
   std::vector<std::unique_ptr<SegmentWriter>> idle;
   {
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     idle.swap(idle_writers);
   }
   for (auto& w : idle) {
@@ -73,7 +73,7 @@ void Store::Impl::CloseIdleWriters() {
 // ---- files open for reading -------------------------------------------------------------
 
 Result<std::shared_ptr<RandomAccessFile>> Store::Impl::SegmentFile(std::uint64_t id) {
-  std::lock_guard g(files_mu);
+  MutexLock g(&files_mu);
   if (auto d = damaged_segments.find(id); d != damaged_segments.end()) {
     return Status::Corruption("segment " + SegmentHex(id) + ": " + d->second);
   }
@@ -92,13 +92,13 @@ Result<std::shared_ptr<RandomAccessFile>> Store::Impl::SegmentFile(std::uint64_t
 void Store::Impl::ForgetSegmentFile(std::uint64_t id) {
   std::optional<std::uint64_t> mapping;
   {
-    std::lock_guard g(files_mu);
+    MutexLock g(&files_mu);
     open_files.erase(id);
     if (auto it = mappings.find(id); it != mappings.end()) mapping = it->second.id;
     mappings.erase(id);
   }
   if (mapping) {
-    std::lock_guard g(checked_mu);
+    MutexLock g(&checked_mu);
     if (auto it = checked_pinned.find(*mapping); it != checked_pinned.end()) {
       checked_pinned_count -= it->second.size();
       checked_pinned.erase(it);
@@ -108,7 +108,7 @@ void Store::Impl::ForgetSegmentFile(std::uint64_t id) {
 
 bool Store::Impl::CheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
   if (pin == 0) return false;
-  std::lock_guard g(checked_mu);
+  MutexLock g(&checked_mu);
   auto m = checked_pinned.find(mapping);
   if (m == checked_pinned.end()) return false;
   auto c = m->second.find(offset);
@@ -118,7 +118,7 @@ bool Store::Impl::CheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset
 void Store::Impl::NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
   constexpr std::size_t kMaxChecked = 1u << 20;
   if (pin == 0) return;
-  std::lock_guard g(checked_mu);
+  MutexLock g(&checked_mu);
   if (checked_pinned_count >= kMaxChecked) {
     checked_pinned.clear();
     checked_pinned_count = 0;
@@ -131,7 +131,7 @@ void Store::Impl::NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t of
 Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomAccessFile& file,
                                                  std::uint64_t end) {
   {
-    std::lock_guard g(files_mu);
+    MutexLock g(&files_mu);
     if (auto it = mappings.find(id); it != mappings.end() && it->second.size >= end) return it->second;
   }
   // Only the committed length is mapped: bytes past it belong to a publish
@@ -139,7 +139,7 @@ Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomA
   // faults when touched, and registering a mapping touches every page).
   std::uint64_t committed = end;
   {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     if (auto it = segments.find(id); it != segments.end()) committed = std::max(end, it->second.committed);
   }
   PC_ASSIGN_OR_RETURN(std::uint64_t size, env->GetFileSize(seg_dir + "/" + SegmentFileName(id)));
@@ -148,7 +148,7 @@ Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomA
                               " bytes, short of its committed " + std::to_string(committed));
   }
   PC_ASSIGN_OR_RETURN(MappedRegion m, file.Map(committed));
-  std::lock_guard g(files_mu);
+  MutexLock g(&files_mu);
   // A longer mapping of a segment that grew maps the same file: it keeps
   // the shorter one's `file`, so that a device registration budget counts
   // the file once.
@@ -191,7 +191,7 @@ Status Store::Impl::LocateChunks(const std::vector<Hash128>& hashes, std::vector
   std::vector<rocksdb::Status> statuses(n);
   // Extents and files are resolved together, so that gc (which repoints
   // and drops a file under the exclusive lock) never moves bytes under us.
-  std::shared_lock g(extent_mu);
+  ReaderLock g(&extent_mu);
   if (n > 0) db->MultiGet(rocksdb::ReadOptions(), cf_chunk_refs, n, slices.data(), values.data(), statuses.data());
   for (std::size_t i = 0; i < n; ++i) {
     Located& l = (*out)[i];
@@ -293,7 +293,7 @@ Status Store::Impl::RecoverSegments() {
     if (!wrong.empty()) {
       spdlog::error("statestore {}: segment {}: {}; the entries that need it will be quarantined", path,
                     SegmentHex(id), wrong);
-      std::lock_guard g(files_mu);
+      MutexLock g(&files_mu);
       damaged_segments[id] = wrong;
       continue;
     }
@@ -306,7 +306,7 @@ Status Store::Impl::RecoverSegments() {
     if (rec.state == SegmentState::kOpen) {
       PC_ASSIGN_OR_RETURN(auto w, SegmentWriter::Reopen(env, seg_dir, id, rec.committed, freeze));
       if (size > rec.committed) PC_RETURN_IF_ERROR(w->Sync());  // the cut made durable
-      std::lock_guard g(pool_mu);
+      MutexLock g(&pool_mu);
       idle_writers.push_back(std::move(w));
     }
   }

@@ -36,34 +36,37 @@ void Store::Impl::ReleaseStaged(std::uint64_t bytes) {
 
 void Store::Impl::NoteDropped(std::uint64_t bytes) {
   if (opts.read_only) return;
-  std::lock_guard g(reclaim_mu);
+  MutexLock g(&reclaim_mu);
   if (reclaim_stop) return;
   reclaim_pending += std::max<std::uint64_t>(bytes, 1);
   if (reclaim_pending < opts.reclaim_after_bytes) return;
   if (!reclaimer.joinable()) reclaimer = std::thread([this] { ReclaimLoop(); });
-  reclaim_cv.notify_one();
+  reclaim_cv.Signal();
 }
 
 void Store::Impl::ReclaimLoop() {
-  std::unique_lock g(reclaim_mu);
+  MutexLock g(&reclaim_mu);
   for (;;) {
-    reclaim_cv.wait(g, [&] { return reclaim_stop || reclaim_pending >= opts.reclaim_after_bytes; });
+    reclaim_cv.Wait(&reclaim_mu, [&]() REQUIRES(reclaim_mu) {
+      return reclaim_stop || reclaim_pending >= opts.reclaim_after_bytes;
+    });
     if (reclaim_stop) return;
     const std::uint64_t pending = reclaim_pending;
     reclaim_pending = 0;
-    g.unlock();
+    g.Unlock();
     Status s = ReclaimNow();
-    g.lock();
+    g.Lock();
     if (s.ok()) {
       ++reclaims;
-      reclaim_cv.notify_all();
+      reclaim_cv.SignalAll();
       continue;
     }
     spdlog::warn("statestore {}: reclaiming the space of dropped chunks: {} (retried after the next drop)",
                  path, s.ToString());
     // Try again once more is dropped (or at the next Compact).
     reclaim_pending += pending;
-    reclaim_cv.wait(g, [&] { return reclaim_stop || reclaim_pending > pending; });
+    reclaim_cv.Wait(&reclaim_mu,
+                    [&]() REQUIRES(reclaim_mu) { return reclaim_stop || reclaim_pending > pending; });
     if (reclaim_stop) return;
   }
 }
@@ -78,10 +81,10 @@ Status Store::Impl::ReclaimNow() {
 void Store::Impl::StopReclaimer() {
   gc_cancel.store(true);
   {
-    std::lock_guard g(reclaim_mu);
+    MutexLock g(&reclaim_mu);
     reclaim_stop = true;
   }
-  reclaim_cv.notify_all();
+  reclaim_cv.SignalAll();
   if (!reclaimer.joinable()) return;
   reclaimer.join();
 }

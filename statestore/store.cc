@@ -110,7 +110,7 @@ Status Store::Impl::AfterWriteError(const Status& s) {
     return s;
   }
   {
-    std::lock_guard g(recover_mu);
+    MutexLock g(&recover_mu);
     if (!stopped.load()) stop_cause = s;
     stopped.store(true);
   }
@@ -124,7 +124,7 @@ Status Store::Impl::AfterWriteError(const Status& s) {
 
 Status Store::Impl::Recover() {
   if (!stopped.load()) return Status::Ok();
-  std::unique_lock g(recover_mu);
+  MutexLock g(&recover_mu);
   if (!fatal.ok()) return fatal;
   if (!stopped.load()) return Status::Ok();
   rocksdb::Status r = db->Resume();
@@ -155,14 +155,14 @@ Status Store::Impl::Recover() {
 // ---- scopes --------------------------------------------------------------------------
 
 std::optional<std::uint64_t> Store::Impl::FindScope(const Hash128& digest, std::string_view ns) const {
-  std::shared_lock g(scope_mu);
+  ReaderLock g(&scope_mu);
   auto it = scope_by_name.find(ScopeByNameKey(digest, ns));
   if (it == scope_by_name.end()) return std::nullopt;
   return it->second;
 }
 
 std::optional<ScopeRecord> Store::Impl::ScopeById(std::uint64_t id) const {
-  std::shared_lock g(scope_mu);
+  ReaderLock g(&scope_mu);
   auto it = scopes.find(id);
   if (it == scopes.end()) return std::nullopt;
   return it->second;
@@ -171,7 +171,7 @@ std::optional<ScopeRecord> Store::Impl::ScopeById(std::uint64_t id) const {
 // ---- counters and stats --------------------------------------------------------------
 
 void Store::Impl::PublishCounters(const Counters& c) {
-  std::lock_guard g(stats_mu);
+  MutexLock g(&stats_mu);
   stats_copy = c;
 }
 
@@ -185,7 +185,7 @@ Store::Impl::Counters Store::Impl::WithLiveStats(Counters c) const {
 Result<StoreStats> Store::Stat() {
   Impl::Counters c;
   {
-    std::lock_guard g(impl_->stats_mu);
+    MutexLock g(&impl_->stats_mu);
     c = impl_->stats_copy;
   }
   StoreStats st;
@@ -201,16 +201,16 @@ Result<StoreStats> Store::Stat() {
   st.evictions = c.evictions;
   st.admission_refusals = impl_->refusals;
   {
-    std::lock_guard g(impl_->leases->mu);
+    MutexLock g(&impl_->leases->mu);
     st.active_leases = impl_->leases->active;
   }
   st.byte_budget = impl_->byte_budget;
   st.staged_bytes = impl_->staged_bytes.load();
   if (impl_->stopped.load()) {
-    std::lock_guard g(impl_->recover_mu);
+    MutexLock g(&impl_->recover_mu);
     st.write_error = impl_->fatal.ok() ? impl_->stop_cause.ToString() : impl_->fatal.ToString();
   } else if (impl_->segment_full.load()) {
-    std::lock_guard g(impl_->recover_mu);
+    MutexLock g(&impl_->recover_mu);
     st.write_error = impl_->segment_error.ToString();
   }
   // Every file of the directory: segment files, tables, the write-ahead
@@ -237,7 +237,7 @@ std::string Store::Impl::SightingKey(const Hash128& model, std::string_view ns, 
 
 void Store::Impl::NoteSighting(const std::string& key) {
   if (opts.eviction.admit_after_sightings <= 1) return;
-  std::lock_guard g(sight_mu);
+  MutexLock g(&sight_mu);
   auto [it, inserted] = sightings.try_emplace(key, 0);
   if (it->second < UINT32_MAX) ++it->second;
   if (inserted) {
@@ -250,7 +250,7 @@ void Store::Impl::NoteSighting(const std::string& key) {
 }
 
 std::uint32_t Store::Impl::Sightings(const std::string& key) {
-  std::lock_guard g(sight_mu);
+  MutexLock g(&sight_mu);
   auto it = sightings.find(key);
   return it == sightings.end() ? 0 : it->second;
 }
@@ -279,7 +279,7 @@ void Store::Impl::NotePrefixSightings(const Hash128& model, std::string_view ns,
   std::vector<std::uint64_t> keys;
   keys.reserve(levels);
   for (std::size_t a = 1; a <= levels && a < h.size(); ++a) keys.push_back(PrefixSightingKey(model, ns, a, h[a]));
-  std::lock_guard g(sight_mu);
+  MutexLock g(&sight_mu);
   for (std::uint64_t key : keys) {
     auto [it, inserted] = prefix_sightings.try_emplace(key, 0);
     if (it->second < UINT32_MAX) ++it->second;
@@ -300,7 +300,7 @@ Status Store::Impl::AdmitReused(const Hash128& model, std::string_view ns, std::
   const std::size_t lowest = std::max<std::size_t>(1, (need + block - 1) / block);
   if (levels >= lowest) {
     const std::vector<std::uint64_t> h = ChainHashes(*hasher, tokens, block, levels);
-    std::lock_guard g(sight_mu);
+    MutexLock g(&sight_mu);
     for (std::size_t a = levels; a >= lowest; --a) {
       auto it = prefix_sightings.find(PrefixSightingKey(model, ns, a, h[a]));
       if (it != prefix_sightings.end() && it->second >= 2) return Status::Ok();
@@ -314,7 +314,7 @@ Status Store::Impl::AdmitReused(const Hash128& model, std::string_view ns, std::
 
 Status Store::Delete(EntryId id) {
   PC_RETURN_IF_ERROR(impl_->Writable());
-  std::lock_guard wl(impl_->write_mu);
+  MutexLock wl(&impl_->write_mu);
   Txn t(*impl_);
   // A quarantined entry holds no references: only its record goes.
   std::string v;

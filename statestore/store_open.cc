@@ -156,9 +156,12 @@ Result<std::unique_ptr<Store>> Store::Impl::Open(StoreOptions options, std::shar
     opened = impl->OpenDb();
   }
   PC_RETURN_IF_ERROR(opened.WithContext("open store " + impl->path));
-  PC_RETURN_IF_ERROR(impl->LoadState().WithContext("open store " + impl->path));
-  PC_RETURN_IF_ERROR(impl->LoadSegments().WithContext("open store " + impl->path));
-  PC_RETURN_IF_ERROR(impl->RecoverSegments().WithContext("open store " + impl->path));
+  {
+    MutexLock wl(&impl->write_mu);  // no other thread has the store yet; the loaders require it
+    PC_RETURN_IF_ERROR(impl->LoadState().WithContext("open store " + impl->path));
+    PC_RETURN_IF_ERROR(impl->LoadSegments().WithContext("open store " + impl->path));
+    PC_RETURN_IF_ERROR(impl->RecoverSegments().WithContext("open store " + impl->path));
+  }
   if (impl->stored_schema < kFirstSegmentSchema) {
     PC_RETURN_IF_ERROR(impl->MigrateChunks().WithContext("migrate store " + impl->path));
   }
@@ -169,8 +172,11 @@ Result<std::unique_ptr<Store>> Store::Impl::Open(StoreOptions options, std::shar
                  impl->path, s.ToString());
   }
   impl->EnsureReserve();
-  spdlog::debug("statestore {}: open, {} entries, {} chunks", impl->path, impl->counters.entries,
-                impl->counters.chunks);
+  {
+    MutexLock wl(&impl->write_mu);
+    spdlog::debug("statestore {}: open, {} entries, {} chunks", impl->path, impl->counters.entries,
+                  impl->counters.chunks);
+  }
   return std::unique_ptr<Store>(new Store(std::move(impl)));
 }
 
@@ -393,6 +399,7 @@ Status Store::Impl::LoadState() {
     if (it->key().size() != 9) return Status::Corruption("malformed scope key");
     std::uint64_t id = GetBE64(it->key().data() + 1);
     PC_ASSIGN_OR_RETURN(ScopeRecord rec, DecodeScope(id, it->value().ToStringView()));
+    MutexLock g(&scope_mu);
     scope_by_name[ScopeByNameKey(rec.digest, rec.ns)] = id;
     scopes[id] = std::move(rec);
   }
@@ -410,8 +417,8 @@ Status Store::Impl::LoadState() {
 }
 
 Status Store::Impl::LoadFilters() {
-  std::unique_lock gn(node_filter.mu);
-  std::unique_lock gx(exact_filter.mu);
+  MutexLock gn(&node_filter.mu);
+  MutexLock gx(&exact_filter.mu);
   node_filter.Reset();
   exact_filter.Reset();
   for (char tag : {kNodeTag, kExactTag}) {
@@ -422,10 +429,11 @@ Status Store::Impl::LoadFilters() {
       if (k.size() != 25) return Status::Corruption("malformed index key");
       std::optional<std::string> v(std::string(it->value().ToStringView()));
       std::uint64_t n = tag == kNodeTag ? SlotTotal(v, params.block_tokens) : IdCount(v);
-      (tag == kNodeTag ? node_filter : exact_filter)
-          .Adjust(
-              NodeFilter::Fingerprint(GetBE64(k.data() + 1), GetBE64(k.data() + 9), GetBE64(k.data() + 17)),
-              static_cast<std::int64_t>(n));
+      NodeFilter& filter = tag == kNodeTag ? node_filter : exact_filter;
+      filter.mu.AssertHeld();  // both are held (above)
+      filter.Adjust(
+          NodeFilter::Fingerprint(GetBE64(k.data() + 1), GetBE64(k.data() + 9), GetBE64(k.data() + 17)),
+          static_cast<std::int64_t>(n));
     }
     PC_RETURN_IF_ERROR(FromRocks(it->status(), "load index"));
   }
@@ -436,7 +444,7 @@ Status Store::Impl::CloseDb() {
   if (db == nullptr) return Status::Ok();
   Status result;
   if (!(frozen && frozen->load()) && !opts.read_only && Recover().ok()) {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     result = FlushTouches();
     if (result.ok()) {
       Counters c = counters;

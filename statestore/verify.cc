@@ -335,11 +335,11 @@ Result<Store::StoreCheckReport> Store::Impl::CheckStore(bool read_chunks) {
   // under it is consistent; the checks then read that snapshot while
   // publishes, deletes and evictions go on. Segment gc waits: a segment it
   // dropped after the snapshot would read as missing.
-  std::lock_guard gc(gc_mu);
+  MutexLock gc(&gc_mu);
   Counters mem;
   const rocksdb::Snapshot* snapshot = nullptr;
   {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     if (!opts.read_only) PC_RETURN_IF_ERROR(FlushTouches());
     snapshot = db->GetSnapshot();
     mem = counters;

@@ -203,6 +203,7 @@ namespace {
 // shift probe runs.
 TEST(NodeFilter, AgreesWithAMap) {
   NodeFilter f;
+  MutexLock lock(&f.mu);  // as the store holds it (the filter's methods require it)
   std::map<std::uint32_t, std::int64_t> want;
   std::uint64_t x = 12345;
   auto next = [&] {
