@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "core/errno_text.h"
+#include "core/mutex.h"
 #include "core/worker_pool.h"
 #include "ipc/wire.h"
 
@@ -61,7 +62,7 @@ class ConnSink : public ResponseSink {
   void Send(std::unique_ptr<OutMessage> msg) override {
     bool wake = false;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       if (closed_) return;
       queued_ += msg->size();
       wq_.push_back(std::move(msg));
@@ -73,8 +74,8 @@ class ConnSink : public ResponseSink {
   }
 
   bool WaitForRoom() override {
-    std::unique_lock<std::mutex> l(mu_);
-    if (!cv_.wait_for(l, stall_, [this] { return closed_ || queued_ < bound_; })) {
+    MutexLock l(&mu_);
+    if (!cv_.WaitFor(&mu_, stall_, [this]() REQUIRES(mu_) { return closed_ || queued_ < bound_; })) {
       spdlog::warn("primecached: connection {} read nothing for {} ms; its fetch is aborted", id_, stall_.count());
       return false;
     }
@@ -82,33 +83,33 @@ class ConnSink : public ResponseSink {
   }
 
   bool Closed() const override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     return closed_;
   }
 
   // Loop side: writes what the socket takes. False when the socket broke.
   bool Flush() {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     notified_ = false;
     WriteLocked();
     return !broken_;
   }
   bool Pending() const {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     return !wq_.empty();
   }
   void Close() {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       closed_ = true;
       wq_.clear();
       queued_ = 0;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
  private:
-  void WriteLocked() {
+  void WriteLocked() REQUIRES(mu_) {
     std::size_t written = 0;
     while (!wq_.empty() && !broken_) {
       iovec iov[IOV_MAX];
@@ -151,7 +152,7 @@ class ConnSink : public ResponseSink {
     }
     if (written > 0) {
       queued_ -= std::min(written, queued_);
-      cv_.notify_all();
+      cv_.SignalAll();
     }
   }
 
@@ -160,14 +161,14 @@ class ConnSink : public ResponseSink {
   const std::size_t bound_;
   const std::chrono::milliseconds stall_;
   std::function<void(std::uint64_t)> notify_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<OutMessage>> wq_;
-  std::size_t wq_offset_ = 0;  // bytes of wq_.front() already written
-  std::size_t queued_ = 0;     // unwritten bytes
-  bool notified_ = false;
-  bool broken_ = false;
-  bool closed_ = false;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::unique_ptr<OutMessage>> wq_ GUARDED_BY(mu_);
+  std::size_t wq_offset_ GUARDED_BY(mu_) = 0;  // bytes of wq_.front() already written
+  std::size_t queued_ GUARDED_BY(mu_) = 0;     // unwritten bytes
+  bool notified_ GUARDED_BY(mu_) = false;
+  bool broken_ GUARDED_BY(mu_) = false;
+  bool closed_ GUARDED_BY(mu_) = false;
 };
 
 struct Conn {
@@ -215,15 +216,16 @@ struct Server::Impl {
   std::uint64_t next_id = 1;
   int tcp_port = -1;
 
-  std::mutex notify_mu;
-  std::vector<std::uint64_t> dirty;
-  bool stop_requested = false;
-  bool stopped = false;
+  // From other threads to the loop (Notify, Stop), through `async`.
+  Mutex notify_mu;
+  std::vector<std::uint64_t> dirty GUARDED_BY(notify_mu);
+  bool stop_requested GUARDED_BY(notify_mu) = false;
+  bool stopped = false;  // loop thread
 
-  bool async_closed = false;
+  bool async_closed GUARDED_BY(notify_mu) = false;
 
-  void Notify(std::uint64_t id) {
-    std::lock_guard<std::mutex> l(notify_mu);
+  void Notify(std::uint64_t id) EXCLUDES(notify_mu) {
+    MutexLock l(&notify_mu);
     if (async_closed) return;
     dirty.push_back(id);
     uv_async_send(&async);
@@ -272,7 +274,7 @@ Server::~Server() {
     if (impl_->fetch_pool) impl_->fetch_pool->Shutdown();
     if (impl_->pool) impl_->pool->Shutdown();
     {
-      std::lock_guard<std::mutex> l(impl_->notify_mu);
+      MutexLock l(&impl_->notify_mu);
       impl_->async_closed = true;
     }
     uv_close(reinterpret_cast<uv_handle_t*>(&impl_->async), nullptr);
@@ -415,7 +417,7 @@ Status Server::HandleSignals() {
 }
 
 void Server::Stop() {
-  std::lock_guard<std::mutex> l(impl_->notify_mu);
+  MutexLock l(&impl_->notify_mu);
   if (impl_->async_closed) return;
   impl_->stop_requested = true;
   uv_async_send(&impl_->async);
@@ -730,7 +732,7 @@ void Server::Impl::OnAsync() {
   std::vector<std::uint64_t> ids;
   bool stop = false;
   {
-    std::lock_guard<std::mutex> l(notify_mu);
+    MutexLock l(&notify_mu);
     ids.swap(dirty);
     stop = stop_requested;
   }
@@ -761,7 +763,7 @@ void Server::Impl::BeginStop() {
     CloseConn(c);
   }
   {
-    std::lock_guard<std::mutex> l(notify_mu);
+    MutexLock l(&notify_mu);
     async_closed = true;
   }
   uv_close(reinterpret_cast<uv_handle_t*>(&async), nullptr);

@@ -34,9 +34,9 @@ struct Session::Publish {
   const std::chrono::steady_clock::time_point begun = std::chrono::steady_clock::now();
 
   // Applied in order on workers.
-  std::mutex mu;
-  std::deque<std::function<void()>> ops;
-  bool running = false;
+  Mutex mu;
+  std::deque<std::function<void()>> ops GUARDED_BY(mu);
+  bool running GUARDED_BY(mu) = false;
   // Worker side (touched by one op at a time).
   std::unique_ptr<PublishSink> sink;
   Status failed;
@@ -122,7 +122,7 @@ void Session::Serve(Executor* executor, std::function<void()> job) {
 
 bool Session::Busy() const {
   if (jobs_in_flight_.load() != 0) return true;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return publishes_open_ != 0 || !fetches_.empty();
 }
 
@@ -131,7 +131,7 @@ std::chrono::steady_clock::time_point Session::last_answer() const {
 }
 
 Status Session::ReserveUncommitted(Publish& pub, std::size_t bytes) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   if (uncommitted_ + bytes > limits_.max_uncommitted_bytes) {
     return Status::ResourceExhausted(
         "publish " + std::to_string(pub.id) + " would take this connection's uncommitted publish bytes past its limit of " +
@@ -157,7 +157,7 @@ void Session::ReleaseUncommitted(Publish& pub) {
   const std::uint64_t bytes = pub.reserved.exchange(0);
   if (bytes == 0) return;
   counters_->uncommitted_bytes.fetch_sub(bytes);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   uncommitted_ -= std::min(bytes, uncommitted_);
 }
 
@@ -167,7 +167,7 @@ void Session::ExpireStalledPublishes(std::chrono::steady_clock::time_point now) 
   const std::int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
   std::vector<std::shared_ptr<Publish>> stalled;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (auto it = publishes_.begin(); it != publishes_.end();) {
       const Publish& p = *it->second;
       // Ops queued or running: the daemon, not the client, is behind.
@@ -193,7 +193,7 @@ void Session::ExpireStalledPublishes(std::chrono::steady_clock::time_point now) 
 }
 
 std::string Session::ExpiredReason(std::uint64_t publish) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   for (const auto& [id, why] : expired_) {
     if (id == publish) return why;
   }
@@ -207,14 +207,14 @@ void Session::SendProtocolError(std::uint64_t id, const std::string& msg) {
 }
 
 bool Session::InboundBlocked() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return backlog_bytes_ > limits_.max_publish_backlog_bytes;
 }
 
 void Session::ReleaseBacklog(std::size_t bytes) {
   std::function<void()> cb;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     const bool was_blocked = backlog_bytes_ > limits_.max_publish_backlog_bytes;
     backlog_bytes_ -= std::min(bytes, backlog_bytes_);
     if (was_blocked && backlog_bytes_ <= limits_.max_publish_backlog_bytes) cb = unblocked_cb_;
@@ -224,13 +224,13 @@ void Session::ReleaseBacklog(std::size_t bytes) {
 
 void Session::RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t bytes, std::function<void()> op) {
   if (bytes != 0) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     backlog_bytes_ += bytes;
   }
   bool start = false;
   pub->ops_pending.fetch_add(1);
   {
-    std::lock_guard<std::mutex> l(pub->mu);
+    MutexLock l(&pub->mu);
     pub->ops.push_back([this, pub, op = std::move(op), bytes] {
       op();
       // Finished and its answers sent: a later step need not queue behind it.
@@ -246,7 +246,7 @@ void Session::RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t byte
     for (;;) {
       std::function<void()> next;
       {
-        std::lock_guard<std::mutex> l(pub->mu);
+        MutexLock l(&pub->mu);
         if (pub->ops.empty()) {
           pub->running = false;
           return;
@@ -260,7 +260,7 @@ void Session::RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t byte
 }
 
 void Session::ForgetEnded(const Publish& pub) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = ending_.find(pub.id);
   if (it != ending_.end() && it->second.get() == &pub) ending_.erase(it);
 }
@@ -292,7 +292,7 @@ void Session::FinishPublish(const std::shared_ptr<Publish>& pub) {
   }
   ReleaseUncommitted(*pub);
   counters_->publishes_in_flight.fetch_sub(1);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   --publishes_open_;
 }
 
@@ -314,7 +314,7 @@ bool Session::OpenWindows(std::uint64_t id, wire::Fetch::Reader f, FetchState& s
     auto w = f.getDeviceWindow();
     std::shared_ptr<DeviceWindow> device;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       device = device_;
     }
     if (!device) {
@@ -356,7 +356,7 @@ void Session::AttachDevice(std::uint64_t id, wire::AttachDevice::Reader a) {
       return SendError(id, Status::InvalidArgument("attachDevice: " + w.status().ToString()));
     }
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       device_ = std::move(w).value();  // fetches streaming keep the window they began with
     }
     sink_->Send(BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
@@ -366,7 +366,7 @@ void Session::AttachDevice(std::uint64_t id, wire::AttachDevice::Reader a) {
 void Session::ReleaseWindow(std::uint64_t id, bool device, std::uint64_t offset, std::uint64_t length) {
   std::vector<std::shared_ptr<FetchState>> candidates;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (auto& [fid, f] : fetches_) {
       const WindowRing& ring = device ? f->device_ring : f->shm_ring;
       if (ring.open() && offset >= ring.offset() && offset - ring.offset() < ring.length()) candidates.push_back(f);
@@ -405,7 +405,7 @@ void Session::OnClose() {
   std::vector<std::shared_ptr<Publish>> pubs;
   std::vector<std::shared_ptr<FetchState>> fetches;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (closed_) return;
     closed_ = true;
     for (auto& [id, p] : publishes_) pubs.push_back(p);
@@ -420,7 +420,7 @@ void Session::OnClose() {
 
 bool Session::OnFrame(Frame frame, std::vector<int>* fds) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (closed_) return false;
   }
   try {
@@ -605,7 +605,7 @@ bool Session::OnPublishBegin(const Incoming& in) {
   pub->key.tokens = ToVector(tokens);
   pub->key.cost = cost;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (publishes_.count(id) != 0) {
       sink_->Send(ErrorResponse(id, ErrorCode::ALREADY_EXISTS, "a publish with this id is open"));
       return true;
@@ -639,7 +639,7 @@ bool Session::OnPublishStep(const Incoming& in) {
   if (which == wire::Request::PUBLISH_ABORT) pid = req.getPublishAbort().getPublish();
   std::shared_ptr<Publish> pub, ending;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     auto it = publishes_.find(pid);
     if (it != publishes_.end()) pub = it->second;
     auto e = ending_.find(pid);
@@ -667,7 +667,7 @@ bool Session::OnPublishStep(const Incoming& in) {
 }
 
 void Session::EndPublish(const std::shared_ptr<Publish>& pub) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   publishes_.erase(pub->id);
   ending_[pub->id] = pub;
 }
@@ -855,7 +855,7 @@ bool Session::OnFetch(const Incoming& in) {
   st->id = id;
   if (!OpenWindows(id, f, *st)) return true;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (fetches_.count(id) != 0) {
       sink_->Send(ErrorResponse(id, ErrorCode::ALREADY_EXISTS, "a fetch with this id is running"));
       return true;
@@ -884,7 +884,7 @@ bool Session::OnFetch(const Incoming& in) {
     Status s = sender.Finish(store_->Fetch(entry, layers, options, sender));
     spdlog::debug("primecached: fetch of entry {}: {}", entry, sender.Timings());
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       fetches_.erase(id);
     }
     counters_->fetch_bytes.fetch_add(sender.bytes(), std::memory_order_relaxed);
@@ -908,7 +908,7 @@ bool Session::OnCancel(const Incoming& in) {
   const std::uint64_t target = req.getCancel().getTarget();
   std::shared_ptr<FetchState> st;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     auto it = fetches_.find(target);
     if (it != fetches_.end()) st = it->second;
   }

@@ -215,12 +215,12 @@ Result<std::vector<std::optional<std::string>>> RemoteTier::ReadChunks(const Man
 }
 
 RemoteTierStats RemoteTier::stats() const {
-  std::lock_guard<std::mutex> l(stats_mu_);
+  MutexLock l(&stats_mu_);
   return stats_;
 }
 
 void RemoteTier::Count(std::uint64_t RemoteTierStats::*field, std::uint64_t n) {
-  std::lock_guard<std::mutex> l(stats_mu_);
+  MutexLock l(&stats_mu_);
   stats_.*field += n;
 }
 

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "core/mutex.h"
 #include "primecache/statestore.h"
 #include "remote/cluster_client.h"
 #include "remote/manifest.h"
@@ -99,8 +100,8 @@ class RemoteTier {
   const RemoteTierOptions options_;
   void Count(std::uint64_t RemoteTierStats::*field, std::uint64_t n);
 
-  mutable std::mutex stats_mu_;
-  RemoteTierStats stats_;  // guarded by stats_mu_
+  mutable Mutex stats_mu_;
+  RemoteTierStats stats_ GUARDED_BY(stats_mu_);
 };
 
 // The keys of the layout above.
