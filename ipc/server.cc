@@ -682,7 +682,7 @@ void Server::Impl::ReadSome(Conn* c) {
     Status s = c->decoder->Consume(static_cast<std::size_t>(n), &frames);
     for (auto& f : frames) {
       if (c->closing || c->close_after_flush) break;
-      if (!c->session->OnFrame(std::move(f), &c->fds)) c->close_after_flush = true;
+      if (c->session->OnFrame(std::move(f), &c->fds) == Session::Connection::kClose) c->close_after_flush = true;
     }
     frames.clear();
     if (!s.ok()) {

@@ -5,6 +5,14 @@
 // Executor (worker threads) and sends responses through a ResponseSink. The
 // fuzzer drives the same class with an inline executor and a sink that keeps
 // what it is given, so decoding and dispatch are fuzzed exactly as served.
+//
+// Each handler returns the Answer to its request (ipc/session_answer.h): its
+// reply, an error, or the queued answer of work that answers when it ends;
+// Deliver, called by the dispatcher and by that work, is the one place an
+// answer is sent. The handlers live by request family: session.cc (the
+// dispatcher, hello, what the families share), session_publish.cc,
+// session_fetch.cc (fetch and its windows), session_lookup.cc and
+// session_admin.cc.
 #pragma once
 
 #include <sys/types.h>
@@ -30,6 +38,7 @@
 #include "ipc/framing.h"
 #include "ipc/histogram.h"
 #include "ipc/primecache.capnp.h"
+#include "ipc/session_answer.h"
 #include "ipc/shm.h"
 #include "primecache/status.h"
 
@@ -129,9 +138,13 @@ class Session : public std::enable_shared_from_this<Session> {
           SessionLimits limits, PeerInfo peer, ServerCounters* counters, DeviceDma* device_dma = nullptr);
   ~Session();
 
+  // What becomes of the connection after a frame. Only the session's own
+  // refusal of the peer (PeerInfo::refused) or a session already closed
+  // ends it; a request's error is answered and the connection kept.
+  enum class Connection { kKeep, kClose };
   // Handles one frame; `fds` are descriptors that arrived with its bytes (the
-  // session takes them). False: close the connection (after flushing).
-  bool OnFrame(Frame frame, std::vector<int>* fds);
+  // session takes them). kClose: close the connection (after flushing).
+  Connection OnFrame(Frame frame, std::vector<int>* fds);
   // The connection is gone: abort open publishes, stop fetches.
   void OnClose();
   // True while applying queued publish data lags too far behind: stop reading.
@@ -163,44 +176,57 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<int>* fds;
   };
   // Checks what every request needs (the hello first), then hands the
-  // request to its handler. Each handler answers, or queues the work that
-  // answers, and returns false only to close the connection.
-  bool Dispatch(const Frame& frame, Frame* owned, std::vector<int>* fds);
-  bool OnHello(const Incoming& in);
-  bool OnPublishBegin(const Incoming& in);
+  // request to its handler and delivers the handler's answer.
+  Connection Dispatch(const Frame& frame, Frame* owned, std::vector<int>* fds);
+  // The handler of the request's kind.
+  Answer Handle(const Incoming& in);
+  // Sends `answer` to the client as the answer to request `id` (a queued one:
+  // nothing yet, its work delivers its own): the one place where a handler's
+  // reply or error becomes a response.
+  void Deliver(std::uint64_t id, Answer answer);
+  // Runs a request's store work on `executor`, counted as in flight; the
+  // Answer it returns answers `id`. Returns the queued answer.
+  Answer Serve(Executor* executor, std::uint64_t id, std::function<Answer()> job);
+  Answer OnHello(const Incoming& in);
+  // The namespace an entry must be of for this peer: its own, or none for
+  // the admin socket (the store checks it where it reads the entry anyway).
+  std::optional<std::string> TenantScope() const;
+  // A boundary's or query's namespace: empty (the connection's) or the
+  // connection's own; otherwise the refusal to answer with.
+  std::optional<Answer> RefuseNamespace(capnp::Text::Reader ns) const;
+
+  // ---- publish (session_publish.cc)
+  Answer OnPublishBegin(const Incoming& in);
   // publishLayer, publishChunk, publishCommit, publishAbort: the open
   // publish they name, checked against the protocol's order.
-  bool OnPublishStep(const Incoming& in);
-  bool OnPublishLayer(const Incoming& in, const std::shared_ptr<Publish>& pub);
-  bool OnPublishChunk(const Incoming& in, const std::shared_ptr<Publish>& pub);
-  bool OnPublishEnd(const Incoming& in, const std::shared_ptr<Publish>& pub);
+  Answer OnPublishStep(const Incoming& in);
+  Answer OnPublishLayer(const Incoming& in, const std::shared_ptr<Publish>& pub);
+  Answer OnPublishChunk(const Incoming& in, const std::shared_ptr<Publish>& pub);
+  Answer OnPublishEnd(const Incoming& in, const std::shared_ptr<Publish>& pub);
   // Commit, abort or a broken order: the publish leaves the table for
   // `ending_` until its queue has finished it.
   void EndPublish(const std::shared_ptr<Publish>& pub);
   // A request broke the publish's order: it leaves the table, its staged
   // work is dropped, and `s` answers `id` after every earlier step's answer.
-  // Returns true (keep the connection).
-  bool AbortPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id, Status s);
-  bool OnLookup(const Incoming& in);
-  bool OnFetch(const Incoming& in);
-  bool OnCancel(const Incoming& in);
-  bool OnAdminOp(const Incoming& in);
-  bool OnList(const Incoming& in);
-  bool OnStat(const Incoming& in);
-  bool OnDescribe(const Incoming& in);
-  bool OnCheckStore(const Incoming& in);
-  bool OnCheckEntry(const Incoming& in);
-  bool OnShmAttach(const Incoming& in);
-  void SendError(std::uint64_t id, const Status& s);
-  void SendProtocolError(std::uint64_t id, const std::string& msg);
+  Answer AbortPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id, Status s);
+  // Queues `step` behind the publish's earlier work (counting `bytes` of
+  // backlog); the Answer it returns answers `id`, and then, with kFinish,
+  // the publish is finished. Returns the queued answer.
+  enum class AfterAnswer { kNothing, kFinish };
+  Answer RunPublishStep(const std::shared_ptr<Publish>& pub, std::uint64_t id, std::size_t bytes,
+                        std::function<Answer()> step, AfterAnswer after = AfterAnswer::kNothing);
+  // Queues the publish's end where no request waits for it (the connection
+  // closed, the publish timed out): finished, nothing answered.
+  void QueueFinishPublish(const std::shared_ptr<Publish>& pub);
   void RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t bytes, std::function<void()> op);
   void FinishPublish(const std::shared_ptr<Publish>& pub);
   // Drops a finished publish from `ending_` (worker, after the op that
   // finished it has answered).
   void ForgetEnded(const Publish& pub);
-  // A store step of the publish failed: answers `id` with `s`; later steps
-  // of it answer the same, and nothing of it stays staged or counted.
-  void FailPublish(const std::shared_ptr<Publish>& pub, std::uint64_t id, Status s);
+  // A store step of the publish failed with `s`: later steps of it answer
+  // the same, and nothing of it stays staged or counted. Returns the error
+  // the failed step answers with.
+  Status FailPublish(const std::shared_ptr<Publish>& pub, Status s);
   void ReleaseBacklog(std::size_t bytes);
   // Counts `bytes` against the connection's and the daemon's bound on
   // uncommitted publish bytes; ResourceExhausted (naming the limit) past one.
@@ -209,21 +235,30 @@ class Session : public std::enable_shared_from_this<Session> {
   // Why publish `publish` was aborted by its deadline; empty if it was not.
   std::string ExpiredReason(std::uint64_t publish) const;
   static constexpr std::size_t kExpiredKept = 16;
-  // Runs a request's store work on `executor`, counted as in flight.
-  void Serve(Executor* executor, std::function<void()> job);
-  // The namespace an entry must be of for this peer: its own, or none for
-  // the admin socket (the store checks it where it reads the entry anyway).
-  std::optional<std::string> TenantScope() const;
-  // A boundary's or query's namespace: empty (the connection's) or the
-  // connection's own; otherwise the error is sent and false returned.
-  bool AcceptNamespace(std::uint64_t id, capnp::Text::Reader ns);
-  // A fetch's windows from its request (shared, device); false: refused and
-  // answered.
-  bool OpenWindows(std::uint64_t id, wire::Fetch::Reader f, FetchState& st);
+
+  // ---- fetch and the windows it fills (session_fetch.cc)
+  Answer OnFetch(const Incoming& in);
+  Answer OnCancel(const Incoming& in);
+  Answer OnCheckEntry(const Incoming& in);
+  Answer OnShmAttach(const Incoming& in);
   // attachDevice: opens the engine's exported memory on a worker.
-  void AttachDevice(std::uint64_t id, wire::AttachDevice::Reader a);
+  Answer OnAttachDevice(const Incoming& in);
   // shmRelease / deviceRelease: gives a fetched chunk's window space back.
-  void ReleaseWindow(std::uint64_t id, bool device, std::uint64_t offset, std::uint64_t length);
+  // The protocol answers neither (id 0); nullopt unless refused.
+  std::optional<Answer> OnWindowRelease(const Incoming& in);
+  // A fetch's windows from its request (shared, device).
+  Status OpenWindows(wire::Fetch::Reader f, FetchState& st);
+
+  // ---- lookup (session_lookup.cc)
+  Answer OnLookup(const Incoming& in);
+
+  // ---- admin and the store's views (session_admin.cc)
+  // delete, setByteBudget and compact.
+  Answer OnAdminOp(const Incoming& in);
+  Answer OnList(const Incoming& in);
+  Answer OnStat(const Incoming& in);
+  Answer OnDescribe(const Incoming& in);
+  Answer OnCheckStore(const Incoming& in);
 
   StoreBackend* store_;
   Executor* executor_;

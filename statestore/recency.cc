@@ -15,7 +15,7 @@ using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
 // ---- recency ---------------------------------------------------------------------------
 
-void Store::Impl::Touch(EntryId id, bool hit) {
+void LocalStore::Impl::Touch(EntryId id, bool hit) {
   if (opts.read_only) return;
   bool flush = false;
   {
@@ -32,7 +32,7 @@ void Store::Impl::Touch(EntryId id, bool hit) {
   }
 }
 
-Status Store::Impl::FlushTouches() {
+Status LocalStore::Impl::FlushTouches() {
   std::unordered_map<EntryId, PendingTouch> pending;
   {
     MutexLock g(&touch_mu);
@@ -57,7 +57,7 @@ Status Store::Impl::FlushTouches() {
   return Write(rocksdb::WriteOptions(), &b, "record recency");
 }
 
-Status Store::SetByteBudget(std::uint64_t bytes) {
+Status LocalStore::SetByteBudget(std::uint64_t bytes) {
   PC_RETURN_IF_ERROR(impl_->Writable());
   impl_->byte_budget = bytes;
   if (bytes == 0) return Status::Ok();
@@ -82,11 +82,11 @@ Result<double> Txn::ExclusiveBytes(EntryId id, const EntrySummary& s) {
   PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_manifests, IdKey(id), &mv, &found));
   double bytes = static_cast<double>(s.meta_bytes);
   if (!found) return bytes;
-  PC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(mv, kMaxChunkBytesLimit));
+  PC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(mv, StoreLimits::kMaxChunkBytes));
   std::unordered_map<Hash128, std::pair<std::uint64_t, std::uint64_t>, Hash128Hasher> counts;  // n, size
   for (const auto& layer : m.layers) {
     for (const auto& c : layer.chunks) {
-      auto& e = counts[c.hash];
+      auto& e = counts[c.address];
       ++e.first;
       e.second = c.size;
     }

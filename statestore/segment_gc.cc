@@ -33,7 +33,7 @@ bool WorthRewriting(const SegmentRecord& rec, bool all) {
 
 }  // namespace
 
-Status Store::Impl::CollectSegments(bool all) {
+Status LocalStore::Impl::CollectSegments(bool all) {
   MutexLock gc(&gc_mu);
   Status cut = CutAbortedTails();
   std::vector<std::pair<std::uint64_t, SegmentRecord>> todo;
@@ -73,7 +73,7 @@ Status Store::Impl::CollectSegments(bool all) {
 
 // No writer holds these segments (they were closed broken): only gc and
 // open touch their files.
-Status Store::Impl::CutAbortedTails() {
+Status LocalStore::Impl::CutAbortedTails() {
   std::map<std::uint64_t, std::uint64_t> todo;
   {
     MutexLock g(&pool_mu);
@@ -102,7 +102,7 @@ Status Store::Impl::CutAbortedTails() {
   return first;
 }
 
-Status Store::Impl::DropDeadSegment(std::uint64_t id) {
+Status LocalStore::Impl::DropDeadSegment(std::uint64_t id) {
   {
     MutexLock wl(&write_mu);
     auto it = segments.find(id);
@@ -116,7 +116,7 @@ Status Store::Impl::DropDeadSegment(std::uint64_t id) {
   return UnlinkSegment(id);
 }
 
-Status Store::Impl::UnlinkSegment(std::uint64_t id) {
+Status LocalStore::Impl::UnlinkSegment(std::uint64_t id) {
   TEST_KILL_POINT("gc.before_unlink");
   const std::string file = seg_dir + "/" + SegmentFileName(id);
   Status s = env->RemoveFile(file);
@@ -129,7 +129,7 @@ namespace {
 // Copies the live chunks of segment `id` (those whose record still points at
 // them) to `w`. A frame that cannot be parsed ends the rewrite (nothing is
 // changed); a live chunk whose bytes fail their address is noted lost.
-Status CopyLive(Store::Impl& s, std::uint64_t id, const SegmentRecord& rec, SegmentWriter& w,
+Status CopyLive(LocalStore::Impl& s, std::uint64_t id, const SegmentRecord& rec, SegmentWriter& w,
                 std::vector<Moved>* moved) {
   PC_ASSIGN_OR_RETURN(auto file, s.SegmentFile(id));
   std::string header(kFrameHeaderBytes, '\0');
@@ -139,7 +139,7 @@ Status CopyLive(Store::Impl& s, std::uint64_t id, const SegmentRecord& rec, Segm
     std::size_t n = 0;
     PC_RETURN_IF_ERROR(ReadAt(*file, off, std::as_writable_bytes(std::span(header.data(), header.size())), &n));
     if (n != header.size()) return Status::Corruption("segment " + SegmentHex(id) + " ends inside a frame header");
-    auto f = DecodeFrameHeader(header, kMaxChunkBytesLimit);
+    auto f = DecodeFrameHeader(header, StoreLimits::kMaxChunkBytes);
     if (!f.ok()) return f.status().WithContext("segment " + SegmentHex(id) + " at offset " + std::to_string(off));
     const std::uint64_t at = off + kFrameHeaderBytes;
     if (f->size > rec.committed - at) return Status::Corruption("segment " + SegmentHex(id) + ": a frame runs past its end");
@@ -169,7 +169,7 @@ Status CopyLive(Store::Impl& s, std::uint64_t id, const SegmentRecord& rec, Segm
 // One batch: the new segment recorded, every moved chunk repointed, the old
 // segment's record dropped. Refused (nothing changes) when the old segment
 // gained a chunk meanwhile.
-Status CommitRewrite(Store::Impl& s, std::uint64_t id, SegmentWriter& w, const std::vector<Moved>& moved) {
+Status CommitRewrite(LocalStore::Impl& s, std::uint64_t id, SegmentWriter& w, const std::vector<Moved>& moved) {
   MutexLock wl(&s.write_mu);
   auto cur = s.segments.find(id);
   if (cur == s.segments.end()) return Status::Aborted("segment dropped meanwhile");
@@ -194,7 +194,7 @@ Status CommitRewrite(Store::Impl& s, std::uint64_t id, SegmentWriter& w, const s
 
 }  // namespace
 
-Status Store::Impl::RewriteSegment(std::uint64_t id, const SegmentRecord& rec) {
+Status LocalStore::Impl::RewriteSegment(std::uint64_t id, const SegmentRecord& rec) {
   const std::uint64_t new_id = next_segment.fetch_add(1);
   PC_ASSIGN_OR_RETURN(auto w, SegmentWriter::Create(env, seg_dir, new_id, freeze));
   std::vector<Moved> moved;

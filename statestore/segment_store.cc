@@ -15,7 +15,7 @@ using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
 // ---- the pool of writable segments -----------------------------------------------------
 
-Result<std::unique_ptr<SegmentWriter>> Store::Impl::AcquireWriter() {
+Result<std::unique_ptr<SegmentWriter>> LocalStore::Impl::AcquireWriter() {
   {
     MutexLock g(&pool_mu);
     if (!idle_writers.empty()) {
@@ -38,7 +38,7 @@ Result<std::unique_ptr<SegmentWriter>> Store::Impl::AcquireWriter() {
   return w;
 }
 
-void Store::Impl::ReleaseWriter(std::unique_ptr<SegmentWriter> w, bool reuse) {
+void LocalStore::Impl::ReleaseWriter(std::unique_ptr<SegmentWriter> w, bool reuse) {
   if (w == nullptr) return;
   bool sealed = false;
   if (!w->fresh()) {
@@ -58,7 +58,7 @@ void Store::Impl::ReleaseWriter(std::unique_ptr<SegmentWriter> w, bool reuse) {
   if (!s.ok()) spdlog::warn("statestore {}: closing segment {}: {}", path, SegmentHex(w->id()), s.ToString());
 }
 
-void Store::Impl::CloseIdleWriters() {
+void LocalStore::Impl::CloseIdleWriters() {
   std::vector<std::unique_ptr<SegmentWriter>> idle;
   {
     MutexLock g(&pool_mu);
@@ -72,7 +72,7 @@ void Store::Impl::CloseIdleWriters() {
 
 // ---- files open for reading -------------------------------------------------------------
 
-Result<std::shared_ptr<RandomAccessFile>> Store::Impl::SegmentFile(std::uint64_t id) {
+Result<std::shared_ptr<RandomAccessFile>> LocalStore::Impl::SegmentFile(std::uint64_t id) {
   MutexLock g(&files_mu);
   if (auto d = damaged_segments.find(id); d != damaged_segments.end()) {
     return Status::Corruption("segment " + SegmentHex(id) + ": " + d->second);
@@ -89,7 +89,7 @@ Result<std::shared_ptr<RandomAccessFile>> Store::Impl::SegmentFile(std::uint64_t
   return shared;
 }
 
-void Store::Impl::ForgetSegmentFile(std::uint64_t id) {
+void LocalStore::Impl::ForgetSegmentFile(std::uint64_t id) {
   std::optional<std::uint64_t> mapping;
   {
     MutexLock g(&files_mu);
@@ -106,7 +106,7 @@ void Store::Impl::ForgetSegmentFile(std::uint64_t id) {
   }
 }
 
-bool Store::Impl::CheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
+bool LocalStore::Impl::CheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
   if (pin == 0) return false;
   MutexLock g(&checked_mu);
   auto m = checked_pinned.find(mapping);
@@ -115,7 +115,7 @@ bool Store::Impl::CheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset
   return c != m->second.end() && c->second == pin;
 }
 
-void Store::Impl::NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
+void LocalStore::Impl::NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
   constexpr std::size_t kMaxChecked = 1u << 20;
   if (pin == 0) return;
   MutexLock g(&checked_mu);
@@ -128,7 +128,7 @@ void Store::Impl::NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t of
   if (fresh) ++checked_pinned_count;
 }
 
-Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomAccessFile& file,
+Result<MappedRegion> LocalStore::Impl::SegmentMapping(std::uint64_t id, const RandomAccessFile& file,
                                                  std::uint64_t end) {
   {
     MutexLock g(&files_mu);
@@ -158,7 +158,7 @@ Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomA
   return m;
 }
 
-Status Store::Impl::ReadExtent(const std::shared_ptr<RandomAccessFile>& file, const Extent& e, const Hash128& h,
+Status LocalStore::Impl::ReadExtent(const std::shared_ptr<RandomAccessFile>& file, const Extent& e, const Hash128& h,
                                std::span<std::byte> dst) {
   std::size_t n = 0;
   Status s = ReadAt(*file, e.offset, dst, &n);
@@ -172,13 +172,13 @@ Status Store::Impl::ReadExtent(const std::shared_ptr<RandomAccessFile>& file, co
   return CheckAddress(dst, h, e);
 }
 
-Status Store::Impl::CheckAddress(std::span<const std::byte> bytes, const Hash128& h, const Extent& e) {
+Status LocalStore::Impl::CheckAddress(std::span<const std::byte> bytes, const Hash128& h, const Extent& e) {
   if (Checksum128(bytes) == h) return Status::Ok();
   return Status::Corruption("chunk " + HashHex(h) + " in segment " + SegmentHex(e.segment) + " at offset " +
                             std::to_string(e.offset) + ": content does not match its address (XXH3-128)");
 }
 
-Status Store::Impl::LocateChunks(const std::vector<Hash128>& hashes, std::vector<Located>* out) {
+Status LocalStore::Impl::LocateChunks(const std::vector<Hash128>& hashes, std::vector<Located>* out) {
   const std::size_t n = hashes.size();
   out->assign(n, Located{});
   std::vector<std::string> keys(n);
@@ -223,7 +223,7 @@ Status Store::Impl::LocateChunks(const std::vector<Hash128>& hashes, std::vector
 
 // ---- open and recovery -----------------------------------------------------------------------
 
-Status Store::Impl::LoadSegments() {
+Status LocalStore::Impl::LoadSegments() {
   segments.clear();
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_segments));
   std::uint64_t top = 0;
@@ -268,7 +268,7 @@ std::string CheckRecordedFile(Env* env, const std::string& file, const SegmentRe
 // length cut, a missing or short file noted as damaged (every fetch that
 // needs it fails with kCorruption and quarantines its entry). Read-only,
 // nothing is changed. Open segments go back to the pool.
-Status Store::Impl::RecoverSegments() {
+Status LocalStore::Impl::RecoverSegments() {
   std::vector<std::string> names;
   if (env->FileExists(seg_dir)) {
     PC_ASSIGN_OR_RETURN(names, env->GetChildren(seg_dir));
@@ -313,7 +313,7 @@ Status Store::Impl::RecoverSegments() {
   return Status::Ok();
 }
 
-Result<std::uint64_t> Store::Impl::SegmentDiskBytes() {
+Result<std::uint64_t> LocalStore::Impl::SegmentDiskBytes() {
   std::uint64_t total = 0;
   if (!env->FileExists(seg_dir)) return total;
   PC_ASSIGN_OR_RETURN(auto names, env->GetChildren(seg_dir));

@@ -1,4 +1,4 @@
-// Store::Impl: the state behind primecache::Store, and Txn, one metadata
+// LocalStore::Impl: the state behind primecache::Store, and Txn, one metadata
 // batch. Impl's methods live in one file per topic: store_open.cc (open,
 // load, close), store.cc (metadata writes and write errors, scopes,
 // counters, sightings, delete), publish.cc (staging and commit), read.cc
@@ -31,7 +31,7 @@
 //   node_filter.mu, then exact_filter.mu (a commit takes both);
 //   leaf locks, under which no other is taken: scope_mu, stats_mu,
 //   recover_mu, reclaim_mu, touch_mu, sight_mu, checked_mu,
-//   Lease::Table::mu.
+//   LeaseTable::mu.
 #pragma once
 
 #include <rocksdb/db.h>
@@ -58,7 +58,7 @@
 #include "statestore/format.h"
 #include "statestore/node_filter.h"
 #include "statestore/segments.h"
-#include "statestore/token_hash.h"
+#include "core/token_hash.h"
 
 namespace primecache {
 
@@ -90,7 +90,7 @@ std::vector<std::string> PassKeys(const TokenHasher& hasher, std::uint64_t scope
 // Who holds a lease on which entry, and which entries are being removed
 // (no lease may start on those). Shared with the leases, which may outlive
 // the store.
-struct Lease::Table {
+struct LeaseTable final : Lease::Table {
   struct Slot {
     std::uint32_t count = 0;
     bool dying = false;
@@ -100,13 +100,13 @@ struct Lease::Table {
   std::uint64_t active GUARDED_BY(mu) = 0;  // leases held
 
   bool TryAcquire(EntryId id) EXCLUDES(mu);  // false when the entry is being removed
-  void Release(EntryId id) EXCLUDES(mu);
+  void Release(EntryId id) override EXCLUDES(mu);
   bool MarkDying(EntryId id) EXCLUDES(mu);  // false when leased
   void ClearDying(EntryId id) EXCLUDES(mu);
   bool Leased(EntryId id) EXCLUDES(mu);
 };
 
-struct Store::Impl {
+struct LocalStore::Impl {
   using Counters = statestore_internal::Counters;
   using Params = statestore_internal::Params;
 
@@ -117,7 +117,7 @@ struct Store::Impl {
   Env* env = nullptr;
   std::string path;
   Params params;
-  const statestore_internal::TokenHasher* hasher = nullptr;
+  const TokenHasher* hasher = nullptr;
   std::shared_ptr<const LayerValidator> validator;
   std::shared_ptr<std::atomic<bool>> frozen;
   std::shared_ptr<const statestore_internal::TestHooks> hooks;  // null outside tests
@@ -226,7 +226,7 @@ struct Store::Impl {
   Status ReadExtent(const std::shared_ptr<RandomAccessFile>& file, const statestore_internal::Extent& e, const Hash128& h,
                     std::span<std::byte> dst);
 
-  std::shared_ptr<Lease::Table> leases = std::make_shared<Lease::Table>();  // locks its own mu
+  std::shared_ptr<LeaseTable> leases = std::make_shared<LeaseTable>();  // locks its own mu
 
   // Reads ahead for fetches (null when StoreOptions::fetch_read_threads is 0).
   std::unique_ptr<WorkerPool> read_pool;
@@ -254,8 +254,8 @@ struct Store::Impl {
 
   ~Impl();
 
-  // Store::Open and statestore_internal::OpenWithHooks.
-  static Result<std::unique_ptr<Store>> Open(StoreOptions options,
+  // LocalStore::Open and statestore_internal::OpenWithHooks.
+  static Result<std::unique_ptr<LocalStore>> Open(StoreOptions options,
                                              std::shared_ptr<const statestore_internal::TestHooks> hooks);
 
   // ---- store_open.cc
@@ -352,7 +352,7 @@ struct Store::Impl {
                                                      const std::function<bool(EntryId)>& usable);
   // The entry stored under exactly this identity, if any.
   Result<std::optional<EntryId>> FindIdentity(std::uint64_t scope, std::span<const std::uint32_t> tokens,
-                                              const statestore_internal::BoundaryPlace& place,
+                                              const BoundaryPlace& place,
                                               bool quarantine);
   // The extent and open file of each chunk (by hash), resolved in one MultiGet
   // under extent_mu; a chunk that cannot be read gets its kCorruption.
@@ -445,7 +445,7 @@ class Txn {
  public:
   // Built with write_mu held, and used only while it is; from here on the
   // analysis knows that of this Txn (each method REQUIRES it).
-  explicit Txn(Store::Impl& s) REQUIRES(s.write_mu) ASSERT_CAPABILITY(s_.write_mu) : s_(s), c_(s.counters) {}
+  explicit Txn(LocalStore::Impl& s) REQUIRES(s.write_mu) ASSERT_CAPABILITY(s_.write_mu) : s_(s), c_(s.counters) {}
   ~Txn() REQUIRES(s_.write_mu);
   // The lock its methods need (for a function given a Txn: REQUIRES(t.mu())).
   Mutex& mu() const RETURN_CAPABILITY(s_.write_mu) { return s_.write_mu; }
@@ -526,7 +526,7 @@ class Txn {
   Result<double> ExclusiveBytes(EntryId id, const EntrySummary& s) REQUIRES(s_.write_mu);
   Result<double> MarginalFlops(EntryId id, const EntrySummary& s) REQUIRES(s_.write_mu);
 
-  Store::Impl& s_;
+  LocalStore::Impl& s_;
   rocksdb::WriteBatch batch_;
   Counters c_;
   std::unordered_map<Hash128, RefState, Hash128Hasher> refs_;

@@ -292,7 +292,7 @@ Result<std::uint64_t> Txn::ScopeFor(const Hash128& model, std::string_view model
   ScopeRecord rec;
   rec.id = c_.next_scope_id++;
   rec.digest = model;
-  rec.model_name = std::string(model_name.substr(0, kMaxModelNameBytes));
+  rec.model_name = std::string(model_name.substr(0, StoreLimits::kMaxModelNameBytes));
   rec.ns = std::string(ns);
   rec.descriptor = std::string(descriptor);
   std::string id_value;
@@ -324,11 +324,11 @@ Result<bool> Txn::RemoveEntry(EntryId id, const std::optional<std::string>& quar
   PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_manifests, key, &mv, &found));
   bool refs_released = false;
   if (found) {
-    auto manifest = DecodeManifest(mv, kMaxChunkBytesLimit);
+    auto manifest = DecodeManifest(mv, StoreLimits::kMaxChunkBytes);
     if (manifest.ok()) {
       std::unordered_map<Hash128, std::uint64_t, Hash128Hasher> counts;
       for (const auto& layer : manifest->layers) {
-        for (const auto& c : layer.chunks) ++counts[c.hash];
+        for (const auto& c : layer.chunks) ++counts[c.address];
       }
       for (const auto& [h, n] : counts) PC_RETURN_IF_ERROR(DropRefs(h, n));
       refs_released = true;

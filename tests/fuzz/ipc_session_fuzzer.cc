@@ -92,7 +92,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     pos += n;
     if (!dec.Consume(n, &frames).ok()) break;
     for (auto& f : frames) {
-      if (!session->OnFrame(std::move(f), &fds)) {
+      if (session->OnFrame(std::move(f), &fds) == Session::Connection::kClose) {
         open = false;
         break;
       }

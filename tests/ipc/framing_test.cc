@@ -12,6 +12,7 @@
 #include "ipc/session.h"
 #include "ipc/shm.h"
 #include "ipc/wire.h"
+#include "session_harness.h"
 
 namespace primecache::ipc {
 namespace {
@@ -126,62 +127,12 @@ TEST(Framing, MultiSegmentMessagesRoundTrip) {
 
 // ---- the session, driven in process ------------------------------------------
 
-class Inline : public Executor {
- public:
-  void Post(std::function<void()> job) override { job(); }
-};
-
-class Collect : public ResponseSink {
- public:
-  void Send(std::unique_ptr<OutMessage> m) override {
-    auto flat = Flatten(*m);
-    FrameDecoder dec({});
-    auto buf = dec.ReadBuffer();
-    std::vector<Frame> out;
-    std::size_t pos = 0;
-    while (pos < flat.size()) {
-      buf = dec.ReadBuffer();
-      std::size_t n = std::min(buf.size(), flat.size() - pos);
-      std::memcpy(buf.data(), flat.data() + pos, n);
-      pos += n;
-      ASSERT_TRUE(dec.Consume(n, &out).ok());
-    }
-    for (auto& f : out) frames.push_back(std::move(f));
-  }
-  bool WaitForRoom() override { return true; }
-  bool Closed() const override { return false; }
-  std::vector<Frame> frames;
-};
-
-Frame ToFrame(const OutMessage& m) {
-  auto flat = Flatten(m);
-  FrameDecoder dec({});
-  std::vector<Frame> out;
-  std::size_t pos = 0;
-  while (pos < flat.size()) {
-    auto buf = dec.ReadBuffer();
-    std::size_t n = std::min(buf.size(), flat.size() - pos);
-    std::memcpy(buf.data(), flat.data() + pos, n);
-    pos += n;
-    EXPECT_TRUE(dec.Consume(n, &out).ok());
-  }
-  return std::move(out.at(0));
-}
-
 TEST(Session, PublishOutOfOrderIsRefusedAndAborted) {
-  std::string dir = (std::filesystem::temp_directory_path() / "pcsess-XXXXXX").string();
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  StoreConfig sc;
-  sc.data_dir = dir;
-  auto opened = OpenStore(sc);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  auto store = std::move(opened).value();
-  Inline ex;
-  auto sink = std::make_shared<Collect>();
-  ServerCounters counters;
-  auto s = std::make_shared<Session>(store.get(), &ex, &ex, sink, SessionLimits{}, PeerInfo{}, &counters);
-  std::vector<int> fds;
-  auto send = [&](std::uint64_t id, auto fill) { return s->OnFrame(ToFrame(*BuildRequest(id, fill)), &fds); };
+  session_testing::SessionRig rig;
+  auto& store = rig.store;
+  auto& sink = rig.sink;
+  auto& counters = rig.counters;
+  auto send = [&](std::uint64_t id, auto fill) { return rig.Send(id, fill) == Session::Connection::kKeep; };
   ASSERT_TRUE(send(1, [](wire::Request::Builder r) { r.initHello().setMaxVersion(1); }));
   ASSERT_TRUE(send(2, [](wire::Request::Builder r) {
     auto pb = r.initPublishBegin();
@@ -208,9 +159,6 @@ TEST(Session, PublishOutOfOrderIsRefusedAndAborted) {
   auto rd2 = sink->frames.back().Reader({});
   EXPECT_EQ(rd2->getRoot<wire::Response>().getError().getCode(), wire::ErrorCode::NOT_FOUND);
   EXPECT_EQ(store->Stat()->entries, 0u);
-  s.reset();
-  store.reset();
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,0 +1,240 @@
+// Fetch delivery: the request with the windows it may use, each streamed
+// layer and chunk handed to the callbacks (inline bytes, bytes in the shared
+// region, or in the device window), and the releases that give the windows'
+// room back to the daemon.
+#include <deque>
+
+#include "ipc/client_impl.h"
+
+namespace primecache::client {
+
+namespace {
+
+// The chunks of one fetch handed over in one window (the shared one with
+// on_chunk_held, or the device one): releases are sent in arrival order, each
+// only once every chunk before it was released too, and the window is free
+// for another fetch once the fetch ended and every chunk was released.
+class HeldChunks : public std::enable_shared_from_this<HeldChunks> {
+ public:
+  // `region`: kept mapped while chunks in it are held (null for the device).
+  HeldChunks(std::weak_ptr<Conn> conn, std::shared_ptr<ipc::ShmRegion> region, std::shared_ptr<FetchWindow> window,
+             bool device)
+      : conn_(std::move(conn)), region_(std::move(region)), window_(std::move(window)), device_(device) {}
+
+  // The fetch has ended: the window is freed once every chunk is released.
+  void EndFetch() {
+    std::lock_guard<std::mutex> l(mu_);
+    ended_ = true;
+    if (queue_.empty()) window_->Free();
+  }
+
+  ChunkRelease Hold(std::uint64_t offset, std::uint64_t length) {
+    std::lock_guard<std::mutex> l(mu_);
+    const std::uint64_t seq = first_ + queue_.size();
+    queue_.push_back({offset, length, false});
+    // The closure keeps the mapping alive while the bytes are in use.
+    auto self = shared_from_this();
+    auto once = std::make_shared<std::atomic<bool>>(false);
+    return [self, seq, once] {
+      if (!once->exchange(true)) self->Release(seq);
+    };
+  }
+
+ private:
+  struct Held {
+    std::uint64_t offset, length;
+    bool done;
+  };
+  void Release(std::uint64_t seq) {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_[seq - first_].done = true;
+    auto conn = conn_.lock();
+    while (!queue_.empty() && queue_.front().done) {
+      if (conn) {
+        auto rel = BuildRequest(0, [&](wire::Request::Builder q) {
+          if (device_) {
+            auto x = q.initDeviceRelease();
+            x.setOffset(queue_.front().offset);
+            x.setLength(queue_.front().length);
+          } else {
+            auto x = q.initShmRelease();
+            x.setOffset(queue_.front().offset);
+            x.setLength(queue_.front().length);
+          }
+        });
+        (void)conn->Send(*rel);  // a lost connection has ended the fetch anyway
+      }
+      queue_.pop_front();
+      ++first_;
+    }
+    if (ended_ && queue_.empty()) window_->Free();
+  }
+
+  std::mutex mu_;
+  std::weak_ptr<Conn> conn_;
+  std::shared_ptr<ipc::ShmRegion> region_;
+  std::shared_ptr<FetchWindow> window_;
+  const bool device_;
+  bool ended_ = false;
+  std::deque<Held> queue_;
+  std::uint64_t first_ = 0;  // sequence number of queue_.front()
+};
+
+// However a fetch ends, its use of the window ends: at once, or, with chunks
+// held, once they are released.
+struct WindowUse {
+  bool taken;
+  FetchWindow* window;
+  HeldChunks* held;
+  ~WindowUse() {
+    if (held != nullptr) {
+      held->EndFetch();
+    } else if (taken) {
+      window->Free();
+    }
+  }
+};
+
+// A chunk the daemon copied into the device window: lent to on_device_chunk.
+Status DeliverDeviceChunk(Conn& conn, HeldChunks* device, const FetchCallbacks& cb, wire::FetchChunk::Reader ch) {
+  auto ref = ch.getData().getDevice();
+  const std::uint64_t size = conn.device_size;
+  if (device == nullptr || !cb.on_device_chunk) {
+    return Status::Corruption("daemon sent a device chunk to a fetch without a device window");
+  }
+  if (ref.getOffset() > size || ref.getLength() > size - ref.getOffset()) {
+    return Status::Corruption("daemon pointed outside the device window");
+  }
+  return cb.on_device_chunk(ch.getLayer(), ch.getIndex(), ref.getOffset(), ref.getLength(),
+                            device->Hold(ref.getOffset(), ref.getLength()));
+}
+
+// Hands one fetched chunk to the callbacks: inline bytes, bytes in the
+// region (released to the daemon after on_chunk, or when the holder of an
+// on_chunk_held loan releases it), or bytes in the device window.
+Status DeliverChunk(Conn& conn, HeldChunks* held, HeldChunks* device, const FetchCallbacks& cb,
+                    wire::FetchChunk::Reader ch) {
+  auto d = ch.getData();
+  if (d.which() == wire::Payload::DEVICE) return DeliverDeviceChunk(conn, device, cb, ch);
+  if (d.which() == wire::Payload::INLINE) {
+    if (cb.on_chunk_held) {
+      // The message's bytes go with the frame: the chunk gets a copy of its own.
+      auto copy = std::make_shared<std::vector<std::byte>>(Bytes(d.getInline()).begin(), Bytes(d.getInline()).end());
+      return cb.on_chunk_held(ch.getLayer(), ch.getIndex(), *copy, [copy]() mutable { copy.reset(); });
+    }
+    return cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), Bytes(d.getInline())) : Status::Ok();
+  }
+  if (d.which() != wire::Payload::SHM) return Status::Corruption("daemon sent a chunk of an unknown kind");
+  auto ref = d.getShm();
+  if (!conn.shm || !conn.shm->Contains(ref.getOffset(), ref.getLength())) {
+    return Status::Corruption("daemon pointed outside the shared region");
+  }
+  std::span<const std::byte> bytes{conn.shm->data() + ref.getOffset(), static_cast<std::size_t>(ref.getLength())};
+  if (cb.on_chunk_held && held != nullptr) {
+    return cb.on_chunk_held(ch.getLayer(), ch.getIndex(), bytes, held->Hold(ref.getOffset(), ref.getLength()));
+  }
+  Status s = cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), bytes) : Status::Ok();
+  auto rel = BuildRequest(0, [&](wire::Request::Builder q) {
+    auto x = q.initShmRelease();
+    x.setOffset(ref.getOffset());
+    x.setLength(ref.getLength());
+  });
+  (void)conn.Send(*rel);
+  return s;
+}
+
+}  // namespace
+
+namespace {
+
+// A fetch request: with the shared window (the region's second half) when
+// `shm` is given, and the device window's first `device_bytes` when not 0.
+std::unique_ptr<OutMessage> FetchRequest(std::uint64_t id, std::uint64_t entry, std::span<const std::uint32_t> layers,
+                                         const ipc::ShmRegion* shm, std::uint64_t device_bytes) {
+  return BuildRequest(id, [&](wire::Request::Builder r) {
+    auto f = r.initFetch();
+    f.setEntry(entry);
+    auto l = f.initLayers(static_cast<unsigned>(layers.size()));
+    for (unsigned i = 0; i < layers.size(); ++i) l.set(i, layers[i]);
+    if (shm != nullptr) {
+      const std::uint64_t half = shm->size() / 2;
+      auto w = f.initShmWindow();
+      w.setOffset(half);
+      w.setLength(shm->size() - half);
+    }
+    if (device_bytes != 0) {
+      auto w = f.initDeviceWindow();
+      w.setOffset(0);
+      w.setLength(device_bytes);
+    }
+  });
+}
+
+}  // namespace
+
+Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb) {
+  auto once = [&]() -> Result<bool> {
+    PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+    const bool use_shm = c->shm != nullptr && c->window->TryTake();
+    const std::uint64_t device_bytes = cb.on_device_chunk ? c->device_size.load() : 0;
+    const bool use_device = device_bytes != 0 && c->device_window->TryTake();
+    std::shared_ptr<HeldChunks> held;
+    std::shared_ptr<HeldChunks> device;
+    if (use_shm && cb.on_chunk_held) held = std::make_shared<HeldChunks>(c, c->shm, c->window, false);
+    if (use_device) device = std::make_shared<HeldChunks>(c, nullptr, c->device_window, true);
+    const WindowUse guard{use_shm, c->window.get(), held.get()};
+    const WindowUse device_guard{use_device, c->device_window.get(), device.get()};
+    const std::uint64_t id = impl_->NextId();
+    auto m = FetchRequest(id, entry, layers, use_shm ? c->shm.get() : nullptr, use_device ? device_bytes : 0);
+    bool streamed = false;
+    Conn* raw = c.get();
+    auto reply = impl_->Call(c, id, *m, [&, raw](wire::Response::Reader r) -> Status {
+      streamed = true;
+      if (r.which() == wire::Response::FETCH_LAYER) {
+        auto l = r.getFetchLayer();
+        return cb.on_layer ? cb.on_layer(l.getLayer(), Bytes(l.getHeader()), l.getChunkCount()) : Status::Ok();
+      }
+      return DeliverChunk(*raw, held.get(), device.get(), cb, r.getFetchChunk());
+    });
+    if (!reply.ok()) {
+      // Only a fetch that delivered nothing may be retried.
+      if (streamed && reply.status().IsUnavailable()) return Status::Aborted(reply.status().message());
+      return reply.status();
+    }
+    return true;
+  };
+  return impl_->Retry(once).status();
+}
+
+Result<std::vector<FetchedLayer>> Client::FetchLayers(std::uint64_t entry, std::span<const std::uint32_t> layers) {
+  std::vector<FetchedLayer> out;
+  FetchCallbacks cb;
+  cb.on_layer = [&](std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunks) {
+    FetchedLayer f;
+    f.layer = layer;
+    f.data.header.assign(header.begin(), header.end());
+    f.data.chunks.reserve(chunks);
+    out.push_back(std::move(f));
+    return Status::Ok();
+  };
+  cb.on_chunk = [&](std::uint32_t layer, std::uint32_t, std::span<const std::byte> bytes) {
+    if (out.empty() || out.back().layer != layer) return Status::Corruption("chunk of a layer that was not announced");
+    out.back().data.chunks.emplace_back(bytes.begin(), bytes.end());
+    return Status::Ok();
+  };
+  // A fetch cut off mid-stream starts over: what it delivered is dropped.
+  return impl_->Retry(
+      [&]() -> Result<std::vector<FetchedLayer>> {
+        out.clear();
+        PC_RETURN_IF_ERROR(Fetch(entry, layers, cb));
+        return std::move(out);
+      },
+      StatusCode::kAborted);
+}
+
+std::future<Result<std::vector<FetchedLayer>>> Client::FetchLayersAsync(std::uint64_t entry,
+                                                                        std::vector<std::uint32_t> layers) {
+  return std::async(std::launch::async, [this, entry, layers = std::move(layers)] { return FetchLayers(entry, layers); });
+}
+
+}  // namespace primecache::client
