@@ -26,8 +26,7 @@ void ConnSink::Send(std::unique_ptr<OutMessage> msg) {
 bool ConnSink::WaitForRoom() {
   MutexLock l(&mu_);
   if (!cv_.WaitFor(&mu_, stall_, [this]() REQUIRES(mu_) { return closed_ || queued_ < bound_; })) {
-    spdlog::warn("primecached: connection {} read nothing for {} ms; its fetch is aborted", id_,
-                 stall_.count());
+    spdlog::warn("primecached: connection {} read nothing for {} ms; its fetch is aborted", id_, stall_.count());
     return false;
   }
   return !closed_;

@@ -24,8 +24,7 @@ Status Server::Impl::ListenUnix(const std::string& path, bool admin) {
   sockaddr_un addr{};
   const std::string tmp = path + "." + std::to_string(getpid()) + ".tmp";
   if (tmp.size() >= sizeof(addr.sun_path)) {
-    return Status::InvalidArgument("socket path too long (" + std::to_string(path.size()) +
-                                   " bytes): " + path);
+    return Status::InvalidArgument("socket path too long (" + std::to_string(path.size()) + " bytes): " + path);
   }
   // Another daemon serving there already?
   {
@@ -56,14 +55,12 @@ Status Server::Impl::ListenUnix(const std::string& path, bool admin) {
     return s;
   };
   if (!admin && opts.socket_group.has_value()) {
-    if (chown(tmp.c_str(), static_cast<uid_t>(-1), *opts.socket_group) != 0)
-      return fail(Status::IOError(ErrnoText("chown socket")));
+    if (chown(tmp.c_str(), static_cast<uid_t>(-1), *opts.socket_group) != 0) return fail(Status::IOError(ErrnoText("chown socket")));
     if (chmod(tmp.c_str(), 0660) != 0) return fail(Status::IOError(ErrnoText("chmod socket")));
   }
   if (listen(fd, 256) != 0) return fail(Status::IOError(ErrnoText("listen")));
   // Appear at the real path only now that connections are accepted.
-  if (rename(tmp.c_str(), path.c_str()) != 0)
-    return fail(Status::IOError(ErrnoText("rename socket to " + path)));
+  if (rename(tmp.c_str(), path.c_str()) != 0) return fail(Status::IOError(ErrnoText("rename socket to " + path)));
   auto l = std::make_unique<Listener>();
   l->fd = fd;
   l->admin = admin;
@@ -113,8 +110,7 @@ Status Server::Listen() {
   }
   s->loop.data = s;
   const auto period = static_cast<std::uint64_t>(s->TickPeriod().count());
-  uv_timer_start(
-      &s->timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->OnTick(); }, period, period);
+  uv_timer_start(&s->timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->OnTick(); }, period, period);
   return Status::Ok();
 }
 
@@ -141,8 +137,8 @@ void Server::Impl::LogRefusal(uid_t uid, const std::string& why) {
   if (refusals_unlogged == 0) {
     spdlog::warn("primecached: connection from uid {} refused: {}", uid, why);
   } else {
-    spdlog::warn("primecached: connection from uid {} refused: {} ({} more refused in the last second)", uid,
-                 why, refusals_unlogged);
+    spdlog::warn("primecached: connection from uid {} refused: {} ({} more refused in the last second)", uid, why,
+                 refusals_unlogged);
   }
   refusals_unlogged = 0;
 }
@@ -160,8 +156,8 @@ std::string Server::Impl::AcceptRefusal(bool admin, uid_t uid) const {
   if (opts.max_connections_per_uid == 0) return "";
   auto it = conns_per_uid.find(uid);
   if (it == conns_per_uid.end() || it->second < opts.max_connections_per_uid) return "";
-  const std::string who = uid == static_cast<uid_t>(-1) ? "TCP peers (no uid) hold their"
-                                                        : "uid " + std::to_string(uid) + " holds its";
+  const std::string who =
+      uid == static_cast<uid_t>(-1) ? "TCP peers (no uid) hold their" : "uid " + std::to_string(uid) + " holds its";
   return who + " limit of " + std::to_string(opts.max_connections_per_uid) +
          " connections (--max-connections-per-uid)";
 }
@@ -170,8 +166,7 @@ void Server::Impl::OnAccept(Listener* l) {
   for (int i = 0; i < 64; ++i) {
     int fd = accept4(l->fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        spdlog::warn("accept: {}", std::strerror(errno));
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) spdlog::warn("accept: {}", std::strerror(errno));
       return;
     }
     PeerInfo peer;
@@ -194,9 +189,8 @@ void Server::Impl::OnAccept(Listener* l) {
       continue;
     }
     if (l->admin) {
-      const bool ok =
-          peer.uid == geteuid() || peer.uid == 0 ||
-          std::find(opts.admin_uids.begin(), opts.admin_uids.end(), peer.uid) != opts.admin_uids.end();
+      const bool ok = peer.uid == geteuid() || peer.uid == 0 ||
+                      std::find(opts.admin_uids.begin(), opts.admin_uids.end(), peer.uid) != opts.admin_uids.end();
       if (!ok) {
         // Kept until its first request, which is answered with the refusal.
         spdlog::warn("primecached: admin connection from uid {} refused", peer.uid);
@@ -226,10 +220,9 @@ void Server::Impl::Admit(int fd, const PeerInfo& peer) {
   c->uid = peer.uid;
   c->accepted = c->last_read = std::chrono::steady_clock::now();
   c->decoder = std::make_unique<FrameDecoder>(opts.limits.frame);
-  c->sink = std::make_shared<ConnSink>(c->id, fd, opts.write_queue_bound, opts.stall_timeout,
-                                       [this](std::uint64_t id) { Notify(id); });
-  c->session = std::make_shared<Session>(store, pool.get(), fetch_pool.get(), c->sink, opts.limits, peer,
-                                         &counters, opts.device_dma);
+  c->sink = std::make_shared<ConnSink>(c->id, fd, opts.write_queue_bound, opts.stall_timeout, [this](std::uint64_t id) { Notify(id); });
+  c->session =
+      std::make_shared<Session>(store, pool.get(), fetch_pool.get(), c->sink, opts.limits, peer, &counters, opts.device_dma);
   const std::uint64_t cid = c->id;
   c->session->SetUnblockedCallback([this, cid] { Notify(cid); });
   conns[c->id] = c;
@@ -247,8 +240,7 @@ void Server::Impl::Admit(int fd, const PeerInfo& peer) {
     auto* conn = static_cast<Conn*>(p->data);
     static_cast<Impl*>(p->loop->data)->OnEvents(conn, status, events);
   });
-  spdlog::debug("primecached: connection {} (uid {}, pid {}, admin {})", c->id, peer.uid, peer.pid,
-                peer.admin);
+  spdlog::debug("primecached: connection {} (uid {}, pid {}, admin {})", c->id, peer.uid, peer.pid, peer.admin);
 }
 
 }  // namespace primecache::ipc

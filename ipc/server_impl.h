@@ -79,7 +79,7 @@ struct Server::Impl {
   std::unordered_map<std::uint64_t, Conn*> conns;
   std::size_t data_conns = 0, admin_conns = 0;
   std::unordered_map<uid_t, std::size_t> conns_per_uid;  // data connections
-  uv_timer_t timer{};                                    // the deadlines (hello, idle, publish)
+  uv_timer_t timer{};  // the deadlines (hello, idle, publish)
   std::chrono::steady_clock::time_point last_refusal_log{};
   std::size_t refusals_unlogged = 0;
   std::uint64_t next_id = 1;
