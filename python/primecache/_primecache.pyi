@@ -191,7 +191,7 @@ class ListPage:
     entries: list[EntryInfo]
     next_page_token: str
 
-class VerifyResult:
+class EntryCheckReport:
     ok: bool
     message: str
     layers: int
@@ -310,7 +310,7 @@ class Client:
     def stats(self) -> DaemonStats: ...
     def list(self, model: Optional[Hash128] = None, page_size: int = 100, page_token: str = "",
              omit_tokens: bool = False) -> ListPage: ...
-    def verify(self, entry: int) -> VerifyResult: ...
+    def check_entry(self, entry: int) -> EntryCheckReport: ...
     @property
     def server_info(self) -> ServerInfo: ...
     @property
