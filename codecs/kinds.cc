@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "codecs/builtin.h"
-#include "codecs/bytes.h"
+#include "core/bytes.h"
 #include "codecs/problems.h"
 
 namespace primecache::codecs {

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "codecs/bytes.h"
+#include "core/bytes.h"
 #include "codecs/internal.h"
 #include "primecache/checksum.h"
 #include "primecache/internal/codec.h"
@@ -10,7 +10,6 @@
 namespace primecache {
 
 using codecs::AsCorruption;
-using codecs::CheckedMul;
 
 namespace {
 

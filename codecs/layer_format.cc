@@ -1,7 +1,7 @@
 // The byte form of a layer header and of a flat layer (docs/format-snapshot.md).
 #include <cstring>
 
-#include "codecs/bytes.h"
+#include "core/bytes.h"
 #include "codecs/internal.h"
 #include "primecache/checksum.h"
 #include "primecache/internal/codec.h"
@@ -9,8 +9,6 @@
 namespace primecache {
 
 using codecs::AsCorruption;
-using codecs::ByteReader;
-using codecs::ByteWriter;
 using codecs::Checksums;
 
 namespace {

@@ -4,12 +4,11 @@
 #include <limits>
 
 #include "codecs/builtin.h"
-#include "codecs/bytes.h"
+#include "core/bytes.h"
 #include "primecache/internal/codec.h"
 
 namespace primecache {
 
-using codecs::Quote;
 
 std::string Identity::ToString() const {
   return name + "/v" + std::to_string(version);

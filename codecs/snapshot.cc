@@ -8,13 +8,12 @@
 #include <limits>
 #include <type_traits>
 
-#include "codecs/bytes.h"
+#include "core/bytes.h"
 #include "codecs/problems.h"
 #include "primecache/internal/codec.h"
 
 namespace primecache {
 
-using codecs::CheckedMul;
 using codecs::Problems;
 
 namespace {
@@ -227,8 +226,8 @@ void CompareTarget(const KvShape& s, const KvGeometry& g, bool, Problems& p) {
   if (s.format.head_dim != g.format.head_dim)
     p.Add("TurboQuant head_dim " + N(s.format.head_dim) + " != plan " + N(g.format.head_dim));
   if (s.format.signs_digest != g.format.signs_digest) {
-    p.Add("TurboQuant sign vector (digest " + codecs::Hex64(s.format.signs_digest) + ") != plan's (" +
-          codecs::Hex64(g.format.signs_digest) + ")");
+    p.Add("TurboQuant sign vector (digest " + Hex64(s.format.signs_digest) + ") != plan's (" +
+          Hex64(g.format.signs_digest) + ")");
   }
   if (s.k_width != g.k_width) p.Add("k_width " + N(s.k_width) + " != plan " + N(g.k_width));
   if (s.v_width != g.v_width) p.Add("v_width " + N(s.v_width) + " != plan " + N(g.v_width));
@@ -253,7 +252,7 @@ void CompareTarget(const LinearStateShape& s, const LinearStateShape& g, bool, P
 
 // Little-endian canonical encodings for the digests.
 void PutU64(std::string& out, std::uint64_t v) {
-  codecs::ByteWriter(&out).U64(v);
+  ByteWriter(&out).U64(v);
 }
 void PutString(std::string& out, std::string_view s) {
   PutU64(out, s.size());
@@ -460,7 +459,7 @@ Status CheckPlan(const ModelFingerprint& fingerprint, std::span<const LayerShape
   const Hash128 got = PlanDigest(shapes);
   if (got == fingerprint.plan_digest) return Status::Ok();
   return Status::InvalidArgument("these " + std::to_string(shapes.size()) + " layers are not the plan of model " +
-                                 codecs::Quote(fingerprint.architecture) + ": their plan digest is " + HexDigits(got) +
+                                 Quote(fingerprint.architecture) + ": their plan digest is " + HexDigits(got) +
                                  ", the model's " + HexDigits(fingerprint.plan_digest));
 }
 
@@ -482,7 +481,7 @@ Result<ModelFingerprint> DecodeFingerprint(std::string_view bytes, std::uint64_t
                                            std::uint64_t max_codec_versions) {
   if (!bytes.starts_with(kFingerprintTag)) return Status::Corruption("model descriptor: not a fingerprint encoding");
   bytes.remove_prefix(kFingerprintTag.size());
-  codecs::ByteReader r(std::as_bytes(std::span(bytes.data(), bytes.size())), kFingerprintTag.size());
+  ByteReader r(std::as_bytes(std::span(bytes.data(), bytes.size())), kFingerprintTag.size());
   auto str = [&](std::string* out, std::string_view field) -> Status {
     std::uint64_t len = 0;
     PC_RETURN_IF_ERROR(r.U64(&len, field));

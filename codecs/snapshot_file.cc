@@ -3,17 +3,13 @@
 
 #include <cstring>
 
-#include "codecs/bytes.h"
+#include "core/bytes.h"
 #include "codecs/internal.h"
 #include "codecs/problems.h"
 #include "primecache/checksum.h"
 
 namespace primecache {
 
-using codecs::ByteReader;
-using codecs::ByteWriter;
-using codecs::CheckedAdd;
-using codecs::CheckedMul;
 using codecs::Checksums;
 using codecs::Problems;
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "codecs/builtin.h"
-#include "codecs/bytes.h"
+#include "core/bytes.h"
 #include "codecs/internal.h"
 #include "codecs/shuffle.h"
 

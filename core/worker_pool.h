@@ -6,13 +6,13 @@
 #pragma once
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "core/mutex.h"
 
 namespace primecache {
 
@@ -27,21 +27,21 @@ class WorkerPool {
 
   std::size_t size() const { return threads_.size(); }
 
-  void Post(std::function<void()> job) {
+  void Post(std::function<void()> job) EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       jobs_.push_back(std::move(job));
     }
-    cv_.notify_one();
+    cv_.Signal();
   }
 
-  void Shutdown() {
+  void Shutdown() EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       if (stopping_ && threads_.empty()) return;
       stopping_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     for (auto& t : threads_) t.join();
     threads_.clear();
   }
@@ -51,8 +51,8 @@ class WorkerPool {
     for (;;) {
       std::function<void()> job;
       {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [this] { return stopping_ || !jobs_.empty(); });
+        MutexLock l(&mu_);
+        cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return stopping_ || !jobs_.empty(); });
         if (jobs_.empty()) return;
         job = std::move(jobs_.front());
         jobs_.pop_front();
@@ -61,10 +61,12 @@ class WorkerPool {
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> jobs_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  // Started by the constructor, joined and cleared by the first Shutdown
+  // (the owner's thread).
   std::vector<std::thread> threads_;
 };
 

@@ -12,7 +12,7 @@ namespace primecache::ipc {
 void ConnSink::Send(std::unique_ptr<OutMessage> msg) {
   bool wake = false;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (closed_) return;
     queued_ += msg->size();
     wq_.push_back(std::move(msg));
@@ -24,8 +24,8 @@ void ConnSink::Send(std::unique_ptr<OutMessage> msg) {
 }
 
 bool ConnSink::WaitForRoom() {
-  std::unique_lock<std::mutex> l(mu_);
-  if (!cv_.wait_for(l, stall_, [this] { return closed_ || queued_ < bound_; })) {
+  MutexLock l(&mu_);
+  if (!cv_.WaitFor(&mu_, stall_, [this]() REQUIRES(mu_) { return closed_ || queued_ < bound_; })) {
     spdlog::warn("primecached: connection {} read nothing for {} ms; its fetch is aborted", id_, stall_.count());
     return false;
   }
@@ -33,28 +33,28 @@ bool ConnSink::WaitForRoom() {
 }
 
 bool ConnSink::Closed() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return closed_;
 }
 
 bool ConnSink::Flush() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   notified_ = false;
   WriteLocked();
   return !broken_;
 }
 bool ConnSink::Pending() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return !wq_.empty();
 }
 void ConnSink::Close() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     closed_ = true;
     wq_.clear();
     queued_ = 0;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void ConnSink::WriteLocked() {
@@ -100,7 +100,7 @@ void ConnSink::WriteLocked() {
   }
   if (written > 0) {
     queued_ -= std::min(written, queued_);
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 

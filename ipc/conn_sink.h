@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 
+#include "core/mutex.h"
 #include "ipc/framing.h"
 #include "ipc/session.h"
 
@@ -38,23 +39,22 @@ class ConnSink : public ResponseSink {
   void Close();
 
  private:
-  // Writes what the socket takes now (mu_ held).
-  void WriteLocked();
+  // Writes what the socket takes now.
+  void WriteLocked() REQUIRES(mu_);
 
   const std::uint64_t id_;
   const int fd_;
   const std::size_t bound_;
   const std::chrono::milliseconds stall_;
   std::function<void(std::uint64_t)> notify_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<OutMessage>> wq_;
-  std::size_t wq_offset_ = 0;  // bytes of wq_.front() already written
-  std::size_t queued_ = 0;     // unwritten bytes
-  bool notified_ = false;
-  bool broken_ = false;
-  bool closed_ = false;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::unique_ptr<OutMessage>> wq_ GUARDED_BY(mu_);
+  std::size_t wq_offset_ GUARDED_BY(mu_) = 0;  // bytes of wq_.front() already written
+  std::size_t queued_ GUARDED_BY(mu_) = 0;     // unwritten bytes
+  bool notified_ GUARDED_BY(mu_) = false;
+  bool broken_ GUARDED_BY(mu_) = false;
+  bool closed_ GUARDED_BY(mu_) = false;
 };
-
 
 }  // namespace primecache::ipc

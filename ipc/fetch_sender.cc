@@ -33,7 +33,7 @@ bool WindowRing::Overlaps(const WindowRing& other) const {
 Result<std::optional<std::uint64_t>> WindowRing::Place(std::uint64_t len, bool may_wait,
                                                        const std::function<bool()>& stop) {
   using Answer = std::optional<std::uint64_t>;
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   for (;;) {
     if (stop()) return Status::Aborted("fetch cancelled");
     // An empty ring starts over at the front: a chunk that does not fit the
@@ -57,14 +57,14 @@ Result<std::optional<std::uint64_t>> WindowRing::Place(std::uint64_t len, bool m
     if (!may_wait || unsent_ != 0) return Answer();
     ++waits_;
     if (waits_total_ != nullptr) waits_total_->fetch_add(1, std::memory_order_relaxed);
-    if (cv_.wait_for(l, std::chrono::seconds(60)) == std::cv_status::timeout) {
+    if (!cv_.WaitFor(&mu_, std::chrono::seconds(60))) {
       return Status::DeadlineExceeded("client released no window bytes for 60 s");
     }
   }
 }
 
 void WindowRing::Sent(std::uint64_t pos) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   for (Placed& p : placed_) {
     if (p.pos == pos && !p.sent) {
       p.sent = true;
@@ -76,7 +76,7 @@ void WindowRing::Sent(std::uint64_t pos) {
 
 void WindowRing::Drop(std::uint64_t pos) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (Placed& p : placed_) {
       if (p.pos == pos && !p.sent) {
         p.sent = p.released = true;
@@ -86,12 +86,12 @@ void WindowRing::Drop(std::uint64_t pos) {
     }
     PopReleasedLocked();
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool WindowRing::Release(std::uint64_t pos, std::uint64_t len) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     Placed* found = nullptr;
     for (Placed& p : placed_) {
       if (p.pos == pos && p.len == len && p.sent && !p.released) found = &p;
@@ -100,7 +100,7 @@ bool WindowRing::Release(std::uint64_t pos, std::uint64_t len) {
     found->released = true;
     PopReleasedLocked();
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return true;
 }
 
@@ -113,8 +113,8 @@ void WindowRing::PopReleasedLocked() {
 }
 
 void WindowRing::Wake() {
-  std::lock_guard<std::mutex> l(mu_);
-  cv_.notify_all();
+  MutexLock l(&mu_);
+  cv_.SignalAll();
 }
 
 // ---- FetchSender ---------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/mutex.h"
 #include "ipc/device_dma.h"
 #include "ipc/session.h"
 #include "ipc/shm.h"
@@ -74,16 +75,16 @@ class WindowRing {
     std::uint64_t pos, len, span;  // span includes the skipped tail before pos
     bool sent = false, released = false;
   };
-  void PopReleasedLocked();
+  void PopReleasedLocked() REQUIRES(mu_);
 
   std::uint64_t offset_ = 0, length_ = 0;
   std::atomic<std::uint64_t>* in_use_ = nullptr;
   std::atomic<std::uint64_t>* waits_total_ = nullptr;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::uint64_t head_ = 0, used_ = 0;
-  std::uint32_t unsent_ = 0;
-  std::deque<Placed> placed_;
+  Mutex mu_;
+  CondVar cv_;
+  std::uint64_t head_ GUARDED_BY(mu_) = 0, used_ GUARDED_BY(mu_) = 0;
+  std::uint32_t unsent_ GUARDED_BY(mu_) = 0;
+  std::deque<Placed> placed_ GUARDED_BY(mu_);
   std::atomic<std::uint64_t> waits_{0};
 };
 

@@ -46,7 +46,7 @@ Server::~Server() {
     if (impl_->fetch_pool) impl_->fetch_pool->Shutdown();
     if (impl_->pool) impl_->pool->Shutdown();
     {
-      std::lock_guard<std::mutex> l(impl_->notify_mu);
+      MutexLock l(&impl_->notify_mu);
       impl_->async_closed = true;
     }
     uv_close(reinterpret_cast<uv_handle_t*>(&impl_->async), nullptr);
@@ -95,7 +95,7 @@ Status Server::HandleSignals() {
 }
 
 void Server::Stop() {
-  std::lock_guard<std::mutex> l(impl_->notify_mu);
+  MutexLock l(&impl_->notify_mu);
   if (impl_->async_closed) return;
   impl_->stop_requested = true;
   uv_async_send(&impl_->async);
@@ -274,7 +274,7 @@ void Server::Impl::OnAsync() {
   std::vector<std::uint64_t> ids;
   bool stop = false;
   {
-    std::lock_guard<std::mutex> l(notify_mu);
+    MutexLock l(&notify_mu);
     ids.swap(dirty);
     stop = stop_requested;
   }
@@ -305,7 +305,7 @@ void Server::Impl::BeginStop() {
     CloseConn(c);
   }
   {
-    std::lock_guard<std::mutex> l(notify_mu);
+    MutexLock l(&notify_mu);
     async_closed = true;
   }
   uv_close(reinterpret_cast<uv_handle_t*>(&async), nullptr);

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/worker_pool.h"
 #include "ipc/conn_sink.h"
 #include "ipc/server.h"
@@ -84,15 +85,16 @@ struct Server::Impl {
   std::uint64_t next_id = 1;
   int tcp_port = -1;
 
-  std::mutex notify_mu;
-  std::vector<std::uint64_t> dirty;
-  bool stop_requested = false;
-  bool stopped = false;
+  // From other threads to the loop (Notify, Stop), through `async`.
+  Mutex notify_mu;
+  std::vector<std::uint64_t> dirty GUARDED_BY(notify_mu);
+  bool stop_requested GUARDED_BY(notify_mu) = false;
+  bool stopped = false;  // loop thread
 
-  bool async_closed = false;
+  bool async_closed GUARDED_BY(notify_mu) = false;
 
-  void Notify(std::uint64_t id) {
-    std::lock_guard<std::mutex> l(notify_mu);
+  void Notify(std::uint64_t id) EXCLUDES(notify_mu) {
+    MutexLock l(&notify_mu);
     if (async_closed) return;
     dirty.push_back(id);
     uv_async_send(&async);

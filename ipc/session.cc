@@ -59,7 +59,7 @@ void Session::Deliver(std::uint64_t id, Answer answer) {
 
 bool Session::Busy() const {
   if (jobs_in_flight_.load() != 0) return true;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return publishes_open_ != 0 || !fetches_.empty();
 }
 
@@ -68,7 +68,7 @@ std::chrono::steady_clock::time_point Session::last_answer() const {
 }
 
 bool Session::InboundBlocked() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return backlog_bytes_ > limits_.max_publish_backlog_bytes;
 }
 
@@ -88,7 +88,7 @@ void Session::OnClose() {
   std::vector<std::shared_ptr<Publish>> pubs;
   std::vector<std::shared_ptr<FetchState>> fetches;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (closed_) return;
     closed_ = true;
     for (auto& [id, p] : publishes_) pubs.push_back(p);
@@ -101,7 +101,7 @@ void Session::OnClose() {
 
 Session::Connection Session::OnFrame(Frame frame, std::vector<int>* fds) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (closed_) return Connection::kClose;
   }
   try {

@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
 #include "ipc/backend.h"
 #include "ipc/device_dma.h"
 #include "ipc/framing.h"
@@ -272,21 +274,21 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string ns_;
   std::shared_ptr<ShmRegion> shm_;
 
-  mutable std::mutex mu_;  // guards the maps, the count and the backlog below
-  std::map<std::uint64_t, std::shared_ptr<Publish>> publishes_;
+  mutable Mutex mu_;  // guards the maps, the count and the backlog below
+  std::map<std::uint64_t, std::shared_ptr<Publish>> publishes_ GUARDED_BY(mu_);
   // Publishes ended (commit, abort, a broken order) whose queue has not yet
   // finished them: a later step naming one is answered from its queue, so
   // that it too comes after the publish's earlier answers.
-  std::map<std::uint64_t, std::shared_ptr<Publish>> ending_;
-  std::map<std::uint64_t, std::shared_ptr<FetchState>> fetches_;
-  std::shared_ptr<DeviceWindow> device_;  // attached (attachDevice); fetches keep their own
-  std::uint32_t publishes_open_ = 0;  // begun and not yet finished (commit/abort done)
-  std::size_t backlog_bytes_ = 0;
-  std::uint64_t uncommitted_ = 0;  // this connection's share of counters_->uncommitted_bytes
+  std::map<std::uint64_t, std::shared_ptr<Publish>> ending_ GUARDED_BY(mu_);
+  std::map<std::uint64_t, std::shared_ptr<FetchState>> fetches_ GUARDED_BY(mu_);
+  std::shared_ptr<DeviceWindow> device_ GUARDED_BY(mu_);  // attached (attachDevice); fetches keep their own
+  std::uint32_t publishes_open_ GUARDED_BY(mu_) = 0;      // begun and not yet finished (commit/abort done)
+  std::size_t backlog_bytes_ GUARDED_BY(mu_) = 0;
+  std::uint64_t uncommitted_ GUARDED_BY(mu_) = 0;  // this connection's share of counters_->uncommitted_bytes
   // Publishes aborted by their deadline, newest last (a few), so that a
   // late request for one says why it is gone.
-  std::deque<std::pair<std::uint64_t, std::string>> expired_;
-  bool closed_ = false;
+  std::deque<std::pair<std::uint64_t, std::string>> expired_ GUARDED_BY(mu_);
+  bool closed_ GUARDED_BY(mu_) = false;
   std::atomic<std::uint32_t> jobs_in_flight_{0};
   std::atomic<std::int64_t> last_answer_ns_{0};  // steady clock
   std::function<void()> unblocked_cb_;

@@ -48,7 +48,7 @@ Status Session::OpenWindows(wire::Fetch::Reader f, FetchState& st) {
     auto w = f.getDeviceWindow();
     std::shared_ptr<DeviceWindow> device;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       device = device_;
     }
     if (!device) return Status::FailedPrecondition("no device window attached (attachDevice)");
@@ -88,7 +88,7 @@ Answer Session::OnAttachDevice(const Incoming& in) {
       return Status::InvalidArgument("attachDevice: " + w.status().ToString());
     }
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       device_ = std::move(w).value();  // fetches streaming keep the window they began with
     }
     return Answer::Ack(id);
@@ -101,7 +101,7 @@ std::optional<Answer> Session::OnWindowRelease(const Incoming& in) {
   const std::uint64_t length = device ? in.req.getDeviceRelease().getLength() : in.req.getShmRelease().getLength();
   std::vector<std::shared_ptr<FetchState>> candidates;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (auto& [fid, f] : fetches_) {
       const WindowRing& ring = device ? f->device_ring : f->shm_ring;
       if (ring.open() && offset >= ring.offset() && offset - ring.offset() < ring.length()) candidates.push_back(f);
@@ -129,7 +129,7 @@ Answer Session::OnFetch(const Incoming& in) {
   st->id = id;
   if (Status s = OpenWindows(f, *st); !s.ok()) return s;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (fetches_.count(id) != 0) return Status::AlreadyExists("a fetch with this id is running");
     if (fetches_.size() >= limits_.max_fetches_in_flight) {
       return Status::ResourceExhausted("too many fetches in flight on this connection");
@@ -153,7 +153,7 @@ Answer Session::OnFetch(const Incoming& in) {
     Status s = sender.Finish(store_->Fetch(entry, layers, options, sender));
     spdlog::debug("primecached: fetch of entry {}: {}", entry, sender.Timings());
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       fetches_.erase(id);
     }
     counters_->fetch_bytes.fetch_add(sender.bytes(), std::memory_order_relaxed);
@@ -174,7 +174,7 @@ Answer Session::OnCancel(const Incoming& in) {
   const std::uint64_t target = in.req.getCancel().getTarget();
   std::shared_ptr<FetchState> st;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     auto it = fetches_.find(target);
     if (it != fetches_.end()) st = it->second;
   }

@@ -31,9 +31,9 @@ struct Session::Publish {
   const std::chrono::steady_clock::time_point begun = std::chrono::steady_clock::now();
 
   // Applied in order on workers.
-  std::mutex mu;
-  std::deque<std::function<void()>> ops;
-  bool running = false;
+  Mutex mu;
+  std::deque<std::function<void()>> ops GUARDED_BY(mu);
+  bool running GUARDED_BY(mu) = false;
   // Worker side (touched by one op at a time).
   std::unique_ptr<PublishSink> sink;
   Status failed;
@@ -87,7 +87,7 @@ Result<ModelCost> ReadCost(wire::PublishBegin::Reader pb, std::uint32_t layer_co
 }  // namespace
 
 Status Session::ReserveUncommitted(Publish& pub, std::size_t bytes) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   if (uncommitted_ + bytes > limits_.max_uncommitted_bytes) {
     return Status::ResourceExhausted(
         "publish " + std::to_string(pub.id) + " would take this connection's uncommitted publish bytes past its limit of " +
@@ -113,7 +113,7 @@ void Session::ReleaseUncommitted(Publish& pub) {
   const std::uint64_t bytes = pub.reserved.exchange(0);
   if (bytes == 0) return;
   counters_->uncommitted_bytes.fetch_sub(bytes);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   uncommitted_ -= std::min(bytes, uncommitted_);
 }
 
@@ -123,7 +123,7 @@ void Session::ExpireStalledPublishes(std::chrono::steady_clock::time_point now) 
   const std::int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
   std::vector<std::shared_ptr<Publish>> stalled;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (auto it = publishes_.begin(); it != publishes_.end();) {
       const Publish& p = *it->second;
       // Ops queued or running: the daemon, not the client, is behind.
@@ -149,7 +149,7 @@ void Session::ExpireStalledPublishes(std::chrono::steady_clock::time_point now) 
 }
 
 std::string Session::ExpiredReason(std::uint64_t publish) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   for (const auto& [id, why] : expired_) {
     if (id == publish) return why;
   }
@@ -159,7 +159,7 @@ std::string Session::ExpiredReason(std::uint64_t publish) const {
 void Session::ReleaseBacklog(std::size_t bytes) {
   std::function<void()> cb;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     const bool was_blocked = backlog_bytes_ > limits_.max_publish_backlog_bytes;
     backlog_bytes_ -= std::min(bytes, backlog_bytes_);
     if (was_blocked && backlog_bytes_ <= limits_.max_publish_backlog_bytes) cb = unblocked_cb_;
@@ -169,13 +169,13 @@ void Session::ReleaseBacklog(std::size_t bytes) {
 
 void Session::RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t bytes, std::function<void()> op) {
   if (bytes != 0) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     backlog_bytes_ += bytes;
   }
   bool start = false;
   pub->ops_pending.fetch_add(1);
   {
-    std::lock_guard<std::mutex> l(pub->mu);
+    MutexLock l(&pub->mu);
     pub->ops.push_back([this, pub, op = std::move(op), bytes] {
       op();
       // Finished and its answers sent: a later step need not queue behind it.
@@ -191,7 +191,7 @@ void Session::RunPublishOp(const std::shared_ptr<Publish>& pub, std::size_t byte
     for (;;) {
       std::function<void()> next;
       {
-        std::lock_guard<std::mutex> l(pub->mu);
+        MutexLock l(&pub->mu);
         if (pub->ops.empty()) {
           pub->running = false;
           return;
@@ -218,7 +218,7 @@ void Session::QueueFinishPublish(const std::shared_ptr<Publish>& pub) {
 }
 
 void Session::ForgetEnded(const Publish& pub) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = ending_.find(pub.id);
   if (it != ending_.end() && it->second.get() == &pub) ending_.erase(it);
 }
@@ -250,7 +250,7 @@ void Session::FinishPublish(const std::shared_ptr<Publish>& pub) {
   }
   ReleaseUncommitted(*pub);
   counters_->publishes_in_flight.fetch_sub(1);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   --publishes_open_;
 }
 
@@ -291,7 +291,7 @@ Answer Session::OnPublishBegin(const Incoming& in) {
   pub->key.tokens = ToVector(tokens);
   pub->key.cost = *cost;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (publishes_.count(id) != 0) return Status::AlreadyExists("a publish with this id is open");
     if (publishes_open_ >= limits_.max_publishes_in_flight) {
       return Status::ResourceExhausted("too many publishes in flight on this connection (limit " +
@@ -320,7 +320,7 @@ Answer Session::OnPublishStep(const Incoming& in) {
   if (which == wire::Request::PUBLISH_ABORT) pid = req.getPublishAbort().getPublish();
   std::shared_ptr<Publish> pub, ending;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     auto it = publishes_.find(pid);
     if (it != publishes_.end()) pub = it->second;
     auto e = ending_.find(pid);
@@ -344,7 +344,7 @@ Answer Session::OnPublishStep(const Incoming& in) {
 }
 
 void Session::EndPublish(const std::shared_ptr<Publish>& pub) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   publishes_.erase(pub->id);
   ending_[pub->id] = pub;
 }

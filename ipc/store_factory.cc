@@ -1,9 +1,11 @@
-// The daemon's StoreBackend over the real store (primecache/statestore.h).
+// The daemon's StoreBackend over a store (primecache/store.h), and the
+// daemon's local store opened from its configuration.
 #include "ipc/store_factory.h"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -21,20 +23,20 @@ std::string_view View(std::span<const std::byte> b) {
   return {reinterpret_cast<const char*>(b.data()), b.size()};
 }
 
-// Streams a publish into a statestore Publisher. The store wants EndLayer
-// between layers; the wire announces the next layer instead.
-class StatestoreSink : public PublishSink {
+// Streams a publish into a Publisher. The store wants EndLayer between
+// layers; the wire announces the next layer instead.
+class StoreSink : public PublishSink {
  public:
-  explicit StatestoreSink(std::unique_ptr<Publisher> p) : p_(std::move(p)) {}
+  explicit StoreSink(std::unique_ptr<Publisher> p) : p_(std::move(p)) {}
   // The identity is stored already: the bytes that follow are dropped.
-  explicit StatestoreSink(EntryId existing) { existing_.id = existing, existing_.existed = true; }
-  ~StatestoreSink() override { Abort(); }
+  explicit StoreSink(EntryId existing) { existing_.id = existing, existing_.existed = true; }
+  ~StoreSink() override { Abort(); }
 
-  Status BeginLayer(std::uint32_t, std::span<const std::byte> header, std::uint32_t) override {
+  Status BeginLayer(std::uint32_t, std::span<const std::byte> header, std::uint32_t chunk_count) override {
     if (!p_) return Status::Ok();
     if (in_layer_) PC_RETURN_IF_ERROR(p_->EndLayer());
     in_layer_ = true;
-    return p_->BeginLayer(View(header));
+    return p_->BeginLayer(View(header), chunk_count);
   }
   Status AddChunk(std::span<const std::byte> bytes) override {
     if (!p_) return Status::Ok();
@@ -63,14 +65,15 @@ class StatestoreSink : public PublishSink {
   bool committed_ = false;
 };
 
-class StatestoreBackend : public StoreBackend {
+class StoreAdapter : public StoreBackend {
  public:
-  explicit StatestoreBackend(std::unique_ptr<Store> store) : store_(std::move(store)) {}
+  StoreAdapter(std::unique_ptr<Store> store, std::function<std::optional<RemoteStats>()> remote_stats)
+      : store_(std::move(store)), remote_stats_(std::move(remote_stats)) {}
 
   Result<std::unique_ptr<PublishSink>> BeginPublish(const PublishRequest& request, std::uint32_t) override {
-    PC_ASSIGN_OR_RETURN(Store::PublishStart start, store_->StartPublish(request));
-    if (start.existing) return std::unique_ptr<PublishSink>(new StatestoreSink(*start.existing));
-    return std::unique_ptr<PublishSink>(new StatestoreSink(std::move(start.publisher)));
+    PC_ASSIGN_OR_RETURN(PublishStart start, store_->BeginPublish(request));
+    if (start.existing) return std::unique_ptr<PublishSink>(new StoreSink(*start.existing));
+    return std::unique_ptr<PublishSink>(new StoreSink(std::move(start.publisher)));
   }
 
   Result<std::optional<LookupHit>> Lookup(const Hash128& digest, const std::string& ns,
@@ -83,17 +86,10 @@ class StatestoreBackend : public StoreBackend {
 
   Result<EntryDetail> Describe(std::uint64_t entry, const std::optional<std::string>& ns,
                                bool layer_headers) override {
-    EntryDetail d;
-    PC_ASSIGN_OR_RETURN(d.info, store_->Describe(entry));
-    // Another tenant's entry, or a quarantined one off the admin socket, is
-    // reported as absent.
-    if (ns && (d.info.quarantined() || d.info.ns != *ns)) return Status::NotFound("no entry " + std::to_string(entry));
-    if (d.info.quarantined()) return d;
-    PC_ASSIGN_OR_RETURN(d.info.tokens, store_->Tokens(entry));
-    if (layer_headers) {
-      PC_ASSIGN_OR_RETURN(d.layer_headers, store_->LayerHeaders(entry));
-    }
-    return d;
+    DescribeOptions o;
+    o.ns = ns;
+    o.layer_headers = layer_headers;
+    return store_->Describe(entry, o);
   }
 
   Status Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchOptions& options,
@@ -106,43 +102,43 @@ class StatestoreBackend : public StoreBackend {
   Result<ListPage> List(const ListFilter& f) override {
     primecache::ListOptions o;
     o.model = f.digest;
-    // The store filters by namespace only within one model; across models
-    // the namespace is filtered here (a page may then come back short).
-    if (f.digest.has_value()) o.ns = f.ns;
+    o.ns = f.ns;
     o.page_token = f.page_token;
     o.limit = f.page_size;
     o.state = f.quarantined ? EntryState::kQuarantined : EntryState::kLive;
-    PC_ASSIGN_OR_RETURN(ListPage page, store_->List(o));
-    std::erase_if(page.entries, [&](const EntryInfo& e) { return f.ns.has_value() && e.ns != *f.ns; });
-    if (f.quarantined || f.omit_tokens) return page;
-    std::vector<EntryInfo> kept;
-    kept.reserve(page.entries.size());
-    for (EntryInfo& e : page.entries) {
-      auto toks = store_->Tokens(e.id);
-      if (toks.status().IsNotFound()) continue;  // evicted while listing
-      PC_RETURN_IF_ERROR(toks.status());
-      e.tokens = std::move(toks).value();
-      kept.push_back(std::move(e));
-    }
-    page.entries = std::move(kept);
-    return page;
+    o.omit_tokens = f.omit_tokens;
+    return store_->List(o);
   }
 
   Result<StoreStats> Stat() override { return store_->Stat(); }
 
   Status SetByteBudget(std::uint64_t bytes) override { return store_->SetByteBudget(bytes); }
 
-  Result<StoreCheckReport> CheckStore(bool read_chunks) override { return store_->CheckStore(read_chunks); }
+  Result<StoreCheckReport> CheckStore(bool read_chunks) override {
+    CheckStoreOptions o;
+    o.read_chunks = read_chunks;
+    return store_->CheckStore(o);
+  }
 
   Status Compact() override { return store_->Compact(); }
 
+  std::optional<RemoteStats> RemoteCounters() const override {
+    return remote_stats_ ? remote_stats_() : std::nullopt;
+  }
+
  private:
   std::unique_ptr<Store> store_;
+  std::function<std::optional<RemoteStats>()> remote_stats_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config) {
+std::unique_ptr<StoreBackend> NewStoreBackend(std::unique_ptr<Store> store,
+                                              std::function<std::optional<RemoteStats>()> remote_stats) {
+  return std::make_unique<StoreAdapter>(std::move(store), std::move(remote_stats));
+}
+
+Result<std::unique_ptr<LocalStore>> OpenLocalStore(const StoreConfig& config) {
   // The data directory itself is made private (its sockets keep their own
   // modes); the store makes its own directory and files private.
   PC_ASSIGN_OR_RETURN(std::vector<TightenedPath> tightened,
@@ -162,8 +158,12 @@ Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config) {
   o.fetch_read_ahead_bytes = config.read_ahead_bytes;
   o.fetch_read_ahead = std::clamp<std::size_t>(config.read_ahead_bytes >> 17, 16, 1024);
   o.eviction = config.eviction;
-  PC_ASSIGN_OR_RETURN(auto store, Store::Open(std::move(o)));
-  return std::unique_ptr<StoreBackend>(new StatestoreBackend(std::move(store)));
+  return LocalStore::Open(std::move(o));
+}
+
+Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config) {
+  PC_ASSIGN_OR_RETURN(auto store, OpenLocalStore(config));
+  return NewStoreBackend(std::move(store));
 }
 
 }  // namespace primecache::ipc

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -30,6 +32,12 @@ struct StoreConfig {
   EvictionOptions eviction;
 };
 
+// The store the daemon serves, in data_dir/store.
+Result<std::unique_ptr<LocalStore>> OpenLocalStore(const StoreConfig& config);
+// The sessions' view of `store`; remote_stats, when set, answers RemoteCounters.
+std::unique_ptr<StoreBackend> NewStoreBackend(std::unique_ptr<Store> store,
+                                              std::function<std::optional<RemoteStats>()> remote_stats = {});
+// OpenLocalStore, seen through NewStoreBackend.
 Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config);
 
 }  // namespace primecache::ipc

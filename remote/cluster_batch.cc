@@ -2,7 +2,6 @@
 // nodes in parallel, redirected or lost commands resent in later rounds) and
 // SCAN over every primary.
 #include <algorithm>
-#include <condition_variable>
 
 #include "remote/cluster_impl.h"
 
@@ -54,18 +53,18 @@ void ClusterClient::Impl::SendRound(std::span<BatchOp* const> pending) {
     Pipeline(*slices[0].first, slices[0].second);
     return;
   }
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   std::size_t left = slices.size();
   for (const auto& slice : slices) {
     workers_.Post([this, slice, &mu, &cv, &left] {
       Pipeline(*slice.first, slice.second);
-      std::lock_guard<std::mutex> l(mu);
-      if (--left == 0) cv.notify_one();
+      MutexLock l(&mu);
+      if (--left == 0) cv.Signal();
     });
   }
-  std::unique_lock<std::mutex> l(mu);
-  cv.wait(l, [&] { return left == 0; });
+  MutexLock l(&mu);
+  while (left != 0) cv.Wait(&mu);
 }
 
 Status ClusterClient::Impl::RunBatch(std::vector<BatchOp>& ops) {

@@ -56,13 +56,13 @@ ClusterClient::Impl::Impl(ClusterOptions options)
 Result<ClusterClient::Impl::Lease> ClusterClient::Impl::Borrow(const Endpoint& at) {
   NodePool* pool;
   {
-    std::lock_guard<std::mutex> l(pools_mu_);
+    MutexLock l(&pools_mu_);
     auto& slot = pools_[at.ToString()];
     if (!slot) slot = std::make_unique<NodePool>();
     pool = slot.get();
   }
   {
-    std::lock_guard<std::mutex> l(pool->mu);
+    MutexLock l(&pool->mu);
     if (!pool->idle.empty()) {
       auto conn = std::move(pool->idle.back());
       pool->idle.pop_back();
@@ -105,14 +105,14 @@ Status ClusterClient::Impl::LoadSlotsFrom(const Endpoint& at) {
     if (idx == primaries.size()) primaries.push_back(node);
     for (long long s = first; s <= last; ++s) owner[static_cast<std::size_t>(s)] = static_cast<std::uint16_t>(idx);
   }
-  std::unique_lock<std::shared_mutex> l(map_mu_);
+  MutexLock l(&map_mu_);
   slot_owner_ = owner;
   primaries_ = std::move(primaries);
   return Status::Ok();
 }
 
 Status ClusterClient::Impl::Refresh() {
-  std::lock_guard<std::mutex> l(refresh_mu_);
+  MutexLock l(&refresh_mu_);
   // The primaries we know first (a failed-over map is news they have), then the seeds.
   std::vector<Endpoint> ask = Primaries();
   ask.insert(ask.end(), options_.seeds.begin(), options_.seeds.end());
@@ -128,13 +128,13 @@ Status ClusterClient::Impl::Refresh() {
 }
 
 std::vector<Endpoint> ClusterClient::Impl::Primaries() const {
-  std::shared_lock<std::shared_mutex> l(map_mu_);
+  ReaderLock l(&map_mu_);
   return primaries_;
 }
 
 Result<Endpoint> ClusterClient::Impl::Owner(std::string_view key) const {
   const std::uint16_t slot = KeySlot(key);
-  std::shared_lock<std::shared_mutex> l(map_mu_);
+  ReaderLock l(&map_mu_);
   const std::uint16_t idx = slot_owner_[slot];
   if (idx == kNoOwner) return Status::Unavailable("redis slot " + std::to_string(slot) + " has no known owner");
   return primaries_[idx];

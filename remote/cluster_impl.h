@@ -14,6 +14,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "core/mutex.h"
 #include "core/worker_pool.h"
 #include "remote/cluster_client.h"
 #include "remote/key_slot.h"
@@ -68,8 +69,8 @@ class ClusterClient::Impl {
 
  private:
   struct NodePool {
-    std::mutex mu;
-    std::vector<std::unique_ptr<RedisConn>> idle;  // guarded by mu
+    Mutex mu;
+    std::vector<std::unique_ptr<RedisConn>> idle GUARDED_BY(mu);
   };
   struct Counters {
     std::atomic<std::uint64_t> commands{0}, moved{0}, asked{0}, retries{0}, failures{0}, refreshes{0},
@@ -83,7 +84,7 @@ class ClusterClient::Impl {
     Lease& operator=(Lease&&) = delete;
     ~Lease() {
       if (!conn_) return;
-      std::lock_guard<std::mutex> l(pool_->mu);
+      MutexLock l(&pool_->mu);
       pool_->idle.push_back(std::move(conn_));
     }
     RedisConn* operator->() const { return conn_.get(); }
@@ -109,12 +110,13 @@ class ClusterClient::Impl {
   void SendRound(std::span<BatchOp* const> pending);
 
   const ClusterOptions options_;
-  mutable std::shared_mutex map_mu_;
-  std::array<std::uint16_t, kClusterSlots> slot_owner_{};  // index into primaries_; guarded by map_mu_
-  std::vector<Endpoint> primaries_;                         // guarded by map_mu_
-  std::mutex refresh_mu_;
-  std::mutex pools_mu_;
-  std::map<std::string, std::unique_ptr<NodePool>> pools_;  // guarded by pools_mu_; entries never removed
+  // Lock order: refresh_mu_, then map_mu_; pools_mu_, then a NodePool's mu.
+  mutable SharedMutex map_mu_ ACQUIRED_AFTER(refresh_mu_);
+  std::array<std::uint16_t, kClusterSlots> slot_owner_ GUARDED_BY(map_mu_){};  // index into primaries_
+  std::vector<Endpoint> primaries_ GUARDED_BY(map_mu_);
+  Mutex refresh_mu_;  // one slot-map refresh at a time
+  Mutex pools_mu_;
+  std::map<std::string, std::unique_ptr<NodePool>> pools_ GUARDED_BY(pools_mu_);  // entries never removed
   Breaker breaker_;
   Counters n_;
   WorkerPool workers_;

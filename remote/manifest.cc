@@ -1,18 +1,13 @@
 #include "remote/manifest.h"
 
-#include "codecs/bytes.h"
+#include "core/bytes.h"
 #include "primecache/codec.h"
 
 namespace primecache::remote {
 namespace {
 
-using codecs::ByteReader;
-using codecs::ByteWriter;
-
 constexpr std::uint32_t kMagic = 0x4d524350;  // "PCRM"
 constexpr std::uint32_t kVersion = 1;
-constexpr std::uint64_t kMaxNameBytes = 1024;
-constexpr std::uint64_t kMaxDescriptorBytes = 64 * 1024;
 
 void PutHash(ByteWriter& w, const Hash128& h) {
   w.U64(h.lo);
@@ -54,14 +49,14 @@ Status Count(ByteReader& r, std::uint32_t* n, std::uint64_t max, std::string_vie
 
 Status DecodeEntry(ByteReader& r, PublishRequest* e) {
   PC_RETURN_IF_ERROR(GetHash(r, &e->model, "model"));
-  PC_RETURN_IF_ERROR(GetLong(r, &e->model_name, kMaxNameBytes, "model name"));
-  PC_RETURN_IF_ERROR(GetLong(r, &e->model_descriptor, kMaxDescriptorBytes, "model descriptor"));
-  PC_RETURN_IF_ERROR(GetLong(r, &e->ns, kMaxNameBytes, "namespace"));
+  PC_RETURN_IF_ERROR(GetLong(r, &e->model_name, StoreLimits::kMaxModelNameBytes, "model name"));
+  PC_RETURN_IF_ERROR(GetLong(r, &e->model_descriptor, StoreLimits::kMaxDescriptorBytes, "model descriptor"));
+  PC_RETURN_IF_ERROR(GetLong(r, &e->ns, StoreLimits::kMaxNamespaceBytes, "namespace"));
   PC_RETURN_IF_ERROR(r.U64(&e->cost.flops_per_token, "flops per token"));
   PC_RETURN_IF_ERROR(r.U32(&e->cost.attention_layers, "attention layers"));
   PC_RETURN_IF_ERROR(r.U64(&e->cost.attention_flops_per_pair, "attention flops"));
   std::uint32_t tokens = 0;
-  PC_RETURN_IF_ERROR(Count(r, &tokens, kMaxManifestTokens, "tokens"));
+  PC_RETURN_IF_ERROR(Count(r, &tokens, StoreLimits::kMaxTokens, "tokens"));
   if (tokens == 0) return Status::Corruption("remote manifest: an entry of no tokens");
   e->tokens.resize(tokens);
   for (std::uint32_t& t : e->tokens) PC_RETURN_IF_ERROR(r.U32(&t, "token"));
@@ -78,7 +73,7 @@ Status DecodeLayer(ByteReader& r, ManifestLayer* l) {
   l->chunks.resize(chunks);
   for (ChunkRef& c : l->chunks) {
     PC_RETURN_IF_ERROR(r.U64(&c.size, "chunk size"));
-    if (c.size > kMaxChunkBytes) return Status::Corruption("remote manifest: a chunk over 1 GiB");
+    if (c.size > StoreLimits::kMaxChunkBytes) return Status::Corruption("remote manifest: a chunk over 1 GiB");
     PC_RETURN_IF_ERROR(GetHash(r, &c.address, "chunk address"));
   }
   return Status::Ok();
@@ -86,13 +81,13 @@ Status DecodeLayer(ByteReader& r, ManifestLayer* l) {
 
 }  // namespace
 
-Manifest ManifestOf(PublishRequest entry, const std::vector<LayerBytes>& layers) {
-  Manifest m;
+RemoteManifest ManifestOf(PublishRequest entry, const std::vector<LayerBytes>& layers) {
+  RemoteManifest m;
   m.entry = std::move(entry);
   for (const LayerBytes& l : layers) {
     ManifestLayer& out = m.layers.emplace_back();
     out.header = l.header;
-    for (const std::string& c : l.chunks) out.chunks.push_back({c.size(), Checksum128(AsBytes(c))});
+    for (const std::string& c : l.chunks) out.chunks.push_back({Checksum128(AsBytes(c)), c.size()});
   }
   return m;
 }
@@ -119,7 +114,7 @@ std::string ChunkCheckText(ChunkCheck check, const ChunkRef& ref, const std::opt
   return "unknown check";
 }
 
-std::string EncodeManifest(const Manifest& m) {
+std::string EncodeManifest(const RemoteManifest& m) {
   std::string out;
   ByteWriter w(&out);
   w.U32(kMagic);
@@ -146,7 +141,7 @@ std::string EncodeManifest(const Manifest& m) {
   return out;
 }
 
-Result<Manifest> DecodeManifest(std::string_view bytes) {
+Result<RemoteManifest> DecodeManifest(std::string_view bytes) {
   if (bytes.size() < 16) return Status::Corruption("remote manifest: " + std::to_string(bytes.size()) + " bytes");
   const std::string_view body = bytes.substr(0, bytes.size() - 8);
   ByteReader tail(AsBytes(bytes.substr(body.size())));
@@ -159,7 +154,7 @@ Result<Manifest> DecodeManifest(std::string_view bytes) {
   PC_RETURN_IF_ERROR(r.U32(&version, "version"));
   if (magic != kMagic) return Status::Corruption("remote manifest: bad magic");
   if (version != kVersion) return Status::Corruption("remote manifest: version " + std::to_string(version));
-  Manifest m;
+  RemoteManifest m;
   PC_RETURN_IF_ERROR(DecodeEntry(r, &m.entry));
   PC_RETURN_IF_ERROR(Count(r, &layers, kMaxManifestLayers, "layers"));
   m.layers.resize(layers);

@@ -15,42 +15,31 @@
 #include <vector>
 
 #include "primecache/checksum.h"
-#include "primecache/statestore.h"
+#include "primecache/manifest.h"
+#include "primecache/store.h"
 
 namespace primecache::remote {
 
-struct ChunkRef {
-  std::uint64_t size = 0;
-  Hash128 address;  // Checksum128 of the chunk's bytes
-  friend bool operator==(const ChunkRef&, const ChunkRef&) = default;
-};
-
-struct ManifestLayer {
-  std::string header;  // the layer's serialized header, as the codecs wrote it
-  std::vector<ChunkRef> chunks;
-};
-
-struct Manifest {
+// The layers by reference (primecache/manifest.h), with the entry's identity.
+struct RemoteManifest : Manifest {
   PublishRequest entry;  // model, name, descriptor, namespace, tokens, cost
-  std::vector<ManifestLayer> layers;
 };
 
-// Bounds on what a decoded manifest may hold.
-inline constexpr std::uint64_t kMaxManifestTokens = 1ull << 22;
+// Bounds on what a decoded manifest may hold, besides the StoreLimits
+// (primecache/store.h) on its names, descriptor, tokens and chunk sizes.
 inline constexpr std::uint32_t kMaxManifestLayers = 4096;
 inline constexpr std::uint32_t kMaxLayerChunks = 1u << 20;
 inline constexpr std::uint32_t kMaxLayerHeaderBytes = 1u << 20;
-inline constexpr std::uint64_t kMaxChunkBytes = 1ull << 30;
 
 // The manifest of an entry stored locally as `layers`.
-Manifest ManifestOf(PublishRequest entry, const std::vector<LayerBytes>& layers);
+RemoteManifest ManifestOf(PublishRequest entry, const std::vector<LayerBytes>& layers);
 
 // What a chunk value read back from the cluster is against its reference.
 enum class ChunkCheck { kOk, kMissing, kWrongSize, kWrongAddress };
 ChunkCheck CheckChunk(const ChunkRef& ref, const std::optional<std::string>& value);
 // The check's result in words, for reports ("missing (evicted)", ...).
 std::string ChunkCheckText(ChunkCheck check, const ChunkRef& ref, const std::optional<std::string>& value);
-std::string EncodeManifest(const Manifest& m);
-Result<Manifest> DecodeManifest(std::string_view bytes);
+std::string EncodeManifest(const RemoteManifest& m);
+Result<RemoteManifest> DecodeManifest(std::string_view bytes);
 
 }  // namespace primecache::remote

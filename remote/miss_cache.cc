@@ -14,14 +14,14 @@ Hash128 MissCache::KeyOf(const Hash128& model, std::string_view ns, std::span<co
 }
 
 bool MissCache::Contains(const Hash128& key, Clock::time_point now) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   const auto it = added_.find(key);
   return it != added_.end() && now - it->second < ttl_;
 }
 
 void MissCache::Add(const Hash128& key, Clock::time_point now) {
   if (ttl_.count() <= 0 || capacity_ == 0) return;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   added_[key] = now;
   order_.emplace_back(key, now);
   while (order_.size() > capacity_) {
@@ -33,7 +33,7 @@ void MissCache::Add(const Hash128& key, Clock::time_point now) {
 }
 
 std::size_t MissCache::size() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return added_.size();
 }
 

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/mutex.h"
 #include "primecache/checksum.h"
 
 namespace primecache::remote {
@@ -42,11 +43,11 @@ class MissCache {
   };
   const std::chrono::milliseconds ttl_;
   const std::size_t capacity_;
-  mutable std::mutex mu_;
-  std::unordered_map<Hash128, Clock::time_point, KeyHash> added_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<Hash128, Clock::time_point, KeyHash> added_ GUARDED_BY(mu_);
   // Every Add in order, at most capacity_ (a key added again appears twice;
   // the older record no longer matches added_ and only counts to the bound).
-  std::deque<std::pair<Hash128, Clock::time_point>> order_;  // guarded by mu_
+  std::deque<std::pair<Hash128, Clock::time_point>> order_ GUARDED_BY(mu_);
 };
 
 }  // namespace primecache::remote

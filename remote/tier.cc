@@ -5,12 +5,10 @@
 #include <map>
 
 #include "primecache/codec.h"
-#include "statestore/token_hash.h"
+#include "core/token_hash.h"
 
 namespace primecache::remote {
 namespace {
-
-namespace ss = statestore_internal;
 
 
 Hash128 TokensId(std::span<const std::uint32_t> tokens) { return Checksum128(std::as_bytes(tokens)); }
@@ -58,7 +56,7 @@ RemoteTier::RemoteTier(std::shared_ptr<ClusterClient> client, RemoteTierOptions 
 
 Status RemoteTier::Put(const PublishRequest& entry, const std::vector<LayerBytes>& layers) {
   if (entry.tokens.empty()) return Status::InvalidArgument("remote put of no tokens");
-  const Manifest m = ManifestOf(entry, layers);
+  const RemoteManifest m = ManifestOf(entry, layers);
   // Chunks first, each address once (entries share chunks).
   std::map<std::string, const std::string*> chunks;
   std::uint64_t bytes = 0;
@@ -75,7 +73,7 @@ Status RemoteTier::Put(const PublishRequest& entry, const std::vector<LayerBytes
   PC_RETURN_IF_ERROR(client_->SetMany(items));
   // Then the manifest, then the index member that makes it findable.
   PC_RETURN_IF_ERROR(client_->Set(ManifestKey(entry.model, entry.ns, entry.tokens), EncodeManifest(m)));
-  const ss::BoundaryPlace place = ss::PlaceOf(ss::DefaultTokenHasher(), entry.tokens, options_.block_tokens);
+  const BoundaryPlace place = PlaceOf(DefaultTokenHasher(), entry.tokens, options_.block_tokens);
   PC_RETURN_IF_ERROR(client_->AddMember(NodeKey(ScopeKey(entry.model, entry.ns), place.level, place.node_hash),
                                         Member(entry.tokens.size(), place.exact_hash)));
   Count(&RemoteTierStats::puts, 1);
@@ -87,10 +85,10 @@ Result<std::optional<RemoteHit>> RemoteTier::Lookup(const Hash128& model, std::s
                                                     std::span<const std::uint32_t> tokens) {
   if (tokens.empty()) return Status::InvalidArgument("remote lookup of no tokens");
   Count(&RemoteTierStats::lookups, 1);
-  const ss::TokenHasher& hasher = ss::DefaultTokenHasher();
+  const TokenHasher& hasher = DefaultTokenHasher();
   const std::uint32_t block = options_.block_tokens;
   const std::size_t top = (tokens.size() - 1) / block;
-  const std::vector<std::uint64_t> h = ss::ChainHashes(hasher, tokens, block, top);
+  const std::vector<std::uint64_t> h = ChainHashes(hasher, tokens, block, top);
   const std::string scope = ScopeKey(model, ns);
   std::vector<std::string> keys;
   for (std::size_t a = 0; a <= top; ++a) keys.push_back(NodeKey(scope, a, h[a]));
@@ -114,13 +112,13 @@ Result<std::optional<RemoteHit>> RemoteTier::Lookup(const Hash128& model, std::s
 }
 
 Status RemoteTier::Remove(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> boundary) {
-  const ss::BoundaryPlace place = ss::PlaceOf(ss::DefaultTokenHasher(), boundary, options_.block_tokens);
+  const BoundaryPlace place = PlaceOf(DefaultTokenHasher(), boundary, options_.block_tokens);
   PC_RETURN_IF_ERROR(client_->RemoveMember(NodeKey(ScopeKey(model, ns), place.level, place.node_hash),
                                            Member(boundary.size(), place.exact_hash)));
   return client_->Del(ManifestKey(model, ns, boundary)).status();
 }
 
-Result<std::optional<std::vector<std::string>>> RemoteTier::FetchChunks(const Manifest& m,
+Result<std::optional<std::vector<std::string>>> RemoteTier::FetchChunks(const RemoteManifest& m,
                                                                         std::span<const std::uint32_t> boundary) {
   std::vector<std::string> keys;
   std::vector<const ChunkRef*> refs;
@@ -192,9 +190,9 @@ Result<std::vector<std::string>> RemoteTier::ManifestKeys(std::size_t limit) {
   return client_->Keys("pc:m:*", limit);
 }
 
-Result<std::vector<std::optional<Result<Manifest>>>> RemoteTier::ReadManifests(std::span<const std::string> keys) {
+Result<std::vector<std::optional<Result<RemoteManifest>>>> RemoteTier::ReadManifests(std::span<const std::string> keys) {
   PC_ASSIGN_OR_RETURN(auto values, client_->GetMany(keys));
-  std::vector<std::optional<Result<Manifest>>> out;
+  std::vector<std::optional<Result<RemoteManifest>>> out;
   out.reserve(values.size());
   for (const auto& v : values) {
     if (!v) {
@@ -206,7 +204,7 @@ Result<std::vector<std::optional<Result<Manifest>>>> RemoteTier::ReadManifests(s
   return out;
 }
 
-Result<std::vector<std::optional<std::string>>> RemoteTier::ReadChunks(const Manifest& m) {
+Result<std::vector<std::optional<std::string>>> RemoteTier::ReadChunks(const RemoteManifest& m) {
   std::vector<std::string> keys;
   for (const ManifestLayer& l : m.layers) {
     for (const ChunkRef& c : l.chunks) keys.push_back(ChunkKey(c.address));
@@ -215,12 +213,12 @@ Result<std::vector<std::optional<std::string>>> RemoteTier::ReadChunks(const Man
 }
 
 RemoteTierStats RemoteTier::stats() const {
-  std::lock_guard<std::mutex> l(stats_mu_);
+  MutexLock l(&stats_mu_);
   return stats_;
 }
 
 void RemoteTier::Count(std::uint64_t RemoteTierStats::*field, std::uint64_t n) {
-  std::lock_guard<std::mutex> l(stats_mu_);
+  MutexLock l(&stats_mu_);
   stats_.*field += n;
 }
 

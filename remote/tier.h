@@ -28,7 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "primecache/statestore.h"
+#include "core/mutex.h"
+#include "primecache/store.h"
 #include "remote/cluster_client.h"
 #include "remote/manifest.h"
 
@@ -83,8 +84,8 @@ class RemoteTier {
   // does not decode); a manifest's chunk values in its order (nullopt where
   // absent), to be judged with CheckChunk.
   Result<std::vector<std::string>> ManifestKeys(std::size_t limit);
-  Result<std::vector<std::optional<Result<Manifest>>>> ReadManifests(std::span<const std::string> keys);
-  Result<std::vector<std::optional<std::string>>> ReadChunks(const Manifest& m);
+  Result<std::vector<std::optional<Result<RemoteManifest>>>> ReadManifests(std::span<const std::string> keys);
+  Result<std::vector<std::optional<std::string>>> ReadChunks(const RemoteManifest& m);
 
   RemoteTierStats stats() const;
   ClusterClient& client() { return *client_; }
@@ -92,15 +93,15 @@ class RemoteTier {
  private:
   // Every chunk of `m`, each checked against its reference; nullopt (and the
   // entry removed) when one is missing or damaged.
-  Result<std::optional<std::vector<std::string>>> FetchChunks(const Manifest& m,
+  Result<std::optional<std::vector<std::string>>> FetchChunks(const RemoteManifest& m,
                                                               std::span<const std::uint32_t> boundary);
 
   std::shared_ptr<ClusterClient> client_;
   const RemoteTierOptions options_;
   void Count(std::uint64_t RemoteTierStats::*field, std::uint64_t n);
 
-  mutable std::mutex stats_mu_;
-  RemoteTierStats stats_;  // guarded by stats_mu_
+  mutable Mutex stats_mu_;
+  RemoteTierStats stats_ GUARDED_BY(stats_mu_);
 };
 
 // The keys of the layout above.

@@ -63,7 +63,7 @@ std::vector<EntryId> IdsUnder(rocksdb::Iterator& it, const std::string& prefix, 
 
 }  // namespace
 
-Result<std::uint64_t> Store::Impl::BranchPoint(std::uint64_t scope, std::span<const std::uint32_t> tokens,
+Result<std::uint64_t> LocalStore::Impl::BranchPoint(std::uint64_t scope, std::span<const std::uint32_t> tokens,
                                                std::uint64_t at_least) {
   const std::size_t levels = tokens.size() / kPassBlockTokens;
   if (at_least >= tokens.size() || levels == 0) return at_least;
@@ -103,7 +103,7 @@ Result<std::uint64_t> Store::Impl::BranchPoint(std::uint64_t scope, std::span<co
   return best;
 }
 
-Status Store::Impl::BuildPassIndex() {
+Status LocalStore::Impl::BuildPassIndex() {
   std::string marker;
   bool found = false;
   PC_RETURN_IF_ERROR(GetValue(cf_meta, std::string(kMetaPassIndexKey), &marker, &found));
@@ -113,7 +113,7 @@ Status Store::Impl::BuildPassIndex() {
   }
   if (opts.read_only) return Status::Ok();  // branch points then reach no older entry
   // Under write_mu: no entry comes or goes while the records are written.
-  std::lock_guard wl(write_mu);
+  MutexLock wl(&write_mu);
   rocksdb::WriteBatch b;
   std::uint64_t entries = 0;
   auto flush = [&]() -> Status {

@@ -31,7 +31,7 @@ constexpr std::uint64_t kOwnReadAheadBytes = 8u << 20;
 // the caller's thread. No read outlives the object (the destructor waits).
 class FetchRun {
  public:
-  FetchRun(Store::Impl& s, FetchSink& sink, Manifest m, std::vector<std::uint32_t> order)
+  FetchRun(LocalStore::Impl& s, FetchSink& sink, Manifest m, std::vector<std::uint32_t> order)
       : s_(s), sink_(sink), m_(std::move(m)), order_(std::move(order)) {}
   ~FetchRun() { WaitAll(); }
   FetchRun(const FetchRun&) = delete;
@@ -62,33 +62,33 @@ class FetchRun {
   // in the page cache: pinned by the sink first, then checked on the pool
   // over the pinned bytes (unless they were checked under this same pin);
   // else false (it is read).
-  bool TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Located& at);
+  bool TryMapped(Slot& slot, const ChunkRef& ref, const LocalStore::Impl::Located& at);
   void PostCheck(Slot& slot, const Hash128& h, const Extent& at);
   // After a read chunk failed its address: whether a second read, into
   // memory of the store's own, matches (then the store is intact).
   bool ReadsBackIntact(const Slot& slot, const ChunkRef& ref);
-  void Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at);
+  void Post(Slot& slot, const Hash128& h, const LocalStore::Impl::Located& at);
   void WaitAll();
 
-  Store::Impl& s_;
+  LocalStore::Impl& s_;
   FetchSink& sink_;
   Manifest m_;
   std::vector<std::uint32_t> order_;
   std::vector<std::pair<std::uint32_t, std::uint32_t>> plan_;  // the chunks, in order: (layer, chunk)
   std::vector<std::size_t> where_;                             // plan index -> located_ index
-  std::vector<Store::Impl::Located> located_;
+  std::vector<LocalStore::Impl::Located> located_;
   std::deque<Slot> slots_;  // stable addresses: added at the back, removed at the front
   std::size_t next_read_ = 0;
   std::uint64_t bytes_ahead_ = 0;
   std::uint64_t own_ahead_ = 0;  // of bytes_ahead_, in the store's own buffers
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::size_t outstanding_ = 0;  // jobs on the pool; guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::size_t outstanding_ GUARDED_BY(mu_) = 0;  // jobs on the pool
 };
 
 void FetchRun::WaitAll() {
-  std::unique_lock g(mu_);
-  cv_.wait(g, [&] { return outstanding_ == 0; });
+  MutexLock g(&mu_);
+  cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return outstanding_ == 0; });
 }
 
 // Every chunk's extent and open file, in one MultiGet.
@@ -97,7 +97,7 @@ Status FetchRun::Locate() {
   std::unordered_map<Hash128, std::size_t, Hash128Hasher> index;
   for (std::uint32_t l : order_) {
     for (std::uint32_t c = 0; c < m_.layers[l].chunks.size(); ++c) {
-      const Hash128& h = m_.layers[l].chunks[c].hash;
+      const Hash128& h = m_.layers[l].chunks[c].address;
       auto [it, added] = index.emplace(h, hashes.size());
       if (added) hashes.push_back(h);
       plan_.emplace_back(l, c);
@@ -107,7 +107,7 @@ Status FetchRun::Locate() {
   return s_.LocateChunks(hashes, &located_);
 }
 
-void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at) {
+void FetchRun::Post(Slot& slot, const Hash128& h, const LocalStore::Impl::Located& at) {
   const std::uint64_t size = slot.bytes.size();
   if (!at.status.ok()) {
     slot.status = at.status;
@@ -116,11 +116,11 @@ void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at
   }
   auto read_all = [this, &slot, h, at] {
     Status st = s_.ReadExtent(at.file, at.extent, h, slot.bytes);
-    std::lock_guard g(mu_);
+    MutexLock g(&mu_);
     slot.status = std::move(st);
     slot.done = true;
     --outstanding_;
-    cv_.notify_all();
+    cv_.SignalAll();
   };
   if (!s_.read_pool) {
     slot.status = s_.ReadExtent(at.file, at.extent, h, slot.bytes);
@@ -131,7 +131,7 @@ void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at
       std::min<std::uint64_t>(s_.read_pool->size(), (size + kPartBytes - 1) / kPartBytes);
   if (parts <= 1) {
     {
-      std::lock_guard g(mu_);
+      MutexLock g(&mu_);
       ++outstanding_;
     }
     s_.read_pool->Post(read_all);
@@ -140,7 +140,7 @@ void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at
   // Parts on several threads; the last one to land checks the address.
   const std::uint64_t part = (size + parts - 1) / parts;
   {
-    std::lock_guard g(mu_);
+    MutexLock g(&mu_);
     outstanding_ += parts;
     slot.parts_left = parts;
   }
@@ -153,19 +153,19 @@ void FetchRun::Post(Slot& slot, const Hash128& h, const Store::Impl::Located& at
         st = Status::Corruption("chunk " + HashHex(h) + " in segment " + SegmentHex(at.extent.segment) +
                                 ": the file ends early (truncated behind the store's back?)");
       }
-      std::unique_lock g(mu_);
+      MutexLock g(&mu_);
       if (!st.ok() && slot.status.ok()) slot.status = st;
       if (--slot.parts_left == 0) {
-        if (slot.status.ok()) slot.status = Store::Impl::CheckAddress(slot.bytes, h, at.extent);
+        if (slot.status.ok()) slot.status = LocalStore::Impl::CheckAddress(slot.bytes, h, at.extent);
         slot.done = true;
       }
       --outstanding_;
-      cv_.notify_all();
+      cv_.SignalAll();
     });
   }
 }
 
-bool FetchRun::TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Located& at) {
+bool FetchRun::TryMapped(Slot& slot, const ChunkRef& ref, const LocalStore::Impl::Located& at) {
   if (!sink_.TakesMappedChunks() || !at.status.ok() || ref.size == 0) return false;
   auto m = s_.SegmentMapping(at.extent.segment, *at.file, at.extent.offset + ref.size);
   if (!m.ok() || !s_.env->IsResident(*m, at.extent.offset, ref.size)) return false;
@@ -178,28 +178,28 @@ bool FetchRun::TryMapped(Slot& slot, const ChunkRef& ref, const Store::Impl::Loc
   if (auto pin = sink_.Pin(slot.mapping); pin.ok()) slot.pin = std::move(pin).value();
   if (s_.CheckedWhilePinned(slot.mapping.id, slot.offset, slot.pin.serial)) {
     if (s_.hooks != nullptr && s_.hooks->mapped_checks) ++s_.hooks->mapped_checks->skipped;
-    std::lock_guard g(mu_);
+    MutexLock g(&mu_);
     slot.done = true;
     return true;
   }
   if (s_.hooks != nullptr && s_.hooks->mapped_checks) ++s_.hooks->mapped_checks->checked;
   slot.checked = true;
-  PostCheck(slot, ref.hash, at.extent);
+  PostCheck(slot, ref.address, at.extent);
   return true;
 }
 
 // The address checked over the bytes where they lie (on the pool).
 void FetchRun::PostCheck(Slot& slot, const Hash128& h, const Extent& at) {
   auto check = [this, &slot, h, at] {
-    Status st = Store::Impl::CheckAddress(slot.mapped, h, at);
-    std::lock_guard g(mu_);
+    Status st = LocalStore::Impl::CheckAddress(slot.mapped, h, at);
+    MutexLock g(&mu_);
     slot.status = std::move(st);
     slot.done = true;
     --outstanding_;
-    cv_.notify_all();
+    cv_.SignalAll();
   };
   {
-    std::lock_guard g(mu_);
+    MutexLock g(&mu_);
     ++outstanding_;
   }
   if (s_.read_pool) {
@@ -215,7 +215,7 @@ Status FetchRun::StartReads() {
          (slots_.empty() || bytes_ahead_ < s_.opts.fetch_read_ahead_bytes)) {
     const auto [l, c] = plan_[next_read_];
     const ChunkRef& ref = m_.layers[l].chunks[c];
-    const Store::Impl::Located& at = located_[where_[next_read_]];
+    const LocalStore::Impl::Located& at = located_[where_[next_read_]];
     if (sink_.TakesMappedChunks()) {
       Slot& slot = slots_.emplace_back();
       slot.layer = l;
@@ -250,7 +250,7 @@ Status FetchRun::StartReads() {
       slot.bytes = *target;
     }
     bytes_ahead_ += ref.size;
-    Post(slot, ref.hash, at);
+    Post(slot, ref.address, at);
     ++next_read_;
   }
   return Status::Ok();
@@ -260,10 +260,10 @@ Status FetchRun::StartReads() {
 // write (a client's shared region), and a read can be hit by a transient
 // fault: neither may quarantine an entry whose stored bytes are intact.
 bool FetchRun::ReadsBackIntact(const Slot& slot, const ChunkRef& ref) {
-  const Store::Impl::Located& at = located_[where_[slot.plan]];
+  const LocalStore::Impl::Located& at = located_[where_[slot.plan]];
   if (!at.status.ok() || at.file == nullptr) return false;
   std::vector<std::byte> own(ref.size);
-  return s_.ReadExtent(at.file, at.extent, ref.hash, own).ok();
+  return s_.ReadExtent(at.file, at.extent, ref.address, own).ok();
 }
 
 Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
@@ -277,8 +277,8 @@ Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
       Slot& slot = slots_.front();
       Status rs;
       {
-        std::unique_lock g(mu_);
-        cv_.wait(g, [&] { return slot.done; });
+        MutexLock g(&mu_);
+        cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return slot.done; });
         rs = std::move(slot.status);
       }
       if (rs.IsCorruption()) {
@@ -289,7 +289,7 @@ Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
                                  "(a transient fault, or the fetch's buffer was written meanwhile); nothing "
                                  "quarantined");
         }
-        *bad = ml.chunks[c].hash;
+        *bad = ml.chunks[c].address;
         *where = "layer " + std::to_string(l) + " chunk " + std::to_string(c);
         return rs;
       }
@@ -312,7 +312,7 @@ Status FetchRun::Run(std::optional<Hash128>* bad, std::string* where) {
 
 }  // namespace
 
-Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink,
+Status LocalStore::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink,
                     const FetchOptions& options) {
   Impl& s = *impl_;
   // What becomes of a damaged entry (a read-only store leaves it as it is).
@@ -330,7 +330,7 @@ Status Store::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink
     return ms.WithContext("entry " + std::to_string(id) + fate);
   }
   PC_RETURN_IF_ERROR(ms);
-  auto manifest = DecodeManifest(mv, kMaxChunkBytesLimit);
+  auto manifest = DecodeManifest(mv, StoreLimits::kMaxChunkBytes);
   if (!manifest.ok()) {
     lease.Release();
     s.Quarantine(id, manifest.status().message(), std::nullopt);

@@ -220,11 +220,11 @@ Result<ScopeRecord> DecodeScope(std::uint64_t id, std::string_view v) {
   std::string_view digest, name, ns, descriptor;
   std::uint32_t name_len = 0, ns_len = 0, descriptor_len = 0;
   if (!r.U8(&version) || version < 1 || version > kScopeVersion) return Bad("scope record", "unknown version");
-  if (!r.Bytes(16, &digest) || !r.U32(&name_len) || name_len > kMaxModelNameBytes ||
-      !r.Bytes(name_len, &name) || !r.U32(&ns_len) || ns_len > kMaxNamespaceBytes || !r.Bytes(ns_len, &ns)) {
+  if (!r.Bytes(16, &digest) || !r.U32(&name_len) || name_len > StoreLimits::kMaxModelNameBytes ||
+      !r.Bytes(name_len, &name) || !r.U32(&ns_len) || ns_len > StoreLimits::kMaxNamespaceBytes || !r.Bytes(ns_len, &ns)) {
     return Bad("scope record", "malformed");
   }
-  if (version >= 2 && (!r.U32(&descriptor_len) || descriptor_len > kMaxDescriptorBytes ||
+  if (version >= 2 && (!r.U32(&descriptor_len) || descriptor_len > StoreLimits::kMaxDescriptorBytes ||
                        !r.Bytes(descriptor_len, &descriptor))) {
     return Bad("scope record", "malformed descriptor");
   }
@@ -277,8 +277,8 @@ Result<EntrySummary> DecodeSummary(std::string_view v) {
       !r.U64(&s.node_hash) || !r.U64(&s.exact_hash) || r.remaining() != 0) {
     return Bad("entry record", "wrong size");
   }
-  if (s.length == 0 || s.length > kMaxTokens) return Bad("entry record", "length out of range");
-  if (s.layers > kMaxLayers) return Bad("entry record", "layer count out of range");
+  if (s.length == 0 || s.length > StoreLimits::kMaxTokens) return Bad("entry record", "length out of range");
+  if (s.layers > StoreLimits::kMaxLayers) return Bad("entry record", "layer count out of range");
   return s;
 }
 
@@ -291,7 +291,7 @@ std::string EncodeManifest(const Manifest& m) {
     v += layer.header;
     PutLE32(&v, static_cast<std::uint32_t>(layer.chunks.size()));
     for (const auto& c : layer.chunks) {
-      v += HashKey(c.hash);
+      v += HashKey(c.address);
       PutLE64(&v, c.size);
     }
   }
@@ -304,7 +304,7 @@ Result<Manifest> DecodeManifest(std::string_view value, std::uint64_t max_chunk_
   std::uint8_t version = 0;
   std::uint32_t layers = 0;
   if (!r.U8(&version) || version != kManifestVersion) return Bad("manifest", "unknown version");
-  if (!r.U32(&layers) || layers > kMaxLayers) return Bad("manifest", "layer count out of range");
+  if (!r.U32(&layers) || layers > StoreLimits::kMaxLayers) return Bad("manifest", "layer count out of range");
   Manifest m;
   m.layers.resize(layers);
   for (auto& layer : m.layers) {
@@ -323,7 +323,7 @@ Result<Manifest> DecodeManifest(std::string_view value, std::uint64_t max_chunk_
       std::string_view h;
       r.Bytes(16, &h);
       r.U64(&c.size);
-      c.hash = HashFromKey(h);
+      c.address = HashFromKey(h);
       if (c.size == 0 || c.size > max_chunk_bytes) return Bad("manifest", "chunk size out of range");
     }
   }
@@ -343,7 +343,7 @@ Result<std::string_view> TokenBytes(std::string_view v) {
   PC_ASSIGN_OR_RETURN(std::string_view body, CheckTrailer(v, "tokens record"));
   Reader r(body);
   std::uint32_t n = 0;
-  if (!r.U32(&n) || n == 0 || n > kMaxTokens || r.remaining() != std::size_t{n} * 4) {
+  if (!r.U32(&n) || n == 0 || n > StoreLimits::kMaxTokens || r.remaining() != std::size_t{n} * 4) {
     return Bad("tokens record", "count disagrees with size");
   }
   return body.substr(4);
@@ -403,7 +403,7 @@ Result<ChunkRefRecord> DecodeChunkRef(std::string_view v) {
     if (c.segment == 0 && (c.flags & kChunkCorrupt) == 0)
       return Bad("chunk reference record", "no segment, yet not marked lost");
   }
-  if (c.size == 0 || c.size > kMaxChunkBytesLimit) return Bad("chunk reference record", "size out of range");
+  if (c.size == 0 || c.size > StoreLimits::kMaxChunkBytes) return Bad("chunk reference record", "size out of range");
   return c;
 }
 

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "primecache/checksum.h"
+#include "primecache/manifest.h"
 #include "primecache/status.h"
+#include "primecache/store.h"
 
 namespace primecache::statestore_internal {
 
@@ -39,15 +41,10 @@ inline constexpr const char* kCfQuarantine = "quarantine";
 inline constexpr const char* kCfSegments = "segments";
 inline constexpr int kCfCount = 10;  // besides RocksDB's "default", which stays empty
 
-// Bounds on what is read back (and so on what is accepted).
-inline constexpr std::uint64_t kMaxTokens = 1ull << 22;
-inline constexpr std::size_t kMaxNamespaceBytes = 1024;
-inline constexpr std::size_t kMaxModelNameBytes = 1024;
-inline constexpr std::size_t kMaxDescriptorBytes = 64u << 10;
-inline constexpr std::uint32_t kMaxLayers = 1u << 16;
+// Bounds on what is read back (and so on what is accepted), besides the
+// StoreLimits (primecache/store.h) every store holds requests to.
 inline constexpr std::uint32_t kMaxChunksPerLayer = 1u << 20;
 inline constexpr std::uint32_t kMaxHeaderBytes = 16u << 20;
-inline constexpr std::uint64_t kMaxChunkBytesLimit = 1ull << 30;
 inline constexpr std::size_t kMaxReasonBytes = 4096;
 inline constexpr std::uint32_t kMaxBlockTokens = 1u << 16;
 
@@ -172,17 +169,6 @@ std::string EncodeSummary(const EntrySummary& s);
 Result<EntrySummary> DecodeSummary(std::string_view v);
 
 // manifests CF: every layer's header and chunk list.
-struct ChunkRef {
-  Hash128 hash;
-  std::uint64_t size = 0;
-};
-struct ManifestLayer {
-  std::string header;
-  std::vector<ChunkRef> chunks;
-};
-struct Manifest {
-  std::vector<ManifestLayer> layers;
-};
 std::string EncodeManifest(const Manifest& m);
 Result<Manifest> DecodeManifest(std::string_view v, std::uint64_t max_chunk_bytes);
 

@@ -9,64 +9,44 @@ using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
 // ---- leases -------------------------------------------------------------------------
 
-bool Lease::Table::TryAcquire(EntryId id) {
-  std::lock_guard g(mu);
+bool LeaseTable::TryAcquire(EntryId id) {
+  MutexLock g(&mu);
   auto& slot = slots[id];
   if (slot.dying) return false;
   ++slot.count;
   ++active;
   return true;
 }
-void Lease::Table::Release(EntryId id) {
-  std::lock_guard g(mu);
+void LeaseTable::Release(EntryId id) {
+  MutexLock g(&mu);
   auto it = slots.find(id);
   if (it == slots.end() || it->second.count == 0) return;
   --active;
   if (--it->second.count == 0 && !it->second.dying) slots.erase(it);
 }
-bool Lease::Table::MarkDying(EntryId id) {
-  std::lock_guard g(mu);
+bool LeaseTable::MarkDying(EntryId id) {
+  MutexLock g(&mu);
   auto& slot = slots[id];
   if (slot.count > 0 || slot.dying) return false;
   slot.dying = true;
   return true;
 }
-void Lease::Table::ClearDying(EntryId id) {
-  std::lock_guard g(mu);
+void LeaseTable::ClearDying(EntryId id) {
+  MutexLock g(&mu);
   auto it = slots.find(id);
   if (it == slots.end()) return;
   it->second.dying = false;
   if (it->second.count == 0) slots.erase(it);
 }
-bool Lease::Table::Leased(EntryId id) {
-  std::lock_guard g(mu);
+bool LeaseTable::Leased(EntryId id) {
+  MutexLock g(&mu);
   auto it = slots.find(id);
   return it != slots.end() && it->second.count > 0;
 }
 
-Lease::~Lease() {
-  Release();
-}
-Lease::Lease(Lease&& other) noexcept : table_(std::move(other.table_)), id_(other.id_) {
-  other.table_.reset();
-}
-Lease& Lease::operator=(Lease&& other) noexcept {
-  if (this != &other) {
-    Release();
-    table_ = std::move(other.table_);
-    id_ = other.id_;
-    other.table_.reset();
-  }
-  return *this;
-}
-void Lease::Release() {
-  if (table_ != nullptr) table_->Release(id_);
-  table_.reset();
-}
-
 // ---- leases on live entries ---------------------------------------------------------------
 
-Result<Lease> Store::LeaseLive(EntryId id, std::string* record) {
+Result<Lease> LocalStore::LeaseLive(EntryId id, std::string* record) {
   if (!impl_->leases->TryAcquire(id))
     return Status::NotFound("entry " + std::to_string(id) + " is being removed");
   Lease lease(impl_->leases, id);
@@ -76,7 +56,7 @@ Result<Lease> Store::LeaseLive(EntryId id, std::string* record) {
   return lease;
 }
 
-Result<Lease> Store::AcquireLease(EntryId id) {
+Result<Lease> LocalStore::AcquireLease(EntryId id) {
   std::string record;
   return LeaseLive(id, &record);
 }

@@ -1,5 +1,7 @@
 // Describing and listing entries: an entry's record as EntryInfo, and pages
 // of live or quarantined entries, by id or by the scopes of one fingerprint.
+#include <algorithm>
+#include <functional>
 #include <set>
 #include <shared_mutex>
 
@@ -12,7 +14,7 @@ using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
 // ---- describe / list ---------------------------------------------------------------------
 
-Result<EntryInfo> Store::Impl::MakeInfo(EntryId id, const EntrySummary& s, EntryState state) {
+Result<EntryInfo> LocalStore::Impl::MakeInfo(EntryId id, const EntrySummary& s, EntryState state) {
   EntryInfo info;
   info.id = id;
   info.state = state;
@@ -41,7 +43,7 @@ Result<EntryInfo> Store::Impl::MakeInfo(EntryId id, const EntrySummary& s, Entry
       info.last_access = a.tick;
       info.hits = a.hits;
     }
-    std::lock_guard g(touch_mu);
+    MutexLock g(&touch_mu);
     auto it = pending_touches.find(id);
     if (it != pending_touches.end()) {
       info.last_access = std::max(info.last_access, it->second.tick);
@@ -51,7 +53,7 @@ Result<EntryInfo> Store::Impl::MakeInfo(EntryId id, const EntrySummary& s, Entry
   return info;
 }
 
-Result<EntryInfo> Store::Describe(EntryId id) {
+Result<EntryInfo> LocalStore::Info(EntryId id) {
   std::string v;
   bool found = false;
   PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_entries, IdKey(id), &v, &found));
@@ -67,13 +69,29 @@ Result<EntryInfo> Store::Describe(EntryId id) {
   return info;
 }
 
+Result<EntryDetail> LocalStore::Describe(EntryId id, const DescribeOptions& options) {
+  EntryDetail d;
+  PC_ASSIGN_OR_RETURN(d.info, Info(id));
+  // Another namespace's entry, or a quarantined one asked for by namespace,
+  // is reported as absent.
+  if (options.ns && (d.info.quarantined() || d.info.ns != *options.ns)) {
+    return Status::NotFound("no entry " + std::to_string(id));
+  }
+  if (d.info.quarantined()) return d;
+  PC_ASSIGN_OR_RETURN(d.info.tokens, Tokens(id));
+  if (options.layer_headers) {
+    PC_ASSIGN_OR_RETURN(d.layer_headers, LayerHeaders(id));
+  }
+  return d;
+}
+
 namespace {
 
 // The scopes of fingerprint `model` (and namespace `ns`, when given), in id order.
-std::vector<std::uint64_t> ScopesOf(const Store::Impl& s, const Hash128& model,
+std::vector<std::uint64_t> ScopesOf(const LocalStore::Impl& s, const Hash128& model,
                                     const std::optional<std::string>& ns) {
   std::vector<std::uint64_t> ids;
-  std::shared_lock g(s.scope_mu);
+  ReaderLock g(&s.scope_mu);
   for (const auto& [id, sc] : s.scopes) {
     if (sc.digest == model && (!ns || sc.ns == *ns)) ids.push_back(id);
   }
@@ -81,7 +99,7 @@ std::vector<std::uint64_t> ScopesOf(const Store::Impl& s, const Hash128& model,
 }
 
 // Appends the entry whose record (live or quarantined, as `state` says) is `value`.
-Status AppendInfo(Store::Impl& s, EntryState state, EntryId id, std::string_view value, ListPage* page) {
+Status AppendInfo(LocalStore::Impl& s, EntryState state, EntryId id, std::string_view value, ListPage* page) {
   if (state == EntryState::kLive) {
     PC_ASSIGN_OR_RETURN(EntrySummary sum, DecodeSummary(value));
     PC_ASSIGN_OR_RETURN(EntryInfo info, s.MakeInfo(id, sum, EntryState::kLive));
@@ -95,13 +113,13 @@ Status AppendInfo(Store::Impl& s, EntryState state, EntryId id, std::string_view
   return Status::Ok();
 }
 
-rocksdb::ColumnFamilyHandle* RecordsOf(const Store::Impl& s, EntryState state) {
+rocksdb::ColumnFamilyHandle* RecordsOf(const LocalStore::Impl& s, EntryState state) {
   return state == EntryState::kLive ? s.cf_entries : s.cf_quarantine;
 }
 
 // Walks the records by id (filtering quarantined ones by scope). The page
 // token is the last id returned (8 bytes).
-Result<ListPage> ListById(Store::Impl& s, const ListOptions& o) {
+Result<ListPage> ListById(LocalStore::Impl& s, const ListOptions& o) {
   std::uint64_t after = 0;
   if (!o.page_token.empty()) {
     if (o.page_token.size() != 8) return Status::InvalidArgument("malformed page token");
@@ -133,7 +151,7 @@ Result<ListPage> ListById(Store::Impl& s, const ListOptions& o) {
 // Live entries of one fingerprint (and maybe one namespace): walks the
 // membership keys of each matching scope, in scope order. The page token is
 // the scope (8 bytes) and id (8) of the last entry returned.
-Result<ListPage> ListByScope(Store::Impl& s, const ListOptions& o) {
+Result<ListPage> ListByScope(LocalStore::Impl& s, const ListOptions& o) {
   std::uint64_t from_scope = 0, after_id = 0;
   if (!o.page_token.empty()) {
     if (o.page_token.size() != 16) return Status::InvalidArgument("malformed page token");
@@ -166,13 +184,39 @@ Result<ListPage> ListByScope(Store::Impl& s, const ListOptions& o) {
   return page;
 }
 
+// Fills the tokens of a page's live entries; one removed meanwhile leaves the page.
+Status FillTokens(ListPage* page, const std::function<Result<std::vector<std::uint32_t>>(EntryId)>& tokens) {
+  std::vector<EntryInfo> kept;
+  kept.reserve(page->entries.size());
+  for (EntryInfo& e : page->entries) {
+    auto t = tokens(e.id);
+    if (t.status().IsNotFound()) continue;  // evicted while listing
+    PC_RETURN_IF_ERROR(t.status());
+    e.tokens = std::move(t).value();
+    kept.push_back(std::move(e));
+  }
+  page->entries = std::move(kept);
+  return Status::Ok();
+}
+
 }  // namespace
 
-Result<ListPage> Store::List(const ListOptions& o) {
-  if (o.limit == 0 || o.limit > 1000) return Status::InvalidArgument("list limit must be in [1, 1000]");
-  if (o.ns && !o.model) return Status::InvalidArgument("a namespace filter needs a model filter");
-  if (!o.model || o.state == EntryState::kQuarantined) return ListById(*impl_, o);
-  return ListByScope(*impl_, o);
+Result<ListPage> LocalStore::List(const ListOptions& o) {
+  if (o.limit == 0 || o.limit > StoreLimits::kMaxListLimit) {
+    return Status::InvalidArgument("list limit must be in [1, " + std::to_string(StoreLimits::kMaxListLimit) + "]");
+  }
+  ListPage page;
+  if (!o.model || o.state == EntryState::kQuarantined) {
+    PC_ASSIGN_OR_RETURN(page, ListById(*impl_, o));
+  } else {
+    PC_ASSIGN_OR_RETURN(page, ListByScope(*impl_, o));
+  }
+  // By id, entries of every scope are walked: the namespace is filtered
+  // here (a page may then come back short while more follow).
+  std::erase_if(page.entries, [&](const EntryInfo& e) { return o.ns.has_value() && e.ns != *o.ns; });
+  if (o.state == EntryState::kQuarantined || o.omit_tokens) return page;
+  PC_RETURN_IF_ERROR(FillTokens(&page, [this](EntryId id) { return Tokens(id); }));
+  return page;
 }
 
 }  // namespace primecache

@@ -31,7 +31,7 @@ std::uint64_t Pieces(const Params& p, std::uint64_t size) {
 
 // Reads a chunk of the old layout; kCorruption when it is missing, of the
 // wrong size or fails its address.
-Status ReadOldChunk(Store::Impl& s, const Hash128& h, std::uint64_t size, std::string* out) {
+Status ReadOldChunk(LocalStore::Impl& s, const Hash128& h, std::uint64_t size, std::string* out) {
   out->clear();
   if (s.params.chunk_layout == kLayoutPieces) {
     for (std::uint64_t i = 0; i < Pieces(s.params, size); ++i) {
@@ -53,7 +53,7 @@ Status ReadOldChunk(Store::Impl& s, const Hash128& h, std::uint64_t size, std::s
   return Status::Ok();
 }
 
-void DeleteOldChunk(Store::Impl& s, rocksdb::WriteBatch* b, const Hash128& h, std::uint64_t size) {
+void DeleteOldChunk(LocalStore::Impl& s, rocksdb::WriteBatch* b, const Hash128& h, std::uint64_t size) {
   if (s.params.chunk_layout == kLayoutPieces) {
     for (std::uint64_t i = 0; i < Pieces(s.params, size); ++i)
       b->Delete(s.cf_chunks, PieceKey(h, static_cast<std::uint32_t>(i)));
@@ -71,12 +71,12 @@ struct Step {
 };
 
 // Syncs the segment, then commits the step's batch with the segment record.
-Status CommitStep(Store::Impl& s, SegmentWriter& w, Step& step) {
+Status CommitStep(LocalStore::Impl& s, SegmentWriter& w, Step& step) {
   if (step.batch.Count() == 0) return Status::Ok();
   PC_RETURN_IF_ERROR(w.Sync());
   SegmentRecord rec;
   {
-    std::lock_guard wl(s.write_mu);
+    MutexLock wl(&s.write_mu);
     if (auto it = s.segments.find(w.id()); it != s.segments.end()) rec = it->second;
   }
   rec.committed = w.end();
@@ -89,7 +89,7 @@ Status CommitStep(Store::Impl& s, SegmentWriter& w, Step& step) {
   PC_RETURN_IF_ERROR(s.Write(wo, &step.batch, "migrate chunks"));
   TEST_KILL_POINT("migrate.after_batch");
   {
-    std::lock_guard wl(s.write_mu);
+    MutexLock wl(&s.write_mu);
     s.segments[w.id()] = rec;
   }
   w.MarkCommitted();
@@ -99,7 +99,7 @@ Status CommitStep(Store::Impl& s, SegmentWriter& w, Step& step) {
 }
 
 // Moves one chunk of the old layout into `w` (or marks it lost).
-Status MigrateOne(Store::Impl& s, SegmentWriter& w, std::string_view key, ChunkRefRecord rec, Step* step) {
+Status MigrateOne(LocalStore::Impl& s, SegmentWriter& w, std::string_view key, ChunkRefRecord rec, Step* step) {
   const Hash128 h = HashFromKey(key);
   if (rec.refs == 0) {  // a record of no reference: nothing to keep
     step->batch.Delete(s.cf_chunk_refs, key);
@@ -132,7 +132,7 @@ Status MigrateOne(Store::Impl& s, SegmentWriter& w, std::string_view key, ChunkR
 // The last batch: whatever is left in the chunks column family (collection
 // records, leftovers of publishes that never committed) goes, and the
 // schema becomes 3.
-Status FinishMigration(Store::Impl& s) {
+Status FinishMigration(LocalStore::Impl& s) {
   Params p = s.params;
   p.chunk_layout = kLayoutSegments;
   p.piece_bytes = 0;
@@ -157,7 +157,7 @@ Status FinishMigration(Store::Impl& s) {
 
 }  // namespace
 
-Status Store::Impl::MigrateChunks() {
+Status LocalStore::Impl::MigrateChunks() {
   spdlog::info("statestore {}: migrating schema {} to {}: chunk bytes move into segment files", path,
                stored_schema, kSchemaVersion);
   PC_ASSIGN_OR_RETURN(auto w, AcquireWriter());

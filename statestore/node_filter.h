@@ -18,8 +18,9 @@
 #pragma once
 
 #include <cstdint>
-#include <shared_mutex>
 #include <vector>
+
+#include "core/mutex.h"
 
 namespace primecache::statestore_internal {
 
@@ -28,23 +29,24 @@ class NodeFilter {
   static std::uint32_t Fingerprint(std::uint64_t scope, std::uint64_t level, std::uint64_t node_hash);
 
   // Adds delta to a fingerprint's count; at zero it is removed.
-  void Adjust(std::uint32_t fp, std::int64_t delta);
-  bool MayContain(std::uint32_t fp) const;
-  void Reset();
-  std::size_t size() const { return used_; }
+  void Adjust(std::uint32_t fp, std::int64_t delta) REQUIRES(mu);
+  bool MayContain(std::uint32_t fp) const REQUIRES_SHARED(mu);
+  void Reset() REQUIRES(mu);
+  std::size_t size() const REQUIRES_SHARED(mu) { return used_; }
 
-  mutable std::shared_mutex mu;
+  mutable SharedMutex mu;
 
  private:
   struct Cell {
     std::uint32_t key = 0;  // 0: empty
     std::uint32_t count = 0;
   };
-  std::size_t Find(std::uint32_t key) const;  // its cell, or the empty cell where it would go
-  void Grow();
+  std::size_t Find(std::uint32_t key) const
+      REQUIRES_SHARED(mu);  // its cell, or the empty cell where it would go
+  void Grow() REQUIRES(mu);
 
-  std::vector<Cell> cells_ = std::vector<Cell>(1024);
-  std::size_t used_ = 0;
+  std::vector<Cell> cells_ GUARDED_BY(mu) = std::vector<Cell>(1024);
+  std::size_t used_ GUARDED_BY(mu) = 0;
 };
 
 }  // namespace primecache::statestore_internal

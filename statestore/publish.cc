@@ -41,7 +41,7 @@ class ReadBack {
     Extent at;
     std::uint64_t size;
   };
-  explicit ReadBack(Store::Impl& s) : s_(s) {}
+  explicit ReadBack(LocalStore::Impl& s) : s_(s) {}
 
   // `end`: the segment's length, all written out.
   void Start(std::shared_ptr<RandomAccessFile> file, std::uint64_t end, std::vector<Chunk> chunks) {
@@ -56,7 +56,7 @@ class ReadBack {
     for (std::size_t from = 0; from < chunks_.size(); from += per) {
       const std::size_t to = std::min(chunks_.size(), from + per);
       {
-        std::lock_guard g(mu_);
+        MutexLock g(&mu_);
         ++left_;
       }
       if (s_.read_pool) {
@@ -68,8 +68,8 @@ class ReadBack {
   }
 
   Status Wait() {
-    std::unique_lock g(mu_);
-    cv_.wait(g, [&] { return left_ == 0; });
+    MutexLock g(&mu_);
+    cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return left_ == 0; });
     return first_;
   }
 
@@ -86,40 +86,42 @@ class ReadBack {
         st = Status::Corruption("chunk " + HashHex(c.hash) + " lies past the end of segment " +
                                 SegmentHex(c.at.segment));
       } else {
-        st = Store::Impl::CheckAddress(std::span(mapping_.data + c.at.offset, c.size), c.hash, c.at);
+        st = LocalStore::Impl::CheckAddress(std::span(mapping_.data + c.at.offset, c.size), c.hash, c.at);
       }
     }
-    std::lock_guard g(mu_);
+    MutexLock g(&mu_);
     if (!st.ok() && first_.ok()) first_ = std::move(st);
     --left_;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
-  Store::Impl& s_;
+  LocalStore::Impl& s_;
   std::shared_ptr<RandomAccessFile> file_;
   MappedRegion mapping_;  // unset: read back with ReadExtent
   std::vector<Chunk> chunks_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::size_t left_ = 0;  // guarded by mu_
-  Status first_;          // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::size_t left_ GUARDED_BY(mu_) = 0;
+  Status first_ GUARDED_BY(mu_);
 };
 
 class PublisherImpl final : public Publisher {
  public:
-  PublisherImpl(Store::Impl& s, PublishRequest req, BoundaryPlace place)
+  PublisherImpl(LocalStore::Impl& s, PublishRequest req, BoundaryPlace place)
       : s_(s), req_(std::move(req)), place_(place) {}
   ~PublisherImpl() override {
     if (!done_) Abort();
   }
 
-  Status BeginLayer(std::string_view header) override {
+  Status BeginLayer(std::string_view header, std::uint32_t chunk_count) override {
     PC_RETURN_IF_ERROR(Usable());
     if (in_layer_) return Fail(Status::FailedPrecondition("BeginLayer inside a layer"));
     if (header.size() > kMaxHeaderBytes) return Fail(Status::InvalidArgument("layer header too long"));
-    if (layers_.size() >= kMaxLayers) return Fail(Status::InvalidArgument("too many layers"));
+    if (layers_.size() >= StoreLimits::kMaxLayers) return Fail(Status::InvalidArgument("too many layers"));
+    if (chunk_count > kMaxChunksPerLayer) return Fail(Status::InvalidArgument("too many chunks in a layer"));
     layers_.push_back(ManifestLayer{std::string(header), {}});
     facts_.clear();
+    chunks_announced_ = chunk_count;
     in_layer_ = true;
     return Status::Ok();
   }
@@ -133,8 +135,10 @@ class PublisherImpl final : public Publisher {
                                           std::to_string(s_.opts.max_chunk_bytes) + "]"));
     }
     auto& layer = layers_.back();
-    if (layer.chunks.size() >= kMaxChunksPerLayer)
-      return Fail(Status::InvalidArgument("too many chunks in a layer"));
+    if (layer.chunks.size() >= chunks_announced_) {
+      return Fail(Status::InvalidArgument("layer " + std::to_string(layers_.size() - 1) + " announced " +
+                                          std::to_string(chunks_announced_) + " chunk(s); got more"));
+    }
     Hash128 h = Checksum128(bytes);
     facts_.push_back({bytes.size(), Checksum64(bytes)});
     layer.chunks.push_back({h, bytes.size()});
@@ -160,6 +164,11 @@ class PublisherImpl final : public Publisher {
     PC_RETURN_IF_ERROR(Usable());
     if (!in_layer_) return Fail(Status::FailedPrecondition("EndLayer outside a layer"));
     in_layer_ = false;
+    if (layers_.back().chunks.size() != chunks_announced_) {
+      return Fail(Status::InvalidArgument("layer " + std::to_string(layers_.size() - 1) + " announced " +
+                                          std::to_string(chunks_announced_) + " chunk(s); got " +
+                                          std::to_string(layers_.back().chunks.size())));
+    }
     auto facts = s_.validator->Check(layers_.back().header, facts_, req_.tokens.size());
     if (!facts.ok()) {
       return Fail(facts.status().WithContext("layer " + std::to_string(layers_.size() - 1) + " refused"));
@@ -256,13 +265,14 @@ class PublisherImpl final : public Publisher {
   }
   Result<PublishResult> CommitImpl();
   Status SyncAndReadBack();
-  Status AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget, PublishResult* result);
+  Status AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget, PublishResult* result) REQUIRES(t.mu());
 
-  Store::Impl& s_;
+  LocalStore::Impl& s_;
   PublishRequest req_;
   BoundaryPlace place_;
   std::vector<ManifestLayer> layers_;
   std::vector<ChunkFacts> facts_;
+  std::uint32_t chunks_announced_ = 0;  // by the current layer's BeginLayer
   bool in_layer_ = false;
   bool done_ = false;
   Status failed_;
@@ -287,7 +297,7 @@ Result<PublishResult> PublisherImpl::CommitImpl() {
   }
   PublishResult result;
   {
-    std::lock_guard wl(s_.write_mu);
+    MutexLock wl(&s_.write_mu);
     const std::uint64_t budget = s_.byte_budget;
     if (budget > 0) PC_RETURN_IF_ERROR(s_.FlushTouches());
     Txn t(s_);
@@ -392,7 +402,7 @@ Status PublisherImpl::AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget
 }  // namespace
 
 // The writer of a publish that ends without a commit.
-void Store::Impl::AbortPublish(std::unique_ptr<SegmentWriter> w, std::uint64_t written_bytes) {
+void LocalStore::Impl::AbortPublish(std::unique_ptr<SegmentWriter> w, std::uint64_t written_bytes) {
   if (w == nullptr) return;
   // Cut back to what is committed (also when a write failed: a full disk
   // must get the space back at once); failing that, segment gc retries the
@@ -402,7 +412,7 @@ void Store::Impl::AbortPublish(std::unique_ptr<SegmentWriter> w, std::uint64_t w
     spdlog::warn("statestore {}: giving back an aborted publish's bytes: {} (retried by the next segment gc)",
                  path, s.ToString());
     {
-      std::lock_guard g(pool_mu);
+      MutexLock g(&pool_mu);
       uncut_tails[w->id()] = w->fresh() ? 0 : w->committed();
     }
     if (written_bytes > 0) NoteDropped(written_bytes);
@@ -410,38 +420,55 @@ void Store::Impl::AbortPublish(std::unique_ptr<SegmentWriter> w, std::uint64_t w
   ReleaseWriter(std::move(w), /*reuse=*/true);
 }
 
-Status Store::Impl::AfterSegmentError(const Status& s) {
+Status LocalStore::Impl::AfterSegmentError(const Status& s) {
   if (s.code() != StatusCode::kResourceExhausted) return s;
   Status full = Status::ResourceExhausted("no space left on the disk of the store at " + path + " (" + s.message() +
                                           "); writes are refused until space is freed, reads go on");
-  std::lock_guard g(recover_mu);
+  MutexLock g(&recover_mu);
   segment_error = full;
   segment_full.store(true);
   return full;
 }
 
-void Store::Impl::SegmentWritesOk() {
+void LocalStore::Impl::SegmentWritesOk() {
   if (!segment_full.load()) return;
-  std::lock_guard g(recover_mu);
+  MutexLock g(&recover_mu);
   segment_full.store(false);
   segment_error = Status::Ok();
 }
 
-// ---- BeginPublish / Publish ---------------------------------------------------------------
+// ---- BeginPublish ---------------------------------------------------------------------------
 
-Result<Store::PublishStart> Store::StartPublish(PublishRequest req) {
+namespace {
+
+// The request against the StoreLimits bounds, and its descriptor against its digest.
+Status CheckRequest(const PublishRequest& req) {
   if (req.tokens.empty()) return Status::InvalidArgument("a boundary needs at least one token");
-  if (req.tokens.size() > kMaxTokens) return Status::InvalidArgument("boundary longer than 2^22 tokens");
-  if (req.ns.size() > kMaxNamespaceBytes) return Status::InvalidArgument("namespace longer than 1024 bytes");
-  if (req.model_name.size() > kMaxModelNameBytes)
-    return Status::InvalidArgument("model name longer than 1024 bytes");
-  if (req.model_descriptor.size() > kMaxDescriptorBytes)
-    return Status::InvalidArgument("model descriptor longer than 64 KiB");
+  if (req.tokens.size() > StoreLimits::kMaxTokens) return Status::InvalidArgument("boundary longer than 2^22 tokens");
+  if (req.ns.size() > StoreLimits::kMaxNamespaceBytes) {
+    return Status::InvalidArgument("namespace longer than " + std::to_string(StoreLimits::kMaxNamespaceBytes) +
+                                   " bytes");
+  }
+  if (req.model_name.size() > StoreLimits::kMaxModelNameBytes) {
+    return Status::InvalidArgument("model name longer than " + std::to_string(StoreLimits::kMaxModelNameBytes) +
+                                   " bytes");
+  }
+  if (req.model_descriptor.size() > StoreLimits::kMaxDescriptorBytes) {
+    return Status::InvalidArgument("model descriptor longer than " +
+                                   std::to_string(StoreLimits::kMaxDescriptorBytes >> 10) + " KiB");
+  }
   if (!req.model_descriptor.empty() &&
       Checksum128(std::as_bytes(std::span(req.model_descriptor.data(), req.model_descriptor.size()))) !=
           req.model) {
     return Status::InvalidArgument("the model descriptor does not hash to the model digest");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<PublishStart> LocalStore::BeginPublish(PublishRequest req) {
+  PC_RETURN_IF_ERROR(CheckRequest(req));
   PC_RETURN_IF_ERROR(impl_->Writable());
   BoundaryPlace place = PlaceOf(*impl_->hasher, req.tokens, impl_->params.block_tokens);
   // Already stored: admission does not apply; a descriptor the scope lacks is
@@ -451,7 +478,7 @@ Result<Store::PublishStart> Store::StartPublish(PublishRequest req) {
     if (existing) {
       auto rec = impl_->ScopeById(*scope);
       if (!req.model_descriptor.empty() && rec.has_value() && rec->descriptor.empty()) {
-        std::lock_guard wl(impl_->write_mu);
+        MutexLock wl(&impl_->write_mu);
         Txn t(*impl_);
         PC_RETURN_IF_ERROR(t.ScopeFor(req.model, req.model_name, req.ns, req.model_descriptor).status());
         PC_RETURN_IF_ERROR(t.Commit(impl_->CommitWriteOptions(), "scope.before_write", "scope.after_write"));
@@ -476,21 +503,6 @@ Result<Store::PublishStart> Store::StartPublish(PublishRequest req) {
   }
   TEST_KILL_POINT("publish.begin");
   return PublishStart{std::unique_ptr<Publisher>(new PublisherImpl(*impl_, std::move(req), place)), std::nullopt};
-}
-
-Result<std::unique_ptr<Publisher>> Store::BeginPublish(PublishRequest req) {
-  PC_ASSIGN_OR_RETURN(PublishStart start, StartPublish(std::move(req)));
-  if (start.existing) {
-    return Status::AlreadyExists("boundary already stored as entry " + std::to_string(*start.existing));
-  }
-  return std::move(start.publisher);
-}
-
-Result<PublishResult> Store::Publish(PublishRequest req, std::span<const LayerBytes> layers) {
-  PC_ASSIGN_OR_RETURN(PublishStart start, StartPublish(std::move(req)));
-  if (start.existing) return PublishResult{*start.existing, true, 0, 0, 0};
-  for (const auto& layer : layers) PC_RETURN_IF_ERROR(start.publisher->AddLayer(layer));
-  return start.publisher->Commit();
 }
 
 }  // namespace primecache

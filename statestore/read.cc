@@ -18,7 +18,7 @@ namespace primecache {
 
 using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
-Status Store::Impl::GetValue(rocksdb::ColumnFamilyHandle* cf, const std::string& key, std::string* value,
+Status LocalStore::Impl::GetValue(rocksdb::ColumnFamilyHandle* cf, const std::string& key, std::string* value,
                              bool* found, const rocksdb::ReadOptions& ro) {
   rocksdb::Status s = db->Get(ro, cf, key, value);
   *found = s.ok();
@@ -26,7 +26,7 @@ Status Store::Impl::GetValue(rocksdb::ColumnFamilyHandle* cf, const std::string&
   return FromRocks(s, std::string("read ") + cf->GetName());
 }
 
-Result<bool> Store::Impl::TokensMatch(EntryId id, std::span<const std::uint32_t> tokens, bool quarantine) {
+Result<bool> LocalStore::Impl::TokensMatch(EntryId id, std::span<const std::uint32_t> tokens, bool quarantine) {
   rocksdb::PinnableSlice v;
   rocksdb::Status s = db->Get(rocksdb::ReadOptions(), cf_tokens, IdKey(id), &v);
   if (s.IsNotFound()) return false;  // removed meanwhile
@@ -54,7 +54,7 @@ Result<bool> Store::Impl::TokensMatch(EntryId id, std::span<const std::uint32_t>
   return false;
 }
 
-Result<std::optional<EntryId>> Store::Impl::FindIdentity(std::uint64_t scope,
+Result<std::optional<EntryId>> LocalStore::Impl::FindIdentity(std::uint64_t scope,
                                                          std::span<const std::uint32_t> tokens,
                                                          const BoundaryPlace& place, bool quarantine) {
   std::string v;
@@ -69,9 +69,9 @@ Result<std::optional<EntryId>> Store::Impl::FindIdentity(std::uint64_t scope,
   return std::optional<EntryId>();
 }
 
-Result<std::optional<EntryId>> Store::FindExact(const Hash128& model, std::string_view ns,
+Result<std::optional<EntryId>> LocalStore::FindExact(const Hash128& model, std::string_view ns,
                                                 std::span<const std::uint32_t> tokens) {
-  if (tokens.empty() || tokens.size() > kMaxTokens) return std::optional<EntryId>();
+  if (tokens.empty() || tokens.size() > StoreLimits::kMaxTokens) return std::optional<EntryId>();
   auto scope = impl_->FindScope(model, ns);
   if (!scope) return std::optional<EntryId>();
   return impl_->FindIdentity(*scope, tokens, PlaceOf(*impl_->hasher, tokens, impl_->params.block_tokens),
@@ -87,9 +87,9 @@ using HitFn = std::function<Result<std::optional<LookupHit>>(EntryId id, std::ui
 
 // The levels of the query's chain nodes that may exist (the in-memory filter
 // rules out the others), shallowest first.
-std::vector<std::size_t> CandidateLevels(Store::Impl& s, std::uint64_t scope, const std::vector<std::uint64_t>& h) {
+std::vector<std::size_t> CandidateLevels(LocalStore::Impl& s, std::uint64_t scope, const std::vector<std::uint64_t>& h) {
   std::vector<std::size_t> levels;
-  std::shared_lock g(s.node_filter.mu);
+  ReaderLock g(&s.node_filter.mu);
   for (std::size_t a = 0; a < h.size(); ++a) {
     if (s.node_filter.MayContain(NodeFilter::Fingerprint(scope, a, h[a]))) levels.push_back(a);
   }
@@ -99,7 +99,7 @@ std::vector<std::size_t> CandidateLevels(Store::Impl& s, std::uint64_t scope, co
 // The exact records node `a` may lead to: the query's hash at every slot
 // length the node has and the query covers (in one pass), kept where the
 // in-memory filter says the record may exist; (length, exact hash), longest first.
-std::vector<std::pair<std::size_t, std::uint64_t>> CandidateExacts(Store::Impl& s, std::uint64_t scope,
+std::vector<std::pair<std::size_t, std::uint64_t>> CandidateExacts(LocalStore::Impl& s, std::uint64_t scope,
                                                                    std::size_t a, const std::vector<NodeSlot>& slots,
                                                                    std::span<const std::uint32_t> tokens,
                                                                    std::uint64_t chain_hash) {
@@ -113,7 +113,7 @@ std::vector<std::pair<std::size_t, std::uint64_t>> CandidateExacts(Store::Impl& 
   s.hasher->HashPrefixes(tokens.subspan(a * block, std::min<std::size_t>(block, q - a * block)), chain_hash, rs,
                          exacts);
   std::vector<std::pair<std::size_t, std::uint64_t>> present;
-  std::shared_lock g(s.exact_filter.mu);
+  ReaderLock g(&s.exact_filter.mu);
   for (std::size_t k = rs.size(); k-- > 0;) {
     const std::size_t length = a * block + rs[k];
     if (s.exact_filter.MayContain(NodeFilter::Fingerprint(scope, length, exacts[k]))) {
@@ -125,7 +125,7 @@ std::vector<std::pair<std::size_t, std::uint64_t>> CandidateExacts(Store::Impl& 
 
 // The first entry of exact record (scope, length, exact) whose stored
 // tokens are the query's first `length`, if any (`quarantine`: as TokensMatch's).
-Result<std::optional<LookupHit>> MatchExact(Store::Impl& s, std::uint64_t scope, std::size_t length,
+Result<std::optional<LookupHit>> MatchExact(LocalStore::Impl& s, std::uint64_t scope, std::size_t length,
                                             std::uint64_t exact, std::span<const std::uint32_t> tokens,
                                             const HitFn& hit_for, bool quarantine) {
   std::string v;
@@ -149,7 +149,7 @@ Result<std::optional<LookupHit>> MatchExact(Store::Impl& s, std::uint64_t scope,
 // The longest stored prefix of the query in `scope`: the chain nodes that
 // exist, read in one batch, then walked deepest first. `h` holds the chain
 // hashes of the query's nodes.
-Result<std::optional<LookupHit>> FindLongest(Store::Impl& s, std::uint64_t scope, std::span<const std::uint32_t> tokens,
+Result<std::optional<LookupHit>> FindLongest(LocalStore::Impl& s, std::uint64_t scope, std::span<const std::uint32_t> tokens,
                                              const std::vector<std::uint64_t>& h, const HitFn& hit_for,
                                              bool quarantine = true) {
   const std::vector<std::size_t> levels = CandidateLevels(s, scope, h);
@@ -187,7 +187,7 @@ Result<std::optional<LookupHit>> FindLongest(Store::Impl& s, std::uint64_t scope
 
 }  // namespace
 
-Result<std::optional<EntryId>> Store::Impl::LongestStoredPrefix(std::uint64_t scope,
+Result<std::optional<EntryId>> LocalStore::Impl::LongestStoredPrefix(std::uint64_t scope,
                                                                 std::span<const std::uint32_t> tokens,
                                                                 const std::function<bool(EntryId)>& usable) {
   if (tokens.empty()) return std::optional<EntryId>();
@@ -202,11 +202,11 @@ Result<std::optional<EntryId>> Store::Impl::LongestStoredPrefix(std::uint64_t sc
   return std::optional<EntryId>(hit->id);
 }
 
-Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string_view ns,
+Result<std::optional<LookupHit>> LocalStore::Lookup(const Hash128& model, std::string_view ns,
                                                std::span<const std::uint32_t> tokens,
                                                const LookupOptions& options) {
   if (tokens.empty()) return Status::InvalidArgument("lookup of no tokens");
-  if (tokens.size() > kMaxTokens) return Status::InvalidArgument("lookup longer than 2^22 tokens");
+  if (tokens.size() > StoreLimits::kMaxTokens) return Status::InvalidArgument("lookup longer than 2^22 tokens");
   Impl& s = *impl_;
   const std::uint32_t block = s.params.block_tokens;
   const std::size_t q = tokens.size();
@@ -245,7 +245,7 @@ Result<std::optional<LookupHit>> Store::Lookup(const Hash128& model, std::string
   return hit;
 }
 
-Result<std::optional<LookupHit>> Store::HitFor(EntryId id, std::uint64_t length, Lease* lease) {
+Result<std::optional<LookupHit>> LocalStore::HitFor(EntryId id, std::uint64_t length, Lease* lease) {
   std::string record;
   if (lease != nullptr) {
     auto held = LeaseLive(id, &record);
@@ -261,7 +261,7 @@ Result<std::optional<LookupHit>> Store::HitFor(EntryId id, std::uint64_t length,
   return std::optional<LookupHit>(LookupHit{id, length, sum.layers, sum.chunk_bytes, sum.raw_bytes});
 }
 
-Status Store::Impl::CheckNamespace(EntryId id, std::string_view record, const std::string& ns) const {
+Status LocalStore::Impl::CheckNamespace(EntryId id, std::string_view record, const std::string& ns) const {
   PC_ASSIGN_OR_RETURN(EntrySummary sum, DecodeSummary(record));
   auto scope = ScopeById(sum.scope);
   // Another tenant's entry is reported as absent, not as forbidden.
@@ -269,27 +269,9 @@ Status Store::Impl::CheckNamespace(EntryId id, std::string_view record, const st
   return Status::Ok();
 }
 
-// ---- fetch (the streaming itself: fetch.cc) ------------------------------------------------
+// ---- an entry's tokens and headers (the streaming itself: fetch.cc) -------------------------
 
-Result<std::vector<LayerBytes>> Store::FetchAll(EntryId id) {
-  class Collect final : public FetchSink {
-   public:
-    std::vector<LayerBytes> layers;
-    Status OnLayer(std::uint32_t, std::string_view header, std::uint32_t chunks) override {
-      layers.push_back({std::string(header), {}});
-      layers.back().chunks.reserve(chunks);
-      return Status::Ok();
-    }
-    Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte> bytes) override {
-      layers.back().chunks.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-      return Status::Ok();
-    }
-  } sink;
-  PC_RETURN_IF_ERROR(Fetch(id, {}, sink));
-  return std::move(sink.layers);
-}
-
-Result<std::vector<std::uint32_t>> Store::Tokens(EntryId id) {
+Result<std::vector<std::uint32_t>> LocalStore::Tokens(EntryId id) {
   std::string v;
   bool found = false;
   PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_tokens, IdKey(id), &v, &found));
@@ -297,12 +279,12 @@ Result<std::vector<std::uint32_t>> Store::Tokens(EntryId id) {
   return DecodeTokens(v);
 }
 
-Result<std::vector<std::string>> Store::LayerHeaders(EntryId id) {
+Result<std::vector<std::string>> LocalStore::LayerHeaders(EntryId id) {
   std::string v;
   bool found = false;
   PC_RETURN_IF_ERROR(impl_->GetValue(impl_->cf_manifests, IdKey(id), &v, &found));
   if (!found) return Status::NotFound("no live entry " + std::to_string(id));
-  auto manifest = DecodeManifest(v, kMaxChunkBytesLimit);
+  auto manifest = DecodeManifest(v, StoreLimits::kMaxChunkBytes);
   if (!manifest.ok()) return manifest.status().WithContext("entry " + std::to_string(id));
   std::vector<std::string> headers;
   headers.reserve(manifest->layers.size());
@@ -312,13 +294,13 @@ Result<std::vector<std::string>> Store::LayerHeaders(EntryId id) {
 
 // ---- quarantine -------------------------------------------------------------------------------
 
-void Store::Impl::Quarantine(EntryId id, const std::string& reason, std::optional<Hash128> bad_chunk) {
+void LocalStore::Impl::Quarantine(EntryId id, const std::string& reason, std::optional<Hash128> bad_chunk) {
   if (opts.read_only) {
     spdlog::error("statestore {}: entry {} is damaged ({}); open read-only, so it is not quarantined", path, id,
                   reason);
     return;
   }
-  std::lock_guard wl(write_mu);
+  MutexLock wl(&write_mu);
   Txn t(*this);
   auto removed = t.RemoveEntry(id, reason);
   Status s;

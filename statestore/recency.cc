@@ -15,27 +15,27 @@ using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
 // ---- recency ---------------------------------------------------------------------------
 
-void Store::Impl::Touch(EntryId id, bool hit) {
+void LocalStore::Impl::Touch(EntryId id, bool hit) {
   if (opts.read_only) return;
   bool flush = false;
   {
-    std::lock_guard g(touch_mu);
+    MutexLock g(&touch_mu);
     auto& t = pending_touches[id];
     t.tick = clock.fetch_add(1);
     if (hit) ++t.hits;
     flush = pending_touches.size() >= 4096;
   }
   if (flush) {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     Status s = FlushTouches();
     if (!s.ok()) spdlog::warn("statestore {}: recording recency: {}", path, s.ToString());
   }
 }
 
-Status Store::Impl::FlushTouches() {
+Status LocalStore::Impl::FlushTouches() {
   std::unordered_map<EntryId, PendingTouch> pending;
   {
-    std::lock_guard g(touch_mu);
+    MutexLock g(&touch_mu);
     pending.swap(pending_touches);
   }
   if (pending.empty()) return Status::Ok();
@@ -57,11 +57,11 @@ Status Store::Impl::FlushTouches() {
   return Write(rocksdb::WriteOptions(), &b, "record recency");
 }
 
-Status Store::SetByteBudget(std::uint64_t bytes) {
+Status LocalStore::SetByteBudget(std::uint64_t bytes) {
   PC_RETURN_IF_ERROR(impl_->Writable());
   impl_->byte_budget = bytes;
   if (bytes == 0) return Status::Ok();
-  std::lock_guard wl(impl_->write_mu);
+  MutexLock wl(&impl_->write_mu);
   PC_RETURN_IF_ERROR(impl_->FlushTouches());
   Txn t(*impl_);
   std::uint64_t evicted = 0;
@@ -82,11 +82,11 @@ Result<double> Txn::ExclusiveBytes(EntryId id, const EntrySummary& s) {
   PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_manifests, IdKey(id), &mv, &found));
   double bytes = static_cast<double>(s.meta_bytes);
   if (!found) return bytes;
-  PC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(mv, kMaxChunkBytesLimit));
+  PC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(mv, StoreLimits::kMaxChunkBytes));
   std::unordered_map<Hash128, std::pair<std::uint64_t, std::uint64_t>, Hash128Hasher> counts;  // n, size
   for (const auto& layer : m.layers) {
     for (const auto& c : layer.chunks) {
-      auto& e = counts[c.hash];
+      auto& e = counts[c.address];
       ++e.first;
       e.second = c.size;
     }

@@ -7,9 +7,9 @@
 #include <cstdarg>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <set>
 
+#include "core/mutex.h"
 #include "statestore/kill_point.h"
 #include "statestore/test_hooks.h"
 
@@ -143,8 +143,8 @@ class Dir final : public rocksdb::FSDirectory {
 // Locks held in this process, by path: a second open of one store in the
 // same process fails as it would across processes.
 struct LockTable {
-  std::mutex mu;
-  std::set<std::string> held;
+  Mutex mu;
+  std::set<std::string> held GUARDED_BY(mu);
 };
 LockTable& Locks() {
   static LockTable* t = new LockTable();  // never deleted
@@ -282,7 +282,7 @@ class EnvFileSystem final : public rocksdb::FileSystem {
                     IODebugContext* d) override {
     const std::string held = LockName(f);
     {
-      std::lock_guard g(Locks().mu);
+      MutexLock g(&Locks().mu);
       if (!Locks().held.insert(held).second) {
         return IOStatus::IOError("lock " + f + ": already held by this process (the store is open)");
       }
@@ -297,7 +297,7 @@ class EnvFileSystem final : public rocksdb::FileSystem {
         s = IOStatus::IOError("lock " + f + " (is another process using the store?): " + s.ToString());
     }
     if (!s.ok()) {
-      std::lock_guard g(Locks().mu);
+      MutexLock g(&Locks().mu);
       Locks().held.erase(held);
       return s;
     }
@@ -315,7 +315,7 @@ class EnvFileSystem final : public rocksdb::FileSystem {
     IOStatus s;
     if (l->posix != nullptr) s = rocksdb::FileSystem::Default()->UnlockFile(l->posix, o, d);
     {
-      std::lock_guard g(Locks().mu);
+      MutexLock g(&Locks().mu);
       Locks().held.erase(l->path);
     }
     delete l;

@@ -33,14 +33,14 @@ bool WorthRewriting(const SegmentRecord& rec, bool all) {
 
 }  // namespace
 
-Status Store::Impl::CollectSegments(bool all) {
-  std::lock_guard gc(gc_mu);
+Status LocalStore::Impl::CollectSegments(bool all) {
+  MutexLock gc(&gc_mu);
   Status cut = CutAbortedTails();
   std::vector<std::pair<std::uint64_t, SegmentRecord>> todo;
   std::vector<std::unique_ptr<SegmentWriter>> closing;
   {
-    std::lock_guard wl(write_mu);
-    std::lock_guard pl(pool_mu);
+    MutexLock wl(&write_mu);
+    MutexLock pl(&pool_mu);
     // Idle writable segments worth rewriting leave the pool first.
     for (auto it = idle_writers.begin(); it != idle_writers.end();) {
       auto rec = segments.find((*it)->id());
@@ -73,10 +73,10 @@ Status Store::Impl::CollectSegments(bool all) {
 
 // No writer holds these segments (they were closed broken): only gc and
 // open touch their files.
-Status Store::Impl::CutAbortedTails() {
+Status LocalStore::Impl::CutAbortedTails() {
   std::map<std::uint64_t, std::uint64_t> todo;
   {
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     todo = uncut_tails;
   }
   Status first;
@@ -96,27 +96,27 @@ Status Store::Impl::CutAbortedTails() {
       continue;
     }
     spdlog::info("statestore {}: cut the tail an aborted publish left in segment {}", path, SegmentHex(id));
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     uncut_tails.erase(id);
   }
   return first;
 }
 
-Status Store::Impl::DropDeadSegment(std::uint64_t id) {
+Status LocalStore::Impl::DropDeadSegment(std::uint64_t id) {
   {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     auto it = segments.find(id);
     if (it == segments.end() || it->second.live != 0) return Status::Ok();  // changed meanwhile
     Txn t(*this);
     t.DropSegment(id);
-    std::unique_lock ex(extent_mu);
+    MutexLock ex(&extent_mu);
     PC_RETURN_IF_ERROR(t.Commit(CommitWriteOptions(), "gc.before_batch", "gc.after_batch"));
     ForgetSegmentFile(id);
   }
   return UnlinkSegment(id);
 }
 
-Status Store::Impl::UnlinkSegment(std::uint64_t id) {
+Status LocalStore::Impl::UnlinkSegment(std::uint64_t id) {
   TEST_KILL_POINT("gc.before_unlink");
   const std::string file = seg_dir + "/" + SegmentFileName(id);
   Status s = env->RemoveFile(file);
@@ -129,7 +129,7 @@ namespace {
 // Copies the live chunks of segment `id` (those whose record still points at
 // them) to `w`. A frame that cannot be parsed ends the rewrite (nothing is
 // changed); a live chunk whose bytes fail their address is noted lost.
-Status CopyLive(Store::Impl& s, std::uint64_t id, const SegmentRecord& rec, SegmentWriter& w,
+Status CopyLive(LocalStore::Impl& s, std::uint64_t id, const SegmentRecord& rec, SegmentWriter& w,
                 std::vector<Moved>* moved) {
   PC_ASSIGN_OR_RETURN(auto file, s.SegmentFile(id));
   std::string header(kFrameHeaderBytes, '\0');
@@ -139,7 +139,7 @@ Status CopyLive(Store::Impl& s, std::uint64_t id, const SegmentRecord& rec, Segm
     std::size_t n = 0;
     PC_RETURN_IF_ERROR(ReadAt(*file, off, std::as_writable_bytes(std::span(header.data(), header.size())), &n));
     if (n != header.size()) return Status::Corruption("segment " + SegmentHex(id) + " ends inside a frame header");
-    auto f = DecodeFrameHeader(header, kMaxChunkBytesLimit);
+    auto f = DecodeFrameHeader(header, StoreLimits::kMaxChunkBytes);
     if (!f.ok()) return f.status().WithContext("segment " + SegmentHex(id) + " at offset " + std::to_string(off));
     const std::uint64_t at = off + kFrameHeaderBytes;
     if (f->size > rec.committed - at) return Status::Corruption("segment " + SegmentHex(id) + ": a frame runs past its end");
@@ -169,8 +169,8 @@ Status CopyLive(Store::Impl& s, std::uint64_t id, const SegmentRecord& rec, Segm
 // One batch: the new segment recorded, every moved chunk repointed, the old
 // segment's record dropped. Refused (nothing changes) when the old segment
 // gained a chunk meanwhile.
-Status CommitRewrite(Store::Impl& s, std::uint64_t id, SegmentWriter& w, const std::vector<Moved>& moved) {
-  std::lock_guard wl(s.write_mu);
+Status CommitRewrite(LocalStore::Impl& s, std::uint64_t id, SegmentWriter& w, const std::vector<Moved>& moved) {
+  MutexLock wl(&s.write_mu);
   auto cur = s.segments.find(id);
   if (cur == s.segments.end()) return Status::Aborted("segment dropped meanwhile");
   Txn t(s);
@@ -185,7 +185,7 @@ Status CommitRewrite(Store::Impl& s, std::uint64_t id, SegmentWriter& w, const s
     return Status::Aborted("segment " + SegmentHex(id) + " changed while it was rewritten; left for the next gc");
   }
   t.DropSegment(id);
-  std::unique_lock ex(s.extent_mu);
+  MutexLock ex(&s.extent_mu);
   PC_RETURN_IF_ERROR(t.Commit(s.CommitWriteOptions(), "gc.before_batch", "gc.after_batch"));
   s.ForgetSegmentFile(id);
   w.MarkCommitted();
@@ -194,7 +194,7 @@ Status CommitRewrite(Store::Impl& s, std::uint64_t id, SegmentWriter& w, const s
 
 }  // namespace
 
-Status Store::Impl::RewriteSegment(std::uint64_t id, const SegmentRecord& rec) {
+Status LocalStore::Impl::RewriteSegment(std::uint64_t id, const SegmentRecord& rec) {
   const std::uint64_t new_id = next_segment.fetch_add(1);
   PC_ASSIGN_OR_RETURN(auto w, SegmentWriter::Create(env, seg_dir, new_id, freeze));
   std::vector<Moved> moved;

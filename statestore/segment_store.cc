@@ -15,9 +15,9 @@ using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
 // ---- the pool of writable segments -----------------------------------------------------
 
-Result<std::unique_ptr<SegmentWriter>> Store::Impl::AcquireWriter() {
+Result<std::unique_ptr<SegmentWriter>> LocalStore::Impl::AcquireWriter() {
   {
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     if (!idle_writers.empty()) {
       auto w = std::move(idle_writers.back());
       idle_writers.pop_back();
@@ -27,28 +27,28 @@ Result<std::unique_ptr<SegmentWriter>> Store::Impl::AcquireWriter() {
   }
   const std::uint64_t id = next_segment.fetch_add(1);
   {
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     busy_segments.insert(id);
   }
   auto w = SegmentWriter::Create(env, seg_dir, id, freeze);
   if (!w.ok()) {
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     busy_segments.erase(id);
   }
   return w;
 }
 
-void Store::Impl::ReleaseWriter(std::unique_ptr<SegmentWriter> w, bool reuse) {
+void LocalStore::Impl::ReleaseWriter(std::unique_ptr<SegmentWriter> w, bool reuse) {
   if (w == nullptr) return;
   bool sealed = false;
   if (!w->fresh()) {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     auto it = segments.find(w->id());
     sealed = it == segments.end() || it->second.state == SegmentState::kSealed;
   }
   // A segment never committed has no record: it is reused, or (closed) its
   // file is removed by the next open.
-  std::lock_guard g(pool_mu);
+  MutexLock g(&pool_mu);
   busy_segments.erase(w->id());
   if (reuse && !w->broken() && !sealed && !opts.read_only) {
     idle_writers.push_back(std::move(w));
@@ -58,10 +58,10 @@ void Store::Impl::ReleaseWriter(std::unique_ptr<SegmentWriter> w, bool reuse) {
   if (!s.ok()) spdlog::warn("statestore {}: closing segment {}: {}", path, SegmentHex(w->id()), s.ToString());
 }
 
-void Store::Impl::CloseIdleWriters() {
+void LocalStore::Impl::CloseIdleWriters() {
   std::vector<std::unique_ptr<SegmentWriter>> idle;
   {
-    std::lock_guard g(pool_mu);
+    MutexLock g(&pool_mu);
     idle.swap(idle_writers);
   }
   for (auto& w : idle) {
@@ -72,8 +72,8 @@ void Store::Impl::CloseIdleWriters() {
 
 // ---- files open for reading -------------------------------------------------------------
 
-Result<std::shared_ptr<RandomAccessFile>> Store::Impl::SegmentFile(std::uint64_t id) {
-  std::lock_guard g(files_mu);
+Result<std::shared_ptr<RandomAccessFile>> LocalStore::Impl::SegmentFile(std::uint64_t id) {
+  MutexLock g(&files_mu);
   if (auto d = damaged_segments.find(id); d != damaged_segments.end()) {
     return Status::Corruption("segment " + SegmentHex(id) + ": " + d->second);
   }
@@ -89,16 +89,16 @@ Result<std::shared_ptr<RandomAccessFile>> Store::Impl::SegmentFile(std::uint64_t
   return shared;
 }
 
-void Store::Impl::ForgetSegmentFile(std::uint64_t id) {
+void LocalStore::Impl::ForgetSegmentFile(std::uint64_t id) {
   std::optional<std::uint64_t> mapping;
   {
-    std::lock_guard g(files_mu);
+    MutexLock g(&files_mu);
     open_files.erase(id);
     if (auto it = mappings.find(id); it != mappings.end()) mapping = it->second.id;
     mappings.erase(id);
   }
   if (mapping) {
-    std::lock_guard g(checked_mu);
+    MutexLock g(&checked_mu);
     if (auto it = checked_pinned.find(*mapping); it != checked_pinned.end()) {
       checked_pinned_count -= it->second.size();
       checked_pinned.erase(it);
@@ -106,19 +106,19 @@ void Store::Impl::ForgetSegmentFile(std::uint64_t id) {
   }
 }
 
-bool Store::Impl::CheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
+bool LocalStore::Impl::CheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
   if (pin == 0) return false;
-  std::lock_guard g(checked_mu);
+  MutexLock g(&checked_mu);
   auto m = checked_pinned.find(mapping);
   if (m == checked_pinned.end()) return false;
   auto c = m->second.find(offset);
   return c != m->second.end() && c->second == pin;
 }
 
-void Store::Impl::NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
+void LocalStore::Impl::NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin) {
   constexpr std::size_t kMaxChecked = 1u << 20;
   if (pin == 0) return;
-  std::lock_guard g(checked_mu);
+  MutexLock g(&checked_mu);
   if (checked_pinned_count >= kMaxChecked) {
     checked_pinned.clear();
     checked_pinned_count = 0;
@@ -128,10 +128,10 @@ void Store::Impl::NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t of
   if (fresh) ++checked_pinned_count;
 }
 
-Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomAccessFile& file,
+Result<MappedRegion> LocalStore::Impl::SegmentMapping(std::uint64_t id, const RandomAccessFile& file,
                                                  std::uint64_t end) {
   {
-    std::lock_guard g(files_mu);
+    MutexLock g(&files_mu);
     if (auto it = mappings.find(id); it != mappings.end() && it->second.size >= end) return it->second;
   }
   // Only the committed length is mapped: bytes past it belong to a publish
@@ -139,7 +139,7 @@ Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomA
   // faults when touched, and registering a mapping touches every page).
   std::uint64_t committed = end;
   {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     if (auto it = segments.find(id); it != segments.end()) committed = std::max(end, it->second.committed);
   }
   PC_ASSIGN_OR_RETURN(std::uint64_t size, env->GetFileSize(seg_dir + "/" + SegmentFileName(id)));
@@ -148,7 +148,7 @@ Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomA
                               " bytes, short of its committed " + std::to_string(committed));
   }
   PC_ASSIGN_OR_RETURN(MappedRegion m, file.Map(committed));
-  std::lock_guard g(files_mu);
+  MutexLock g(&files_mu);
   // A longer mapping of a segment that grew maps the same file: it keeps
   // the shorter one's `file`, so that a device registration budget counts
   // the file once.
@@ -158,7 +158,7 @@ Result<MappedRegion> Store::Impl::SegmentMapping(std::uint64_t id, const RandomA
   return m;
 }
 
-Status Store::Impl::ReadExtent(const std::shared_ptr<RandomAccessFile>& file, const Extent& e, const Hash128& h,
+Status LocalStore::Impl::ReadExtent(const std::shared_ptr<RandomAccessFile>& file, const Extent& e, const Hash128& h,
                                std::span<std::byte> dst) {
   std::size_t n = 0;
   Status s = ReadAt(*file, e.offset, dst, &n);
@@ -172,13 +172,13 @@ Status Store::Impl::ReadExtent(const std::shared_ptr<RandomAccessFile>& file, co
   return CheckAddress(dst, h, e);
 }
 
-Status Store::Impl::CheckAddress(std::span<const std::byte> bytes, const Hash128& h, const Extent& e) {
+Status LocalStore::Impl::CheckAddress(std::span<const std::byte> bytes, const Hash128& h, const Extent& e) {
   if (Checksum128(bytes) == h) return Status::Ok();
   return Status::Corruption("chunk " + HashHex(h) + " in segment " + SegmentHex(e.segment) + " at offset " +
                             std::to_string(e.offset) + ": content does not match its address (XXH3-128)");
 }
 
-Status Store::Impl::LocateChunks(const std::vector<Hash128>& hashes, std::vector<Located>* out) {
+Status LocalStore::Impl::LocateChunks(const std::vector<Hash128>& hashes, std::vector<Located>* out) {
   const std::size_t n = hashes.size();
   out->assign(n, Located{});
   std::vector<std::string> keys(n);
@@ -191,7 +191,7 @@ Status Store::Impl::LocateChunks(const std::vector<Hash128>& hashes, std::vector
   std::vector<rocksdb::Status> statuses(n);
   // Extents and files are resolved together, so that gc (which repoints
   // and drops a file under the exclusive lock) never moves bytes under us.
-  std::shared_lock g(extent_mu);
+  ReaderLock g(&extent_mu);
   if (n > 0) db->MultiGet(rocksdb::ReadOptions(), cf_chunk_refs, n, slices.data(), values.data(), statuses.data());
   for (std::size_t i = 0; i < n; ++i) {
     Located& l = (*out)[i];
@@ -223,7 +223,7 @@ Status Store::Impl::LocateChunks(const std::vector<Hash128>& hashes, std::vector
 
 // ---- open and recovery -----------------------------------------------------------------------
 
-Status Store::Impl::LoadSegments() {
+Status LocalStore::Impl::LoadSegments() {
   segments.clear();
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_segments));
   std::uint64_t top = 0;
@@ -268,7 +268,7 @@ std::string CheckRecordedFile(Env* env, const std::string& file, const SegmentRe
 // length cut, a missing or short file noted as damaged (every fetch that
 // needs it fails with kCorruption and quarantines its entry). Read-only,
 // nothing is changed. Open segments go back to the pool.
-Status Store::Impl::RecoverSegments() {
+Status LocalStore::Impl::RecoverSegments() {
   std::vector<std::string> names;
   if (env->FileExists(seg_dir)) {
     PC_ASSIGN_OR_RETURN(names, env->GetChildren(seg_dir));
@@ -293,7 +293,7 @@ Status Store::Impl::RecoverSegments() {
     if (!wrong.empty()) {
       spdlog::error("statestore {}: segment {}: {}; the entries that need it will be quarantined", path,
                     SegmentHex(id), wrong);
-      std::lock_guard g(files_mu);
+      MutexLock g(&files_mu);
       damaged_segments[id] = wrong;
       continue;
     }
@@ -306,14 +306,14 @@ Status Store::Impl::RecoverSegments() {
     if (rec.state == SegmentState::kOpen) {
       PC_ASSIGN_OR_RETURN(auto w, SegmentWriter::Reopen(env, seg_dir, id, rec.committed, freeze));
       if (size > rec.committed) PC_RETURN_IF_ERROR(w->Sync());  // the cut made durable
-      std::lock_guard g(pool_mu);
+      MutexLock g(&pool_mu);
       idle_writers.push_back(std::move(w));
     }
   }
   return Status::Ok();
 }
 
-Result<std::uint64_t> Store::Impl::SegmentDiskBytes() {
+Result<std::uint64_t> LocalStore::Impl::SegmentDiskBytes() {
   std::uint64_t total = 0;
   if (!env->FileExists(seg_dir)) return total;
   PC_ASSIGN_OR_RETURN(auto names, env->GetChildren(seg_dir));

@@ -14,7 +14,7 @@ using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
 
 // ---- uncommitted bytes ------------------------------------------------------------------
 
-Status Store::Impl::ReserveStaged(std::uint64_t bytes) {
+Status LocalStore::Impl::ReserveStaged(std::uint64_t bytes) {
   const std::uint64_t bound = opts.max_staged_bytes;
   std::uint64_t cur = staged_bytes.load();
   do {
@@ -28,71 +28,74 @@ Status Store::Impl::ReserveStaged(std::uint64_t bytes) {
   return Status::Ok();
 }
 
-void Store::Impl::ReleaseStaged(std::uint64_t bytes) {
+void LocalStore::Impl::ReleaseStaged(std::uint64_t bytes) {
   staged_bytes.fetch_sub(std::min(bytes, staged_bytes.load()));
 }
 
 // ---- reclaiming dropped chunks ----------------------------------------------------------
 
-void Store::Impl::NoteDropped(std::uint64_t bytes) {
+void LocalStore::Impl::NoteDropped(std::uint64_t bytes) {
   if (opts.read_only) return;
-  std::lock_guard g(reclaim_mu);
+  MutexLock g(&reclaim_mu);
   if (reclaim_stop) return;
   reclaim_pending += std::max<std::uint64_t>(bytes, 1);
   if (reclaim_pending < opts.reclaim_after_bytes) return;
   if (!reclaimer.joinable()) reclaimer = std::thread([this] { ReclaimLoop(); });
-  reclaim_cv.notify_one();
+  reclaim_cv.Signal();
 }
 
-void Store::Impl::ReclaimLoop() {
-  std::unique_lock g(reclaim_mu);
+void LocalStore::Impl::ReclaimLoop() {
+  MutexLock g(&reclaim_mu);
   for (;;) {
-    reclaim_cv.wait(g, [&] { return reclaim_stop || reclaim_pending >= opts.reclaim_after_bytes; });
+    reclaim_cv.Wait(&reclaim_mu, [&]() REQUIRES(reclaim_mu) {
+      return reclaim_stop || reclaim_pending >= opts.reclaim_after_bytes;
+    });
     if (reclaim_stop) return;
     const std::uint64_t pending = reclaim_pending;
     reclaim_pending = 0;
-    g.unlock();
+    g.Unlock();
     Status s = ReclaimNow();
-    g.lock();
+    g.Lock();
     if (s.ok()) {
       ++reclaims;
-      reclaim_cv.notify_all();
+      reclaim_cv.SignalAll();
       continue;
     }
     spdlog::warn("statestore {}: reclaiming the space of dropped chunks: {} (retried after the next drop)",
                  path, s.ToString());
     // Try again once more is dropped (or at the next Compact).
     reclaim_pending += pending;
-    reclaim_cv.wait(g, [&] { return reclaim_stop || reclaim_pending > pending; });
+    reclaim_cv.Wait(&reclaim_mu,
+                    [&]() REQUIRES(reclaim_mu) { return reclaim_stop || reclaim_pending > pending; });
     if (reclaim_stop) return;
   }
 }
 
 // Segments that are at least half dead are rewritten and those with no live
 // chunk deleted (segment_gc.cc).
-Status Store::Impl::ReclaimNow() {
+Status LocalStore::Impl::ReclaimNow() {
   PC_RETURN_IF_ERROR(Recover());
   return CollectSegments(/*all=*/false);
 }
 
-void Store::Impl::StopReclaimer() {
+void LocalStore::Impl::StopReclaimer() {
   gc_cancel.store(true);
   {
-    std::lock_guard g(reclaim_mu);
+    MutexLock g(&reclaim_mu);
     reclaim_stop = true;
   }
-  reclaim_cv.notify_all();
+  reclaim_cv.SignalAll();
   if (!reclaimer.joinable()) return;
   reclaimer.join();
 }
 
 // ---- the disk reserve ------------------------------------------------------------------------
 
-std::string Store::Impl::ReservePath() const {
+std::string LocalStore::Impl::ReservePath() const {
   return path + "/DISK-RESERVE";
 }
 
-bool Store::Impl::GiveBackReserve() {
+bool LocalStore::Impl::GiveBackReserve() {
   const std::string file = ReservePath();
   if (opts.read_only || !env->FileExists(file)) return false;
   if (Status s = env->RemoveFile(file); !s.ok()) {
@@ -105,7 +108,7 @@ bool Store::Impl::GiveBackReserve() {
   return true;
 }
 
-void Store::Impl::EnsureReserve() {
+void LocalStore::Impl::EnsureReserve() {
   const std::string file = ReservePath();
   if (opts.read_only || opts.disk_reserve_bytes == 0 || env->FileExists(file)) return;
   // Written, not fallocated: every Env and file system then really holds
@@ -129,7 +132,7 @@ void Store::Impl::EnsureReserve() {
 
 // ---- Compact ----------------------------------------------------------------------------
 
-Status Store::Compact() {
+Status LocalStore::Compact() {
   Impl& s = *impl_;
   PC_RETURN_IF_ERROR(s.Writable());
   PC_RETURN_IF_ERROR(s.Recover());

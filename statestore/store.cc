@@ -77,40 +77,34 @@ std::string_view AdmissionName(const EvictionOptions& options) {
   return options.admit_after_sightings > 1 ? "seen-twice" : "all";
 }
 
-Status Publisher::AddLayer(const LayerBytes& layer) {
-  PC_RETURN_IF_ERROR(BeginLayer(layer.header));
-  for (const auto& c : layer.chunks) PC_RETURN_IF_ERROR(AddChunk(std::string_view(c)));
-  return EndLayer();
-}
-
 // ---- writes and write errors ---------------------------------------------------------
 
-rocksdb::WriteOptions Store::Impl::CommitWriteOptions() const {
+rocksdb::WriteOptions LocalStore::Impl::CommitWriteOptions() const {
   rocksdb::WriteOptions wo;
   wo.sync = opts.sync_commits;
   return wo;
 }
 
-Status Store::Impl::Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch,
+Status LocalStore::Impl::Write(const rocksdb::WriteOptions& wo, rocksdb::WriteBatch* batch,
                           std::string_view what) {
   PC_RETURN_IF_ERROR(Writable());
   PC_RETURN_IF_ERROR(Recover());
   return AfterWriteError(FromRocks(db->Write(wo, batch), what));
 }
 
-Status Store::Impl::Writable() const {
+Status LocalStore::Impl::Writable() const {
   if (opts.read_only) return Status::FailedPrecondition("the store at " + path + " is open read-only");
   return Status::Ok();
 }
 
-Status Store::Impl::AfterWriteError(const Status& s) {
+Status LocalStore::Impl::AfterWriteError(const Status& s) {
   if (s.ok() || (frozen && frozen->load())) return s;
   if (s.code() != StatusCode::kIOError && s.code() != StatusCode::kResourceExhausted &&
       s.code() != StatusCode::kCorruption) {
     return s;
   }
   {
-    std::lock_guard g(recover_mu);
+    MutexLock g(&recover_mu);
     if (!stopped.load()) stop_cause = s;
     stopped.store(true);
   }
@@ -122,9 +116,9 @@ Status Store::Impl::AfterWriteError(const Status& s) {
       (still_stopped ? "); writes are refused until space is freed, reads go on" : ")"));
 }
 
-Status Store::Impl::Recover() {
+Status LocalStore::Impl::Recover() {
   if (!stopped.load()) return Status::Ok();
-  std::unique_lock g(recover_mu);
+  MutexLock g(&recover_mu);
   if (!fatal.ok()) return fatal;
   if (!stopped.load()) return Status::Ok();
   rocksdb::Status r = db->Resume();
@@ -154,15 +148,15 @@ Status Store::Impl::Recover() {
 
 // ---- scopes --------------------------------------------------------------------------
 
-std::optional<std::uint64_t> Store::Impl::FindScope(const Hash128& digest, std::string_view ns) const {
-  std::shared_lock g(scope_mu);
+std::optional<std::uint64_t> LocalStore::Impl::FindScope(const Hash128& digest, std::string_view ns) const {
+  ReaderLock g(&scope_mu);
   auto it = scope_by_name.find(ScopeByNameKey(digest, ns));
   if (it == scope_by_name.end()) return std::nullopt;
   return it->second;
 }
 
-std::optional<ScopeRecord> Store::Impl::ScopeById(std::uint64_t id) const {
-  std::shared_lock g(scope_mu);
+std::optional<ScopeRecord> LocalStore::Impl::ScopeById(std::uint64_t id) const {
+  ReaderLock g(&scope_mu);
   auto it = scopes.find(id);
   if (it == scopes.end()) return std::nullopt;
   return it->second;
@@ -170,22 +164,22 @@ std::optional<ScopeRecord> Store::Impl::ScopeById(std::uint64_t id) const {
 
 // ---- counters and stats --------------------------------------------------------------
 
-void Store::Impl::PublishCounters(const Counters& c) {
-  std::lock_guard g(stats_mu);
+void LocalStore::Impl::PublishCounters(const Counters& c) {
+  MutexLock g(&stats_mu);
   stats_copy = c;
 }
 
-Store::Impl::Counters Store::Impl::WithLiveStats(Counters c) const {
+LocalStore::Impl::Counters LocalStore::Impl::WithLiveStats(Counters c) const {
   c.hits = hits;
   c.misses = misses;
   c.admission_refusals = refusals;
   return c;
 }
 
-Result<StoreStats> Store::Stat() {
+Result<StoreStats> LocalStore::Stat() {
   Impl::Counters c;
   {
-    std::lock_guard g(impl_->stats_mu);
+    MutexLock g(&impl_->stats_mu);
     c = impl_->stats_copy;
   }
   StoreStats st;
@@ -201,16 +195,16 @@ Result<StoreStats> Store::Stat() {
   st.evictions = c.evictions;
   st.admission_refusals = impl_->refusals;
   {
-    std::lock_guard g(impl_->leases->mu);
+    MutexLock g(&impl_->leases->mu);
     st.active_leases = impl_->leases->active;
   }
   st.byte_budget = impl_->byte_budget;
   st.staged_bytes = impl_->staged_bytes.load();
   if (impl_->stopped.load()) {
-    std::lock_guard g(impl_->recover_mu);
+    MutexLock g(&impl_->recover_mu);
     st.write_error = impl_->fatal.ok() ? impl_->stop_cause.ToString() : impl_->fatal.ToString();
   } else if (impl_->segment_full.load()) {
-    std::lock_guard g(impl_->recover_mu);
+    MutexLock g(&impl_->recover_mu);
     st.write_error = impl_->segment_error.ToString();
   }
   // Every file of the directory: segment files, tables, the write-ahead
@@ -226,7 +220,7 @@ Result<StoreStats> Store::Stat() {
 
 // ---- sightings (admission) -------------------------------------------------------------
 
-std::string Store::Impl::SightingKey(const Hash128& model, std::string_view ns, std::uint64_t length,
+std::string LocalStore::Impl::SightingKey(const Hash128& model, std::string_view ns, std::uint64_t length,
                                      std::uint64_t exact_hash) {
   std::string k = HashKey(model);
   PutBE64(&k, length);
@@ -235,9 +229,9 @@ std::string Store::Impl::SightingKey(const Hash128& model, std::string_view ns, 
   return k;
 }
 
-void Store::Impl::NoteSighting(const std::string& key) {
+void LocalStore::Impl::NoteSighting(const std::string& key) {
   if (opts.eviction.admit_after_sightings <= 1) return;
-  std::lock_guard g(sight_mu);
+  MutexLock g(&sight_mu);
   auto [it, inserted] = sightings.try_emplace(key, 0);
   if (it->second < UINT32_MAX) ++it->second;
   if (inserted) {
@@ -249,13 +243,13 @@ void Store::Impl::NoteSighting(const std::string& key) {
   }
 }
 
-std::uint32_t Store::Impl::Sightings(const std::string& key) {
-  std::lock_guard g(sight_mu);
+std::uint32_t LocalStore::Impl::Sightings(const std::string& key) {
+  MutexLock g(&sight_mu);
   auto it = sightings.find(key);
   return it == sightings.end() ? 0 : it->second;
 }
 
-void Store::RecordSighting(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> tokens) {
+void LocalStore::RecordSighting(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> tokens) {
   if (tokens.empty()) return;
   BoundaryPlace place = PlaceOf(*impl_->hasher, tokens, impl_->params.block_tokens);
   impl_->NoteSighting(Impl::SightingKey(model, ns, tokens.size(), place.exact_hash));
@@ -265,7 +259,7 @@ void Store::RecordSighting(const Hash128& model, std::string_view ns, std::span<
   }
 }
 
-std::uint64_t Store::Impl::PrefixSightingKey(const Hash128& model, std::string_view ns, std::uint64_t level,
+std::uint64_t LocalStore::Impl::PrefixSightingKey(const Hash128& model, std::string_view ns, std::uint64_t level,
                                              std::uint64_t h) {
   std::string k = HashKey(model);
   PutBE64(&k, level);
@@ -273,13 +267,13 @@ std::uint64_t Store::Impl::PrefixSightingKey(const Hash128& model, std::string_v
   return Checksum64(k, h);
 }
 
-void Store::Impl::NotePrefixSightings(const Hash128& model, std::string_view ns, const std::vector<std::uint64_t>& h,
+void LocalStore::Impl::NotePrefixSightings(const Hash128& model, std::string_view ns, const std::vector<std::uint64_t>& h,
                                       std::size_t levels) {
   const std::size_t cap = std::max<std::size_t>(opts.eviction.sighting_capacity, 1) * 4;
   std::vector<std::uint64_t> keys;
   keys.reserve(levels);
   for (std::size_t a = 1; a <= levels && a < h.size(); ++a) keys.push_back(PrefixSightingKey(model, ns, a, h[a]));
-  std::lock_guard g(sight_mu);
+  MutexLock g(&sight_mu);
   for (std::uint64_t key : keys) {
     auto [it, inserted] = prefix_sightings.try_emplace(key, 0);
     if (it->second < UINT32_MAX) ++it->second;
@@ -292,7 +286,7 @@ void Store::Impl::NotePrefixSightings(const Hash128& model, std::string_view ns,
   }
 }
 
-Status Store::Impl::AdmitReused(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> tokens) {
+Status LocalStore::Impl::AdmitReused(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> tokens) {
   const std::uint32_t block = kSightingBlock;
   const std::size_t levels = tokens.size() / block;
   const double share = std::clamp(opts.eviction.admit_reuse_share, 0.0, 1.0);
@@ -300,7 +294,7 @@ Status Store::Impl::AdmitReused(const Hash128& model, std::string_view ns, std::
   const std::size_t lowest = std::max<std::size_t>(1, (need + block - 1) / block);
   if (levels >= lowest) {
     const std::vector<std::uint64_t> h = ChainHashes(*hasher, tokens, block, levels);
-    std::lock_guard g(sight_mu);
+    MutexLock g(&sight_mu);
     for (std::size_t a = levels; a >= lowest; --a) {
       auto it = prefix_sightings.find(PrefixSightingKey(model, ns, a, h[a]));
       if (it != prefix_sightings.end() && it->second >= 2) return Status::Ok();
@@ -312,9 +306,9 @@ Status Store::Impl::AdmitReused(const Hash128& model, std::string_view ns, std::
 
 // ---- delete ------------------------------------------------------------------------------
 
-Status Store::Delete(EntryId id) {
+Status LocalStore::Delete(EntryId id) {
   PC_RETURN_IF_ERROR(impl_->Writable());
-  std::lock_guard wl(impl_->write_mu);
+  MutexLock wl(&impl_->write_mu);
   Txn t(*impl_);
   // A quarantined entry holds no references: only its record goes.
   std::string v;
@@ -340,15 +334,15 @@ Status Store::Delete(EntryId id) {
   return t.Commit(impl_->CommitWriteOptions(), "delete.before_write", "delete.after_write");
 }
 
-Status Store::Impl::ForceRemove(EntryId id) {
+Status LocalStore::Impl::ForceRemove(EntryId id) {
   Txn t(*this);
   PC_RETURN_IF_ERROR(t.DeleteEntryRecords(id, /*tolerate_bad_access=*/true));
   PC_RETURN_IF_ERROR(t.Commit(CommitWriteOptions(), "delete.before_write", "delete.after_write"));
   return RebuildDerived();
 }
 
-Result<Store::StoreCheckReport> Store::CheckStore(bool read_chunks) {
-  return impl_->CheckStore(read_chunks);
+Result<StoreCheckReport> LocalStore::CheckStore(const CheckStoreOptions& options) {
+  return impl_->CheckStore(options.read_chunks);
 }
 
 }  // namespace primecache

@@ -1,4 +1,4 @@
-// Store::Impl: the state behind primecache::Store, and Txn, one metadata
+// LocalStore::Impl: the state behind primecache::Store, and Txn, one metadata
 // batch. Impl's methods live in one file per topic: store_open.cc (open,
 // load, close), store.cc (metadata writes and write errors, scopes,
 // counters, sightings, delete), publish.cc (staging and commit), read.cc
@@ -31,14 +31,13 @@
 //   node_filter.mu, then exact_filter.mu (a commit takes both);
 //   leaf locks, under which no other is taken: scope_mu, stats_mu,
 //   recover_mu, reclaim_mu, touch_mu, sight_mu, checked_mu,
-//   Lease::Table::mu.
+//   LeaseTable::mu.
 #pragma once
 
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
@@ -46,19 +45,20 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
 #include "core/worker_pool.h"
 #include "primecache/statestore.h"
 #include "statestore/format.h"
 #include "statestore/node_filter.h"
 #include "statestore/segments.h"
-#include "statestore/token_hash.h"
+#include "core/token_hash.h"
 
 namespace primecache {
 
@@ -90,32 +90,34 @@ std::vector<std::string> PassKeys(const TokenHasher& hasher, std::uint64_t scope
 // Who holds a lease on which entry, and which entries are being removed
 // (no lease may start on those). Shared with the leases, which may outlive
 // the store.
-struct Lease::Table {
+struct LeaseTable final : Lease::Table {
   struct Slot {
     std::uint32_t count = 0;
     bool dying = false;
   };
-  std::mutex mu;
-  std::unordered_map<EntryId, Slot> slots;  // guarded by mu
-  std::uint64_t active = 0;                 // leases held; guarded by mu
+  Mutex mu;
+  std::unordered_map<EntryId, Slot> slots GUARDED_BY(mu);
+  std::uint64_t active GUARDED_BY(mu) = 0;  // leases held
 
-  bool TryAcquire(EntryId id);  // false when the entry is being removed
-  void Release(EntryId id);
-  bool MarkDying(EntryId id);  // false when leased
-  void ClearDying(EntryId id);
-  bool Leased(EntryId id);
+  bool TryAcquire(EntryId id) EXCLUDES(mu);  // false when the entry is being removed
+  void Release(EntryId id) override EXCLUDES(mu);
+  bool MarkDying(EntryId id) EXCLUDES(mu);  // false when leased
+  void ClearDying(EntryId id) EXCLUDES(mu);
+  bool Leased(EntryId id) EXCLUDES(mu);
 };
 
-struct Store::Impl {
+struct LocalStore::Impl {
   using Counters = statestore_internal::Counters;
   using Params = statestore_internal::Params;
 
-  // ---- set while opening, then only read.
+  // ---- set while opening, then only read: written only by Open and what it
+  // calls (store_open.cc, migrate.cc's MigrateChunks, branch.cc's
+  // BuildPassIndex) before the Store is handed out, and by ~Impl; no lock.
   StoreOptions opts;
   Env* env = nullptr;
   std::string path;
   Params params;
-  const statestore_internal::TokenHasher* hasher = nullptr;
+  const TokenHasher* hasher = nullptr;
   std::shared_ptr<const LayerValidator> validator;
   std::shared_ptr<std::atomic<bool>> frozen;
   std::shared_ptr<const statestore_internal::TestHooks> hooks;  // null outside tests
@@ -140,67 +142,81 @@ struct Store::Impl {
   // points reach all of them; false only in a read-only open of an older store.
   bool pass_index = false;
 
+  // ---- the locks, outermost first (the order above, checked: see
+  // core/thread_annotations.h). Leaf locks take none after them.
+  Mutex gc_mu;
+  Mutex write_mu ACQUIRED_AFTER(gc_mu);
+  Mutex pool_mu ACQUIRED_AFTER(write_mu);
+  SharedMutex extent_mu ACQUIRED_AFTER(write_mu);
+  Mutex files_mu ACQUIRED_AFTER(extent_mu, pool_mu);
+  // (node_filter.mu, then exact_filter.mu: members of NodeFilter, ordered
+  // after files_mu by the comment only.)
+  mutable SharedMutex scope_mu ACQUIRED_AFTER(files_mu);
+  mutable Mutex stats_mu ACQUIRED_AFTER(files_mu);
+  Mutex recover_mu ACQUIRED_AFTER(files_mu);
+  Mutex reclaim_mu ACQUIRED_AFTER(files_mu);
+  Mutex touch_mu ACQUIRED_AFTER(files_mu);
+  Mutex sight_mu ACQUIRED_AFTER(files_mu);
+  Mutex checked_mu ACQUIRED_AFTER(files_mu);
+
   // ---- the write path.
-  std::mutex write_mu;
-  Counters counters;  // as last committed; guarded by write_mu
-  mutable std::mutex stats_mu;
-  Counters stats_copy;  // counters for Stat(); guarded by stats_mu
+  Counters counters GUARDED_BY(write_mu);    // as last committed
+  Counters stats_copy GUARDED_BY(stats_mu);  // counters for Stat()
   std::atomic<std::uint64_t> hits{0}, misses{0}, refusals{0};
   std::atomic<std::uint64_t> byte_budget{0};
 
   // ---- scopes: read under scope_mu shared; a commit (under write_mu) adds
   // them under scope_mu exclusive.
-  mutable std::shared_mutex scope_mu;
-  std::unordered_map<std::string, std::uint64_t> scope_by_name;  // ScopeByNameKey -> id; guarded by scope_mu
-  std::map<std::uint64_t, statestore_internal::ScopeRecord> scopes;  // guarded by scope_mu
+  std::unordered_map<std::string, std::uint64_t> scope_by_name GUARDED_BY(scope_mu);  // ScopeByNameKey -> id
+  std::map<std::uint64_t, statestore_internal::ScopeRecord> scopes GUARDED_BY(scope_mu);
 
   // ---- segment_store.cc: segment files.
   std::string seg_dir;                                            // <path>/segments
   statestore_internal::FreezeHook freeze;                         // tests: the simulated power loss
-  std::map<std::uint64_t, statestore_internal::SegmentRecord> segments;  // as committed; guarded by write_mu
+  std::map<std::uint64_t, statestore_internal::SegmentRecord> segments GUARDED_BY(write_mu);  // as committed
   // Writable segments not handed out, and the ids of those handed out.
-  std::mutex pool_mu;
-  std::vector<std::unique_ptr<statestore_internal::SegmentWriter>> idle_writers;  // guarded by pool_mu
-  std::set<std::uint64_t> busy_segments;                                          // guarded by pool_mu
+  std::vector<std::unique_ptr<statestore_internal::SegmentWriter>> idle_writers GUARDED_BY(pool_mu);
+  std::set<std::uint64_t> busy_segments GUARDED_BY(pool_mu);
   // Closed segments an aborted publish could not cut back (the cut itself
   // failed): id -> the length to cut to (a fresh, unrecorded one's file is
   // removed instead). Segment gc retries the cut; the next open does it too.
-  std::map<std::uint64_t, std::uint64_t> uncut_tails;  // guarded by pool_mu
+  std::map<std::uint64_t, std::uint64_t> uncut_tails GUARDED_BY(pool_mu);
   std::atomic<std::uint64_t> next_segment{1};
   // A writable segment for one publisher (or gc, or migration) alone.
-  Result<std::unique_ptr<statestore_internal::SegmentWriter>> AcquireWriter();
+  Result<std::unique_ptr<statestore_internal::SegmentWriter>> AcquireWriter() EXCLUDES(pool_mu);
   // Back to the pool, or closed when broken, sealed or not to be reused.
-  void ReleaseWriter(std::unique_ptr<statestore_internal::SegmentWriter> w, bool reuse);
+  void ReleaseWriter(std::unique_ptr<statestore_internal::SegmentWriter> w, bool reuse) EXCLUDES(pool_mu);
   // Closes every idle writer, so that gc may rewrite their segments.
-  void CloseIdleWriters();
+  void CloseIdleWriters() EXCLUDES(pool_mu);
   // Open segment files for reading, shared with the readers that resolved
   // an extent in them (a file gc unlinks stays readable to them).
-  std::shared_mutex extent_mu;
-  std::mutex files_mu;
-  std::unordered_map<std::uint64_t, std::shared_ptr<RandomAccessFile>> open_files;  // guarded by files_mu
-  // id -> what is wrong with its file; guarded by files_mu
-  std::unordered_map<std::uint64_t, std::string> damaged_segments;
-  Result<std::shared_ptr<RandomAccessFile>> SegmentFile(std::uint64_t id);
-  void ForgetSegmentFile(std::uint64_t id);
+  std::unordered_map<std::uint64_t, std::shared_ptr<RandomAccessFile>> open_files GUARDED_BY(files_mu);
+  // id -> what is wrong with its file
+  std::unordered_map<std::uint64_t, std::string> damaged_segments GUARDED_BY(files_mu);
+  Result<std::shared_ptr<RandomAccessFile>> SegmentFile(std::uint64_t id) EXCLUDES(files_mu);
+  void ForgetSegmentFile(std::uint64_t id) EXCLUDES(files_mu, checked_mu);
   // A read-only mapping of segment `id` covering at least its first `end`
   // bytes (the whole file as it is now), kept with the open file until gc
   // forgets the segment; holders keep their copy alive after that.
-  std::unordered_map<std::uint64_t, MappedRegion> mappings;  // guarded by files_mu
-  Result<MappedRegion> SegmentMapping(std::uint64_t id, const RandomAccessFile& file, std::uint64_t end);
+  std::unordered_map<std::uint64_t, MappedRegion> mappings GUARDED_BY(files_mu);
+  Result<MappedRegion> SegmentMapping(std::uint64_t id, const RandomAccessFile& file, std::uint64_t end)
+      EXCLUDES(files_mu);
   // Chunks whose address matched while a sink held their mapping pinned
   // (FetchSink::Pin, the serial of the pin held while it was checked): mapping id -> chunk offset -> pin number. Bounded
   // (cleared when it grows past a million chunks); a forgotten mapping's
   // entries go with it.
-  std::mutex checked_mu;
-  std::unordered_map<std::uint64_t, std::unordered_map<std::uint64_t, std::uint64_t>>
-      checked_pinned;  // guarded by checked_mu
-  std::size_t checked_pinned_count = 0;  // guarded by checked_mu
-  bool CheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin);
-  void NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin);
+  std::unordered_map<std::uint64_t, std::unordered_map<std::uint64_t, std::uint64_t>> checked_pinned
+      GUARDED_BY(checked_mu);
+  std::size_t checked_pinned_count GUARDED_BY(checked_mu) = 0;
+  bool CheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin)
+      EXCLUDES(checked_mu);
+  void NoteCheckedWhilePinned(std::uint64_t mapping, std::uint64_t offset, std::uint64_t pin)
+      EXCLUDES(checked_mu);
   // At open: cuts torn tails, deletes unrecorded files, notes missing or
   // short ones, and puts the open segments back in the pool.
-  Status RecoverSegments();
-  Status LoadSegments();
+  // Both under write_mu (Open takes it; RebuildDerived holds it).
+  Status RecoverSegments() REQUIRES(write_mu);
+  Status LoadSegments() REQUIRES(write_mu);
   Result<std::uint64_t> SegmentDiskBytes();
   // Whether `bytes`, the chunk at extent `e`, match their address `h`;
   // kCorruption naming the chunk, its segment and offset when not.
@@ -210,7 +226,7 @@ struct Store::Impl {
   Status ReadExtent(const std::shared_ptr<RandomAccessFile>& file, const statestore_internal::Extent& e, const Hash128& h,
                     std::span<std::byte> dst);
 
-  std::shared_ptr<Lease::Table> leases = std::make_shared<Lease::Table>();  // locks its own mu
+  std::shared_ptr<LeaseTable> leases = std::make_shared<LeaseTable>();  // locks its own mu
 
   // Reads ahead for fetches (null when StoreOptions::fetch_read_threads is 0).
   std::unique_ptr<WorkerPool> read_pool;
@@ -221,8 +237,7 @@ struct Store::Impl {
     std::uint64_t tick = 0;
     std::uint64_t hits = 0;
   };
-  std::mutex touch_mu;
-  std::unordered_map<EntryId, PendingTouch> pending_touches;  // guarded by touch_mu
+  std::unordered_map<EntryId, PendingTouch> pending_touches GUARDED_BY(touch_mu);
 
   // Which index nodes and exact records exist (see node_filter.h); each is
   // guarded by its own mu (shared to ask, exclusive to change).
@@ -231,17 +246,16 @@ struct Store::Impl {
   Status LoadFilters();
 
   // Admission: sightings of boundaries, in memory, bounded.
-  std::mutex sight_mu;
-  std::unordered_map<std::string, std::uint32_t> sightings;  // guarded by sight_mu
-  std::deque<std::string> sighting_order;                    // oldest first; guarded by sight_mu
+  std::unordered_map<std::string, std::uint32_t> sightings GUARDED_BY(sight_mu);
+  std::deque<std::string> sighting_order GUARDED_BY(sight_mu);  // oldest first
   // AdmissionPolicy::kReuse: lookups per (scope name, block-aligned prefix).
-  std::unordered_map<std::uint64_t, std::uint32_t> prefix_sightings;  // guarded by sight_mu
-  std::deque<std::uint64_t> prefix_order;                             // oldest first; guarded by sight_mu
+  std::unordered_map<std::uint64_t, std::uint32_t> prefix_sightings GUARDED_BY(sight_mu);
+  std::deque<std::uint64_t> prefix_order GUARDED_BY(sight_mu);  // oldest first
 
   ~Impl();
 
-  // Store::Open and statestore_internal::OpenWithHooks.
-  static Result<std::unique_ptr<Store>> Open(StoreOptions options,
+  // LocalStore::Open and statestore_internal::OpenWithHooks.
+  static Result<std::unique_ptr<LocalStore>> Open(StoreOptions options,
                                              std::shared_ptr<const statestore_internal::TestHooks> hooks);
 
   // ---- store_open.cc
@@ -255,7 +269,7 @@ struct Store::Impl {
                                                    const std::vector<std::string>& existing);
   Status OpenColumnFamilies(const rocksdb::DBOptions& dbo, bool has_schema);
   Status InitialiseRecords();
-  Status LoadState();
+  Status LoadState() REQUIRES(write_mu);
   Status CloseDb();
 
   // ---- store.cc
@@ -269,27 +283,27 @@ struct Store::Impl {
   // write that failed for another reason than space) cannot be resumed:
   // writes are then refused with kUnavailable until the store is reopened.
   // Reads go on throughout.
-  Status AfterWriteError(const Status& s);
+  Status AfterWriteError(const Status& s) EXCLUDES(recover_mu);
   // OK when writes may go on; else why not (kResourceExhausted while the
   // disk stays full, kUnavailable otherwise).
-  Status Recover();
+  Status Recover() EXCLUDES(recover_mu);
   // kFailedPrecondition when the store was opened read-only.
   Status Writable() const;
   std::atomic<bool> stopped{false};  // RocksDB is in its error state
-  std::mutex recover_mu;  // serialises Resume() attempts
-  Status stop_cause;  // the write error that stopped it; guarded by recover_mu
-  Status fatal;       // set when Resume() cannot help; guarded by recover_mu
-  std::optional<std::uint64_t> FindScope(const Hash128& digest, std::string_view ns) const;
-  std::optional<statestore_internal::ScopeRecord> ScopeById(std::uint64_t id) const;
-  void PublishCounters(const Counters& c);
+  // recover_mu serialises Resume() attempts.
+  Status stop_cause GUARDED_BY(recover_mu);  // the write error that stopped it
+  Status fatal GUARDED_BY(recover_mu);       // set when Resume() cannot help
+  std::optional<std::uint64_t> FindScope(const Hash128& digest, std::string_view ns) const EXCLUDES(scope_mu);
+  std::optional<statestore_internal::ScopeRecord> ScopeById(std::uint64_t id) const EXCLUDES(scope_mu);
+  void PublishCounters(const Counters& c) EXCLUDES(stats_mu);
   std::uint64_t StoredBytes(const Counters& c) const { return c.chunk_bytes + c.meta_bytes; }
   Counters WithLiveStats(Counters c) const;
 
   // Sightings.
   static std::string SightingKey(const Hash128& model, std::string_view ns, std::uint64_t length,
                                  std::uint64_t exact_hash);
-  void NoteSighting(const std::string& key);
-  std::uint32_t Sightings(const std::string& key);
+  void NoteSighting(const std::string& key) EXCLUDES(sight_mu);
+  std::uint32_t Sightings(const std::string& key) EXCLUDES(sight_mu);
   // kReuse: the key of the prefix of `level` blocks of kSightingBlock tokens
   // whose chain hash (ChainHashes with that block) is `h`; a lookup notes
   // each of its query's whole-block prefixes (h_1..h_n, h[0] unused). The
@@ -299,7 +313,7 @@ struct Store::Impl {
   static std::uint64_t PrefixSightingKey(const Hash128& model, std::string_view ns, std::uint64_t level,
                                          std::uint64_t h);
   void NotePrefixSightings(const Hash128& model, std::string_view ns, const std::vector<std::uint64_t>& h,
-                           std::size_t levels);
+                           std::size_t levels) EXCLUDES(sight_mu);
   // kReuse: OK when an earlier lookup shared enough of the boundary; else kAborted saying why.
   Status AdmitReused(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> tokens);
 
@@ -307,8 +321,8 @@ struct Store::Impl {
   Result<EntryInfo> MakeInfo(EntryId id, const statestore_internal::EntrySummary& s, EntryState state);
 
   // ---- recency.cc (and Txn's eviction)
-  void Touch(EntryId id, bool hit);
-  Status FlushTouches();  // requires write_mu
+  void Touch(EntryId id, bool hit) EXCLUDES(touch_mu);
+  Status FlushTouches() REQUIRES(write_mu);
 
   // ---- read.cc
   // kNotFound unless the entry record `record` of `id` is of namespace `ns`.
@@ -338,7 +352,7 @@ struct Store::Impl {
                                                      const std::function<bool(EntryId)>& usable);
   // The entry stored under exactly this identity, if any.
   Result<std::optional<EntryId>> FindIdentity(std::uint64_t scope, std::span<const std::uint32_t> tokens,
-                                              const statestore_internal::BoundaryPlace& place,
+                                              const BoundaryPlace& place,
                                               bool quarantine);
   // The extent and open file of each chunk (by hash), resolved in one MultiGet
   // under extent_mu; a chunk that cannot be read gets its kCorruption.
@@ -347,21 +361,21 @@ struct Store::Impl {
     std::shared_ptr<RandomAccessFile> file;
     Status status;
   };
-  Status LocateChunks(const std::vector<Hash128>& hashes, std::vector<Located>* out);
+  Status LocateChunks(const std::vector<Hash128>& hashes, std::vector<Located>* out) EXCLUDES(extent_mu);
   void Quarantine(EntryId id, const std::string& reason, std::optional<Hash128> bad_chunk);
   // Removes an entry whose own records are unreadable, then rebuilds the
-  // derived records; requires write_mu.
-  Status ForceRemove(EntryId id);
+  // derived records.
+  Status ForceRemove(EntryId id) REQUIRES(write_mu);
 
   // ---- publish.cc
   // Takes the publish's writer back after an abort (its bytes are dead space).
   void AbortPublish(std::unique_ptr<statestore_internal::SegmentWriter> w, std::uint64_t written_bytes);
   // A failed segment write, with a full disk said in words (and shown by
   // Stat's write_error until a segment write succeeds again).
-  Status AfterSegmentError(const Status& s);
+  Status AfterSegmentError(const Status& s) EXCLUDES(recover_mu);
   void SegmentWritesOk();
   std::atomic<bool> segment_full{false};
-  Status segment_error;  // guarded by recover_mu
+  Status segment_error GUARDED_BY(recover_mu);
 
   // The bound on uncommitted bytes (StoreOptions::max_staged_bytes).
   Status ReserveStaged(std::uint64_t bytes);
@@ -371,15 +385,16 @@ struct Store::Impl {
   // Reclaiming the space of dropped chunks: once reclaim_after_bytes were
   // dropped, the reclaimer thread rewrites the segments that are mostly dead
   // (segment_gc.cc).
-  void NoteDropped(std::uint64_t bytes);
-  void ReclaimLoop();
+  void NoteDropped(std::uint64_t bytes) EXCLUDES(reclaim_mu);
+  void ReclaimLoop() EXCLUDES(reclaim_mu);
   Status ReclaimNow();
-  void StopReclaimer();
-  std::thread reclaimer;  // started under reclaim_mu
-  std::mutex reclaim_mu;
-  std::condition_variable reclaim_cv;
-  std::uint64_t reclaim_pending = 0;       // guarded by reclaim_mu
-  bool reclaim_stop = false;               // guarded by reclaim_mu
+  void StopReclaimer() EXCLUDES(reclaim_mu);
+  // Started under reclaim_mu while !reclaim_stop; joined by StopReclaimer
+  // once reclaim_stop is set (outside the lock, which the loop takes).
+  std::thread reclaimer;
+  CondVar reclaim_cv;  // waited on with reclaim_mu
+  std::uint64_t reclaim_pending GUARDED_BY(reclaim_mu) = 0;
+  bool reclaim_stop GUARDED_BY(reclaim_mu) = false;
   std::atomic<std::uint64_t> reclaims{0};  // completed (for tests)
 
   // ---- space.cc: the disk reserve (StoreOptions::disk_reserve_bytes)
@@ -392,11 +407,10 @@ struct Store::Impl {
   void EnsureReserve();
 
   // ---- segment_gc.cc
-  std::mutex gc_mu;
   std::atomic<bool> gc_cancel{false};  // the store is closing: a rewrite under way stops
   // Rewrites the segments with dead bytes (all: every one with any; else
   // those at least half dead) and deletes those with no live chunk.
-  Status CollectSegments(bool all);
+  Status CollectSegments(bool all) EXCLUDES(gc_mu);
   // Cuts the tails in uncut_tails (those it cannot stay for the next try).
   Status CutAbortedTails();
   Status RewriteSegment(std::uint64_t id, const statestore_internal::SegmentRecord& rec);
@@ -407,12 +421,13 @@ struct Store::Impl {
   Status MigrateChunks();
 
   // ---- verify.cc
-  Result<StoreCheckReport> CheckStore(bool read_chunks);
+  Result<StoreCheckReport> CheckStore(bool read_chunks) EXCLUDES(gc_mu);
   // Recomputes what the entries imply (chunk references, the index, the
-  // counters) and rewrites what disagrees; requires write_mu. For damage
-  // that cannot be undone entry by entry.
-  Status RebuildDerived();
-  Status RebuildRefs(std::map<std::string, statestore_internal::ChunkRefRecord>& want, rocksdb::WriteBatch* b);
+  // counters) and rewrites what disagrees. For damage that cannot be undone
+  // entry by entry.
+  Status RebuildDerived() REQUIRES(write_mu);
+  Status RebuildRefs(std::map<std::string, statestore_internal::ChunkRefRecord>& want, rocksdb::WriteBatch* b)
+      REQUIRES(write_mu);
   Status VerifySegments(const rocksdb::ReadOptions& ro, const std::map<std::uint64_t, std::uint64_t>& live,
                         const std::vector<std::pair<Hash128, statestore_internal::ChunkRefRecord>>& placed,
                         bool read_chunks, const std::function<void(std::string)>& problem);
@@ -428,67 +443,76 @@ std::uint64_t IdCount(const std::optional<std::string>& v);
 // One metadata batch, built under write_mu and written atomically.
 class Txn {
  public:
-  explicit Txn(Store::Impl& s) : s_(s), c_(s.counters) {}
-  ~Txn();
+  // Built with write_mu held, and used only while it is; from here on the
+  // analysis knows that of this Txn (each method REQUIRES it).
+  explicit Txn(LocalStore::Impl& s) REQUIRES(s.write_mu) ASSERT_CAPABILITY(s_.write_mu) : s_(s), c_(s.counters) {}
+  ~Txn() REQUIRES(s_.write_mu);
+  // The lock its methods need (for a function given a Txn: REQUIRES(t.mu())).
+  Mutex& mu() const RETURN_CAPABILITY(s_.write_mu) { return s_.write_mu; }
 
   rocksdb::WriteBatch& batch() { return batch_; }
   Counters& counters() { return c_; }
 
   // Chunk references, read through this batch's own changes.
-  Result<ChunkRefRecord*> Ref(const Hash128& h);  // nullptr-free: refs == 0 when none
+  Result<ChunkRefRecord*> Ref(const Hash128& h) REQUIRES(s_.write_mu);  // nullptr-free: refs == 0 when none
   // n more references by a publish that wrote the bytes at `wrote`, or found
   // them committed at `seen` when it began (bytes stay where they are until
   // gc drops their segment, so a chunk removed meanwhile is taken back).
   Status AddRefs(const Hash128& h, std::uint64_t size, std::uint64_t n, std::optional<Extent> wrote,
-                 std::optional<Extent> seen);
-  Status DropRefs(const Hash128& h, std::uint64_t n);
+                 std::optional<Extent> seen) REQUIRES(s_.write_mu);
+  Status DropRefs(const Hash128& h, std::uint64_t n) REQUIRES(s_.write_mu);
   // gc: moves a chunk's recorded extent (when it is still `from`).
-  Status Repoint(const Hash128& h, const Extent& from, const Extent& to, bool* moved);
+  Status Repoint(const Hash128& h, const Extent& from, const Extent& to, bool* moved) REQUIRES(s_.write_mu);
 
   // Segment records, through this batch's changes; live bytes follow the
   // chunk records at Commit.
-  void SetSegment(std::uint64_t id, std::uint64_t committed, SegmentState state);
-  void DropSegment(std::uint64_t id);
+  void SetSegment(std::uint64_t id, std::uint64_t committed, SegmentState state) REQUIRES(s_.write_mu);
+  void DropSegment(std::uint64_t id) REQUIRES(s_.write_mu);
 
   // Index values, read through this batch's own changes.
-  Result<std::optional<std::string>> IndexValue(const std::string& key);
-  void SetIndexValue(const std::string& key, std::optional<std::string> value);
+  Result<std::optional<std::string>> IndexValue(const std::string& key) REQUIRES(s_.write_mu);
+  void SetIndexValue(const std::string& key, std::optional<std::string> value) REQUIRES(s_.write_mu);
   // The entry ids of an exact record and the slots of a node (empty when the
   // key holds nothing), as this transaction sees them.
-  Result<std::vector<std::uint64_t>> ExactIds(const std::string& key);
-  Result<std::vector<NodeSlot>> NodeSlots(const std::string& key);
-  Status IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id);
-  Status IndexRemove(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id);
+  Result<std::vector<std::uint64_t>> ExactIds(const std::string& key) REQUIRES(s_.write_mu);
+  Result<std::vector<NodeSlot>> NodeSlots(const std::string& key) REQUIRES(s_.write_mu);
+  Status IndexAdd(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id)
+      REQUIRES(s_.write_mu);
+  Status IndexRemove(std::uint64_t scope, std::uint64_t length, const BoundaryPlace& place, EntryId id)
+      REQUIRES(s_.write_mu);
 
   // Scope for (digest, ns), created in this batch when new; a descriptor is
   // added to a scope stored without one.
   Result<std::uint64_t> ScopeFor(const Hash128& model, std::string_view model_name, std::string_view ns,
-                                 std::string_view descriptor);
+                                 std::string_view descriptor) REQUIRES(s_.write_mu);
 
   // Deletes entry `id`'s pass records found by scanning its scope's (for an
   // entry whose tokens cannot be read).
-  Status DeletePassRecordsByScan(std::uint64_t scope, EntryId id);
+  Status DeletePassRecordsByScan(std::uint64_t scope, EntryId id) REQUIRES(s_.write_mu);
   // Removes a live entry (references, index, records); false when it is not
   // there. With a reason, it goes to quarantine instead of away.
-  Result<bool> RemoveEntry(EntryId id, const std::optional<std::string>& quarantine_reason);
+  Result<bool> RemoveEntry(EntryId id, const std::optional<std::string>& quarantine_reason)
+      REQUIRES(s_.write_mu);
   // Deletes every record keyed by entry `id`: its entry, manifest and tokens
   // records and its recency (access and age) records. An unreadable access
   // record fails the batch, unless tolerate_bad_access (its age record,
   // which only that record locates, then stays: Verify reports it).
-  Status DeleteEntryRecords(EntryId id, bool tolerate_bad_access);
+  Status DeleteEntryRecords(EntryId id, bool tolerate_bad_access) REQUIRES(s_.write_mu);
   // A quarantined entry's manifest was unreadable, so its references could
   // not be dropped one by one: the caller rebuilds them after the commit.
   bool needs_rebuild() const { return needs_rebuild_; }
 
   // Marks an entry as being removed (fails when leased); cleared at the end.
-  bool MarkDying(EntryId id);
+  bool MarkDying(EntryId id) REQUIRES(s_.write_mu);
 
   // Evicts until stored bytes fit the budget (protecting `keep`).
-  Status EvictToBudget(std::uint64_t budget, std::optional<EntryId> keep, std::uint64_t* evicted);
+  Status EvictToBudget(std::uint64_t budget, std::optional<EntryId> keep, std::uint64_t* evicted)
+      REQUIRES(s_.write_mu);
 
   // Writes everything: reference records, chunk deletions, index values,
   // counters. On success the store's counters and scopes take the new values.
-  Status Commit(const rocksdb::WriteOptions& wo, const char* kill_before, const char* kill_after);
+  Status Commit(const rocksdb::WriteOptions& wo, const char* kill_before, const char* kill_after)
+      REQUIRES(s_.write_mu);
 
  private:
   struct RefState {
@@ -496,13 +520,13 @@ class Txn {
     ChunkRefRecord loaded;
     ChunkRefRecord rec;
   };
-  Status ApplySegments();
-  bool SegmentLive(std::uint64_t id) const;
-  Result<std::optional<EntryId>> PickVictim(std::optional<EntryId> keep);
-  Result<double> ExclusiveBytes(EntryId id, const EntrySummary& s);
-  Result<double> MarginalFlops(EntryId id, const EntrySummary& s);
+  Status ApplySegments() REQUIRES(s_.write_mu);
+  bool SegmentLive(std::uint64_t id) const REQUIRES(s_.write_mu);
+  Result<std::optional<EntryId>> PickVictim(std::optional<EntryId> keep) REQUIRES(s_.write_mu);
+  Result<double> ExclusiveBytes(EntryId id, const EntrySummary& s) REQUIRES(s_.write_mu);
+  Result<double> MarginalFlops(EntryId id, const EntrySummary& s) REQUIRES(s_.write_mu);
 
-  Store::Impl& s_;
+  LocalStore::Impl& s_;
   rocksdb::WriteBatch batch_;
   Counters c_;
   std::unordered_map<Hash128, RefState, Hash128Hasher> refs_;

@@ -94,30 +94,30 @@ Status Invalid(std::string msg) {
 
 // ---- open / close --------------------------------------------------------------------
 
-Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Store::~Store() = default;
-const std::string& Store::path() const {
+LocalStore::LocalStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LocalStore::~LocalStore() = default;
+const std::string& LocalStore::path() const {
   return impl_->path;
 }
 
-Store::Impl::~Impl() {
+LocalStore::Impl::~Impl() {
   StopReclaimer();
   CloseIdleWriters();
   Status s = CloseDb();
   if (!s.ok()) spdlog::warn("statestore {}: close: {}", path, s.ToString());
 }
 
-Result<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
+Result<std::unique_ptr<LocalStore>> LocalStore::Open(StoreOptions options) {
   return Impl::Open(std::move(options), nullptr);
 }
 
 namespace statestore_internal {
-Result<std::unique_ptr<Store>> OpenWithHooks(StoreOptions options, std::shared_ptr<const TestHooks> hooks) {
-  return Store::Impl::Open(std::move(options), std::move(hooks));
+Result<std::unique_ptr<LocalStore>> OpenWithHooks(StoreOptions options, std::shared_ptr<const TestHooks> hooks) {
+  return LocalStore::Impl::Open(std::move(options), std::move(hooks));
 }
 }  // namespace statestore_internal
 
-Result<std::unique_ptr<Store>> Store::Impl::Open(StoreOptions options, std::shared_ptr<const TestHooks> hooks) {
+Result<std::unique_ptr<LocalStore>> LocalStore::Impl::Open(StoreOptions options, std::shared_ptr<const TestHooks> hooks) {
   auto impl = std::make_unique<Impl>();
   impl->env = options.env != nullptr ? options.env : Env::Default();
   if (options.path.empty()) {
@@ -128,7 +128,7 @@ Result<std::unique_ptr<Store>> Store::Impl::Open(StoreOptions options, std::shar
     return Invalid("block_tokens must be in [1, 65536]");
   }
   if (options.segment_bytes < (1u << 20)) return Invalid("segment_bytes must be at least 1 MiB");
-  if (options.max_chunk_bytes == 0 || options.max_chunk_bytes > kMaxChunkBytesLimit) {
+  if (options.max_chunk_bytes == 0 || options.max_chunk_bytes > StoreLimits::kMaxChunkBytes) {
     return Invalid("max_chunk_bytes must be in [1, 1 GiB]");
   }
   if (options.validator == nullptr) return Invalid("a store needs a layer validator (StoreOptions::validator)");
@@ -156,9 +156,12 @@ Result<std::unique_ptr<Store>> Store::Impl::Open(StoreOptions options, std::shar
     opened = impl->OpenDb();
   }
   PC_RETURN_IF_ERROR(opened.WithContext("open store " + impl->path));
-  PC_RETURN_IF_ERROR(impl->LoadState().WithContext("open store " + impl->path));
-  PC_RETURN_IF_ERROR(impl->LoadSegments().WithContext("open store " + impl->path));
-  PC_RETURN_IF_ERROR(impl->RecoverSegments().WithContext("open store " + impl->path));
+  {
+    MutexLock wl(&impl->write_mu);  // no other thread has the store yet; the loaders require it
+    PC_RETURN_IF_ERROR(impl->LoadState().WithContext("open store " + impl->path));
+    PC_RETURN_IF_ERROR(impl->LoadSegments().WithContext("open store " + impl->path));
+    PC_RETURN_IF_ERROR(impl->RecoverSegments().WithContext("open store " + impl->path));
+  }
   if (impl->stored_schema < kFirstSegmentSchema) {
     PC_RETURN_IF_ERROR(impl->MigrateChunks().WithContext("migrate store " + impl->path));
   }
@@ -169,9 +172,12 @@ Result<std::unique_ptr<Store>> Store::Impl::Open(StoreOptions options, std::shar
                  impl->path, s.ToString());
   }
   impl->EnsureReserve();
-  spdlog::debug("statestore {}: open, {} entries, {} chunks", impl->path, impl->counters.entries,
-                impl->counters.chunks);
-  return std::unique_ptr<Store>(new Store(std::move(impl)));
+  {
+    MutexLock wl(&impl->write_mu);
+    spdlog::debug("statestore {}: open, {} entries, {} chunks", impl->path, impl->counters.entries,
+                  impl->counters.chunks);
+  }
+  return std::unique_ptr<LocalStore>(new LocalStore(std::move(impl)));
 }
 
 namespace {
@@ -257,7 +263,7 @@ Result<std::uint32_t> CheckSchema(const StoredMeta& m, const std::string& path, 
 
 }  // namespace
 
-Status Store::Impl::OpenDb() {
+Status LocalStore::Impl::OpenDb() {
   if (opts.read_only && !env->FileExists(path + "/CURRENT")) return Status::NotFound("no store at " + path);
   if (!opts.read_only) PC_RETURN_IF_ERROR(PrepareDir(env, path));
   const rocksdb::DBOptions dbo = SetUpRocks();
@@ -288,7 +294,7 @@ Status Store::Impl::OpenDb() {
   return Status::Ok();
 }
 
-rocksdb::DBOptions Store::Impl::SetUpRocks() {
+rocksdb::DBOptions LocalStore::Impl::SetUpRocks() {
   EnvFileSystemOptions fso;
   fso.posix_locks = opts.env == nullptr || opts.env == Env::Default();
   fso.frozen = frozen;
@@ -316,7 +322,7 @@ rocksdb::DBOptions Store::Impl::SetUpRocks() {
   return dbo;
 }
 
-Result<std::optional<std::uint32_t>> Store::Impl::AdoptStored(const rocksdb::DBOptions& dbo,
+Result<std::optional<std::uint32_t>> LocalStore::Impl::AdoptStored(const rocksdb::DBOptions& dbo,
                                                               const std::vector<std::string>& existing) {
   PC_ASSIGN_OR_RETURN(StoredMeta m, PeekStoredMeta(dbo, path, existing));
   if (m.schema_status.IsNotFound() && m.empty) {
@@ -341,7 +347,7 @@ Result<std::optional<std::uint32_t>> Store::Impl::AdoptStored(const rocksdb::DBO
   return std::optional<std::uint32_t>(version);
 }
 
-Status Store::Impl::OpenColumnFamilies(const rocksdb::DBOptions& dbo, bool has_schema) {
+Status LocalStore::Impl::OpenColumnFamilies(const rocksdb::DBOptions& dbo, bool has_schema) {
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
   cfs.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
   for (const auto& n : OurColumnFamilies()) {
@@ -363,7 +369,7 @@ Status Store::Impl::OpenColumnFamilies(const rocksdb::DBOptions& dbo, bool has_s
   return Status::Ok();
 }
 
-Status Store::Impl::InitialiseRecords() {
+Status LocalStore::Impl::InitialiseRecords() {
   rocksdb::WriteBatch b;
   b.Put(cf_meta, std::string(kMetaSchemaKey), EncodeSchema(kSchemaVersion));
   b.Put(cf_meta, std::string(kMetaParamsKey), EncodeParams(params));
@@ -376,7 +382,7 @@ Status Store::Impl::InitialiseRecords() {
   return FromRocks(db->Write(wo, &b), "initialise store");
 }
 
-Status Store::Impl::LoadState() {
+Status LocalStore::Impl::LoadState() {
   std::string v;
   bool found = false;
   PC_RETURN_IF_ERROR(GetValue(cf_meta, std::string(kMetaCountersKey), &v, &found));
@@ -393,6 +399,7 @@ Status Store::Impl::LoadState() {
     if (it->key().size() != 9) return Status::Corruption("malformed scope key");
     std::uint64_t id = GetBE64(it->key().data() + 1);
     PC_ASSIGN_OR_RETURN(ScopeRecord rec, DecodeScope(id, it->value().ToStringView()));
+    MutexLock g(&scope_mu);
     scope_by_name[ScopeByNameKey(rec.digest, rec.ns)] = id;
     scopes[id] = std::move(rec);
   }
@@ -409,9 +416,9 @@ Status Store::Impl::LoadState() {
   return FromRocks(lit->status(), "load recency clock");
 }
 
-Status Store::Impl::LoadFilters() {
-  std::unique_lock gn(node_filter.mu);
-  std::unique_lock gx(exact_filter.mu);
+Status LocalStore::Impl::LoadFilters() {
+  MutexLock gn(&node_filter.mu);
+  MutexLock gx(&exact_filter.mu);
   node_filter.Reset();
   exact_filter.Reset();
   for (char tag : {kNodeTag, kExactTag}) {
@@ -422,21 +429,22 @@ Status Store::Impl::LoadFilters() {
       if (k.size() != 25) return Status::Corruption("malformed index key");
       std::optional<std::string> v(std::string(it->value().ToStringView()));
       std::uint64_t n = tag == kNodeTag ? SlotTotal(v, params.block_tokens) : IdCount(v);
-      (tag == kNodeTag ? node_filter : exact_filter)
-          .Adjust(
-              NodeFilter::Fingerprint(GetBE64(k.data() + 1), GetBE64(k.data() + 9), GetBE64(k.data() + 17)),
-              static_cast<std::int64_t>(n));
+      NodeFilter& filter = tag == kNodeTag ? node_filter : exact_filter;
+      filter.mu.AssertHeld();  // both are held (above)
+      filter.Adjust(
+          NodeFilter::Fingerprint(GetBE64(k.data() + 1), GetBE64(k.data() + 9), GetBE64(k.data() + 17)),
+          static_cast<std::int64_t>(n));
     }
     PC_RETURN_IF_ERROR(FromRocks(it->status(), "load index"));
   }
   return Status::Ok();
 }
 
-Status Store::Impl::CloseDb() {
+Status LocalStore::Impl::CloseDb() {
   if (db == nullptr) return Status::Ok();
   Status result;
   if (!(frozen && frozen->load()) && !opts.read_only && Recover().ok()) {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     result = FlushTouches();
     if (result.ok()) {
       Counters c = counters;

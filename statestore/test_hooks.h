@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "primecache/statestore.h"
-#include "statestore/token_hash.h"
+#include "core/token_hash.h"
 
 namespace primecache::statestore_internal {
 
@@ -56,7 +56,7 @@ struct FreezeHook {
   }
 };
 
-// Store::Open with test knobs (null hooks: exactly Store::Open).
-Result<std::unique_ptr<Store>> OpenWithHooks(StoreOptions options, std::shared_ptr<const TestHooks> hooks);
+// LocalStore::Open with test knobs (null hooks: exactly LocalStore::Open).
+Result<std::unique_ptr<LocalStore>> OpenWithHooks(StoreOptions options, std::shared_ptr<const TestHooks> hooks);
 
 }  // namespace primecache::statestore_internal

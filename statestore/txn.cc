@@ -292,7 +292,7 @@ Result<std::uint64_t> Txn::ScopeFor(const Hash128& model, std::string_view model
   ScopeRecord rec;
   rec.id = c_.next_scope_id++;
   rec.digest = model;
-  rec.model_name = std::string(model_name.substr(0, kMaxModelNameBytes));
+  rec.model_name = std::string(model_name.substr(0, StoreLimits::kMaxModelNameBytes));
   rec.ns = std::string(ns);
   rec.descriptor = std::string(descriptor);
   std::string id_value;
@@ -324,11 +324,11 @@ Result<bool> Txn::RemoveEntry(EntryId id, const std::optional<std::string>& quar
   PC_RETURN_IF_ERROR(s_.GetValue(s_.cf_manifests, key, &mv, &found));
   bool refs_released = false;
   if (found) {
-    auto manifest = DecodeManifest(mv, kMaxChunkBytesLimit);
+    auto manifest = DecodeManifest(mv, StoreLimits::kMaxChunkBytes);
     if (manifest.ok()) {
       std::unordered_map<Hash128, std::uint64_t, Hash128Hasher> counts;
       for (const auto& layer : manifest->layers) {
-        for (const auto& c : layer.chunks) ++counts[c.hash];
+        for (const auto& c : layer.chunks) ++counts[c.address];
       }
       for (const auto& [h, n] : counts) PC_RETURN_IF_ERROR(DropRefs(h, n));
       refs_released = true;
@@ -444,20 +444,21 @@ Status Txn::Commit(const rocksdb::WriteOptions& wo, const char* kill_before, con
   // a byte budget grows the directory without bound.
   if (dropped_bytes_ > 0) s_.NoteDropped(dropped_bytes_);
   if (!filter_base_.empty()) {
-    std::unique_lock gn(s_.node_filter.mu);
-    std::unique_lock gx(s_.exact_filter.mu);
+    MutexLock gn(&s_.node_filter.mu);
+    MutexLock gx(&s_.exact_filter.mu);
     for (const auto& [key, base] : filter_base_) {
       const bool node = key[0] == kNodeTag;
       std::uint64_t after = node ? SlotTotal(index_[key], s_.params.block_tokens) : IdCount(index_[key]);
       if (after == base || key.size() != 25) continue;
-      (node ? s_.node_filter : s_.exact_filter)
-          .Adjust(NodeFilter::Fingerprint(GetBE64(key.data() + 1), GetBE64(key.data() + 9),
-                                          GetBE64(key.data() + 17)),
-                  static_cast<std::int64_t>(after) - static_cast<std::int64_t>(base));
+      NodeFilter& filter = node ? s_.node_filter : s_.exact_filter;
+      filter.mu.AssertHeld();  // both are held (above)
+      filter.Adjust(
+          NodeFilter::Fingerprint(GetBE64(key.data() + 1), GetBE64(key.data() + 9), GetBE64(key.data() + 17)),
+          static_cast<std::int64_t>(after) - static_cast<std::int64_t>(base));
     }
   }
   if (!new_scopes_.empty()) {
-    std::unique_lock g(s_.scope_mu);
+    MutexLock g(&s_.scope_mu);
     for (auto& sc : new_scopes_) {
       s_.scope_by_name[ScopeByNameKey(sc.digest, sc.ns)] = sc.id;
       s_.scopes[sc.id] = sc;

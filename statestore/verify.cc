@@ -53,7 +53,7 @@ std::string Where(EntryId id) {
 
 // Entry `id`'s records (`value` is its entry record); nullopt, with the
 // problem noted, when one is missing or unreadable.
-Result<std::optional<EntryRecords>> ReadEntry(Store::Impl& s, const rocksdb::ReadOptions& ro, EntryId id,
+Result<std::optional<EntryRecords>> ReadEntry(LocalStore::Impl& s, const rocksdb::ReadOptions& ro, EntryId id,
                                               std::string_view value, Expected* e) {
   const std::string where = Where(id);
   const std::optional<EntryRecords> none;
@@ -70,7 +70,7 @@ Result<std::optional<EntryRecords>> ReadEntry(Store::Impl& s, const rocksdb::Rea
     Problem(e, where + "no manifest");
     return none;
   }
-  auto m = DecodeManifest(mv, kMaxChunkBytesLimit);
+  auto m = DecodeManifest(mv, StoreLimits::kMaxChunkBytes);
   if (!m.ok()) {
     Problem(e, where + m.status().ToString());
     return none;
@@ -96,8 +96,8 @@ void TallyChunks(const EntryRecords& r, Expected* e) {
   std::uint64_t chunk_bytes = 0;
   for (const auto& layer : r.manifest.layers) {
     for (const auto& c : layer.chunks) {
-      auto& ref = e->refs[HashKey(c.hash)];
-      if (ref.refs > 0 && ref.size != c.size) Problem(e, where + "chunk " + HashHex(c.hash) + " with two sizes");
+      auto& ref = e->refs[HashKey(c.address)];
+      if (ref.refs > 0 && ref.size != c.size) Problem(e, where + "chunk " + HashHex(c.address) + " with two sizes");
       ++ref.refs;
       ref.size = c.size;
       chunk_bytes += c.size;
@@ -111,7 +111,7 @@ void TallyChunks(const EntryRecords& r, Expected* e) {
 }
 
 // Adds what entry `r` implies for the index, recency and counters.
-Status TallyEntry(Store::Impl& s, const rocksdb::ReadOptions& ro, const EntryRecords& r, IndexTally* t,
+Status TallyEntry(LocalStore::Impl& s, const rocksdb::ReadOptions& ro, const EntryRecords& r, IndexTally* t,
                   Expected* e) {
   const std::string where = Where(r.id);
   const EntrySummary& sum = r.sum;
@@ -163,7 +163,7 @@ void Conclude(IndexTally& t, Expected* e) {
 }
 
 // Reads every live entry and derives references, index and counters.
-Status Derive(Store::Impl& s, const rocksdb::ReadOptions& ro, Expected* e) {
+Status Derive(LocalStore::Impl& s, const rocksdb::ReadOptions& ro, Expected* e) {
   IndexTally tally;
   std::unique_ptr<rocksdb::Iterator> it(s.db->NewIterator(ro, s.cf_entries));
   std::uint64_t max_id = 0;
@@ -206,7 +206,7 @@ struct Placement {
 };
 
 // The reference records against the references the entries hold.
-Status CheckChunkRefs(Store::Impl& s, const rocksdb::ReadOptions& ro, Expected* e, Placement* p) {
+Status CheckChunkRefs(LocalStore::Impl& s, const rocksdb::ReadOptions& ro, Expected* e, Placement* p) {
   std::set<std::string> seen;
   std::unique_ptr<rocksdb::Iterator> it(s.db->NewIterator(ro, s.cf_chunk_refs));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
@@ -238,7 +238,7 @@ Status CheckChunkRefs(Store::Impl& s, const rocksdb::ReadOptions& ro, Expected* 
 }
 
 // The index records against those the entries imply.
-Status CheckIndex(Store::Impl& s, const rocksdb::ReadOptions& ro, Expected* e) {
+Status CheckIndex(LocalStore::Impl& s, const rocksdb::ReadOptions& ro, Expected* e) {
   std::set<std::string> index_seen;
   std::unique_ptr<rocksdb::Iterator> it(s.db->NewIterator(ro, s.cf_index));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
@@ -260,7 +260,7 @@ Status CheckIndex(Store::Impl& s, const rocksdb::ReadOptions& ro, Expected* e) {
 
 // The recency records: one age and one access record per live entry, the
 // age record at the access record's tick.
-Status CheckRecency(Store::Impl& s, const rocksdb::ReadOptions& ro, Expected* e) {
+Status CheckRecency(LocalStore::Impl& s, const rocksdb::ReadOptions& ro, Expected* e) {
   std::map<EntryId, std::uint64_t> ages;
   std::unique_ptr<rocksdb::Iterator> it(s.db->NewIterator(ro, s.cf_lru));
   std::uint64_t access_records = 0;
@@ -287,7 +287,7 @@ Status CheckRecency(Store::Impl& s, const rocksdb::ReadOptions& ro, Expected* e)
 
 // The stored counters against the entries and the quarantine, and against
 // `mem`, the store's counters when the snapshot was taken.
-Status CheckCounters(Store::Impl& s, const rocksdb::ReadOptions& ro, Counters mem, Expected* e) {
+Status CheckCounters(LocalStore::Impl& s, const rocksdb::ReadOptions& ro, Counters mem, Expected* e) {
   std::uint64_t quarantined = 0;
   std::unique_ptr<rocksdb::Iterator> it(s.db->NewIterator(ro, s.cf_quarantine));
   for (it->SeekToFirst(); it->Valid(); it->Next()) ++quarantined;
@@ -330,16 +330,16 @@ Status CheckCounters(Store::Impl& s, const rocksdb::ReadOptions& ro, Counters me
 
 }  // namespace
 
-Result<Store::StoreCheckReport> Store::Impl::CheckStore(bool read_chunks) {
+Result<StoreCheckReport> LocalStore::Impl::CheckStore(bool read_chunks) {
   // Every metadata change is one batch under write_mu, so a snapshot taken
   // under it is consistent; the checks then read that snapshot while
   // publishes, deletes and evictions go on. Segment gc waits: a segment it
   // dropped after the snapshot would read as missing.
-  std::lock_guard gc(gc_mu);
+  MutexLock gc(&gc_mu);
   Counters mem;
   const rocksdb::Snapshot* snapshot = nullptr;
   {
-    std::lock_guard wl(write_mu);
+    MutexLock wl(&write_mu);
     if (!opts.read_only) PC_RETURN_IF_ERROR(FlushTouches());
     snapshot = db->GetSnapshot();
     mem = counters;
@@ -371,7 +371,7 @@ Result<Store::StoreCheckReport> Store::Impl::CheckStore(bool read_chunks) {
 // committed length) and their files (present, long enough); with
 // read_chunks, every chunk's bytes against its address. The chunks column
 // family of a schema-3 store is empty.
-Status Store::Impl::VerifySegments(const rocksdb::ReadOptions& ro, const std::map<std::uint64_t, std::uint64_t>& live,
+Status LocalStore::Impl::VerifySegments(const rocksdb::ReadOptions& ro, const std::map<std::uint64_t, std::uint64_t>& live,
                                    const std::vector<std::pair<Hash128, ChunkRefRecord>>& placed, bool read_chunks,
                                    const std::function<void(std::string)>& problem) {
   std::map<std::uint64_t, SegmentRecord> recs;
@@ -422,7 +422,7 @@ Status Store::Impl::VerifySegments(const rocksdb::ReadOptions& ro, const std::ma
   return Status::Ok();
 }
 
-Status Store::Impl::RebuildDerived() {
+Status LocalStore::Impl::RebuildDerived() {
   Expected e;
   PC_RETURN_IF_ERROR(Derive(*this, rocksdb::ReadOptions(), &e));
   rocksdb::WriteBatch b;
@@ -459,7 +459,7 @@ Status Store::Impl::RebuildDerived() {
 // The reference records the entries imply, keeping each surviving chunk's
 // extent and flags (a referenced chunk with no record has lost its bytes),
 // and every segment's live bytes recomputed from them.
-Status Store::Impl::RebuildRefs(std::map<std::string, ChunkRefRecord>& want, rocksdb::WriteBatch* b) {
+Status LocalStore::Impl::RebuildRefs(std::map<std::string, ChunkRefRecord>& want, rocksdb::WriteBatch* b) {
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), cf_chunk_refs));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     std::string k = it->key().ToString();

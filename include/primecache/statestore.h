@@ -29,10 +29,14 @@
 // Every file access, RocksDB's included, goes through primecache::Env.
 // Byte layouts: docs/format-store.md.
 //
-// Thread-safety: Store is safe to use from many threads at once. A Publisher
-// is used by one thread at a time; many publishers may run concurrently.
-// Leases may be released from any thread. Store must outlive its publishers;
-// leases may outlive the store (releasing them then does nothing).
+// LocalStore implements the store interface (primecache/store.h, where the
+// operations' values are declared), with the extras only a local store has.
+//
+// Thread-safety: LocalStore is safe to use from many threads at once. A
+// Publisher is used by one thread at a time; many publishers may run
+// concurrently. Leases may be released from any thread. The store must
+// outlive its publishers; leases may outlive the store (releasing them then
+// does nothing).
 #pragma once
 
 #include <cstddef>
@@ -50,6 +54,7 @@
 #include "primecache/env.h"
 #include "primecache/layer_validator.h"
 #include "primecache/status.h"
+#include "primecache/store.h"
 
 namespace primecache {
 
@@ -58,160 +63,6 @@ namespace primecache {
 //                         + attention_layers * attention_flops_per_pair * L * (L + 1) / 2
 // All zero: the estimate falls back to L.
 double EstimatePrefillFlops(const ModelCost& cost, std::uint64_t tokens);
-
-// The boundary a publish stores. The model is named by the digest of its
-// fingerprint (ModelFingerprint::Digest() in primecache/snapshot.h: the
-// architecture, state-plan geometry, weights and codec versions); the name
-// (e.g. the architecture) is only shown by List and Describe.
-struct PublishRequest {
-  Hash128 model;
-  std::string model_name;             // at most 1024 bytes
-  // The model's canonical fingerprint encoding (EncodeFingerprint in
-  // primecache/snapshot.h), at most 64 KiB; may be empty. When given, its
-  // Checksum128 must be `model`; it is kept once per (model, namespace) and
-  // lets an entry be exported with its whole fingerprint.
-  std::string model_descriptor;
-  std::string ns;                     // namespace; may be empty; at most 1024 bytes
-  std::vector<std::uint32_t> tokens;  // the boundary's exact tokens; its length is tokens.size() >= 1
-  ModelCost cost;
-};
-
-// One encoded layer as [codecs] produces it: the serialized layer header and
-// its chunks' bytes, in the header's chunk order.
-struct LayerBytes {
-  std::string header;
-  std::vector<std::string> chunks;
-};
-
-// One publish in progress. Layers arrive in order: BeginLayer(header), its
-// chunks with AddChunk, EndLayer; Commit checks every layer (see
-// LayerValidator) and makes the entry durable in one atomic write. Abort, or
-// destroying an uncommitted publisher, forgets the staged bytes.
-class Publisher {
- public:
-  virtual ~Publisher() = default;
-  virtual Status BeginLayer(std::string_view header) = 0;
-  virtual Status AddChunk(std::span<const std::byte> bytes) = 0;
-  Status AddChunk(std::string_view bytes) {
-    return AddChunk(std::as_bytes(std::span(bytes.data(), bytes.size())));
-  }
-  virtual Status EndLayer() = 0;
-  Status AddLayer(const LayerBytes& layer);
-  // Returns once the entry is durable. A publisher commits at most once.
-  virtual Result<PublishResult> Commit() = 0;
-  virtual void Abort() = 0;
-};
-
-// A lease keeps an entry from eviction and deletion while it is held
-// (fetches take one for their duration). Move-only; released on destruction.
-class Lease {
- public:
-  Lease() = default;
-  ~Lease();
-  Lease(Lease&& other) noexcept;
-  Lease& operator=(Lease&& other) noexcept;
-  Lease(const Lease&) = delete;
-  Lease& operator=(const Lease&) = delete;
-
-  bool held() const { return table_ != nullptr; }
-  EntryId id() const { return id_; }
-  void Release();
-
-  struct Table;  // internal
-
- private:
-  friend class Store;
-  Lease(std::shared_ptr<Table> table, EntryId id) : table_(std::move(table)), id_(id) {}
-  std::shared_ptr<Table> table_;
-  EntryId id_ = 0;
-};
-
-struct LookupOptions {
-  bool record = true;  // count the hit or miss, refresh recency, note a miss as a sighting
-  // Not null: a hit is returned with a lease on it already held here.
-  Lease* lease = nullptr;
-  // Not null: receives the query's shared length (its branch point): the
-  // longest prefix of the query that a live entry of the same model and
-  // namespace shares token for token, boundary there or not; at least the
-  // hit's length, 0 when no entry shares a token. Found from the entries'
-  // pass records (one per whole 64-token block) and confirmed, to the exact
-  // token, on the stored tokens of up to four entries sharing the deepest block.
-  std::uint64_t* shared_tokens = nullptr;
-};
-
-struct FetchOptions {
-  // Set: serve only an entry of this namespace; another's is kNotFound, as if
-  // absent. Checked on the entry record the fetch reads for its lease anyway
-  // (the daemon's tenant check, without a Describe of its own).
-  std::optional<std::string> ns;
-};
-
-// Receives a fetched entry. Only bytes whose checksum matched are handed
-// out; if Fetch returns an error, what was received must be discarded.
-//
-// A sink may also say where each chunk is to be read to (ChunkBuffer), so
-// that a fetch reads straight into the caller's memory (a shared region, a
-// registered buffer) and copies nothing itself.
-class FetchSink {
- public:
-  virtual ~FetchSink() = default;
-  virtual Status OnLayer(std::uint32_t layer, std::string_view header, std::uint32_t chunk_count) = 0;
-  // `bytes` is what ChunkBuffer gave for this chunk when it gave a buffer.
-  virtual Status OnChunk(std::uint32_t layer, std::uint32_t chunk, std::span<const std::byte> bytes) = 0;
-
-  // Where chunk `chunk` of `layer` (`size` bytes) is to be read to. Called on
-  // the fetching thread, in the order chunks are handed out, before the chunk
-  // is read (possibly ahead of OnChunk for earlier chunks). Answers:
-  //  - a span of exactly `size` bytes: the store reads the chunk into it and
-  //    checks its address there; it stays the sink's memory, untouched by the
-  //    store once OnChunk for it returned (or Fetch returned).
-  //  - an empty span: the store reads into a buffer of its own (the default).
-  //  - nullopt: no room now; asked again after the next OnChunk. Only when
-  //    `may_wait` is false; with it true (every earlier chunk was handed
-  //    out) the sink waits for room or fails.
-  virtual Result<std::optional<std::span<std::byte>>> ChunkBuffer(std::uint32_t layer, std::uint32_t chunk,
-                                                                  std::uint64_t size, bool may_wait) {
-    (void)layer, (void)chunk, (void)size, (void)may_wait;
-    return std::optional<std::span<std::byte>>(std::span<std::byte>());
-  }
-
-  // Whether chunks resident in the page cache may be handed out where they
-  // lie (OnMappedChunk) instead of being read into a buffer. Default false.
-  virtual bool TakesMappedChunks() const { return false; }
-  // A chunk handed out in place: `bytes` lie inside `mapping` and matched
-  // their address. The sink may keep `mapping` (its owner) as long as it
-  // likes; the bytes never change. Default: OnChunk(layer, chunk, bytes).
-  virtual Status OnMappedChunk(std::uint32_t layer, std::uint32_t chunk, std::span<const std::byte> bytes,
-                               const MappedRegion& mapping) {
-    (void)mapping;
-    return OnChunk(layer, chunk, bytes);
-  }
-  // Pins the pages of `mapping` (the daemon registers it with the device
-  // driver for its copies) and says under which pin. Called on the fetching
-  // thread before a chunk of `mapping` is checked; the store holds the pin
-  // until OnMappedChunk for that chunk returned, so the bytes checked are
-  // the bytes handed out. A chunk whose address matched over bytes pinned
-  // as N is not checked again while `mapping` is still pinned as N: pinned
-  // pages cannot be dropped and read back from the disk, and the store
-  // never writes committed bytes (as a block cache serves blocks checked
-  // when they were read from the file). The check comes after the pin, not
-  // before: pages read back between a check and a later pin would be handed
-  // out unchecked, and every later fetch under that pin would skip them.
-  // An empty pin (the default) or an error: the chunk is checked, and
-  // handed out all the same (OnMappedChunk).
-  virtual Result<MappingPin> Pin(const MappedRegion& mapping) {
-    (void)mapping;
-    return MappingPin{};
-  }
-};
-
-struct ListOptions {
-  std::optional<Hash128> model;   // only this fingerprint
-  std::optional<std::string> ns;  // only this namespace
-  EntryState state = EntryState::kLive;
-  std::string page_token;   // from the previous page; empty: the first
-  std::size_t limit = 100;  // 1..1000
-};
 
 enum class EvictionPolicy : std::uint8_t {
   kLru = 0,      // least recently used first
@@ -280,7 +131,8 @@ struct StoreOptions {
   // keeps its own.
   std::uint32_t block_tokens = 256;  // tokens per hashed index block
 
-  std::uint64_t max_chunk_bytes = 64ull << 20;
+  // The largest chunk a publish may add: 1..StoreLimits::kMaxChunkBytes.
+  std::uint64_t max_chunk_bytes = StoreLimits::kDefaultMaxChunkBytes;
   // A segment file is sealed (never appended to again) once a commit takes
   // it past this many bytes; concurrent publishers write different segments.
   std::uint64_t segment_bytes = 256ull << 20;
@@ -323,36 +175,27 @@ struct StoreOptions {
   std::shared_ptr<const LayerValidator> validator;
 };
 
-class Store {
+class LocalStore final : public Store {
  public:
-  static Result<std::unique_ptr<Store>> Open(StoreOptions options);
-  ~Store();
-  Store(const Store&) = delete;
-  Store& operator=(const Store&) = delete;
+  static Result<std::unique_ptr<LocalStore>> Open(StoreOptions options);
+  ~LocalStore() override;
+  LocalStore(const LocalStore&) = delete;
+  LocalStore& operator=(const LocalStore&) = delete;
 
   const std::string& path() const;
 
-  // Starts a publish. kAlreadyExists: this identity is stored (FindExact
-  // gives its id); kAborted: not admitted yet (seen fewer times than
-  // admit_after_sightings); kInvalidArgument: a malformed request.
-  Result<std::unique_ptr<Publisher>> BeginPublish(PublishRequest request);
-  // BeginPublish for a caller that takes an existing identity as success:
-  // either a publisher, or (publisher null) the id of the entry already
-  // stored under this identity. The errors are BeginPublish's but kAlreadyExists.
-  struct PublishStart {
-    std::unique_ptr<Publisher> publisher;
-    std::optional<EntryId> existing;
-  };
-  Result<PublishStart> StartPublish(PublishRequest request);
-  // BeginPublish, every layer, Commit. An existing identity is not an error:
-  // the result says existed.
-  Result<PublishResult> Publish(PublishRequest request, std::span<const LayerBytes> layers);
+  // Starts a publish: a publisher, or (publisher null) the id of the entry
+  // already stored under this identity (admission does not apply to it; a
+  // descriptor its scope lacks is kept). kAborted: not admitted yet (seen
+  // fewer times than admit_after_sightings, or kReuse's share not met);
+  // kInvalidArgument: a request over a StoreLimits bound or malformed.
+  Result<PublishStart> BeginPublish(PublishRequest request) override;
 
   // The longest stored boundary whose tokens are a prefix of `tokens`, or
   // none; the hit carries the entry's layer count and sizes.
   Result<std::optional<LookupHit>> Lookup(const Hash128& model, std::string_view ns,
                                           std::span<const std::uint32_t> tokens,
-                                          const LookupOptions& options = {});
+                                          const LookupOptions& options = {}) override;
   // The entry stored for exactly this identity, or none.
   Result<std::optional<EntryId>> FindExact(const Hash128& model, std::string_view ns,
                                            std::span<const std::uint32_t> tokens);
@@ -366,31 +209,32 @@ class Store {
   // with options.ns, none of that namespace). The fetch holds a lease on the
   // entry while it runs.
   Status Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink,
-               const FetchOptions& options = {});
-  Result<std::vector<LayerBytes>> FetchAll(EntryId id);
-  // The stored tokens of a live entry.
-  Result<std::vector<std::uint32_t>> Tokens(EntryId id);
-  // The serialized layer headers of a live entry, in layer order, from its
-  // manifest (no chunk is read). kCorruption: the manifest is unreadable
-  // (reported, not quarantined: Fetch or Verify does that).
-  Result<std::vector<std::string>> LayerHeaders(EntryId id);
+               const FetchOptions& options = {}) override;
 
   Result<Lease> AcquireLease(EntryId id);
 
   // Removes a live or quarantined entry. kUnavailable while leased.
-  Status Delete(EntryId id);
-  Result<EntryInfo> Describe(EntryId id);
-  Result<ListPage> List(const ListOptions& options);
-  Result<StoreStats> Stat();
+  Status Delete(EntryId id) override;
+  // A live entry with its stored tokens and, with options.layer_headers, its
+  // serialized layer headers in layer order, from its manifest (no chunk is
+  // read; kCorruption when the manifest is unreadable: reported, not
+  // quarantined, which Fetch or CheckStore does); or a quarantined entry,
+  // without tokens (with options.ns: kNotFound).
+  Result<EntryDetail> Describe(EntryId id, const DescribeOptions& options = {}) override;
+  // A page of entries; with ns and no model, of every model's entries of
+  // that namespace (the page may then come back short while more follow).
+  // Live entries carry their tokens unless omit_tokens; quarantined ones none.
+  Result<ListPage> List(const ListOptions& options) override;
+  Result<StoreStats> Stat() override;
 
   // Changes the budget and evicts down to it.
-  Status SetByteBudget(std::uint64_t bytes);
+  Status SetByteBudget(std::uint64_t bytes) override;
 
   // Rewrites every segment file that holds dead chunk bytes (its live
   // chunks, checked against their addresses, go to a new segment; the old
   // file is deleted) and compacts every column family, so that every dead
   // byte is reclaimed; returns when done.
-  Status Compact();
+  Status Compact() override;
 
   // Cross-checks everything the store records: every manifest against the
   // chunk reference counts, the index, the recency records and the counters;
@@ -398,19 +242,24 @@ class Store {
   // consistent snapshot, so writers go on meanwhile. The problems found, in
   // words (empty: consistent). Read-only, the chunks of publishes a writer
   // has not collected yet are not counted as problems.
-  using StoreCheckReport = primecache::StoreCheckReport;
-  Result<StoreCheckReport> CheckStore(bool read_chunks);
+  Result<StoreCheckReport> CheckStore(const CheckStoreOptions& options = {}) override;
 
   struct Impl;
 
  private:
-  explicit Store(std::unique_ptr<Impl> impl);
+  explicit LocalStore(std::unique_ptr<Impl> impl);
   // A lease on live entry `id`, with its entry record (encoded) in *record;
   // kNotFound when it is being removed or gone.
   Result<Lease> LeaseLive(EntryId id, std::string* record);
   // The hit for live entry `id` matched at `length`, sized from its record,
   // with a lease in *lease when not null; nullopt when it went meanwhile.
   Result<std::optional<LookupHit>> HitFor(EntryId id, std::uint64_t length, Lease* lease);
+  // EntryInfo of a live or quarantined entry, without tokens.
+  Result<EntryInfo> Info(EntryId id);
+  // The stored tokens of a live entry.
+  Result<std::vector<std::uint32_t>> Tokens(EntryId id);
+  // The serialized layer headers of a live entry, in layer order.
+  Result<std::vector<std::string>> LayerHeaders(EntryId id);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -513,7 +513,7 @@ TEST_F(DaemonTest, DestructiveOpsNeedTheAdminSocket) {
   EXPECT_EQ(del.code(), StatusCode::kFailedPrecondition) << del.ToString();
   EXPECT_NE(del.message().find("permission denied"), std::string::npos);
   EXPECT_EQ((*c)->SetByteBudget(0).code(), StatusCode::kFailedPrecondition);
-  ListOptions lo;
+  client::ListOptions lo;
   lo.all_namespaces = true;
   auto all = (*c)->List(lo);
   EXPECT_EQ(all.status().code(), StatusCode::kFailedPrecondition);

@@ -389,7 +389,7 @@ class RemoteCtlTest : public ::testing::Test {
   }
   // The cluster key of chunk `c` of layer `l` of the test's entry.
   std::string ChunkKeyOf(std::size_t l, std::size_t c) const {
-    const remote::Manifest m = remote::ManifestOf(request_, layers_);
+    const remote::RemoteManifest m = remote::ManifestOf(request_, layers_);
     return remote::ChunkKey(m.layers[l].chunks[c].address);
   }
   std::string Id() const { return key_.substr(key_.size() - 32); }

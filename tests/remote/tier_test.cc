@@ -46,7 +46,7 @@ std::vector<std::uint32_t> Tokens(std::size_t n, std::uint32_t seed = 1) {
 
 TEST(Manifest, RoundTripsAndRefusesEveryTruncationAndFlip) {
   const auto tokens = Tokens(300);
-  const Manifest m = ManifestOf(Entry(tokens), Layers(300));
+  const RemoteManifest m = ManifestOf(Entry(tokens), Layers(300));
   const std::string bytes = EncodeManifest(m);
   auto back = DecodeManifest(bytes);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
@@ -124,7 +124,7 @@ TEST_F(RemoteTierTest, DamagedOrTruncatedChunksAreRefusedAndRemoved) {
   for (bool truncate : {false, true}) {
     SCOPED_TRACE(truncate ? "truncated" : "damaged");
     ASSERT_TRUE(host_a_->Put(Entry(tokens), Layers(500)).ok());
-    const Manifest m = ManifestOf(Entry(tokens), Layers(500));
+    const RemoteManifest m = ManifestOf(Entry(tokens), Layers(500));
     const std::string victim = ChunkKey(m.layers[1].chunks[1].address);
     std::string bytes = host_a_->client().Get(victim).value().value();
     if (truncate) {
@@ -145,7 +145,7 @@ TEST_F(RemoteTierTest, DamagedOrTruncatedChunksAreRefusedAndRemoved) {
 TEST_F(RemoteTierTest, EvictedChunksOrManifestsAreAMissAndCleanedUp) {
   const auto tokens = Tokens(500);
   ASSERT_TRUE(host_a_->Put(Entry(tokens), Layers(500)).ok());
-  const Manifest m = ManifestOf(Entry(tokens), Layers(500));
+  const RemoteManifest m = ManifestOf(Entry(tokens), Layers(500));
   ASSERT_TRUE(host_a_->client().Del(ChunkKey(m.layers[2].chunks[1].address)).value());
   EXPECT_FALSE(FetchOnB(tokens).has_value());
   EXPECT_EQ(host_b_->stats().evicted, 1u);

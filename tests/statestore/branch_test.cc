@@ -11,7 +11,7 @@
 #include "raw_db.h"
 #include "statestore/format.h"
 #include "statestore/test_hooks.h"
-#include "statestore/token_hash.h"
+#include "core/token_hash.h"
 #include "lookup_util.h"
 #include "store_test_util.h"
 
@@ -26,7 +26,7 @@ struct Answer {
   std::uint64_t shared = 0;
 };
 
-Answer Ask(Store& s, const std::vector<std::uint32_t>& q, std::uint64_t model = 1, const std::string& ns = "") {
+Answer Ask(LocalStore& s, const std::vector<std::uint32_t>& q, std::uint64_t model = 1, const std::string& ns = "") {
   Answer a;
   LookupOptions o;
   o.shared_tokens = &a.shared;
@@ -36,7 +36,7 @@ Answer Ask(Store& s, const std::vector<std::uint32_t>& q, std::uint64_t model = 
   return a;
 }
 
-void ExpectHandMadeCases(Store& s) {
+void ExpectHandMadeCases(LocalStore& s) {
   const auto conv = Conversation(1000, 1);
   // No entry.
   EXPECT_EQ(Ask(s, conv).shared, 0u);
@@ -127,7 +127,7 @@ TEST(BranchPoint, AnOlderStoresEntriesGetTheirRecordsAtOpen) {
   StoreOptions ro = m.options;
   ro.read_only = true;
   {
-    auto s = Store::Open(ro);
+    auto s = LocalStore::Open(ro);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     EXPECT_EQ(Ask(**s, DivergeAt(conv, 500, 800, 32)).shared, 0u);
   }

@@ -30,11 +30,11 @@ Hash128 AddressOf(const std::string& chunk) {
   return Checksum128(AsBytes(chunk));
 }
 
-void ExpectQuarantined(Store& s, EntryId id, const std::string& reason_part) {
+void ExpectQuarantined(LocalStore& s, EntryId id, const std::string& reason_part) {
   auto info = s.Describe(id);
   ASSERT_TRUE(info.ok()) << info.status().ToString();
-  EXPECT_EQ(info->state, EntryState::kQuarantined);
-  EXPECT_NE(info->reason.find(reason_part), std::string::npos) << info->reason;
+  EXPECT_EQ(info->info.state, EntryState::kQuarantined);
+  EXPECT_NE(info->info.reason.find(reason_part), std::string::npos) << info->info.reason;
   EXPECT_TRUE(s.FetchAll(id).status().IsNotFound()) << "a quarantined entry is never served";
 }
 
@@ -207,7 +207,7 @@ TEST(Corruption, AnUnreadableEntryRecordCanStillBeDeleted) {
   }
   m.Reopen();
   EXPECT_TRUE(m.store->Describe(b).status().IsCorruption());
-  auto v = m.store->CheckStore(false);
+  auto v = m.store->CheckStore({});
   ASSERT_TRUE(v.ok());
   EXPECT_FALSE(v->problems.empty()) << "verify reports the damage";
   ASSERT_TRUE(m.store->Delete(b).ok());

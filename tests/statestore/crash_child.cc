@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   o.validator = CodecLayerValidator();
   o.path = argv[1];
   o.segment_bytes = crash_test::kSegmentBytes;
-  auto store = Store::Open(o);
+  auto store = LocalStore::Open(o);
   if (!store.ok()) {
     std::fprintf(stderr, "open: %s\n", store.status().ToString().c_str());
     return 1;

@@ -116,7 +116,7 @@ Acks ParseAcks(const std::string& out) {
 // The pass records a crash left agree with the entries that are there: a
 // query diverging a few tokens before each entry's end is answered the
 // longest prefix any present entry shares with it, no more, no less.
-void ExpectBranchPointsOf(Store& store, const std::vector<std::vector<std::uint32_t>>& stored) {
+void ExpectBranchPointsOf(LocalStore& store, const std::vector<std::vector<std::uint32_t>>& stored) {
   for (const auto& t : stored) {
     const auto query = DivergeAt(t, t.size() - 5, t.size() + 40, 77);
     std::uint64_t shared = 0;
@@ -135,9 +135,9 @@ void CheckStore(const std::string& dir, const Acks& acks, const std::string& wha
   StoreOptions o;
   o.validator = CodecLayerValidator();
   o.path = dir;
-  auto s = Store::Open(o);
+  auto s = LocalStore::Open(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  Store& store = **s;
+  LocalStore& store = **s;
   ExpectConsistent(store);  // references, index, recency, counters; nothing left to collect
 
   const auto& steps = Workload();
@@ -153,7 +153,7 @@ void CheckStore(const std::string& dir, const Acks& acks, const std::string& wha
   std::set<int> present_steps;
   std::vector<std::vector<std::uint32_t>> present_tokens;
   for (const auto& e : page->entries) {
-    auto tokens = store.Tokens(e.id);
+    auto tokens = StoredTokens(store, e.id);
     ASSERT_TRUE(tokens.ok());
     present_tokens.push_back(*tokens);
     auto it = step_of.find(*tokens);

@@ -260,7 +260,7 @@ TEST(Utility, EvictsTheLowestScoreComputedByHand) {
     MemStore m(o);
     std::vector<EntryInfo> e;
     for (std::size_t i = 0; i < lengths.size(); ++i) {
-      e.push_back(*m.store->Describe(MustPublish(*m.store, Conversation(lengths[i], 50 + i))));
+      e.push_back(m.store->Describe(MustPublish(*m.store, Conversation(lengths[i], 50 + i)))->info);
     }
     // The scores by hand, from the entries' own figures.
     auto eff = [&](const EntryInfo& x) { return x.flops / static_cast<double>(x.chunk_bytes + x.meta_bytes); };

@@ -24,7 +24,7 @@ std::uint64_t EntryBytes(std::size_t len) {
   return m.store->Stat()->stored_bytes;
 }
 
-bool Present(Store& s, EntryId id) {
+bool Present(LocalStore& s, EntryId id) {
   return s.Describe(id).ok();
 }
 
@@ -254,7 +254,7 @@ TEST(Eviction, AFetchLeasesItsEntryWhileItRuns) {
   auto want = MakeLayers(Conversation(300, 1), kModel);
   // Midway through fetching a (the oldest), the budget drops to one entry.
   struct Squeeze : FetchSink {
-    Store* s;
+    LocalStore* s;
     std::uint64_t budget;
     Status squeezed;
     std::vector<LayerBytes> got;

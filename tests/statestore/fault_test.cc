@@ -46,7 +46,7 @@ struct FaultStore {
   std::unique_ptr<FaultInjectionEnv> fenv = std::make_unique<FaultInjectionEnv>(base.get());
   std::shared_ptr<TestHooks> hooks = std::make_shared<TestHooks>();
   StoreOptions options = CodecStoreOptions();
-  std::unique_ptr<Store> store;
+  std::unique_ptr<LocalStore> store;
   std::vector<EntryId> baseline;
 
   explicit FaultStore(StoreOptions o = CodecStoreOptions()) : options(std::move(o)) {
@@ -92,13 +92,13 @@ struct FaultStore {
   }
 };
 
-Result<PublishResult> PublishTarget(Store& s) {
+Result<PublishResult> PublishTarget(LocalStore& s) {
   const auto& t = Conv();
   return s.Publish(Request(t), MakeLayers(t, kModel));
 }
 
 // A store's content, to compare before and after a failure.
-std::vector<EntryId> Ids(Store& s) {
+std::vector<EntryId> Ids(LocalStore& s) {
   ListOptions o;
   o.limit = 1000;
   auto page = s.List(o);
@@ -217,7 +217,7 @@ TEST(Faults, ATransientBadReadFailsTheFetchButQuarantinesNothing) {
   ASSERT_FALSE(back.ok());
   EXPECT_EQ(back.status().code(), StatusCode::kAborted) << back.status().ToString();
   EXPECT_NE(back.status().message().find("nothing quarantined"), std::string::npos) << back.status().ToString();
-  EXPECT_EQ(f.store->Describe(f.baseline[0])->state, EntryState::kLive);
+  EXPECT_EQ(f.store->Describe(f.baseline[0])->info.state, EntryState::kLive);
   f.ExpectBaselineIntact();
   ExpectConsistent(*f.store);
 }

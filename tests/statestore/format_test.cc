@@ -8,7 +8,7 @@
 
 #include "statestore/format.h"
 #include "statestore/node_filter.h"
-#include "statestore/token_hash.h"
+#include "core/token_hash.h"
 
 namespace primecache::statestore_internal {
 namespace {
@@ -50,7 +50,7 @@ TEST(Format, ManifestRoundTripsAndRefusesDamage) {
   ASSERT_TRUE(back.ok());
   ASSERT_EQ(back->layers.size(), 3u);
   EXPECT_EQ(back->layers[0].header, "header-0");
-  EXPECT_EQ(back->layers[0].chunks[1].hash, (Hash128{3, 4}));
+  EXPECT_EQ(back->layers[0].chunks[1].address, (Hash128{3, 4}));
   EXPECT_EQ(back->layers[0].chunks[1].size, 200u);
   EXPECT_EQ(back->layers[2].chunks[0].size, 1u);
   ExpectRefusesDamage(v, [](std::string_view x) { return DecodeManifest(x, 1 << 20).ok(); });
@@ -203,6 +203,7 @@ namespace {
 // shift probe runs.
 TEST(NodeFilter, AgreesWithAMap) {
   NodeFilter f;
+  MutexLock lock(&f.mu);  // as the store holds it (the filter's methods require it)
   std::map<std::uint32_t, std::int64_t> want;
   std::uint64_t x = 12345;
   auto next = [&] {

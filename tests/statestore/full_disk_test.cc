@@ -41,9 +41,9 @@ TEST(FullDisk, OnATmpfsTheRunningStoreRecoversOnceSpaceIsFreed) {
   PRIMECACHE_TMPFS_OR_SKIP(fs);
   StoreOptions o = CodecStoreOptions();
   o.path = fs.path() + "/store";
-  auto opened = Store::Open(o);
+  auto opened = LocalStore::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  Store& s = **opened;
+  LocalStore& s = **opened;
   const auto first = Conversation(600, 1);
   const EntryId kept = MustPublish(s, first);
 
@@ -75,7 +75,7 @@ TEST(FullDisk, OnATmpfsTheRunningStoreRecoversOnceSpaceIsFreed) {
   ASSERT_TRUE(s.Compact().ok());
 
   opened->reset();
-  auto reopened = Store::Open(o);
+  auto reopened = LocalStore::Open(o);
   ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
   auto durable = (*reopened)->FetchAll(again->id);
   ASSERT_TRUE(durable.ok()) << durable.status().ToString();
@@ -92,17 +92,17 @@ std::uint64_t DirBytes(const std::string& dir) {
 }
 
 // Stages chunks of one publish until the disk is full, then aborts it.
-void FillWithAbortedPublish(Store& s) {
+void FillWithAbortedPublish(LocalStore& s) {
   const auto tokens = Conversation(64, 9);
   auto layers = MakeLayers(tokens);
   auto pub = s.BeginPublish(Request(tokens));
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  ASSERT_TRUE((*pub)->BeginLayer(layers[0].header).ok());
+  ASSERT_TRUE(pub->publisher->BeginLayer(layers[0].header, 64).ok());
   const std::string chunk(1 << 20, 'z');
   Status st;
-  for (int i = 0; i < 64 && st.ok(); ++i) st = (*pub)->AddChunk(chunk + std::to_string(i));
+  for (int i = 0; i < 64 && st.ok(); ++i) st = pub->publisher->AddChunk(chunk + std::to_string(i));
   ASSERT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
-  (*pub)->Abort();
+  pub->publisher->Abort();
 }
 
 // An aborted publish that met a full disk gives its bytes back at once (the
@@ -114,9 +114,9 @@ TEST(FullDisk, AnAbortedPublishThatFilledTheDiskGivesItsBytesBack) {
   PRIMECACHE_TMPFS_OR_SKIP(fs);
   StoreOptions o = CodecStoreOptions();
   o.path = fs.path() + "/store";
-  auto opened = Store::Open(o);
+  auto opened = LocalStore::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  Store& s = **opened;
+  LocalStore& s = **opened;
   const auto first = Conversation(600, 1);
   const EntryId kept = MustPublish(s, first);
   const std::uint64_t before = DirBytes(o.path + "/segments");
@@ -144,7 +144,7 @@ TEST(FullDisk, CompactionCutsATailTheAbortCouldNotCut) {
   hooks->freeze_io = std::make_shared<std::atomic<bool>>(false);
   auto opened = statestore_internal::OpenWithHooks(o, hooks);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  Store& s = **opened;
+  LocalStore& s = **opened;
   MustPublish(s, Conversation(600, 1));
   const std::uint64_t before = DirBytes(o.path + "/segments");
 
@@ -152,10 +152,10 @@ TEST(FullDisk, CompactionCutsATailTheAbortCouldNotCut) {
   auto layers = MakeLayers(tokens);
   auto pub = s.BeginPublish(Request(tokens));
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  ASSERT_TRUE((*pub)->BeginLayer(layers[0].header).ok());
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE((*pub)->AddChunk(std::string(1 << 20, 'a' + i)).ok());
+  ASSERT_TRUE(pub->publisher->BeginLayer(layers[0].header, 4).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(pub->publisher->AddChunk(std::string(1 << 20, 'a' + i)).ok());
   hooks->freeze_io->store(true);
-  (*pub)->Abort();
+  pub->publisher->Abort();
   hooks->freeze_io->store(false);
   ASSERT_GE(DirBytes(o.path + "/segments"), before + (4u << 20)) << "the frozen abort cut its tail after all";
 
@@ -178,15 +178,15 @@ TEST(FullDisk, AStoreOpensOnAFullDiskAndServesReads) {
   const auto first = Conversation(600, 1);
   EntryId kept = 0;
   {
-    auto opened = Store::Open(o);
+    auto opened = LocalStore::Open(o);
     ASSERT_TRUE(opened.ok()) << opened.status().ToString();
     kept = MustPublish(**opened, first);
   }
   const std::string ballast = fs.path() + "/ballast";
   FillUp(ballast, 0);
-  auto opened = Store::Open(o);
+  auto opened = LocalStore::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  Store& s = **opened;
+  LocalStore& s = **opened;
   auto back = s.FetchAll(kept);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   ExpectSameLayers(*back, MakeLayers(first));

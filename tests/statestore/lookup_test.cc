@@ -6,7 +6,7 @@
 #include <random>
 
 #include "statestore/test_hooks.h"
-#include "statestore/token_hash.h"
+#include "core/token_hash.h"
 #include "lookup_util.h"
 #include "store_test_util.h"
 
@@ -15,7 +15,7 @@ namespace {
 
 using namespace store_test;  // NOLINT(google-build-using-namespace)
 using statestore_internal::TestHooks;
-using statestore_internal::TokenHasher;
+
 
 StoreOptions WithBlock(std::uint32_t block) {
   StoreOptions o = CodecStoreOptions();
@@ -31,7 +31,7 @@ std::shared_ptr<const TestHooks> WithHasher(const TokenHasher* h) {
   return hooks;
 }
 
-std::optional<std::pair<EntryId, std::uint64_t>> Find(Store& s, const std::vector<std::uint32_t>& q,
+std::optional<std::pair<EntryId, std::uint64_t>> Find(LocalStore& s, const std::vector<std::uint32_t>& q,
                                                       std::uint64_t model = 1, const std::string& ns = "") {
   auto r = s.Lookup(ModelDigest(model), ns, q);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -150,7 +150,7 @@ TEST(Lookup, OpeningWithAnotherHasherIsRefused) {
   MemStore m(WithBlock(8), WithHasher(&colliding));
   MustPublish(*m.store, Conversation(20, 1), 1, "", kTiny);
   m.store.reset();
-  auto s = Store::Open(m.options);  // the default hasher
+  auto s = LocalStore::Open(m.options);  // the default hasher
   EXPECT_TRUE(s.status().IsFailedPrecondition()) << s.status().ToString();
 }
 
@@ -274,11 +274,11 @@ TEST(Lookup, HitCarriesTheEntrysSizes) {
   ASSERT_TRUE(info.ok());
   EXPECT_EQ((*r)->id, id);
   EXPECT_EQ((*r)->length, t.size());
-  EXPECT_EQ((*r)->layers, info->layers);
+  EXPECT_EQ((*r)->layers, info->info.layers);
   EXPECT_GT((*r)->layers, 0u);
-  EXPECT_EQ((*r)->chunk_bytes, info->chunk_bytes);
+  EXPECT_EQ((*r)->chunk_bytes, info->info.chunk_bytes);
   EXPECT_GT((*r)->chunk_bytes, 0u);
-  EXPECT_EQ((*r)->raw_bytes, info->raw_bytes);
+  EXPECT_EQ((*r)->raw_bytes, info->info.raw_bytes);
   EXPECT_GT((*r)->raw_bytes, 0u);
 }
 

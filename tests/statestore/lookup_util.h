@@ -6,21 +6,21 @@
 #include <cstdint>
 #include <span>
 
-#include "statestore/token_hash.h"
+#include "core/token_hash.h"
 #include "store_test_util.h"
 
 namespace primecache::store_test {
 
 // Every hash is the same: every node, every boundary of a length and every
 // pass record of a level collide.
-class CollidingHasher final : public statestore_internal::TokenHasher {
+class CollidingHasher final : public TokenHasher {
  public:
   std::uint32_t id() const override { return 0xC0111DE; }
   std::uint64_t Hash(std::span<const std::uint32_t>, std::uint64_t) const override { return 42; }
 };
 
 // A hash of 2 bits: many collisions, but not all.
-class WeakHasher final : public statestore_internal::TokenHasher {
+class WeakHasher final : public TokenHasher {
  public:
   std::uint32_t id() const override { return 0x3EA4; }
   std::uint64_t Hash(std::span<const std::uint32_t> t, std::uint64_t seed) const override {

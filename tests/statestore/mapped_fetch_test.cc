@@ -131,7 +131,7 @@ TEST(MappedFetch, ADamagedChunkIsCaughtAndQuarantined) {
   for (const auto& c : sink.chunks) EXPECT_NE(c, bad) << "a damaged chunk reached the sink";
   auto info = m.store->Describe(id);
   ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->state, EntryState::kQuarantined);
+  EXPECT_EQ(info->info.state, EntryState::kQuarantined);
 }
 
 TEST(MappedFetch, AMappingHeldAcrossACompactionKeepsItsBytes) {
@@ -161,7 +161,7 @@ TEST(MappedFetch, OnDiskChunksComeMappedWhenResidentAndStayExact) {
   std::filesystem::remove_all(dir);
   StoreOptions o = CodecStoreOptions();
   o.path = dir;
-  auto store = Store::Open(o);
+  auto store = LocalStore::Open(o);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   const auto t = Conversation(400, 15);
   const EntryId id = MustPublish(**store, t, 1, "", kModel);
@@ -199,13 +199,13 @@ TEST(MappedFetch, AChunkCheckedWhilePinnedIsCheckedAgainOnlyUnderAnotherPin) {
   const auto layers = MakeLayers(t, kModel);
   EntryId id = 0;
   {
-    auto store = Store::Open(o);
+    auto store = LocalStore::Open(o);
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     id = MustPublish(**store, t, 1, "", kModel);
   }
   const std::string good = layers[1].chunks[0];
   const ChunkPlace place = PlaceOfChunk(Env::Default(), dir, Checksum128(std::as_bytes(std::span(good))));
-  auto store = Store::Open(o);
+  auto store = LocalStore::Open(o);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   PinningSink first;
   first.pin = 7;
@@ -228,7 +228,7 @@ TEST(MappedFetch, AChunkCheckedWhilePinnedIsCheckedAgainOnlyUnderAnotherPin) {
   Status s = (*store)->Fetch(id, {}, other);
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
   EXPECT_EQ(std::find(other.chunks.begin(), other.chunks.end(), bad), other.chunks.end());
-  EXPECT_EQ((*store)->Describe(id)->state, EntryState::kQuarantined);
+  EXPECT_EQ((*store)->Describe(id)->info.state, EntryState::kQuarantined);
   store->reset();
   std::filesystem::remove_all(dir);
 }
@@ -249,7 +249,7 @@ TEST(MappedFetch, BytesReadBackFromTheDiskBeforeTheyArePinnedAreChecked) {
   const auto layers = MakeLayers(t, kModel);
   EntryId id = 0;
   {
-    auto store = Store::Open(o);
+    auto store = LocalStore::Open(o);
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     id = MustPublish(**store, t, 1, "", kModel);
   }
@@ -259,7 +259,7 @@ TEST(MappedFetch, BytesReadBackFromTheDiskBeforeTheyArePinnedAreChecked) {
   const ChunkPlace place = PlaceOfChunk(base.get(), o.path, Checksum128(std::as_bytes(std::span(good))));
   std::string bad = good;
   bad[bad.size() / 2] ^= 0x10;
-  auto store = Store::Open(o);
+  auto store = LocalStore::Open(o);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   RegisteringSink sink;
   sink.on_register = [&] {
@@ -271,7 +271,7 @@ TEST(MappedFetch, BytesReadBackFromTheDiskBeforeTheyArePinnedAreChecked) {
   EXPECT_EQ(sink.calls.front(), "pin") << "the mapping is pinned before anything is handed out";
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
   for (const auto& c : sink.chunks) EXPECT_NE(c, bad) << "a chunk damaged before it was pinned reached the sink";
-  EXPECT_EQ((*store)->Describe(id)->state, EntryState::kQuarantined);
+  EXPECT_EQ((*store)->Describe(id)->info.state, EntryState::kQuarantined);
 }
 
 }  // namespace

@@ -67,7 +67,7 @@ std::uint32_t SchemaOf(const std::string& path) {
   return v.ok() ? *v : 0;
 }
 
-void ExpectAllEntries(Store& s, const std::string& fixture) {
+void ExpectAllEntries(LocalStore& s, const std::string& fixture) {
   for (const auto& e : ReadExpected(std::string(STATESTORE_FIXTURES) + "/" + fixture)) {
     auto back = s.FetchAll(e.id);
     ASSERT_TRUE(back.ok()) << "entry " << e.id << ": " << back.status().ToString();
@@ -86,13 +86,13 @@ TEST_P(Migrate, ReadOnlyIsRefusedAndWritingMigrates) {
   o.path = path;
   StoreOptions ro = o;
   ro.read_only = true;
-  auto refused = Store::Open(ro);
+  auto refused = LocalStore::Open(ro);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status().ToString();
   EXPECT_NE(refused.status().message().find("primecachectl migrate"), std::string::npos)
       << refused.status().ToString();
   {
-    auto s = Store::Open(o);
+    auto s = LocalStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     ExpectAllEntries(**s, GetParam());
     // The store goes on: a publish and a delete after the migration.
@@ -102,7 +102,7 @@ TEST_P(Migrate, ReadOnlyIsRefusedAndWritingMigrates) {
     ExpectAllEntries(**s, GetParam());
   }
   EXPECT_EQ(SchemaOf(path), si::kSchemaVersion);
-  auto s = Store::Open(ro);
+  auto s = LocalStore::Open(ro);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   ExpectAllEntries(**s, GetParam());
 }

@@ -57,7 +57,7 @@ void CheckUnderUmask(mode_t mask) {
   StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/data/store";  // both levels created by the store
   {
-    auto s = Store::Open(o);
+    auto s = LocalStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     const auto tokens = Conversation(300, 1);
     MustPublish(**s, tokens);
@@ -66,7 +66,7 @@ void CheckUnderUmask(mode_t mask) {
     ExpectPrivate(dir.path + "/data", "after a compaction");
   }
   ExpectPrivate(dir.path + "/data", "after a close");
-  auto s = Store::Open(o);
+  auto s = LocalStore::Open(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   MustPublish(**s, Conversation(200, 2));
   ExpectPrivate(dir.path + "/data", "after a reopen and a publish");
@@ -86,7 +86,7 @@ TEST(Private, AStoreLeftOpenToOthersIsMadePrivateAtOpen) {
   StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/store";
   {
-    auto s = Store::Open(o);
+    auto s = LocalStore::Open(o);
     ASSERT_TRUE(s.ok());
     MustPublish(**s, Conversation(300, 1));
   }
@@ -95,7 +95,7 @@ TEST(Private, AStoreLeftOpenToOthersIsMadePrivateAtOpen) {
   for (const auto& e : std::filesystem::recursive_directory_iterator(o.path))
     ASSERT_EQ(::chmod(e.path().c_str(), e.is_directory() ? 0755 : 0644), 0);
   ASSERT_EQ(ModeOf(o.path + "/CURRENT") & 0777, 0644u);
-  auto s = Store::Open(o);
+  auto s = LocalStore::Open(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   ExpectPrivate(o.path, "after opening a 0755/0644 store");
   // Read-only (a look at a stopped daemon's store) changes nothing.
@@ -103,7 +103,7 @@ TEST(Private, AStoreLeftOpenToOthersIsMadePrivateAtOpen) {
   ASSERT_EQ(::chmod(o.path.c_str(), 0750), 0);
   StoreOptions ro = o;
   ro.read_only = true;
-  auto r = Store::Open(ro);
+  auto r = LocalStore::Open(ro);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(ModeOf(o.path) & 0777, 0750u);
 }

@@ -77,7 +77,7 @@ TEST(Segments, AnUnrecordedSegmentIsRemovedAtOpen) {
 // kCorruption naming the segment, is quarantined, Verify reports the
 // segment; a new publish of the same chunks heals the store.
 void ExpectDamagedSegment(MemStore& m, const std::vector<std::uint32_t>& t, EntryId id, const std::string& what) {
-  auto v = m.store->CheckStore(false);
+  auto v = m.store->CheckStore({});
   ASSERT_TRUE(v.ok());
   bool reported = false;
   for (const auto& p : v->problems) reported |= p.find("segment 0000000000000001") != std::string::npos;
@@ -88,7 +88,7 @@ void ExpectDamagedSegment(MemStore& m, const std::vector<std::uint32_t>& t, Entr
   EXPECT_NE(back.status().message().find(what), std::string::npos) << back.status().ToString();
   auto info = m.store->Describe(id);
   ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->state, EntryState::kQuarantined);
+  EXPECT_EQ(info->info.state, EntryState::kQuarantined);
   EXPECT_TRUE(m.store->FetchAll(id).status().IsNotFound()) << "a quarantined entry is never served";
   auto again = m.store->Publish(Request(t), MakeLayers(t, kModel));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
@@ -130,7 +130,7 @@ TEST(Segments, ASegmentTruncatedWhileOpenIsACorruption) {
   auto back = m.store->FetchAll(id);
   ASSERT_TRUE(back.status().IsCorruption()) << back.status().ToString();
   EXPECT_NE(back.status().message().find("truncated"), std::string::npos) << back.status().ToString();
-  EXPECT_EQ(m.store->Describe(id)->state, EntryState::kQuarantined);
+  EXPECT_EQ(m.store->Describe(id)->info.state, EntryState::kQuarantined);
 }
 
 // Fetching threads hold leases on kept entries and read them over and over
@@ -142,9 +142,9 @@ TEST(Segments, CompactionUnderConcurrentFetches) {
   StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/store";
   o.reclaim_after_bytes = std::numeric_limits<std::uint64_t>::max();  // only Compact rewrites here
-  auto opened = Store::Open(o);
+  auto opened = LocalStore::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  Store& s = **opened;
+  LocalStore& s = **opened;
   std::vector<std::vector<std::uint32_t>> kept_tokens;
   std::vector<EntryId> kept;
   for (int i = 0; i < 4; ++i) {
@@ -213,14 +213,14 @@ TEST(Segments, DirectReadsReturnTheSameBytes) {
   const auto a = Conversation(2500, 7), b = Conversation(600, 8);
   EntryId ia = 0, ib = 0;
   {
-    auto s = Store::Open(o);
+    auto s = LocalStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     ia = MustPublish(**s, a, 1, "", big);
     ib = MustPublish(**s, b, 1, "", kModel);
     MustPublish(**s, Conversation(300, 9), 1, "", kModel);
   }
   o.direct_reads = true;
-  auto s = Store::Open(o);
+  auto s = LocalStore::Open(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   ExpectSameLayers(*(*s)->FetchAll(ia), MakeLayers(a, big));
   ExpectSameLayers(*(*s)->FetchAll(ib), MakeLayers(b, kModel));

@@ -39,7 +39,7 @@ std::string RandomChunk(std::mt19937_64& rng, std::size_t n) {
 // layer, interleaved (as concurrent clients would); between rounds, a small
 // entry is committed when `commit_between` (from another segment: the
 // publishers hold theirs).
-std::vector<std::unique_ptr<Publisher>> StageAbandoned(Store& s, int publishers, int chunks,
+std::vector<std::unique_ptr<Publisher>> StageAbandoned(LocalStore& s, int publishers, int chunks,
                                                        std::size_t chunk_bytes, bool commit_between) {
   std::mt19937_64 rng(7);
   std::vector<std::unique_ptr<Publisher>> pubs;
@@ -47,8 +47,8 @@ std::vector<std::unique_ptr<Publisher>> StageAbandoned(Store& s, int publishers,
     auto pub = s.BeginPublish(Request(Conversation(100, 500 + p)));
     EXPECT_TRUE(pub.ok()) << pub.status().ToString();
     if (!pub.ok()) return pubs;
-    EXPECT_TRUE((*pub)->BeginLayer("never validated: the publish is abandoned").ok());
-    pubs.push_back(std::move(pub).value());
+    EXPECT_TRUE(pub->publisher->BeginLayer("never validated: the publish is abandoned", chunks).ok());
+    pubs.push_back(std::move(pub->publisher));
   }
   for (int i = 0; i < chunks; ++i) {
     for (auto& p : pubs) EXPECT_TRUE(p->AddChunk(RandomChunk(rng, chunk_bytes)).ok());
@@ -74,7 +74,7 @@ constexpr std::uint64_t kSlack = 2u << 20;  // OPTIONS files, logs, small tables
 struct OneEntryStore {
   TempDir dir;
   std::string path = dir.path + "/store";
-  std::unique_ptr<Store> store;
+  std::unique_ptr<LocalStore> store;
   std::vector<std::uint32_t> tokens = Conversation(300, 1);
   EntryId kept = 0;
   std::uint64_t before = 0;
@@ -82,7 +82,7 @@ struct OneEntryStore {
   void Open() {
     StoreOptions o = CodecStoreOptions();
     o.path = path;
-    auto opened = Store::Open(o);
+    auto opened = LocalStore::Open(o);
     ASSERT_TRUE(opened.ok()) << opened.status().ToString();
     store = std::move(opened).value();
     kept = MustPublish(*store, tokens);
@@ -105,7 +105,7 @@ struct OneEntryStore {
 TEST(Space, AbandonedPublishesAreReclaimedWithoutRestartOrCompact) {
   OneEntryStore w;
   ASSERT_NO_FATAL_FAILURE(w.Open());
-  Store& s = *w.store;
+  LocalStore& s = *w.store;
 
   // 4 x 24 MiB staged: mostly past the WAL, flushed to blob files.
   auto pubs = StageAbandoned(s, 4, 24, 1u << 20, /*commit_between=*/false);
@@ -124,7 +124,7 @@ TEST(Space, AbandonedPublishesAreReclaimedWithoutRestartOrCompact) {
 TEST(Space, RemovedAndEvictedEntriesAreReclaimedWithoutRestartOrCompact) {
   OneEntryStore w;
   ASSERT_NO_FATAL_FAILURE(w.Open());
-  Store& s = *w.store;
+  LocalStore& s = *w.store;
 
   // Entries of 2 x 2000 rows x 2048 floats (~32 MiB each) in 1 MiB chunks.
   TestModel big;
@@ -153,9 +153,9 @@ TEST(Space, CompactReclaimsDeadChunksSharingSegmentsWithLiveOnes) {
   StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/store";
   o.reclaim_after_bytes = std::numeric_limits<std::uint64_t>::max();  // only Compact reclaims here
-  auto opened = Store::Open(o);
+  auto opened = LocalStore::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  Store& s = **opened;
+  LocalStore& s = **opened;
   TestModel big;
   big.width = 512;
   big.index_head_dim = 0;
@@ -185,9 +185,9 @@ TEST(Space, AnAbortGivesItsBytesBackAtOnce) {
   StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/store";
   o.reclaim_after_bytes = std::numeric_limits<std::uint64_t>::max();
-  auto opened = Store::Open(o);
+  auto opened = LocalStore::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  Store& s = **opened;
+  LocalStore& s = **opened;
   MustPublish(s, Conversation(300, 1));
   const std::uint64_t before = DiskBytes(o.path);
   auto pubs = StageAbandoned(s, 3, 8, 1u << 20, /*commit_between=*/true);
@@ -204,29 +204,29 @@ TEST(Space, TheBoundOnUncommittedBytesRefusesAndRecovers) {
   StoreOptions o = CodecStoreOptions();
   o.max_staged_bytes = entry + 3000;
   MemStore m(o);
-  Store& s = *m.store;
+  LocalStore& s = *m.store;
 
   // One publish holds its staged bytes until it commits.
   auto first = s.BeginPublish(Request(tokens));
   ASSERT_TRUE(first.ok());
-  for (const auto& l : layers) ASSERT_TRUE((*first)->AddLayer(l).ok());
+  for (const auto& l : layers) ASSERT_TRUE(first->publisher->AddLayer(l).ok());
   EXPECT_EQ(s.Stat()->staged_bytes, entry);
 
   // A second one is refused once the total would pass the bound.
   auto second = s.BeginPublish(Request(Conversation(50, 4)));
   ASSERT_TRUE(second.ok());
-  ASSERT_TRUE((*second)->BeginLayer("h").ok());
-  ASSERT_TRUE((*second)->AddChunk(std::string(2000, 'a')).ok());
-  Status refused = (*second)->AddChunk(std::string(2000, 'b'));
+  ASSERT_TRUE(second->publisher->BeginLayer("h", 2).ok());
+  ASSERT_TRUE(second->publisher->AddChunk(std::string(2000, 'a')).ok());
+  Status refused = second->publisher->AddChunk(std::string(2000, 'b'));
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
   EXPECT_NE(refused.message().find("uncommitted"), std::string::npos) << refused.ToString();
-  EXPECT_FALSE((*second)->AddChunk(std::string(10, 'c')).ok()) << "a refused publish stays failed";
+  EXPECT_FALSE(second->publisher->AddChunk(std::string(10, 'c')).ok()) << "a refused publish stays failed";
   EXPECT_EQ(s.Stat()->staged_bytes, entry + 2000);
 
   // Abort and commit give the bytes back.
-  (*second)->Abort();
+  second->publisher->Abort();
   EXPECT_EQ(s.Stat()->staged_bytes, entry);
-  auto committed = (*first)->Commit();
+  auto committed = first->publisher->Commit();
   ASSERT_TRUE(committed.ok()) << committed.status().ToString();
   EXPECT_EQ(s.Stat()->staged_bytes, 0u);
 
@@ -261,7 +261,7 @@ int VerifyWhileDeleting(int round) {
   int runs = 0;
   bool clean = true;
   while (clean && (!done.load() || runs < 3)) {
-    auto v = m.store->CheckStore(true);
+    auto v = m.store->CheckStore({.read_chunks = true});
     clean = v.ok() && v->problems.empty();
     EXPECT_TRUE(v.ok()) << v.status().ToString();
     if (v.ok()) {

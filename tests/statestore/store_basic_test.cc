@@ -34,20 +34,20 @@ TEST(StoreBasic, PublishFetchRoundTrip) {
     ASSERT_TRUE(h.ok());
     EXPECT_TRUE(DecodeLayer(EncodedLayer{*h, l.chunks}).ok());
   }
-  auto stored = m.store->Tokens(r->id);
+  auto stored = StoredTokens(*m.store, r->id);
   ASSERT_TRUE(stored.ok());
   EXPECT_EQ(*stored, tokens);
 
   auto info = m.store->Describe(r->id);
   ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->length, 300u);
-  EXPECT_EQ(info->layers, 3u);
-  EXPECT_EQ(info->model, ModelDigest(1));
-  EXPECT_EQ(info->model_name, "test-model-1");
-  EXPECT_EQ(info->chunk_bytes, LayerBytesSize(layers));
-  EXPECT_GT(info->raw_bytes, 0u);
-  EXPECT_EQ(info->state, EntryState::kLive);
-  EXPECT_DOUBLE_EQ(info->flops, EstimatePrefillFlops({1000, 2, 64}, 300));
+  EXPECT_EQ(info->info.length, 300u);
+  EXPECT_EQ(info->info.layers, 3u);
+  EXPECT_EQ(info->info.model, ModelDigest(1));
+  EXPECT_EQ(info->info.model_name, "test-model-1");
+  EXPECT_EQ(info->info.chunk_bytes, LayerBytesSize(layers));
+  EXPECT_GT(info->info.raw_bytes, 0u);
+  EXPECT_EQ(info->info.state, EntryState::kLive);
+  EXPECT_DOUBLE_EQ(info->info.flops, EstimatePrefillFlops({1000, 2, 64}, 300));
   ExpectConsistent(*m.store);
 }
 
@@ -97,7 +97,7 @@ TEST(StoreBasic, SinkErrorStopsFetch) {
   EXPECT_EQ(sink.chunks, 2);
   auto info = m.store->Describe(id);
   ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->state, EntryState::kLive) << "a sink error is not corruption";
+  EXPECT_EQ(info->info.state, EntryState::kLive) << "a sink error is not corruption";
 }
 
 // A fetch scoped to a namespace serves that namespace's entries only; another
@@ -163,7 +163,7 @@ TEST(StoreBasic, FetchReadsIntoTheSinksBuffers) {
 }
 
 // Every refused publish leaves the store as it was: no entry, no chunk.
-void ExpectEmpty(Store& s) {
+void ExpectEmpty(LocalStore& s) {
   auto st = s.Stat();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->entries, 0u);
@@ -185,20 +185,20 @@ TEST(StoreBasic, RefusesMalformedRequests) {
 }
 
 // Runs a publish of `layers` for `tokens` and returns the first error.
-Status TryPublish(Store& s, const std::vector<std::uint32_t>& tokens, const std::vector<LayerBytes>& layers) {
+Status TryPublish(LocalStore& s, const std::vector<std::uint32_t>& tokens, const std::vector<LayerBytes>& layers) {
   auto p = s.BeginPublish(Request(tokens));
   if (!p.ok()) return p.status();
   for (const auto& l : layers) {
-    Status st = (*p)->AddLayer(l);
+    Status st = p->publisher->AddLayer(l);
     if (!st.ok()) {
       // The publisher stays failed: Commit reports the same error.
-      auto c = (*p)->Commit();
+      auto c = p->publisher->Commit();
       EXPECT_FALSE(c.ok());
       EXPECT_EQ(c.status(), st);
       return st;
     }
   }
-  return (*p)->Commit().status();
+  return p->publisher->Commit().status();
 }
 
 TEST(StoreBasic, ValidatorRefusesLayersThatDisagree) {
@@ -252,18 +252,18 @@ TEST(StoreBasic, PublisherStateMachine) {
   {
     auto p = m.store->BeginPublish(Request(tokens));
     ASSERT_TRUE(p.ok());
-    EXPECT_TRUE((*p)->AddChunk(std::string_view("x")).IsFailedPrecondition());
+    EXPECT_TRUE(p->publisher->AddChunk(std::string_view("x")).IsFailedPrecondition());
   }
   {
     auto p = m.store->BeginPublish(Request(tokens));
     ASSERT_TRUE(p.ok());
-    EXPECT_TRUE((*p)->Commit().status().IsFailedPrecondition()) << "no layers";
+    EXPECT_TRUE(p->publisher->Commit().status().IsFailedPrecondition()) << "no layers";
   }
   {
     auto p = m.store->BeginPublish(Request(tokens));
     ASSERT_TRUE(p.ok());
-    ASSERT_TRUE((*p)->BeginLayer(layers[0].header).ok());
-    EXPECT_TRUE((*p)->AddChunk(std::string_view("")).IsInvalidArgument());
+    ASSERT_TRUE(p->publisher->BeginLayer(layers[0].header, static_cast<std::uint32_t>(layers[0].chunks.size())).ok());
+    EXPECT_TRUE(p->publisher->AddChunk(std::string_view("")).IsInvalidArgument());
   }
   {
     StoreOptions o = CodecStoreOptions();
@@ -271,22 +271,22 @@ TEST(StoreBasic, PublisherStateMachine) {
     MemStore small(o);
     auto p = small.store->BeginPublish(Request(tokens));
     ASSERT_TRUE(p.ok());
-    ASSERT_TRUE((*p)->BeginLayer(layers[0].header).ok());
-    EXPECT_TRUE((*p)->AddChunk(std::string_view(std::string(17, 'x'))).IsInvalidArgument());
+    ASSERT_TRUE(p->publisher->BeginLayer(layers[0].header, static_cast<std::uint32_t>(layers[0].chunks.size())).ok());
+    EXPECT_TRUE(p->publisher->AddChunk(std::string_view(std::string(17, 'x'))).IsInvalidArgument());
   }
   {
     auto p = m.store->BeginPublish(Request(tokens));
     ASSERT_TRUE(p.ok());
-    ASSERT_TRUE((*p)->BeginLayer(layers[0].header).ok());
-    EXPECT_TRUE((*p)->Commit().status().IsFailedPrecondition()) << "inside a layer";
+    ASSERT_TRUE(p->publisher->BeginLayer(layers[0].header, static_cast<std::uint32_t>(layers[0].chunks.size())).ok());
+    EXPECT_TRUE(p->publisher->Commit().status().IsFailedPrecondition()) << "inside a layer";
   }
   ExpectEmpty(*m.store);
   {
     auto p = m.store->BeginPublish(Request(tokens));
     ASSERT_TRUE(p.ok());
-    for (auto& l : layers) ASSERT_TRUE((*p)->AddLayer(l).ok());
-    ASSERT_TRUE((*p)->Commit().ok());
-    EXPECT_TRUE((*p)->Commit().status().IsFailedPrecondition()) << "commits at most once";
+    for (auto& l : layers) ASSERT_TRUE(p->publisher->AddLayer(l).ok());
+    ASSERT_TRUE(p->publisher->Commit().ok());
+    EXPECT_TRUE(p->publisher->Commit().status().IsFailedPrecondition()) << "commits at most once";
   }
   // An abandoned publish (destroyed without commit) leaves nothing behind.
   {
@@ -294,7 +294,7 @@ TEST(StoreBasic, PublisherStateMachine) {
     auto l2 = MakeLayers(t2);
     auto p = m.store->BeginPublish(Request(t2));
     ASSERT_TRUE(p.ok());
-    for (auto& l : l2) ASSERT_TRUE((*p)->AddLayer(l).ok());
+    for (auto& l : l2) ASSERT_TRUE(p->publisher->AddLayer(l).ok());
   }
   auto st = m.store->Stat();
   ASSERT_TRUE(st.ok());
@@ -306,7 +306,10 @@ TEST(StoreBasic, SameIdentityIsStoredOnce) {
   MemStore m;
   auto tokens = Conversation(90, 8);
   EntryId id = MustPublish(*m.store, tokens);
-  EXPECT_EQ(m.store->BeginPublish(Request(tokens)).status().code(), StatusCode::kAlreadyExists);
+  auto stored = m.store->BeginPublish(Request(tokens));
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  EXPECT_EQ(stored->publisher, nullptr) << "nothing to send";
+  EXPECT_EQ(stored->existing, std::optional<EntryId>(id));
   auto again = m.store->Publish(Request(tokens), MakeLayers(tokens));
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->existed);
@@ -323,11 +326,11 @@ TEST(StoreBasic, SameIdentityIsStoredOnce) {
   auto p2 = m.store->BeginPublish(Request(t2));
   ASSERT_TRUE(p1.ok() && p2.ok());
   for (auto& l : layers) {
-    ASSERT_TRUE((*p1)->AddLayer(l).ok());
-    ASSERT_TRUE((*p2)->AddLayer(l).ok());
+    ASSERT_TRUE(p1->publisher->AddLayer(l).ok());
+    ASSERT_TRUE(p2->publisher->AddLayer(l).ok());
   }
-  auto r1 = (*p1)->Commit();
-  auto r2 = (*p2)->Commit();
+  auto r1 = p1->publisher->Commit();
+  auto r2 = p2->publisher->Commit();
   ASSERT_TRUE(r1.ok() && r2.ok());
   EXPECT_FALSE(r1->existed);
   EXPECT_TRUE(r2->existed);
@@ -345,7 +348,7 @@ TEST(StoreBasic, PersistsAcrossReopen) {
   std::vector<EntryId> ids;
   std::vector<std::vector<LayerBytes>> layers;
   {
-    auto s = Store::Open(o);
+    auto s = LocalStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     for (int i = 0; i < 5; ++i) {
       convs.push_back(Conversation(100 + 37 * i, 20 + i));
@@ -359,7 +362,7 @@ TEST(StoreBasic, PersistsAcrossReopen) {
     auto miss = (*s)->Lookup(ModelDigest(1), "a", Conversation(50, 99));
     ASSERT_TRUE(miss.ok() && !miss->has_value());
   }
-  auto s = Store::Open(o);
+  auto s = LocalStore::Open(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   auto st = (*s)->Stat();
   ASSERT_TRUE(st.ok());
@@ -377,12 +380,12 @@ TEST(StoreBasic, PersistsAcrossReopen) {
   }
   auto info = (*s)->Describe(ids[1]);
   ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->hits, 2u) << "hits persist across the reopen";
+  EXPECT_EQ(info->info.hits, 2u) << "hits persist across the reopen";
   // New ids and ticks continue after the old ones.
   EntryId next = MustPublish(**s, Conversation(33, 77));
   EXPECT_GT(next, ids.back());
   auto ni = (*s)->Describe(next);
-  EXPECT_GT(ni->last_access, info->last_access);
+  EXPECT_GT(ni->info.last_access, info->info.last_access);
   ExpectConsistent(**s);
 }
 
@@ -390,9 +393,9 @@ TEST(StoreBasic, SecondOpenOfOneStoreIsRefused) {
   TempDir dir;
   StoreOptions o = CodecStoreOptions();
   o.path = dir.path;
-  auto a = Store::Open(o);
+  auto a = LocalStore::Open(o);
   ASSERT_TRUE(a.ok());
-  auto b = Store::Open(o);
+  auto b = LocalStore::Open(o);
   EXPECT_FALSE(b.ok());
   EXPECT_NE(b.status().message().find("lock"), std::string::npos) << b.status().ToString();
 }
@@ -402,7 +405,7 @@ TEST(StoreBasic, MissingStoreWithoutCreateIsNotFound) {
   StoreOptions o = m.options;
   o.path = "/elsewhere";
   o.create_if_missing = false;
-  EXPECT_TRUE(Store::Open(o).status().IsNotFound());
+  EXPECT_TRUE(LocalStore::Open(o).status().IsNotFound());
 }
 
 TEST(StoreBasic, AStoreWithoutALayerValidatorIsRefused) {
@@ -410,7 +413,7 @@ TEST(StoreBasic, AStoreWithoutALayerValidatorIsRefused) {
   StoreOptions o = m.options;
   o.path = "/unchecked";
   o.validator = nullptr;
-  auto s = Store::Open(o);
+  auto s = LocalStore::Open(o);
   ASSERT_TRUE(s.status().IsInvalidArgument());
   EXPECT_NE(s.status().ToString().find("validator"), std::string::npos) << s.status().ToString();
 }
@@ -425,7 +428,7 @@ void PutMeta(const std::string& path, const std::string& key, const std::string&
 EntryId OneEntryOnDisk(const std::string& path, std::uint64_t seed) {
   StoreOptions o = CodecStoreOptions();
   o.path = path;
-  auto s = Store::Open(o);
+  auto s = LocalStore::Open(o);
   EXPECT_TRUE(s.ok()) << s.status().ToString();
   return s.ok() ? MustPublish(**s, Conversation(64, seed)) : 0;
 }
@@ -437,13 +440,13 @@ TEST(StoreBasic, NewerSchemaIsRefusedUntouched) {
   const EntryId id = OneEntryOnDisk(dir.path, 1);
   ASSERT_NE(id, 0u);
   PutMeta(dir.path, "schema", statestore_internal::EncodeSchema(statestore_internal::kSchemaVersion + 1));
-  auto s = Store::Open(o);
+  auto s = LocalStore::Open(o);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kNotSupported) << s.status().ToString();
   EXPECT_NE(s.status().message().find("newer"), std::string::npos);
   // Back to this version, the store opens with its entry intact.
   PutMeta(dir.path, "schema", statestore_internal::EncodeSchema(statestore_internal::kSchemaVersion));
-  auto again = Store::Open(o);
+  auto again = LocalStore::Open(o);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_TRUE((*again)->Describe(id).ok());
 }
@@ -460,7 +463,7 @@ TEST(StoreBasic, ForeignDatabaseIsRefused) {
   }
   StoreOptions o = CodecStoreOptions();
   o.path = dir.path;
-  auto s = Store::Open(o);
+  auto s = LocalStore::Open(o);
   EXPECT_TRUE(s.status().IsFailedPrecondition()) << s.status().ToString();
 }
 
@@ -485,7 +488,7 @@ TEST(StoreBasic, DefaultDataDirFollowsXdgThenHome) {
     MemStore m;
     StoreOptions o = CodecStoreOptions();
     o.env = m.env.get();
-    auto s = Store::Open(o);
+    auto s = LocalStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     EXPECT_EQ((*s)->path(), dir.path + "/primecache/store");
     EXPECT_TRUE(m.env->FileExists(dir.path + "/primecache/store/CURRENT"));
@@ -572,7 +575,7 @@ TEST(StoreBasic, DeleteRemovesEverything) {
   EXPECT_FALSE(hit->has_value());
   auto st = m.store->Stat();
   EXPECT_EQ(st->entries, 1u);
-  EXPECT_EQ(st->logical_bytes, m.store->Describe(ib)->chunk_bytes + m.store->Describe(ib)->meta_bytes);
+  EXPECT_EQ(st->logical_bytes, m.store->Describe(ib)->info.chunk_bytes + m.store->Describe(ib)->info.meta_bytes);
   ExpectConsistent(*m.store);
   ASSERT_TRUE(m.store->Delete(ib).ok());
   st = m.store->Stat();
@@ -586,7 +589,7 @@ TEST(StoreBasic, RunsOnThePosixEnvToo) {
   TempDir dir;
   StoreOptions o = CodecStoreOptions();
   o.path = dir.path + "/a/b";  // parents are created
-  auto s = Store::Open(o);
+  auto s = LocalStore::Open(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   auto t = Conversation(500, 5);
   auto layers = MakeLayers(t);
@@ -678,16 +681,16 @@ TEST(StoreDescriptor, KeptCheckedAndReturned) {
   plain.model = digest;
   auto first = m.store->Publish(plain, MakeLayers(Prefix(tokens, 32)));
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  EXPECT_TRUE(m.store->Describe(first->id)->model_descriptor.empty());
+  EXPECT_TRUE(m.store->Describe(first->id)->info.model_descriptor.empty());
   PublishRequest full = Request(tokens);
   full.model = digest;
   full.model_descriptor = descriptor;
   auto second = m.store->Publish(full, layers);
   ASSERT_TRUE(second.ok()) << second.status().ToString();
-  EXPECT_EQ(m.store->Describe(second->id)->model_descriptor, descriptor);
-  EXPECT_EQ(m.store->Describe(first->id)->model_descriptor, descriptor);
+  EXPECT_EQ(m.store->Describe(second->id)->info.model_descriptor, descriptor);
+  EXPECT_EQ(m.store->Describe(first->id)->info.model_descriptor, descriptor);
   m.Reopen();
-  EXPECT_EQ(m.store->Describe(first->id)->model_descriptor, descriptor);
+  EXPECT_EQ(m.store->Describe(first->id)->info.model_descriptor, descriptor);
   ExpectConsistent(*m.store);
 
   // Republishing a stored boundary with a descriptor gives its scope one.
@@ -695,15 +698,15 @@ TEST(StoreDescriptor, KeptCheckedAndReturned) {
   other.model = digest;
   auto bare = m.store->Publish(other, MakeLayers(Prefix(tokens, 16)));
   ASSERT_TRUE(bare.ok());
-  EXPECT_TRUE(m.store->Describe(bare->id)->model_descriptor.empty());
+  EXPECT_TRUE(m.store->Describe(bare->id)->info.model_descriptor.empty());
   other.model_descriptor = descriptor;
   auto again = m.store->Publish(other, MakeLayers(Prefix(tokens, 16)));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_TRUE(again->existed);
   EXPECT_EQ(again->id, bare->id);
-  EXPECT_EQ(m.store->Describe(bare->id)->model_descriptor, descriptor);
+  EXPECT_EQ(m.store->Describe(bare->id)->info.model_descriptor, descriptor);
   m.Reopen();
-  EXPECT_EQ(m.store->Describe(bare->id)->model_descriptor, descriptor);
+  EXPECT_EQ(m.store->Describe(bare->id)->info.model_descriptor, descriptor);
   ExpectConsistent(*m.store);
 }
 
@@ -759,11 +762,14 @@ TEST(StoreLayerHeaders, AreTheManifestsHeadersInOrder) {
   auto tokens = Conversation(200, 3);
   auto layers = MakeLayers(tokens);
   EntryId id = MustPublish(*m.store, tokens);
-  auto headers = m.store->LayerHeaders(id);
-  ASSERT_TRUE(headers.ok()) << headers.status().ToString();
-  ASSERT_EQ(headers->size(), layers.size());
-  for (std::size_t i = 0; i < layers.size(); ++i) EXPECT_EQ((*headers)[i], layers[i].header) << i;
-  EXPECT_TRUE(m.store->LayerHeaders(id + 100).status().IsNotFound());
+  DescribeOptions with_headers;
+  with_headers.layer_headers = true;
+  auto detail = m.store->Describe(id, with_headers);
+  ASSERT_TRUE(detail.ok()) << detail.status().ToString();
+  const std::vector<std::string>& headers = detail->layer_headers;
+  ASSERT_EQ(headers.size(), layers.size());
+  for (std::size_t i = 0; i < layers.size(); ++i) EXPECT_EQ(headers[i], layers[i].header) << i;
+  EXPECT_TRUE(m.store->Describe(id + 100, with_headers).status().IsNotFound());
 }
 
 // Read-only: everything reads, nothing writes, and the store on disk is the
@@ -776,24 +782,24 @@ TEST(StoreReadOnly, ReadsEverythingWritesNothing) {
   auto layers = MakeLayers(tokens);
   EntryId id = 0;
   {
-    auto s = Store::Open(o);
+    auto s = LocalStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     id = MustPublish(**s, tokens);
   }
   StoreOptions ro = o;
   ro.read_only = true;
   {
-    auto s = Store::Open(ro);
+    auto s = LocalStore::Open(ro);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
-    Store& st = **s;
+    LocalStore& st = **s;
     auto hit = st.Lookup(ModelDigest(1), "", tokens);
     ASSERT_TRUE(hit.ok() && hit->has_value());
     EXPECT_EQ((*hit)->id, id);
     auto back = st.FetchAll(id);
     ASSERT_TRUE(back.ok()) << back.status().ToString();
     ExpectSameLayers(*back, layers);
-    EXPECT_TRUE(st.CheckStore(true).ok());
-    EXPECT_TRUE(st.CheckStore(true)->problems.empty());
+    EXPECT_TRUE(st.CheckStore({.read_chunks = true}).ok());
+    EXPECT_TRUE(st.CheckStore({.read_chunks = true})->problems.empty());
     EXPECT_TRUE(st.Stat().ok());
     auto list = st.List({});
     ASSERT_TRUE(list.ok());
@@ -804,15 +810,15 @@ TEST(StoreReadOnly, ReadsEverythingWritesNothing) {
     EXPECT_TRUE(st.BeginPublish(Request(Conversation(10, 99))).status().IsFailedPrecondition());
   }
   // Nothing changed: the entry is there, and no hit was recorded.
-  auto s = Store::Open(o);
+  auto s = LocalStore::Open(o);
   ASSERT_TRUE(s.ok());
   auto info = (*s)->Describe(id);
   ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->hits, 0u);
+  EXPECT_EQ(info->info.hits, 0u);
   // No store there: refused, nothing created.
   StoreOptions none = ro;
   none.path = dir.path + "/absent";
-  EXPECT_TRUE(Store::Open(none).status().IsNotFound());
+  EXPECT_TRUE(LocalStore::Open(none).status().IsNotFound());
   EXPECT_FALSE(std::filesystem::exists(none.path));
 }
 
@@ -830,13 +836,13 @@ TEST(StoreSchema, AnOlderSchemaIsRefusedReadOnlyAndMigratedForWriting) {
   StoreOptions ro = o;
   ro.read_only = true;
   {
-    auto s = Store::Open(ro);
+    auto s = LocalStore::Open(ro);
     ASSERT_FALSE(s.ok());
     EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition) << s.status().ToString();
     EXPECT_NE(s.status().message().find("primecachectl migrate"), std::string::npos) << s.status().ToString();
   }
   {
-    auto s = Store::Open(o);
+    auto s = LocalStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     EXPECT_TRUE((*s)->Describe(id).ok());
     EXPECT_TRUE((*s)->FetchAll(id).ok());

@@ -177,7 +177,7 @@ struct MemStore {
   std::unique_ptr<Env> env = NewMemEnv();
   StoreOptions options;
   std::shared_ptr<const statestore_internal::TestHooks> hooks;
-  std::unique_ptr<Store> store;
+  std::unique_ptr<LocalStore> store;
 
   explicit MemStore(StoreOptions o = CodecStoreOptions(), std::shared_ptr<const statestore_internal::TestHooks> h = nullptr)
       : options(std::move(o)), hooks(std::move(h)) {
@@ -208,7 +208,13 @@ struct TempDir {
   }
 };
 
-inline EntryId MustPublish(Store& s, const std::vector<std::uint32_t>& tokens, std::uint64_t model = 1,
+// The stored tokens of a live entry, as Describe gives them.
+inline Result<std::vector<std::uint32_t>> StoredTokens(Store& s, EntryId id) {
+  PC_ASSIGN_OR_RETURN(EntryDetail d, s.Describe(id));
+  return std::move(d.info.tokens);
+}
+
+inline EntryId MustPublish(LocalStore& s, const std::vector<std::uint32_t>& tokens, std::uint64_t model = 1,
                            const std::string& ns = "", const TestModel& m = {}) {
   auto layers = MakeLayers(tokens, m);
   auto r = s.Publish(Request(tokens, model, ns), layers);
@@ -232,8 +238,8 @@ inline std::string DescriptorFor(const std::vector<LayerBytes>& layers, std::str
   return EncodeFingerprint(fp);
 }
 
-inline void ExpectConsistent(Store& s) {
-  auto v = s.CheckStore(true);
+inline void ExpectConsistent(LocalStore& s) {
+  auto v = s.CheckStore({.read_chunks = true});
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   for (const auto& p : v->problems) ADD_FAILURE() << "verify: " << p;
 }

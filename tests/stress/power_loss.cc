@@ -46,8 +46,8 @@ class PowerLossLoop {
   std::string DataDir() const { return dir_ + "/data"; }
   std::string StorePath() const { return DataDir() + "/store"; }
   bool Iteration(int it);
-  void Publisher(Store& store, int it, int pub, const std::atomic<bool>& frozen);
-  void Check(Store& store, int it);
+  void Publisher(LocalStore& store, int it, int pub, const std::atomic<bool>& frozen);
+  void Check(LocalStore& store, int it);
   void VerifyOffline(int it);
 
   const PowerLossOptions o_;
@@ -60,7 +60,7 @@ class PowerLossLoop {
   std::set<EntryId> unacked_seen_;
 };
 
-void PowerLossLoop::Publisher(Store& store, int it, int pub, const std::atomic<bool>& frozen) {
+void PowerLossLoop::Publisher(LocalStore& store, int it, int pub, const std::atomic<bool>& frozen) {
   std::mt19937_64 rng(o_.common.seed * 7919 + static_cast<std::uint64_t>(it) * 4 + static_cast<std::uint64_t>(pub));
   while (!frozen.load()) {
     const EntrySpec spec = RandomSpec(rng, next_seed_++);
@@ -85,7 +85,7 @@ void PowerLossLoop::Publisher(Store& store, int it, int pub, const std::atomic<b
 }
 
 // The store after the power loss against what was attempted and acknowledged.
-void PowerLossLoop::Check(Store& store, int it) {
+void PowerLossLoop::Check(LocalStore& store, int it) {
   std::map<std::string, EntryId> stored;
   ListOptions lo;
   lo.limit = 1000;
@@ -97,8 +97,8 @@ void PowerLossLoop::Check(Store& store, int it) {
       return;
     }
     for (const auto& e : page->entries) {
-      auto tokens = store.Tokens(e.id);
-      const std::string key = tokens.ok() ? TokensKey(*tokens) : std::string();
+      auto detail = store.Describe(e.id);
+      const std::string key = detail.ok() ? TokensKey(detail->info.tokens) : std::string();
       stored[key] = e.id;
       auto want = reg_.Find(key);
       auto got = store.FetchAll(e.id);
@@ -122,7 +122,7 @@ void PowerLossLoop::Check(Store& store, int it) {
       Say("power: iteration %d: LOST acknowledged entry %llu", it, U(a.entry));
     }
   }
-  auto v = store.CheckStore(true);
+  auto v = store.CheckStore({.read_chunks = true});
   if (!v.ok() || !v->problems.empty()) {
     ++t_.torn;
     Say("power: iteration %d: the store's cross-check: %s", it,
@@ -180,7 +180,7 @@ bool PowerLossLoop::Iteration(int it) {
   StoreOptions plain;
   plain.validator = CodecLayerValidator();
   plain.path = StorePath();
-  auto reopened = Store::Open(plain);
+  auto reopened = LocalStore::Open(plain);
   if (!reopened.ok()) {
     ++t_.open_failures;
     Say("power: iteration %d: reopening after the power loss failed: %s", it, reopened.status().ToString().c_str());

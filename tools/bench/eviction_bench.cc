@@ -163,7 +163,7 @@ Result<Row> RunInProcess(const Options& o, const traces::Trace& trace, const Sta
                          double share, std::uint64_t budget) {
   ScratchDir dir(o.dir);
   if (dir.path.empty()) return Status::IOError("cannot make a directory under " + o.dir);
-  PC_ASSIGN_OR_RETURN(auto store, Store::Open(StoreOptionsFor(p, g, budget, dir.path)));
+  PC_ASSIGN_OR_RETURN(auto store, LocalStore::Open(StoreOptionsFor(p, g, budget, dir.path)));
   replay::StoreTarget target(store.get(), g, !o.no_cost);
   Row row{std::string(traces::KindName(trace.kind)), p.name, "process", share, budget, {}, 0};
   const auto t0 = std::chrono::steady_clock::now();

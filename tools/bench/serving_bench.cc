@@ -167,7 +167,7 @@ Result<double> ReplayHitRate(const model::ModelConfig& config, const traces::Tra
   StoreOptions so;
   so.path = dir;
   so.validator = CodecLayerValidator();
-  PC_ASSIGN_OR_RETURN(auto store, Store::Open(so));
+  PC_ASSIGN_OR_RETURN(auto store, LocalStore::Open(so));
   replay::StoreTarget target(store.get(), g);
   replay::ReplayOptions ro;
   ro.boundaries = branch ? replay::Boundaries::kEndAndBranch : replay::Boundaries::kEnd;

@@ -290,7 +290,7 @@ struct ThroughputRow {
 // Run `r`: the plain file and plain RocksDB next to the store's publish, then
 // the store's fetches (the entry just written is in the page cache) next to
 // memcpy.
-void ThroughputRun(ThroughputCase& c, const StoreVariant& v, Store& store, rocksdb::DB* plain, int r,
+void ThroughputRun(ThroughputCase& c, const StoreVariant& v, LocalStore& store, rocksdb::DB* plain, int r,
                    ThroughputRow& row) {
   const std::uint64_t bytes = c.bytes;
   auto [fw, fr] = TimePlainFile(c.dir, c.entries[r], &c.dst);
@@ -302,8 +302,8 @@ void ThroughputRun(ThroughputCase& c, const StoreVariant& v, Store& store, rocks
   auto t0 = Clock::now();
   auto p = store.BeginPublish(Request(Tokens(c.tokens, 77 + r)));
   Die(p.status(), "begin");
-  for (auto& l : c.entries[r]) Die((*p)->AddLayer(l), "layer");
-  auto res = (*p)->Commit();
+  for (auto& l : c.entries[r]) Die(p->publisher->AddLayer(l), "layer");
+  auto res = p->publisher->Commit();
   Die(res.status(), "commit");
   double sp = Seconds(t0);
   row.file_w.Add(GBs(bytes, fw));
@@ -341,7 +341,7 @@ void ThroughputVariant(ThroughputCase& c, const StoreVariant& v, int reps) {
   so.validator = CodecLayerValidator();
   so.fetch_read_threads = v.read_threads;
   so.direct_reads = v.direct;
-  auto store = Store::Open(so);
+  auto store = LocalStore::Open(so);
   Die(store.status(), "open store");
   rocksdb::Options ro;
   ro.create_if_missing = true;
@@ -425,7 +425,7 @@ double Percentile(std::vector<double> v, double p) {
 // `queries` queries of `q` tokens each way: the conversation extended
 // differently each time (hits its 30000 boundary), and fresh random tokens
 // (misses).
-LookupFigures TimeLookups(Store& store, const std::vector<std::uint32_t>& conv, std::size_t q, int queries) {
+LookupFigures TimeLookups(LocalStore& store, const std::vector<std::uint32_t>& conv, std::size_t q, int queries) {
   std::vector<double> hit, miss;
   LookupFigures f;
   for (int i = 0; i < queries; ++i) {
@@ -451,7 +451,7 @@ LookupFigures TimeLookups(Store& store, const std::vector<std::uint32_t>& conv, 
 
 // Filler entries up to `target`: other conversations, 16..271 tokens, one
 // in 16 sharing the first 1024 tokens of the queried conversation.
-void GrowTo(Store& store, const std::vector<std::uint32_t>& conv, std::uint64_t target, std::mt19937_64& rng,
+void GrowTo(LocalStore& store, const std::vector<std::uint32_t>& conv, std::uint64_t target, std::mt19937_64& rng,
             std::uint64_t* entries) {
   LayerBytes layer{"placeholder", {"x"}};
   std::vector<std::uint32_t> t;
@@ -481,7 +481,7 @@ void Lookup(const std::string& dir, std::uint64_t max_entries, int queries, benc
   so.path = path;
   so.validator = std::make_shared<AcceptAll>();
   so.sync_commits = false;  // a throwaway store, built fast
-  auto store = Store::Open(so);
+  auto store = LocalStore::Open(so);
   Die(store.status(), "open store");
   LayerBytes layer{"placeholder", {"x"}};
   const std::size_t q = 32768;
@@ -520,7 +520,7 @@ void Dedup(const std::string& dir, std::uint64_t tokens, int k) {
   StoreOptions so;
   so.path = path;
   so.validator = CodecLayerValidator();
-  auto store = Store::Open(so);
+  auto store = LocalStore::Open(so);
   Die(store.status(), "open store");
   auto conv = Tokens(tokens, 31337);
   std::uint64_t sum = 0, recurrent = 0, final_planes = 0;

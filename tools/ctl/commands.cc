@@ -1,4 +1,4 @@
-// ls, show, rm, gc, stats, export, import, compact (verify: verify.cc).
+// ls, show, rm, gc, export, import, compact (verify: verify.cc; stats: stats.cc).
 #include "tools/ctl/commands.h"
 #include "tools/ctl/entry_view.h"
 
@@ -11,6 +11,7 @@
 #include "primecache/codec.h"
 #include "primecache/env.h"
 #include "primecache/snapshot.h"
+#include "primecache/snapshot_file.h"
 
 namespace primecache::ctl {
 
@@ -199,8 +200,8 @@ nlohmann::json FingerprintJson(const EntryInfo& e, std::string* problem) {
 
 // ---- ls ---------------------------------------------------------------------------------
 
-int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
-  auto all = access.List(o.quarantined);
+int Ls(Target& access, const LsOptions& o, const Output& out) {
+  auto all = ListAll(*access.store, o.quarantined ? EntryState::kQuarantined : EntryState::kLive);
   if (!all.ok()) return out.Error(all.status());
   std::vector<EntryInfo> entries;
   for (auto& e : *all) {
@@ -212,7 +213,7 @@ int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
   if (out.json()) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& e : entries) list.push_back(EntryJson(e, now));
-    out.Json({{"source", access.where()}, {"entries", list}});
+    out.Json({{"source", access.where}, {"entries", list}});
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -242,7 +243,7 @@ int Ls(StoreAccess& access, const LsOptions& o, const Output& out) {
   out.Line(RenderTable(header, rows));
   out.Line(std::to_string(entries.size()) + (o.quarantined ? " quarantined" : "") + " entries, " +
            HumanBytes(stored) + " stored (shared chunks counted in each), " + HumanBytes(raw) + " raw; " +
-           access.where());
+           access.where);
   return kExitOk;
 }
 
@@ -329,10 +330,13 @@ void ShowText(const EntryInfo& e, const nlohmann::json& fingerprint, const std::
 
 }  // namespace
 
-int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Output& out) {
-  std::vector<std::string> headers;
-  auto e = access.Describe(id, &headers);
-  if (!e.ok()) return out.Error(e.status());
+int Show(Target& access, std::uint64_t id, std::size_t text_chars, const Output& out) {
+  DescribeOptions with_headers;
+  with_headers.layer_headers = true;
+  auto detail = access.store->Describe(id, with_headers);
+  if (!detail.ok()) return out.Error(detail.status());
+  const EntryInfo* e = &detail->info;
+  const std::vector<std::string>& headers = detail->layer_headers;
   bool shortened = false;
   const std::string text = TokensAsText(e->tokens, text_chars, &shortened);
   std::string fp_problem;
@@ -363,12 +367,12 @@ int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Ou
 
 // ---- rm ---------------------------------------------------------------------------------
 
-int Rm(StoreAccess& access, const std::vector<std::uint64_t>& ids, const Output& out) {
+int Rm(Target& access, const std::vector<std::uint64_t>& ids, const Output& out) {
   nlohmann::json removed = nlohmann::json::array();
   nlohmann::json failed = nlohmann::json::array();
   int code = kExitOk;
   for (std::uint64_t id : ids) {
-    Status s = access.Delete(id);
+    Status s = access.writable() ? access.store->Delete(id) : access.ReadOnly("rm");
     if (s.ok()) {
       removed.push_back(id);
       out.Line("removed entry " + std::to_string(id));
@@ -385,29 +389,29 @@ int Rm(StoreAccess& access, const std::vector<std::uint64_t>& ids, const Output&
 
 // ---- gc ---------------------------------------------------------------------------------
 
-// access.Compact(), its running time shown on a terminal.
-Status CompactShowingTime(StoreAccess& access, const Output& out, const char* what) {
+// Compact, its running time shown on a terminal.
+Status CompactShowingTime(Target& access, const Output& out, const char* what) {
   const ProgressTicker ticker(out, what);
-  return access.Compact();
+  return access.writable() ? access.store->Compact() : access.ReadOnly("compact");
 }
 
-int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
+int Gc(Target& access, const GcOptions& o, const Output& out) {
   if (!access.writable() && !o.dry_run) {
-    return out.Error(Status::FailedPrecondition("gc needs the running daemon (" + access.where() +
+    return out.Error(Status::FailedPrecondition("gc needs the running daemon (" + access.where +
                                                 "); --dry-run shows what it would remove"));
   }
-  auto before = access.Stat();
+  auto before = StatOf(access);
   if (!before.ok()) return out.Error(before.status());
   struct Victim {
     EntryInfo e;
     std::string why;
   };
   std::vector<Victim> victims;
-  auto quarantined = access.List(true);
+  auto quarantined = ListAll(*access.store, EntryState::kQuarantined);
   if (!quarantined.ok()) return out.Error(quarantined.status());
   for (auto& e : *quarantined) victims.push_back({e, "quarantined: " + e.reason});
   if (o.older_than_seconds.has_value()) {
-    auto live = access.List(false);
+    auto live = ListAll(*access.store, EntryState::kLive);
     if (!live.ok()) return out.Error(live.status());
     const std::uint64_t now = NowUnixMs();
     for (auto& e : *live) {
@@ -423,7 +427,7 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
   for (std::size_t i = 0; i < victims.size(); ++i) {
     const Victim& v = victims[i];
     out.Progress("gc", i, victims.size());
-    Status s = o.dry_run ? Status::Ok() : InUseAsRefusal(access.Delete(v.e.id));
+    Status s = o.dry_run ? Status::Ok() : InUseAsRefusal(access.store->Delete(v.e.id));
     if (s.IsNotFound()) continue;  // removed meanwhile
     if (!s.ok()) {
       if (code == kExitOk) code = ExitCodeFor(s);
@@ -447,7 +451,7 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
       out.Note("compact after gc: " + s.ToString());
     }
   }
-  auto after = access.Stat();
+  auto after = StatOf(access);
   if (!after.ok()) return out.Error(after.status());
   const std::uint64_t freed = before->store.stored_bytes > after->store.stored_bytes ? before->store.stored_bytes - after->store.stored_bytes : 0;
   out.Json({{"dry_run", o.dry_run},
@@ -471,129 +475,35 @@ int Gc(StoreAccess& access, const GcOptions& o, const Output& out) {
   return code;
 }
 
-// ---- stats ----------------------------------------------------------------------------
+// ---- export / import / compact ------------------------------------------------------------
 
 namespace {
 
-nlohmann::json RemoteStatsJson(const std::optional<RemoteStats>& r) {
-  if (!r.has_value()) return nullptr;
-  return {{"hits", r->hits},
-          {"misses", r->misses},
-          {"misses_cached", r->misses_cached},
-          {"errors", r->errors},
-          {"fetched_bytes", r->fetched_bytes},
-          {"write_behind",
-           {{"queued", r->queued},
-            {"put", r->put},
-            {"dropped", r->dropped},
-            {"put_bytes", r->put_bytes},
-            {"queue_depth", r->queue_depth}}},
-          {"evicted", r->evicted},
-          {"damaged", r->damaged},
-          {"refused", r->refused},
-          {"breaker", {{"open", r->breaker_open}, {"opens", r->breaker_opens}, {"refused", r->fast_failures}}},
-          {"moved", r->moved},
-          {"asked", r->asked}};
-}
-
-// The remote tier's rows of the `stats` table.
-void AddRemoteRows(const RemoteStats& r, std::vector<std::vector<std::string>>* rows) {
-  rows->push_back({"remote lookups", std::to_string(r.hits) + " hits, " + std::to_string(r.misses) + " misses, " +
-                                         std::to_string(r.errors) + " errors; " + std::to_string(r.misses_cached) +
-                                         " not asked (missed recently)"});
-  rows->push_back({"remote bytes", HumanBytes(r.fetched_bytes) + " fetched, " + HumanBytes(r.put_bytes) + " put"});
-  rows->push_back({"write-behind", std::to_string(r.queued) + " queued, " + std::to_string(r.put) + " put, " +
-                                       std::to_string(r.dropped) + " dropped, " + std::to_string(r.queue_depth) +
-                                       " waiting"});
-  rows->push_back({"remote cleanup", std::to_string(r.evicted) + " evicted, " + std::to_string(r.damaged) +
-                                         " damaged, " + std::to_string(r.refused) + " refused (removed)"});
-  rows->push_back({"cluster", std::string(r.breaker_open ? "breaker OPEN" : "breaker closed") + " (" +
-                                  std::to_string(r.breaker_opens) + " openings, " + std::to_string(r.fast_failures) +
-                                  " refused), " + std::to_string(r.moved) + " MOVED, " + std::to_string(r.asked) +
-                                  " ASK"});
-}
-
-// The daemon's own rows of the `stats` table, its remote tier's included.
-void AddDaemonRows(const DaemonStats& s, std::vector<std::vector<std::string>>* rows) {
-  rows->push_back({"daemon", std::to_string(s.connections) + " connections, " +
-                                 std::to_string(s.publishes_in_flight) + " publishes in flight (" +
-                                 HumanBytes(s.uncommitted_bytes) + " uncommitted), " +
-                                 std::to_string(s.fetch_window_waits) + " fetch window waits"});
-  if (s.remote.has_value()) {
-    AddRemoteRows(*s.remote, rows);
-  } else {
-    rows->push_back({"remote tier", "none"});
-  }
+// Stores a snapshot's layers under its fingerprint, in namespace `ns`.
+Result<PublishResult> PublishSnapshot(Store& store, const EncodedSnapshot& snap, const std::string& ns) {
+  const ModelFingerprint& fp = snap.header.fingerprint;
+  PublishRequest request;
+  request.model = fp.Digest();
+  request.model_name = fp.architecture;
+  request.model_descriptor = EncodeFingerprint(fp);
+  request.ns = ns;
+  request.tokens = snap.header.tokens;
+  std::vector<LayerBytes> layers;
+  layers.reserve(snap.layers.size());
+  for (const EncodedLayer& l : snap.layers) layers.push_back({SerializeLayerHeader(l.header), l.chunks});
+  return store.Publish(std::move(request), layers);
 }
 
 }  // namespace
 
-int Stats(StoreAccess& access, const Output& out) {
-  auto s = access.Stat();
-  if (!s.ok()) return out.Error(s.status());
-  const StoreStats& st = s->store;
-  const std::uint64_t lookups = st.hits + st.misses;
-  const nlohmann::json hit_rate =
-      lookups == 0 ? nlohmann::json(nullptr) : nlohmann::json(static_cast<double>(st.hits) / lookups);
-  // What the entries would take without sharing chunks, per byte stored.
-  const double dedup_ratio =
-      st.stored_bytes == 0 ? 1.0 : static_cast<double>(st.logical_bytes) / static_cast<double>(st.stored_bytes);
-  nlohmann::json daemon = nullptr;
-  if (access.through_daemon()) {
-    daemon = {{"connections", s->connections},
-              {"publishes_in_flight", s->publishes_in_flight},
-              {"uncommitted_bytes", s->uncommitted_bytes},
-              {"fetch_window_waits", s->fetch_window_waits}};
-  }
-  out.Json({{"source", access.where()},
-            {"entries", st.entries},
-            {"quarantined", st.quarantined},
-            {"chunks", st.chunks},
-            {"stored_bytes", st.stored_bytes},
-            {"logical_bytes", st.logical_bytes},
-            {"raw_bytes", st.raw_bytes},
-            {"dedup_saved_bytes", st.dedup_saved_bytes},
-            {"dedup_ratio", dedup_ratio},
-            {"hits", st.hits},
-            {"misses", st.misses},
-            {"hit_rate", hit_rate},
-            {"evictions", st.evictions},
-            {"admission_refusals", st.admission_refusals},
-            {"active_leases", st.active_leases},
-            {"capacity_bytes", st.byte_budget},
-            {"disk_bytes", st.disk_bytes},
-            {"daemon", daemon},
-            {"remote", RemoteStatsJson(s->remote)}});
-  char rate[32] = "n/a";
-  if (lookups > 0) std::snprintf(rate, sizeof rate, "%.1f%%", 100.0 * static_cast<double>(st.hits) / lookups);
-  char ratio[32];
-  std::snprintf(ratio, sizeof ratio, "%.2fx", dedup_ratio);
-  std::vector<std::vector<std::string>> rows = {
-      {"entries", std::to_string(st.entries) + " (" + std::to_string(st.quarantined) + " quarantined)"},
-      {"chunks", std::to_string(st.chunks)},
-      {"stored", HumanBytes(st.stored_bytes) + (st.byte_budget > 0 ? " of " + HumanBytes(st.byte_budget) + " budget"
-                                                                        : " (no budget)")},
-      {"raw (decoded)", HumanBytes(st.raw_bytes)},
-      {"dedup savings", HumanBytes(st.dedup_saved_bytes) + " (" + ratio + ")"},
-      {"on disk", HumanBytes(st.disk_bytes)},
-      {"lookups", std::to_string(st.hits) + " hits, " + std::to_string(st.misses) + " misses, hit rate " + rate},
-      {"evictions", std::to_string(st.evictions)},
-      {"admission refusals", std::to_string(st.admission_refusals)},
-      {"leases held", std::to_string(st.active_leases)}};
-  if (access.through_daemon()) AddDaemonRows(*s, &rows);
-  out.Line(RenderTable({"STORE", access.where()}, rows));
-  return kExitOk;
-}
-
-// ---- export / import / compact ------------------------------------------------------------
-
-int Export(StoreAccess& access, std::uint64_t id, const std::string& file, bool force, const Output& out) {
+int Export(Target& access, std::uint64_t id, const std::string& file, bool force, const Output& out) {
   Env* env = Env::Default();
   if (!force && env->FileExists(file)) {
     return out.Error(Status::FailedPrecondition(file + " exists; pass --force to replace it"));
   }
-  auto e = access.Describe(id, nullptr);
-  if (!e.ok()) return out.Error(e.status());
+  auto detail = access.store->Describe(id);
+  if (!detail.ok()) return out.Error(detail.status());
+  const EntryInfo* e = &detail->info;
   if (e->quarantined()) return out.Error(Status::Corruption("entry " + std::to_string(id) + " is quarantined: " + e->reason));
   if (e->model_descriptor.empty()) {
     return out.Error(Status::FailedPrecondition(
@@ -621,7 +531,7 @@ int Export(StoreAccess& access, std::uint64_t id, const std::string& file, bool 
     snap.layers.back().chunks.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     return Status::Ok();
   };
-  Status s = access.Fetch(id, h);
+  Status s = FetchWith(*access.store, id, h);
   out.EndProgress();
   if (!s.ok()) return out.Error(s.WithContext("export entry " + std::to_string(id)));
   s = WritePcsnap(env, file, snap);
@@ -634,9 +544,9 @@ int Export(StoreAccess& access, std::uint64_t id, const std::string& file, bool 
   return kExitOk;
 }
 
-int Import(StoreAccess& access, const std::string& file, const std::optional<std::string>& ns, const Output& out) {
+int Import(Target& access, const std::string& file, const std::optional<std::string>& ns, const Output& out) {
   if (!access.writable()) {
-    return out.Error(Status::FailedPrecondition("import needs the running daemon (" + access.where() + ")"));
+    return out.Error(Status::FailedPrecondition("import needs the running daemon (" + access.where + ")"));
   }
   auto snap = ReadPcsnap(Env::Default(), file);
   if (!snap.ok()) return out.Error(snap.status());  // it names the file
@@ -650,7 +560,7 @@ int Import(StoreAccess& access, const std::string& file, const std::optional<std
   const std::string target = ns.value_or(snap->header.ns);
   auto r = [&] {
     const ProgressTicker ticker(out, "import: storing " + std::to_string(snap->layers.size()) + " layers");
-    return access.Import(*snap, target);
+    return PublishSnapshot(*access.store, *snap, target);
   }();
   if (!r.ok()) return out.Error(r.status().WithContext("import " + file));
   out.Json({{"file", file},
@@ -665,14 +575,14 @@ int Import(StoreAccess& access, const std::string& file, const std::optional<std
   return kExitOk;
 }
 
-int Compact(StoreAccess& access, const Output& out) {
-  auto before = access.Stat();
+int Compact(Target& access, const Output& out) {
+  auto before = StatOf(access);
   if (!before.ok()) return out.Error(before.status());
   const auto start = std::chrono::steady_clock::now();
   Status s = CompactShowingTime(access, out, "compact");
   if (!s.ok()) return out.Error(s);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  auto after = access.Stat();
+  auto after = StatOf(access);
   if (!after.ok()) return out.Error(after.status());
   out.Json({{"disk_bytes_before", before->store.disk_bytes}, {"disk_bytes_after", after->store.disk_bytes}, {"seconds", seconds}});
   char took[32];

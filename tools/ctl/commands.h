@@ -1,4 +1,4 @@
-// primecachectl's commands. Each runs against a StoreAccess (or, for
+// primecachectl's commands. Each runs against a Target (a Store, access.h) (or, for
 // `verify --file`, a file alone), writes through Output, and returns the
 // process exit status (docs/cli.md).
 #pragma once
@@ -22,9 +22,9 @@ struct LsOptions {
   bool reverse = false;
   std::size_t limit = 0;  // 0: all
 };
-int Ls(StoreAccess& access, const LsOptions& options, const Output& out);
+int Ls(Target& access, const LsOptions& options, const Output& out);
 
-int Show(StoreAccess& access, std::uint64_t id, std::size_t text_chars, const Output& out);
+int Show(Target& access, std::uint64_t id, std::size_t text_chars, const Output& out);
 
 struct VerifyOptions {
   std::optional<std::uint64_t> entry;
@@ -32,18 +32,18 @@ struct VerifyOptions {
   std::string file;  // a .pcsnap; needs no store
 };
 // `access` may be null for a file.
-int Verify(StoreAccess* access, const VerifyOptions& options, const Output& out);
+int Verify(Target* access, const VerifyOptions& options, const Output& out);
 
-int Rm(StoreAccess& access, const std::vector<std::uint64_t>& ids, const Output& out);
+int Rm(Target& access, const std::vector<std::uint64_t>& ids, const Output& out);
 
 struct GcOptions {
   std::optional<std::uint64_t> older_than_seconds;
   bool dry_run = false;
   bool compact = true;
 };
-int Gc(StoreAccess& access, const GcOptions& options, const Output& out);
+int Gc(Target& access, const GcOptions& options, const Output& out);
 
-int Stats(StoreAccess& access, const Output& out);
+int Stats(Target& access, const Output& out);
 // lookup: what a request with these tokens would restore, and how far it
 // shares tokens with a stored entry (its branch point).
 struct LookupCommand {
@@ -52,10 +52,10 @@ struct LookupCommand {
   std::string text;   // the query as text (the byte tokenizer: <bos>, then its bytes), or
   std::vector<std::uint32_t> tokens;  // the query's token ids
 };
-int Lookup(StoreAccess& access, const LookupCommand& command, const Output& out);
-int Export(StoreAccess& access, std::uint64_t id, const std::string& file, bool force, const Output& out);
-int Import(StoreAccess& access, const std::string& file, const std::optional<std::string>& ns, const Output& out);
-int Compact(StoreAccess& access, const Output& out);
+int Lookup(Target& access, const LookupCommand& command, const Output& out);
+int Export(Target& access, std::uint64_t id, const std::string& file, bool force, const Output& out);
+int Import(Target& access, const std::string& file, const std::optional<std::string>& ns, const Output& out);
+int Compact(Target& access, const Output& out);
 
 // Opens the store at store_path for writing, which migrates an older schema
 // (refused while a daemon answers, unless access.offline).

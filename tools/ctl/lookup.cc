@@ -13,8 +13,8 @@ namespace primecache::ctl {
 namespace {
 
 // The one stored model that `name_or_digest` names.
-Result<std::pair<Hash128, std::string>> ResolveModel(StoreAccess& access, const std::string& name_or_digest) {
-  PC_ASSIGN_OR_RETURN(std::vector<EntryInfo> entries, access.List(false));
+Result<std::pair<Hash128, std::string>> ResolveModel(Target& access, const std::string& name_or_digest) {
+  PC_ASSIGN_OR_RETURN(std::vector<EntryInfo> entries, ListAll(*access.store, EntryState::kLive));
   std::set<std::pair<std::pair<std::uint64_t, std::uint64_t>, std::string>> models;
   for (const EntryInfo& e : entries) {
     if (e.model_name == name_or_digest || HexPrefixMatches(e.model, name_or_digest)) {
@@ -39,7 +39,7 @@ std::vector<std::uint32_t> TextTokens(const std::string& text) {
 
 }  // namespace
 
-int Lookup(StoreAccess& access, const LookupCommand& command, const Output& out) {
+int Lookup(Target& access, const LookupCommand& command, const Output& out) {
   const std::vector<std::uint32_t> tokens = command.text.empty() ? command.tokens : TextTokens(command.text);
   auto model = ResolveModel(access, command.model);
   if (!model.ok()) {
@@ -47,11 +47,16 @@ int Lookup(StoreAccess& access, const LookupCommand& command, const Output& out)
     return model.status().IsInvalidArgument() ? kExitUsage : code;  // an ambiguous name: say more of it
   }
   std::uint64_t shared = 0;
-  auto hit = access.Lookup(model->first, command.ns, tokens, &shared);
+  // Read-only, nothing is recorded; the daemon counts every lookup (a hit,
+  // a miss, recency), as its own.
+  LookupOptions lo;
+  lo.record = false;
+  lo.shared_tokens = &shared;
+  auto hit = access.store->Lookup(model->first, command.ns, tokens, lo);
   if (!hit.ok()) return out.Error(hit.status());
   nlohmann::json hit_json = nullptr;
   if (*hit) hit_json = {{"id", (*hit)->id}, {"length", (*hit)->length}, {"layers", (*hit)->layers}};
-  out.Json({{"source", access.where()},
+  out.Json({{"source", access.where},
             {"model", {{"name", model->second}, {"digest", HexDigits(model->first)}}},
             {"namespace", command.ns},
             {"query_tokens", tokens.size()},

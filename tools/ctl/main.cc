@@ -259,7 +259,7 @@ int RunOnRemote(const Invocation& in, const Output& out) {
 }
 
 // The subcommands that need a store (or the daemon), once it is open.
-int RunOnStore(StoreAccess& a, Invocation& in, const Output& out) {
+int RunOnStore(Target& a, Invocation& in, const Output& out) {
   if (in.ls_cmd->parsed()) return Ls(a, in.ls, out);
   if (in.show_cmd->parsed()) return Show(a, in.show_id, in.text_chars, out);
   if (in.verify_cmd->parsed()) return Verify(&a, in.verify, out);
@@ -296,10 +296,10 @@ int Run(Invocation& in, const Output& out) {
     return Migrate(ao, in.migrate_store.empty() ? in.data_dir + "/store" : in.migrate_store, out);
   }
   bool fell_back = false;
-  auto access = OpenAccess(ao, &fell_back);
-  if (!access.ok()) return out.Error(access.status());
-  if (fell_back) out.Note("no daemon answers; reading " + (*access)->where());
-  return RunOnStore(**access, in, out);
+  auto target = OpenTarget(ao, &fell_back);
+  if (!target.ok()) return out.Error(target.status());
+  if (fell_back) out.Note("no daemon answers; reading " + target->where);
+  return RunOnStore(*target, in, out);
 }
 
 // An entry id given on the command line; nullopt when it is not a number.

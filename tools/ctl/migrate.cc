@@ -21,7 +21,7 @@ int Migrate(const AccessOptions& access, const std::string& store_path, const Ou
   so.path = store_path;
   so.create_if_missing = false;
   so.read_only = true;
-  auto current = Store::Open(so);
+  auto current = LocalStore::Open(so);
   if (current.ok()) {
     out.Json({{"path", store_path}, {"migrated", false}});
     out.Line("the store at " + store_path + " already has this build's schema; nothing to migrate");
@@ -30,7 +30,7 @@ int Migrate(const AccessOptions& access, const std::string& store_path, const Ou
   if (current.status().code() != StatusCode::kFailedPrecondition) return out.Error(current.status());
   so.read_only = false;
   const auto start = std::chrono::steady_clock::now();
-  auto migrated = Store::Open(so);
+  auto migrated = LocalStore::Open(so);
   if (!migrated.ok()) return out.Error(migrated.status());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto st = (*migrated)->Stat();

@@ -28,7 +28,7 @@ struct RemoteRow {
 };
 
 // The manifest as an entry; its tokens only when asked for.
-EntryInfo InfoOf(const remote::Manifest& m, bool with_tokens, std::uint64_t* chunks) {
+EntryInfo InfoOf(const remote::RemoteManifest& m, bool with_tokens, std::uint64_t* chunks) {
   EntryInfo e;
   e.model = m.entry.model;
   e.model_name = m.entry.model_name;
@@ -38,9 +38,9 @@ EntryInfo InfoOf(const remote::Manifest& m, bool with_tokens, std::uint64_t* chu
   e.length = m.entry.tokens.size();
   e.layers = static_cast<std::uint32_t>(m.layers.size());
   *chunks = 0;
-  for (const remote::ManifestLayer& l : m.layers) {
+  for (const ManifestLayer& l : m.layers) {
     *chunks += l.chunks.size();
-    for (const remote::ChunkRef& c : l.chunks) e.chunk_bytes += c.size;
+    for (const ChunkRef& c : l.chunks) e.chunk_bytes += c.size;
   }
   return e;
 }
@@ -177,7 +177,7 @@ namespace {
 
 // The manifest behind `name`, with its key; kNotFound when there is none,
 // kCorruption when it does not decode.
-Result<std::pair<std::string, remote::Manifest>> ReadOne(remote::RemoteTier& tier, std::string_view name) {
+Result<std::pair<std::string, remote::RemoteManifest>> ReadOne(remote::RemoteTier& tier, std::string_view name) {
   PC_ASSIGN_OR_RETURN(std::string key, ResolveRemoteEntry(tier, name));
   PC_ASSIGN_OR_RETURN(auto read, tier.ReadManifests(std::span<const std::string>(&key, 1)));
   if (!read.front().has_value()) return Status::NotFound("no remote entry " + key);
@@ -185,9 +185,9 @@ Result<std::pair<std::string, remote::Manifest>> ReadOne(remote::RemoteTier& tie
   return std::pair{std::move(key), std::move(*read.front()).value()};
 }
 
-nlohmann::json ChunkRefsJson(const remote::ManifestLayer& l) {
+nlohmann::json ChunkRefsJson(const ManifestLayer& l) {
   nlohmann::json refs = nlohmann::json::array();
-  for (const remote::ChunkRef& c : l.chunks) refs.push_back({{"key", remote::ChunkKey(c.address)}, {"size", c.size}});
+  for (const ChunkRef& c : l.chunks) refs.push_back({{"key", remote::ChunkKey(c.address)}, {"size", c.size}});
   return refs;
 }
 

@@ -7,6 +7,7 @@
 #include "primecache/codec.h"
 #include "primecache/env.h"
 #include "primecache/snapshot.h"
+#include "primecache/snapshot_file.h"
 #include "tools/ctl/commands.h"
 #include "tools/ctl/remote.h"
 
@@ -62,9 +63,10 @@ std::optional<ModelFingerprint> ModelOf(const std::string& where, const std::str
 // Fetches, decodes and validates one entry. Returns an error only when the
 // entry could not be examined (gone, or the store unreachable); damage is a
 // finding.
-Status VerifyEntry(StoreAccess& access, std::uint64_t id, Findings* f) {
+Status VerifyEntry(Target& access, std::uint64_t id, Findings* f) {
   const std::string where = "entry " + std::to_string(id);
-  PC_ASSIGN_OR_RETURN(EntryInfo e, access.Describe(id, nullptr));
+  PC_ASSIGN_OR_RETURN(EntryDetail detail, access.store->Describe(id));
+  const EntryInfo& e = detail.info;
   ++f->entries;
   if (e.quarantined()) {
     f->Add(where, "quarantined: " + e.reason);
@@ -98,7 +100,7 @@ Status VerifyEntry(StoreAccess& access, std::uint64_t id, Findings* f) {
     if (current.has_value()) current->chunks.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     return Status::Ok();
   };
-  Status s = access.Fetch(id, h);
+  Status s = FetchWith(*access.store, id, h);
   if (s.IsCorruption()) {
     f->Add(where, s.message() + (access.writable() ? "" : " (read-only: not quarantined)"));
     return Status::Ok();
@@ -159,7 +161,7 @@ int Report(const Findings& f, const std::string& target, const Output& out) {
 
 }  // namespace
 
-int Verify(StoreAccess* access, const VerifyOptions& o, const Output& out) {
+int Verify(Target* access, const VerifyOptions& o, const Output& out) {
   Findings f;
   std::string target;
   if (!o.file.empty()) {
@@ -171,19 +173,19 @@ int Verify(StoreAccess* access, const VerifyOptions& o, const Output& out) {
     Status s = VerifyEntry(*access, *o.entry, &f);
     if (!s.ok()) return out.Error(s);
   } else {
-    target = "store " + access->where();
+    target = "store " + access->where;
     // Known damage first, so that what this run quarantines is not counted twice.
-    auto quarantined = access->List(true);
+    auto quarantined = ListAll(*access->store, EntryState::kQuarantined);
     if (!quarantined.ok()) return out.Error(quarantined.status());
     for (const auto& e : *quarantined) f.Add("entry " + std::to_string(e.id), "quarantined: " + e.reason);
     out.Progress("checking records and chunk references", 0, 1);
-    auto check = access->CheckStore(/*read_chunks=*/true);
+    auto check = access->store->CheckStore({.read_chunks = true});
     if (!check.ok()) return out.Error(check.status());
     for (const auto& p : check->problems) f.Add("store", p);
     if (check->problem_count > check->problems.size()) {
       f.Add("store", std::to_string(check->problem_count - check->problems.size()) + " more problems not shown");
     }
-    auto live = access->List(false);
+    auto live = ListAll(*access->store, EntryState::kLive);
     if (!live.ok()) return out.Error(live.status());
     for (std::size_t i = 0; i < live->size(); ++i) {
       out.Progress("verifying entries", i, live->size());
@@ -203,7 +205,7 @@ namespace {
 
 // Checks one chunk value against the manifest's reference; keeps the bytes
 // of a good one in `layer` (reset once the layer has a bad chunk).
-void CheckRemoteChunk(const std::string& where, const remote::ChunkRef& ref, std::optional<std::string> value,
+void CheckRemoteChunk(const std::string& where, const ChunkRef& ref, std::optional<std::string> value,
                       std::optional<EncodedLayer>* layer, Findings* f) {
   ++f->chunks;
   const remote::ChunkCheck check = remote::CheckChunk(ref, value);
@@ -218,7 +220,7 @@ void CheckRemoteChunk(const std::string& where, const remote::ChunkRef& ref, std
 
 // One layer of a remote entry: its header parsed, every chunk checked, and,
 // when all are good, decoded and validated (its shape kept in *shapes).
-void CheckRemoteLayer(const std::string& where, const remote::ManifestLayer& ml,
+void CheckRemoteLayer(const std::string& where, const ManifestLayer& ml,
                       std::vector<std::optional<std::string>>& values, std::size_t* next,
                       std::vector<LayerShape>* shapes, Findings* f) {
   ++f->layers;
@@ -247,7 +249,7 @@ Status VerifyRemoteEntry(remote::RemoteTier& tier, const std::string& key, Findi
     f->Add(where, "manifest: " + read.front()->status().message());
     return Status::Ok();
   }
-  const remote::Manifest& m = **read.front();
+  const remote::RemoteManifest& m = **read.front();
   const auto& tokens = m.entry.tokens;
   if (remote::ManifestKey(m.entry.model, m.entry.ns, tokens) != key) {
     f->Add(where, "the manifest is another entry's (its model, namespace and tokens do not give this key)");

@@ -41,7 +41,7 @@
 #include "primecache/internal/logging.h"
 #include "primecache/statestore.h"
 #include "ipc/store_factory.h"
-#include "remote/tiered_backend.h"
+#include "remote/tiered_store.h"
 #include "tools/primecached/config.h"
 #include "tools/primecached/service.h"
 
@@ -256,12 +256,14 @@ std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
 }
 
-// The store wrapped with the remote tier when --remote names a cluster. The
-// cluster need not be up: the client loads its slot map when it answers.
-Result<std::unique_ptr<primecache::ipc::StoreBackend>> WithRemoteTier(
-    const Flags& f, std::unique_ptr<primecache::ipc::StoreBackend> store) {
+// The store the sessions serve: the local one, wrapped with the remote tier
+// when --remote names a cluster (whose figures then answer the daemon's
+// Stat). The cluster need not be up: the client loads its slot map when it
+// answers.
+Result<std::unique_ptr<primecache::ipc::StoreBackend>> WithRemoteTier(const Flags& f,
+                                                                      std::unique_ptr<primecache::Store> store) {
   namespace remote = primecache::remote;
-  if (f.remote.empty()) return store;
+  if (f.remote.empty()) return primecache::ipc::NewStoreBackend(std::move(store));
   remote::ClusterOptions co;
   PC_ASSIGN_OR_RETURN(co.seeds, remote::ParseRedisUrl(f.remote));
   co.io_timeout = Millis(f.remote_timeout);
@@ -275,7 +277,10 @@ Result<std::unique_ptr<primecache::ipc::StoreBackend>> WithRemoteTier(
   auto tier = std::make_shared<remote::RemoteTier>(std::shared_ptr<remote::ClusterClient>(std::move(client)));
   spdlog::info("primecached: remote tier on {} ({} namespaces)", f.remote,
                to.namespaces.empty() ? std::string("all") : std::to_string(to.namespaces.size()));
-  return std::unique_ptr<primecache::ipc::StoreBackend>(remote::NewTieredBackend(std::move(store), tier, to));
+  auto tiered = std::make_unique<remote::TieredStore>(std::move(store), tier, to);
+  const remote::TieredStore* stats = tiered.get();
+  return primecache::ipc::NewStoreBackend(std::move(tiered),
+                                          [stats] { return std::optional<primecache::RemoteStats>(stats->remote_stats()); });
 }
 
 // The server's options from the flags (sizes parsed and checked).
@@ -445,9 +450,9 @@ int main(int argc, char** argv) {
 
   auto sc = StoreConfigFrom(f, settings->capacity_bytes, opts->limits.max_uncommitted_total_bytes);
   if (!sc.ok()) return Fail(sc.status());
-  auto store = primecache::ipc::OpenStore(*sc);
-  if (!store.ok()) return Fail(store.status());
-  store = WithRemoteTier(f, std::move(store).value());
+  auto local = primecache::ipc::OpenLocalStore(*sc);
+  if (!local.ok()) return Fail(local.status());
+  auto store = WithRemoteTier(f, std::move(local).value());
   if (!store.ok()) return Fail(store.status());
 
   int rc = 0;

@@ -43,6 +43,7 @@
 #include "primecache/internal/layer_validator.h"
 #include "primecache/internal/snapshot.h"
 #include "primecache/status.h"
+#include "primecache/store.h"
 
 namespace primecache {
 
@@ -139,7 +140,9 @@ struct CodecLimits {
   std::uint64_t max_tokens = 1ull << 22;        // len of a layer; tokens of a boundary
   std::uint64_t max_row_values = 1ull << 16;    // values in one row of any plane
   std::uint64_t max_layer_bytes = 16ull << 30;  // decoded bytes of one layer, all planes
-  std::uint64_t max_chunk_bytes = 64ull << 20;  // decoded bytes of one chunk
+  // Decoded bytes of one chunk: what a store takes by default (its
+  // StoreOptions::max_chunk_bytes), so that what the codecs encode is stored.
+  std::uint64_t max_chunk_bytes = StoreLimits::kDefaultMaxChunkBytes;
   std::uint64_t max_chunks = 1ull << 20;        // chunks of one layer
 };
 

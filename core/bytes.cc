@@ -1,10 +1,10 @@
-#include "codecs/bytes.h"
+#include "core/bytes.h"
 
 #include <cstdio>
 
 #include "primecache/checksum.h"
 
-namespace primecache::codecs {
+namespace primecache {
 
 std::string Hex64(std::uint64_t v) {
   return "0x" + HexDigits(v);
@@ -71,4 +71,4 @@ Status ByteReader::Str16(std::string* out, std::uint64_t max, std::string_view f
   return StrBody(len, out, max, field);
 }
 
-}  // namespace primecache::codecs
+}  // namespace primecache

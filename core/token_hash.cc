@@ -1,11 +1,11 @@
-#include "statestore/token_hash.h"
+#include "core/token_hash.h"
 
 #include <bit>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-namespace primecache::statestore_internal {
+namespace primecache {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "tokens are hashed as little-endian u32");
@@ -54,4 +54,4 @@ BoundaryPlace PlaceOf(const TokenHasher& hasher, std::span<const std::uint32_t> 
   return p;
 }
 
-}  // namespace primecache::statestore_internal
+}  // namespace primecache

@@ -1,4 +1,5 @@
-// Token hashing for the prefix index.
+// Token hashing for the prefix index: the local store's (statestore) and the
+// remote tier's key layout (remote/tier.cc) hash boundaries alike.
 //
 // The index chains block hashes: h_0 = kChainSeed and
 // h_{k+1} = Hash(tokens[kB, (k+1)B), seed = h_k); the hash of a boundary of
@@ -12,7 +13,7 @@
 #include <span>
 #include <vector>
 
-namespace primecache::statestore_internal {
+namespace primecache {
 
 inline constexpr std::uint64_t kChainSeed = 0x9E3779B97F4A7C15ull;
 
@@ -45,4 +46,4 @@ struct BoundaryPlace {
 };
 BoundaryPlace PlaceOf(const TokenHasher& hasher, std::span<const std::uint32_t> tokens, std::uint32_t block);
 
-}  // namespace primecache::statestore_internal
+}  // namespace primecache

@@ -1,5 +1,6 @@
 // Little-endian byte writing and bounds-checked reading for the codecs'
-// formats, plus overflow-checked arithmetic. Internal to primecache_codecs.
+// formats (the codecs' layers and snapshots, the remote tier's manifests),
+// plus overflow-checked arithmetic. Part of primecache_core.
 //
 // ByteReader never reads past its buffer: every read first checks that the
 // bytes remain and otherwise returns Corruption naming the field, its offset
@@ -16,7 +17,7 @@
 
 #include "primecache/status.h"
 
-namespace primecache::codecs {
+namespace primecache {
 
 static_assert(
     std::endian::native == std::endian::little,
@@ -94,4 +95,4 @@ class ByteReader {
   std::size_t pos_ = 0;
 };
 
-}  // namespace primecache::codecs
+}  // namespace primecache
