@@ -196,7 +196,7 @@ struct Listener {
 };
 
 struct Server::Impl {
-  StoreBackend* store = nullptr;
+  Store* store = nullptr;
   ServerOptions opts;
   uv_loop_t loop{};
   uv_async_t async{};
@@ -286,7 +286,7 @@ Server::~Server() {
   uv_loop_close(&impl_->loop);
 }
 
-Result<std::unique_ptr<Server>> Server::Create(StoreBackend* store, ServerOptions options) {
+Result<std::unique_ptr<Server>> Server::Create(Store* store, ServerOptions options) {
   if (options.socket_path.empty()) return Status::InvalidArgument("no socket path");
   auto impl = std::make_unique<Impl>();
   impl->store = store;
@@ -548,7 +548,8 @@ void Server::Impl::Admit(int fd, const PeerInfo& peer) {
   c->decoder = std::make_unique<FrameDecoder>(opts.limits.frame);
   c->sink = std::make_shared<ConnSink>(c->id, fd, opts.write_queue_bound, opts.stall_timeout, [this](std::uint64_t id) { Notify(id); });
   c->session =
-      std::make_shared<Session>(store, pool.get(), fetch_pool.get(), c->sink, opts.limits, peer, &counters, opts.device_dma);
+      std::make_shared<Session>(store, pool.get(), fetch_pool.get(), c->sink, opts.limits, peer, &counters, opts.device_dma,
+                                opts.remote_stats);
   const std::uint64_t cid = c->id;
   c->session->SetUnblockedCallback([this, cid] { Notify(cid); });
   conns[c->id] = c;
