@@ -3,6 +3,10 @@
 // share (ipc/client_impl.h says where the rest of the client lives).
 #include "ipc/client_impl.h"
 
+#include <limits>
+#include <string>
+#include <vector>
+
 namespace primecache::client {
 
 void SetFingerprint(wire::Fingerprint::Builder fp, const ModelId& m) {
@@ -54,7 +58,12 @@ Result<std::optional<LookupHit>> Client::Lookup(const ModelId& model, std::span<
 // ---- the rest -------------------------------------------------------------------
 
 Result<ListPage> Client::List(const ListOptions& options) {
-  return impl_->Retry([&]() -> Result<ListPage> {
+  if (options.limit == 0 || options.limit > std::numeric_limits<std::uint32_t>::max()) {
+    return Status::InvalidArgument("list limit " + std::to_string(options.limit) + " out of range");
+  }
+  // The wire lists the connection's namespace or every one.
+  const bool all_namespaces = options.ns ? *options.ns != impl_->opts.ns : server_info().admin;
+  auto page = impl_->Retry([&]() -> Result<ListPage> {
     PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
     const std::uint64_t id = impl_->NextId();
     auto m = BuildRequest(id, [&](wire::Request::Builder r) {
@@ -64,14 +73,18 @@ Result<ListPage> Client::List(const ListOptions& options) {
         l.setDigestHi(options.model->hi);
       }
       l.setPageToken(KjBytes(std::as_bytes(std::span(options.page_token.data(), options.page_token.size()))));
-      l.setPageSize(options.page_size);
-      l.setAllNamespaces(options.all_namespaces);
-      l.setQuarantined(options.quarantined);
+      l.setPageSize(static_cast<std::uint32_t>(options.limit));
+      l.setAllNamespaces(all_namespaces);
+      l.setQuarantined(options.state == EntryState::kQuarantined);
       l.setOmitTokens(options.omit_tokens);
     });
     return Expect<ListPage>(impl_->Call(c, id, *m), c->limits, wire::Response::LIST,
                             [](wire::Response::Reader r) { return ipc::ReadListPage(r.getList()); });
   });
+  if (page.ok() && all_namespaces && options.ns) {
+    std::erase_if(page->entries, [&](const EntryInfo& e) { return e.ns != *options.ns; });
+  }
+  return page;
 }
 
 Result<DaemonStats> Client::Stat() {
@@ -96,18 +109,24 @@ Result<EntryCheckReport> Client::CheckEntry(std::uint64_t entry) {
   });
 }
 
-Result<EntryDetail> Client::Describe(std::uint64_t entry, bool layer_headers) {
-  return impl_->Retry([&]() -> Result<EntryDetail> {
+Result<EntryDetail> Client::Describe(std::uint64_t entry, const DescribeOptions& options) {
+  auto detail = impl_->Retry([&]() -> Result<EntryDetail> {
     PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
     const std::uint64_t id = impl_->NextId();
     auto m = BuildRequest(id, [&](wire::Request::Builder r) {
       auto d = r.initDescribe();
       d.setEntry(entry);
-      d.setLayerHeaders(layer_headers);
+      d.setLayerHeaders(options.layer_headers);
     });
     return Expect<EntryDetail>(impl_->Call(c, id, *m), c->limits, wire::Response::DESCRIBE,
                                [](wire::Response::Reader r) { return ipc::ReadEntryDetail(r.getDescribe()); });
   });
+  // Another namespace's entry, or a quarantined one asked for by namespace,
+  // is reported as absent (the daemon checks the connection's own).
+  if (detail.ok() && options.ns && (detail->info.quarantined() || detail->info.ns != *options.ns)) {
+    return Status::NotFound("no entry " + std::to_string(entry));
+  }
+  return detail;
 }
 
 Result<StoreCheckReport> Client::CheckStore(bool read_chunks) {

@@ -74,12 +74,6 @@ class DaemonPublisher final : public Publisher {
   bool done_ = false;
 };
 
-// Another namespace's entry is reported as absent.
-Status CheckNamespace(const EntryInfo& info, const std::optional<std::string>& ns) {
-  if (ns && (info.quarantined() || info.ns != *ns)) return Status::NotFound("no entry " + std::to_string(info.id));
-  return Status::Ok();
-}
-
 }  // namespace
 
 DaemonStore::DaemonStore(ClientOptions options, std::unique_ptr<Client> client)
@@ -116,9 +110,7 @@ Result<std::optional<LookupHit>> DaemonStore::Lookup(const Hash128& model, std::
 }
 
 Result<EntryDetail> DaemonStore::Describe(EntryId id, const DescribeOptions& options) {
-  PC_ASSIGN_OR_RETURN(EntryDetail d, client_->Describe(id, options.layer_headers));
-  PC_RETURN_IF_ERROR(CheckNamespace(d.info, options.ns));
-  return d;
+  return client_->Describe(id, options);
 }
 
 Status DaemonStore::Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink,
@@ -138,19 +130,8 @@ Status DaemonStore::Delete(EntryId id) {
   return client_->Delete(id);
 }
 
-Result<ListPage> DaemonStore::List(const primecache::ListOptions& options) {
-  client::ListOptions o;
-  o.model = options.model;
-  o.page_token = options.page_token;
-  o.page_size = static_cast<std::uint32_t>(options.limit);
-  o.quarantined = options.state == EntryState::kQuarantined;
-  o.omit_tokens = options.omit_tokens;
-  // The connection's own namespace is what a tenant connection lists; an
-  // admin connection lists every namespace, filtered here when one is asked.
-  o.all_namespaces = client_->server_info().admin && options.ns != options_.ns;
-  PC_ASSIGN_OR_RETURN(ListPage page, client_->List(o));
-  if (options.ns) std::erase_if(page.entries, [&](const EntryInfo& e) { return e.ns != *options.ns; });
-  return page;
+Result<ListPage> DaemonStore::List(const ListOptions& options) {
+  return client_->List(options);
 }
 
 Result<StoreStats> DaemonStore::Stat() {

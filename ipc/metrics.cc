@@ -112,13 +112,16 @@ void WriteRemote(ExpositionWriter& w, const RemoteStats& r) {
 
 }  // namespace
 
-Result<std::string> RenderMetrics(StoreBackend& store, const ServerCounters& counters) {
+Result<std::string> RenderMetrics(Store& store, const std::function<std::optional<RemoteStats>()>& remote_stats,
+                                  const ServerCounters& counters) {
   PC_ASSIGN_OR_RETURN(StoreStats st, store.Stat());
   ExpositionWriter w;
   WriteLookups(w, st, counters);
   WriteRequests(w, counters);
   WriteStore(w, st);
-  if (auto remote = store.RemoteCounters()) WriteRemote(w, *remote);
+  if (remote_stats) {
+    if (auto remote = remote_stats()) WriteRemote(w, *remote);
+  }
   return w.Take();
 }
 

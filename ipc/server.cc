@@ -60,7 +60,7 @@ Server::~Server() {
   uv_loop_close(&impl_->loop);
 }
 
-Result<std::unique_ptr<Server>> Server::Create(StoreBackend* store, ServerOptions options) {
+Result<std::unique_ptr<Server>> Server::Create(Store* store, ServerOptions options) {
   if (options.socket_path.empty()) return Status::InvalidArgument("no socket path");
   auto impl = std::make_unique<Impl>();
   impl->store = store;

@@ -9,13 +9,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "ipc/backend.h"
 #include "ipc/session.h"
 #include "primecache/status.h"
 
@@ -52,12 +52,15 @@ struct ServerOptions {
   // Copies raw chunks into engines' exported device memory (attachDevice);
   // null: none (HelloReply.deviceCopies false). Outlives the server.
   DeviceDma* device_dma = nullptr;
+  // The remote tier's figures for Stat (DaemonStats::remote); unset: the
+  // daemon runs without one. Called from any worker.
+  std::function<std::optional<RemoteStats>()> remote_stats;
 };
 
 class Server {
  public:
   ~Server();
-  static Result<std::unique_ptr<Server>> Create(StoreBackend* store, ServerOptions options);
+  static Result<std::unique_ptr<Server>> Create(Store* store, ServerOptions options);
 
   // Binds and listens. Each socket path appears only once it accepts.
   Status Listen();

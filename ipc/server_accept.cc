@@ -222,7 +222,8 @@ void Server::Impl::Admit(int fd, const PeerInfo& peer) {
   c->decoder = std::make_unique<FrameDecoder>(opts.limits.frame);
   c->sink = std::make_shared<ConnSink>(c->id, fd, opts.write_queue_bound, opts.stall_timeout, [this](std::uint64_t id) { Notify(id); });
   c->session =
-      std::make_shared<Session>(store, pool.get(), fetch_pool.get(), c->sink, opts.limits, peer, &counters, opts.device_dma);
+      std::make_shared<Session>(store, pool.get(), fetch_pool.get(), c->sink, opts.limits, peer, &counters, opts.device_dma,
+                                opts.remote_stats);
   const std::uint64_t cid = c->id;
   c->session->SetUnblockedCallback([this, cid] { Notify(cid); });
   conns[c->id] = c;

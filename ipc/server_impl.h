@@ -66,7 +66,7 @@ struct Listener {
 
 // The loop's state; touched on the loop thread, except what notify_mu guards.
 struct Server::Impl {
-  StoreBackend* store = nullptr;
+  Store* store = nullptr;
   ServerOptions opts;
   uv_loop_t loop{};
   uv_async_t async{};

@@ -19,10 +19,10 @@ namespace primecache::ipc {
 using session_internal::NowNs;
 using session_internal::ReadText;
 
-Session::Session(StoreBackend* store, Executor* executor, Executor* fetch_executor,
+Session::Session(Store* store, Executor* executor, Executor* fetch_executor,
                  std::shared_ptr<ResponseSink> sink, SessionLimits limits, PeerInfo peer, ServerCounters* counters,
-                 DeviceDma* device_dma)
-    : store_(store), executor_(executor), fetch_executor_(fetch_executor), sink_(std::move(sink)), limits_(limits), peer_(std::move(peer)),
+                 DeviceDma* device_dma, std::function<std::optional<RemoteStats>()> remote_stats)
+    : store_(store), remote_stats_(std::move(remote_stats)), executor_(executor), fetch_executor_(fetch_executor), sink_(std::move(sink)), limits_(limits), peer_(std::move(peer)),
       counters_(counters), device_dma_(device_dma) {
   last_answer_ns_ = NowNs();
 }

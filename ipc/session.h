@@ -33,7 +33,6 @@
 
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
-#include "ipc/backend.h"
 #include "ipc/device_dma.h"
 #include "ipc/framing.h"
 #include "ipc/histogram.h"
@@ -41,6 +40,7 @@
 #include "ipc/session_answer.h"
 #include "ipc/shm.h"
 #include "primecache/status.h"
+#include "primecache/store.h"
 
 namespace primecache::ipc {
 
@@ -52,10 +52,10 @@ struct SessionLimits {
   std::uint32_t max_chunks_per_layer = 1u << 20;
   std::size_t max_tokens = 1u << 20;
   std::size_t max_text_bytes = 256;
-  std::size_t max_descriptor_bytes = 64u << 10;  // the store's own bound
+  std::size_t max_descriptor_bytes = StoreLimits::kMaxDescriptorBytes;  // the store's own bound
   std::uint32_t max_publishes_in_flight = 4;
   std::uint32_t max_fetches_in_flight = 8;
-  std::uint32_t max_page_size = 1000;
+  std::uint32_t max_page_size = StoreLimits::kMaxListLimit;  // the store's own bound
   std::uint64_t max_shm_bytes = 4ull << 30;
   // Unapplied publish bytes after which the connection stops being read.
   std::size_t max_publish_backlog_bytes = 32u << 20;
@@ -134,8 +134,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // `executor` runs short store work; `fetch_executor` runs fetches, which
   // may wait on a slow reader (they never hold up the short work).
   // `device_dma` (may be null: no device copies) outlives the session.
-  Session(StoreBackend* store, Executor* executor, Executor* fetch_executor, std::shared_ptr<ResponseSink> sink,
-          SessionLimits limits, PeerInfo peer, ServerCounters* counters, DeviceDma* device_dma = nullptr);
+  // `remote_stats`, when set, gives the remote tier's figures for Stat
+  // (DaemonStats::remote).
+  Session(Store* store, Executor* executor, Executor* fetch_executor, std::shared_ptr<ResponseSink> sink,
+          SessionLimits limits, PeerInfo peer, ServerCounters* counters, DeviceDma* device_dma = nullptr,
+          std::function<std::optional<RemoteStats>()> remote_stats = {});
   ~Session();
 
   // What becomes of the connection after a frame. Only the session's own
@@ -260,7 +263,8 @@ class Session : public std::enable_shared_from_this<Session> {
   Answer OnDescribe(const Incoming& in);
   Answer OnCheckStore(const Incoming& in);
 
-  StoreBackend* store_;
+  Store* store_;
+  std::function<std::optional<RemoteStats>()> remote_stats_;
   Executor* executor_;
   Executor* fetch_executor_;
   std::shared_ptr<ResponseSink> sink_;

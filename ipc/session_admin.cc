@@ -34,8 +34,8 @@ Answer Session::OnAdminOp(const Incoming& in) {
 Answer Session::OnList(const Incoming& in) {
   const std::uint64_t id = in.id;
   auto lr = in.req.getList();
-  ListFilter filter;
-  if (lr.getDigestLo() != 0 || lr.getDigestHi() != 0) filter.digest = Hash128{lr.getDigestLo(), lr.getDigestHi()};
+  ListOptions filter;
+  if (lr.getDigestLo() != 0 || lr.getDigestHi() != 0) filter.model = Hash128{lr.getDigestLo(), lr.getDigestHi()};
   if (lr.getAllNamespaces()) {
     if (!peer_.admin) return Answer::PermissionDenied("listing every namespace needs the admin socket");
   } else {
@@ -44,11 +44,11 @@ Answer Session::OnList(const Incoming& in) {
   if (lr.getQuarantined() && !peer_.admin) {
     return Answer::PermissionDenied("listing quarantined entries needs the admin socket");
   }
-  filter.quarantined = lr.getQuarantined();
+  filter.state = lr.getQuarantined() ? EntryState::kQuarantined : EntryState::kLive;
   filter.omit_tokens = lr.getOmitTokens();
   if (lr.getPageToken().size() > 4096) return Status::InvalidArgument("page token over 4096 bytes");
   filter.page_token.assign(reinterpret_cast<const char*>(lr.getPageToken().begin()), lr.getPageToken().size());
-  filter.page_size = lr.getPageSize() == 0 ? 100 : std::min(lr.getPageSize(), limits_.max_page_size);
+  filter.limit = lr.getPageSize() == 0 ? 100 : std::min(lr.getPageSize(), limits_.max_page_size);
   return Serve(executor_, id, [this, id, filter]() -> Answer {
     auto page = store_->List(filter);
     if (!page.ok()) return page.status();
@@ -74,7 +74,7 @@ Answer Session::OnStat(const Incoming& in) {
     d.publishes_in_flight = counters_->publishes_in_flight.load();
     d.uncommitted_bytes = counters_->uncommitted_bytes.load();
     d.fetch_window_waits = counters_->fetch_window_waits.load();
-    d.remote = store_->RemoteCounters();
+    if (remote_stats_) d.remote = remote_stats_();
     return BuildResponse(id, [&](wire::Response::Builder r) { WriteDaemonStats(d, r.initStat()); });
   });
 }
@@ -86,7 +86,7 @@ Answer Session::OnDescribe(const Incoming& in) {
   return Serve(executor_, id, [this, id, entry, headers]() -> Answer {
     // Other tenants' entries, and quarantined ones off the admin socket,
     // are reported as absent.
-    auto d = store_->Describe(entry, TenantScope(), headers);
+    auto d = store_->Describe(entry, DescribeOptions{TenantScope(), headers});
     if (!d.ok()) return d.status();
     return BuildResponse(id, [&](wire::Response::Builder r) { WriteEntryDetail(*d, r.initDescribe()); },
                          WordsFor(*d));
@@ -98,7 +98,7 @@ Answer Session::OnCheckStore(const Incoming& in) {
   if (!peer_.admin) return Answer::PermissionDenied("checkStore is served on the admin socket only");
   const bool read_chunks = in.req.getCheckStore().getReadChunks();
   return Serve(executor_, id, [this, id, read_chunks]() -> Answer {
-    auto report = store_->CheckStore(read_chunks);
+    auto report = store_->CheckStore(CheckStoreOptions{read_chunks});
     if (!report.ok()) return report.status();
     return BuildResponse(
         id, [&](wire::Response::Builder r) { WriteStoreCheckReport(*report, r.initStoreCheckReport()); },

@@ -14,26 +14,6 @@ namespace primecache::ipc {
 
 using session_internal::ReadText;
 
-namespace {
-
-// Counts what a fetch streams (checkEntry reads every chunk, checked, and keeps nothing).
-class CountingSink : public FetchSink {
- public:
-  Status OnLayer(std::uint32_t, std::string_view header, std::uint32_t) override {
-    ++layers;
-    bytes += header.size();
-    return Status::Ok();
-  }
-  Status OnChunk(std::uint32_t, std::uint32_t, std::span<const std::byte> b) override {
-    bytes += b.size();
-    return Status::Ok();
-  }
-  std::uint32_t layers = 0;
-  std::uint64_t bytes = 0;
-};
-
-}  // namespace
-
 Status Session::OpenWindows(wire::Fetch::Reader f, FetchState& st) {
   if (f.hasShmWindow() && f.getShmWindow().getLength() != 0) {
     auto w = f.getShmWindow();
@@ -150,7 +130,7 @@ Answer Session::OnFetch(const Incoming& in) {
     FetchSender sender(id, st.get(), sink_.get(), device_dma_);
     FetchOptions options;
     options.ns = TenantScope();
-    Status s = sender.Finish(store_->Fetch(entry, layers, options, sender));
+    Status s = sender.Finish(store_->Fetch(entry, layers, sender, options));
     spdlog::debug("primecached: fetch of entry {}: {}", entry, sender.Timings());
     {
       MutexLock l(&mu_);
@@ -187,17 +167,16 @@ Answer Session::OnCheckEntry(const Incoming& in) {
   const std::uint64_t id = in.id;
   const std::uint64_t entry = in.req.getCheckEntry().getEntry();
   return Serve(fetch_executor_, id, [this, id, entry]() -> Answer {
-    CountingSink v;
     FetchOptions options;
     options.ns = TenantScope();
-    Status s = store_->Fetch(entry, {}, options, v);
-    if (!s.ok() && !s.IsCorruption()) return s;
+    auto report = store_->CheckEntry(entry, options);  // a failed check is the report's, not an error
+    if (!report.ok()) return report.status();
     return BuildResponse(id, [&](wire::Response::Builder r) {
       auto out = r.initCheckEntry();
-      out.setOk(s.ok());
-      out.setMessage(s.ok() ? "" : s.ToString());
-      out.setLayers(v.layers);
-      out.setBytes(v.bytes);
+      out.setOk(report->ok);
+      out.setMessage(report->message);
+      out.setLayers(report->layers);
+      out.setBytes(report->bytes);
     });
   });
 }

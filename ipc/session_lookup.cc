@@ -19,7 +19,9 @@ Answer Session::OnLookup(const Incoming& in) {
   const bool want_shared = in.req.getLookup().getWantShared();
   return Serve(executor_, id, [this, id, digest, want_shared, toks = std::move(toks)]() -> Answer {
     std::uint64_t shared = 0;
-    auto hit = store_->Lookup(digest, ns_, toks, want_shared ? &shared : nullptr);
+    LookupOptions o;
+    o.shared_tokens = want_shared ? &shared : nullptr;
+    auto hit = store_->Lookup(digest, ns_, toks, o);
     if (!hit.ok()) {
       counters_->lookup_errors.fetch_add(1, std::memory_order_relaxed);
       return hit.status();

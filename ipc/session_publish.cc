@@ -16,6 +16,57 @@ using session_internal::AsBytes;
 using session_internal::NowNs;
 using session_internal::ReadText;
 
+namespace {
+
+// A publish into the store, as the wire streams it: the wire announces the
+// next layer where the store's Publisher wants EndLayer between layers; an
+// identity already stored (PublishStart::existing) takes the bytes that
+// follow and drops them.
+class StorePublish {
+ public:
+  explicit StorePublish(PublishStart start) : p_(std::move(start.publisher)) {
+    if (start.existing) existing_.id = *start.existing, existing_.existed = true;
+  }
+  ~StorePublish() { Abort(); }
+  StorePublish(const StorePublish&) = delete;
+  StorePublish& operator=(const StorePublish&) = delete;
+
+  Status BeginLayer(std::uint32_t, std::span<const std::byte> header, std::uint32_t chunk_count) {
+    if (!p_) return Status::Ok();
+    if (in_layer_) PC_RETURN_IF_ERROR(p_->EndLayer());
+    in_layer_ = true;
+    return p_->BeginLayer(std::string_view(reinterpret_cast<const char*>(header.data()), header.size()),
+                          chunk_count);
+  }
+  // `bytes` may lie in a client's shared region: passed on, never copied here.
+  Status AddChunk(std::span<const std::byte> bytes) { return p_ ? p_->AddChunk(bytes) : Status::Ok(); }
+  // Durable on OK.
+  Result<PublishResult> Commit() {
+    if (!p_) return existing_;
+    if (in_layer_) {
+      in_layer_ = false;
+      PC_RETURN_IF_ERROR(p_->EndLayer());
+    }
+    committed_ = true;
+    return p_->Commit();
+  }
+  // Leaves nothing behind (nothing after a commit).
+  void Abort() {
+    if (p_ && !committed_) {
+      p_->Abort();
+      committed_ = true;
+    }
+  }
+
+ private:
+  std::unique_ptr<Publisher> p_;
+  PublishResult existing_;
+  bool in_layer_ = false;
+  bool committed_ = false;
+};
+
+}  // namespace
+
 struct Session::Publish {
   std::uint64_t id = 0;
   PublishRequest key;
@@ -35,7 +86,7 @@ struct Session::Publish {
   std::deque<std::function<void()>> ops GUARDED_BY(mu);
   bool running GUARDED_BY(mu) = false;
   // Worker side (touched by one op at a time).
-  std::unique_ptr<PublishSink> sink;
+  std::unique_ptr<StorePublish> sink;
   Status failed;
   bool finished = false;
 
@@ -302,9 +353,9 @@ Answer Session::OnPublishBegin(const Incoming& in) {
   }
   counters_->publishes_in_flight.fetch_add(1);
   return RunPublishStep(pub, id, 0, [this, pub, id]() -> Answer {
-    auto sink = store_->BeginPublish(pub->key, pub->layer_count);
-    if (!sink.ok()) return FailPublish(pub, sink.status());
-    pub->sink = std::move(sink).value();
+    auto start = store_->BeginPublish(pub->key);
+    if (!start.ok()) return FailPublish(pub, start.status());
+    pub->sink = std::make_unique<StorePublish>(std::move(start).value());
     return Answer::Ack(id);
   });
 }

@@ -132,19 +132,12 @@ struct FetchedLayer {
   LayerData data;
 };
 
-struct ListOptions {
-  std::optional<Hash128> model;
-  std::string page_token;  // from the previous page; empty: the first
-  std::uint32_t page_size = 100;
-  bool all_namespaces = false;  // admin connections only
-  bool quarantined = false;     // admin: quarantined entries instead of live ones
-  bool omit_tokens = false;     // leave EntryInfo::tokens empty (length still set)
-};
-
 using primecache::DaemonStats;
+using primecache::DescribeOptions;
 using primecache::EntryCheckReport;
 using primecache::EntryDetail;
 using primecache::EntryInfo;
+using primecache::ListOptions;
 using primecache::ListPage;
 using primecache::LookupHit;
 using primecache::PublishResult;
@@ -303,12 +296,18 @@ class Client {
   // Streams the entry's layers (empty: all) through the callbacks.
   Status Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb);
   Result<std::vector<FetchedLayer>> FetchLayers(std::uint64_t entry, std::span<const std::uint32_t> layers = {});
+  // A page of entries (ListOptions: limit is the page size). ns nullopt: the
+  // connection's own namespace on a tenant connection, every namespace on
+  // the admin socket; another namespace than the connection's asks for every
+  // namespace (admin socket only) and keeps that one's (the page may then
+  // come back short while more follow); kQuarantined: admin socket only.
   Result<ListPage> List(const ListOptions& options = {});
   Result<DaemonStats> Stat();
   Result<EntryCheckReport> CheckEntry(std::uint64_t entry);
   // One entry; with layer_headers, every layer's header too (no chunk bytes).
-  // Quarantined entries are described on the admin socket only.
-  Result<EntryDetail> Describe(std::uint64_t entry, bool layer_headers = false);
+  // Quarantined entries are described on the admin socket only; with ns,
+  // only a live entry of that namespace (any other: kNotFound).
+  Result<EntryDetail> Describe(std::uint64_t entry, const DescribeOptions& options = {});
   // Admin socket only. SetByteBudget changes the store's byte budget (0:
   // unlimited) and evicts down to it. CheckStore cross-checks the store's
   // records (and with read_chunks every chunk's bytes); Compact reclaims the

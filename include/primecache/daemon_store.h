@@ -52,9 +52,9 @@ class DaemonStore final : public Store {
   Status Fetch(EntryId id, std::span<const std::uint32_t> layers, FetchSink& sink,
                const FetchOptions& options = {}) override;
   Status Delete(EntryId id) override;
-  // ns nullopt: every namespace on an admin connection, the connection's own
-  // otherwise; another namespace is filtered here (pages may come back short).
-  Result<ListPage> List(const primecache::ListOptions& options) override;
+  // As Client::List: ns nullopt lists every namespace on the admin socket,
+  // the connection's own on a tenant one.
+  Result<ListPage> List(const ListOptions& options) override;
   Result<StoreStats> Stat() override;
   Status SetByteBudget(std::uint64_t bytes) override;
   Result<StoreCheckReport> CheckStore(const CheckStoreOptions& options = {}) override;

@@ -7,6 +7,7 @@
 // thread-safety concerns of their own.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -40,7 +41,7 @@ struct EntryInfo {
   std::string ns;
   std::uint64_t length = 0;  // boundary length in tokens
   // The boundary's tokens where asked for (the daemon's List and Describe
-  // unless told to omit them; the store gives them with Store::Tokens);
+  // unless told to omit them, and Store::Describe and List the same way);
   // empty for a quarantined entry, whose tokens are not kept.
   std::vector<std::uint32_t> tokens;
   std::uint32_t layers = 0;
@@ -61,6 +62,25 @@ struct EntryInfo {
 struct EntryDetail {
   EntryInfo info;
   std::vector<std::string> layer_headers;
+};
+
+// What Describe gives besides the entry (Store::Describe, Client::Describe).
+struct DescribeOptions {
+  // Set: only a live entry of this namespace; any other is kNotFound.
+  std::optional<std::string> ns;
+  bool layer_headers = false;  // also every layer's serialized header
+};
+
+// Which entries a List page holds (Store::List, Client::List).
+struct ListOptions {
+  std::optional<Hash128> model;  // only this fingerprint
+  // Only this namespace; nullopt: every namespace the caller may see (a
+  // tenant connection its own, the admin socket and a local store all).
+  std::optional<std::string> ns;
+  EntryState state = EntryState::kLive;
+  bool omit_tokens = false;  // leave EntryInfo::tokens empty (length still set)
+  std::string page_token;    // from the previous page; empty: the first
+  std::size_t limit = 100;   // 1..StoreLimits::kMaxListLimit (primecache/store.h)
 };
 
 struct ListPage {

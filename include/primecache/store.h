@@ -139,24 +139,13 @@ struct LookupOptions {
   std::uint64_t* shared_tokens = nullptr;
 };
 
-struct DescribeOptions {
-  // Set: only a live entry of this namespace; any other is kNotFound.
-  std::optional<std::string> ns;
-  bool layer_headers = false;  // also every layer's serialized header
-};
+// DescribeOptions and ListOptions, the values of Describe and List, are
+// declared with the entry types they ask for (primecache/entry.h), which the
+// client library installs.
 
 struct FetchOptions {
   // Set: serve only an entry of this namespace; any other is kNotFound.
   std::optional<std::string> ns;
-};
-
-struct ListOptions {
-  std::optional<Hash128> model;   // only this fingerprint
-  std::optional<std::string> ns;  // only this namespace; nullopt: every namespace the caller may see
-  EntryState state = EntryState::kLive;
-  bool omit_tokens = false;  // leave EntryInfo::tokens empty (length still set)
-  std::string page_token;    // from the previous page; empty: the first
-  std::size_t limit = 100;   // 1..StoreLimits::kMaxListLimit
 };
 
 struct CheckStoreOptions {

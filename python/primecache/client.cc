@@ -269,7 +269,7 @@ void BindCalls(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
           "describe",
           [](const PyClient& self, std::uint64_t entry, bool layer_headers) {
             auto c = self.Get();
-            return ValueOrRaise(WithoutGil([&] { return c->Describe(entry, layer_headers); }));
+            return ValueOrRaise(WithoutGil([&] { return c->Describe(entry, client::DescribeOptions{std::nullopt, layer_headers}); }));
           },
           py::arg("entry"), py::arg("layer_headers") = false)
       .def("stats", [](const PyClient& self) {
@@ -286,7 +286,7 @@ void BindMore(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
            auto c = self.Get();
            client::ListOptions o;
            o.model = model;
-           o.page_size = page_size;
+           o.limit = page_size;
            o.page_token = page_token;
            o.omit_tokens = omit_tokens;
            return ValueOrRaise(WithoutGil([&] { return c->List(o); }));

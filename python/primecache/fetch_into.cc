@@ -127,7 +127,7 @@ py::dict FetchDescribed(client::Client& c, std::uint64_t entry, const py::dict& 
   for (auto [key, value] : planes) dests.push_back({key.cast<std::uint32_t>(), {}, {}});
   std::sort(dests.begin(), dests.end(), [](const auto& a, const auto& b) { return a.layer < b.layer; });
   if (dests.empty()) throw py::value_error("fetch_into: no layers given");
-  const EntryDetail detail = ValueOrRaise(WithoutGil([&] { return c.Describe(entry, true); }));
+  const EntryDetail detail = ValueOrRaise(WithoutGil([&] { return c.Describe(entry, client::DescribeOptions{std::nullopt, true}); }));
   std::vector<std::uint32_t> which;
   std::vector<std::string> headers;
   std::vector<LayerDecoder> decoders;

@@ -16,7 +16,7 @@
 
 #include "ipc/framing.h"
 #include "ipc/session.h"
-#include "ipc/store_factory.h"
+#include "tools/primecached/store_open.h"
 
 namespace {
 
@@ -38,17 +38,17 @@ class Drain : public ResponseSink {
 
 struct World {
   std::string dir;
-  std::unique_ptr<StoreBackend> store;
+  std::unique_ptr<LocalStore> store;
   ServerCounters counters;
   Inline ex;
   World() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "pcfuzz-XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) std::abort();
     dir = tmpl;
-    StoreConfig c;
+    daemon::StoreConfig c;
     c.data_dir = dir;
     c.sync_commits = false;
-    auto s = OpenStore(c);
+    auto s = daemon::OpenStore(c);
     if (!s.ok()) std::abort();
     store = std::move(s).value();
   }

@@ -288,7 +288,7 @@ TEST_F(DaemonTest, APublishCarriesItsModelsPrefillCost) {
   ASSERT_TRUE(with.ok()) << with.status().ToString();
   auto without = (*c)->Publish(TestModel(8), Tokens(300, 52), MakeLayers(300, 2, 52));
   ASSERT_TRUE(without.ok()) << without.status().ToString();
-  auto a = (*c)->Describe(with->id, false), b = (*c)->Describe(without->id, false);
+  auto a = (*c)->Describe(with->id), b = (*c)->Describe(without->id);
   ASSERT_TRUE(a.ok() && b.ok());
   // L * flops_per_token + attention_layers * flops_per_pair * L (L + 1) / 2
   EXPECT_DOUBLE_EQ(a->info.flops, 300.0 * 1000000 + 2.0 * 512 * 300 * 301 / 2);
@@ -513,8 +513,8 @@ TEST_F(DaemonTest, DestructiveOpsNeedTheAdminSocket) {
   EXPECT_EQ(del.code(), StatusCode::kFailedPrecondition) << del.ToString();
   EXPECT_NE(del.message().find("permission denied"), std::string::npos);
   EXPECT_EQ((*c)->SetByteBudget(0).code(), StatusCode::kFailedPrecondition);
-  client::ListOptions lo;
-  lo.all_namespaces = true;
+  ListOptions lo;
+  lo.ns = "another-tenant";  // another namespace than the connection's: every namespace is asked for
   auto all = (*c)->List(lo);
   EXPECT_EQ(all.status().code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE((*c)->Lookup(TestModel(), Tokens(10, 1))->has_value());

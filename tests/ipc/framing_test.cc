@@ -8,7 +8,6 @@
 #include <thread>
 
 #include "ipc/framing.h"
-#include "ipc/store_factory.h"
 #include "ipc/session.h"
 #include "ipc/shm.h"
 #include "ipc/wire.h"

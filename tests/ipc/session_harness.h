@@ -15,7 +15,7 @@
 
 #include "ipc/framing.h"
 #include "ipc/session.h"
-#include "ipc/store_factory.h"
+#include "tools/primecached/store_open.h"
 #include "ipc/wire.h"
 
 namespace primecache::ipc::session_testing {
@@ -63,10 +63,10 @@ class SessionRig {
   explicit SessionRig(SessionLimits limits = {}, PeerInfo peer = {}) {
     dir_ = (std::filesystem::temp_directory_path() / "pcsess-XXXXXX").string();
     if (mkdtemp(dir_.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed";
-    StoreConfig sc;
+    daemon::StoreConfig sc;
     sc.data_dir = dir_;
     sc.sync_commits = false;
-    auto opened = OpenStore(sc);
+    auto opened = daemon::OpenStore(sc);
     if (!opened.ok()) ADD_FAILURE() << opened.status().ToString();
     store = std::move(opened).value();
     sink = std::make_shared<CollectSink>();
@@ -87,7 +87,7 @@ class SessionRig {
     return session->OnFrame(ToFrame(*BuildRequest(id, std::forward<F>(fill))), &fds);
   }
 
-  std::unique_ptr<StoreBackend> store;
+  std::unique_ptr<LocalStore> store;
   ServerCounters counters;
   InlineExecutor executor;
   std::shared_ptr<CollectSink> sink;

@@ -207,7 +207,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 Result<std::vector<client::EntryInfo>> ListAll(client::Client& c) {
   std::vector<client::EntryInfo> all;
   client::ListOptions o;
-  o.page_size = 500;
+  o.limit = 500;
   for (;;) {
     PC_ASSIGN_OR_RETURN(auto page, c.List(o));
     for (auto& e : page.entries) all.push_back(std::move(e));

@@ -40,8 +40,8 @@
 #include "primecache/internal/env.h"
 #include "primecache/internal/logging.h"
 #include "primecache/statestore.h"
-#include "ipc/store_factory.h"
 #include "remote/tiered_store.h"
+#include "tools/primecached/store_open.h"
 #include "tools/primecached/config.h"
 #include "tools/primecached/service.h"
 
@@ -243,11 +243,12 @@ void AddFlags(CLI::App* app, Flags* f) {
 // it reads the server's counters and the store from its own thread.
 Result<std::unique_ptr<primecache::ipc::MetricsEndpoint>> StartMetrics(const Flags& f,
                                                                        const primecache::ipc::Server& server,
-                                                                       primecache::ipc::StoreBackend& store) {
+                                                                       primecache::Store& store,
+                                                                       std::function<std::optional<primecache::RemoteStats>()> remote) {
   if (f.metrics_listen.empty()) return std::unique_ptr<primecache::ipc::MetricsEndpoint>();
   PC_ASSIGN_OR_RETURN(auto endpoint, primecache::ipc::MetricsEndpoint::Start(
                                          f.metrics_listen, f.metrics_allow_non_loopback,
-                                         [&server, &store] { return primecache::ipc::RenderMetrics(store, server.counters()); }));
+                                         [&server, &store, remote] { return primecache::ipc::RenderMetrics(store, remote, server.counters()); }));
   spdlog::info("primecached: metrics on http://{}/metrics", endpoint->address());
   return endpoint;
 }
@@ -258,12 +259,12 @@ std::chrono::milliseconds Millis(double seconds) {
 
 // The store the sessions serve: the local one, wrapped with the remote tier
 // when --remote names a cluster (whose figures then answer the daemon's
-// Stat). The cluster need not be up: the client loads its slot map when it
-// answers.
-Result<std::unique_ptr<primecache::ipc::StoreBackend>> WithRemoteTier(const Flags& f,
-                                                                      std::unique_ptr<primecache::Store> store) {
+// Stat, through opts->remote_stats). The cluster need not be up: the client
+// loads its slot map when it answers.
+Result<std::unique_ptr<primecache::Store>> WithRemoteTier(const Flags& f, std::unique_ptr<primecache::Store> store,
+                                                         primecache::ipc::ServerOptions* opts) {
   namespace remote = primecache::remote;
-  if (f.remote.empty()) return primecache::ipc::NewStoreBackend(std::move(store));
+  if (f.remote.empty()) return store;
   remote::ClusterOptions co;
   PC_ASSIGN_OR_RETURN(co.seeds, remote::ParseRedisUrl(f.remote));
   co.io_timeout = Millis(f.remote_timeout);
@@ -279,8 +280,8 @@ Result<std::unique_ptr<primecache::ipc::StoreBackend>> WithRemoteTier(const Flag
                to.namespaces.empty() ? std::string("all") : std::to_string(to.namespaces.size()));
   auto tiered = std::make_unique<remote::TieredStore>(std::move(store), tier, to);
   const remote::TieredStore* stats = tiered.get();
-  return primecache::ipc::NewStoreBackend(std::move(tiered),
-                                          [stats] { return std::optional<primecache::RemoteStats>(stats->remote_stats()); });
+  opts->remote_stats = [stats] { return std::optional<primecache::RemoteStats>(stats->remote_stats()); };
+  return std::unique_ptr<primecache::Store>(std::move(tiered));
 }
 
 // The server's options from the flags (sizes parsed and checked).
@@ -372,9 +373,9 @@ Status InitDaemonLogging(const Flags& f) {
 }
 
 // The store the flags describe (its capacity and staging bound parsed by the caller).
-Result<primecache::ipc::StoreConfig> StoreConfigFrom(const Flags& f, std::uint64_t capacity,
+Result<primecache::daemon::StoreConfig> StoreConfigFrom(const Flags& f, std::uint64_t capacity,
                                                      std::uint64_t max_staged) {
-  primecache::ipc::StoreConfig sc;
+  primecache::daemon::StoreConfig sc;
   sc.data_dir = f.data_dir;
   sc.capacity_bytes = capacity;
   sc.max_staged_bytes = max_staged;
@@ -450,16 +451,17 @@ int main(int argc, char** argv) {
 
   auto sc = StoreConfigFrom(f, settings->capacity_bytes, opts->limits.max_uncommitted_total_bytes);
   if (!sc.ok()) return Fail(sc.status());
-  auto local = primecache::ipc::OpenLocalStore(*sc);
+  auto local = primecache::daemon::OpenStore(*sc);
   if (!local.ok()) return Fail(local.status());
-  auto store = WithRemoteTier(f, std::move(local).value());
+  auto store = WithRemoteTier(f, std::move(local).value(), &*opts);
   if (!store.ok()) return Fail(store.status());
+  const auto remote_stats = opts->remote_stats;
 
   int rc = 0;
   {
     auto server = primecache::ipc::Server::Create(store->get(), *std::move(opts));
     if (!server.ok()) return Fail(server.status());
-    primecache::ipc::StoreBackend* backend = store->get();
+    primecache::Store* backend = store->get();
     primecache::ipc::Server* srv = server->get();
     primecache::daemon::ServiceSignals signals(
         *std::move(settings), {.reread = [argc, argv] { return Reread(argc, argv); },
@@ -470,7 +472,7 @@ int main(int argc, char** argv) {
     spdlog::info("primecached: serving {} (admin {}), data {}, pid {}", f.socket,
                  f.admin_socket.empty() ? "off" : f.admin_socket, f.data_dir, getpid());
     if ((*server)->tcp_port() >= 0) spdlog::info("primecached: also on 127.0.0.1:{}", (*server)->tcp_port());
-    auto metrics = StartMetrics(f, **server, **store);  // goes before the server
+    auto metrics = StartMetrics(f, **server, **store, remote_stats);  // goes before the server
     if (!metrics.ok()) return Fail(metrics.status());
     if (Status s = WriteReady(f); !s.ok()) {
       rc = Fail(s);

@@ -1,18 +1,16 @@
-// Opens the store the daemon serves.
+// Opens the store the daemon serves (primecached, and the tests and the
+// fuzzer that drive its sessions on a store of the same options).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
-#include <string_view>
 
-#include "ipc/backend.h"
 #include "primecache/statestore.h"
 #include "primecache/status.h"
 
-namespace primecache::ipc {
+namespace primecache::daemon {
 
 struct StoreConfig {
   std::string data_dir;
@@ -32,12 +30,8 @@ struct StoreConfig {
   EvictionOptions eviction;
 };
 
-// The store the daemon serves, in data_dir/store.
-Result<std::unique_ptr<LocalStore>> OpenLocalStore(const StoreConfig& config);
-// The sessions' view of `store`; remote_stats, when set, answers RemoteCounters.
-std::unique_ptr<StoreBackend> NewStoreBackend(std::unique_ptr<Store> store,
-                                              std::function<std::optional<RemoteStats>()> remote_stats = {});
-// OpenLocalStore, seen through NewStoreBackend.
-Result<std::unique_ptr<StoreBackend>> OpenStore(const StoreConfig& config);
+// The store the daemon serves, in data_dir/store (the data directory made
+// private first), checking layers with the codecs' validator.
+Result<std::unique_ptr<LocalStore>> OpenStore(const StoreConfig& config);
 
-}  // namespace primecache::ipc
+}  // namespace primecache::daemon
