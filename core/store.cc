@@ -1,7 +1,7 @@
-// The parts of the store interface (primecache/store.h) that are the same for
+// The parts of the store interface (primecache/internal/store.h) that are the same for
 // every store: the publisher's and the sink's defaults, leases, the helpers
 // built on the operations, and StoreWrapper's forwarding.
-#include "primecache/store.h"
+#include "primecache/internal/store.h"
 
 #include <utility>
 

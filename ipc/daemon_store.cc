@@ -1,5 +1,5 @@
-// A Store over the daemon (primecache/daemon_store.h).
-#include "primecache/daemon_store.h"
+// A Store over the daemon (primecache/internal/daemon_store.h).
+#include "primecache/internal/daemon_store.h"
 
 #include <algorithm>
 #include <string>

@@ -3,7 +3,7 @@
 // engine exported to it (a CUDA IPC handle), done by the GPU's copy engines,
 // so that no CPU copies the bytes of a restored chunk.
 //
-// Host ranges must lie in a MappedRegion (primecache/env.h). A mapping is registered with the
+// Host ranges must lie in a MappedRegion (primecache/internal/env.h). A mapping is registered with the
 // driver (read-only) on its first pin or copy and stays registered, and
 // alive, while it is among the most recently used within the byte budget;
 // past the budget the least recently used are unregistered and let go
@@ -26,7 +26,7 @@
 #include <string_view>
 
 #include "primecache/client.h"
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 #include "primecache/status.h"
 
 namespace primecache::ipc {

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "ipc/wire.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 namespace primecache::ipc {
 

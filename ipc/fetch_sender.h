@@ -22,7 +22,7 @@
 #include "ipc/device_dma.h"
 #include "ipc/session.h"
 #include "ipc/shm.h"
-#include "primecache/store.h"
+#include "primecache/internal/store.h"
 #include "primecache/status.h"
 
 namespace primecache::ipc {

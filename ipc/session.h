@@ -40,7 +40,7 @@
 #include "ipc/session_answer.h"
 #include "ipc/shm.h"
 #include "primecache/status.h"
-#include "primecache/store.h"
+#include "primecache/internal/store.h"
 
 namespace primecache::ipc {
 

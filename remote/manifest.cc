@@ -1,7 +1,7 @@
 #include "remote/manifest.h"
 
 #include "core/bytes.h"
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 namespace primecache::remote {
 namespace {

@@ -15,18 +15,18 @@
 #include <vector>
 
 #include "primecache/checksum.h"
-#include "primecache/manifest.h"
-#include "primecache/store.h"
+#include "primecache/internal/manifest.h"
+#include "primecache/internal/store.h"
 
 namespace primecache::remote {
 
-// The layers by reference (primecache/manifest.h), with the entry's identity.
+// The layers by reference (primecache/internal/manifest.h), with the entry's identity.
 struct RemoteManifest : Manifest {
   PublishRequest entry;  // model, name, descriptor, namespace, tokens, cost
 };
 
 // Bounds on what a decoded manifest may hold, besides the StoreLimits
-// (primecache/store.h) on its names, descriptor, tokens and chunk sizes.
+// (primecache/internal/store.h) on its names, descriptor, tokens and chunk sizes.
 inline constexpr std::uint32_t kMaxManifestLayers = 4096;
 inline constexpr std::uint32_t kMaxLayerChunks = 1u << 20;
 inline constexpr std::uint32_t kMaxLayerHeaderBytes = 1u << 20;

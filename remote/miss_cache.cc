@@ -2,7 +2,7 @@
 
 #include <array>
 
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 namespace primecache::remote {
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <map>
 
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "core/token_hash.h"
 
 namespace primecache::remote {

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "core/mutex.h"
-#include "primecache/store.h"
+#include "primecache/internal/store.h"
 #include "remote/cluster_client.h"
 #include "remote/manifest.h"
 

@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 
 namespace primecache::remote {
 namespace {

@@ -1,5 +1,5 @@
 // The daemon's store with the remote tier behind it: a store that wraps a
-// store (StoreWrapper, primecache/store.h), serving everything from the
+// store (StoreWrapper, primecache/internal/store.h), serving everything from the
 // local store it wraps, and
 //  - after a local publish commits, queues the entry for the cluster
 //    (write-behind: a bounded queue drained by one thread, which reads the
@@ -29,7 +29,7 @@
 #include <thread>
 
 #include "primecache/entry.h"
-#include "primecache/store.h"
+#include "primecache/internal/store.h"
 #include "remote/miss_cache.h"
 #include "remote/tier.h"
 

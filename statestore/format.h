@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "primecache/checksum.h"
-#include "primecache/manifest.h"
+#include "primecache/internal/manifest.h"
 #include "primecache/status.h"
-#include "primecache/store.h"
+#include "primecache/internal/store.h"
 
 namespace primecache::statestore_internal {
 
@@ -42,7 +42,7 @@ inline constexpr const char* kCfSegments = "segments";
 inline constexpr int kCfCount = 10;  // besides RocksDB's "default", which stays empty
 
 // Bounds on what is read back (and so on what is accepted), besides the
-// StoreLimits (primecache/store.h) every store holds requests to.
+// StoreLimits (primecache/internal/store.h) every store holds requests to.
 inline constexpr std::uint32_t kMaxChunksPerLayer = 1u << 20;
 inline constexpr std::uint32_t kMaxHeaderBytes = 16u << 20;
 inline constexpr std::size_t kMaxReasonBytes = 4096;

@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 
 namespace primecache::statestore_internal {
 

@@ -18,7 +18,7 @@
 #include <string_view>
 
 #include "primecache/checksum.h"
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 #include "primecache/status.h"
 #include "statestore/test_hooks.h"
 

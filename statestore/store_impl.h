@@ -54,7 +54,7 @@
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
 #include "core/worker_pool.h"
-#include "primecache/statestore.h"
+#include "primecache/internal/statestore.h"
 #include "statestore/format.h"
 #include "statestore/node_filter.h"
 #include "statestore/segments.h"

@@ -1,12 +1,12 @@
 // Test-only knobs of a Store, given to OpenWithHooks (not part of the public
-// API: include/primecache/statestore.h knows nothing of them).
+// API: include/primecache/internal/statestore.h knows nothing of them).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 
-#include "primecache/statestore.h"
+#include "primecache/internal/statestore.h"
 #include "core/token_hash.h"
 
 namespace primecache::statestore_internal {

@@ -79,7 +79,7 @@ struct ModelId {
   Hash128 digest;    // architecture, geometry, weights, codec versions
   std::string name;  // readable
   // The canonical fingerprint encoding (EncodeFingerprint in
-  // primecache/snapshot.h) whose Checksum128 is `digest`; may be empty. Sent
+  // primecache/internal/snapshot.h) whose Checksum128 is `digest`; may be empty. Sent
   // with a publish, it lets the entry be exported whole later.
   std::string descriptor;
   // What a prefill of the model costs; sent with every publish so that the

@@ -1,5 +1,5 @@
 // The values that describe stored entries: what the store returns
-// (primecache/statestore.h), what the daemon passes through and writes on the
+// (primecache/internal/statestore.h), what the daemon passes through and writes on the
 // wire (one mapping per type and direction, ipc/wire.cc), and what the client
 // returns (primecache/client.h). Declared once, here.
 //
@@ -80,7 +80,7 @@ struct ListOptions {
   EntryState state = EntryState::kLive;
   bool omit_tokens = false;  // leave EntryInfo::tokens empty (length still set)
   std::string page_token;    // from the previous page; empty: the first
-  std::size_t limit = 100;   // 1..StoreLimits::kMaxListLimit (primecache/store.h)
+  std::size_t limit = 100;   // 1..StoreLimits::kMaxListLimit (primecache/internal/store.h)
 };
 
 struct ListPage {
@@ -93,7 +93,7 @@ struct ListPage {
 // The longest stored boundary that prefixes a query, with what a restore
 // needs to size itself.
 // What a model costs to prefill, for the utility and marginal eviction
-// policies (EstimatePrefillFlops in primecache/statestore.h).
+// policies (EstimatePrefillFlops in primecache/internal/statestore.h).
 // flops_per_token covers every per-token cost that does not grow with the
 // context (projections, MLPs, recurrent/linear-attention layers, a sliding
 // window's bounded attention: about 2 x active parameters);

@@ -19,8 +19,8 @@
 #include <sstream>
 
 #include "daemon_harness.h"
-#include "primecache/model.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/model.h"
+#include "primecache/internal/snapshot.h"
 #include "raw_db.h"
 #include "segment_util.h"
 #include "tests/codecs/codec_test_util.h"

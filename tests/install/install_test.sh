@@ -28,6 +28,17 @@ for f in bin/primecached bin/primecachectl bin/primecache-run include/primecache
          "$libdir/pkgconfig/primecache.pc" share/primecache/configs/hrm-tiny.json; do
   [ -e "$prefix/$f" ] || fail "$f was not installed"
 done
+# What is installed is what is public, and the folder says which
+# (docs/DEVELOPING.md, "Public headers"): the installed headers are exactly
+# include/primecache's top level, and each compiles on its own against the
+# installed tree (so none reaches into include/primecache/internal/).
+src_headers=$(cd "$consumer_src/../../../include/primecache" && ls -- *.h | sort | tr '\n' ' ')
+inst_headers=$(cd "$prefix/include/primecache" && ls | sort | tr '\n' ' ')
+[ "$src_headers" = "$inst_headers" ] || fail "installed headers ($inst_headers) are not include/primecache's top level ($src_headers)"
+for h in $inst_headers; do
+  printf '#include <primecache/%s>\n' "$h" | c++ -std=c++20 -fsyntax-only -Wall -Werror -x c++ -I"$prefix/include" - \
+    || fail "primecache/$h does not compile on its own against the installed tree"
+done
 so=$prefix/$libdir/libprimecache_client.so
 soname=$(readelf -d "$so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [[ "$soname" == libprimecache_client.so.* ]] || fail "shared client has SONAME '$soname'"

@@ -27,8 +27,8 @@
 #include "ipc/framing.h"
 #include "ipc/wire.h"
 #include "primecache/client.h"
-#include "primecache/codec.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/snapshot.h"
 #include "tests/support/tmpfs.h"
 #include "tools/common/daemon_process.h"
 

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "primecache/codec.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/snapshot.h"
 #include "session_harness.h"
 
 namespace primecache::ipc {

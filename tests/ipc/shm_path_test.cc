@@ -8,7 +8,7 @@
 #include <cstring>
 #include <thread>
 
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 #include "raw_db.h"
 #include "segment_util.h"
 #include "statestore/format.h"

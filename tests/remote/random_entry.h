@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "primecache/checksum.h"
-#include "primecache/statestore.h"
+#include "primecache/internal/statestore.h"
 
 namespace primecache::remote::testing {
 

@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "primecache/checksum.h"
-#include "primecache/codec.h"
-#include "primecache/model.h"
-#include "primecache/snapshot.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/model.h"
+#include "primecache/internal/snapshot.h"
 #include "remote/manifest.h"
 #include "remote/tier.h"
 #include "tests/ipc/daemon_harness.h"

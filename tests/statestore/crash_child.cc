@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "crash_workload.h"
 
 namespace {

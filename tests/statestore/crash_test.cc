@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "primecache/codec.h"
+#include "primecache/internal/codec.h"
 #include "crash_workload.h"
 
 #ifndef STATESTORE_CRASH_CHILD

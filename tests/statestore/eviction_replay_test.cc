@@ -7,7 +7,7 @@
 #include <cmath>
 #include <map>
 
-#include "primecache/model.h"
+#include "primecache/internal/model.h"
 #include "store_test_util.h"
 #include "tools/common/replay.h"
 #include "tools/common/traces.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 #include "statestore/rocks_env.h"
 
 namespace primecache::store_test {

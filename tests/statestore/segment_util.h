@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 #include "raw_db.h"
 #include "statestore/format.h"
 #include "statestore/segments.h"

@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "primecache/checksum.h"
-#include "primecache/codec.h"
-#include "primecache/env.h"
-#include "primecache/snapshot.h"
-#include "primecache/statestore.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/env.h"
+#include "primecache/internal/snapshot.h"
+#include "primecache/internal/statestore.h"
 #include "statestore/test_hooks.h"
 
 namespace primecache::store_test {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "primecache/client.h"
-#include "primecache/statestore.h"
+#include "primecache/internal/statestore.h"
 #include "tests/ipc/daemon_harness.h"
 
 namespace primecache::stress {

@@ -30,7 +30,7 @@
 #include "primecache/internal/env.h"
 #include "primecache/internal/logging.h"
 #include "primecache/internal/snapshot.h"
-#include "primecache/statestore.h"
+#include "primecache/internal/statestore.h"
 #include "tools/common/csv.h"
 
 namespace {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "primecache/internal/model.h"
-#include "primecache/statestore.h"
+#include "primecache/internal/statestore.h"
 #include "tools/common/traces.h"
 
 namespace primecache::replay {

@@ -12,8 +12,8 @@
 
 #include "core/errno_text.h"
 #include "primecache/client.h"
-#include "primecache/codec.h"
-#include "primecache/statestore.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/statestore.h"
 
 namespace primecache::ctl {
 

@@ -1,4 +1,4 @@
-// How primecachectl reaches a store: a primecache::Store (primecache/store.h)
+// How primecachectl reaches a store: a primecache::Store (primecache/internal/store.h)
 // that is the running daemon's (client::DaemonStore over its admin socket)
 // or, when no daemon runs, the data dir's LocalStore opened read-only.
 // Commands are written once against Store, its names and option values.
@@ -17,11 +17,11 @@
 #include <string_view>
 #include <vector>
 
-#include "primecache/daemon_store.h"
+#include "primecache/internal/daemon_store.h"
 #include "primecache/entry.h"
-#include "primecache/statestore.h"
+#include "primecache/internal/statestore.h"
 #include "primecache/status.h"
-#include "primecache/store.h"
+#include "primecache/internal/store.h"
 
 namespace primecache::ctl {
 

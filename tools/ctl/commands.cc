@@ -8,10 +8,10 @@
 #include <map>
 #include <variant>
 
-#include "primecache/codec.h"
-#include "primecache/env.h"
-#include "primecache/snapshot.h"
-#include "primecache/snapshot_file.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/env.h"
+#include "primecache/internal/snapshot.h"
+#include "primecache/internal/snapshot_file.h"
 
 namespace primecache::ctl {
 

@@ -4,7 +4,7 @@
 // serving path asks the daemon.
 #include <set>
 
-#include "primecache/model.h"
+#include "primecache/internal/model.h"
 #include "tools/ctl/commands.h"
 #include "tools/ctl/entry_view.h"
 

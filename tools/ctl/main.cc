@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "primecache/logging.h"
-#include "primecache/statestore.h"
+#include "primecache/internal/logging.h"
+#include "primecache/internal/statestore.h"
 #include "tools/ctl/access.h"
 #include "tools/ctl/commands.h"
 #include "tools/ctl/completion.h"

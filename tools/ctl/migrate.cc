@@ -5,8 +5,8 @@
 #include <chrono>
 #include <cstdio>
 
-#include "primecache/codec.h"
-#include "primecache/statestore.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/statestore.h"
 #include "tools/ctl/access.h"
 #include "tools/ctl/commands.h"
 

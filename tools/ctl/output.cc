@@ -6,7 +6,7 @@
 #include <chrono>
 #include <iostream>
 
-#include "primecache/model.h"
+#include "primecache/internal/model.h"
 
 namespace primecache::ctl {
 

@@ -4,10 +4,10 @@
 // counts (--all), or checks a .pcsnap file through and through (--file).
 #include <optional>
 
-#include "primecache/codec.h"
-#include "primecache/env.h"
-#include "primecache/snapshot.h"
-#include "primecache/snapshot_file.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/env.h"
+#include "primecache/internal/snapshot.h"
+#include "primecache/internal/snapshot_file.h"
 #include "tools/ctl/commands.h"
 #include "tools/ctl/remote.h"
 

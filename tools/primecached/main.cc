@@ -39,7 +39,7 @@
 #include "ipc/server.h"
 #include "primecache/internal/env.h"
 #include "primecache/internal/logging.h"
-#include "primecache/statestore.h"
+#include "primecache/internal/statestore.h"
 #include "remote/tiered_store.h"
 #include "tools/primecached/store_open.h"
 #include "tools/primecached/config.h"

@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "primecache/codec.h"
-#include "primecache/env.h"
+#include "primecache/internal/codec.h"
+#include "primecache/internal/env.h"
 
 namespace primecache::daemon {
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "primecache/statestore.h"
+#include "primecache/internal/statestore.h"
 #include "primecache/status.h"
 
 namespace primecache::daemon {

@@ -43,7 +43,7 @@
 #include "primecache/internal/layer_validator.h"
 #include "primecache/internal/snapshot.h"
 #include "primecache/status.h"
-#include "primecache/store.h"
+#include "primecache/internal/store.h"
 
 namespace primecache {
 

@@ -1,4 +1,4 @@
-// A Store over the daemon (primecache/store.h): each operation is the Client
+// A Store over the daemon (primecache/internal/store.h): each operation is the Client
 // call of the same name (primecache/client.h), so that a program written
 // against Store runs on the local store or through primecached alike
 // (primecachectl does both).
@@ -27,7 +27,7 @@
 #include "primecache/client.h"
 #include "primecache/entry.h"
 #include "primecache/status.h"
-#include "primecache/store.h"
+#include "primecache/internal/store.h"
 
 namespace primecache::client {
 

@@ -2,7 +2,7 @@
 // that every layer speaks about stored boundaries.
 //
 // Like LevelDB's abstract DB with DBImpl behind it: Store is abstract;
-//  - LocalStore (primecache/statestore.h) is the persistent store on RocksDB
+//  - LocalStore (primecache/internal/statestore.h) is the persistent store on RocksDB
 //    and segment files, in this process;
 //  - StoreWrapper forwards every call to a Store it wraps (RocksDB's
 //    StackableDB), so that a store can be layered over a store: the remote
@@ -35,7 +35,7 @@
 
 #include "primecache/checksum.h"
 #include "primecache/entry.h"
-#include "primecache/env.h"
+#include "primecache/internal/env.h"
 #include "primecache/status.h"
 
 namespace primecache {
@@ -55,7 +55,7 @@ struct StoreLimits {
 };
 
 // The boundary a publish stores. The model is named by the digest of its
-// fingerprint (ModelFingerprint::Digest() in primecache/snapshot.h); the name
+// fingerprint (ModelFingerprint::Digest() in primecache/internal/snapshot.h); the name
 // is only shown by List and Describe.
 struct PublishRequest {
   Hash128 model;

@@ -29,7 +29,7 @@
 // Every file access, RocksDB's included, goes through primecache::Env.
 // Byte layouts: docs/format-store.md.
 //
-// LocalStore implements the store interface (primecache/store.h, where the
+// LocalStore implements the store interface (primecache/internal/store.h, where the
 // operations' values are declared), with the extras only a local store has.
 //
 // Thread-safety: LocalStore is safe to use from many threads at once. A
@@ -51,10 +51,10 @@
 
 #include "primecache/checksum.h"
 #include "primecache/entry.h"
-#include "primecache/env.h"
-#include "primecache/layer_validator.h"
+#include "primecache/internal/env.h"
+#include "primecache/internal/layer_validator.h"
 #include "primecache/status.h"
-#include "primecache/store.h"
+#include "primecache/internal/store.h"
 
 namespace primecache {
 
@@ -171,7 +171,7 @@ struct StoreOptions {
 
   // Checks every layer at commit (required: Open refuses a store without one).
   // The codecs library supplies the validator of its encoded layers,
-  // CodecLayerValidator() in primecache/codec.h.
+  // CodecLayerValidator() in primecache/internal/codec.h.
   std::shared_ptr<const LayerValidator> validator;
 };
 
