@@ -38,17 +38,17 @@ class Drain : public ResponseSink {
 
 struct World {
   std::string dir;
-  std::unique_ptr<LocalStore> store;
+  std::unique_ptr<primecache::LocalStore> store;
   ServerCounters counters;
   Inline ex;
   World() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "pcfuzz-XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) std::abort();
     dir = tmpl;
-    daemon::StoreConfig c;
+    primecache::daemon::StoreConfig c;
     c.data_dir = dir;
     c.sync_commits = false;
-    auto s = daemon::OpenStore(c);
+    auto s = primecache::daemon::OpenStore(c);
     if (!s.ok()) std::abort();
     store = std::move(s).value();
   }
