@@ -11,24 +11,14 @@ namespace primecache::python {
 
 std::vector<MutableElementSpan> CheckDeviceDestinations(const LayerDecoder& dec, const py::handle& given,
                                                         const std::string& where) {
-  const auto& layouts = dec.planes();
-  const bool by_name = py::isinstance<py::dict>(given);
-  if (py::len(given) != layouts.size()) {
-    throw py::value_error(where + ": " + std::to_string(py::len(given)) + " destination planes; its kind " +
-                          dec.header().kind + " has " + std::to_string(layouts.size()));
-  }
-  std::vector<MutableElementSpan> planes;
-  for (std::size_t p = 0; p < layouts.size(); ++p) {
-    const std::string name(PlaneName(layouts[p].id));
-    if (by_name && !given.contains(name)) throw py::value_error(where + ": no destination for plane '" + name + "'");
-    const auto pair = (by_name ? given[py::str(name)] : given[py::int_(p)]).cast<std::pair<std::uintptr_t, std::uint64_t>>();
-    if (pair.second != layouts[p].raw_bytes() || (pair.first == 0 && pair.second != 0)) {
+  return GivenPlanes(dec, given, where, [&](const py::object& obj, const auto& layout, const std::string& name) {
+    const auto pair = obj.cast<std::pair<std::uintptr_t, std::uint64_t>>();
+    if (pair.second != layout.raw_bytes() || (pair.first == 0 && pair.second != 0)) {
       throw py::value_error(where + " plane '" + name + "': " + std::to_string(pair.second) +
-                            " device bytes, the plane has " + std::to_string(layouts[p].raw_bytes()));
+                            " device bytes, the plane has " + std::to_string(layout.raw_bytes()));
     }
-    planes.emplace_back(std::span(reinterpret_cast<std::byte*>(pair.first), pair.second), layouts[p].dtype);
-  }
-  return planes;
+    return MutableElementSpan(std::span(reinterpret_cast<std::byte*>(pair.first), pair.second), layout.dtype);
+  });
 }
 
 Status LoanReleaser::Lend(CudaRuntime::Stream stream, client::ChunkRelease release) {

@@ -13,27 +13,15 @@ namespace primecache::python {
 
 std::vector<MutableElementSpan> CheckDestinations(const LayerDecoder& dec, const py::handle& given,
                                                   const std::string& where, std::vector<py::array>& keep) {
-  const auto& layouts = dec.planes();
-  const bool by_name = py::isinstance<py::dict>(given);
-  if (py::len(given) != layouts.size()) {
-    throw py::value_error(where + ": " + std::to_string(py::len(given)) + " destination planes; its kind " +
-                          dec.header().kind + " has " + std::to_string(layouts.size()));
-  }
-  std::vector<MutableElementSpan> planes;
-  for (std::size_t p = 0; p < layouts.size(); ++p) {
-    const std::string name(PlaneName(layouts[p].id));
-    if (by_name && !given.contains(name)) throw py::value_error(where + ": no destination for plane '" + name + "'");
-    py::object obj = by_name ? given[py::str(name)] : given[py::int_(p)];
+  return GivenPlanes(dec, given, where, [&](const py::object& obj, const auto& layout, const std::string& name) {
     const std::string at = where + " plane '" + name + "'";
     if (!py::isinstance<py::array>(obj)) throw py::value_error(at + ": not a NumPy array");
     auto a = py::reinterpret_borrow<py::array>(obj);
-    CheckPlaneArray(a, layouts[p], at);
+    CheckPlaneArray(a, layout, at);
     if (!a.writeable()) throw py::value_error(at + ": not writable");
     keep.push_back(a);
-    planes.emplace_back(std::span(static_cast<std::byte*>(a.mutable_data()), layouts[p].raw_bytes()),
-                        layouts[p].dtype);
-  }
-  return planes;
+    return MutableElementSpan(std::span(static_cast<std::byte*>(a.mutable_data()), layout.raw_bytes()), layout.dtype);
+  });
 }
 
 WorkerPool& DecodePool() {

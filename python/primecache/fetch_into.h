@@ -27,6 +27,29 @@ struct Destination {
   std::vector<MutableElementSpan> planes;
 };
 
+// The destinations `given` for the planes `dec` describes, by plane name (a
+// dict) or in stored order: checks there is one per plane (ValueError naming
+// `where`), then makes each plane's span with `to_span(object, layout, name)`
+// in plane order, so both paths refuse a bad argument with the same message.
+template <typename ToSpan>
+std::vector<MutableElementSpan> GivenPlanes(const LayerDecoder& dec, const py::handle& given,
+                                            const std::string& where, ToSpan&& to_span) {
+  const auto& layouts = dec.planes();
+  const bool by_name = py::isinstance<py::dict>(given);
+  if (py::len(given) != layouts.size()) {
+    throw py::value_error(where + ": " + std::to_string(py::len(given)) + " destination planes; its kind " +
+                          dec.header().kind + " has " + std::to_string(layouts.size()));
+  }
+  std::vector<MutableElementSpan> planes;
+  for (std::size_t p = 0; p < layouts.size(); ++p) {
+    const std::string name(PlaneName(layouts[p].id));
+    if (by_name && !given.contains(name)) throw py::value_error(where + ": no destination for plane '" + name + "'");
+    py::object obj = by_name ? given[py::str(name)] : given[py::int_(p)];
+    planes.push_back(to_span(obj, layouts[p], name));
+  }
+  return planes;
+}
+
 // Checks `given` (arrays by plane name or in stored order) as the
 // destinations of the planes `dec` describes; ValueError naming `where`.
 // Keeps the arrays referenced in `keep`.
