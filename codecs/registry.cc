@@ -9,7 +9,6 @@
 
 namespace primecache {
 
-
 std::string Identity::ToString() const {
   return name + "/v" + std::to_string(version);
 }
@@ -187,8 +186,13 @@ std::vector<std::string> CodecRegistry::Identities() const {
 
 // ---- Encoding defaults -------------------------------------------------------------
 
+// raw/v1 for every plane: the hot restore copies a raw chunk from the page
+// cache to the device by DMA, while shuffle-zstd stores real planes only
+// 1.11-1.22x smaller and decodes on the host at ~5.7 GB/s, which made the
+// default TTFT through the daemon 1.93x the in-process restore
+// (docs/BENCHMARKS.md, "Choosing the default transform").
 TransformSpec DefaultTransform(PlaneId) {
-  return {std::string(kShuffleZstdTransform), 1};
+  return {std::string(kRawTransform), 0};
 }
 
 TransformSpec EncodeOptions::ForPlane(PlaneId plane) const {

@@ -163,14 +163,16 @@ TEST(LayerTest, RefusesUnknownTransformsAndBadLevels) {
   EXPECT_TRUE(EncodeLayer(MakeKv(4, 4, 4), o).status().IsInvalidArgument());
 }
 
-TEST(LayerTest, DefaultsAreLosslessShuffleZstd) {
+// The default is raw/v1 for every plane (DefaultTransform: the hot restore
+// goes to the device by DMA only for raw chunks).
+TEST(LayerTest, DefaultsAreRaw) {
   auto enc = EncodeLayer(MakeLatent(50, 8, 4, 4));
   ASSERT_TRUE(enc.ok());
   for (const auto& p : enc->header.planes) {
-    EXPECT_EQ(p.transform, kShuffleZstdTransform);
-    EXPECT_EQ(p.level, 1);
+    EXPECT_EQ(p.transform, kRawTransform);
+    EXPECT_EQ(p.level, 0);
   }
-  EXPECT_EQ(enc->header.PlaneIdentity(0), "shuffle-zstd/v1(mla-latent/v1)");
+  EXPECT_EQ(enc->header.PlaneIdentity(0), "raw/v1(mla-latent/v1)");
   EXPECT_EQ(enc->header.PlaneIdentity(7), "");
 }
 
@@ -205,7 +207,7 @@ TEST(LayerTest, DefaultChunksHoldAtMostOneMebibyteAndAtMostTheRowCap) {
   EXPECT_EQ(ChunkRowsFor(576 * 4, kDefaultChunkBytes), 256u);   // GLM-5-class latent rows: under the cap
   EXPECT_EQ(ChunkRowsFor(128 * 4, kDefaultChunkBytes), 1024u);  // pool keys of head_dim 128: the cap
   EXPECT_EQ(ChunkRowsFor(128 * 4, kDefaultChunkBytes, 1u << 30), 2048u);  // without it
-  EXPECT_EQ(ChunkRowsFor(40 * 4, kDefaultChunkBytes), 1024u);   // the tiny model's latent rows
+  EXPECT_EQ(ChunkRowsFor(40 * 4, kDefaultChunkBytes), 1024u);             // the tiny model's latent rows
   EXPECT_EQ(ChunkRowsFor(40 * 4, kDefaultChunkBytes, 300), 256u);  // a cap rounds down to a power of two
   EXPECT_EQ(ChunkRowsFor(4 << 20, kDefaultChunkBytes), 1u);
 }
@@ -369,7 +371,6 @@ TEST(DecodeIntoTest, RefusesDestinationsOfTheWrongSize) {
   EXPECT_TRUE(decoder->DecodeChunk(99, AsBytes(enc->chunks[0]), k).IsInvalidArgument());
 }
 
-
 // LayerEncoder over planes lying anywhere (here one block, as a pinned arena
 // would be), each chunk written once into a caller's buffer, in any order
 // and from several threads: the same header and bytes as EncodeLayer, for
@@ -378,13 +379,14 @@ TEST(DecodeIntoTest, RefusesDestinationsOfTheWrongSize) {
 TEST(LayerEncoderTest, EncodesFromViewsIntoCallerBuffersExactlyAsEncodeLayer) {
   const LatentSnapshot l = MakeLatent(203, 24, 8, 4, 16);
   std::vector<float> block;
-  for (const auto* p : {&l.latent_rows, &l.index_tail_rows, &l.pool_keys}) block.insert(block.end(), p->begin(), p->end());
+  for (const auto* p : {&l.latent_rows, &l.index_tail_rows, &l.pool_keys})
+    block.insert(block.end(), p->begin(), p->end());
   const std::span<const float> all(block);
   const std::vector<std::span<const float>> planes = {
       all.first(l.latent_rows.size()), all.subspan(l.latent_rows.size(), l.index_tail_rows.size()),
       all.subspan(l.latent_rows.size() + l.index_tail_rows.size())};
-  for (const TransformSpec& spec : {TransformSpec{"raw/v1", 0}, TransformSpec{"shuffle-zstd/v1", 1},
-                                    TransformSpec{"bf16/v1", 0}}) {
+  for (const TransformSpec& spec :
+       {TransformSpec{"raw/v1", 0}, TransformSpec{"shuffle-zstd/v1", 1}, TransformSpec{"bf16/v1", 0}}) {
     SCOPED_TRACE(spec.id);
     EncodeOptions o;
     o.target_chunk_bytes = 1000;
@@ -420,8 +422,13 @@ TEST(LayerEncoderTest, EncodesFromViewsIntoCallerBuffersExactlyAsEncodeLayer) {
     std::vector<std::byte> tight(enc->MaxChunkBytes(0) - 1);
     EXPECT_TRUE(enc->EncodeChunk(0, tight).status().IsInvalidArgument());
   }
-  EXPECT_TRUE(LayerEncoder::Create(l.shape, std::vector<std::span<const float>>{planes[0], planes[1]}).status().IsInvalidArgument());
-  EXPECT_TRUE(LayerEncoder::Create(l.shape, std::vector<std::span<const float>>{planes[0], planes[1], planes[2].first(3)}).status().IsInvalidArgument());
+  EXPECT_TRUE(LayerEncoder::Create(l.shape, std::vector<std::span<const float>>{planes[0], planes[1]})
+                  .status()
+                  .IsInvalidArgument());
+  EXPECT_TRUE(LayerEncoder::Create(
+                  l.shape, std::vector<std::span<const float>>{planes[0], planes[1], planes[2].first(3)})
+                  .status()
+                  .IsInvalidArgument());
 }
 
 TEST(HeaderTest, SerializesAloneAndRefusesTrailingBytes) {

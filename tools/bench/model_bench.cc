@@ -44,13 +44,13 @@ struct BenchSetup {
   std::unique_ptr<model::HybridModel> model;
 };
 
-Result<BenchSetup> Setup(const std::string& config_path, std::uint64_t seed, std::size_t max_ctx, std::size_t chunk,
-                         bool cpu) {
+Result<BenchSetup> Setup(const std::string& config_path, std::uint64_t seed, std::size_t max_ctx,
+                         std::size_t chunk, bool cpu) {
   PC_ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(Env::Default(), config_path));
   auto t0 = Clock::now();
   BenchSetup b{config, model::Weights::Generate(config, seed), nullptr, nullptr};
-  std::printf("model-bench: %s, %zu layers, weights generated in %.0f ms\n", config.name.c_str(), config.layers.size(),
-              Ms(t0));
+  std::printf("model-bench: %s, %zu layers, weights generated in %.0f ms\n", config.name.c_str(),
+              config.layers.size(), Ms(t0));
   std::shared_ptr<engine::Device> device;
   if (cpu) {
     device = engine::NewCpuDevice({.memory_bytes = 64ull << 30});
@@ -65,7 +65,8 @@ Result<BenchSetup> Setup(const std::string& config_path, std::uint64_t seed, std
   PC_ASSIGN_OR_RETURN(b.engine, engine::Engine::Create(device, req));
   t0 = Clock::now();
   PC_ASSIGN_OR_RETURN(b.model, model::HybridModel::Create(b.config, b.weights, b.engine.get(), {chunk}));
-  std::printf("model-bench: weights on %s in %.0f ms; chunks of %zu tokens\n", device->name().c_str(), Ms(t0), chunk);
+  std::printf("model-bench: weights on %s in %.0f ms; chunks of %zu tokens\n", device->name().c_str(), Ms(t0),
+              chunk);
   return b;
 }
 
@@ -102,7 +103,8 @@ int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng, Fi
   RecordInProcess(fig, P, a.suffix, *r, *bus);
   if (a.ratios && P == *std::max_element(a.prefixes.begin(), a.prefixes.end())) {
     auto snap = b.model->NewSession();
-    if (snap.ok() && b.model->Prime(*snap, std::span(tokens).first(P), model::LogitsWanted::kNone, nullptr).ok()) {
+    if (snap.ok() &&
+        b.model->Prime(*snap, std::span(tokens).first(P), model::LogitsWanted::kNone, nullptr).ok()) {
       auto layers = snap->cache->CaptureFull();
       if (layers.ok()) ReportRatios(*layers);
     }
@@ -113,25 +115,27 @@ int RunPrefix(const Args& a, BenchSetup& b, std::size_t P, std::mt19937& rng, Fi
   auto disk = MeasureDisk(daemon.dir(), r->bytes);
   if (!disk.ok()) return Fail(disk.status(), "disk baseline");
   if (!a.ttft_table) {
-    std::printf("model-bench: disk under %s: fsync'd sequential write %.2f GB/s, O_DIRECT sequential read %.2f GB/s\n",
-                daemon.dir().c_str(), Gbs(r->bytes, disk->write_ms), Gbs(r->bytes, disk->read_ms));
+    std::printf(
+        "model-bench: disk under %s: fsync'd sequential write %.2f GB/s, O_DIRECT sequential read %.2f "
+        "GB/s\n",
+        daemon.dir().c_str(), Gbs(r->bytes, disk->write_ms), Gbs(r->bytes, disk->read_ms));
   }
-  for (const char* transform : {"raw/v1", "shuffle-zstd/v1"}) {
+  for (const DaemonPath& path : DaemonPaths()) {
     model::PrefixCacheOptions base;
     base.staging = a.staging;
     base.encode.max_chunk_rows = a.max_chunk_rows;
-    auto d = MeasureDaemon(daemon, *b.model, b.config, b.weights, *r, tokens, P, transform, base);
-    if (!d.ok()) return Fail(d.status(), transform);
+    auto d = MeasureDaemon(daemon, *b.model, b.config, b.weights, *r, tokens, P, path, base);
+    if (!d.ok()) return Fail(d.status(), path.name.c_str());
     if (!d->exact) {
-      std::printf("model-bench: %s: a restore through the daemon was not bit-identical\n", transform);
+      std::printf("model-bench: %s: a restore through the daemon was not bit-identical\n", path.name.c_str());
       return 1;
     }
-    RecordDaemon(fig, P, a.suffix, transform, *d, *bus);
-    if (a.ttft_table && std::string(transform) == "raw/v1") {
-      std::printf("| %zu | %.1f ms | %.1f ms | %.1f ms | %.1f ms |\n", P, r->full_ms, r->ttft_ms, d->hot.ttft_ms,
-                  d->cold.ttft_ms);
+    RecordDaemon(fig, P, a.suffix, path, *d, *bus);
+    if (a.ttft_table && !path.transform) {
+      std::printf("| %zu | %.1f ms | %.1f ms | %.1f ms | %.1f ms |\n", P, r->full_ms, r->ttft_ms,
+                  d->hot.ttft_ms, d->cold.ttft_ms);
     } else if (!a.ttft_table) {
-      ReportDaemon(transform, *d, *r, *bus, *disk);
+      ReportDaemon(path, *d, *r, *bus, *disk);
     }
   }
   return 0;
@@ -151,21 +155,24 @@ int main(int argc, char** argv) {
   app.add_option("--daemon-arg", a.daemon_args,
                  "an argument for the daemon (repeat; e.g. --daemon-arg=--read-threads --daemon-arg=8)")
       ->allow_extra_args(false);
-  app.add_option("--quant-error", a.quant_error,
-                 "instead: prime this many tokens through the config (quantized attn) and its f32 twin on the same "
-                 "weights, and compare their logits")
+  app.add_option(
+         "--quant-error", a.quant_error,
+         "instead: prime this many tokens through the config (quantized attn) and its f32 twin on the same "
+         "weights, and compare their logits")
       ->check(CLI::Range(2, 1 << 20));
   app.add_flag("--cpu", a.cpu, "run on the CPU reference instead of CUDA");
-  app.add_flag("--ttft-table", a.ttft_table,
-               "print the TTFT table rows (full prefill, restore in process, through the daemon hot and cold) for "
-               "each --prefix (default 4096, 32768, 131072)");
+  app.add_flag(
+      "--ttft-table", a.ttft_table,
+      "print the TTFT table rows (full prefill, restore in process, through the daemon hot and cold) for "
+      "each --prefix (default 4096, 32768, 131072)");
   app.add_option("--csv-dir", a.csv_dir, "also write the figures as CSV files here (tools/bench/plot.py)");
   app.add_flag("--ratios", a.ratios, "also encode the longest prefix's capture with every transform");
   const std::map<std::string, model::PrefixCacheOptions::Staging> stagings = {
       {"auto", model::PrefixCacheOptions::Staging::kAuto},
       {"device", model::PrefixCacheOptions::Staging::kDevice},
       {"host", model::PrefixCacheOptions::Staging::kHost}};
-  app.add_option("--max-chunk-rows", a.max_chunk_rows, "the most rows a published chunk of an append-only plane holds")
+  app.add_option("--max-chunk-rows", a.max_chunk_rows,
+                 "the most rows a published chunk of an append-only plane holds")
       ->check(CLI::Range(std::uint64_t{1}, primecache::CodecLimits{}.max_tokens));  // the encoder's bound
   app.add_option("--staging", a.staging, "where a restore through the daemon stages (auto: device on CUDA)")
       ->transform(CLI::CheckedTransformer(stagings, CLI::ignore_case));
@@ -193,7 +200,9 @@ int main(int argc, char** argv) {
   auto b = Setup(a.config_path, a.seed, longest + a.suffix, a.chunk, a.cpu);
   if (!b.ok()) return Fail(b.status(), "setup");
   if (a.ttft_table) {
-    std::printf("| prefix | full prefill | restore in process | through the daemon, hot | through the daemon, cold |\n");
+    std::printf(
+        "| prefix | full prefill | restore in process | through the daemon, hot | through the daemon, cold "
+        "|\n");
     std::printf("| --- | --- | --- | --- | --- |\n");
   }
   std::mt19937 rng(7);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,7 +23,9 @@
 namespace primecache::model_bench {
 
 using Clock = std::chrono::steady_clock;
-inline double Ms(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+inline double Ms(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
 
 inline int Fail(const Status& s, const char* what) {
   std::fprintf(stderr, "model-bench: %s: %s\n", what, s.ToString().c_str());
@@ -61,8 +64,8 @@ struct InProcess {
   bool exact = false;
 };
 
-Result<InProcess> MeasureInProcess(model::HybridModel& m, engine::Device& dev, std::span<const std::uint32_t> tokens,
-                                   std::size_t P);
+Result<InProcess> MeasureInProcess(model::HybridModel& m, engine::Device& dev,
+                                   std::span<const std::uint32_t> tokens, std::size_t P);
 
 struct DaemonRun {
   double publish_ms = 0;
@@ -72,7 +75,17 @@ struct DaemonRun {
   bool exact = false;
 };
 
-// The capture published under `transform` (its own namespace), then restored
+// A way through the daemon: the default settings (no transform named: what a
+// user who changes nothing gets), or one transform for every plane.
+struct DaemonPath {
+  std::string name;                        // its label and namespace
+  std::optional<TransformSpec> transform;  // nullopt: the codecs' default
+};
+
+// The paths measured, the default first: it is what the targets hold.
+std::vector<DaemonPath> DaemonPaths();
+
+// The capture published along `path` (its own namespace), then restored
 // hot (the second of two requests) and cold: a new daemon on the same store
 // (the old one's registered mappings held the segments' pages), the store's
 // files dropped from the page cache, a new connection warmed by a short
@@ -80,7 +93,7 @@ struct DaemonRun {
 Result<DaemonRun> MeasureDaemon(launcher::DaemonProcess& daemon, model::HybridModel& m,
                                 const model::ModelConfig& config, const model::Weights& weights,
                                 const InProcess& ref, std::span<const std::uint32_t> tokens, std::size_t P,
-                                const char* transform, const model::PrefixCacheOptions& base);
+                                const DaemonPath& path, const model::PrefixCacheOptions& base);
 
 // TurboQuant against f32 on the same weights: the config as given (its
 // attn layers quantized) and its twin with kv_quant null, both priming the
@@ -100,7 +113,7 @@ void ReportRatios(const std::vector<LayerSnapshot>& layers);
 double Gbs(std::uint64_t bytes, double ms);
 
 void ReportInProcess(std::size_t P, std::size_t suffix, const InProcess& r, const BusRates& bus);
-void ReportDaemon(const char* transform, const DaemonRun& d, const InProcess& ref, const BusRates& bus,
+void ReportDaemon(const DaemonPath& path, const DaemonRun& d, const InProcess& ref, const BusRates& bus,
                   const DiskRates& disk);
 
 // The figures as CSV tables: TTFT per path and prefix, and every restore's
@@ -113,7 +126,7 @@ struct Figures {
 };
 
 void RecordInProcess(Figures& f, std::size_t P, std::size_t suffix, const InProcess& r, const BusRates& bus);
-void RecordDaemon(Figures& f, std::size_t P, std::size_t suffix, const std::string& transform, const DaemonRun& d,
+void RecordDaemon(Figures& f, std::size_t P, std::size_t suffix, const DaemonPath& path, const DaemonRun& d,
                   const BusRates& bus);
 
 }  // namespace primecache::model_bench

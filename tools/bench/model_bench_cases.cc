@@ -60,7 +60,8 @@ Result<DiskRates> MeasureDisk(const std::string& dir, std::uint64_t bytes) {
   if (fd < 0) return Status::IOError("open " + path);
   auto t0 = Clock::now();
   bool ok = true;
-  for (std::uint64_t off = 0; off < total && ok; off += kBlock) ok = write(fd, buf, kBlock) == ssize_t(kBlock);
+  for (std::uint64_t off = 0; off < total && ok; off += kBlock)
+    ok = write(fd, buf, kBlock) == ssize_t(kBlock);
   ok = ok && fsync(fd) == 0;
   r.write_ms = Ms(t0);
   close(fd);
@@ -99,8 +100,8 @@ Status SnapshotPinned(engine::Device& dev, model::ModelSession& src, InProcess* 
 
 }  // namespace
 
-Result<InProcess> MeasureInProcess(model::HybridModel& m, engine::Device& dev, std::span<const std::uint32_t> tokens,
-                                   std::size_t P) {
+Result<InProcess> MeasureInProcess(model::HybridModel& m, engine::Device& dev,
+                                   std::span<const std::uint32_t> tokens, std::size_t P) {
   InProcess r;
   const auto prefix = tokens.first(P), rest = tokens.subspan(P);
   {
@@ -140,44 +141,50 @@ Result<model::Request> Through(model::PrefixCache& cache, std::span<const std::u
   return r;
 }
 
-// A prefix cache on a new connection to `daemon` under namespace
-// `transform`, its staging for a `P`-token boundary reserved (as an engine
+// A prefix cache on a new connection to `daemon` under the namespace of
+// `path`, its staging for a `P`-token boundary reserved (as an engine
 // does at start-up: pinning the staging is not a request's cost).
 Result<std::unique_ptr<model::PrefixCache>> OpenCache(launcher::DaemonProcess& daemon, model::HybridModel& m,
                                                       const model::ModelConfig& config,
                                                       const model::Weights& weights, const InProcess& ref,
-                                                      std::size_t P, const char* transform,
+                                                      std::size_t P, const DaemonPath& path,
                                                       const model::PrefixCacheOptions& base) {
   client::ClientOptions o;
   o.endpoint = daemon.socket();
-  o.ns = transform;
+  o.ns = path.name;
   o.shared_memory = true;
   // Room for the largest layer's chunks in the publish half (so each is
   // encoded in place) and a fetch window as large: at least 256 MiB.
   std::uint64_t largest = 0;
   for (const auto& v : ref.views) {
-    largest = std::max(largest, engine::ViewFloats(std::visit([](const auto& x) -> LayerShape { return x.shape; }, v)) *
-                                    sizeof(float));
+    largest = std::max(
+        largest, engine::ViewFloats(std::visit([](const auto& x) -> LayerShape { return x.shape; }, v)) *
+                     sizeof(float));
   }
   o.shared_memory_bytes = std::clamp<std::uint64_t>(4 * largest + (64u << 20), 256u << 20, 4ull << 30);
   o.timeout = std::chrono::milliseconds(300000);
   PC_ASSIGN_OR_RETURN(auto cl, client::Client::Connect(o));
   model::PrefixCacheOptions opt = base;  // its staging and chunking
-  opt.encode.all_planes = TransformSpec{transform, transform == std::string("raw/v1") ? 0 : 1};
+  opt.encode.all_planes = path.transform;
   opt.publish = false;
-  auto cache =
-      std::make_unique<model::PrefixCache>(&m, std::move(cl), model::PrefixCache::ModelIdFor(config, weights), opt);
+  auto cache = std::make_unique<model::PrefixCache>(&m, std::move(cl),
+                                                    model::PrefixCache::ModelIdFor(config, weights), opt);
   PC_RETURN_IF_ERROR(cache->ReserveStaging(P));
   return cache;
 }
 
 }  // namespace
 
+std::vector<DaemonPath> DaemonPaths() {
+  return {{"default", std::nullopt},
+          {std::string(kShuffleZstdTransform), TransformSpec{std::string(kShuffleZstdTransform), 1}}};
+}
+
 Result<DaemonRun> MeasureDaemon(launcher::DaemonProcess& daemon, model::HybridModel& m,
                                 const model::ModelConfig& config, const model::Weights& weights,
                                 const InProcess& ref, std::span<const std::uint32_t> tokens, std::size_t P,
-                                const char* transform, const model::PrefixCacheOptions& base) {
-  PC_ASSIGN_OR_RETURN(auto cache, OpenCache(daemon, m, config, weights, ref, P, transform, base));
+                                const DaemonPath& path, const model::PrefixCacheOptions& base) {
+  PC_ASSIGN_OR_RETURN(auto cache, OpenCache(daemon, m, config, weights, ref, P, path, base));
   DaemonRun d;
   auto t0 = Clock::now();
   PC_RETURN_IF_ERROR(cache->Publish(tokens.first(P), ref.views));
@@ -196,7 +203,7 @@ Result<DaemonRun> MeasureDaemon(launcher::DaemonProcess& daemon, model::HybridMo
   cache.reset();
   PC_RETURN_IF_ERROR(daemon.Restart());
   DropPageCache(daemon.data_dir());
-  PC_ASSIGN_OR_RETURN(cache, OpenCache(daemon, m, config, weights, ref, P, transform, base));
+  PC_ASSIGN_OR_RETURN(cache, OpenCache(daemon, m, config, weights, ref, P, path, base));
   const std::vector<std::uint32_t> miss = {model::kBosToken, 1, 2, 3, 4, 5, 6, 7};
   PC_RETURN_IF_ERROR(cache->Prime(miss).status());
   PC_ASSIGN_OR_RETURN(d.cold, Through(*cache, tokens, ref, P, &d.exact));
@@ -236,7 +243,8 @@ int QuantError(const model::ModelConfig& config, const model::Weights& weights, 
     if (!m.ok()) return Fail(m.status(), "model");
     auto s = (*m)->NewSession();
     if (!s.ok()) return Fail(s.status(), "session");
-    if (Status st = (*m)->Prime(*s, prompt, model::LogitsWanted::kAll, &logits[q]); !st.ok()) return Fail(st, "prime");
+    if (Status st = (*m)->Prime(*s, prompt, model::LogitsWanted::kAll, &logits[q]); !st.ok())
+      return Fail(st, "prime");
     for (const auto& l : req.plan.layers)
       if (const auto* kv = std::get_if<engine::KvPlan>(&l)) kv_bytes[q] += (kv->k_width + kv->v_width) * 4ull;
   }
@@ -253,11 +261,12 @@ int QuantError(const model::ModelConfig& config, const model::Weights& weights, 
     den += d;
     worst = std::max(worst, std::sqrt(n / d));
   }
-  std::printf("model-bench: %s, %zu tokens on %s: TurboQuant-%u KV %llu B/token vs f32 %llu B/token (%.2fx smaller); "
-              "logits rel err vs f32 %.3g overall, %.3g at the worst position\n",
-              config.name.c_str(), tokens, device->name().c_str(), config.attn.kv_quant_bits,
-              static_cast<unsigned long long>(kv_bytes[1]), static_cast<unsigned long long>(kv_bytes[0]),
-              double(kv_bytes[0]) / double(kv_bytes[1]), std::sqrt(num / den), worst);
+  std::printf(
+      "model-bench: %s, %zu tokens on %s: TurboQuant-%u KV %llu B/token vs f32 %llu B/token (%.2fx smaller); "
+      "logits rel err vs f32 %.3g overall, %.3g at the worst position\n",
+      config.name.c_str(), tokens, device->name().c_str(), config.attn.kv_quant_bits,
+      static_cast<unsigned long long>(kv_bytes[1]), static_cast<unsigned long long>(kv_bytes[0]),
+      double(kv_bytes[0]) / double(kv_bytes[1]), std::sqrt(num / den), worst);
   return 0;
 }
 

@@ -252,7 +252,8 @@ struct TransformSpec {
 };
 
 // The lossless transform each plane gets unless told otherwise, picked by
-// measurement (docs/BENCHMARKS.md): shuffle-zstd at level 1 everywhere.
+// measurement (docs/BENCHMARKS.md, "Choosing the default transform"):
+// raw/v1 everywhere.
 TransformSpec DefaultTransform(PlaneId plane);
 
 inline constexpr std::uint64_t kDefaultChunkBytes = 1ull << 20;
