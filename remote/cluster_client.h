@@ -61,7 +61,7 @@ struct ClusterOptions {
   std::size_t max_value_bytes = std::size_t{64} << 20;
   std::size_t max_batch = 1u << 16;                // keys in one GetMany/SetMany
   std::size_t threads = 8;                         // node groups of a batch run at once
-  std::size_t pipeline_depth = 8;                  // data-path commands in flight on one connection
+  std::size_t pipeline_depth = 2;                  // data-path commands in flight on one connection
 };
 
 // What GetInto found at one key.
