@@ -45,6 +45,7 @@ Status ClusterClient::Impl::ReadDataReply(Lease& conn, BatchOp& op) {
     if (ok.kind != RespReply::Kind::kStatus) return Status::IOError("redis: ASKING was not answered OK");
   }
   const bool get = op.path == BatchOp::Path::kGetInto;
+  if (get && op.provide != nullptr) op.into = (*op.provide)(op.index);
   Result<RespReply> r = conn->ReadData(get ? op.into : std::span<std::byte>(), get ? options_.max_value_bytes : 0);
   if (!r.ok()) {
     if (r.status().code() == StatusCode::kCorruption) op.failed = r.status();

@@ -93,21 +93,12 @@ Status ClusterClient::SetMany(std::span<const std::pair<std::string, std::string
   return Status::Ok();
 }
 
-Result<std::vector<ValueState>> ClusterClient::GetInto(std::span<const std::string> keys,
-                                                       std::span<const std::span<std::byte>> into,
-                                                       const std::function<void(std::size_t)>& filled) {
-  if (keys.size() != into.size()) return Status::InvalidArgument("GetInto: one destination per key");
-  std::vector<BatchOp> ops(keys.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    ops[i].path = BatchOp::Path::kGetInto;
-    ops[i].key = keys[i];
-    ops[i].into = into[i];
-    ops[i].index = i;
-    ops[i].filled = &filled;
-  }
-  PC_RETURN_IF_ERROR(impl_->RunBatch(ops));
-  std::vector<ValueState> out(keys.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
+namespace {
+
+// The final states of GetInto's ops.
+Result<std::vector<ValueState>> StatesOf(const std::vector<BatchOp>& ops) {
+  std::vector<ValueState> out(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) {
     const RespReply& r = *ops[i].data;
     switch (r.kind) {
       case RespReply::Kind::kBulk:
@@ -126,6 +117,38 @@ Result<std::vector<ValueState>> ClusterClient::GetInto(std::span<const std::stri
     }
   }
   return out;
+}
+
+std::vector<BatchOp> GetOps(std::span<const std::string> keys, const std::function<void(std::size_t)>& filled) {
+  std::vector<BatchOp> ops(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    ops[i].path = BatchOp::Path::kGetInto;
+    ops[i].key = keys[i];
+    ops[i].index = i;
+    ops[i].filled = &filled;
+  }
+  return ops;
+}
+
+}  // namespace
+
+Result<std::vector<ValueState>> ClusterClient::GetInto(std::span<const std::string> keys,
+                                                       std::span<const std::span<std::byte>> into,
+                                                       const std::function<void(std::size_t)>& filled) {
+  if (keys.size() != into.size()) return Status::InvalidArgument("GetInto: one destination per key");
+  std::vector<BatchOp> ops = GetOps(keys, filled);
+  for (std::size_t i = 0; i < keys.size(); ++i) ops[i].into = into[i];
+  PC_RETURN_IF_ERROR(impl_->RunBatch(ops));
+  return StatesOf(ops);
+}
+
+Result<std::vector<ValueState>> ClusterClient::GetInto(std::span<const std::string> keys,
+                                                       const std::function<std::span<std::byte>(std::size_t)>& into,
+                                                       const std::function<void(std::size_t)>& filled) {
+  std::vector<BatchOp> ops = GetOps(keys, filled);
+  for (BatchOp& op : ops) op.provide = &into;
+  PC_RETURN_IF_ERROR(impl_->RunBatch(ops));
+  return StatesOf(ops);
 }
 
 Status ClusterClient::SetFrom(std::span<const std::string> keys, std::span<const std::span<const std::byte>> values) {

@@ -108,6 +108,13 @@ class ClusterClient {
   // batch that then fails as a whole.
   Result<std::vector<ValueState>> GetInto(std::span<const std::string> keys, std::span<const std::span<std::byte>> into,
                                           const std::function<void(std::size_t)>& filled = {});
+  // The same, each destination given by into(i) on the reading thread just
+  // before key i's reply is read (it may be called again for a key that is
+  // resent, and must then give the same span): the caller's buffers are
+  // touched as they are filled, while still in cache, not all ahead.
+  Result<std::vector<ValueState>> GetInto(std::span<const std::string> keys,
+                                          const std::function<std::span<std::byte>(std::size_t)>& into,
+                                          const std::function<void(std::size_t)>& filled = {});
   // SETs of values[i] at keys[i], sent from the caller's bytes (no copy).
   Status SetFrom(std::span<const std::string> keys, std::span<const std::span<const std::byte>> values);
   // Sets of strings (SADD, SREM, SMEMBERS). A set over `max_members`

@@ -34,6 +34,10 @@ struct BatchOp {
   ReplyPtr reply;                 // hiredis: its final reply
   std::string_view key;           // data path: the key
   std::span<std::byte> into;      // kGetInto: where a value of exactly this size lands
+  // kGetInto: when set, gives `into` on the reading thread just before the
+  // reply is read (so the caller touches its buffer while it is about to be
+  // filled, not all of them ahead); called again if the op is resent.
+  const std::function<std::span<std::byte>(std::size_t)>* provide = nullptr;
   std::span<const std::byte> from;  // kSetFrom: the value
   std::optional<RespReply> data;  // data path: its final reply
   Status failed;                  // data path: a reply that can never be right (malformed, over a bound)

@@ -43,7 +43,7 @@ Status RespReader::Fail(Status s) {
   return s;
 }
 
-Status RespReader::Fill() {
+Status RespReader::Fill(std::size_t most) {
   if (pos_ == end_) {
     pos_ = end_ = 0;
   } else if (end_ == kRespBufferBytes) {
@@ -52,7 +52,7 @@ Status RespReader::Fill() {
     pos_ = 0;
   }
   for (;;) {
-    const ssize_t n = ::recv(fd_, buf_.get() + end_, kRespBufferBytes - end_, 0);
+    const ssize_t n = ::recv(fd_, buf_.get() + end_, std::min(most, kRespBufferBytes - end_), 0);
     if (n > 0) {
       end_ += static_cast<std::size_t>(n);
       return Status::Ok();
@@ -77,7 +77,7 @@ Result<std::string_view> RespReader::Line() {
     }
     if (have > kMaxRespLine + 1) break;
     scanned = have;
-    PC_RETURN_IF_ERROR(Fill());
+    PC_RETURN_IF_ERROR(Fill(kRespHeaderRecv));
   }
   return Status::Corruption("redis: a reply line over " + std::to_string(kMaxRespLine) + " bytes");
 }
@@ -100,7 +100,7 @@ Status RespReader::Payload(std::span<std::byte> into) {
 
 Status RespReader::Drain(std::uint64_t n) {
   while (n > 0) {
-    if (pos_ == end_) PC_RETURN_IF_ERROR(Fill());
+    if (pos_ == end_) PC_RETURN_IF_ERROR(Fill(kRespBufferBytes));
     const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(n, end_ - pos_));
     pos_ += take;
     n -= take;
@@ -109,7 +109,7 @@ Status RespReader::Drain(std::uint64_t n) {
 }
 
 Status RespReader::Trailer() {
-  while (end_ - pos_ < 2) PC_RETURN_IF_ERROR(Fill());
+  while (end_ - pos_ < 2) PC_RETURN_IF_ERROR(Fill(kRespHeaderRecv));
   if (buf_[pos_] != '\r' || buf_[pos_ + 1] != '\n') return Status::Corruption("redis: a bulk string not ended by CRLF");
   pos_ += 2;
   return Status::Ok();

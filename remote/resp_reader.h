@@ -17,7 +17,8 @@
 //
 // Bytes that arrive beyond the reply being read wait in a fixed buffer of
 // kRespBufferBytes (allocated once); a payload takes from there what has
-// already arrived and recv()s the rest into its destination.
+// already arrived (at most kRespHeaderRecv bytes) and recv()s the rest into
+// its destination.
 //
 // Thread-safety: one thread at a time (the connection's borrower).
 #pragma once
@@ -35,8 +36,13 @@
 
 namespace primecache::remote {
 
-inline constexpr std::size_t kRespBufferBytes = std::size_t{64} << 10;
+inline constexpr std::size_t kRespBufferBytes = std::size_t{16} << 10;
 inline constexpr std::size_t kMaxRespLine = 4096;
+// What one recv() asks for while a header line or a trailer is wanted: a
+// payload that follows then comes mostly straight into its destination
+// (at most this much of it is copied from the buffer), while a run of small
+// replies (a pipeline's +OKs) still comes in few calls.
+inline constexpr std::size_t kRespHeaderRecv = 512;
 
 // One reply of the data path.
 struct RespReply {
@@ -70,7 +76,8 @@ class RespReader {
   bool broken() const { return broken_; }
 
  private:
-  Status Fill();
+  // Receives more into the buffer: at most `most` bytes.
+  Status Fill(std::size_t most);
   Result<std::string_view> Line();
   Status Payload(std::span<std::byte> into);
   Status Drain(std::uint64_t n);

@@ -156,16 +156,19 @@ Result<std::vector<ChunkCheck>> RemoteTier::ReceiveChunks(std::span<const ChunkR
                                                           std::span<const std::string> keys,
                                                           std::vector<std::string>& out) {
   const std::size_t limit = client_->max_value_bytes();
-  out.resize(refs.size());
-  std::vector<std::span<std::byte>> into(refs.size());
-  for (std::size_t i = 0; i < refs.size(); ++i) {
-    if (refs[i]->size > limit) {
-      return Status::Corruption("a remote chunk of " + std::to_string(refs[i]->size) + " bytes is over the limit of " +
+  for (const ChunkRef* ref : refs) {
+    if (ref->size > limit) {
+      return Status::Corruption("a remote chunk of " + std::to_string(ref->size) + " bytes is over the limit of " +
                                 std::to_string(limit));
     }
-    out[i].resize(refs[i]->size);
-    into[i] = std::as_writable_bytes(std::span(out[i]));
   }
+  // Each chunk's string is sized by the thread about to receive it (each
+  // element by one thread at a time), so its pages are written while hot.
+  out.assign(refs.size(), std::string());
+  const std::function<std::span<std::byte>(std::size_t)> into = [&](std::size_t i) {
+    out[i].resize(refs[i]->size);
+    return std::as_writable_bytes(std::span(out[i]));
+  };
   // Verdicts written by the pool, each element by one job; read once every
   // posted job is done (the mutex orders them).
   std::vector<std::uint8_t> matches(refs.size(), 0);
