@@ -7,9 +7,83 @@
 
 namespace primecache::remote {
 
+namespace {
+
+// "*<n>\r\n" and the bulk headers of a data-path command, up to (and, for
+// a SET, without) its value; ASKING first when the op is redirected so.
+std::string DataCommand(const BatchOp& op) {
+  std::string out;
+  if (op.ask) out += "*1\r\n$6\r\nASKING\r\n";
+  const bool set = op.path == BatchOp::Path::kSetFrom;
+  out += set ? "*3\r\n$3\r\nSET\r\n" : "*2\r\n$3\r\nGET\r\n";
+  AppendBulkHeader(out, op.key.size());
+  out += op.key;
+  out += "\r\n";
+  if (set) AppendBulkHeader(out, op.from.size());
+  return out;
+}
+
+constexpr char kCrlf[] = "\r\n";
+
+iovec Iov(const void* p, std::size_t n) { return iovec{const_cast<void*>(p), n}; }
+
+}  // namespace
+
+std::string_view BatchOp::ErrorText() const {
+  if (path == Path::kHiredis) {
+    return reply && reply->type == REDIS_REPLY_ERROR ? std::string_view(reply->str, reply->len) : std::string_view();
+  }
+  return data && data->kind == RespReply::Kind::kError ? std::string_view(data->text) : std::string_view();
+}
+
+// One reply of `op` (after its ASKING's, when redirected so). An error
+// status means the connection is gone; `op.failed` is set when the reply
+// can never be right.
+Status ClusterClient::Impl::ReadDataReply(Lease& conn, BatchOp& op) {
+  if (op.ask) {
+    PC_ASSIGN_OR_RETURN(RespReply ok, conn->ReadData({}, 0));
+    if (ok.kind != RespReply::Kind::kStatus) return Status::IOError("redis: ASKING was not answered OK");
+  }
+  const bool get = op.path == BatchOp::Path::kGetInto;
+  if (get && op.provide != nullptr) op.into = (*op.provide)(op.index);
+  Result<RespReply> r = conn->ReadData(get ? op.into : std::span<std::byte>(), get ? options_.max_value_bytes : 0);
+  if (!r.ok()) {
+    if (r.status().code() == StatusCode::kCorruption) op.failed = r.status();
+    return r.status();
+  }
+  if (r->kind == RespReply::Kind::kBulk && op.filled != nullptr && *op.filled) (*op.filled)(op.index);
+  op.data = std::move(r).value();
+  return Status::Ok();
+}
+
+// Sends the commands of `group` with at most pipeline_depth unanswered at a
+// time, reading the replies as they come. Each op ends answered, or
+// unanswered when the connection failed (it is dropped).
+void ClusterClient::Impl::PipelineData(Lease& conn, std::span<BatchOp* const> group) {
+  std::vector<std::string> heads(group.size());
+  for (std::size_t i = 0; i < group.size(); ++i) heads[i] = DataCommand(*group[i]);
+  const std::size_t depth = std::max<std::size_t>(1, options_.pipeline_depth);
+  std::vector<iovec> iov;
+  Status s = Status::Ok();
+  for (std::size_t read = 0, sent = 0; read < group.size() && s.ok(); ++read) {
+    iov.clear();
+    for (; sent < group.size() && sent < read + depth; ++sent) {
+      iov.push_back(Iov(heads[sent].data(), heads[sent].size()));
+      if (group[sent]->path == BatchOp::Path::kSetFrom) {
+        iov.push_back(Iov(group[sent]->from.data(), group[sent]->from.size()));
+        iov.push_back(Iov(kCrlf, 2));
+      }
+    }
+    if (!iov.empty()) s = conn->Send(iov);
+    if (s.ok()) s = ReadDataReply(conn, *group[read]);
+  }
+  if (!s.ok()) conn.Drop();
+}
+
 void ClusterClient::Impl::Pipeline(const Endpoint& at, std::span<BatchOp* const> group) {
   auto conn = Borrow(at);
   if (!conn.ok()) return;  // every op stays unanswered
+  if (group.front()->path != BatchOp::Path::kHiredis) return PipelineData(*conn, group);
   Status s = Status::Ok();
   for (BatchOp* op : group) {
     if (s.ok() && op->ask) s = (*conn)->Append({"ASKING"});
@@ -31,7 +105,7 @@ void ClusterClient::Impl::Pipeline(const Endpoint& at, std::span<BatchOp* const>
 void ClusterClient::Impl::SendRound(std::span<BatchOp* const> pending) {
   std::map<std::string, std::pair<Endpoint, std::vector<BatchOp*>>> groups;
   for (BatchOp* op : pending) {
-    Result<Endpoint> to = op->ask ? Result<Endpoint>(*op->ask) : Owner(op->argv[1]);
+    Result<Endpoint> to = op->ask ? Result<Endpoint>(*op->ask) : Owner(op->Key());
     if (!to.ok()) continue;  // no owner known: unanswered this round
     auto& g = groups[to->ToString()];
     g.first = *to;
@@ -83,8 +157,10 @@ Status ClusterClient::Impl::RunBatch(std::vector<BatchOp>& ops) {
     std::vector<BatchOp*> next;
     bool moved = false, lost = false;
     for (BatchOp* op : pending) {
-      const Redirect red = op->reply ? ParseRedirect(op->reply.get()) : Redirect{};
-      if (op->reply && red.kind == Redirect::kNone && !IsTransientError(op->reply.get())) {
+      if (!op->failed.ok()) return op->failed;
+      const std::string_view error = op->ErrorText();
+      const Redirect red = op->answered() ? ParseRedirect(error) : Redirect{};
+      if (op->answered() && red.kind == Redirect::kNone && !IsTransientError(error)) {
         op->ask.reset();
         n_.commands.fetch_add(1, std::memory_order_relaxed);
         continue;
@@ -94,7 +170,7 @@ Status ClusterClient::Impl::RunBatch(std::vector<BatchOp>& ops) {
       if (red.kind == Redirect::kMoved) n_.moved.fetch_add(1, std::memory_order_relaxed);
       if (red.kind == Redirect::kAsk) n_.asked.fetch_add(1, std::memory_order_relaxed);
       op->ask = red.kind == Redirect::kAsk ? std::optional<Endpoint>(red.to) : std::nullopt;
-      op->reply.reset();
+      op->Unanswer();
       next.push_back(op);
     }
     pending = std::move(next);

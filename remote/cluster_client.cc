@@ -93,6 +93,87 @@ Status ClusterClient::SetMany(std::span<const std::pair<std::string, std::string
   return Status::Ok();
 }
 
+namespace {
+
+// The final states of GetInto's ops.
+Result<std::vector<ValueState>> StatesOf(const std::vector<BatchOp>& ops) {
+  std::vector<ValueState> out(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const RespReply& r = *ops[i].data;
+    switch (r.kind) {
+      case RespReply::Kind::kBulk:
+        out[i] = ValueState::kFilled;
+        break;
+      case RespReply::Kind::kWrongSize:
+        out[i] = ValueState::kWrongSize;
+        break;
+      case RespReply::Kind::kNil:
+        out[i] = ValueState::kAbsent;
+        break;
+      case RespReply::Kind::kError:
+        return Status::IOError("redis: " + r.text);
+      default:
+        return Status::IOError("redis GET answered a reply that is not a value");
+    }
+  }
+  return out;
+}
+
+std::vector<BatchOp> GetOps(std::span<const std::string> keys, const std::function<void(std::size_t)>& filled) {
+  std::vector<BatchOp> ops(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    ops[i].path = BatchOp::Path::kGetInto;
+    ops[i].key = keys[i];
+    ops[i].index = i;
+    ops[i].filled = &filled;
+  }
+  return ops;
+}
+
+}  // namespace
+
+Result<std::vector<ValueState>> ClusterClient::GetInto(std::span<const std::string> keys,
+                                                       std::span<const std::span<std::byte>> into,
+                                                       const std::function<void(std::size_t)>& filled) {
+  if (keys.size() != into.size()) return Status::InvalidArgument("GetInto: one destination per key");
+  std::vector<BatchOp> ops = GetOps(keys, filled);
+  for (std::size_t i = 0; i < keys.size(); ++i) ops[i].into = into[i];
+  PC_RETURN_IF_ERROR(impl_->RunBatch(ops));
+  return StatesOf(ops);
+}
+
+Result<std::vector<ValueState>> ClusterClient::GetInto(std::span<const std::string> keys,
+                                                       const std::function<std::span<std::byte>(std::size_t)>& into,
+                                                       const std::function<void(std::size_t)>& filled) {
+  std::vector<BatchOp> ops = GetOps(keys, filled);
+  for (BatchOp& op : ops) op.provide = &into;
+  PC_RETURN_IF_ERROR(impl_->RunBatch(ops));
+  return StatesOf(ops);
+}
+
+Status ClusterClient::SetFrom(std::span<const std::string> keys, std::span<const std::span<const std::byte>> values) {
+  if (keys.size() != values.size()) return Status::InvalidArgument("SetFrom: one value per key");
+  std::vector<BatchOp> ops(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (values[i].size() > impl_->options().max_value_bytes) {
+      return Status::InvalidArgument("a value of " + std::to_string(values[i].size()) +
+                                     " bytes is over the limit of " + std::to_string(impl_->options().max_value_bytes));
+    }
+    ops[i].path = BatchOp::Path::kSetFrom;
+    ops[i].key = keys[i];
+    ops[i].from = values[i];
+  }
+  PC_RETURN_IF_ERROR(impl_->RunBatch(ops));
+  for (const BatchOp& op : ops) {
+    const RespReply& r = *op.data;
+    if (r.kind == RespReply::Kind::kStatus && r.text == "OK") continue;
+    return Status::IOError("redis SET answered " + (r.kind == RespReply::Kind::kError || r.kind == RespReply::Kind::kStatus
+                                                        ? r.text
+                                                        : std::string("a reply that is not OK")));
+  }
+  return Status::Ok();
+}
+
 Status ClusterClient::AddMember(std::string_view key, std::string_view member) {
   return impl_->Text(key, {"SADD", std::string(key), std::string(member)}).status();
 }
@@ -122,5 +203,6 @@ std::vector<Endpoint> ClusterClient::Primaries() const { return impl_->Primaries
 Result<Endpoint> ClusterClient::PrimaryFor(std::string_view key) const { return impl_->Owner(key); }
 ClusterStats ClusterClient::stats() const { return impl_->Stats(); }
 bool ClusterClient::breaker_open() const { return impl_->BreakerOpen(); }
+std::size_t ClusterClient::max_value_bytes() const { return impl_->options().max_value_bytes; }
 
 }  // namespace primecache::remote

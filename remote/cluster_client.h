@@ -7,8 +7,12 @@
 // cluster has failed `breaker_failures` commands in a row, so a sick cluster
 // costs its callers a branch, not a timeout.
 //
-// Batches (GetMany, SetMany) group their keys by node, pipeline each group on
-// one connection and run the groups on different nodes in parallel.
+// Batches (GetMany, SetMany, GetInto, SetFrom) group their keys by node, cut
+// each node's group over several connections, pipeline each slice on its
+// connection and run them all in parallel. GetInto and SetFrom are the data
+// path: our own RESP reader receives each value into the caller's buffer and
+// sendmsg() sends each value from it (remote/resp_reader.h), with up to
+// `pipeline_depth` commands in flight per connection.
 //
 // Every reply is bounded: a value over `max_value_bytes` (or an array over
 // `max_batch`) fails the command with kCorruption; a reply of an unexpected
@@ -19,7 +23,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -55,7 +61,11 @@ struct ClusterOptions {
   std::size_t max_value_bytes = std::size_t{64} << 20;
   std::size_t max_batch = 1u << 16;                // keys in one GetMany/SetMany
   std::size_t threads = 8;                         // node groups of a batch run at once
+  std::size_t pipeline_depth = 2;                  // data-path commands in flight on one connection
 };
+
+// What GetInto found at one key.
+enum class ValueState : std::uint8_t { kFilled, kAbsent, kWrongSize };
 
 // Counters since Connect. Monotonic; read without locks.
 struct ClusterStats {
@@ -88,6 +98,25 @@ class ClusterClient {
   // Values of many keys (nullopt where absent), in the order asked.
   Result<std::vector<std::optional<std::string>>> GetMany(std::span<const std::string> keys);
   Status SetMany(std::span<const std::pair<std::string, std::string>> items);
+  // The data path: values of many keys received straight into into[i],
+  // each span the size the caller expects. A value of exactly that size
+  // fills it (kFilled); one of another size up to max_value_bytes is read
+  // and dropped (kWrongSize, into[i] unspecified); none is kAbsent. When
+  // `filled` is set, it is called with i, on a reading thread, as soon as
+  // into[i] is final and kFilled (a caller checks the value elsewhere
+  // meanwhile; it must not block); it may be called for some keys of a
+  // batch that then fails as a whole.
+  Result<std::vector<ValueState>> GetInto(std::span<const std::string> keys, std::span<const std::span<std::byte>> into,
+                                          const std::function<void(std::size_t)>& filled = {});
+  // The same, each destination given by into(i) on the reading thread just
+  // before key i's reply is read (it may be called again for a key that is
+  // resent, and must then give the same span): the caller's buffers are
+  // touched as they are filled, while still in cache, not all ahead.
+  Result<std::vector<ValueState>> GetInto(std::span<const std::string> keys,
+                                          const std::function<std::span<std::byte>(std::size_t)>& into,
+                                          const std::function<void(std::size_t)>& filled = {});
+  // SETs of values[i] at keys[i], sent from the caller's bytes (no copy).
+  Status SetFrom(std::span<const std::string> keys, std::span<const std::span<const std::byte>> values);
   // Sets of strings (SADD, SREM, SMEMBERS). A set over `max_members`
   // members, or a member over max_value_bytes, fails the read (kCorruption).
   Status AddMember(std::string_view key, std::string_view member);
@@ -108,6 +137,8 @@ class ClusterClient {
   Result<Endpoint> PrimaryFor(std::string_view key) const;
   ClusterStats stats() const;
   bool breaker_open() const;
+  // ClusterOptions::max_value_bytes: no value longer is ever read.
+  std::size_t max_value_bytes() const;
 
   class Impl;
 

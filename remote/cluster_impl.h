@@ -10,6 +10,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -22,11 +23,36 @@
 
 namespace primecache::remote {
 
-// One command of a batch; `reply` is its final answer once RunBatch succeeds.
+// One command of a batch; its final answer is set once RunBatch succeeds.
+// A batch is all hiredis commands (argv, reply) or all data-path commands
+// (a GET into `into` or a SET from `from`, sent and read past hiredis;
+// remote/resp_reader.h).
 struct BatchOp {
-  std::vector<std::string> argv;  // argv[1] is the key
-  ReplyPtr reply;
+  enum class Path : std::uint8_t { kHiredis, kGetInto, kSetFrom };
+  Path path = Path::kHiredis;
+  std::vector<std::string> argv;  // hiredis: the command; argv[1] is the key
+  ReplyPtr reply;                 // hiredis: its final reply
+  std::string_view key;           // data path: the key
+  std::span<std::byte> into;      // kGetInto: where a value of exactly this size lands
+  // kGetInto: when set, gives `into` on the reading thread just before the
+  // reply is read (so the caller touches its buffer while it is about to be
+  // filled, not all of them ahead); called again if the op is resent.
+  const std::function<std::span<std::byte>(std::size_t)>* provide = nullptr;
+  std::span<const std::byte> from;  // kSetFrom: the value
+  std::optional<RespReply> data;  // data path: its final reply
+  Status failed;                  // data path: a reply that can never be right (malformed, over a bound)
+  std::size_t index = 0;          // kGetInto: passed to *filled
+  const std::function<void(std::size_t)>* filled = nullptr;  // kGetInto: called once `into` holds the value
   std::optional<Endpoint> ask;    // set while an ASK redirection is pending
+
+  std::string_view Key() const { return path == Path::kHiredis ? std::string_view(argv[1]) : key; }
+  bool answered() const { return !failed.ok() || (path == Path::kHiredis ? reply != nullptr : data.has_value()); }
+  // The text of an error reply ("" for any other reply or none).
+  std::string_view ErrorText() const;
+  void Unanswer() {
+    reply.reset();
+    data.reset();
+  }
 };
 
 // Opens after `failures` failed commands in a row; while open, refuses at
@@ -106,6 +132,9 @@ class ClusterClient::Impl {
   // (reply set), redirected (reply kept, to be resent) or unanswered (a lost
   // connection: reply null).
   void Pipeline(const Endpoint& at, std::span<BatchOp* const> group);
+  // The same for data-path ops: up to pipeline_depth commands in flight.
+  void PipelineData(Lease& conn, std::span<BatchOp* const> group);
+  Status ReadDataReply(Lease& conn, BatchOp& op);
   // Groups the ops still to send by node and pipelines the groups in parallel.
   void SendRound(std::span<BatchOp* const> pending);
 

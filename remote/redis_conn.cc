@@ -1,5 +1,7 @@
 #include "remote/redis_conn.h"
 
+#include <hiredis/sds.h>
+
 #include <charconv>
 
 namespace primecache::remote {
@@ -38,7 +40,34 @@ Status RedisConn::ContextError(const char* what) const {
   return Status::IOError("redis " + at_.ToString() + " " + what + ": " + (c_->err != 0 ? c_->errstr : "unknown error"));
 }
 
+Status RedisConn::HiredisIdle() const {
+  if (sdslen(c_->obuf) != 0 || c_->reader->len > c_->reader->pos) {
+    return Status::IOError("redis " + at_.ToString() + ": the data path met hiredis mid-command");
+  }
+  return Status::Ok();
+}
+
+Status RedisConn::DataIdle() const {
+  if (data_.broken() || data_.buffered() != 0) {
+    return Status::IOError("redis " + at_.ToString() + ": hiredis met the data path mid-reply");
+  }
+  return Status::Ok();
+}
+
+Status RedisConn::Send(std::span<iovec> iov) {
+  PC_RETURN_IF_ERROR(HiredisIdle());
+  Status s = SendAll(c_->fd, iov);
+  if (!s.ok()) return Status::IOError("redis " + at_.ToString() + ": " + s.message());
+  return s;
+}
+
+Result<RespReply> RedisConn::ReadData(std::span<std::byte> into, std::uint64_t max_bulk) {
+  PC_RETURN_IF_ERROR(HiredisIdle());
+  return data_.Read(into, max_bulk);
+}
+
 Status RedisConn::Append(const std::vector<std::string>& argv) {
+  PC_RETURN_IF_ERROR(DataIdle());
   std::vector<const char*> ptrs(argv.size());
   std::vector<std::size_t> lens(argv.size());
   for (std::size_t i = 0; i < argv.size(); ++i) {
@@ -52,6 +81,7 @@ Status RedisConn::Append(const std::vector<std::string>& argv) {
 }
 
 Result<ReplyPtr> RedisConn::Read() {
+  PC_RETURN_IF_ERROR(DataIdle());
   void* reply = nullptr;
   if (redisGetReply(c_, &reply) != REDIS_OK || reply == nullptr) return ContextError("read");
   return ReplyPtr(static_cast<redisReply*>(reply));
@@ -64,8 +94,11 @@ Result<ReplyPtr> RedisConn::Call(const std::vector<std::string>& argv) {
 
 Redirect ParseRedirect(const redisReply* r) {
   if (r == nullptr || r->type != REDIS_REPLY_ERROR) return {};
+  return ParseRedirect(ErrorText(r));
+}
+
+Redirect ParseRedirect(std::string_view text) {
   // "MOVED <slot> <host>:<port>" or "ASK <slot> <host>:<port>".
-  const std::string_view text = ErrorText(r);
   Redirect out;
   if (text.starts_with("MOVED ")) {
     out.kind = Redirect::kMoved;
@@ -83,7 +116,10 @@ Redirect ParseRedirect(const redisReply* r) {
 
 bool IsTransientError(const redisReply* r) {
   if (r == nullptr || r->type != REDIS_REPLY_ERROR) return false;
-  const std::string_view text = ErrorText(r);
+  return IsTransientError(ErrorText(r));
+}
+
+bool IsTransientError(std::string_view text) {
   for (std::string_view prefix : {"CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN"}) {
     if (text.starts_with(prefix)) return true;
   }

@@ -14,6 +14,7 @@
 
 #include "primecache/status.h"
 #include "remote/cluster_client.h"
+#include "remote/resp_reader.h"
 
 namespace primecache::remote {
 
@@ -36,13 +37,25 @@ class RedisConn {
   Result<ReplyPtr> Read();
   // Append then Read.
   Result<ReplyPtr> Call(const std::vector<std::string>& argv);
+
+  // The data path on the same socket, past hiredis (remote/resp_reader.h):
+  // Send writes commands already encoded, ReadData reads one reply. Each
+  // fails (kIOError) while hiredis holds a command it has not sent or bytes
+  // it has not parsed, and Append/Read fail while the data path's reader
+  // holds unread bytes, so the two never interleave within a reply. After
+  // a data-path error the connection is shut down: drop it.
+  Status Send(std::span<iovec> iov);
+  Result<RespReply> ReadData(std::span<std::byte> into, std::uint64_t max_bulk);
   const Endpoint& endpoint() const { return at_; }
 
  private:
-  RedisConn(redisContext* c, Endpoint at) : c_(c), at_(std::move(at)) {}
+  RedisConn(redisContext* c, Endpoint at) : c_(c), at_(std::move(at)), data_(c->fd) {}
   Status ContextError(const char* what) const;
+  Status HiredisIdle() const;
+  Status DataIdle() const;
   redisContext* c_;
   Endpoint at_;
+  RespReader data_;
 };
 
 // What an error reply asks of the client.
@@ -51,9 +64,11 @@ struct Redirect {
   Endpoint to;
 };
 Redirect ParseRedirect(const redisReply* r);
+Redirect ParseRedirect(std::string_view error_text);
 // Error replies worth another try after a pause: the cluster is electing,
 // migrating or loading.
 bool IsTransientError(const redisReply* r);
+bool IsTransientError(std::string_view error_text);
 // A reply as text: strings and statuses as they are, integers in decimal, nil
 // as nullopt; error replies become kIOError, other types kIOError too.
 // Strings longer than max_bytes are refused (kCorruption).

@@ -52,7 +52,7 @@ std::string ManifestKey(const Hash128& model, std::string_view ns, std::span<con
 }
 
 RemoteTier::RemoteTier(std::shared_ptr<ClusterClient> client, RemoteTierOptions options)
-    : client_(std::move(client)), options_(options) {}
+    : client_(std::move(client)), options_(options), verify_(options.verify_threads) {}
 
 Status RemoteTier::Put(const PublishRequest& entry, const std::vector<LayerBytes>& layers) {
   if (entry.tokens.empty()) return Status::InvalidArgument("remote put of no tokens");
@@ -67,10 +67,15 @@ Status RemoteTier::Put(const PublishRequest& entry, const std::vector<LayerBytes
       }
     }
   }
-  std::vector<std::pair<std::string, std::string>> items;
-  items.reserve(chunks.size());
-  for (const auto& [key, value] : chunks) items.emplace_back(key, *value);
-  PC_RETURN_IF_ERROR(client_->SetMany(items));
+  std::vector<std::string> keys;
+  std::vector<std::span<const std::byte>> values;
+  keys.reserve(chunks.size());
+  values.reserve(chunks.size());
+  for (const auto& [key, value] : chunks) {
+    keys.push_back(key);
+    values.push_back(AsBytes(*value));
+  }
+  PC_RETURN_IF_ERROR(client_->SetFrom(keys, values));
   // Then the manifest, then the index member that makes it findable.
   PC_RETURN_IF_ERROR(client_->Set(ManifestKey(entry.model, entry.ns, entry.tokens), EncodeManifest(m)));
   const BoundaryPlace place = PlaceOf(DefaultTokenHasher(), entry.tokens, options_.block_tokens);
@@ -128,10 +133,10 @@ Result<std::optional<std::vector<std::string>>> RemoteTier::FetchChunks(const Re
       refs.push_back(&c);
     }
   }
-  PC_ASSIGN_OR_RETURN(auto values, client_->GetMany(keys));
-  std::vector<std::string> out(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const ChunkCheck check = CheckChunk(*refs[i], values[i]);
+  std::vector<std::string> out;
+  PC_ASSIGN_OR_RETURN(auto checks, ReceiveChunks(refs, keys, out));
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    const ChunkCheck check = checks[i];
     if (check == ChunkCheck::kMissing) {  // evicted: the entry is gone as a whole
       Count(&RemoteTierStats::evicted, 1);
       (void)Remove(m.entry.model, m.entry.ns, boundary);
@@ -143,9 +148,66 @@ Result<std::optional<std::vector<std::string>>> RemoteTier::FetchChunks(const Re
       (void)Remove(m.entry.model, m.entry.ns, boundary);
       return std::optional<std::vector<std::string>>();
     }
-    out[i] = std::move(*values[i]);
   }
   return std::optional<std::vector<std::string>>(std::move(out));
+}
+
+Result<std::vector<ChunkCheck>> RemoteTier::ReceiveChunks(std::span<const ChunkRef* const> refs,
+                                                          std::span<const std::string> keys,
+                                                          std::vector<std::string>& out) {
+  const std::size_t limit = client_->max_value_bytes();
+  for (const ChunkRef* ref : refs) {
+    if (ref->size > limit) {
+      return Status::Corruption("a remote chunk of " + std::to_string(ref->size) + " bytes is over the limit of " +
+                                std::to_string(limit));
+    }
+  }
+  // Each chunk's string is sized by the thread about to receive it (each
+  // element by one thread at a time), so its pages are written while hot.
+  out.assign(refs.size(), std::string());
+  const std::function<std::span<std::byte>(std::size_t)> into = [&](std::size_t i) {
+    out[i].resize(refs[i]->size);
+    return std::as_writable_bytes(std::span(out[i]));
+  };
+  // Verdicts written by the pool, each element by one job; read once every
+  // posted job is done (the mutex orders them).
+  std::vector<std::uint8_t> matches(refs.size(), 0);
+  Mutex mu;
+  CondVar cv;
+  std::size_t posted = 0, done = 0;
+  auto filled = [&](std::size_t i) {
+    {
+      MutexLock l(&mu);
+      ++posted;
+    }
+    verify_.Post([&, i] {
+      matches[i] = Checksum128(std::as_bytes(std::span(out[i]))) == refs[i]->address ? 1 : 0;
+      MutexLock l(&mu);
+      ++done;
+      cv.SignalAll();
+    });
+  };
+  auto states = client_->GetInto(keys, into, filled);
+  {
+    MutexLock l(&mu);
+    while (done != posted) cv.Wait(&mu);
+  }
+  PC_RETURN_IF_ERROR(states.status());
+  std::vector<ChunkCheck> checks(refs.size());
+  for (std::size_t i = 0; i < refs.size(); ++i) {
+    switch ((*states)[i]) {
+      case ValueState::kAbsent:
+        checks[i] = ChunkCheck::kMissing;
+        break;
+      case ValueState::kWrongSize:
+        checks[i] = ChunkCheck::kWrongSize;
+        break;
+      case ValueState::kFilled:
+        checks[i] = matches[i] != 0 ? ChunkCheck::kOk : ChunkCheck::kWrongAddress;
+        break;
+    }
+  }
+  return checks;
 }
 
 Result<std::optional<RemoteEntry>> RemoteTier::Fetch(const Hash128& model, std::string_view ns,

@@ -15,6 +15,10 @@
 // Nothing read back is trusted: Fetch checks the manifest's checksum, bounds
 // and identity (model, namespace, the exact tokens of the query) and every
 // chunk's size and address; damage is removed from the cluster and counted.
+// Chunks travel on the cluster client's data path (GetInto, SetFrom: into
+// and from the entry's own buffers, pipelined over every node); each fetched
+// chunk's address is checked on a pool of `verify_threads` while the others
+// still arrive, and no chunk leaves Fetch before every check has passed.
 // The caller still hands the entry to a local Store::Publish, whose layer
 // validator checks every layer before anything can be restored from it.
 //
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "core/mutex.h"
+#include "core/worker_pool.h"
 #include "primecache/internal/store.h"
 #include "remote/cluster_client.h"
 #include "remote/manifest.h"
@@ -38,6 +43,7 @@ namespace primecache::remote {
 struct RemoteTierOptions {
   std::uint32_t block_tokens = 256;    // the index's hashed block (as the local store's)
   std::size_t max_node_members = 4096;  // members of one index node read at most
+  std::size_t verify_threads = 2;       // threads checking fetched chunks' addresses
 };
 
 // Where the longest stored boundary of a query is.
@@ -95,6 +101,10 @@ class RemoteTier {
   // entry removed) when one is missing or damaged.
   Result<std::optional<std::vector<std::string>>> FetchChunks(const RemoteManifest& m,
                                                               std::span<const std::uint32_t> boundary);
+  // Receives every chunk of `refs` into `out` (sized here), each checked on
+  // the verify pool as soon as it has arrived; what each was found to be.
+  Result<std::vector<ChunkCheck>> ReceiveChunks(std::span<const ChunkRef* const> refs,
+                                                std::span<const std::string> keys, std::vector<std::string>& out);
 
   std::shared_ptr<ClusterClient> client_;
   const RemoteTierOptions options_;
@@ -102,6 +112,7 @@ class RemoteTier {
 
   mutable Mutex stats_mu_;
   RemoteTierStats stats_ GUARDED_BY(stats_mu_);
+  WorkerPool verify_;  // checks fetched chunks while the rest still arrive
 };
 
 // The keys of the layout above.

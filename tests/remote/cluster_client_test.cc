@@ -2,9 +2,11 @@
 // loopback, started per test by tools/redis-cluster): slots as Redis computes
 // them, values across every node, pipelined batches, ASK during a slot
 // migration and MOVED after it, a primary killed under traffic, the whole
-// cluster gone (breaker), and replies over the size limit refused.
+// cluster gone (breaker), replies over the size limit refused, and the data
+// path (GetInto, SetFrom) through all of it.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <set>
@@ -88,6 +90,55 @@ TEST_F(ClusterClientTest, ValuesOnEveryPrimaryOneByOneAndInBatches) {
   EXPECT_EQ(client_->Keys("key:*", 10)->size(), 10u);
 }
 
+// The data path: values sent from the caller's bytes and received into the
+// caller's buffers, across every node, with sizes that do not match, absent
+// keys and keys of the wrong type among them; the pooled connections serve
+// hiredis commands afterwards.
+TEST_F(ClusterClientTest, TheDataPathMovesValuesFromAndIntoTheCallersBuffers) {
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 120; ++i) {
+    keys.push_back("chunk:" + std::to_string(i));
+    std::string v(i % 10 == 0 ? std::size_t{2} << 20 : static_cast<std::size_t>(i * 131), '\0');
+    for (std::size_t b = 0; b < v.size(); ++b) v[b] = static_cast<char>((b * 31 + i) & 0xff);
+    values.push_back(std::move(v));
+  }
+  std::vector<std::span<const std::byte>> from;
+  for (const std::string& v : values) from.push_back(std::as_bytes(std::span(v)));
+  ASSERT_TRUE(client_->SetFrom(keys, from).ok());
+  ASSERT_TRUE(client_->AddMember("a-set", "m").ok());
+  EXPECT_EQ(client_->Get("chunk:7").value(), values[7]) << "what SetFrom wrote reads back through hiredis";
+
+  keys.push_back("chunk:absent");
+  std::vector<std::string> got(keys.size());
+  for (std::size_t i = 0; i < values.size(); ++i) got[i].assign(values[i].size(), '\x7f');
+  got[3].resize(values[3].size() + 1);  // expected one byte longer than stored
+  got[40].resize(5);                     // a 2 MiB value expected as 5 bytes
+  std::vector<std::span<std::byte>> into;
+  for (std::string& g : got) into.push_back(std::as_writable_bytes(std::span(g)));
+  std::vector<std::atomic<int>> calls(keys.size());
+  auto states = client_->GetInto(keys, into, [&](std::size_t i) { calls[i].fetch_add(1); });
+  ASSERT_TRUE(states.ok()) << states.status().ToString();
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i == 3 || i == 40) {
+      EXPECT_EQ((*states)[i], ValueState::kWrongSize) << i;
+      EXPECT_EQ(calls[i].load(), 0) << i;
+      continue;
+    }
+    EXPECT_EQ((*states)[i], ValueState::kFilled) << i;
+    EXPECT_TRUE(got[i] == values[i]) << "value " << i << " landed intact";
+    EXPECT_EQ(calls[i].load(), 1) << "filled once for " << i;
+  }
+  EXPECT_EQ(states->back(), ValueState::kAbsent);
+  EXPECT_EQ(calls.back().load(), 0);
+  EXPECT_EQ(client_->Get("chunk:9").value(), values[9]) << "the connections are still in step";
+
+  std::vector<std::string> wrong_type{"a-set"};
+  std::string buf(1, '\0');
+  std::vector<std::span<std::byte>> one{std::as_writable_bytes(std::span(buf))};
+  EXPECT_EQ(client_->GetInto(wrong_type, one).status().code(), StatusCode::kIOError);
+  EXPECT_EQ(client_->GetInto(std::span(keys).first(2), one).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(ClusterClientTest, ValuesOverTheLimitAreRefused) {
   ASSERT_TRUE(client_->Set("big", std::string(4096, 'x')).ok());
   ClusterOptions o = cluster_.Options();
@@ -98,6 +149,10 @@ TEST_F(ClusterClientTest, ValuesOverTheLimitAreRefused) {
   EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
   std::vector<std::string> keys{"big"};
   EXPECT_EQ(small->GetMany(keys).status().code(), StatusCode::kCorruption);
+  std::string buf(4096, '\0');
+  std::vector<std::span<std::byte>> into{std::as_writable_bytes(std::span(buf))};
+  EXPECT_EQ(small->GetInto(keys, into).status().code(), StatusCode::kCorruption) << "the data path bounds it too";
+  EXPECT_EQ(buf, std::string(4096, '\0')) << "nothing of it reached the buffer";
   EXPECT_EQ(small->Get("absent").value(), std::nullopt) << "small values still pass";
 }
 
@@ -119,6 +174,18 @@ TEST_F(ClusterClientTest, FollowsAskDuringAMigrationAndMovedAfterIt) {
   EXPECT_EQ(client_->Get(newcomer).value(), "new");
   EXPECT_EQ(client_->Get(key).value(), "before") << "still on the old owner";
   EXPECT_GE(client_->stats().asked, 2u);
+  // The data path follows ASK too (the newcomer), and keeps the old owner's key.
+  const std::vector<std::string> pair{key, newcomer};
+  std::string b0(6, '\0'), b1(3, '\0');
+  const std::vector<std::span<std::byte>> into{std::as_writable_bytes(std::span(b0)), std::as_writable_bytes(std::span(b1))};
+  const auto asked_before = client_->stats().asked;
+  auto states = client_->GetInto(pair, into);
+  ASSERT_TRUE(states.ok()) << states.status().ToString();
+  EXPECT_EQ((*states)[0], ValueState::kFilled);
+  EXPECT_EQ((*states)[1], ValueState::kFilled);
+  EXPECT_EQ(b0, "before");
+  EXPECT_EQ(b1, "new");
+  EXPECT_EQ(client_->stats().asked, asked_before + 1);
   ASSERT_EQ(RedisCluster::On(from, {"MIGRATE", to.host, std::to_string(to.port), key, "0", "5000"}), "OK");
   for (const Endpoint& p : client_->Primaries()) {
     ASSERT_EQ(RedisCluster::On(p, {"CLUSTER", "SETSLOT", slot, "NODE", to_id}), "OK");
@@ -132,6 +199,12 @@ TEST_F(ClusterClientTest, FollowsAskDuringAMigrationAndMovedAfterIt) {
   ASSERT_TRUE(both.ok()) << both.status().ToString();
   EXPECT_EQ((*both)[0], "before");
   EXPECT_EQ((*both)[1], "new");
+  b0.assign(6, '\0');
+  b1.assign(3, '\0');
+  states = client_->GetInto(pair, into);
+  ASSERT_TRUE(states.ok()) << states.status().ToString();
+  EXPECT_EQ(b0, "before");
+  EXPECT_EQ(b1, "new");
 }
 
 // Kills the primary of a key under reads: every read either returns the
