@@ -107,6 +107,7 @@ Answer Session::OnFetch(const Incoming& in) {
   }
   auto st = std::make_shared<FetchState>();
   st->id = id;
+  st->extents = f.getExtents();  // [extents] batched restore: runs of chunks per fetchChunk
   if (Status s = OpenWindows(f, *st); !s.ok()) return s;
   {
     MutexLock l(&mu_);
