@@ -98,10 +98,13 @@ struct WindowUse {
   }
 };
 
-// The layer announced last (FetchLayer): every chunk must be one of its.
+// What a fetch's stream set up: the layer announced last (FetchLayer; every
+// chunk must be one of its), and whether the fetch asked for the shared
+// window (the region's second half; a chunk may lie only there).
 struct Announced {
   bool any = false;
   std::uint32_t layer = 0, chunks = 0;
+  bool shm_window = false;
 };
 
 // A fetchChunk's chunks, read as coming from a hostile daemon: one chunk
@@ -230,8 +233,9 @@ Status DeliverChunk(Conn& conn, HeldChunks* held, HeldChunks* device, const Fetc
   }
   if (d.which() != wire::Payload::SHM) return Status::Corruption("daemon sent a chunk of an unknown kind");
   auto ref = d.getShm();
-  if (!conn.shm || !conn.shm->Contains(ref.getOffset(), ref.getLength())) {
-    return Status::Corruption("daemon pointed outside the shared region");
+  const std::uint64_t half = conn.shm ? conn.shm->size() / 2 : 0;
+  if (!at.shm_window || !conn.shm->Contains(ref.getOffset(), ref.getLength()) || ref.getOffset() < half) {
+    return Status::Corruption("daemon pointed outside the fetch's shared window");
   }
   PC_ASSIGN_OR_RETURN(ChunkRun run, ReadRun(ch, ref.getLength(), at));
   return DeliverShmRun(conn, held, cb, run, ref.getOffset());
@@ -283,12 +287,13 @@ Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
     auto m = FetchRequest(id, entry, layers, use_shm ? c->shm.get() : nullptr, use_device ? device_bytes : 0);
     bool streamed = false;
     Announced at;
+    at.shm_window = use_shm;
     Conn* raw = c.get();
     auto reply = impl_->Call(c, id, *m, [&, raw](wire::Response::Reader r) -> Status {
       streamed = true;
       if (r.which() == wire::Response::FETCH_LAYER) {
         auto l = r.getFetchLayer();
-        at = {true, l.getLayer(), l.getChunkCount()};
+        at = {true, l.getLayer(), l.getChunkCount(), use_shm};
         return cb.on_layer ? cb.on_layer(l.getLayer(), Bytes(l.getHeader()), l.getChunkCount()) : Status::Ok();
       }
       return DeliverChunk(*raw, held.get(), device.get(), cb, r.getFetchChunk(), at);

@@ -28,10 +28,11 @@ struct Crafted {
   std::vector<std::uint64_t> sizes;
   std::uint64_t offset = 0, length = 0;
   bool inline_bytes = false;
+  bool shm = false;  // in the shared region instead of the device window
 };
 
 // A daemon that speaks just enough: hello (with device copies), attachDevice
-// (ack), and a fetch of entry e answered with FetchLayer(0, kChunks), the
+// and shmAttach (ack; the region's descriptor is dropped unread), and a fetch of entry e answered with FetchLayer(0, kChunks), the
 // fetchChunk script(e) gives, then fetchDone. One connection at a time.
 class CraftedDaemon {
  public:
@@ -95,7 +96,7 @@ class CraftedDaemon {
         h.setMaxPublishesInFlight(1);
         h.setDeviceCopies(true);
       }));
-    } else if (q.which() == wire::Request::ATTACH_DEVICE) {
+    } else if (q.which() == wire::Request::ATTACH_DEVICE || q.which() == wire::Request::SHM_ATTACH) {
       Put(fd, *ipc::BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
     } else if (q.which() == wire::Request::FETCH) {
       const Crafted c = script_(q.getFetch().getEntry());
@@ -114,6 +115,10 @@ class CraftedDaemon {
         if (c.inline_bytes) {
           std::vector<kj::byte> bytes(c.length);
           ch.initData().setInline(kj::arrayPtr(bytes.data(), bytes.size()));
+        } else if (c.shm) {
+          auto d = ch.initData().initShm();
+          d.setOffset(c.offset);
+          d.setLength(c.length);
         } else {
           auto d = ch.initData().initDevice();
           d.setOffset(c.offset);
@@ -193,6 +198,44 @@ TEST(ClientExtentTest, MalformedExtentsAreRefusedAndAWellFormedOneArrivesWhole) 
     } else {
       EXPECT_TRUE(s.IsCorruption()) << name << ": " << s.ToString();
       EXPECT_TRUE(got.empty() && chunks == 0) << name << ": a callback saw what was refused";
+    }
+  }
+}
+
+// The shared region's runs: split into their chunks for on_chunk, and
+// refused outside the fetch's window (the region's second half).
+TEST(ClientExtentTest, SharedExtentsAreSplitAndRefusedOutsideTheFetchWindow) {
+  constexpr std::uint64_t kRegion = 2u << 20;  // the fetch window is [1 MiB, 2 MiB)
+  const std::vector<std::pair<std::string, Crafted>> cases = {
+      {"a run of two in the window", {0, 1, 2, {100, 28}, kRegion / 2 + 4096, 128, false, true}},
+      {"in the publish half", {0, 0, 1, {100}, 4096, 100, false, true}},
+      {"past the region's end", {0, 0, 2, {50, 50}, kRegion - 50, 100, false, true}},
+      {"sizes short of the length", {0, 0, 2, {50, 40}, kRegion / 2, 100, false, true}},
+  };
+  CraftedDaemon d([&](std::uint64_t e) { return e < cases.size() ? cases[e].second : Crafted{}; });
+  ClientOptions o;
+  o.endpoint = d.path();
+  o.timeout = std::chrono::milliseconds(5000);
+  o.reconnect_attempts = 0;
+  o.shared_memory = true;
+  o.shared_memory_bytes = kRegion;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (std::uint64_t e = 0; e < cases.size(); ++e) {
+    std::vector<std::pair<std::uint32_t, std::size_t>> chunks;  // index, bytes
+    FetchCallbacks cb;
+    cb.on_chunk = [&](std::uint32_t, std::uint32_t index, std::span<const std::byte> b) {
+      chunks.emplace_back(index, b.size());
+      return Status::Ok();
+    };
+    const Status s = (*c)->Fetch(e, {}, cb);
+    const std::string& name = cases[e].first;
+    if (e == 0) {
+      ASSERT_TRUE(s.ok()) << name << ": " << s.ToString();
+      EXPECT_EQ(chunks, (std::vector<std::pair<std::uint32_t, std::size_t>>{{1, 100}, {2, 28}})) << name;
+    } else {
+      EXPECT_TRUE(s.IsCorruption()) << name << ": " << s.ToString();
+      EXPECT_TRUE(chunks.empty()) << name << ": a callback saw what was refused";
     }
   }
 }
