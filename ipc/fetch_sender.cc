@@ -236,7 +236,6 @@ Status FetchSender::OnChunk(std::uint32_t layer, std::uint32_t index, std::span<
     return Pump(0);
   }
   const auto pos = static_cast<std::uint64_t>(bytes.data() - window);
-  ++shm_chunks_;
   if (Joinable(Where::kShm, layer, index, bytes.size()) && ring.Join(open_->pos, pos)) {
     open_->len += bytes.size();
     open_->sizes.push_back(bytes.size());
@@ -367,6 +366,7 @@ Status FetchSender::Flush() {
   open_.reset();
   if (e.where == Where::kDevice) return FlushDevice(std::move(e));
   SendExtent(e, &st_->shm_ring);
+  shm_chunks_ += e.sizes.size();
   ++shm_extents_;
   return Status::Ok();
 }
@@ -475,6 +475,13 @@ std::string FetchSender::Timings() const {
                 layers_, u(bytes_), u(device_chunks_), u(device_extents_), u(shm_chunks_), u(shm_extents_),
                 ms(Clock::now() - start_), ms(store_wait_), ms(room_wait_), ms(copy_wait_));
   return buf;
+}
+
+void FetchSender::AddTo(ServerCounters& c) const {
+  c.fetch_window_chunks_shm.fetch_add(shm_chunks_, std::memory_order_relaxed);
+  c.fetch_window_messages_shm.fetch_add(shm_extents_, std::memory_order_relaxed);
+  c.fetch_window_chunks_device.fetch_add(device_chunks_, std::memory_order_relaxed);
+  c.fetch_window_messages_device.fetch_add(device_extents_, std::memory_order_relaxed);
 }
 
 Status FetchSender::Finish(Status fetched) {

@@ -166,6 +166,9 @@ class FetchSender : public FetchSink {
   std::uint64_t device_extents() const { return device_extents_; }
   std::uint64_t shm_chunks() const { return shm_chunks_; }
   std::uint64_t shm_extents() const { return shm_extents_; }
+  // Adds the chunks sent through each window, and the fetchChunks (extents)
+  // that carried them, to the daemon's counters.
+  void AddTo(ServerCounters& c) const;
   // Where the fetch's time went, for the daemon's debug log: one line.
   std::string Timings() const;
 
