@@ -2,7 +2,10 @@
 // layer and chunk handed to the callbacks (inline bytes, bytes in the shared
 // region, or in the device window), and the releases that give the windows'
 // room back to the daemon.
+#include <algorithm>
 #include <deque>
+#include <string>
+#include <vector>
 
 #include "ipc/client_impl.h"
 
@@ -95,28 +98,132 @@ struct WindowUse {
   }
 };
 
-// A chunk the daemon copied into the device window: lent to on_device_chunk.
-Status DeliverDeviceChunk(Conn& conn, HeldChunks* device, const FetchCallbacks& cb, wire::FetchChunk::Reader ch) {
+// What a fetch's stream set up: the layer announced last (FetchLayer; every
+// chunk must be one of its), and whether the fetch asked for the shared
+// window (the region's second half; a chunk may lie only there).
+struct Announced {
+  bool any = false;
+  std::uint32_t layer = 0, chunks = 0;
+  bool shm_window = false;
+};
+
+// A fetchChunk's chunks, read as coming from a hostile daemon: one chunk
+// (count 0, from an older daemon, or 1) or an extent of `count` adjacent
+// chunks of the layer announced last, inside its chunk count, their sizes
+// adding up to `length` (where they lie is checked by the window's user).
+struct ChunkRun {
+  std::uint32_t layer = 0, index = 0;
+  std::uint64_t length = 0;
+  std::vector<std::uint64_t> sizes;
+};
+
+Result<ChunkRun> ReadRun(wire::FetchChunk::Reader ch, std::uint64_t length, const Announced& at) {
+  ChunkRun run;
+  run.layer = ch.getLayer();
+  run.index = ch.getIndex();
+  run.length = length;
+  const std::uint32_t count = ch.getCount();
+  auto sizes = ch.getSizes();
+  const std::string what = "daemon sent chunks " + std::to_string(run.index) + " + " + std::to_string(count) +
+                           " of layer " + std::to_string(run.layer);
+  if (!at.any || run.layer != at.layer) return Status::Corruption(what + ", not of the layer it announced");
+  if (sizes.size() == 0) {
+    if (count > 1) return Status::Corruption(what + " without their sizes");
+    run.sizes.push_back(length);
+  } else if (count == 0 || sizes.size() != count) {
+    return Status::Corruption(what + " with " + std::to_string(sizes.size()) + " sizes");
+  }
+  const std::uint32_t n = std::max<std::uint32_t>(count, 1);
+  if (run.index > at.chunks || n > at.chunks - run.index) {
+    return Status::Corruption(what + " past the layer's " + std::to_string(at.chunks) + " chunks");
+  }
+  if (!run.sizes.empty()) return run;
+  std::uint64_t left = length;
+  for (std::uint64_t size : sizes) {
+    if (size > left) return Status::Corruption(what + ": their sizes exceed the extent's " + std::to_string(length) + " bytes");
+    left -= size;
+    run.sizes.push_back(size);
+  }
+  if (left != 0) return Status::Corruption(what + ": their sizes fall short of the extent's " + std::to_string(length) + " bytes");
+  return run;
+}
+
+// An extent the daemon copied into the device window: lent to on_device_extent.
+Status DeliverDeviceExtent(Conn& conn, HeldChunks* device, const FetchCallbacks& cb, wire::FetchChunk::Reader ch,
+                           const Announced& at) {
   auto ref = ch.getData().getDevice();
   const std::uint64_t size = conn.device_size;
-  if (device == nullptr || !cb.on_device_chunk) {
+  if (device == nullptr || !cb.on_device_extent) {
     return Status::Corruption("daemon sent a device chunk to a fetch without a device window");
   }
   if (ref.getOffset() > size || ref.getLength() > size - ref.getOffset()) {
     return Status::Corruption("daemon pointed outside the device window");
   }
-  return cb.on_device_chunk(ch.getLayer(), ch.getIndex(), ref.getOffset(), ref.getLength(),
-                            device->Hold(ref.getOffset(), ref.getLength()));
+  PC_ASSIGN_OR_RETURN(ChunkRun run, ReadRun(ch, ref.getLength(), at));
+  DeviceExtent x;
+  x.layer = run.layer;
+  x.index = run.index;
+  x.count = static_cast<std::uint32_t>(run.sizes.size());
+  x.offset = ref.getOffset();
+  x.length = ref.getLength();
+  x.sizes = run.sizes;
+  return cb.on_device_extent(x, device->Hold(ref.getOffset(), ref.getLength()));
 }
 
-// Hands one fetched chunk to the callbacks: inline bytes, bytes in the
+// The chunks of an extent in the shared region, handed over one by one: to
+// on_chunk_held, each with a release of its own, the extent's one release
+// sent once every chunk's was called; else to on_chunk, released after.
+Status DeliverShmRun(Conn& conn, HeldChunks* held, const FetchCallbacks& cb, const ChunkRun& run,
+                     std::uint64_t offset) {
+  const std::byte* base = conn.shm->data() + offset;
+  if (cb.on_chunk_held && held != nullptr) {
+    ChunkRelease whole = held->Hold(offset, run.length);
+    auto left = std::make_shared<std::atomic<std::size_t>>(run.sizes.size());
+    auto part = [whole, left] {
+      if (left->fetch_sub(1) == 1) whole();
+    };
+    std::uint64_t at = 0;
+    for (std::size_t i = 0; i < run.sizes.size(); ++i) {
+      auto once = std::make_shared<std::atomic<bool>>(false);
+      ChunkRelease release = [part, once] {
+        if (!once->exchange(true)) part();
+      };
+      Status s = cb.on_chunk_held(run.layer, run.index + static_cast<std::uint32_t>(i),
+                                  {base + at, static_cast<std::size_t>(run.sizes[i])}, std::move(release));
+      at += run.sizes[i];
+      if (!s.ok()) {
+        for (std::size_t j = i + 1; j < run.sizes.size(); ++j) part();  // never handed over
+        return s;
+      }
+    }
+    return Status::Ok();
+  }
+  Status s;
+  std::uint64_t at = 0;
+  for (std::size_t i = 0; s.ok() && cb.on_chunk && i < run.sizes.size(); ++i) {
+    s = cb.on_chunk(run.layer, run.index + static_cast<std::uint32_t>(i),
+                    {base + at, static_cast<std::size_t>(run.sizes[i])});
+    at += run.sizes[i];
+  }
+  auto rel = BuildRequest(0, [&](wire::Request::Builder q) {
+    auto x = q.initShmRelease();
+    x.setOffset(offset);
+    x.setLength(run.length);
+  });
+  (void)conn.Send(*rel);
+  return s;
+}
+
+// Hands one fetchChunk's chunks to the callbacks: inline bytes, bytes in the
 // region (released to the daemon after on_chunk, or when the holder of an
-// on_chunk_held loan releases it), or bytes in the device window.
+// on_chunk_held loan releases it), or an extent in the device window.
 Status DeliverChunk(Conn& conn, HeldChunks* held, HeldChunks* device, const FetchCallbacks& cb,
-                    wire::FetchChunk::Reader ch) {
+                    wire::FetchChunk::Reader ch, const Announced& at) {
   auto d = ch.getData();
-  if (d.which() == wire::Payload::DEVICE) return DeliverDeviceChunk(conn, device, cb, ch);
+  if (d.which() == wire::Payload::DEVICE) return DeliverDeviceExtent(conn, device, cb, ch, at);
   if (d.which() == wire::Payload::INLINE) {
+    PC_ASSIGN_OR_RETURN(ChunkRun run, ReadRun(ch, d.getInline().size(), at));
+    if (run.sizes.size() != 1) return Status::Corruption("daemon sent several chunks inline in one message");
     if (cb.on_chunk_held) {
       // The message's bytes go with the frame: the chunk gets a copy of its own.
       auto copy = std::make_shared<std::vector<std::byte>>(Bytes(d.getInline()).begin(), Bytes(d.getInline()).end());
@@ -126,21 +233,12 @@ Status DeliverChunk(Conn& conn, HeldChunks* held, HeldChunks* device, const Fetc
   }
   if (d.which() != wire::Payload::SHM) return Status::Corruption("daemon sent a chunk of an unknown kind");
   auto ref = d.getShm();
-  if (!conn.shm || !conn.shm->Contains(ref.getOffset(), ref.getLength())) {
-    return Status::Corruption("daemon pointed outside the shared region");
+  const std::uint64_t half = conn.shm ? conn.shm->size() / 2 : 0;
+  if (!at.shm_window || !conn.shm->Contains(ref.getOffset(), ref.getLength()) || ref.getOffset() < half) {
+    return Status::Corruption("daemon pointed outside the fetch's shared window");
   }
-  std::span<const std::byte> bytes{conn.shm->data() + ref.getOffset(), static_cast<std::size_t>(ref.getLength())};
-  if (cb.on_chunk_held && held != nullptr) {
-    return cb.on_chunk_held(ch.getLayer(), ch.getIndex(), bytes, held->Hold(ref.getOffset(), ref.getLength()));
-  }
-  Status s = cb.on_chunk ? cb.on_chunk(ch.getLayer(), ch.getIndex(), bytes) : Status::Ok();
-  auto rel = BuildRequest(0, [&](wire::Request::Builder q) {
-    auto x = q.initShmRelease();
-    x.setOffset(ref.getOffset());
-    x.setLength(ref.getLength());
-  });
-  (void)conn.Send(*rel);
-  return s;
+  PC_ASSIGN_OR_RETURN(ChunkRun run, ReadRun(ch, ref.getLength(), at));
+  return DeliverShmRun(conn, held, cb, run, ref.getOffset());
 }
 
 }  // namespace
@@ -162,6 +260,7 @@ std::unique_ptr<OutMessage> FetchRequest(std::uint64_t id, std::uint64_t entry, 
       w.setOffset(half);
       w.setLength(shm->size() - half);
     }
+    f.setExtents(true);  // an extent's chunks are handed to the callbacks one by one, or as one device extent
     if (device_bytes != 0) {
       auto w = f.initDeviceWindow();
       w.setOffset(0);
@@ -176,7 +275,7 @@ Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
   auto once = [&]() -> Result<bool> {
     PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
     const bool use_shm = c->shm != nullptr && c->window->TryTake();
-    const std::uint64_t device_bytes = cb.on_device_chunk ? c->device_size.load() : 0;
+    const std::uint64_t device_bytes = cb.on_device_extent ? c->device_size.load() : 0;
     const bool use_device = device_bytes != 0 && c->device_window->TryTake();
     std::shared_ptr<HeldChunks> held;
     std::shared_ptr<HeldChunks> device;
@@ -187,14 +286,17 @@ Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers,
     const std::uint64_t id = impl_->NextId();
     auto m = FetchRequest(id, entry, layers, use_shm ? c->shm.get() : nullptr, use_device ? device_bytes : 0);
     bool streamed = false;
+    Announced at;
+    at.shm_window = use_shm;
     Conn* raw = c.get();
     auto reply = impl_->Call(c, id, *m, [&, raw](wire::Response::Reader r) -> Status {
       streamed = true;
       if (r.which() == wire::Response::FETCH_LAYER) {
         auto l = r.getFetchLayer();
+        at = {true, l.getLayer(), l.getChunkCount(), use_shm};
         return cb.on_layer ? cb.on_layer(l.getLayer(), Bytes(l.getHeader()), l.getChunkCount()) : Status::Ok();
       }
-      return DeliverChunk(*raw, held.get(), device.get(), cb, r.getFetchChunk());
+      return DeliverChunk(*raw, held.get(), device.get(), cb, r.getFetchChunk(), at);
     });
     if (!reply.ok()) {
       // Only a fetch that delivered nothing may be retried.

@@ -63,6 +63,22 @@ Result<std::optional<std::uint64_t>> WindowRing::Place(std::uint64_t len, bool m
   }
 }
 
+bool WindowRing::Join(std::uint64_t pos, std::uint64_t next) {
+  MutexLock l(&mu_);
+  for (std::size_t i = 0; i + 1 < placed_.size(); ++i) {
+    Placed& a = placed_[i];
+    if (a.pos != pos || a.sent) continue;
+    Placed& b = placed_[i + 1];
+    if (b.pos != next || b.sent || b.span != b.len || a.pos + a.len != b.pos) return false;
+    a.len += b.len;
+    a.span += b.span;
+    placed_.erase(placed_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    --unsent_;
+    return true;
+  }
+  return false;
+}
+
 void WindowRing::Sent(std::uint64_t pos) {
   MutexLock l(&mu_);
   for (Placed& p : placed_) {
@@ -121,9 +137,19 @@ void WindowRing::Wake() {
 
 namespace {
 
-// Device copies enqueued and not yet known complete, at most: enough to keep
-// the copy engines busy (about 40 MiB of 0.6 MiB chunks).
+// Device copies (one per extent) enqueued and not yet known complete, at
+// most: enough to keep the copy engines busy.
 constexpr std::uint64_t kMaxCopiesInFlight = 64;
+
+// An extent's bytes, at most, and at most a quarter of its window, so that
+// copies stay in flight while the client releases earlier extents. On the
+// device, 8 MiB spreads a message each way, a copy, an event and a release
+// over 13 chunks of 0.6 MiB (the per-chunk overhead was about half of a hot
+// restore's time) while a 256 MiB window keeps 32 extents in flight and the
+// first copy starts after 8 MiB, well under a millisecond of the copy
+// engines; the shared ring's go to the client's decode threads sooner.
+constexpr std::uint64_t kDeviceExtentBytes = 8u << 20;
+constexpr std::uint64_t kShmExtentBytes = 4u << 20;
 
 // Which chunks of a layer are stored raw/v1 (their bytes are the values, so a
 // device copy of them is the restored plane's bytes).
@@ -153,6 +179,7 @@ Status FetchSender::OnLayer(std::uint32_t layer, std::string_view header, std::u
   if (TakesMappedChunks()) {
     PC_ASSIGN_OR_RETURN(raw_, RawChunks(header));
   }
+  PC_RETURN_IF_ERROR(Flush());  // an extent never crosses layers
   Queue({BuildResponse(
       id_,
       [&](wire::Response::Builder r) {
@@ -172,14 +199,28 @@ Result<std::optional<std::span<std::byte>>> FetchSender::ChunkBuffer(std::uint32
   using Answer = std::optional<std::span<std::byte>>;
   WindowRing& ring = st_->shm_ring;
   if (st_->shm == nullptr || size == 0 || size > ring.length()) return Answer(std::span<std::byte>());
-  // The ring waits for room only once every chunk placed in it was sent.
-  if (may_wait && copies_) PC_RETURN_IF_ERROR(Pump(copies_->enqueued()));
   const Clock::time_point t0 = Clock::now();
-  auto pos = ring.Place(size, may_wait, [this] { return Stopped(); });
+  auto pos = ring.Place(size, false, [this] { return Stopped(); });
+  if (pos.ok() && !*pos && may_wait) {
+    // The ring waits for room only once every chunk placed in it was sent:
+    // the open extent goes, and every answer waiting for its copies.
+    PC_RETURN_IF_ERROR(Flush());
+    PC_RETURN_IF_ERROR(Pump(copies_ ? copies_->enqueued() : 0));
+    pos = ring.Place(size, true, [this] { return Stopped(); });
+  }
   room_wait_ += Clock::now() - t0;
   PC_RETURN_IF_ERROR(pos.status());
   if (!*pos) return Answer();  // no room until the client releases some
   return Answer(std::span<std::byte>(st_->shm->data() + ring.offset() + **pos, size));
+}
+
+bool FetchSender::Joinable(Where where, std::uint32_t layer, std::uint32_t index, std::uint64_t size) const {
+  if (!open_ || open_->where != where || open_->layer != layer || open_->index + open_->sizes.size() != index) {
+    return false;
+  }
+  const WindowRing& ring = where == Where::kDevice ? st_->device_ring : st_->shm_ring;
+  const std::uint64_t bound = std::min(where == Where::kDevice ? kDeviceExtentBytes : kShmExtentBytes, ring.length() / 4);
+  return open_->len + size <= bound;
 }
 
 Status FetchSender::OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) {
@@ -190,11 +231,25 @@ Status FetchSender::OnChunk(std::uint32_t layer, std::uint32_t index, std::span<
   const bool in_window = window != nullptr && !bytes.empty() && bytes.data() >= window &&
                          bytes.data() + bytes.size() <= window + ring.length();
   if (!in_window) {
-    Send(layer, index, Where::kInline, 0, bytes);
-  } else {
-    const auto pos = static_cast<std::uint64_t>(bytes.data() - window);
-    Send(layer, index, Where::kShm, ring.offset() + pos, bytes, &ring, pos);
+    PC_RETURN_IF_ERROR(Flush());
+    SendInline(layer, index, bytes);
+    return Pump(0);
   }
+  const auto pos = static_cast<std::uint64_t>(bytes.data() - window);
+  if (Joinable(Where::kShm, layer, index, bytes.size()) && ring.Join(open_->pos, pos)) {
+    open_->len += bytes.size();
+    open_->sizes.push_back(bytes.size());
+    return Pump(0);
+  }
+  PC_RETURN_IF_ERROR(Flush());
+  Extent e;
+  e.layer = layer;
+  e.index = index;
+  e.pos = pos;
+  e.len = bytes.size();
+  e.sizes = {bytes.size()};
+  open_ = std::move(e);
+  if (!st_->extents) PC_RETURN_IF_ERROR(Flush());
   return Pump(0);
 }
 
@@ -204,10 +259,14 @@ Status FetchSender::OnMappedChunk(std::uint32_t layer, std::uint32_t index, std:
   PC_RETURN_IF_ERROR(Gate());
   PC_ASSIGN_OR_RETURN(bool sent, SendToDevice(layer, index, bytes, mapping));
   if (sent) return Status::Ok();
-  // Not for the device: into the shared ring (one copy), else inline.
+  return SendThroughHost(layer, index, bytes);
+}
+
+Status FetchSender::SendThroughHost(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) {
   PC_ASSIGN_OR_RETURN(std::optional<std::span<std::byte>> buf, ChunkBuffer(layer, index, bytes.size(), true));
   if (!buf || buf->empty()) {
-    Send(layer, index, Where::kInline, 0, bytes);
+    PC_RETURN_IF_ERROR(Flush());
+    SendInline(layer, index, bytes);
     return Pump(0);
   }
   std::memcpy(buf->data(), bytes.data(), bytes.size());
@@ -241,54 +300,145 @@ Result<bool> FetchSender::SendToDevice(std::uint32_t layer, std::uint32_t index,
   if (!ring.open() || index >= raw_.size() || !raw_[index] || bytes.empty() || bytes.size() > ring.length()) {
     return false;
   }
-  Result<DeviceCopyQueue*> q = Copies();
-  Status copied = q.status();
-  std::optional<std::uint64_t> pos;
-  if (copied.ok()) {
-    PC_ASSIGN_OR_RETURN(pos, PlaceOnDevice(bytes.size()));
-    if (!pos) return false;
-    copied = (*q)->Enqueue(ring.offset() + *pos, bytes, mapping);
+  if (Joinable(Where::kDevice, layer, index, bytes.size())) {
+    PC_ASSIGN_OR_RETURN(bool joined, JoinDevice(bytes, mapping));
+    if (joined) return true;
   }
-  if (!copied.ok()) {
+  PC_RETURN_IF_ERROR(Flush());
+  if (Result<DeviceCopyQueue*> q = Copies(); !q.ok()) {
     // The chunk still goes, through the host; a device that copies nothing
     // is worth one line in the log per fetch, not a failed restore.
-    if (pos) ring.Drop(*pos);
-    if (!std::exchange(warned_, true)) spdlog::warn("primecached: device copy failed, chunks go through the host: {}", copied.ToString());
+    if (!std::exchange(warned_, true)) spdlog::warn("primecached: device copy failed, chunks go through the host: {}", q.status().ToString());
     return false;
   }
-  Send(layer, index, Where::kDevice, ring.offset() + *pos, bytes, &ring, *pos);
-  ++device_chunks_;
-  // A bound on the copies in flight, so that answers do not wait long.
-  const std::uint64_t n = (*q)->enqueued();
-  PC_RETURN_IF_ERROR(Pump(n > kMaxCopiesInFlight ? n - kMaxCopiesInFlight : 0));
+  PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, PlaceOnDevice(bytes.size()));
+  if (!pos) return false;
+  Extent e;
+  e.where = Where::kDevice;
+  e.layer = layer;
+  e.index = index;
+  e.pos = *pos;
+  e.len = bytes.size();
+  e.sizes = {bytes.size()};
+  e.src = bytes.data();
+  e.mapping = mapping;
+  // The store checked the bytes under its pin, held until this returns: the
+  // extent holds the same registration until its copy is enqueued.
+  if (st_->extents) {
+    if (auto pin = dma_->Pin(mapping); pin.ok()) e.pin = std::move(pin).value();
+  }
+  const bool keep_open = e.pin.serial != 0;
+  open_ = std::move(e);
+  if (!keep_open) PC_RETURN_IF_ERROR(Flush());
   return true;
 }
 
-void FetchSender::Send(std::uint32_t layer, std::uint32_t index, Where where, std::uint64_t offset,
-                       std::span<const std::byte> bytes, WindowRing* ring, std::uint64_t pos) {
+Result<bool> FetchSender::JoinDevice(std::span<const std::byte> bytes, const MappedRegion& mapping) {
+  if (mapping.id != open_->mapping.id || bytes.data() != open_->src + open_->len) return false;
+  WindowRing& ring = st_->device_ring;
+  PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, ring.Place(bytes.size(), false, [this] { return Stopped(); }));
+  if (!pos) return false;  // no room now: the extent goes before a wait
+  if (ring.Join(open_->pos, *pos)) {
+    open_->len += bytes.size();
+    open_->sizes.push_back(bytes.size());
+    return true;
+  }
+  // Placed at the ring's front (its end was too near): the extent goes and
+  // this chunk begins the next one, under the same registration.
+  Extent next;
+  next.where = Where::kDevice;
+  next.layer = open_->layer;
+  next.index = open_->index + static_cast<std::uint32_t>(open_->sizes.size());
+  next.pos = *pos;
+  next.len = bytes.size();
+  next.sizes = {bytes.size()};
+  next.src = bytes.data();
+  next.mapping = mapping;
+  next.pin = open_->pin;
+  PC_RETURN_IF_ERROR(Flush());
+  open_ = std::move(next);
+  return true;
+}
+
+Status FetchSender::Flush() {
+  if (!open_) return Status::Ok();
+  Extent e = std::move(*open_);
+  open_.reset();
+  if (e.where == Where::kDevice) return FlushDevice(std::move(e));
+  SendExtent(e, &st_->shm_ring);
+  shm_chunks_ += e.sizes.size();
+  ++shm_extents_;
+  return Status::Ok();
+}
+
+Status FetchSender::FlushDevice(Extent e) {
+  WindowRing& ring = st_->device_ring;
+  DeviceCopyQueue* q = copies_.get();  // made before the extent's first chunk was placed
+  const Status copied = q->Enqueue(ring.offset() + e.pos, std::span(e.src, e.len), e.mapping);
+  if (!copied.ok()) {
+    // Its chunks still go, through the host, from where they lie (still
+    // pinned by e.pin); a device that copies nothing is worth one line.
+    ring.Drop(e.pos);
+    if (!std::exchange(warned_, true)) spdlog::warn("primecached: device copy failed, chunks go through the host: {}", copied.ToString());
+    std::uint64_t at = 0;
+    for (std::size_t i = 0; i < e.sizes.size(); ++i) {
+      PC_RETURN_IF_ERROR(SendThroughHost(e.layer, e.index + static_cast<std::uint32_t>(i), std::span(e.src + at, e.sizes[i])));
+      at += e.sizes[i];
+    }
+    return Status::Ok();
+  }
+  SendExtent(e, &ring);
+  device_chunks_ += e.sizes.size();
+  ++device_extents_;
+  // A bound on the copies in flight, so that answers do not wait long.
+  const std::uint64_t n = q->enqueued();
+  return Pump(n > kMaxCopiesInFlight ? n - kMaxCopiesInFlight : 0);
+}
+
+void FetchSender::SendInline(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) {
   bytes_ += bytes.size();
   Outgoing o;
-  o.ring = ring;
-  o.pos = pos;
   o.msg = BuildResponse(
       id_,
       [&](wire::Response::Builder r) {
         auto c = r.initFetchChunk();
         c.setLayer(layer);
         c.setIndex(index);
-        if (where == Where::kInline) {
-          c.initData().setInline(kj::arrayPtr(reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));
-        } else if (where == Where::kShm) {
+        c.initData().setInline(kj::arrayPtr(reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));
+      },
+      WordsFor(bytes.size()));
+  Queue(std::move(o));
+}
+
+void FetchSender::SendExtent(const Extent& e, WindowRing* ring) {
+  bytes_ += e.len;
+  Outgoing o;
+  o.ring = ring;
+  o.pos = e.pos;
+  const auto n = static_cast<unsigned>(e.sizes.size());
+  o.msg = BuildResponse(
+      id_,
+      [&](wire::Response::Builder r) {
+        auto c = r.initFetchChunk();
+        c.setLayer(e.layer);
+        c.setIndex(e.index);
+        if (st_->extents) {
+          // What an older client would not know is never sent to it.
+          c.setCount(n);
+          auto sizes = c.initSizes(n);
+          for (unsigned i = 0; i < n; ++i) sizes.set(i, e.sizes[i]);
+        }
+        if (e.where == Where::kShm) {
           auto s = c.initData().initShm();
-          s.setOffset(offset);
-          s.setLength(bytes.size());
+          s.setOffset(ring->offset() + e.pos);
+          s.setLength(e.len);
         } else {
           auto d = c.initData().initDevice();
-          d.setOffset(offset);
-          d.setLength(bytes.size());
+          d.setOffset(ring->offset() + e.pos);
+          d.setLength(e.len);
         }
       },
-      where == Where::kInline ? WordsFor(bytes.size()) : 0);
+      WordsFor(8 * e.sizes.size()));
   Queue(std::move(o));
 }
 
@@ -316,18 +466,30 @@ Status FetchSender::Pump(std::uint64_t wait_for) {
 
 std::string FetchSender::Timings() const {
   auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-  char buf[256];
+  auto u = [](std::uint64_t n) { return static_cast<unsigned long long>(n); };
+  char buf[320];
   std::snprintf(buf, sizeof buf,
-                "%u layers, %llu bytes (%llu chunks by device copy) in %.1f ms: waited %.1f ms for the store, "
-                "%.1f ms for window room, %.1f ms for device copies",
-                layers_, static_cast<unsigned long long>(bytes_), static_cast<unsigned long long>(device_chunks_),
+                "%u layers, %llu bytes (%llu chunks in %llu extents by device copy, %llu in %llu through the "
+                "shared window) in %.1f ms: waited %.1f ms for the store, %.1f ms for window room, %.1f ms for "
+                "device copies",
+                layers_, u(bytes_), u(device_chunks_), u(device_extents_), u(shm_chunks_), u(shm_extents_),
                 ms(Clock::now() - start_), ms(store_wait_), ms(room_wait_), ms(copy_wait_));
   return buf;
 }
 
+void FetchSender::AddTo(ServerCounters& c) const {
+  c.fetch_window_chunks_shm.fetch_add(shm_chunks_, std::memory_order_relaxed);
+  c.fetch_window_messages_shm.fetch_add(shm_extents_, std::memory_order_relaxed);
+  c.fetch_window_chunks_device.fetch_add(device_chunks_, std::memory_order_relaxed);
+  c.fetch_window_messages_device.fetch_add(device_extents_, std::memory_order_relaxed);
+}
+
 Status FetchSender::Finish(Status fetched) {
-  Status sent = fetched.ok() ? Pump(copies_ ? copies_->enqueued() : 0) : Status::Ok();
-  // Whatever happened, no copy may land in the window once the fetch ended.
+  Status sent = fetched.ok() ? Flush() : Status::Ok();
+  if (fetched.ok() && sent.ok()) sent = Pump(copies_ ? copies_->enqueued() : 0);
+  // Whatever happened, no copy may land in the window once the fetch ended
+  // (an extent never sent goes with its pin).
+  open_.reset();
   copies_.reset();
   out_.clear();
   return fetched.ok() ? sent : fetched;

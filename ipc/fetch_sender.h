@@ -58,6 +58,11 @@ class WindowRing {
   // (and no wait: `may_wait` false, or a placed chunk not sent yet). Aborted
   // once `stop` answers true; DeadlineExceeded after 60 s without room.
   Result<std::optional<std::uint64_t>> Place(std::uint64_t len, bool may_wait, const std::function<bool()>& stop);
+  // Joins the unsent placement at `next` to the unsent one at `pos` when
+  // `next` was placed right after it and continues its bytes (no skip
+  // between them): the two are then one placement at `pos`, sent, dropped
+  // and released as one (an extent). False: they stay apart.
+  bool Join(std::uint64_t pos, std::uint64_t next);
   // The chunk placed at `pos` was sent to the client.
   void Sent(std::uint64_t pos);
   // The chunk placed at `pos` will never be sent: its space goes back.
@@ -96,6 +101,7 @@ struct FetchState {
   WindowRing shm_ring;
   std::shared_ptr<DeviceWindow> device;  // null: no device window
   WindowRing device_ring;
+  bool extents = false;  // the client takes runs of chunks in one fetchChunk (Fetch.extents)
 
   void Cancel() {
     cancelled = true;
@@ -112,6 +118,17 @@ struct FetchState {
 // plane stored raw is copied by the GPU into the device ring and announced
 // as `device` once its copy completed; any other goes to the shared ring
 // (one CPU copy) or inline.
+//
+// Extents (to a client that takes them, FetchState::extents): adjacent
+// chunks of one layer travel as one fetchChunk, one window placement and
+// one release. A chunk joins the open extent when it is the layer's next
+// chunk, its ring placement continues the extent's (WindowRing::Join) and,
+// for the device, its bytes continue the extent's in the same mapping,
+// whose registration the extent pins until its one copy is enqueued. The
+// extent goes out at its bound (kShmExtentBytes / kDeviceExtentBytes, at
+// most a quarter of the window), before any other answer, before a wait
+// for window room and at Finish; each of its chunks was checked by the
+// store before it was handed out, as ever.
 //
 // Device copies are queued, not waited for one by one: every answer waits in
 // `out_`, in the order the store produced it, until the device copies before
@@ -146,6 +163,12 @@ class FetchSender : public FetchSink {
   std::uint32_t layers() const { return layers_; }
   std::uint64_t bytes() const { return bytes_; }
   std::uint64_t device_chunks() const { return device_chunks_; }
+  std::uint64_t device_extents() const { return device_extents_; }
+  std::uint64_t shm_chunks() const { return shm_chunks_; }
+  std::uint64_t shm_extents() const { return shm_extents_; }
+  // Adds the chunks sent through each window, and the fetchChunks (extents)
+  // that carried them, to the daemon's counters.
+  void AddTo(ServerCounters& c) const;
   // Where the fetch's time went, for the daemon's debug log: one line.
   std::string Timings() const;
 
@@ -172,17 +195,42 @@ class FetchSender : public FetchSink {
     std::uint64_t pos = 0;
   };
 
+  // Chunks handed out and not sent yet: adjacent chunks of one layer in one
+  // placement of one ring, sent as one fetchChunk.
+  struct Extent {
+    Where where = Where::kShm;
+    std::uint32_t layer = 0, index = 0;
+    std::uint64_t pos = 0, len = 0;  // its placement in the ring
+    std::vector<std::uint64_t> sizes;
+    // The device's: the bytes to copy, in `mapping`, registered while `pin`
+    // is held (the store checked them under that registration).
+    const std::byte* src = nullptr;
+    MappedRegion mapping;
+    MappingPin pin;
+  };
+
   Status Gate();
   bool Stopped() const;
   // Copies a mapped raw chunk into the device ring; false: it did not go.
   Result<bool> SendToDevice(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
                             const MappedRegion& mapping);
+  // Joins the chunk to the open device extent: true when it did.
+  Result<bool> JoinDevice(std::span<const std::byte> bytes, const MappedRegion& mapping);
+  // A mapped chunk not for the device: into the shared ring (one copy), else inline.
+  Status SendThroughHost(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes);
   // A place in the device ring, waiting for queued copies and the client's
   // releases as needed; nullopt: no room (the chunk goes through the host).
   Result<std::optional<std::uint64_t>> PlaceOnDevice(std::uint64_t len);
   Result<DeviceCopyQueue*> Copies();
-  void Send(std::uint32_t layer, std::uint32_t index, Where where, std::uint64_t offset,
-            std::span<const std::byte> bytes, WindowRing* ring = nullptr, std::uint64_t pos = 0);
+  // Whether a chunk of `size` bytes may join the open extent `where`.
+  bool Joinable(Where where, std::uint32_t layer, std::uint32_t index, std::uint64_t size) const;
+  // Sends the open extent (the device's: its copy enqueued first, or its
+  // chunks through the host when the copy cannot go); none: nothing.
+  Status Flush();
+  Status FlushDevice(Extent e);
+  void SendInline(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes);
+  // Sends `e`, placed in `ring`, as one fetchChunk of its chunks.
+  void SendExtent(const Extent& e, WindowRing* ring);
   // Queues an answer behind every device copy enqueued before it.
   void Queue(Outgoing o);
   // Sends the queued answers whose copies completed, after waiting until at
@@ -198,7 +246,9 @@ class FetchSender : public FetchSink {
   std::vector<bool> raw_;  // of the current layer's chunks: stored raw/v1
   std::uint32_t layers_ = 0;
   std::uint64_t bytes_ = 0;
-  std::uint64_t device_chunks_ = 0;
+  std::uint64_t device_chunks_ = 0, device_extents_ = 0;
+  std::uint64_t shm_chunks_ = 0, shm_extents_ = 0;
+  std::optional<Extent> open_;  // the extent being gathered
   bool warned_ = false;
   const Clock::time_point start_ = Clock::now();
   Clock::time_point last_return_ = start_;

@@ -53,6 +53,14 @@ void WriteRequests(ExpositionWriter& w, const ServerCounters& c) {
   w.Counter("primecache_fetch_window_waits_total",
             "Times a fetch waited for its client to release room in its shared or device window.",
             Load(c.fetch_window_waits));
+  w.Family("primecache_fetch_window_chunks_total", Type::kCounter,
+           "Chunks fetches sent through the shared or the device window.");
+  w.Sample("primecache_fetch_window_chunks_total", {{"window", "shared"}}, Load(c.fetch_window_chunks_shm));
+  w.Sample("primecache_fetch_window_chunks_total", {{"window", "device"}}, Load(c.fetch_window_chunks_device));
+  w.Family("primecache_fetch_window_messages_total", Type::kCounter,
+           "fetchChunk messages that carried them (one per extent of adjacent chunks).");
+  w.Sample("primecache_fetch_window_messages_total", {{"window", "shared"}}, Load(c.fetch_window_messages_shm));
+  w.Sample("primecache_fetch_window_messages_total", {{"window", "device"}}, Load(c.fetch_window_messages_device));
 }
 
 void WriteStore(ExpositionWriter& w, const StoreStats& st) {

@@ -241,6 +241,10 @@ struct Fetch {
   # Copy chunks stored raw into this sub-range of the attached device window
   # (a ring, used like shmWindow); absent (length 0): no device copies.
   deviceWindow @3 :DeviceRef;
+  # The client takes extents: a fetchChunk in a window may carry a run of
+  # adjacent chunks of one layer (FetchChunk.count). False (an older
+  # client): one chunk per fetchChunk.
+  extents @4 :Bool;
 }
 
 # Streamed answers to a fetch, in order: for each layer a FetchLayer, then its
@@ -255,6 +259,13 @@ struct FetchChunk {
   layer @0 :UInt32;
   index @1 :UInt32;
   data @2 :Payload;
+  # An extent (only to a client that asked for them, only in the shared or
+  # the device window): chunks index .. index+count-1 of `layer`, back to
+  # back at data's offset, each `sizes[i]` bytes, data's length in all; one
+  # release (shmRelease / deviceRelease of data's offset and length) for
+  # the whole extent. 0 (an older daemon, no sizes) or 1: one chunk.
+  count @3 :UInt32;
+  sizes @4 :List(UInt64);
 }
 
 struct FetchDone {

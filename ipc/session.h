@@ -125,6 +125,10 @@ struct ServerCounters {
   // Times a fetch waited for a client to release room in its window (shared
   // or device): the client reads slower than the store, or its window is small.
   std::atomic<std::uint64_t> fetch_window_waits{0};
+  // Chunks fetches sent through the shared and the device window, and the
+  // fetchChunks that carried them (extents: FetchSender::AddTo).
+  std::atomic<std::uint64_t> fetch_window_chunks_shm{0}, fetch_window_messages_shm{0};
+  std::atomic<std::uint64_t> fetch_window_chunks_device{0}, fetch_window_messages_device{0};
 };
 
 struct FetchState;  // ipc/fetch_sender.h

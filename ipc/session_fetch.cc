@@ -107,6 +107,7 @@ Answer Session::OnFetch(const Incoming& in) {
   }
   auto st = std::make_shared<FetchState>();
   st->id = id;
+  st->extents = f.getExtents();  // [extents] batched restore: runs of chunks per fetchChunk
   if (Status s = OpenWindows(f, *st); !s.ok()) return s;
   {
     MutexLock l(&mu_);
@@ -137,6 +138,7 @@ Answer Session::OnFetch(const Incoming& in) {
       fetches_.erase(id);
     }
     counters_->fetch_bytes.fetch_add(sender.bytes(), std::memory_order_relaxed);
+    sender.AddTo(*counters_);  // [extents] chunks and extents per window
     if (!s.ok()) {
       counters_->fetch_errors.fetch_add(1, std::memory_order_relaxed);
       return s;

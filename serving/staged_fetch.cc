@@ -19,8 +19,9 @@ client::FetchCallbacks StagedFetch::Callbacks() {
     return OnChunk(l, i, b, std::move(r));
   };
   if (!window_.empty()) {
-    cb.on_device_chunk = [this](std::uint32_t l, std::uint32_t i, std::uint64_t off, std::uint64_t n,
-                                client::ChunkRelease r) { return OnDeviceChunk(l, i, off, n, std::move(r)); };
+    cb.on_device_extent = [this](const client::DeviceExtent& x, client::ChunkRelease r) {
+      return OnDeviceExtent(x, std::move(r));
+    };
   }
   return cb;
 }
@@ -122,29 +123,55 @@ Status StagedFetch::RunChunk(const Layer& l, std::size_t index, std::span<const 
   return s;
 }
 
-Status StagedFetch::OnDeviceChunk(std::uint32_t layer, std::uint32_t index, std::uint64_t offset, std::uint64_t length,
-                                  client::ChunkRelease release) {
-  PC_RETURN_IF_ERROR(Claim(layer, index, release));
-  const Layer& l = layers_[layer];
-  const LayerDecoder& d = *l.decoder;
-  const ChunkLocation& loc = d.chunk(index);
-  const std::uint64_t n = loc.value_count * sizeof(float);
-  const std::string where = "device chunk " + std::to_string(index) + " of layer " + std::to_string(layer);
-  if (!d.ChunkIsRaw(index)) {
+Status StagedFetch::OnDeviceExtent(const client::DeviceExtent& x, client::ChunkRelease release) {
+  const std::string where = "device chunks " + std::to_string(x.index) + " + " + std::to_string(x.count) +
+                            " of layer " + std::to_string(x.layer);
+  if (x.offset > window_.size() || x.length > window_.size() - x.offset) {
     release();
-    return Status::Corruption(where + " is not stored raw");
+    return Status::Corruption(where + ": " + std::to_string(x.length) + " bytes at " + std::to_string(x.offset) +
+                              " do not fit the window");
   }
-  if (length != n || length != d.header().planes[loc.plane].chunks[loc.index].encoded_bytes ||
-      offset > window_.size() || length > window_.size() - offset) {
-    release();
-    return Status::Corruption(where + ": " + std::to_string(length) + " bytes at " + std::to_string(offset) +
-                              " do not fit the chunk or the window");
+  // Every chunk is checked before any is copied: one this fetch expects,
+  // stored raw, exactly its size; runs whose places in staging follow each
+  // other go in one copy.
+  struct Run {
+    std::uint64_t at = 0, from = 0, bytes = 0;  // staging (floats), window offset, bytes
+  };
+  std::vector<Run> runs;
+  std::uint64_t from = x.offset;
+  for (std::uint32_t i = 0; i < x.count; ++i) {
+    const std::uint32_t index = x.index + i;
+    PC_RETURN_IF_ERROR(Claim(x.layer, index, release));
+    const Layer& l = layers_[x.layer];
+    const LayerDecoder& d = *l.decoder;
+    const ChunkLocation& loc = d.chunk(index);
+    const std::uint64_t n = loc.value_count * sizeof(float);
+    if (!d.ChunkIsRaw(index)) {
+      release();
+      return Status::Corruption(where + ": chunk " + std::to_string(index) + " is not stored raw");
+    }
+    if (x.sizes[i] != n || n != d.header().planes[loc.plane].chunks[loc.index].encoded_bytes) {
+      release();
+      return Status::Corruption(where + ": chunk " + std::to_string(index) + " of " + std::to_string(x.sizes[i]) +
+                                " bytes is not the stored chunk's size");
+    }
+    const std::uint64_t at = l.offset + l.planes[loc.plane] + loc.value_offset;
+    if (!runs.empty() && runs.back().at + runs.back().bytes / sizeof(float) == at) {
+      runs.back().bytes += n;
+    } else {
+      runs.push_back({at, from, n});
+    }
+    from += n;
   }
-  const std::uint64_t at = l.offset + l.planes[loc.plane] + loc.value_offset;
-  Status s = dev_.CopyOnDevice(device_ + at, window_.data() + offset, n, engine::Lane::kTransfer);
+  Status s;
+  for (const Run& r : runs) {
+    if (s.ok()) s = dev_.CopyOnDevice(device_ + r.at, window_.data() + r.from, r.bytes, engine::Lane::kTransfer);
+  }
+  if (!s.ok()) (void)dev_.Synchronize(engine::Lane::kTransfer);  // the runs copied before are done with the space
   PC_RETURN_IF_ERROR(Lend(s, std::move(release)));
-  ++device_chunks_;
-  device_bytes_ += n;
+  device_chunks_ += x.count;
+  device_bytes_ += x.length;
+  ++device_extents_;
   return Status::Ok();
 }
 

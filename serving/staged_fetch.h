@@ -26,7 +26,8 @@ namespace primecache::model {
 // to the pool: a raw one whose bytes lie in registered memory is checked and
 // copied to device staging from where it lies, its loan returned by a
 // releaser thread once an event recorded after the copy has passed; one the
-// daemon copied into the device window is copied on from there the same way;
+// daemon copied into the device window (an extent of them) is copied on from
+// there the same way;
 // any other is decoded into host staging, its loan returned, and (with device
 // staging) copied up from there.
 // Callbacks run on the client's reader thread; chunk work on the pool.
@@ -53,6 +54,7 @@ class StagedFetch {
   std::uint64_t direct_chunks() const { return direct_.load(); }
   std::uint64_t device_chunks() const { return device_chunks_.load(); }
   std::uint64_t device_chunk_bytes() const { return device_bytes_.load(); }
+  std::uint64_t device_extents() const { return device_extents_.load(); }
 
  private:
   struct Layer {
@@ -69,14 +71,15 @@ class StagedFetch {
   Status OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
                  client::ChunkRelease release);
   Status RunChunk(const Layer& l, std::size_t index, std::span<const std::byte> bytes, client::ChunkRelease release);
-  // A raw chunk the daemon copied into the device window: checked as if the
-  // daemon were hostile (a chunk this fetch expects, stored raw, exactly its
-  // size, inside the window; the daemon checked its address over the bytes
-  // it copied), then copied on to its place in device staging on the
-  // transfer lane, here on the reader thread (an enqueue, no host work); its
-  // window space is lent back once the copy has run (the releaser).
-  Status OnDeviceChunk(std::uint32_t layer, std::uint32_t index, std::uint64_t offset, std::uint64_t length,
-                       client::ChunkRelease release);
+  // Raw chunks the daemon copied into the device window as one extent: each
+  // checked as if the daemon were hostile (a chunk this fetch expects,
+  // stored raw, exactly its size, the extent inside the window; the daemon
+  // checked each address over the bytes it copied), then copied on to their
+  // places in device staging on the transfer lane, chunks whose places
+  // follow each other in one copy, here on the reader thread (enqueues, no
+  // host work); the extent's window space is lent back once the copies
+  // have run (the releaser: one event, one release).
+  Status OnDeviceExtent(const client::DeviceExtent& extent, client::ChunkRelease release);
   // After a copy out of lent memory was enqueued (`copied` its status):
   // queues the loan for the releaser behind an event recorded after the copy
   // (a host callback on the stream would stall the copies behind it for a
@@ -98,7 +101,7 @@ class StagedFetch {
   std::vector<Layer> layers_;
   std::uint64_t used_ = 0;
   std::atomic<std::uint64_t> direct_{0};
-  std::atomic<std::uint64_t> device_chunks_{0}, device_bytes_{0};
+  std::atomic<std::uint64_t> device_chunks_{0}, device_bytes_{0}, device_extents_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   std::size_t pending_ = 0;

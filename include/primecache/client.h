@@ -38,7 +38,7 @@
 //
 // Device copies: an engine may export device memory to the daemon
 // (AttachDeviceWindow) so that the daemon's GPU copy engines write chunks
-// stored raw straight into it from the page cache (on_device_chunk), with no
+// stored raw straight into it from the page cache (on_device_extent), with no
 // CPU copy of their bytes. docs/protocol.md, "Device copies".
 //
 // Thread-safety: a Client may be used from many threads at once. Callbacks
@@ -99,6 +99,23 @@ struct LayerData {
 // once, from any thread; later calls do nothing.
 using ChunkRelease = std::function<void()>;
 
+// Adjacent chunks of one layer that the daemon copied into the device window
+// back to back (FetchCallbacks::on_device_extent): chunks index ..
+// index+count-1 of `layer`, `length` bytes at `offset` of the window, chunk
+// index+i being sizes[i] bytes of them. The client checked that they lie
+// inside the window, that the chunks are of the layer announced last and
+// within its chunk count, and that the sizes add up to `length`; what the
+// sizes should be only the layer's header says, so the callback checks each
+// against it. `sizes` is valid only during the call.
+struct DeviceExtent {
+  std::uint32_t layer = 0;
+  std::uint32_t index = 0;
+  std::uint32_t count = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  std::span<const std::uint64_t> sizes;
+};
+
 struct FetchCallbacks {
   std::function<Status(std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunk_count)> on_layer;
   // `bytes` is valid only during the call; with shared memory it lies inside
@@ -115,16 +132,16 @@ struct FetchCallbacks {
                        ChunkRelease release)>
       on_chunk_held;
   // Chunks stored raw that the daemon copied into the attached device window
-  // (AttachDeviceWindow): `length` bytes at `offset` of it, on the device
-  // once this is called. The window's space is lent until `release` is
-  // called (exactly once, from any thread, e.g. after the engine's own copy
-  // out of it finished); the daemon reuses it in arrival order only after
-  // that, and a fetch whose device ring is full waits. The fetch uses the
-  // device window only when this is set and a window is attached; other
-  // chunks still come through on_chunk / on_chunk_held.
-  std::function<Status(std::uint32_t layer, std::uint32_t index, std::uint64_t offset, std::uint64_t length,
-                       ChunkRelease release)>
-      on_device_chunk;
+  // (AttachDeviceWindow), adjacent chunks of one layer back to back as one
+  // extent (DeviceExtent), on the device once this is called. The extent's
+  // window space is lent until `release` is called (exactly once, from any
+  // thread, e.g. after the engine's own copies out of it finished); the
+  // daemon reuses it in arrival order only after that, and a fetch whose
+  // device ring is full waits. The fetch uses the device window only when
+  // this is set and a window is attached; other chunks still come through
+  // on_chunk / on_chunk_held (one call each, also when the daemon sent
+  // several in one message).
+  std::function<Status(const DeviceExtent& extent, ChunkRelease release)> on_device_extent;
 };
 
 struct FetchedLayer {
@@ -268,7 +285,7 @@ class Client {
   // The shared region (base null without shared memory).
   SharedRegion region() const;
   // Hands the daemon device memory to copy fetched raw chunks into (see
-  // FetchCallbacks::on_device_chunk); attached again after a reconnect. One
+  // FetchCallbacks::on_device_extent); attached again after a reconnect. One
   // window per client: a later attach replaces it (fetches streaming keep
   // the old one). kNotSupported: the daemon makes no device copies
   // (ServerInfo::device_copies) or the connection is TCP; kInvalidArgument:

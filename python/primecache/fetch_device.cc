@@ -6,6 +6,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace primecache::python {
 
@@ -68,31 +69,57 @@ void LoanReleaser::Run() {
   }
 }
 
-Status PlaneStream::OnDeviceChunk(std::uint32_t layer, std::uint32_t index, std::uint64_t offset, std::uint64_t length,
-                                  client::ChunkRelease release, LoanReleaser& loans) {
-  PC_RETURN_IF_ERROR(Claim(layer, index, release));
-  const LayerDecoder& dec = decoders_[at_];
-  const ChunkLocation& loc = dec.chunk(index);
-  const MutableElementSpan plane = dests_[at_].planes[loc.plane];
-  const std::uint64_t value = ElementBytes(plane.type);
-  const std::string where = "layer " + std::to_string(layer) + ": device chunk " + std::to_string(index);
-  if (!dec.ChunkIsRaw(index)) {
+Status PlaneStream::OnDeviceExtent(const client::DeviceExtent& x, client::ChunkRelease release,
+                                   LoanReleaser& loans) {
+  const std::string where = "layer " + std::to_string(x.layer) + ": device chunks " + std::to_string(x.index) +
+                            " + " + std::to_string(x.count);
+  if (x.offset > device_->window_bytes || x.length > device_->window_bytes - x.offset) {
     release();
-    return Status::Corruption(where + " is not stored raw");
+    return Status::Corruption(where + ": " + std::to_string(x.length) + " bytes at " + std::to_string(x.offset) +
+                              " do not fit the window");
   }
-  if (length != loc.value_count * value || offset > device_->window_bytes ||
-      length > device_->window_bytes - offset) {
-    release();
-    return Status::Corruption(where + ": " + std::to_string(length) + " bytes at " + std::to_string(offset) +
-                              " do not fit the chunk or the window");
+  // Every chunk checked first; chunks whose destinations follow each other
+  // go in one copy.
+  struct Run {
+    std::byte* to = nullptr;
+    std::uint64_t from = 0, bytes = 0;
+  };
+  std::vector<Run> runs;
+  std::uint64_t from = x.offset;
+  for (std::uint32_t i = 0; i < x.count; ++i) {
+    const std::uint32_t index = x.index + i;
+    PC_RETURN_IF_ERROR(Claim(x.layer, index, release));
+    const LayerDecoder& dec = decoders_[at_];
+    const ChunkLocation& loc = dec.chunk(index);
+    const MutableElementSpan plane = dests_[at_].planes[loc.plane];
+    const std::uint64_t value = ElementBytes(plane.type);
+    if (!dec.ChunkIsRaw(index)) {
+      release();
+      return Status::Corruption(where + ": chunk " + std::to_string(index) + " is not stored raw");
+    }
+    if (x.sizes[i] != loc.value_count * value) {
+      release();
+      return Status::Corruption(where + ": chunk " + std::to_string(index) + " of " + std::to_string(x.sizes[i]) +
+                                " bytes is not the stored chunk's size");
+    }
+    std::byte* to = plane.bytes.data() + loc.value_offset * value;
+    if (!runs.empty() && runs.back().to + runs.back().bytes == to) {
+      runs.back().bytes += x.sizes[i];
+    } else {
+      runs.push_back({to, from, x.sizes[i]});
+    }
+    from += x.sizes[i];
   }
-  Status s = device_->cuda->CopyDeviceToDeviceAsync(plane.bytes.data() + loc.value_offset * value,
-                                                   device_->window + offset, length, device_->stream);
+  Status s;
+  for (const Run& r : runs) {
+    if (s.ok()) s = device_->cuda->CopyDeviceToDeviceAsync(r.to, device_->window + r.from, r.bytes, device_->stream);
+  }
   if (!s.ok()) {
+    (void)device_->cuda->Synchronize(device_->stream);  // the runs copied before are done with the space
     release();
     return s;
   }
-  ++device_chunks_;
+  device_chunks_ += x.count;
   return loans.Lend(device_->stream, std::move(release));
 }
 

@@ -41,9 +41,8 @@ Status PlaneStream::Run(client::Client& c, std::uint64_t entry, const std::vecto
   if (device_ != nullptr) {
     PC_RETURN_IF_ERROR(device_->cuda->SetDevice(device_->device));
     loans.emplace(device_->cuda, device_->device);
-    cb.on_device_chunk = [this, &loans](std::uint32_t layer, std::uint32_t index, std::uint64_t offset,
-                                        std::uint64_t length, client::ChunkRelease release) {
-      return OnDeviceChunk(layer, index, offset, length, std::move(release), *loans);
+    cb.on_device_extent = [this, &loans](const client::DeviceExtent& extent, client::ChunkRelease release) {
+      return OnDeviceExtent(extent, std::move(release), *loans);
     };
   }
   const Status fetched = c.Fetch(entry, which, cb);

@@ -97,7 +97,7 @@ class DecodeJobs {
   Status first_;
 };
 
-// Returns each device chunk's window space once its copy out of the window
+// Returns each device extent's window space once its copies out of the window
 // ran: every copy is followed by an event, and one thread waits for them in
 // arrival order, the order in which the daemon reuses the window. (A host
 // callback on the stream would stall the copies queued behind it.)
@@ -159,10 +159,10 @@ class PlaneStream {
   Status Claim(std::uint32_t layer, std::uint32_t index, const client::ChunkRelease& release);
   Status OnChunk(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
                  client::ChunkRelease release);
-  // fetch_device.cc: the chunks the daemon copied into the device window,
-  // and the host's copied up.
-  Status OnDeviceChunk(std::uint32_t layer, std::uint32_t index, std::uint64_t offset, std::uint64_t length,
-                       client::ChunkRelease release, LoanReleaser& loans);
+  // fetch_device.cc: the extents the daemon copied into the device window
+  // (each chunk checked, chunks whose destinations follow each other copied
+  // on in one copy, one loan per extent), and the host's copied up.
+  Status OnDeviceExtent(const client::DeviceExtent& extent, client::ChunkRelease release, LoanReleaser& loans);
   // A host copy of a device plane that chunks decode into first (made once,
   // on the fetch's thread).
   MutableElementSpan StagingFor(std::size_t layer, std::size_t plane);

@@ -19,7 +19,7 @@ DeviceWindowSpec WellFormedSpec() {
   return spec;
 }
 
-// Fetches `entry` with on_device_chunk set: every chunk must still come
+// Fetches `entry` with on_device_extent set: every chunk must still come
 // through on_chunk; returns them, or the first failure.
 Result<std::vector<std::vector<std::byte>>> FetchWithDeviceCallback(Client& c, std::uint64_t entry,
                                                                     int* device_chunks) {
@@ -29,8 +29,8 @@ Result<std::vector<std::vector<std::byte>>> FetchWithDeviceCallback(Client& c, s
     chunks.emplace_back(b.begin(), b.end());
     return Status::Ok();
   };
-  cb.on_device_chunk = [&](std::uint32_t, std::uint32_t, std::uint64_t, std::uint64_t, ChunkRelease release) {
-    ++*device_chunks;
+  cb.on_device_extent = [&](const DeviceExtent& x, ChunkRelease release) {
+    *device_chunks += static_cast<int>(x.count);
     release();
     return Status::Ok();
   };

@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
   if (!c.ok()) Die("connect", c.status());
   nlohmann::json did = {{"publishes", 0}, {"publish_bytes", 0}, {"hits", 0},        {"misses", 0},
                         {"errors", 0},    {"hit_tokens", 0},    {"fetches", 0},     {"fetch_bytes", 0},
-                        {"fetch_errors", 0}};
+                        {"fetch_errors", 0}, {"fetch_chunks", 0}};
   std::vector<std::uint64_t> entries;
   for (int i = 0; i < publishes; ++i) {
     // Boundaries of 200, 300, ... tokens, each its own prefix.
@@ -189,6 +189,7 @@ int main(int argc, char** argv) {
     std::uint64_t n = 0;
     for (const FetchedLayer& l : *layers) {
       for (const auto& chunk : l.data.chunks) n += chunk.size();
+      did["fetch_chunks"] = did["fetch_chunks"].get<std::uint64_t>() + l.data.chunks.size();
     }
     did["fetches"] = did["fetches"].get<int>() + 1;
     did["fetch_bytes"] = did["fetch_bytes"].get<std::uint64_t>() + n;

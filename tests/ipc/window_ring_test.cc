@@ -91,5 +91,37 @@ TEST(WindowRingTest, DroppedPlaceGivesItsSpaceBackAndStopEndsAWait) {
   EXPECT_EQ(ring.waits(), 1u) << "the stop ended a wait";
 }
 
+// Placements joined into one (an extent) are sent and released as one; a
+// placement that skipped the ring's tail, or one already sent, joins none.
+TEST(WindowRingTest, JoinedPlacementsAreOneExtent) {
+  WindowRing ring;
+  ring.Open(0, 300);
+  auto a = ring.Place(100, false, kGoOn);
+  auto b = ring.Place(80, false, kGoOn);
+  auto c = ring.Place(60, false, kGoOn);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok() && a->has_value() && b->has_value() && c->has_value());
+  EXPECT_FALSE(ring.Join(**b, **a)) << "a does not follow b";
+  EXPECT_TRUE(ring.Join(**a, **b));
+  EXPECT_TRUE(ring.Join(**a, **c));
+  ring.Sent(**a);
+  EXPECT_FALSE(ring.Release(**a, 100)) << "the extent is released whole or not at all";
+  EXPECT_FALSE(ring.Release(**b, 80)) << "b is no placement of its own any more";
+  // 60 bytes left at the end: a placement of 100 skips them to the front.
+  auto d = ring.Place(100, false, kGoOn);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->has_value()) << "the extent still holds its 240 bytes";
+  EXPECT_TRUE(ring.Release(**a, 240));
+  auto e = ring.Place(100, false, kGoOn);  // the ring is empty: at its front
+  auto f = ring.Place(150, false, kGoOn);  // then 100 .. 250
+  ASSERT_TRUE(e.ok() && f.ok() && e->has_value() && f->has_value());
+  ring.Sent(**e);
+  EXPECT_FALSE(ring.Join(**e, **f)) << "e was sent";
+  ASSERT_TRUE(ring.Release(**e, 100));
+  auto g = ring.Place(60, false, kGoOn);  // 50 bytes left at the end: skips them
+  ASSERT_TRUE(g.ok() && g->has_value());
+  EXPECT_EQ(**g, 0u);
+  EXPECT_FALSE(ring.Join(**f, **g)) << "g skipped the tail: it does not continue f";
+}
+
 }  // namespace
 }  // namespace primecache::ipc

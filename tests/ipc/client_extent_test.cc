@@ -1,0 +1,244 @@
+// The client's side of extents, against a daemon that lies: a crafted
+// daemon (a socket that answers hello, attachDevice and each fetch with the
+// stream its test scripts) sends fetchChunks whose extents are malformed, and
+// the client refuses each before any callback sees it; a well-formed extent
+// reaches on_device_extent whole.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+#include "tests/ipc/daemon_harness.h"
+
+namespace primecache::testing {
+namespace {
+
+constexpr std::uint64_t kWindow = 1u << 20;
+constexpr std::uint32_t kChunks = 4;  // of the one layer every fetch announces
+
+// One fetchChunk of layer `layer` in the device window.
+struct Crafted {
+  std::uint32_t layer = 0, index = 0, count = 0;
+  std::vector<std::uint64_t> sizes;
+  std::uint64_t offset = 0, length = 0;
+  bool inline_bytes = false;
+  bool shm = false;  // in the shared region instead of the device window
+};
+
+// A daemon that speaks just enough: hello (with device copies), attachDevice
+// and shmAttach (ack; the region's descriptor is dropped unread), and a fetch of entry e answered with FetchLayer(0, kChunks), the
+// fetchChunk script(e) gives, then fetchDone. One connection at a time.
+class CraftedDaemon {
+ public:
+  explicit CraftedDaemon(std::function<Crafted(std::uint64_t)> script)
+      : script_(std::move(script)), dir_(MakeTempDir()), path_(dir_ + "/crafted.sock") {
+    listen_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, path_.c_str(), path_.size() + 1);
+    if (bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(listen_, 4) != 0) std::abort();
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~CraftedDaemon() {
+    stop_ = true;
+    shutdown(listen_, SHUT_RDWR);
+    thread_.join();
+    close(listen_);
+    std::filesystem::remove_all(dir_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  void Serve() {
+    while (!stop_) {
+      pollfd pf{listen_, POLLIN, 0};
+      if (poll(&pf, 1, 100) != 1) continue;
+      const int fd = accept(listen_, nullptr, nullptr);
+      if (fd < 0) continue;
+      Talk(fd);
+      close(fd);
+    }
+  }
+  void Talk(int fd) {
+    ipc::FrameDecoder dec({});
+    std::vector<ipc::Frame> frames;
+    while (!stop_) {
+      pollfd pf{fd, POLLIN, 0};
+      if (poll(&pf, 1, 100) != 1) continue;
+      auto buf = dec.ReadBuffer();
+      const ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+      if (n <= 0 || !dec.Consume(static_cast<std::size_t>(n), &frames).ok()) return;
+      for (ipc::Frame& f : frames) Answer(fd, f);
+      frames.clear();
+    }
+  }
+  static void Put(int fd, const ipc::OutMessage& m) {
+    const auto flat = ipc::Flatten(m);
+    (void)send(fd, flat.data(), flat.size(), MSG_NOSIGNAL);
+  }
+  void Answer(int fd, ipc::Frame& f) {
+    auto rd = f.Reader({});
+    auto q = rd->getRoot<wire::Request>();
+    const std::uint64_t id = q.getId();
+    if (q.which() == wire::Request::HELLO) {
+      Put(fd, *ipc::BuildResponse(id, [](wire::Response::Builder r) {
+        auto h = r.initHello();
+        h.setVersion(ipc::kMaxProtocolVersion);
+        h.setServer("crafted");
+        h.setMaxMessageBytes(64u << 20);
+        h.setMaxChunkBytes(64u << 20);
+        h.setMaxPublishesInFlight(1);
+        h.setDeviceCopies(true);
+      }));
+    } else if (q.which() == wire::Request::ATTACH_DEVICE || q.which() == wire::Request::SHM_ATTACH) {
+      Put(fd, *ipc::BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
+    } else if (q.which() == wire::Request::FETCH) {
+      const Crafted c = script_(q.getFetch().getEntry());
+      Put(fd, *ipc::BuildResponse(id, [](wire::Response::Builder r) {
+        auto l = r.initFetchLayer();
+        l.setLayer(0);
+        l.setChunkCount(kChunks);
+      }));
+      Put(fd, *ipc::BuildResponse(id, [&](wire::Response::Builder r) {
+        auto ch = r.initFetchChunk();
+        ch.setLayer(c.layer);
+        ch.setIndex(c.index);
+        ch.setCount(c.count);
+        auto s = ch.initSizes(static_cast<unsigned>(c.sizes.size()));
+        for (unsigned i = 0; i < c.sizes.size(); ++i) s.set(i, c.sizes[i]);
+        if (c.inline_bytes) {
+          std::vector<kj::byte> bytes(c.length);
+          ch.initData().setInline(kj::arrayPtr(bytes.data(), bytes.size()));
+        } else if (c.shm) {
+          auto d = ch.initData().initShm();
+          d.setOffset(c.offset);
+          d.setLength(c.length);
+        } else {
+          auto d = ch.initData().initDevice();
+          d.setOffset(c.offset);
+          d.setLength(c.length);
+        }
+      }));
+      Put(fd, *ipc::BuildResponse(id, [](wire::Response::Builder r) { r.initFetchDone(); }));
+    }
+  }
+
+  std::function<Crafted(std::uint64_t)> script_;
+  const std::string dir_, path_;
+  int listen_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(ClientExtentTest, MalformedExtentsAreRefusedAndAWellFormedOneArrivesWhole) {
+  // Entry e of the crafted daemon answers with cases[e].
+  const std::vector<std::pair<std::string, Crafted>> cases = {
+      {"well formed", {0, 1, 2, {100, 200}, 4096, 300}},
+      {"one chunk, an older daemon's way", {0, 3, 0, {}, 0, 77}},
+      {"count 0 with sizes", {0, 0, 0, {100}, 0, 100}},
+      {"count and sizes disagree", {0, 0, 3, {100, 100}, 0, 200}},
+      {"several chunks without sizes", {0, 0, 2, {}, 0, 200}},
+      {"past the layer's chunks", {0, 2, 3, {1, 1, 1}, 0, 3}},
+      {"index past the layer", {0, 4, 1, {1}, 0, 1}},
+      {"sizes short of the length", {0, 0, 2, {100, 100}, 0, 300}},
+      {"sizes past the length", {0, 0, 2, {200, 200}, 0, 300}},
+      {"outside the window", {0, 0, 2, {100, 100}, kWindow - 100, 200}},
+      {"a layer not announced", {1, 0, 1, {10}, 0, 10}},
+      {"several chunks inline", {0, 0, 2, {5, 5}, 0, 10, true}},
+  };
+  CraftedDaemon d([&](std::uint64_t e) { return e < cases.size() ? cases[e].second : Crafted{}; });
+  ClientOptions o;
+  o.endpoint = d.path();
+  o.timeout = std::chrono::milliseconds(5000);
+  o.reconnect_attempts = 0;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  DeviceWindowSpec spec;
+  spec.pci_bus_id = "0000:00:00.0";
+  spec.handle.assign(kDeviceHandleBytes, '\x5a');
+  spec.size = kWindow;
+  ASSERT_TRUE((*c)->AttachDeviceWindow(spec).ok());
+  for (std::uint64_t e = 0; e < cases.size(); ++e) {
+    std::vector<DeviceExtent> got;
+    std::vector<std::vector<std::uint64_t>> sizes;
+    int chunks = 0;
+    FetchCallbacks cb;
+    cb.on_chunk = [&](std::uint32_t, std::uint32_t, std::span<const std::byte>) {
+      ++chunks;
+      return Status::Ok();
+    };
+    cb.on_device_extent = [&](const DeviceExtent& x, ChunkRelease release) {
+      got.push_back(x);
+      sizes.emplace_back(x.sizes.begin(), x.sizes.end());
+      release();
+      return Status::Ok();
+    };
+    const Status s = (*c)->Fetch(e, {}, cb);
+    const std::string& name = cases[e].first;
+    if (e == 0) {
+      ASSERT_TRUE(s.ok()) << name << ": " << s.ToString();
+      ASSERT_EQ(got.size(), 1u);
+      EXPECT_EQ(got[0].layer, 0u);
+      EXPECT_EQ(got[0].index, 1u);
+      EXPECT_EQ(got[0].count, 2u);
+      EXPECT_EQ(got[0].offset, 4096u);
+      EXPECT_EQ(got[0].length, 300u);
+      EXPECT_EQ(sizes[0], (std::vector<std::uint64_t>{100, 200}));
+    } else if (e == 1) {
+      ASSERT_TRUE(s.ok()) << name << ": " << s.ToString();
+      ASSERT_EQ(got.size(), 1u);
+      EXPECT_EQ(got[0].count, 1u);
+      EXPECT_EQ(sizes[0], (std::vector<std::uint64_t>{77}));
+    } else {
+      EXPECT_TRUE(s.IsCorruption()) << name << ": " << s.ToString();
+      EXPECT_TRUE(got.empty() && chunks == 0) << name << ": a callback saw what was refused";
+    }
+  }
+}
+
+// The shared region's runs: split into their chunks for on_chunk, and
+// refused outside the fetch's window (the region's second half).
+TEST(ClientExtentTest, SharedExtentsAreSplitAndRefusedOutsideTheFetchWindow) {
+  constexpr std::uint64_t kRegion = 2u << 20;  // the fetch window is [1 MiB, 2 MiB)
+  const std::vector<std::pair<std::string, Crafted>> cases = {
+      {"a run of two in the window", {0, 1, 2, {100, 28}, kRegion / 2 + 4096, 128, false, true}},
+      {"in the publish half", {0, 0, 1, {100}, 4096, 100, false, true}},
+      {"past the region's end", {0, 0, 2, {50, 50}, kRegion - 50, 100, false, true}},
+      {"sizes short of the length", {0, 0, 2, {50, 40}, kRegion / 2, 100, false, true}},
+  };
+  CraftedDaemon d([&](std::uint64_t e) { return e < cases.size() ? cases[e].second : Crafted{}; });
+  ClientOptions o;
+  o.endpoint = d.path();
+  o.timeout = std::chrono::milliseconds(5000);
+  o.reconnect_attempts = 0;
+  o.shared_memory = true;
+  o.shared_memory_bytes = kRegion;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (std::uint64_t e = 0; e < cases.size(); ++e) {
+    std::vector<std::pair<std::uint32_t, std::size_t>> chunks;  // index, bytes
+    FetchCallbacks cb;
+    cb.on_chunk = [&](std::uint32_t, std::uint32_t index, std::span<const std::byte> b) {
+      chunks.emplace_back(index, b.size());
+      return Status::Ok();
+    };
+    const Status s = (*c)->Fetch(e, {}, cb);
+    const std::string& name = cases[e].first;
+    if (e == 0) {
+      ASSERT_TRUE(s.ok()) << name << ": " << s.ToString();
+      EXPECT_EQ(chunks, (std::vector<std::pair<std::uint32_t, std::size_t>>{{1, 100}, {2, 28}})) << name;
+    } else {
+      EXPECT_TRUE(s.IsCorruption()) << name << ": " << s.ToString();
+      EXPECT_TRUE(chunks.empty()) << name << ": a callback saw what was refused";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace primecache::testing
