@@ -91,6 +91,7 @@ struct Flags {
   std::string ready_file;
   std::size_t workers = 4;
   std::size_t fetch_workers = 16;
+  std::size_t max_parked_fetches = 256;
   // Half the cores, 4 to 16: checking chunks' addresses is CPU work.
   std::size_t read_threads = std::clamp<std::size_t>(std::thread::hardware_concurrency() / 2, 4, 16);
   bool direct_reads = false;
@@ -200,7 +201,14 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--ready-fd", f->ready_fd, "write 'ready' to this descriptor once serving")->configurable(false);
   app->add_option("--ready-file", f->ready_file, "write this file (our pid) once serving")->configurable(false);
   app->add_option("--workers", f->workers, "worker threads for store work")->check(CLI::Range(1, 256));
-  app->add_option("--fetch-workers", f->fetch_workers, "worker threads for fetches")->check(CLI::Range(1, 1024));
+  app->add_option("--fetch-workers", f->fetch_workers,
+                  "fetches streaming at once, over all clients (a fetch waiting for its client gives its place "
+                  "back; docs/protocol.md, \"Fetch budget\")")
+      ->check(CLI::Range(1, 1024));
+  app->add_option("--max-parked-fetches", f->max_parked_fetches,
+                  "fetches waiting for their clients (window space not released, a socket not read) that give "
+                  "their place back, each on a thread of its own, at once; past it a wait keeps its place")
+      ->check(CLI::Range(0, 65536));
   app->add_option("--read-threads", f->read_threads,
                   "threads that read and check chunks ahead of fetches (0: each fetch reads on its own thread; "
                   "default: half the cores, 4 to 16)")
@@ -298,6 +306,7 @@ Result<primecache::ipc::ServerOptions> ServerOptionsFrom(const Flags& f,
   opts.tcp_port = f.tcp_port;
   opts.workers = f.workers;
   opts.fetch_workers = f.fetch_workers;
+  opts.max_parked_fetches = f.max_parked_fetches;
   opts.write_queue_bound = write_queue;
   opts.tenants = tenants;
   for (unsigned u : f.admin_uids) opts.admin_uids.push_back(static_cast<uid_t>(u));
