@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +31,35 @@ inline int Fail(const Status& s, const char* what) {
 }
 
 // ---- the cases (model_bench_cases.cc) ----------------------------------------
+
+// A model on its engine: the config's, with weights generated from `seed`,
+// on the CPU reference or CUDA, for contexts up to `max_ctx` and `sessions`
+// sessions at once.
+struct BenchSetup {
+  model::ModelConfig config;
+  model::Weights weights;
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<model::HybridModel> model;
+};
+Result<BenchSetup> Setup(const std::string& config_path, std::uint64_t seed, std::size_t max_ctx, std::size_t chunk,
+                         bool cpu, std::size_t sessions = 3);
+
+// `n` tokens from `rng`, the first the model's BOS.
+std::vector<std::uint32_t> RandomTokens(std::size_t n, std::mt19937& rng);
+
+// The bytes of the largest of `views`' layers.
+std::uint64_t LargestLayerBytes(std::span<const engine::LayerSnapshotView> views);
+
+// A prefix cache on a new connection to the daemon at `socket` under
+// namespace `transform`, its shared region sized for layers of up to
+// `largest_layer_bytes` and its staging for a `P`-token boundary reserved
+// (as an engine does at start-up: pinning the staging is not a request's
+// cost).
+Result<std::unique_ptr<model::PrefixCache>> OpenCache(const std::string& socket, model::HybridModel& m,
+                                                      const model::ModelConfig& config,
+                                                      const model::Weights& weights,
+                                                      std::uint64_t largest_layer_bytes, std::size_t P,
+                                                      const char* transform, const model::PrefixCacheOptions& base);
 
 struct BusRates {
   double h2d_gbs = 0, d2h_gbs = 0;
