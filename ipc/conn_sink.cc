@@ -1,5 +1,7 @@
 #include "ipc/conn_sink.h"
 
+#include "ipc/server_fetch_pool.h"
+
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
@@ -24,12 +26,26 @@ void ConnSink::Send(std::unique_ptr<OutMessage> msg) {
 }
 
 bool ConnSink::WaitForRoom() {
-  MutexLock l(&mu_);
-  if (!cv_.WaitFor(&mu_, stall_, [this]() REQUIRES(mu_) { return closed_ || queued_ < bound_; })) {
-    spdlog::warn("primecached: connection {} read nothing for {} ms; its fetch is aborted", id_, stall_.count());
-    return false;
+  // A fetch back from a wait for its client takes its place in the fetch
+  // pool again before it produces more (no lock is held here).
+  FetchPool::Settle();
+  auto room = [this]() REQUIRES(mu_) { return closed_ || queued_ < bound_; };
+  {
+    MutexLock l(&mu_);
+    if (room()) return !closed_;
   }
-  return !closed_;
+  bool ok = false;
+  {
+    // The client does not read: the fetch's place goes to others meanwhile.
+    ClientWait waiting;
+    MutexLock l(&mu_);
+    ok = cv_.WaitFor(&mu_, stall_, room) && !closed_;
+    if (!closed_ && queued_ >= bound_) {
+      spdlog::warn("primecached: connection {} read nothing for {} ms; its fetch is aborted", id_, stall_.count());
+    }
+  }
+  FetchPool::Settle();
+  return ok;
 }
 
 bool ConnSink::Closed() const {

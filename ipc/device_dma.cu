@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <cstring>
@@ -74,7 +75,8 @@ struct Registration {
 
 class CudaDma final : public DeviceDma {
  public:
-  explicit CudaDma(std::uint64_t budget) : ledger_(budget) {}
+  CudaDma(std::uint64_t budget, std::size_t max_streams)
+      : ledger_(budget), max_streams_(std::max<std::size_t>(max_streams, 1)) {}
   ~CudaDma() override;
 
   Result<std::shared_ptr<DeviceWindow>> Open(const DeviceWindowSpec& spec) override;
@@ -106,7 +108,14 @@ class CudaDma final : public DeviceDma {
   RegistrationLedger ledger_;                   // of the ready ones
   std::uint64_t serials_ = 0;
   std::map<std::string, std::weak_ptr<CudaWindow>> windows_;  // by handle bytes
-  std::map<int, std::vector<cudaStream_t>> streams_;          // idle, by device
+  // A device's copy streams, made as queues need them, max_streams_ at
+  // most; past that, queues share the least used.
+  struct SharedStream {
+    cudaStream_t stream = nullptr;
+    std::size_t users = 0;
+  };
+  const std::size_t max_streams_;
+  std::map<int, std::vector<SharedStream>> streams_;  // by device
 };
 
 CudaDma::~CudaDma() {
@@ -115,7 +124,7 @@ CudaDma::~CudaDma() {
   }
   for (auto& [device, list] : streams_) {
     cudaSetDevice(device);
-    for (cudaStream_t s : list) cudaStreamDestroy(s);
+    for (const SharedStream& s : list) cudaStreamDestroy(s.stream);
   }
 }
 
@@ -235,23 +244,30 @@ void CudaDma::EvictLocked() {
 }
 
 Result<cudaStream_t> CudaDma::TakeStream(int device) {
-  {
-    std::lock_guard g(mu_);
-    auto& idle = streams_[device];
-    if (!idle.empty()) {
-      cudaStream_t s = idle.back();
-      idle.pop_back();
-      return s;
-    }
+  std::lock_guard g(mu_);
+  auto& list = streams_[device];
+  SharedStream* least = nullptr;
+  for (SharedStream& s : list) {
+    if (least == nullptr || s.users < least->users) least = &s;
+  }
+  if (least != nullptr && (least->users == 0 || list.size() >= max_streams_)) {
+    ++least->users;
+    return least->stream;
   }
   cudaStream_t s = nullptr;
   PC_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "create stream"));
+  list.push_back({s, 1});
   return s;
 }
 
 void CudaDma::GiveStream(int device, cudaStream_t s) {
   std::lock_guard g(mu_);
-  streams_[device].push_back(s);
+  for (SharedStream& x : streams_[device]) {
+    if (x.stream == s) {
+      --x.users;
+      return;
+    }
+  }
 }
 
 // One fetch's copies: each is followed by an event on the queue's stream;
@@ -284,7 +300,8 @@ class CudaCopyQueue final : public DeviceCopyQueue {
 
 CudaCopyQueue::~CudaCopyQueue() {
   cudaSetDevice(window_->device());
-  cudaStreamSynchronize(stream_);
+  // Its own last copy, not the stream: other queues may share it.
+  if (!pending_.empty()) cudaEventSynchronize(pending_.back().done);
   while (!pending_.empty()) Retire();
   for (cudaEvent_t e : spare_) cudaEventDestroy(e);
   dma_.GiveStream(window_->device(), stream_);
@@ -368,13 +385,13 @@ Result<std::unique_ptr<DeviceCopyQueue>> CudaDma::NewQueue(std::shared_ptr<Devic
 
 }  // namespace
 
-Result<std::unique_ptr<DeviceDma>> DeviceDma::Create(std::uint64_t registered_budget_bytes) {
+Result<std::unique_ptr<DeviceDma>> DeviceDma::Create(std::uint64_t registered_budget_bytes, std::size_t max_streams) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     cudaGetLastError();
     return Status::Unavailable("device copies: no CUDA device");
   }
-  return std::unique_ptr<DeviceDma>(new CudaDma(registered_budget_bytes));
+  return std::unique_ptr<DeviceDma>(new CudaDma(registered_budget_bytes, max_streams));
 }
 
 }  // namespace primecache::ipc

@@ -14,8 +14,9 @@
 // only its shared-memory path.
 //
 // Thread-safety: DeviceDma's methods may be called from many threads at
-// once; each DeviceCopyQueue is used by one thread and copies on a stream
-// of its own.
+// once; each DeviceCopyQueue is used by one thread and copies on one of
+// the daemon's streams of its device: an idle one, else a new one, else
+// (past `max_streams`) the one the fewest queues use, shared.
 #pragma once
 
 #include <cstddef>
@@ -43,8 +44,8 @@ class DeviceWindow {
   virtual std::uint64_t size() const = 0;
 };
 
-// Copies into one window, on a stream of the queue's own, completed in the
-// order they were enqueued: the copy engines run back to back while the
+// Copies into one window, on a stream of the DeviceDma's (maybe shared with
+// other queues), completed in the order they were enqueued: the copy engines run back to back while the
 // caller goes on with the next chunk. A copy's host mapping stays
 // registered until the copy completed. Used by one thread; the destructor
 // waits for every copy enqueued.
@@ -66,8 +67,11 @@ class DeviceCopyQueue {
 
 class DeviceDma {
  public:
-  // kNotSupported without CUDA; kUnavailable without a device.
-  static Result<std::unique_ptr<DeviceDma>> Create(std::uint64_t registered_budget_bytes);
+  // kNotSupported without CUDA; kUnavailable without a device. Copies go
+  // on `max_streams` streams per device at most (`--copy-streams`).
+  static constexpr std::size_t kDefaultMaxStreams = 16;
+  static Result<std::unique_ptr<DeviceDma>> Create(std::uint64_t registered_budget_bytes,
+                                                   std::size_t max_streams = kDefaultMaxStreams);
   virtual ~DeviceDma() = default;
 
   // Opens an exported buffer (checked: the handle's size, a known device).

@@ -3,7 +3,7 @@
 
 namespace primecache::ipc {
 
-Result<std::unique_ptr<DeviceDma>> DeviceDma::Create(std::uint64_t) {
+Result<std::unique_ptr<DeviceDma>> DeviceDma::Create(std::uint64_t, std::size_t) {
   return Status::NotSupported("device copies: this daemon was built without CUDA");
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "ipc/server_fetch_pool.h"
 #include "ipc/wire.h"
 #include "primecache/internal/codec.h"
 
@@ -57,6 +58,7 @@ Result<std::optional<std::uint64_t>> WindowRing::Place(std::uint64_t len, bool m
     if (!may_wait || unsent_ != 0) return Answer();
     ++waits_;
     if (waits_total_ != nullptr) waits_total_->fetch_add(1, std::memory_order_relaxed);
+    ClientWait waiting;  // the fetch's place in the fetch pool serves others meanwhile
     if (!cv_.WaitFor(&mu_, std::chrono::seconds(60))) {
       return Status::DeadlineExceeded("client released no window bytes for 60 s");
     }

@@ -31,7 +31,12 @@ struct ServerOptions {
   std::map<uid_t, std::vector<std::string>> tenants;
   SessionLimits limits;
   std::size_t workers = 4;         // short store work (lookup, publish, list, ...)
-  std::size_t fetch_workers = 16;  // fetches (may wait on slow readers)
+  // Fetches streaming at once (places of the fetch pool, ipc/server_fetch_pool.h);
+  // a fetch waiting for its client (window space, a socket it does not
+  // read) gives its place back, parked on a thread of its own: up to
+  // max_parked_fetches at once, past which a wait keeps its place.
+  std::size_t fetch_workers = 16;
+  std::size_t max_parked_fetches = 256;
   // A fetch whose reader takes nothing for this long is aborted.
   std::chrono::milliseconds stall_timeout{60000};
   std::size_t write_queue_bound = 8u << 20;  // unwritten bytes per connection

@@ -21,6 +21,7 @@
 #include "core/worker_pool.h"
 #include "ipc/conn_sink.h"
 #include "ipc/server.h"
+#include "ipc/server_fetch_pool.h"
 #include "ipc/session.h"
 
 namespace primecache::ipc {
@@ -73,7 +74,7 @@ struct Server::Impl {
   uv_signal_t sigterm{}, sigint{};
   bool signals = false;
   std::unique_ptr<WorkerPool> pool;
-  std::unique_ptr<WorkerPool> fetch_pool;
+  std::unique_ptr<FetchPool> fetch_pool;
   ServerCounters counters;
   std::vector<std::unique_ptr<Listener>> listeners;
   std::unordered_map<std::uint64_t, Conn*> conns;

@@ -87,9 +87,10 @@ struct PeerWindow {
   std::shared_ptr<DeviceWindow> window;
 };
 
-void Start(PeerWindow* p, std::size_t size, std::uint64_t budget, bool open = true) {
+void Start(PeerWindow* p, std::size_t size, std::uint64_t budget, bool open = true,
+           std::size_t max_streams = DeviceDma::kDefaultMaxStreams) {
   ASSERT_TRUE(p->peer.ReadSpec(&p->spec, size));
-  auto dma = DeviceDma::Create(budget);
+  auto dma = DeviceDma::Create(budget, max_streams);
   ASSERT_TRUE(dma.ok()) << dma.status().ToString();
   p->dma = std::move(dma).value();
   if (!open) return;
@@ -98,13 +99,10 @@ void Start(PeerWindow* p, std::size_t size, std::uint64_t budget, bool open = tr
   p->window = std::move(window).value();
 }
 
-TEST(DeviceDmaGpu, CopiesMappedBytesIntoAnotherProcesssDeviceBuffer) {
-  PC_SKIP_WITHOUT_CUDA();
-  constexpr std::size_t kSize = 48u << 20, kPiece = 4u << 20;
-  PeerWindow p(kSize);
-  ASSERT_NO_FATAL_FAILURE(Start(&p, kSize, 32u << 20));
-
-  MappedFile file(kSize - 12345, 1, 7);  // not a whole number of pieces
+// `file`'s bytes copied to the window's start in 4 MiB pieces, shuffled,
+// by four threads, each with a queue of its own enqueueing without waiting.
+std::vector<Status> CopyOnFourQueues(PeerWindow& p, const MappedFile& file) {
+  constexpr std::size_t kPiece = 4u << 20;
   std::vector<std::size_t> offsets;
   for (std::size_t o = 0; o < file.bytes.size(); o += kPiece) offsets.push_back(o);
   std::shuffle(offsets.begin(), offsets.end(), std::mt19937(3));
@@ -127,7 +125,17 @@ TEST(DeviceDmaGpu, CopiesMappedBytesIntoAnotherProcesssDeviceBuffer) {
     });
   }
   for (auto& th : threads) th.join();
-  for (const Status& s : results) ASSERT_TRUE(s.ok()) << s.ToString();
+  return results;
+}
+
+TEST(DeviceDmaGpu, CopiesMappedBytesIntoAnotherProcesssDeviceBuffer) {
+  PC_SKIP_WITHOUT_CUDA();
+  constexpr std::size_t kSize = 48u << 20;
+  PeerWindow p(kSize);
+  ASSERT_NO_FATAL_FAILURE(Start(&p, kSize, 32u << 20));
+
+  MappedFile file(kSize - 12345, 1, 7);  // not a whole number of pieces
+  for (const Status& s : CopyOnFourQueues(p, file)) ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(p.peer.Sum(0, file.bytes.size()), SumLine(file.bytes));
   EXPECT_EQ(p.peer.Sum(file.bytes.size(), 12345), SumLine(std::vector<std::byte>(12345)));
 
@@ -148,6 +156,18 @@ TEST(DeviceDmaGpu, CopiesMappedBytesIntoAnotherProcesssDeviceBuffer) {
 
 // Many small copies in flight at once, polled and then left to the queue's
 // destructor: every byte lands, in a window the copies fill back to back.
+// Past --copy-streams, queues share a stream: four queues on one stream
+// each complete their own copies, and the bytes all land.
+TEST(DeviceDmaGpu, QueuesSharingOneStreamEachCompleteTheirCopies) {
+  PC_SKIP_WITHOUT_CUDA();
+  constexpr std::size_t kSize = 48u << 20;
+  PeerWindow p(kSize);
+  ASSERT_NO_FATAL_FAILURE(Start(&p, kSize, 64u << 20, true, 1));
+  MappedFile file(kSize - 4321, 3, 11);
+  for (const Status& s : CopyOnFourQueues(p, file)) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(p.peer.Sum(0, file.bytes.size()), SumLine(file.bytes));
+}
+
 TEST(DeviceDmaGpu, AQueueDestroyedWithCopiesInFlightWaitsForThem) {
   PC_SKIP_WITHOUT_CUDA();
   constexpr std::size_t kSize = 32u << 20, kPiece = 256u << 10;

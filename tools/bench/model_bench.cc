@@ -37,46 +37,6 @@ using namespace primecache::model_bench;
 
 namespace {
 
-struct BenchSetup {
-  model::ModelConfig config;
-  model::Weights weights;
-  std::unique_ptr<engine::Engine> engine;
-  std::unique_ptr<model::HybridModel> model;
-};
-
-Result<BenchSetup> Setup(const std::string& config_path, std::uint64_t seed, std::size_t max_ctx,
-                         std::size_t chunk, bool cpu) {
-  PC_ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(Env::Default(), config_path));
-  auto t0 = Clock::now();
-  BenchSetup b{config, model::Weights::Generate(config, seed), nullptr, nullptr};
-  std::printf("model-bench: %s, %zu layers, weights generated in %.0f ms\n", config.name.c_str(),
-              config.layers.size(), Ms(t0));
-  std::shared_ptr<engine::Device> device;
-  if (cpu) {
-    device = engine::NewCpuDevice({.memory_bytes = 64ull << 30});
-  } else {
-    PC_ASSIGN_OR_RETURN(device, engine::NewCudaDevice());
-  }
-  engine::ReserveRequest req;
-  req.plan = model::HybridModel::PlanFor(b.config, b.weights);
-  req.max_ctx = max_ctx;
-  req.sessions = 3;
-  req.snapshot_slots = 1;
-  PC_ASSIGN_OR_RETURN(b.engine, engine::Engine::Create(device, req));
-  t0 = Clock::now();
-  PC_ASSIGN_OR_RETURN(b.model, model::HybridModel::Create(b.config, b.weights, b.engine.get(), {chunk}));
-  std::printf("model-bench: weights on %s in %.0f ms; chunks of %zu tokens\n", device->name().c_str(), Ms(t0),
-              chunk);
-  return b;
-}
-
-std::vector<std::uint32_t> RandomTokens(std::size_t n, std::mt19937& rng) {
-  std::vector<std::uint32_t> tokens(n);
-  tokens[0] = model::kBosToken;
-  for (std::size_t i = 1; i < n; ++i) tokens[i] = rng() % 256;
-  return tokens;
-}
-
 struct Args {
   std::string config_path = "configs/hrm-glm5-class.json";
   std::vector<std::size_t> prefixes = {4096, 32768};

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,6 +34,42 @@ inline int Fail(const Status& s, const char* what) {
 }
 
 // ---- the cases (model_bench_cases.cc) ----------------------------------------
+
+// A model on its engine: the config's, with weights generated from `seed`,
+// on the CPU reference or CUDA, for contexts up to `max_ctx` and `sessions`
+// sessions at once.
+struct BenchSetup {
+  model::ModelConfig config;
+  model::Weights weights;
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<model::HybridModel> model;
+};
+Result<BenchSetup> Setup(const std::string& config_path, std::uint64_t seed, std::size_t max_ctx, std::size_t chunk,
+                         bool cpu, std::size_t sessions = 3);
+
+// `n` tokens from `rng`, the first the model's BOS.
+std::vector<std::uint32_t> RandomTokens(std::size_t n, std::mt19937& rng);
+
+// The bytes of the largest of `views`' layers.
+std::uint64_t LargestLayerBytes(std::span<const engine::LayerSnapshotView> views);
+
+// A way through the daemon: the default settings (no transform named: what a
+// user who changes nothing gets), or one transform for every plane.
+struct DaemonPath {
+  std::string name;                        // its label and namespace
+  std::optional<TransformSpec> transform;  // nullopt: the codecs' default
+};
+
+// A prefix cache on a new connection to the daemon at `socket` under the
+// namespace of `path`, encoding along it, its shared region sized for layers of up to
+// `largest_layer_bytes` and its staging for a `P`-token boundary reserved
+// (as an engine does at start-up: pinning the staging is not a request's
+// cost).
+Result<std::unique_ptr<model::PrefixCache>> OpenCache(const std::string& socket, model::HybridModel& m,
+                                                      const model::ModelConfig& config,
+                                                      const model::Weights& weights,
+                                                      std::uint64_t largest_layer_bytes, std::size_t P,
+                                                      const DaemonPath& path, const model::PrefixCacheOptions& base);
 
 struct BusRates {
   double h2d_gbs = 0, d2h_gbs = 0;
@@ -73,13 +110,6 @@ struct DaemonRun {
   bool device_window = false;  // attached to the daemon (device copies)
   model::Request hot, cold;
   bool exact = false;
-};
-
-// A way through the daemon: the default settings (no transform named: what a
-// user who changes nothing gets), or one transform for every plane.
-struct DaemonPath {
-  std::string name;                        // its label and namespace
-  std::optional<TransformSpec> transform;  // nullopt: the codecs' default
 };
 
 // The paths measured, the default first: it is what the targets hold.

@@ -18,6 +18,38 @@
 
 namespace primecache::model_bench {
 
+Result<BenchSetup> Setup(const std::string& config_path, std::uint64_t seed, std::size_t max_ctx, std::size_t chunk,
+                         bool cpu, std::size_t sessions) {
+  PC_ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(Env::Default(), config_path));
+  auto t0 = Clock::now();
+  BenchSetup b{config, model::Weights::Generate(config, seed), nullptr, nullptr};
+  std::printf("model-bench: %s, %zu layers, weights generated in %.0f ms\n", config.name.c_str(), config.layers.size(),
+              Ms(t0));
+  std::shared_ptr<engine::Device> device;
+  if (cpu) {
+    device = engine::NewCpuDevice({.memory_bytes = 64ull << 30});
+  } else {
+    PC_ASSIGN_OR_RETURN(device, engine::NewCudaDevice());
+  }
+  engine::ReserveRequest req;
+  req.plan = model::HybridModel::PlanFor(b.config, b.weights);
+  req.max_ctx = max_ctx;
+  req.sessions = sessions;
+  req.snapshot_slots = 1;
+  PC_ASSIGN_OR_RETURN(b.engine, engine::Engine::Create(device, req));
+  t0 = Clock::now();
+  PC_ASSIGN_OR_RETURN(b.model, model::HybridModel::Create(b.config, b.weights, b.engine.get(), {chunk}));
+  std::printf("model-bench: weights on %s in %.0f ms; chunks of %zu tokens\n", device->name().c_str(), Ms(t0), chunk);
+  return b;
+}
+
+std::vector<std::uint32_t> RandomTokens(std::size_t n, std::mt19937& rng) {
+  std::vector<std::uint32_t> tokens(n);
+  tokens[0] = model::kBosToken;
+  for (std::size_t i = 1; i < n; ++i) tokens[i] = rng() % 256;
+  return tokens;
+}
+
 Result<BusRates> MeasureBus(engine::Device& dev, std::uint64_t bytes) {
   PC_ASSIGN_OR_RETURN(engine::Memory host, dev.AllocatePinned(bytes));
   PC_ASSIGN_OR_RETURN(engine::Memory device, dev.Allocate(bytes));
@@ -141,26 +173,28 @@ Result<model::Request> Through(model::PrefixCache& cache, std::span<const std::u
   return r;
 }
 
-// A prefix cache on a new connection to `daemon` under the namespace of
-// `path`, its staging for a `P`-token boundary reserved (as an engine
-// does at start-up: pinning the staging is not a request's cost).
-Result<std::unique_ptr<model::PrefixCache>> OpenCache(launcher::DaemonProcess& daemon, model::HybridModel& m,
+}  // namespace
+
+std::uint64_t LargestLayerBytes(std::span<const engine::LayerSnapshotView> views) {
+  std::uint64_t largest = 0;
+  for (const auto& v : views) {
+    largest = std::max(largest, engine::ViewFloats(std::visit([](const auto& x) -> LayerShape { return x.shape; }, v)) *
+                                    sizeof(float));
+  }
+  return largest;
+}
+
+Result<std::unique_ptr<model::PrefixCache>> OpenCache(const std::string& socket, model::HybridModel& m,
                                                       const model::ModelConfig& config,
-                                                      const model::Weights& weights, const InProcess& ref,
+                                                      const model::Weights& weights, std::uint64_t largest,
                                                       std::size_t P, const DaemonPath& path,
                                                       const model::PrefixCacheOptions& base) {
   client::ClientOptions o;
-  o.endpoint = daemon.socket();
+  o.endpoint = socket;
   o.ns = path.name;
   o.shared_memory = true;
   // Room for the largest layer's chunks in the publish half (so each is
   // encoded in place) and a fetch window as large: at least 256 MiB.
-  std::uint64_t largest = 0;
-  for (const auto& v : ref.views) {
-    largest = std::max(
-        largest, engine::ViewFloats(std::visit([](const auto& x) -> LayerShape { return x.shape; }, v)) *
-                     sizeof(float));
-  }
   o.shared_memory_bytes = std::clamp<std::uint64_t>(4 * largest + (64u << 20), 256u << 20, 4ull << 30);
   o.timeout = std::chrono::milliseconds(300000);
   PC_ASSIGN_OR_RETURN(auto cl, client::Client::Connect(o));
@@ -173,8 +207,6 @@ Result<std::unique_ptr<model::PrefixCache>> OpenCache(launcher::DaemonProcess& d
   return cache;
 }
 
-}  // namespace
-
 std::vector<DaemonPath> DaemonPaths() {
   return {{"default", std::nullopt},
           {std::string(kShuffleZstdTransform), TransformSpec{std::string(kShuffleZstdTransform), 1}}};
@@ -184,7 +216,7 @@ Result<DaemonRun> MeasureDaemon(launcher::DaemonProcess& daemon, model::HybridMo
                                 const model::ModelConfig& config, const model::Weights& weights,
                                 const InProcess& ref, std::span<const std::uint32_t> tokens, std::size_t P,
                                 const DaemonPath& path, const model::PrefixCacheOptions& base) {
-  PC_ASSIGN_OR_RETURN(auto cache, OpenCache(daemon, m, config, weights, ref, P, path, base));
+  PC_ASSIGN_OR_RETURN(auto cache, OpenCache(daemon.socket(), m, config, weights, LargestLayerBytes(ref.views), P, path, base));
   DaemonRun d;
   auto t0 = Clock::now();
   PC_RETURN_IF_ERROR(cache->Publish(tokens.first(P), ref.views));
@@ -203,7 +235,7 @@ Result<DaemonRun> MeasureDaemon(launcher::DaemonProcess& daemon, model::HybridMo
   cache.reset();
   PC_RETURN_IF_ERROR(daemon.Restart());
   DropPageCache(daemon.data_dir());
-  PC_ASSIGN_OR_RETURN(cache, OpenCache(daemon, m, config, weights, ref, P, path, base));
+  PC_ASSIGN_OR_RETURN(cache, OpenCache(daemon.socket(), m, config, weights, LargestLayerBytes(ref.views), P, path, base));
   const std::vector<std::uint32_t> miss = {model::kBosToken, 1, 2, 3, 4, 5, 6, 7};
   PC_RETURN_IF_ERROR(cache->Prime(miss).status());
   PC_ASSIGN_OR_RETURN(d.cold, Through(*cache, tokens, ref, P, &d.exact));

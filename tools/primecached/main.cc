@@ -91,6 +91,7 @@ struct Flags {
   std::string ready_file;
   std::size_t workers = 4;
   std::size_t fetch_workers = 16;
+  std::size_t max_parked_fetches = 256;
   // Half the cores, 4 to 16: checking chunks' addresses is CPU work.
   std::size_t read_threads = std::clamp<std::size_t>(std::thread::hardware_concurrency() / 2, 4, 16);
   bool direct_reads = false;
@@ -112,6 +113,7 @@ struct Flags {
   // Copies of raw chunks into engines' device memory (docs/protocol.md).
   std::string device_copies = "auto";
   std::string device_register_budget = "8G";
+  std::size_t copy_streams = primecache::ipc::DeviceDma::kDefaultMaxStreams;
   // The remote tier (docs/cluster.md): a Redis Cluster's seeds, empty: none.
   std::string remote;
   double remote_timeout = 1;      // seconds a cluster command may take
@@ -200,7 +202,14 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--ready-fd", f->ready_fd, "write 'ready' to this descriptor once serving")->configurable(false);
   app->add_option("--ready-file", f->ready_file, "write this file (our pid) once serving")->configurable(false);
   app->add_option("--workers", f->workers, "worker threads for store work")->check(CLI::Range(1, 256));
-  app->add_option("--fetch-workers", f->fetch_workers, "worker threads for fetches")->check(CLI::Range(1, 1024));
+  app->add_option("--fetch-workers", f->fetch_workers,
+                  "fetches streaming at once, over all clients, 8 of them at most per connection (default 16; a fetch "
+                  "waiting for its client gives its place back; docs/protocol.md, \"Fetch budget\")")
+      ->check(CLI::Range(1, 1024));
+  app->add_option("--max-parked-fetches", f->max_parked_fetches,
+                  "fetches waiting for their clients (window space not released, a socket not read) that give "
+                  "their place back, each on a thread of its own, at once (default 256); past it a wait keeps its place")
+      ->check(CLI::Range(0, 65536));
   app->add_option("--read-threads", f->read_threads,
                   "threads that read and check chunks ahead of fetches (0: each fetch reads on its own thread; "
                   "default: half the cores, 4 to 16)")
@@ -235,7 +244,11 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--device-copies", f->device_copies,
                   "auto: copy raw chunks into engines' device memory when a CUDA device is there; off: never");
   app->add_option("--device-register-budget", f->device_register_budget,
-                  "bytes of mapped store files kept registered with the device driver for those copies, e.g. 8G");
+                  "bytes of mapped store files kept registered with the device driver for those copies, over all "
+                  "fetches (default 8G)");
+  app->add_option("--copy-streams", f->copy_streams,
+                  "CUDA streams per device that device copies go on (default 16); past it fetches share the least used")
+      ->check(CLI::Range(1, 1024));
   AddRemoteAndMetricsFlags(app, f);
 }
 
@@ -298,6 +311,7 @@ Result<primecache::ipc::ServerOptions> ServerOptionsFrom(const Flags& f,
   opts.tcp_port = f.tcp_port;
   opts.workers = f.workers;
   opts.fetch_workers = f.fetch_workers;
+  opts.max_parked_fetches = f.max_parked_fetches;
   opts.write_queue_bound = write_queue;
   opts.tenants = tenants;
   for (unsigned u : f.admin_uids) opts.admin_uids.push_back(static_cast<uid_t>(u));
@@ -350,12 +364,13 @@ Result<std::unique_ptr<primecache::ipc::DeviceDma>> DeviceCopiesFrom(const Flags
   }
   PC_ASSIGN_OR_RETURN(std::uint64_t budget, ParseBytes(f.device_register_budget));
   if (f.device_copies == "off") return std::unique_ptr<primecache::ipc::DeviceDma>();
-  auto dma = primecache::ipc::DeviceDma::Create(budget);
+  auto dma = primecache::ipc::DeviceDma::Create(budget, f.copy_streams);
   if (!dma.ok()) {
     spdlog::info("primecached: device copies off: {}", dma.status().message());
     return std::unique_ptr<primecache::ipc::DeviceDma>();
   }
-  spdlog::info("primecached: device copies on (up to {} bytes of store files registered)", budget);
+  spdlog::info("primecached: device copies on (up to {} bytes of store files registered, {} copy streams a device)",
+               budget, f.copy_streams);
   return std::move(dma).value();
 }
 

@@ -1,0 +1,145 @@
+#include "ipc/server_fetch_pool.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace primecache::ipc {
+
+namespace {
+
+// The job the calling thread runs, as its pool sees it.
+enum class Hold { kNone, kPlace, kParked };
+struct ThreadState {
+  FetchPool* pool = nullptr;  // set on the pool's threads
+  Hold hold = Hold::kNone;
+};
+thread_local ThreadState tls;
+
+}  // namespace
+
+FetchPool::FetchPool(std::size_t places, std::size_t max_parked)
+    : places_(std::max<std::size_t>(places, 1)), max_parked_(max_parked) {}
+
+FetchPool::~FetchPool() { Shutdown(); }
+
+void FetchPool::Post(std::function<void()> job) {
+  {
+    MutexLock l(&mu_);
+    jobs_.push_back(std::move(job));
+    MaybeSpawnLocked();
+  }
+  cv_.SignalAll();
+}
+
+void FetchPool::MaybeSpawnLocked() {
+  if (jobs_.empty() || running_ >= places_ || idle_ != 0 || thread_count_ >= places_ + max_parked_) return;
+  ++thread_count_;
+  ++idle_;  // until it takes its first job
+  threads_.emplace_back([this] { Loop(); });
+}
+
+void FetchPool::Shutdown() {
+  {
+    MutexLock l(&mu_);
+    stopping_ = true;
+  }
+  cv_.SignalAll();
+  // Jobs still running may start threads meanwhile: joined in turn.
+  for (;;) {
+    std::vector<std::thread> threads;
+    {
+      MutexLock l(&mu_);
+      threads.swap(threads_);
+    }
+    if (threads.empty()) return;
+    for (auto& t : threads) t.join();
+  }
+}
+
+void FetchPool::Loop() {
+  tls.pool = this;
+  MutexLock l(&mu_);
+  for (;;) {
+    cv_.Wait(&mu_, [this]() REQUIRES(mu_) {
+      return (!jobs_.empty() && running_ < places_ && resuming_ == 0) || (stopping_ && jobs_.empty());
+    });
+    if (jobs_.empty()) break;  // stopping, nothing left
+    std::function<void()> job = std::move(jobs_.front());
+    jobs_.pop_front();
+    --idle_;
+    ++running_;
+    tls.hold = Hold::kPlace;
+    l.Unlock();
+    job();
+    job = nullptr;  // what it holds goes before the pool's lock is taken
+    l.Lock();
+    if (tls.hold == Hold::kPlace) {
+      --running_;
+    } else {
+      --parked_;
+    }
+    tls.hold = Hold::kNone;
+    ++idle_;
+    cv_.SignalAll();  // a place is free: for a parked job, or the next one
+  }
+  --idle_;
+  --thread_count_;
+}
+
+bool FetchPool::Park() {
+  if (tls.pool != this || tls.hold != Hold::kPlace) return false;
+  {
+    MutexLock l(&mu_);
+    if (parked_ >= max_parked_) return false;
+    --running_;
+    ++parked_;
+    ++parks_;
+    tls.hold = Hold::kParked;
+    MaybeSpawnLocked();
+  }
+  cv_.SignalAll();
+  return true;
+}
+
+void FetchPool::Unpark() {
+  MutexLock l(&mu_);
+  if (running_ >= places_) return;  // Settle takes one
+  --parked_;
+  ++running_;
+  tls.hold = Hold::kPlace;
+}
+
+void FetchPool::Resume() {
+  MutexLock l(&mu_);
+  ++resuming_;
+  cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return running_ < places_; });
+  --resuming_;
+  --parked_;
+  ++running_;
+  tls.hold = Hold::kPlace;
+}
+
+void FetchPool::Settle() {
+  if (tls.pool != nullptr && tls.hold == Hold::kParked) tls.pool->Resume();
+}
+
+FetchPool::Figures FetchPool::figures() const {
+  MutexLock l(&mu_);
+  Figures f;
+  f.running = running_;
+  f.parked = parked_;
+  f.queued = jobs_.size();
+  f.threads = thread_count_;
+  f.parks = parks_;
+  return f;
+}
+
+ClientWait::ClientWait() {
+  if (tls.pool != nullptr && tls.pool->Park()) parked_ = tls.pool;
+}
+
+ClientWait::~ClientWait() {
+  if (parked_ != nullptr) parked_->Unpark();
+}
+
+}  // namespace primecache::ipc

@@ -1,0 +1,115 @@
+// The fetch pool's places: a job waiting for its client (ClientWait) gives
+// its place to the next job, takes it back when one is free, and a pool
+// whose parked jobs are at their bound keeps the place of a wait.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "core/mutex.h"
+#include "ipc/server_fetch_pool.h"
+
+namespace primecache::ipc {
+namespace {
+
+// A gate a job waits at until the test opens it.
+class Gate {
+ public:
+  void Open() {
+    MutexLock l(&mu_);
+    open_ = true;
+    cv_.SignalAll();
+  }
+  void Wait() {
+    MutexLock l(&mu_);
+    cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return open_; });
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  bool open_ GUARDED_BY(mu_) = false;
+};
+
+// Polls `pred` for up to 10 s.
+template <class Pred>
+bool Eventually(Pred pred) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(FetchPool, AJobWaitingForItsClientLetsTheNextOneRun) {
+  FetchPool pool(1, 4);
+  Gate client;
+  std::atomic<bool> a_done{false}, b_done{false};
+  pool.Post([&] {
+    ClientWait waiting;
+    client.Wait();
+    (void)waiting;
+    FetchPool::Settle();
+    a_done = true;
+  });
+  ASSERT_TRUE(Eventually([&] { return pool.figures().parked == 1; }));
+  pool.Post([&] { b_done = true; });
+  EXPECT_TRUE(Eventually([&] { return b_done.load(); })) << "the second job waited for the parked one";
+  EXPECT_FALSE(a_done.load());
+  client.Open();
+  EXPECT_TRUE(Eventually([&] { return a_done.load(); }));
+  pool.Shutdown();
+  const auto f = pool.figures();
+  EXPECT_EQ(f.parks, 1u);
+  EXPECT_EQ(f.threads, 0u);
+  EXPECT_EQ(f.running + f.parked + f.queued, 0u);
+}
+
+TEST(FetchPool, AJobBackFromItsClientWaitsForAFreePlace) {
+  FetchPool pool(1, 4);
+  Gate client, b_gate;
+  std::atomic<bool> a_settled{false};
+  pool.Post([&] {
+    {
+      ClientWait waiting;
+      client.Wait();
+    }
+    FetchPool::Settle();
+    a_settled = true;
+  });
+  ASSERT_TRUE(Eventually([&] { return pool.figures().parked == 1; }));
+  pool.Post([&] { b_gate.Wait(); });
+  ASSERT_TRUE(Eventually([&] { return pool.figures().running == 1; }));
+  client.Open();  // its place is taken: it stays parked at Settle
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(a_settled.load());
+  EXPECT_EQ(pool.figures().parked, 1u);
+  b_gate.Open();
+  EXPECT_TRUE(Eventually([&] { return a_settled.load(); }));
+  pool.Shutdown();
+}
+
+TEST(FetchPool, PastItsParkedBoundAWaitKeepsItsPlace) {
+  FetchPool pool(1, 0);
+  Gate client;
+  std::atomic<bool> b_done{false};
+  pool.Post([&] {
+    ClientWait waiting;
+    client.Wait();
+  });
+  ASSERT_TRUE(Eventually([&] { return pool.figures().running == 1; }));
+  pool.Post([&] { b_done = true; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(b_done.load());
+  EXPECT_EQ(pool.figures().queued, 1u);
+  EXPECT_EQ(pool.figures().threads, 1u);
+  client.Open();
+  EXPECT_TRUE(Eventually([&] { return b_done.load(); }));
+  pool.Shutdown();
+  EXPECT_EQ(pool.figures().parks, 0u);
+}
+
+}  // namespace
+}  // namespace primecache::ipc

@@ -1,0 +1,284 @@
+// primecache-fanin-bench: many engines restoring at once through one daemon.
+//
+// Publishes K different boundaries of --prefix tokens (each a real capture of
+// the model: a session primed and captured in full, published raw through
+// PrefixCache), then, for each N of --engines, starts N engine processes
+// (this program again, each with its own model, client connection, shared
+// region and, on CUDA, its own device window and staging) that restore
+// different entries at the same moment: each warms its connection and
+// staging with one restore of its entry (the store's pages are in the page
+// cache: hot), waits at a barrier (a pipe the parent closes), and restores
+// it again, timed. Per N: the aggregate rate (every engine's restored bytes
+// over the span from the first start to the last restore's end) beside the
+// pinned host-to-device copy of the same run (on the CPU backend: memcpy
+// between its host and "device" memory), and each engine's restore time
+// against its fair share (the engines' restore times in all, split among
+// them by their bytes: what each would take if all restored at one rate).
+// Targets: aggregate >= 0.8x the copy rate, every engine within 1.5x of
+// its fair share.
+//
+// The model and its restore path are primecache-model-bench's
+// (model_bench.h: Setup, OpenCache, MeasureBus).
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tools/bench/model_bench.h"
+
+using namespace primecache;
+using namespace primecache::model_bench;
+
+namespace {
+
+struct Args {
+  std::string config_path = "configs/hrm-glm5-class.json";
+  std::size_t prefix = 32768, chunk = 2048;
+  std::uint64_t seed = 1;
+  std::vector<std::size_t> engines = {1, 2, 4, 8};
+  std::string daemon_bin;
+  std::vector<std::string> daemon_args;
+  bool cpu = false;
+  // An engine process (internal): its index, the daemon's socket, the barrier's descriptor.
+  int child = -1;
+  std::string socket;
+  int go_fd = -1;
+};
+
+// The tokens of entry `k`: the prefix and one token more.
+std::vector<std::uint32_t> EntryTokens(const Args& a, std::size_t k) {
+  std::mt19937 rng(static_cast<std::uint32_t>(1000 + k));
+  return RandomTokens(a.prefix + 1, rng);
+}
+
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+Result<std::unique_ptr<model::PrefixCache>> Cache(const Args& a, BenchSetup& b, std::uint64_t largest) {
+  return OpenCache(a.socket, *b.model, b.config, b.weights, largest, a.prefix, DaemonPath{"default", std::nullopt}, {});
+}
+
+// An engine process: "ready" once warm, then the timed restore after the
+// barrier: "result START_NS RESTORE_MS BYTES DEVICE_CHUNKS".
+int RunChild(const Args& a, std::uint64_t largest) {
+  auto b = Setup(a.config_path, a.seed, a.prefix + 1, a.chunk, a.cpu, 2);
+  if (!b.ok()) return Fail(b.status(), "engine setup");
+  auto cache = Cache(a, *b, largest);
+  if (!cache.ok()) return Fail(cache.status(), "engine cache");
+  const auto tokens = EntryTokens(a, static_cast<std::size_t>(a.child));
+  auto warm = (*cache)->Prime(tokens);
+  if (!warm.ok()) return Fail(warm.status(), "warm-up restore");
+  if (warm->restored_tokens != a.prefix) {
+    std::fprintf(stderr, "fanin-bench: engine %d restored %llu tokens, not %zu\n", a.child,
+                 static_cast<unsigned long long>(warm->restored_tokens), a.prefix);
+    return 1;
+  }
+  warm->session = model::ModelSession{};
+  std::printf("ready\n");
+  std::fflush(stdout);
+  char c;
+  while (read(a.go_fd, &c, 1) > 0) {
+  }
+  const std::int64_t start = NowNs();
+  auto r = (*cache)->Prime(tokens);
+  if (!r.ok()) return Fail(r.status(), "restore");
+  if (r->restored_tokens != a.prefix) return Fail(Status::Internal("restored less than its entry"), "restore");
+  std::printf("result %lld %.6f %llu %llu\n", static_cast<long long>(start), r->restore_ms,
+              static_cast<unsigned long long>(r->restored_bytes), static_cast<unsigned long long>(r->device_chunks));
+  std::fflush(stdout);
+  return 0;
+}
+
+struct Engine {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+  std::int64_t start = 0;
+  double restore_ms = 0;
+  std::uint64_t bytes = 0, device_chunks = 0;
+};
+
+// Starts engine `k` (this program with --engine-child): its stdout piped back.
+Result<Engine> Spawn(const Args& a, std::size_t k, std::uint64_t largest, int go_read) {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return Status::IOError("pipe");
+  std::vector<std::string> args = {"/proc/self/exe", "--engine-child", std::to_string(k), "--socket", a.socket,
+                                   "--go-fd", std::to_string(go_read), "--config", a.config_path, "--prefix",
+                                   std::to_string(a.prefix), "--chunk", std::to_string(a.chunk), "--seed",
+                                   std::to_string(a.seed), "--largest-layer", std::to_string(largest)};
+  if (a.cpu) args.emplace_back("--cpu");
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return Status::IOError("fork");
+  if (pid == 0) {
+    // Only the barrier's read end and stdout pass to the engine.
+    if (dup2(out[1], 1) < 0 || fcntl(go_read, F_SETFD, 0) != 0) _exit(126);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  Engine e;
+  e.pid = pid;
+  e.out = fdopen(out[0], "r");
+  return e;
+}
+
+// The engine's next line that begins with `tag` (its setup prints others).
+bool NextLine(FILE* f, const std::string& tag, char* line, int size) {
+  while (std::fgets(line, size, f) != nullptr) {
+    if (std::string(line).starts_with(tag)) return true;
+  }
+  return false;
+}
+
+// N engines restoring at once; false when one failed.
+bool RunRound(const Args& a, std::size_t n, std::uint64_t largest, double baseline_gbs) {
+  int go[2];
+  if (pipe2(go, O_CLOEXEC) != 0) return false;
+  std::vector<Engine> engines;
+  bool ok = true;
+  for (std::size_t k = 0; k < n && ok; ++k) {
+    auto e = Spawn(a, k, largest, go[0]);
+    ok = e.ok();
+    if (ok) engines.push_back(*e);
+  }
+  char line[512];
+  for (auto& e : engines) ok = ok && NextLine(e.out, "ready", line, sizeof line);
+  close(go[1]);  // the barrier: every engine starts now
+  close(go[0]);
+  for (auto& e : engines) {
+    long long start = 0;
+    unsigned long long bytes = 0, dev = 0;
+    ok = ok && NextLine(e.out, "result", line, sizeof line) &&
+         std::sscanf(line, "result %lld %lf %llu %llu", &start, &e.restore_ms, &bytes, &dev) == 4;
+    e.start = start;
+    e.bytes = bytes;
+    e.device_chunks = dev;
+  }
+  for (auto& e : engines) {
+    int st = 0;
+    waitpid(e.pid, &st, 0);
+    ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    std::fclose(e.out);
+  }
+  if (!ok) {
+    std::fprintf(stderr, "fanin-bench: an engine of %zu failed\n", n);
+    return false;
+  }
+  std::int64_t first = engines[0].start, last = 0;
+  std::uint64_t total = 0, device_chunks = 0;
+  for (const auto& e : engines) {
+    first = std::min(first, e.start);
+    last = std::max(last, e.start + static_cast<std::int64_t>(e.restore_ms * 1e6));
+    total += e.bytes;
+    device_chunks += e.device_chunks;
+  }
+  const double span_ms = double(last - first) / 1e6;
+  const double agg = Gbs(total, span_ms);
+  // Fair shares: every engine restoring at the same rate, the engines'
+  // time in all split among them by their bytes.
+  double sum_ms = 0;
+  for (const auto& e : engines) sum_ms += e.restore_ms;
+  double worst = 0;
+  std::string times;
+  for (const auto& e : engines) {
+    const double fair_ms = sum_ms * double(e.bytes) / double(total);
+    worst = std::max(worst, e.restore_ms / fair_ms);
+    char t[32];
+    std::snprintf(t, sizeof t, "%s%.1f", times.empty() ? "" : " ", e.restore_ms);
+    times += t;
+  }
+  std::printf("| %zu | %.3f GB | %.1f ms | %.2f GB/s | %.2fx | %s ms | %.2fx | %llu |\n", n, double(total) / 1e9,
+              span_ms, agg, agg / baseline_gbs, times.c_str(), worst, static_cast<unsigned long long>(device_chunks));
+  std::fflush(stdout);
+  return true;
+}
+
+// Publishes the K entries through a cache of the parent's model; their
+// largest layer's bytes and one entry's restored bytes.
+Result<std::pair<std::uint64_t, std::uint64_t>> PublishEntries(const Args& a, BenchSetup& b, std::size_t k) {
+  std::uint64_t largest = 0, bytes = 0;
+  std::unique_ptr<model::PrefixCache> cache;
+  for (std::size_t i = 0; i < k; ++i) {
+    const auto tokens = EntryTokens(a, i);
+    PC_ASSIGN_OR_RETURN(auto session, b.model->NewSession());
+    PC_RETURN_IF_ERROR(b.model->Prime(session, std::span(tokens).first(a.prefix), model::LogitsWanted::kNone, nullptr));
+    PC_ASSIGN_OR_RETURN(std::vector<LayerSnapshot> layers, session.cache->CaptureFull());
+    if (!cache) {
+      for (const auto& l : layers) largest = std::max(largest, engine::ViewFloats(ShapeOf(l)) * sizeof(float));
+      PC_ASSIGN_OR_RETURN(cache, Cache(a, b, largest));
+    }
+    bytes = 0;
+    for (const auto& l : layers) bytes += engine::ViewFloats(ShapeOf(l)) * sizeof(float);
+    PC_RETURN_IF_ERROR(cache->Publish(std::span(tokens).first(a.prefix), layers));
+  }
+  return std::pair{largest, bytes};
+}
+
+int RunParent(Args& a) {
+  if (!a.cpu && !engine::CudaDeviceAvailable()) {
+    std::printf("fanin-bench: no CUDA device; nothing measured (--cpu runs on the CPU reference)\n");
+    return 0;
+  }
+  if (a.daemon_bin.empty()) return Fail(Status::InvalidArgument("--daemon is required"), "arguments");
+  const std::size_t k = *std::max_element(a.engines.begin(), a.engines.end());
+  launcher::DaemonProcess daemon(a.daemon_bin, a.daemon_args);
+  if (Status s = daemon.Start(); !s.ok()) return Fail(s, "daemon");
+  a.socket = daemon.socket();
+  std::uint64_t largest = 0, entry_bytes = 0;
+  double baseline = 0;
+  std::string device;
+  {
+    auto b = Setup(a.config_path, a.seed, a.prefix + 1, a.chunk, a.cpu, 2);
+    if (!b.ok()) return Fail(b.status(), "setup");
+    auto published = PublishEntries(a, *b, k);
+    if (!published.ok()) return Fail(published.status(), "publish");
+    std::tie(largest, entry_bytes) = *published;
+    auto bus = MeasureBus(b->engine->device(), entry_bytes);
+    if (!bus.ok()) return Fail(bus.status(), "pinned copies");
+    baseline = bus->h2d_gbs;
+    device = b->engine->device().name();
+  }
+  std::printf("fanin-bench: %s on %s, %zu entries of %zu tokens (%.3f GB restored each); pinned host-to-device "
+              "copy %.2f GB/s\n",
+              a.config_path.c_str(), device.c_str(), k, a.prefix, double(entry_bytes) / 1e9, baseline);
+  std::printf("| engines | restored | span | aggregate | vs copy | each engine's restore | max/fair share | "
+              "device chunks |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (std::size_t n : a.engines) {
+    if (!RunRound(a, n, largest, baseline)) return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Many engine processes restoring different entries at once through one daemon"};
+  Args a;
+  std::uint64_t largest = 0;
+  app.add_option("--config", a.config_path, "model config (JSON)");
+  app.add_option("--prefix", a.prefix, "tokens of each entry")->check(CLI::Range(16, 1 << 20));
+  app.add_option("--engines", a.engines, "engine processes restoring at once, one round each")
+      ->expected(1, 16)
+      ->check(CLI::Range(1, 64));
+  app.add_option("--chunk", a.chunk, "tokens per forward call")->check(CLI::Range(1, 65536));
+  app.add_option("--seed", a.seed, "weights seed");
+  app.add_option("--daemon", a.daemon_bin, "primecached binary");
+  app.add_option("--daemon-arg", a.daemon_args, "an argument for the daemon (repeat)")->allow_extra_args(false);
+  app.add_flag("--cpu", a.cpu, "run on the CPU reference instead of CUDA");
+  auto* child = app.add_option("--engine-child", a.child)->group("");
+  app.add_option("--socket", a.socket)->group("");
+  app.add_option("--go-fd", a.go_fd)->group("");
+  app.add_option("--largest-layer", largest)->group("");
+  CLI11_PARSE(app, argc, argv);
+  if (child->count() != 0) return RunChild(a, largest);
+  return RunParent(a);
+}
