@@ -322,7 +322,7 @@ Result<bool> FetchSender::SendToDevice(std::uint32_t layer, std::uint32_t index,
   e.pos = *pos;
   e.len = bytes.size();
   e.sizes = {bytes.size()};
-  e.src = bytes.data();
+  e.srcs = {bytes.data()};
   e.mapping = mapping;
   // The store checked the bytes under its pin, held until this returns: the
   // extent holds the same registration until its copy is enqueued.
@@ -336,13 +336,14 @@ Result<bool> FetchSender::SendToDevice(std::uint32_t layer, std::uint32_t index,
 }
 
 Result<bool> FetchSender::JoinDevice(std::span<const std::byte> bytes, const MappedRegion& mapping) {
-  if (mapping.id != open_->mapping.id || bytes.data() != open_->src + open_->len) return false;
+  if (mapping.id != open_->mapping.id) return false;
   WindowRing& ring = st_->device_ring;
   PC_ASSIGN_OR_RETURN(std::optional<std::uint64_t> pos, ring.Place(bytes.size(), false, [this] { return Stopped(); }));
   if (!pos) return false;  // no room now: the extent goes before a wait
   if (ring.Join(open_->pos, *pos)) {
     open_->len += bytes.size();
     open_->sizes.push_back(bytes.size());
+    open_->srcs.push_back(bytes.data());
     return true;
   }
   // Placed at the ring's front (its end was too near): the extent goes and
@@ -354,7 +355,7 @@ Result<bool> FetchSender::JoinDevice(std::span<const std::byte> bytes, const Map
   next.pos = *pos;
   next.len = bytes.size();
   next.sizes = {bytes.size()};
-  next.src = bytes.data();
+  next.srcs = {bytes.data()};
   next.mapping = mapping;
   next.pin = open_->pin;
   PC_RETURN_IF_ERROR(Flush());
@@ -373,19 +374,35 @@ Status FetchSender::Flush() {
   return Status::Ok();
 }
 
+// One copy per run of chunks whose bytes follow each other in the mapping,
+// into the extent's contiguous place in the ring.
+Status FetchSender::EnqueuePieces(DeviceCopyQueue& q, std::uint64_t at, const Extent& e) {
+  std::size_t i = 0;
+  while (i < e.sizes.size()) {
+    std::uint64_t run = e.sizes[i];
+    std::size_t j = i + 1;
+    while (j < e.sizes.size() && e.srcs[j] == e.srcs[i] + run) run += e.sizes[j++];
+    PC_RETURN_IF_ERROR(q.Enqueue(at, std::span(e.srcs[i], run), e.mapping));
+    at += run;
+    i = j;
+  }
+  return Status::Ok();
+}
+
 Status FetchSender::FlushDevice(Extent e) {
   WindowRing& ring = st_->device_ring;
   DeviceCopyQueue* q = copies_.get();  // made before the extent's first chunk was placed
-  const Status copied = q->Enqueue(ring.offset() + e.pos, std::span(e.src, e.len), e.mapping);
+  const Status copied = EnqueuePieces(*q, ring.offset() + e.pos, e);
   if (!copied.ok()) {
     // Its chunks still go, through the host, from where they lie (still
-    // pinned by e.pin); a device that copies nothing is worth one line.
+    // pinned by e.pin), once the pieces already enqueued have landed (the
+    // space they land in goes back to the ring); a device that copies
+    // nothing is worth one line.
+    PC_RETURN_IF_ERROR(q->Completed(q->enqueued()).status());
     ring.Drop(e.pos);
     if (!std::exchange(warned_, true)) spdlog::warn("primecached: device copy failed, chunks go through the host: {}", copied.ToString());
-    std::uint64_t at = 0;
     for (std::size_t i = 0; i < e.sizes.size(); ++i) {
-      PC_RETURN_IF_ERROR(SendThroughHost(e.layer, e.index + static_cast<std::uint32_t>(i), std::span(e.src + at, e.sizes[i])));
-      at += e.sizes[i];
+      PC_RETURN_IF_ERROR(SendThroughHost(e.layer, e.index + static_cast<std::uint32_t>(i), std::span(e.srcs[i], e.sizes[i])));
     }
     return Status::Ok();
   }

@@ -202,9 +202,11 @@ class FetchSender : public FetchSink {
     std::uint32_t layer = 0, index = 0;
     std::uint64_t pos = 0, len = 0;  // its placement in the ring
     std::vector<std::uint64_t> sizes;
-    // The device's: the bytes to copy, in `mapping`, registered while `pin`
-    // is held (the store checked them under that registration).
-    const std::byte* src = nullptr;
+    // The device's: each chunk's bytes to copy (a segment frame's header
+    // lies between two chunks, so they are pieces, not one span), in
+    // `mapping`, registered while `pin` is held (the store checked them
+    // under that registration).
+    std::vector<const std::byte*> srcs;
     MappedRegion mapping;
     MappingPin pin;
   };
@@ -214,6 +216,7 @@ class FetchSender : public FetchSink {
   // Copies a mapped raw chunk into the device ring; false: it did not go.
   Result<bool> SendToDevice(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
                             const MappedRegion& mapping);
+  Status EnqueuePieces(DeviceCopyQueue& q, std::uint64_t at, const Extent& e);
   // Joins the chunk to the open device extent: true when it did.
   Result<bool> JoinDevice(std::span<const std::byte> bytes, const MappedRegion& mapping);
   // A mapped chunk not for the device: into the shared ring (one copy), else inline.
