@@ -45,6 +45,9 @@ Result<std::uint64_t> AllocationBytes(void* base) {
   return static_cast<std::uint64_t>(bytes - (ptr - start));
 }
 
+// The largest source pitch of a 2D copy (the driver's limit is 2^31 - 1).
+constexpr std::size_t kMaxCopyPitch = std::size_t{1} << 30;
+
 class CudaWindow final : public DeviceWindow {
  public:
   CudaWindow(int device, void* base, std::uint64_t size) : device_(device), base_(base), size_(size) {}
@@ -278,7 +281,9 @@ class CudaCopyQueue final : public DeviceCopyQueue {
       : dma_(dma), window_(std::move(window)), stream_(stream) {}
   ~CudaCopyQueue() override;
 
-  Status Enqueue(std::uint64_t offset, std::span<const std::byte> src, const MappedRegion& mapping) override;
+  using DeviceCopyQueue::Enqueue;
+  Status Enqueue(std::uint64_t offset, std::span<const std::span<const std::byte>> pieces,
+                 const MappedRegion& mapping) override;
   std::uint64_t enqueued() const override { return completed_ + pending_.size(); }
   Result<std::uint64_t> Completed(std::uint64_t at_least) override;
 
@@ -327,27 +332,72 @@ void CudaCopyQueue::Retire() {
   ++completed_;
 }
 
-Status CudaCopyQueue::Enqueue(std::uint64_t offset, std::span<const std::byte> src, const MappedRegion& mapping) {
+// Whether `pieces` lie in `mapping` and land inside the window from `offset`.
+Status CheckPieces(const CudaWindow& w, std::uint64_t offset, std::span<const std::span<const std::byte>> pieces,
+                   const MappedRegion& mapping) {
+  std::uint64_t total = 0;
+  for (std::span<const std::byte> src : pieces) {
+    if (src.data() < mapping.data || src.size() > mapping.size ||
+        static_cast<std::size_t>(src.data() - mapping.data) > mapping.size - src.size()) {
+      return Status::InvalidArgument("device copy from outside its host mapping");
+    }
+    total += src.size();  // no wrap: each is at most the mapping's size
+  }
+  if (offset > w.size() || total > w.size() - offset) {
+    return Status::InvalidArgument("device copy of " + std::to_string(total) + " bytes at " + std::to_string(offset) +
+                                   " outside a window of " + std::to_string(w.size()));
+  }
+  return Status::Ok();
+}
+
+// The pieces from `first` on that have its size and follow it at one
+// stride in the source (a layer's chunks in their segment frames): how many,
+// and the stride.
+std::pair<std::size_t, std::size_t> StridedRun(std::span<const std::span<const std::byte>> pieces, std::size_t first) {
+  const std::span<const std::byte> a = pieces[first];
+  if (first + 1 >= pieces.size() || pieces[first + 1].size() != a.size() || pieces[first + 1].data() < a.data() + a.size()) {
+    return {1, a.size()};
+  }
+  const auto stride = static_cast<std::size_t>(pieces[first + 1].data() - a.data());
+  if (stride > kMaxCopyPitch) return {1, a.size()};
+  std::size_t n = 2;
+  while (first + n < pieces.size() && pieces[first + n].size() == a.size() &&
+         pieces[first + n].data() == pieces[first + n - 1].data() + stride) {
+    ++n;
+  }
+  return {n, stride};
+}
+
+// Each run of equal pieces at one stride goes as one 2D copy (one plain
+// copy when they touch): the copy engines pay about 2.6 us a copy, a
+// quarter of a 0.6 MiB chunk's time at 55 GB/s (primecache-gpu-probe).
+Status CopyPieces(std::byte* dst, std::span<const std::span<const std::byte>> pieces, cudaStream_t stream) {
+  for (std::size_t i = 0; i < pieces.size();) {
+    const auto [n, stride] = StridedRun(pieces, i);
+    const std::size_t width = pieces[i].size();
+    const cudaError_t err =
+        n == 1 || stride == width
+            ? cudaMemcpyAsync(dst, pieces[i].data(), width * n, cudaMemcpyHostToDevice, stream)
+            : cudaMemcpy2DAsync(dst, width, pieces[i].data(), stride, width, n, cudaMemcpyHostToDevice, stream);
+    PC_RETURN_IF_ERROR(Cuda(err, "copy to the device"));
+    dst += width * n;
+    i += n;
+  }
+  return Status::Ok();
+}
+
+Status CudaCopyQueue::Enqueue(std::uint64_t offset, std::span<const std::span<const std::byte>> pieces,
+                              const MappedRegion& mapping) {
   const CudaWindow& w = *window_;
-  if (offset > w.size() || src.size() > w.size() - offset) {
-    return Status::InvalidArgument("device copy of " + std::to_string(src.size()) + " bytes at " +
-                                   std::to_string(offset) + " outside a window of " + std::to_string(w.size()));
-  }
-  if (src.data() < mapping.data || src.size() > mapping.size ||
-      static_cast<std::size_t>(src.data() - mapping.data) > mapping.size - src.size()) {
-    return Status::InvalidArgument("device copy from outside its host mapping");
-  }
+  PC_RETURN_IF_ERROR(CheckPieces(w, offset, pieces, mapping));
   PC_RETURN_IF_ERROR(Cuda(cudaSetDevice(w.device()), "set device"));
   PC_ASSIGN_OR_RETURN(cudaEvent_t done, TakeEvent());
   auto reg = dma_.Use(mapping);
-  const Status copied =
-      reg.ok() ? Cuda(cudaMemcpyAsync(w.base() + offset, src.data(), src.size(), cudaMemcpyHostToDevice, stream_),
-                      "copy to the device")
-               : reg.status();
+  const Status copied = reg.ok() ? CopyPieces(w.base() + offset, pieces, stream_) : reg.status();
   const Status s = copied.ok() ? Cuda(cudaEventRecord(done, stream_), "record a copy's event") : copied;
   if (!s.ok()) {
-    // A copy that was enqueued but has no event is waited for here, so that
-    // its registration is not let go under it.
+    // Parts enqueued without an event are waited for here, so that their
+    // registration is not let go under them.
     if (reg.ok()) {
       cudaStreamSynchronize(stream_);
       dma_.Unuse(*reg);

@@ -53,10 +53,17 @@ class DeviceCopyQueue {
  public:
   virtual ~DeviceCopyQueue() = default;
 
-  // Enqueues a copy of `src`, which must lie inside `mapping`, to the
-  // window at `offset`. kInvalidArgument: outside the window or the
-  // mapping; on any error nothing was enqueued.
-  virtual Status Enqueue(std::uint64_t offset, std::span<const std::byte> src, const MappedRegion& mapping) = 0;
+  // Enqueues one copy of `pieces`, each inside `mapping`, landing side by
+  // side in the window from `offset` (a run of chunks whose segment frames
+  // put headers between them). It completes as one: Completed counts it
+  // once. kInvalidArgument: outside the window or the mapping; on any
+  // error no part of it is left in flight.
+  virtual Status Enqueue(std::uint64_t offset, std::span<const std::span<const std::byte>> pieces,
+                         const MappedRegion& mapping) = 0;
+  // A copy of one piece.
+  Status Enqueue(std::uint64_t offset, std::span<const std::byte> src, const MappedRegion& mapping) {
+    return Enqueue(offset, std::span(&src, 1), mapping);
+  }
   // Copies enqueued so far.
   virtual std::uint64_t enqueued() const = 0;
   // How many copies have completed (always the first ones), after waiting

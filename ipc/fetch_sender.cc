@@ -374,31 +374,20 @@ Status FetchSender::Flush() {
   return Status::Ok();
 }
 
-// One copy per run of chunks whose bytes follow each other in the mapping,
-// into the extent's contiguous place in the ring.
-Status FetchSender::EnqueuePieces(DeviceCopyQueue& q, std::uint64_t at, const Extent& e) {
-  std::size_t i = 0;
-  while (i < e.sizes.size()) {
-    std::uint64_t run = e.sizes[i];
-    std::size_t j = i + 1;
-    while (j < e.sizes.size() && e.srcs[j] == e.srcs[i] + run) run += e.sizes[j++];
-    PC_RETURN_IF_ERROR(q.Enqueue(at, std::span(e.srcs[i], run), e.mapping));
-    at += run;
-    i = j;
-  }
-  return Status::Ok();
-}
-
 Status FetchSender::FlushDevice(Extent e) {
   WindowRing& ring = st_->device_ring;
   DeviceCopyQueue* q = copies_.get();  // made before the extent's first chunk was placed
-  const Status copied = EnqueuePieces(*q, ring.offset() + e.pos, e);
+  // One copy of the extent's chunks (the queue turns their pieces, apart by
+  // their segment frames' headers, into as few copies as it can).
+  std::vector<std::span<const std::byte>> pieces;
+  pieces.reserve(e.sizes.size());
+  for (std::size_t i = 0; i < e.sizes.size(); ++i) pieces.emplace_back(e.srcs[i], e.sizes[i]);
+  if (copy_start_ == Clock::time_point()) copy_start_ = Clock::now();
+  const Status copied = q->Enqueue(ring.offset() + e.pos, pieces, e.mapping);
   if (!copied.ok()) {
     // Its chunks still go, through the host, from where they lie (still
-    // pinned by e.pin), once the pieces already enqueued have landed (the
-    // space they land in goes back to the ring); a device that copies
-    // nothing is worth one line.
-    PC_RETURN_IF_ERROR(q->Completed(q->enqueued()).status());
+    // pinned by e.pin); no part of its copy is left in flight, so its space
+    // goes back to the ring. A device that copies nothing is worth one line.
     ring.Drop(e.pos);
     if (!std::exchange(warned_, true)) spdlog::warn("primecached: device copy failed, chunks go through the host: {}", copied.ToString());
     for (std::size_t i = 0; i < e.sizes.size(); ++i) {
@@ -486,13 +475,15 @@ Status FetchSender::Pump(std::uint64_t wait_for) {
 std::string FetchSender::Timings() const {
   auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
   auto u = [](std::uint64_t n) { return static_cast<unsigned long long>(n); };
-  char buf[320];
+  auto since = [&](Clock::time_point t) { return t == Clock::time_point() ? 0.0 : ms(t - start_); };
+  char buf[480];
   std::snprintf(buf, sizeof buf,
                 "%u layers, %llu bytes (%llu chunks in %llu extents by device copy, %llu in %llu through the "
                 "shared window) in %.1f ms: waited %.1f ms for the store, %.1f ms for window room, %.1f ms for "
-                "device copies",
+                "device copies; first answer at %.1f ms, first device copy at %.1f ms, the store done at %.1f ms",
                 layers_, u(bytes_), u(device_chunks_), u(device_extents_), u(shm_chunks_), u(shm_extents_),
-                ms(Clock::now() - start_), ms(store_wait_), ms(room_wait_), ms(copy_wait_));
+                ms(Clock::now() - start_), ms(store_wait_), ms(room_wait_), ms(copy_wait_), since(first_callback_),
+                since(copy_start_), since(store_done_));
   return buf;
 }
 
@@ -505,6 +496,7 @@ void FetchSender::AddTo(ServerCounters& c) const {
 
 Status FetchSender::Finish(Status fetched) {
   Status sent = fetched.ok() ? Flush() : Status::Ok();
+  store_done_ = Clock::now();
   if (fetched.ok() && sent.ok()) sent = Pump(copies_ ? copies_->enqueued() : 0);
   // Whatever happened, no copy may land in the window once the fetch ended
   // (an extent never sent goes with its pin).

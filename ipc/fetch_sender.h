@@ -179,7 +179,11 @@ class FetchSender : public FetchSink {
   // store, and marks when this one returns.
   class InCallback {
    public:
-    explicit InCallback(FetchSender& s) : s_(s) { s_.store_wait_ += Clock::now() - s_.last_return_; }
+    explicit InCallback(FetchSender& s) : s_(s) {
+      const Clock::time_point now = Clock::now();
+      s_.store_wait_ += now - s_.last_return_;
+      if (s_.first_callback_ == Clock::time_point()) s_.first_callback_ = now;
+    }
     ~InCallback() { s_.last_return_ = Clock::now(); }
     InCallback(const InCallback&) = delete;
     InCallback& operator=(const InCallback&) = delete;
@@ -216,7 +220,6 @@ class FetchSender : public FetchSink {
   // Copies a mapped raw chunk into the device ring; false: it did not go.
   Result<bool> SendToDevice(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes,
                             const MappedRegion& mapping);
-  Status EnqueuePieces(DeviceCopyQueue& q, std::uint64_t at, const Extent& e);
   // Joins the chunk to the open device extent: true when it did.
   Result<bool> JoinDevice(std::span<const std::byte> bytes, const MappedRegion& mapping);
   // A mapped chunk not for the device: into the shared ring (one copy), else inline.
@@ -256,6 +259,9 @@ class FetchSender : public FetchSink {
   const Clock::time_point start_ = Clock::now();
   Clock::time_point last_return_ = start_;
   Clock::duration store_wait_{}, room_wait_{}, copy_wait_{};
+  // When the store's first callback came, the first device copy was
+  // enqueued and the store's Fetch returned (zero: not yet).
+  Clock::time_point first_callback_, copy_start_, store_done_;
 };
 
 }  // namespace primecache::ipc
