@@ -32,7 +32,11 @@ void FetchPool::Post(std::function<void()> job) {
 }
 
 void FetchPool::MaybeSpawnLocked() {
-  if (jobs_.empty() || running_ >= places_ || idle_ != 0 || thread_count_ >= places_ + max_parked_) return;
+  // The jobs that could start now, each on a thread of its own: an idle
+  // thread serves one; past those, a new thread (one per job posted or
+  // place freed, which is each call).
+  if (running_ >= places_ || thread_count_ >= places_ + max_parked_) return;
+  if (idle_ >= std::min(jobs_.size(), places_ - running_)) return;
   ++thread_count_;
   ++idle_;  // until it takes its first job
   threads_.emplace_back([this] { Loop(); });

@@ -61,7 +61,8 @@ class FetchPool : public Executor {
   // Waits for a free place and takes it (ahead of jobs not started).
   void Resume() EXCLUDES(mu_);
   void Loop() EXCLUDES(mu_);
-  // A thread more, when a job is queued, a place free and no thread idle.
+  // A thread more, when more jobs could start (queued, and places free for
+  // them) than threads are idle.
   void MaybeSpawnLocked() REQUIRES(mu_);
 
   const std::size_t places_, max_parked_;

@@ -67,6 +67,27 @@ TEST(FetchPool, AJobWaitingForItsClientLetsTheNextOneRun) {
   EXPECT_EQ(f.running + f.parked + f.queued, 0u);
 }
 
+// Jobs posted at once, as many as the places, all run at once: none waits
+// for a thread another job took (a burst of fetches from many engines).
+TEST(FetchPool, JobsPostedAtOnceRunAtOnceUpToThePlaces) {
+  FetchPool pool(3, 4);
+  Gate gate;
+  std::atomic<int> started{0};
+  for (int i = 0; i < 4; ++i) {
+    pool.Post([&] {
+      ++started;
+      gate.Wait();
+    });
+  }
+  EXPECT_TRUE(Eventually([&] { return started.load() == 3; })) << started.load() << " of 3 places in use";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(started.load(), 3) << "more jobs than places ran";
+  EXPECT_EQ(pool.figures().queued, 1u);
+  gate.Open();
+  EXPECT_TRUE(Eventually([&] { return started.load() == 4; }));
+  pool.Shutdown();
+}
+
 TEST(FetchPool, AJobBackFromItsClientWaitsForAFreePlace) {
   FetchPool pool(1, 4);
   Gate client, b_gate;
