@@ -55,7 +55,8 @@ inline std::uint16_t FreeLoopbackPort() {
 inline std::optional<double> SampleValue(const std::string& text, const std::string& series) {
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
-    if (line.size() > series.size() && line.compare(0, series.size(), series) == 0 && line[series.size()] == ' ') {
+    if (line.size() > series.size() && line.compare(0, series.size(), series) == 0 &&
+        line[series.size()] == ' ') {
       return std::strtod(line.c_str() + series.size() + 1, nullptr);
     }
   }
