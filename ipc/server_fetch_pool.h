@@ -73,7 +73,7 @@ class FetchPool : public Executor {
   Figures FiguresLocked() const REQUIRES(mu_);
 
   const std::size_t places_, max_parked_;
-  ServerCounters* const counters_;  // may be null
+  ServerCounters* const counters_;  // set at construction; may be null
   mutable Mutex mu_;
   CondVar cv_;
   std::deque<std::function<void()>> jobs_ GUARDED_BY(mu_);
