@@ -26,6 +26,22 @@ void WriteLookups(ExpositionWriter& w, const StoreStats& st, const ServerCounter
             Load(c.hit_tokens));
 }
 
+// The fetch pool (docs/protocol.md, "Fetch budget").
+void WriteFetchPool(ExpositionWriter& w, const ServerCounters& c) {
+  w.Gauge("primecache_fetch_pool_running", "Fetches holding one of the fetch pool's places (--fetch-workers).",
+          Load(c.fetch_pool_running));
+  w.Gauge("primecache_fetch_pool_parked",
+          "Fetches parked without a place: waiting for their client, or back from that and waiting for a place.",
+          Load(c.fetch_pool_parked));
+  w.Gauge("primecache_fetch_pool_queued", "Fetches not started: every place taken.", Load(c.fetch_pool_queued));
+  w.Gauge("primecache_fetch_pool_threads", "Threads of the fetch pool.", Load(c.fetch_pool_threads));
+  w.Counter("primecache_fetch_parks_total", "Waits of a fetch for its client that gave its place to others.",
+            Load(c.fetch_pool_parks));
+  w.Counter("primecache_fetch_parks_refused_total",
+            "Waits of a fetch for its client that kept their place: --max-parked-fetches were parked already.",
+            Load(c.fetch_pool_parks_refused));
+}
+
 void WriteRequests(ExpositionWriter& w, const ServerCounters& c) {
   w.Counter("primecache_publish_bytes_total", "Chunk bytes of committed publishes.", Load(c.publish_bytes));
   w.Counter("primecache_publish_errors_total",
@@ -61,6 +77,7 @@ void WriteRequests(ExpositionWriter& w, const ServerCounters& c) {
            "fetchChunk messages that carried them (one per extent of adjacent chunks).");
   w.Sample("primecache_fetch_window_messages_total", {{"window", "shared"}}, Load(c.fetch_window_messages_shm));
   w.Sample("primecache_fetch_window_messages_total", {{"window", "device"}}, Load(c.fetch_window_messages_device));
+  WriteFetchPool(w, c);
 }
 
 void WriteStore(ExpositionWriter& w, const StoreStats& st) {

@@ -71,7 +71,8 @@ Result<std::unique_ptr<Server>> Server::Create(Store* store, ServerOptions optio
   uv_timer_init(&impl->loop, &impl->timer);
   impl->timer.data = impl.get();
   impl->pool = std::make_unique<WorkerPool>(impl->opts.workers);
-  impl->fetch_pool = std::make_unique<FetchPool>(impl->opts.fetch_workers, impl->opts.max_parked_fetches);
+  impl->fetch_pool =
+      std::make_unique<FetchPool>(impl->opts.fetch_workers, impl->opts.max_parked_fetches, &impl->counters);
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 

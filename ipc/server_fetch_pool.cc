@@ -17,8 +17,8 @@ thread_local ThreadState tls;
 
 }  // namespace
 
-FetchPool::FetchPool(std::size_t places, std::size_t max_parked)
-    : places_(std::max<std::size_t>(places, 1)), max_parked_(max_parked) {}
+FetchPool::FetchPool(std::size_t places, std::size_t max_parked, ServerCounters* counters)
+    : places_(std::max<std::size_t>(places, 1)), max_parked_(max_parked), counters_(counters) {}
 
 FetchPool::~FetchPool() { Shutdown(); }
 
@@ -27,12 +27,17 @@ void FetchPool::Post(std::function<void()> job) {
     MutexLock l(&mu_);
     jobs_.push_back(std::move(job));
     MaybeSpawnLocked();
+    PublishLocked();
   }
   cv_.SignalAll();
 }
 
 void FetchPool::MaybeSpawnLocked() {
-  if (jobs_.empty() || running_ >= places_ || idle_ != 0 || thread_count_ >= places_ + max_parked_) return;
+  // The jobs that could start now, each on a thread of its own: an idle
+  // thread serves one; past those, a new thread (one per job posted or
+  // place freed, which is each call).
+  if (running_ >= places_ || thread_count_ >= places_ + max_parked_) return;
+  if (idle_ >= std::min(jobs_.size(), places_ - running_)) return;
   ++thread_count_;
   ++idle_;  // until it takes its first job
   threads_.emplace_back([this] { Loop(); });
@@ -69,6 +74,7 @@ void FetchPool::Loop() {
     --idle_;
     ++running_;
     tls.hold = Hold::kPlace;
+    PublishLocked();
     l.Unlock();
     job();
     job = nullptr;  // what it holds goes before the pool's lock is taken
@@ -80,22 +86,29 @@ void FetchPool::Loop() {
     }
     tls.hold = Hold::kNone;
     ++idle_;
+    PublishLocked();
     cv_.SignalAll();  // a place is free: for a parked job, or the next one
   }
   --idle_;
   --thread_count_;
+  PublishLocked();
 }
 
 bool FetchPool::Park() {
   if (tls.pool != this || tls.hold != Hold::kPlace) return false;
   {
     MutexLock l(&mu_);
-    if (parked_ >= max_parked_) return false;
+    if (parked_ >= max_parked_) {
+      ++parks_refused_;
+      PublishLocked();
+      return false;
+    }
     --running_;
     ++parked_;
     ++parks_;
     tls.hold = Hold::kParked;
     MaybeSpawnLocked();
+    PublishLocked();
   }
   cv_.SignalAll();
   return true;
@@ -107,6 +120,7 @@ void FetchPool::Unpark() {
   --parked_;
   ++running_;
   tls.hold = Hold::kPlace;
+  PublishLocked();
 }
 
 void FetchPool::Resume() {
@@ -117,6 +131,7 @@ void FetchPool::Resume() {
   --parked_;
   ++running_;
   tls.hold = Hold::kPlace;
+  PublishLocked();
 }
 
 void FetchPool::Settle() {
@@ -125,13 +140,30 @@ void FetchPool::Settle() {
 
 FetchPool::Figures FetchPool::figures() const {
   MutexLock l(&mu_);
+  return FiguresLocked();
+}
+
+FetchPool::Figures FetchPool::FiguresLocked() const {
   Figures f;
   f.running = running_;
   f.parked = parked_;
   f.queued = jobs_.size();
   f.threads = thread_count_;
   f.parks = parks_;
+  f.parks_refused = parks_refused_;
   return f;
+}
+
+void FetchPool::PublishLocked() {
+  if (counters_ == nullptr) return;
+  const Figures f = FiguresLocked();
+  constexpr auto kOrder = std::memory_order_relaxed;
+  counters_->fetch_pool_running.store(f.running, kOrder);
+  counters_->fetch_pool_parked.store(f.parked, kOrder);
+  counters_->fetch_pool_queued.store(f.queued, kOrder);
+  counters_->fetch_pool_threads.store(f.threads, kOrder);
+  counters_->fetch_pool_parks.store(f.parks, kOrder);
+  counters_->fetch_pool_parks_refused.store(f.parks_refused, kOrder);
 }
 
 ClientWait::ClientWait() {

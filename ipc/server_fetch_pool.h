@@ -24,10 +24,12 @@ namespace primecache::ipc {
 // pace however many stalled ones there are, up to `max_parked` parked at
 // once; past that a wait keeps its place, as it would in a fixed pool.
 // Threads are made as they are needed, `places + max_parked` at most, and
-// kept until Shutdown. Thread-safe.
+// kept until Shutdown. With `counters`, every change of its figures is
+// stored there too (ServerCounters' fetch_pool_*, for the metrics); they
+// outlive the pool. Thread-safe.
 class FetchPool : public Executor {
  public:
-  FetchPool(std::size_t places, std::size_t max_parked);
+  FetchPool(std::size_t places, std::size_t max_parked, ServerCounters* counters = nullptr);
   ~FetchPool() override;
   FetchPool(const FetchPool&) = delete;
   FetchPool& operator=(const FetchPool&) = delete;
@@ -42,6 +44,8 @@ class FetchPool : public Executor {
     std::size_t queued = 0;   // jobs not started
     std::size_t threads = 0;
     std::uint64_t parks = 0;  // waits for a client parked, since the start
+    // Waits for a client that kept their place: max_parked were parked.
+    std::uint64_t parks_refused = 0;
   };
   Figures figures() const EXCLUDES(mu_);
 
@@ -61,10 +65,15 @@ class FetchPool : public Executor {
   // Waits for a free place and takes it (ahead of jobs not started).
   void Resume() EXCLUDES(mu_);
   void Loop() EXCLUDES(mu_);
-  // A thread more, when a job is queued, a place free and no thread idle.
+  // A thread more, when more jobs could start (queued, and places free for
+  // them) than threads are idle.
   void MaybeSpawnLocked() REQUIRES(mu_);
+  // Stores the figures into counters_ (when set), after every change.
+  void PublishLocked() REQUIRES(mu_);
+  Figures FiguresLocked() const REQUIRES(mu_);
 
   const std::size_t places_, max_parked_;
+  ServerCounters* const counters_;  // set at construction; may be null
   mutable Mutex mu_;
   CondVar cv_;
   std::deque<std::function<void()>> jobs_ GUARDED_BY(mu_);
@@ -74,6 +83,7 @@ class FetchPool : public Executor {
   std::size_t idle_ GUARDED_BY(mu_) = 0;      // threads waiting for a job
   std::size_t thread_count_ GUARDED_BY(mu_) = 0;
   std::uint64_t parks_ GUARDED_BY(mu_) = 0;
+  std::uint64_t parks_refused_ GUARDED_BY(mu_) = 0;
   bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_ GUARDED_BY(mu_);  // joined by Shutdown
 };

@@ -129,6 +129,14 @@ struct ServerCounters {
   // fetchChunks that carried them (extents: FetchSender::AddTo).
   std::atomic<std::uint64_t> fetch_window_chunks_shm{0}, fetch_window_messages_shm{0};
   std::atomic<std::uint64_t> fetch_window_chunks_device{0}, fetch_window_messages_device{0};
+  // The fetch pool's figures (FetchPool::Figures, stored by the pool at
+  // every change): fetches holding a place, parked (without one: waiting
+  // for their client, or back from that and waiting for a place) and not
+  // started; its threads; and since the start, waits for a client parked and
+  // those that kept their place because --max-parked-fetches were parked.
+  std::atomic<std::uint64_t> fetch_pool_running{0}, fetch_pool_parked{0}, fetch_pool_queued{0};
+  std::atomic<std::uint64_t> fetch_pool_threads{0};
+  std::atomic<std::uint64_t> fetch_pool_parks{0}, fetch_pool_parks_refused{0};
 };
 
 struct FetchState;  // ipc/fetch_sender.h

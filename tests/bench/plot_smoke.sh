@@ -44,6 +44,12 @@ if [ -n "${bin[model_bench]:-}" ]; then
   "${bin[engine_bench]}" --cpu --kv-kinds --tokens 64 --restore-reps 1 --csv-dir "$csv" > /dev/null
   expect+=(kv-kinds-cpu.png)
 fi
+if [ -n "${bin[fanin_bench]:-}" ]; then
+  (cd "$src" && "${bin[fanin_bench]}" --cpu --config configs/hrm-tiny.json --prefix 256 --engines 1 2 \
+    --daemon "${bin[primecached]}" --csv-dir "$csv" > /dev/null)
+  [ -e "$csv/fanin-hrm-tiny-cpu.csv" ] || { echo "plot_smoke: fanin bench wrote no CSV" >&2; exit 1; }
+  expect+=(fanin-hrm-tiny-cpu.png)
+fi
 # The eviction figures' committed CSV (its own smoke run is eviction_bench_smoke).
 cp "$src/docs/img/eviction-results.csv" "$csv/"
 expect+=(eviction-chat.png eviction-mixed.png)

@@ -18,7 +18,7 @@
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/gpu/dma_peer.h"
 #include "tests/ipc/daemon_harness.h"
-#include "segment_util.h"
+#include "tests/ipc/damaged_entry.h"
 
 namespace primecache::testing {
 namespace {
@@ -187,25 +187,14 @@ TEST(DeviceWindowGpu, ADamagedChunkInsideADeviceExtentFailsTheFetchAndQuarantine
   Peer peer(kWindow);
   Daemon d;
   ASSERT_TRUE(d.Start());
-  const auto bad_layers = MakeLayers(4096, 3, 94, 256, 64);
-  const auto good_layers = MakeLayers(4096, 3, 95, 256, 64);
-  std::uint64_t bad = 0, good = 0;
-  {
-    auto p = Client::Connect(d.Options());
-    ASSERT_TRUE(p.ok());
-    auto rb = (*p)->Publish(TestModel(), Tokens(4096, 94), bad_layers);
-    auto rg = (*p)->Publish(TestModel(), Tokens(4096, 95), good_layers);
-    ASSERT_TRUE(rb.ok() && rg.ok());
-    bad = rb->id, good = rg->id;
-  }
-  ASSERT_EQ(d.Stop(), 0);
-  const auto& chunk = bad_layers[0].chunks[5];
-  std::string flipped(reinterpret_cast<const char*>(chunk.data()), chunk.size());
-  flipped[flipped.size() / 2] ^= 0x10;
+  const EntryToPublish bad_entry{Tokens(4096, 94), MakeLayers(4096, 3, 94, 256, 64)};
+  const EntryToPublish good_entry{Tokens(4096, 95), MakeLayers(4096, 3, 95, 256, 64)};
+  const auto& good_layers = good_entry.layers;
   // Rewritten through the page cache: resident, so it goes the mapped path.
-  store_test::OverwriteChunk(Env::Default(), d.data_dir() + "/store", Checksum128(std::span<const std::byte>(chunk)),
-                             flipped);
-  ASSERT_TRUE(d.Start());
+  const ChunkDamage damage{0, 5, bad_entry.layers[0].chunks[5].size() / 2, 0x10};
+  DamagedPair ids;
+  ASSERT_NO_FATAL_FAILURE(PublishAndDamage(d, bad_entry, good_entry, damage, &ids));
+  const std::uint64_t bad = ids.bad, good = ids.good;
   auto c = AttachedClient(d, peer, kWindow);
   ASSERT_TRUE(c);
   bool damaged_announced = false;

@@ -2,7 +2,9 @@
 // window's chunks, or stop reading the socket) must not hold up the fetches
 // of other clients, even when there are more of them than the daemon has
 // fetch workers; and once the stalled ones are released or gone, the daemon
-// serves as before (docs/protocol.md, "Fetch budget").
+// serves as before (docs/protocol.md, "Fetch budget"); the daemon's metrics
+// of its fetch pool (docs/metrics.md) count the fetches parked, holding a
+// place and queued all along.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,6 +13,7 @@
 
 #include "ipc/shm.h"
 #include "tests/ipc/daemon_harness.h"
+#include "tests/ipc/http_scrape.h"
 
 namespace primecache::testing {
 namespace {
@@ -97,14 +100,50 @@ class WindowHog {
   int done_ = 0;
 };
 
+// The fetch pool's figures as the daemon's metrics show them.
+struct PoolMetrics {
+  double running = -1, parked = -1, queued = -1, parks = -1, parks_refused = -1;
+  std::string text;  // the scrape, for a failure's message
+};
+
 class FaninTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    d_ = std::make_unique<Daemon>(std::vector<std::string>{"--fetch-workers", std::to_string(kFetchWorkers)});
+  void SetUp() override { StartDaemon({}); }
+  // A daemon of kFetchWorkers fetch workers serving metrics, with `extra` flags.
+  void StartDaemon(std::vector<std::string> extra) {
+    metrics_port_ = FreeLoopbackPort();
+    ASSERT_NE(metrics_port_, 0);
+    std::vector<std::string> flags = {"--fetch-workers", std::to_string(kFetchWorkers), "--metrics-listen",
+                                      "127.0.0.1:" + std::to_string(metrics_port_)};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    publisher_.reset();
+    d_ = std::make_unique<Daemon>(flags);
     ASSERT_TRUE(d_->Start());
     auto c = Client::Connect(d_->Options());
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     publisher_ = std::move(c).value();
+  }
+  PoolMetrics Pool() const {
+    PoolMetrics m;
+    m.text = HttpRequest(metrics_port_, "GET /metrics HTTP/1.0\r\n\r\n");
+    auto value = [&](const char* name) { return SampleValue(m.text, name).value_or(-1); };
+    m.running = value("primecache_fetch_pool_running");
+    m.parked = value("primecache_fetch_pool_parked");
+    m.queued = value("primecache_fetch_pool_queued");
+    m.parks = value("primecache_fetch_parks_total");
+    m.parks_refused = value("primecache_fetch_parks_refused_total");
+    return m;
+  }
+  // Scrapes until `pred` holds of the pool's metrics (true), or 10 s pass.
+  template <class Pred>
+  bool PoolBecomes(Pred pred, PoolMetrics* last) const {
+    const auto end = Clock::now() + std::chrono::seconds(10);
+    for (;;) {
+      *last = Pool();
+      if (pred(*last)) return true;
+      if (Clock::now() > end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
   std::uint64_t Publish(std::uint64_t len, std::uint32_t seed, std::vector<LayerData>* layers) {
     *layers = MakeLayers(len, 4, seed, 1024, 64);  // latent chunks of 256 KiB
@@ -115,6 +154,7 @@ class FaninTest : public ::testing::Test {
 
   std::unique_ptr<Daemon> d_;
   std::unique_ptr<Client> publisher_;
+  std::uint16_t metrics_port_ = 0;
 };
 
 // A fetch of `entry` on a connection of its own, through shared memory:
@@ -150,6 +190,13 @@ TEST_F(FaninTest, StalledFetchersDoNotStallTheOthers) {
     ASSERT_TRUE(deaf.Send(*m));
   }
   hog.Drain(500);  // every stalled fetch has begun and filled what it may
+  // Each waits for its client parked, its place given back (none refused:
+  // the daemon's default bound is far above 6).
+  PoolMetrics m;
+  EXPECT_TRUE(PoolBecomes([](const PoolMetrics& p) { return p.parked == 6 && p.running == 0; }, &m)) << m.text;
+  EXPECT_GE(m.parks, 6) << m.text;
+  EXPECT_EQ(m.queued, 0) << m.text;
+  EXPECT_EQ(m.parks_refused, 0) << m.text;
 
   // The others, each on its own connection, at once.
   const auto t0 = Clock::now();
@@ -174,6 +221,36 @@ TEST_F(FaninTest, StalledFetchersDoNotStallTheOthers) {
   EXPECT_TRUE(FetchAndCompare(*d_, big_id, big).ok());
   auto stat = publisher_->Stat();
   ASSERT_TRUE(stat.ok()) << stat.status().ToString();
+  // Every fetch is over: none holds a place or is parked.
+  EXPECT_TRUE(PoolBecomes([](const PoolMetrics& p) { return p.parked == 0 && p.running == 0 && p.queued == 0; }, &m))
+      << m.text;
+  EXPECT_EQ(m.parks_refused, 0) << m.text;
+}
+
+// Past --max-parked-fetches a wait keeps its place: with one parked, the
+// next two stalled fetches each hold one of the two places and a fourth
+// waits unstarted; the metrics count each, and once released all are done.
+TEST_F(FaninTest, PastTheParkedBoundStalledFetchesKeepTheirPlaces) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon({"--max-parked-fetches", "1"}));
+  std::vector<LayerData> big;
+  const std::uint64_t big_id = Publish(3072, 2, &big);
+  ASSERT_FALSE(HasFailure());
+  WindowHog hog(d_->socket());
+  ASSERT_TRUE(hog.Attach(8u << 20));
+  for (std::uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(hog.Fetch(100 + i, big_id, i * (1u << 20), 512u << 10));
+  hog.Drain(500);
+  PoolMetrics m;
+  EXPECT_TRUE(PoolBecomes([](const PoolMetrics& p) { return p.parked == 1 && p.running == 2; }, &m)) << m.text;
+  EXPECT_GE(m.parks, 1) << m.text;
+  EXPECT_GE(m.parks_refused, 2) << m.text;
+  EXPECT_EQ(m.queued, 0) << m.text;
+  ASSERT_TRUE(hog.Fetch(103, big_id, 3u << 20, 512u << 10));
+  EXPECT_TRUE(PoolBecomes([](const PoolMetrics& p) { return p.queued == 1; }, &m)) << m.text;
+  EXPECT_EQ(m.running, 2) << m.text;
+  EXPECT_EQ(m.parked, 1) << m.text;
+  EXPECT_TRUE(hog.ReleaseUntilDone(4)) << hog.done() << " of 4 stalled fetches finished once released";
+  EXPECT_TRUE(PoolBecomes([](const PoolMetrics& p) { return p.parked == 0 && p.running == 0 && p.queued == 0; }, &m))
+      << m.text;
 }
 
 }  // namespace

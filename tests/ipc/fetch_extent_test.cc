@@ -11,8 +11,8 @@
 #include <cstring>
 
 #include "ipc/shm.h"
-#include "segment_util.h"
 #include "tests/ipc/daemon_harness.h"
+#include "tests/ipc/damaged_entry.h"
 
 namespace primecache::testing {
 namespace {
@@ -197,24 +197,15 @@ TEST_F(FetchExtentTest, ExtentsCarryAdjacentChunksInOrderAndBitExact) {
 // extent): the fetch fails without sending it, and exactly that entry is
 // quarantined; an entry beside it still fetches, and the window serves on.
 TEST_F(FetchExtentTest, ADamagedChunkInsideAnExtentFailsTheFetchAndQuarantinesItsEntry) {
-  const auto bad_layers = MakeLayers(256, 3, 161, 4096, 4);
-  const auto good_layers = MakeLayers(256, 3, 162, 4096, 4);
-  std::uint64_t bad = 0, good = 0;
-  {
-    auto p = Client::Connect(d_.Options());
-    ASSERT_TRUE(p.ok());
-    auto rb = (*p)->Publish(TestModel(), Tokens(256, 161), bad_layers);
-    auto rg = (*p)->Publish(TestModel(), Tokens(256, 162), good_layers);
-    ASSERT_TRUE(rb.ok() && rg.ok());
-    bad = rb->id, good = rg->id;
-  }
-  ASSERT_EQ(d_.Stop(), 0);
-  const auto& chunk = bad_layers[2].chunks[5];  // a latent layer's: 64 KiB chunks
-  std::string flipped(reinterpret_cast<const char*>(chunk.data()), chunk.size());
-  flipped[flipped.size() / 3] ^= 0x20;
-  store_test::OverwriteChunk(Env::Default(), d_.data_dir() + "/store", Checksum128(std::span<const std::byte>(chunk)),
-                             flipped);
-  ASSERT_TRUE(d_.Start());
+  const EntryToPublish bad_entry{Tokens(256, 161), MakeLayers(256, 3, 161, 4096, 4)};
+  const EntryToPublish good_entry{Tokens(256, 162), MakeLayers(256, 3, 162, 4096, 4)};
+  const auto& bad_layers = bad_entry.layers;
+  const auto& good_layers = good_entry.layers;
+  // Chunk 5 of a latent layer (64 KiB chunks), a third of the way in.
+  const ChunkDamage damage{2, 5, bad_layers[2].chunks[5].size() / 3, 0x20};
+  DamagedPair ids;
+  ASSERT_NO_FATAL_FAILURE(PublishAndDamage(d_, bad_entry, good_entry, damage, &ids));
+  const std::uint64_t bad = ids.bad, good = ids.good;
   RawFetcher f(d_, 8u << 20);
   ASSERT_TRUE(f.ok());
   auto r = f.Fetch(bad, 0, 4u << 20, true);

@@ -2,11 +2,7 @@
 // exposition writer (escaping, cumulative buckets, +Inf, _sum/_count), the
 // --metrics-listen parser, and the HTTP endpoint in-process. The daemon's
 // numbers through a real primecached: tests/ipc/metrics_test.py.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -20,9 +16,12 @@
 #include "ipc/exposition.h"
 #include "ipc/histogram.h"
 #include "ipc/metrics_http.h"
+#include "tests/ipc/http_scrape.h"
 
 namespace primecache::ipc {
 namespace {
+
+using primecache::testing::HttpRequest;
 
 TEST(ExpositionTest, EscapesLabelValuesAndHelp) {
   EXPECT_EQ(EscapeLabelValue("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
@@ -150,23 +149,6 @@ TEST(ListenAddressTest, ParsesAndTellsLoopback) {
                           "example.com:80", "::1:80", "[::1]80", "[127.0.0.1]:80", "1.2.3:80"}) {
     EXPECT_FALSE(ParseListenAddress(bad).ok()) << bad;
   }
-}
-
-// One HTTP/1.0 request to 127.0.0.1:port; the whole response.
-std::string HttpRequest(std::uint16_t port, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
-    char buf[4096];
-    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
-  }
-  close(fd);
-  return out;
 }
 
 // The status code of an HTTP response ("HTTP/1.1 200 OK..."); -1 if none.

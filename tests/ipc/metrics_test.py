@@ -171,6 +171,11 @@ class MetricsEndpointTest(unittest.TestCase):
         self.assertLessEqual(messages, chunks)
         self.assertEqual(value(values, "primecache_fetch_window_chunks_total", window="device"), 0)
         self.assertEqual(value(values, "primecache_fetch_window_messages_total", window="device"), 0)
+        # The fetches ran in the fetch pool (its counts: tests/ipc/fanin_test.cc).
+        self.assertGreaterEqual(value(values, "primecache_fetch_pool_threads"), 1)
+        self.assertEqual(value(values, "primecache_fetch_pool_queued"), 0)
+        self.assertEqual(value(values, "primecache_fetch_parks_refused_total"), 0)
+        self.assertEqual(types["primecache_fetch_pool_parked"], "gauge")
         self.check_histogram(values, "primecache_publish_duration_seconds", did["publishes"])
         self.check_histogram(values, "primecache_fetch_duration_seconds", did["fetches"])
         self.assertEqual(types["primecache_publish_duration_seconds"], "histogram")

@@ -8,11 +8,8 @@
 #include <cstring>
 #include <thread>
 
-#include "primecache/internal/env.h"
-#include "raw_db.h"
-#include "segment_util.h"
-#include "statestore/format.h"
 #include "tests/ipc/daemon_harness.h"
+#include "tests/ipc/damaged_entry.h"
 
 namespace primecache::testing {
 namespace {
@@ -260,27 +257,15 @@ TEST_F(ShmPathTest, FetchesThroughSmallWindowsAreBitExact) {
 // half-way (cancel), leave the connection's window whole: the next fetch on
 // the same connection lands in it, bit-exact.
 TEST_F(ShmPathTest, FailedAndCancelledFetchesLeaveTheWindowUsable) {
-  const auto bad_layers = MakeLayers(256, 3, 61, 4096, 4);
-  const auto good_layers = MakeLayers(256, 3, 62, 4096, 4);
-  std::uint64_t bad = 0, good = 0;
-  {
-    auto p = Client::Connect(d_.Options());
-    ASSERT_TRUE(p.ok());
-    auto rb = (*p)->Publish(TestModel(), Tokens(256, 61), bad_layers);
-    auto rg = (*p)->Publish(TestModel(), Tokens(256, 62), good_layers);
-    ASSERT_TRUE(rb.ok() && rg.ok());
-    bad = rb->id, good = rg->id;
-  }
-  ASSERT_EQ(d_.Stop(), 0);
-  {
-    // The last latent chunk of `bad` is damaged behind the store's back.
-    const auto& chunk = bad_layers[2].chunks.back();
-    std::string flipped(reinterpret_cast<const char*>(chunk.data()), chunk.size());
-    flipped[flipped.size() / 2] ^= 0x10;
-    store_test::OverwriteChunk(Env::Default(), d_.data_dir() + "/store", Checksum128(std::span<const std::byte>(chunk)),
-                               flipped);
-  }
-  ASSERT_TRUE(d_.Start());
+  const EntryToPublish bad_entry{Tokens(256, 61), MakeLayers(256, 3, 61, 4096, 4)};
+  const EntryToPublish good_entry{Tokens(256, 62), MakeLayers(256, 3, 62, 4096, 4)};
+  const auto& good_layers = good_entry.layers;
+  // The last latent chunk of `bad` is damaged behind the store's back.
+  const auto& latent = bad_entry.layers[2].chunks;
+  const ChunkDamage damage{2, latent.size() - 1, latent.back().size() / 2, 0x10};
+  DamagedPair ids;
+  ASSERT_NO_FATAL_FAILURE(PublishAndDamage(d_, bad_entry, good_entry, damage, &ids));
+  const std::uint64_t bad = ids.bad, good = ids.good;
   ClientOptions o = d_.Options("", true);
   o.shared_memory_bytes = 1u << 20;  // a 512 KiB window: 8 chunks at a time
   auto c = Client::Connect(o);

@@ -17,6 +17,10 @@
 // Targets: aggregate >= 0.8x the copy rate, every engine within 1.5x of
 // its fair share.
 //
+// --csv-dir DIR also writes the rounds as DIR/fanin-CONFIG-BACKEND.csv, one
+// row per N, rewritten after each round (tools/bench/plot.py draws it:
+// docs/BENCHMARKS.md, "Charts").
+//
 // The model and its restore path are primecache-model-bench's
 // (model_bench.h: Setup, OpenCache, MeasureBus).
 #include <CLI/CLI.hpp>
@@ -31,6 +35,7 @@
 #include <vector>
 
 #include "tools/bench/model_bench.h"
+#include "tools/common/csv.h"
 
 using namespace primecache;
 using namespace primecache::model_bench;
@@ -42,7 +47,7 @@ struct Args {
   std::size_t prefix = 32768, chunk = 2048;
   std::uint64_t seed = 1;
   std::vector<std::size_t> engines = {1, 2, 4, 8};
-  std::string daemon_bin;
+  std::string daemon_bin, csv_dir;
   std::vector<std::string> daemon_args;
   bool cpu = false;
   // An engine process (internal): its index, the daemon's socket, the barrier's descriptor.
@@ -96,6 +101,27 @@ int RunChild(const Args& a, std::uint64_t largest) {
   return 0;
 }
 
+// The figure: one row per round of N engines.
+bench::CsvTable FaninTable() {
+  return bench::CsvTable({"config", "device", "prefix_tokens", "engines", "restored_bytes", "span_ms",
+                          "aggregate_gbps", "copy_gbps", "vs_copy", "restore_ms_min", "restore_ms_max",
+                          "max_fair_share", "device_chunks"});
+}
+
+// What a round measured, for its table line and CSV row.
+struct Round {
+  std::size_t engines = 0;
+  std::uint64_t total = 0, device_chunks = 0;
+  double span_ms = 0, aggregate_gbps = 0, min_ms = 0, max_ms = 0, worst_share = 0;
+  std::string times;  // each engine's restore, ms
+};
+
+// The run's side-by-side copy rate, and what its rows are named by.
+struct Baseline {
+  double copy_gbps = 0;
+  std::string config, device;
+};
+
 struct Engine {
   pid_t pid = -1;
   FILE* out = nullptr;
@@ -139,8 +165,8 @@ bool NextLine(FILE* f, const std::string& tag, char* line, int size) {
   return false;
 }
 
-// N engines restoring at once; false when one failed.
-bool RunRound(const Args& a, std::size_t n, std::uint64_t largest, double baseline_gbs) {
+// N engines restoring at once: each one's figures, or false when one failed.
+bool RunEngines(const Args& a, std::size_t n, std::uint64_t largest, std::vector<Engine>* out) {
   int go[2];
   if (pipe2(go, O_CLOEXEC) != 0) return false;
   std::vector<Engine> engines;
@@ -173,33 +199,54 @@ bool RunRound(const Args& a, std::size_t n, std::uint64_t largest, double baseli
     std::fprintf(stderr, "fanin-bench: an engine of %zu failed\n", n);
     return false;
   }
+  *out = std::move(engines);
+  return true;
+}
+
+// A round's figures from its engines' (at least one).
+Round Summarize(const std::vector<Engine>& engines) {
+  Round r;
+  r.engines = engines.size();
   std::int64_t first = engines[0].start, last = 0;
-  std::uint64_t total = 0, device_chunks = 0;
+  r.min_ms = engines[0].restore_ms;
   for (const auto& e : engines) {
     first = std::min(first, e.start);
     last = std::max(last, e.start + static_cast<std::int64_t>(e.restore_ms * 1e6));
-    total += e.bytes;
-    device_chunks += e.device_chunks;
+    r.total += e.bytes;
+    r.device_chunks += e.device_chunks;
+    r.min_ms = std::min(r.min_ms, e.restore_ms);
+    r.max_ms = std::max(r.max_ms, e.restore_ms);
   }
-  const double span_ms = double(last - first) / 1e6;
-  const double agg = Gbs(total, span_ms);
+  r.span_ms = double(last - first) / 1e6;
+  r.aggregate_gbps = Gbs(r.total, r.span_ms);
   // Fair shares: every engine restoring at the same rate, the engines'
   // time in all split among them by their bytes.
   double sum_ms = 0;
   for (const auto& e : engines) sum_ms += e.restore_ms;
-  double worst = 0;
-  std::string times;
   for (const auto& e : engines) {
-    const double fair_ms = sum_ms * double(e.bytes) / double(total);
-    worst = std::max(worst, e.restore_ms / fair_ms);
+    const double fair_ms = sum_ms * double(e.bytes) / double(r.total);
+    r.worst_share = std::max(r.worst_share, e.restore_ms / fair_ms);
     char t[32];
-    std::snprintf(t, sizeof t, "%s%.1f", times.empty() ? "" : " ", e.restore_ms);
-    times += t;
+    std::snprintf(t, sizeof t, "%s%.1f", r.times.empty() ? "" : " ", e.restore_ms);
+    r.times += t;
   }
-  std::printf("| %zu | %.3f GB | %.1f ms | %.2f GB/s | %.2fx | %s ms | %.2fx | %llu |\n", n, double(total) / 1e9,
-              span_ms, agg, agg / baseline_gbs, times.c_str(), worst, static_cast<unsigned long long>(device_chunks));
+  return r;
+}
+
+// The round of N engines: its table line, and its row of `table`.
+bool RunRound(const Args& a, std::size_t n, std::uint64_t largest, const Baseline& base, bench::CsvTable* table) {
+  std::vector<Engine> engines;
+  if (!RunEngines(a, n, largest, &engines)) return false;
+  const Round r = Summarize(engines);
+  const double vs_copy = r.aggregate_gbps / base.copy_gbps;
+  std::printf("| %zu | %.3f GB | %.1f ms | %.2f GB/s | %.2fx | %s ms | %.2fx | %llu |\n", n, double(r.total) / 1e9,
+              r.span_ms, r.aggregate_gbps, vs_copy, r.times.c_str(), r.worst_share,
+              static_cast<unsigned long long>(r.device_chunks));
   std::fflush(stdout);
-  return true;
+  const Status s = table->Add({base.config, base.device, a.prefix, n, r.total, r.span_ms, r.aggregate_gbps,
+                               base.copy_gbps, vs_copy, r.min_ms, r.max_ms, r.worst_share, r.device_chunks});
+  if (!s.ok()) Fail(s, "csv row");
+  return s.ok();
 }
 
 // Publishes the K entries through a cache of the parent's model; their
@@ -234,8 +281,7 @@ int RunParent(Args& a) {
   if (Status s = daemon.Start(); !s.ok()) return Fail(s, "daemon");
   a.socket = daemon.socket();
   std::uint64_t largest = 0, entry_bytes = 0;
-  double baseline = 0;
-  std::string device;
+  Baseline base;
   {
     auto b = Setup(a.config_path, a.seed, a.prefix + 1, a.chunk, a.cpu, 2);
     if (!b.ok()) return Fail(b.status(), "setup");
@@ -244,16 +290,21 @@ int RunParent(Args& a) {
     std::tie(largest, entry_bytes) = *published;
     auto bus = MeasureBus(b->engine->device(), entry_bytes);
     if (!bus.ok()) return Fail(bus.status(), "pinned copies");
-    baseline = bus->h2d_gbs;
-    device = b->engine->device().name();
+    base.copy_gbps = bus->h2d_gbs;
+    base.device = b->engine->device().name();
+    base.config = b->config.name;
   }
   std::printf("fanin-bench: %s on %s, %zu entries of %zu tokens (%.3f GB restored each); pinned host-to-device "
               "copy %.2f GB/s\n",
-              a.config_path.c_str(), device.c_str(), k, a.prefix, double(entry_bytes) / 1e9, baseline);
+              a.config_path.c_str(), base.device.c_str(), k, a.prefix, double(entry_bytes) / 1e9, base.copy_gbps);
   std::printf("| engines | restored | span | aggregate | vs copy | each engine's restore | max/fair share | "
               "device chunks |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  // Written again after every round: a run cut short keeps the rounds it finished.
+  bench::CsvTable table = FaninTable();
+  const std::string name = "fanin-" + base.config + (a.cpu ? "-cpu" : "-cuda");
   for (std::size_t n : a.engines) {
-    if (!RunRound(a, n, largest, baseline)) return 1;
+    if (!RunRound(a, n, largest, base, &table)) return 1;
+    if (Status s = table.WriteToDir(a.csv_dir, name); !s.ok()) return Fail(s, "csv");
   }
   return 0;
 }
@@ -274,6 +325,7 @@ int main(int argc, char** argv) {
   app.add_option("--daemon", a.daemon_bin, "primecached binary");
   app.add_option("--daemon-arg", a.daemon_args, "an argument for the daemon (repeat)")->allow_extra_args(false);
   app.add_flag("--cpu", a.cpu, "run on the CPU reference instead of CUDA");
+  app.add_option("--csv-dir", a.csv_dir, "also write the rounds as a CSV file here (tools/bench/plot.py)");
   auto* child = app.add_option("--engine-child", a.child)->group("");
   app.add_option("--socket", a.socket)->group("");
   app.add_option("--go-fd", a.go_fd)->group("");

@@ -20,6 +20,8 @@ an error, so a benchmark whose CSV changes fails here (and in the ctest
   primecache-eviction-bench --csv X  eviction-TRACE.png per trace, rows of every such file merged
   primecache-serving-bench --csv X   X.png: hit rate (and the replay's), TTFT p50/p95 and stored bytes
                                      per trace x boundary setting
+  primecache-fanin-bench --csv-dir D fanin-CONFIG-BACKEND.png: aggregate restore rate against the copy
+                                     and the slowest engine against its fair share, per engines at once
 """
 import csv
 import os
@@ -291,6 +293,42 @@ def plot_serving(rows, out):
     return [save(fig, out + ".png")]
 
 
+# ---- fanin_bench ------------------------------------------------------------------------------
+
+
+def plot_fanin(rows, out):
+    rows = sorted(rows, key=lambda r: int(r["engines"]))
+    engines = [r["engines"] for r in rows]
+    xs = range(len(rows))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    vs = [float(r["vs_copy"]) for r in rows]
+    bars = axes[0].bar(xs, vs, color="C0")
+    axes[0].bar_label(bars, labels=[f"{v:.2f}x\n{float(r['aggregate_gbps']):.3g} GB/s" for v, r in zip(vs, rows)],
+                      fontsize=7, padding=1)
+    axes[0].axhline(1.0, color="black", linestyle="--",
+                    label=f"the copy ({median([float(r['copy_gbps']) for r in rows]):.3g} GB/s)")
+    axes[0].axhline(0.8, color="red", linestyle=":", label="target: 0.8 x the copy")
+    axes[0].set_ylabel("aggregate restore rate / copy rate")
+    axes[0].set_title("every engine's bytes over the span, against the copy", fontsize=9)
+    worst = [float(r["max_fair_share"]) for r in rows]
+    bars = axes[1].bar(xs, worst, color="C1")
+    axes[1].bar_label(bars, labels=[f"{w:.2f}x" for w in worst], fontsize=7, padding=1)
+    axes[1].axhline(1.0, color="black", linestyle="--", label="fair share")
+    axes[1].axhline(1.5, color="red", linestyle=":", label="target: within 1.5 x")
+    axes[1].set_ylabel("slowest engine's restore / its fair share")
+    axes[1].set_title("the slowest engine against its fair share", fontsize=9)
+    for ax in axes:
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(engines)
+        ax.set_xlabel("engine processes restoring at once")
+        ax.set_ylim(0, max(1.6, *(ax.get_ylim()[1:])) * 1.08)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"many restores at once: {rows[0]['config']}, {int(rows[0]['prefix_tokens'])} tokens each, "
+                 f"on {rows[0]['device']}", fontsize=10)
+    return [save(fig, out + ".png")]
+
+
 # ---- dispatch -------------------------------------------------------------------------------
 
 RESTORE = ("config,device,prefix_tokens,path,restored_bytes,restore_ms,restore_gbps,pinned_h2d_gbps")
@@ -310,6 +348,8 @@ FIGURES = {
     "seconds,trace,ttft_mean_ms,ttft_nocache_mean_ms,ttft_p95_ms,where": (plot_eviction, True),
     "trace,setting,requests,prompt_tokens,hit_rate,replay_hit_rate,published,stored_bytes,ttft_p50_ms,"
     "ttft_p95_ms": (plot_serving, False),
+    "config,device,prefix_tokens,engines,restored_bytes,span_ms,aggregate_gbps,copy_gbps,vs_copy,restore_ms_min,"
+    "restore_ms_max,max_fair_share,device_chunks": (plot_fanin, False),
 }
 
 

@@ -219,7 +219,7 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--read-ahead", f->read_ahead, "bytes a fetch reads ahead of what it has sent (default 64M)");
   app->add_option("--max-publishes", f->max_publishes, "publishes in flight per client")->check(CLI::Range(1, 1024));
   app->add_option("--max-chunk", f->max_chunk, "largest chunk a message may carry, e.g. 4M");
-  app->add_option("--write-queue", f->write_queue, "unwritten bytes per connection before fetches pause, e.g. 8M");
+  app->add_option("--write-queue", f->write_queue, "unwritten bytes per connection before fetches pause (default 8M)");
   app->add_option("--admin-uid", f->admin_uids, "uids allowed on the admin socket besides ours and root");
   app->add_option("--max-connections", f->max_connections, "data connections (socket and TCP) at once")
       ->check(CLI::Range(1, 1 << 20));
