@@ -150,7 +150,7 @@ constexpr std::uint64_t kMaxCopiesInFlight = 64;
 // restore's time) while a 256 MiB window keeps 32 extents in flight and the
 // first copy starts after 8 MiB, well under a millisecond of the copy
 // engines; the shared ring's go to the client's decode threads sooner.
-constexpr std::uint64_t kDeviceExtentBytes = 8u << 20;
+constexpr std::uint64_t kDeviceExtentBytes = 16u << 20;
 constexpr std::uint64_t kShmExtentBytes = 4u << 20;
 
 // Which chunks of a layer are stored raw/v1 (their bytes are the values, so a

@@ -87,12 +87,21 @@ struct Piece {
   std::size_t bytes;
 };
 
-enum class Submit { kOneEach, kEventEach, kBatch, k2D };
+enum class Submit { kOneEach, kEventEach, kBatch, k2D, k2DThenOnDevice };
+
+// k2DThenOnDevice: each 2D copy is then copied on the device, on a second
+// stream once its event passed, as an engine takes an extent out of its
+// device window (where the copies could contend for the copy engines).
+struct OnDevice {
+  cudaStream_t stream = nullptr;
+  std::byte* dst = nullptr;
+};
+OnDevice g_on_device;
 
 // Submits the pieces on `s` the way `how` says and returns the seconds
 // until the last one landed (with the seconds of submitting alone).
 double TimePieces(const std::vector<Piece>& pieces, Submit how, cudaStream_t s, std::vector<cudaEvent_t>& events,
-                  std::size_t src_pitch, double* submit_s) {
+                  std::size_t src_pitch, std::size_t rows, double* submit_s) {
   auto t0 = std::chrono::steady_clock::now();
   if (how == Submit::kBatch) {
     std::vector<void*> dsts;
@@ -105,12 +114,22 @@ double TimePieces(const std::vector<Piece>& pieces, Submit how, cudaStream_t s, 
     attr.dstLocHint.type = cudaMemLocationTypeDevice;
     std::size_t idx = 0;
     Check(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), pieces.size(), &attr, &idx, 1, s), "batch copy");
-  } else if (how == Submit::k2D) {
-    // Every piece but the last has one size; pieces lie at one pitch.
-    const Piece& first = pieces.front();
-    Check(cudaMemcpy2DAsync(first.dst, first.bytes, first.src, src_pitch, first.bytes, pieces.size(),
-                            cudaMemcpyHostToDevice, s),
-          "2D copy");
+  } else if (how == Submit::k2D || how == Submit::k2DThenOnDevice) {
+    // The pieces have one size and lie at one pitch: `rows` of them a copy
+    // (an extent's worth), each copy followed by an event as the daemon's.
+    for (std::size_t i = 0; i < pieces.size(); i += rows) {
+      const Piece& first = pieces[i];
+      Check(cudaMemcpy2DAsync(first.dst, first.bytes, first.src, src_pitch, first.bytes,
+                              std::min(rows, pieces.size() - i), cudaMemcpyHostToDevice, s),
+            "2D copy");
+      cudaEvent_t e = events[(i / rows) % events.size()];
+      cudaEventRecord(e, s);
+      if (how == Submit::k2DThenOnDevice) {
+        const std::size_t n = std::min(rows, pieces.size() - i) * first.bytes;
+        cudaStreamWaitEvent(g_on_device.stream, e, 0);
+        cudaMemcpyAsync(g_on_device.dst + i * first.bytes, first.dst, n, cudaMemcpyDeviceToDevice, g_on_device.stream);
+      }
+    }
   } else {
     for (std::size_t i = 0; i < pieces.size(); ++i) {
       Check(cudaMemcpyAsync(pieces[i].dst, pieces[i].src, pieces[i].bytes, cudaMemcpyHostToDevice, s), "copy");
@@ -119,6 +138,7 @@ double TimePieces(const std::vector<Piece>& pieces, Submit how, cudaStream_t s, 
   }
   *submit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   cudaStreamSynchronize(s);
+  if (how == Submit::k2DThenOnDevice) cudaStreamSynchronize(g_on_device.stream);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -141,12 +161,15 @@ void ProbeMapped(const std::string& dir, std::size_t mib, int reps, void* dev, v
   cudaStream_t s = nullptr;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   std::vector<cudaEvent_t> events(64);
+  cudaStreamCreateWithFlags(&g_on_device.stream, cudaStreamNonBlocking);
+  if (!Check(cudaMalloc(&g_on_device.dst, bytes), "cudaMalloc")) return;
   for (cudaEvent_t& e : events) cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
   struct Case {
     const char* name;
     const void* src;
     std::size_t piece, gap;
     Submit how;
+    std::size_t rows = 0;  // k2D: pieces a copy (0: all)
   };
   const std::size_t chunk = 600 << 10;  // the glm5-class model's chunk
   const Case cases[] = {
@@ -156,7 +179,10 @@ void ProbeMapped(const std::string& dir, std::size_t mib, int reps, void* dev, v
       {"mapped, 0.6 MiB copies", m.data, chunk, 40, Submit::kOneEach},
       {"mapped, 0.6 MiB copies + event", m.data, chunk, 40, Submit::kEventEach},
       {"mapped, 0.6 MiB batched", m.data, chunk, 40, Submit::kBatch},
-      {"mapped, 0.6 MiB as 2D", m.data, chunk, 40, Submit::k2D},
+      {"mapped, 0.6 MiB as one 2D", m.data, chunk, 40, Submit::k2D},
+      {"mapped, 0.6 MiB as 2D of 13 rows", m.data, chunk, 40, Submit::k2D, 13},
+      {"mapped, 0.6 MiB as 2D of 26 rows", m.data, chunk, 40, Submit::k2D, 26},
+      {"mapped, 2D of 13 rows, then on device", m.data, chunk, 40, Submit::k2DThenOnDevice, 13},
   };
   for (const Case& c : cases) {
     auto pieces = Pieces(static_cast<std::byte*>(dev), static_cast<const std::byte*>(c.src), c.piece, c.gap,
@@ -166,7 +192,7 @@ void ProbeMapped(const std::string& dir, std::size_t mib, int reps, void* dev, v
     std::vector<double> gbs, submit_us;
     for (int i = 0; i < reps + 1; ++i) {
       double submit = 0;
-      double t = TimePieces(pieces, c.how, s, events, c.piece + c.gap, &submit);
+      double t = TimePieces(pieces, c.how, s, events, c.piece + c.gap, c.rows == 0 ? pieces.size() : c.rows, &submit);
       if (i == 0) continue;  // warms up
       gbs.push_back(static_cast<double>(moved) / t / 1e9);
       submit_us.push_back(submit * 1e6 / static_cast<double>(pieces.size()));
@@ -178,6 +204,8 @@ void ProbeMapped(const std::string& dir, std::size_t mib, int reps, void* dev, v
   }
   for (cudaEvent_t e : events) cudaEventDestroy(e);
   cudaStreamDestroy(s);
+  cudaStreamDestroy(g_on_device.stream);
+  cudaFree(g_on_device.dst);
   cudaHostUnregister(m.data);
 }
 
