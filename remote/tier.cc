@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdio>
 #include <map>
+#include <utility>
 
 #include "primecache/internal/codec.h"
 #include "core/token_hash.h"
@@ -38,6 +39,15 @@ std::optional<std::pair<std::uint64_t, std::uint64_t>> ParseMember(std::string_v
   return std::pair{length, hash};
 }
 
+// Buffers of the receive pool lent to one fetch: given back unless released.
+struct Lent {
+  ReceivePool& pool;
+  std::vector<std::string> chunks;
+  ~Lent() {
+    for (std::string& c : chunks) pool.Give(std::move(c));
+  }
+};
+
 bool SameIdentity(const PublishRequest& e, const Hash128& model, std::string_view ns,
                   std::span<const std::uint32_t> boundary) {
   return e.model == model && e.ns == ns && std::equal(e.tokens.begin(), e.tokens.end(), boundary.begin(), boundary.end());
@@ -51,8 +61,25 @@ std::string ManifestKey(const Hash128& model, std::string_view ns, std::span<con
   return "pc:m:" + ScopeKey(model, ns) + ":" + HexDigits(TokensId(boundary));
 }
 
+RemoteEntry& RemoteEntry::operator=(RemoteEntry&& other) noexcept {
+  if (this == &other) return *this;
+  if (pool) pool->Give(layers);
+  entry = std::move(other.entry);
+  layers = std::move(other.layers);
+  chunk_bytes = other.chunk_bytes;
+  pool = std::move(other.pool);
+  return *this;
+}
+
+RemoteEntry::~RemoteEntry() {
+  if (pool) pool->Give(layers);
+}
+
 RemoteTier::RemoteTier(std::shared_ptr<ClusterClient> client, RemoteTierOptions options)
-    : client_(std::move(client)), options_(options), verify_(options.verify_threads) {}
+    : client_(std::move(client)),
+      options_(options),
+      pool_(std::make_shared<ReceivePool>(options.receive_pool_bytes)),
+      verify_(options.verify_threads) {}
 
 Status RemoteTier::Put(const PublishRequest& entry, const std::vector<LayerBytes>& layers) {
   if (entry.tokens.empty()) return Status::InvalidArgument("remote put of no tokens");
@@ -133,8 +160,8 @@ Result<std::optional<std::vector<std::string>>> RemoteTier::FetchChunks(const Re
       refs.push_back(&c);
     }
   }
-  std::vector<std::string> out;
-  PC_ASSIGN_OR_RETURN(auto checks, ReceiveChunks(refs, keys, out));
+  Lent out{*pool_, {}};
+  PC_ASSIGN_OR_RETURN(auto checks, ReceiveChunks(refs, keys, out.chunks));
   for (std::size_t i = 0; i < checks.size(); ++i) {
     const ChunkCheck check = checks[i];
     if (check == ChunkCheck::kMissing) {  // evicted: the entry is gone as a whole
@@ -149,7 +176,7 @@ Result<std::optional<std::vector<std::string>>> RemoteTier::FetchChunks(const Re
       return std::optional<std::vector<std::string>>();
     }
   }
-  return std::optional<std::vector<std::string>>(std::move(out));
+  return std::optional<std::vector<std::string>>(std::exchange(out.chunks, {}));
 }
 
 Result<std::vector<ChunkCheck>> RemoteTier::ReceiveChunks(std::span<const ChunkRef* const> refs,
@@ -162,11 +189,12 @@ Result<std::vector<ChunkCheck>> RemoteTier::ReceiveChunks(std::span<const ChunkR
                                 std::to_string(limit));
     }
   }
-  // Each chunk's string is sized by the thread about to receive it (each
-  // element by one thread at a time), so its pages are written while hot.
+  // Each chunk's buffer is taken by the thread about to receive it (each
+  // element by one thread at a time), so its pages are written while hot;
+  // a key resent gets the buffer it had.
   out.assign(refs.size(), std::string());
   const std::function<std::span<std::byte>(std::size_t)> into = [&](std::size_t i) {
-    out[i].resize(refs[i]->size);
+    if (out[i].size() != refs[i]->size) out[i] = pool_->Take(refs[i]->size);
     return std::as_writable_bytes(std::span(out[i]));
   };
   // Verdicts written by the pool, each element by one job; read once every
@@ -233,6 +261,7 @@ Result<std::optional<RemoteEntry>> RemoteTier::Fetch(const Hash128& model, std::
   PC_ASSIGN_OR_RETURN(auto chunks, FetchChunks(*m, boundary));
   if (!chunks) return std::optional<RemoteEntry>();
   RemoteEntry e;
+  e.pool = pool_;
   e.entry = std::move(m->entry);
   std::size_t next = 0;
   for (ManifestLayer& l : m->layers) {

@@ -37,6 +37,7 @@
 #include "primecache/internal/store.h"
 #include "remote/cluster_client.h"
 #include "remote/manifest.h"
+#include "remote/receive_pool.h"
 
 namespace primecache::remote {
 
@@ -44,6 +45,8 @@ struct RemoteTierOptions {
   std::uint32_t block_tokens = 256;    // the index's hashed block (as the local store's)
   std::size_t max_node_members = 4096;  // members of one index node read at most
   std::size_t verify_threads = 2;       // threads checking fetched chunks' addresses
+  // Capacity of fetched chunk buffers kept for the next fetch (0: none).
+  std::size_t receive_pool_bytes = std::size_t{256} << 20;
 };
 
 // Where the longest stored boundary of a query is.
@@ -52,11 +55,19 @@ struct RemoteHit {
   std::string manifest_key;
 };
 
-// An entry fetched and checked, ready for a local publish.
+// An entry fetched and checked, ready for a local publish. Its chunks are
+// buffers of the tier's receive pool, given back to it (whatever chunks the
+// layers still hold) when the entry is destroyed or assigned over.
 struct RemoteEntry {
   PublishRequest entry;
   std::vector<LayerBytes> layers;
   std::uint64_t chunk_bytes = 0;
+  std::shared_ptr<ReceivePool> pool;  // null: the chunks are simply freed
+
+  RemoteEntry() = default;
+  RemoteEntry(RemoteEntry&&) noexcept = default;
+  RemoteEntry& operator=(RemoteEntry&& other) noexcept;
+  ~RemoteEntry();
 };
 
 struct RemoteTierStats {
@@ -94,6 +105,7 @@ class RemoteTier {
   Result<std::vector<std::optional<std::string>>> ReadChunks(const RemoteManifest& m);
 
   RemoteTierStats stats() const;
+  ReceivePoolStats receive_pool_stats() const { return pool_->stats(); }
   ClusterClient& client() { return *client_; }
 
  private:
@@ -101,8 +113,9 @@ class RemoteTier {
   // entry removed) when one is missing or damaged.
   Result<std::optional<std::vector<std::string>>> FetchChunks(const RemoteManifest& m,
                                                               std::span<const std::uint32_t> boundary);
-  // Receives every chunk of `refs` into `out` (sized here), each checked on
-  // the verify pool as soon as it has arrived; what each was found to be.
+  // Receives every chunk of `refs` into `out` (buffers of the receive pool,
+  // taken here), each checked on the verify pool as soon as it has arrived;
+  // what each was found to be.
   Result<std::vector<ChunkCheck>> ReceiveChunks(std::span<const ChunkRef* const> refs,
                                                 std::span<const std::string> keys, std::vector<std::string>& out);
 
@@ -112,6 +125,7 @@ class RemoteTier {
 
   mutable Mutex stats_mu_;
   RemoteTierStats stats_ GUARDED_BY(stats_mu_);
+  std::shared_ptr<ReceivePool> pool_;  // the buffers fetches receive into
   WorkerPool verify_;  // checks fetched chunks while the rest still arrive
 };
 

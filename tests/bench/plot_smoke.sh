@@ -53,6 +53,10 @@ fi
 # The eviction figures' committed CSV (its own smoke run is eviction_bench_smoke).
 cp "$src/docs/img/eviction-results.csv" "$csv/"
 expect+=(eviction-chat.png eviction-mixed.png)
+# The cluster bench's committed CSV (its runs need a loopback Redis Cluster
+# and minutes: docs/BENCHMARKS.md, "Remote tier on Redis Cluster").
+cp "$src/docs/img/cluster-bench.csv" "$csv/"
+expect+=(cluster-bench.png)
 # The serving bench's committed CSV (its own smoke runs are serving_bench_smoke*).
 cp "$src/docs/img/serving/serving-cpu.csv" "$csv/"
 expect+=(serving-cpu.png)

@@ -142,6 +142,53 @@ TEST_F(RemoteTierTest, DamagedOrTruncatedChunksAreRefusedAndRemoved) {
   }
 }
 
+// A fetched entry's chunk buffers go back to the fetching tier's pool when
+// it is dropped, and the next fetch receives into them: a reused buffer
+// holds exactly the bytes of the fetch it was taken for, and a fetch that
+// fails a check returns nothing and gives every buffer back.
+TEST_F(RemoteTierTest, FetchBuffersAreReusedAndHoldOnlyTheirOwnFetchsBytes) {
+  const auto tokens = Tokens(1000);
+  for (std::size_t len : {500u, 600u}) ASSERT_TRUE(host_a_->Put(Entry(std::span(tokens).first(len)), Layers(len)).ok());
+  auto expect_layers = [](const RemoteEntry& e, std::size_t len) {
+    const auto want = Layers(len);
+    ASSERT_EQ(e.layers.size(), want.size());
+    for (std::size_t l = 0; l < want.size(); ++l) EXPECT_EQ(e.layers[l].chunks, want[l].chunks) << len;
+  };
+  {
+    auto e = FetchOnB(std::span(tokens).first(600));
+    ASSERT_TRUE(e.has_value());
+    expect_layers(*e, 600);
+    EXPECT_EQ(host_b_->receive_pool_stats().allocated, 6u);
+    EXPECT_EQ(host_b_->receive_pool_stats().kept_bytes, 0u) << "every buffer lent to the entry";
+  }
+  const std::uint64_t kept = host_b_->receive_pool_stats().kept_bytes;
+  EXPECT_GE(kept, 3u * 1000 + 3u * 5003) << "the dropped entry's buffers are kept";
+  {
+    auto e = FetchOnB(std::span(tokens).first(599));  // the 500 entry, same chunk sizes
+    ASSERT_TRUE(e.has_value());
+    expect_layers(*e, 500);
+    EXPECT_EQ(host_b_->receive_pool_stats().reused, 6u);
+    EXPECT_EQ(host_b_->receive_pool_stats().allocated, 6u);
+    RemoteEntry moved;
+    moved = std::move(*e);  // assigned over an empty entry, then dropped: given back once
+  }
+  EXPECT_EQ(host_b_->receive_pool_stats().kept_bytes, kept);
+  // The 600 entry's own chunk, damaged in place (same size): it is received
+  // into a reused buffer, fails its address, and nothing leaves the fetch.
+  const RemoteManifest m = ManifestOf(Entry(std::span(tokens).first(600)), Layers(600));
+  const std::string victim = ChunkKey(m.layers[2].chunks[1].address);
+  std::string bytes = host_a_->client().Get(victim).value().value();
+  bytes[0] = '5';  // "500...": the other entry's bytes, under this one's address
+  ASSERT_TRUE(host_a_->client().Set(victim, bytes).ok());
+  EXPECT_FALSE(FetchOnB(std::span(tokens).first(600)).has_value());
+  EXPECT_EQ(host_b_->stats().damaged, 1u);
+  EXPECT_EQ(host_b_->receive_pool_stats().kept_bytes, kept) << "a failed fetch gives back what it received";
+  auto e = FetchOnB(std::span(tokens).first(600));  // now the 500 entry again, into reused buffers
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->entry.tokens.size(), 500u);
+  expect_layers(*e, 500);
+}
+
 TEST_F(RemoteTierTest, EvictedChunksOrManifestsAreAMissAndCleanedUp) {
   const auto tokens = Tokens(500);
   ASSERT_TRUE(host_a_->Put(Entry(tokens), Layers(500)).ok());

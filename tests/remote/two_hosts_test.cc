@@ -58,7 +58,8 @@ bool WaitForManifests(const RedisCluster& cluster, std::size_t n) {
 TEST(TwoHosts, APromptPrimedOnOneHostIsRestoredOnTheOther) {
   RedisCluster cluster;
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  Daemon a({"--remote", cluster.url()}), b({"--remote", cluster.url()});
+  // B keeps at most 1 MiB of fetched chunk buffers (less than the entry).
+  Daemon a({"--remote", cluster.url()}), b({"--remote", cluster.url(), "--remote-receive-pool", "1M"});
   ASSERT_TRUE(a.Start());
   ASSERT_TRUE(b.Start());
   ProcessResult first = RunPrompt(a.socket(), kPrompt);

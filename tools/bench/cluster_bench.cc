@@ -14,8 +14,17 @@
 // with the tier's pipeline depth (the better of the two is the baseline),
 // and the cluster is flushed again; then redis-benchmark SETs one entry's
 // bytes to new random keys (-r), so that the server allocates as it must for
-// the tier's chunks, the same two ways. Rows are medians over the
-// repetitions; the lookup percentiles pool every lookup of the row.
+// the tier's chunks, the same two ways; then it writes one entry's bytes of
+// values of the chunk size to the keys redis-benchmark -r draws from
+// (key:000000000000 on), and redis-benchmark SETs and GETs over that
+// keyspace (-r: every GET a hit on one of the distinct values, checked by
+// the primaries' keyspace_misses), the same two ways. The fetch is
+// measured twice: through the tier as configured (its receive pool keeps
+// the buffers of the last fetch, given back when the fetched entry is
+// dropped, as the daemon does after its local publish), and through a
+// third client whose tier keeps none (every fetch in fresh memory). Rows
+// are medians over the repetitions; the lookup percentiles pool every
+// lookup of the row. --csv also writes every row to a file (tools/bench/plot.py).
 //
 // --data planes makes the chunks plane-like (f32 activations: normal values
 // with a scale per row, which shuffle-zstd compresses about 1.1-1.2x), and
@@ -37,6 +46,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/errno_text.h"
@@ -68,14 +78,29 @@ struct Args {
   bool reuse_memory = false;
   std::string redis_benchmark = "redis-benchmark";
   double bench_gib = 2;
+  double pool_mib = static_cast<double>(RemoteTierOptions{}.receive_pool_bytes >> 20);
+  std::string csv;
 };
+
+std::string Script() { return std::string(PRIMECACHE_SOURCE_DIR) + "/tools/redis-cluster"; }
+
+// The directory of the cluster this bench started (stopped by Die too).
+std::string& OwnCluster() {
+  static std::string dir;
+  return dir;
+}
+
+void StopOwnCluster() {
+  if (OwnCluster().empty()) return;
+  (void)std::system((Script() + " stop " + OwnCluster()).c_str());
+  OwnCluster().clear();
+}
 
 [[noreturn]] void Die(const Status& s, const char* what) {
   std::fprintf(stderr, "cluster-bench: %s: %s\n", what, s.ToString().c_str());
+  StopOwnCluster();
   std::exit(1);
 }
-
-std::string Script() { return std::string(PRIMECACHE_SOURCE_DIR) + "/tools/redis-cluster"; }
 
 // The whole output of a shell command; dies when it fails.
 std::string Output(const std::string& cmd, const char* what) {
@@ -93,6 +118,7 @@ std::string StartCluster(const std::string& dir, int io_threads) {
   std::string cmd = Script() + " start " + dir;
   if (io_threads > 0) cmd = "PRIMECACHE_REDIS_CONF='io-threads " + std::to_string(io_threads) + "' " + cmd;
   std::string url = Output(cmd, "cluster");
+  OwnCluster() = dir;
   while (!url.empty() && url.back() == '\n') url.pop_back();
   return url;
 }
@@ -179,19 +205,30 @@ void Decode(const RemoteEntry& got, const std::vector<LayerBytes>& raw, const Tr
 
 struct Figures {
   double put = 0, fetch = 0, set = 0, get = 0, set_new = 0;  // GB/s
+  double fetch_fresh = 0;           // through a tier without a receive pool
+  double set_keys = 0, get_keys = 0;  // redis-benchmark over a keyspace of distinct values
   double zput = 0, zfetch = 0, zratio = 0;        // --zstd: GB/s of the raw bytes, and raw / wire bytes
   std::vector<double> lookup_ms;
 };
 
 struct Timed {
-  double put_s = 0, fetch_s = 0;
+  double put_s = 0, fetch_s = 0, fetch_fresh_s = 0;
   RemoteEntry got;
 };
 
+// Fetches `hit` whole through `t`: the entry and its seconds.
+std::pair<RemoteEntry, double> TimedFetch(RemoteTier& t, const PublishRequest& e, const RemoteHit& hit) {
+  const auto t0 = Clock::now();
+  auto got = t.Fetch(e.model, e.ns, e.tokens, hit);
+  if (!got.ok() || !*got) Die(got.ok() ? Status::NotFound("fetch missed") : got.status(), "fetch");
+  return {std::move(**got), Seconds(t0)};
+}
+
 // Puts `layers` through `a`, looks the boundary up through `b` (each
-// lookup's time into lookup_ms when given), fetches it whole through `b`.
+// lookup's time into lookup_ms when given), fetches it whole through `b`
+// (and, when given, through `fresh`, its entry dropped at once).
 Timed PutAndFetch(RemoteTier& a, RemoteTier& b, const PublishRequest& e, const std::vector<LayerBytes>& layers,
-                  int lookups, std::vector<double>* lookup_ms) {
+                  int lookups, std::vector<double>* lookup_ms, RemoteTier* fresh = nullptr) {
   Timed t;
   auto t0 = Clock::now();
   if (Status s = a.Put(e, layers); !s.ok()) Die(s, "put");
@@ -204,11 +241,8 @@ Timed PutAndFetch(RemoteTier& a, RemoteTier& b, const PublishRequest& e, const s
     if (lookup_ms) lookup_ms->push_back(Seconds(t0) * 1e3);
     hit = *h;
   }
-  t0 = Clock::now();
-  auto got = b.Fetch(e.model, e.ns, e.tokens, *hit);
-  if (!got.ok() || !*got) Die(got.ok() ? Status::NotFound("fetch missed") : got.status(), "fetch");
-  t.fetch_s = Seconds(t0);
-  t.got = std::move(**got);
+  if (fresh != nullptr) t.fetch_fresh_s = TimedFetch(*fresh, e, *hit).second;
+  std::tie(t.got, t.fetch_s) = TimedFetch(b, e, *hit);
   return t;
 }
 
@@ -218,13 +252,18 @@ Timed PutAndFetch(RemoteTier& a, RemoteTier& b, const PublishRequest& e, const s
 // start does not weigh on its rate. With `new_keys`, only SETs, each of a
 // random key (-r 10^9), as many bytes as one entry: the server allocates for
 // every one, as it does for the tier's chunks (GET is then 0).
+// With `keyspace` keys (written before), SETs and GETs each of a random one
+// of them (-r), as many bytes as the overwritten key's.
 std::pair<double, double> RedisBenchmark(const Args& args, const Endpoint& at, std::uint64_t size,
-                                         std::size_t pipeline, bool new_keys) {
+                                         std::size_t pipeline, bool new_keys, std::uint64_t keyspace = 0) {
   const auto bytes = static_cast<std::uint64_t>(args.bench_gib * static_cast<double>(1ull << 30));
   const std::uint64_t n = std::max<std::uint64_t>(
       new_keys ? (args.mib << 20) / size : std::max(args.mib << 20, bytes) / size, 64 * args.threads);
+  const std::string tests = new_keys       ? " -t set -r 1000000000"
+                            : keyspace > 0 ? " -t set,get -r " + std::to_string(keyspace)
+                                           : " -t set,get";
   const std::string cmd = args.redis_benchmark + " --cluster -h " + at.host + " -p " + std::to_string(at.port) +
-                          (new_keys ? " -t set -r 1000000000" : " -t set,get") + " -d " + std::to_string(size) +
+                          tests + " -d " + std::to_string(size) +
                           " -n " + std::to_string(n) + " -c " + std::to_string(args.threads) + " -P " +
                           std::to_string(pipeline) + " --csv 2>/dev/null";
   const std::string out = Output(cmd, "redis-benchmark");
@@ -239,6 +278,90 @@ std::pair<double, double> RedisBenchmark(const Args& args, const Endpoint& at, s
   return {gbs("SET"), gbs("GET")};
 }
 
+// The primaries' keyspace_misses summed (INFO stats).
+std::uint64_t KeyspaceMisses(ClusterClient& c) {
+  std::uint64_t misses = 0;
+  for (const Endpoint& at : c.Primaries()) {
+    auto conn = RedisConn::Open(at, std::chrono::milliseconds(500), std::chrono::seconds(30));
+    if (!conn.ok()) Die(conn.status(), "info");
+    auto r = (*conn)->Call({"INFO", "stats"});
+    if (!r.ok()) Die(r.status(), "info");
+    if ((*r)->type != REDIS_REPLY_STRING) Die(Status::IOError("INFO answered no text"), "info");
+    const std::string text((*r)->str, (*r)->len);
+    const std::size_t at_field = text.find("keyspace_misses:");
+    if (at_field == std::string::npos) Die(Status::Corruption("no keyspace_misses in INFO"), "info");
+    misses += std::strtoull(text.c_str() + at_field + 16, nullptr, 10);
+  }
+  return misses;
+}
+
+// The hash tags redis-benchmark --cluster puts in its keys, one per primary
+// (key:{tag}:__rand_int__), found by a short run of its SETs with -r 1.
+std::vector<std::string> BenchmarkTags(const Args& args, ClusterClient& c) {
+  const Endpoint at = c.Primaries().at(0);
+  (void)Output(args.redis_benchmark + " --cluster -h " + at.host + " -p " + std::to_string(at.port) +
+                   " -t set -r 1 -d 1 -n " + std::to_string(64 * args.threads) + " -c " + std::to_string(args.threads) +
+                   " --csv 2>/dev/null",
+               "redis-benchmark tags");
+  auto keys = c.Keys("key:{*}:*", 1000);
+  if (!keys.ok()) Die(keys.status(), "redis-benchmark tags");
+  std::vector<std::string> tags;
+  // "key:{" tag "}:000000000000" (a tag may hold a '}' itself, e.g. "8M}").
+  constexpr std::size_t kTail = 14;
+  for (const std::string& k : *keys) {
+    if (k.rfind("key:{", 0) == 0 && k.size() > 5 + kTail && k.compare(k.size() - kTail, 2, "}:") == 0) {
+      tags.push_back(k.substr(5, k.size() - 5 - kTail));
+    }
+  }
+  std::sort(tags.begin(), tags.end());
+  tags.erase(std::unique(tags.begin(), tags.end()), tags.end());
+  if (tags.size() != c.Primaries().size()) Die(Status::Corruption("no tag per primary"), "redis-benchmark tags");
+  return tags;
+}
+
+// Writes at least one entry's bytes of `size`-byte values, each under its own
+// key, to the keys redis-benchmark -r K draws from on every primary
+// (key:{tag}:000000000000 to K - 1); K.
+std::uint64_t WriteKeyspace(const Args& args, ClusterClient& c, std::uint64_t size) {
+  const std::vector<std::string> tags = BenchmarkTags(args, c);
+  const std::uint64_t total = std::max<std::uint64_t>(1, ((args.mib << 20) + size - 1) / size);
+  const std::uint64_t per_tag = (total + tags.size() - 1) / tags.size();
+  std::string value(size, '\0');
+  std::mt19937_64 rng(size);
+  Fill(value, rng, false);
+  std::vector<std::string> keys;
+  char key[64];
+  for (const std::string& tag : tags) {
+    for (std::uint64_t i = 0; i < per_tag; ++i) {
+      std::snprintf(key, sizeof key, "key:{%s}:%012llu", tag.c_str(), static_cast<unsigned long long>(i));
+      keys.emplace_back(key);
+    }
+  }
+  const std::vector<std::span<const std::byte>> values(keys.size(), AsBytes(value));
+  if (Status s = c.SetFrom(keys, values); !s.ok()) Die(s, "keyspace");
+  return per_tag;
+}
+
+// redis-benchmark SET and GET over one entry's bytes of distinct keys, the
+// better of -P 1 and -P depth each; every GET must have hit.
+void KeyspaceBaselines(const Args& args, ClusterClient& c, std::uint64_t size, Figures& f) {
+  const std::uint64_t keys = WriteKeyspace(args, c, size);
+  const Endpoint at = c.Primaries().at(0);
+  for (const std::size_t pipeline : {std::size_t{1}, args.depth}) {
+    const std::uint64_t misses = KeyspaceMisses(c);
+    const auto [set, get] = RedisBenchmark(args, at, size, pipeline, false, keys);
+    if (const std::uint64_t now = KeyspaceMisses(c); now != misses) {
+      Die(Status::Corruption(std::to_string(now - misses) + " keyspace GETs missed of " + std::to_string(keys) +
+                             " keys a tag"),
+          "redis-benchmark -r");
+    }
+    f.set_keys = std::max(f.set_keys, set);
+    f.get_keys = std::max(f.get_keys, get);
+    if (args.depth == 1) break;
+  }
+  Flush(c);
+}
+
 PublishRequest EntryOf(const Args& args, std::uint64_t id) {
   PublishRequest e;
   e.model = Hash128{7, id};
@@ -248,13 +371,16 @@ PublishRequest EntryOf(const Args& args, std::uint64_t id) {
   return e;
 }
 
-Figures OneRep(RemoteTier& a, RemoteTier& b, const Args& args, std::uint64_t chunk, int rep) {
+Figures OneRep(RemoteTier& a, RemoteTier& b, RemoteTier& fresh, const Args& args, std::uint64_t chunk, int rep) {
   const auto layers = MakeLayers(args.mib << 20, chunk, 1000 + rep, args.data == "planes");
   const double gb = static_cast<double>(args.mib << 20) / 1e9;
   Figures f;
-  const Timed raw = PutAndFetch(a, b, EntryOf(args, 2 * rep), layers, args.lookups, &f.lookup_ms);
-  f.put = gb / raw.put_s;
-  f.fetch = gb / raw.fetch_s;
+  {
+    const Timed raw = PutAndFetch(a, b, EntryOf(args, 2 * rep), layers, args.lookups, &f.lookup_ms, &fresh);
+    f.put = gb / raw.put_s;
+    f.fetch = gb / raw.fetch_s;
+    f.fetch_fresh = gb / raw.fetch_fresh_s;
+  }  // the fetched entry dropped: its buffers back to b's receive pool
   Flush(a.client());
   if (args.zstd) {
     const Transform& t = *CodecRegistry::Default().FindTransform(kShuffleZstdTransform).value();
@@ -283,6 +409,7 @@ Figures OneRep(RemoteTier& a, RemoteTier& b, const Args& args, std::uint64_t chu
     Flush(a.client());
     if (args.depth == 1) break;
   }
+  KeyspaceBaselines(args, a.client(), chunk, f);
   return f;
 }
 
@@ -298,36 +425,88 @@ double Percentile(std::vector<double> v, double p) {
 
 void PrintHeader(const Args& args) {
   std::printf("remote tier on %s (io-threads %d), %u cores; %llu MiB entries of %s chunks, %u-token boundary, "
-              "%d reps (medians)\n",
+              "%d reps (medians; each ratio the median of the repetitions' ratios)\n",
               args.remote.c_str(), args.io_threads, std::thread::hardware_concurrency(),
               static_cast<unsigned long long>(args.mib), args.data.c_str(), args.tokens, args.reps);
   std::printf("tier client: %zu connections a batch (spread over the primaries), pipeline depth %zu, "
-              "%zu verify threads, %s memory; redis-benchmark --cluster -c %zu, the better of -P 1 and -P %zu, "
-              "-n (at least %g GiB)\n",
-              args.threads, args.depth, args.verify_threads, args.reuse_memory ? "reused" : "fresh", args.threads,
-              args.depth, args.bench_gib);
-  std::printf("| chunk | put GB/s | redis SET GB/s | put / SET | redis SET new keys GB/s | put / SET new keys "
-              "| fetch GB/s | redis GET GB/s | fetch / GET | lookup p50 ms | lookup p99 ms |%s\n",
+              "%zu verify threads, receive pool %g MiB, %s malloc; redis-benchmark --cluster -c %zu, the better of "
+              "-P 1 and -P %zu, -n (at least %g GiB; over a keyspace: -r, %llu MiB of distinct values)\n",
+              args.threads, args.depth, args.verify_threads, args.pool_mib, args.reuse_memory ? "reused" : "default",
+              args.threads, args.depth, args.bench_gib, static_cast<unsigned long long>(args.mib));
+  std::printf("| chunk | put GB/s | SET 1 key | put / SET 1 key | SET keyspace | put / SET keyspace | SET new keys "
+              "| put / SET new keys | fetch GB/s | fetch, no pool | GET 1 key | fetch / GET 1 key | GET keyspace "
+              "| fetch / GET keyspace | lookup p50 ms | lookup p99 ms |%s\n",
               args.zstd ? " zstd ratio | put GB/s zstd | fetch GB/s zstd |" : "");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |%s\n",
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |%s\n",
               args.zstd ? " --- | --- | --- |" : "");
 }
 
-void PrintRow(double cm, const std::vector<Figures>& runs, bool zstd) {
-  auto med = [&](double Figures::*field) {
+// The row's medians and ratios (each the median of the repetitions' own).
+struct Row {
+  double chunk_mib = 0;
+  double put = 0, set = 0, set_keys = 0, set_new = 0, fetch = 0, fetch_fresh = 0, get = 0, get_keys = 0;
+  double put_set = 0, put_set_keys = 0, put_set_new = 0, fetch_get = 0, fetch_get_keys = 0;
+  double p50 = 0, p99 = 0;
+};
+
+Row RowOf(double cm, const std::vector<Figures>& runs) {
+  auto med = [&](auto of) {
     std::vector<double> v;
-    for (const auto& f : runs) v.push_back(f.*field);
+    for (const auto& f : runs) v.push_back(of(f));
     return Median(v);
   };
   std::vector<double> ms;
   for (const auto& f : runs) ms.insert(ms.end(), f.lookup_ms.begin(), f.lookup_ms.end());
-  const double put = med(&Figures::put), set = med(&Figures::set), fetch = med(&Figures::fetch);
-  const double get = med(&Figures::get), set_new = med(&Figures::set_new);
-  std::printf("| %g MiB | %.2f | %.2f | %.2fx | %.2f | %.2fx | %.2f | %.2f | %.2fx | %.2f | %.2f |", cm, put, set,
-              put / set, set_new, put / set_new, fetch, get, fetch / get, Percentile(ms, 0.5), Percentile(ms, 0.99));
-  if (zstd) std::printf(" %.3fx | %.2f | %.2f |", med(&Figures::zratio), med(&Figures::zput), med(&Figures::zfetch));
+  Row r;
+  r.chunk_mib = cm;
+  r.put = med([](const Figures& f) { return f.put; });
+  r.set = med([](const Figures& f) { return f.set; });
+  r.set_keys = med([](const Figures& f) { return f.set_keys; });
+  r.set_new = med([](const Figures& f) { return f.set_new; });
+  r.fetch = med([](const Figures& f) { return f.fetch; });
+  r.fetch_fresh = med([](const Figures& f) { return f.fetch_fresh; });
+  r.get = med([](const Figures& f) { return f.get; });
+  r.get_keys = med([](const Figures& f) { return f.get_keys; });
+  r.put_set = med([](const Figures& f) { return f.put / f.set; });
+  r.put_set_keys = med([](const Figures& f) { return f.put / f.set_keys; });
+  r.put_set_new = med([](const Figures& f) { return f.put / f.set_new; });
+  r.fetch_get = med([](const Figures& f) { return f.fetch / f.get; });
+  r.fetch_get_keys = med([](const Figures& f) { return f.fetch / f.get_keys; });
+  r.p50 = Percentile(ms, 0.5);
+  r.p99 = Percentile(ms, 0.99);
+  return r;
+}
+
+void PrintRow(const Row& r, const std::vector<Figures>& runs, bool zstd) {
+  std::printf("| %g MiB | %.2f | %.2f | %.2fx | %.2f | %.2fx | %.2f | %.2fx | %.2f | %.2f | %.2f | %.2fx | %.2f | %.2fx "
+              "| %.2f | %.2f |",
+              r.chunk_mib, r.put, r.set, r.put_set, r.set_keys, r.put_set_keys, r.set_new, r.put_set_new, r.fetch,
+              r.fetch_fresh, r.get, r.fetch_get, r.get_keys, r.fetch_get_keys, r.p50, r.p99);
+  if (zstd) {
+    auto med = [&](double Figures::*field) {
+      std::vector<double> v;
+      for (const auto& f : runs) v.push_back(f.*field);
+      return Median(v);
+    };
+    std::printf(" %.3fx | %.2f | %.2f |", med(&Figures::zratio), med(&Figures::zput), med(&Figures::zfetch));
+  }
   std::printf("\n");
   std::fflush(stdout);
+}
+
+// --csv: one line per row (tools/bench/plot.py knows it by this header).
+void WriteCsv(const std::string& path, const std::vector<Row>& rows) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) Die(Status::IOError(ErrnoText("open " + path)), "--csv");
+  std::fprintf(f, "chunk_mib,put_gbps,set_1key_gbps,set_keyspace_gbps,set_new_keys_gbps,fetch_gbps,"
+                  "fetch_no_pool_gbps,get_1key_gbps,get_keyspace_gbps,put_over_set_1key,put_over_set_keyspace,"
+                  "put_over_set_new_keys,fetch_over_get_1key,fetch_over_get_keyspace,lookup_p50_ms,lookup_p99_ms\n");
+  for (const Row& r : rows) {
+    std::fprintf(f, "%g,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", r.chunk_mib,
+                 r.put, r.set, r.set_keys, r.set_new, r.fetch, r.fetch_fresh, r.get, r.get_keys, r.put_set,
+                 r.put_set_keys, r.put_set_new, r.fetch_get, r.fetch_get_keys, r.p50, r.p99);
+  }
+  if (std::fclose(f) != 0) Die(Status::IOError(ErrnoText("write " + path)), "--csv");
 }
 
 void AddOptions(CLI::App& app, Args& args) {
@@ -355,6 +534,10 @@ void AddOptions(CLI::App& app, Args& args) {
   app.add_flag("--reuse-memory", args.reuse_memory,
                "keep freed memory in the process (mallopt: no mmap'd chunks, no trimming), so that a fetch "
                "lands in pages already faulted in instead of fresh ones the kernel must zero");
+  app.add_option("--receive-pool-mib", args.pool_mib,
+                 "chunk buffers the fetching tier keeps for its next fetch (RemoteTierOptions::receive_pool_bytes)")
+      ->check(CLI::Range(0.0, 65536.0));
+  app.add_option("--csv", args.csv, "also write the rows to this CSV file (tools/bench/plot.py)");
   app.add_option("--redis-benchmark", args.redis_benchmark, "the redis-benchmark to run");
   app.add_option("--bench-gib", args.bench_gib, "GiB each redis-benchmark test moves at least")
       ->check(CLI::Range(0.01, 64.0));
@@ -384,19 +567,27 @@ int main(int argc, char** argv) {
   o.pipeline_depth = args.depth;
   auto ca = ClusterClient::Connect(o), cb = ClusterClient::Connect(o);
   if (!ca.ok() || !cb.ok()) Die(ca.ok() ? cb.status() : ca.status(), "connect");
+  auto cc = ClusterClient::Connect(o);
+  if (!cc.ok()) Die(cc.status(), "connect");
   RemoteTierOptions to;
   to.verify_threads = args.verify_threads;
+  to.receive_pool_bytes = static_cast<std::size_t>(args.pool_mib * (1 << 20));
   RemoteTier a(std::shared_ptr<ClusterClient>(std::move(ca).value()), to);
   RemoteTier b(std::shared_ptr<ClusterClient>(std::move(cb).value()), to);
+  to.receive_pool_bytes = 0;
+  RemoteTier fresh(std::shared_ptr<ClusterClient>(std::move(cc).value()), to);
   PrintHeader(args);
+  std::vector<Row> rows;
   for (double cm : args.chunk_mib) {
     std::vector<Figures> runs;
     for (int r = 0; r < args.reps; ++r) {
-      runs.push_back(OneRep(a, b, args, static_cast<std::uint64_t>(cm * (1 << 20)), r));
+      runs.push_back(OneRep(a, b, fresh, args, static_cast<std::uint64_t>(cm * (1 << 20)), r));
     }
-    PrintRow(cm, runs, args.zstd);
+    rows.push_back(RowOf(cm, runs));
+    PrintRow(rows.back(), runs, args.zstd);
   }
-  if (own) (void)std::system((Script() + " stop " + dir + "/cluster").c_str());
+  if (!args.csv.empty()) WriteCsv(args.csv, rows);
+  StopOwnCluster();
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return 0;

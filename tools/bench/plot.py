@@ -18,6 +18,8 @@ an error, so a benchmark whose CSV changes fails here (and in the ctest
   primecache-engine-bench --csv-dir D engine-restore-BACKEND.png (as model-restore); with --kv-kinds
                                      kv-kinds-BACKEND.png (bytes per token, restore GB/s per KV kind)
   primecache-eviction-bench --csv X  eviction-TRACE.png per trace, rows of every such file merged
+  primecache-cluster-bench --csv X   X.png: put and fetch GB/s and their ratios to redis-benchmark
+                                     (one key, keyspace, new keys) per chunk size
   primecache-serving-bench --csv X   X.png: hit rate (and the replay's), TTFT p50/p95 and stored bytes
                                      per trace x boundary setting
   primecache-fanin-bench --csv-dir D fanin-CONFIG-BACKEND.png: aggregate restore rate against the copy
@@ -329,6 +331,35 @@ def plot_fanin(rows, out):
     return [save(fig, out + ".png")]
 
 
+# ---- cluster_bench --------------------------------------------------------------------------
+
+
+def plot_cluster(rows, out):
+    chunks = [f"{float(r['chunk_mib']):g} MiB" for r in rows]
+    fig, (rates, ratios) = plt.subplots(1, 2, figsize=(11, 4.4))
+    rate_cols = [("put_gbps", "tier put"), ("set_keyspace_gbps", "SET keyspace"), ("set_1key_gbps", "SET 1 key"),
+                 ("fetch_gbps", "tier fetch"), ("fetch_no_pool_gbps", "tier fetch, no pool"),
+                 ("get_keyspace_gbps", "GET keyspace"), ("get_1key_gbps", "GET 1 key")]
+    vals = {(c, label): float(r[col]) for c, r in zip(chunks, rows) for col, label in rate_cols}
+    grouped_bars(rates, chunks, [label for _, label in rate_cols], vals, fmt=lambda y: f"{y:.1f}")
+    rates.set_ylabel("GB/s (median of the repetitions)")
+    rates.set_title("remote tier and redis-benchmark, same cluster and run")
+    rates.set_ylim(0, max(float(r[c]) for r in rows for c, _ in rate_cols) * 1.35)
+    rates.legend(fontsize=7, ncol=3, loc="upper left")
+    ratio_cols = [("fetch_over_get_keyspace", "fetch / GET keyspace"), ("fetch_over_get_1key", "fetch / GET 1 key"),
+                  ("put_over_set_keyspace", "put / SET keyspace"), ("put_over_set_1key", "put / SET 1 key"),
+                  ("put_over_set_new_keys", "put / SET new keys")]
+    vals = {(c, label): float(r[col]) for c, r in zip(chunks, rows) for col, label in ratio_cols}
+    grouped_bars(ratios, chunks, [label for _, label in ratio_cols], vals, fmt=lambda y: f"{y:.2f}")
+    ratios.axhline(0.8, color="C0", ls="--", lw=1, label="fetch target 0.8x")
+    ratios.axhline(0.7, color="C2", ls=":", lw=1, label="put target 0.7x")
+    ratios.set_ylabel("tier / redis-benchmark (median of per-repetition ratios)")
+    ratios.set_title("ratios (fetch judged on GET keyspace, put on SET new keys)", fontsize=10)
+    ratios.set_ylim(0, max(float(r[c]) for r in rows for c, _ in ratio_cols) * 1.45)
+    ratios.legend(fontsize=7, ncol=2, loc="upper left")
+    return [save(fig, out + ".png")]
+
+
 # ---- dispatch -------------------------------------------------------------------------------
 
 RESTORE = ("config,device,prefix_tokens,path,restored_bytes,restore_ms,restore_gbps,pinned_h2d_gbps")
@@ -346,6 +377,9 @@ FIGURES = {
     "budget_bytes,budget_share,bytes_written,evictions,failed,flops_saved,flops_saved_share,hit_rate,hit_tokens,"
     "over_budget,peak_stored_bytes,policy,prefill_flops,prompt_tokens,publishes,refused,requests,requests_hit,"
     "seconds,trace,ttft_mean_ms,ttft_nocache_mean_ms,ttft_p95_ms,where": (plot_eviction, True),
+    "chunk_mib,put_gbps,set_1key_gbps,set_keyspace_gbps,set_new_keys_gbps,fetch_gbps,fetch_no_pool_gbps,"
+    "get_1key_gbps,get_keyspace_gbps,put_over_set_1key,put_over_set_keyspace,put_over_set_new_keys,"
+    "fetch_over_get_1key,fetch_over_get_keyspace,lookup_p50_ms,lookup_p99_ms": (plot_cluster, False),
     "trace,setting,requests,prompt_tokens,hit_rate,replay_hit_rate,published,stored_bytes,ttft_p50_ms,"
     "ttft_p95_ms": (plot_serving, False),
     "config,device,prefix_tokens,engines,restored_bytes,span_ms,aggregate_gbps,copy_gbps,vs_copy,restore_ms_min,"

@@ -119,6 +119,7 @@ struct Flags {
   double remote_timeout = 1;      // seconds a cluster command may take
   std::size_t remote_queue = 64;  // entries waiting for write-behind at most
   double remote_miss_ttl = 1;     // seconds a query the cluster missed is not asked again
+  std::string remote_receive_pool = "256M";  // fetched chunk buffers kept for the next fetch
   std::vector<std::string> remote_namespaces;  // empty: every namespace
   std::vector<std::string> tenants;  // UID=NS[,NS...]: the namespaces a uid may use
   std::string log_format = "auto";   // auto, text or journal
@@ -172,6 +173,8 @@ void AddRemoteAndMetricsFlags(CLI::App* app, Flags* f) {
   app->add_option("--remote-miss-ttl", f->remote_miss_ttl,
                   "seconds a lookup the cluster could not extend is not asked of it again (0: always ask)")
       ->check(CLI::Range(0.0, 3600.0));
+  app->add_option("--remote-receive-pool", f->remote_receive_pool,
+                  "bytes of fetched chunk buffers kept for the next remote fetch (default 256M; 0: none)");
   app->add_option("--remote-ns", f->remote_namespaces, "a namespace that uses the remote tier (repeat; default all)");
   app->add_option("--metrics-listen", f->metrics_listen,
                   "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9464 (0: any free port; "
@@ -288,7 +291,9 @@ Result<std::unique_ptr<primecache::Store>> WithRemoteTier(const Flags& f, std::u
   to.queue_entries = f.remote_queue;
   to.miss_ttl = Millis(f.remote_miss_ttl);
   to.namespaces.insert(f.remote_namespaces.begin(), f.remote_namespaces.end());
-  auto tier = std::make_shared<remote::RemoteTier>(std::shared_ptr<remote::ClusterClient>(std::move(client)));
+  remote::RemoteTierOptions ro;
+  PC_ASSIGN_OR_RETURN(ro.receive_pool_bytes, ParseBytes(f.remote_receive_pool));
+  auto tier = std::make_shared<remote::RemoteTier>(std::shared_ptr<remote::ClusterClient>(std::move(client)), ro);
   spdlog::info("primecached: remote tier on {} ({} namespaces)", f.remote,
                to.namespaces.empty() ? std::string("all") : std::to_string(to.namespaces.size()));
   auto tiered = std::make_unique<remote::TieredStore>(std::move(store), tier, to);
