@@ -49,6 +49,9 @@ struct EngineCore {
   std::mutex mu;  // guards the in-use flags and the id counter
   std::vector<Memory> arenas;
   std::vector<bool> arena_in_use;
+  // Whether a free arena reads all zeros already (zeroed when its last
+  // session was handed back), so the next session need not zero it first.
+  std::vector<bool> arena_zeroed;
   std::vector<Memory> slots;         // device, slot_bytes each
   std::vector<Memory> slot_staging;  // pinned twins
   std::vector<bool> slot_in_use;
