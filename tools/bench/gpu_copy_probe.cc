@@ -89,19 +89,36 @@ struct Piece {
 
 enum class Submit { kOneEach, kEventEach, kBatch, k2D, k2DThenOnDevice };
 
-// k2DThenOnDevice: each 2D copy is then copied on the device, on a second
-// stream once its event passed, as an engine takes an extent out of its
+// What the chunked cases copy on: the copy stream with its events, and for
+// k2DThenOnDevice a second stream that copies each 2D copy's bytes on the
+// device once its event passed, as an engine takes an extent out of its
 // device window (where the copies could contend for the copy engines).
-struct OnDevice {
-  cudaStream_t stream = nullptr;
-  std::byte* dst = nullptr;
-};
-OnDevice g_on_device;
+// Made and let go as one.
+struct CopyLanes {
+  cudaStream_t copy = nullptr, on_device = nullptr;
+  std::vector<cudaEvent_t> events = std::vector<cudaEvent_t>(64);
+  std::byte* on_device_dst = nullptr;
 
-// Submits the pieces on `s` the way `how` says and returns the seconds
+  bool Make(std::size_t bytes) {
+    for (cudaEvent_t& e : events) cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    return Check(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking), "stream") &&
+           Check(cudaStreamCreateWithFlags(&on_device, cudaStreamNonBlocking), "stream") &&
+           Check(cudaMalloc(&on_device_dst, bytes), "cudaMalloc");
+  }
+  ~CopyLanes() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    cudaStreamDestroy(copy);
+    cudaStreamDestroy(on_device);
+    cudaFree(on_device_dst);
+  }
+};
+
+// Submits the pieces on `lanes` the way `how` says and returns the seconds
 // until the last one landed (with the seconds of submitting alone).
-double TimePieces(const std::vector<Piece>& pieces, Submit how, cudaStream_t s, std::vector<cudaEvent_t>& events,
-                  std::size_t src_pitch, std::size_t rows, double* submit_s) {
+double TimePieces(const std::vector<Piece>& pieces, Submit how, CopyLanes& lanes, std::size_t src_pitch,
+                  std::size_t rows, double* submit_s) {
+  cudaStream_t s = lanes.copy;
+  std::vector<cudaEvent_t>& events = lanes.events;
   auto t0 = std::chrono::steady_clock::now();
   if (how == Submit::kBatch) {
     std::vector<void*> dsts;
@@ -126,8 +143,8 @@ double TimePieces(const std::vector<Piece>& pieces, Submit how, cudaStream_t s, 
       cudaEventRecord(e, s);
       if (how == Submit::k2DThenOnDevice) {
         const std::size_t n = std::min(rows, pieces.size() - i) * first.bytes;
-        cudaStreamWaitEvent(g_on_device.stream, e, 0);
-        cudaMemcpyAsync(g_on_device.dst + i * first.bytes, first.dst, n, cudaMemcpyDeviceToDevice, g_on_device.stream);
+        cudaStreamWaitEvent(lanes.on_device, e, 0);
+        cudaMemcpyAsync(lanes.on_device_dst + i * first.bytes, first.dst, n, cudaMemcpyDeviceToDevice, lanes.on_device);
       }
     }
   } else {
@@ -138,7 +155,7 @@ double TimePieces(const std::vector<Piece>& pieces, Submit how, cudaStream_t s, 
   }
   *submit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   cudaStreamSynchronize(s);
-  if (how == Submit::k2DThenOnDevice) cudaStreamSynchronize(g_on_device.stream);
+  if (how == Submit::k2DThenOnDevice) cudaStreamSynchronize(lanes.on_device);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -150,7 +167,7 @@ std::vector<Piece> Pieces(std::byte* dst, const std::byte* src, std::size_t piec
   return out;
 }
 
-void ProbeMapped(const std::string& dir, std::size_t mib, int reps, void* dev, void* pinned) {
+void ProbeMapped(const std::string& dir, std::size_t mib, int reps, void* dev) {
   const std::size_t bytes = mib << 20;
   MappedFile m;
   if (!MapFile(dir, bytes + (8 << 20), &m) ||
@@ -158,12 +175,11 @@ void ProbeMapped(const std::string& dir, std::size_t mib, int reps, void* dev, v
     std::printf("gpu-probe: no registered file mapping in %s; mapped cases skipped\n", dir.c_str());
     return;
   }
-  cudaStream_t s = nullptr;
-  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  std::vector<cudaEvent_t> events(64);
-  cudaStreamCreateWithFlags(&g_on_device.stream, cudaStreamNonBlocking);
-  if (!Check(cudaMalloc(&g_on_device.dst, bytes), "cudaMalloc")) return;
-  for (cudaEvent_t& e : events) cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  CopyLanes lanes;
+  if (!lanes.Make(bytes)) {
+    cudaHostUnregister(m.data);
+    return;
+  }
   struct Case {
     const char* name;
     const void* src;
@@ -173,7 +189,6 @@ void ProbeMapped(const std::string& dir, std::size_t mib, int reps, void* dev, v
   };
   const std::size_t chunk = 600 << 10;  // the glm5-class model's chunk
   const Case cases[] = {
-      {"pinned, one copy", pinned, bytes, 0, Submit::kOneEach},
       {"mapped, one copy", m.data, bytes, 0, Submit::kOneEach},
       {"mapped, 8 MiB copies", m.data, 8 << 20, 0, Submit::kOneEach},
       {"mapped, 0.6 MiB copies", m.data, chunk, 40, Submit::kOneEach},
@@ -192,20 +207,16 @@ void ProbeMapped(const std::string& dir, std::size_t mib, int reps, void* dev, v
     std::vector<double> gbs, submit_us;
     for (int i = 0; i < reps + 1; ++i) {
       double submit = 0;
-      double t = TimePieces(pieces, c.how, s, events, c.piece + c.gap, c.rows == 0 ? pieces.size() : c.rows, &submit);
+      double t = TimePieces(pieces, c.how, lanes, c.piece + c.gap, c.rows == 0 ? pieces.size() : c.rows, &submit);
       if (i == 0) continue;  // warms up
       gbs.push_back(static_cast<double>(moved) / t / 1e9);
       submit_us.push_back(submit * 1e6 / static_cast<double>(pieces.size()));
     }
     std::sort(gbs.begin(), gbs.end());
     std::sort(submit_us.begin(), submit_us.end());
-    std::printf("gpu-probe: h2d %-31s %5zu copies  median %6.2f GB/s  best %6.2f GB/s  submit %5.2f us a copy\n",
+    std::printf("gpu-probe: h2d %-31s %5zu pieces  median %6.2f GB/s  best %6.2f GB/s  submit %5.2f us a piece\n",
                 c.name, pieces.size(), gbs[gbs.size() / 2], gbs.back(), submit_us[submit_us.size() / 2]);
   }
-  for (cudaEvent_t e : events) cudaEventDestroy(e);
-  cudaStreamDestroy(s);
-  cudaStreamDestroy(g_on_device.stream);
-  cudaFree(g_on_device.dst);
   cudaHostUnregister(m.data);
 }
 
@@ -256,7 +267,7 @@ int main(int argc, char** argv) {
     Rate r = TimeCopies(c.dst, c.src, bytes, c.kind, reps);
     std::printf("gpu-probe: %-13s median %6.2f GB/s  best %6.2f GB/s\n", c.name, r.median_gbs, r.best_gbs);
   }
-  ProbeMapped(dir, mib, reps, dev, pinned);
+  ProbeMapped(dir, mib, reps, dev);
   if (!Check(cudaGetLastError(), "copies")) return 1;
   cudaFreeHost(pinned);
   cudaFree(dev);
