@@ -198,7 +198,7 @@ Status LocalStore::Impl::LocateChunks(const std::vector<Hash128>& hashes, std::v
   std::shared_ptr<RandomAccessFile> last_file;
   for (std::size_t i = 0; i < n; ++i) {
     Located& l = (*out)[i];
-    auto name = [&] { return "chunk " + HashHex(hashes[i]); };  // for errors only: made per chunk, it cost 1 us
+    auto name = [&] { return "chunk " + HashHex(hashes[i]); };  // made for errors only, not for every chunk
     if (statuses[i].IsNotFound()) {
       l.status = Status::Corruption(name() + " has no reference record");
       continue;
