@@ -293,8 +293,11 @@ Result<std::optional<std::uint64_t>> FetchSender::PlaceOnDevice(std::uint64_t le
     PC_RETURN_IF_ERROR(pos.status());
     if (*pos || out_.empty()) return *pos;
     // No room while answers wait for their copies: the ring may wait for the
-    // client's releases only once they are sent.
-    PC_RETURN_IF_ERROR(Pump(copies_->enqueued()));
+    // client's releases only once they are sent. The oldest answer goes as
+    // soon as its copy completed (its release frees the ring's front), not
+    // after every queued copy: the copy engines stay busy with the others
+    // while the client takes it and releases it.
+    PC_RETURN_IF_ERROR(Pump(out_.front().after_copies));
   }
 }
 
@@ -499,7 +502,9 @@ void FetchSender::AddTo(ServerCounters& c) const {
 Status FetchSender::Finish(Status fetched) {
   Status sent = fetched.ok() ? Flush() : Status::Ok();
   store_done_ = Clock::now();
-  if (fetched.ok() && sent.ok()) sent = Pump(copies_ ? copies_->enqueued() : 0);
+  // Each answer goes as soon as its copy completed, so the client's work on
+  // it overlaps the copies still running.
+  while (fetched.ok() && sent.ok() && !out_.empty()) sent = Pump(out_.front().after_copies);
   // Whatever happened, no copy may land in the window once the fetch ended
   // (an extent never sent goes with its pin).
   open_.reset();

@@ -2,7 +2,7 @@
 // memcpy of the same bytes, and lookup round-trip latency, in one run against
 // a real primecached (started here on a temporary data dir).
 //
-//   ipc_bench [--daemon PATH] [--mib 256] [--reps 3] [--lookups 20000] [--csv-dir DIR]
+//   ipc_bench [--daemon PATH] [--mib 256] [--reps 3] [--lookups 20000] [--tokens 8192] [--csv-dir DIR]
 //
 // A fetch's callback copies every chunk into a destination buffer, as an
 // engine copies into its staging (or pinned) memory; memcpy is the same copy
@@ -69,6 +69,7 @@ double Percentile(std::vector<double> v, double p) {
 struct Options {
   std::string daemon = PRIMECACHED_PATH;
   int mib = 256, reps = 3, lookups = 20000;
+  std::uint64_t tokens = 8192;  // of the published entry (and so of its lookups)
   std::string csv_dir;
 };
 
@@ -77,11 +78,12 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--mib", o.mib, "entry size to fetch, MiB");
   app.add_option("--reps", o.reps, "fetch repetitions (best and median reported)");
   app.add_option("--lookups", o.lookups, "lookup round trips timed");
+  app.add_option("--tokens", o.tokens, "tokens of the published entry and of the lookups' queries")
+      ->check(CLI::Range(std::uint64_t{64}, std::uint64_t{1} << 20));
   app.add_option("--csv-dir", o.csv_dir,
                  "also write DIR/ipc-fetch.csv (every timed fetch and memcpy) and DIR/ipc-lookup.csv (tools/bench/plot.py)");
 }
 
-constexpr std::uint64_t kLen = 8192;  // tokens of the published entry
 const ModelId kModel{Hash128{7, 7}, "bench", "", {}};
 
 // The published entry, its tokens, and the clients: over the socket alone
@@ -97,16 +99,16 @@ struct Bench {
 
 // Connects both clients and publishes an entry of about `mib` MiB; nullopt
 // (said on stderr) on an error.
-std::optional<Bench> Publish(const std::string& socket, int mib) {
+std::optional<Bench> Publish(const std::string& socket, int mib, std::uint64_t len) {
   Bench b;
-  const std::uint64_t layer_bytes = kLen * 576 * 4;
+  const std::uint64_t layer_bytes = len * 576 * 4;
   b.layers = std::max<int>(1, static_cast<int>((std::uint64_t(mib) << 20) / layer_bytes));
-  auto data = MakeLayers(kLen, b.layers);
+  auto data = MakeLayers(len, b.layers);
   for (auto& l : data) {
     for (auto& c : l.chunks) b.total += c.size();
   }
-  b.tokens.resize(kLen);
-  for (std::uint64_t i = 0; i < kLen; ++i)
+  b.tokens.resize(len);
+  for (std::uint64_t i = 0; i < len; ++i)
     b.tokens[i] = static_cast<std::uint32_t>((i * 2654435761u) % 150000);
   ClientOptions o;
   o.endpoint = socket;
@@ -196,7 +198,7 @@ void PrintRates(const Bench& b, const std::vector<double>& mem, const std::vecto
   auto best = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
   std::printf(
       "entry: %d latent layers x %llu tokens, %.1f MiB in %zu-byte-ish chunks; publish %.2f s (%.2f GB/s)\n",
-      b.layers, static_cast<unsigned long long>(kLen), b.total / 1048576.0, static_cast<std::size_t>(2359296),
+      b.layers, static_cast<unsigned long long>(b.tokens.size()), b.total / 1048576.0, static_cast<std::size_t>(2359296),
       b.publish_s, b.total / b.publish_s / 1e9);
   std::printf("%-28s %10s %10s %8s\n", "copy", "median GB/s", "best GB/s", "x memcpy");
   std::printf("%-28s %10.2f %10.2f %8s\n", "memcpy (same bytes)", med(mem), best(mem), "1.00");
@@ -234,7 +236,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot start %s: %s\n", opt.daemon.c_str(), s.ToString().c_str());
     return 1;
   }
-  std::optional<Bench> published = Publish(d.socket(), opt.mib);
+  std::optional<Bench> published = Publish(d.socket(), opt.mib, opt.tokens);
   if (!published) return 1;
   Bench& b = *published;
   std::vector<std::byte> src(b.total), dst(b.total);
@@ -249,7 +251,7 @@ int main(int argc, char** argv) {
   std::vector<std::uint32_t> longq = b.tokens;
   for (int i = 0; i < 64; ++i) longq.push_back(i);
   auto l_long = LookupLatencies(*b.sock, kModel, longq, opt.lookups, true);
-  auto l_short = LookupLatencies(*b.sock, kModel, std::span(b.tokens).first(kLen), opt.lookups, true);
+  auto l_short = LookupLatencies(*b.sock, kModel, std::span(b.tokens).first(b.tokens.size()), opt.lookups, true);
   // The same round trip with next to no store work (an unknown model, one
   // token): what the transport and the thread hand-offs cost alone.
   const std::uint32_t one = 1;
@@ -258,14 +260,14 @@ int main(int argc, char** argv) {
 
   PrintRates(b, mem, sock, shm);
   std::printf("lookup round trip, %zu-token query (hit of %llu): p50 %.1f us, p99 %.1f us\n", longq.size(),
-              static_cast<unsigned long long>(kLen), Percentile(l_long, 0.5), Percentile(l_long, 0.99));
+              static_cast<unsigned long long>(b.tokens.size()), Percentile(l_long, 0.5), Percentile(l_long, 0.99));
   std::printf("lookup round trip, %llu-token query (exact):    p50 %.1f us, p99 %.1f us\n",
-              static_cast<unsigned long long>(kLen), Percentile(l_short, 0.5), Percentile(l_short, 0.99));
+              static_cast<unsigned long long>(b.tokens.size()), Percentile(l_short, 0.5), Percentile(l_short, 0.99));
   std::printf("lookup round trip, 1-token miss (transport alone): p50 %.1f us, p99 %.1f us\n",
               Percentile(l_min, 0.5), Percentile(l_min, 0.99));
   const Status csv = WriteCsv(opt.csv_dir, b, {{"memcpy", &mem}, {"socket", &sock}, {"shared memory", &shm}},
                               {{std::to_string(longq.size()) + "-token hit", &l_long},
-                               {std::to_string(kLen) + "-token exact", &l_short},
+                               {std::to_string(b.tokens.size()) + "-token exact", &l_short},
                                {"1-token miss (transport)", &l_min}});
   if (!csv.ok()) {
     std::fprintf(stderr, "%s\n", csv.ToString().c_str());
