@@ -245,67 +245,141 @@ Status DeliverChunk(Conn& conn, HeldChunks* held, HeldChunks* device, const Fetc
 
 namespace {
 
+// What a fetch names: entry `entry`, or (with `model`, a fetch by query) the
+// longest stored prefix of `tokens` in the connection's namespace.
+struct FetchTarget {
+  std::uint64_t entry = 0;
+  const ModelId* model = nullptr;
+  std::span<const std::uint32_t> tokens;
+  bool want_shared = false;
+};
+
 // A fetch request: with the shared window (the region's second half) when
 // `shm` is given, and the device window's first `device_bytes` when not 0.
-std::unique_ptr<OutMessage> FetchRequest(std::uint64_t id, std::uint64_t entry, std::span<const std::uint32_t> layers,
-                                         const ipc::ShmRegion* shm, std::uint64_t device_bytes) {
-  return BuildRequest(id, [&](wire::Request::Builder r) {
-    auto f = r.initFetch();
-    f.setEntry(entry);
-    auto l = f.initLayers(static_cast<unsigned>(layers.size()));
-    for (unsigned i = 0; i < layers.size(); ++i) l.set(i, layers[i]);
-    if (shm != nullptr) {
-      const std::uint64_t half = shm->size() / 2;
-      auto w = f.initShmWindow();
-      w.setOffset(half);
-      w.setLength(shm->size() - half);
+std::unique_ptr<OutMessage> FetchRequest(std::uint64_t id, const FetchTarget& t, std::string_view ns,
+                                         std::span<const std::uint32_t> layers, const ipc::ShmRegion* shm,
+                                         std::uint64_t device_bytes) {
+  return BuildRequest(
+      id,
+      [&](wire::Request::Builder r) {
+        auto f = r.initFetch();
+        f.setEntry(t.entry);
+        if (t.model != nullptr) {
+          auto l = f.initQuery();
+          l.setWantShared(t.want_shared);
+          auto q = l.initQuery();
+          SetFingerprint(q.initFingerprint(), *t.model);
+          q.setNamespace(std::string(ns));
+          SetTokens(q, t.tokens);
+        }
+        auto l = f.initLayers(static_cast<unsigned>(layers.size()));
+        for (unsigned i = 0; i < layers.size(); ++i) l.set(i, layers[i]);
+        if (shm != nullptr) {
+          const std::uint64_t half = shm->size() / 2;
+          auto w = f.initShmWindow();
+          w.setOffset(half);
+          w.setLength(shm->size() - half);
+        }
+        f.setExtents(true);  // an extent's chunks are handed to the callbacks one by one, or as one device extent
+        if (device_bytes != 0) {
+          auto w = f.initDeviceWindow();
+          w.setOffset(0);
+          w.setLength(device_bytes);
+        }
+      },
+      t.tokens.size() / 2 + 64);
+}
+
+// What a fetch by query's stream said of its hit: fetchHit must come first,
+// once, and a miss streams nothing else.
+struct HitSeen {
+  bool seen = false;
+  std::optional<LookupHit> hit;
+  std::uint64_t shared_tokens = 0;
+};
+
+// One fetch of `t` on a connection; false never (a Result for Retry).
+Result<bool> FetchOnce(Client::Impl& impl, const FetchTarget& t, std::span<const std::uint32_t> layers,
+                       const FetchCallbacks& cb, HitSeen* seen) {
+  PC_ASSIGN_OR_RETURN(auto c, impl.Get());
+  const bool use_shm = c->shm != nullptr && c->window->TryTake();
+  const std::uint64_t device_bytes = cb.on_device_extent ? c->device_size.load() : 0;
+  const bool use_device = device_bytes != 0 && c->device_window->TryTake();
+  std::shared_ptr<HeldChunks> held;
+  std::shared_ptr<HeldChunks> device;
+  if (use_shm && cb.on_chunk_held) held = std::make_shared<HeldChunks>(c, c->shm, c->window, false);
+  if (use_device) device = std::make_shared<HeldChunks>(c, nullptr, c->device_window, true);
+  const WindowUse guard{use_shm, c->window.get(), held.get()};
+  const WindowUse device_guard{use_device, c->device_window.get(), device.get()};
+  const std::uint64_t id = impl.NextId();
+  auto m = FetchRequest(id, t, impl.opts.ns, layers, use_shm ? c->shm.get() : nullptr, use_device ? device_bytes : 0);
+  bool streamed = false;
+  Announced at;
+  at.shm_window = use_shm;
+  Conn* raw = c.get();
+  *seen = HitSeen{};
+  auto reply = impl.Call(c, id, *m, [&, raw](wire::Response::Reader r) -> Status {
+    streamed = true;
+    if (r.which() == wire::Response::FETCH_HIT) {
+      if (t.model == nullptr || seen->seen) return Status::Corruption("daemon sent a fetch hit out of place");
+      seen->seen = true;
+      seen->hit = ipc::ReadLookupHit(r.getFetchHit());
+      seen->shared_tokens = r.getFetchHit().getSharedTokens();
+      if (seen->hit && (seen->hit->length == 0 || seen->hit->length > t.tokens.size())) {
+        return Status::Corruption("daemon's fetch hit of " + std::to_string(seen->hit->length) +
+                                  " tokens is no prefix of the query's " + std::to_string(t.tokens.size()));
+      }
+      return seen->hit && cb.on_hit ? cb.on_hit(*seen->hit) : Status::Ok();
     }
-    f.setExtents(true);  // an extent's chunks are handed to the callbacks one by one, or as one device extent
-    if (device_bytes != 0) {
-      auto w = f.initDeviceWindow();
-      w.setOffset(0);
-      w.setLength(device_bytes);
+    if (t.model != nullptr && !seen->hit) {
+      return Status::Corruption(seen->seen ? "daemon streamed layers after a miss"
+                                           : "daemon streamed a fetch by query before its hit");
     }
+    if (r.which() == wire::Response::FETCH_LAYER) {
+      auto l = r.getFetchLayer();
+      at = {true, l.getLayer(), l.getChunkCount(), use_shm};
+      return cb.on_layer ? cb.on_layer(l.getLayer(), Bytes(l.getHeader()), l.getChunkCount()) : Status::Ok();
+    }
+    return DeliverChunk(*raw, held.get(), device.get(), cb, r.getFetchChunk(), at);
   });
+  if (!reply.ok()) {
+    // Only a fetch that delivered nothing may be retried.
+    if (streamed && reply.status().IsUnavailable()) return Status::Aborted(reply.status().message());
+    return reply.status();
+  }
+  if (t.model != nullptr && !seen->seen) return Status::Corruption("daemon ended a fetch by query without its hit");
+  return true;
 }
 
 }  // namespace
 
 Status Client::Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb) {
-  auto once = [&]() -> Result<bool> {
-    PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
-    const bool use_shm = c->shm != nullptr && c->window->TryTake();
-    const std::uint64_t device_bytes = cb.on_device_extent ? c->device_size.load() : 0;
-    const bool use_device = device_bytes != 0 && c->device_window->TryTake();
-    std::shared_ptr<HeldChunks> held;
-    std::shared_ptr<HeldChunks> device;
-    if (use_shm && cb.on_chunk_held) held = std::make_shared<HeldChunks>(c, c->shm, c->window, false);
-    if (use_device) device = std::make_shared<HeldChunks>(c, nullptr, c->device_window, true);
-    const WindowUse guard{use_shm, c->window.get(), held.get()};
-    const WindowUse device_guard{use_device, c->device_window.get(), device.get()};
-    const std::uint64_t id = impl_->NextId();
-    auto m = FetchRequest(id, entry, layers, use_shm ? c->shm.get() : nullptr, use_device ? device_bytes : 0);
-    bool streamed = false;
-    Announced at;
-    at.shm_window = use_shm;
-    Conn* raw = c.get();
-    auto reply = impl_->Call(c, id, *m, [&, raw](wire::Response::Reader r) -> Status {
-      streamed = true;
-      if (r.which() == wire::Response::FETCH_LAYER) {
-        auto l = r.getFetchLayer();
-        at = {true, l.getLayer(), l.getChunkCount(), use_shm};
-        return cb.on_layer ? cb.on_layer(l.getLayer(), Bytes(l.getHeader()), l.getChunkCount()) : Status::Ok();
-      }
-      return DeliverChunk(*raw, held.get(), device.get(), cb, r.getFetchChunk(), at);
-    });
-    if (!reply.ok()) {
-      // Only a fetch that delivered nothing may be retried.
-      if (streamed && reply.status().IsUnavailable()) return Status::Aborted(reply.status().message());
-      return reply.status();
-    }
-    return true;
-  };
-  return impl_->Retry(once).status();
+  FetchTarget t;
+  t.entry = entry;
+  HitSeen seen;
+  return impl_->Retry([&] { return FetchOnce(*impl_, t, layers, cb, &seen); }).status();
+}
+
+Result<std::optional<LookupHit>> Client::LookupAndFetch(const ModelId& model, std::span<const std::uint32_t> tokens,
+                                                        const FetchCallbacks& cb, std::uint64_t* shared_tokens) {
+  if (!server_info().fetch_by_query) {
+    PC_ASSIGN_OR_RETURN(std::optional<LookupHit> hit, Lookup(model, tokens, shared_tokens));
+    if (!hit) return hit;
+    if (cb.on_hit) PC_RETURN_IF_ERROR(cb.on_hit(*hit));
+    PC_RETURN_IF_ERROR(Fetch(hit->id, {}, cb));
+    return hit;
+  }
+  FetchTarget t;
+  t.model = &model;
+  t.tokens = tokens;
+  t.want_shared = shared_tokens != nullptr;
+  HitSeen seen;
+  PC_RETURN_IF_ERROR(impl_->Retry([&] { return FetchOnce(*impl_, t, {}, cb, &seen); }).status());
+  if (shared_tokens != nullptr) {
+    // As Lookup's: at least the hit's length, at most the query's.
+    *shared_tokens = std::clamp<std::uint64_t>(seen.shared_tokens, seen.hit ? seen.hit->length : 0, tokens.size());
+  }
+  return seen.hit;
 }
 
 Result<std::vector<FetchedLayer>> Client::FetchLayers(std::uint64_t entry, std::span<const std::uint32_t> layers) {

@@ -61,7 +61,7 @@ struct Pending {
 };
 
 inline bool IsFinal(wire::Response::Which w) {
-  return w != wire::Response::FETCH_LAYER && w != wire::Response::FETCH_CHUNK;
+  return w != wire::Response::FETCH_LAYER && w != wire::Response::FETCH_CHUNK && w != wire::Response::FETCH_HIT;
 }
 
 inline FrameLimits ClientLimits() {

@@ -133,6 +133,9 @@ struct HelloReply {
   # The daemon copies raw chunks into device memory an engine exports to it
   # (attachDevice); false: attachDevice is answered notSupported.
   deviceCopies @6 :Bool;
+  # The daemon serves Fetch.query (false: an older daemon, which would
+  # fetch entry 0 instead).
+  fetchByQuery @7 :Bool;
 }
 
 # Opens a publish. Later publish messages name it by this request's id.
@@ -245,6 +248,12 @@ struct Fetch {
   # adjacent chunks of one layer (FetchChunk.count). False (an older
   # client): one chunk per fetchChunk.
   extents @4 :Bool;
+  # Set: fetch the longest stored prefix of this query instead of `entry`
+  # (one round trip where lookup then fetch take two). The daemon looks it
+  # up as `lookup` does, leases the hit and streams it; the stream begins
+  # with one fetchHit, and after a miss (found false) only fetchDone follows.
+  # Only to a daemon whose hello says fetchByQuery.
+  query @5 :Lookup;
 }
 
 # Streamed answers to a fetch, in order: for each layer a FetchLayer, then its
@@ -446,5 +455,7 @@ struct Response {
     checkEntry @11 :CheckEntryReply;
     describe @12 :DescribeReply;
     storeCheckReport @13 :StoreCheckReport;
+    # Streamed, first, to a fetch by query (Fetch.query): what the lookup found.
+    fetchHit @14 :LookupReply;
   }
 }

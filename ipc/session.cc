@@ -214,6 +214,7 @@ Answer Session::OnHello(const Incoming& in) {
     hr.setMaxPublishesInFlight(limits_.max_publishes_in_flight);
     hr.setAdmin(peer_.admin);
     hr.setDeviceCopies(device_dma_ != nullptr);
+    hr.setFetchByQuery(true);
   });
 }
 

@@ -266,6 +266,24 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- lookup (session_lookup.cc)
   Answer OnLookup(const Incoming& in);
+  // A lookup's query, read and checked on the loop thread (lookup, and a
+  // fetch by query).
+  struct Query {
+    Hash128 digest;
+    std::vector<std::uint32_t> tokens;
+    bool want_shared = false;
+    std::chrono::steady_clock::time_point arrived;
+  };
+  // Reads `l` into `out`; the refusal to answer with, if any.
+  std::optional<Answer> ReadQuery(wire::Lookup::Reader l, Query* out) const;
+  // What a lookup found: the hit (leased into `lease` when given) and, when
+  // the query asked, its branch point.
+  struct Found {
+    std::optional<LookupHit> hit;
+    std::uint64_t shared = 0;
+  };
+  // The store's lookup of `q`, counted and logged (on a worker).
+  Result<Found> RunLookup(const Query& q, Lease* lease);
 
   // ---- admin and the store's views (session_admin.cc)
   // delete, setByteBudget and compact.

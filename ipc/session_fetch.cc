@@ -105,6 +105,11 @@ Answer Session::OnFetch(const Incoming& in) {
   if (layers_r.size() > limits_.max_layers) {
     return Status::InvalidArgument("fetch names over " + std::to_string(limits_.max_layers) + " layers");
   }
+  std::optional<Query> query;  // a fetch by query: its hit's entry, not `entry`
+  if (f.hasQuery()) {
+    query.emplace();
+    if (auto refused = ReadQuery(f.getQuery(), &*query)) return std::move(*refused);
+  }
   auto st = std::make_shared<FetchState>();
   st->id = id;
   st->extents = f.getExtents();  // [extents] batched restore: runs of chunks per fetchChunk
@@ -127,16 +132,36 @@ Answer Session::OnFetch(const Incoming& in) {
   std::vector<std::uint32_t> layers = ToVector(layers_r);
   const std::uint64_t entry = f.getEntry();
   const auto arrived = std::chrono::steady_clock::now();
-  return Serve(fetch_executor_, id, [this, id, st, entry, arrived, layers = std::move(layers)]() -> Answer {
+  return Serve(fetch_executor_, id, [this, id, st, entry, arrived, query = std::move(query),
+                                     layers = std::move(layers)]() -> Answer {
+    auto forget = [&] {
+      MutexLock l(&mu_);
+      fetches_.erase(id);
+    };
+    // A fetch by query: the hit stays leased until its fetch has ended.
+    Lease lease;
+    std::uint64_t target = entry;
+    if (query) {
+      Result<Found> found = RunLookup(*query, &lease);
+      if (!found.ok()) {
+        forget();
+        return found.status();
+      }
+      sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
+        WriteLookupHit(found->hit, found->shared, r.initFetchHit());
+      }));
+      if (!found->hit) {
+        forget();
+        return BuildResponse(id, [&](wire::Response::Builder r) { r.initFetchDone(); });
+      }
+      target = found->hit->id;
+    }
     FetchSender sender(id, st.get(), sink_.get(), device_dma_);
     FetchOptions options;
     options.ns = TenantScope();
-    Status s = sender.Finish(store_->Fetch(entry, layers, sender, options));
-    spdlog::debug("primecached: fetch of entry {}: {}", entry, sender.Timings());
-    {
-      MutexLock l(&mu_);
-      fetches_.erase(id);
-    }
+    Status s = sender.Finish(store_->Fetch(target, layers, sender, options));
+    spdlog::debug("primecached: fetch of entry {}: {}", target, sender.Timings());
+    forget();
     counters_->fetch_bytes.fetch_add(sender.bytes(), std::memory_order_relaxed);
     sender.AddTo(*counters_);  // [extents] chunks and extents per window
     if (!s.ok()) {

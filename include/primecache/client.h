@@ -142,6 +142,10 @@ struct FetchCallbacks {
   // on_chunk / on_chunk_held (one call each, also when the daemon sent
   // several in one message).
   std::function<Status(const DeviceExtent& extent, ChunkRelease release)> on_device_extent;
+  // LookupAndFetch only: the hit it is about to stream, before its first
+  // layer (not called on a miss). A non-OK return cancels the fetch and
+  // becomes its result.
+  std::function<Status(const LookupHit& hit)> on_hit;
 };
 
 struct FetchedLayer {
@@ -170,6 +174,9 @@ struct ServerInfo {
   // The daemon copies raw chunks into device memory the engine exports to it
   // (AttachDeviceWindow); false: an attach is refused with kNotSupported.
   bool device_copies = false;
+  // The daemon fetches by query in one round trip (LookupAndFetch); false:
+  // LookupAndFetch makes a lookup, then a fetch.
+  bool fetch_by_query = false;
 };
 
 // The bytes of a CUDA IPC handle (cudaIpcMemHandle_t).
@@ -312,6 +319,13 @@ class Client {
                                 const std::vector<LayerData>& layers);
   // Streams the entry's layers (empty: all) through the callbacks.
   Status Fetch(std::uint64_t entry, std::span<const std::uint32_t> layers, const FetchCallbacks& cb);
+  // Lookup and Fetch of every layer of the hit in one round trip (the
+  // daemon leases the hit between the two): the hit (nullopt: a miss, and
+  // nothing streamed), told to cb.on_hit before its first layer;
+  // `shared_tokens` as Lookup's. With a daemon that does not fetch by query
+  // (ServerInfo::fetch_by_query) it makes the two calls.
+  Result<std::optional<LookupHit>> LookupAndFetch(const ModelId& model, std::span<const std::uint32_t> tokens,
+                                                  const FetchCallbacks& cb, std::uint64_t* shared_tokens = nullptr);
   Result<std::vector<FetchedLayer>> FetchLayers(std::uint64_t entry, std::span<const std::uint32_t> layers = {});
   // A page of entries (ListOptions: limit is the page size). ns nullopt: the
   // connection's own namespace on a tenant connection, every namespace on

@@ -29,11 +29,17 @@ struct Crafted {
   std::uint64_t offset = 0, length = 0;
   bool inline_bytes = false;
   bool shm = false;  // in the shared region instead of the device window
+  // Where a fetchHit goes in the stream (of any fetch: the client must
+  // refuse one to a fetch by entry).
+  enum class Hit { kNone, kFirst, kTwice, kMiss, kAfterTheLayer, kTooLong } hit = Hit::kNone;
 };
 
-// A daemon that speaks just enough: hello (with device copies), attachDevice
-// and shmAttach (ack; the region's descriptor is dropped unread), and a fetch of entry e answered with FetchLayer(0, kChunks), the
-// fetchChunk script(e) gives, then fetchDone. One connection at a time.
+// A daemon that speaks just enough: hello (with device copies and fetches
+// by query), attachDevice and shmAttach (ack; the region's descriptor is
+// dropped unread), and a fetch of entry e (by query: e is the query's first
+// token) answered with FetchLayer(0, kChunks), the fetchChunk script(e)
+// gives, then fetchDone, with the script's fetchHit where it says. One
+// connection at a time.
 class CraftedDaemon {
  public:
   explicit CraftedDaemon(std::function<Crafted(std::uint64_t)> script)
@@ -95,16 +101,34 @@ class CraftedDaemon {
         h.setMaxChunkBytes(64u << 20);
         h.setMaxPublishesInFlight(1);
         h.setDeviceCopies(true);
+        h.setFetchByQuery(true);
       }));
     } else if (q.which() == wire::Request::ATTACH_DEVICE || q.which() == wire::Request::SHM_ATTACH) {
       Put(fd, *ipc::BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
     } else if (q.which() == wire::Request::FETCH) {
-      const Crafted c = script_(q.getFetch().getEntry());
+      auto f = q.getFetch();
+      const bool by_query = f.hasQuery() && f.getQuery().getQuery().getTokens().size() != 0;
+      const Crafted c = script_(by_query ? f.getQuery().getQuery().getTokens()[0] : f.getEntry());
+      using Hit = Crafted::Hit;
+      auto hit = [&](bool found, std::uint32_t length) {
+        Put(fd, *ipc::BuildResponse(id, [&](wire::Response::Builder r) {
+          auto h = r.initFetchHit();
+          h.setFound(found);
+          h.setEntry(found ? 9 : 0);
+          h.setLength(found ? length : 0);
+          h.setLayerCount(found ? 1 : 0);
+        }));
+      };
+      if (c.hit == Hit::kFirst || c.hit == Hit::kTwice) hit(true, 1);
+      if (c.hit == Hit::kTwice) hit(true, 1);
+      if (c.hit == Hit::kMiss) hit(false, 0);
+      if (c.hit == Hit::kTooLong) hit(true, 1000);
       Put(fd, *ipc::BuildResponse(id, [](wire::Response::Builder r) {
         auto l = r.initFetchLayer();
         l.setLayer(0);
         l.setChunkCount(kChunks);
       }));
+      if (c.hit == Hit::kAfterTheLayer) hit(true, 1);
       Put(fd, *ipc::BuildResponse(id, [&](wire::Response::Builder r) {
         auto ch = r.initFetchChunk();
         ch.setLayer(c.layer);
@@ -238,6 +262,72 @@ TEST(ClientExtentTest, SharedExtentsAreSplitAndRefusedOutsideTheFetchWindow) {
       EXPECT_TRUE(chunks.empty()) << name << ": a callback saw what was refused";
     }
   }
+}
+
+// A fetch by query's fetchHit, checked where it stands: once, first, never
+// to a fetch by entry, never after a miss but fetchDone, and a prefix of the
+// query; what is refused reaches no callback.
+TEST(ClientExtentTest, AFetchByQuerysHitMustComeFirstAndOnce) {
+  using Hit = Crafted::Hit;
+  auto with = [](Hit h) {
+    Crafted c{0, 0, 1, {10}, 0, 10, true};  // one chunk inline
+    c.hit = h;
+    return c;
+  };
+  const std::vector<std::pair<std::string, Crafted>> cases = {
+      {"a hit, then its layer", with(Hit::kFirst)},
+      {"no hit at all", with(Hit::kNone)},
+      {"two hits", with(Hit::kTwice)},
+      {"a miss, then a layer", with(Hit::kMiss)},
+      {"the layer, then the hit", with(Hit::kAfterTheLayer)},
+      {"a hit longer than the query", with(Hit::kTooLong)},
+  };
+  CraftedDaemon d([&](std::uint64_t e) { return e < cases.size() ? cases[e].second : Crafted{}; });
+  ClientOptions o;
+  o.endpoint = d.path();
+  o.timeout = std::chrono::milliseconds(5000);
+  o.reconnect_attempts = 0;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE((*c)->server_info().fetch_by_query);
+  for (std::uint32_t e = 0; e < cases.size(); ++e) {
+    const std::string& name = cases[e].first;
+    std::vector<std::string> seen;
+    FetchCallbacks cb;
+    cb.on_hit = [&](const LookupHit& h) {
+      seen.push_back("hit " + std::to_string(h.id));
+      return Status::Ok();
+    };
+    cb.on_layer = [&](std::uint32_t l, std::span<const std::byte>, std::uint32_t) {
+      seen.push_back("layer " + std::to_string(l));
+      return Status::Ok();
+    };
+    cb.on_chunk = [&](std::uint32_t, std::uint32_t i, std::span<const std::byte>) {
+      seen.push_back("chunk " + std::to_string(i));
+      return Status::Ok();
+    };
+    const std::vector<std::uint32_t> query = {e, 1, 2, 3};
+    auto r = (*c)->LookupAndFetch(TestModel(), query, cb);
+    if (e == 0) {
+      ASSERT_TRUE(r.ok()) << name << ": " << r.status().ToString();
+      ASSERT_TRUE(r->has_value()) << name;
+      EXPECT_EQ((*r)->id, 9u);
+      EXPECT_EQ(seen, (std::vector<std::string>{"hit 9", "layer 0", "chunk 0"})) << name;
+    } else {
+      EXPECT_TRUE(r.status().IsCorruption()) << name << ": " << r.status().ToString();
+      EXPECT_TRUE(seen.empty() || (e == 2 && seen.size() == 1)) << name << ": a callback saw what was refused";
+    }
+  }
+  // A fetch by entry is never sent a hit.
+  std::vector<std::string> seen;
+  FetchCallbacks cb;
+  cb.on_layer = [&](std::uint32_t, std::span<const std::byte>, std::uint32_t) {
+    seen.push_back("layer");
+    return Status::Ok();
+  };
+  const Status s = (*c)->Fetch(0, {}, cb);
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  EXPECT_TRUE(seen.empty());
 }
 
 }  // namespace

@@ -276,6 +276,130 @@ TEST_F(DaemonTest, ALookupAnswersItsSharedLengthWhenAsked) {
   EXPECT_EQ(shared, 0u);
 }
 
+// LookupAndFetch: one round trip finds the longest stored prefix and
+// streams it, the hit told first; the same bytes as Lookup then FetchLayers,
+// over the socket and through shared memory; a miss streams nothing.
+TEST_F(DaemonTest, LookupAndFetchStreamsTheLongestStoredPrefixAfterItsHit) {
+  for (bool shm : {false, true}) {
+    SCOPED_TRACE(shm ? "shared memory" : "socket");
+    auto c = Client::Connect(d_.Options("", shm));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE((*c)->server_info().fetch_by_query);
+    const auto tokens = Tokens(600, shm ? 52 : 51);
+    const auto layers = MakeLayers(400, 3, shm ? 52 : 51, 64, 32);
+    auto pub = (*c)->Publish(TestModel(), std::span(tokens).first(400), layers);
+    ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+
+    std::vector<FetchedLayer> got;
+    std::optional<LookupHit> told;
+    FetchCallbacks cb;
+    cb.on_hit = [&](const LookupHit& h) {
+      EXPECT_TRUE(got.empty()) << "the hit came after a layer";
+      told = h;
+      return Status::Ok();
+    };
+    cb.on_layer = [&](std::uint32_t l, std::span<const std::byte> header, std::uint32_t) {
+      FetchedLayer f;
+      f.layer = l;
+      f.data.header.assign(header.begin(), header.end());
+      got.push_back(std::move(f));
+      return Status::Ok();
+    };
+    cb.on_chunk = [&](std::uint32_t, std::uint32_t, std::span<const std::byte> b) {
+      got.back().data.chunks.emplace_back(b.begin(), b.end());
+      return Status::Ok();
+    };
+    std::uint64_t shared = 0;
+    auto hit = (*c)->LookupAndFetch(TestModel(), tokens, cb, &shared);
+    ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+    ASSERT_TRUE(hit->has_value());
+    EXPECT_EQ((*hit)->id, pub->id);
+    EXPECT_EQ((*hit)->length, 400u);
+    EXPECT_EQ((*hit)->layers, 3u);
+    ASSERT_TRUE(told.has_value());
+    EXPECT_EQ(told->id, pub->id);
+    EXPECT_EQ(shared, 400u);
+    ExpectSameLayers(layers, got);
+
+    // A miss: nothing streamed, the branch point still said.
+    got.clear();
+    told.reset();
+    std::vector<std::uint32_t> off(tokens.begin(), tokens.begin() + 300);
+    off.push_back(0x7fffffffu);
+    auto miss = (*c)->LookupAndFetch(TestModel(), off, cb, &shared);
+    ASSERT_TRUE(miss.ok()) << miss.status().ToString();
+    EXPECT_FALSE(miss->has_value());
+    EXPECT_FALSE(told.has_value());
+    EXPECT_TRUE(got.empty());
+    EXPECT_EQ(shared, 300u);
+    auto other_model = (*c)->LookupAndFetch(TestModel(2), tokens, cb);
+    ASSERT_TRUE(other_model.ok());
+    EXPECT_FALSE(other_model->has_value());
+  }
+}
+
+// An on_hit that refuses the hit cancels its fetch: the call returns that
+// error, and the connection fetches on.
+TEST_F(DaemonTest, LookupAndFetchRefusedAtItsHitCancelsAndTheConnectionGoesOn) {
+  auto c = Client::Connect(d_.Options("", true));
+  ASSERT_TRUE(c.ok());
+  const auto tokens = Tokens(500, 61);
+  ASSERT_TRUE((*c)->Publish(TestModel(), tokens, MakeLayers(500, 4, 61, 64, 32)).ok());
+  int layers_seen = 0;
+  FetchCallbacks refuse;
+  refuse.on_hit = [](const LookupHit&) { return Status::FailedPrecondition("too short for this engine"); };
+  refuse.on_layer = [&](std::uint32_t, std::span<const std::byte>, std::uint32_t) {
+    ++layers_seen;
+    return Status::Ok();
+  };
+  auto r = (*c)->LookupAndFetch(TestModel(), tokens, refuse);
+  EXPECT_TRUE(r.status().IsFailedPrecondition()) << r.status().ToString();
+  EXPECT_EQ(layers_seen, 0);
+  FetchCallbacks take;
+  take.on_layer = refuse.on_layer;
+  auto again = (*c)->LookupAndFetch(TestModel(), tokens, take);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE(again->has_value());
+  EXPECT_EQ(layers_seen, 4);
+}
+
+// A fetch by query keeps to its connection's tenant: another namespace's
+// entry is a miss, and a query naming another namespace is refused.
+TEST_F(DaemonTest, LookupAndFetchKeepsTenantsApart) {
+  auto a = Client::Connect(d_.Options("tenant-a"));
+  auto b = Client::Connect(d_.Options("tenant-b"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  const auto tokens = Tokens(80, 71);
+  ASSERT_TRUE((*a)->Publish(TestModel(), tokens, MakeLayers(80, 1, 71)).ok());
+  int layers_seen = 0;
+  FetchCallbacks cb;
+  cb.on_layer = [&](std::uint32_t, std::span<const std::byte>, std::uint32_t) {
+    ++layers_seen;
+    return Status::Ok();
+  };
+  auto theirs = (*b)->LookupAndFetch(TestModel(), tokens, cb);
+  ASSERT_TRUE(theirs.ok()) << theirs.status().ToString();
+  EXPECT_FALSE(theirs->has_value());
+  EXPECT_EQ(layers_seen, 0);
+  auto ours = (*a)->LookupAndFetch(TestModel(), tokens, cb);
+  ASSERT_TRUE(ours.ok() && ours->has_value());
+  EXPECT_EQ(layers_seen, 1);
+  RawConn r(d_.socket());
+  ASSERT_TRUE(r.Hello("tenant-b"));
+  auto m = ipc::BuildRequest(5, [&](wire::Request::Builder q) {
+    auto l = q.initFetch().initQuery().initQuery();
+    l.setNamespace("tenant-a");
+    l.initTokens(1).set(0, 1);
+  });
+  ASSERT_TRUE(r.Send(*m));
+  auto f = r.Next();
+  ASSERT_TRUE(f.has_value());
+  auto rd = f->Reader({});
+  auto resp = rd->getRoot<wire::Response>();
+  ASSERT_EQ(resp.which(), wire::Response::ERROR);
+  EXPECT_EQ(resp.getError().getCode(), wire::ErrorCode::PERMISSION_DENIED);
+}
+
 // A publish carries its model's prefill cost: the entry's FLOPs are the
 // estimate from it (what the utility and marginal policies weigh), its
 // tokens when none is sent; a cost out of bounds is refused.
