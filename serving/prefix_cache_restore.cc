@@ -63,53 +63,79 @@ Status PrefixCache::ReserveStaging(std::uint64_t tokens) {
 Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens,
                                               Request* figures) {
   if (client_ == nullptr || tokens.size() < options_.min_prefix) return std::uint64_t{0};
-  const auto t_lookup = Clock::now();
-  const bool want_shared = options_.publish && options_.publish_branch_points;
-  auto found = client_->Lookup(model_id_, tokens, want_shared ? &figures->shared_tokens : nullptr);
-  figures->lookup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_lookup).count();
-  if (!found.ok()) {
-    NoteFailure("lookup", found.status());
-    return std::uint64_t{0};
-  }
-  if (!found->has_value() || (*found)->length < options_.min_prefix) return std::uint64_t{0};
-  const std::uint64_t len = (*found)->length;
   engine::SessionCache& cache = *session.cache;
   engine::Device& dev = model_->engine().device();
-  // Staging for the planes, grown to this boundary's bound.
-  const std::uint64_t bound = StagingFloats(cache.plan(), len) * sizeof(float);
-  PC_RETURN_IF_ERROR(GrowStaging(bound));
   RegisterRegion();
-
-  const auto t_fetch = Clock::now();
-  StagedFetch fetch(dev, *decode_pool_, cache.Geometry(), staging_.at<float>(0),
-                    device_staging_ ? device_staging_mem_.at<float>(0) : nullptr, bound / sizeof(float),
-                    std::span(device_window_.at<const std::byte>(0), device_window_.bytes()));
-  Status fetched = fetch.Finish(client_->Fetch((*found)->id, {}, fetch.Callbacks()));
-  figures->fetch_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fetch).count();
-  figures->direct_chunks = fetch.direct_chunks();
-  figures->device_chunks = fetch.device_chunks();
-  figures->device_chunk_bytes = fetch.device_chunk_bytes();
-  if (!fetched.ok()) {
-    NoteFailure("restoring entry " + std::to_string((*found)->id), fetched);
+  // The lookup and the fetch of its hit are one call (one round trip); the
+  // staging is grown to the hit's bound and the fetch's sink made once the
+  // hit is known, before its first layer arrives.
+  const auto t_lookup = Clock::now();
+  Clock::time_point t_fetch;
+  std::optional<StagedFetch> fetch;
+  client::FetchCallbacks staged;  // fetch's, once made
+  std::optional<LookupHit> hit;
+  Status staging_failed;
+  client::FetchCallbacks cb;
+  cb.on_hit = [&](const LookupHit& h) -> Status {
+    t_fetch = Clock::now();
+    hit = h;
+    if (h.length < options_.min_prefix) return Status::Aborted("a hit shorter than the prefix cache's minimum");
+    const std::uint64_t bound = StagingFloats(cache.plan(), h.length) * sizeof(float);
+    staging_failed = GrowStaging(bound);
+    if (!staging_failed.ok()) return staging_failed;
+    fetch.emplace(dev, *decode_pool_, cache.Geometry(), staging_.at<float>(0),
+                  device_staging_ ? device_staging_mem_.at<float>(0) : nullptr, bound / sizeof(float),
+                  std::span(device_window_.at<const std::byte>(0), device_window_.bytes()));
+    staged = fetch->Callbacks();
+    return Status::Ok();
+  };
+  // The staged fetch's callbacks; none comes before on_hit made them.
+  cb.on_layer = [&](std::uint32_t l, std::span<const std::byte> h, std::uint32_t n) { return staged.on_layer(l, h, n); };
+  cb.on_chunk_held = [&](std::uint32_t l, std::uint32_t i, std::span<const std::byte> b, client::ChunkRelease r) {
+    return staged.on_chunk_held(l, i, b, std::move(r));
+  };
+  if (device_staging_ && !device_window_.empty()) {  // as StagedFetch takes device extents
+    cb.on_device_extent = [&](const client::DeviceExtent& x, client::ChunkRelease r) {
+      return staged.on_device_extent(x, std::move(r));
+    };
+  }
+  const bool want_shared = options_.publish && options_.publish_branch_points;
+  auto found = client_->LookupAndFetch(model_id_, tokens, cb, want_shared ? &figures->shared_tokens : nullptr);
+  const auto t_end = Clock::now();
+  auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  figures->lookup_ms = ms((hit ? t_fetch : t_end) - t_lookup);
+  Status fetched = fetch ? fetch->Finish(found.status()) : found.status();
+  figures->fetch_ms = hit ? ms(Clock::now() - t_fetch) : 0;
+  if (!staging_failed.ok()) return staging_failed;
+  if (!fetch) {
+    // A miss, a hit too short to restore, or a lookup that failed: primed in full.
+    if (!hit && !found.ok()) NoteFailure("lookup", found.status());
     return std::uint64_t{0};
   }
-
+  figures->direct_chunks = fetch->direct_chunks();
+  figures->device_chunks = fetch->device_chunks();
+  figures->device_chunk_bytes = fetch->device_chunk_bytes();
+  if (!fetched.ok()) {
+    NoteFailure("restoring entry " + std::to_string(hit->id), fetched);
+    return std::uint64_t{0};
+  }
+  const std::uint64_t len = hit->length;
   const auto t_copy = Clock::now();
-  const std::vector<engine::LayerSnapshotView> views = fetch.Views();
+  const std::vector<engine::LayerSnapshotView> views = fetch->Views();
   // Restore validates every layer (the one whole-set validation) before the
   // first byte reaches the cache: a refusal leaves the session fresh. A cache
   // that is no longer fresh failed while copying.
   Status restored =
       cache.Restore(views, device_staging_ ? engine::PlaneResidence::kDevice : engine::PlaneResidence::kHost);
   if (!restored.ok() && cache.fresh()) {
-    spdlog::warn("prefix cache: entry {} refused: {}", (*found)->id, restored.ToString());
+    spdlog::warn("prefix cache: entry {} refused: {}", hit->id, restored.ToString());
     return std::uint64_t{0};
   }
   PC_RETURN_IF_ERROR(restored);
   PC_RETURN_IF_ERROR(dev.Synchronize(engine::Lane::kCompute));
   session.position = len;
   figures->copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_copy).count();
-  figures->restored_bytes = fetch.floats() * sizeof(float);
+  figures->restored_bytes = fetch->floats() * sizeof(float);
   return len;
 }
 
