@@ -42,8 +42,10 @@ struct Crafted {
 // connection at a time.
 class CraftedDaemon {
  public:
-  explicit CraftedDaemon(std::function<Crafted(std::uint64_t)> script)
-      : script_(std::move(script)), dir_(MakeTempDir()), path_(dir_ + "/crafted.sock") {
+  // `fetch_by_query` false: as an older daemon, which says nothing of it in
+  // its hello and answers a lookup of query q with entry q[0], length 1.
+  explicit CraftedDaemon(std::function<Crafted(std::uint64_t)> script, bool fetch_by_query = true)
+      : script_(std::move(script)), fetch_by_query_(fetch_by_query), dir_(MakeTempDir()), path_(dir_ + "/crafted.sock") {
     listen_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
@@ -59,6 +61,9 @@ class CraftedDaemon {
     std::filesystem::remove_all(dir_);
   }
   const std::string& path() const { return path_; }
+  // Lookups, and fetches by query, it was sent.
+  int lookups() const { return lookups_; }
+  int queries() const { return queries_; }
 
  private:
   void Serve() {
@@ -93,7 +98,7 @@ class CraftedDaemon {
     auto q = rd->getRoot<wire::Request>();
     const std::uint64_t id = q.getId();
     if (q.which() == wire::Request::HELLO) {
-      Put(fd, *ipc::BuildResponse(id, [](wire::Response::Builder r) {
+      Put(fd, *ipc::BuildResponse(id, [this](wire::Response::Builder r) {
         auto h = r.initHello();
         h.setVersion(ipc::kMaxProtocolVersion);
         h.setServer("crafted");
@@ -101,12 +106,23 @@ class CraftedDaemon {
         h.setMaxChunkBytes(64u << 20);
         h.setMaxPublishesInFlight(1);
         h.setDeviceCopies(true);
-        h.setFetchByQuery(true);
+        h.setFetchByQuery(fetch_by_query_);
+      }));
+    } else if (q.which() == wire::Request::LOOKUP) {
+      auto tokens = q.getLookup().getQuery().getTokens();
+      ++lookups_;
+      Put(fd, *ipc::BuildResponse(id, [&](wire::Response::Builder r) {
+        auto h = r.initLookup();
+        h.setFound(tokens.size() != 0);
+        h.setEntry(tokens.size() != 0 ? tokens[0] : 0);
+        h.setLength(1);
+        h.setLayerCount(1);
       }));
     } else if (q.which() == wire::Request::ATTACH_DEVICE || q.which() == wire::Request::SHM_ATTACH) {
       Put(fd, *ipc::BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
     } else if (q.which() == wire::Request::FETCH) {
       auto f = q.getFetch();
+      if (f.hasQuery()) ++queries_;
       const bool by_query = f.hasQuery() && f.getQuery().getQuery().getTokens().size() != 0;
       const Crafted c = script_(by_query ? f.getQuery().getQuery().getTokens()[0] : f.getEntry());
       using Hit = Crafted::Hit;
@@ -154,9 +170,11 @@ class CraftedDaemon {
   }
 
   std::function<Crafted(std::uint64_t)> script_;
+  const bool fetch_by_query_;
   const std::string dir_, path_;
   int listen_ = -1;
   std::atomic<bool> stop_{false};
+  std::atomic<int> lookups_{0}, queries_{0};
   std::thread thread_;
 };
 
@@ -328,6 +346,43 @@ TEST(ClientExtentTest, AFetchByQuerysHitMustComeFirstAndOnce) {
   const Status s = (*c)->Fetch(0, {}, cb);
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
   EXPECT_TRUE(seen.empty());
+}
+
+// Against a daemon that does not fetch by query, LookupAndFetch makes a
+// lookup and then a fetch of its hit, with the same callbacks in the same
+// order; it never sends such a daemon a fetch by query.
+TEST(ClientExtentTest, LookupAndFetchFromAnOlderDaemonIsALookupThenAFetch) {
+  Crafted one{0, 0, 1, {10}, 0, 10, true};  // one chunk inline
+  CraftedDaemon d([&](std::uint64_t e) { return e == 5 ? one : Crafted{}; }, /*fetch_by_query=*/false);
+  ClientOptions o;
+  o.endpoint = d.path();
+  o.timeout = std::chrono::milliseconds(5000);
+  o.reconnect_attempts = 0;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE((*c)->server_info().fetch_by_query);
+  std::vector<std::string> seen;
+  FetchCallbacks cb;
+  cb.on_hit = [&](const LookupHit& h) {
+    seen.push_back("hit " + std::to_string(h.id));
+    return Status::Ok();
+  };
+  cb.on_layer = [&](std::uint32_t l, std::span<const std::byte>, std::uint32_t) {
+    seen.push_back("layer " + std::to_string(l));
+    return Status::Ok();
+  };
+  cb.on_chunk = [&](std::uint32_t, std::uint32_t i, std::span<const std::byte>) {
+    seen.push_back("chunk " + std::to_string(i));
+    return Status::Ok();
+  };
+  const std::vector<std::uint32_t> query = {5, 6, 7};
+  auto r = (*c)->LookupAndFetch(TestModel(), query, cb);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->has_value());
+  EXPECT_EQ((*r)->id, 5u);
+  EXPECT_EQ(seen, (std::vector<std::string>{"hit 5", "layer 0", "chunk 0"}));
+  EXPECT_EQ(d.lookups(), 1);
+  EXPECT_EQ(d.queries(), 0);
 }
 
 }  // namespace
