@@ -71,7 +71,8 @@ Result<std::unique_ptr<model::PrefixCache>> Cache(const Args& a, BenchSetup& b, 
 }
 
 // An engine process: "ready" once warm, then the timed restore after the
-// barrier: "result START_NS RESTORE_MS BYTES DEVICE_CHUNKS".
+// barrier: "result START_NS RESTORE_MS BYTES DEVICE_CHUNKS LOOKUP_MS FETCH_MS
+// COPY_MS" (the restore's parts: PrefixCache's Request figures).
 int RunChild(const Args& a, std::uint64_t largest) {
   auto b = Setup(a.config_path, a.seed, a.prefix + 1, a.chunk, a.cpu, 2);
   if (!b.ok()) return Fail(b.status(), "engine setup");
@@ -95,8 +96,9 @@ int RunChild(const Args& a, std::uint64_t largest) {
   auto r = (*cache)->Prime(tokens);
   if (!r.ok()) return Fail(r.status(), "restore");
   if (r->restored_tokens != a.prefix) return Fail(Status::Internal("restored less than its entry"), "restore");
-  std::printf("result %lld %.6f %llu %llu\n", static_cast<long long>(start), r->restore_ms,
-              static_cast<unsigned long long>(r->restored_bytes), static_cast<unsigned long long>(r->device_chunks));
+  std::printf("result %lld %.6f %llu %llu %.6f %.6f %.6f\n", static_cast<long long>(start), r->restore_ms,
+              static_cast<unsigned long long>(r->restored_bytes), static_cast<unsigned long long>(r->device_chunks),
+              r->lookup_ms, r->fetch_ms, r->copy_ms);
   std::fflush(stdout);
   return 0;
 }
@@ -114,6 +116,7 @@ struct Round {
   std::uint64_t total = 0, device_chunks = 0;
   double span_ms = 0, aggregate_gbps = 0, min_ms = 0, max_ms = 0, worst_share = 0;
   std::string times;  // each engine's restore, ms
+  std::string parts;  // each engine's start (after the first) and restore's parts, ms
 };
 
 // The run's side-by-side copy rate, and what its rows are named by.
@@ -127,6 +130,7 @@ struct Engine {
   FILE* out = nullptr;
   std::int64_t start = 0;
   double restore_ms = 0;
+  double lookup_ms = 0, fetch_ms = 0, copy_ms = 0;  // the restore's parts (the rest: a new session)
   std::uint64_t bytes = 0, device_chunks = 0;
 };
 
@@ -184,7 +188,8 @@ bool RunEngines(const Args& a, std::size_t n, std::uint64_t largest, std::vector
     long long start = 0;
     unsigned long long bytes = 0, dev = 0;
     ok = ok && NextLine(e.out, "result", line, sizeof line) &&
-         std::sscanf(line, "result %lld %lf %llu %llu", &start, &e.restore_ms, &bytes, &dev) == 4;
+         std::sscanf(line, "result %lld %lf %llu %llu %lf %lf %lf", &start, &e.restore_ms, &bytes, &dev, &e.lookup_ms,
+                     &e.fetch_ms, &e.copy_ms) == 7;
     e.start = start;
     e.bytes = bytes;
     e.device_chunks = dev;
@@ -229,12 +234,19 @@ Round Summarize(const std::vector<Engine>& engines) {
     char t[32];
     std::snprintf(t, sizeof t, "%s%.1f", r.times.empty() ? "" : " ", e.restore_ms);
     r.times += t;
+    char p[160];
+    std::snprintf(p, sizeof p, "%s+%.1f: %.1f lookup, %.1f fetch, %.1f copy, %.1f else", r.parts.empty() ? "" : "; ",
+                  double(e.start - first) / 1e6, e.lookup_ms, e.fetch_ms, e.copy_ms,
+                  e.restore_ms - e.lookup_ms - e.fetch_ms - e.copy_ms);
+    r.parts += p;
   }
   return r;
 }
 
 // The round of N engines: its table line, and its row of `table`.
-bool RunRound(const Args& a, std::size_t n, std::uint64_t largest, const Baseline& base, bench::CsvTable* table) {
+// Its engines' restores in parts are added to `parts` (printed after the table).
+bool RunRound(const Args& a, std::size_t n, std::uint64_t largest, const Baseline& base, bench::CsvTable* table,
+              std::vector<std::string>* parts) {
   std::vector<Engine> engines;
   if (!RunEngines(a, n, largest, &engines)) return false;
   const Round r = Summarize(engines);
@@ -243,6 +255,7 @@ bool RunRound(const Args& a, std::size_t n, std::uint64_t largest, const Baselin
               r.span_ms, r.aggregate_gbps, vs_copy, r.times.c_str(), r.worst_share,
               static_cast<unsigned long long>(r.device_chunks));
   std::fflush(stdout);
+  parts->push_back(std::to_string(n) + " engines (each started at +ms: its restore's parts, ms): " + r.parts);
   const Status s = table->Add({base.config, base.device, a.prefix, n, r.total, r.span_ms, r.aggregate_gbps,
                                base.copy_gbps, vs_copy, r.min_ms, r.max_ms, r.worst_share, r.device_chunks});
   if (!s.ok()) Fail(s, "csv row");
@@ -302,10 +315,12 @@ int RunParent(Args& a) {
   // Written again after every round: a run cut short keeps the rounds it finished.
   bench::CsvTable table = FaninTable();
   const std::string name = "fanin-" + base.config + (a.cpu ? "-cpu" : "-cuda");
+  std::vector<std::string> parts;
   for (std::size_t n : a.engines) {
-    if (!RunRound(a, n, largest, base, &table)) return 1;
+    if (!RunRound(a, n, largest, base, &table, &parts)) return 1;
     if (Status s = table.WriteToDir(a.csv_dir, name); !s.ok()) return Fail(s, "csv");
   }
+  for (const std::string& p : parts) std::printf("fanin-bench: %s\n", p.c_str());
   return 0;
 }
 
