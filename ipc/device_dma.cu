@@ -101,6 +101,8 @@ class CudaDma final : public DeviceDma {
   void Unuse(Registration* r);
   Result<cudaStream_t> TakeStream(int device);
   void GiveStream(int device, cudaStream_t s);
+  // Queues open on `device` now.
+  std::size_t QueuesOn(int device) const;
 
  private:
   void EvictLocked();
@@ -273,6 +275,16 @@ void CudaDma::GiveStream(int device, cudaStream_t s) {
   }
 }
 
+std::size_t CudaDma::QueuesOn(int device) const {
+  std::lock_guard g(mu_);
+  auto it = streams_.find(device);
+  std::size_t n = 0;
+  if (it != streams_.end()) {
+    for (const SharedStream& s : it->second) n += s.users;
+  }
+  return n;
+}
+
 // One fetch's copies: each is followed by an event on the queue's stream;
 // its registration is let go once the event has passed.
 class CudaCopyQueue final : public DeviceCopyQueue {
@@ -285,6 +297,7 @@ class CudaCopyQueue final : public DeviceCopyQueue {
   Status Enqueue(std::uint64_t offset, std::span<const std::span<const std::byte>> pieces,
                  const MappedRegion& mapping) override;
   std::uint64_t enqueued() const override { return completed_ + pending_.size(); }
+  std::size_t sharers() const override { return dma_.QueuesOn(window_->device()); }
   Result<std::uint64_t> Completed(std::uint64_t at_least) override;
 
  private:

@@ -66,6 +66,9 @@ class DeviceCopyQueue {
   }
   // Copies enqueued so far.
   virtual std::uint64_t enqueued() const = 0;
+  // Queues copying into this queue's device now, this one included: the
+  // fetches its copy engines are shared among.
+  virtual std::size_t sharers() const = 0;
   // How many copies have completed (always the first ones), after waiting
   // until at least `at_least` have (0: no wait). An error: a copy failed on
   // the device.
@@ -75,8 +78,12 @@ class DeviceCopyQueue {
 class DeviceDma {
  public:
   // kNotSupported without CUDA; kUnavailable without a device. Copies go
-  // on `max_streams` streams per device at most (`--copy-streams`).
-  static constexpr std::size_t kDefaultMaxStreams = 16;
+  // on `max_streams` streams per device at most (`--copy-streams`). One by
+  // default: the copy engines run one stream's queued copies before
+  // another's, so concurrent fetches on streams of their own do not share
+  // the link; on one stream their copies run in the order queued, and take
+  // turns (FetchSender's copy depth).
+  static constexpr std::size_t kDefaultMaxStreams = 1;
   static Result<std::unique_ptr<DeviceDma>> Create(std::uint64_t registered_budget_bytes,
                                                    std::size_t max_streams = kDefaultMaxStreams);
   virtual ~DeviceDma() = default;

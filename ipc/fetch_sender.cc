@@ -139,9 +139,19 @@ void WindowRing::Wake() {
 
 namespace {
 
-// Device copies (one per extent) enqueued and not yet known complete, at
-// most: enough to keep the copy engines busy.
-constexpr std::uint64_t kMaxCopiesInFlight = 64;
+// Device copies (one per extent) a fetch keeps enqueued and not yet known
+// complete: kCopyDepth alone (a 256 MiB window's worth of 16 MiB extents, about
+// 4.7 ms of copying at 55 GB/s), that split among the fetches copying into
+// the same device at once, kMinCopyDepth at least. On a stream they share
+// the copies run in the order they were enqueued, and each fetch enqueues
+// its next copy as one of its own completes, so the fetches' copies take
+// turns; a shallow depth makes the turns short from the start.
+constexpr std::uint64_t kCopyDepth = 16;
+constexpr std::uint64_t kMinCopyDepth = 4;
+
+std::uint64_t CopyDepth(std::size_t sharers) {
+  return std::max<std::uint64_t>(kMinCopyDepth, kCopyDepth / std::max<std::size_t>(sharers, 1));
+}
 
 // An extent's bytes, at most, and at most a quarter of its window, so that
 // copies stay in flight while the client releases earlier extents. On the
@@ -403,9 +413,10 @@ Status FetchSender::FlushDevice(Extent e) {
   SendExtent(e, &ring);
   device_chunks_ += e.sizes.size();
   ++device_extents_;
-  // A bound on the copies in flight, so that answers do not wait long.
-  const std::uint64_t n = q->enqueued();
-  return Pump(n > kMaxCopiesInFlight ? n - kMaxCopiesInFlight : 0);
+  // A bound on the copies in flight, so that answers do not wait long and
+  // concurrent fetches take turns.
+  const std::uint64_t n = q->enqueued(), depth = CopyDepth(q->sharers());
+  return Pump(n > depth ? n - depth : 0);
 }
 
 void FetchSender::SendInline(std::uint32_t layer, std::uint32_t index, std::span<const std::byte> bytes) {

@@ -168,6 +168,40 @@ TEST(DeviceDmaGpu, QueuesSharingOneStreamEachCompleteTheirCopies) {
   EXPECT_EQ(p.peer.Sum(0, file.bytes.size()), SumLine(file.bytes));
 }
 
+// By default the queues of a device share one stream, so their copies run
+// in the order they were enqueued, whoever queued them: a fetch's copy
+// enqueued after another fetch's runs after it (the turns concurrent
+// restores take), and each queue knows how many share the device.
+TEST(DeviceDmaGpu, QueuesOfADeviceTakeTurnsInTheOrderTheyEnqueued) {
+  PC_SKIP_WITHOUT_CUDA();
+  constexpr std::size_t kSize = 64u << 20, kPiece = 16u << 20;
+  PeerWindow p(kSize);
+  ASSERT_NO_FATAL_FAILURE(Start(&p, kSize, 256u << 20));
+  MappedFile file(kSize, 4, 7);
+  auto a = p.dma->NewQueue(p.window);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ((*a)->sharers(), 1u);
+  {
+    auto b = p.dma->NewQueue(p.window);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_EQ((*a)->sharers(), 2u);
+    EXPECT_EQ((*b)->sharers(), 2u);
+    // a, b, a, b: once b's second copy completed, both of a's had.
+    for (std::size_t i = 0; i < 4; ++i) {
+      DeviceCopyQueue& q = i % 2 == 0 ? **a : **b;
+      const std::size_t o = i * kPiece;
+      ASSERT_TRUE(q.Enqueue(o, std::span(file.mapping.data + o, kPiece), file.mapping).ok());
+    }
+    auto b_done = (*b)->Completed(2);
+    ASSERT_TRUE(b_done.ok()) << b_done.status().ToString();
+    auto a_done = (*a)->Completed(0);  // no wait: what has completed already
+    ASSERT_TRUE(a_done.ok()) << a_done.status().ToString();
+    EXPECT_EQ(*a_done, 2u);
+  }
+  EXPECT_EQ((*a)->sharers(), 1u);
+  EXPECT_EQ(p.peer.Sum(0, kSize), SumLine(file.bytes));
+}
+
 TEST(DeviceDmaGpu, AQueueDestroyedWithCopiesInFlightWaitsForThem) {
   PC_SKIP_WITHOUT_CUDA();
   constexpr std::size_t kSize = 32u << 20, kPiece = 256u << 10;

@@ -250,7 +250,8 @@ void AddFlags(CLI::App* app, Flags* f) {
                   "bytes of mapped store files kept registered with the device driver for those copies, over all "
                   "fetches (default 8G)");
   app->add_option("--copy-streams", f->copy_streams,
-                  "CUDA streams per device that device copies go on (default 16); past it fetches share the least used")
+                  "CUDA streams per device that device copies go on (default 1: concurrent fetches take turns on it); "
+                  "past it fetches share the least used")
       ->check(CLI::Range(1, 1024));
   AddRemoteAndMetricsFlags(app, f);
 }
