@@ -1,0 +1,69 @@
+// Tensor-parallel shards of the layer snapshots whose planes split by head
+// (docs/design-tensor-parallel.md): which heads a rank holds, where they lie
+// in the stored planes, and slicing a whole snapshot into a rank's shard or
+// gathering the shards of every rank back into the whole.
+//
+// A rank r of TP n holds heads [r*h/n, (r+1)*h/n) of every sharded plane; n
+// must divide h. Resharding from TP a to TP b is a gather at a then a slice
+// at b: the whole snapshot is the universal form.
+//  - RecurrentSnapshot: the state [heads, d, d] is head-major, a rank's heads
+//    one range of it; the conv ring [3 planes][heads*d][kernel-1] is
+//    channel-major, a rank's heads one range of each plane.
+//  - KvSnapshot: rows are token-major ([rows, heads * per_head]), so a rank's
+//    heads are a column slice of every row; `heads` is passed in, the shape
+//    does not carry it (k_width and v_width must be multiples of it).
+// Replicated planes (latent rows, index rows, pool keys) do not shard.
+//
+// Pure functions on plain values; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "primecache/internal/snapshot.h"
+#include "primecache/status.h"
+
+namespace primecache {
+
+// The heads of one rank: [first, first + count).
+struct HeadRange {
+  std::uint32_t first = 0;
+  std::uint32_t count = 0;
+  friend bool operator==(const HeadRange&, const HeadRange&) = default;
+};
+
+// A run of values of a plane: [offset, offset + count), in values.
+struct ValueRange {
+  std::uint64_t offset = 0;
+  std::uint64_t count = 0;
+  friend bool operator==(const ValueRange&, const ValueRange&) = default;
+};
+
+// InvalidArgument unless heads >= 1, tp >= 1, rank < tp and tp divides heads.
+Result<HeadRange> RankHeads(std::uint32_t heads, std::uint32_t tp, std::uint32_t rank);
+
+// The rank's part of the whole snapshot's planes, as runs of values: the
+// state one run, the conv ring three (q, k, v). These are what a rank reads
+// of a stored whole entry.
+struct RecurrentShardRanges {
+  ValueRange state;
+  ValueRange conv[3];
+};
+Result<RecurrentShardRanges> RecurrentRanges(const RecurrentShape& whole, std::uint32_t tp,
+                                             std::uint32_t rank);
+
+// The rank's shard of a whole snapshot (its shape has heads / tp heads).
+Result<RecurrentSnapshot> SliceRecurrent(const RecurrentSnapshot& whole, std::uint32_t tp,
+                                         std::uint32_t rank);
+// The whole snapshot from every rank's shard, in rank order; the shards
+// must have one shape and match their planes.
+Result<RecurrentSnapshot> GatherRecurrent(std::span<const RecurrentSnapshot> shards);
+
+// The same for K and V rows of `heads` heads (kv heads; each head's values
+// are k_width / heads and v_width / heads of a row).
+Result<KvSnapshot> SliceKv(const KvSnapshot& whole, std::uint32_t heads, std::uint32_t tp,
+                           std::uint32_t rank);
+Result<KvSnapshot> GatherKv(std::span<const KvSnapshot> shards);
+
+}  // namespace primecache

@@ -1,0 +1,142 @@
+// Tensor-parallel shards of head-split snapshots: which heads a rank holds,
+// where they lie in the whole planes, and slice / gather / reshard round
+// trips checked value by value against the planes' layouts.
+#include "primecache/internal/shard.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+namespace primecache {
+namespace {
+
+std::vector<float> Random(std::uint64_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0F, 1.0F);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+RecurrentSnapshot Recurrent(std::uint32_t heads, std::uint32_t seed) {
+  RecurrentShape shape{.heads = heads, .head_dim = 3, .kernel = 4};
+  return {shape, Random(shape.conv_values(), seed), Random(shape.state_values(), seed + 1)};
+}
+
+KvSnapshot Kv(std::uint32_t heads, std::uint32_t seed) {
+  KvShape shape{.len = 7, .k_width = heads * 5, .v_width = heads * 2};
+  return {shape, Random(shape.k_values(), seed), Random(shape.v_values(), seed + 1)};
+}
+
+TEST(TpShard, RankHeadsSplitEvenlyAndRefuseWhatDoesNotDivide) {
+  EXPECT_EQ(RankHeads(8, 4, 3).value(), (HeadRange{6, 2}));
+  EXPECT_EQ(RankHeads(8, 1, 0).value(), (HeadRange{0, 8}));
+  EXPECT_EQ(RankHeads(6, 4, 0).status().message(), "TP shard: TP 4 does not divide 6 heads");
+  EXPECT_EQ(RankHeads(8, 4, 4).status().message(), "TP shard: rank 4 of TP 4 does not exist");
+  EXPECT_FALSE(RankHeads(8, 0, 0).ok());
+  EXPECT_FALSE(RankHeads(0, 1, 0).ok());
+}
+
+TEST(TpShard, RecurrentRangesPointAtTheRanksHeadsInEachPlane) {
+  const RecurrentShape shape{.heads = 4, .head_dim = 3, .kernel = 4};  // plane of conv: 4*3*3 = 36
+  const RecurrentShardRanges r = RecurrentRanges(shape, 2, 1).value();
+  EXPECT_EQ(r.state, (ValueRange{2 * 9, 2 * 9}));
+  EXPECT_EQ(r.conv[0], (ValueRange{2 * 9, 18}));
+  EXPECT_EQ(r.conv[1], (ValueRange{36 + 18, 18}));
+  EXPECT_EQ(r.conv[2], (ValueRange{72 + 18, 18}));
+}
+
+TEST(TpShard, ARecurrentShardHoldsExactlyItsHeadsValues) {
+  const RecurrentSnapshot whole = Recurrent(4, 1);
+  const std::uint64_t d = 3, taps = 3, channels = 4 * d;
+  for (std::uint32_t rank = 0; rank < 2; ++rank) {
+    const RecurrentSnapshot shard = SliceRecurrent(whole, 2, rank).value();
+    ASSERT_EQ(shard.shape.heads, 2u);
+    ASSERT_EQ(shard.state.size(), shard.shape.state_values());
+    ASSERT_EQ(shard.conv_ring.size(), shard.shape.conv_values());
+    const std::uint64_t first = rank * 2;
+    for (std::uint64_t h = 0; h < 2; ++h) {
+      for (std::uint64_t i = 0; i < d * d; ++i) {
+        ASSERT_EQ(shard.state[h * d * d + i], whole.state[(first + h) * d * d + i]);
+      }
+    }
+    for (std::uint64_t p = 0; p < 3; ++p) {
+      for (std::uint64_t c = 0; c < 2 * d; ++c) {
+        for (std::uint64_t t = 0; t < taps; ++t) {
+          ASSERT_EQ(shard.conv_ring[(p * 2 * d + c) * taps + t],
+                    whole.conv_ring[(p * channels + first * d + c) * taps + t]);
+        }
+      }
+    }
+  }
+}
+
+TEST(TpShard, RecurrentSliceGatherAndReshardAreExact) {
+  const RecurrentSnapshot whole = Recurrent(8, 7);
+  for (std::uint32_t tp : {1u, 2u, 4u, 8u}) {
+    std::vector<RecurrentSnapshot> shards;
+    for (std::uint32_t r = 0; r < tp; ++r) shards.push_back(SliceRecurrent(whole, tp, r).value());
+    const RecurrentSnapshot back = GatherRecurrent(shards).value();
+    EXPECT_EQ(back.shape, whole.shape) << "TP " << tp;
+    EXPECT_EQ(back.state, whole.state) << "TP " << tp;
+    EXPECT_EQ(back.conv_ring, whole.conv_ring) << "TP " << tp;
+  }
+  // TP 2 -> TP 4: gather at 2, slice at 4, equals slicing the whole at 4.
+  std::vector<RecurrentSnapshot> at2 = {SliceRecurrent(whole, 2, 0).value(),
+                                        SliceRecurrent(whole, 2, 1).value()};
+  const RecurrentSnapshot gathered = GatherRecurrent(at2).value();
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    const RecurrentSnapshot a = SliceRecurrent(gathered, 4, r).value();
+    const RecurrentSnapshot b = SliceRecurrent(whole, 4, r).value();
+    EXPECT_EQ(a.state, b.state);
+    EXPECT_EQ(a.conv_ring, b.conv_ring);
+  }
+}
+
+TEST(TpShard, RecurrentRefusalsNameWhatIsWrong) {
+  RecurrentSnapshot whole = Recurrent(4, 3);
+  EXPECT_FALSE(SliceRecurrent(whole, 3, 0).ok());
+  whole.state.pop_back();
+  EXPECT_EQ(SliceRecurrent(whole, 2, 0).status().message(),
+            "TP slice of a recurrent layer: planes do not hold what the shape says");
+  EXPECT_FALSE(GatherRecurrent({}).ok());
+  std::vector<RecurrentSnapshot> mixed = {Recurrent(2, 1), Recurrent(1, 2)};
+  EXPECT_EQ(GatherRecurrent(mixed).status().message(),
+            "TP gather of a recurrent layer: shards differ in shape");
+}
+
+TEST(TpShard, AKvShardIsTheColumnSliceOfItsHeadsInEveryRow) {
+  const KvSnapshot whole = Kv(4, 11);
+  const KvSnapshot shard = SliceKv(whole, 4, 4, 2).value();
+  ASSERT_EQ(shard.shape.k_width, 5u);
+  ASSERT_EQ(shard.shape.v_width, 2u);
+  for (std::uint64_t r = 0; r < 7; ++r) {
+    for (std::uint64_t c = 0; c < 5; ++c) ASSERT_EQ(shard.k_rows[r * 5 + c], whole.k_rows[r * 20 + 10 + c]);
+    for (std::uint64_t c = 0; c < 2; ++c) ASSERT_EQ(shard.v_rows[r * 2 + c], whole.v_rows[r * 8 + 4 + c]);
+  }
+}
+
+TEST(TpShard, KvSliceGatherAndReshardAreExact) {
+  const KvSnapshot whole = Kv(4, 5);
+  for (std::uint32_t tp : {1u, 2u, 4u}) {
+    std::vector<KvSnapshot> shards;
+    for (std::uint32_t r = 0; r < tp; ++r) shards.push_back(SliceKv(whole, 4, tp, r).value());
+    const KvSnapshot back = GatherKv(shards).value();
+    EXPECT_EQ(back.shape, whole.shape) << "TP " << tp;
+    EXPECT_EQ(back.k_rows, whole.k_rows) << "TP " << tp;
+    EXPECT_EQ(back.v_rows, whole.v_rows) << "TP " << tp;
+  }
+}
+
+TEST(TpShard, KvRefusalsNameWhatIsWrong) {
+  const KvSnapshot whole = Kv(4, 9);
+  EXPECT_EQ(SliceKv(whole, 3, 1, 0).status().message(),
+            "TP slice of a KV layer: row widths 20/8 are not split into 3 heads");
+  EXPECT_FALSE(SliceKv(whole, 4, 3, 0).ok());
+  std::vector<KvSnapshot> mixed = {Kv(2, 1), Kv(1, 2)};
+  EXPECT_EQ(GatherKv(mixed).status().message(), "TP gather of a KV layer: shards differ in shape");
+}
+
+}  // namespace
+}  // namespace primecache
