@@ -39,6 +39,28 @@ void SliceColumns(std::span<const float> src, std::uint64_t rows, std::uint64_t 
   }
 }
 
+// The values of one head's part of a row of `width` values split into
+// `heads` heads, once the split and the plane's size are known to be sound.
+Result<std::uint64_t> HeadWidth(std::uint64_t rows, std::uint64_t width, std::uint32_t heads) {
+  if (heads == 0 || width == 0 || width % heads != 0) {
+    return Status::InvalidArgument("head-major plane: width " + std::to_string(width) +
+                                   " is not split into " + std::to_string(heads) + " heads");
+  }
+  if (rows != 0 && width > UINT64_MAX / rows) return Status::InvalidArgument("head-major plane: too large");
+  return width / heads;
+}
+
+// HeadWidth, and the plane holds rows x width values.
+Result<std::uint64_t> PerHead(std::span<const float> plane, std::uint64_t rows, std::uint64_t width,
+                              std::uint32_t heads) {
+  PC_ASSIGN_OR_RETURN(const std::uint64_t w, HeadWidth(rows, width, heads));
+  if (plane.size() != rows * width) {
+    return Status::InvalidArgument("head-major plane: " + std::to_string(plane.size()) + " values, not " +
+                                   std::to_string(rows) + " x " + std::to_string(width));
+  }
+  return w;
+}
+
 }  // namespace
 
 Result<HeadRange> RankHeads(std::uint32_t heads, std::uint32_t tp, std::uint32_t rank) {
@@ -159,6 +181,38 @@ Result<KvSnapshot> GatherKv(std::span<const KvSnapshot> shards) {
     }
   }
   return whole;
+}
+
+Result<std::vector<float>> ToHeadMajor(std::span<const float> plane, std::uint64_t rows, std::uint64_t width,
+                                       std::uint32_t heads) {
+  PC_ASSIGN_OR_RETURN(const std::uint64_t w, PerHead(plane, rows, width, heads));
+  std::vector<float> out(plane.size());
+  for (std::uint64_t h = 0; h < heads; ++h) {
+    for (std::uint64_t r = 0; r < rows; ++r) {
+      std::copy_n(plane.data() + r * width + h * w, w, out.data() + (h * rows + r) * w);
+    }
+  }
+  return out;
+}
+
+Result<std::vector<float>> FromHeadMajor(std::span<const float> plane, std::uint64_t rows,
+                                         std::uint64_t width, std::uint32_t heads) {
+  PC_ASSIGN_OR_RETURN(const std::uint64_t w, PerHead(plane, rows, width, heads));
+  std::vector<float> out(plane.size());
+  for (std::uint64_t h = 0; h < heads; ++h) {
+    for (std::uint64_t r = 0; r < rows; ++r) {
+      std::copy_n(plane.data() + (h * rows + r) * w, w, out.data() + r * width + h * w);
+    }
+  }
+  return out;
+}
+
+Result<ValueRange> HeadMajorRange(std::uint64_t rows, std::uint64_t width, std::uint32_t heads,
+                                  std::uint32_t tp, std::uint32_t rank) {
+  PC_ASSIGN_OR_RETURN(const std::uint64_t w, HeadWidth(rows, width, heads));
+  PC_ASSIGN_OR_RETURN(HeadRange h, RankHeads(heads, tp, rank));
+  const std::uint64_t per_head = rows * w;
+  return ValueRange{h.first * per_head, h.count * per_head};
 }
 
 }  // namespace primecache

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -136,6 +137,38 @@ TEST(TpShard, KvRefusalsNameWhatIsWrong) {
   EXPECT_FALSE(SliceKv(whole, 4, 3, 0).ok());
   std::vector<KvSnapshot> mixed = {Kv(2, 1), Kv(1, 2)};
   EXPECT_EQ(GatherKv(mixed).status().message(), "TP gather of a KV layer: shards differ in shape");
+}
+
+TEST(TpShard, HeadMajorPlanesRoundTripAndARanksRunIsItsShard) {
+  const KvSnapshot whole = Kv(4, 21);  // 7 rows, k 4 heads x 5, v 4 heads x 2
+  const std::vector<float> k = ToHeadMajor(whole.k_rows, 7, 20, 4).value();
+  for (std::uint64_t h = 0; h < 4; ++h) {
+    for (std::uint64_t r = 0; r < 7; ++r) {
+      for (std::uint64_t c = 0; c < 5; ++c)
+        ASSERT_EQ(k[(h * 7 + r) * 5 + c], whole.k_rows[r * 20 + h * 5 + c]);
+    }
+  }
+  EXPECT_EQ(FromHeadMajor(k, 7, 20, 4).value(), whole.k_rows);
+  for (std::uint32_t tp : {1u, 2u, 4u}) {
+    for (std::uint32_t rank = 0; rank < tp; ++rank) {
+      const ValueRange run = HeadMajorRange(7, 20, 4, tp, rank).value();
+      const KvSnapshot shard = SliceKv(whole, 4, tp, rank).value();
+      const std::vector<float> expect = ToHeadMajor(shard.k_rows, 7, shard.shape.k_width, 4 / tp).value();
+      ASSERT_EQ(run.count, expect.size());
+      EXPECT_TRUE(
+          std::equal(expect.begin(), expect.end(), k.begin() + static_cast<std::ptrdiff_t>(run.offset)))
+          << "rank " << rank << " of TP " << tp;
+    }
+  }
+}
+
+TEST(TpShard, HeadMajorRefusalsNameWhatIsWrong) {
+  const std::vector<float> plane(12);
+  EXPECT_EQ(ToHeadMajor(plane, 3, 4, 3).status().message(),
+            "head-major plane: width 4 is not split into 3 heads");
+  EXPECT_EQ(FromHeadMajor(plane, 4, 4, 2).status().message(), "head-major plane: 12 values, not 4 x 4");
+  EXPECT_FALSE(HeadMajorRange(3, 4, 2, 4, 0).ok());
+  EXPECT_FALSE(HeadMajorRange(1ull << 40, 1ull << 40, 2, 1, 0).ok());
 }
 
 }  // namespace

@@ -66,4 +66,16 @@ Result<KvSnapshot> SliceKv(const KvSnapshot& whole, std::uint32_t heads, std::ui
                            std::uint32_t rank);
 Result<KvSnapshot> GatherKv(std::span<const KvSnapshot> shards);
 
+// The universal layout of a token-major plane of `rows` rows of `width`
+// values split into `heads` heads: head-major [heads, rows, width / heads],
+// where a rank's heads are one run (HeadMajorRange). ToHeadMajor and
+// FromHeadMajor convert exactly; both refuse a plane of another size or a
+// width that `heads` does not divide.
+Result<std::vector<float>> ToHeadMajor(std::span<const float> plane, std::uint64_t rows, std::uint64_t width,
+                                       std::uint32_t heads);
+Result<std::vector<float>> FromHeadMajor(std::span<const float> plane, std::uint64_t rows,
+                                         std::uint64_t width, std::uint32_t heads);
+Result<ValueRange> HeadMajorRange(std::uint64_t rows, std::uint64_t width, std::uint32_t heads,
+                                  std::uint32_t tp, std::uint32_t rank);
+
 }  // namespace primecache
