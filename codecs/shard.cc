@@ -3,44 +3,33 @@
 
 #include <algorithm>
 #include <string>
-#include <utility>
 
 namespace primecache {
 namespace {
 
-std::string Where(std::uint32_t tp, std::uint32_t rank) {
-  return "rank " + std::to_string(rank) + " of TP " + std::to_string(tp);
-}
-
-Status CheckRecurrentPlanes(const RecurrentSnapshot& s, const char* what) {
-  PC_RETURN_IF_ERROR(CheckShape(LayerShape{s.shape}));
-  if (s.conv_ring.size() != s.shape.conv_values() || s.state.size() != s.shape.state_values()) {
-    return Status::InvalidArgument(std::string(what) + ": planes do not hold what the shape says");
+// Every shard passes CheckSnapshot and has the first one's shape; `what`
+// names the gather in the refusal.
+template <typename Snapshot>
+Status CheckShards(std::span<const Snapshot> shards, const std::string& what) {
+  if (shards.empty()) return Status::InvalidArgument(what + ": no shards");
+  for (const Snapshot& s : shards) {
+    PC_RETURN_IF_ERROR(CheckSnapshot(s).WithContext(what));
+    if (!(s.shape == shards.front().shape)) return Status::InvalidArgument(what + ": shards differ in shape");
   }
   return Status::Ok();
 }
 
-Status CheckKvPlanes(const KvSnapshot& s, const char* what) {
-  PC_RETURN_IF_ERROR(CheckShape(LayerShape{s.shape}));
-  if (s.k_rows.size() != s.shape.k_values() || s.v_rows.size() != s.shape.v_values()) {
-    return Status::InvalidArgument(std::string(what) + ": planes do not hold what the shape says");
-  }
-  return Status::Ok();
-}
-
-// Copies the column slice [first, first + width) of every row of `src`
-// (rows of src_width values) into rows of `width` values.
-void SliceColumns(std::span<const float> src, std::uint64_t rows, std::uint64_t src_width,
-                  std::uint64_t first, std::uint64_t width, std::vector<float>& out) {
-  out.resize(rows * width);
-  for (std::uint64_t r = 0; r < rows; ++r) {
-    const float* from = src.data() + r * src_width + first;
-    std::copy(from, from + width, out.data() + r * width);
-  }
+// Copies a block of `rows` rows of `width` values from rows `src_stride`
+// apart to rows `dst_stride` apart: every slice, gather and change of layout
+// here is such a block (a column slice of a row-major plane).
+void CopyBlock(const float* src, std::uint64_t src_stride, float* dst, std::uint64_t dst_stride,
+               std::uint64_t rows, std::uint64_t width) {
+  for (std::uint64_t r = 0; r < rows; ++r) std::copy_n(src + r * src_stride, width, dst + r * dst_stride);
 }
 
 // The values of one head's part of a row of `width` values split into
-// `heads` heads, once the split and the plane's size are known to be sound.
+// `heads` heads; refuses a split that does not divide the width, or a plane
+// of rows x width values that would overflow.
 Result<std::uint64_t> HeadWidth(std::uint64_t rows, std::uint64_t width, std::uint32_t heads) {
   if (heads == 0 || width == 0 || width % heads != 0) {
     return Status::InvalidArgument("head-major plane: width " + std::to_string(width) +
@@ -65,7 +54,10 @@ Result<std::uint64_t> PerHead(std::span<const float> plane, std::uint64_t rows, 
 
 Result<HeadRange> RankHeads(std::uint32_t heads, std::uint32_t tp, std::uint32_t rank) {
   if (heads == 0 || tp == 0) return Status::InvalidArgument("TP shard: heads and TP size must be at least 1");
-  if (rank >= tp) return Status::InvalidArgument("TP shard: " + Where(tp, rank) + " does not exist");
+  if (rank >= tp) {
+    return Status::InvalidArgument("TP shard: rank " + std::to_string(rank) + " of TP " + std::to_string(tp) +
+                                   " does not exist");
+  }
   if (heads % tp != 0) {
     return Status::InvalidArgument("TP shard: TP " + std::to_string(tp) + " does not divide " +
                                    std::to_string(heads) + " heads");
@@ -89,7 +81,7 @@ Result<RecurrentShardRanges> RecurrentRanges(const RecurrentShape& whole, std::u
 
 Result<RecurrentSnapshot> SliceRecurrent(const RecurrentSnapshot& whole, std::uint32_t tp,
                                          std::uint32_t rank) {
-  PC_RETURN_IF_ERROR(CheckRecurrentPlanes(whole, "TP slice of a recurrent layer"));
+  PC_RETURN_IF_ERROR(CheckSnapshot(whole).WithContext("TP slice of a recurrent layer"));
   PC_ASSIGN_OR_RETURN(RecurrentShardRanges r, RecurrentRanges(whole.shape, tp, rank));
   RecurrentSnapshot shard{whole.shape, {}, {}};
   shard.shape.heads = whole.shape.heads / tp;
@@ -104,38 +96,27 @@ Result<RecurrentSnapshot> SliceRecurrent(const RecurrentSnapshot& whole, std::ui
 }
 
 Result<RecurrentSnapshot> GatherRecurrent(std::span<const RecurrentSnapshot> shards) {
-  if (shards.empty()) return Status::InvalidArgument("TP gather of a recurrent layer: no shards");
+  PC_RETURN_IF_ERROR(CheckShards(shards, "TP gather of a recurrent layer"));
   const RecurrentShape& one = shards.front().shape;
-  for (const RecurrentSnapshot& s : shards) {
-    PC_RETURN_IF_ERROR(CheckRecurrentPlanes(s, "TP gather of a recurrent layer"));
-    if (!(s.shape == one))
-      return Status::InvalidArgument("TP gather of a recurrent layer: shards differ in shape");
-  }
-  const auto tp = static_cast<std::uint32_t>(shards.size());
+  const std::uint64_t tp = shards.size();
+  if (one.heads * tp > UINT32_MAX) return Status::InvalidArgument("TP gather: too many heads");
   RecurrentSnapshot whole{one, {}, {}};
-  if (std::uint64_t{one.heads} * tp > UINT32_MAX) return Status::InvalidArgument("TP gather: too many heads");
-  whole.shape.heads = one.heads * tp;
+  whole.shape.heads = static_cast<std::uint32_t>(one.heads * tp);
   PC_RETURN_IF_ERROR(CheckShape(LayerShape{whole.shape}));
-  whole.state.reserve(whole.shape.state_values());
-  for (const RecurrentSnapshot& s : shards)
-    whole.state.insert(whole.state.end(), s.state.begin(), s.state.end());
-  const std::uint64_t part = one.conv_values() / 3;  // one plane of one shard
-  whole.conv_ring.reserve(whole.shape.conv_values());
-  for (std::uint64_t p = 0; p < 3; ++p) {
-    for (const RecurrentSnapshot& s : shards) {
-      const auto from = s.conv_ring.begin() + static_cast<std::ptrdiff_t>(p * part);
-      whole.conv_ring.insert(whole.conv_ring.end(), from, from + static_cast<std::ptrdiff_t>(part));
-    }
+  whole.state.resize(whole.shape.state_values());
+  whole.conv_ring.resize(whole.shape.conv_values());
+  const std::uint64_t state = one.state_values();
+  const std::uint64_t part = one.conv_values() / 3;  // one of q, k, v of one shard
+  for (std::uint64_t i = 0; i < tp; ++i) {
+    std::copy_n(shards[i].state.data(), state, whole.state.data() + i * state);
+    CopyBlock(shards[i].conv_ring.data(), part, whole.conv_ring.data() + i * part, part * tp, 3, part);
   }
   return whole;
 }
 
 Result<KvSnapshot> SliceKv(const KvSnapshot& whole, std::uint32_t heads, std::uint32_t tp,
                            std::uint32_t rank) {
-  PC_RETURN_IF_ERROR(CheckKvPlanes(whole, "TP slice of a KV layer"));
-  if (whole.shape.format.index_width != 0) {
-    return Status::InvalidArgument("TP slice of a KV layer: indexed KV layers are not sharded");
-  }
+  PC_RETURN_IF_ERROR(CheckSnapshot(whole).WithContext("TP slice of a KV layer"));
   PC_ASSIGN_OR_RETURN(HeadRange h, RankHeads(heads, tp, rank));
   const KvShape& s = whole.shape;
   if (s.k_width % heads != 0 || s.v_width % heads != 0) {
@@ -148,18 +129,18 @@ Result<KvSnapshot> SliceKv(const KvSnapshot& whole, std::uint32_t heads, std::ui
   KvSnapshot shard{s, {}, {}};
   shard.shape.k_width = static_cast<std::uint32_t>(k_head * h.count);
   shard.shape.v_width = static_cast<std::uint32_t>(v_head * h.count);
-  SliceColumns(whole.k_rows, s.held_rows(), s.k_width, h.first * k_head, shard.shape.k_width, shard.k_rows);
-  SliceColumns(whole.v_rows, s.held_rows(), s.v_width, h.first * v_head, shard.shape.v_width, shard.v_rows);
+  shard.k_rows.resize(shard.shape.k_values());
+  shard.v_rows.resize(shard.shape.v_values());
+  CopyBlock(whole.k_rows.data() + h.first * k_head, s.k_width, shard.k_rows.data(), shard.shape.k_width,
+            s.held_rows(), shard.shape.k_width);
+  CopyBlock(whole.v_rows.data() + h.first * v_head, s.v_width, shard.v_rows.data(), shard.shape.v_width,
+            s.held_rows(), shard.shape.v_width);
   return shard;
 }
 
 Result<KvSnapshot> GatherKv(std::span<const KvSnapshot> shards) {
-  if (shards.empty()) return Status::InvalidArgument("TP gather of a KV layer: no shards");
+  PC_RETURN_IF_ERROR(CheckShards(shards, "TP gather of a KV layer"));
   const KvShape& one = shards.front().shape;
-  for (const KvSnapshot& s : shards) {
-    PC_RETURN_IF_ERROR(CheckKvPlanes(s, "TP gather of a KV layer"));
-    if (!(s.shape == one)) return Status::InvalidArgument("TP gather of a KV layer: shards differ in shape");
-  }
   const std::uint64_t tp = shards.size();
   if (one.k_width * tp > UINT32_MAX || one.v_width * tp > UINT32_MAX) {
     return Status::InvalidArgument("TP gather of a KV layer: rows too wide");
@@ -168,17 +149,13 @@ Result<KvSnapshot> GatherKv(std::span<const KvSnapshot> shards) {
   whole.shape.k_width = static_cast<std::uint32_t>(one.k_width * tp);
   whole.shape.v_width = static_cast<std::uint32_t>(one.v_width * tp);
   PC_RETURN_IF_ERROR(CheckShape(LayerShape{whole.shape}));
-  const std::uint64_t rows = one.held_rows();
-  whole.k_rows.resize(rows * whole.shape.k_width);
-  whole.v_rows.resize(rows * whole.shape.v_width);
-  for (std::uint64_t r = 0; r < rows; ++r) {
-    for (std::uint64_t i = 0; i < tp; ++i) {
-      const KvSnapshot& s = shards[i];
-      std::copy_n(s.k_rows.data() + r * one.k_width, one.k_width,
-                  whole.k_rows.data() + r * whole.shape.k_width + i * one.k_width);
-      std::copy_n(s.v_rows.data() + r * one.v_width, one.v_width,
-                  whole.v_rows.data() + r * whole.shape.v_width + i * one.v_width);
-    }
+  whole.k_rows.resize(whole.shape.k_values());
+  whole.v_rows.resize(whole.shape.v_values());
+  for (std::uint64_t i = 0; i < tp; ++i) {
+    CopyBlock(shards[i].k_rows.data(), one.k_width, whole.k_rows.data() + i * one.k_width,
+              whole.shape.k_width, one.held_rows(), one.k_width);
+    CopyBlock(shards[i].v_rows.data(), one.v_width, whole.v_rows.data() + i * one.v_width,
+              whole.shape.v_width, one.held_rows(), one.v_width);
   }
   return whole;
 }
@@ -187,11 +164,8 @@ Result<std::vector<float>> ToHeadMajor(std::span<const float> plane, std::uint64
                                        std::uint32_t heads) {
   PC_ASSIGN_OR_RETURN(const std::uint64_t w, PerHead(plane, rows, width, heads));
   std::vector<float> out(plane.size());
-  for (std::uint64_t h = 0; h < heads; ++h) {
-    for (std::uint64_t r = 0; r < rows; ++r) {
-      std::copy_n(plane.data() + r * width + h * w, w, out.data() + (h * rows + r) * w);
-    }
-  }
+  for (std::uint64_t h = 0; h < heads; ++h)
+    CopyBlock(plane.data() + h * w, width, out.data() + h * rows * w, w, rows, w);
   return out;
 }
 
@@ -199,11 +173,8 @@ Result<std::vector<float>> FromHeadMajor(std::span<const float> plane, std::uint
                                          std::uint64_t width, std::uint32_t heads) {
   PC_ASSIGN_OR_RETURN(const std::uint64_t w, PerHead(plane, rows, width, heads));
   std::vector<float> out(plane.size());
-  for (std::uint64_t h = 0; h < heads; ++h) {
-    for (std::uint64_t r = 0; r < rows; ++r) {
-      std::copy_n(plane.data() + (h * rows + r) * w, w, out.data() + r * width + h * w);
-    }
-  }
+  for (std::uint64_t h = 0; h < heads; ++h)
+    CopyBlock(plane.data() + h * rows * w, w, out.data() + h * w, width, rows, w);
   return out;
 }
 

@@ -8,8 +8,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/bytes.h"
 #include "codecs/problems.h"
+#include "core/bytes.h"
 #include "primecache/internal/codec.h"
 
 namespace primecache {
@@ -99,13 +99,15 @@ void CheckKvFormat(const KvShape& s, Problems& p) {
   if (KvKindOf(f).empty()) {
     if (f.indexed()) {
       p.Add("indexer keys (index_width " + N(f.index_width) + ") on " +
-            (f.rotating() ? "a rotating" : "a TurboQuant") + " layer: kv-indexed rows are plain and unquantized");
+            (f.rotating() ? "a rotating" : "a TurboQuant") +
+            " layer: kv-indexed rows are plain and unquantized");
     } else {
       p.Add("kv_quant bits " + N(f.quant_bits) + " name no storage kind (0, 2 or 4)");
     }
     return;
   }
-  if (!f.indexed() && s.index_dtype != ElementType::kF32) p.Add("index_dtype without indexer keys (index_width 0)");
+  if (!f.indexed() && s.index_dtype != ElementType::kF32)
+    p.Add("index_dtype without indexer keys (index_width 0)");
   if (!f.quantized()) {
     if (f.head_dim != 0 || f.signs_digest != 0) p.Add("head_dim or sign digest on f32 rows");
     return;
@@ -222,7 +224,8 @@ void CompareTarget(const KvShape& s, const KvGeometry& g, bool, Problems& p) {
     p.Add("kind " + std::string(kind.empty() ? "(none)" : kind) + " != plan " + std::string(plan));
     return;
   }
-  if (s.format.window != g.format.window) p.Add("window " + N(s.format.window) + " != plan " + N(g.format.window));
+  if (s.format.window != g.format.window)
+    p.Add("window " + N(s.format.window) + " != plan " + N(g.format.window));
   if (s.format.head_dim != g.format.head_dim)
     p.Add("TurboQuant head_dim " + N(s.format.head_dim) + " != plan " + N(g.format.head_dim));
   if (s.format.signs_digest != g.format.signs_digest) {
@@ -273,10 +276,10 @@ void PutDtypes(std::string& out, std::initializer_list<ElementType> types) {
 Status CheckHasSnapshot(const LayerShape& shape) {
   const auto* kv = std::get_if<KvShape>(&shape);
   if (std::holds_alternative<LinearStateShape>(shape) || (kv != nullptr && kv->format.indexed())) {
-    return Status::NotSupported(std::string(std::holds_alternative<LinearStateShape>(shape) ? kLinearStateKind
-                                                                                             : kKvIndexedKind) +
-                                " layers have no snapshot (the reference engine has none); they are encoded "
-                                "from and decoded into the caller's planes");
+    return Status::NotSupported(
+        std::string(std::holds_alternative<LinearStateShape>(shape) ? kLinearStateKind : kKvIndexedKind) +
+        " layers have no snapshot (the reference engine has none); they are encoded "
+        "from and decoded into the caller's planes");
   }
   auto kind = CodecRegistry::Default().KindFor(shape);
   PC_RETURN_IF_ERROR(kind.status());
@@ -336,29 +339,48 @@ Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape) {
   return LayerSnapshot(std::move(kv));
 }
 
-Status CheckSnapshot(const LayerSnapshot& layer) {
-  PC_RETURN_IF_ERROR(CheckShape(ShapeOf(layer)));
-  PC_RETURN_IF_ERROR(CheckHasSnapshot(ShapeOf(layer)));
+namespace {
+
+// CheckShape and CheckHasSnapshot: what every kind's CheckSnapshot starts with.
+Status CheckSnapshotShape(const LayerShape& shape) {
+  PC_RETURN_IF_ERROR(CheckShape(shape));
+  return CheckHasSnapshot(shape);
+}
+
+}  // namespace
+
+Status CheckSnapshot(const LatentSnapshot& l) {
+  PC_RETURN_IF_ERROR(CheckSnapshotShape(l.shape));
+  const LatentShape& s = l.shape;
   Problems p;
-  if (const auto* l = std::get_if<LatentSnapshot>(&layer)) {
-    const LatentShape& s = l->shape;
-    CheckPlaneSize(p, "latent_rows", l->latent_rows.size(), s.latent_values(), "len * width");
-    CheckPlaneSize(p, "index_tail_rows", l->index_tail_rows.size(), s.tail_values(),
-                   "(len - pools_ready * pool) * index_width");
-    CheckPlaneSize(p, "pool_keys", l->pool_keys.size(), s.pool_key_values(), "pools_ready * index_width / 2");
-  } else if (const auto* r = std::get_if<RecurrentSnapshot>(&layer)) {
-    const RecurrentShape& s = r->shape;
-    CheckPlaneSize(p, "conv_ring", r->conv_ring.size(), s.conv_values(),
-                   "3 * heads * head_dim * (kernel - 1)");
-    CheckPlaneSize(p, "state", r->state.size(), s.state_values(), "heads * head_dim * head_dim");
-  } else {
-    const auto& kv = std::get<KvSnapshot>(layer);
-    const KvShape& s = kv.shape;
-    const std::string rows = s.format.rotating() ? "rows" : "len";
-    CheckPlaneSize(p, "k_rows", kv.k_rows.size(), s.k_values(), rows + " * k_width");
-    CheckPlaneSize(p, "v_rows", kv.v_rows.size(), s.v_values(), rows + " * v_width");
-  }
+  CheckPlaneSize(p, "latent_rows", l.latent_rows.size(), s.latent_values(), "len * width");
+  CheckPlaneSize(p, "index_tail_rows", l.index_tail_rows.size(), s.tail_values(),
+                 "(len - pools_ready * pool) * index_width");
+  CheckPlaneSize(p, "pool_keys", l.pool_keys.size(), s.pool_key_values(), "pools_ready * index_width / 2");
   return p.ToStatus();
+}
+
+Status CheckSnapshot(const RecurrentSnapshot& r) {
+  PC_RETURN_IF_ERROR(CheckSnapshotShape(r.shape));
+  const RecurrentShape& s = r.shape;
+  Problems p;
+  CheckPlaneSize(p, "conv_ring", r.conv_ring.size(), s.conv_values(), "3 * heads * head_dim * (kernel - 1)");
+  CheckPlaneSize(p, "state", r.state.size(), s.state_values(), "heads * head_dim * head_dim");
+  return p.ToStatus();
+}
+
+Status CheckSnapshot(const KvSnapshot& kv) {
+  PC_RETURN_IF_ERROR(CheckSnapshotShape(kv.shape));
+  const KvShape& s = kv.shape;
+  const std::string rows = s.format.rotating() ? "rows" : "len";
+  Problems p;
+  CheckPlaneSize(p, "k_rows", kv.k_rows.size(), s.k_values(), rows + " * k_width");
+  CheckPlaneSize(p, "v_rows", kv.v_rows.size(), s.v_values(), rows + " * v_width");
+  return p.ToStatus();
+}
+
+Status CheckSnapshot(const LayerSnapshot& layer) {
+  return std::visit([](const auto& l) { return CheckSnapshot(l); }, layer);
 }
 
 Status Validate(const LayerShape& shape, const LayerGeometry& target) {
@@ -415,7 +437,8 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
       }
     } else {
       const auto& ls = std::get<LinearStateShape>(g);
-      for (std::uint64_t v : {ls.conv_channels, ls.conv_width, ls.state_heads, ls.state_k_dim, ls.state_v_dim})
+      for (std::uint64_t v :
+           {ls.conv_channels, ls.conv_width, ls.state_heads, ls.state_k_dim, ls.state_v_dim})
         PutU64(canon, v);
       PutDtypes(canon, {ls.conv_dtype, ls.state_dtype});
     }
@@ -425,8 +448,8 @@ Hash128 GeometryDigest(std::span<const LayerGeometry> layers) {
 
 LayerGeometry PlanGeometryOf(const LayerShape& shape) {
   if (const auto* l = std::get_if<LatentShape>(&shape)) {
-    return LatentGeometry{l->width,     l->index_width, l->pool, /*index_ring_rows=*/0, /*max_ctx=*/0,
-                          l->dtype,     l->index_dtype};
+    return LatentGeometry{l->width,      l->index_width, l->pool,       /*index_ring_rows=*/0,
+                          /*max_ctx=*/0, l->dtype,       l->index_dtype};
   }
   if (const auto* r = std::get_if<RecurrentShape>(&shape)) return *r;
   if (const auto* ls = std::get_if<LinearStateShape>(&shape)) return *ls;
@@ -458,9 +481,10 @@ std::vector<std::string> CodecVersionsOf(std::span<const LayerGeometry> plan) {
 Status CheckPlan(const ModelFingerprint& fingerprint, std::span<const LayerShape> shapes) {
   const Hash128 got = PlanDigest(shapes);
   if (got == fingerprint.plan_digest) return Status::Ok();
-  return Status::InvalidArgument("these " + std::to_string(shapes.size()) + " layers are not the plan of model " +
-                                 Quote(fingerprint.architecture) + ": their plan digest is " + HexDigits(got) +
-                                 ", the model's " + HexDigits(fingerprint.plan_digest));
+  return Status::InvalidArgument("these " + std::to_string(shapes.size()) +
+                                 " layers are not the plan of model " + Quote(fingerprint.architecture) +
+                                 ": their plan digest is " + HexDigits(got) + ", the model's " +
+                                 HexDigits(fingerprint.plan_digest));
 }
 
 namespace {
@@ -479,15 +503,16 @@ std::string EncodeFingerprint(const ModelFingerprint& fp) {
 
 Result<ModelFingerprint> DecodeFingerprint(std::string_view bytes, std::uint64_t max_string_bytes,
                                            std::uint64_t max_codec_versions) {
-  if (!bytes.starts_with(kFingerprintTag)) return Status::Corruption("model descriptor: not a fingerprint encoding");
+  if (!bytes.starts_with(kFingerprintTag))
+    return Status::Corruption("model descriptor: not a fingerprint encoding");
   bytes.remove_prefix(kFingerprintTag.size());
   ByteReader r(std::as_bytes(std::span(bytes.data(), bytes.size())), kFingerprintTag.size());
   auto str = [&](std::string* out, std::string_view field) -> Status {
     std::uint64_t len = 0;
     PC_RETURN_IF_ERROR(r.U64(&len, field));
     if (len > max_string_bytes) {
-      return Status::Corruption("model descriptor: " + std::string(field) + " of " + N(len) + " bytes exceeds " +
-                                N(max_string_bytes));
+      return Status::Corruption("model descriptor: " + std::string(field) + " of " + N(len) +
+                                " bytes exceeds " + N(max_string_bytes));
     }
     std::span<const std::byte> b;
     PC_RETURN_IF_ERROR(r.Bytes(len, &b, field));
@@ -496,16 +521,19 @@ Result<ModelFingerprint> DecodeFingerprint(std::string_view bytes, std::uint64_t
   };
   ModelFingerprint fp;
   PC_RETURN_IF_ERROR(str(&fp.architecture, "architecture"));
-  for (std::uint64_t* v : {&fp.plan_digest.lo, &fp.plan_digest.hi, &fp.weights_digest.lo, &fp.weights_digest.hi})
+  for (std::uint64_t* v :
+       {&fp.plan_digest.lo, &fp.plan_digest.hi, &fp.weights_digest.lo, &fp.weights_digest.hi})
     PC_RETURN_IF_ERROR(r.U64(v, "digest"));
   std::uint64_t versions = 0;
   PC_RETURN_IF_ERROR(r.U64(&versions, "codec version count"));
   if (versions > max_codec_versions) {
-    return Status::Corruption("model descriptor: " + N(versions) + " codec versions exceed " + N(max_codec_versions));
+    return Status::Corruption("model descriptor: " + N(versions) + " codec versions exceed " +
+                              N(max_codec_versions));
   }
   fp.codec_versions.resize(versions);
   for (std::string& c : fp.codec_versions) PC_RETURN_IF_ERROR(str(&c, "codec version"));
-  if (r.remaining() != 0) return Status::Corruption("model descriptor: " + N(r.remaining()) + " trailing bytes");
+  if (r.remaining() != 0)
+    return Status::Corruption("model descriptor: " + N(r.remaining()) + " trailing bytes");
   return fp;
 }
 
@@ -525,7 +553,8 @@ Status CheckBoundary(const BoundaryHeader& header, std::span<const LayerShape> s
     std::uint64_t len = 0;
     if (const auto* l = std::get_if<LatentShape>(&shapes[i])) len = l->len;
     if (const auto* kv = std::get_if<KvShape>(&shapes[i])) len = kv->len;
-    const bool has_len = std::holds_alternative<LatentShape>(shapes[i]) || std::holds_alternative<KvShape>(shapes[i]);
+    const bool has_len =
+        std::holds_alternative<LatentShape>(shapes[i]) || std::holds_alternative<KvShape>(shapes[i]);
     if (has_len && len != header.boundary_len) {
       p.Add("layer " + N(i) + ": len " + N(len) + " != boundary_len " + N(header.boundary_len));
     }

@@ -100,7 +100,7 @@ TEST(TpShard, RecurrentRefusalsNameWhatIsWrong) {
   EXPECT_FALSE(SliceRecurrent(whole, 3, 0).ok());
   whole.state.pop_back();
   EXPECT_EQ(SliceRecurrent(whole, 2, 0).status().message(),
-            "TP slice of a recurrent layer: planes do not hold what the shape says");
+            "TP slice of a recurrent layer: state holds 35 floats; heads * head_dim * head_dim = 36");
   EXPECT_FALSE(GatherRecurrent({}).ok());
   std::vector<RecurrentSnapshot> mixed = {Recurrent(2, 1), Recurrent(1, 2)};
   EXPECT_EQ(GatherRecurrent(mixed).status().message(),

@@ -38,7 +38,6 @@ namespace primecache {
 // other than 0, 2, 4).
 std::string_view KvKindOf(const KvFormat& format);
 
-
 // Checks a shape's own invariants (above) and that no plane's byte count
 // overflows 64 bits. The message names every field that disagrees.
 Status CheckShape(const LayerShape& shape);
@@ -89,7 +88,12 @@ LayerShape ShapeOf(const LayerSnapshot& layer);
 // f32; returns the error otherwise.
 Result<LayerSnapshot> MakeSnapshot(const LayerShape& shape);
 
-// CheckShape plus: every plane holds exactly the floats the shape says.
+// CheckShape plus: every plane holds exactly the floats the shape says; one
+// overload a kind, so a caller holding one kind's snapshot need not copy it
+// into a LayerSnapshot.
+Status CheckSnapshot(const LatentSnapshot& layer);
+Status CheckSnapshot(const RecurrentSnapshot& layer);
+Status CheckSnapshot(const KvSnapshot& layer);
 Status CheckSnapshot(const LayerSnapshot& layer);
 
 // ---- Target geometry: what a cache's state plan fixes -------------------------
@@ -103,7 +107,7 @@ struct LatentGeometry {
   std::uint32_t index_width = 0;
   std::uint32_t pool = 0;
   std::uint64_t index_ring_rows = 0;
-  std::uint64_t max_ctx = 0;  // the cache's capacity in tokens
+  std::uint64_t max_ctx = 0;                    // the cache's capacity in tokens
   ElementType dtype = ElementType::kF32;        // latent rows
   ElementType index_dtype = ElementType::kF32;  // index tail rows and pool keys
   friend bool operator==(const LatentGeometry&, const LatentGeometry&) = default;
