@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
+#include <variant>
 
 namespace primecache {
 namespace {
@@ -158,6 +160,97 @@ Result<KvSnapshot> GatherKv(std::span<const KvSnapshot> shards) {
               whole.shape.v_width, one.held_rows(), one.v_width);
   }
   return whole;
+}
+
+namespace {
+
+// Rank r's copy of a replicated layer is rank 0's, bit for bit.
+Status CheckReplicated(const LatentSnapshot& mine, const LatentSnapshot& first) {
+  if (mine.shape == first.shape && mine.latent_rows == first.latent_rows &&
+      mine.index_tail_rows == first.index_tail_rows && mine.pool_keys == first.pool_keys) {
+    return Status::Ok();
+  }
+  return Status::InvalidArgument("its replicated latent planes differ from rank 0's");
+}
+
+// Layer `l` of every rank, a sharded layer of kind Snapshot, gathered by `gather`.
+template <typename Snapshot>
+Result<LayerSnapshot> GatherKind(std::span<const std::vector<LayerSnapshot>> ranks, std::size_t l,
+                                 Result<Snapshot> (*gather)(std::span<const Snapshot>)) {
+  std::vector<Snapshot> shards;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const auto* mine = std::get_if<Snapshot>(&ranks[r][l]);
+    if (mine == nullptr) {
+      return Status::InvalidArgument("rank " + std::to_string(r) + ": another kind than rank 0's");
+    }
+    shards.push_back(*mine);
+  }
+  PC_ASSIGN_OR_RETURN(Snapshot whole, gather(shards));
+  return LayerSnapshot{std::move(whole)};
+}
+
+// Layer `l` of every rank, gathered.
+Result<LayerSnapshot> GatherLayer(std::span<const std::vector<LayerSnapshot>> ranks, std::size_t l) {
+  const LayerSnapshot& first = ranks.front()[l];
+  if (const auto* latent = std::get_if<LatentSnapshot>(&first)) {
+    for (std::size_t r = 1; r < ranks.size(); ++r) {
+      const auto* mine = std::get_if<LatentSnapshot>(&ranks[r][l]);
+      Status same = mine == nullptr ? Status::InvalidArgument("it is of another kind than rank 0's")
+                                    : CheckReplicated(*mine, *latent);
+      if (!same.ok()) return same.WithContext("rank " + std::to_string(r));
+    }
+    PC_RETURN_IF_ERROR(CheckSnapshot(*latent));
+    return LayerSnapshot{*latent};
+  }
+  if (std::holds_alternative<RecurrentSnapshot>(first)) {
+    return GatherKind<RecurrentSnapshot>(ranks, l, GatherRecurrent);
+  }
+  return GatherKind<KvSnapshot>(ranks, l, GatherKv);
+}
+
+}  // namespace
+
+Result<std::vector<LayerSnapshot>> GatherLayers(std::span<const std::vector<LayerSnapshot>> ranks) {
+  if (ranks.empty()) return Status::InvalidArgument("TP gather: no ranks");
+  for (std::size_t r = 1; r < ranks.size(); ++r) {
+    if (ranks[r].size() != ranks.front().size()) {
+      return Status::InvalidArgument("TP gather: rank " + std::to_string(r) + " holds " +
+                                     std::to_string(ranks[r].size()) + " layers, rank 0 " +
+                                     std::to_string(ranks.front().size()));
+    }
+  }
+  std::vector<LayerSnapshot> whole;
+  for (std::size_t l = 0; l < ranks.front().size(); ++l) {
+    auto layer = GatherLayer(ranks, l);
+    if (!layer.ok()) return layer.status().WithContext("TP gather of layer " + std::to_string(l));
+    whole.push_back(std::move(layer).value());
+  }
+  return whole;
+}
+
+Result<std::vector<LayerSnapshot>> SliceLayers(std::span<const LayerSnapshot> whole, std::uint32_t kv_heads,
+                                               std::uint32_t tp, std::uint32_t rank) {
+  std::vector<LayerSnapshot> mine;
+  for (std::size_t l = 0; l < whole.size(); ++l) {
+    Result<LayerSnapshot> part = std::visit(
+        [&](const auto& layer) -> Result<LayerSnapshot> {
+          using T = std::decay_t<decltype(layer)>;
+          if constexpr (std::is_same_v<T, LatentSnapshot>) {
+            PC_RETURN_IF_ERROR(CheckSnapshot(layer));
+            return LayerSnapshot{layer};
+          } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
+            PC_ASSIGN_OR_RETURN(RecurrentSnapshot shard, SliceRecurrent(layer, tp, rank));
+            return LayerSnapshot{std::move(shard)};
+          } else {
+            PC_ASSIGN_OR_RETURN(KvSnapshot shard, SliceKv(layer, kv_heads, tp, rank));
+            return LayerSnapshot{std::move(shard)};
+          }
+        },
+        whole[l]);
+    if (!part.ok()) return part.status().WithContext("TP slice of layer " + std::to_string(l));
+    mine.push_back(std::move(part).value());
+  }
+  return mine;
 }
 
 Result<std::vector<float>> ToHeadMajor(std::span<const float> plane, std::uint64_t rows, std::uint64_t width,

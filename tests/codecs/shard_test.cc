@@ -171,5 +171,50 @@ TEST(TpShard, HeadMajorRefusalsNameWhatIsWrong) {
   EXPECT_FALSE(HeadMajorRange(1ull << 40, 1ull << 40, 2, 1, 0).ok());
 }
 
+LatentSnapshot Latent(std::uint32_t seed) {
+  LatentShape shape{.len = 7, .width = 6};
+  return {shape, Random(shape.latent_values(), seed), {}, {}};
+}
+
+// A boundary of three layers as TP `tp` rank `rank` holds it.
+std::vector<LayerSnapshot> RankBoundary(const std::vector<LayerSnapshot>& whole, std::uint32_t tp,
+                                        std::uint32_t rank) {
+  return SliceLayers(whole, 4, tp, rank).value();
+}
+
+TEST(TpShard, ABoundaryReshardsBetweenAnyTwoTpSizesExactly) {
+  const std::vector<LayerSnapshot> whole = {Latent(1), Recurrent(4, 2), Kv(4, 3)};
+  for (std::uint32_t a : {1u, 2u, 4u}) {
+    std::vector<std::vector<LayerSnapshot>> ranks;
+    for (std::uint32_t r = 0; r < a; ++r) ranks.push_back(RankBoundary(whole, a, r));
+    EXPECT_EQ(std::get<KvSnapshot>(ranks[0][2]).shape.k_width, 20u / a);
+    EXPECT_EQ(std::get<LatentSnapshot>(ranks[a - 1][0]).latent_rows,
+              std::get<LatentSnapshot>(whole[0]).latent_rows);
+    const std::vector<LayerSnapshot> back = GatherLayers(ranks).value();
+    ASSERT_EQ(back.size(), 3u);
+    EXPECT_EQ(std::get<RecurrentSnapshot>(back[1]).state, std::get<RecurrentSnapshot>(whole[1]).state) << a;
+    EXPECT_EQ(std::get<RecurrentSnapshot>(back[1]).conv_ring,
+              std::get<RecurrentSnapshot>(whole[1]).conv_ring);
+    EXPECT_EQ(std::get<KvSnapshot>(back[2]).k_rows, std::get<KvSnapshot>(whole[2]).k_rows) << a;
+    EXPECT_EQ(std::get<KvSnapshot>(back[2]).v_rows, std::get<KvSnapshot>(whole[2]).v_rows) << a;
+  }
+}
+
+TEST(TpShard, RanksThatDisagreeOnAReplicatedPlaneAreRefused) {
+  const std::vector<LayerSnapshot> whole = {Latent(1), Recurrent(4, 2), Kv(4, 3)};
+  std::vector<std::vector<LayerSnapshot>> ranks = {RankBoundary(whole, 2, 0), RankBoundary(whole, 2, 1)};
+  std::get<LatentSnapshot>(ranks[1][0]).latent_rows[5] += 1e-6F;
+  EXPECT_EQ(GatherLayers(ranks).status().message(),
+            "TP gather of layer 0: rank 1: its replicated latent planes differ from rank 0's");
+  ranks[1].pop_back();
+  EXPECT_EQ(GatherLayers(ranks).status().message(), "TP gather: rank 1 holds 2 layers, rank 0 3");
+  ranks[1] = {Kv(2, 1), Recurrent(2, 2), Kv(2, 3)};
+  EXPECT_EQ(GatherLayers(ranks).status().message(),
+            "TP gather of layer 0: rank 1: it is of another kind than rank 0's");
+  EXPECT_FALSE(GatherLayers({}).ok());
+  EXPECT_EQ(SliceLayers(whole, 3, 1, 0).status().message(),
+            "TP slice of layer 2: TP slice of a KV layer: row widths 20/8 are not split into 3 heads");
+}
+
 }  // namespace
 }  // namespace primecache

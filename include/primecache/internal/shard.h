@@ -66,6 +66,18 @@ Result<KvSnapshot> SliceKv(const KvSnapshot& whole, std::uint32_t heads, std::ui
                            std::uint32_t rank);
 Result<KvSnapshot> GatherKv(std::span<const KvSnapshot> shards);
 
+// A whole boundary (every layer) from every rank's snapshots of it, rank r's
+// at index r: replicated layers (latent) must be bit-identical on every rank
+// (a disagreement between ranks is refused, naming the layer and the rank),
+// sharded layers (recurrent, KV) are gathered. One layer list per rank, each
+// of the same kinds in the same order.
+Result<std::vector<LayerSnapshot>> GatherLayers(std::span<const std::vector<LayerSnapshot>> ranks);
+// Rank `rank`'s snapshots of TP `tp` from the whole boundary: latent layers
+// copied, recurrent layers sliced by their heads, KV layers by `kv_heads`
+// (the kv heads of every KV layer).
+Result<std::vector<LayerSnapshot>> SliceLayers(std::span<const LayerSnapshot> whole, std::uint32_t kv_heads,
+                                               std::uint32_t tp, std::uint32_t rank);
+
 // The universal layout of a token-major plane of `rows` rows of `width`
 // values split into `heads` heads: head-major [heads, rows, width / heads],
 // where a rank's heads are one run (HeadMajorRange). ToHeadMajor and
