@@ -1,5 +1,7 @@
 #include "engine/model/hybrid_model.h"
 
+#include "engine/model/collective.h"
+
 #include <cmath>
 #include <string>
 
@@ -60,6 +62,12 @@ Result<std::unique_ptr<HybridModel>> HybridModel::Create(const ModelConfig& conf
     return Status::InvalidArgument("model: the engine's state plan is not the one model " + config.name + " needs");
   }
   if (options.chunk_tokens == 0) return Status::InvalidArgument("model: chunk_tokens must be > 0");
+  if (options.collective != nullptr && options.collective->memory() != engine->device().kind()) {
+    return Status::InvalidArgument("model: a TP group summing in " +
+                                   std::string(engine::DeviceKindName(options.collective->memory())) +
+                                   " memory cannot serve a rank on " +
+                                   std::string(engine::DeviceKindName(engine->device().kind())));
+  }
   std::unique_ptr<HybridModel> m(new HybridModel(config, engine, options));
   if (m->device_->kind() == engine::DeviceKind::kCuda) {
     PC_ASSIGN_OR_RETURN(m->compute_, Compute::NewCuda(m->device_->native_stream(Lane::kCompute)));
@@ -201,12 +209,14 @@ Status HybridModel::Forward(ModelSession& s, const std::uint32_t* tokens, std::s
         break;
     }
     if (!mixed.ok()) return mixed.WithContext("layer " + std::to_string(l));
+    PC_RETURN_IF_ERROR(SumAcrossRanks(out, count * H));
     PC_RETURN_IF_ERROR(c.Add(x, out, count * H));
     PC_RETURN_IF_ERROR(c.RmsNormRows({x, u, L(l, "mlp_norm.weight"), count, H, H, H, eps}));
     PC_RETURN_IF_ERROR(c.Gemm(u, H, L(l, "mlp.w1"), a, F, count, H, F));
     PC_RETURN_IF_ERROR(c.Gemm(u, H, L(l, "mlp.w3"), b, F, count, H, F));
     PC_RETURN_IF_ERROR(c.SiluMul(a, b, count * F));
     PC_RETURN_IF_ERROR(c.Gemm(a, F, L(l, "mlp.w2"), out, H, count, F, H));
+    PC_RETURN_IF_ERROR(SumAcrossRanks(out, count * H));
     PC_RETURN_IF_ERROR(c.Add(x, out, count * H));
   }
   s.position += count;
@@ -219,6 +229,11 @@ Status HybridModel::Forward(ModelSession& s, const std::uint32_t* tokens, std::s
     PC_RETURN_IF_ERROR(device_->Download(logits->data() + old, S("logits"), rows * V * sizeof(float), Lane::kCompute));
   }
   return device_->Synchronize(Lane::kCompute);
+}
+
+Status HybridModel::SumAcrossRanks(float* out, std::size_t floats) {
+  if (options_.collective == nullptr) return Status::Ok();
+  return options_.collective->AllReduceSum(out, floats);
 }
 
 Status HybridModel::MlaMixer(ModelSession& s, std::size_t l, std::size_t count) {

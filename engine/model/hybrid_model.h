@@ -33,8 +33,14 @@ struct ModelSession {
 
 enum class LogitsWanted : std::uint8_t { kNone, kLast, kAll };
 
+class Collective;
+
 struct HybridModelOptions {
   std::size_t chunk_tokens = 1024;  // tokens per forward call inside Prime
+  // A rank of a tensor-parallel group (tensor_parallel.h): the model is then
+  // that rank's share (RankConfig, RankWeights), and each block's partial
+  // output is summed across the ranks. Null: the whole model (TP 1).
+  Collective* collective = nullptr;
 };
 
 class HybridModel {
@@ -95,6 +101,8 @@ class HybridModel {
   Status MlaMixer(ModelSession& session, std::size_t layer, std::size_t count);
   Status KdaMixer(ModelSession& session, std::size_t layer, std::size_t count);
   Status AttnMixer(ModelSession& session, std::size_t layer, std::size_t count);
+  // The sum of a block's partial outputs across the ranks (none at TP 1).
+  Status SumAcrossRanks(float* out, std::size_t floats);
 
   ModelConfig config_;
   engine::Engine* engine_;
