@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -117,6 +121,59 @@ TEST(RunTool, AStoreThatCannotWriteIsNotReportedAsTheDaemonDown) {
     EXPECT_NE(r.err.find("publish of a"), std::string::npos) << r.err;
     d.Kill();
   }
+  std::filesystem::remove_all(dir);
+}
+
+// --tp N: the ranks of a tensor-parallel run give the TP 1 text (no greedy
+// pick of this prompt is near a tie) and logits within the spec's
+// tolerance; a TP size that does not divide a split dimension is refused
+// by name.
+TEST(RunTool, TensorParallelRunsGiveTheTpOneTextAndLogits) {
+  const std::string dir = MakeTempDir();
+  auto run = [&](const std::string& tp, bool cache = false) {
+    std::vector<std::string> args{PRIMECACHE_RUN_PATH, "--model",
+                                  std::string(PRIMECACHE_SOURCE_DIR) + "/configs/hrm-tiny-swa-tq2.json",
+                                  "--prompt", kPrompt, "--max-new-tokens", "12", "--tp", tp,
+                                  "--dump-logits", dir + "/tp" + tp, "--log-level", "warn"};
+    if (!cache) args.push_back("--no-cache");
+    return RunProcess(args);
+  };
+  auto logits = [&](const std::string& tp) {
+    std::ifstream in(dir + "/tp" + tp, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<float> v(bytes.size() / sizeof(float));
+    std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+    return v;
+  };
+  ProcessResult one = run("1");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  const std::vector<float> want = logits("1");
+  ASSERT_FALSE(want.empty());
+  {  // TP 4 would split the 2 kv heads: refused below
+    const std::string tp = "2";
+    ProcessResult r = run(tp);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(Generated(r.out), Generated(one.out)) << "TP " << tp;
+    EXPECT_NE(LastLine(r.out).find("restored_tokens=0 "), std::string::npos) << r.out;
+    const std::vector<float> got = logits(tp);
+    ASSERT_EQ(got.size(), want.size());
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+      norm += double(want[i]) * want[i];
+    }
+    EXPECT_LE(std::sqrt(diff / norm), 1e-4) << "TP " << tp;
+    EXPECT_NE(got, want) << "TP " << tp << " summed in another order, yet bit-identical";
+  }
+  ProcessResult odd = run("3");
+  EXPECT_EQ(odd.rc, 1);
+  EXPECT_NE(odd.err.find("TP 3 does not divide mlp_hidden = 128"), std::string::npos) << odd.err;
+  ProcessResult four = run("4");  // 2 kv heads
+  EXPECT_EQ(four.rc, 1);
+  EXPECT_NE(four.err.find("TP 4 does not divide attn.kv_heads = 2"), std::string::npos) << four.err;
+  ProcessResult warned = run("2", /*cache=*/true);
+  EXPECT_EQ(warned.rc, 0) << warned.err;
+  EXPECT_NE(warned.err.find("does not serve tensor-parallel runs yet"), std::string::npos) << warned.err;
   std::filesystem::remove_all(dir);
 }
 

@@ -4,7 +4,13 @@
 //   primecache-run --model CONFIG.json [--weights W.safetensors | --seed N]
 //                  (--prompt TEXT | --prompt-file FILE) [--max-new-tokens N]
 //                  [--backend cpu|cuda] [--socket PATH] [--namespace NS]
-//                  [--no-cache] [--dump-logits FILE] [--speculate N]
+//                  [--no-cache] [--dump-logits FILE] [--speculate N] [--tp N]
+//
+// --tp N runs the model tensor-parallel over N ranks (engine/model/
+// tensor_parallel.h): threads of this process on the CPU backend, one CUDA
+// device each (0..N-1, NCCL) on cuda. The prefix cache does not serve TP
+// runs yet (issue 32): with N > 1 the run primes in full and publishes
+// nothing, and says so on stderr.
 //
 // --speculate N decodes speculatively: N tokens drafted by prompt lookup
 // (n-gram) per verify round, checked by the model in one call and rolled
@@ -22,6 +28,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +36,7 @@
 #include <limits>
 
 #include "engine/model/speculative.h"
+#include "engine/model/tensor_parallel.h"
 #include "primecache/internal/env.h"
 #include "primecache/internal/logging.h"
 #include "serving/prefix_cache.h"
@@ -115,6 +123,7 @@ struct RunOptions {
                                                            ns = "default", dump_logits, log_level;
   std::uint64_t seed = 1;
   std::size_t max_new = 32, chunk = 1024, speculate = 0;
+  std::uint32_t tp = 1;
   bool no_cache = false, show_store = false;
   // Which boundaries the run publishes (PrefixCacheOptions).
   bool prompt_end = true, branch_points = true, generation_end = true;
@@ -140,6 +149,8 @@ void AddOptions(CLI::App& app, RunOptions& o) {
   app.add_flag("--show-store", o.show_store, "after the run, list what the store holds for this namespace");
   app.add_option("--speculate", o.speculate, "draft N tokens per verify round by prompt lookup (0: plain greedy)")
       ->check(CLI::Range(0, 64));
+  app.add_option("--tp", o.tp, "tensor-parallel ranks (CPU: threads; cuda: one device each)")
+      ->check(CLI::Range(1, 64));
   app.add_flag("--prompt-end,!--no-prompt-end", o.prompt_end, "publish the prompt's boundary (default on)");
   app.add_flag("--branch-points,!--no-branch-points", o.branch_points,
                "publish the boundary where the prompt stops sharing tokens with a stored entry (default on)");
@@ -166,25 +177,36 @@ struct LoadedModel {
   std::unique_ptr<model::HybridModel> model;
 };
 
-Status LoadModel(const RunOptions& o, std::size_t prompt_tokens, LoadedModel* out) {
-  PC_ASSIGN_OR_RETURN(out->config, model::LoadModelConfig(Env::Default(), o.model_path));
+// The reserve of the one session a run needs.
+engine::ReserveRequest RunReserve(const RunOptions& o, std::size_t prompt_tokens) {
+  engine::ReserveRequest req;
+  req.max_ctx = prompt_tokens + o.max_new + 1;
+  req.sessions = 1;
+  req.snapshot_slots = 1;
+  req.round_tokens = o.speculate == 0 ? 0 : static_cast<std::uint32_t>(o.speculate + 1);
+  return req;
+}
+
+Status LoadConfigAndWeights(const RunOptions& o, model::ModelConfig* config, model::Weights* weights) {
+  PC_ASSIGN_OR_RETURN(*config, model::LoadModelConfig(Env::Default(), o.model_path));
   if (!o.weights_path.empty()) {
-    PC_ASSIGN_OR_RETURN(out->weights, model::LoadSafetensors(Env::Default(), o.weights_path));
+    PC_ASSIGN_OR_RETURN(*weights, model::LoadSafetensors(Env::Default(), o.weights_path));
   } else {
-    out->weights = model::Weights::Generate(out->config, o.seed);
+    *weights = model::Weights::Generate(*config, o.seed);
   }
+  return Status::Ok();
+}
+
+Status LoadModel(const RunOptions& o, std::size_t prompt_tokens, LoadedModel* out) {
+  PC_RETURN_IF_ERROR(LoadConfigAndWeights(o, &out->config, &out->weights));
   std::shared_ptr<engine::Device> device;
   if (o.backend == "cuda") {
     PC_ASSIGN_OR_RETURN(device, engine::NewCudaDevice());
   } else {
     device = engine::NewCpuDevice();
   }
-  engine::ReserveRequest req;
+  engine::ReserveRequest req = RunReserve(o, prompt_tokens);
   req.plan = model::HybridModel::PlanFor(out->config, out->weights);
-  req.max_ctx = prompt_tokens + o.max_new + 1;
-  req.sessions = 1;
-  req.snapshot_slots = 1;
-  req.round_tokens = o.speculate == 0 ? 0 : static_cast<std::uint32_t>(o.speculate + 1);
   PC_ASSIGN_OR_RETURN(out->engine, engine::Engine::Create(device, req));
   PC_ASSIGN_OR_RETURN(out->model, model::HybridModel::Create(out->config, out->weights, out->engine.get(), {o.chunk}));
   return Status::Ok();
@@ -201,10 +223,10 @@ std::unique_ptr<client::Client> ConnectToCache(const RunOptions& o) {
 
 // --dump-logits: NaN rows for the restored positions, then the computed
 // prompt rows, then the generated tokens' rows.
-Status DumpLogits(const std::string& path, std::size_t vocab, const model::Request& r,
-                  const std::vector<float>& gen_logits) {
-  std::vector<float> rows(r.restored_tokens * vocab, std::numeric_limits<float>::quiet_NaN());
-  rows.insert(rows.end(), r.all_logits.begin(), r.all_logits.end());
+Status DumpLogits(const std::string& path, std::size_t vocab, std::uint64_t restored_tokens,
+                  const std::vector<float>& prompt_logits, const std::vector<float>& gen_logits) {
+  std::vector<float> rows(restored_tokens * vocab, std::numeric_limits<float>::quiet_NaN());
+  rows.insert(rows.end(), prompt_logits.begin(), prompt_logits.end());
   rows.insert(rows.end(), gen_logits.begin(), gen_logits.end());
   std::string bytes(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float));
   return WriteFileAtomically(Env::Default(), path, bytes);
@@ -217,12 +239,63 @@ void PrintSpeculateLine(std::size_t gamma, const model::SpeculateStats& stats) {
               static_cast<unsigned long long>(stats.plain_steps));
 }
 
+void PrintSummary(std::uint64_t restored, std::uint64_t prefilled, double ttft_ms, std::uint64_t published,
+                  std::size_t failed) {
+  std::printf("summary: restored_tokens=%llu prefilled_tokens=%llu ttft_ms=%.1f published=%llu publish_failures=%zu\n",
+              static_cast<unsigned long long>(restored), static_cast<unsigned long long>(prefilled), ttft_ms,
+              static_cast<unsigned long long>(published), failed);
+}
+
+// --tp N > 1: the ranks prime the whole prompt (no prefix cache yet),
+// generate, and print what Run prints.
+int RunTensorParallel(const RunOptions& o, const std::vector<std::uint32_t>& tokens) {
+  if (!o.no_cache) {
+    spdlog::warn("--tp {}: the prefix cache does not serve tensor-parallel runs yet; priming in full", o.tp);
+  }
+  model::ModelConfig config;
+  model::Weights weights;
+  if (Status s = LoadConfigAndWeights(o, &config, &weights); !s.ok()) return Fail(s);
+  model::TpModelOptions to;
+  to.tp = o.tp;
+  to.reserve = RunReserve(o, tokens.size());
+  to.model.chunk_tokens = o.chunk;
+  to.backend = o.backend == "cuda" ? engine::DeviceKind::kCuda : engine::DeviceKind::kCpu;
+  auto m = model::TensorParallelModel::Create(config, weights, to);
+  if (!m.ok()) return Fail(m.status());
+  auto session = (*m)->NewSession();
+  if (!session.ok()) return Fail(session.status());
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool all = !o.dump_logits.empty();
+  std::vector<float> prompt_logits;
+  Status primed =
+      (*m)->Prime(*session, tokens, all ? model::LogitsWanted::kAll : model::LogitsWanted::kLast, &prompt_logits);
+  if (!primed.ok()) return Fail(primed);
+  const double ttft_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const std::span<const float> last(prompt_logits.end() - config.vocab, prompt_logits.end());
+  std::vector<float> gen_logits;
+  std::vector<float>* keep_logits = all ? &gen_logits : nullptr;
+  model::SpeculateStats stats;
+  auto generated = o.speculate == 0 ? (*m)->Generate(*session, last, o.max_new, keep_logits)
+                                    : (*m)->GenerateSpeculative(*session, tokens, last, o.max_new,
+                                                                {o.speculate, nullptr}, &stats, keep_logits);
+  if (!generated.ok()) return Fail(generated.status());
+  std::printf("%s\n", Printable(model::Detokenize(*generated)).c_str());
+  std::fflush(stdout);
+  if (all) {
+    if (Status s = DumpLogits(o.dump_logits, config.vocab, 0, prompt_logits, gen_logits); !s.ok()) return Fail(s);
+  }
+  if (o.speculate != 0) PrintSpeculateLine(o.speculate, stats);
+  PrintSummary(0, tokens.size(), ttft_ms, 0, 0);
+  return 0;
+}
+
 // Primes the prompt through the cache, generates, prints the text and the
 // closing lines; returns the exit status.
 int Run(const RunOptions& o) {
   auto prompt = PromptText(o);
   if (!prompt.ok()) return Fail(prompt.status());
   const std::vector<std::uint32_t> tokens = model::Tokenize(*prompt);
+  if (o.tp > 1) return RunTensorParallel(o, tokens);
   LoadedModel lm;
   if (Status s = LoadModel(o, tokens.size(), &lm); !s.ok()) return Fail(s);
   model::HybridModel& m = *lm.model;
@@ -248,15 +321,14 @@ int Run(const RunOptions& o) {
   std::fflush(stdout);
 
   if (!o.dump_logits.empty()) {
-    if (Status s = DumpLogits(o.dump_logits, lm.config.vocab, *r, gen_logits); !s.ok()) return Fail(s);
+    Status s = DumpLogits(o.dump_logits, lm.config.vocab, r->restored_tokens, r->all_logits, gen_logits);
+    if (!s.ok()) return Fail(s);
   }
   const std::size_t failed = cache.Drain();
   if (failed != 0) spdlog::warn("{} publish(es) failed; the store did not keep this prompt's prefix", failed);
   if (o.show_store) ShowStore(o.socket, o.ns);
   if (o.speculate != 0) PrintSpeculateLine(o.speculate, stats);
-  std::printf("summary: restored_tokens=%llu prefilled_tokens=%llu ttft_ms=%.1f published=%llu publish_failures=%zu\n",
-              static_cast<unsigned long long>(r->restored_tokens), static_cast<unsigned long long>(r->prefilled_tokens),
-              r->ttft_ms, static_cast<unsigned long long>(cache.published()), failed);
+  PrintSummary(r->restored_tokens, r->prefilled_tokens, r->ttft_ms, cache.published(), failed);
   // The answer above is good either way; 3 tells a script the cache missed out.
   return failed != 0 ? kExitPublishFailed : 0;
 }
