@@ -4,6 +4,7 @@
 
 #include "primecache/internal/codec.h"
 #include "primecache/internal/layer_validator.h"
+#include "primecache/internal/shard.h"
 #include "primecache/internal/snapshot.h"
 
 namespace primecache {
@@ -50,15 +51,22 @@ class CodecValidator final : public LayerValidator {
     return facts;
   }
 
-  Status CheckModel(std::string_view model_descriptor, std::span<const std::string_view> headers) const override {
-    if (model_descriptor.empty()) return Status::Ok();
-    PC_ASSIGN_OR_RETURN(ModelFingerprint fingerprint, DecodeFingerprint(model_descriptor));
+  Status CheckModel(std::string_view model_descriptor, std::span<const std::string_view> headers,
+                    std::uint32_t ranks) const override {
+    if (model_descriptor.empty() && ranks <= 1) return Status::Ok();
     std::vector<LayerShape> shapes;
     shapes.reserve(headers.size());
     for (std::string_view header : headers) {
       PC_ASSIGN_OR_RETURN(LayerHeader h, ParseLayerHeader(AsBytes(header)));
       shapes.push_back(h.shape);
     }
+    // A TP entry's shards gather into the model's layers (checked with or
+    // without a descriptor); the plan is the whole model's.
+    if (ranks > 1) {
+      PC_ASSIGN_OR_RETURN(shapes, GatherShapes(shapes, ranks));
+    }
+    if (model_descriptor.empty()) return Status::Ok();
+    PC_ASSIGN_OR_RETURN(ModelFingerprint fingerprint, DecodeFingerprint(model_descriptor));
     return CheckPlan(fingerprint, shapes);
   }
 };

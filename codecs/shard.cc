@@ -253,6 +253,74 @@ Result<std::vector<LayerSnapshot>> SliceLayers(std::span<const LayerSnapshot> wh
   return mine;
 }
 
+bool IsSharded(const LayerShape& shape) {
+  return std::holds_alternative<RecurrentShape>(shape) || std::holds_alternative<KvShape>(shape);
+}
+
+namespace {
+
+// The whole layer from rank 0's shard of it, as `ranks` ranks hold it.
+Result<LayerShape> WholeShape(const LayerShape& shard, std::uint32_t ranks) {
+  if (const auto* r = std::get_if<RecurrentShape>(&shard)) {
+    if (std::uint64_t{r->heads} * ranks > UINT32_MAX) return Status::InvalidArgument("too many heads");
+    RecurrentShape whole = *r;
+    whole.heads *= ranks;
+    return LayerShape{whole};
+  }
+  const auto* kv = std::get_if<KvShape>(&shard);
+  if (kv == nullptr) return LayerShape{shard};  // replicated
+  if (kv->format.index_width != 0) return Status::NotSupported("a kv-indexed layer does not split among TP ranks");
+  if (std::uint64_t{kv->k_width} * ranks > UINT32_MAX || std::uint64_t{kv->v_width} * ranks > UINT32_MAX) {
+    return Status::InvalidArgument("rows too wide");
+  }
+  KvShape whole = *kv;
+  whole.k_width *= ranks;
+  whole.v_width *= ranks;
+  return LayerShape{whole};
+}
+
+}  // namespace
+
+Result<std::vector<LayerShape>> GatherShapes(std::span<const LayerShape> entry_layers, std::uint32_t ranks) {
+  if (ranks == 0) return Status::InvalidArgument("TP entry: 0 ranks");
+  std::vector<std::size_t> sharded;  // model layers that split, in order
+  std::size_t model_layers = 0;
+  // Rank 0 holds every layer: those before the first shard of rank 1.
+  // With n sharded layers among L, the entry holds L + (ranks - 1) * n.
+  for (std::size_t l = 0; l < entry_layers.size(); ++l) {
+    if (std::holds_alternative<LinearStateShape>(entry_layers[l]) && ranks > 1) {
+      return Status::NotSupported("TP entry: layer " + std::to_string(l) + " is a linear-state layer, which TP does not split");
+    }
+    if (IsSharded(entry_layers[l])) sharded.push_back(l);
+    const std::size_t shards_after = sharded.size() * (ranks - 1);
+    if (l + 1 + shards_after == entry_layers.size()) {
+      model_layers = l + 1;
+      break;
+    }
+  }
+  if (model_layers == 0) {
+    return Status::InvalidArgument("TP entry: " + std::to_string(entry_layers.size()) +
+                                   " layers are not one rank's every layer and " + std::to_string(ranks - 1) +
+                                   " more ranks' sharded ones");
+  }
+  std::vector<LayerShape> whole;
+  for (std::size_t l = 0; l < model_layers; ++l) {
+    auto w = WholeShape(entry_layers[l], ranks);
+    if (!w.ok()) return w.status().WithContext("TP entry: layer " + std::to_string(l));
+    whole.push_back(std::move(w).value());
+  }
+  for (std::uint32_t r = 1; r < ranks; ++r) {
+    for (std::size_t i = 0; i < sharded.size(); ++i) {
+      const LayerShape& mine = entry_layers[model_layers + (r - 1) * sharded.size() + i];
+      if (!(mine == entry_layers[sharded[i]])) {
+        return Status::InvalidArgument("TP entry: rank " + std::to_string(r) + "'s shard of layer " +
+                                       std::to_string(sharded[i]) + " is not shaped as rank 0's");
+      }
+    }
+  }
+  return whole;
+}
+
 Result<std::vector<float>> ToHeadMajor(std::span<const float> plane, std::uint64_t rows, std::uint64_t width,
                                        std::uint32_t heads) {
   PC_ASSIGN_OR_RETURN(const std::uint64_t w, PerHead(plane, rows, width, heads));

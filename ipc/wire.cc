@@ -168,7 +168,7 @@ void WriteLookupHit(const std::optional<LookupHit>& hit, std::uint64_t shared_to
 
 std::optional<LookupHit> ReadLookupHit(wire::LookupReply::Reader r) {
   if (!r.getFound()) return std::nullopt;
-  return LookupHit{r.getEntry(), r.getLength(), r.getLayerCount(), r.getBytes(), r.getRawBytes()};
+  return LookupHit{r.getEntry(), r.getLength(), r.getLayerCount(), 1, r.getBytes(), r.getRawBytes()};
 }
 
 namespace {

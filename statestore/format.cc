@@ -10,7 +10,10 @@ namespace primecache::statestore_internal {
 namespace {
 
 constexpr std::uint32_t kParamsMagic = 0x50435350;  // "PCSP"
+// Version 2 appends `u32 ranks` (a tensor-parallel entry); an entry of one
+// publisher is written as version 1, byte for byte as before.
 constexpr std::uint8_t kSummaryVersion = 1;
+constexpr std::uint8_t kGroupSummaryVersion = 2;
 constexpr std::uint8_t kManifestVersion = 1;
 constexpr std::uint8_t kScopeVersion = 2;  // 1: without the descriptor
 constexpr std::uint8_t kQuarantineVersion = 1;
@@ -250,7 +253,7 @@ Result<std::uint64_t> IdFromKey(std::string_view k) {
 
 std::string EncodeSummary(const EntrySummary& s) {
   std::string v;
-  v.push_back(static_cast<char>(kSummaryVersion));
+  v.push_back(static_cast<char>(s.ranks > 1 ? kGroupSummaryVersion : kSummaryVersion));
   PutLE64(&v, s.scope);
   PutLE64(&v, s.length);
   PutLE32(&v, s.layers);
@@ -263,6 +266,7 @@ std::string EncodeSummary(const EntrySummary& s) {
   PutLE64(&v, s.created_unix_ms);
   PutLE64(&v, s.node_hash);
   PutLE64(&v, s.exact_hash);
+  if (s.ranks > 1) PutLE32(&v, s.ranks);
   AppendChecksum(&v);
   return v;
 }
@@ -271,11 +275,17 @@ Result<EntrySummary> DecodeSummary(std::string_view v) {
   Reader r(body);
   EntrySummary s;
   std::uint8_t version = 0;
-  if (!r.U8(&version) || version != kSummaryVersion) return Bad("entry record", "unknown version");
+  if (!r.U8(&version) || (version != kSummaryVersion && version != kGroupSummaryVersion)) {
+    return Bad("entry record", "unknown version");
+  }
   if (!r.U64(&s.scope) || !r.U64(&s.length) || !r.U32(&s.layers) || !r.U64(&s.chunk_bytes) ||
       !r.U64(&s.raw_bytes) || !r.U64(&s.meta_bytes) || !r.F64(&s.flops) || !r.U64(&s.created_unix_ms) ||
-      !r.U64(&s.node_hash) || !r.U64(&s.exact_hash) || r.remaining() != 0) {
+      !r.U64(&s.node_hash) || !r.U64(&s.exact_hash) ||
+      (version == kGroupSummaryVersion && !r.U32(&s.ranks)) || r.remaining() != 0) {
     return Bad("entry record", "wrong size");
+  }
+  if (version == kGroupSummaryVersion && (s.ranks < 2 || s.ranks > StoreLimits::kMaxGroupRanks)) {
+    return Bad("entry record", "rank count out of range");
   }
   if (s.length == 0 || s.length > StoreLimits::kMaxTokens) return Bad("entry record", "length out of range");
   if (s.layers > StoreLimits::kMaxLayers) return Bad("entry record", "layer count out of range");

@@ -163,6 +163,7 @@ struct EntrySummary {
   std::uint64_t created_unix_ms = 0;
   std::uint64_t node_hash = 0;
   std::uint64_t exact_hash = 0;
+  std::uint32_t ranks = 1;  // a group publish's parts (PublishGroup); 1: one publisher
   friend bool operator==(const EntrySummary&, const EntrySummary&) = default;
 };
 std::string EncodeSummary(const EntrySummary& s);

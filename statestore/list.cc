@@ -29,6 +29,7 @@ Result<EntryInfo> LocalStore::Impl::MakeInfo(EntryId id, const EntrySummary& s, 
   }
   info.length = s.length;
   info.layers = s.layers;
+  info.ranks = s.ranks;
   info.chunk_bytes = s.chunk_bytes;
   info.raw_bytes = s.raw_bytes;
   info.meta_bytes = s.meta_bytes;

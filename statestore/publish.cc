@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "statestore/group.h"
 #include "statestore/kill_point.h"
 #include "statestore/rocks_env.h"
 #include "statestore/store_impl.h"
@@ -107,8 +108,9 @@ class ReadBack {
 
 class PublisherImpl final : public Publisher {
  public:
-  PublisherImpl(LocalStore::Impl& s, PublishRequest req, BoundaryPlace place)
-      : s_(s), req_(std::move(req)), place_(place) {}
+  PublisherImpl(LocalStore::Impl& s, PublishRequest req, BoundaryPlace place,
+                std::shared_ptr<GroupTable::Group> group)
+      : s_(s), req_(std::move(req)), place_(place), group_(std::move(group)) {}
   ~PublisherImpl() override {
     if (!done_) Abort();
   }
@@ -117,9 +119,9 @@ class PublisherImpl final : public Publisher {
     PC_RETURN_IF_ERROR(Usable());
     if (in_layer_) return Fail(Status::FailedPrecondition("BeginLayer inside a layer"));
     if (header.size() > kMaxHeaderBytes) return Fail(Status::InvalidArgument("layer header too long"));
-    if (layers_.size() >= StoreLimits::kMaxLayers) return Fail(Status::InvalidArgument("too many layers"));
+    if (part_.layers.size() >= StoreLimits::kMaxLayers) return Fail(Status::InvalidArgument("too many layers"));
     if (chunk_count > kMaxChunksPerLayer) return Fail(Status::InvalidArgument("too many chunks in a layer"));
-    layers_.push_back(ManifestLayer{std::string(header), {}});
+    part_.layers.push_back(ManifestLayer{std::string(header), {}});
     facts_.clear();
     chunks_announced_ = chunk_count;
     in_layer_ = true;
@@ -134,17 +136,17 @@ class PublisherImpl final : public Publisher {
                                           " bytes; must be in [1, " +
                                           std::to_string(s_.opts.max_chunk_bytes) + "]"));
     }
-    auto& layer = layers_.back();
+    auto& layer = part_.layers.back();
     if (layer.chunks.size() >= chunks_announced_) {
-      return Fail(Status::InvalidArgument("layer " + std::to_string(layers_.size() - 1) + " announced " +
+      return Fail(Status::InvalidArgument("layer " + std::to_string(part_.layers.size() - 1) + " announced " +
                                           std::to_string(chunks_announced_) + " chunk(s); got more"));
     }
     Hash128 h = Checksum128(bytes);
     facts_.push_back({bytes.size(), Checksum64(bytes)});
     layer.chunks.push_back({h, bytes.size()});
-    chunk_bytes_ += bytes.size();
-    auto [it, first] = staged_.try_emplace(h);
-    Staged& st = it->second;
+    part_.chunk_bytes += bytes.size();
+    auto [it, first] = part_.chunks.try_emplace(h);
+    StagedChunk& st = it->second;
     if (!first) {
       if (st.size != bytes.size())
         return Fail(Status::InvalidArgument("two chunks with one address and two sizes"));
@@ -164,25 +166,23 @@ class PublisherImpl final : public Publisher {
     PC_RETURN_IF_ERROR(Usable());
     if (!in_layer_) return Fail(Status::FailedPrecondition("EndLayer outside a layer"));
     in_layer_ = false;
-    if (layers_.back().chunks.size() != chunks_announced_) {
-      return Fail(Status::InvalidArgument("layer " + std::to_string(layers_.size() - 1) + " announced " +
+    const std::size_t l = part_.layers.size() - 1;
+    if (part_.layers.back().chunks.size() != chunks_announced_) {
+      return Fail(Status::InvalidArgument("layer " + std::to_string(l) + " announced " +
                                           std::to_string(chunks_announced_) + " chunk(s); got " +
-                                          std::to_string(layers_.back().chunks.size())));
+                                          std::to_string(part_.layers.back().chunks.size())));
     }
-    auto facts = s_.validator->Check(layers_.back().header, facts_, req_.tokens.size());
-    if (!facts.ok()) {
-      return Fail(facts.status().WithContext("layer " + std::to_string(layers_.size() - 1) + " refused"));
-    }
-    raw_bytes_ += facts->raw_bytes;
+    auto facts = s_.validator->Check(part_.layers.back().header, facts_, req_.tokens.size());
+    if (!facts.ok()) return Fail(facts.status().WithContext("layer " + std::to_string(l) + " refused"));
+    part_.raw_bytes += facts->raw_bytes;
     return Status::Ok();
   }
 
   Result<PublishResult> Commit() override {
     PC_RETURN_IF_ERROR(Usable());
     if (in_layer_) return Fail(Status::FailedPrecondition("Commit inside a layer"));
-    if (layers_.empty()) return Fail(Status::FailedPrecondition("Commit of a publish with no layers"));
-    PC_RETURN_IF_ERROR(CheckModel());
-    auto r = CommitImpl();
+    if (part_.layers.empty()) return Fail(Status::FailedPrecondition("Commit of a publish with no layers"));
+    auto r = group_ ? CommitPart() : CommitAlone();
     if (!r.ok()) return Fail(r.status());
     return r;
   }
@@ -190,24 +190,12 @@ class PublisherImpl final : public Publisher {
   void Abort() override {
     if (done_) return;
     done_ = true;
-    if (batch_attempted_) {
-      s_.ReleaseWriter(std::move(writer_), /*reuse=*/false);  // its tail is cut at the next open if unrecorded
-      s_.NoteDropped(written_bytes_);
-    } else {
-      s_.AbortPublish(std::move(writer_), written_bytes_);
-    }
-    s_.ReleaseStaged(reserved_);
-    reserved_ = 0;
+    s_.AbortPart(part_);
+    if (group_) s_.groups->Abandon(group_, Status::Aborted("rank " + std::to_string(req_.group->rank) +
+                                                            " ended its part without a commit"));
   }
 
  private:
-  struct Staged {
-    std::uint64_t size = 0;
-    std::uint64_t count = 0;
-    std::optional<Extent> wrote;  // where this publish wrote the bytes
-    std::optional<Extent> seen;   // where a committed copy was when the chunk arrived
-  };
-
   // Where the committed copy of a chunk is; nullopt when there is none that
   // can be used (absent, or marked corrupt).
   Result<std::optional<Extent>> CommittedExtent(const Hash128& h) {
@@ -222,27 +210,27 @@ class PublisherImpl final : public Publisher {
   }
 
   // Appends a chunk to this publish's segment.
-  Status Stage(const Hash128& h, std::span<const std::byte> bytes, Staged* st) {
+  Status Stage(const Hash128& h, std::span<const std::byte> bytes, StagedChunk* st) {
     Status rs = s_.ReserveStaged(bytes.size());
     if (!rs.ok()) return Fail(rs);
-    reserved_ += bytes.size();
-    if (writer_ == nullptr) {
+    part_.reserved += bytes.size();
+    if (part_.writer == nullptr) {
       auto w = s_.AcquireWriter();
       if (!w.ok()) return Fail(w.status().WithContext("stage chunk"));
-      writer_ = std::move(w).value();
+      part_.writer = std::move(w).value();
     }
-    auto at = writer_->Append(h, bytes);
+    auto at = part_.writer->Append(h, bytes);
     if (!at.ok()) return Fail(s_.AfterSegmentError(at.status()).WithContext("stage chunk"));
     // While the disk is full each chunk is written through, so that a chunk
     // the disk cannot take is refused at once rather than at commit, and the
     // first write that fits ends the state.
     if (s_.segment_full.load()) {
-      Status ws = writer_->WriteOut();
+      Status ws = part_.writer->WriteOut();
       if (!ws.ok()) return Fail(s_.AfterSegmentError(ws).WithContext("stage chunk"));
       s_.SegmentWritesOk();
     }
-    st->wrote = Extent{writer_->id(), *at};
-    written_bytes_ += bytes.size();
+    st->wrote = Extent{part_.writer->id(), *at};
+    part_.written_bytes += bytes.size();
     return Status::Ok();
   }
 
@@ -255,151 +243,211 @@ class PublisherImpl final : public Publisher {
     return s;
   }
 
-  // The layers together against the model they are filed under (LayerValidator::CheckModel).
-  Status CheckModel() {
-    std::vector<std::string_view> headers;
-    headers.reserve(layers_.size());
-    for (const ManifestLayer& l : layers_) headers.emplace_back(l.header);
-    Status s = s_.validator->CheckModel(req_.model_descriptor, headers);
-    return s.ok() ? s : Fail(s.WithContext("entry refused"));
+  // One publisher's entry: its bytes made durable, then its batch.
+  Result<PublishResult> CommitAlone() {
+    PC_RETURN_IF_ERROR(s_.CheckModel(req_, std::span<const StagedPart>(&part_, 1)));
+    PC_RETURN_IF_ERROR(s_.MakeDurable(part_));
+    done_ = true;  // the part is given back or committed below, whatever happens
+    std::vector<StagedPart> parts;
+    parts.push_back(std::move(part_));
+    return s_.CommitParts(req_, place_, parts);
   }
-  Result<PublishResult> CommitImpl();
-  Status SyncAndReadBack();
-  Status AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget, PublishResult* result) REQUIRES(t.mu());
+
+  // A group part: its bytes made durable and parked; the part that completes
+  // the group writes the entry of every part.
+  Result<PublishResult> CommitPart();
 
   LocalStore::Impl& s_;
   PublishRequest req_;
   BoundaryPlace place_;
-  std::vector<ManifestLayer> layers_;
+  std::shared_ptr<GroupTable::Group> group_;  // null: not a group part
+  StagedPart part_;
   std::vector<ChunkFacts> facts_;
   std::uint32_t chunks_announced_ = 0;  // by the current layer's BeginLayer
   bool in_layer_ = false;
   bool done_ = false;
   Status failed_;
-  std::unordered_map<Hash128, Staged, Hash128Hasher> staged_;
-  std::unique_ptr<SegmentWriter> writer_;  // taken at the first chunk written
-  std::uint64_t chunk_bytes_ = 0;
-  std::uint64_t raw_bytes_ = 0;
-  std::uint64_t written_bytes_ = 0;
-  std::uint64_t reserved_ = 0;  // counted against max_staged_bytes
-  bool batch_attempted_ = false;  // Commit began writing the metadata batch
 };
 
-Result<PublishResult> PublisherImpl::CommitImpl() {
-  if (writer_ != nullptr) {
-    // The bytes are durable, and are what their addresses say, before any
-    // record points at them.
-    TEST_KILL_POINT("publish.commit.before_sync");
-    Status ss = writer_->WriteOut();
-    if (!ss.ok()) return s_.AfterSegmentError(ss);
-    PC_RETURN_IF_ERROR(SyncAndReadBack());
-    s_.SegmentWritesOk();
+Result<PublishResult> PublisherImpl::CommitPart() {
+  PC_RETURN_IF_ERROR(s_.MakeDurable(part_));
+  done_ = true;  // from here the part belongs to its group
+  PC_ASSIGN_OR_RETURN(auto all, s_.groups->Park(group_, req_.group->rank, std::move(part_)));
+  if (!all) {
+    PublishResult pending;
+    pending.group_pending = true;
+    return pending;
   }
-  PublishResult result;
-  {
-    MutexLock wl(&s_.write_mu);
-    const std::uint64_t budget = s_.byte_budget;
-    if (budget > 0) PC_RETURN_IF_ERROR(s_.FlushTouches());
-    Txn t(s_);
-    bool scope_existed = s_.FindScope(req_.model, req_.ns).has_value();
-    PC_ASSIGN_OR_RETURN(std::uint64_t scope, t.ScopeFor(req_.model, req_.model_name, req_.ns, req_.model_descriptor));
-    if (scope_existed) {
-      PC_ASSIGN_OR_RETURN(auto existing, s_.FindIdentity(scope, req_.tokens, place_, /*quarantine=*/false));
-      if (existing) {
-        result.id = *existing;
-        result.existed = true;
-      }
-    }
-    if (!result.existed) {
-      // From here a failure may still leave the batch applied (a WAL write
-      // that failed after all): the bytes must stay where it says they are.
-      batch_attempted_ = true;
-      PC_RETURN_IF_ERROR(AddEntry(t, scope, budget, &result));
-    }
+  TEST_KILL_POINT("group.commit.begin");
+  Status checked = s_.CheckModel(req_, *all);
+  Result<PublishResult> r = checked.ok() ? s_.CommitParts(req_, place_, *all) : Result<PublishResult>(checked);
+  if (!checked.ok()) {
+    for (StagedPart& p : *all) s_.AbortPart(p);
   }
-  if (result.existed) {
-    // Someone else stored this boundary first: our bytes are dead space.
-    Abort();
-    return result;
-  }
-  done_ = true;
-  if (writer_ != nullptr) {
-    writer_->MarkCommitted();
-    s_.ReleaseWriter(std::move(writer_), /*reuse=*/true);
-  }
-  s_.ReleaseStaged(reserved_);
-  reserved_ = 0;
-  return result;
+  s_.groups->Finish(group_);
+  return r;
 }
 
-// Syncs the segment while the chunks this publish wrote are read back.
-Status PublisherImpl::SyncAndReadBack() {
-  std::vector<ReadBack::Chunk> chunks;
-  for (const auto& [h, st] : staged_) {
-    if (st.wrote && st.wrote->segment == writer_->id()) chunks.push_back({h, *st.wrote, st.size});
-  }
-  PC_ASSIGN_OR_RETURN(auto file, s_.SegmentFile(writer_->id()));
-  ReadBack check(s_);
-  check.Start(std::move(file), writer_->end(), std::move(chunks));
-  const Status synced = writer_->Sync();
-  const Status checked = check.Wait();
-  if (!synced.ok()) return s_.AfterSegmentError(synced);
-  return checked.WithContext("publish refused: a chunk's bytes changed while they were written");
-}
-
-// The entry's records, its chunks' references and extents, and its
-// segment's new committed length, in one batch (under write_mu).
-Status PublisherImpl::AddEntry(Txn& t, std::uint64_t scope, std::uint64_t budget, PublishResult* result) {
+// The entry's records, its chunks' references and extents, and its parts'
+// segments' new committed lengths, in one batch (under write_mu). A chunk
+// two parts both wrote is placed at the first one's copy; the other copy is
+// dead space.
+Status AddEntry(LocalStore::Impl& s, Txn& t, const PublishRequest& req, const BoundaryPlace& place,
+                std::uint64_t scope, std::uint64_t budget, std::span<StagedPart> parts, PublishResult* result)
+    REQUIRES(t.mu()) {
   const EntryId id = t.counters().next_entry_id++;
   const std::string key = IdKey(id);
-  const std::uint64_t length = req_.tokens.size();
+  const std::uint64_t length = req.tokens.size();
   Manifest m;
-  m.layers = std::move(layers_);
-  std::string manifest = EncodeManifest(m);
-  layers_ = std::move(m.layers);
-  std::string tokens = EncodeTokens(req_.tokens);
   EntrySummary sum;
+  for (StagedPart& p : parts) {
+    for (ManifestLayer& l : p.layers) m.layers.push_back(std::move(l));
+    p.layers.clear();
+    sum.chunk_bytes += p.chunk_bytes;
+    sum.raw_bytes += p.raw_bytes;
+  }
+  std::string manifest = EncodeManifest(m);
+  std::string tokens = EncodeTokens(req.tokens);
   sum.scope = scope;
   sum.length = length;
-  sum.layers = static_cast<std::uint32_t>(layers_.size());
-  sum.chunk_bytes = chunk_bytes_;
-  sum.raw_bytes = raw_bytes_;
-  sum.flops = EstimatePrefillFlops(req_.cost, length);
+  sum.layers = static_cast<std::uint32_t>(m.layers.size());
+  sum.ranks = req.group ? req.group->ranks : 1;
+  sum.flops = EstimatePrefillFlops(req.cost, length);
   sum.created_unix_ms = NowUnixMs();
-  sum.node_hash = place_.node_hash;
-  sum.exact_hash = place_.exact_hash;
+  sum.node_hash = place.node_hash;
+  sum.exact_hash = place.exact_hash;
   sum.meta_bytes = manifest.size() + tokens.size() + EncodeSummary(sum).size();
 
-  if (writer_ != nullptr) {
-    const bool seal = writer_->end() >= s_.opts.segment_bytes;
-    t.SetSegment(writer_->id(), writer_->end(), seal ? SegmentState::kSealed : SegmentState::kOpen);
+  std::uint64_t duplicate_bytes = 0;
+  for (StagedPart& p : parts) {
+    if (p.writer != nullptr) {
+      const bool seal = p.writer->end() >= s.opts.segment_bytes;
+      t.SetSegment(p.writer->id(), p.writer->end(), seal ? SegmentState::kSealed : SegmentState::kOpen);
+    }
+    for (const auto& [h, st] : p.chunks) {
+      PC_ASSIGN_OR_RETURN(ChunkRefRecord * r, t.Ref(h));
+      // As AddRefs decides: a usable copy is kept, and this part's is dead.
+      const bool usable = r->refs > 0 && (r->flags & kChunkCorrupt) == 0 && r->segment != 0;
+      if (usable && st.wrote) duplicate_bytes += st.size;
+      (r->refs > 0 ? result->shared_chunk_bytes : result->new_chunk_bytes) += st.size;
+      PC_RETURN_IF_ERROR(t.AddRefs(h, st.size, st.count, st.wrote, st.seen));
+    }
   }
-  for (const auto& [h, st] : staged_) {
-    PC_ASSIGN_OR_RETURN(ChunkRefRecord * r, t.Ref(h));
-    (r->refs > 0 ? result->shared_chunk_bytes : result->new_chunk_bytes) += st.size;
-    PC_RETURN_IF_ERROR(t.AddRefs(h, st.size, st.count, st.wrote, st.seen));
-  }
-  PC_RETURN_IF_ERROR(t.IndexAdd(scope, length, place_, id));
-  for (const std::string& k : PassKeys(*s_.hasher, scope, req_.tokens, id)) t.batch().Put(s_.cf_index, k, "");
-  std::uint64_t tick = s_.clock.fetch_add(1);
-  t.batch().Put(s_.cf_lru, AgeKey(tick, id), "");
-  t.batch().Put(s_.cf_lru, AccessKey(id), EncodeAccess({tick, 0}));
-  t.batch().Put(s_.cf_entries, key, EncodeSummary(sum));
-  t.batch().Put(s_.cf_manifests, key, manifest);
-  t.batch().Put(s_.cf_tokens, key, tokens);
+  PC_RETURN_IF_ERROR(t.IndexAdd(scope, length, place, id));
+  for (const std::string& k : PassKeys(*s.hasher, scope, req.tokens, id)) t.batch().Put(s.cf_index, k, "");
+  std::uint64_t tick = s.clock.fetch_add(1);
+  t.batch().Put(s.cf_lru, AgeKey(tick, id), "");
+  t.batch().Put(s.cf_lru, AccessKey(id), EncodeAccess({tick, 0}));
+  t.batch().Put(s.cf_entries, key, EncodeSummary(sum));
+  t.batch().Put(s.cf_manifests, key, manifest);
+  t.batch().Put(s.cf_tokens, key, tokens);
   auto& c = t.counters();
   ++c.entries;
   c.logical_chunk_bytes += sum.chunk_bytes;
   c.meta_bytes += sum.meta_bytes;
   c.raw_bytes += sum.raw_bytes;
   if (budget > 0) PC_RETURN_IF_ERROR(t.EvictToBudget(budget, id, &result->evicted));
-  PC_RETURN_IF_ERROR(
-      t.Commit(s_.CommitWriteOptions(), "publish.commit.before_write", "publish.commit.after_write"));
+  const bool group = parts.size() > 1;
+  PC_RETURN_IF_ERROR(t.Commit(s.CommitWriteOptions(), group ? "group.commit.before_write" : "publish.commit.before_write",
+                              group ? "group.commit.after_write" : "publish.commit.after_write"));
+  if (duplicate_bytes > 0) s.NoteDropped(duplicate_bytes);
   result->id = id;
   return Status::Ok();
 }
 
 }  // namespace
+
+// ---- committing parts (one publisher's, or every part of a group) ------------------------
+
+void LocalStore::Impl::AbortPart(StagedPart& part) {
+  if (part.batch_attempted) {
+    ReleaseWriter(std::move(part.writer), /*reuse=*/false);  // its tail is cut at the next open if unrecorded
+    NoteDropped(part.written_bytes);
+  } else {
+    AbortPublish(std::move(part.writer), part.written_bytes);
+  }
+  ReleaseStaged(part.reserved);
+  part.reserved = 0;
+}
+
+// The layers together against the model they are filed under
+// (LayerValidator::CheckModel): every part's, in rank order.
+Status LocalStore::Impl::CheckModel(const PublishRequest& req, std::span<const StagedPart> parts) {
+  std::vector<std::string_view> headers;
+  for (const StagedPart& p : parts) {
+    for (const ManifestLayer& l : p.layers) headers.emplace_back(l.header);
+  }
+  const std::uint32_t ranks = req.group ? req.group->ranks : 1;
+  Status s = validator->CheckModel(req.model_descriptor, headers, ranks);
+  return s.ok() ? s : s.WithContext("entry refused");
+}
+
+// The bytes are durable, and are what their addresses say, before any
+// record points at them.
+Status LocalStore::Impl::MakeDurable(StagedPart& part) {
+  if (part.writer == nullptr) return Status::Ok();
+  TEST_KILL_POINT("publish.commit.before_sync");
+  Status ss = part.writer->WriteOut();
+  if (!ss.ok()) return AfterSegmentError(ss);
+  std::vector<ReadBack::Chunk> chunks;
+  for (const auto& [h, st] : part.chunks) {
+    if (st.wrote && st.wrote->segment == part.writer->id()) chunks.push_back({h, *st.wrote, st.size});
+  }
+  PC_ASSIGN_OR_RETURN(auto file, SegmentFile(part.writer->id()));
+  ReadBack check(*this);
+  check.Start(std::move(file), part.writer->end(), std::move(chunks));
+  const Status synced = part.writer->Sync();
+  const Status checked = check.Wait();
+  if (!synced.ok()) return AfterSegmentError(synced);
+  PC_RETURN_IF_ERROR(checked.WithContext("publish refused: a chunk's bytes changed while they were written"));
+  SegmentWritesOk();
+  return Status::Ok();
+}
+
+Result<PublishResult> LocalStore::Impl::CommitParts(const PublishRequest& req, const BoundaryPlace& place,
+                                                   std::span<StagedPart> parts) {
+  PublishResult result;
+  Status st;
+  {
+    MutexLock wl(&write_mu);
+    const std::uint64_t budget = byte_budget;
+    if (budget > 0) st = FlushTouches();
+    Txn t(*this);
+    std::optional<std::uint64_t> scope;
+    if (st.ok()) {
+      const bool scope_existed = FindScope(req.model, req.ns).has_value();
+      auto s = t.ScopeFor(req.model, req.model_name, req.ns, req.model_descriptor);
+      if (!s.ok()) st = s.status();
+      if (st.ok()) scope = *s;
+      if (st.ok() && scope_existed) {
+        auto existing = FindIdentity(*scope, req.tokens, place, /*quarantine=*/false);
+        if (!existing.ok()) st = existing.status();
+        if (st.ok() && *existing) result.id = **existing, result.existed = true;
+      }
+    }
+    if (st.ok() && !result.existed) {
+      // From here a failure may still leave the batch applied (a WAL write
+      // that failed after all): the bytes must stay where it says they are.
+      for (StagedPart& p : parts) p.batch_attempted = true;
+      st = AddEntry(*this, t, req, place, *scope, budget, parts, &result);
+    }
+  }
+  if (!st.ok() || result.existed) {
+    // A failure, or someone else stored this boundary first: our bytes are dead space.
+    for (StagedPart& p : parts) AbortPart(p);
+    if (!st.ok()) return st;
+    return result;
+  }
+  for (StagedPart& p : parts) {
+    if (p.writer != nullptr) {
+      p.writer->MarkCommitted();
+      ReleaseWriter(std::move(p.writer), /*reuse=*/true);
+    }
+    ReleaseStaged(p.reserved);
+    p.reserved = 0;
+  }
+  return result;
+}
 
 // The writer of a publish that ends without a commit.
 void LocalStore::Impl::AbortPublish(std::unique_ptr<SegmentWriter> w, std::uint64_t written_bytes) {
@@ -462,6 +510,18 @@ Status CheckRequest(const PublishRequest& req) {
           req.model) {
     return Status::InvalidArgument("the model descriptor does not hash to the model digest");
   }
+  if (req.group) {
+    const PublishGroup& g = *req.group;
+    if (g.token == 0) return Status::InvalidArgument("a group publish needs a token other than 0");
+    if (g.ranks < 2 || g.ranks > StoreLimits::kMaxGroupRanks) {
+      return Status::InvalidArgument("a group publish has 2.." + std::to_string(StoreLimits::kMaxGroupRanks) +
+                                     " ranks, not " + std::to_string(g.ranks));
+    }
+    if (g.rank >= g.ranks) {
+      return Status::InvalidArgument("rank " + std::to_string(g.rank) + " of a group of " +
+                                     std::to_string(g.ranks));
+    }
+  }
   return Status::Ok();
 }
 
@@ -486,23 +546,41 @@ Result<PublishStart> LocalStore::BeginPublish(PublishRequest req) {
       return PublishStart{nullptr, existing};
     }
   }
-  if (impl_->opts.eviction.admit_after_sightings > 1) {
-    std::uint32_t seen =
-        impl_->Sightings(Impl::SightingKey(req.model, req.ns, req.tokens.size(), place.exact_hash));
-    if (seen < impl_->opts.eviction.admit_after_sightings) {
-      ++impl_->refusals;
-      return Status::Aborted("not admitted: boundary seen " + std::to_string(seen) + " of " +
-                             std::to_string(impl_->opts.eviction.admit_after_sightings) + " times");
-    }
+  // A group's parts are admitted together: its first part decides for all.
+  std::shared_ptr<GroupTable::Group> group;
+  bool first = true;
+  if (req.group) {
+    PC_ASSIGN_OR_RETURN(group, impl_->groups->Join(req, &first));
   }
-  if (impl_->opts.eviction.admission == AdmissionPolicy::kReuse) {
-    if (Status a = impl_->AdmitReused(req.model, req.ns, req.tokens); !a.ok()) {
-      ++impl_->refusals;
-      return a;
+  if (first) {
+    if (Status admitted = impl_->Admit(req, place); !admitted.ok()) {
+      if (group) impl_->groups->Abandon(group, admitted);
+      return admitted;
     }
   }
   TEST_KILL_POINT("publish.begin");
-  return PublishStart{std::unique_ptr<Publisher>(new PublisherImpl(*impl_, std::move(req), place)), std::nullopt};
+  return PublishStart{std::unique_ptr<Publisher>(new PublisherImpl(*impl_, std::move(req), place, std::move(group))),
+                      std::nullopt};
+}
+
+// Admission (StoreOptions::eviction): kAborted when the boundary is not
+// stored yet.
+Status LocalStore::Impl::Admit(const PublishRequest& req, const BoundaryPlace& place) {
+  if (opts.eviction.admit_after_sightings > 1) {
+    std::uint32_t seen = Sightings(SightingKey(req.model, req.ns, req.tokens.size(), place.exact_hash));
+    if (seen < opts.eviction.admit_after_sightings) {
+      ++refusals;
+      return Status::Aborted("not admitted: boundary seen " + std::to_string(seen) + " of " +
+                             std::to_string(opts.eviction.admit_after_sightings) + " times");
+    }
+  }
+  if (opts.eviction.admission == AdmissionPolicy::kReuse) {
+    if (Status a = AdmitReused(req.model, req.ns, req.tokens); !a.ok()) {
+      ++refusals;
+      return a;
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace primecache

@@ -195,7 +195,7 @@ Result<std::optional<EntryId>> LocalStore::Impl::LongestStoredPrefix(std::uint64
   const std::vector<std::uint64_t> h = ChainHashes(*hasher, tokens, params.block_tokens, top);
   auto hit_for = [&](EntryId id, std::uint64_t length) -> Result<std::optional<LookupHit>> {
     if (!usable(id)) return std::optional<LookupHit>();
-    return std::optional<LookupHit>(LookupHit{id, length, 0, 0, 0});
+    return std::optional<LookupHit>(LookupHit{id, length, 0, 1, 0, 0});
   };
   PC_ASSIGN_OR_RETURN(std::optional<LookupHit> hit, FindLongest(*this, scope, tokens, h, hit_for, false));
   if (!hit) return std::optional<EntryId>();
@@ -258,7 +258,7 @@ Result<std::optional<LookupHit>> LocalStore::HitFor(EntryId id, std::uint64_t le
     if (!found) return std::optional<LookupHit>();
   }
   PC_ASSIGN_OR_RETURN(EntrySummary sum, DecodeSummary(record));
-  return std::optional<LookupHit>(LookupHit{id, length, sum.layers, sum.chunk_bytes, sum.raw_bytes});
+  return std::optional<LookupHit>(LookupHit{id, length, sum.layers, sum.ranks, sum.chunk_bytes, sum.raw_bytes});
 }
 
 Status LocalStore::Impl::CheckNamespace(EntryId id, std::string_view record, const std::string& ns) const {

@@ -78,6 +78,10 @@ struct Extent {
 
 std::uint64_t NowUnixMs();
 
+class GroupTable;  // statestore/group.h
+struct StagedPart;
+class Txn;
+
 struct TestHooks;  // statestore/test_hooks.h
 
 // The pass records ('P', format.h) an entry of `scope` with these tokens
@@ -370,6 +374,19 @@ struct LocalStore::Impl {
   // ---- publish.cc
   // Takes the publish's writer back after an abort (its bytes are dead space).
   void AbortPublish(std::unique_ptr<statestore_internal::SegmentWriter> w, std::uint64_t written_bytes);
+  // Gives a part's bytes and staged budget back (an abort, or a refusal).
+  void AbortPart(statestore_internal::StagedPart& part);
+  Status Admit(const PublishRequest& req, const BoundaryPlace& place);
+  Status CheckModel(const PublishRequest& req, std::span<const statestore_internal::StagedPart> parts);
+  // Syncs a part's segment while its chunks are read back and checked.
+  Status MakeDurable(statestore_internal::StagedPart& part);
+  // The entry of these parts (one publisher's, or a group's in rank order)
+  // in one batch, or every part given back: a failure, or an identity stored
+  // meanwhile (existed).
+  Result<PublishResult> CommitParts(const PublishRequest& req, const BoundaryPlace& place,
+                                    std::span<statestore_internal::StagedPart> parts) EXCLUDES(write_mu);
+  // The group publishes in progress (made at open, closed first at close).
+  std::unique_ptr<statestore_internal::GroupTable> groups;
   // A failed segment write, with a full disk said in words (and shown by
   // Stat's write_error until a segment write succeeds again).
   Status AfterSegmentError(const Status& s) EXCLUDES(recover_mu);

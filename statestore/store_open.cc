@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "statestore/rocks_env.h"
+#include "statestore/group.h"
 #include "statestore/store_impl.h"
 #include "statestore/test_hooks.h"
 
@@ -101,6 +102,7 @@ const std::string& LocalStore::path() const {
 }
 
 LocalStore::Impl::~Impl() {
+  if (groups) groups->Close();  // parked parts give their bytes back while the pool is there
   StopReclaimer();
   CloseIdleWriters();
   Status s = CloseDb();
@@ -144,6 +146,9 @@ Result<std::unique_ptr<LocalStore>> LocalStore::Impl::Open(StoreOptions options,
   impl->hooks = std::move(hooks);
   impl->byte_budget = options.byte_budget;
   impl->opts = std::move(options);
+  if (impl->opts.group_timeout_ms == 0) return Invalid("group_timeout_ms must be at least 1");
+  impl->groups = std::make_unique<GroupTable>(std::chrono::milliseconds(impl->opts.group_timeout_ms),
+                                              [raw = impl.get()](StagedPart& part) { raw->AbortPart(part); });
   if (impl->opts.fetch_read_threads > 0) {
     impl->opts.fetch_read_ahead = std::max<std::size_t>(impl->opts.fetch_read_ahead, 1);
     impl->read_pool = std::make_unique<WorkerPool>(impl->opts.fetch_read_threads);

@@ -28,6 +28,9 @@ struct PublishResult {
   std::uint64_t new_chunk_bytes = 0;     // chunk bytes this publish added to the store
   std::uint64_t shared_chunk_bytes = 0;  // chunk bytes it shares with entries already stored
   std::uint64_t evicted = 0;             // entries evicted to make room
+  // A group part (PublishGroup): its bytes are durable and wait for the
+  // other ranks' parts; the entry (id) is written when the last one commits.
+  bool group_pending = false;
 };
 
 // One stored entry (Store::Describe, Store::List; through the daemon
@@ -45,6 +48,7 @@ struct EntryInfo {
   // empty for a quarantined entry, whose tokens are not kept.
   std::vector<std::uint32_t> tokens;
   std::uint32_t layers = 0;
+  std::uint32_t ranks = 1;  // >1: a tensor-parallel entry of that many parts (PublishGroup)
   std::uint64_t chunk_bytes = 0;  // the entry's chunk bytes, shared ones included
   std::uint64_t raw_bytes = 0;    // decoded bytes of its layers
   std::uint64_t meta_bytes = 0;   // its manifest, tokens and records
@@ -111,6 +115,7 @@ struct LookupHit {
   EntryId id = 0;
   std::uint64_t length = 0;  // boundary length: tokens[0, length) of the query are stored
   std::uint32_t layers = 0;
+  std::uint32_t ranks = 1;  // >1: a tensor-parallel entry (EntryInfo::ranks)
   std::uint64_t chunk_bytes = 0;  // stored (encoded) bytes of its chunks
   std::uint64_t raw_bytes = 0;    // decoded bytes of its layers
 };

@@ -266,14 +266,14 @@ TEST(PlanTest, ShapesGiveTheirModelsPlanDigestAndAnotherPlanIsRefused) {
   }
   std::vector<std::string_view> views(headers.begin(), headers.end());
   const auto& validator = *CodecLayerValidator();
-  EXPECT_TRUE(validator.CheckModel(EncodeFingerprint(fp), views).ok());
-  EXPECT_TRUE(validator.CheckModel("", views).ok()) << "no descriptor, no model to check against";
+  EXPECT_TRUE(validator.CheckModel(EncodeFingerprint(fp), views, 1).ok());
+  EXPECT_TRUE(validator.CheckModel("", views, 1).ok()) << "no descriptor, no model to check against";
   ModelFingerprint other = fp;
   other.plan_digest.lo ^= 1;
-  ExpectSays(validator.CheckModel(EncodeFingerprint(other), views), "not the plan of model 'hrm-tiny'");
+  ExpectSays(validator.CheckModel(EncodeFingerprint(other), views, 1), "not the plan of model 'hrm-tiny'");
   std::swap(views[0], views[1]);
-  ExpectSays(validator.CheckModel(EncodeFingerprint(fp), views), "not the plan of model");
-  EXPECT_FALSE(validator.CheckModel("not a fingerprint", views).ok());
+  ExpectSays(validator.CheckModel(EncodeFingerprint(fp), views, 1), "not the plan of model");
+  EXPECT_FALSE(validator.CheckModel("not a fingerprint", views, 1).ok());
 }
 
 // The descriptor is the digest's preimage: it round-trips, hashes to the

@@ -51,6 +51,26 @@ int main(int argc, char** argv) {
         Say("ACK " + std::to_string(i) + " publish " + std::to_string(r->id));
         break;
       }
+      case crash_test::Step::kGroupPublish: {
+        auto parts = store_test::MakeGroupParts(s.tokens, crash_test::kGroupRanks, crash_test::Model());
+        EntryId id = 0;
+        for (std::uint32_t rank : {1u, 0u}) {
+          PublishRequest req = store_test::Request(s.tokens);
+          req.group = PublishGroup{0x7700 + i, crash_test::kGroupRanks, rank};
+          auto start = (*store)->BeginPublish(std::move(req));
+          Status st = start.status();
+          for (std::size_t l = 0; st.ok() && l < parts[rank].size(); ++l) st = start->publisher->AddLayer(parts[rank][l]);
+          Result<PublishResult> r = st.ok() ? start->publisher->Commit() : Result<PublishResult>(st);
+          if (!r.ok()) {
+            std::fprintf(stderr, "step %zu rank %u: %s\n", i, rank, r.status().ToString().c_str());
+            return 1;
+          }
+          id = r->id;
+        }
+        ids[i] = id;
+        Say("ACK " + std::to_string(i) + " publish " + std::to_string(id));
+        break;
+      }
       case crash_test::Step::kDelete: {
         Status st = (*store)->Delete(ids[s.target]);
         if (!st.ok()) {

@@ -144,7 +144,9 @@ void CheckStore(const std::string& dir, const Acks& acks, const std::string& wha
   // Tokens -> the step that publishes them.
   std::map<std::vector<std::uint32_t>, int> step_of;
   for (std::size_t i = 0; i < steps.size(); ++i) {
-    if (steps[i].kind == Step::kPublish) step_of[steps[i].tokens] = static_cast<int>(i);
+    if (steps[i].kind == Step::kPublish || steps[i].kind == Step::kGroupPublish) {
+      step_of[steps[i].tokens] = static_cast<int>(i);
+    }
   }
   ListOptions lo;
   lo.limit = 1000;
@@ -171,7 +173,7 @@ void CheckStore(const std::string& dir, const Acks& acks, const std::string& wha
     // Complete: every byte as published.
     auto back = store.FetchAll(e.id);
     ASSERT_TRUE(back.ok()) << back.status().ToString();
-    ExpectSameLayers(*back, MakeLayers(*tokens, crash_test::Model()));
+    ExpectSameLayers(*back, LayersOf(steps[step]));
   }
   for (const auto& [step, id] : acks.published) {
     if (acks.deleted.count(id) != 0) continue;

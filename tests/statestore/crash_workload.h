@@ -10,8 +10,10 @@
 namespace primecache::crash_test {
 
 struct Step {
-  enum Kind { kPublish, kDelete, kEvict, kCompact } kind = kPublish;
-  std::vector<std::uint32_t> tokens;  // kPublish
+  // kGroupPublish: the entry of two TP ranks, rank 1's part committed
+  // (and parked) first, then rank 0's, which writes the entry.
+  enum Kind { kPublish, kDelete, kEvict, kCompact, kGroupPublish } kind = kPublish;
+  std::vector<std::uint32_t> tokens;  // kPublish, kGroupPublish
   int target = -1;                    // kDelete: the step whose entry goes
 };
 
@@ -29,7 +31,8 @@ inline const store_test::TestModel& Model() {
 // dead chunks are in (gc), a larger publish, what the serving path publishes
 // for a request that branches off a stored conversation (the branch point,
 // a shorter boundary sharing its chunks, then the request's own prompt end),
-// an eviction, a last publish and a last Compact.
+// an eviction, a group publish of two ranks, a last publish and a last
+// Compact.
 inline const std::vector<Step>& Workload() {
   static const std::vector<Step> steps = [] {
     using store_test::Conversation;
@@ -46,11 +49,22 @@ inline const std::vector<Step>& Workload() {
     s.push_back({Step::kPublish, store_test::DivergeAt(a, 320, 520, 504), -1});
     s.push_back({Step::kPublish, Prefix(b, 260), -1});
     s.push_back({Step::kEvict, {}, -1});
+    s.push_back({Step::kGroupPublish, Prefix(c, 350), -1});
     s.push_back({Step::kPublish, Prefix(c, 500), -1});
     s.push_back({Step::kCompact, {}, -1});
     return s;
   }();
   return steps;
+}
+
+inline constexpr std::uint32_t kGroupRanks = 2;
+
+// The layers a step's entry holds.
+inline std::vector<LayerBytes> LayersOf(const Step& step) {
+  if (step.kind == Step::kGroupPublish) {
+    return store_test::Concat(store_test::MakeGroupParts(step.tokens, kGroupRanks, Model()));
+  }
+  return store_test::MakeLayers(step.tokens, Model());
 }
 
 // Segments sealed past 1 MiB, the smallest allowed: the workload fills more than one.

@@ -19,6 +19,7 @@
 #include "primecache/checksum.h"
 #include "primecache/internal/codec.h"
 #include "primecache/internal/env.h"
+#include "primecache/internal/shard.h"
 #include "primecache/internal/snapshot.h"
 #include "primecache/internal/statestore.h"
 #include "statestore/test_hooks.h"
@@ -108,6 +109,47 @@ inline std::vector<LayerBytes> MakeLayers(const std::vector<std::uint32_t>& toke
     push(s);
   }
   return out;
+}
+
+// The parts `ranks` TP ranks publish of the boundary MakeLayers encodes
+// (PublishGroup's order): rank 0's every layer (the latent layers whole, its
+// shard of each recurrent layer), then each later rank's recurrent shards.
+// m.heads must be a multiple of `ranks`.
+inline std::vector<std::vector<LayerBytes>> MakeGroupParts(const std::vector<std::uint32_t>& tokens,
+                                                          std::uint32_t ranks, const TestModel& m = {}) {
+  std::vector<std::vector<LayerBytes>> parts(ranks);
+  EncodeOptions eo;
+  eo.all_planes = m.transform;
+  eo.target_chunk_bytes = m.chunk_bytes;
+  for (const LayerBytes& whole : MakeLayers(tokens, m)) {
+    auto header = ParseLayerHeader(AsBytes(whole.header));
+    EXPECT_TRUE(header.ok()) << header.status().ToString();
+    if (!header.ok()) return {};
+    if (!std::holds_alternative<RecurrentShape>(header->shape)) {
+      parts[0].push_back(whole);
+      continue;
+    }
+    auto snapshot = DecodeLayer(EncodedLayer{*header, whole.chunks});
+    EXPECT_TRUE(snapshot.ok()) << snapshot.status().ToString();
+    if (!snapshot.ok()) return {};
+    for (std::uint32_t r = 0; r < ranks; ++r) {
+      auto shard = SliceRecurrent(std::get<RecurrentSnapshot>(*snapshot), ranks, r);
+      EXPECT_TRUE(shard.ok()) << shard.status().ToString();
+      if (!shard.ok()) return {};
+      auto enc = EncodeLayer(LayerSnapshot{*shard}, eo);
+      EXPECT_TRUE(enc.ok()) << enc.status().ToString();
+      if (!enc.ok()) return {};
+      parts[r].push_back({SerializeLayerHeader(enc->header), std::move(enc->chunks)});
+    }
+  }
+  return parts;
+}
+
+// A group entry's layers as the store keeps them: the parts in rank order.
+inline std::vector<LayerBytes> Concat(const std::vector<std::vector<LayerBytes>>& parts) {
+  std::vector<LayerBytes> all;
+  for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+  return all;
 }
 
 inline std::uint64_t LayerBytesSize(const std::vector<LayerBytes>& layers) {

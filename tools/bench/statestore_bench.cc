@@ -408,7 +408,9 @@ class AcceptAll final : public LayerValidator {
   Result<LayerFacts> Check(std::string_view, std::span<const ChunkFacts>, std::uint64_t) const override {
     return LayerFacts{};
   }
-  Status CheckModel(std::string_view, std::span<const std::string_view>) const override { return Status::Ok(); }
+  Status CheckModel(std::string_view, std::span<const std::string_view>, std::uint32_t) const override {
+    return Status::Ok();
+  }
 };
 
 // Latencies in microseconds of one store size's queries.

@@ -39,8 +39,11 @@ class LayerValidator {
   // Checks every layer of an entry, each passed by Check already, against
   // the model the entry is filed under: `model_descriptor` is the publish's
   // (PublishRequest::model_descriptor), `headers` the layers' in order. An
-  // empty descriptor names no model to check against.
-  virtual Status CheckModel(std::string_view model_descriptor, std::span<const std::string_view> headers) const = 0;
+  // empty descriptor names no model to check against. `ranks` > 1: the
+  // entry of a group publish, its layers in PublishGroup's order, whose
+  // shards must agree with one another and gather into the model's layers.
+  virtual Status CheckModel(std::string_view model_descriptor, std::span<const std::string_view> headers,
+                            std::uint32_t ranks) const = 0;
 };
 
 }  // namespace primecache

@@ -78,6 +78,18 @@ Result<std::vector<LayerSnapshot>> GatherLayers(std::span<const std::vector<Laye
 Result<std::vector<LayerSnapshot>> SliceLayers(std::span<const LayerSnapshot> whole, std::uint32_t kv_heads,
                                                std::uint32_t tp, std::uint32_t rank);
 
+// Whether layers of this shape split among TP ranks: recurrent and KV
+// layers do; latent layers are replicated.
+bool IsSharded(const LayerShape& shape);
+// The whole model's layer shapes from a TP entry's layers, in the entry's
+// order (PublishGroup, primecache/internal/store.h): rank 0's every layer,
+// then, for each later rank, its shards of the sharded layers in layer
+// order. Every rank's shard of a layer has one shape; the whole has `ranks`
+// times its heads (recurrent) or row widths (KV). Refuses a count of layers
+// that is not that, shards that differ, and kinds TP does not split
+// (linear-state, kv-indexed).
+Result<std::vector<LayerShape>> GatherShapes(std::span<const LayerShape> entry_layers, std::uint32_t ranks);
+
 // The universal layout of a token-major plane of `rows` rows of `width`
 // values split into `heads` heads: head-major [heads, rows, width / heads],
 // where a rank's heads are one run (HeadMajorRange). ToHeadMajor and

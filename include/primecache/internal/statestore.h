@@ -169,6 +169,11 @@ struct StoreOptions {
   // Compact that has room. 0: none.
   std::uint64_t disk_reserve_bytes = 4ull << 20;
 
+  // A group publish (PublishGroup) whose parts have not all committed this
+  // long after its first part began is aborted, and its parts' bytes given
+  // back.
+  std::uint64_t group_timeout_ms = 30'000;
+
   // Checks every layer at commit (required: Open refuses a store without one).
   // The codecs library supplies the validator of its encoded layers,
   // CodecLayerValidator() in primecache/internal/codec.h.

@@ -52,6 +52,23 @@ struct StoreLimits {
   static constexpr std::uint64_t kDefaultMaxChunkBytes = 64ull << 20;
   static constexpr std::size_t kMaxListLimit = 1000;  // entries of one List page
   static constexpr std::uint64_t kMaxTokens = 1ull << 22;  // tokens of one boundary or query
+  static constexpr std::uint32_t kMaxGroupRanks = 1024;    // ranks of one group publish
+};
+
+// One rank's part of a tensor-parallel entry (docs/design-tensor-parallel.md,
+// "One entry, committed by the group"). The `ranks` ranks of one group
+// publish the same identity under one token; the entry's layers are rank
+// 0's, which holds every layer (the replicated ones and its shards), then
+// each later rank's shards of the sharded layers (recurrent and KV), rank
+// after rank. The entry is written, in one atomic batch, when the last part
+// commits; until then a lookup does not see it. A part that aborts, or a
+// group not complete within StoreOptions::group_timeout_ms of its first
+// part, aborts the group: no entry, and every part's staged bytes given back.
+struct PublishGroup {
+  std::uint64_t token = 0;  // chosen by the engine (e.g. from the request id); not 0
+  std::uint32_t ranks = 0;  // 2..kMaxGroupRanks
+  std::uint32_t rank = 0;   // < ranks
+  friend bool operator==(const PublishGroup&, const PublishGroup&) = default;
 };
 
 // The boundary a publish stores. The model is named by the digest of its
@@ -66,6 +83,7 @@ struct PublishRequest {
   std::string ns;                     // at most kMaxNamespaceBytes; may be empty
   std::vector<std::uint32_t> tokens;  // the boundary's exact tokens, 1..kMaxTokens
   ModelCost cost;
+  std::optional<PublishGroup> group;  // set: this is one rank's part of a group publish
 };
 
 // One encoded layer as the codecs produce it: its serialized header and its
@@ -79,7 +97,9 @@ struct LayerBytes {
 // many AddChunk calls, EndLayer; then Commit, which validates every layer and
 // makes the entry durable in one atomic write (kInvalidArgument when a layer
 // did not get the chunks it announced). Abort, or destroying an uncommitted
-// publisher, leaves nothing behind. One thread at a time.
+// publisher, leaves nothing behind. One thread at a time. A group part's
+// Commit makes its own bytes durable and hands them to the group: the
+// result says group_pending until the last part's Commit writes the entry.
 class Publisher {
  public:
   virtual ~Publisher() = default;
