@@ -281,19 +281,16 @@ Result<LayerShape> WholeShape(const LayerShape& shard, std::uint32_t ranks) {
 
 }  // namespace
 
-Result<std::vector<LayerShape>> GatherShapes(std::span<const LayerShape> entry_layers, std::uint32_t ranks) {
+Result<std::vector<EntryLayerPart>> EntryLayerParts(std::span<const LayerShape> entry_layers, std::uint32_t ranks) {
   if (ranks == 0) return Status::InvalidArgument("TP entry: 0 ranks");
-  std::vector<std::size_t> sharded;  // model layers that split, in order
+  // Rank 0 holds every model layer: with n of its L layers sharded, the
+  // entry holds L + (ranks - 1) * n layers, which fixes L (the count grows
+  // with L, so at most one L fits).
+  std::vector<std::uint32_t> sharded;
   std::size_t model_layers = 0;
-  // Rank 0 holds every layer: those before the first shard of rank 1.
-  // With n sharded layers among L, the entry holds L + (ranks - 1) * n.
   for (std::size_t l = 0; l < entry_layers.size(); ++l) {
-    if (std::holds_alternative<LinearStateShape>(entry_layers[l]) && ranks > 1) {
-      return Status::NotSupported("TP entry: layer " + std::to_string(l) + " is a linear-state layer, which TP does not split");
-    }
-    if (IsSharded(entry_layers[l])) sharded.push_back(l);
-    const std::size_t shards_after = sharded.size() * (ranks - 1);
-    if (l + 1 + shards_after == entry_layers.size()) {
+    if (IsSharded(entry_layers[l])) sharded.push_back(static_cast<std::uint32_t>(l));
+    if (l + 1 + sharded.size() * (ranks - 1) == entry_layers.size()) {
       model_layers = l + 1;
       break;
     }
@@ -303,19 +300,32 @@ Result<std::vector<LayerShape>> GatherShapes(std::span<const LayerShape> entry_l
                                    " layers are not one rank's every layer and " + std::to_string(ranks - 1) +
                                    " more ranks' sharded ones");
   }
-  std::vector<LayerShape> whole;
+  std::vector<EntryLayerPart> parts;
   for (std::size_t l = 0; l < model_layers; ++l) {
-    auto w = WholeShape(entry_layers[l], ranks);
-    if (!w.ok()) return w.status().WithContext("TP entry: layer " + std::to_string(l));
-    whole.push_back(std::move(w).value());
+    parts.push_back({static_cast<std::uint32_t>(l), 0, ranks > 1 && IsSharded(entry_layers[l])});
   }
   for (std::uint32_t r = 1; r < ranks; ++r) {
-    for (std::size_t i = 0; i < sharded.size(); ++i) {
-      const LayerShape& mine = entry_layers[model_layers + (r - 1) * sharded.size() + i];
-      if (!(mine == entry_layers[sharded[i]])) {
-        return Status::InvalidArgument("TP entry: rank " + std::to_string(r) + "'s shard of layer " +
-                                       std::to_string(sharded[i]) + " is not shaped as rank 0's");
-      }
+    for (std::uint32_t m : sharded) parts.push_back({m, r, true});
+  }
+  return parts;
+}
+
+Result<std::vector<LayerShape>> GatherShapes(std::span<const LayerShape> entry_layers, std::uint32_t ranks) {
+  PC_ASSIGN_OR_RETURN(const std::vector<EntryLayerPart> parts, EntryLayerParts(entry_layers, ranks));
+  std::vector<LayerShape> whole;
+  for (std::size_t l = 0; l < parts.size(); ++l) {
+    const EntryLayerPart& p = parts[l];
+    if (ranks > 1 && std::holds_alternative<LinearStateShape>(entry_layers[l])) {
+      return Status::NotSupported("TP entry: layer " + std::to_string(l) +
+                                  " is a linear-state layer, which TP does not split");
+    }
+    if (p.rank == 0) {
+      auto w = WholeShape(entry_layers[l], ranks);
+      if (!w.ok()) return w.status().WithContext("TP entry: layer " + std::to_string(l));
+      whole.push_back(std::move(w).value());
+    } else if (!(entry_layers[l] == entry_layers[p.model_layer])) {
+      return Status::InvalidArgument("TP entry: rank " + std::to_string(p.rank) + "'s shard of layer " +
+                                     std::to_string(p.model_layer) + " is not shaped as rank 0's");
     }
   }
   return whole;

@@ -216,5 +216,29 @@ TEST(TpShard, RanksThatDisagreeOnAReplicatedPlaneAreRefused) {
             "TP slice of layer 2: TP slice of a KV layer: row widths 20/8 are not split into 3 heads");
 }
 
+TEST(TpShard, ATpEntrysLayersAreRankZerosEveryLayerThenEachRanksShards) {
+  const LayerShape latent = LatentShape{.len = 7, .width = 6};
+  const LayerShape shard = RecurrentShape{.heads = 2, .head_dim = 3, .kernel = 4};
+  const LayerShape kv = KvShape{.len = 7, .k_width = 10, .v_width = 4};
+  const std::vector<LayerShape> entry = {latent, shard, kv, shard, kv, shard, kv};  // 3 layers, TP 3
+  const auto parts = EntryLayerParts(entry, 3).value();
+  const std::vector<EntryLayerPart> want = {{0, 0, false}, {1, 0, true}, {2, 0, true}, {1, 1, true},
+                                            {2, 1, true},  {1, 2, true}, {2, 2, true}};
+  EXPECT_EQ(parts, want);
+  const auto whole = GatherShapes(entry, 3).value();
+  ASSERT_EQ(whole.size(), 3u);
+  EXPECT_EQ(std::get<RecurrentShape>(whole[1]).heads, 6u);
+  EXPECT_EQ(std::get<KvShape>(whole[2]).k_width, 30u);
+  EXPECT_EQ(std::get<KvShape>(whole[2]).v_width, 12u);
+  EXPECT_EQ(std::get<LatentShape>(whole[0]), std::get<LatentShape>(latent));
+  // One rank: every layer is its own.
+  EXPECT_EQ(EntryLayerParts(std::span(entry).first(3), 1).value().size(), 3u);
+  EXPECT_FALSE(EntryLayerParts(std::span(entry).first(6), 3).ok());  // a shard missing
+  std::vector<LayerShape> odd = entry;
+  odd[5] = RecurrentShape{.heads = 1, .head_dim = 3, .kernel = 4};
+  EXPECT_EQ(GatherShapes(odd, 3).status().message(),
+            "TP entry: rank 2's shard of layer 1 is not shaped as rank 0's");
+}
+
 }  // namespace
 }  // namespace primecache

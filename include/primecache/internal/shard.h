@@ -81,6 +81,18 @@ Result<std::vector<LayerSnapshot>> SliceLayers(std::span<const LayerSnapshot> wh
 // Whether layers of this shape split among TP ranks: recurrent and KV
 // layers do; latent layers are replicated.
 bool IsSharded(const LayerShape& shape);
+// Where a TP entry's layer comes from: the model layer it is (a part of),
+// the rank that published it, and whether it is a shard (or the whole
+// replicated layer, from rank 0).
+struct EntryLayerPart {
+  std::uint32_t model_layer = 0;
+  std::uint32_t rank = 0;
+  bool shard = false;
+  friend bool operator==(const EntryLayerPart&, const EntryLayerPart&) = default;
+};
+// Every entry layer's part, from the entry's layer shapes and rank count
+// (the order below); refuses a count of layers that is not that order's.
+Result<std::vector<EntryLayerPart>> EntryLayerParts(std::span<const LayerShape> entry_layers, std::uint32_t ranks);
 // The whole model's layer shapes from a TP entry's layers, in the entry's
 // order (PublishGroup, primecache/internal/store.h): rank 0's every layer,
 // then, for each later rank, its shards of the sharded layers in layer
