@@ -105,6 +105,7 @@ Result<std::shared_ptr<Conn>> Client::Impl::Dial() {
     c->info.admin = h.getAdmin();
     c->info.device_copies = h.getDeviceCopies();
     c->info.fetch_by_query = h.getFetchByQuery();
+    c->info.group_publish = h.getGroupPublish();
   }
   if (opts.shared_memory) {
     auto region = ipc::ShmRegion::Create(opts.shared_memory_bytes, "primecache-client");

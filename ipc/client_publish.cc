@@ -95,8 +95,12 @@ PublishStream::~PublishStream() {
 }
 
 Result<std::unique_ptr<PublishStream>> Client::BeginPublish(const ModelId& model, std::span<const std::uint32_t> tokens,
-                                                            std::uint32_t layer_count) {
+                                                            std::uint32_t layer_count,
+                                                            const std::optional<PublishGroup>& group) {
   PC_ASSIGN_OR_RETURN(auto c, impl_->Get());
+  if (group && !server_info().group_publish) {
+    return Status::NotSupported("the daemon does not take group publishes (an older primecached)");
+  }
   auto st = std::make_unique<PublishStream::State>();
   st->impl_owner = impl_;
   st->impl = impl_.get();
@@ -113,6 +117,12 @@ Result<std::unique_ptr<PublishStream>> Client::BeginPublish(const ModelId& model
           c.setFlopsPerToken(model.cost.flops_per_token);
           c.setAttentionLayers(model.cost.attention_layers);
           c.setAttentionFlopsPerPair(model.cost.attention_flops_per_pair);
+        }
+        if (group) {
+          auto g = pb.initGroup();
+          g.setToken(group->token);
+          g.setRanks(group->ranks);
+          g.setRank(group->rank);
         }
         auto b = pb.initBoundary();
         SetFingerprint(b.initFingerprint(), model);

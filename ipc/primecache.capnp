@@ -136,6 +136,9 @@ struct HelloReply {
   # The daemon serves Fetch.query (false: an older daemon, which would
   # fetch entry 0 instead).
   fetchByQuery @7 :Bool;
+  # The daemon takes PublishBegin.group (false: an older daemon, which
+  # would store each rank's part as an entry of its own).
+  groupPublish @8 :Bool;
 }
 
 # Opens a publish. Later publish messages name it by this request's id.
@@ -146,6 +149,17 @@ struct PublishBegin {
   # utility and marginal eviction policies; absent or all zero: unknown
   # (the boundary's tokens are weighed). An older client sends none.
   cost @2 :PrefillCost;
+  # Set: this publish is one rank's part of a tensor-parallel entry
+  # (docs/design-tensor-parallel.md); absent: an entry of its own.
+  group @3 :PublishGroup;
+}
+
+# One rank's part of a group publish (PublishGroup in the store interface):
+# the ranks of one group publish one identity under one token.
+struct PublishGroup {
+  token @0 :UInt64;  # not 0
+  ranks @1 :UInt32;  # 2..1024
+  rank @2 :UInt32;   # < ranks
 }
 
 struct PrefillCost {
@@ -183,6 +197,9 @@ struct Published {
   newChunkBytes @2 :UInt64;
   sharedChunkBytes @3 :UInt64;
   evicted @4 :UInt64;
+  # A group part: durable, waiting for the other ranks' parts; the entry is
+  # written (and `entry` set) when the last one commits.
+  groupPending @5 :Bool;
 }
 
 # Admin: changes the store's byte budget (0: unlimited) and evicts down to it.
@@ -216,6 +233,8 @@ struct EntryInfo {
   # saves (estimated FLOPs).
   metaBytes @10 :UInt64;
   flops @11 :Float64;
+  # A tensor-parallel entry's parts (0 from an older daemon: 1).
+  ranks @12 :UInt32;
 }
 
 struct LookupReply {
@@ -232,6 +251,8 @@ struct LookupReply {
   # entry of the same model and namespace shares token for token, boundary
   # there or not (at least `length`; 0 when none). Set on a miss too.
   sharedTokens @6 :UInt32;
+  # A tensor-parallel entry's parts (0 from an older daemon: 1).
+  ranks @7 :UInt32;
 }
 
 struct Fetch {

@@ -215,6 +215,7 @@ Answer Session::OnHello(const Incoming& in) {
     hr.setAdmin(peer_.admin);
     hr.setDeviceCopies(device_dma_ != nullptr);
     hr.setFetchByQuery(true);
+    hr.setGroupPublish(true);
   });
 }
 

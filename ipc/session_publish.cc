@@ -330,6 +330,11 @@ Answer Session::OnPublishBegin(const Incoming& in) {
   }
   auto cost = ReadCost(pb, layer_count);
   if (!cost.ok()) return cost.status();
+  std::optional<PublishGroup> group;
+  if (pb.hasGroup()) {
+    auto g = pb.getGroup();
+    group = PublishGroup{g.getToken(), g.getRanks(), g.getRank()};  // bounded by the store (CheckRequest)
+  }
   auto pub = std::make_shared<Publish>();
   pub->id = id;
   pub->layer_count = layer_count;
@@ -341,6 +346,7 @@ Answer Session::OnPublishBegin(const Incoming& in) {
   pub->key.ns = ns_;
   pub->key.tokens = ToVector(tokens);
   pub->key.cost = *cost;
+  pub->key.group = group;
   {
     MutexLock l(&mu_);
     if (publishes_.count(id) != 0) return Status::AlreadyExists("a publish with this id is open");

@@ -73,15 +73,18 @@ void WritePublishResult(const PublishResult& p, wire::Published::Builder w) {
   w.setNewChunkBytes(p.new_chunk_bytes);
   w.setSharedChunkBytes(p.shared_chunk_bytes);
   w.setEvicted(p.evicted);
+  w.setGroupPending(p.group_pending);
 }
 
 PublishResult ReadPublishResult(wire::Published::Reader r) {
-  return PublishResult{r.getEntry(), r.getExisted(), r.getNewChunkBytes(), r.getSharedChunkBytes(), r.getEvicted()};
+  return PublishResult{r.getEntry(),       r.getExisted(), r.getNewChunkBytes(), r.getSharedChunkBytes(),
+                       r.getEvicted(),     r.getGroupPending()};
 }
 
 void WriteEntryInfo(const EntryInfo& e, wire::EntryInfo::Builder w) {
   w.setEntry(e.id);
   w.setLayerCount(e.layers);
+  w.setRanks(e.ranks);
   w.setBytes(e.chunk_bytes);
   w.setRawBytes(e.raw_bytes);
   w.setMetaBytes(e.meta_bytes);
@@ -116,6 +119,7 @@ EntryInfo ReadEntryInfo(wire::EntryInfo::Reader r) {
   e.length = b.getLength();
   e.tokens = ToVector(b.getTokens());
   e.layers = r.getLayerCount();
+  e.ranks = std::max<std::uint32_t>(r.getRanks(), 1);
   e.chunk_bytes = r.getBytes();
   e.raw_bytes = r.getRawBytes();
   e.meta_bytes = r.getMetaBytes();
@@ -162,13 +166,15 @@ void WriteLookupHit(const std::optional<LookupHit>& hit, std::uint64_t shared_to
   w.setEntry(hit->id);
   w.setLength(static_cast<std::uint32_t>(hit->length));
   w.setLayerCount(hit->layers);
+  w.setRanks(hit->ranks);
   w.setBytes(hit->chunk_bytes);
   w.setRawBytes(hit->raw_bytes);
 }
 
 std::optional<LookupHit> ReadLookupHit(wire::LookupReply::Reader r) {
   if (!r.getFound()) return std::nullopt;
-  return LookupHit{r.getEntry(), r.getLength(), r.getLayerCount(), 1, r.getBytes(), r.getRawBytes()};
+  return LookupHit{r.getEntry(),           r.getLength(), r.getLayerCount(), std::max<std::uint32_t>(r.getRanks(), 1),
+                   r.getBytes(),           r.getRawBytes()};
 }
 
 namespace {

@@ -177,6 +177,10 @@ struct ServerInfo {
   // The daemon fetches by query in one round trip (LookupAndFetch); false:
   // LookupAndFetch makes a lookup, then a fetch.
   bool fetch_by_query = false;
+  // The daemon takes group publishes (PublishGroup); false: BeginPublish
+  // with a group is refused with kNotSupported (an older daemon would store
+  // each rank's part as an entry of its own).
+  bool group_publish = false;
 };
 
 // The bytes of a CUDA IPC handle (cudaIpcMemHandle_t).
@@ -312,8 +316,12 @@ class Client {
                                           std::uint64_t* shared_tokens);
   // Without the shared length (the daemon then does not look for it).
   Result<std::optional<LookupHit>> Lookup(const ModelId& model, std::span<const std::uint32_t> tokens);
+  // With `group`: this stream is one rank's part of a tensor-parallel entry
+  // (PublishGroup, primecache/entry.h); its Commit answers group_pending
+  // until the last rank's part commits.
   Result<std::unique_ptr<PublishStream>> BeginPublish(const ModelId& model, std::span<const std::uint32_t> tokens,
-                                                      std::uint32_t layer_count);
+                                                      std::uint32_t layer_count,
+                                                      const std::optional<PublishGroup>& group = std::nullopt);
   // Streams every layer and commits.
   Result<PublishResult> Publish(const ModelId& model, std::span<const std::uint32_t> tokens,
                                 const std::vector<LayerData>& layers);

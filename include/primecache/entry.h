@@ -22,6 +22,23 @@ using EntryId = std::uint64_t;
 enum class EntryState : std::uint8_t { kLive = 0, kQuarantined = 1 };
 
 // What a publish did (Store::Publish, PublishStream::Commit).
+// One rank's part of a tensor-parallel entry (docs/design-tensor-parallel.md,
+// "One entry, committed by the group"). The `ranks` ranks of one group
+// publish the same identity under one token; the entry's layers are rank
+// 0's, which holds every layer (the replicated ones and its shards), then
+// each later rank's shards of the sharded layers (recurrent and KV), rank
+// after rank. The entry is written, in one atomic batch, when the last part
+// commits; until then a lookup does not see it. A part that aborts, or a
+// group not complete within the store's group timeout of its first part
+// (StoreOptions::group_timeout_ms), aborts the group: no entry, and every
+// part's staged bytes given back.
+struct PublishGroup {
+  std::uint64_t token = 0;  // chosen by the engine (e.g. from the request id); not 0
+  std::uint32_t ranks = 0;  // 2..StoreLimits::kMaxGroupRanks (1024)
+  std::uint32_t rank = 0;   // < ranks
+  friend bool operator==(const PublishGroup&, const PublishGroup&) = default;
+};
+
 struct PublishResult {
   EntryId id = 0;
   bool existed = false;                  // the identity was stored already; nothing was written

@@ -210,6 +210,45 @@ TEST_F(CliTest, ShowGivesLayersFingerprintAndText) {
   EXPECT_EQ(Ctl({"show", "abc"}).rc, 2);
 }
 
+// A tensor-parallel entry of two ranks (a group publish through the daemon,
+// checked against the whole model's plan) shows its rank count and, for
+// each layer, which model layer and rank it is.
+TEST_F(CliTest, ShowGivesATensorParallelEntrysRanksAndParts) {
+  const ModelId m = IdOf(Fingerprint("tp-model", 2));
+  const auto tokens = TextTokens("a prompt served by two tensor-parallel ranks");
+  const auto parts = MakeGroupParts(tokens.size(), 9);
+  auto rank0 = Connect(), rank1 = Connect();
+  std::vector<std::unique_ptr<PublishStream>> streams;
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    auto& c = r == 0 ? rank0 : rank1;
+    auto s = c->BeginPublish(m, tokens, static_cast<std::uint32_t>(parts[r].size()), PublishGroup{5, 2, r});
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    for (const LayerData& l : parts[r]) {
+      ASSERT_TRUE((*s)->BeginLayer(l.header, static_cast<std::uint32_t>(l.chunks.size())).ok());
+      for (const auto& chunk : l.chunks) ASSERT_TRUE((*s)->AddChunk(chunk).ok());
+    }
+    streams.push_back(std::move(s).value());
+  }
+  ASSERT_TRUE(streams[1]->Commit().value().group_pending);
+  auto done = streams[0]->Commit();
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  CtlRun r = Ctl({"show", std::to_string(done->id), "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = r.Json();
+  EXPECT_EQ(j["entry"]["ranks"], 2);
+  ASSERT_EQ(j["layers"].size(), 3u);
+  EXPECT_EQ(j["layers"][0]["part"], (json{{"model_layer", 0}, {"rank", 0}, {"shard", false}}));
+  EXPECT_EQ(j["layers"][1]["part"], (json{{"model_layer", 1}, {"rank", 0}, {"shard", true}}));
+  EXPECT_EQ(j["layers"][2]["part"], (json{{"model_layer", 1}, {"rank", 1}, {"shard", true}}));
+  EXPECT_EQ(j["layers"][2]["geometry"]["heads"], 1);
+  r = Ctl({"show", std::to_string(done->id)});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("ranks      2 (tensor-parallel"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 (L1 r1)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0 (L0 replicated)"), std::string::npos) << r.out;
+  EXPECT_EQ(Ctl({"ls", "--json"}).Json()["entries"][0]["ranks"], 2);
+}
+
 // The kinds only PyTorch engines store (primecache.hf) show their geometry
 // and element types like the others.
 TEST_F(CliTest, ShowGivesTheLinearStateAndIndexedKvGeometry) {

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "primecache/internal/shard.h"
 #include "ipc/framing.h"
 #include "ipc/wire.h"
 #include "primecache/client.h"
@@ -212,6 +213,31 @@ inline std::vector<LayerData> MakeLayers(std::uint64_t len, std::uint32_t layers
     out.push_back(ToLayerData(*enc));
   }
   return out;
+}
+
+// The parts two TP ranks publish of MakeLayers(len, 2, seed) (a latent
+// layer and a recurrent layer of 2 heads; PublishGroup's order): rank 0 the
+// latent layer and its head of the recurrent layer, rank 1 its head.
+inline std::vector<std::vector<LayerData>> MakeGroupParts(std::uint64_t len, std::uint32_t seed) {
+  const std::vector<LayerData> whole = MakeLayers(len, 2, seed);
+  std::vector<std::vector<LayerData>> parts(2);
+  parts[0].push_back(whole[0]);
+  auto header = primecache::ParseLayerHeader(whole[1].header);
+  if (!header.ok()) std::abort();
+  primecache::EncodedLayer enc{*header, {}};
+  for (const auto& c : whole[1].chunks) enc.chunks.emplace_back(reinterpret_cast<const char*>(c.data()), c.size());
+  auto snapshot = primecache::DecodeLayer(enc);
+  if (!snapshot.ok()) std::abort();
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    auto shard = primecache::SliceRecurrent(std::get<primecache::RecurrentSnapshot>(*snapshot), 2, r);
+    if (!shard.ok()) std::abort();
+    primecache::EncodeOptions eo;
+    eo.all_planes = primecache::TransformSpec{std::string(primecache::kRawTransform), 0};
+    auto one = primecache::EncodeLayer(primecache::LayerSnapshot{*shard}, eo);
+    if (!one.ok()) std::abort();
+    parts[r].push_back(ToLayerData(*one));
+  }
+  return parts;
 }
 
 inline std::size_t ChunkCount(const std::vector<LayerData>& layers) {

@@ -5,10 +5,12 @@
 
 #include <cstddef>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "primecache/entry.h"
+#include "primecache/internal/shard.h"
 #include "tools/ctl/commands.h"
 
 namespace primecache::ctl {
@@ -34,5 +36,12 @@ struct ShownLayer {
 };
 ShownLayer ShowLayer(std::size_t i, const std::string& header);
 std::vector<std::string> ShownLayerColumns();
+
+// A tensor-parallel entry's layers' parts (EntryLayerParts in
+// primecache/internal/shard.h), all unset for an entry of one publisher; a
+// header that does not parse, or layers that are not a TP entry's, are
+// noted in *problems and leave every part unset.
+std::vector<std::optional<EntryLayerPart>> LayerParts(const EntryInfo& e, const std::vector<std::string>& headers,
+                                                      std::vector<std::string>* problems);
 
 }  // namespace primecache::ctl

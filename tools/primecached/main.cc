@@ -108,6 +108,7 @@ struct Flags {
   double hello_timeout = 10;
   double idle_timeout = 300;
   double publish_timeout = 60;
+  double group_timeout = 30;
   std::string max_uncommitted_per_connection = "4G";
   std::string max_uncommitted_total = "16G";
   // Copies of raw chunks into engines' device memory (docs/protocol.md).
@@ -239,6 +240,9 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--publish-timeout", f->publish_timeout,
                   "seconds an open publish may receive nothing before it is aborted (0: forever)")
       ->check(CLI::NonNegativeNumber);
+  app->add_option("--group-timeout", f->group_timeout,
+                  "seconds a tensor-parallel group publish may wait for its missing ranks before it is aborted")
+      ->check(CLI::PositiveNumber);
   app->add_option("--max-uncommitted-per-connection", f->max_uncommitted_per_connection,
                   "bytes of open (uncommitted) publishes per connection, e.g. 4G");
   app->add_option("--max-uncommitted-total", f->max_uncommitted_total,
@@ -400,6 +404,7 @@ Result<primecache::daemon::StoreConfig> StoreConfigFrom(const Flags& f, std::uin
   sc.data_dir = f.data_dir;
   sc.capacity_bytes = capacity;
   sc.max_staged_bytes = max_staged;
+  sc.group_timeout_ms = static_cast<std::uint64_t>(std::max<std::int64_t>(Millis(f.group_timeout).count(), 1));
   sc.read_threads = f.read_threads;
   sc.direct_reads = f.direct_reads;
   PC_ASSIGN_OR_RETURN(sc.read_ahead_bytes, ParseBytes(f.read_ahead));

@@ -26,6 +26,7 @@ Result<std::unique_ptr<LocalStore>> OpenStore(const StoreConfig& config) {
   o.byte_budget = config.capacity_bytes;
   o.sync_commits = config.sync_commits;
   o.max_staged_bytes = config.max_staged_bytes;
+  o.group_timeout_ms = config.group_timeout_ms;
   o.fetch_read_threads = config.read_threads;
   o.direct_reads = config.direct_reads;
   o.fetch_read_ahead_bytes = config.read_ahead_bytes;

@@ -19,6 +19,9 @@ struct StoreConfig {
   // Chunk bytes all uncommitted publishes together may have written
   // (StoreOptions::max_staged_bytes; 0: no bound).
   std::uint64_t max_staged_bytes = 16ull << 30;
+  // How long a group publish may wait for its missing ranks' parts
+  // (StoreOptions::group_timeout_ms).
+  std::uint64_t group_timeout_ms = 30'000;
   // Threads reading and checking chunks ahead of fetches, and whether they
   // read with O_DIRECT (StoreOptions::fetch_read_threads, direct_reads).
   std::size_t read_threads = 4;
