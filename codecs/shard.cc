@@ -331,6 +331,33 @@ Result<std::vector<LayerShape>> GatherShapes(std::span<const LayerShape> entry_l
   return whole;
 }
 
+Result<std::vector<LayerSnapshot>> GatherEntry(std::vector<LayerSnapshot> entry_layers,
+                                               std::span<const EntryLayerPart> parts) {
+  if (parts.size() != entry_layers.size()) {
+    return Status::InvalidArgument("TP entry: " + std::to_string(entry_layers.size()) + " layers, " +
+                                   std::to_string(parts.size()) + " parts");
+  }
+  std::size_t model_layers = 0;
+  for (const EntryLayerPart& p : parts) model_layers = std::max<std::size_t>(model_layers, p.model_layer + 1);
+  // Each model layer's parts, in rank order (the entry's order is rank order).
+  std::vector<std::vector<std::size_t>> of(model_layers);
+  for (std::size_t l = 0; l < parts.size(); ++l) of[parts[l].model_layer].push_back(l);
+  std::vector<LayerSnapshot> whole;
+  for (std::size_t m = 0; m < model_layers; ++m) {
+    if (of[m].empty()) return Status::InvalidArgument("TP entry: no part of layer " + std::to_string(m));
+    if (of[m].size() == 1) {
+      whole.push_back(std::move(entry_layers[of[m][0]]));
+      continue;
+    }
+    std::vector<std::vector<LayerSnapshot>> ranks(of[m].size());
+    for (std::size_t r = 0; r < of[m].size(); ++r) ranks[r].push_back(std::move(entry_layers[of[m][r]]));
+    auto one = GatherLayers(ranks);
+    if (!one.ok()) return one.status().WithContext("layer " + std::to_string(m));
+    whole.push_back(std::move((*one)[0]));
+  }
+  return whole;
+}
+
 Result<std::vector<float>> ToHeadMajor(std::span<const float> plane, std::uint64_t rows, std::uint64_t width,
                                        std::uint32_t heads) {
   PC_ASSIGN_OR_RETURN(const std::uint64_t w, PerHead(plane, rows, width, heads));

@@ -87,4 +87,20 @@ inline ModelConfig Medium() {
   return c;
 }
 
+// A small stack with every mixer, its heads divided by 1, 2 and 4: KDA, MLA
+// with a sparse indexer, grouped attention (window 0: full; bits:
+// TurboQuant), the TP tests' model.
+inline ModelConfig TpMixed(std::uint32_t window = 0, std::uint32_t bits = 0) {
+  ModelConfig c;
+  c.name = "tp-mixed";
+  c.vocab = 258;
+  c.hidden = 32;
+  c.mlp_hidden = 48;
+  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kAttn, LayerType::kKda, LayerType::kMla};
+  c.mla = {4, 16, 4, 8, 8, 10000.0f, IndexerConfig{2, 8, 4, 2}};
+  c.kda = {4, 8, 4, -5.0f};
+  c.attn = {8, 4, 16, window, 10000.0f, bits};
+  return c;
+}
+
 }  // namespace primecache::model::testing

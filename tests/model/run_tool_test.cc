@@ -127,15 +127,14 @@ TEST(RunTool, AStoreThatCannotWriteIsNotReportedAsTheDaemonDown) {
 // --tp N: the ranks of a tensor-parallel run give the TP 1 text (no greedy
 // pick of this prompt is near a tie) and logits within the spec's
 // tolerance; a TP size that does not divide a split dimension is refused
-// by name.
+// by name; through a daemon, a TP run publishes and a later one restores.
 TEST(RunTool, TensorParallelRunsGiveTheTpOneTextAndLogits) {
   const std::string dir = MakeTempDir();
-  auto run = [&](const std::string& tp, bool cache = false) {
+  auto run = [&](const std::string& tp) {
     std::vector<std::string> args{PRIMECACHE_RUN_PATH, "--model",
                                   std::string(PRIMECACHE_SOURCE_DIR) + "/configs/hrm-tiny-swa-tq2.json",
                                   "--prompt", kPrompt, "--max-new-tokens", "12", "--tp", tp,
-                                  "--dump-logits", dir + "/tp" + tp, "--log-level", "warn"};
-    if (!cache) args.push_back("--no-cache");
+                                  "--dump-logits", dir + "/tp" + tp, "--log-level", "warn", "--no-cache"};
     return RunProcess(args);
   };
   auto logits = [&](const std::string& tp) {
@@ -171,9 +170,24 @@ TEST(RunTool, TensorParallelRunsGiveTheTpOneTextAndLogits) {
   ProcessResult four = run("4");  // 2 kv heads
   EXPECT_EQ(four.rc, 1);
   EXPECT_NE(four.err.find("TP 4 does not divide attn.kv_heads = 2"), std::string::npos) << four.err;
-  ProcessResult warned = run("2", /*cache=*/true);
-  EXPECT_EQ(warned.rc, 0) << warned.err;
-  EXPECT_NE(warned.err.find("does not serve tensor-parallel runs yet"), std::string::npos) << warned.err;
+  // Through a daemon: the prompt's and the generation's ends are published
+  // as group entries of two parts, and a longer prompt restores the first.
+  Daemon d;
+  ASSERT_TRUE(d.Start());
+  auto through = [&](const std::string& prompt) {
+    return RunProcess({PRIMECACHE_RUN_PATH, "--model",
+                       std::string(PRIMECACHE_SOURCE_DIR) + "/configs/hrm-tiny-swa-tq2.json", "--prompt", prompt,
+                       "--max-new-tokens", "4", "--tp", "2", "--socket", d.socket(), "--log-level", "warn"});
+  };
+  ProcessResult first = through(kPrompt);
+  ASSERT_EQ(first.rc, 0) << first.err;
+  EXPECT_NE(LastLine(first.out).find("restored_tokens=0 "), std::string::npos) << first.out;
+  EXPECT_NE(LastLine(first.out).find("published=2 publish_failures=0"), std::string::npos) << first.out;
+  ProcessResult again = through(std::string(kPrompt) + " And more.");
+  ASSERT_EQ(again.rc, 0) << again.err;
+  const std::size_t prompt_tokens = std::string(kPrompt).size() + 1;  // BOS, then a token a byte
+  EXPECT_NE(LastLine(again.out).find("restored_tokens=" + std::to_string(prompt_tokens) + " "), std::string::npos)
+      << again.out;
   std::filesystem::remove_all(dir);
 }
 

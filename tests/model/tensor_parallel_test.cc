@@ -19,20 +19,7 @@ namespace {
 using testing::MakeCpuModel;
 using testing::RandomPrompt;
 
-// Every mixer with heads that 1, 2 and 4 divide: KDA, MLA with a sparse
-// indexer, grouped attention (plain, or sliding and TurboQuant).
-ModelConfig TpMixed(std::uint32_t window = 0, std::uint32_t bits = 0) {
-  ModelConfig c;
-  c.name = "tp-mixed";
-  c.vocab = 258;
-  c.hidden = 32;
-  c.mlp_hidden = 48;
-  c.layers = {LayerType::kKda, LayerType::kMla, LayerType::kAttn, LayerType::kKda, LayerType::kMla};
-  c.mla = {4, 16, 4, 8, 8, 10000.0f, IndexerConfig{2, 8, 4, 2}};
-  c.kda = {4, 8, 4, -5.0f};
-  c.attn = {8, 4, 16, window, 10000.0f, bits};
-  return c;
-}
+using testing::TpMixed;
 
 TpModelOptions CpuOptions(std::uint32_t tp, std::uint64_t max_ctx = 128, std::size_t chunk = 16) {
   TpModelOptions o;

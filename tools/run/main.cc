@@ -8,9 +8,10 @@
 //
 // --tp N runs the model tensor-parallel over N ranks (engine/model/
 // tensor_parallel.h): threads of this process on the CPU backend, one CUDA
-// device each (0..N-1, NCCL) on cuda. The prefix cache does not serve TP
-// runs yet (issue 32): with N > 1 the run primes in full and publishes
-// nothing, and says so on stderr.
+// device each (0..N-1, NCCL) on cuda, through the TP prefix cache
+// (serving/tp_prefix_cache.h): an entry of any TP size restores, and the
+// prompt's and the generation's ends are published as group entries of N
+// parts (branch points and checkpoints are the single-rank path's only).
 //
 // --speculate N decodes speculatively: N tokens drafted by prompt lookup
 // (n-gram) per verify round, checked by the model in one call and rolled
@@ -40,6 +41,7 @@
 #include "primecache/internal/env.h"
 #include "primecache/internal/logging.h"
 #include "serving/prefix_cache.h"
+#include "serving/tp_prefix_cache.h"
 
 using namespace primecache;
 
@@ -246,12 +248,9 @@ void PrintSummary(std::uint64_t restored, std::uint64_t prefilled, double ttft_m
               static_cast<unsigned long long>(published), failed);
 }
 
-// --tp N > 1: the ranks prime the whole prompt (no prefix cache yet),
-// generate, and print what Run prints.
+// --tp N > 1: the ranks prime the prompt through the TP prefix cache
+// (serving/tp_prefix_cache.h), generate, and print what Run prints.
 int RunTensorParallel(const RunOptions& o, const std::vector<std::uint32_t>& tokens) {
-  if (!o.no_cache) {
-    spdlog::warn("--tp {}: the prefix cache does not serve tensor-parallel runs yet; priming in full", o.tp);
-  }
   model::ModelConfig config;
   model::Weights weights;
   if (Status s = LoadConfigAndWeights(o, &config, &weights); !s.ok()) return Fail(s);
@@ -262,31 +261,46 @@ int RunTensorParallel(const RunOptions& o, const std::vector<std::uint32_t>& tok
   to.backend = o.backend == "cuda" ? engine::DeviceKind::kCuda : engine::DeviceKind::kCpu;
   auto m = model::TensorParallelModel::Create(config, weights, to);
   if (!m.ok()) return Fail(m.status());
-  auto session = (*m)->NewSession();
-  if (!session.ok()) return Fail(session.status());
-  const auto t0 = std::chrono::steady_clock::now();
+  model::TpPrefixCacheOptions co;
+  co.encode.max_chunk_rows = o.max_chunk_rows;
+  model::TpPrefixCache cache(m->get(), ConnectToCache(o), model::PrefixCache::ModelIdFor(config, weights), co);
   const bool all = !o.dump_logits.empty();
-  std::vector<float> prompt_logits;
-  Status primed =
-      (*m)->Prime(*session, tokens, all ? model::LogitsWanted::kAll : model::LogitsWanted::kLast, &prompt_logits);
-  if (!primed.ok()) return Fail(primed);
-  const double ttft_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  const std::span<const float> last(prompt_logits.end() - config.vocab, prompt_logits.end());
+  auto r = cache.Prime(tokens, all);
+  if (!r.ok()) return Fail(r.status());
+  std::uint64_t published = 0;
+  std::size_t failed = 0;
+  auto publish = [&](std::span<const std::uint32_t> boundary) {
+    auto p = cache.Publish(r->session, boundary);
+    if (p.ok()) {
+      ++published;
+    } else {
+      ++failed;
+      spdlog::warn("TP publish of a {}-token boundary failed: {}", boundary.size(), p.status().ToString());
+    }
+  };
+  if (cache.connected() && o.prompt_end) publish(tokens);
   std::vector<float> gen_logits;
   std::vector<float>* keep_logits = all ? &gen_logits : nullptr;
   model::SpeculateStats stats;
-  auto generated = o.speculate == 0 ? (*m)->Generate(*session, last, o.max_new, keep_logits)
-                                    : (*m)->GenerateSpeculative(*session, tokens, last, o.max_new,
+  auto generated = o.speculate == 0 ? (*m)->Generate(r->session, r->last_logits, o.max_new, keep_logits)
+                                    : (*m)->GenerateSpeculative(r->session, tokens, r->last_logits, o.max_new,
                                                                 {o.speculate, nullptr}, &stats, keep_logits);
   if (!generated.ok()) return Fail(generated.status());
   std::printf("%s\n", Printable(model::Detokenize(*generated)).c_str());
   std::fflush(stdout);
-  if (all) {
-    if (Status s = DumpLogits(o.dump_logits, config.vocab, 0, prompt_logits, gen_logits); !s.ok()) return Fail(s);
+  if (cache.connected() && o.generation_end && r->session.position() > tokens.size()) {
+    std::vector<std::uint32_t> fed = tokens;
+    fed.insert(fed.end(), generated->begin(), generated->begin() + (r->session.position() - tokens.size()));
+    publish(fed);
   }
+  if (all) {
+    Status s = DumpLogits(o.dump_logits, config.vocab, r->restored_tokens, r->all_logits, gen_logits);
+    if (!s.ok()) return Fail(s);
+  }
+  if (o.show_store) ShowStore(o.socket, o.ns);
   if (o.speculate != 0) PrintSpeculateLine(o.speculate, stats);
-  PrintSummary(0, tokens.size(), ttft_ms, 0, 0);
-  return 0;
+  PrintSummary(r->restored_tokens, r->prefilled_tokens, r->ttft_ms, published, failed);
+  return failed != 0 ? kExitPublishFailed : 0;
 }
 
 // Primes the prompt through the cache, generates, prints the text and the

@@ -102,6 +102,13 @@ Result<std::vector<EntryLayerPart>> EntryLayerParts(std::span<const LayerShape> 
 // (linear-state, kv-indexed).
 Result<std::vector<LayerShape>> GatherShapes(std::span<const LayerShape> entry_layers, std::uint32_t ranks);
 
+// The whole boundary from a TP entry's decoded layers and their parts
+// (EntryLayerParts): the replicated layers as rank 0 stored them, each
+// sharded layer gathered from its shards in rank order. Moves out of
+// `entry_layers`.
+Result<std::vector<LayerSnapshot>> GatherEntry(std::vector<LayerSnapshot> entry_layers,
+                                               std::span<const EntryLayerPart> parts);
+
 // The universal layout of a token-major plane of `rows` rows of `width`
 // values split into `heads` heads: head-major [heads, rows, width / heads],
 // where a rank's heads are one run (HeadMajorRange). ToHeadMajor and

@@ -1,0 +1,162 @@
+// TpPrefixCache (serving/tp_prefix_cache.h).
+#include "serving/tp_prefix_cache.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <random>
+#include <string>
+
+#include "primecache/internal/shard.h"
+
+namespace primecache::model {
+namespace {
+
+// A fetched layer decoded into its snapshot (every byte checked by the codec).
+Result<LayerSnapshot> DecodeFetched(const client::FetchedLayer& f) {
+  PC_ASSIGN_OR_RETURN(LayerHeader header, ParseLayerHeader(f.data.header));
+  EncodedLayer enc{std::move(header), {}};
+  enc.chunks.reserve(f.data.chunks.size());
+  for (const auto& c : f.data.chunks)
+    enc.chunks.emplace_back(reinterpret_cast<const char*>(c.data()), c.size());
+  return DecodeLayer(enc);
+}
+
+client::LayerData ToLayerData(const EncodedLayer& e) {
+  client::LayerData d;
+  const std::string h = SerializeLayerHeader(e.header);
+  const auto* hb = reinterpret_cast<const std::byte*>(h.data());
+  d.header.assign(hb, hb + h.size());
+  for (const std::string& c : e.chunks) {
+    const auto* cb = reinterpret_cast<const std::byte*>(c.data());
+    d.chunks.emplace_back(cb, cb + c.size());
+  }
+  return d;
+}
+
+}  // namespace
+
+TpPrefixCache::TpPrefixCache(TensorParallelModel* model, std::unique_ptr<client::Client> client,
+                             client::ModelId model_id, TpPrefixCacheOptions options)
+    : model_(model),
+      client_(std::move(client)),
+      model_id_(std::move(model_id)),
+      options_(std::move(options)) {
+  std::random_device rd;
+  next_group_ =
+      (std::uint64_t{rd()} << 32 | rd()) | 1;  // group tokens of this cache: never 0, unlikely shared
+}
+
+Result<TpRequest> TpPrefixCache::Prime(std::span<const std::uint32_t> prompt, bool all_logits) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TpRequest r;
+  PC_ASSIGN_OR_RETURN(r.session, model_->NewSession());
+  if (client_ != nullptr) {
+    auto restored = TryRestore(r.session, prompt, &r.restored_ranks);
+    if (!restored.ok()) {
+      spdlog::warn("TP prefix cache: restore failed ({}); priming in full", restored.status().ToString());
+      PC_ASSIGN_OR_RETURN(r.session,
+                          model_->NewSession());  // a failed copy leaves no half-restored rank behind
+      r.restored_ranks = 0;
+    } else {
+      r.restored_tokens = *restored;
+    }
+  }
+  const auto rest = prompt.subspan(r.restored_tokens);
+  r.prefilled_tokens = rest.size();
+  std::vector<float> logits;
+  PC_RETURN_IF_ERROR(
+      model_->Prime(r.session, rest, all_logits ? LogitsWanted::kAll : LogitsWanted::kLast, &logits));
+  const std::size_t V = model_->config().vocab;
+  r.last_logits.assign(logits.end() - static_cast<std::ptrdiff_t>(V), logits.end());
+  if (all_logits) r.all_logits = std::move(logits);
+  r.ttft_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+Result<std::uint64_t> TpPrefixCache::TryRestore(TpSession& session, std::span<const std::uint32_t> tokens,
+                                                std::uint32_t* ranks) {
+  // Leave a position to prime: the prompt's last logits come from it.
+  if (tokens.size() < 2) return std::uint64_t{0};
+  PC_ASSIGN_OR_RETURN(auto hit, client_->Lookup(model_id_, tokens.first(tokens.size() - 1)));
+  if (!hit || hit->length < options_.min_prefix) return std::uint64_t{0};
+  PC_ASSIGN_OR_RETURN(auto fetched, client_->FetchLayers(hit->id));
+  std::vector<LayerSnapshot> layers;
+  std::vector<LayerShape> shapes;
+  for (const client::FetchedLayer& f : fetched) {
+    auto one = DecodeFetched(f);
+    if (!one.ok())
+      return one.status().WithContext("entry " + std::to_string(hit->id) + " layer " +
+                                      std::to_string(f.layer));
+    shapes.push_back(ShapeOf(*one));
+    layers.push_back(std::move(one).value());
+  }
+  PC_ASSIGN_OR_RETURN(auto parts, EntryLayerParts(shapes, hit->ranks));
+  PC_ASSIGN_OR_RETURN(auto whole, GatherEntry(std::move(layers), parts));
+  std::vector<std::vector<LayerSnapshot>> shards;
+  for (std::uint32_t r = 0; r < model_->tp(); ++r) {
+    PC_ASSIGN_OR_RETURN(auto mine, SliceLayers(whole, model_->config().attn.kv_heads, model_->tp(), r));
+    shards.push_back(std::move(mine));
+  }
+  Status restored = model_->Restore(session, shards, hit->length);
+  if (!restored.ok()) {
+    bool fresh = true;
+    for (const ModelSession& s : session.ranks) fresh = fresh && s.cache->fresh();
+    if (!fresh) return restored;  // failed while copying: the caller starts over
+    spdlog::warn("TP prefix cache: entry {} refused: {}", hit->id, restored.ToString());
+    return std::uint64_t{0};
+  }
+  *ranks = hit->ranks;
+  return hit->length;
+}
+
+Result<PublishResult> TpPrefixCache::Publish(TpSession& session, std::span<const std::uint32_t> tokens) {
+  if (client_ == nullptr) return Status::FailedPrecondition("TP prefix cache: no daemon");
+  if (tokens.size() != session.position()) {
+    return Status::InvalidArgument("TP prefix cache: " + std::to_string(tokens.size()) +
+                                   " tokens for a session at " + std::to_string(session.position()));
+  }
+  PC_ASSIGN_OR_RETURN(auto ranks, model_->CaptureFull(session));
+  const std::uint32_t tp = model_->tp();
+  if (tp == 1) {
+    PC_ASSIGN_OR_RETURN(auto alone, StreamPart(tokens, ranks[0], std::nullopt));
+    return alone->Commit();
+  }
+  const PublishGroup base{next_group_++, tp, 0};
+  if (next_group_ == 0) next_group_ = 1;
+  // Every part is streamed before any commits: a part that fails to stream
+  // ends the others uncommitted, which aborts the group at once.
+  std::vector<std::unique_ptr<client::PublishStream>> streams;
+  for (std::uint32_t r = 0; r < tp; ++r) {
+    std::vector<LayerSnapshot> mine;
+    for (LayerSnapshot& l : ranks[r]) {
+      if (r == 0 || IsSharded(ShapeOf(l))) mine.push_back(std::move(l));
+    }
+    PublishGroup g = base;
+    g.rank = r;
+    PC_ASSIGN_OR_RETURN(auto stream, StreamPart(tokens, mine, g));
+    streams.push_back(std::move(stream));
+  }
+  // The later ranks' parts wait; rank 0's commit writes the entry.
+  for (std::uint32_t r = tp - 1; r >= 1; --r) {
+    PC_ASSIGN_OR_RETURN(PublishResult part, streams[r]->Commit());
+    if (part.existed) return part;  // stored meanwhile: nothing more to send
+  }
+  return streams[0]->Commit();
+}
+
+Result<std::unique_ptr<client::PublishStream>> TpPrefixCache::StreamPart(
+    std::span<const std::uint32_t> tokens, std::span<const LayerSnapshot> layers,
+    const std::optional<PublishGroup>& group) {
+  PC_ASSIGN_OR_RETURN(auto stream, client_->BeginPublish(model_id_, tokens,
+                                                         static_cast<std::uint32_t>(layers.size()), group));
+  for (const LayerSnapshot& layer : layers) {
+    PC_ASSIGN_OR_RETURN(EncodedLayer enc, EncodeLayer(layer, options_.encode));
+    const client::LayerData d = ToLayerData(enc);
+    PC_RETURN_IF_ERROR(stream->BeginLayer(d.header, static_cast<std::uint32_t>(d.chunks.size())));
+    for (const auto& c : d.chunks) PC_RETURN_IF_ERROR(stream->AddChunk(c));
+  }
+  return stream;
+}
+
+}  // namespace primecache::model
