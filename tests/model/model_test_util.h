@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/model/hybrid_model.h"
+#include "engine/model/tensor_parallel.h"
 
 namespace primecache::model::testing {
 
@@ -101,6 +102,20 @@ inline ModelConfig TpMixed(std::uint32_t window = 0, std::uint32_t bits = 0) {
   c.kda = {4, 8, 4, -5.0f};
   c.attn = {8, 4, 16, window, 10000.0f, bits};
   return c;
+}
+
+// The model at TP `tp` on the CPU backend, two sessions of 128 tokens, in
+// chunks of 16 (null, with a test failure, when it cannot be made).
+inline std::unique_ptr<TensorParallelModel> MakeTp(const ModelConfig& c, const Weights& w, std::uint32_t tp) {
+  TpModelOptions o;
+  o.tp = tp;
+  o.reserve.max_ctx = 128;
+  o.reserve.sessions = 2;
+  o.reserve.snapshot_slots = 1;
+  o.model.chunk_tokens = 16;
+  auto m = TensorParallelModel::Create(c, w, o);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(m).value() : nullptr;
 }
 
 }  // namespace primecache::model::testing

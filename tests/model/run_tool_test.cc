@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/ipc/daemon_harness.h"
+#include "tests/model/step_compare.h"
 
 namespace primecache::testing {
 namespace {
@@ -156,12 +157,7 @@ TEST(RunTool, TensorParallelRunsGiveTheTpOneTextAndLogits) {
     EXPECT_NE(LastLine(r.out).find("restored_tokens=0 "), std::string::npos) << r.out;
     const std::vector<float> got = logits(tp);
     ASSERT_EQ(got.size(), want.size());
-    double diff = 0, norm = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-      norm += double(want[i]) * want[i];
-    }
-    EXPECT_LE(std::sqrt(diff / norm), 1e-4) << "TP " << tp;
+    EXPECT_LE(model::testing::RelErr(got, want), 1e-4) << "TP " << tp;
     EXPECT_NE(got, want) << "TP " << tp << " summed in another order, yet bit-identical";
   }
   ProcessResult odd = run("3");

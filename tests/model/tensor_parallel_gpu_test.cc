@@ -10,6 +10,7 @@
 #include "engine/model/tensor_parallel.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/model/model_test_util.h"
+#include "tests/model/step_compare.h"
 
 namespace primecache::model {
 namespace {
@@ -103,12 +104,7 @@ TEST(TensorParallelGpu, TpTwoOnTwoDevicesAgreesWithTpOneWithinTheTolerance) {
   const std::vector<float> one = PrimeAt(c, w, CudaOptions(1), prompt);
   const std::vector<float> two = PrimeAt(c, w, CudaOptions(2), prompt);
   ASSERT_EQ(two.size(), one.size());
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < one.size(); ++i) {
-    diff += (double(two[i]) - one[i]) * (double(two[i]) - one[i]);
-    norm += double(one[i]) * one[i];
-  }
-  EXPECT_LE(std::sqrt(diff / norm), 1e-4);
+  EXPECT_LE(testing::RelErr(two, one), 1e-4);
 }
 
 }  // namespace

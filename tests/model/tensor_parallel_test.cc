@@ -12,39 +12,17 @@
 #include "engine/model/tensor_parallel.h"
 #include "primecache/internal/shard.h"
 #include "tests/model/model_test_util.h"
+#include "tests/model/step_compare.h"
 
 namespace primecache::model {
 namespace {
 
 using testing::MakeCpuModel;
 using testing::RandomPrompt;
+using testing::RelErr;
 
+using testing::MakeTp;
 using testing::TpMixed;
-
-TpModelOptions CpuOptions(std::uint32_t tp, std::uint64_t max_ctx = 128, std::size_t chunk = 16) {
-  TpModelOptions o;
-  o.tp = tp;
-  o.reserve.max_ctx = max_ctx;
-  o.reserve.sessions = 2;
-  o.reserve.snapshot_slots = 1;
-  o.model.chunk_tokens = chunk;
-  return o;
-}
-
-std::unique_ptr<TensorParallelModel> MakeTp(const ModelConfig& c, const Weights& w, std::uint32_t tp) {
-  auto m = TensorParallelModel::Create(c, w, CpuOptions(tp));
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  return m.ok() ? std::move(m).value() : nullptr;
-}
-
-double RelativeError(std::span<const float> got, std::span<const float> want) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
-}
 
 // The spec's tolerance, on every plane of two whole boundaries.
 void ExpectStatesClose(const std::vector<LayerSnapshot>& got, const std::vector<LayerSnapshot>& want,
@@ -57,15 +35,15 @@ void ExpectStatesClose(const std::vector<LayerSnapshot>& got, const std::vector<
           const auto& g = std::get<std::decay_t<decltype(w)>>(got[l]);
           ASSERT_EQ(g.shape, w.shape) << "layer " << l;
           if constexpr (std::is_same_v<std::decay_t<decltype(w)>, LatentSnapshot>) {
-            EXPECT_LE(RelativeError(g.latent_rows, w.latent_rows), tol) << "layer " << l;
-            EXPECT_LE(RelativeError(g.index_tail_rows, w.index_tail_rows), tol) << "layer " << l;
-            EXPECT_LE(RelativeError(g.pool_keys, w.pool_keys), tol) << "layer " << l;
+            EXPECT_LE(RelErr(g.latent_rows, w.latent_rows), tol) << "layer " << l;
+            EXPECT_LE(RelErr(g.index_tail_rows, w.index_tail_rows), tol) << "layer " << l;
+            EXPECT_LE(RelErr(g.pool_keys, w.pool_keys), tol) << "layer " << l;
           } else if constexpr (std::is_same_v<std::decay_t<decltype(w)>, RecurrentSnapshot>) {
-            EXPECT_LE(RelativeError(g.state, w.state), tol) << "layer " << l;
-            EXPECT_LE(RelativeError(g.conv_ring, w.conv_ring), tol) << "layer " << l;
+            EXPECT_LE(RelErr(g.state, w.state), tol) << "layer " << l;
+            EXPECT_LE(RelErr(g.conv_ring, w.conv_ring), tol) << "layer " << l;
           } else if (w.shape.format.quant_bits == 0) {  // TurboQuant words are codes, not values
-            EXPECT_LE(RelativeError(g.k_rows, w.k_rows), tol) << "layer " << l;
-            EXPECT_LE(RelativeError(g.v_rows, w.v_rows), tol) << "layer " << l;
+            EXPECT_LE(RelErr(g.k_rows, w.k_rows), tol) << "layer " << l;
+            EXPECT_LE(RelErr(g.v_rows, w.v_rows), tol) << "layer " << l;
           }
         },
         want[l]);
@@ -182,7 +160,7 @@ TEST_P(TpSizes, TwoAndFourRanksAgreeWithOneWithinTheSpecsTolerance) {
     SCOPED_TRACE("TP " + std::to_string(tp));
     const TpRun run = RunAt(c, w, tp, prompt, 23);
     ASSERT_EQ(run.logits.size(), one.logits.size());
-    EXPECT_LE(RelativeError(run.logits, one.logits), kTolerance);
+    EXPECT_LE(RelErr(run.logits, one.logits), kTolerance);
     EXPECT_NE(run.logits, one.logits);  // another order of sums: close, not equal
     ExpectStatesClose(run.whole, one.whole, kTolerance);
     EXPECT_EQ(RunAt(c, w, tp, prompt, 23).logits, run.logits);  // deterministic
@@ -236,7 +214,7 @@ TEST(TensorParallel, ABoundaryReshardedToAnotherTpContinuesAsThatTpDoes) {
     const TpRun uncached = RunAt(c, w, to, prompt, 25);
     const std::vector<float> tail(uncached.logits.end() - 15 * c.vocab, uncached.logits.end());
     const std::vector<float> got = ContinueResharded(c, w, from, to, prompt, 25);
-    EXPECT_LE(RelativeError(got, tail), kTolerance);
+    EXPECT_LE(RelErr(got, tail), kTolerance);
   }
 }
 

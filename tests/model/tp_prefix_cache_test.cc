@@ -12,38 +12,20 @@
 #include "serving/tp_prefix_cache.h"
 #include "tests/ipc/daemon_harness.h"
 #include "tests/model/model_test_util.h"
+#include "tests/model/step_compare.h"
 
 namespace primecache::model {
 namespace {
 
+using testing::MakeTp;
 using testing::RandomPrompt;
+using testing::RelErr;
 using testing::TpMixed;
-
-std::unique_ptr<TensorParallelModel> MakeTp(const ModelConfig& c, const Weights& w, std::uint32_t tp) {
-  TpModelOptions o;
-  o.tp = tp;
-  o.reserve.max_ctx = 128;
-  o.reserve.sessions = 2;
-  o.reserve.snapshot_slots = 1;
-  o.model.chunk_tokens = 16;
-  auto m = TensorParallelModel::Create(c, w, o);
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  return m.ok() ? std::move(m).value() : nullptr;
-}
 
 std::unique_ptr<client::Client> Connect(const primecache::testing::Daemon& d, const std::string& ns) {
   auto c = client::Client::Connect(d.Options(ns));
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return c.ok() ? std::move(c).value() : nullptr;
-}
-
-double RelativeError(std::span<const float> got, std::span<const float> want) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
 }
 
 struct Case {
@@ -134,7 +116,7 @@ TEST(TpPrefixCacheTest, AnEntryOfOneTpRestoresAtAnother) {
     PublishAt(k, d, from, ns);
     const std::vector<float> got = RestoreAt(k, d, to, ns, from);
     EXPECT_EQ(got, ReshardedInMemory(k, from, to));
-    EXPECT_LE(RelativeError(got, Straight(k, to)), 1e-4);
+    EXPECT_LE(RelErr(got, Straight(k, to)), 1e-4);
   }
 }
 
