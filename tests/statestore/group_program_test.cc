@@ -28,7 +28,7 @@ TEST(GroupProgramTest, SeededProgramsKeepTheProtocolsPromises) {
   std::mt19937 rng(20261204);
   std::uint32_t committed = 0;
   std::uint64_t aborted = 0;
-  for (int run = 0; run < 60; ++run) {
+  for (int run = 0; run < 40; ++run) {
     std::vector<std::uint8_t> p(40 + rng() % 200);
     // Mostly begins, sends and commits; ends without a commit and reopens rarely.
     for (std::uint8_t& b : p) {
