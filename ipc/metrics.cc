@@ -92,6 +92,10 @@ void WriteStore(ExpositionWriter& w, const StoreStats& st) {
   w.Gauge("primecache_dedup_saved_bytes", "Chunk bytes deduplication saves.", st.dedup_saved_bytes);
   w.Gauge("primecache_disk_bytes", "Bytes of every file of the store's directory.", st.disk_bytes);
   w.Gauge("primecache_staged_bytes", "Chunk bytes written by publishes not committed yet.", st.staged_bytes);
+  w.Gauge("primecache_group_publishes_open", "Group publishes (tensor-parallel entries) waiting for their ranks.",
+          st.group_publishes_open);
+  w.Counter("primecache_group_publishes_aborted_total",
+            "Group publishes aborted: a part abandoned, the group timeout or a close.", st.group_publishes_aborted);
   w.Gauge("primecache_capacity_bytes", "The store's byte budget (0: unlimited).", st.byte_budget);
   w.Counter("primecache_evictions_total", "Entries evicted to keep the budget (kept across restarts).",
             st.evictions);

@@ -361,6 +361,10 @@ struct StatReply {
   # Times a fetch waited for its client to release room in its shared or
   # device window since the daemon started (a slow reader, or a small window).
   fetchWindowWaits @20 :UInt64;
+  # Group publishes (tensor-parallel entries) begun and neither written nor
+  # aborted, and those aborted since the daemon started.
+  groupPublishesOpen @21 :UInt64;
+  groupPublishesAborted @22 :UInt64;
 }
 
 # The shared tier on a Redis Cluster (docs/cluster.md), as one daemon saw it.

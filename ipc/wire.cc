@@ -242,6 +242,8 @@ void WriteDaemonStats(const DaemonStats& d, wire::StatReply::Builder w) {
   w.setByteBudget(s.byte_budget);
   w.setDiskBytes(s.disk_bytes);
   w.setStagedBytes(s.staged_bytes);
+  w.setGroupPublishesOpen(s.group_publishes_open);
+  w.setGroupPublishesAborted(s.group_publishes_aborted);
   w.setWriteError(s.write_error);
   w.setConnections(d.connections);
   w.setPublishesInFlight(d.publishes_in_flight);
@@ -268,6 +270,8 @@ DaemonStats ReadDaemonStats(wire::StatReply::Reader r) {
   s.byte_budget = r.getByteBudget();
   s.disk_bytes = r.getDiskBytes();
   s.staged_bytes = r.getStagedBytes();
+  s.group_publishes_open = r.getGroupPublishesOpen();
+  s.group_publishes_aborted = r.getGroupPublishesAborted();
   s.write_error = Str(r.getWriteError());
   d.connections = r.getConnections();
   d.publishes_in_flight = r.getPublishesInFlight();

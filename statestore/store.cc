@@ -12,6 +12,7 @@
 #include <string_view>
 #include <utility>
 
+#include "statestore/group.h"
 #include "statestore/rocks_env.h"
 #include "statestore/store_impl.h"
 
@@ -200,6 +201,8 @@ Result<StoreStats> LocalStore::Stat() {
   }
   st.byte_budget = impl_->byte_budget;
   st.staged_bytes = impl_->staged_bytes.load();
+  st.group_publishes_open = impl_->groups->open_groups();
+  st.group_publishes_aborted = impl_->groups->aborted_groups();
   if (impl_->stopped.load()) {
     MutexLock g(&impl_->recover_mu);
     st.write_error = impl_->fatal.ok() ? impl_->stop_cause.ToString() : impl_->fatal.ToString();

@@ -153,6 +153,11 @@ struct StoreStats {
   std::uint64_t byte_budget = 0;   // 0: unlimited
   std::uint64_t disk_bytes = 0;    // every file in the store's directory (tables, blobs, log)
   std::uint64_t staged_bytes = 0;  // chunk bytes written by publishes not committed yet
+  // Group publishes (PublishGroup) begun and neither written nor aborted,
+  // and those aborted since the store opened (a part abandoned, the group
+  // timeout, a close).
+  std::uint64_t group_publishes_open = 0;
+  std::uint64_t group_publishes_aborted = 0;
   // Set while writes are refused after a failed write (a full disk): why, in
   // words; empty when writes go on. Reads are served either way.
   std::string write_error;

@@ -68,6 +68,8 @@ TEST(GroupPublishDaemon, TwoRanksOnTwoConnectionsPublishOneEntry) {
   ASSERT_TRUE(pending.ok()) << pending.status().ToString();
   EXPECT_TRUE(pending->group_pending);
   EXPECT_FALSE(rank0->Lookup(TestModel(), tokens).value()) << "visible before rank 0 committed";
+  auto admin = Admin(d);
+  EXPECT_EQ(admin->Stat().value().store.group_publishes_open, 1u);
   auto done = s0->Commit();
   ASSERT_TRUE(done.ok()) << done.status().ToString();
   EXPECT_FALSE(done->group_pending);
@@ -82,8 +84,10 @@ TEST(GroupPublishDaemon, TwoRanksOnTwoConnectionsPublishOneEntry) {
   EXPECT_EQ(layers[1].data.header, parts[0][1].header);  // rank 0's shard, then rank 1's
   EXPECT_EQ(layers[2].data.header, parts[1][0].header);
   EXPECT_EQ(layers[2].data.chunks, parts[1][0].chunks);
-  auto admin = Admin(d);
   EXPECT_EQ(StagedBytes(*admin), 0u);
+  const auto after = admin->Stat().value().store;
+  EXPECT_EQ(after.group_publishes_open, 0u);
+  EXPECT_EQ(after.group_publishes_aborted, 0u);
 }
 
 // Run as a child process (self-exec): rank 1 streams its part, says so, and
@@ -146,6 +150,7 @@ TEST(GroupPublishDaemon, ARankProcessKilledMidPublishLeavesNoEntryAndNoStagedByt
   auto admin = Admin(d);
   EXPECT_TRUE(StagedDrains(*admin)) << StagedBytes(*admin) << " bytes still staged";
   EXPECT_FALSE(rank0->Lookup(TestModel(), tokens).value());
+  EXPECT_EQ(admin->Stat().value().store.group_publishes_aborted, 1u);
   // The same boundary from two live ranks, under a new token.
   auto rank1 = Client::Connect(d.Options("tp")).value();
   const auto parts = Parts(tokens.size(), 6);
@@ -166,6 +171,8 @@ TEST(GroupPublishDaemon, AGroupWhoseMissingRankNeverComesIsAbortedAtTheGroupTime
   auto admin = Admin(d);
   EXPECT_GT(StagedBytes(*admin), 0u);  // parked, waiting for rank 0
   EXPECT_TRUE(StagedDrains(*admin));
+  EXPECT_EQ(admin->Stat().value().store.group_publishes_aborted, 1u);
+  EXPECT_EQ(admin->Stat().value().store.group_publishes_open, 0u);
   // Rank 0 comes too late: its group is over.
   auto rank0 = Client::Connect(d.Options("tp")).value();
   auto late = rank0->BeginPublish(TestModel(), tokens, 2, PublishGroup{80, kRanks, 0});

@@ -190,7 +190,8 @@ class MetricsEndpointTest(unittest.TestCase):
         for zero in ("primecache_evictions_total", "primecache_admission_refusals_total",
                      "primecache_quarantined_entries", "primecache_active_leases", "primecache_publishes_in_flight",
                      "primecache_publish_uncommitted_bytes", "primecache_store_writes_refused",
-                     "primecache_capacity_bytes"):
+                     "primecache_capacity_bytes", "primecache_group_publishes_open",
+                     "primecache_group_publishes_aborted_total"):
             self.assertEqual(value(values, zero), 0, zero)
         # The workload's connection and its shared region are gone.
         self.assertEqual(value(values, "primecache_shm_regions"), 0)
