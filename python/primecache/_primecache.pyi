@@ -153,6 +153,7 @@ class LookupHit:
     id: int
     length: int
     layers: int
+    ranks: int
     chunk_bytes: int
     raw_bytes: int
 
@@ -162,6 +163,7 @@ class PublishResult:
     new_chunk_bytes: int
     shared_chunk_bytes: int
     evicted: int
+    group_pending: bool
 
 class EntryInfo:
     id: int
@@ -173,6 +175,7 @@ class EntryInfo:
     length: int
     tokens: list[int]
     layers: int
+    ranks: int
     chunk_bytes: int
     raw_bytes: int
     meta_bytes: int
@@ -300,7 +303,8 @@ class Client:
     @overload
     def lookup(self, model: ModelId, tokens: Tokens, *, shared: Literal[True]) -> Tuple[Optional[LookupHit], int]: ...
     def publish(self, model: ModelId, tokens: Tokens, layers: Sequence[LayerInput], *,
-                transform: Optional[str] = None, level: int = 0, chunk_bytes: int = 1048576) -> PublishResult: ...
+                transform: Optional[str] = None, level: int = 0, chunk_bytes: int = 1048576,
+                group: Optional[tuple[int, int, int]] = None) -> PublishResult: ...
     def fetch(self, entry: int, layers: Optional[Sequence[int]] = None, *, decode: bool = True) -> list[FetchedLayer]: ...
     def fetch_into(self, entry: int, planes: Mapping[int, Planes]) -> dict[int, LayerHeader]: ...
     def attach_device_window(self, device: int, bytes: int = ...) -> Optional[str]: ...

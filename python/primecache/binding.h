@@ -96,10 +96,11 @@ void BindFetchBuffer(py::module_& m);
 void BindFetchedLayer(py::module_& m);
 // Encodes each layer of `layers` ((shape, planes) pairs or objects with
 // .shape and .planes, planes by name or in stored order) and publishes them;
-// ValueError for arrays that do not fit their shape.
+// ValueError for arrays that do not fit their shape. With `group`, one
+// rank's part of a tensor-parallel entry (PublishGroup, primecache/entry.h).
 PublishResult PublishArrays(client::Client& c, const client::ModelId& model,
                             std::vector<std::uint32_t> tokens, py::sequence layers,
-                            const EncodeOptions& options);
+                            const EncodeOptions& options, const std::optional<PublishGroup>& group = std::nullopt);
 // Fetches an entry's layers (empty: all) as a list of FetchedLayer: decoded
 // float32 planes (views of the fetched bytes where a plane is one raw chunk)
 // or, without decode, the chunks' bytes as uint8 views.

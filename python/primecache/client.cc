@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <string>
 
 #include "python/primecache/binding.h"
@@ -19,16 +20,18 @@ void BindEntries(py::module_& m) {
   hit.def_readonly("id", &LookupHit::id)
       .def_readonly("length", &LookupHit::length)
       .def_readonly("layers", &LookupHit::layers)
+      .def_readonly("ranks", &LookupHit::ranks)
       .def_readonly("chunk_bytes", &LookupHit::chunk_bytes)
       .def_readonly("raw_bytes", &LookupHit::raw_bytes);
-  FieldRepr(hit, {"id", "length", "layers", "chunk_bytes", "raw_bytes"});
+  FieldRepr(hit, {"id", "length", "layers", "ranks", "chunk_bytes", "raw_bytes"});
   py::class_<PublishResult> pub(m, "PublishResult", "What a publish did.");
   pub.def_readonly("id", &PublishResult::id)
       .def_readonly("existed", &PublishResult::existed)
       .def_readonly("new_chunk_bytes", &PublishResult::new_chunk_bytes)
       .def_readonly("shared_chunk_bytes", &PublishResult::shared_chunk_bytes)
-      .def_readonly("evicted", &PublishResult::evicted);
-  FieldRepr(pub, {"id", "existed", "new_chunk_bytes", "shared_chunk_bytes", "evicted"});
+      .def_readonly("evicted", &PublishResult::evicted)
+      .def_readonly("group_pending", &PublishResult::group_pending);
+  FieldRepr(pub, {"id", "existed", "new_chunk_bytes", "shared_chunk_bytes", "evicted", "group_pending"});
   py::class_<EntryInfo> info(m, "EntryInfo", "One stored entry.");
   info.def_readonly("id", &EntryInfo::id)
       .def_readonly("state", &EntryInfo::state)
@@ -40,6 +43,7 @@ void BindEntries(py::module_& m) {
       .def_readonly("length", &EntryInfo::length)
       .def_readonly("tokens", &EntryInfo::tokens)
       .def_readonly("layers", &EntryInfo::layers)
+      .def_readonly("ranks", &EntryInfo::ranks)
       .def_readonly("chunk_bytes", &EntryInfo::chunk_bytes)
       .def_readonly("raw_bytes", &EntryInfo::raw_bytes)
       .def_readonly("meta_bytes", &EntryInfo::meta_bytes)
@@ -221,13 +225,15 @@ void BindCalls(py::class_<PyClient, std::shared_ptr<PyClient>>& cls) {
           "publish",
           [](const PyClient& self, const client::ModelId& model, const py::object& tokens,
              const py::sequence& layers, const std::optional<std::string>& transform, std::int32_t level,
-             std::uint64_t chunk_bytes) {
+             std::uint64_t chunk_bytes, const std::optional<std::tuple<std::uint64_t, std::uint32_t, std::uint32_t>>& group) {
+            std::optional<PublishGroup> g;
+            if (group) g = PublishGroup{std::get<0>(*group), std::get<1>(*group), std::get<2>(*group)};
             return PublishArrays(*self.Get(), model, TokensFrom(tokens), layers,
-                                 EncodeOptionsFrom(transform, level, chunk_bytes));
+                                 EncodeOptionsFrom(transform, level, chunk_bytes), g);
           },
           py::arg("model"), py::arg("tokens"), py::arg("layers"), py::kw_only(),
           py::arg("transform") = py::none(), py::arg("level") = 0,
-          py::arg("chunk_bytes") = kDefaultChunkBytes)
+          py::arg("chunk_bytes") = kDefaultChunkBytes, py::arg("group") = py::none())
       .def(
           "fetch",
           [](const PyClient& self, std::uint64_t entry,

@@ -157,13 +157,13 @@ Status StreamLayer(client::PublishStream& stream, const LayerInput& in, const En
 
 PublishResult PublishArrays(client::Client& c, const client::ModelId& model,
                             std::vector<std::uint32_t> tokens, py::sequence layers,
-                            const EncodeOptions& options) {
+                            const EncodeOptions& options, const std::optional<PublishGroup>& group) {
   std::vector<LayerInput> inputs;
   inputs.reserve(py::len(layers));
   for (std::size_t i = 0; i < py::len(layers); ++i) inputs.push_back(ReadLayer(layers[i], i));
   return ValueOrRaise(WithoutGil([&]() -> Result<PublishResult> {
     PC_ASSIGN_OR_RETURN(auto stream,
-                        c.BeginPublish(model, tokens, static_cast<std::uint32_t>(inputs.size())));
+                        c.BeginPublish(model, tokens, static_cast<std::uint32_t>(inputs.size()), group));
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       if (Status s = StreamLayer(*stream, inputs[i], options); !s.ok()) {
         return s.WithContext("layer " + std::to_string(i));

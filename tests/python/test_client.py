@@ -104,6 +104,38 @@ def test_publish_lookup_fetch_round_trip(client):
     assert again.existed and again.id == pub.id
 
 
+def test_two_worker_ranks_publish_one_tensor_parallel_entry(daemon):
+    """The workers of a TP-2 engine each publish their part (rank 0: the
+    replicated latent layer and its half of the recurrent heads; rank 1: its
+    half) on a connection of their own; the entry appears once both
+    committed, and each rank fetches back only its own layers."""
+    rng = np.random.default_rng(21)
+    tokens = tokens_of(rng)
+    latent, _ = make_layers(rng)[0]
+    whole = primecache.RecurrentShape(heads=2, head_dim=4, kernel=4)
+    half = primecache.RecurrentShape(heads=1, head_dim=4, kernel=4)
+    parts = [[make_layers(rng)[0], (half, random_planes(rng, {"conv_ring": (12, 3), "state": (4, 4)}))],
+             [(half, random_planes(rng, {"conv_ring": (12, 3), "state": (4, 4)}))]]
+    parts[0][0] = (latent, parts[0][0][1])
+    model = model_id("py-tp", shapes=[latent, whole])  # the whole model's plan, which the parts gather into
+    with primecache.connect(daemon.socket, timeout=15) as rank0, primecache.connect(daemon.socket, timeout=15) as rank1:
+        pending = rank1.publish(model, tokens, parts[1], group=(99, 2, 1))
+        assert pending.group_pending and pending.id == 0
+        assert rank0.lookup(model, tokens) is None  # not before every rank committed
+        done = rank0.publish(model, tokens, parts[0], group=(99, 2, 0))
+        assert not done.group_pending and done.id > 0
+        hit = rank1.lookup(model, tokens)
+        assert (hit.id, hit.ranks, hit.layers) == (done.id, 2, 3)
+        assert rank0.describe(hit.id).info.ranks == 2
+        assert_same_bits(parts[0], rank0.fetch(hit.id, [0, 1]))
+        mine = rank1.fetch(hit.id, [2])
+        assert mine[0].shape == half
+        for name, want in parts[1][0][1].items():
+            assert np.array_equal(mine[0].planes[name].view(np.uint32), want.view(np.uint32)), name
+        with pytest.raises(ValueError):
+            rank0.publish(model, tokens_of(rng), parts[0], group=(0, 2, 0))  # a group token is not 0
+
+
 def test_round_trip_through_shared_memory(daemon):
     rng = np.random.default_rng(12)
     layers, tokens, model = make_layers(rng), tokens_of(rng), model_id()
