@@ -74,6 +74,78 @@ Result<TpRequest> TpPrefixCache::Prime(std::span<const std::uint32_t> prompt, bo
   return r;
 }
 
+Result<std::vector<std::vector<LayerSnapshot>>> ShardsForTp(std::span<const client::FetchedLayer> fetched,
+                                                            std::uint32_t stored_ranks,
+                                                            std::uint32_t kv_heads, std::uint32_t tp) {
+  std::vector<LayerSnapshot> layers;
+  std::vector<LayerShape> shapes;
+  for (const client::FetchedLayer& f : fetched) {
+    auto one = DecodeFetched(f);
+    if (!one.ok()) return one.status().WithContext("layer " + std::to_string(f.layer));
+    shapes.push_back(ShapeOf(*one));
+    layers.push_back(std::move(one).value());
+  }
+  PC_ASSIGN_OR_RETURN(auto parts, EntryLayerParts(shapes, stored_ranks));
+  PC_ASSIGN_OR_RETURN(auto whole, GatherEntry(std::move(layers), parts));
+  std::vector<std::vector<LayerSnapshot>> shards;
+  for (std::uint32_t r = 0; r < tp; ++r) {
+    PC_ASSIGN_OR_RETURN(auto mine, SliceLayers(whole, kv_heads, tp, r));
+    shards.push_back(std::move(mine));
+  }
+  return shards;
+}
+
+namespace {
+
+// Begins a part's publish (or an entry's, without a group) and streams its
+// layers; not committed.
+Result<std::unique_ptr<client::PublishStream>> StreamPart(client::Client& c, const client::ModelId& id,
+                                                          std::span<const std::uint32_t> tokens,
+                                                          std::span<const LayerSnapshot> layers,
+                                                          const std::optional<PublishGroup>& group,
+                                                          const EncodeOptions& encode) {
+  PC_ASSIGN_OR_RETURN(auto stream,
+                      c.BeginPublish(id, tokens, static_cast<std::uint32_t>(layers.size()), group));
+  for (const LayerSnapshot& layer : layers) {
+    PC_ASSIGN_OR_RETURN(EncodedLayer enc, EncodeLayer(layer, encode));
+    const client::LayerData d = ToLayerData(enc);
+    PC_RETURN_IF_ERROR(stream->BeginLayer(d.header, static_cast<std::uint32_t>(d.chunks.size())));
+    for (const auto& chunk : d.chunks) PC_RETURN_IF_ERROR(stream->AddChunk(chunk));
+  }
+  return stream;
+}
+
+}  // namespace
+
+Result<PublishResult> PublishRanks(client::Client& c, const client::ModelId& id,
+                                   std::span<const std::uint32_t> tokens,
+                                   std::vector<std::vector<LayerSnapshot>> ranks, std::uint64_t token,
+                                   const EncodeOptions& encode) {
+  const auto tp = static_cast<std::uint32_t>(ranks.size());
+  if (tp == 0) return Status::InvalidArgument("TP publish: no ranks");
+  if (tp == 1) {
+    PC_ASSIGN_OR_RETURN(auto alone, StreamPart(c, id, tokens, ranks[0], std::nullopt, encode));
+    return alone->Commit();
+  }
+  // Every part is streamed before any commits: a part that fails to stream
+  // ends the others uncommitted, which aborts the group at once.
+  std::vector<std::unique_ptr<client::PublishStream>> streams;
+  for (std::uint32_t r = 0; r < tp; ++r) {
+    std::vector<LayerSnapshot> mine;
+    for (LayerSnapshot& l : ranks[r]) {
+      if (r == 0 || IsSharded(ShapeOf(l))) mine.push_back(std::move(l));
+    }
+    PC_ASSIGN_OR_RETURN(auto stream, StreamPart(c, id, tokens, mine, PublishGroup{token, tp, r}, encode));
+    streams.push_back(std::move(stream));
+  }
+  // The later ranks' parts wait; rank 0's commit writes the entry.
+  for (std::uint32_t r = tp - 1; r >= 1; --r) {
+    PC_ASSIGN_OR_RETURN(PublishResult part, streams[r]->Commit());
+    if (part.existed) return part;  // stored meanwhile: nothing more to send
+  }
+  return streams[0]->Commit();
+}
+
 Result<std::uint64_t> TpPrefixCache::TryRestore(TpSession& session, std::span<const std::uint32_t> tokens,
                                                 std::uint32_t* ranks) {
   // Leave a position to prime: the prompt's last logits come from it.
@@ -81,24 +153,9 @@ Result<std::uint64_t> TpPrefixCache::TryRestore(TpSession& session, std::span<co
   PC_ASSIGN_OR_RETURN(auto hit, client_->Lookup(model_id_, tokens.first(tokens.size() - 1)));
   if (!hit || hit->length < options_.min_prefix) return std::uint64_t{0};
   PC_ASSIGN_OR_RETURN(auto fetched, client_->FetchLayers(hit->id));
-  std::vector<LayerSnapshot> layers;
-  std::vector<LayerShape> shapes;
-  for (const client::FetchedLayer& f : fetched) {
-    auto one = DecodeFetched(f);
-    if (!one.ok())
-      return one.status().WithContext("entry " + std::to_string(hit->id) + " layer " +
-                                      std::to_string(f.layer));
-    shapes.push_back(ShapeOf(*one));
-    layers.push_back(std::move(one).value());
-  }
-  PC_ASSIGN_OR_RETURN(auto parts, EntryLayerParts(shapes, hit->ranks));
-  PC_ASSIGN_OR_RETURN(auto whole, GatherEntry(std::move(layers), parts));
-  std::vector<std::vector<LayerSnapshot>> shards;
-  for (std::uint32_t r = 0; r < model_->tp(); ++r) {
-    PC_ASSIGN_OR_RETURN(auto mine, SliceLayers(whole, model_->config().attn.kv_heads, model_->tp(), r));
-    shards.push_back(std::move(mine));
-  }
-  Status restored = model_->Restore(session, shards, hit->length);
+  auto shards = ShardsForTp(fetched, hit->ranks, model_->config().attn.kv_heads, model_->tp());
+  if (!shards.ok()) return shards.status().WithContext("entry " + std::to_string(hit->id));
+  Status restored = model_->Restore(session, *shards, hit->length);
   if (!restored.ok()) {
     bool fresh = true;
     for (const ModelSession& s : session.ranks) fresh = fresh && s.cache->fresh();
@@ -117,46 +174,9 @@ Result<PublishResult> TpPrefixCache::Publish(TpSession& session, std::span<const
                                    " tokens for a session at " + std::to_string(session.position()));
   }
   PC_ASSIGN_OR_RETURN(auto ranks, model_->CaptureFull(session));
-  const std::uint32_t tp = model_->tp();
-  if (tp == 1) {
-    PC_ASSIGN_OR_RETURN(auto alone, StreamPart(tokens, ranks[0], std::nullopt));
-    return alone->Commit();
-  }
-  const PublishGroup base{next_group_++, tp, 0};
+  const std::uint64_t token = next_group_++;
   if (next_group_ == 0) next_group_ = 1;
-  // Every part is streamed before any commits: a part that fails to stream
-  // ends the others uncommitted, which aborts the group at once.
-  std::vector<std::unique_ptr<client::PublishStream>> streams;
-  for (std::uint32_t r = 0; r < tp; ++r) {
-    std::vector<LayerSnapshot> mine;
-    for (LayerSnapshot& l : ranks[r]) {
-      if (r == 0 || IsSharded(ShapeOf(l))) mine.push_back(std::move(l));
-    }
-    PublishGroup g = base;
-    g.rank = r;
-    PC_ASSIGN_OR_RETURN(auto stream, StreamPart(tokens, mine, g));
-    streams.push_back(std::move(stream));
-  }
-  // The later ranks' parts wait; rank 0's commit writes the entry.
-  for (std::uint32_t r = tp - 1; r >= 1; --r) {
-    PC_ASSIGN_OR_RETURN(PublishResult part, streams[r]->Commit());
-    if (part.existed) return part;  // stored meanwhile: nothing more to send
-  }
-  return streams[0]->Commit();
-}
-
-Result<std::unique_ptr<client::PublishStream>> TpPrefixCache::StreamPart(
-    std::span<const std::uint32_t> tokens, std::span<const LayerSnapshot> layers,
-    const std::optional<PublishGroup>& group) {
-  PC_ASSIGN_OR_RETURN(auto stream, client_->BeginPublish(model_id_, tokens,
-                                                         static_cast<std::uint32_t>(layers.size()), group));
-  for (const LayerSnapshot& layer : layers) {
-    PC_ASSIGN_OR_RETURN(EncodedLayer enc, EncodeLayer(layer, options_.encode));
-    const client::LayerData d = ToLayerData(enc);
-    PC_RETURN_IF_ERROR(stream->BeginLayer(d.header, static_cast<std::uint32_t>(d.chunks.size())));
-    for (const auto& c : d.chunks) PC_RETURN_IF_ERROR(stream->AddChunk(c));
-  }
-  return stream;
+  return PublishRanks(*client_, model_id_, tokens, std::move(ranks), token, options_.encode);
 }
 
 }  // namespace primecache::model

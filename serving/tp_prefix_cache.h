@@ -51,6 +51,24 @@ struct TpRequest {
   double ttft_ms = 0;
 };
 
+// Every rank's shards, for TP `tp`, of the fetched layers of an entry of
+// `stored_ranks` parts (1: an entry of one publisher): decoded (every byte
+// checked by the codec), gathered into the whole boundary (EntryLayerParts,
+// GatherEntry) and sliced for each rank (SliceLayers; `kv_heads` of every
+// KV layer).
+Result<std::vector<std::vector<LayerSnapshot>>> ShardsForTp(std::span<const client::FetchedLayer> fetched,
+                                                            std::uint32_t stored_ranks,
+                                                            std::uint32_t kv_heads, std::uint32_t tp);
+
+// Publishes a boundary held as every rank's snapshots (rank r's at index r,
+// each its full list, as CaptureFull gives them): one rank, an entry of its
+// own; more, a group under `token` (not 0) of one part per rank, every part
+// streamed before any commits, rank 0's committed last.
+Result<PublishResult> PublishRanks(client::Client& c, const client::ModelId& id,
+                                   std::span<const std::uint32_t> tokens,
+                                   std::vector<std::vector<LayerSnapshot>> ranks, std::uint64_t token,
+                                   const EncodeOptions& encode);
+
 class TpPrefixCache {
  public:
   // `client` may be null: the model then runs without the store.
@@ -70,11 +88,6 @@ class TpPrefixCache {
   // 0 when nothing was (the session is then fresh).
   Result<std::uint64_t> TryRestore(TpSession& session, std::span<const std::uint32_t> tokens,
                                    std::uint32_t* ranks);
-  // Begins a part's publish (or an entry's, without a group) and streams
-  // its layers; not committed.
-  Result<std::unique_ptr<client::PublishStream>> StreamPart(std::span<const std::uint32_t> tokens,
-                                                            std::span<const LayerSnapshot> layers,
-                                                            const std::optional<PublishGroup>& group);
 
   TensorParallelModel* model_;
   std::unique_ptr<client::Client> client_;

@@ -76,6 +76,17 @@ Status CheckDivides(std::uint32_t tp, std::uint32_t value, const char* what) {
                                  std::to_string(value));
 }
 
+// Every rank picks its greedy tokens from its own logits, which the sums
+// make bit-identical: a rank that picked others is a bug, not a tie.
+Status SameTokensOnEveryRank(const std::vector<std::vector<std::uint32_t>>& out) {
+  for (std::size_t r = 1; r < out.size(); ++r) {
+    if (out[r] != out[0]) {
+      return Status::Internal("TP rank " + std::to_string(r) + " generated other tokens than rank 0");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> RankConfig(const ModelConfig& whole, std::uint32_t tp) {
@@ -223,10 +234,7 @@ Result<std::vector<std::uint32_t>> TensorParallelModel::Generate(TpSession& s,
         out[r], ranks_[r].model->Generate(s.ranks[r], last_logits, max_new, r == 0 ? logits : nullptr));
     return Status::Ok();
   }));
-  for (std::uint32_t r = 1; r < tp(); ++r) {
-    if (out[r] != out[0])
-      return Status::Internal("TP rank " + std::to_string(r) + " generated other tokens than rank 0");
-  }
+  PC_RETURN_IF_ERROR(SameTokensOnEveryRank(out));
   return out[0];
 }
 
@@ -242,10 +250,7 @@ Result<std::vector<std::uint32_t>> TensorParallelModel::GenerateSpeculative(
                                            options, &each[r], r == 0 ? logits : nullptr));
     return Status::Ok();
   }));
-  for (std::uint32_t r = 1; r < tp(); ++r) {
-    if (out[r] != out[0])
-      return Status::Internal("TP rank " + std::to_string(r) + " generated other tokens than rank 0");
-  }
+  PC_RETURN_IF_ERROR(SameTokensOnEveryRank(out));
   if (stats != nullptr) *stats = each[0];
   return out[0];
 }

@@ -29,6 +29,7 @@
 #include "primecache/internal/codec.h"
 #include "primecache/internal/shard.h"
 #include "serving/prefix_cache.h"
+#include "serving/tp_prefix_cache.h"
 #include "tools/common/csv.h"
 #include "tools/common/daemon_process.h"
 
@@ -111,49 +112,15 @@ std::uint64_t DecodedBytes(const std::vector<LayerSnapshot>& layers) {
   return n;
 }
 
-// Streams one part (or an entry of its own) and leaves it uncommitted.
-std::unique_ptr<client::PublishStream> Stream(client::Client& c, const client::ModelId& id,
-                                              const std::vector<std::uint32_t>& tokens,
-                                              const std::vector<LayerSnapshot>& layers,
-                                              const std::optional<PublishGroup>& group) {
-  auto s =
-      Must(c.BeginPublish(id, tokens, static_cast<std::uint32_t>(layers.size()), group), "begin publish");
-  EncodeOptions eo;  // the default: raw/v1, as the engines publish
-  for (const LayerSnapshot& l : layers) {
-    EncodedLayer enc = Must(EncodeLayer(l, eo), "encode");
-    const std::string h = SerializeLayerHeader(enc.header);
-    if (Status st = s->BeginLayer(std::as_bytes(std::span(h.data(), h.size())),
-                                  static_cast<std::uint32_t>(enc.chunks.size()));
-        !st.ok()) {
-      Die("publish layer", st);
-    }
-    for (const std::string& chunk : enc.chunks) {
-      if (Status st = s->AddChunk(std::as_bytes(std::span(chunk.data(), chunk.size()))); !st.ok())
-        Die("chunk", st);
-    }
-  }
-  return s;
-}
-
-// Publishes the boundary at TP `tp` (a group of parts when tp > 1).
+// Publishes the boundary at TP `tp` as TpPrefixCache does (a group of parts
+// when tp > 1).
 void Publish(client::Client& c, const client::ModelId& id, const std::vector<std::uint32_t>& tokens,
              const std::vector<LayerSnapshot>& whole, std::uint32_t kv_heads, std::uint32_t tp,
              std::uint64_t token) {
-  if (tp == 1) {
-    Must(Stream(c, id, tokens, whole, std::nullopt)->Commit(), "commit");
-    return;
-  }
-  std::vector<std::unique_ptr<client::PublishStream>> parts;
-  for (std::uint32_t r = 0; r < tp; ++r) {
-    std::vector<LayerSnapshot> mine;
-    for (LayerSnapshot& l : Must(SliceLayers(whole, kv_heads, tp, r), "slice")) {
-      if (r == 0 || IsSharded(ShapeOf(l))) mine.push_back(std::move(l));
-    }
-    parts.push_back(Stream(c, id, tokens, mine, PublishGroup{token, tp, r}));
-  }
-  for (std::uint32_t r = tp - 1; r >= 1; --r) Must(parts[r]->Commit(), "commit part");
-  if (Must(parts[0]->Commit(), "commit rank 0").group_pending)
-    Die("commit", Status::Internal("still pending"));
+  std::vector<std::vector<LayerSnapshot>> ranks;
+  for (std::uint32_t r = 0; r < tp; ++r) ranks.push_back(Must(SliceLayers(whole, kv_heads, tp, r), "slice"));
+  const PublishResult p = Must(model::PublishRanks(c, id, tokens, std::move(ranks), token, {}), "publish");
+  if (p.group_pending || p.id == 0) Die("publish", Status::Internal("no entry written"));
 }
 
 // Restores as TpPrefixCache does: every rank's shards of the hit.
@@ -163,20 +130,7 @@ std::vector<std::vector<LayerSnapshot>> Restore(client::Client& c, const client:
   auto hit = Must(c.Lookup(id, tokens), "lookup");
   if (!hit) Die("lookup", Status::NotFound("no entry"));
   auto fetched = Must(c.FetchLayers(hit->id), "fetch");
-  std::vector<LayerSnapshot> layers;
-  std::vector<LayerShape> shapes;
-  for (const client::FetchedLayer& f : fetched) {
-    EncodedLayer enc{Must(ParseLayerHeader(f.data.header), "header"), {}};
-    for (const auto& ch : f.data.chunks)
-      enc.chunks.emplace_back(reinterpret_cast<const char*>(ch.data()), ch.size());
-    layers.push_back(Must(DecodeLayer(enc), "decode"));
-    shapes.push_back(ShapeOf(layers.back()));
-  }
-  auto parts = Must(EntryLayerParts(shapes, hit->ranks), "parts");
-  auto whole = Must(GatherEntry(std::move(layers), parts), "gather");
-  std::vector<std::vector<LayerSnapshot>> shards;
-  for (std::uint32_t r = 0; r < tp; ++r) shards.push_back(Must(SliceLayers(whole, kv_heads, tp, r), "slice"));
-  return shards;
+  return Must(model::ShardsForTp(fetched, hit->ranks, kv_heads, tp), "shards");
 }
 
 }  // namespace
