@@ -72,6 +72,15 @@ Result<RecurrentShardRanges> RecurrentRanges(const RecurrentShape& whole, std::u
                                              std::uint32_t rank) {
   PC_RETURN_IF_ERROR(CheckShape(LayerShape{whole}));
   PC_ASSIGN_OR_RETURN(HeadRange h, RankHeads(whole.heads, tp, rank));
+  return RecurrentHeadRanges(whole, h);
+}
+
+Result<RecurrentShardRanges> RecurrentHeadRanges(const RecurrentShape& whole, HeadRange h) {
+  PC_RETURN_IF_ERROR(CheckShape(LayerShape{whole}));
+  if (h.count == 0 || h.first > whole.heads || h.count > whole.heads - h.first) {
+    return Status::InvalidArgument("TP shard: heads [" + std::to_string(h.first) + ", +" +
+                                   std::to_string(h.count) + ") of a layer of " + std::to_string(whole.heads));
+  }
   const std::uint64_t d = whole.head_dim;
   const std::uint64_t taps = whole.kernel - 1;
   const std::uint64_t plane = std::uint64_t{whole.heads} * d * taps;  // one of q, k, v
@@ -83,10 +92,15 @@ Result<RecurrentShardRanges> RecurrentRanges(const RecurrentShape& whole, std::u
 
 Result<RecurrentSnapshot> SliceRecurrent(const RecurrentSnapshot& whole, std::uint32_t tp,
                                          std::uint32_t rank) {
+  PC_ASSIGN_OR_RETURN(HeadRange h, RankHeads(whole.shape.heads, tp, rank));
+  return SliceRecurrentHeads(whole, h);
+}
+
+Result<RecurrentSnapshot> SliceRecurrentHeads(const RecurrentSnapshot& whole, HeadRange h) {
   PC_RETURN_IF_ERROR(CheckSnapshot(whole).WithContext("TP slice of a recurrent layer"));
-  PC_ASSIGN_OR_RETURN(RecurrentShardRanges r, RecurrentRanges(whole.shape, tp, rank));
+  PC_ASSIGN_OR_RETURN(RecurrentShardRanges r, RecurrentHeadRanges(whole.shape, h));
   RecurrentSnapshot shard{whole.shape, {}, {}};
-  shard.shape.heads = whole.shape.heads / tp;
+  shard.shape.heads = h.count;
   const auto state = std::span(whole.state).subspan(r.state.offset, r.state.count);
   shard.state.assign(state.begin(), state.end());
   shard.conv_ring.reserve(shard.shape.conv_values());
@@ -118,13 +132,21 @@ Result<RecurrentSnapshot> GatherRecurrent(std::span<const RecurrentSnapshot> sha
 
 Result<KvSnapshot> SliceKv(const KvSnapshot& whole, std::uint32_t heads, std::uint32_t tp,
                            std::uint32_t rank) {
-  PC_RETURN_IF_ERROR(CheckSnapshot(whole).WithContext("TP slice of a KV layer"));
   PC_ASSIGN_OR_RETURN(HeadRange h, RankHeads(heads, tp, rank));
+  return SliceKvHeads(whole, heads, h);
+}
+
+Result<KvSnapshot> SliceKvHeads(const KvSnapshot& whole, std::uint32_t heads, HeadRange h) {
+  PC_RETURN_IF_ERROR(CheckSnapshot(whole).WithContext("TP slice of a KV layer"));
   const KvShape& s = whole.shape;
-  if (s.k_width % heads != 0 || s.v_width % heads != 0) {
+  if (heads == 0 || s.k_width % heads != 0 || s.v_width % heads != 0) {
     return Status::InvalidArgument("TP slice of a KV layer: row widths " + std::to_string(s.k_width) + "/" +
                                    std::to_string(s.v_width) + " are not split into " +
                                    std::to_string(heads) + " heads");
+  }
+  if (h.count == 0 || h.first > heads || h.count > heads - h.first) {
+    return Status::InvalidArgument("TP slice of a KV layer: heads [" + std::to_string(h.first) + ", +" +
+                                   std::to_string(h.count) + ") of " + std::to_string(heads));
   }
   const std::uint64_t k_head = s.k_width / heads;
   const std::uint64_t v_head = s.v_width / heads;

@@ -52,10 +52,15 @@ struct RecurrentShardRanges {
 };
 Result<RecurrentShardRanges> RecurrentRanges(const RecurrentShape& whole, std::uint32_t tp,
                                              std::uint32_t rank);
+// The same for any run of heads inside the layer's (a part of a part, when
+// TP sizes that do not divide each other reshard).
+Result<RecurrentShardRanges> RecurrentHeadRanges(const RecurrentShape& whole, HeadRange heads);
 
 // The rank's shard of a whole snapshot (its shape has heads / tp heads).
 Result<RecurrentSnapshot> SliceRecurrent(const RecurrentSnapshot& whole, std::uint32_t tp,
                                          std::uint32_t rank);
+// The snapshot of the run `heads` of the snapshot's heads.
+Result<RecurrentSnapshot> SliceRecurrentHeads(const RecurrentSnapshot& whole, HeadRange heads);
 // The whole snapshot from every rank's shard, in rank order; the shards
 // must have one shape and match their planes.
 Result<RecurrentSnapshot> GatherRecurrent(std::span<const RecurrentSnapshot> shards);
@@ -64,6 +69,8 @@ Result<RecurrentSnapshot> GatherRecurrent(std::span<const RecurrentSnapshot> sha
 // are k_width / heads and v_width / heads of a row).
 Result<KvSnapshot> SliceKv(const KvSnapshot& whole, std::uint32_t heads, std::uint32_t tp,
                            std::uint32_t rank);
+// The run `range` of a KV snapshot's `heads` heads.
+Result<KvSnapshot> SliceKvHeads(const KvSnapshot& whole, std::uint32_t heads, HeadRange range);
 Result<KvSnapshot> GatherKv(std::span<const KvSnapshot> shards);
 
 // A whole boundary (every layer) from every rank's snapshots of it, rank r's
