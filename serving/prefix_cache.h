@@ -42,6 +42,8 @@
 
 namespace primecache::model {
 
+class StagedFetch;
+
 struct PrefixCacheOptions {
   EncodeOptions encode;         // how published layers are encoded
   bool publish = true;          // publish boundaries at all (each kind below also has its own switch)
@@ -77,6 +79,30 @@ struct PrefixCacheOptions {
   // page cache straight into it, and they are copied on to device staging
   // from there. 0: no window (every chunk comes through the shared region).
   std::uint64_t device_window_bytes = 256ull << 20;
+  // This engine as one rank of a tensor-parallel engine whose ranks each run
+  // a PrefixCache of their own (in processes or threads of their own), over
+  // the rank's model (RankConfig, RankWeights, its HybridModelOptions'
+  // collective) under the whole model's ModelIdFor (docs/model.md, "Ranks
+  // of their own"):
+  //  - a restore: rank 0 looks up, and its hit reaches every rank through
+  //    the model's collective (BroadcastWords); each rank fetches only the
+  //    entry layers that hold its heads (PlanRankParts): of an entry of this
+  //    TP size straight into its staging, of another decoded and resharded
+  //    on the host (FetchRankParts); every rank validates, and the ranks
+  //    restore only when every one passed (AllRanksOk), else all prime in
+  //    full. A model without a collective looks up on each rank by itself;
+  //  - a publish: each rank's part of a group (PublishGroup), rank 0 every
+  //    layer and the others their shards, under group_token.
+  // size 1 is an engine of its own; it still restores entries of TP
+  // engines (resharded on the host).
+  struct TpRank {
+    std::uint32_t size = 1;
+    std::uint32_t rank = 0;
+    // One per engine, shared by its ranks and by no other engine; not 0
+    // when size > 1 and the engine publishes.
+    std::uint64_t group_token = 0;
+  };
+  TpRank tp;
 };
 
 // One request in flight: its session, what it cost, and the eager half of
@@ -163,6 +189,26 @@ class PrefixCache {
   // 0 when nothing was restored (the session is then fresh again).
   // Fills the request's restore figures.
   Result<std::uint64_t> TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens, Request* figures);
+  // TryRestore for a rank of a TP engine (PrefixCacheOptions::tp; every
+  // rank calls it at the same point, whatever its own lookup or fetch did);
+  // prefix_cache_ranks.cc.
+  Result<std::uint64_t> TryRestoreRank(ModelSession& session, std::span<const std::uint32_t> tokens,
+                                       Request* figures);
+  // Rank 0's lookup (or this rank's, without a collective): the hit (id 0:
+  // none) and the branch point, the same on every rank.
+  Result<std::pair<LookupHit, std::uint64_t>> AgreeOnHit(std::span<const std::uint32_t> tokens);
+  // This rank's parts of `hit` of this TP size fetched into the staging
+  // (`fetch`, made here) and validated against the session's cache.
+  Status FetchOwnParts(const LookupHit& hit, engine::SessionCache& cache, std::optional<StagedFetch>* fetch,
+                       Request* figures);
+  // An entry of another TP size: this rank's parts fetched, resharded on the
+  // host and validated.
+  Result<std::vector<LayerSnapshot>> FetchResharded(const LookupHit& hit, engine::SessionCache& cache,
+                                                    Request* figures);
+  // Restores validated snapshots of `hit` (its length; the caller sets the
+  // session's position).
+  Result<std::uint64_t> RestoreSnapshots(ModelSession& session, const std::vector<LayerSnapshot>& layers,
+                                         const LookupHit& hit, Request* figures);
   // Logs a failed lookup, restore or publish: "the daemon is unavailable"
   // (once) when the connection is gone, else what the daemon answered.
   void NoteFailure(const std::string& what, const Status& why);

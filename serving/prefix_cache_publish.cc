@@ -4,6 +4,8 @@
 // that encodes each layer's chunks and publishes them.
 #include "serving/prefix_cache.h"
 
+#include "primecache/internal/shard.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -175,9 +177,25 @@ Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, const std::ve
 
 Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::span<const engine::LayerSnapshotView> layers) {
   if (client_ == nullptr) return Status::Unavailable("prefix cache: no daemon");
+  // A rank of a TP engine publishes its part of a group: rank 0 every layer,
+  // the others their shards.
+  std::optional<PublishGroup> group;
+  std::vector<engine::LayerSnapshotView> part;
+  const PrefixCacheOptions::TpRank& tp = options_.tp;
+  if (tp.size > 1) {
+    if (tp.group_token == 0 || tp.rank >= tp.size) {
+      return Status::InvalidArgument("prefix cache: TP rank " + std::to_string(tp.rank) + " of " +
+                                     std::to_string(tp.size) + " publishes without a group token");
+    }
+    group = PublishGroup{tp.group_token, tp.size, tp.rank};
+    for (const engine::LayerSnapshotView& v : layers) {
+      if (tp.rank == 0 || IsSharded(ShapeOfView(v))) part.push_back(v);
+    }
+    layers = part;
+  }
   std::lock_guard publishing(publish_mu_);  // one publish at a time: the scratch is shared
   PC_ASSIGN_OR_RETURN(auto stream,
-                      client_->BeginPublish(model_id_, tokens, static_cast<std::uint32_t>(layers.size())));
+                      client_->BeginPublish(model_id_, tokens, static_cast<std::uint32_t>(layers.size()), group));
   for (const engine::LayerSnapshotView& view : layers) PC_RETURN_IF_ERROR(PublishLayer(*stream, view));
   return stream->Commit().status();
 }

@@ -16,24 +16,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The most floats a restored layer of this plan can hold at `len` tokens:
-// what sizes the pinned staging before any header has arrived.
-std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
-  std::uint64_t total = 0;
-  for (const auto& layer : plan.layers) {
-    if (const auto* l = std::get_if<engine::LatentPlan>(&layer)) {
-      total += len * l->width();
-      if (l->has_indexer()) total += std::uint64_t{l->pool} * l->index_width() + len / l->pool * l->index_head_dim;
-    } else if (const auto* r = std::get_if<RecurrentShape>(&layer)) {
-      total += r->conv_values() + r->state_values();
-    } else {
-      const auto& k = std::get<engine::KvPlan>(layer);
-      total += std::min<std::uint64_t>(len, k.capacity(len)) * (std::uint64_t{k.k_width} + k.v_width);
-    }
-  }
-  return total;
-}
-
 }  // namespace
 
 Status PrefixCache::GrowStaging(std::uint64_t bytes) {
@@ -62,6 +44,7 @@ Status PrefixCache::ReserveStaging(std::uint64_t tokens) {
 
 Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<const std::uint32_t> tokens,
                                               Request* figures) {
+  if (options_.tp.size > 1) return TryRestoreRank(session, tokens, figures);
   if (client_ == nullptr || tokens.size() < options_.min_prefix) return std::uint64_t{0};
   engine::SessionCache& cache = *session.cache;
   engine::Device& dev = model_->engine().device();
@@ -80,6 +63,8 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
     t_fetch = Clock::now();
     hit = h;
     if (h.length < options_.min_prefix) return Status::Aborted("a hit shorter than the prefix cache's minimum");
+    // An entry of a TP engine: its layers are parts, resharded on the host below.
+    if (h.ranks > 1) return Status::Aborted("a tensor-parallel entry");
     const std::uint64_t bound = StagingFloats(cache.plan(), h.length) * sizeof(float);
     staging_failed = GrowStaging(bound);
     if (!staging_failed.ok()) return staging_failed;
@@ -107,6 +92,16 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
   Status fetched = fetch ? fetch->Finish(found.status()) : found.status();
   figures->fetch_ms = hit ? ms(Clock::now() - t_fetch) : 0;
   if (!staging_failed.ok()) return staging_failed;
+  if (hit && hit->ranks > 1 && hit->length >= options_.min_prefix) {
+    auto layers = FetchResharded(*hit, cache, figures);
+    if (!layers.ok()) {
+      NoteFailure("restoring entry " + std::to_string(hit->id), layers.status());
+      return std::uint64_t{0};
+    }
+    PC_ASSIGN_OR_RETURN(const std::uint64_t len, RestoreSnapshots(session, *layers, *hit, figures));
+    session.position = len;
+    return len;
+  }
   if (!fetch) {
     // A miss, a hit too short to restore, or a lookup that failed: primed in full.
     if (!hit && !found.ok()) NoteFailure("lookup", found.status());

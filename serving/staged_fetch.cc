@@ -219,4 +219,21 @@ void StagedFetch::Done(const Status& s, std::uint32_t layer, bool counted) {
   if (counted && --pending_ == 0) cv_.notify_all();
 }
 
+std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
+  std::uint64_t total = 0;
+  for (const auto& layer : plan.layers) {
+    if (const auto* l = std::get_if<engine::LatentPlan>(&layer)) {
+      total += len * l->width();
+      if (l->has_indexer()) total += std::uint64_t{l->pool} * l->index_width() + len / l->pool * l->index_head_dim;
+    } else if (const auto* r = std::get_if<RecurrentShape>(&layer)) {
+      total += r->conv_values() + r->state_values();
+    } else {
+      const auto& k = std::get<engine::KvPlan>(layer);
+      total += std::min<std::uint64_t>(len, k.capacity(len)) * (std::uint64_t{k.k_width} + k.v_width);
+    }
+  }
+  return total;
+}
+
+
 }  // namespace primecache::model

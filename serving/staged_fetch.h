@@ -118,4 +118,8 @@ class StagedFetch {
   std::thread releaser_;  // with device staging
 };
 
+// The most floats a restored layer of this plan can hold at `len` tokens:
+// what sizes the pinned staging before any header has arrived.
+std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len);
+
 }  // namespace primecache::model

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <random>
 #include <string>
+#include <variant>
 
+#include "primecache/internal/rank_parts.h"
 #include "primecache/internal/shard.h"
 
 namespace primecache::model {
@@ -93,6 +95,38 @@ Result<std::vector<std::vector<LayerSnapshot>>> ShardsForTp(std::span<const clie
     shards.push_back(std::move(mine));
   }
   return shards;
+}
+
+std::vector<bool> ShardedLayers(const engine::StatePlan& plan) {
+  std::vector<bool> sharded;
+  for (const auto& layer : plan.layers) sharded.push_back(!std::holds_alternative<engine::LatentPlan>(layer));
+  return sharded;
+}
+
+Result<std::vector<LayerSnapshot>> FetchRankParts(client::Client& c, const LookupHit& hit,
+                                                  const std::vector<bool>& sharded, std::uint32_t kv_heads,
+                                                  std::uint32_t tp, std::uint32_t rank,
+                                                  std::uint64_t* fetched_bytes) {
+  PC_ASSIGN_OR_RETURN(RankPartsPlan plan, PlanRankParts(sharded, hit.layers, hit.ranks, tp, rank));
+  PC_ASSIGN_OR_RETURN(auto fetched, c.FetchLayers(hit.id, plan.fetch));
+  if (fetched.size() != plan.fetch.size()) {
+    return Status::Corruption("entry " + std::to_string(hit.id) + ": " + std::to_string(fetched.size()) +
+                            " layers fetched of " + std::to_string(plan.fetch.size()));
+  }
+  std::vector<LayerSnapshot> layers;
+  std::uint64_t bytes = 0;
+  for (std::size_t i = 0; i < fetched.size(); ++i) {
+    if (fetched[i].layer != plan.fetch[i]) {
+      return Status::Corruption("entry " + std::to_string(hit.id) + ": layer " + std::to_string(fetched[i].layer) +
+                              " came where layer " + std::to_string(plan.fetch[i]) + " was asked for");
+    }
+    for (const auto& chunk : fetched[i].data.chunks) bytes += chunk.size();
+    auto one = DecodeFetched(fetched[i]);
+    if (!one.ok()) return one.status().WithContext("entry layer " + std::to_string(plan.fetch[i]));
+    layers.push_back(std::move(one).value());
+  }
+  if (fetched_bytes != nullptr) *fetched_bytes = bytes;
+  return AssembleRankParts(plan, std::move(layers), kv_heads);
 }
 
 namespace {

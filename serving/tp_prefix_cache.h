@@ -60,6 +60,21 @@ Result<std::vector<std::vector<LayerSnapshot>>> ShardsForTp(std::span<const clie
                                                             std::uint32_t stored_ranks,
                                                             std::uint32_t kv_heads, std::uint32_t tp);
 
+// Whether each layer of a rank's state plan splits among the ranks (its
+// shards are per-rank) or is replicated: what PlanRankParts takes.
+std::vector<bool> ShardedLayers(const engine::StatePlan& plan);
+
+// Rank `rank` of TP `tp`'s snapshots of the entry `hit`, of any stored TP
+// size: only the entry layers that hold its heads are fetched
+// (PlanRankParts), decoded (every byte checked by the codec) and assembled
+// into its shards (AssembleRankParts). `sharded` is ShardedLayers of the
+// restoring rank's plan, `kv_heads` the whole model's. `fetched_bytes`, when
+// given, receives the chunk bytes fetched.
+Result<std::vector<LayerSnapshot>> FetchRankParts(client::Client& c, const LookupHit& hit,
+                                                  const std::vector<bool>& sharded, std::uint32_t kv_heads,
+                                                  std::uint32_t tp, std::uint32_t rank,
+                                                  std::uint64_t* fetched_bytes = nullptr);
+
 // Publishes a boundary held as every rank's snapshots (rank r's at index r,
 // each its full list, as CaptureFull gives them): one rank, an entry of its
 // own; more, a group under `token` (not 0) of one part per rank, every part

@@ -3,6 +3,7 @@
 #include "engine/model/collective.h"
 
 #include <string>
+#include <vector>
 
 #include "core/mutex.h"
 
@@ -124,6 +125,52 @@ Result<std::unique_ptr<CollectiveGroup>> NewInProcessGroup(std::uint32_t tp) {
                                    std::to_string(kMaxTp));
   }
   return std::unique_ptr<CollectiveGroup>(new InProcessGroup(tp));
+}
+
+
+namespace {
+
+// Sums `values` across the ranks, staged through device memory when the
+// group sums there.
+Status SumHostValues(Collective& c, engine::Device& device, std::vector<float>& values) {
+  if (c.memory() == engine::DeviceKind::kCpu) return c.AllReduceSum(values.data(), values.size());
+  const std::size_t bytes = values.size() * sizeof(float);
+  PC_ASSIGN_OR_RETURN(engine::Memory staged, device.Allocate(bytes));
+  PC_RETURN_IF_ERROR(device.Upload(staged.at<float>(0), values.data(), bytes, engine::Lane::kCompute));
+  PC_RETURN_IF_ERROR(c.AllReduceSum(staged.at<float>(0), values.size()));
+  PC_RETURN_IF_ERROR(device.Download(values.data(), staged.at<float>(0), bytes, engine::Lane::kCompute));
+  return device.Synchronize(engine::Lane::kCompute);
+}
+
+}  // namespace
+
+Status BroadcastWords(Collective& c, engine::Device& device, std::span<std::uint64_t> words) {
+  std::vector<float> pieces(words.size() * 4, 0.0F);
+  if (c.rank() == 0) {
+    for (std::size_t i = 0; i < words.size(); ++i) {
+      for (std::size_t p = 0; p < 4; ++p) pieces[i * 4 + p] = static_cast<float>((words[i] >> (16 * p)) & 0xffff);
+    }
+  }
+  PC_RETURN_IF_ERROR(SumHostValues(c, device, pieces));
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    std::uint64_t w = 0;
+    for (std::size_t p = 0; p < 4; ++p) {
+      const float piece = pieces[i * 4 + p];
+      // Exact by construction; anything else means a rank sent a piece too.
+      if (!(piece >= 0.0F && piece <= 65535.0F) || piece != static_cast<float>(static_cast<std::uint32_t>(piece))) {
+        return Status::Internal("TP broadcast: a piece summed to " + std::to_string(piece));
+      }
+      w |= std::uint64_t{static_cast<std::uint32_t>(piece)} << (16 * p);
+    }
+    words[i] = w;
+  }
+  return Status::Ok();
+}
+
+Result<bool> AllRanksOk(Collective& c, engine::Device& device, bool ok) {
+  std::vector<float> refusals = {ok ? 0.0F : 1.0F};
+  PC_RETURN_IF_ERROR(SumHostValues(c, device, refusals));
+  return refusals[0] == 0.0F;
 }
 
 }  // namespace primecache::model

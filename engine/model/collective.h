@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "engine/device.h"
@@ -53,6 +54,17 @@ class CollectiveGroup {
   // Clears an abort. Only while no rank is inside a call.
   virtual void Reset() = 0;
 };
+
+// Agreement between the ranks on host values, built on AllReduceSum (so it
+// works on every group, each rank calling it at the same point of its
+// sequence of collective calls). `device` is the rank's, where the sum's
+// data is staged when the group sums in device memory.
+//  - BroadcastWords: rank 0's `words` on every rank (the others' are
+//    overwritten). Each word travels as four 16-bit pieces in floats; one
+//    rank adds a piece and the others add zero, so the sum is exact.
+//  - AllRanksOk: whether every rank passed true (each adds 1 for false).
+Status BroadcastWords(Collective& c, engine::Device& device, std::span<std::uint64_t> words);
+Result<bool> AllRanksOk(Collective& c, engine::Device& device, bool ok);
 
 // InvalidArgument unless 1 <= tp <= 1024.
 Result<std::unique_ptr<CollectiveGroup>> NewInProcessGroup(std::uint32_t tp);

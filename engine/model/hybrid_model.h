@@ -60,6 +60,8 @@ class HybridModel {
 
   const ModelConfig& config() const { return config_; }
   engine::Engine& engine() const { return *engine_; }
+  // This rank's collective (HybridModelOptions::collective); null at TP 1.
+  Collective* collective() const { return options_.collective; }
 
   // A fresh session (a fresh cache from the engine).
   Result<ModelSession> NewSession();

@@ -312,6 +312,40 @@ TEST(InProcessGroup, AnAbortWakesEveryWaitingRankAndResetClearsIt) {
   EXPECT_EQ(c, std::vector<float>(4, 3.0f));
 }
 
+TEST(InProcessGroup, RankZerosWordsReachEveryRankAndOneRefusalIsEveryRanks) {
+  auto group = NewInProcessGroup(3).value();
+  auto device = engine::NewCpuDevice();
+  // Words that a float could not carry whole: the broadcast sends 16-bit pieces.
+  const std::vector<std::uint64_t> sent = {0, 1, (1ull << 24) + 1, 0xfedcba9876543210ull, UINT64_MAX};
+  std::vector<std::vector<std::uint64_t>> words(3, std::vector<std::uint64_t>(sent.size(), 7));
+  words[0] = sent;
+  std::vector<Status> done(3);
+  std::vector<int> agreed(3, -1), refused(3, -1);
+  {
+    std::vector<std::jthread> ranks;
+    for (std::uint32_t r = 0; r < 3; ++r) {
+      ranks.emplace_back([&, r] {
+        done[r] = BroadcastWords(group->rank(r), *device, words[r]);
+        if (!done[r].ok()) return;
+        auto all = AllRanksOk(group->rank(r), *device, true);
+        auto one = AllRanksOk(group->rank(r), *device, r != 2);  // rank 2 refuses
+        if (!all.ok() || !one.ok()) {
+          done[r] = all.ok() ? one.status() : all.status();
+          return;
+        }
+        agreed[r] = *all ? 1 : 0;
+        refused[r] = *one ? 0 : 1;
+      });
+    }
+  }
+  for (std::uint32_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(done[r].ok()) << done[r].ToString();
+    EXPECT_EQ(words[r], sent) << "rank " << r;
+    EXPECT_EQ(agreed[r], 1) << "rank " << r;
+    EXPECT_EQ(refused[r], 1) << "rank " << r;
+  }
+}
+
 TEST(InProcessGroup, RanksThatDisagreeOnTheCountFailInsteadOfReadingPastABuffer) {
   auto group = NewInProcessGroup(2).value();
   std::vector<float> a(4, 1.0f), b(2, 1.0f);
