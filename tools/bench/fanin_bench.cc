@@ -17,9 +17,19 @@
 // Targets: aggregate >= 0.8x the copy rate, every engine within 1.5x of
 // its fair share.
 //
-// --csv-dir DIR also writes the rounds as DIR/fanin-CONFIG-BACKEND.csv, one
-// row per N, rewritten after each round (tools/bench/plot.py draws it:
-// docs/BENCHMARKS.md, "Charts").
+// --tp: the ranks of a tensor-parallel engine instead (docs/BENCHMARKS.md,
+// "Tensor-parallel ranks restoring at once"). Each N of --engines is a TP
+// size: one boundary is captured by the whole model, resharded and
+// published as a TP-N entry (one part per rank, a group; TP 1: a plain
+// entry), and N rank processes (rank r's share of the model, RankConfig and
+// RankWeights, on one device) restore their own parts of it at once, each
+// through its PrefixCache as a rank (PrefixCacheOptions::tp): the
+// replicated layers and its own shards, fetched straight into its staging.
+// Without a collective between the processes each rank looks up by itself.
+//
+// --csv-dir DIR also writes the rounds as DIR/fanin-CONFIG-BACKEND.csv (with
+// --tp, fanin-tp-CONFIG-BACKEND.csv), one row per N, rewritten after each
+// round (tools/bench/plot.py draws it: docs/BENCHMARKS.md, "Charts").
 //
 // The model and its restore path are primecache-model-bench's
 // (model_bench.h: Setup, OpenCache, MeasureBus).
@@ -34,6 +44,8 @@
 #include <string>
 #include <vector>
 
+#include "primecache/internal/shard.h"
+#include "serving/tp_prefix_cache.h"
 #include "tools/bench/model_bench.h"
 #include "tools/common/csv.h"
 
@@ -50,11 +62,17 @@ struct Args {
   std::string daemon_bin, csv_dir;
   std::vector<std::string> daemon_args;
   bool cpu = false;
-  // An engine process (internal): its index, the daemon's socket, the barrier's descriptor.
+  bool tp = false;  // the rounds are TP sizes: rank processes of one TP entry
+  // An engine process (internal): its index (with --tp: its rank, of
+  // tp_size), the daemon's socket, the barrier's descriptor.
   int child = -1;
+  std::uint32_t tp_size = 1;
   std::string socket;
   int go_fd = -1;
 };
+
+// Where a round's entries live: each TP size's entry its own namespace.
+std::string Namespace(const Args& a, std::uint32_t tp) { return a.tp ? "tp" + std::to_string(tp) : "default"; }
 
 // The tokens of entry `k`: the prefix and one token more.
 std::vector<std::uint32_t> EntryTokens(const Args& a, std::size_t k) {
@@ -67,18 +85,22 @@ std::int64_t NowNs() {
 }
 
 Result<std::unique_ptr<model::PrefixCache>> Cache(const Args& a, BenchSetup& b, std::uint64_t largest) {
-  return OpenCache(a.socket, *b.model, b.config, b.weights, largest, a.prefix, DaemonPath{"default", std::nullopt}, {});
+  model::PrefixCacheOptions base;
+  if (a.tp) base.tp = {a.tp_size, static_cast<std::uint32_t>(a.child), 0};  // restores only: no group token
+  return OpenCache(a.socket, *b.model, b.config, b.weights, largest, a.prefix,
+                   DaemonPath{Namespace(a, a.tp_size), std::nullopt}, base);
 }
 
 // An engine process: "ready" once warm, then the timed restore after the
 // barrier: "result START_NS RESTORE_MS BYTES DEVICE_CHUNKS LOOKUP_MS FETCH_MS
 // COPY_MS" (the restore's parts: PrefixCache's Request figures).
 int RunChild(const Args& a, std::uint64_t largest) {
-  auto b = Setup(a.config_path, a.seed, a.prefix + 1, a.chunk, a.cpu, 2);
+  const auto rank = static_cast<std::uint32_t>(a.child);
+  auto b = Setup(a.config_path, a.seed, a.prefix + 1, a.chunk, a.cpu, 2, a.tp ? a.tp_size : 1, a.tp ? rank : 0);
   if (!b.ok()) return Fail(b.status(), "engine setup");
   auto cache = Cache(a, *b, largest);
   if (!cache.ok()) return Fail(cache.status(), "engine cache");
-  const auto tokens = EntryTokens(a, static_cast<std::size_t>(a.child));
+  const auto tokens = EntryTokens(a, a.tp ? 0 : static_cast<std::size_t>(a.child));
   auto warm = (*cache)->Prime(tokens);
   if (!warm.ok()) return Fail(warm.status(), "warm-up restore");
   if (warm->restored_tokens != a.prefix) {
@@ -143,6 +165,11 @@ Result<Engine> Spawn(const Args& a, std::size_t k, std::uint64_t largest, int go
                                    std::to_string(a.prefix), "--chunk", std::to_string(a.chunk), "--seed",
                                    std::to_string(a.seed), "--largest-layer", std::to_string(largest)};
   if (a.cpu) args.emplace_back("--cpu");
+  if (a.tp) {
+    args.emplace_back("--tp");
+    args.emplace_back("--tp-size");
+    args.emplace_back(std::to_string(a.tp_size));
+  }
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -245,8 +272,9 @@ Round Summarize(const std::vector<Engine>& engines) {
 
 // The round of N engines: its table line, and its row of `table`.
 // Its engines' restores in parts are added to `parts` (printed after the table).
-bool RunRound(const Args& a, std::size_t n, std::uint64_t largest, const Baseline& base, bench::CsvTable* table,
+bool RunRound(Args a, std::size_t n, std::uint64_t largest, const Baseline& base, bench::CsvTable* table,
               std::vector<std::string>* parts) {
+  a.tp_size = a.tp ? static_cast<std::uint32_t>(n) : 1;
   std::vector<Engine> engines;
   if (!RunEngines(a, n, largest, &engines)) return false;
   const Round r = Summarize(engines);
@@ -255,7 +283,8 @@ bool RunRound(const Args& a, std::size_t n, std::uint64_t largest, const Baselin
               r.span_ms, r.aggregate_gbps, vs_copy, r.times.c_str(), r.worst_share,
               static_cast<unsigned long long>(r.device_chunks));
   std::fflush(stdout);
-  parts->push_back(std::to_string(n) + " engines (each started at +ms: its restore's parts, ms): " + r.parts);
+  parts->push_back(std::to_string(n) + (a.tp ? " ranks" : " engines") +
+                   " (each started at +ms: its restore's parts, ms): " + r.parts);
   const Status s = table->Add({base.config, base.device, a.prefix, n, r.total, r.span_ms, r.aggregate_gbps,
                                base.copy_gbps, vs_copy, r.min_ms, r.max_ms, r.worst_share, r.device_chunks});
   if (!s.ok()) Fail(s, "csv row");
@@ -283,6 +312,41 @@ Result<std::pair<std::uint64_t, std::uint64_t>> PublishEntries(const Args& a, Be
   return std::pair{largest, bytes};
 }
 
+// With --tp: one boundary captured by the whole model, published for each TP
+// size N of --engines as a TP-N entry under its own namespace (PublishRanks:
+// rank 0's part every layer, each later rank's its shards). Its largest
+// layer's bytes and the whole boundary's.
+Result<std::pair<std::uint64_t, std::uint64_t>> PublishTpEntries(const Args& a, BenchSetup& b) {
+  const auto tokens = EntryTokens(a, 0);
+  PC_ASSIGN_OR_RETURN(auto session, b.model->NewSession());
+  PC_RETURN_IF_ERROR(b.model->Prime(session, std::span(tokens).first(a.prefix), model::LogitsWanted::kNone, nullptr));
+  PC_ASSIGN_OR_RETURN(std::vector<LayerSnapshot> whole, session.cache->CaptureFull());
+  std::uint64_t largest = 0, bytes = 0;
+  for (const auto& l : whole) {
+    largest = std::max(largest, engine::ViewFloats(ShapeOf(l)) * sizeof(float));
+    bytes += engine::ViewFloats(ShapeOf(l)) * sizeof(float);
+  }
+  const client::ModelId id = model::PrefixCache::ModelIdFor(b.config, b.weights);
+  for (std::size_t n : a.engines) {
+    const auto tp = static_cast<std::uint32_t>(n);
+    client::ClientOptions o;
+    o.endpoint = a.socket;
+    o.ns = Namespace(a, tp);
+    o.shared_memory = true;
+    o.timeout = std::chrono::milliseconds(300000);
+    PC_ASSIGN_OR_RETURN(auto c, client::Client::Connect(o));
+    std::vector<std::vector<LayerSnapshot>> ranks;
+    for (std::uint32_t r = 0; r < tp; ++r) {
+      PC_ASSIGN_OR_RETURN(auto mine, SliceLayers(whole, b.config.attn.kv_heads, tp, r));
+      ranks.push_back(std::move(mine));
+    }
+    PC_ASSIGN_OR_RETURN(PublishResult p, model::PublishRanks(*c, id, std::span(tokens).first(a.prefix),
+                                                             std::move(ranks), /*token=*/tp, EncodeOptions{}));
+    if (p.group_pending) return Status::Internal("TP " + std::to_string(tp) + " entry left pending");
+  }
+  return std::pair{largest, bytes};
+}
+
 int RunParent(Args& a) {
   if (!a.cpu && !engine::CudaDeviceAvailable()) {
     std::printf("fanin-bench: no CUDA device; nothing measured (--cpu runs on the CPU reference)\n");
@@ -298,7 +362,7 @@ int RunParent(Args& a) {
   {
     auto b = Setup(a.config_path, a.seed, a.prefix + 1, a.chunk, a.cpu, 2);
     if (!b.ok()) return Fail(b.status(), "setup");
-    auto published = PublishEntries(a, *b, k);
+    auto published = a.tp ? PublishTpEntries(a, *b) : PublishEntries(a, *b, k);
     if (!published.ok()) return Fail(published.status(), "publish");
     std::tie(largest, entry_bytes) = *published;
     auto bus = MeasureBus(b->engine->device(), entry_bytes);
@@ -307,14 +371,21 @@ int RunParent(Args& a) {
     base.device = b->engine->device().name();
     base.config = b->config.name;
   }
-  std::printf("fanin-bench: %s on %s, %zu entries of %zu tokens (%.3f GB restored each); pinned host-to-device "
-              "copy %.2f GB/s\n",
-              a.config_path.c_str(), base.device.c_str(), k, a.prefix, double(entry_bytes) / 1e9, base.copy_gbps);
-  std::printf("| engines | restored | span | aggregate | vs copy | each engine's restore | max/fair share | "
-              "device chunks |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  if (a.tp) {
+    std::printf("fanin-bench: %s on %s, TP entries of one %zu-token boundary (%.3f GB whole; each rank restores the "
+                "replicated layers and its shards); pinned host-to-device copy %.2f GB/s\n",
+                a.config_path.c_str(), base.device.c_str(), a.prefix, double(entry_bytes) / 1e9, base.copy_gbps);
+  } else {
+    std::printf("fanin-bench: %s on %s, %zu entries of %zu tokens (%.3f GB restored each); pinned host-to-device "
+                "copy %.2f GB/s\n",
+                a.config_path.c_str(), base.device.c_str(), k, a.prefix, double(entry_bytes) / 1e9, base.copy_gbps);
+  }
+  std::printf("| %s | restored | span | aggregate | vs copy | each %s restore | max/fair share | "
+              "device chunks |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+              a.tp ? "TP ranks" : "engines", a.tp ? "rank's" : "engine's");
   // Written again after every round: a run cut short keeps the rounds it finished.
   bench::CsvTable table = FaninTable();
-  const std::string name = "fanin-" + base.config + (a.cpu ? "-cpu" : "-cuda");
+  const std::string name = std::string(a.tp ? "fanin-tp-" : "fanin-") + base.config + (a.cpu ? "-cpu" : "-cuda");
   std::vector<std::string> parts;
   for (std::size_t n : a.engines) {
     if (!RunRound(a, n, largest, base, &table, &parts)) return 1;
@@ -340,11 +411,13 @@ int main(int argc, char** argv) {
   app.add_option("--daemon", a.daemon_bin, "primecached binary");
   app.add_option("--daemon-arg", a.daemon_args, "an argument for the daemon (repeat)")->allow_extra_args(false);
   app.add_flag("--cpu", a.cpu, "run on the CPU reference instead of CUDA");
+  app.add_flag("--tp", a.tp, "each --engines value is a TP size: its rank processes restore their parts of one entry");
   app.add_option("--csv-dir", a.csv_dir, "also write the rounds as a CSV file here (tools/bench/plot.py)");
   auto* child = app.add_option("--engine-child", a.child)->group("");
   app.add_option("--socket", a.socket)->group("");
   app.add_option("--go-fd", a.go_fd)->group("");
   app.add_option("--largest-layer", largest)->group("");
+  app.add_option("--tp-size", a.tp_size)->group("")->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
   if (child->count() != 0) return RunChild(a, largest);
   return RunParent(a);

@@ -37,7 +37,9 @@ inline int Fail(const Status& s, const char* what) {
 
 // A model on its engine: the config's, with weights generated from `seed`,
 // on the CPU reference or CUDA, for contexts up to `max_ctx` and `sessions`
-// sessions at once.
+// sessions at once. With tp > 1 the engine's model is rank `rank`'s share
+// of it (RankConfig, RankWeights; no collective: the benches only restore
+// into it); config and weights stay the whole model's, its ModelIdFor.
 struct BenchSetup {
   model::ModelConfig config;
   model::Weights weights;
@@ -45,7 +47,7 @@ struct BenchSetup {
   std::unique_ptr<model::HybridModel> model;
 };
 Result<BenchSetup> Setup(const std::string& config_path, std::uint64_t seed, std::size_t max_ctx, std::size_t chunk,
-                         bool cpu, std::size_t sessions = 3);
+                         bool cpu, std::size_t sessions = 3, std::uint32_t tp = 1, std::uint32_t rank = 0);
 
 // `n` tokens from `rng`, the first the model's BOS.
 std::vector<std::uint32_t> RandomTokens(std::size_t n, std::mt19937& rng);

@@ -16,10 +16,12 @@
 
 #include "tools/bench/model_bench.h"
 
+#include "engine/model/tensor_parallel.h"
+
 namespace primecache::model_bench {
 
 Result<BenchSetup> Setup(const std::string& config_path, std::uint64_t seed, std::size_t max_ctx, std::size_t chunk,
-                         bool cpu, std::size_t sessions) {
+                         bool cpu, std::size_t sessions, std::uint32_t tp, std::uint32_t rank) {
   PC_ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(Env::Default(), config_path));
   auto t0 = Clock::now();
   BenchSetup b{config, model::Weights::Generate(config, seed), nullptr, nullptr};
@@ -31,14 +33,21 @@ Result<BenchSetup> Setup(const std::string& config_path, std::uint64_t seed, std
   } else {
     PC_ASSIGN_OR_RETURN(device, engine::NewCudaDevice());
   }
+  model::ModelConfig mine = b.config;
+  model::Weights mine_weights;
+  if (tp > 1) {
+    PC_ASSIGN_OR_RETURN(mine, model::RankConfig(b.config, tp));
+    PC_ASSIGN_OR_RETURN(mine_weights, model::RankWeights(b.config, b.weights, tp, rank));
+  }
+  const model::Weights& w = tp > 1 ? mine_weights : b.weights;
   engine::ReserveRequest req;
-  req.plan = model::HybridModel::PlanFor(b.config, b.weights);
+  req.plan = model::HybridModel::PlanFor(mine, w);
   req.max_ctx = max_ctx;
   req.sessions = sessions;
   req.snapshot_slots = 1;
   PC_ASSIGN_OR_RETURN(b.engine, engine::Engine::Create(device, req));
   t0 = Clock::now();
-  PC_ASSIGN_OR_RETURN(b.model, model::HybridModel::Create(b.config, b.weights, b.engine.get(), {chunk}));
+  PC_ASSIGN_OR_RETURN(b.model, model::HybridModel::Create(mine, w, b.engine.get(), {chunk}));
   std::printf("model-bench: weights on %s in %.0f ms; chunks of %zu tokens\n", device->name().c_str(), Ms(t0), chunk);
   return b;
 }
