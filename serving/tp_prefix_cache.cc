@@ -161,23 +161,20 @@ Result<PublishResult> PublishRanks(client::Client& c, const client::ModelId& id,
     PC_ASSIGN_OR_RETURN(auto alone, StreamPart(c, id, tokens, ranks[0], std::nullopt, encode));
     return alone->Commit();
   }
-  // Every part is streamed before any commits: a part that fails to stream
-  // ends the others uncommitted, which aborts the group at once.
-  std::vector<std::unique_ptr<client::PublishStream>> streams;
-  for (std::uint32_t r = 0; r < tp; ++r) {
+  // Each later rank's part is streamed and committed (it waits, parked),
+  // then rank 0's, whose commit writes the entry: one publish in flight on
+  // the connection at a time. A part that fails to stream is abandoned,
+  // which aborts the group at once and hands back the parked parts.
+  for (std::uint32_t r = tp; r-- > 0;) {
     std::vector<LayerSnapshot> mine;
     for (LayerSnapshot& l : ranks[r]) {
       if (r == 0 || IsSharded(ShapeOf(l))) mine.push_back(std::move(l));
     }
     PC_ASSIGN_OR_RETURN(auto stream, StreamPart(c, id, tokens, mine, PublishGroup{token, tp, r}, encode));
-    streams.push_back(std::move(stream));
+    PC_ASSIGN_OR_RETURN(PublishResult part, stream->Commit());
+    if (r == 0 || part.existed) return part;  // stored meanwhile: nothing more to send
   }
-  // The later ranks' parts wait; rank 0's commit writes the entry.
-  for (std::uint32_t r = tp - 1; r >= 1; --r) {
-    PC_ASSIGN_OR_RETURN(PublishResult part, streams[r]->Commit());
-    if (part.existed) return part;  // stored meanwhile: nothing more to send
-  }
-  return streams[0]->Commit();
+  return Status::Internal("TP publish: unreachable");
 }
 
 Result<std::uint64_t> TpPrefixCache::TryRestore(TpSession& session, std::span<const std::uint32_t> tokens,

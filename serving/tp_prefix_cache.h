@@ -9,9 +9,8 @@
 //    (TensorParallelModel::Restore), so every rank restores the same
 //    boundary or none does, and a refusal primes in full.
 //  - Publish: at TP 1 an entry of its own; at TP n a group publish, one part
-//    per rank (rank 0 every layer, each later rank its shards), every part
-//    streamed before any commits, then committed rank n-1 first and rank 0
-//    last, which writes the entry.
+//    per rank (rank 0 every layer, each later rank its shards), rank n-1's
+//    first and rank 0's last, whose commit writes the entry.
 // The fingerprint is the whole model's (PrefixCache::ModelIdFor), not the TP
 // size: an entry of one TP size serves every other that divides its heads.
 //
@@ -77,8 +76,9 @@ Result<std::vector<LayerSnapshot>> FetchRankParts(client::Client& c, const Looku
 
 // Publishes a boundary held as every rank's snapshots (rank r's at index r,
 // each its full list, as CaptureFull gives them): one rank, an entry of its
-// own; more, a group under `token` (not 0) of one part per rank, every part
-// streamed before any commits, rank 0's committed last.
+// own; more, a group under `token` (not 0) of one part per rank, streamed
+// and committed one at a time from the last rank to rank 0, whose commit
+// writes the entry (so one publish at a time is in flight on `c`).
 Result<PublishResult> PublishRanks(client::Client& c, const client::ModelId& id,
                                    std::span<const std::uint32_t> tokens,
                                    std::vector<std::vector<LayerSnapshot>> ranks, std::uint64_t token,
