@@ -90,6 +90,7 @@ Result<std::shared_ptr<Conn>> Client::Impl::Dial() {
     h.setMaxVersion(ipc::kMaxProtocolVersion);
     h.setClient(opts.client_name);
     h.setNamespace(opts.ns);
+    if (opts.tp_rank) h.setTpRank(*opts.tp_rank);
   });
   PC_ASSIGN_OR_RETURN(Frame hf, Call(c, hid, *hello));
   {

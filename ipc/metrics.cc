@@ -78,6 +78,16 @@ void WriteRequests(ExpositionWriter& w, const ServerCounters& c) {
   w.Sample("primecache_fetch_window_messages_total", {{"window", "shared"}}, Load(c.fetch_window_messages_shm));
   w.Sample("primecache_fetch_window_messages_total", {{"window", "device"}}, Load(c.fetch_window_messages_device));
   WriteFetchPool(w, c);
+  w.Family("primecache_rank_publish_bytes_total", Type::kCounter,
+           "Chunk bytes of committed parts of group publishes (tensor-parallel entries), by the part's rank.");
+  for (const auto& [rank, bytes] : c.rank_publish_bytes.Snapshot()) {
+    w.Sample("primecache_rank_publish_bytes_total", {{"rank", std::to_string(rank)}}, bytes);
+  }
+  w.Family("primecache_rank_fetch_bytes_total", Type::kCounter,
+           "Chunk bytes sent by the fetches of connections that are a tensor-parallel rank, by rank.");
+  for (const auto& [rank, bytes] : c.rank_fetch_bytes.Snapshot()) {
+    w.Sample("primecache_rank_fetch_bytes_total", {{"rank", std::to_string(rank)}}, bytes);
+  }
 }
 
 void WriteStore(ExpositionWriter& w, const StoreStats& st) {

@@ -121,6 +121,10 @@ struct Hello {
   # The tenant this connection acts for. Every boundary and entry the
   # connection names must belong to it. Empty: the default namespace "".
   namespace @3 :Text;
+  # This connection is rank tpRank of a tensor-parallel engine, whose
+  # fetches the daemon's metrics count by rank (primecache_rank_fetch_bytes_total);
+  # below 1024. The default: not a rank.
+  tpRank @4 :UInt32 = 0xffffffff;
 }
 
 struct HelloReply {

@@ -203,7 +203,13 @@ Answer Session::OnHello(const Incoming& in) {
           peer_.allowed_namespaces->end()) {
     return Answer::PermissionDenied("namespace '" + *ns + "' is not allowed for uid " + std::to_string(peer_.uid));
   }
+  constexpr std::uint32_t kNotARank = 0xffffffff;
+  if (h.getTpRank() != kNotARank && h.getTpRank() >= RankBytes::kRanks) {
+    return Status::InvalidArgument("hello: TP rank " + std::to_string(h.getTpRank()) + " is beyond " +
+                                   std::to_string(RankBytes::kRanks - 1));
+  }
   ns_ = *ns;
+  if (h.getTpRank() != kNotARank) tp_rank_ = h.getTpRank();
   hello_done_ = true;
   return BuildResponse(id, [&](wire::Response::Builder r) {
     auto hr = r.initHello();

@@ -17,6 +17,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -101,6 +102,30 @@ struct PeerInfo {
 // Counters the server shares among sessions. The metrics endpoint
 // (ipc/metrics.h) reads them from its own thread: each is an atomic (the
 // histograms are made of them), updated where the work they count ends.
+// Bytes counted by tensor-parallel rank: the chunk bytes of each rank's
+// committed parts of group publishes, and what the fetches of connections
+// that said they are a rank (Hello.tpRank) sent. Ranks at and beyond kRanks
+// (StoreLimits::kMaxGroupRanks) cannot occur: the store and the hello refuse them.
+// Thread-safe: Add from any thread, Snapshot meanwhile.
+class RankBytes {
+ public:
+  static constexpr std::uint32_t kRanks = 1024;
+  void Add(std::uint32_t rank, std::uint64_t bytes) {
+    if (rank < kRanks && bytes != 0) bytes_[rank].fetch_add(bytes, std::memory_order_relaxed);
+  }
+  // Every rank counted so far, ascending: (rank, bytes).
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> Snapshot() const {
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> out;
+    for (std::uint32_t r = 0; r < kRanks; ++r) {
+      if (const std::uint64_t b = bytes_[r].load(std::memory_order_relaxed); b != 0) out.emplace_back(r, b);
+    }
+    return out;
+  }
+
+ private:
+  std::array<std::atomic<std::uint64_t>, kRanks> bytes_{};
+};
+
 struct ServerCounters {
   std::atomic<std::uint32_t> connections{0};
   std::atomic<std::uint32_t> publishes_in_flight{0};
@@ -137,6 +162,7 @@ struct ServerCounters {
   std::atomic<std::uint64_t> fetch_pool_running{0}, fetch_pool_parked{0}, fetch_pool_queued{0};
   std::atomic<std::uint64_t> fetch_pool_threads{0};
   std::atomic<std::uint64_t> fetch_pool_parks{0}, fetch_pool_parks_refused{0};
+  RankBytes rank_publish_bytes, rank_fetch_bytes;
 };
 
 struct FetchState;  // ipc/fetch_sender.h
@@ -306,6 +332,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Loop-thread state.
   bool hello_done_ = false;
   std::string ns_;
+  std::optional<std::uint32_t> tp_rank_;  // Hello.tpRank: a rank of a TP engine
   std::shared_ptr<ShmRegion> shm_;
 
   mutable Mutex mu_;  // guards the maps, the count and the backlog below

@@ -163,6 +163,7 @@ Answer Session::OnFetch(const Incoming& in) {
     spdlog::debug("primecached: fetch of entry {}: {}", target, sender.Timings());
     forget();
     counters_->fetch_bytes.fetch_add(sender.bytes(), std::memory_order_relaxed);
+    if (tp_rank_) counters_->rank_fetch_bytes.Add(*tp_rank_, sender.bytes());
     sender.AddTo(*counters_);  // [extents] chunks and extents per window
     if (!s.ok()) {
       counters_->fetch_errors.fetch_add(1, std::memory_order_relaxed);

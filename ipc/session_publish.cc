@@ -531,6 +531,7 @@ Answer Session::OnPublishEnd(const Incoming& in, const std::shared_ptr<Publish>&
         }
         // Counted before the answer: a client that saw it finds it counted.
         counters_->publish_bytes.fetch_add(pub->chunk_bytes, std::memory_order_relaxed);
+        if (pub->key.group) counters_->rank_publish_bytes.Add(pub->key.group->rank, pub->chunk_bytes);
         counters_->publish_seconds.Observe(std::chrono::steady_clock::now() - pub->begun);
         return BuildResponse(id, [&](wire::Response::Builder r) { WritePublishResult(*done, r.initPublished()); });
       },

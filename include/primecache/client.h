@@ -73,6 +73,9 @@ struct ClientOptions {
   std::chrono::milliseconds reconnect_backoff{50};
   bool shared_memory = false;
   std::size_t shared_memory_bytes = 64u << 20;  // half for publishing, half for fetching
+  // This client is rank tp_rank (below 1024) of a tensor-parallel engine:
+  // the daemon's metrics count its fetched bytes by rank.
+  std::optional<std::uint32_t> tp_rank;
 };
 
 struct ModelId {

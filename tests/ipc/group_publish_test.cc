@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "tests/ipc/daemon_harness.h"
+#include "tests/ipc/http_scrape.h"
 
 namespace primecache::testing {
 namespace {
@@ -88,6 +89,56 @@ TEST(GroupPublishDaemon, TwoRanksOnTwoConnectionsPublishOneEntry) {
   const auto after = admin->Stat().value().store;
   EXPECT_EQ(after.group_publishes_open, 0u);
   EXPECT_EQ(after.group_publishes_aborted, 0u);
+}
+
+std::uint64_t ChunkBytes(const std::vector<LayerData>& layers) {
+  std::uint64_t n = 0;
+  for (const LayerData& l : layers) {
+    for (const auto& c : l.chunks) n += c.size();
+  }
+  return n;
+}
+
+// The metrics count bytes by rank: each part's committed chunk bytes by its
+// group rank, and each fetch's bytes by the rank its connection said it is.
+TEST(GroupPublishDaemon, TheMetricsCountEachRanksPublishedAndFetchedBytes) {
+  const std::uint16_t port = FreeLoopbackPort();
+  ASSERT_NE(port, 0);
+  Daemon d({"--metrics-listen", "127.0.0.1:" + std::to_string(port)});
+  ASSERT_TRUE(d.Start());
+  std::vector<std::unique_ptr<Client>> ranks;
+  for (std::uint32_t r = 0; r < kRanks; ++r) {
+    ClientOptions o = d.Options("tp");
+    o.tp_rank = r;
+    ranks.push_back(Client::Connect(o).value());
+  }
+  const auto tokens = Tokens(300, 3);
+  const auto parts = Parts(tokens.size(), 5);
+  auto s0 = Stream(*ranks[0], tokens, 78, 0, parts[0]);
+  auto s1 = Stream(*ranks[1], tokens, 78, 1, parts[1]);
+  ASSERT_TRUE(s1->Commit().ok());
+  auto done = s0->Commit();
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  // Rank 0 reads its part (entry layers 0 and 1), rank 1 the replicated layer and its shard (0 and 2).
+  const std::vector<std::uint32_t> mine0 = {0, 1}, mine1 = {0, 2};
+  ASSERT_TRUE(ranks[0]->FetchLayers(done->id, mine0).ok());
+  ASSERT_TRUE(ranks[1]->FetchLayers(done->id, mine1).ok());
+  const std::string text = HttpRequest(port, "GET /metrics HTTP/1.0\r\n\r\n");
+  auto sample = [&](const std::string& name, std::uint32_t r) {
+    return SampleValue(text, name + "{rank=\"" + std::to_string(r) + "\"}").value_or(-1);
+  };
+  EXPECT_EQ(sample("primecache_rank_publish_bytes_total", 0), double(ChunkBytes(parts[0])));
+  EXPECT_EQ(sample("primecache_rank_publish_bytes_total", 1), double(ChunkBytes(parts[1])));
+  EXPECT_EQ(sample("primecache_rank_fetch_bytes_total", 0), double(ChunkBytes(parts[0])));
+  EXPECT_EQ(sample("primecache_rank_fetch_bytes_total", 1),
+            double(ChunkBytes({parts[0][0]}) + ChunkBytes(parts[1])));
+  // A connection that is no rank counts under none; a rank beyond the limit is refused.
+  EXPECT_FALSE(SampleValue(text, "primecache_rank_fetch_bytes_total{rank=\"2\"}"));
+  ClientOptions bad = d.Options("tp");
+  bad.tp_rank = 4096;
+  auto refused = Client::Connect(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("TP rank 4096"), std::string::npos) << refused.status().ToString();
 }
 
 // Run as a child process (self-exec): rank 1 streams its part, says so, and
