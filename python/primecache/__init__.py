@@ -36,6 +36,8 @@ from ._primecache import (  # noqa: F401  (the package's API)
     PlaneLayout,
     PlaneRecord,
     PublishResult,
+    RankLayerSource,
+    RankPartsPlan,
     RecurrentShape,
     RemoteStats,
     ServerInfo,
@@ -50,6 +52,9 @@ from ._primecache import (  # noqa: F401  (the package's API)
     plan_digest,
     plane_layouts,
     parse_layer_header,
+    assemble_rank_parts,
+    is_sharded,
+    rank_parts,
 )
 
 

@@ -268,7 +268,8 @@ void BindOptions(py::module_& m) {
           "reconnect_backoff", [](const ClientOptions& x) { return Seconds(x.reconnect_backoff); },
           [](ClientOptions& x, double s) { x.reconnect_backoff = Millis(s); })
       .def_readwrite("shared_memory", &ClientOptions::shared_memory)
-      .def_readwrite("shared_memory_bytes", &ClientOptions::shared_memory_bytes);
+      .def_readwrite("shared_memory_bytes", &ClientOptions::shared_memory_bytes)
+      .def_readwrite("tp_rank", &ClientOptions::tp_rank);
   KeywordInit(o);
   FieldRepr(o, {"endpoint", "client_name", "ns", "timeout", "shared_memory"});
   py::class_<client::ServerInfo> info(m, "ServerInfo");
@@ -295,5 +296,6 @@ PYBIND11_MODULE(_primecache, m) {
   pp::BindEntries(m);
   pp::BindStats(m);
   pp::BindLayers(m);
+  pp::BindTp(m);
   pp::BindClient(m);
 }

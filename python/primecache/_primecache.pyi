@@ -122,6 +122,22 @@ def cuda_runtime_available() -> bool: ...
 def codec_versions(shapes: list[LayerShape]) -> list[str]: ...
 def plan_digest(shapes: list[LayerShape]) -> Hash128: ...
 
+class RankLayerSource:
+    entry_layers: list[int]
+    first_stored_rank: int
+    sharded: bool
+
+class RankPartsPlan:
+    stored_ranks: int
+    tp: int
+    rank: int
+    fetch: list[int]
+    layers: list[RankLayerSource]
+
+def is_sharded(shape: LayerShape) -> bool: ...
+def rank_parts(sharded: list[bool], entry_layers: int, stored_ranks: int, tp: int, rank: int) -> RankPartsPlan: ...
+def assemble_rank_parts(plan: RankPartsPlan, fetched: list[Any], kv_heads: int) -> list[tuple[LayerShape, dict[str, Any]]]: ...
+
 class ClientOptions:
     endpoint: str
     client_name: str
@@ -132,9 +148,10 @@ class ClientOptions:
     reconnect_backoff: float
     shared_memory: bool
     shared_memory_bytes: int
+    tp_rank: int | None
     def __init__(self, *, endpoint: str = ..., client_name: str = ..., ns: str = ..., timeout: float = ...,
                  connect_timeout: float = ..., reconnect_attempts: int = ..., reconnect_backoff: float = ...,
-                 shared_memory: bool = ..., shared_memory_bytes: int = ...) -> None: ...
+                 shared_memory: bool = ..., shared_memory_bytes: int = ..., tp_rank: int | None = ...) -> None: ...
 
 class ServerInfo:
     version: int

@@ -94,6 +94,15 @@ void BindLayers(py::module_& m);
 // calls them, the first before its own values, the second after).
 void BindFetchBuffer(py::module_& m);
 void BindFetchedLayer(py::module_& m);
+// A layer given as a (shape, planes) pair or an object with .shape and
+// .planes (planes by name or in stored order) as a snapshot: f32 planes of
+// the kinds a TP engine splits (latent, recurrent, KV); ValueError naming
+// `index` otherwise (layers.cc).
+LayerSnapshot SnapshotFromPlanes(const py::handle& layer, std::size_t index);
+// A snapshot as a (shape, {plane name: float32 array [rows, row_width]}) pair.
+py::tuple PlanesFromSnapshot(const LayerSnapshot& layer);
+// tp.cc: the TP helpers (RankPartsPlan, rank_parts, assemble_rank_parts).
+void BindTp(py::module_& m);
 // Encodes each layer of `layers` ((shape, planes) pairs or objects with
 // .shape and .planes, planes by name or in stored order) and publishes them;
 // ValueError for arrays that do not fit their shape. With `group`, one

@@ -14,7 +14,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <string>
+#include <variant>
 
 #include "python/primecache/binding.h"
 
@@ -154,6 +156,39 @@ Status StreamLayer(client::PublishStream& stream, const LayerInput& in, const En
 }
 
 }  // namespace
+
+LayerSnapshot SnapshotFromPlanes(const py::handle& layer, std::size_t index) {
+  const std::string where = "layer " + std::to_string(index);
+  LayerInput in = ReadLayer(layer, index);
+  if (std::holds_alternative<LinearStateShape>(in.shape)) {
+    throw py::value_error(where + ": a linear-state layer does not split among TP ranks");
+  }
+  LayerSnapshot snap = ValueOrRaise(MakeSnapshot(in.shape));
+  const LayerCodec* codec = ValueOrRaise(CodecRegistry::Default().KindFor(in.shape));
+  const std::vector<std::span<float>> dst = codec->MutablePlaneData(snap);
+  if (dst.size() != in.planes.size()) throw py::value_error(where + ": planes other than a snapshot's");
+  for (std::size_t p = 0; p < dst.size(); ++p) {
+    if (in.planes[p].type != ElementType::kF32 || in.planes[p].bytes.size() != dst[p].size_bytes()) {
+      throw py::value_error(where + ": plane " + std::to_string(p) + " is not float32 values of its layer");
+    }
+    std::memcpy(dst[p].data(), in.planes[p].bytes.data(), dst[p].size_bytes());
+  }
+  return snap;
+}
+
+py::tuple PlanesFromSnapshot(const LayerSnapshot& layer) {
+  const LayerShape shape = ShapeOf(layer);
+  const LayerCodec* codec = ValueOrRaise(CodecRegistry::Default().KindFor(shape));
+  const auto layouts = ValueOrRaise(codec->Planes(shape, CodecLimits{}));
+  const std::vector<std::span<const float>> data = codec->PlaneData(layer);
+  py::dict planes;
+  for (std::size_t p = 0; p < layouts.size(); ++p) {
+    py::array_t<float> a({static_cast<py::ssize_t>(layouts[p].rows), static_cast<py::ssize_t>(layouts[p].row_width)});
+    std::memcpy(a.mutable_data(), data[p].data(), data[p].size_bytes());
+    planes[py::str(std::string(PlaneName(layouts[p].id)))] = a;
+  }
+  return py::make_tuple(py::cast(shape), planes);
+}
 
 PublishResult PublishArrays(client::Client& c, const client::ModelId& model,
                             std::vector<std::uint32_t> tokens, py::sequence layers,

@@ -136,6 +136,69 @@ def test_two_worker_ranks_publish_one_tensor_parallel_entry(daemon):
             rank0.publish(model, tokens_of(rng), parts[0], group=(0, 2, 0))  # a group token is not 0
 
 
+def worker_slice(shape, planes, tp, rank, kv_heads):
+    """Worker `rank` of TP `tp`'s share of a whole layer, sliced in NumPy by
+    the layouts docs/python.md gives (the oracle of assemble_rank_parts)."""
+    if isinstance(shape, primecache.LatentShape):
+        return shape, planes
+    if isinstance(shape, primecache.RecurrentShape):
+        h, d = shape.heads // tp, shape.head_dim
+        rows = shape.heads * d  # one of the conv ring's q, k and v
+        conv = np.concatenate([planes["conv_ring"][p * rows + rank * h * d: p * rows + (rank + 1) * h * d]
+                               for p in range(3)])
+        state = planes["state"][rank * h * d:(rank + 1) * h * d]
+        return (primecache.RecurrentShape(heads=h, head_dim=d, kernel=shape.kernel),
+                {"conv_ring": np.ascontiguousarray(conv), "state": np.ascontiguousarray(state)})
+    kw, vw = shape.k_width // tp, shape.v_width // tp
+    return (primecache.KvShape(len=shape.len, k_width=kw, v_width=vw),
+            {"k_rows": np.ascontiguousarray(planes["k_rows"][:, rank * kw:(rank + 1) * kw]),
+             "v_rows": np.ascontiguousarray(planes["v_rows"][:, rank * vw:(rank + 1) * vw])})
+
+
+def test_workers_of_any_tp_size_assemble_their_shards_of_a_tp_entry(daemon):
+    """Two workers publish a TP-2 entry (4 KDA heads, 4 kv heads); workers of
+    TP 1, 2 and 4 then each fetch only the layers rank_parts names (on a
+    connection that says its rank) and assemble_rank_parts makes their own
+    shards, bit for bit the NumPy slice of the whole at their TP size."""
+    rng = np.random.default_rng(33)
+    tokens = tokens_of(rng)
+    latent = make_layers(rng)[0]
+    rec = primecache.RecurrentShape(heads=4, head_dim=2, kernel=3)
+    kv = primecache.KvShape(len=LENGTH, k_width=4 * 3, v_width=4 * 2)
+    whole = [latent,
+             (rec, random_planes(rng, {"conv_ring": (24, 2), "state": (8, 2)})),
+             (kv, random_planes(rng, {"k_rows": (LENGTH, 12), "v_rows": (LENGTH, 8)}))]
+    sharded = [primecache.is_sharded(shape) for shape, _ in whole]
+    assert sharded == [False, True, True]
+    model = model_id("py-tp-reshard", shapes=[shape for shape, _ in whole])
+    for rank in (1, 0):  # rank 0's part (every layer) commits last and writes the entry
+        part = [worker_slice(shape, planes, 2, rank, 4) for (shape, planes), s in zip(whole, sharded)
+                if rank == 0 or s]
+        with primecache.connect(daemon.socket, timeout=15, tp_rank=rank) as worker:
+            done = worker.publish(model, tokens, part, group=(1234, 2, rank))
+    hit = primecache.connect(daemon.socket).lookup(model, tokens)
+    assert (hit.id, hit.ranks, hit.layers) == (done.id, 2, 5)
+    for tp in (1, 2, 4):
+        for rank in range(tp):
+            plan = primecache.rank_parts(sharded, hit.layers, hit.ranks, tp, rank)
+            with primecache.connect(daemon.socket, timeout=15, tp_rank=rank) as worker:
+                fetched = worker.fetch(hit.id, plan.fetch)
+            mine = primecache.assemble_rank_parts(plan, fetched, 4)
+            assert len(mine) == 3
+            for m, ((shape, planes), (want_shape, want)) in enumerate(
+                    zip(mine, [worker_slice(s, p, tp, rank, 4) for s, p in whole])):
+                assert shape == want_shape, (tp, rank, m)
+                for name, a in want.items():
+                    assert np.array_equal(planes[name].view(np.uint32), a.view(np.uint32)), (tp, rank, m, name)
+    # At TP 2 a worker reads its own part only; at TP 1 both parts of each sharded layer.
+    assert primecache.rank_parts(sharded, 5, 2, 2, 1).fetch == [0, 3, 4]
+    assert primecache.rank_parts(sharded, 5, 2, 1, 0).fetch == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError):
+        primecache.rank_parts(sharded, 6, 2, 2, 0)  # not this model's entry
+    with pytest.raises(ValueError):
+        primecache.assemble_rank_parts(primecache.rank_parts(sharded, 5, 2, 2, 1), fetched[:1], 4)
+
+
 def test_round_trip_through_shared_memory(daemon):
     rng = np.random.default_rng(12)
     layers, tokens, model = make_layers(rng), tokens_of(rng), model_id()
