@@ -22,7 +22,7 @@ an error, so a benchmark whose CSV changes fails here (and in the ctest
                                      (one key, keyspace, new keys) per chunk size
   primecache-serving-bench --csv X   X.png: hit rate (and the replay's), TTFT p50/p95 and stored bytes
                                      per trace x boundary setting
-  primecache-fanin-bench --csv-dir D fanin-CONFIG-BACKEND.png: aggregate restore rate against the copy
+  primecache-fanin-bench --csv-dir D fanin-CONFIG-BACKEND.png (with --tp: fanin-tp-...): aggregate restore rate against the copy
                                      and the slowest engine against its fair share, per engines at once
 """
 import csv
@@ -299,6 +299,9 @@ def plot_serving(rows, out):
 
 
 def plot_fanin(rows, out):
+    # fanin-tp-*: the rank processes of one TP entry (primecache-fanin-bench --tp).
+    tp = os.path.basename(out).startswith("fanin-tp-")
+    who = "TP ranks (one process each) restoring their parts of one entry" if tp else "engine processes restoring"
     rows = sorted(rows, key=lambda r: int(r["engines"]))
     engines = [r["engines"] for r in rows]
     xs = range(len(rows))
@@ -322,11 +325,12 @@ def plot_fanin(rows, out):
     for ax in axes:
         ax.set_xticks(list(xs))
         ax.set_xticklabels(engines)
-        ax.set_xlabel("engine processes restoring at once")
+        ax.set_xlabel(who + " at once")
         ax.set_ylim(0, max(1.6, *(ax.get_ylim()[1:])) * 1.08)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"many restores at once: {rows[0]['config']}, {int(rows[0]['prefix_tokens'])} tokens each, "
+    what = "TP ranks restoring at once" if tp else "many restores at once"
+    fig.suptitle(f"{what}: {rows[0]['config']}, {int(rows[0]['prefix_tokens'])} tokens each, "
                  f"on {rows[0]['device']}", fontsize=10)
     return [save(fig, out + ".png")]
 
