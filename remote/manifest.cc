@@ -7,7 +7,11 @@ namespace primecache::remote {
 namespace {
 
 constexpr std::uint32_t kMagic = 0x4d524350;  // "PCRM"
+// Version 2 is version 1 with the entry's rank count after its tokens: a
+// tensor-parallel entry. An entry of one publisher is written as version 1,
+// byte for byte what it was.
 constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kTpVersion = 2;
 
 void PutHash(ByteWriter& w, const Hash128& h) {
   w.U64(h.lo);
@@ -47,7 +51,7 @@ Status Count(ByteReader& r, std::uint32_t* n, std::uint64_t max, std::string_vie
   return Status::Ok();
 }
 
-Status DecodeEntry(ByteReader& r, PublishRequest* e) {
+Status DecodeEntry(ByteReader& r, std::uint32_t version, PublishRequest* e) {
   PC_RETURN_IF_ERROR(GetHash(r, &e->model, "model"));
   PC_RETURN_IF_ERROR(GetLong(r, &e->model_name, StoreLimits::kMaxModelNameBytes, "model name"));
   PC_RETURN_IF_ERROR(GetLong(r, &e->model_descriptor, StoreLimits::kMaxDescriptorBytes, "model descriptor"));
@@ -58,8 +62,17 @@ Status DecodeEntry(ByteReader& r, PublishRequest* e) {
   std::uint32_t tokens = 0;
   PC_RETURN_IF_ERROR(Count(r, &tokens, StoreLimits::kMaxTokens, "tokens"));
   if (tokens == 0) return Status::Corruption("remote manifest: an entry of no tokens");
+  // Each token takes 4 bytes: refuse a count the rest cannot hold before allocating for it.
+  if (std::uint64_t{tokens} * 4 > r.remaining()) return Status::Corruption("remote manifest: tokens truncated");
   e->tokens.resize(tokens);
   for (std::uint32_t& t : e->tokens) PC_RETURN_IF_ERROR(r.U32(&t, "token"));
+  if (version == kTpVersion) {
+    PC_RETURN_IF_ERROR(r.U32(&e->ranks, "ranks"));
+    if (e->ranks < 2 || e->ranks > StoreLimits::kMaxGroupRanks) {
+      return Status::Corruption("remote manifest: a tensor-parallel entry of " + std::to_string(e->ranks) +
+                                " ranks");
+    }
+  }
   return Status::Ok();
 }
 
@@ -84,6 +97,8 @@ Status DecodeLayer(ByteReader& r, ManifestLayer* l) {
 RemoteManifest ManifestOf(PublishRequest entry, const std::vector<LayerBytes>& layers) {
   RemoteManifest m;
   m.entry = std::move(entry);
+  m.entry.ranks = m.entry.EntryRanks();
+  m.entry.group.reset();
   for (const LayerBytes& l : layers) {
     ManifestLayer& out = m.layers.emplace_back();
     out.header = l.header;
@@ -117,8 +132,9 @@ std::string ChunkCheckText(ChunkCheck check, const ChunkRef& ref, const std::opt
 std::string EncodeManifest(const RemoteManifest& m) {
   std::string out;
   ByteWriter w(&out);
+  const std::uint32_t ranks = m.entry.EntryRanks();
   w.U32(kMagic);
-  w.U32(kVersion);
+  w.U32(ranks > 1 ? kTpVersion : kVersion);
   PutHash(w, m.entry.model);
   PutLong(w, m.entry.model_name);
   PutLong(w, m.entry.model_descriptor);
@@ -128,6 +144,7 @@ std::string EncodeManifest(const RemoteManifest& m) {
   w.U64(m.entry.cost.attention_flops_per_pair);
   w.U32(static_cast<std::uint32_t>(m.entry.tokens.size()));
   for (std::uint32_t t : m.entry.tokens) w.U32(t);
+  if (ranks > 1) w.U32(ranks);
   w.U32(static_cast<std::uint32_t>(m.layers.size()));
   for (const ManifestLayer& l : m.layers) {
     PutLong(w, l.header);
@@ -153,9 +170,11 @@ Result<RemoteManifest> DecodeManifest(std::string_view bytes) {
   PC_RETURN_IF_ERROR(r.U32(&magic, "magic"));
   PC_RETURN_IF_ERROR(r.U32(&version, "version"));
   if (magic != kMagic) return Status::Corruption("remote manifest: bad magic");
-  if (version != kVersion) return Status::Corruption("remote manifest: version " + std::to_string(version));
+  if (version != kVersion && version != kTpVersion) {
+    return Status::Corruption("remote manifest: version " + std::to_string(version));
+  }
   RemoteManifest m;
-  PC_RETURN_IF_ERROR(DecodeEntry(r, &m.entry));
+  PC_RETURN_IF_ERROR(DecodeEntry(r, version, &m.entry));
   PC_RETURN_IF_ERROR(Count(r, &layers, kMaxManifestLayers, "layers"));
   m.layers.resize(layers);
   for (ManifestLayer& l : m.layers) PC_RETURN_IF_ERROR(DecodeLayer(r, &l));

@@ -31,7 +31,10 @@ inline constexpr std::uint32_t kMaxManifestLayers = 4096;
 inline constexpr std::uint32_t kMaxLayerChunks = 1u << 20;
 inline constexpr std::uint32_t kMaxLayerHeaderBytes = 1u << 20;
 
-// The manifest of an entry stored locally as `layers`.
+// The manifest of an entry stored locally as `layers`. A tensor-parallel
+// entry (its EntryRanks() above 1: a group part's request, or a whole
+// entry's) keeps its rank count and no group: it is brought back as a
+// whole entry.
 RemoteManifest ManifestOf(PublishRequest entry, const std::vector<LayerBytes>& layers);
 
 // What a chunk value read back from the cluster is against its reference.

@@ -19,7 +19,8 @@ class QueueingPublisher final : public Publisher {
   Status EndLayer() override { return inner_->EndLayer(); }
   Result<PublishResult> Commit() override {
     PC_ASSIGN_OR_RETURN(PublishResult r, inner_->Commit());
-    if (!r.existed) owner_->Enqueue(r.id, request_);
+    // A group's entry is written by the part that completes it; the others have none yet.
+    if (!r.existed && !r.group_pending) owner_->Enqueue(r.id, request_);
     return r;
   }
   void Abort() override { inner_->Abort(); }

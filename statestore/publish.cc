@@ -311,7 +311,7 @@ Status AddEntry(LocalStore::Impl& s, Txn& t, const PublishRequest& req, const Bo
   sum.scope = scope;
   sum.length = length;
   sum.layers = static_cast<std::uint32_t>(m.layers.size());
-  sum.ranks = req.group ? req.group->ranks : 1;
+  sum.ranks = req.EntryRanks();
   sum.flops = EstimatePrefillFlops(req.cost, length);
   sum.created_unix_ms = NowUnixMs();
   sum.node_hash = place.node_hash;
@@ -377,8 +377,7 @@ Status LocalStore::Impl::CheckModel(const PublishRequest& req, std::span<const S
   for (const StagedPart& p : parts) {
     for (const ManifestLayer& l : p.layers) headers.emplace_back(l.header);
   }
-  const std::uint32_t ranks = req.group ? req.group->ranks : 1;
-  Status s = validator->CheckModel(req.model_descriptor, headers, ranks);
+  Status s = validator->CheckModel(req.model_descriptor, headers, req.EntryRanks());
   return s.ok() ? s : s.WithContext("entry refused");
 }
 
@@ -509,6 +508,13 @@ Status CheckRequest(const PublishRequest& req) {
       Checksum128(std::as_bytes(std::span(req.model_descriptor.data(), req.model_descriptor.size()))) !=
           req.model) {
     return Status::InvalidArgument("the model descriptor does not hash to the model digest");
+  }
+  if (req.ranks == 0 || req.ranks > StoreLimits::kMaxGroupRanks) {
+    return Status::InvalidArgument("a tensor-parallel entry has 1.." + std::to_string(StoreLimits::kMaxGroupRanks) +
+                                   " ranks, not " + std::to_string(req.ranks));
+  }
+  if (req.group && req.ranks != 1) {
+    return Status::InvalidArgument("a group part names its ranks in its group, not as a whole entry's");
   }
   if (req.group) {
     const PublishGroup& g = *req.group;

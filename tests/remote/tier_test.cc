@@ -67,6 +67,32 @@ TEST(Manifest, RoundTripsAndRefusesEveryTruncationAndFlip) {
   }
 }
 
+// A tensor-parallel entry's manifest (version 2) keeps its rank count: a
+// group part's request is written as the whole entry's, without its group;
+// an entry of one publisher is still written as version 1, byte for byte.
+TEST(Manifest, ATensorParallelEntryKeepsItsRanks) {
+  const auto tokens = Tokens(200);
+  PublishRequest part = Entry(tokens);
+  part.group = PublishGroup{9, 4, 2};
+  const RemoteManifest m = ManifestOf(part, Layers(200));
+  EXPECT_EQ(m.entry.ranks, 4u);
+  EXPECT_FALSE(m.entry.group.has_value());
+  const std::string bytes = EncodeManifest(m);
+  auto back = DecodeManifest(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->entry.ranks, 4u);
+  EXPECT_EQ(back->entry.tokens, tokens);
+  EXPECT_EQ(back->layers.size(), 3u);
+  for (std::size_t n = 0; n < bytes.size(); n += 5) {
+    EXPECT_EQ(DecodeManifest(std::string_view(bytes).substr(0, n)).status().code(), StatusCode::kCorruption) << n;
+  }
+  const std::string one = EncodeManifest(ManifestOf(Entry(tokens), Layers(200)));
+  EXPECT_EQ(one.substr(4, 4), std::string("\x01\0\0\0", 4));  // version 1
+  EXPECT_EQ(bytes.substr(4, 4), std::string("\x02\0\0\0", 4));
+  EXPECT_EQ(one.size() + 4, bytes.size());  // the rank count, and nothing else
+  EXPECT_EQ(DecodeManifest(one)->entry.ranks, 1u);
+}
+
 class RemoteTierTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -82,6 +82,39 @@ TEST(TwoHosts, APromptPrimedOnOneHostIsRestoredOnTheOther) {
   EXPECT_EQ(Text(again.out), Text(plain.out));
 }
 
+// A TP-2 engine's entry (a group of two parts) goes to the cluster whole
+// and comes back on the other host as a TP entry, which a TP-2 engine there
+// restores and continues exactly as a TP-2 run without any cache.
+TEST(TwoHosts, ATensorParallelEntryCrossesToTheOtherHost) {
+  RedisCluster cluster;
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  Daemon a({"--remote", cluster.url()}), b({"--remote", cluster.url()});
+  ASSERT_TRUE(a.Start());
+  ASSERT_TRUE(b.Start());
+  ProcessResult first = RunPrompt(a.socket(), kPrompt, {"--tp", "2"});
+  ASSERT_EQ(first.rc, 0) << first.err;
+  ASSERT_TRUE(WaitForManifests(cluster, 1)) << "host A's TP entry never reached the cluster";
+
+  const std::string longer = std::string(kPrompt) + " The next night was calm.";
+  ProcessResult plain = RunPrompt("", longer, {"--tp", "2"});
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  ProcessResult on_b = RunPrompt(b.socket(), longer, {"--tp", "2"});
+  ASSERT_EQ(on_b.rc, 0) << on_b.err;
+  EXPECT_GT(Restored(on_b.out), 0u) << "host B restored nothing: " << on_b.out;
+  EXPECT_EQ(Text(on_b.out), Text(plain.out)) << "the restored continuation differs from a run without cache";
+  // B keeps it as a TP entry of two parts.
+  auto admin = Admin(b);
+  auto page = admin->List();
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  bool tp = false;
+  std::string seen;
+  for (const EntryInfo& e : page->entries) {
+    tp = tp || e.ranks == 2;
+    seen += " " + std::to_string(e.length) + ":" + std::to_string(e.ranks) + ":" + std::to_string(e.layers);
+  }
+  EXPECT_TRUE(tp) << "host B holds no TP entry:" << seen;
+}
+
 TEST(TwoHosts, ADaemonWhoseClusterIsDownServesItsOwnStore) {
   RedisCluster cluster;
   ASSERT_TRUE(cluster.ok()) << cluster.error();

@@ -95,6 +95,46 @@ TEST_P(GroupPublish, TheEntryIsVisibleOnlyOnceEveryRankCommitted) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GroupPublish, ::testing::Values(2u, 4u));
 
+// A whole TP entry from one publisher (PublishRequest::ranks: what the
+// remote tier brings back) is the entry the group writes, checked the same way.
+TEST(GroupPublishTest, AWholeTensorParallelEntryFromOnePublisherIsTheGroupsEntry) {
+  MemStore m;
+  const auto tokens = Conversation(300, 17);
+  const auto parts = MakeGroupParts(tokens, 4, TpModel());
+  const std::string descriptor = DescriptorFor(MakeLayers(tokens, TpModel()));
+  PublishRequest whole = PartRequest(tokens, 1, 4, 0, descriptor);
+  whole.group.reset();
+  whole.ranks = 4;
+  auto done = m.store->Publish(whole, Concat(parts));
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_FALSE(done->group_pending);
+  auto hit = Find(*m.store, tokens, whole.model);
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(hit->ranks, 4u);
+  ExpectSameLayers(m.store->FetchAll(done->id).value(), Concat(parts));
+  m.Reopen();
+  EXPECT_EQ(m.store->Describe(done->id)->info.ranks, 4u);
+  ExpectConsistent(*m.store);
+
+  // Refused, and nothing stored: parts that are not 4 ranks' (the rank count
+  // does not fit the layers), a rank count out of range, and a group part
+  // that also names a whole entry's ranks.
+  const auto other = Conversation(301, 18);
+  PublishRequest three = PartRequest(other, 1, 4, 0, descriptor);
+  three.group.reset();
+  three.ranks = 3;
+  EXPECT_EQ(m.store->Publish(three, Concat(MakeGroupParts(other, 4, TpModel()))).status().code(),
+            StatusCode::kInvalidArgument);
+  three.ranks = 0;
+  EXPECT_FALSE(m.store->Publish(three, Concat(MakeGroupParts(other, 4, TpModel()))).ok());
+  PublishRequest both = PartRequest(other, 1, 4, 0, descriptor);
+  both.ranks = 4;
+  EXPECT_EQ(m.store->BeginPublish(both).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(Find(*m.store, other, whole.model));
+  EXPECT_EQ(Staged(*m.store), 0u);
+  ExpectConsistent(*m.store);
+}
+
 TEST(GroupPublishTest, PartsMayCommitInAnyOrder) {
   MemStore m;
   const auto tokens = Conversation(200, 8);

@@ -37,6 +37,7 @@ EntryInfo InfoOf(const remote::RemoteManifest& m, bool with_tokens, std::uint64_
   if (with_tokens) e.tokens = m.entry.tokens;
   e.length = m.entry.tokens.size();
   e.layers = static_cast<std::uint32_t>(m.layers.size());
+  e.ranks = m.entry.EntryRanks();
   *chunks = 0;
   for (const ManifestLayer& l : m.layers) {
     *chunks += l.chunks.size();

@@ -69,6 +69,12 @@ struct PublishRequest {
   std::vector<std::uint32_t> tokens;  // the boundary's exact tokens, 1..kMaxTokens
   ModelCost cost;
   std::optional<PublishGroup> group;  // set: this is one rank's part of a group publish
+  // >1 (without group): the layers are a whole tensor-parallel entry of this
+  // many parts, in the order a group publish writes (an entry brought from
+  // the remote tier); at most StoreLimits::kMaxGroupRanks.
+  std::uint32_t ranks = 1;
+  // The entry's rank count: the group's, else `ranks`.
+  std::uint32_t EntryRanks() const { return group ? group->ranks : ranks; }
 };
 
 // One encoded layer as the codecs produce it: its serialized header and its
