@@ -160,7 +160,8 @@ Result<std::uint64_t> PrefixCache::TryRestoreRank(ModelSession& session,
   engine::SessionCache& cache = *session.cache;
   const auto t_lookup = Clock::now();
   PC_ASSIGN_OR_RETURN(auto agreed, AgreeOnHit(tokens));
-  const auto& [hit, shared] = agreed;
+  const LookupHit hit = agreed.first;
+  const std::uint64_t shared = agreed.second;
   figures->lookup_ms = MsSince(t_lookup);
   figures->shared_tokens = shared;
   if (hit.id == 0) return std::uint64_t{0};
