@@ -18,6 +18,9 @@
 #include <functional>
 #include <thread>
 
+#include "primecache/internal/codec.h"
+#include "primecache/internal/rank_parts.h"
+#include "tests/ipc/http_scrape.h"
 #include "tests/model/step_compare.h"
 #include "tests/model/tp_case.h"
 
@@ -59,8 +62,12 @@ RankEngines MakeRanks(const Case& k, const primecache::testing::Daemon& d, std::
         TransformSpec{"raw/v1", 0};  // the damage test finds a shard's bytes in the segments
     o.decode_threads = 2;
     o.tp = {tp, r, kGroupToken};
+    client::ClientOptions co = d.Options(ns[ns.size() == 1 ? 0 : r]);
+    co.tp_rank = r;  // the daemon's metrics count each rank's fetched bytes
+    auto c = client::Client::Connect(co);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
     e.caches.push_back(
-        std::make_unique<PrefixCache>(&e.model->rank(r), Connect(d, ns[ns.size() == 1 ? 0 : r]), k.id(), o));
+        std::make_unique<PrefixCache>(&e.model->rank(r), c.ok() ? std::move(c).value() : nullptr, k.id(), o));
   }
   return e;
 }
@@ -98,15 +105,57 @@ std::vector<float> RestoreByRanks(const Case& k, const primecache::testing::Daem
   return reqs[0]->all_logits;
 }
 
+// Each rank's fetched bytes, as the daemon's metrics count them.
+std::vector<double> RankFetchBytes(std::uint16_t port, std::uint32_t ranks) {
+  const std::string text = primecache::testing::HttpRequest(port, "GET /metrics HTTP/1.0\r\n\r\n");
+  std::vector<double> out;
+  for (std::uint32_t r = 0; r < ranks; ++r) {
+    const std::string series = "primecache_rank_fetch_bytes_total{rank=\"" + std::to_string(r) + "\"}";
+    out.push_back(primecache::testing::SampleValue(text, series).value_or(0));
+  }
+  return out;
+}
+
+// The chunk bytes of the entry layers rank `rank` of TP `tp` plans to read.
+double PlannedBytes(const Case& k, const primecache::testing::Daemon& d, const std::string& ns,
+                    std::uint32_t tp, std::uint32_t rank) {
+  auto c = Connect(d, ns);
+  const LookupHit hit = c->Lookup(k.id(), k.prompt).value().value();
+  DescribeOptions with_headers;
+  with_headers.layer_headers = true;
+  const auto detail = c->Describe(hit.id, with_headers).value();
+  const ModelConfig rc = RankConfig(k.config, tp).value();
+  const Weights rw = RankWeights(k.config, k.weights, tp, rank).value();
+  const RankPartsPlan plan =
+      PlanRankParts(ShardedLayers(HybridModel::PlanFor(rc, rw)), hit.layers, hit.ranks, tp, rank).value();
+  double bytes = 0;
+  for (std::uint32_t e : plan.fetch) {
+    const LayerHeader h = ParseLayerHeader(AsBytes(detail.layer_headers.at(e))).value();
+    for (const auto& p : h.planes) {
+      for (const auto& chunk : p.chunks) bytes += static_cast<double>(chunk.encoded_bytes);
+    }
+  }
+  return bytes;
+}
+
 TEST(TpRankCacheTest, TheRanksGroupPublishRestoresAtTheSameTpBitForBit) {
-  primecache::testing::Daemon d;
+  const std::uint16_t port = primecache::testing::FreeLoopbackPort();
+  ASSERT_NE(port, 0);
+  primecache::testing::Daemon d({"--metrics-listen", "127.0.0.1:" + std::to_string(port)});
   ASSERT_TRUE(d.Start());
   const Case k;
   for (std::uint32_t tp : {2u, 4u}) {
     SCOPED_TRACE("TP " + std::to_string(tp));
     const std::string ns = "ranks" + std::to_string(tp);
     PublishByRanks(k, d, tp, ns);
+    const std::vector<double> before = RankFetchBytes(port, tp);
     EXPECT_EQ(RestoreByRanks(k, d, tp, ns), Straight(k, tp));
+    // Each rank fetched its own part and the replicated layers, nothing more.
+    const std::vector<double> after = RankFetchBytes(port, tp);
+    for (std::uint32_t r = 0; r < tp; ++r) {
+      EXPECT_GT(after[r] - before[r], 0) << "rank " << r;
+      EXPECT_EQ(after[r] - before[r], PlannedBytes(k, d, ns, tp, r)) << "rank " << r;
+    }
   }
 }
 

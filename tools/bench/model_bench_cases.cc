@@ -206,6 +206,7 @@ Result<std::unique_ptr<model::PrefixCache>> OpenCache(const std::string& socket,
   // encoded in place) and a fetch window as large: at least 256 MiB.
   o.shared_memory_bytes = std::clamp<std::uint64_t>(4 * largest + (64u << 20), 256u << 20, 4ull << 30);
   o.timeout = std::chrono::milliseconds(300000);
+  if (base.tp.size > 1) o.tp_rank = base.tp.rank;  // the daemon counts its bytes by rank
   PC_ASSIGN_OR_RETURN(auto cl, client::Client::Connect(o));
   model::PrefixCacheOptions opt = base;  // its staging and chunking
   opt.encode.all_planes = path.transform;
