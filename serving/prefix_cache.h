@@ -205,6 +205,9 @@ class PrefixCache {
   // host and validated.
   Result<std::vector<LayerSnapshot>> FetchResharded(const LookupHit& hit, engine::SessionCache& cache,
                                                     Request* figures);
+  // A single-rank engine's restore of a TP entry's `hit`: FetchResharded,
+  // then RestoreSnapshots; 0 when it was refused.
+  Result<std::uint64_t> RestoreResharded(ModelSession& session, const LookupHit& hit, Request* figures);
   // Restores validated snapshots of `hit` (its length; the caller sets the
   // session's position).
   Result<std::uint64_t> RestoreSnapshots(ModelSession& session, const std::vector<LayerSnapshot>& layers,

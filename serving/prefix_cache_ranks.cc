@@ -155,6 +155,18 @@ Result<std::uint64_t> PrefixCache::RestoreSnapshots(ModelSession& session,
   return hit.length;
 }
 
+Result<std::uint64_t> PrefixCache::RestoreResharded(ModelSession& session, const LookupHit& hit,
+                                                    Request* figures) {
+  auto layers = FetchResharded(hit, *session.cache, figures);
+  if (!layers.ok()) {
+    NoteFailure("restoring entry " + std::to_string(hit.id), layers.status());
+    return std::uint64_t{0};
+  }
+  PC_ASSIGN_OR_RETURN(const std::uint64_t len, RestoreSnapshots(session, *layers, hit, figures));
+  session.position = len;
+  return len;
+}
+
 Result<std::uint64_t> PrefixCache::TryRestoreRank(ModelSession& session,
                                                   std::span<const std::uint32_t> tokens, Request* figures) {
   engine::SessionCache& cache = *session.cache;

@@ -16,6 +16,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The staged fetch's callbacks, forwarded to `staged` (filled in by on_hit;
+// none comes before it): its layers, chunks and, when StagedFetch takes
+// them, device extents.
+void ForwardTo(const client::FetchCallbacks& staged, bool device_extents, client::FetchCallbacks* cb) {
+  cb->on_layer = [&staged](std::uint32_t l, std::span<const std::byte> h, std::uint32_t n) {
+    return staged.on_layer(l, h, n);
+  };
+  cb->on_chunk_held = [&staged](std::uint32_t l, std::uint32_t i, std::span<const std::byte> b,
+                                client::ChunkRelease r) { return staged.on_chunk_held(l, i, b, std::move(r)); };
+  if (device_extents) {
+    cb->on_device_extent = [&staged](const client::DeviceExtent& x, client::ChunkRelease r) {
+      return staged.on_device_extent(x, std::move(r));
+    };
+  }
+}
+
 }  // namespace
 
 Status PrefixCache::GrowStaging(std::uint64_t bytes) {
@@ -74,16 +90,7 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
     staged = fetch->Callbacks();
     return Status::Ok();
   };
-  // The staged fetch's callbacks; none comes before on_hit made them.
-  cb.on_layer = [&](std::uint32_t l, std::span<const std::byte> h, std::uint32_t n) { return staged.on_layer(l, h, n); };
-  cb.on_chunk_held = [&](std::uint32_t l, std::uint32_t i, std::span<const std::byte> b, client::ChunkRelease r) {
-    return staged.on_chunk_held(l, i, b, std::move(r));
-  };
-  if (device_staging_ && !device_window_.empty()) {  // as StagedFetch takes device extents
-    cb.on_device_extent = [&](const client::DeviceExtent& x, client::ChunkRelease r) {
-      return staged.on_device_extent(x, std::move(r));
-    };
-  }
+  ForwardTo(staged, device_staging_ && !device_window_.empty(), &cb);
   const bool want_shared = options_.publish && options_.publish_branch_points;
   auto found = client_->LookupAndFetch(model_id_, tokens, cb, want_shared ? &figures->shared_tokens : nullptr);
   const auto t_end = Clock::now();
@@ -92,16 +99,7 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
   Status fetched = fetch ? fetch->Finish(found.status()) : found.status();
   figures->fetch_ms = hit ? ms(Clock::now() - t_fetch) : 0;
   if (!staging_failed.ok()) return staging_failed;
-  if (hit && hit->ranks > 1 && hit->length >= options_.min_prefix) {
-    auto layers = FetchResharded(*hit, cache, figures);
-    if (!layers.ok()) {
-      NoteFailure("restoring entry " + std::to_string(hit->id), layers.status());
-      return std::uint64_t{0};
-    }
-    PC_ASSIGN_OR_RETURN(const std::uint64_t len, RestoreSnapshots(session, *layers, *hit, figures));
-    session.position = len;
-    return len;
-  }
+  if (hit && hit->ranks > 1 && hit->length >= options_.min_prefix) return RestoreResharded(session, *hit, figures);
   if (!fetch) {
     // A miss, a hit too short to restore, or a lookup that failed: primed in full.
     if (!hit && !found.ok()) NoteFailure("lookup", found.status());
