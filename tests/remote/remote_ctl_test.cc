@@ -468,6 +468,26 @@ TEST_F(RemoteCtlTest, ShowPrintsOneManifest) {
   EXPECT_EQ(Remote({"show", "zz"}).rc, 2);
 }
 
+// A tensor-parallel entry in the cluster (manifest version 2) shows its
+// rank count, as a local one does.
+TEST_F(RemoteCtlTest, ShowGivesATensorParallelEntrysRanks) {
+  const auto tokens = Tokens(300, 9);
+  const auto parts = MakeGroupParts(tokens.size(), 9);
+  std::vector<LayerData> all = parts[0];
+  all.insert(all.end(), parts[1].begin(), parts[1].end());
+  PublishRequest req = RequestOf(model_, tokens, "team-b");
+  req.ranks = 2;
+  ASSERT_TRUE(tier_->Put(req, AsLayerBytes(all)).ok());
+  const std::string key = remote::ManifestKey(model_.digest, "team-b", tokens);
+  CtlRun r = Remote({"show", key, "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.Json()["entry"]["ranks"], 2) << r.out;
+  EXPECT_EQ(r.Json()["layers"].size(), 3u);
+  CtlRun text = Remote({"show", key});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out.find("ranks      2 (tensor-parallel"), std::string::npos) << text.out;
+}
+
 TEST_F(RemoteCtlTest, VerifyPassesAGoodEntryAndFindsACorruptedOrMissingChunk) {
   CtlRun r = Remote({"verify", Id()});
   ASSERT_EQ(r.rc, 0) << r.out << r.err;

@@ -80,6 +80,7 @@ nlohmann::json EntryJson(const std::string& key, const EntryInfo& e, std::uint64
           {"namespace", e.ns},
           {"length", e.length},
           {"layers", e.layers},
+          {"ranks", e.ranks},
           {"chunks", chunks},
           {"bytes", e.chunk_bytes}};
 }
@@ -203,6 +204,7 @@ void ShowRemoteText(const std::string& key, const EntryInfo& e, std::uint64_t ch
   }
   out.Line("  namespace  " + NamespaceLabel(e.ns));
   out.Line("  boundary   " + std::to_string(e.length) + " tokens, " + std::to_string(e.layers) + " layers");
+  if (e.ranks > 1) out.Line("  ranks      " + std::to_string(e.ranks) + " (tensor-parallel; its parts in the layer order)");
   out.Line("  chunks     " + std::to_string(chunks) + ", " + HumanBytes(e.chunk_bytes));
   out.Line("  text       " + text);
   out.Line("");
