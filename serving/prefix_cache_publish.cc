@@ -189,7 +189,7 @@ Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::span<con
     }
     group = PublishGroup{tp.group_token, tp.size, tp.rank};
     for (const engine::LayerSnapshotView& v : layers) {
-      if (tp.rank == 0 || IsSharded(ShapeOfView(v))) part.push_back(v);
+      if (InRankPart(ShapeOfView(v), tp.rank)) part.push_back(v);
     }
     layers = part;
   }

@@ -11,8 +11,6 @@
 
 #include <array>
 #include <chrono>
-#include <type_traits>
-#include <variant>
 
 #include "engine/model/collective.h"
 #include "primecache/internal/rank_parts.h"
@@ -27,21 +25,6 @@ using Clock = std::chrono::steady_clock;
 
 double MsSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-std::uint64_t SnapshotFloats(const LayerSnapshot& layer) {
-  return std::visit(
-      [](const auto& x) -> std::uint64_t {
-        using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, LatentSnapshot>) {
-          return x.latent_rows.size() + x.index_tail_rows.size() + x.pool_keys.size();
-        } else if constexpr (std::is_same_v<T, RecurrentSnapshot>) {
-          return x.conv_ring.size() + x.state.size();
-        } else {
-          return x.k_rows.size() + x.v_rows.size();
-        }
-      },
-      layer);
 }
 
 // The fetch's callbacks with entry layer e announced as local layer local[e]
@@ -151,7 +134,7 @@ Result<std::uint64_t> PrefixCache::RestoreSnapshots(ModelSession& session,
   PC_RETURN_IF_ERROR(session.cache->Restore(layers));  // validated already: a failure here is the device's
   PC_RETURN_IF_ERROR(model_->engine().device().Synchronize(engine::Lane::kCompute));
   figures->copy_ms = MsSince(t_copy);
-  for (const LayerSnapshot& l : layers) figures->restored_bytes += SnapshotFloats(l) * sizeof(float);
+  for (const LayerSnapshot& l : layers) figures->restored_bytes += engine::ViewFloats(ShapeOf(l)) * sizeof(float);
   return hit.length;
 }
 

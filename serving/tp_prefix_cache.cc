@@ -105,8 +105,7 @@ std::vector<bool> ShardedLayers(const engine::StatePlan& plan) {
 
 Result<std::vector<LayerSnapshot>> FetchRankParts(client::Client& c, const LookupHit& hit,
                                                   const std::vector<bool>& sharded, std::uint32_t kv_heads,
-                                                  std::uint32_t tp, std::uint32_t rank,
-                                                  std::uint64_t* fetched_bytes) {
+                                                  std::uint32_t tp, std::uint32_t rank) {
   PC_ASSIGN_OR_RETURN(RankPartsPlan plan, PlanRankParts(sharded, hit.layers, hit.ranks, tp, rank));
   PC_ASSIGN_OR_RETURN(auto fetched, c.FetchLayers(hit.id, plan.fetch));
   if (fetched.size() != plan.fetch.size()) {
@@ -114,18 +113,15 @@ Result<std::vector<LayerSnapshot>> FetchRankParts(client::Client& c, const Looku
                             " layers fetched of " + std::to_string(plan.fetch.size()));
   }
   std::vector<LayerSnapshot> layers;
-  std::uint64_t bytes = 0;
   for (std::size_t i = 0; i < fetched.size(); ++i) {
     if (fetched[i].layer != plan.fetch[i]) {
       return Status::Corruption("entry " + std::to_string(hit.id) + ": layer " + std::to_string(fetched[i].layer) +
                               " came where layer " + std::to_string(plan.fetch[i]) + " was asked for");
     }
-    for (const auto& chunk : fetched[i].data.chunks) bytes += chunk.size();
     auto one = DecodeFetched(fetched[i]);
     if (!one.ok()) return one.status().WithContext("entry layer " + std::to_string(plan.fetch[i]));
     layers.push_back(std::move(one).value());
   }
-  if (fetched_bytes != nullptr) *fetched_bytes = bytes;
   return AssembleRankParts(plan, std::move(layers), kv_heads);
 }
 
@@ -168,7 +164,7 @@ Result<PublishResult> PublishRanks(client::Client& c, const client::ModelId& id,
   for (std::uint32_t r = tp; r-- > 0;) {
     std::vector<LayerSnapshot> mine;
     for (LayerSnapshot& l : ranks[r]) {
-      if (r == 0 || IsSharded(ShapeOf(l))) mine.push_back(std::move(l));
+      if (InRankPart(ShapeOf(l), r)) mine.push_back(std::move(l));
     }
     PC_ASSIGN_OR_RETURN(auto stream, StreamPart(c, id, tokens, mine, PublishGroup{token, tp, r}, encode));
     PC_ASSIGN_OR_RETURN(PublishResult part, stream->Commit());

@@ -67,12 +67,10 @@ std::vector<bool> ShardedLayers(const engine::StatePlan& plan);
 // size: only the entry layers that hold its heads are fetched
 // (PlanRankParts), decoded (every byte checked by the codec) and assembled
 // into its shards (AssembleRankParts). `sharded` is ShardedLayers of the
-// restoring rank's plan, `kv_heads` the whole model's. `fetched_bytes`, when
-// given, receives the chunk bytes fetched.
+// restoring rank's plan, `kv_heads` the whole model's.
 Result<std::vector<LayerSnapshot>> FetchRankParts(client::Client& c, const LookupHit& hit,
                                                   const std::vector<bool>& sharded, std::uint32_t kv_heads,
-                                                  std::uint32_t tp, std::uint32_t rank,
-                                                  std::uint64_t* fetched_bytes = nullptr);
+                                                  std::uint32_t tp, std::uint32_t rank);
 
 // Publishes a boundary held as every rank's snapshots (rank r's at index r,
 // each its full list, as CaptureFull gives them): one rank, an entry of its

@@ -88,6 +88,9 @@ Result<std::vector<LayerSnapshot>> SliceLayers(std::span<const LayerSnapshot> wh
 // Whether layers of this shape split among TP ranks: recurrent and KV
 // layers do; latent layers are replicated.
 bool IsSharded(const LayerShape& shape);
+// Whether rank `rank`'s part of a TP entry holds a layer of this shape: rank
+// 0's every layer, each later rank's only the sharded ones.
+inline bool InRankPart(const LayerShape& shape, std::uint32_t rank) { return rank == 0 || IsSharded(shape); }
 // Where a TP entry's layer comes from: the model layer it is (a part of),
 // the rank that published it, and whether it is a shard (or the whole
 // replicated layer, from rank 0).
