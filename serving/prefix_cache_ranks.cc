@@ -134,7 +134,8 @@ Result<std::uint64_t> PrefixCache::RestoreSnapshots(ModelSession& session,
   PC_RETURN_IF_ERROR(session.cache->Restore(layers));  // validated already: a failure here is the device's
   PC_RETURN_IF_ERROR(model_->engine().device().Synchronize(engine::Lane::kCompute));
   figures->copy_ms = MsSince(t_copy);
-  for (const LayerSnapshot& l : layers) figures->restored_bytes += engine::ViewFloats(ShapeOf(l)) * sizeof(float);
+  for (const LayerSnapshot& l : layers)
+    figures->restored_bytes += engine::ViewFloats(ShapeOf(l)) * sizeof(float);
   return hit.length;
 }
 
