@@ -49,6 +49,16 @@ class CpuDevice final : public Device {
   Status CopyOnDevice(void* dst, const void* src, std::size_t bytes, Lane) override {
     return Copy(dst, src, bytes);
   }
+  Status CopyOnDevice2D(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                        std::size_t width, std::size_t rows, Lane) override {
+    if (width == 0 || rows == 0) return Status::Ok();
+    if (dst == nullptr || src == nullptr) return Status::InvalidArgument("2D copy: null pointer");
+    if (dst_pitch < width || src_pitch < width) return Status::InvalidArgument("2D copy: a pitch below the width");
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::memmove(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+    }
+    return Status::Ok();
+  }
   Status Zero(void* dst, std::size_t bytes, Lane) override {
     if (bytes == 0) return Status::Ok();
     if (dst == nullptr) return Status::InvalidArgument("zero: null pointer");

@@ -194,6 +194,20 @@ class CudaDevice final : public Device {
     return Status::Ok();
   }
 
+  Status CopyOnDevice2D(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                        std::size_t width, std::size_t rows, Lane lane) override {
+    if (width == 0 || rows == 0) return Status::Ok();
+    if (dst == nullptr || src == nullptr) return Status::InvalidArgument("2D device copy: null pointer");
+    if (dst_pitch < width || src_pitch < width) {
+      return Status::InvalidArgument("2D device copy: a pitch below the width");
+    }
+    cudaSetDevice(ordinal_);
+    PC_CUDA_RETURN(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice,
+                                     stream(lane)),
+                   "2D device copy");
+    return Status::Ok();
+  }
+
   Status Zero(void* dst, std::size_t bytes, Lane lane) override {
     if (bytes == 0) return Status::Ok();
     if (dst == nullptr) return Status::InvalidArgument("zero: null pointer");

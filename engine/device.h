@@ -33,7 +33,7 @@
 //
 // Thread-safety: a Device is used by one thread at a time, except that
 // allocation accounting is atomic and UploadAsync, DownloadAsync,
-// CopyOnDevice, IsPinned, Record and Synchronize(Event) may be called from
+// CopyOnDevice, CopyOnDevice2D, IsPinned, Record and Synchronize(Event) may be called from
 // several threads at once (they keep no host-side state). Memory objects must not outlive their device.
 #pragma once
 
@@ -160,6 +160,12 @@ class Device {
   virtual Status Download(void* host_dst, const void* src, std::size_t bytes, Lane lane) = 0;
   virtual Status DownloadAsync(void* pinned_dst, const void* src, std::size_t bytes, Lane lane) = 0;
   virtual Status CopyOnDevice(void* dst, const void* src, std::size_t bytes, Lane lane) = 0;
+  // `rows` rows of `width` bytes, from rows `src_pitch` bytes apart to rows
+  // `dst_pitch` bytes apart (a column block of a row-major plane): how the
+  // head-group parts of a tensor-parallel layer are laid side by side.
+  // InvalidArgument for a pitch smaller than the width.
+  virtual Status CopyOnDevice2D(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                                std::size_t width, std::size_t rows, Lane lane) = 0;
   virtual Status Zero(void* dst, std::size_t bytes, Lane lane) = 0;
   // A 32-bit value written to device memory in lane order (the len mirrors).
   virtual Status WriteI32(std::int32_t* dst, std::int32_t value, Lane lane) = 0;

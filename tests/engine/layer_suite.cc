@@ -350,6 +350,29 @@ TEST_P(LayerSuite, SessionsAreReservedUpFrontAndComeBackFresh) {
   EXPECT_TRUE(c->CheckInvariants().ok());
 }
 
+// The 2D copy that lays tensor-parallel head-group parts side by side: a
+// column block lands where it belongs and nothing around it is touched.
+TEST_P(LayerSuite, CopyOnDevice2DMovesAColumnBlockAndNothingElse) {
+  constexpr std::size_t kRows = 5, kSrcWidth = 3, kDstWidth = 7, kAt = 2;
+  std::vector<float> src(kRows * kSrcWidth), dst(kRows * kDstWidth, -1.0f);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) + 0.5f;
+  auto s = dev_->Allocate(src.size() * sizeof(float)).value();
+  auto d = dev_->Allocate(dst.size() * sizeof(float)).value();
+  ASSERT_TRUE(dev_->Upload(s.at<float>(0), src.data(), src.size() * sizeof(float), Lane::kTransfer).ok());
+  ASSERT_TRUE(dev_->Upload(d.at<float>(0), dst.data(), dst.size() * sizeof(float), Lane::kTransfer).ok());
+  ASSERT_TRUE(dev_->CopyOnDevice2D(d.at<float>(kAt * sizeof(float)), kDstWidth * sizeof(float), s.at<float>(0),
+                                   kSrcWidth * sizeof(float), kSrcWidth * sizeof(float), kRows, Lane::kTransfer)
+                  .ok());
+  ASSERT_TRUE(dev_->Synchronize(Lane::kTransfer).ok());
+  std::vector<float> want = dst;
+  for (std::size_t r = 0; r < kRows; ++r)
+    for (std::size_t c = 0; c < kSrcWidth; ++c) want[r * kDstWidth + kAt + c] = src[r * kSrcWidth + c];
+  EXPECT_TRUE(BitEqual(Read(dev_.get(), d.at<float>(0), dst.size()), want));
+  // A pitch narrower than the rows is refused.
+  EXPECT_EQ(dev_->CopyOnDevice2D(d.at<float>(0), 4, s.at<float>(0), 12, 12, 1, Lane::kTransfer).code(),
+            StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(PC_ENGINE_SUITE_NAME, LayerSuite, ::testing::Values(PC_ENGINE_SUITE_BACKEND));
 
 }  // namespace
