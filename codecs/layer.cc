@@ -243,7 +243,12 @@ Result<LayerHeader> LayerEncoder::Finish() const {
 Result<EncodedLayer> EncodeLayer(const LayerSnapshot& layer, const EncodeOptions& options) {
   PC_ASSIGN_OR_RETURN(const LayerCodec* codec, CodecRegistry::Default().KindFor(ShapeOf(layer)));
   PC_RETURN_IF_ERROR(CheckSnapshot(layer).WithContext(codec->kind()));
-  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(ShapeOf(layer), codec->PlaneData(layer), options));
+  return EncodeLayer(ShapeOf(layer), codec->PlaneData(layer), options);
+}
+
+Result<EncodedLayer> EncodeLayer(const LayerShape& shape, const std::vector<std::span<const float>>& planes,
+                                 const EncodeOptions& options) {
+  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(shape, planes, options));
   EncodedLayer out;
   out.chunks.resize(enc.chunk_count());
   for (std::size_t i = 0; i < enc.chunk_count(); ++i) {

@@ -1,6 +1,7 @@
 // One rank's parts of a tensor-parallel entry (primecache/internal/rank_parts.h).
 #include "primecache/internal/rank_parts.h"
 
+#include <numeric>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -88,6 +89,17 @@ Result<LayerSnapshot> AssembleLayer(const RankPartsPlan& plan, const RankLayerSo
 }
 
 }  // namespace
+
+std::uint32_t HeadGroups(std::uint32_t tp, std::span<const std::uint32_t> rank_heads) {
+  if (tp == 0 || rank_heads.empty()) return tp;
+  std::uint32_t g = 0;
+  for (std::uint32_t h : rank_heads) g = std::gcd(g, h);
+  std::uint32_t n = 1;
+  for (std::uint32_t k = 2; k <= g && std::uint64_t{tp} * k <= kMaxHeadGroups; ++k) {
+    if (g % k == 0) n = k;
+  }
+  return tp * n;
+}
 
 Result<RankPartsPlan> PlanRankParts(const std::vector<bool>& sharded, std::uint32_t entry_layers,
                                     std::uint32_t stored_ranks, std::uint32_t tp, std::uint32_t rank) {

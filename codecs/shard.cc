@@ -98,14 +98,22 @@ Result<RecurrentSnapshot> SliceRecurrent(const RecurrentSnapshot& whole, std::ui
 
 Result<RecurrentSnapshot> SliceRecurrentHeads(const RecurrentSnapshot& whole, HeadRange h) {
   PC_RETURN_IF_ERROR(CheckSnapshot(whole).WithContext("TP slice of a recurrent layer"));
-  PC_ASSIGN_OR_RETURN(RecurrentShardRanges r, RecurrentHeadRanges(whole.shape, h));
-  RecurrentSnapshot shard{whole.shape, {}, {}};
+  return SliceRecurrentHeads(whole.shape, whole.conv_ring, whole.state, h);
+}
+
+Result<RecurrentSnapshot> SliceRecurrentHeads(const RecurrentShape& shape, std::span<const float> conv_ring,
+                                              std::span<const float> state, HeadRange h) {
+  PC_ASSIGN_OR_RETURN(RecurrentShardRanges r, RecurrentHeadRanges(shape, h));
+  if (conv_ring.size() != shape.conv_values() || state.size() != shape.state_values()) {
+    return Status::InvalidArgument("TP slice of a recurrent layer: its planes do not hold its shape");
+  }
+  RecurrentSnapshot shard{shape, {}, {}};
   shard.shape.heads = h.count;
-  const auto state = std::span(whole.state).subspan(r.state.offset, r.state.count);
-  shard.state.assign(state.begin(), state.end());
+  const auto mine = state.subspan(r.state.offset, r.state.count);
+  shard.state.assign(mine.begin(), mine.end());
   shard.conv_ring.reserve(shard.shape.conv_values());
   for (const ValueRange& c : r.conv) {
-    const auto part = std::span(whole.conv_ring).subspan(c.offset, c.count);
+    const auto part = conv_ring.subspan(c.offset, c.count);
     shard.conv_ring.insert(shard.conv_ring.end(), part.begin(), part.end());
   }
   return shard;
@@ -138,7 +146,11 @@ Result<KvSnapshot> SliceKv(const KvSnapshot& whole, std::uint32_t heads, std::ui
 
 Result<KvSnapshot> SliceKvHeads(const KvSnapshot& whole, std::uint32_t heads, HeadRange h) {
   PC_RETURN_IF_ERROR(CheckSnapshot(whole).WithContext("TP slice of a KV layer"));
-  const KvShape& s = whole.shape;
+  return SliceKvHeads(whole.shape, whole.k_rows, whole.v_rows, heads, h);
+}
+
+Result<KvSnapshot> SliceKvHeads(const KvShape& s, std::span<const float> k_rows, std::span<const float> v_rows,
+                                std::uint32_t heads, HeadRange h) {
   if (heads == 0 || s.k_width % heads != 0 || s.v_width % heads != 0) {
     return Status::InvalidArgument("TP slice of a KV layer: row widths " + std::to_string(s.k_width) + "/" +
                                    std::to_string(s.v_width) + " are not split into " +
@@ -148,6 +160,10 @@ Result<KvSnapshot> SliceKvHeads(const KvSnapshot& whole, std::uint32_t heads, He
     return Status::InvalidArgument("TP slice of a KV layer: heads [" + std::to_string(h.first) + ", +" +
                                    std::to_string(h.count) + ") of " + std::to_string(heads));
   }
+  if (s.format.indexed()) return Status::NotSupported("a kv-indexed layer does not split among TP ranks");
+  if (k_rows.size() != s.k_values() || v_rows.size() != s.v_values()) {
+    return Status::InvalidArgument("TP slice of a KV layer: its planes do not hold its shape");
+  }
   const std::uint64_t k_head = s.k_width / heads;
   const std::uint64_t v_head = s.v_width / heads;
   KvSnapshot shard{s, {}, {}};
@@ -155,9 +171,9 @@ Result<KvSnapshot> SliceKvHeads(const KvSnapshot& whole, std::uint32_t heads, He
   shard.shape.v_width = static_cast<std::uint32_t>(v_head * h.count);
   shard.k_rows.resize(shard.shape.k_values());
   shard.v_rows.resize(shard.shape.v_values());
-  CopyBlock(whole.k_rows.data() + h.first * k_head, s.k_width, shard.k_rows.data(), shard.shape.k_width,
+  CopyBlock(k_rows.data() + h.first * k_head, s.k_width, shard.k_rows.data(), shard.shape.k_width,
             s.held_rows(), shard.shape.k_width);
-  CopyBlock(whole.v_rows.data() + h.first * v_head, s.v_width, shard.v_rows.data(), shard.shape.v_width,
+  CopyBlock(v_rows.data() + h.first * v_head, s.v_width, shard.v_rows.data(), shard.shape.v_width,
             s.held_rows(), shard.shape.v_width);
   return shard;
 }
@@ -279,9 +295,6 @@ bool IsSharded(const LayerShape& shape) {
   return std::holds_alternative<RecurrentShape>(shape) || std::holds_alternative<KvShape>(shape);
 }
 
-namespace {
-
-// The whole layer from rank 0's shard of it, as `ranks` ranks hold it.
 Result<LayerShape> WholeShape(const LayerShape& shard, std::uint32_t ranks) {
   if (const auto* r = std::get_if<RecurrentShape>(&shard)) {
     if (std::uint64_t{r->heads} * ranks > UINT32_MAX) return Status::InvalidArgument("too many heads");
@@ -300,8 +313,6 @@ Result<LayerShape> WholeShape(const LayerShape& shard, std::uint32_t ranks) {
   whole.v_width *= ranks;
   return LayerShape{whole};
 }
-
-}  // namespace
 
 Result<std::vector<EntryLayerPart>> EntryLayerParts(std::span<const LayerShape> entry_layers, std::uint32_t ranks) {
   if (ranks == 0) return Status::InvalidArgument("TP entry: 0 ranks");

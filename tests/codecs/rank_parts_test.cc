@@ -128,6 +128,19 @@ TEST(RankParts, ASameTpRankFetchesItsOwnPartAndTheReplicatedLayersOnly) {
             (std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5}));
 }
 
+// The part counts TP engines store boundaries in: a GLM-5-class model (32
+// KDA heads, 8 kv heads) in 8 parts at every TP size up to 8, more parts
+// only as ranks; at most 8 unless the TP size is larger.
+TEST(RankParts, HeadGroupsSplitEveryRanksHeadsIntoAtMostEightParts) {
+  auto groups = [](std::uint32_t tp, std::vector<std::uint32_t> heads) { return HeadGroups(tp, heads); };
+  for (std::uint32_t tp : {1u, 2u, 4u, 8u}) EXPECT_EQ(groups(tp, {32 / tp, 8 / tp}), 8u) << "TP " << tp;
+  EXPECT_EQ(groups(16, {2, 1}), 16u);  // beyond 8: one part per rank
+  EXPECT_EQ(groups(2, {3, 3}), 6u);    // 3 heads a rank: 3 parts each
+  EXPECT_EQ(groups(3, {4}), 6u);       // 4 heads a rank, but 3 x 4 > 8: 2 parts each
+  EXPECT_EQ(groups(2, {4, 1}), 2u);    // one kv head a rank: nothing to split
+  EXPECT_EQ(groups(4, {}), 4u);        // no sharded layers
+}
+
 TEST(RankParts, RefusesWhatDoesNotFitTheEntryOrTheModel) {
   const std::vector<LayerSnapshot> whole = Whole();
   const std::vector<bool> sharded = ShardedOf(whole);

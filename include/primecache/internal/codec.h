@@ -375,6 +375,10 @@ class LayerEncoder {
 // CheckSnapshot, one past the default CodecLimits, an unknown transform, a bad
 // level, and a lossy transform on a plane that must stay exact.
 Result<EncodedLayer> EncodeLayer(const LayerSnapshot& layer, const EncodeOptions& options = {});
+// The same of a layer given as its shape and its planes, as LayerEncoder
+// takes them (the planes must hold what the shape says; Create checks).
+Result<EncodedLayer> EncodeLayer(const LayerShape& shape, const std::vector<std::span<const float>>& planes,
+                                 const EncodeOptions& options = {});
 
 // A layer header that passed every structural check, ready to decode chunks:
 // the kind and every transform are known exactly, the shape passes CheckShape

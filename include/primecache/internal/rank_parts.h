@@ -28,6 +28,19 @@
 
 namespace primecache {
 
+// How many head-group parts a TP engine stores each boundary in (the
+// entry's `ranks`): a TP-`tp` engine whose ranks each hold `rank_heads[i]`
+// heads of its i-th sharded layer (KDA heads, kv heads) publishes tp * n
+// parts, rank r parts [r*n, (r+1)*n), each a run of its heads, with n the
+// largest divisor of every rank_heads[i] that keeps tp * n within
+// kMaxHeadGroups (n = 1 at or beyond it). Any TP size that divides the
+// part count then reads exactly its own heads' parts (PlanRankParts), so a
+// TP-2 entry of 8 parts restores at TP 8 with one part per rank, rather
+// than each rank reading a quarter more than it keeps of a TP-2 part four
+// times over. Without sharded layers: tp.
+inline constexpr std::uint32_t kMaxHeadGroups = 8;
+std::uint32_t HeadGroups(std::uint32_t tp, std::span<const std::uint32_t> rank_heads);
+
 // The entry layers one model layer is made of, for one rank.
 struct RankLayerSource {
   std::vector<std::uint32_t> entry_layers;  // in stored rank order

@@ -61,6 +61,10 @@ Result<RecurrentSnapshot> SliceRecurrent(const RecurrentSnapshot& whole, std::ui
                                          std::uint32_t rank);
 // The snapshot of the run `heads` of the snapshot's heads.
 Result<RecurrentSnapshot> SliceRecurrentHeads(const RecurrentSnapshot& whole, HeadRange heads);
+// The same of a layer whose planes lie elsewhere (a view of a capture): they
+// must hold what `shape` says.
+Result<RecurrentSnapshot> SliceRecurrentHeads(const RecurrentShape& shape, std::span<const float> conv_ring,
+                                              std::span<const float> state, HeadRange heads);
 // The whole snapshot from every rank's shard, in rank order; the shards
 // must have one shape and match their planes.
 Result<RecurrentSnapshot> GatherRecurrent(std::span<const RecurrentSnapshot> shards);
@@ -71,6 +75,8 @@ Result<KvSnapshot> SliceKv(const KvSnapshot& whole, std::uint32_t heads, std::ui
                            std::uint32_t rank);
 // The run `range` of a KV snapshot's `heads` heads.
 Result<KvSnapshot> SliceKvHeads(const KvSnapshot& whole, std::uint32_t heads, HeadRange range);
+Result<KvSnapshot> SliceKvHeads(const KvShape& shape, std::span<const float> k_rows, std::span<const float> v_rows,
+                                std::uint32_t heads, HeadRange range);
 Result<KvSnapshot> GatherKv(std::span<const KvSnapshot> shards);
 
 // A whole boundary (every layer) from every rank's snapshots of it, rank r's
@@ -84,6 +90,10 @@ Result<std::vector<LayerSnapshot>> GatherLayers(std::span<const std::vector<Laye
 // (the kv heads of every KV layer).
 Result<std::vector<LayerSnapshot>> SliceLayers(std::span<const LayerSnapshot> whole, std::uint32_t kv_heads,
                                                std::uint32_t tp, std::uint32_t rank);
+
+// The whole layer's shape from the shape of one of `ranks` equal shards of
+// it (heads or row widths times `ranks`; a replicated shape as it is).
+Result<LayerShape> WholeShape(const LayerShape& shard, std::uint32_t ranks);
 
 // Whether layers of this shape split among TP ranks: recurrent and KV
 // layers do; latent layers are replicated.
