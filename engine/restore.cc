@@ -26,10 +26,6 @@ void PlaneSize(std::string* p, const char* plane, std::size_t have, std::uint64_
   if (have != want) Add(p, std::string(plane) + " holds " + N(have) + " floats, the shape says " + N(want));
 }
 
-LayerShape ShapeOfView(const LayerSnapshotView& v) {
-  return std::visit([](const auto& x) -> LayerShape { return x.shape; }, v);
-}
-
 // The plane sizes of a view against its shape (CheckSnapshot for views).
 // Meaningful only once the shape passed CheckShape.
 std::string PlaneProblems(const LayerSnapshotView& v) {
@@ -50,6 +46,17 @@ std::string PlaneProblems(const LayerSnapshotView& v) {
 }
 
 }  // namespace
+
+LayerShape ShapeOfView(const LayerSnapshotView& v) {
+  return std::visit([](const auto& x) -> LayerShape { return x.shape; }, v);
+}
+
+std::vector<std::span<const float>> PlanesOfView(const LayerSnapshotView& v) {
+  if (const auto* l = std::get_if<LatentSnapshotView>(&v)) return {l->latent_rows, l->index_tail_rows, l->pool_keys};
+  if (const auto* r = std::get_if<RecurrentSnapshotView>(&v)) return {r->conv_ring, r->state};
+  const auto& kv = std::get<KvSnapshotView>(v);
+  return {kv.k_rows, kv.v_rows};
+}
 
 LayerSnapshotView ViewOf(const LayerSnapshot& layer) {
   if (const auto* l = std::get_if<LatentSnapshot>(&layer)) {

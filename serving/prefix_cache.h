@@ -91,8 +91,9 @@ struct PrefixCacheOptions {
   //    on the host (FetchRankParts); every rank validates, and the ranks
   //    restore only when every one passed (AllRanksOk), else all prime in
   //    full. A model without a collective looks up on each rank by itself;
-  //  - a publish: each rank's part of a group (PublishGroup), rank 0 every
-  //    layer and the others their shards, under group_token.
+  //  - a publish: each rank's head-group parts of a group (PublishGroup,
+  //    serving/head_groups.h), part 0 every replicated layer and each part
+  //    one run of the sharded layers' heads, under group_token.
   // size 1 is an engine of its own; it still restores entries of TP
   // engines (resharded on the host).
   struct TpRank {
@@ -197,17 +198,23 @@ class PrefixCache {
   // Rank 0's lookup (or this rank's, without a collective): the hit (id 0:
   // none) and the branch point, the same on every rank.
   Result<std::pair<LookupHit, std::uint64_t>> AgreeOnHit(std::span<const std::uint32_t> tokens);
-  // This rank's parts of `hit` of this TP size fetched into the staging
-  // (`fetch`, made here) and validated against the session's cache.
+  // This rank's parts of `hit`, an entry whose part count this TP size
+  // divides, fetched into the staging (`fetch`, made here), their
+  // head-group parts gathered (StagedFetch::GatherParts) and validated
+  // against the session's cache.
   Status FetchOwnParts(const LookupHit& hit, engine::SessionCache& cache, std::optional<StagedFetch>* fetch,
                        Request* figures);
-  // An entry of another TP size: this rank's parts fetched, resharded on the
-  // host and validated.
+  // An entry whose part count this TP size does not divide: this rank's
+  // parts fetched, resharded on the host and validated.
   Result<std::vector<LayerSnapshot>> FetchResharded(const LookupHit& hit, engine::SessionCache& cache,
                                                     Request* figures);
-  // A single-rank engine's restore of a TP entry's `hit`: FetchResharded,
-  // then RestoreSnapshots; 0 when it was refused.
-  Result<std::uint64_t> RestoreResharded(ModelSession& session, const LookupHit& hit, Request* figures);
+  // A single-rank engine's restore of a TP entry's `hit`: FetchOwnParts,
+  // then RestoreStaged; 0 when it was refused.
+  Result<std::uint64_t> RestoreParts(ModelSession& session, const LookupHit& hit, Request* figures);
+  // Restores the fetch's validated layers of `hit` (its length; the caller
+  // sets the session's position).
+  Result<std::uint64_t> RestoreStaged(ModelSession& session, const StagedFetch& fetch, const LookupHit& hit,
+                                      Request* figures);
   // Restores validated snapshots of `hit` (its length; the caller sets the
   // session's position).
   Result<std::uint64_t> RestoreSnapshots(ModelSession& session, const std::vector<LayerSnapshot>& layers,
@@ -223,6 +230,10 @@ class PrefixCache {
   Status PrimeRest(Request& r, bool all_logits, std::vector<float>* logits);
   // Completes one capture into a pinned arena and queues its publish.
   void QueuePublish(engine::SessionCache& cache, engine::EagerHalf eager, std::vector<std::uint32_t> tokens);
+  // One entry's publish (or one part's of a group), under publish_mu_.
+  Result<PublishResult> PublishEntry(std::span<const std::uint32_t> tokens,
+                                     std::span<const engine::LayerSnapshotView> layers,
+                                     const std::optional<PublishGroup>& group);
   Status PublishLayer(client::PublishStream& stream, const engine::LayerSnapshotView& view);
   Status GrowStaging(std::uint64_t bytes);
   // Registers the client's current shared region with the device (again

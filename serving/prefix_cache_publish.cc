@@ -3,6 +3,7 @@
 // deferred halves completed into pinned arenas at Finish, and the worker
 // that encodes each layer's chunks and publishes them.
 #include "serving/prefix_cache.h"
+#include "serving/head_groups.h"
 
 #include "primecache/internal/shard.h"
 
@@ -37,18 +38,6 @@ Status RunOnPool(WorkerPool& pool, std::size_t n, const std::function<Status(std
   std::unique_lock lock(mu);
   cv.wait(lock, [&] { return left == 0; });
   return first;
-}
-
-LayerShape ShapeOfView(const engine::LayerSnapshotView& v) {
-  return std::visit([](const auto& x) -> LayerShape { return x.shape; }, v);
-}
-
-// A view's planes in the codec's stored order (the view's own order).
-std::vector<std::span<const float>> PlanesOfView(const engine::LayerSnapshotView& v) {
-  if (const auto* l = std::get_if<engine::LatentSnapshotView>(&v)) return {l->latent_rows, l->index_tail_rows, l->pool_keys};
-  if (const auto* r = std::get_if<engine::RecurrentSnapshotView>(&v)) return {r->conv_ring, r->state};
-  const auto& kv = std::get<engine::KvSnapshotView>(v);
-  return {kv.k_rows, kv.v_rows};
 }
 
 }  // namespace
@@ -177,27 +166,30 @@ Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, const std::ve
 
 Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::span<const engine::LayerSnapshotView> layers) {
   if (client_ == nullptr) return Status::Unavailable("prefix cache: no daemon");
-  // A rank of a TP engine publishes its part of a group: rank 0 every layer,
-  // the others their shards.
-  std::optional<PublishGroup> group;
-  std::vector<engine::LayerSnapshotView> part;
   const PrefixCacheOptions::TpRank& tp = options_.tp;
-  if (tp.size > 1) {
-    if (tp.group_token == 0 || tp.rank >= tp.size) {
-      return Status::InvalidArgument("prefix cache: TP rank " + std::to_string(tp.rank) + " of " +
-                                     std::to_string(tp.size) + " publishes without a group token");
-    }
-    group = PublishGroup{tp.group_token, tp.size, tp.rank};
-    for (const engine::LayerSnapshotView& v : layers) {
-      if (InRankPart(ShapeOfView(v), tp.rank)) part.push_back(v);
-    }
-    layers = part;
+  if (tp.size == 1) {
+    std::lock_guard publishing(publish_mu_);  // one publish at a time: the scratch is shared
+    return PublishEntry(tokens, layers, std::nullopt).status();
   }
-  std::lock_guard publishing(publish_mu_);  // one publish at a time: the scratch is shared
+  // A rank of a TP engine publishes its head-group parts of the group
+  // (serving/head_groups.h), one after the other, its first part last.
+  PC_ASSIGN_OR_RETURN(std::vector<GroupPart> parts,
+                      RankGroupParts(layers, model_->config().attn.kv_heads, tp.size, tp.rank, tp.group_token));
+  std::lock_guard publishing(publish_mu_);
+  for (const GroupPart& part : parts) {
+    PC_ASSIGN_OR_RETURN(PublishResult r, PublishEntry(tokens, part.layers, part.group));
+    if (r.existed) break;  // stored meanwhile: nothing more to send
+  }
+  return Status::Ok();
+}
+
+Result<PublishResult> PrefixCache::PublishEntry(std::span<const std::uint32_t> tokens,
+                                                std::span<const engine::LayerSnapshotView> layers,
+                                                const std::optional<PublishGroup>& group) {
   PC_ASSIGN_OR_RETURN(auto stream,
                       client_->BeginPublish(model_id_, tokens, static_cast<std::uint32_t>(layers.size()), group));
   for (const engine::LayerSnapshotView& view : layers) PC_RETURN_IF_ERROR(PublishLayer(*stream, view));
-  return stream->Commit().status();
+  return stream->Commit();
 }
 
 // Every chunk is written once, by the encoder (chunks in parallel on the
@@ -207,7 +199,7 @@ Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::span<con
 // fits in part of its publish half (nothing is copied again), else into the
 // scratch, from which AddChunk copies them into the region.
 Status PrefixCache::PublishLayer(client::PublishStream& stream, const engine::LayerSnapshotView& view) {
-  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(ShapeOfView(view), PlanesOfView(view), options_.encode));
+  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(engine::ShapeOfView(view), engine::PlanesOfView(view), options_.encode));
   const std::size_t n = enc.chunk_count();
   // The client hands out region space in 4 KiB extents (ReservedChunk).
   constexpr std::uint64_t kExtent = 4096;

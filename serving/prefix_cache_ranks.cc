@@ -91,22 +91,42 @@ Result<std::pair<LookupHit, std::uint64_t>> PrefixCache::AgreeOnHit(std::span<co
 
 Status PrefixCache::FetchOwnParts(const LookupHit& hit, engine::SessionCache& cache,
                                   std::optional<StagedFetch>* fetch, Request* figures) {
+  if (hit.ranks == 0 || hit.ranks % options_.tp.size != 0) return Status::Internal("TP restore: parts of another size");
+  const std::uint32_t n = hit.ranks / options_.tp.size;  // parts of each sharded layer this rank reads
   PC_ASSIGN_OR_RETURN(RankPartsPlan plan, PlanRankParts(ShardedLayers(cache.plan()), hit.layers, hit.ranks,
                                                         options_.tp.size, options_.tp.rank));
+  // Each fetched entry layer is announced as its place in the fetch, with
+  // the geometry of its model layer (of one part of it, when sharded).
   std::vector<std::int64_t> local(hit.layers, -1);
-  for (std::size_t m = 0; m < plan.layers.size(); ++m)
-    local[plan.layers[m].entry_layers.at(0)] = static_cast<std::int64_t>(m);
-  // The staging's bound: the rank's own layers at the hit's length.
-  const std::uint64_t bound = StagingFloats(cache.plan(), hit.length) * sizeof(float);
-  PC_RETURN_IF_ERROR(GrowStaging(bound));
+  for (std::size_t i = 0; i < plan.fetch.size(); ++i) local[plan.fetch[i]] = static_cast<std::int64_t>(i);
+  const std::vector<LayerGeometry> mine = cache.Geometry();
+  std::vector<LayerGeometry> geometry(plan.fetch.size());
+  std::vector<std::vector<std::uint32_t>> parts(plan.layers.size());
+  for (std::size_t m = 0; m < plan.layers.size(); ++m) {
+    for (std::uint32_t e : plan.layers[m].entry_layers) {
+      const auto i = static_cast<std::uint32_t>(local[e]);
+      if (plan.layers[m].sharded && n > 1) {
+        PC_ASSIGN_OR_RETURN(geometry[i], PartGeometry(mine[m], n));
+      } else {
+        geometry[i] = mine[m];
+      }
+      parts[m].push_back(i);
+    }
+  }
+  // The staging's bound: the rank's own layers at the hit's length, and
+  // room for its sharded layers gathered from their parts.
+  const std::uint64_t floats =
+      StagingFloats(cache.plan(), hit.length) + (n > 1 ? StagingFloats(cache.plan(), hit.length, true) : 0);
+  PC_RETURN_IF_ERROR(GrowStaging(floats * sizeof(float)));
   engine::Device& dev = model_->engine().device();
-  fetch->emplace(dev, *decode_pool_, cache.Geometry(), staging_.at<float>(0),
-                 device_staging_ ? device_staging_mem_.at<float>(0) : nullptr, bound / sizeof(float),
+  fetch->emplace(dev, *decode_pool_, std::move(geometry), staging_.at<float>(0),
+                 device_staging_ ? device_staging_mem_.at<float>(0) : nullptr, floats,
                  std::span(device_window_.at<const std::byte>(0), device_window_.bytes()));
   client::FetchCallbacks staged = (*fetch)->Callbacks();
   if (!device_staging_ || device_window_.empty()) staged.on_device_extent = nullptr;
   const auto t_fetch = Clock::now();
   Status fetched = (*fetch)->Finish(client_->Fetch(hit.id, plan.fetch, Remapped(staged, std::move(local))));
+  if (fetched.ok()) fetched = (*fetch)->GatherParts(parts);
   figures->fetch_ms = MsSince(t_fetch);
   PC_RETURN_IF_ERROR(fetched);
   figures->direct_chunks = (*fetch)->direct_chunks();
@@ -139,14 +159,26 @@ Result<std::uint64_t> PrefixCache::RestoreSnapshots(ModelSession& session,
   return hit.length;
 }
 
-Result<std::uint64_t> PrefixCache::RestoreResharded(ModelSession& session, const LookupHit& hit,
-                                                    Request* figures) {
-  auto layers = FetchResharded(hit, *session.cache, figures);
-  if (!layers.ok()) {
-    NoteFailure("restoring entry " + std::to_string(hit.id), layers.status());
+Result<std::uint64_t> PrefixCache::RestoreStaged(ModelSession& session, const StagedFetch& fetch,
+                                                 const LookupHit& hit, Request* figures) {
+  const auto t_copy = Clock::now();
+  const std::vector<engine::LayerSnapshotView> views = fetch.Views();
+  PC_RETURN_IF_ERROR(session.cache->Restore(
+      views, device_staging_ ? engine::PlaneResidence::kDevice : engine::PlaneResidence::kHost));
+  PC_RETURN_IF_ERROR(model_->engine().device().Synchronize(engine::Lane::kCompute));
+  figures->copy_ms = MsSince(t_copy);
+  for (const engine::LayerSnapshotView& v : views)
+    figures->restored_bytes += engine::ViewFloats(engine::ShapeOfView(v)) * sizeof(float);
+  return hit.length;
+}
+
+Result<std::uint64_t> PrefixCache::RestoreParts(ModelSession& session, const LookupHit& hit, Request* figures) {
+  std::optional<StagedFetch> fetch;
+  if (Status s = FetchOwnParts(hit, *session.cache, &fetch, figures); !s.ok()) {
+    NoteFailure("restoring entry " + std::to_string(hit.id), s);
     return std::uint64_t{0};
   }
-  PC_ASSIGN_OR_RETURN(const std::uint64_t len, RestoreSnapshots(session, *layers, hit, figures));
+  PC_ASSIGN_OR_RETURN(const std::uint64_t len, RestoreStaged(session, *fetch, hit, figures));
   session.position = len;
   return len;
 }
@@ -165,7 +197,7 @@ Result<std::uint64_t> PrefixCache::TryRestoreRank(ModelSession& session,
   std::optional<StagedFetch> fetch;
   Result<std::vector<LayerSnapshot>> resharded = std::vector<LayerSnapshot>{};
   Status mine = client_ == nullptr ? Status::Unavailable("no daemon on this rank") : Status::Ok();
-  if (mine.ok() && hit.ranks == options_.tp.size) {
+  if (mine.ok() && hit.ranks % options_.tp.size == 0) {
     mine = FetchOwnParts(hit, cache, &fetch, figures);
   } else if (mine.ok()) {
     resharded = FetchResharded(hit, cache, figures);
@@ -180,20 +212,8 @@ Result<std::uint64_t> PrefixCache::TryRestoreRank(ModelSession& session,
         "restoring entry " + std::to_string(hit.id) + " on TP rank " + std::to_string(options_.tp.rank),
         mine);
   if (!every) return std::uint64_t{0};
-  Result<std::uint64_t> restored = std::uint64_t{0};
-  if (!fetch) {
-    restored = RestoreSnapshots(session, *resharded, hit, figures);
-  } else {
-    const auto t_copy = Clock::now();
-    restored = [&]() -> Result<std::uint64_t> {
-      PC_RETURN_IF_ERROR(cache.Restore(
-          fetch->Views(), device_staging_ ? engine::PlaneResidence::kDevice : engine::PlaneResidence::kHost));
-      PC_RETURN_IF_ERROR(model_->engine().device().Synchronize(engine::Lane::kCompute));
-      return hit.length;
-    }();
-    figures->copy_ms = MsSince(t_copy);
-    figures->restored_bytes = fetch->floats() * sizeof(float);
-  }
+  const Result<std::uint64_t> restored =
+      fetch ? RestoreStaged(session, *fetch, hit, figures) : RestoreSnapshots(session, *resharded, hit, figures);
   // Validated on every rank, so only a device fails here; then every rank
   // starts over, so that no rank goes on from a boundary the others lack.
   if (Collective* group = model_->collective(); group != nullptr) {

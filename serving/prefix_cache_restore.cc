@@ -79,7 +79,7 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
     t_fetch = Clock::now();
     hit = h;
     if (h.length < options_.min_prefix) return Status::Aborted("a hit shorter than the prefix cache's minimum");
-    // An entry of a TP engine: its layers are parts, resharded on the host below.
+    // An entry of a TP engine: its layers are head-group parts, gathered below.
     if (h.ranks > 1) return Status::Aborted("a tensor-parallel entry");
     const std::uint64_t bound = StagingFloats(cache.plan(), h.length) * sizeof(float);
     staging_failed = GrowStaging(bound);
@@ -99,7 +99,7 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
   Status fetched = fetch ? fetch->Finish(found.status()) : found.status();
   figures->fetch_ms = hit ? ms(Clock::now() - t_fetch) : 0;
   if (!staging_failed.ok()) return staging_failed;
-  if (hit && hit->ranks > 1 && hit->length >= options_.min_prefix) return RestoreResharded(session, *hit, figures);
+  if (hit && hit->ranks > 1 && hit->length >= options_.min_prefix) return RestoreParts(session, *hit, figures);
   if (!fetch) {
     // A miss, a hit too short to restore, or a lookup that failed: primed in full.
     if (!hit && !found.ok()) NoteFailure("lookup", found.status());

@@ -1,5 +1,8 @@
 #include "serving/staged_fetch.h"
 
+#include "primecache/internal/shard.h"
+
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -51,8 +54,78 @@ Status StagedFetch::Finish(Status fetched) {
 std::vector<engine::LayerSnapshotView> StagedFetch::Views() const {
   std::vector<engine::LayerSnapshotView> v;
   const float* base = device_ != nullptr ? device_ : host_;
+  if (!gathered_.empty()) {
+    for (const auto& [shape, offset] : gathered_) v.push_back(engine::ViewAt(shape, base + offset));
+    return v;
+  }
   for (const Layer& l : layers_) v.push_back(engine::ViewAt(l.decoder->header().shape, base + l.offset));
   return v;
+}
+
+namespace {
+
+// A block of `rows` rows of `width` values, rows `src_pitch` and
+// `dst_pitch` apart, from `src` in a part's block to `dst` in the layer's.
+struct PartBlock {
+  std::uint64_t src = 0, dst = 0, rows = 0, width = 0, src_pitch = 0, dst_pitch = 0;
+};
+
+// Where part j of n, of shape `part`, lies in the whole layer, both with
+// their planes back to back in view order. KDA: the conv ring's q, k and v
+// planes each take the part's run of channels, the state its run of heads;
+// KV: each K and V row takes the part's columns.
+std::vector<PartBlock> PartBlocks(const LayerShape& part, std::uint64_t n, std::uint64_t j) {
+  if (const auto* r = std::get_if<RecurrentShape>(&part)) {
+    const std::uint64_t conv = r->conv_values() / 3, state = r->state_values();
+    return {{0, j * conv, 3, conv, conv, n * conv}, {3 * conv, 3 * n * conv + j * state, 1, state, state, state}};
+  }
+  const auto& kv = std::get<KvShape>(part);
+  const std::uint64_t rows = kv.held_rows(), k = kv.k_width, v = kv.v_width;
+  return {{0, j * k, rows, k, k, n * k}, {rows * k, rows * n * k + j * v, rows, v, v, n * v}};
+}
+
+}  // namespace
+
+Status StagedFetch::GatherParts(std::span<const std::vector<std::uint32_t>> parts) {
+  float* base = device_ != nullptr ? device_ : host_;
+  std::vector<bool> taken(layers_.size(), false);
+  for (std::size_t m = 0; m < parts.size(); ++m) {
+    const std::string where = "layer " + std::to_string(m);
+    if (parts[m].empty()) return Status::InvalidArgument(where + ": no parts");
+    for (std::uint32_t i : parts[m]) {
+      if (i >= layers_.size() || taken[i] || !layers_[i].decoder)
+        return Status::InvalidArgument(where + ": part " + std::to_string(i) + " out of place");
+      taken[i] = true;
+    }
+    const LayerShape& part = layers_[parts[m][0]].decoder->header().shape;
+    if (parts[m].size() == 1) {
+      gathered_.emplace_back(part, layers_[parts[m][0]].offset);
+      continue;
+    }
+    const auto n = static_cast<std::uint32_t>(parts[m].size());
+    PC_ASSIGN_OR_RETURN(LayerShape whole, WholeShape(part, n));
+    const std::uint64_t floats = engine::ViewFloats(whole);
+    if (!IsSharded(part) || floats > capacity_ - used_)
+      return Status::Corruption(where + ": its parts do not gather into the staging");
+    for (std::uint32_t j = 0; j < n; ++j) {
+      const Layer& l = layers_[parts[m][j]];
+      if (!(l.decoder->header().shape == part)) return Status::Corruption(where + ": its parts differ in shape");
+      for (const PartBlock& b : PartBlocks(part, n, j)) {
+        const float* from = base + l.offset + b.src;
+        float* to = base + used_ + b.dst;
+        if (device_ != nullptr) {
+          PC_RETURN_IF_ERROR(dev_.CopyOnDevice2D(to, b.dst_pitch * sizeof(float), from, b.src_pitch * sizeof(float),
+                                                 b.width * sizeof(float), b.rows, engine::Lane::kTransfer));
+        } else {
+          for (std::uint64_t r = 0; r < b.rows; ++r) std::copy_n(from + r * b.src_pitch, b.width, to + r * b.dst_pitch);
+        }
+      }
+    }
+    gathered_.emplace_back(std::move(whole), used_);
+    used_ += floats;
+  }
+  if (device_ != nullptr) PC_RETURN_IF_ERROR(dev_.Synchronize(engine::Lane::kTransfer));
+  return Status::Ok();
 }
 
 Status StagedFetch::OnLayer(std::uint32_t layer, std::span<const std::byte> header, std::uint32_t chunks) {
@@ -219,10 +292,11 @@ void StagedFetch::Done(const Status& s, std::uint32_t layer, bool counted) {
   if (counted && --pending_ == 0) cv_.notify_all();
 }
 
-std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
+std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len, bool sharded_only) {
   std::uint64_t total = 0;
   for (const auto& layer : plan.layers) {
     if (const auto* l = std::get_if<engine::LatentPlan>(&layer)) {
+      if (sharded_only) continue;
       total += len * l->width();
       if (l->has_indexer()) total += std::uint64_t{l->pool} * l->index_width() + len / l->pool * l->index_head_dim;
     } else if (const auto* r = std::get_if<RecurrentShape>(&layer)) {
@@ -235,5 +309,21 @@ std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len) {
   return total;
 }
 
+Result<LayerGeometry> PartGeometry(const LayerGeometry& layer, std::uint32_t parts) {
+  if (parts == 0) return Status::InvalidArgument("a layer in 0 parts");
+  if (const auto* r = std::get_if<RecurrentShape>(&layer); r != nullptr && r->heads % parts == 0) {
+    RecurrentShape part = *r;
+    part.heads /= parts;
+    return LayerGeometry{part};
+  }
+  if (const auto* kv = std::get_if<KvGeometry>(&layer);
+      kv != nullptr && kv->k_width % parts == 0 && kv->v_width % parts == 0) {
+    KvGeometry part = *kv;
+    part.k_width /= parts;
+    part.v_width /= parts;
+    return LayerGeometry{part};
+  }
+  return Status::InvalidArgument("a layer that does not split into " + std::to_string(parts) + " head-group parts");
+}
 
 }  // namespace primecache::model

@@ -48,7 +48,18 @@ class StagedFetch {
   // checks that every layer and chunk arrived.
   Status Finish(Status fetched);
 
-  // The staged layers as views (of device staging when there is one).
+  // After Finish: lays the head-group parts of each layer side by side in
+  // the rank's layout (serving/head_groups.h). parts[m] are the fetched
+  // layers model layer m is made of, in part order, each of one shape; one
+  // fetched layer is the layer as it is, n of them are gathered into n
+  // times their heads (KDA) or row widths (KV) beyond the fetched layers in
+  // staging (on the device with device staging, where the fetched bytes
+  // are). Views() then gives one view per model layer. Each fetched layer
+  // belongs to one model layer.
+  Status GatherParts(std::span<const std::vector<std::uint32_t>> parts);
+
+  // The staged layers as views (of device staging when there is one): one
+  // per fetched layer, or per model layer after GatherParts.
   std::vector<engine::LayerSnapshotView> Views() const;
   std::uint64_t floats() const { return used_; }
   std::uint64_t direct_chunks() const { return direct_.load(); }
@@ -99,6 +110,8 @@ class StagedFetch {
   const std::uint64_t capacity_;
   const std::span<const std::byte> window_;  // device; empty: no device chunks
   std::vector<Layer> layers_;
+  // After GatherParts: each model layer's shape and offset in staging.
+  std::vector<std::pair<LayerShape, std::uint64_t>> gathered_;
   std::uint64_t used_ = 0;
   std::atomic<std::uint64_t> direct_{0};
   std::atomic<std::uint64_t> device_chunks_{0}, device_bytes_{0}, device_extents_{0};
@@ -119,7 +132,14 @@ class StagedFetch {
 };
 
 // The most floats a restored layer of this plan can hold at `len` tokens:
-// what sizes the pinned staging before any header has arrived.
-std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len);
+// what sizes the pinned staging before any header has arrived. With
+// `sharded_only`, of its sharded layers only (what GatherParts adds).
+std::uint64_t StagingFloats(const engine::StatePlan& plan, std::uint64_t len, bool sharded_only = false);
+
+// The geometry of one of `parts` head-group parts of a layer of geometry
+// `layer`: a KDA layer's heads or a KV layer's row widths divided by
+// `parts`; InvalidArgument when they do not divide, or for a layer that
+// does not split.
+Result<LayerGeometry> PartGeometry(const LayerGeometry& layer, std::uint32_t parts);
 
 }  // namespace primecache::model

@@ -10,6 +10,7 @@
 
 #include "primecache/internal/rank_parts.h"
 #include "primecache/internal/shard.h"
+#include "serving/head_groups.h"
 
 namespace primecache::model {
 namespace {
@@ -131,13 +132,14 @@ namespace {
 // layers; not committed.
 Result<std::unique_ptr<client::PublishStream>> StreamPart(client::Client& c, const client::ModelId& id,
                                                           std::span<const std::uint32_t> tokens,
-                                                          std::span<const LayerSnapshot> layers,
+                                                          std::span<const engine::LayerSnapshotView> layers,
                                                           const std::optional<PublishGroup>& group,
                                                           const EncodeOptions& encode) {
   PC_ASSIGN_OR_RETURN(auto stream,
                       c.BeginPublish(id, tokens, static_cast<std::uint32_t>(layers.size()), group));
-  for (const LayerSnapshot& layer : layers) {
-    PC_ASSIGN_OR_RETURN(EncodedLayer enc, EncodeLayer(layer, encode));
+  for (const engine::LayerSnapshotView& layer : layers) {
+    PC_ASSIGN_OR_RETURN(EncodedLayer enc,
+                        EncodeLayer(engine::ShapeOfView(layer), engine::PlanesOfView(layer), encode));
     const client::LayerData d = ToLayerData(enc);
     PC_RETURN_IF_ERROR(stream->BeginLayer(d.header, static_cast<std::uint32_t>(d.chunks.size())));
     for (const auto& chunk : d.chunks) PC_RETURN_IF_ERROR(stream->AddChunk(chunk));
@@ -149,26 +151,31 @@ Result<std::unique_ptr<client::PublishStream>> StreamPart(client::Client& c, con
 
 Result<PublishResult> PublishRanks(client::Client& c, const client::ModelId& id,
                                    std::span<const std::uint32_t> tokens,
-                                   std::vector<std::vector<LayerSnapshot>> ranks, std::uint64_t token,
-                                   const EncodeOptions& encode) {
+                                   std::vector<std::vector<LayerSnapshot>> ranks, std::uint32_t kv_heads,
+                                   std::uint64_t token, const EncodeOptions& encode) {
   const auto tp = static_cast<std::uint32_t>(ranks.size());
   if (tp == 0) return Status::InvalidArgument("TP publish: no ranks");
   if (tp == 1) {
-    PC_ASSIGN_OR_RETURN(auto alone, StreamPart(c, id, tokens, ranks[0], std::nullopt, encode));
+    PC_ASSIGN_OR_RETURN(auto alone, StreamPart(c, id, tokens, engine::ViewsOf(ranks[0]), std::nullopt, encode));
     return alone->Commit();
   }
-  // Each later rank's part is streamed and committed (it waits, parked),
-  // then rank 0's, whose commit writes the entry: one publish in flight on
-  // the connection at a time. A part that fails to stream is abandoned,
-  // which aborts the group at once and hands back the parked parts.
+  if (kv_heads % tp != 0) {
+    return Status::InvalidArgument("TP publish: TP " + std::to_string(tp) + " does not divide " +
+                                   std::to_string(kv_heads) + " kv heads");
+  }
+  // Each part is streamed and committed (it waits, parked), the last rank's
+  // first and part 0 last, whose commit writes the entry: one publish in
+  // flight on the connection at a time. A part that fails to stream is
+  // abandoned, which aborts the group at once and hands back the parked
+  // parts.
   for (std::uint32_t r = tp; r-- > 0;) {
-    std::vector<LayerSnapshot> mine;
-    for (LayerSnapshot& l : ranks[r]) {
-      if (InRankPart(ShapeOf(l), r)) mine.push_back(std::move(l));
+    const std::vector<engine::LayerSnapshotView> views = engine::ViewsOf(ranks[r]);
+    PC_ASSIGN_OR_RETURN(std::vector<GroupPart> parts, RankGroupParts(views, kv_heads / tp, tp, r, token));
+    for (const GroupPart& part : parts) {
+      PC_ASSIGN_OR_RETURN(auto stream, StreamPart(c, id, tokens, part.layers, part.group, encode));
+      PC_ASSIGN_OR_RETURN(PublishResult result, stream->Commit());
+      if (part.group.rank == 0 || result.existed) return result;  // stored meanwhile: nothing more to send
     }
-    PC_ASSIGN_OR_RETURN(auto stream, StreamPart(c, id, tokens, mine, PublishGroup{token, tp, r}, encode));
-    PC_ASSIGN_OR_RETURN(PublishResult part, stream->Commit());
-    if (r == 0 || part.existed) return part;  // stored meanwhile: nothing more to send
   }
   return Status::Internal("TP publish: unreachable");
 }
@@ -203,7 +210,8 @@ Result<PublishResult> TpPrefixCache::Publish(TpSession& session, std::span<const
   PC_ASSIGN_OR_RETURN(auto ranks, model_->CaptureFull(session));
   const std::uint64_t token = next_group_++;
   if (next_group_ == 0) next_group_ = 1;
-  return PublishRanks(*client_, model_id_, tokens, std::move(ranks), token, options_.encode);
+  return PublishRanks(*client_, model_id_, tokens, std::move(ranks), model_->config().attn.kv_heads, token,
+                      options_.encode);
 }
 
 }  // namespace primecache::model

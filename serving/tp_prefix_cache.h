@@ -8,9 +8,10 @@
 //    rank validates its shard before any rank is restored
 //    (TensorParallelModel::Restore), so every rank restores the same
 //    boundary or none does, and a refusal primes in full.
-//  - Publish: at TP 1 an entry of its own; at TP n a group publish, one part
-//    per rank (rank 0 every layer, each later rank its shards), rank n-1's
-//    first and rank 0's last, whose commit writes the entry.
+//  - Publish: at TP 1 an entry of its own; at TP n a group publish of every
+//    rank's head-group parts (part 0 every replicated layer, each part one
+//    run of the sharded layers' heads), part 0's last, whose commit writes
+//    the entry.
 // The fingerprint is the whole model's (PrefixCache::ModelIdFor), not the TP
 // size: an entry of one TP size serves every other that divides its heads.
 //
@@ -73,14 +74,15 @@ Result<std::vector<LayerSnapshot>> FetchRankParts(client::Client& c, const Looku
                                                   std::uint32_t tp, std::uint32_t rank);
 
 // Publishes a boundary held as every rank's snapshots (rank r's at index r,
-// each its full list, as CaptureFull gives them): one rank, an entry of its
-// own; more, a group under `token` (not 0) of one part per rank, streamed
-// and committed one at a time from the last rank to rank 0, whose commit
-// writes the entry (so one publish at a time is in flight on `c`).
+// each its full list, as CaptureFull gives them; `kv_heads` the whole
+// model's): one rank, an entry of its own; more, a group under `token` (not
+// 0) of every rank's head-group parts (serving/head_groups.h), streamed and
+// committed one at a time from the last to part 0, whose commit writes the
+// entry (so one publish at a time is in flight on `c`).
 Result<PublishResult> PublishRanks(client::Client& c, const client::ModelId& id,
                                    std::span<const std::uint32_t> tokens,
-                                   std::vector<std::vector<LayerSnapshot>> ranks, std::uint64_t token,
-                                   const EncodeOptions& encode);
+                                   std::vector<std::vector<LayerSnapshot>> ranks, std::uint32_t kv_heads,
+                                   std::uint64_t token, const EncodeOptions& encode);
 
 class TpPrefixCache {
  public:

@@ -27,7 +27,7 @@ TEST(TpPrefixCacheTest, ARestoreAtEachTpContinuesBitForBit) {
     SCOPED_TRACE("TP " + std::to_string(tp));
     const std::string ns = "tp" + std::to_string(tp);
     PublishAt(k, d, tp, ns);
-    EXPECT_EQ(RestoreAt(k, d, tp, ns, tp), Straight(k, tp));
+    EXPECT_EQ(RestoreAt(k, d, tp, ns, StoredParts(tp)), Straight(k, tp));
   }
 }
 
@@ -39,7 +39,7 @@ TEST(TpPrefixCacheTest, AnEntryOfOneTpRestoresAtAnother) {
     SCOPED_TRACE("TP " + std::to_string(from) + " to " + std::to_string(to));
     const std::string ns = "from" + std::to_string(from) + "to" + std::to_string(to);
     PublishAt(k, d, from, ns);
-    const std::vector<float> got = RestoreAt(k, d, to, ns, from);
+    const std::vector<float> got = RestoreAt(k, d, to, ns, StoredParts(from));
     EXPECT_EQ(got, ReshardedInMemory(k, from, to));
     EXPECT_LE(RelErr(got, Straight(k, to)), 1e-4);
   }
@@ -56,7 +56,8 @@ TEST(TpPrefixCacheTest, TheReplicatedPlanesAreStoredOnce) {
   ASSERT_TRUE(hit1 && hit4);
   EXPECT_EQ(hit1->ranks, 1u);
   EXPECT_EQ(hit4->ranks, 4u);
-  // 5 layers at TP 1; at TP 4 the 3 sharded layers (2 KDA, 1 attn) a part a rank, the 2 MLA layers once.
+  // 5 layers at TP 1; at TP 4 the 3 sharded layers (2 KDA, 1 attn) in each of its 4 parts, the 2 MLA
+  // layers once.
   EXPECT_EQ(hit1->layers, 5u);
   EXPECT_EQ(hit4->layers, 5u + 3u * 3u);
   // The same decoded bytes: every plane once, the latent and indexer planes not four times.

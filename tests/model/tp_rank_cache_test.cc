@@ -31,6 +31,7 @@ using namespace tp_case;
 using testing::RelErr;
 
 constexpr std::uint64_t kGroupToken = 0x5eed;
+constexpr std::uint32_t kParts = 4;  // StoredParts of every TP above 1
 
 // The ranks of one TP engine, each with its PrefixCache.
 struct RankEngines {
@@ -85,8 +86,8 @@ void PublishByRanks(const Case& k, const primecache::testing::Daemon& d, std::ui
   auto hit = Connect(d, ns)->Lookup(k.id(), k.prompt).value();
   ASSERT_TRUE(hit.has_value());
   EXPECT_EQ(hit->length, k.prompt.size());
-  EXPECT_EQ(hit->ranks, tp);
-  EXPECT_EQ(hit->layers, 5u + 3u * (tp - 1));  // 2 MLA layers once, 3 sharded layers a part a rank
+  EXPECT_EQ(hit->ranks, kParts);
+  EXPECT_EQ(hit->layers, 5u + 3u * (kParts - 1));  // 2 MLA layers once, 3 sharded layers a part each
 }
 
 // Every rank restores the prompt and primes the rest; rank 0's suffix logits
@@ -159,6 +160,57 @@ TEST(TpRankCacheTest, TheRanksGroupPublishRestoresAtTheSameTpBitForBit) {
   }
 }
 
+// The stored entry's chunk bytes: of its sharded layers' parts, and of its
+// replicated layers.
+std::pair<double, double> EntryBytes(const Case& k, const primecache::testing::Daemon& d, const std::string& ns) {
+  auto c = Connect(d, ns);
+  const LookupHit hit = c->Lookup(k.id(), k.prompt).value().value();
+  DescribeOptions with_headers;
+  with_headers.layer_headers = true;
+  const auto detail = c->Describe(hit.id, with_headers).value();
+  double sharded = 0, replicated = 0;
+  for (const std::string& header : detail.layer_headers) {
+    const LayerHeader h = ParseLayerHeader(AsBytes(header)).value();
+    for (const auto& p : h.planes) {
+      for (const auto& chunk : p.chunks) (IsSharded(h.shape) ? sharded : replicated) += chunk.encoded_bytes;
+    }
+  }
+  return {sharded, replicated};
+}
+
+// The point of head-group parts: whatever TP published the entry, a rank of
+// any TP size that divides its parts reads exactly its own heads of every
+// sharded layer, so the ranks together read the sharded bytes once and the
+// replicated ones once each. With one part per publishing rank, TP 4 from a
+// TP-2 entry would read every sharded byte twice.
+TEST(TpRankCacheTest, EveryRankReadsOnlyItsOwnHeadsWhateverTpPublished) {
+  const std::uint16_t port = primecache::testing::FreeLoopbackPort();
+  ASSERT_NE(port, 0);
+  primecache::testing::Daemon d({"--metrics-listen", "127.0.0.1:" + std::to_string(port)});
+  ASSERT_TRUE(d.Start());
+  const Case k;
+  for (std::uint32_t from : {2u, 4u}) {
+    const std::string ns = "parts" + std::to_string(from);
+    PublishByRanks(k, d, from, ns);
+    const auto [sharded, replicated] = EntryBytes(k, d, ns);
+    ASSERT_GT(sharded, 0);
+    ASSERT_GT(replicated, 0);
+    for (std::uint32_t to : {1u, 2u, 4u}) {
+      SCOPED_TRACE("TP " + std::to_string(from) + " to " + std::to_string(to));
+      const std::vector<double> before = RankFetchBytes(port, to);
+      const std::vector<float> got = RestoreByRanks(k, d, to, ns);
+      EXPECT_EQ(got, from == to ? Straight(k, to) : ReshardedInMemory(k, from, to));
+      const std::vector<double> after = RankFetchBytes(port, to);
+      double all = 0;
+      for (std::uint32_t r = 0; r < to; ++r) {
+        EXPECT_EQ(after[r] - before[r], PlannedBytes(k, d, ns, to, r)) << "rank " << r;
+        all += after[r] - before[r];
+      }
+      EXPECT_EQ(all, sharded + to * replicated);
+    }
+  }
+}
+
 TEST(TpRankCacheTest, AnEntryOfAnotherTpSizeIsReshardedOnEachRank) {
   primecache::testing::Daemon d;
   ASSERT_TRUE(d.Start());
@@ -180,9 +232,9 @@ TEST(TpRankCacheTest, TheRanksEntryServesTpPrefixCacheAtAnyTpSize) {
   ASSERT_TRUE(d.Start());
   const Case k;
   PublishByRanks(k, d, 2, "ranks");
-  EXPECT_EQ(RestoreAt(k, d, 2, "ranks", 2), Straight(k, 2));
-  EXPECT_EQ(RestoreAt(k, d, 4, "ranks", 2), ReshardedInMemory(k, 2, 4));
-  EXPECT_EQ(RestoreAt(k, d, 1, "ranks", 2), ReshardedInMemory(k, 2, 1));
+  EXPECT_EQ(RestoreAt(k, d, 2, "ranks", kParts), Straight(k, 2));
+  EXPECT_EQ(RestoreAt(k, d, 4, "ranks", kParts), ReshardedInMemory(k, 2, 4));
+  EXPECT_EQ(RestoreAt(k, d, 1, "ranks", kParts), ReshardedInMemory(k, 2, 1));
 }
 
 // Flips the first occurrence of `bytes` in the segment files; whether it was found.

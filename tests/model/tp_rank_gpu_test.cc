@@ -3,8 +3,10 @@
 // model on the device fetches only its parts of a TP entry, the raw chunks
 // copied by the daemon into its device window (the fetch's layers remapped
 // to the rank's own), and continues as its CPU twin does within the spec's
-// tolerance; an entry of another TP size is resharded on the host and
-// restored the same way. The ranks share one device and no collective
+// tolerance. The entry is in head-group parts (4 for this case), so a rank
+// of TP 2 gathers its two parts of each sharded layer on the device
+// (StagedFetch::GatherParts) and a rank of TP 4 restores its one part, by
+// device copy too. The ranks share one device and no collective
 // (NCCL needs a device per rank), so each looks up by itself and the
 // continuation is each rank's partial arithmetic, the same on both backends.
 #include <gtest/gtest.h>
@@ -91,7 +93,7 @@ TEST(TpRankGpuTest, EachRankRestoresItsOwnPartsByDeviceCopyAsItsCpuTwinDoes) {
   }
 }
 
-TEST(TpRankGpuTest, AnEntryOfAnotherTpSizeIsReshardedAndRestoredOnTheDevice) {
+TEST(TpRankGpuTest, AnEntryOfAnotherTpSizeIsRestoredByDeviceCopyToo) {
   PC_SKIP_WITHOUT_CUDA();
   primecache::testing::Daemon d({"--device-copies", "auto"});
   ASSERT_TRUE(d.Start());
@@ -103,6 +105,8 @@ TEST(TpRankGpuTest, AnEntryOfAnotherTpSizeIsReshardedAndRestoredOnTheDevice) {
     const Request cpu = RestoreRank(k, d, "tp2", 4, rank, false);
     EXPECT_EQ(gpu.restored_tokens, k.prompt.size());
     EXPECT_EQ(cpu.restored_tokens, k.prompt.size());
+    EXPECT_EQ(gpu.restored_bytes, cpu.restored_bytes);
+    EXPECT_GT(gpu.device_chunks, 0u) << "no chunk came by device copy";
     EXPECT_LE(RelErr(gpu.last_logits, cpu.last_logits), 1e-4);
   }
 }

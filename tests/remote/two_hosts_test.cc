@@ -102,14 +102,15 @@ TEST(TwoHosts, ATensorParallelEntryCrossesToTheOtherHost) {
   ASSERT_EQ(on_b.rc, 0) << on_b.err;
   EXPECT_GT(Restored(on_b.out), 0u) << "host B restored nothing: " << on_b.out;
   EXPECT_EQ(Text(on_b.out), Text(plain.out)) << "the restored continuation differs from a run without cache";
-  // B keeps it as a TP entry of two parts.
+  // B keeps it as a TP entry of four parts (hrm-tiny's 4 KDA heads at TP 2
+  // make 4 head-group parts, HeadGroups).
   auto admin = Admin(b);
   auto page = admin->List();
   ASSERT_TRUE(page.ok()) << page.status().ToString();
   bool tp = false;
   std::string seen;
   for (const EntryInfo& e : page->entries) {
-    tp = tp || e.ranks == 2;
+    tp = tp || e.ranks == 4;
     seen += " " + std::to_string(e.length) + ":" + std::to_string(e.ranks) + ":" + std::to_string(e.layers);
   }
   EXPECT_TRUE(tp) << "host B holds no TP entry:" << seen;

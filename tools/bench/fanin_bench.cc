@@ -341,7 +341,8 @@ Result<std::pair<std::uint64_t, std::uint64_t>> PublishTpEntries(const Args& a, 
       ranks.push_back(std::move(mine));
     }
     PC_ASSIGN_OR_RETURN(PublishResult p, model::PublishRanks(*c, id, std::span(tokens).first(a.prefix),
-                                                             std::move(ranks), /*token=*/tp, EncodeOptions{}));
+                                                             std::move(ranks), b.config.attn.kv_heads,
+                                                             /*token=*/tp, EncodeOptions{}));
     if (p.group_pending) return Status::Internal("TP " + std::to_string(tp) + " entry left pending");
   }
   return std::pair{largest, bytes};

@@ -336,6 +336,9 @@ struct KvSnapshotView {
 using LayerSnapshotView = std::variant<LatentSnapshotView, RecurrentSnapshotView, KvSnapshotView>;
 enum class PlaneResidence : std::uint8_t { kHost, kDevice };
 LayerSnapshotView ViewOf(const LayerSnapshot& layer);
+LayerShape ShapeOfView(const LayerSnapshotView& view);
+// A view's planes in the codec's stored order (the view's own order).
+std::vector<std::span<const float>> PlanesOfView(const LayerSnapshotView& view);
 // A view of `shape` whose planes lie back to back at `base` (floats, in the
 // view's plane order), and how many floats they take. `shape` is of the
 // reference engine's kinds: one of the engine's own, or one that passed
