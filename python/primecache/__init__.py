@@ -54,6 +54,7 @@ from ._primecache import (  # noqa: F401  (the package's API)
     parse_layer_header,
     assemble_rank_parts,
     is_sharded,
+    head_groups,
     rank_parts,
 )
 

@@ -29,6 +29,15 @@ void BindTp(py::module_& m) {
       "Whether layers of this shape split among TP workers (recurrent and KV layers; latent layers are "
       "replicated): what rank_parts takes for each model layer.");
   m.def(
+      "head_groups",
+      [](std::uint32_t tp, const std::vector<std::uint32_t>& rank_heads) { return HeadGroups(tp, rank_heads); },
+      py::arg("tp"), py::arg("rank_heads"),
+      "How many head-group parts TP `tp` workers publish a boundary in, as the C++ engines do: worker r "
+      "publishes parts [r*n, (r+1)*n) (n = head_groups / tp), part r*n + j holding the j-th run of its "
+      "heads of each sharded layer and part 0 the replicated layers too; `rank_heads` are a worker's head "
+      "counts of its sharded layers (KDA heads, kv heads). Workers of any TP size dividing it then read "
+      "only their own heads.");
+  m.def(
       "rank_parts",
       [](const std::vector<bool>& sharded, std::uint32_t entry_layers, std::uint32_t stored_ranks,
          std::uint32_t tp, std::uint32_t rank) {

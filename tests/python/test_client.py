@@ -199,6 +199,46 @@ def test_workers_of_any_tp_size_assemble_their_shards_of_a_tp_entry(daemon):
         primecache.assemble_rank_parts(primecache.rank_parts(sharded, 5, 2, 2, 1), fetched[:1], 4)
 
 
+def test_head_group_parts_let_every_tp_size_read_only_its_heads(daemon):
+    """Two TP-2 workers publish head_groups' 4 parts (each its two runs of
+    heads); workers of TP 4 then read one part of each sharded layer, TP 2
+    two and TP 1 all four, and each assembles exactly its own heads."""
+    rng = np.random.default_rng(35)
+    tokens = tokens_of(rng)
+    latent = make_layers(rng)[0]
+    rec = primecache.RecurrentShape(heads=4, head_dim=2, kernel=3)
+    kv = primecache.KvShape(len=LENGTH, k_width=4 * 3, v_width=4 * 2)
+    whole = [latent,
+             (rec, random_planes(rng, {"conv_ring": (24, 2), "state": (8, 2)})),
+             (kv, random_planes(rng, {"k_rows": (LENGTH, 12), "v_rows": (LENGTH, 8)}))]
+    sharded = [primecache.is_sharded(shape) for shape, _ in whole]
+    groups = primecache.head_groups(2, [2, 2])  # 2 KDA heads and 2 kv heads a worker
+    assert groups == 4
+    assert primecache.head_groups(4, [1, 1]) == 4 and primecache.head_groups(2, [2, 1]) == 2
+    model = model_id("py-tp-groups", shapes=[shape for shape, _ in whole])
+    n = groups // 2
+    for rank in (1, 0):
+        with primecache.connect(daemon.socket, timeout=15, tp_rank=rank) as worker:
+            for j in reversed(range(n)):  # part 0 (the replicated layers too) commits last
+                p = rank * n + j
+                part = [worker_slice(shape, planes, groups, p, 4) for (shape, planes), s in zip(whole, sharded)
+                        if p == 0 or s]
+                done = worker.publish(model, tokens, part, group=(4321, groups, p))
+    hit = primecache.connect(daemon.socket).lookup(model, tokens)
+    assert (hit.id, hit.ranks, hit.layers) == (done.id, 4, 3 + 2 * 3)
+    for tp in (1, 2, 4):
+        for rank in range(tp):
+            plan = primecache.rank_parts(sharded, hit.layers, hit.ranks, tp, rank)
+            assert len(plan.fetch) == 1 + 2 * (groups // tp), (tp, rank)  # its heads' parts, nothing more
+            with primecache.connect(daemon.socket, timeout=15) as worker:
+                mine = primecache.assemble_rank_parts(plan, worker.fetch(hit.id, plan.fetch), 4)
+            for m, ((shape, planes), (want_shape, want)) in enumerate(
+                    zip(mine, [worker_slice(s, p, tp, rank, 4) for s, p in whole])):
+                assert shape == want_shape, (tp, rank, m)
+                for name, a in want.items():
+                    assert np.array_equal(planes[name].view(np.uint32), a.view(np.uint32)), (tp, rank, m, name)
+
+
 def test_round_trip_through_shared_memory(daemon):
     rng = np.random.default_rng(12)
     layers, tokens, model = make_layers(rng), tokens_of(rng), model_id()
