@@ -149,8 +149,8 @@ Result<KvSnapshot> SliceKvHeads(const KvSnapshot& whole, std::uint32_t heads, He
   return SliceKvHeads(whole.shape, whole.k_rows, whole.v_rows, heads, h);
 }
 
-Result<KvSnapshot> SliceKvHeads(const KvShape& s, std::span<const float> k_rows, std::span<const float> v_rows,
-                                std::uint32_t heads, HeadRange h) {
+Result<KvSnapshot> SliceKvHeads(const KvShape& s, std::span<const float> k_rows,
+                                std::span<const float> v_rows, std::uint32_t heads, HeadRange h) {
   if (heads == 0 || s.k_width % heads != 0 || s.v_width % heads != 0) {
     return Status::InvalidArgument("TP slice of a KV layer: row widths " + std::to_string(s.k_width) + "/" +
                                    std::to_string(s.v_width) + " are not split into " +

@@ -53,9 +53,11 @@ class CpuDevice final : public Device {
                         std::size_t width, std::size_t rows, Lane) override {
     if (width == 0 || rows == 0) return Status::Ok();
     if (dst == nullptr || src == nullptr) return Status::InvalidArgument("2D copy: null pointer");
-    if (dst_pitch < width || src_pitch < width) return Status::InvalidArgument("2D copy: a pitch below the width");
+    if (dst_pitch < width || src_pitch < width)
+      return Status::InvalidArgument("2D copy: a pitch below the width");
     for (std::size_t r = 0; r < rows; ++r) {
-      std::memmove(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+      std::memmove(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch,
+                   width);
     }
     return Status::Ok();
   }

@@ -52,7 +52,8 @@ LayerShape ShapeOfView(const LayerSnapshotView& v) {
 }
 
 std::vector<std::span<const float>> PlanesOfView(const LayerSnapshotView& v) {
-  if (const auto* l = std::get_if<LatentSnapshotView>(&v)) return {l->latent_rows, l->index_tail_rows, l->pool_keys};
+  if (const auto* l = std::get_if<LatentSnapshotView>(&v))
+    return {l->latent_rows, l->index_tail_rows, l->pool_keys};
   if (const auto* r = std::get_if<RecurrentSnapshotView>(&v)) return {r->conv_ring, r->state};
   const auto& kv = std::get<KvSnapshotView>(v);
   return {kv.k_rows, kv.v_rows};

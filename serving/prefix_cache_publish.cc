@@ -3,9 +3,9 @@
 // deferred halves completed into pinned arenas at Finish, and the worker
 // that encodes each layer's chunks and publishes them.
 #include "serving/prefix_cache.h"
-#include "serving/head_groups.h"
 
 #include "primecache/internal/shard.h"
+#include "serving/head_groups.h"
 
 #include <spdlog/spdlog.h>
 
@@ -173,8 +173,8 @@ Status PrefixCache::Publish(std::span<const std::uint32_t> tokens, std::span<con
   }
   // A rank of a TP engine publishes its head-group parts of the group
   // (serving/head_groups.h), one after the other, its first part last.
-  PC_ASSIGN_OR_RETURN(std::vector<GroupPart> parts,
-                      RankGroupParts(layers, model_->config().attn.kv_heads, tp.size, tp.rank, tp.group_token));
+  PC_ASSIGN_OR_RETURN(std::vector<GroupPart> parts, RankGroupParts(layers, model_->config().attn.kv_heads,
+                                                                   tp.size, tp.rank, tp.group_token));
   std::lock_guard publishing(publish_mu_);
   for (const GroupPart& part : parts) {
     PC_ASSIGN_OR_RETURN(PublishResult r, PublishEntry(tokens, part.layers, part.group));
@@ -199,7 +199,8 @@ Result<PublishResult> PrefixCache::PublishEntry(std::span<const std::uint32_t> t
 // fits in part of its publish half (nothing is copied again), else into the
 // scratch, from which AddChunk copies them into the region.
 Status PrefixCache::PublishLayer(client::PublishStream& stream, const engine::LayerSnapshotView& view) {
-  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(engine::ShapeOfView(view), engine::PlanesOfView(view), options_.encode));
+  PC_ASSIGN_OR_RETURN(LayerEncoder enc, LayerEncoder::Create(engine::ShapeOfView(view),
+                                                             engine::PlanesOfView(view), options_.encode));
   const std::size_t n = enc.chunk_count();
   // The client hands out region space in 4 KiB extents (ReservedChunk).
   constexpr std::uint64_t kExtent = 4096;

@@ -91,7 +91,8 @@ Result<std::pair<LookupHit, std::uint64_t>> PrefixCache::AgreeOnHit(std::span<co
 
 Status PrefixCache::FetchOwnParts(const LookupHit& hit, engine::SessionCache& cache,
                                   std::optional<StagedFetch>* fetch, Request* figures) {
-  if (hit.ranks == 0 || hit.ranks % options_.tp.size != 0) return Status::Internal("TP restore: parts of another size");
+  if (hit.ranks == 0 || hit.ranks % options_.tp.size != 0)
+    return Status::Internal("TP restore: parts of another size");
   const std::uint32_t n = hit.ranks / options_.tp.size;  // parts of each sharded layer this rank reads
   PC_ASSIGN_OR_RETURN(RankPartsPlan plan, PlanRankParts(ShardedLayers(cache.plan()), hit.layers, hit.ranks,
                                                         options_.tp.size, options_.tp.rank));
@@ -172,7 +173,8 @@ Result<std::uint64_t> PrefixCache::RestoreStaged(ModelSession& session, const St
   return hit.length;
 }
 
-Result<std::uint64_t> PrefixCache::RestoreParts(ModelSession& session, const LookupHit& hit, Request* figures) {
+Result<std::uint64_t> PrefixCache::RestoreParts(ModelSession& session, const LookupHit& hit,
+                                                Request* figures) {
   std::optional<StagedFetch> fetch;
   if (Status s = FetchOwnParts(hit, *session.cache, &fetch, figures); !s.ok()) {
     NoteFailure("restoring entry " + std::to_string(hit.id), s);
@@ -212,8 +214,8 @@ Result<std::uint64_t> PrefixCache::TryRestoreRank(ModelSession& session,
         "restoring entry " + std::to_string(hit.id) + " on TP rank " + std::to_string(options_.tp.rank),
         mine);
   if (!every) return std::uint64_t{0};
-  const Result<std::uint64_t> restored =
-      fetch ? RestoreStaged(session, *fetch, hit, figures) : RestoreSnapshots(session, *resharded, hit, figures);
+  const Result<std::uint64_t> restored = fetch ? RestoreStaged(session, *fetch, hit, figures)
+                                               : RestoreSnapshots(session, *resharded, hit, figures);
   // Validated on every rank, so only a device fails here; then every rank
   // starts over, so that no rank goes on from a boundary the others lack.
   if (Collective* group = model_->collective(); group != nullptr) {

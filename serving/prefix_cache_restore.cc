@@ -99,7 +99,8 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
   Status fetched = fetch ? fetch->Finish(found.status()) : found.status();
   figures->fetch_ms = hit ? ms(Clock::now() - t_fetch) : 0;
   if (!staging_failed.ok()) return staging_failed;
-  if (hit && hit->ranks > 1 && hit->length >= options_.min_prefix) return RestoreParts(session, *hit, figures);
+  if (hit && hit->ranks > 1 && hit->length >= options_.min_prefix)
+    return RestoreParts(session, *hit, figures);
   if (!fetch) {
     // A miss, a hit too short to restore, or a lookup that failed: primed in full.
     if (!hit && !found.ok()) NoteFailure("lookup", found.status());

@@ -77,7 +77,8 @@ struct PartBlock {
 std::vector<PartBlock> PartBlocks(const LayerShape& part, std::uint64_t n, std::uint64_t j) {
   if (const auto* r = std::get_if<RecurrentShape>(&part)) {
     const std::uint64_t conv = r->conv_values() / 3, state = r->state_values();
-    return {{0, j * conv, 3, conv, conv, n * conv}, {3 * conv, 3 * n * conv + j * state, 1, state, state, state}};
+    return {{0, j * conv, 3, conv, conv, n * conv},
+            {3 * conv, 3 * n * conv + j * state, 1, state, state, state}};
   }
   const auto& kv = std::get<KvShape>(part);
   const std::uint64_t rows = kv.held_rows(), k = kv.k_width, v = kv.v_width;
@@ -109,15 +110,18 @@ Status StagedFetch::GatherParts(std::span<const std::vector<std::uint32_t>> part
       return Status::Corruption(where + ": its parts do not gather into the staging");
     for (std::uint32_t j = 0; j < n; ++j) {
       const Layer& l = layers_[parts[m][j]];
-      if (!(l.decoder->header().shape == part)) return Status::Corruption(where + ": its parts differ in shape");
+      if (!(l.decoder->header().shape == part))
+        return Status::Corruption(where + ": its parts differ in shape");
       for (const PartBlock& b : PartBlocks(part, n, j)) {
         const float* from = base + l.offset + b.src;
         float* to = base + used_ + b.dst;
         if (device_ != nullptr) {
-          PC_RETURN_IF_ERROR(dev_.CopyOnDevice2D(to, b.dst_pitch * sizeof(float), from, b.src_pitch * sizeof(float),
-                                                 b.width * sizeof(float), b.rows, engine::Lane::kTransfer));
+          PC_RETURN_IF_ERROR(dev_.CopyOnDevice2D(to, b.dst_pitch * sizeof(float), from,
+                                                 b.src_pitch * sizeof(float), b.width * sizeof(float), b.rows,
+                                                 engine::Lane::kTransfer));
         } else {
-          for (std::uint64_t r = 0; r < b.rows; ++r) std::copy_n(from + r * b.src_pitch, b.width, to + r * b.dst_pitch);
+          for (std::uint64_t r = 0; r < b.rows; ++r)
+            std::copy_n(from + r * b.src_pitch, b.width, to + r * b.dst_pitch);
         }
       }
     }
@@ -323,7 +327,8 @@ Result<LayerGeometry> PartGeometry(const LayerGeometry& layer, std::uint32_t par
     part.v_width /= parts;
     return LayerGeometry{part};
   }
-  return Status::InvalidArgument("a layer that does not split into " + std::to_string(parts) + " head-group parts");
+  return Status::InvalidArgument("a layer that does not split into " + std::to_string(parts) +
+                                 " head-group parts");
 }
 
 }  // namespace primecache::model

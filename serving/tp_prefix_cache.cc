@@ -156,7 +156,8 @@ Result<PublishResult> PublishRanks(client::Client& c, const client::ModelId& id,
   const auto tp = static_cast<std::uint32_t>(ranks.size());
   if (tp == 0) return Status::InvalidArgument("TP publish: no ranks");
   if (tp == 1) {
-    PC_ASSIGN_OR_RETURN(auto alone, StreamPart(c, id, tokens, engine::ViewsOf(ranks[0]), std::nullopt, encode));
+    PC_ASSIGN_OR_RETURN(auto alone,
+                        StreamPart(c, id, tokens, engine::ViewsOf(ranks[0]), std::nullopt, encode));
     return alone->Commit();
   }
   if (kv_heads % tp != 0) {

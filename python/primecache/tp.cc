@@ -30,7 +30,9 @@ void BindTp(py::module_& m) {
       "replicated): what rank_parts takes for each model layer.");
   m.def(
       "head_groups",
-      [](std::uint32_t tp, const std::vector<std::uint32_t>& rank_heads) { return HeadGroups(tp, rank_heads); },
+      [](std::uint32_t tp, const std::vector<std::uint32_t>& rank_heads) {
+        return HeadGroups(tp, rank_heads);
+      },
       py::arg("tp"), py::arg("rank_heads"),
       "How many head-group parts TP `tp` workers publish a boundary in, as the C++ engines do: worker r "
       "publishes parts [r*n, (r+1)*n) (n = head_groups / tp), part r*n + j holding the j-th run of its "

@@ -360,8 +360,9 @@ TEST_P(LayerSuite, CopyOnDevice2DMovesAColumnBlockAndNothingElse) {
   auto d = dev_->Allocate(dst.size() * sizeof(float)).value();
   ASSERT_TRUE(dev_->Upload(s.at<float>(0), src.data(), src.size() * sizeof(float), Lane::kTransfer).ok());
   ASSERT_TRUE(dev_->Upload(d.at<float>(0), dst.data(), dst.size() * sizeof(float), Lane::kTransfer).ok());
-  ASSERT_TRUE(dev_->CopyOnDevice2D(d.at<float>(kAt * sizeof(float)), kDstWidth * sizeof(float), s.at<float>(0),
-                                   kSrcWidth * sizeof(float), kSrcWidth * sizeof(float), kRows, Lane::kTransfer)
+  ASSERT_TRUE(dev_->CopyOnDevice2D(d.at<float>(kAt * sizeof(float)), kDstWidth * sizeof(float),
+                                   s.at<float>(0), kSrcWidth * sizeof(float), kSrcWidth * sizeof(float),
+                                   kRows, Lane::kTransfer)
                   .ok());
   ASSERT_TRUE(dev_->Synchronize(Lane::kTransfer).ok());
   std::vector<float> want = dst;

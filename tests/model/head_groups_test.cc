@@ -59,7 +59,8 @@ bool Same(const LayerSnapshot& a, const LayerSnapshot& b) {
 
 LayerSnapshot Copy(const engine::LayerSnapshotView& v) {
   if (const auto* r = std::get_if<engine::RecurrentSnapshotView>(&v))
-    return RecurrentSnapshot{r->shape, {r->conv_ring.begin(), r->conv_ring.end()}, {r->state.begin(), r->state.end()}};
+    return RecurrentSnapshot{
+        r->shape, {r->conv_ring.begin(), r->conv_ring.end()}, {r->state.begin(), r->state.end()}};
   if (const auto* l = std::get_if<engine::LatentSnapshotView>(&v))
     return LatentSnapshot{l->shape, {l->latent_rows.begin(), l->latent_rows.end()}, {}, {}};
   const auto& kv = std::get<engine::KvSnapshotView>(v);

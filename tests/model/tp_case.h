@@ -46,7 +46,9 @@ struct Case {
 // The parts an engine of TP `tp` stores Case's boundaries in (the entry's
 // ranks): one entry at TP 1; above, HeadGroups' head-group parts, which for
 // TpMixed's 4 KDA heads and 4 kv heads are 4 at TP 2 and at TP 4.
-inline std::uint32_t StoredParts(std::uint32_t tp) { return tp == 1 ? 1 : 4; }
+inline std::uint32_t StoredParts(std::uint32_t tp) {
+  return tp == 1 ? 1 : 4;
+}
 
 // Publishes the prompt's boundary at TP `tp` under namespace `ns`.
 inline void PublishAt(const Case& k, const primecache::testing::Daemon& d, std::uint32_t tp,

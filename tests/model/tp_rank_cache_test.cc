@@ -162,7 +162,8 @@ TEST(TpRankCacheTest, TheRanksGroupPublishRestoresAtTheSameTpBitForBit) {
 
 // The stored entry's chunk bytes: of its sharded layers' parts, and of its
 // replicated layers.
-std::pair<double, double> EntryBytes(const Case& k, const primecache::testing::Daemon& d, const std::string& ns) {
+std::pair<double, double> EntryBytes(const Case& k, const primecache::testing::Daemon& d,
+                                     const std::string& ns) {
   auto c = Connect(d, ns);
   const LookupHit hit = c->Lookup(k.id(), k.prompt).value().value();
   DescribeOptions with_headers;

@@ -119,7 +119,8 @@ void Publish(client::Client& c, const client::ModelId& id, const std::vector<std
              std::uint64_t token) {
   std::vector<std::vector<LayerSnapshot>> ranks;
   for (std::uint32_t r = 0; r < tp; ++r) ranks.push_back(Must(SliceLayers(whole, kv_heads, tp, r), "slice"));
-  const PublishResult p = Must(model::PublishRanks(c, id, tokens, std::move(ranks), kv_heads, token, {}), "publish");
+  const PublishResult p =
+      Must(model::PublishRanks(c, id, tokens, std::move(ranks), kv_heads, token, {}), "publish");
   if (p.group_pending || p.id == 0) Die("publish", Status::Internal("no entry written"));
 }
 

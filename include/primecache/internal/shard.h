@@ -75,8 +75,8 @@ Result<KvSnapshot> SliceKv(const KvSnapshot& whole, std::uint32_t heads, std::ui
                            std::uint32_t rank);
 // The run `range` of a KV snapshot's `heads` heads.
 Result<KvSnapshot> SliceKvHeads(const KvSnapshot& whole, std::uint32_t heads, HeadRange range);
-Result<KvSnapshot> SliceKvHeads(const KvShape& shape, std::span<const float> k_rows, std::span<const float> v_rows,
-                                std::uint32_t heads, HeadRange range);
+Result<KvSnapshot> SliceKvHeads(const KvShape& shape, std::span<const float> k_rows,
+                                std::span<const float> v_rows, std::uint32_t heads, HeadRange range);
 Result<KvSnapshot> GatherKv(std::span<const KvSnapshot> shards);
 
 // A whole boundary (every layer) from every rank's snapshots of it, rank r's
