@@ -125,7 +125,7 @@ Status StagedFetch::GatherParts(std::span<const std::vector<std::uint32_t>> part
         }
       }
     }
-    gathered_.emplace_back(std::move(whole), used_);
+    gathered_.emplace_back(whole, used_);
     used_ += floats;
   }
   if (device_ != nullptr) PC_RETURN_IF_ERROR(dev_.Synchronize(engine::Lane::kTransfer));
