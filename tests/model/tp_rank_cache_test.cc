@@ -117,25 +117,40 @@ std::vector<double> RankFetchBytes(std::uint16_t port, std::uint32_t ranks) {
   return out;
 }
 
-// The chunk bytes of the entry layers rank `rank` of TP `tp` plans to read.
-double PlannedBytes(const Case& k, const primecache::testing::Daemon& d, const std::string& ns,
-                    std::uint32_t tp, std::uint32_t rank) {
+// The prompt's stored entry: its hit and every layer's header.
+std::pair<LookupHit, std::vector<LayerHeader>> StoredLayers(const Case& k,
+                                                            const primecache::testing::Daemon& d,
+                                                            const std::string& ns) {
   auto c = Connect(d, ns);
   const LookupHit hit = c->Lookup(k.id(), k.prompt).value().value();
   DescribeOptions with_headers;
   with_headers.layer_headers = true;
   const auto detail = c->Describe(hit.id, with_headers).value();
+  std::vector<LayerHeader> headers;
+  for (const std::string& header : detail.layer_headers)
+    headers.push_back(ParseLayerHeader(AsBytes(header)).value());
+  return {hit, std::move(headers)};
+}
+
+// A stored layer's chunk bytes.
+double ChunkBytes(const LayerHeader& h) {
+  double bytes = 0;
+  for (const auto& p : h.planes) {
+    for (const auto& chunk : p.chunks) bytes += static_cast<double>(chunk.encoded_bytes);
+  }
+  return bytes;
+}
+
+// The chunk bytes of the entry layers rank `rank` of TP `tp` plans to read.
+double PlannedBytes(const Case& k, const primecache::testing::Daemon& d, const std::string& ns,
+                    std::uint32_t tp, std::uint32_t rank) {
+  const auto [hit, headers] = StoredLayers(k, d, ns);
   const ModelConfig rc = RankConfig(k.config, tp).value();
   const Weights rw = RankWeights(k.config, k.weights, tp, rank).value();
   const RankPartsPlan plan =
       PlanRankParts(ShardedLayers(HybridModel::PlanFor(rc, rw)), hit.layers, hit.ranks, tp, rank).value();
   double bytes = 0;
-  for (std::uint32_t e : plan.fetch) {
-    const LayerHeader h = ParseLayerHeader(AsBytes(detail.layer_headers.at(e))).value();
-    for (const auto& p : h.planes) {
-      for (const auto& chunk : p.chunks) bytes += static_cast<double>(chunk.encoded_bytes);
-    }
-  }
+  for (std::uint32_t e : plan.fetch) bytes += ChunkBytes(headers.at(e));
   return bytes;
 }
 
@@ -164,18 +179,9 @@ TEST(TpRankCacheTest, TheRanksGroupPublishRestoresAtTheSameTpBitForBit) {
 // replicated layers.
 std::pair<double, double> EntryBytes(const Case& k, const primecache::testing::Daemon& d,
                                      const std::string& ns) {
-  auto c = Connect(d, ns);
-  const LookupHit hit = c->Lookup(k.id(), k.prompt).value().value();
-  DescribeOptions with_headers;
-  with_headers.layer_headers = true;
-  const auto detail = c->Describe(hit.id, with_headers).value();
   double sharded = 0, replicated = 0;
-  for (const std::string& header : detail.layer_headers) {
-    const LayerHeader h = ParseLayerHeader(AsBytes(header)).value();
-    for (const auto& p : h.planes) {
-      for (const auto& chunk : p.chunks) (IsSharded(h.shape) ? sharded : replicated) += chunk.encoded_bytes;
-    }
-  }
+  for (const LayerHeader& h : StoredLayers(k, d, ns).second)
+    (IsSharded(h.shape) ? sharded : replicated) += ChunkBytes(h);
   return {sharded, replicated};
 }
 
