@@ -252,6 +252,7 @@ struct FetchTarget {
   const ModelId* model = nullptr;
   std::span<const std::uint32_t> tokens;
   bool want_shared = false;
+  bool skip_parted_hits = false;  // FetchCallbacks::skip_parted_hits
 };
 
 // A fetch request: with the shared window (the region's second half) when
@@ -267,6 +268,7 @@ std::unique_ptr<OutMessage> FetchRequest(std::uint64_t id, const FetchTarget& t,
         if (t.model != nullptr) {
           auto l = f.initQuery();
           l.setWantShared(t.want_shared);
+          f.setSkipPartedHits(t.skip_parted_hits);
           auto q = l.initQuery();
           SetFingerprint(q.initFingerprint(), *t.model);
           q.setNamespace(std::string(ns));
@@ -318,6 +320,10 @@ Result<bool> FetchOnce(Client::Impl& impl, const FetchTarget& t, std::span<const
   at.shm_window = use_shm;
   Conn* raw = c.get();
   *seen = HitSeen{};
+  // A parted hit the caller skips: an older daemon streams it anyway, and
+  // the fetch cancels itself at its first layer (an end, not an error).
+  bool skipping = false;
+  bool cancelled_skip = false;
   auto reply = impl.Call(c, id, *m, [&, raw](wire::Response::Reader r) -> Status {
     streamed = true;
     if (r.which() == wire::Response::FETCH_HIT) {
@@ -329,7 +335,13 @@ Result<bool> FetchOnce(Client::Impl& impl, const FetchTarget& t, std::span<const
         return Status::Corruption("daemon's fetch hit of " + std::to_string(seen->hit->length) +
                                   " tokens is no prefix of the query's " + std::to_string(t.tokens.size()));
       }
-      return seen->hit && cb.on_hit ? cb.on_hit(*seen->hit) : Status::Ok();
+      if (seen->hit && cb.on_hit) PC_RETURN_IF_ERROR(cb.on_hit(*seen->hit));
+      skipping = seen->hit && t.skip_parted_hits && seen->hit->ranks > 1;
+      return Status::Ok();
+    }
+    if (skipping) {
+      cancelled_skip = true;
+      return Status::Aborted("a tensor-parallel hit the caller fetches by parts");
     }
     if (t.model != nullptr && !seen->hit) {
       return Status::Corruption(seen->seen ? "daemon streamed layers after a miss"
@@ -342,6 +354,7 @@ Result<bool> FetchOnce(Client::Impl& impl, const FetchTarget& t, std::span<const
     }
     return DeliverChunk(*raw, held.get(), device.get(), cb, r.getFetchChunk(), at);
   });
+  if (!reply.ok() && cancelled_skip) return true;
   if (!reply.ok()) {
     // Only a fetch that delivered nothing may be retried.
     if (streamed && reply.status().IsUnavailable()) return Status::Aborted(reply.status().message());
@@ -366,6 +379,7 @@ Result<std::optional<LookupHit>> Client::LookupAndFetch(const ModelId& model, st
     PC_ASSIGN_OR_RETURN(std::optional<LookupHit> hit, Lookup(model, tokens, shared_tokens));
     if (!hit) return hit;
     if (cb.on_hit) PC_RETURN_IF_ERROR(cb.on_hit(*hit));
+    if (cb.skip_parted_hits && hit->ranks > 1) return hit;
     PC_RETURN_IF_ERROR(Fetch(hit->id, {}, cb));
     return hit;
   }
@@ -373,6 +387,7 @@ Result<std::optional<LookupHit>> Client::LookupAndFetch(const ModelId& model, st
   t.model = &model;
   t.tokens = tokens;
   t.want_shared = shared_tokens != nullptr;
+  t.skip_parted_hits = cb.skip_parted_hits;
   HitSeen seen;
   PC_RETURN_IF_ERROR(impl_->Retry([&] { return FetchOnce(*impl_, t, {}, cb, &seen); }).status());
   if (shared_tokens != nullptr) {

@@ -279,6 +279,11 @@ struct Fetch {
   # with one fetchHit, and after a miss (found false) only fetchDone follows.
   # Only to a daemon whose hello says fetchByQuery.
   query @5 :Lookup;
+  # With query: a hit that is a tensor-parallel entry (ranks > 1) streams no
+  # layers, only fetchHit and then fetchDone; each rank fetches its own
+  # head-group parts by entry instead. False (an older client): every hit
+  # streams whole.
+  skipPartedHits @6 :Bool;
 }
 
 # Streamed answers to a fetch, in order: for each layer a FetchLayer, then its

@@ -131,8 +131,9 @@ Answer Session::OnFetch(const Incoming& in) {
   }
   std::vector<std::uint32_t> layers = ToVector(layers_r);
   const std::uint64_t entry = f.getEntry();
+  const bool skip_parted_hits = f.getSkipPartedHits();
   const auto arrived = std::chrono::steady_clock::now();
-  return Serve(fetch_executor_, id, [this, id, st, entry, arrived, query = std::move(query),
+  return Serve(fetch_executor_, id, [this, id, st, entry, arrived, skip_parted_hits, query = std::move(query),
                                      layers = std::move(layers)]() -> Answer {
     auto forget = [&] {
       MutexLock l(&mu_);
@@ -150,7 +151,8 @@ Answer Session::OnFetch(const Incoming& in) {
       sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
         WriteLookupHit(found->hit, found->shared, r.initFetchHit());
       }));
-      if (!found->hit) {
+      // A miss, or a tensor-parallel hit whose ranks fetch their own parts.
+      if (!found->hit || (skip_parted_hits && found->hit->ranks > 1)) {
         forget();
         return BuildResponse(id, [&](wire::Response::Builder r) { r.initFetchDone(); });
       }

@@ -79,8 +79,9 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
     t_fetch = Clock::now();
     hit = h;
     if (h.length < options_.min_prefix) return Status::Aborted("a hit shorter than the prefix cache's minimum");
-    // An entry of a TP engine: its layers are head-group parts, gathered below.
-    if (h.ranks > 1) return Status::Aborted("a tensor-parallel entry");
+    // An entry of a TP engine streams nothing here (skip_parted_hits): its
+    // layers are head-group parts, gathered below.
+    if (h.ranks > 1) return Status::Ok();
     const std::uint64_t bound = StagingFloats(cache.plan(), h.length) * sizeof(float);
     staging_failed = GrowStaging(bound);
     if (!staging_failed.ok()) return staging_failed;
@@ -90,6 +91,7 @@ Result<std::uint64_t> PrefixCache::TryRestore(ModelSession& session, std::span<c
     staged = fetch->Callbacks();
     return Status::Ok();
   };
+  cb.skip_parted_hits = true;
   ForwardTo(staged, device_staging_ && !device_window_.empty(), &cb);
   const bool want_shared = options_.publish && options_.publish_branch_points;
   auto found = client_->LookupAndFetch(model_id_, tokens, cb, want_shared ? &figures->shared_tokens : nullptr);

@@ -149,6 +149,11 @@ struct FetchCallbacks {
   // layer (not called on a miss). A non-OK return cancels the fetch and
   // becomes its result.
   std::function<Status(const LookupHit& hit)> on_hit;
+  // LookupAndFetch only: a hit that is a tensor-parallel entry
+  // (LookupHit::ranks > 1) streams nothing; it is told to on_hit and
+  // returned, and its head-group parts are the caller's to fetch by entry
+  // (the daemon then reads and counts only those bytes).
+  bool skip_parted_hits = false;
 };
 
 struct FetchedLayer {

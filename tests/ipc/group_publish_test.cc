@@ -141,6 +141,72 @@ TEST(GroupPublishDaemon, TheMetricsCountEachRanksPublishedAndFetchedBytes) {
   EXPECT_NE(refused.status().message().find("TP rank 4096"), std::string::npos) << refused.status().ToString();
 }
 
+// A fetch by query that skips parted hits (as a TP engine's restore does)
+// is told a group entry's hit and streams none of its layers: the daemon
+// sends no chunk byte; each rank then fetches its own parts by entry. A
+// plain fetch by query still streams the whole entry, and a single-rank
+// entry streams whether skipped hits are asked for or not.
+TEST(GroupPublishDaemon, AFetchByQuerySkippingPartedHitsStreamsNoneOfAGroupEntry) {
+  const std::uint16_t port = FreeLoopbackPort();
+  ASSERT_NE(port, 0);
+  Daemon d({"--metrics-listen", "127.0.0.1:" + std::to_string(port)});
+  ASSERT_TRUE(d.Start());
+  auto rank0 = Client::Connect(d.Options("tp")).value();
+  auto rank1 = Client::Connect(d.Options("tp")).value();
+  ASSERT_TRUE(rank0->server_info().fetch_by_query);
+  const auto tokens = Tokens(300, 9);
+  const auto parts = Parts(tokens.size(), 11);
+  auto s0 = Stream(*rank0, tokens, 79, 0, parts[0]);
+  auto s1 = Stream(*rank1, tokens, 79, 1, parts[1]);
+  ASSERT_TRUE(s1->Commit().ok());
+  auto done = s0->Commit();
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  auto fetch_bytes = [&] {
+    return SampleValue(HttpRequest(port, "GET /metrics HTTP/1.0\r\n\r\n"), "primecache_fetch_bytes_total")
+        .value_or(-1);
+  };
+  int layers_seen = 0;
+  std::optional<LookupHit> told;
+  FetchCallbacks cb;
+  cb.on_hit = [&](const LookupHit& h) {
+    told = h;
+    return Status::Ok();
+  };
+  cb.on_layer = [&](std::uint32_t, std::span<const std::byte>, std::uint32_t) {
+    ++layers_seen;
+    return Status::Ok();
+  };
+  cb.skip_parted_hits = true;
+  const double before = fetch_bytes();
+  auto hit = rank1->LookupAndFetch(TestModel(), tokens, cb);
+  ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+  ASSERT_TRUE(hit->has_value());
+  EXPECT_EQ((*hit)->id, done->id);
+  EXPECT_EQ((*hit)->ranks, kRanks);
+  ASSERT_TRUE(told.has_value());
+  EXPECT_EQ(told->ranks, kRanks);
+  EXPECT_EQ(layers_seen, 0);
+  EXPECT_EQ(fetch_bytes(), before) << "the daemon sent a skipped entry's bytes";
+  // The connection goes on: the rank fetches its own parts by entry.
+  const std::vector<std::uint32_t> mine1 = {0, 2};
+  ASSERT_TRUE(rank1->FetchLayers(done->id, mine1).ok());
+  EXPECT_EQ(fetch_bytes(), before + double(ChunkBytes({parts[0][0]}) + ChunkBytes(parts[1])));
+
+  cb.skip_parted_hits = false;
+  auto whole = rank1->LookupAndFetch(TestModel(), tokens, cb);
+  ASSERT_TRUE(whole.ok() && whole->has_value()) << whole.status().ToString();
+  EXPECT_EQ(layers_seen, 3);
+
+  const auto single = Tokens(200, 13);
+  ASSERT_TRUE(rank0->Publish(TestModel(), single, MakeLayers(200, 2, 13, 64, 32)).ok());
+  layers_seen = 0;
+  cb.skip_parted_hits = true;
+  auto plain = rank0->LookupAndFetch(TestModel(), single, cb);
+  ASSERT_TRUE(plain.ok() && plain->has_value()) << plain.status().ToString();
+  EXPECT_EQ((*plain)->ranks, 1u);
+  EXPECT_EQ(layers_seen, 2);
+}
+
 // Run as a child process (self-exec): rank 1 streams its part, says so, and
 // waits to be killed.
 TEST(GroupPublishDaemonChild, StreamsItsPartAndWaits) {
