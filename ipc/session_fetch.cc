@@ -133,51 +133,52 @@ Answer Session::OnFetch(const Incoming& in) {
   const std::uint64_t entry = f.getEntry();
   const bool skip_parted_hits = f.getSkipPartedHits();
   const auto arrived = std::chrono::steady_clock::now();
-  return Serve(fetch_executor_, id, [this, id, st, entry, arrived, skip_parted_hits, query = std::move(query),
-                                     layers = std::move(layers)]() -> Answer {
-    auto forget = [&] {
-      MutexLock l(&mu_);
-      fetches_.erase(id);
-    };
-    // A fetch by query: the hit stays leased until its fetch has ended.
-    Lease lease;
-    std::uint64_t target = entry;
-    if (query) {
-      Result<Found> found = RunLookup(*query, &lease);
-      if (!found.ok()) {
-        forget();
-        return found.status();
-      }
-      sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
-        WriteLookupHit(found->hit, found->shared, r.initFetchHit());
-      }));
-      // A miss, or a tensor-parallel hit whose ranks fetch their own parts.
-      if (!found->hit || (skip_parted_hits && found->hit->ranks > 1)) {
-        forget();
-        return BuildResponse(id, [&](wire::Response::Builder r) { r.initFetchDone(); });
-      }
-      target = found->hit->id;
-    }
-    FetchSender sender(id, st.get(), sink_.get(), device_dma_);
-    FetchOptions options;
-    options.ns = TenantScope();
-    Status s = sender.Finish(store_->Fetch(target, layers, sender, options));
-    spdlog::debug("primecached: fetch of entry {}: {}", target, sender.Timings());
-    forget();
-    counters_->fetch_bytes.fetch_add(sender.bytes(), std::memory_order_relaxed);
-    if (tp_rank_) counters_->rank_fetch_bytes.Add(*tp_rank_, sender.bytes());
-    sender.AddTo(*counters_);  // [extents] chunks and extents per window
-    if (!s.ok()) {
-      counters_->fetch_errors.fetch_add(1, std::memory_order_relaxed);
-      return s;
-    }
-    counters_->fetch_seconds.Observe(std::chrono::steady_clock::now() - arrived);
-    return BuildResponse(id, [&](wire::Response::Builder r) {
-      auto d = r.initFetchDone();
-      d.setLayers(sender.layers());
-      d.setBytes(sender.bytes());
-    });
-  });
+  return Serve(fetch_executor_, id,
+               [this, id, st, entry, arrived, skip_parted_hits, query = std::move(query),
+                layers = std::move(layers)]() -> Answer {
+                 auto forget = [&] {
+                   MutexLock l(&mu_);
+                   fetches_.erase(id);
+                 };
+                 // A fetch by query: the hit stays leased until its fetch has ended.
+                 Lease lease;
+                 std::uint64_t target = entry;
+                 if (query) {
+                   Result<Found> found = RunLookup(*query, &lease);
+                   if (!found.ok()) {
+                     forget();
+                     return found.status();
+                   }
+                   sink_->Send(BuildResponse(id, [&](wire::Response::Builder r) {
+                     WriteLookupHit(found->hit, found->shared, r.initFetchHit());
+                   }));
+                   // A miss, or a tensor-parallel hit whose ranks fetch their own parts.
+                   if (!found->hit || (skip_parted_hits && found->hit->ranks > 1)) {
+                     forget();
+                     return BuildResponse(id, [&](wire::Response::Builder r) { r.initFetchDone(); });
+                   }
+                   target = found->hit->id;
+                 }
+                 FetchSender sender(id, st.get(), sink_.get(), device_dma_);
+                 FetchOptions options;
+                 options.ns = TenantScope();
+                 Status s = sender.Finish(store_->Fetch(target, layers, sender, options));
+                 spdlog::debug("primecached: fetch of entry {}: {}", target, sender.Timings());
+                 forget();
+                 counters_->fetch_bytes.fetch_add(sender.bytes(), std::memory_order_relaxed);
+                 if (tp_rank_) counters_->rank_fetch_bytes.Add(*tp_rank_, sender.bytes());
+                 sender.AddTo(*counters_);  // [extents] chunks and extents per window
+                 if (!s.ok()) {
+                   counters_->fetch_errors.fetch_add(1, std::memory_order_relaxed);
+                   return s;
+                 }
+                 counters_->fetch_seconds.Observe(std::chrono::steady_clock::now() - arrived);
+                 return BuildResponse(id, [&](wire::Response::Builder r) {
+                   auto d = r.initFetchDone();
+                   d.setLayers(sender.layers());
+                   d.setBytes(sender.bytes());
+                 });
+               });
 }
 
 Answer Session::OnCancel(const Incoming& in) {
