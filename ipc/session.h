@@ -289,6 +289,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<Answer> OnWindowRelease(const Incoming& in);
   // A fetch's windows from its request (shared, device).
   Status OpenWindows(wire::Fetch::Reader f, FetchState& st);
+  // Registers `st` under its id unless the id runs already, the connection
+  // has its most fetches in flight, or its windows overlap another fetch's.
+  Status AddFetchInFlight(const std::shared_ptr<FetchState>& st) EXCLUDES(mu_);
 
   // ---- lookup (session_lookup.cc)
   Answer OnLookup(const Incoming& in);

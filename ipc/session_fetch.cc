@@ -98,6 +98,23 @@ std::optional<Answer> Session::OnWindowRelease(const Incoming& in) {
                           " names no chunk sent and not yet released: release each chunk once, as it arrived");
 }
 
+Status Session::AddFetchInFlight(const std::shared_ptr<FetchState>& st) {
+  MutexLock l(&mu_);
+  if (fetches_.count(st->id) != 0) return Status::AlreadyExists("a fetch with this id is running");
+  if (fetches_.size() >= limits_.max_fetches_in_flight) {
+    return Status::ResourceExhausted("too many fetches in flight on this connection");
+  }
+  for (auto& [oid, other] : fetches_) {
+    const bool same_device = st->device != nullptr && st->device == other->device;
+    if ((st->shm && other->shm && st->shm_ring.Overlaps(other->shm_ring)) ||
+        (same_device && st->device_ring.Overlaps(other->device_ring))) {
+      return Status::InvalidArgument("fetch window overlaps the window of fetch " + std::to_string(oid));
+    }
+  }
+  fetches_[st->id] = st;
+  return Status::Ok();
+}
+
 Answer Session::OnFetch(const Incoming& in) {
   const std::uint64_t id = in.id;
   auto f = in.req.getFetch();
@@ -114,21 +131,7 @@ Answer Session::OnFetch(const Incoming& in) {
   st->id = id;
   st->extents = f.getExtents();  // [extents] batched restore: runs of chunks per fetchChunk
   if (Status s = OpenWindows(f, *st); !s.ok()) return s;
-  {
-    MutexLock l(&mu_);
-    if (fetches_.count(id) != 0) return Status::AlreadyExists("a fetch with this id is running");
-    if (fetches_.size() >= limits_.max_fetches_in_flight) {
-      return Status::ResourceExhausted("too many fetches in flight on this connection");
-    }
-    for (auto& [oid, other] : fetches_) {
-      const bool same_device = st->device != nullptr && st->device == other->device;
-      if ((st->shm && other->shm && st->shm_ring.Overlaps(other->shm_ring)) ||
-          (same_device && st->device_ring.Overlaps(other->device_ring))) {
-        return Status::InvalidArgument("fetch window overlaps the window of fetch " + std::to_string(oid));
-      }
-    }
-    fetches_[id] = st;
-  }
+  if (Status s = AddFetchInFlight(st); !s.ok()) return s;
   std::vector<std::uint32_t> layers = ToVector(layers_r);
   const std::uint64_t entry = f.getEntry();
   const bool skip_parted_hits = f.getSkipPartedHits();
