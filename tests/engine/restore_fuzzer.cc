@@ -1,14 +1,27 @@
 // libFuzzer target: restore validation. An input picks a source geometry, a
-// target geometry and a boundary length; the source is a real CPU session
-// primed to that boundary and captured in full; the rest of the input is a
-// list of mutations of that snapshot (any field set to any value, planes
-// resized, bits flipped, layers swapped, dropped, duplicated or replaced).
-// The mutated snapshot is offered to a fresh session of the target geometry:
-//  - refused: the cache is left exactly as it was (every arena byte, fresh);
+// target geometry, a boundary length and a feeding pattern (the call seed);
+// the source is a real CPU session of that geometry fed in calls of the
+// pattern's sizes and captured in full at a call boundary; the rest of the
+// input is a list of mutations of that snapshot (any field set to any value,
+// planes resized, bits flipped, layers swapped, dropped, duplicated or
+// replaced). The mutated snapshot is offered to a fresh session of the target
+// geometry:
+//  - refused: the cache is left exactly as it was (fresh, every layer empty,
+//    its invariants held, every arena byte as when it was handed out);
 //  - restored: every invariant holds, a full capture gives back the offered
-//    snapshot, and the session takes further tokens.
+//    snapshot, and the session takes further tokens;
+//  - an unmutated snapshot offered to its own geometry is restored.
+// Sources are primed once per (geometry, call seed), on first use: the
+// session is fed up to its max_ctx in the pattern's calls and captured in
+// full at every call boundary on the way, and those captures serve later
+// inputs (the oldest dropped past World::kSourceBytes). The input's length
+// picks the last boundary at or below it (the first when it is below that
+// one). A target session that refused stays fresh (each refusal checks it) and
+// takes the next offer to its geometry; one that restored is replaced.
 // Input layout: [source][target][len][call seed] then 6-byte records
 // [op][layer][value u32 little-endian].
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -100,16 +113,109 @@ Status Feed(Device& d, SessionCache& s, Rng& rng, std::uint64_t count) {
   return Status::Ok();
 }
 
+// One source geometry fed under one call seed: the full capture at every call
+// boundary, in order of length.
+struct Source {
+  std::vector<std::uint64_t> lens;
+  std::vector<std::vector<LayerSnapshot>> snaps;
+};
+
+// Feeds a fresh session of the source's geometry up to its max_ctx, in calls
+// of 1 + (seed + done) % 37 tokens, capturing in full after each call.
+std::unique_ptr<Source> Prime(Device& d, Engine& engine, std::uint64_t max_ctx, std::uint8_t seed) {
+  auto src = engine.NewSession();
+  PC_FUZZ_CHECK(src.ok());
+  auto out = std::make_unique<Source>();
+  Rng rng{0x9e3779b97f4a7c15ull ^ seed};
+  for (std::uint64_t done = 0; done < max_ctx;) {
+    const std::uint64_t t = std::min<std::uint64_t>(max_ctx - done, 1 + (seed + done) % 37);
+    PC_FUZZ_CHECK(Feed(d, *src.value(), rng, t).ok());
+    done += t;
+    auto full = src.value()->CaptureFull();
+    PC_FUZZ_CHECK(full.ok());
+    out->lens.push_back(done);
+    out->snaps.push_back(std::move(full).value());
+  }
+  return out;
+}
+
+std::size_t SnapshotBytes(const std::vector<LayerSnapshot>& snap) {
+  std::size_t floats = 0;
+  for (const LayerSnapshot& l : snap) {
+    if (const auto* x = std::get_if<LatentSnapshot>(&l)) {
+      floats += x->latent_rows.size() + x->index_tail_rows.size() + x->pool_keys.size();
+    } else if (const auto* r = std::get_if<RecurrentSnapshot>(&l)) {
+      floats += r->conv_ring.size() + r->state.size();
+    } else {
+      const auto& kv = std::get<KvSnapshot>(l);
+      floats += kv.k_rows.size() + kv.v_rows.size();
+    }
+  }
+  return floats * sizeof(float);
+}
+
+// Downloads every byte of `m` into `out` (resized to fit, its storage kept).
+void Bytes(Device& d, const Memory& m, std::vector<std::byte>& out) {
+  out.resize(m.bytes());
+  PC_FUZZ_CHECK(d.Download(out.data(), m.data(), m.bytes(), Lane::kCompute).ok());
+}
+
+// A fresh session of a target geometry and its arena's bytes when it was
+// handed out. A session that refused every offer so far is still fresh with
+// those bytes (each refusal checks it), so it takes the next input's offer;
+// one that restored is handed back and replaced. This spares each refused
+// input a session's zeroing on hand-back and an arena download (an arena is
+// a few MiB).
+struct Target {
+  std::unique_ptr<SessionCache> session;
+  std::vector<std::byte> before;
+};
+
 struct World {
   std::shared_ptr<Device> dev = NewCpuDevice({.memory_bytes = 256ull << 20});
   std::vector<Geometry> geometries = Geometries();
   std::vector<std::unique_ptr<Engine>> engines;
-  World() {
+  // sources[geometry][seed], primed on first use; the oldest primed are
+  // dropped (and primed again when next asked for) past kSourceBytes.
+  static constexpr std::size_t kSourceBytes = 96u << 20;
+  std::vector<std::array<std::unique_ptr<Source>, 256>> sources;
+  std::vector<std::pair<std::size_t, std::uint8_t>> primed;  // in priming order
+  std::size_t primed_head = 0, source_bytes = 0;
+  std::vector<Target> targets;
+  World() : sources(geometries.size()), targets(geometries.size()) {
     for (const Geometry& g : geometries) {
       auto e = Engine::Create(dev, ReserveRequest{g.plan, g.max_ctx, 2, 0, g.ring});
       PC_FUZZ_CHECK(e.ok());
       engines.push_back(std::move(e).value());
     }
+  }
+  // The capture of geometry g under `seed` at the last boundary at or below len.
+  const std::vector<LayerSnapshot>& Snapshot(std::size_t g, std::uint8_t seed, std::uint64_t len) {
+    std::unique_ptr<Source>& s = sources[g][seed];
+    if (!s) {
+      while (source_bytes > kSourceBytes && primed_head < primed.size()) {
+        auto [og, oseed] = primed[primed_head++];
+        for (const auto& snap : sources[og][oseed]->snaps) source_bytes -= SnapshotBytes(snap);
+        sources[og][oseed].reset();
+      }
+      s = Prime(*dev, *engines[g], geometries[g].max_ctx, seed);
+      for (const auto& snap : s->snaps) source_bytes += SnapshotBytes(snap);
+      primed.emplace_back(g, seed);
+    }
+    const auto above = std::upper_bound(s->lens.begin(), s->lens.end(), len);
+    const std::size_t at =
+        above == s->lens.begin() ? 0 : static_cast<std::size_t>(above - s->lens.begin()) - 1;
+    return s->snaps[at];
+  }
+  Target& FreshTarget(std::size_t g) {
+    Target& t = targets[g];
+    if (!t.session) {
+      auto opened = engines[g]->NewSession();
+      PC_FUZZ_CHECK(opened.ok());
+      t.session = std::move(opened).value();
+      Bytes(*dev, EngineInternals::Arena(*t.session), t.before);
+    }
+    return t;
   }
 };
 
@@ -207,12 +313,6 @@ void Mutate(std::vector<LayerSnapshot>& s, std::uint8_t op, std::uint8_t layer, 
   }
 }
 
-std::vector<std::byte> Bytes(Device& d, const Memory& m) {
-  std::vector<std::byte> v(m.bytes());
-  PC_FUZZ_CHECK(d.Download(v.data(), m.data(), m.bytes(), Lane::kCompute).ok());
-  return v;
-}
-
 bool SameLayer(const LayerSnapshot& a, const LayerSnapshot& b) {
   auto eq = [](const std::vector<float>& x, const std::vector<float>& y) {
     return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * 4) == 0);
@@ -222,8 +322,8 @@ bool SameLayer(const LayerSnapshot& a, const LayerSnapshot& b) {
     const auto& y = std::get<LatentSnapshot>(b);
     // Ring or flat may differ: a ring snapshot restores into a flat plane.
     const LatentShape &xs = x->shape, &ys = y.shape;
-    return xs.len == ys.len && xs.width == ys.width && xs.index_width == ys.index_width && xs.pool == ys.pool &&
-           xs.pools_ready == ys.pools_ready && eq(x->latent_rows, y.latent_rows) &&
+    return xs.len == ys.len && xs.width == ys.width && xs.index_width == ys.index_width &&
+           xs.pool == ys.pool && xs.pools_ready == ys.pools_ready && eq(x->latent_rows, y.latent_rows) &&
            eq(x->index_tail_rows, y.index_tail_rows) && eq(x->pool_keys, y.pool_keys);
   }
   if (const auto* r = std::get_if<RecurrentSnapshot>(&a)) {
@@ -245,41 +345,38 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::size_t dst_i = data[1] % world->geometries.size();
   const std::uint64_t len = 1 + data[2] % world->geometries[src_i].max_ctx;
 
-  // The source: a real session primed to the boundary in a few calls.
-  std::vector<LayerSnapshot> snap;
-  {
-    auto src = world->engines[src_i]->NewSession();
-    PC_FUZZ_CHECK(src.ok());
-    Rng rng{0x9e3779b97f4a7c15ull ^ data[3]};
-    for (std::uint64_t done = 0; done < len;) {
-      const std::uint64_t t = std::min<std::uint64_t>(len - done, 1 + (data[3] + done) % 37);
-      PC_FUZZ_CHECK(Feed(dev, *src.value(), rng, t).ok());
-      done += t;
-    }
-    auto full = src.value()->CaptureFull();
-    PC_FUZZ_CHECK(full.ok());
-    snap = std::move(full).value();
-  }
+  // The source: a real session primed to the boundary (kept across inputs).
+  std::vector<LayerSnapshot> snap = world->Snapshot(src_i, data[3], len);
   for (std::size_t at = 4; at + 6 <= size; at += 6) {
     std::uint32_t v;
     std::memcpy(&v, data + at + 2, 4);
     Mutate(snap, data[at], data[at + 1], v);
   }
 
-  auto opened = world->engines[dst_i]->NewSession();
-  PC_FUZZ_CHECK(opened.ok());
-  SessionCache& dst = *opened.value();
-  const Memory& arena = EngineInternals::Arena(dst);
-  const std::vector<std::byte> before = Bytes(dev, arena);
+  Target& target = world->FreshTarget(dst_i);
+  SessionCache& dst = *target.session;
   const Status validated = dst.ValidateRestore(snap);
   const Status restored = dst.Restore(snap);
   PC_FUZZ_CHECK(validated.ok() == restored.ok());
   if (!restored.ok()) {
     PC_FUZZ_CHECK(!restored.message().empty());
     PC_FUZZ_CHECK(dst.fresh());
-    PC_FUZZ_CHECK(Bytes(dev, arena) == before);
+    PC_FUZZ_CHECK(dst.CheckInvariants().ok());
+    for (std::size_t i = 0; i < dst.layer_count(); ++i) {
+      if (const LatentCacheLayer* l = dst.latent(i)) PC_FUZZ_CHECK(l->len() == 0);
+      if (const KvCacheLayer* k = dst.kv(i)) PC_FUZZ_CHECK(k->len() == 0);
+    }
+    // The CPU device's memory is host memory (its Download is a memmove), so
+    // the arena is compared where it lies.
+    const Memory& arena = EngineInternals::Arena(dst);
+    PC_FUZZ_CHECK(arena.bytes() == target.before.size());
+    PC_FUZZ_CHECK(std::memcmp(arena.data(), target.before.data(), target.before.size()) == 0);
+    // What its own geometry captured, unchanged, it restores.
+    PC_FUZZ_CHECK(!(src_i == dst_i && size < 10));
     return 0;
   }
+  // Restored: this session is no longer fresh; the next input gets another.
+  const std::unique_ptr<SessionCache> used = std::move(target.session);
   PC_FUZZ_CHECK(!dst.fresh());
   PC_FUZZ_CHECK(dst.CheckInvariants().ok());
   auto again = dst.CaptureFull();
