@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates the seed corpus of ipc_session_fuzzer with the stock capnp tool:
 # each seed is a client's byte stream, one or more Request messages.
+# The group-publish seeds (group_*), whose real encoded layers the capnp tool
+# cannot make, come from ipc_make_group_seeds (make_ipc_group_seeds.cc).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=tests/fuzz/corpus/ipc_session_fuzzer
