@@ -101,11 +101,26 @@ Status Run(const std::string& root) {
     indexed.dtype = indexed.index_dtype = ElementType::kBf16;
     LinearStateShape linear{6, 4, 2, 3, 2};
     linear.conv_dtype = ElementType::kBf16;
+    // The element types torch caches arrive in (primecache.torch, .hf): f16
+    // and fp8 rows beside bf16, and plain K/V in them.
+    KvShape indexed_f16 = indexed, indexed_fp8 = indexed;
+    indexed_f16.dtype = indexed_f16.index_dtype = ElementType::kF16;
+    indexed_fp8.dtype = ElementType::kF8E4M3;
+    LinearStateShape linear_f16 = linear;
+    linear_f16.conv_dtype = ElementType::kF16;
+    KvShape plain_bf16{5, 3, 3}, plain_fp8{5, 3, 3};
+    plain_bf16.dtype = ElementType::kBf16;
+    plain_fp8.dtype = ElementType::kF8E4M3;
     const std::vector<std::pair<std::string, LayerShape>> shaped = {
         {"kv_indexed-bf16", indexed},
+        {"kv_indexed-f16", indexed_f16},
+        {"kv_indexed-fp8", indexed_fp8},
         {"kv_indexed-f32", KvShape{5, 3, 3, KvFormat{.index_width = 2}}},
         {"linear_state-bf16", linear},
+        {"linear_state-f16", linear_f16},
         {"linear_state-f32", LinearStateShape{3, 2, 1, 2, 4}},
+        {"kv_plain-bf16", plain_bf16},
+        {"kv_plain-fp8", plain_fp8},
     };
     for (const auto& [lname, shape] : shaped) {
       if (!options.plane_transforms.empty()) continue;  // lossy: latent rows only
