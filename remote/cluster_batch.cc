@@ -82,7 +82,14 @@ void ClusterClient::Impl::PipelineData(Lease& conn, std::span<BatchOp* const> gr
 
 void ClusterClient::Impl::Pipeline(const Endpoint& at, std::span<BatchOp* const> group) {
   auto conn = Borrow(at);
-  if (!conn.ok()) return;  // every op stays unanswered
+  if (!conn.ok()) {
+    // A node that refuses who we are refuses every try: the batch fails with
+    // its refusal. Any other failure leaves every op unanswered, to be retried.
+    if (conn.status().code() == StatusCode::kFailedPrecondition) {
+      for (BatchOp* op : group) op->failed = conn.status();
+    }
+    return;
+  }
   if (group.front()->path != BatchOp::Path::kHiredis) return PipelineData(*conn, group);
   Status s = Status::Ok();
   for (BatchOp* op : group) {
@@ -184,7 +191,12 @@ Status ClusterClient::Impl::RunBatch(std::vector<BatchOp>& ops) {
       n_.retries.fetch_add(1, std::memory_order_relaxed);
       Pause(tries);
     }
-    if (moved || lost) (void)Refresh();
+    if (moved || lost) {
+      if (Status refreshed = Refresh(); refreshed.code() == StatusCode::kFailedPrecondition) {
+        NoteFailure();
+        return refreshed;
+      }
+    }
   }
   breaker_.Success();
   return Status::Ok();
@@ -197,6 +209,9 @@ Result<std::vector<std::string>> ClusterClient::Impl::Scan(std::string_view patt
     do {
       PC_ASSIGN_OR_RETURN(ReplyPtr r,
                           Exchange(at, {"SCAN", cursor, "MATCH", std::string(pattern), "COUNT", "1000"}, false));
+      if (r->type == REDIS_REPLY_ERROR) {
+        return ErrorReplyStatus("redis " + at.ToString() + " SCAN", {r->str, r->len});
+      }
       if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
           r->element[1]->type != REDIS_REPLY_ARRAY) {
         return Status::IOError("redis " + at.ToString() + ": malformed SCAN reply");

@@ -111,7 +111,7 @@ Result<std::vector<ValueState>> StatesOf(const std::vector<BatchOp>& ops) {
         out[i] = ValueState::kAbsent;
         break;
       case RespReply::Kind::kError:
-        return Status::IOError("redis: " + r.text);
+        return ErrorReplyStatus("redis GET", r.text);
       default:
         return Status::IOError("redis GET answered a reply that is not a value");
     }
@@ -167,7 +167,8 @@ Status ClusterClient::SetFrom(std::span<const std::string> keys, std::span<const
   for (const BatchOp& op : ops) {
     const RespReply& r = *op.data;
     if (r.kind == RespReply::Kind::kStatus && r.text == "OK") continue;
-    return Status::IOError("redis SET answered " + (r.kind == RespReply::Kind::kError || r.kind == RespReply::Kind::kStatus
+    if (r.kind == RespReply::Kind::kError) return ErrorReplyStatus("redis SET", r.text);
+    return Status::IOError("redis SET answered " + (r.kind == RespReply::Kind::kStatus
                                                         ? r.text
                                                         : std::string("a reply that is not OK")));
   }

@@ -18,6 +18,12 @@
 // `max_batch`) fails the command with kCorruption; a reply of an unexpected
 // type fails it with kIOError. Nothing here interprets the values.
 //
+// A cluster that requires a password (requirepass, or ACL users) is given
+// one in ClusterOptions::auth. A node's refusal of who we are (NOAUTH:
+// none given; WRONGPASS; NOPERM: the user's ACL does not reach a key or a
+// command) fails the command with kFailedPrecondition and a message saying
+// which; it is not retried.
+//
 // Thread-safety: every method may be called from any thread at once; each
 // connection is used by one caller at a time.
 #pragma once
@@ -48,8 +54,20 @@ struct Endpoint {
 // "redis://host:port[,host:port...]" (the scheme may be left out).
 Result<std::vector<Endpoint>> ParseRedisUrl(std::string_view url);
 
+// Who the client says it is to every node (Redis AUTH, sent on each new
+// connection before anything else): an ACL user and its password, or the
+// password alone for the default user (requirepass). Empty: no AUTH.
+struct RedisAuth {
+  std::string user;
+  std::string password;
+  bool empty() const { return password.empty(); }
+  // "user NAME" or "the default user", for messages (never the password).
+  std::string Who() const { return user.empty() ? std::string("the default user") : "user " + user; }
+};
+
 struct ClusterOptions {
   std::vector<Endpoint> seeds;
+  RedisAuth auth;
   std::chrono::milliseconds connect_timeout{250};
   std::chrono::milliseconds io_timeout{1000};
   int attempts = 4;                                // tries of one command (redirections not counted)

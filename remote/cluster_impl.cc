@@ -69,7 +69,8 @@ Result<ClusterClient::Impl::Lease> ClusterClient::Impl::Borrow(const Endpoint& a
       return Lease(pool, std::move(conn));
     }
   }
-  PC_ASSIGN_OR_RETURN(auto conn, RedisConn::Open(at, options_.connect_timeout, options_.io_timeout));
+  PC_ASSIGN_OR_RETURN(auto conn,
+                      RedisConn::Open(at, options_.connect_timeout, options_.io_timeout, options_.auth));
   return Lease(pool, std::move(conn));
 }
 
@@ -89,7 +90,7 @@ Result<ReplyPtr> ClusterClient::Impl::Exchange(const Endpoint& at, const std::ve
 
 Status ClusterClient::Impl::LoadSlotsFrom(const Endpoint& at) {
   PC_ASSIGN_OR_RETURN(ReplyPtr r, Exchange(at, {"CLUSTER", "SLOTS"}, false));
-  if (r->type == REDIS_REPLY_ERROR) return Status::IOError("redis " + at.ToString() + ": " + r->str);
+  if (r->type == REDIS_REPLY_ERROR) return ErrorReplyStatus("redis " + at.ToString(), {r->str, r->len});
   if (r->type != REDIS_REPLY_ARRAY || r->elements > kClusterSlots) {
     return Status::IOError("redis " + at.ToString() + ": CLUSTER SLOTS did not answer a slot list");
   }
@@ -124,6 +125,8 @@ Status ClusterClient::Impl::Refresh() {
       return last;
     }
   }
+  // A refusal of who we are is the news, not that no node answered.
+  if (last.code() == StatusCode::kFailedPrecondition) return last;
   return Status::Unavailable("no redis node answered CLUSTER SLOTS (last: " + last.message() + ")");
 }
 
@@ -176,13 +179,17 @@ Result<ReplyPtr> ClusterClient::Impl::Routed(std::string_view key, const std::ve
       }
       r = Status::IOError("redis " + to->ToString() + ": " + std::string((*r)->str, (*r)->len));
     }
-    if (++tries >= options_.attempts) {
+    // A refusal of who we are (AUTH, ACL) is answered the same every time.
+    if (++tries >= options_.attempts || r.status().code() == StatusCode::kFailedPrecondition) {
       NoteFailure();
       return r.status();
     }
     n_.retries.fetch_add(1, std::memory_order_relaxed);
     Pause(tries);
-    (void)Refresh();
+    if (Status refreshed = Refresh(); refreshed.code() == StatusCode::kFailedPrecondition) {
+      NoteFailure();
+      return refreshed;
+    }
     to = Owner(key);
     asking = false;
   }

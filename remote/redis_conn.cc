@@ -18,8 +18,10 @@ std::string_view ErrorText(const redisReply* r) { return {r->str, r->len}; }
 
 }  // namespace
 
-Result<std::unique_ptr<RedisConn>> RedisConn::Open(const Endpoint& at, std::chrono::milliseconds connect_timeout,
-                                                   std::chrono::milliseconds io_timeout) {
+Result<std::unique_ptr<RedisConn>> RedisConn::Open(const Endpoint& at,
+                                                   std::chrono::milliseconds connect_timeout,
+                                                   std::chrono::milliseconds io_timeout,
+                                                   const RedisAuth& auth) {
   redisContext* c = redisConnectWithTimeout(at.host.c_str(), at.port, ToTimeval(connect_timeout));
   if (c == nullptr) return Status::ResourceExhausted("redis " + at.ToString() + ": cannot allocate a connection");
   if (c->err != 0) {
@@ -31,7 +33,22 @@ Result<std::unique_ptr<RedisConn>> RedisConn::Open(const Endpoint& at, std::chro
     redisFree(c);
     return Status::IOError("redis " + at.ToString() + ": cannot set the timeout");
   }
-  return std::unique_ptr<RedisConn>(new RedisConn(c, at));
+  std::unique_ptr<RedisConn> conn(new RedisConn(c, at));
+  if (!auth.empty()) PC_RETURN_IF_ERROR(conn->Authenticate(auth));
+  return conn;
+}
+
+Status RedisConn::Authenticate(const RedisAuth& auth) {
+  std::vector<std::string> argv{"AUTH"};
+  if (!auth.user.empty()) argv.push_back(auth.user);
+  argv.push_back(auth.password);
+  PC_ASSIGN_OR_RETURN(ReplyPtr r, Call(argv));
+  if (r->type == REDIS_REPLY_ERROR) {
+    return ErrorReplyStatus("redis " + at_.ToString() + " (as " + auth.Who() + ")", ErrorText(r.get()));
+  }
+  if (r->type != REDIS_REPLY_STATUS)
+    return Status::IOError("redis " + at_.ToString() + ": AUTH was not answered OK");
+  return Status::Ok();
 }
 
 RedisConn::~RedisConn() { redisFree(c_); }
@@ -114,6 +131,24 @@ Redirect ParseRedirect(std::string_view text) {
   return out;
 }
 
+Status ErrorReplyStatus(std::string_view where, std::string_view text) {
+  const std::string said = std::string(where) + ": " + std::string(text);
+  if (text.starts_with("NOAUTH")) {
+    return Status::FailedPrecondition(said +
+                                      " (the cluster requires a password: give the tier its credentials, "
+                                      "docs/cluster.md, \"Authentication and tenants\")");
+  }
+  if (text.starts_with("WRONGPASS")) {
+    return Status::FailedPrecondition(said + " (the cluster refused the tier's user name or password)");
+  }
+  if (text.starts_with("NOPERM")) {
+    return Status::FailedPrecondition(said +
+                                      " (the cluster's ACL does not let the tier's user do this: a "
+                                      "namespace outside its key prefix, or a command it is not given)");
+  }
+  return Status::IOError(said);
+}
+
 bool IsTransientError(const redisReply* r) {
   if (r == nullptr || r->type != REDIS_REPLY_ERROR) return false;
   return IsTransientError(ErrorText(r));
@@ -140,14 +175,14 @@ Result<std::optional<std::string>> ReplyText(const redisReply* r, std::size_t ma
     case REDIS_REPLY_INTEGER:
       return std::optional<std::string>(std::to_string(r->integer));
     case REDIS_REPLY_ERROR:
-      return Status::IOError("redis: " + std::string(ErrorText(r)));
+      return ErrorReplyStatus("redis", ErrorText(r));
     default:
       return Status::IOError("redis: unexpected reply type " + std::to_string(r->type));
   }
 }
 
 Result<std::vector<std::string>> ReplyStrings(const redisReply* r, std::size_t max_items, std::size_t max_bytes) {
-  if (r->type == REDIS_REPLY_ERROR) return Status::IOError("redis: " + std::string(ErrorText(r)));
+  if (r->type == REDIS_REPLY_ERROR) return ErrorReplyStatus("redis", ErrorText(r));
   if (r->type != REDIS_REPLY_ARRAY) return Status::IOError("redis: expected an array, got type " + std::to_string(r->type));
   if (r->elements > max_items) {
     return Status::Corruption("redis reply of " + std::to_string(r->elements) + " items is over the limit of " +

@@ -25,8 +25,12 @@ using ReplyPtr = std::unique_ptr<redisReply, ReplyFree>;
 
 class RedisConn {
  public:
-  static Result<std::unique_ptr<RedisConn>> Open(const Endpoint& at, std::chrono::milliseconds connect_timeout,
-                                                 std::chrono::milliseconds io_timeout);
+  // Connects and, when `auth` holds a password, authenticates (AUTH) before
+  // returning: a refusal is kFailedPrecondition (RefusalStatus).
+  static Result<std::unique_ptr<RedisConn>> Open(const Endpoint& at,
+                                                 std::chrono::milliseconds connect_timeout,
+                                                 std::chrono::milliseconds io_timeout,
+                                                 const RedisAuth& auth = {});
   ~RedisConn();
   RedisConn(const RedisConn&) = delete;
   RedisConn& operator=(const RedisConn&) = delete;
@@ -50,6 +54,7 @@ class RedisConn {
 
  private:
   RedisConn(redisContext* c, Endpoint at) : c_(c), at_(std::move(at)), data_(c->fd) {}
+  Status Authenticate(const RedisAuth& auth);
   Status ContextError(const char* what) const;
   Status HiredisIdle() const;
   Status DataIdle() const;
@@ -69,8 +74,12 @@ Redirect ParseRedirect(std::string_view error_text);
 // migrating or loading.
 bool IsTransientError(const redisReply* r);
 bool IsTransientError(std::string_view error_text);
+// An error reply as a Status: a refusal of who we are (NOAUTH, WRONGPASS,
+// NOPERM) is kFailedPrecondition saying what to fix, anything else kIOError;
+// `where` names the node or command ("redis 10.0.0.5:7000").
+Status ErrorReplyStatus(std::string_view where, std::string_view error_text);
 // A reply as text: strings and statuses as they are, integers in decimal, nil
-// as nullopt; error replies become kIOError, other types kIOError too.
+// as nullopt; error replies become ErrorReplyStatus, other types kIOError.
 // Strings longer than max_bytes are refused (kCorruption).
 Result<std::optional<std::string>> ReplyText(const redisReply* r, std::size_t max_bytes);
 // An array reply of strings, at most max_items of at most max_bytes each.

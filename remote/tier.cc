@@ -14,12 +14,9 @@ namespace {
 
 Hash128 TokensId(std::span<const std::uint32_t> tokens) { return Checksum128(std::as_bytes(tokens)); }
 
-std::string ScopeKey(const Hash128& model, std::string_view ns) {
-  return HexDigits(model) + ":" + HexDigits(Checksum128(AsBytes(ns)));
-}
-
-std::string NodeKey(const std::string& scope, std::uint64_t level, std::uint64_t node_hash) {
-  return "pc:n:" + scope + ":" + std::to_string(level) + ":" + HexDigits(node_hash);
+std::string NodeKey(std::string_view ns, const Hash128& model, std::uint64_t level, std::uint64_t node_hash) {
+  return NamespaceKeyPrefix(ns) + "n:" + HexDigits(model) + ":" + std::to_string(level) + ":" +
+         HexDigits(node_hash);
 }
 
 std::string Member(std::uint64_t length, std::uint64_t exact_hash) {
@@ -55,10 +52,26 @@ bool SameIdentity(const PublishRequest& e, const Hash128& model, std::string_vie
 
 }  // namespace
 
-std::string ChunkKey(const Hash128& address) { return "pc:c:" + HexDigits(address); }
+std::string NamespaceKeyPrefix(std::string_view ns) {
+  return "pc:t:" + HexDigits(Checksum128(AsBytes(ns))) + ":";
+}
+
+std::string ChunkKey(std::string_view ns, const Hash128& address) {
+  return NamespaceKeyPrefix(ns) + "c:" + HexDigits(address);
+}
 
 std::string ManifestKey(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> boundary) {
-  return "pc:m:" + ScopeKey(model, ns) + ":" + HexDigits(TokensId(boundary));
+  return NamespaceKeyPrefix(ns) + "m:" + HexDigits(model) + ":" + HexDigits(TokensId(boundary));
+}
+
+std::string NamespaceAclRules(std::span<const std::string> namespaces) {
+  // Every command a RemoteTier sends (the data path's GET and SET included)
+  // and what the cluster client needs to route them; SCAN (tools only) is
+  // left out: its replies are not limited by the key patterns.
+  std::string rules =
+      "on resetkeys resetchannels -@all +get +set +del +sadd +srem +smembers +asking +cluster|slots";
+  for (const std::string& ns : namespaces) rules += " ~" + NamespaceKeyPrefix(ns) + "*";
+  return rules;
 }
 
 RemoteEntry& RemoteEntry::operator=(RemoteEntry&& other) noexcept {
@@ -89,7 +102,7 @@ Status RemoteTier::Put(const PublishRequest& entry, const std::vector<LayerBytes
   std::uint64_t bytes = 0;
   for (std::size_t l = 0; l < layers.size(); ++l) {
     for (std::size_t c = 0; c < layers[l].chunks.size(); ++c) {
-      if (chunks.emplace(ChunkKey(m.layers[l].chunks[c].address), &layers[l].chunks[c]).second) {
+      if (chunks.emplace(ChunkKey(entry.ns, m.layers[l].chunks[c].address), &layers[l].chunks[c]).second) {
         bytes += layers[l].chunks[c].size();
       }
     }
@@ -106,7 +119,7 @@ Status RemoteTier::Put(const PublishRequest& entry, const std::vector<LayerBytes
   // Then the manifest, then the index member that makes it findable.
   PC_RETURN_IF_ERROR(client_->Set(ManifestKey(entry.model, entry.ns, entry.tokens), EncodeManifest(m)));
   const BoundaryPlace place = PlaceOf(DefaultTokenHasher(), entry.tokens, options_.block_tokens);
-  PC_RETURN_IF_ERROR(client_->AddMember(NodeKey(ScopeKey(entry.model, entry.ns), place.level, place.node_hash),
+  PC_RETURN_IF_ERROR(client_->AddMember(NodeKey(entry.ns, entry.model, place.level, place.node_hash),
                                         Member(entry.tokens.size(), place.exact_hash)));
   Count(&RemoteTierStats::puts, 1);
   Count(&RemoteTierStats::put_bytes, bytes);
@@ -121,9 +134,8 @@ Result<std::optional<RemoteHit>> RemoteTier::Lookup(const Hash128& model, std::s
   const std::uint32_t block = options_.block_tokens;
   const std::size_t top = (tokens.size() - 1) / block;
   const std::vector<std::uint64_t> h = ChainHashes(hasher, tokens, block, top);
-  const std::string scope = ScopeKey(model, ns);
   std::vector<std::string> keys;
-  for (std::size_t a = 0; a <= top; ++a) keys.push_back(NodeKey(scope, a, h[a]));
+  for (std::size_t a = 0; a <= top; ++a) keys.push_back(NodeKey(ns, model, a, h[a]));
   PC_ASSIGN_OR_RETURN(auto nodes, client_->MembersMany(keys, options_.max_node_members));
   for (std::size_t a = top + 1; a-- > 0;) {
     std::uint64_t best = 0;
@@ -145,7 +157,7 @@ Result<std::optional<RemoteHit>> RemoteTier::Lookup(const Hash128& model, std::s
 
 Status RemoteTier::Remove(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> boundary) {
   const BoundaryPlace place = PlaceOf(DefaultTokenHasher(), boundary, options_.block_tokens);
-  PC_RETURN_IF_ERROR(client_->RemoveMember(NodeKey(ScopeKey(model, ns), place.level, place.node_hash),
+  PC_RETURN_IF_ERROR(client_->RemoveMember(NodeKey(ns, model, place.level, place.node_hash),
                                            Member(boundary.size(), place.exact_hash)));
   return client_->Del(ManifestKey(model, ns, boundary)).status();
 }
@@ -156,7 +168,7 @@ Result<std::optional<std::vector<std::string>>> RemoteTier::FetchChunks(const Re
   std::vector<const ChunkRef*> refs;
   for (const ManifestLayer& l : m.layers) {
     for (const ChunkRef& c : l.chunks) {
-      keys.push_back(ChunkKey(c.address));
+      keys.push_back(ChunkKey(m.entry.ns, c.address));
       refs.push_back(&c);
     }
   }
@@ -278,7 +290,7 @@ Result<std::optional<RemoteEntry>> RemoteTier::Fetch(const Hash128& model, std::
 }
 
 Result<std::vector<std::string>> RemoteTier::ManifestKeys(std::size_t limit) {
-  return client_->Keys("pc:m:*", limit);
+  return client_->Keys(kManifestKeyPattern, limit);
 }
 
 Result<std::vector<std::optional<Result<RemoteManifest>>>> RemoteTier::ReadManifests(std::span<const std::string> keys) {
@@ -298,7 +310,7 @@ Result<std::vector<std::optional<Result<RemoteManifest>>>> RemoteTier::ReadManif
 Result<std::vector<std::optional<std::string>>> RemoteTier::ReadChunks(const RemoteManifest& m) {
   std::vector<std::string> keys;
   for (const ManifestLayer& l : m.layers) {
-    for (const ChunkRef& c : l.chunks) keys.push_back(ChunkKey(c.address));
+    for (const ChunkRef& c : l.chunks) keys.push_back(ChunkKey(m.entry.ns, c.address));
   }
   return client_->GetMany(keys);
 }

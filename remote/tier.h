@@ -1,16 +1,19 @@
 // RemoteTier: entries kept in a Redis Cluster that every host's daemon shares.
-// The layout (docs/cluster.md):
-//   pc:c:<address>                      one chunk's bytes; the address is the
+// The layout (docs/cluster.md): every key of an entry begins with its
+// namespace's prefix, pc:t:<ns>: (NamespaceKeyPrefix), so a Redis ACL user
+// given only ~pc:t:<ns>:* reaches that namespace's entries and no other's:
+//   pc:t:<ns>:c:<address>               one chunk's bytes; the address is the
 //                                       Checksum128 of those bytes, in hex
-//   pc:m:<model>:<ns>:<tokens>          the entry's manifest (remote/manifest.h)
-//   pc:n:<model>:<ns>:<level>:<hash>    an index node: a set of members
+//   pc:t:<ns>:m:<model>:<tokens>        the entry's manifest (remote/manifest.h)
+//   pc:t:<ns>:n:<model>:<level>:<hash>  an index node: a set of members
 //                                       "<length>:<exact hash>", keyed like
 //                                       the local store's prefix index
 // (<ns> and <tokens> are Checksum128s of the namespace's bytes and of the
-// boundary's tokens.) Put writes the chunks, then the manifest, then the
-// index member, so a reader that finds a member finds a manifest whose chunks
-// were all written; Redis may have evicted some since, which Fetch turns into
-// a miss and a clean-up, never a partial entry.
+// boundary's tokens, in hex.) Chunks are shared by the entries of one
+// namespace, never across namespaces. Put writes the chunks, then the
+// manifest, then the index member, so a reader that finds a member finds a
+// manifest whose chunks were all written; Redis may have evicted some since,
+// which Fetch turns into a miss and a clean-up, never a partial entry.
 //
 // Nothing read back is trusted: Fetch checks the manifest's checksum, bounds
 // and identity (model, namespace, the exact tokens of the query) and every
@@ -95,7 +98,8 @@ class RemoteTier {
   // Removes an entry's manifest and index member (its chunks may be shared).
   Status Remove(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> boundary);
 
-  // For tools (primecachectl), read-only, nothing checked or removed:
+  // For tools (primecachectl), read-only, nothing checked or removed (SCAN:
+  // an operator's user, whose ACL reaches every namespace):
   // every manifest key in the cluster (at most `limit`); the manifests under
   // `keys` in order (nullopt where a key holds none, kCorruption where one
   // does not decode); a manifest's chunk values in its order (nullopt where
@@ -130,7 +134,15 @@ class RemoteTier {
 };
 
 // The keys of the layout above.
-std::string ChunkKey(const Hash128& address);
+std::string NamespaceKeyPrefix(std::string_view ns);
+std::string ChunkKey(std::string_view ns, const Hash128& address);
 std::string ManifestKey(const Hash128& model, std::string_view ns, std::span<const std::uint32_t> boundary);
+// Matches every manifest key and nothing else of the layout (SCAN MATCH).
+inline constexpr char kManifestKeyPattern[] = "pc:t:*:m:*";
+// The Redis ACL rules (as ACL SETUSER and an ACL file take them, after the
+// user's name) that let a user do what a daemon's RemoteTier does for
+// `namespaces` and nothing else: the commands it sends, only on keys under
+// those namespaces' prefixes. No password is in it: the operator adds one.
+std::string NamespaceAclRules(std::span<const std::string> namespaces);
 
 }  // namespace primecache::remote

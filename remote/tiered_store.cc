@@ -77,8 +77,7 @@ Result<std::optional<LookupHit>> TieredStore::Lookup(const Hash128& digest, std:
   }
   auto remote = tier_->Lookup(digest, ns, tokens);
   if (!remote.ok()) {
-    Count(&TieredStats::remote_errors, 1);
-    spdlog::debug("remote lookup failed: {}", remote.status().ToString());
+    RemoteError(remote.status(), "remote lookup");
     return local;
   }
   if (!*remote || (*remote)->length <= have) {
@@ -101,16 +100,15 @@ void TieredStore::Refused(const Status& s, const Hash128& digest, const std::str
   // The entry itself is wrong: its layers are not what a restore of this
   // model could take. Not asked for again, and removed from the cluster.
   const bool refused = s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kCorruption;
-  Count(gone      ? &TieredStats::remote_misses
-        : refused ? &TieredStats::remote_refused
-                  : &TieredStats::remote_errors,
-        1);
-  if (gone || refused) misses_.Add(query, now);
+  if (!gone && !refused) {
+    RemoteError(s, "remote entry of " + std::to_string(remote_length) + " tokens not imported");
+    return;
+  }
+  Count(gone ? &TieredStats::remote_misses : &TieredStats::remote_refused, 1);
+  misses_.Add(query, now);
   if (refused) {
     spdlog::warn("refused a remote entry of {} tokens: {}", remote_length, s.ToString());
     (void)tier_->Remove(digest, ns, tokens.first(remote_length));
-  } else {
-    spdlog::debug("remote entry of {} tokens not imported: {}", remote_length, s.ToString());
   }
 }
 
@@ -160,8 +158,7 @@ void TieredStore::PutOne(const Job& job) {
   if (s.ok()) s = tier_->Put(job.request, *layers);
   if (!s.ok()) {
     // Evicted locally meanwhile, or the cluster failed: the entry stays local only.
-    Count(&TieredStats::remote_errors, 1);
-    spdlog::debug("write-behind of entry {} failed: {}", job.id, s.ToString());
+    RemoteError(s, "write-behind of entry " + std::to_string(job.id));
     return;
   }
   std::uint64_t bytes = 0;
@@ -224,6 +221,26 @@ RemoteStats TieredStore::remote_stats() const {
   s.moved = c.moved;
   s.asked = c.asked;
   return s;
+}
+
+void TieredStore::RemoteError(const Status& s, std::string_view what) {
+  bool warn = false;
+  {
+    std::lock_guard<std::mutex> l(stats_mu_);
+    ++stats_.remote_errors;
+    const auto now = std::chrono::steady_clock::now();
+    if (s.code() == StatusCode::kFailedPrecondition &&
+        (!last_refusal_warning_ || now - *last_refusal_warning_ >= kRefusalWarnEvery)) {
+      last_refusal_warning_ = now;
+      warn = true;
+    }
+  }
+  if (warn) {
+    spdlog::warn("{} failed: {} (the local store goes on serving; said again at most once a minute)", what,
+                 s.ToString());
+  } else {
+    spdlog::debug("{} failed: {}", what, s.ToString());
+  }
 }
 
 void TieredStore::Count(std::uint64_t TieredStats::*field, std::uint64_t n) {

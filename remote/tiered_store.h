@@ -23,6 +23,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -99,6 +100,12 @@ class TieredStore final : public StoreWrapper {
   void PutOne(const Job& job);
   void Loop();
   void Count(std::uint64_t TieredStats::*field, std::uint64_t n);
+  // Counts a failed cluster call (remote_errors) and logs it: a refusal of
+  // the tier's credentials or of its ACL (kFailedPrecondition) as a warning
+  // at most once every kRefusalWarnEvery, as it says what to fix; anything
+  // else at debug level (a sick cluster is the breaker's and the metrics').
+  void RemoteError(const Status& s, std::string_view what);
+  static constexpr std::chrono::seconds kRefusalWarnEvery{60};
 
   std::shared_ptr<RemoteTier> tier_;
   const TieredOptions options_;
@@ -106,6 +113,7 @@ class TieredStore final : public StoreWrapper {
 
   mutable std::mutex stats_mu_;
   TieredStats stats_;  // guarded by stats_mu_
+  std::optional<std::chrono::steady_clock::time_point> last_refusal_warning_;  // guarded by stats_mu_
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<Job> queue_;  // guarded by mu_

@@ -19,6 +19,7 @@
 
 #include "remote/cluster_client.h"
 #include "remote/redis_conn.h"
+#include "remote/tier.h"
 
 namespace primecache::remote::testing {
 
@@ -34,13 +35,48 @@ inline std::optional<std::string> RunCommand(const std::string& cmd) {
   return out;
 }
 
+// What a secured cluster asks of its clients: the default user's password
+// on every node, and more of every node's config (ACL "user" lines).
+struct RedisSecurity {
+  std::string password;
+  std::string conf;
+};
+
+// A tenant's daemon user and the namespaces it serves.
+struct TenantUser {
+  RedisAuth auth;
+  std::vector<std::string> namespaces;
+};
+
+// A cluster whose default user (the operator) has `admin_password` and
+// whose tenants' users have the rules `primecachectl remote-acl` prints.
+inline RedisSecurity TenantSecurity(std::string admin_password, const std::vector<TenantUser>& tenants) {
+  RedisSecurity s;
+  s.password = std::move(admin_password);
+  for (const TenantUser& t : tenants) {
+    s.conf +=
+        "user " + t.auth.user + " " + NamespaceAclRules(t.namespaces) + " \">" + t.auth.password + "\"\n";
+  }
+  return s;
+}
+
 class RedisCluster {
  public:
-  RedisCluster() {
+  RedisCluster() : RedisCluster(RedisSecurity{}) {}
+  explicit RedisCluster(RedisSecurity security) : admin_{"", security.password} {
     std::string tmpl = (std::filesystem::temp_directory_path() / "pcredis-XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) return;
     dir_ = tmpl;
-    auto url = RunCommand(Script() + " start " + dir_ + " 2>" + dir_ + "/start.err");
+    std::string env;
+    if (!security.password.empty()) {
+      std::ofstream(dir_ + "/password") << security.password << "\n";
+      env += "PRIMECACHE_REDIS_PASSWORD_FILE=" + dir_ + "/password ";
+    }
+    if (!security.conf.empty()) {
+      std::ofstream(dir_ + "/security.conf") << security.conf;
+      env += "PRIMECACHE_REDIS_CONF_FILE=" + dir_ + "/security.conf ";
+    }
+    auto url = RunCommand(env + Script() + " start " + dir_ + " 2>" + dir_ + "/start.err");
     if (!url) {
       std::ifstream err(dir_ + "/start.err");
       error_.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
@@ -64,9 +100,13 @@ class RedisCluster {
   const std::string& error() const { return error_; }
   const std::string& url() const { return url_; }
   const std::vector<int>& ports() const { return ports_; }
-  ClusterOptions Options() const {
+  // Options of a client of the cluster: as its admin (the default user,
+  // with the password when the cluster has one), or as `auth` says.
+  ClusterOptions Options() const { return Options(admin_); }
+  ClusterOptions Options(RedisAuth auth) const {
     ClusterOptions o;
     o.seeds = ParseRedisUrl(url_).value();
+    o.auth = std::move(auth);
     return o;
   }
   void Kill(int port) { ASSERT_TRUE(RunCommand(Script() + " kill " + dir_ + " " + std::to_string(port))); }
@@ -123,6 +163,7 @@ class RedisCluster {
 
  private:
   static std::string Script() { return std::string(PRIMECACHE_SOURCE_DIR) + "/tools/redis-cluster"; }
+  RedisAuth admin_;
   std::string dir_, url_, error_;
   std::vector<int> ports_;
 };

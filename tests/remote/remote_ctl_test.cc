@@ -17,43 +17,13 @@
 #include "remote/tier.h"
 #include "tests/ipc/daemon_harness.h"
 #include "tests/remote/redis_cluster_harness.h"
+#include "tests/remote/remote_daemon_util.h"
 
 namespace primecache::testing {
 namespace {
 
 using nlohmann::json;
 using remote::testing::RedisCluster;
-
-// A model with a real fingerprint, its descriptor sent along, whose plan is
-// that of MakeLayers' two-layer entries.
-ModelId FingerprintedModel() {
-  ModelFingerprint fp;
-  fp.architecture = "remote-model";
-  fp.plan_digest = MakeLayersPlan(2);
-  fp.weights_digest = {23, 24};
-  fp.codec_versions = {"kda-recurrent/v1", "mla-latent/v1", "raw/v1"};
-  return ModelId{fp.Digest(), fp.architecture, EncodeFingerprint(fp), {}};
-}
-
-std::vector<LayerBytes> AsLayerBytes(const std::vector<LayerData>& layers) {
-  std::vector<LayerBytes> out;
-  for (const LayerData& l : layers) {
-    LayerBytes& b = out.emplace_back();
-    b.header.assign(reinterpret_cast<const char*>(l.header.data()), l.header.size());
-    for (const auto& c : l.chunks) b.chunks.emplace_back(reinterpret_cast<const char*>(c.data()), c.size());
-  }
-  return out;
-}
-
-PublishRequest RequestOf(const ModelId& model, std::span<const std::uint32_t> tokens, std::string ns = "") {
-  PublishRequest r;
-  r.model = model.digest;
-  r.model_name = model.name;
-  r.model_descriptor = model.descriptor;
-  r.ns = std::move(ns);
-  r.tokens.assign(tokens.begin(), tokens.end());
-  return r;
-}
 
 // A RemoteTier of its own ("another host") on the test's cluster.
 std::unique_ptr<remote::RemoteTier> OtherHost(const RedisCluster& cluster) {
@@ -73,21 +43,6 @@ struct CtlRun : ProcessResult {
 CtlRun Ctl(std::vector<std::string> args) {
   args.insert(args.begin(), PRIMECACHECTL_PATH);
   return CtlRun{RunProcess(std::move(args))};
-}
-
-// The daemon's counters over the wire, waiting (up to 10 s) until `done` holds.
-template <typename Pred>
-std::optional<DaemonStats> StatWhen(Client& c, Pred done) {
-  std::optional<DaemonStats> last;
-  for (int i = 0; i < 200; ++i) {
-    auto s = c.Stat();
-    if (s.ok()) {
-      last = *s;
-      if (done(*s)) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return last;
 }
 
 // ---- stats ------------------------------------------------------------------------------
@@ -390,7 +345,7 @@ class RemoteCtlTest : public ::testing::Test {
   // The cluster key of chunk `c` of layer `l` of the test's entry.
   std::string ChunkKeyOf(std::size_t l, std::size_t c) const {
     const remote::RemoteManifest m = remote::ManifestOf(request_, layers_);
-    return remote::ChunkKey(m.layers[l].chunks[c].address);
+    return remote::ChunkKey(m.entry.ns, m.layers[l].chunks[c].address);
   }
   std::string Id() const { return key_.substr(key_.size() - 32); }
 

@@ -90,7 +90,7 @@ struct Traffic {
 std::vector<std::pair<int, std::string>> LiveSlots(ClusterClient& c, std::size_t n) {
   std::vector<std::pair<int, std::string>> slots;
   std::set<int> seen;
-  for (const char* pattern : {"pc:n:*", "pc:m:*", "pc:c:*"}) {
+  for (const char* pattern : {"pc:t:*:n:*", "pc:t:*:m:*", "pc:t:*:c:*"}) {
     auto keys = c.Keys(pattern, 100);
     if (!keys.ok()) continue;
     for (const std::string& k : *keys) {

@@ -151,7 +151,7 @@ TEST_F(RemoteTierTest, DamagedOrTruncatedChunksAreRefusedAndRemoved) {
     SCOPED_TRACE(truncate ? "truncated" : "damaged");
     ASSERT_TRUE(host_a_->Put(Entry(tokens), Layers(500)).ok());
     const RemoteManifest m = ManifestOf(Entry(tokens), Layers(500));
-    const std::string victim = ChunkKey(m.layers[1].chunks[1].address);
+    const std::string victim = ChunkKey(m.entry.ns, m.layers[1].chunks[1].address);
     std::string bytes = host_a_->client().Get(victim).value().value();
     if (truncate) {
       bytes.pop_back();
@@ -202,7 +202,7 @@ TEST_F(RemoteTierTest, FetchBuffersAreReusedAndHoldOnlyTheirOwnFetchsBytes) {
   // The 600 entry's own chunk, damaged in place (same size): it is received
   // into a reused buffer, fails its address, and nothing leaves the fetch.
   const RemoteManifest m = ManifestOf(Entry(std::span(tokens).first(600)), Layers(600));
-  const std::string victim = ChunkKey(m.layers[2].chunks[1].address);
+  const std::string victim = ChunkKey(m.entry.ns, m.layers[2].chunks[1].address);
   std::string bytes = host_a_->client().Get(victim).value().value();
   bytes[0] = '5';  // "500...": the other entry's bytes, under this one's address
   ASSERT_TRUE(host_a_->client().Set(victim, bytes).ok());
@@ -219,7 +219,7 @@ TEST_F(RemoteTierTest, EvictedChunksOrManifestsAreAMissAndCleanedUp) {
   const auto tokens = Tokens(500);
   ASSERT_TRUE(host_a_->Put(Entry(tokens), Layers(500)).ok());
   const RemoteManifest m = ManifestOf(Entry(tokens), Layers(500));
-  ASSERT_TRUE(host_a_->client().Del(ChunkKey(m.layers[2].chunks[1].address)).value());
+  ASSERT_TRUE(host_a_->client().Del(ChunkKey(m.entry.ns, m.layers[2].chunks[1].address)).value());
   EXPECT_FALSE(FetchOnB(tokens).has_value());
   EXPECT_EQ(host_b_->stats().evicted, 1u);
   EXPECT_FALSE(host_b_->Lookup(m.entry.model, m.entry.ns, tokens).value().has_value());

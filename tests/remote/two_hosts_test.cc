@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "remote/cluster_client.h"
+#include "remote/tier.h"
 #include "tests/ipc/daemon_harness.h"
 #include "tests/remote/redis_cluster_harness.h"
 
@@ -48,7 +49,7 @@ bool WaitForManifests(const RedisCluster& cluster, std::size_t n) {
   auto client = remote::ClusterClient::Connect(cluster.Options());
   if (!client.ok()) return false;
   for (int i = 0; i < 200; ++i) {
-    auto keys = (*client)->Keys("pc:m:*", 1000);
+    auto keys = (*client)->Keys(remote::kManifestKeyPattern, 1000);
     if (keys.ok() && keys->size() >= n) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

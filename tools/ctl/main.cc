@@ -40,8 +40,11 @@ struct Invocation {
   bool json = false, offline = false, no_progress = false;
   double timeout_s = 600;
 
-  // A Redis Cluster's seeds: ls, show and verify read the remote tier there.
+  // A Redis Cluster's seeds: ls, show and verify read the remote tier there,
+  // authenticated as remote_auth says (docs/cluster.md, "Authentication").
   std::string remote;
+  remote::RedisAuthSource remote_auth;
+  std::vector<std::string> acl_namespaces;
   LsOptions ls;
   std::string show_entry;  // an entry id; with --remote a remote entry's name
   std::uint64_t show_id = 0;
@@ -72,6 +75,7 @@ struct Invocation {
   CLI::App* migrate_cmd = nullptr;
   CLI::App* completion_cmd = nullptr;
   CLI::App* lookup_cmd = nullptr;
+  CLI::App* remote_acl_cmd = nullptr;
 };
 
 void AddGlobalOptions(CLI::App& app, Invocation& in) {
@@ -83,6 +87,12 @@ void AddGlobalOptions(CLI::App& app, Invocation& in) {
   app.add_option("--timeout", in.timeout_s, "seconds to wait for the daemon's answer to one request")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option(
+      "--remote-user", in.remote_auth.user,
+      "with --remote: the cluster's ACL user (default $PRIMECACHE_REMOTE_USER, else the default user)");
+  app.add_option("--remote-password-file", in.remote_auth.password_file,
+                 "with --remote: file whose first line is the cluster's password, mode 0600 (default "
+                 "$PRIMECACHE_REMOTE_PASSWORD)");
   app.add_option("--log-level", in.log_level, "trace, debug, info, warn, error, off (default: warn)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
 }
@@ -170,6 +180,14 @@ void AddStatsExportImport(CLI::App& app, Invocation& in) {
   in.import_cmd->add_option("--namespace", in.import_ns, "store it in this namespace instead of the file's");
 }
 
+void AddRemoteAcl(CLI::App& app, Invocation& in) {
+  in.remote_acl_cmd = app.add_subcommand(
+      "remote-acl",
+      "print the Redis ACL rules of a user that serves these namespaces through the remote tier");
+  in.remote_acl_cmd->add_option("--namespace", in.acl_namespaces, "a namespace the user serves (repeat)")
+      ->required();
+}
+
 void AddCompactAndMigrate(CLI::App& app, Invocation& in) {
   in.compact_cmd =
       app.add_subcommand("compact", "compact the database now, reclaiming deleted entries' space");
@@ -226,9 +244,17 @@ void AddExamples(const Invocation& in) {
        "Examples:\n"
        "  primecachectl compact                  # reclaim deleted entries' space now\n"
        "  primecachectl compact --timeout 3600   # a large store: wait up to an hour"},
+      {in.remote_acl_cmd,
+       "Examples:\n"
+       "  primecachectl remote-acl --namespace team-a                # the user's rules, without a password\n"
+       "  echo \"user team-a $(primecachectl remote-acl --namespace team-a) #$(head -c -1 pw | sha256sum | "
+       "cut -c1-64)\" \\\n"
+       "    >> users.acl                                              # a line of every node's aclfile "
+       "(docs/cluster.md)"},
       {in.migrate_cmd,
        "Examples:\n"
-       "  primecachectl migrate                                  # the default data dir's store (daemon stopped)\n"
+       "  primecachectl migrate                                  # the default data dir's store (daemon "
+       "stopped)\n"
        "  primecachectl migrate --store /srv/primecache/store"},
   };
   for (const auto& [cmd, text] : examples) cmd->footer(text);
@@ -251,6 +277,7 @@ void AddCompletion(CLI::App& app, Invocation& in) {
 int RunOnRemote(const Invocation& in, const Output& out) {
   RemoteOptions ro;
   ro.url = in.remote;
+  ro.auth = in.remote_auth;
   ro.timeout = std::min(std::chrono::milliseconds(static_cast<std::int64_t>(in.timeout_s * 1000)),
                         std::chrono::milliseconds(std::chrono::seconds(30)));
   if (in.ls_cmd->parsed()) return LsRemote(ro, in.ls, out);
@@ -279,6 +306,7 @@ int RunOnStore(Target& a, Invocation& in, const Output& out) {
 // Runs the parsed command: `verify --file` alone, `migrate` on the store
 // path, every other one through the daemon or the store opened read-only.
 int Run(Invocation& in, const Output& out) {
+  if (in.remote_acl_cmd->parsed()) return RemoteAcl(in.acl_namespaces, out);
   if (!in.remote.empty()) return RunOnRemote(in, out);
   if (in.verify_cmd->parsed() && !in.verify.file.empty()) return Verify(nullptr, in.verify, out);
 
@@ -353,6 +381,7 @@ int main(int argc, char** argv) {
   AddRmAndGc(app, in);
   AddStatsExportImport(app, in);
   AddCompactAndMigrate(app, in);
+  AddRemoteAcl(app, in);
   AddExamples(in);
   AddCompletion(app, in);
 

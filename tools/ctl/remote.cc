@@ -94,9 +94,11 @@ bool IsHex(std::string_view s) {
 Result<std::unique_ptr<remote::RemoteTier>> OpenRemote(const RemoteOptions& options) {
   remote::ClusterOptions co;
   PC_ASSIGN_OR_RETURN(co.seeds, remote::ParseRedisUrl(options.url));
+  PC_ASSIGN_OR_RETURN(co.auth, remote::LoadRedisAuth(options.auth));
   co.io_timeout = options.timeout;
   co.connect_timeout = std::min(options.timeout, std::chrono::milliseconds(1000));
   auto client = remote::ClusterClient::Connect(co);
+  if (client.status().code() == StatusCode::kFailedPrecondition) return client.status();  // refused: says why
   if (!client.ok()) {
     return Status::Unavailable("no node of the cluster " + options.url + " answers: " + client.status().message());
   }
@@ -108,10 +110,11 @@ std::string_view RemoteId(std::string_view manifest_key) {
 }
 
 Result<std::string> ResolveRemoteEntry(remote::RemoteTier& tier, std::string_view name) {
-  if (name.starts_with("pc:m:")) return std::string(name);
+  if (name.starts_with("pc:t:")) return std::string(name);
   if (name.size() < 4 || name.size() > kIdDigits || !IsHex(name)) {
-    return Status::InvalidArgument("a remote entry is its manifest key (pc:m:...) or 4 to 32 hex digits of its id, not '" +
-                                   std::string(name) + "'");
+    return Status::InvalidArgument(
+        "a remote entry is its manifest key (pc:t:...) or 4 to 32 hex digits of its id, not '" +
+        std::string(name) + "'");
   }
   std::string prefix(name);
   std::transform(prefix.begin(), prefix.end(), prefix.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -126,6 +129,19 @@ Result<std::string> ResolveRemoteEntry(remote::RemoteTier& tier, std::string_vie
                                    " remote entries; give more digits or the manifest key");
   }
   return std::move(found.front());
+}
+
+int RemoteAcl(const std::vector<std::string>& namespaces, const Output& out) {
+  const std::string rules = remote::NamespaceAclRules(namespaces);
+  if (out.json()) {
+    nlohmann::json prefixes = nlohmann::json::array();
+    for (const std::string& ns : namespaces)
+      prefixes.push_back({{"namespace", ns}, {"prefix", remote::NamespaceKeyPrefix(ns)}});
+    out.Json({{"rules", rules}, {"prefixes", prefixes}});
+    return 0;
+  }
+  out.Line(rules);
+  return 0;
 }
 
 int RemoteError(const Output& out, const Status& s) {
@@ -187,9 +203,10 @@ Result<std::pair<std::string, remote::RemoteManifest>> ReadOne(remote::RemoteTie
   return std::pair{std::move(key), std::move(*read.front()).value()};
 }
 
-nlohmann::json ChunkRefsJson(const ManifestLayer& l) {
+nlohmann::json ChunkRefsJson(std::string_view ns, const ManifestLayer& l) {
   nlohmann::json refs = nlohmann::json::array();
-  for (const ChunkRef& c : l.chunks) refs.push_back({{"key", remote::ChunkKey(c.address)}, {"size", c.size}});
+  for (const ChunkRef& c : l.chunks)
+    refs.push_back({{"key", remote::ChunkKey(ns, c.address)}, {"size", c.size}});
   return refs;
 }
 
@@ -230,7 +247,7 @@ int ShowRemote(const RemoteOptions& options, const std::string& entry, std::size
   std::vector<std::string> problems;
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     ShownLayer layer = ShowLayer(i, m.layers[i].header);
-    layer.json["chunk_refs"] = ChunkRefsJson(m.layers[i]);
+    layer.json["chunk_refs"] = ChunkRefsJson(m.entry.ns, m.layers[i]);
     layers.push_back(std::move(layer.json));
     rows.push_back(std::move(layer.row));
     if (!layer.problem.empty()) problems.push_back(std::move(layer.problem));

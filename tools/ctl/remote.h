@@ -2,7 +2,7 @@
 // a Redis Cluster, read directly through primecache_remote, without a
 // daemon. Nothing here changes the cluster.
 //
-// A remote entry is named by its manifest key (pc:m:<model>:<ns>:<tokens>)
+// A remote entry is named by its manifest key (pc:t:<ns>:m:<model>:<tokens>)
 // or by its id, the key's last 32 hex digits (the Checksum128 of its
 // tokens), or a prefix of at least 4 digits of that id.
 #pragma once
@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "primecache/status.h"
+#include "remote/credentials.h"
 #include "remote/tier.h"
 #include "tools/ctl/commands.h"
 #include "tools/ctl/output.h"
@@ -23,6 +24,7 @@ namespace primecache::ctl {
 struct RemoteOptions {
   std::string url;  // redis://host:port[,host:port...]
   std::chrono::milliseconds timeout{std::chrono::seconds(10)};  // one cluster command
+  remote::RedisAuthSource auth;  // --remote-user, --remote-password-file or the environment
 };
 
 // Manifests listed at most (a listing stops there and says so).
@@ -35,6 +37,9 @@ std::string_view RemoteId(std::string_view manifest_key);
 // The manifest key `name` designates (see above): kNotFound when none,
 // kInvalidArgument when a prefix fits several.
 Result<std::string> ResolveRemoteEntry(remote::RemoteTier& tier, std::string_view name);
+// `remote-acl`: the ACL rules of a user that serves `namespaces` through
+// the tier (remote::NamespaceAclRules), and each namespace's key prefix.
+int RemoteAcl(const std::vector<std::string>& namespaces, const Output& out);
 // An error of resolving or reaching the cluster, as an exit status
 // (an ambiguous name is bad usage).
 int RemoteError(const Output& out, const Status& s);

@@ -205,12 +205,13 @@ namespace {
 
 // Checks one chunk value against the manifest's reference; keeps the bytes
 // of a good one in `layer` (reset once the layer has a bad chunk).
-void CheckRemoteChunk(const std::string& where, const ChunkRef& ref, std::optional<std::string> value,
-                      std::optional<EncodedLayer>* layer, Findings* f) {
+// `key` is the chunk's key in the cluster.
+void CheckRemoteChunk(const std::string& where, const std::string& key, const ChunkRef& ref,
+                      std::optional<std::string> value, std::optional<EncodedLayer>* layer, Findings* f) {
   ++f->chunks;
   const remote::ChunkCheck check = remote::CheckChunk(ref, value);
   if (check != remote::ChunkCheck::kOk) {
-    f->Add(where + " (" + remote::ChunkKey(ref.address) + ")", remote::ChunkCheckText(check, ref, value));
+    f->Add(where + " (" + key + ")", remote::ChunkCheckText(check, ref, value));
     layer->reset();
     return;
   }
@@ -220,7 +221,8 @@ void CheckRemoteChunk(const std::string& where, const ChunkRef& ref, std::option
 
 // One layer of a remote entry: its header parsed, every chunk checked, and,
 // when all are good, decoded and validated (its shape kept in *shapes).
-void CheckRemoteLayer(const std::string& where, const ManifestLayer& ml,
+// `ns`: the entry's namespace, whose key prefix its chunks are under.
+void CheckRemoteLayer(const std::string& where, std::string_view ns, const ManifestLayer& ml,
                       std::vector<std::optional<std::string>>& values, std::size_t* next,
                       std::vector<LayerShape>* shapes, Findings* f) {
   ++f->layers;
@@ -232,7 +234,8 @@ void CheckRemoteLayer(const std::string& where, const ManifestLayer& ml,
     f->Add(where, "header: " + header.status().message());
   }
   for (std::size_t c = 0; c < ml.chunks.size(); ++c) {
-    CheckRemoteChunk(where + ", chunk " + std::to_string(c), ml.chunks[c], std::move(values[(*next)++]), &layer, f);
+    CheckRemoteChunk(where + ", chunk " + std::to_string(c), remote::ChunkKey(ns, ml.chunks[c].address),
+                     ml.chunks[c], std::move(values[(*next)++]), &layer, f);
   }
   if (layer.has_value()) CheckLayer(where, *layer, shapes, f);
 }
@@ -260,7 +263,8 @@ Status VerifyRemoteEntry(remote::RemoteTier& tier, const std::string& key, Findi
   std::vector<LayerShape> shapes;
   std::size_t next = 0;
   for (std::size_t l = 0; l < m.layers.size(); ++l) {
-    CheckRemoteLayer(where + ", layer " + std::to_string(l), m.layers[l], values, &next, &shapes, f);
+    CheckRemoteLayer(where + ", layer " + std::to_string(l), m.entry.ns, m.layers[l], values, &next, &shapes,
+                     f);
   }
   CheckBoundaryOf(where, tokens, ModelOf(where, m.entry.model_descriptor, f), shapes, m.layers.size(), f);
   return Status::Ok();

@@ -40,10 +40,11 @@
 #include "primecache/internal/env.h"
 #include "primecache/internal/logging.h"
 #include "primecache/internal/statestore.h"
+#include "remote/credentials.h"
 #include "remote/tiered_store.h"
-#include "tools/primecached/store_open.h"
 #include "tools/primecached/config.h"
 #include "tools/primecached/service.h"
+#include "tools/primecached/store_open.h"
 
 namespace {
 
@@ -122,6 +123,8 @@ struct Flags {
   double remote_miss_ttl = 1;     // seconds a query the cluster missed is not asked again
   std::string remote_receive_pool = "256M";  // fetched chunk buffers kept for the next fetch
   std::vector<std::string> remote_namespaces;  // empty: every namespace
+  std::string remote_user;                     // empty: $PRIMECACHE_REMOTE_USER or the default user
+  std::string remote_password_file;            // empty: $PRIMECACHE_REMOTE_PASSWORD or none
   std::vector<std::string> tenants;  // UID=NS[,NS...]: the namespaces a uid may use
   std::string log_format = "auto";   // auto, text or journal
   bool print_config = false;
@@ -177,6 +180,14 @@ void AddRemoteAndMetricsFlags(CLI::App* app, Flags* f) {
   app->add_option("--remote-receive-pool", f->remote_receive_pool,
                   "bytes of fetched chunk buffers kept for the next remote fetch (default 256M; 0: none)");
   app->add_option("--remote-ns", f->remote_namespaces, "a namespace that uses the remote tier (repeat; default all)");
+  app->add_option(
+      "--remote-user", f->remote_user,
+      "the cluster's ACL user the tier authenticates as (default $PRIMECACHE_REMOTE_USER, else the "
+      "default user)");
+  app->add_option(
+      "--remote-password-file", f->remote_password_file,
+      "file whose first line is the cluster's password, mode 0600 (default $PRIMECACHE_REMOTE_PASSWORD; "
+      "never given on the command line)");
   app->add_option("--metrics-listen", f->metrics_listen,
                   "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9464 (0: any free port; "
                   "default: no endpoint)");
@@ -288,10 +299,16 @@ Result<std::unique_ptr<primecache::Store>> WithRemoteTier(const Flags& f, std::u
   if (f.remote.empty()) return store;
   remote::ClusterOptions co;
   PC_ASSIGN_OR_RETURN(co.seeds, remote::ParseRedisUrl(f.remote));
+  PC_ASSIGN_OR_RETURN(co.auth, remote::LoadRedisAuth({f.remote_user, f.remote_password_file}));
   co.io_timeout = Millis(f.remote_timeout);
   co.connect_timeout = std::min(co.io_timeout, std::chrono::milliseconds(500));
   PC_ASSIGN_OR_RETURN(auto client, remote::ClusterClient::Open(co));
-  if (Status s = client->Refresh(); !s.ok()) spdlog::warn("primecached: remote tier not reachable yet: {}", s.message());
+  if (Status s = client->Refresh(); s.code() == primecache::StatusCode::kFailedPrecondition) {
+    spdlog::error("primecached: the remote tier's cluster refused us: {}; serving the local store alone",
+                  s.message());
+  } else if (!s.ok()) {
+    spdlog::warn("primecached: remote tier not reachable yet: {}", s.message());
+  }
   remote::TieredOptions to;
   to.queue_entries = f.remote_queue;
   to.miss_ttl = Millis(f.remote_miss_ttl);
@@ -299,7 +316,8 @@ Result<std::unique_ptr<primecache::Store>> WithRemoteTier(const Flags& f, std::u
   remote::RemoteTierOptions ro;
   PC_ASSIGN_OR_RETURN(ro.receive_pool_bytes, ParseBytes(f.remote_receive_pool));
   auto tier = std::make_shared<remote::RemoteTier>(std::shared_ptr<remote::ClusterClient>(std::move(client)), ro);
-  spdlog::info("primecached: remote tier on {} ({} namespaces)", f.remote,
+  spdlog::info("primecached: remote tier on {} as {} ({} namespaces)", f.remote,
+               co.auth.empty() ? std::string("no user (no AUTH)") : co.auth.Who(),
                to.namespaces.empty() ? std::string("all") : std::to_string(to.namespaces.size()));
   auto tiered = std::make_unique<remote::TieredStore>(std::move(store), tier, to);
   const remote::TieredStore* stats = tiered.get();
