@@ -42,16 +42,19 @@ Result<std::optional<LookupHit>> Client::Lookup(const ModelId& model, std::span<
           SetTokens(q, tokens);
         },
         tokens.size() / 2 + 64);
-    return Expect<std::optional<LookupHit>>(
-        impl_->Call(c, id, *m), c->limits, wire::Response::LOOKUP, [&](wire::Response::Reader r) {
-          auto hit = ipc::ReadLookupHit(r.getLookup());
-          if (shared_tokens != nullptr) {
-            // An older daemon answers 0: the hit's length is then all that is known.
-            *shared_tokens = std::clamp<std::uint64_t>(r.getLookup().getSharedTokens(), hit ? hit->length : 0,
-                                                       tokens.size());
-          }
-          return hit;
-        });
+    PC_ASSIGN_OR_RETURN(Result<std::optional<LookupHit>> read,
+                        Expect<Result<std::optional<LookupHit>>>(
+                            impl_->Call(c, id, *m), c->limits, wire::Response::LOOKUP,
+                            [&](wire::Response::Reader r) -> Result<std::optional<LookupHit>> {
+                              PC_ASSIGN_OR_RETURN(auto hit, ipc::ReadLookupHit(r.getLookup(), tokens.size()));
+                              if (shared_tokens != nullptr) {
+                                // An older daemon answers 0: the hit's length is then all that is known.
+                                *shared_tokens = std::clamp<std::uint64_t>(
+                                    r.getLookup().getSharedTokens(), hit ? hit->length : 0, tokens.size());
+                              }
+                              return hit;
+                            }));
+    return read;
   });
 }
 

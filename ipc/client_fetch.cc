@@ -329,12 +329,8 @@ Result<bool> FetchOnce(Client::Impl& impl, const FetchTarget& t, std::span<const
     if (r.which() == wire::Response::FETCH_HIT) {
       if (t.model == nullptr || seen->seen) return Status::Corruption("daemon sent a fetch hit out of place");
       seen->seen = true;
-      seen->hit = ipc::ReadLookupHit(r.getFetchHit());
+      PC_ASSIGN_OR_RETURN(seen->hit, ipc::ReadLookupHit(r.getFetchHit(), t.tokens.size()));
       seen->shared_tokens = r.getFetchHit().getSharedTokens();
-      if (seen->hit && (seen->hit->length == 0 || seen->hit->length > t.tokens.size())) {
-        return Status::Corruption("daemon's fetch hit of " + std::to_string(seen->hit->length) +
-                                  " tokens is no prefix of the query's " + std::to_string(t.tokens.size()));
-      }
       if (seen->hit && cb.on_hit) PC_RETURN_IF_ERROR(cb.on_hit(*seen->hit));
       skipping = seen->hit && t.skip_parted_hits && seen->hit->ranks > 1;
       return Status::Ok();

@@ -171,10 +171,15 @@ void WriteLookupHit(const std::optional<LookupHit>& hit, std::uint64_t shared_to
   w.setRawBytes(hit->raw_bytes);
 }
 
-std::optional<LookupHit> ReadLookupHit(wire::LookupReply::Reader r) {
-  if (!r.getFound()) return std::nullopt;
-  return LookupHit{r.getEntry(),           r.getLength(), r.getLayerCount(), std::max<std::uint32_t>(r.getRanks(), 1),
-                   r.getBytes(),           r.getRawBytes()};
+Result<std::optional<LookupHit>> ReadLookupHit(wire::LookupReply::Reader r, std::size_t query_tokens) {
+  if (!r.getFound()) return std::optional<LookupHit>();
+  if (r.getLength() == 0 || r.getLength() > query_tokens) {
+    return Status::Corruption("daemon's hit of " + std::to_string(r.getLength()) +
+                              " tokens is no prefix of the query's " + std::to_string(query_tokens));
+  }
+  return std::optional<LookupHit>(LookupHit{r.getEntry(), r.getLength(), r.getLayerCount(),
+                                            std::max<std::uint32_t>(r.getRanks(), 1), r.getBytes(),
+                                            r.getRawBytes()});
 }
 
 namespace {

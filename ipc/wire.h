@@ -83,7 +83,9 @@ EntryDetail ReadEntryDetail(wire::DescribeReply::Reader r);
 // shared_tokens: LookupReply.sharedTokens (0 when not asked for).
 void WriteLookupHit(const std::optional<LookupHit>& hit, std::uint64_t shared_tokens,
                     wire::LookupReply::Builder w);
-std::optional<LookupHit> ReadLookupHit(wire::LookupReply::Reader r);
+// A daemon's hit for a query of `query_tokens` tokens: kCorruption when it is
+// no prefix of the query (no tokens, or more than the query has).
+Result<std::optional<LookupHit>> ReadLookupHit(wire::LookupReply::Reader r, std::size_t query_tokens);
 void WriteDaemonStats(const DaemonStats& s, wire::StatReply::Builder w);
 DaemonStats ReadDaemonStats(wire::StatReply::Reader r);
 // Writes at most kMaxProblemsSent problems; problemCount counts them all.

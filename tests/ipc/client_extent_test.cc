@@ -61,6 +61,8 @@ class CraftedDaemon {
     std::filesystem::remove_all(dir_);
   }
   const std::string& path() const { return path_; }
+  // The length of the hit a lookup is answered (1 by default).
+  void AnswerLookupsWithLength(std::uint32_t n) { lookup_length_ = n; }
   // Lookups, and fetches by query, it was sent.
   int lookups() const { return lookups_; }
   int queries() const { return queries_; }
@@ -115,8 +117,9 @@ class CraftedDaemon {
         auto h = r.initLookup();
         h.setFound(tokens.size() != 0);
         h.setEntry(tokens.size() != 0 ? tokens[0] : 0);
-        h.setLength(1);
+        h.setLength(lookup_length_);
         h.setLayerCount(1);
+        h.setSharedTokens(lookup_length_);
       }));
     } else if (q.which() == wire::Request::ATTACH_DEVICE || q.which() == wire::Request::SHM_ATTACH) {
       Put(fd, *ipc::BuildResponse(id, [](wire::Response::Builder r) { r.setAck(); }));
@@ -175,6 +178,7 @@ class CraftedDaemon {
   int listen_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<int> lookups_{0}, queries_{0};
+  std::atomic<std::uint32_t> lookup_length_{1};
   std::thread thread_;
 };
 
@@ -383,6 +387,36 @@ TEST(ClientExtentTest, LookupAndFetchFromAnOlderDaemonIsALookupThenAFetch) {
   EXPECT_EQ(seen, (std::vector<std::string>{"hit 5", "layer 0", "chunk 0"}));
   EXPECT_EQ(d.lookups(), 1);
   EXPECT_EQ(d.queries(), 0);
+}
+
+// A lookup's hit is a prefix of the query or nothing: a hit of no tokens or
+// of more than the query has is refused, with the branch point asked for or
+// not (ipc_lookup_reply_fuzzer's reproducers, tests/fuzz/crashes/).
+TEST(ClientExtentTest, ALookupHitMustBeAPrefixOfTheQuery) {
+  CraftedDaemon d([](std::uint64_t) { return Crafted{}; }, /*fetch_by_query=*/false);
+  ClientOptions o;
+  o.endpoint = d.path();
+  o.timeout = std::chrono::milliseconds(5000);
+  o.reconnect_attempts = 0;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const std::vector<std::uint32_t> query = {5, 6, 7};
+  for (std::uint32_t length : {0u, 4u, 1000u, 0xffffffffu}) {
+    d.AnswerLookupsWithLength(length);
+    std::uint64_t shared = 0;
+    auto plain = (*c)->Lookup(TestModel(), query);
+    EXPECT_TRUE(plain.status().IsCorruption()) << length << ": " << plain.status().ToString();
+    auto with_shared = (*c)->Lookup(TestModel(), query, &shared);
+    EXPECT_TRUE(with_shared.status().IsCorruption()) << length << ": " << with_shared.status().ToString();
+    auto fetched = (*c)->LookupAndFetch(TestModel(), query, FetchCallbacks{});
+    EXPECT_TRUE(fetched.status().IsCorruption()) << length << ": " << fetched.status().ToString();
+  }
+  d.AnswerLookupsWithLength(3);
+  std::uint64_t shared = 0;
+  auto whole = (*c)->Lookup(TestModel(), query, &shared);
+  ASSERT_TRUE(whole.ok() && whole->has_value()) << whole.status().ToString();
+  EXPECT_EQ((*whole)->length, 3u);
+  EXPECT_EQ(shared, 3u);
 }
 
 }  // namespace
