@@ -7,8 +7,11 @@
 // entry a client still uses must never be the one evicted. Any failed call
 // or wrong answer is an error. The daemon's resident memory and open
 // descriptors are sampled every second; past the warm-up they may not grow
-// beyond the bound.
+// beyond the bound. Publishes are counted per window of the run; with three
+// windows or more, each after the second must stay within a tolerance of
+// the second's (the first holds the fill, before eviction begins).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -29,6 +32,7 @@ struct Own {
 struct Sample {
   double t = 0;
   ProcSample p;
+  std::uint64_t publishes = 0;  // acknowledged so far
 };
 
 class Soak {
@@ -50,6 +54,7 @@ class Soak {
   void Sampler();
   void Error(int i, const std::string& what);
   bool Bounded(double warmup) const;
+  bool Steady() const;
 
   const SoakOptions o_;
   const std::string dir_;
@@ -174,31 +179,65 @@ void Soak::Sampler() {
     ProcSample p = SampleProcess(d_.pid());
     {
       std::lock_guard lock(mu_);
-      samples_.push_back({SecondsSince(t0), p});
+      samples_.push_back({SecondsSince(t0), p, publishes_.load()});
     }
     for (int k = 0; k < 10 && !stop_.load(); ++k) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 
-// Past the warm-up, the peak may exceed the warm-up's peak by the slack only.
+// Past the warm-up, RSS may exceed its value at the warm-up's end, and open
+// files the warm-up's peak, by the slacks only.
 bool Soak::Bounded(double warmup) const {
-  long rss_warm = 0, fds_warm = 0, rss_max = 0, fds_max = 0, rss_last = 0, fds_last = 0;
-  double rss_max_at = 0;
+  long rss_ref = 0, fds_warm = 0, rss_max = 0, fds_max = 0, rss_last = 0, fds_last = 0;
+  double rss_max_at = 0, rss_ref_at = 0;
   for (const auto& s : samples_) {
-    long& rss = s.t <= warmup ? rss_warm : rss_max;
-    long& fds = s.t <= warmup ? fds_warm : fds_max;
-    if (s.t > warmup && s.p.rss_kib > rss_max) rss_max_at = s.t;
-    rss = std::max(rss, s.p.rss_kib);
-    fds = std::max(fds, s.p.fds);
+    if (s.t <= warmup) {
+      rss_ref = s.p.rss_kib;
+      rss_ref_at = s.t;
+      fds_warm = std::max(fds_warm, s.p.fds);
+    } else {
+      if (s.p.rss_kib > rss_max) rss_max_at = s.t;
+      rss_max = std::max(rss_max, s.p.rss_kib);
+      fds_max = std::max(fds_max, s.p.fds);
+    }
     rss_last = s.p.rss_kib;
     fds_last = s.p.fds;
   }
-  const bool ok = rss_warm > 0 && rss_max - rss_warm <= o_.rss_slack_mib * 1024 && fds_max - fds_warm <= o_.fd_slack;
-  Say("soak: daemon RSS %.1f MiB at the warm-up's peak (first %.0f s), %.1f MiB peak after (at %.0f s), %.1f MiB "
+  const bool ok =
+      rss_ref > 0 && rss_max - rss_ref <= o_.rss_slack_mib * 1024 && fds_max - fds_warm <= o_.fd_slack;
+  Say("soak: daemon RSS %.1f MiB at the warm-up's end (%.0f s), %.1f MiB peak after (at %.0f s), %.1f MiB "
       "last (bound +%ld MiB); open files %ld, %ld, %ld (bound +%ld); %zu samples",
-      static_cast<double>(rss_warm) / 1024, warmup, static_cast<double>(rss_max) / 1024, rss_max_at,
+      static_cast<double>(rss_ref) / 1024, rss_ref_at, static_cast<double>(rss_max) / 1024, rss_max_at,
       static_cast<double>(rss_last) / 1024, o_.rss_slack_mib, fds_warm, fds_max, fds_last, o_.fd_slack,
       samples_.size());
+  return ok;
+}
+
+// Publishes per full window; each window after the second within the
+// tolerance of the second's. Fewer than three full windows: nothing to hold.
+bool Soak::Steady() const {
+  const double w = o_.throughput_window_seconds;
+  std::vector<std::uint64_t> at_ends;  // publishes acknowledged at each window's end
+  for (const auto& s : samples_) {
+    if (s.t >= w * static_cast<double>(at_ends.size() + 1)) at_ends.push_back(s.publishes);
+  }
+  std::vector<std::uint64_t> per;
+  for (std::size_t k = 0; k < at_ends.size(); ++k) per.push_back(at_ends[k] - (k == 0 ? 0 : at_ends[k - 1]));
+  std::string line;
+  for (std::uint64_t n : per) line += " " + std::to_string(n);
+  if (per.size() < 3) {
+    Say("soak: publishes per %.0f s window:%s (fewer than 3 full windows: throughput not judged)", w,
+        line.c_str());
+    return true;
+  }
+  const double ref = static_cast<double>(per[1]);
+  double worst = 0;
+  for (std::size_t k = 2; k < per.size(); ++k)
+    worst = std::max(worst, std::abs(static_cast<double>(per[k]) - ref) / ref);
+  const bool ok = ref > 0 && worst <= o_.throughput_tolerance;
+  Say("soak: publishes per %.0f s window:%s; the windows after the second are within %.1f%% of it (bound "
+      "%.0f%%)",
+      w, line.c_str(), 100 * worst, 100 * o_.throughput_tolerance);
   return ok;
 }
 
@@ -230,15 +269,19 @@ int Soak::Run() {
   sampler.join();
   Say("soak: at the end, store %s", StoreLine(stats).c_str());
   const bool bounded = Bounded(warmup);
+  const bool steady = Steady();
   ProcResult v = Ctl(d_, {"verify", "--all"});
   if (v.rc != 0) Say("soak: verify --all exit %d\n%s%s", v.rc, v.out.c_str(), v.err.c_str());
   const bool alive = d_.Alive();
   const int stop_rc = d_.Stop();
-  const bool ok = errors_ == 0 && bounded && v.rc == 0 && alive && stop_rc == 0;
+  const bool ok = errors_ == 0 && bounded && steady && v.rc == 0 && alive && stop_rc == 0;
   Say("RESULT soak %s: clients=%d seconds=%.0f errors=%llu publishes=%llu lookups=%llu fetches=%llu "
-      "cross_namespace_misses=%llu stats=%llu capacity_mib=%ld verify_all=%d daemon_exit=%d",
-      ok ? "PASS" : "FAIL", o_.clients, o_.seconds, U(errors_.load()), U(publishes_.load()), U(lookups_.load()),
-      U(fetches_.load()), U(misses_checked_.load()), U(stats_.load()), o_.capacity_mib, v.rc, stop_rc);
+      "cross_namespace_misses=%llu stats=%llu capacity_mib=%ld memory_bounded=%d throughput_steady=%d "
+      "verify_all=%d "
+      "daemon_exit=%d",
+      ok ? "PASS" : "FAIL", o_.clients, o_.seconds, U(errors_.load()), U(publishes_.load()),
+      U(lookups_.load()), U(fetches_.load()), U(misses_checked_.load()), U(stats_.load()), o_.capacity_mib,
+      bounded ? 1 : 0, steady ? 1 : 0, v.rc, stop_rc);
   std::error_code ec;
   if (ok && !o_.common.keep) std::filesystem::remove_all(dir_, ec);
   return ok ? 0 : 1;

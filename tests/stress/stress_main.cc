@@ -49,7 +49,16 @@ CLI::App* AddSoak(CLI::App& app, SoakOptions* o) {
   s->add_option("--clients", o->clients, "concurrent clients")->check(CLI::Range(1, 1000));
   s->add_option("--seconds", o->seconds, "how long")->check(CLI::Range(1.0, 86400.0));
   s->add_option("--warmup-seconds", o->warmup_seconds, "samples up to here set the baseline (default: a tenth, >= 3 s)");
-  s->add_option("--rss-slack-mib", o->rss_slack_mib, "RSS growth allowed past the warm-up's peak");
+  s->add_option("--rss-slack-mib", o->rss_slack_mib,
+                "RSS growth allowed past its value at the warm-up's end");
+  s->add_option(
+       "--throughput-window-seconds", o->throughput_window_seconds,
+       "publishes are counted per window this long; every window after the second must be within the "
+       "tolerance of the second's (checked with three full windows or more)")
+      ->check(CLI::Range(1.0, 86400.0));
+  s->add_option("--throughput-tolerance", o->throughput_tolerance,
+                "how far (a fraction) a later window's publishes may be from the second window's")
+      ->check(CLI::Range(0.0, 10.0));
   s->add_option("--fd-slack", o->fd_slack, "open-file growth allowed past the warm-up's peak");
   s->add_option("--window", o->window, "entries each client keeps using")->check(CLI::Range(1, 1000));
   s->add_option("--capacity-mib", o->capacity_mib, "the daemon's byte budget (--capacity)")->check(CLI::Range(16, 1 << 20));

@@ -43,8 +43,14 @@ struct SoakOptions {
   int clients = 8;
   double seconds = 10;
   double warmup_seconds = -1;  // <0: a tenth of the run, at least 3 s
-  long rss_slack_mib = 128;    // growth allowed past the warm-up's peak
-  long fd_slack = 64;
+  long rss_slack_mib = 128;    // RSS growth allowed past its value at the warm-up's end
+  long fd_slack = 64;          // open-file growth allowed past the warm-up's peak
+  // Publishes counted per window of this many seconds from the start; with
+  // three full windows or more, each after the second must be within
+  // throughput_tolerance of the second's (the first holds the fill before
+  // eviction begins).
+  double throughput_window_seconds = 300;
+  double throughput_tolerance = 0.2;
   int window = 4;            // entries each client keeps using
   long capacity_mib = 256;  // the daemon's byte budget; eviction keeps the store within it
 };
