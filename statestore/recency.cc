@@ -4,14 +4,31 @@
 // bytes fit the budget.
 #include <spdlog/spdlog.h>
 
+#include <rocksdb/perf_context.h>
+#include <rocksdb/perf_level.h>
+
 #include <algorithm>
 
 #include "statestore/rocks_env.h"
 #include "statestore/store_impl.h"
+#include "statestore/test_hooks.h"
 
 namespace primecache {
 
 using namespace statestore_internal;  // NOLINT(google-build-using-namespace)
+
+namespace {
+
+// TestHooks::victim_scan_max_skipped: raised to the deleted records this
+// thread's last scan skipped; the perf context is turned off again.
+void NoteSkipped(std::atomic<std::uint64_t>& max) {
+  const std::uint64_t n = rocksdb::get_perf_context()->internal_delete_skipped_count;
+  rocksdb::SetPerfLevel(rocksdb::PerfLevel::kDisable);
+  for (std::uint64_t cur = max.load(); n > cur && !max.compare_exchange_weak(cur, n);) {
+  }
+}
+
+}  // namespace
 
 // ---- recency ---------------------------------------------------------------------------
 
@@ -137,6 +154,11 @@ Result<std::optional<EntryId>> Txn::PickVictim(std::optional<EntryId> keep) {
   std::vector<Candidate> window;
   const bool lru = s_.opts.eviction.policy == EvictionPolicy::kLru;
   const std::size_t want = lru ? 1 : s_.opts.eviction.utility_window;
+  const auto* counted = s_.hooks != nullptr ? s_.hooks->victim_scan_max_skipped.get() : nullptr;
+  if (counted != nullptr) {
+    rocksdb::SetPerfLevel(rocksdb::PerfLevel::kEnableCount);
+    rocksdb::get_perf_context()->Reset();
+  }
   std::unique_ptr<rocksdb::Iterator> it(s_.db->NewIterator(rocksdb::ReadOptions(), s_.cf_lru));
   std::string prefix(1, kAgeTag);
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix) && window.size() < want; it->Next()) {
@@ -161,6 +183,7 @@ Result<std::optional<EntryId>> Txn::PickVictim(std::optional<EntryId> keep) {
     window.push_back({id, tick, saved / std::max(freed, 1.0)});
   }
   PC_RETURN_IF_ERROR(FromRocks(it->status(), "scan recency"));
+  if (counted != nullptr) NoteSkipped(*s_.hooks->victim_scan_max_skipped);
   if (window.empty()) return std::optional<EntryId>();
   if (lru) return std::optional<EntryId>(window.front().id);
 

@@ -75,7 +75,20 @@ void LocalStore::Impl::ReclaimLoop() {
 // chunk deleted (segment_gc.cc).
 Status LocalStore::Impl::ReclaimNow() {
   PC_RETURN_IF_ERROR(Recover());
-  return CollectSegments(/*all=*/false);
+  PC_RETURN_IF_ERROR(CollectSegments(/*all=*/false));
+  return CompactRecency();
+}
+
+// Every eviction deletes the oldest age record, and every touch an older
+// one, so the recency records gather tombstones at the front, where each
+// eviction's scan starts (Txn::PickVictim): without this, the scan skips
+// all of them and an eviction costs more the longer the store has evicted.
+// The records are small (two per entry): rewriting them all is cheap.
+Status LocalStore::Impl::CompactRecency() {
+  rocksdb::CompactRangeOptions o;
+  o.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  return AfterWriteError(
+      FromRocks(db->CompactRange(o, cf_lru, nullptr, nullptr), "compact the recency records"));
 }
 
 void LocalStore::Impl::StopReclaimer() {

@@ -405,6 +405,7 @@ struct LocalStore::Impl {
   void NoteDropped(std::uint64_t bytes) EXCLUDES(reclaim_mu);
   void ReclaimLoop() EXCLUDES(reclaim_mu);
   Status ReclaimNow();
+  Status CompactRecency();
   void StopReclaimer() EXCLUDES(reclaim_mu);
   // Started under reclaim_mu while !reclaim_stop; joined by StopReclaimer
   // once reclaim_stop is set (outside the lock, which the loop takes).

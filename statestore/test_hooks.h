@@ -40,6 +40,10 @@ struct TestHooks {
   std::uint64_t migrate_step_bytes = 0;
   // When set: counts the checks of mapped chunks done and skipped.
   std::shared_ptr<MappedCheckCounts> mapped_checks;
+  // When set: raised to the most deleted records one eviction's scan of the
+  // recency records skipped (RocksDB's perf context), so a test can see the
+  // scans stay short however long the store has been evicting.
+  std::shared_ptr<std::atomic<std::uint64_t>> victim_scan_max_skipped;
 };
 
 // The freeze of TestHooks::freeze_io and freeze_countdown, as the store's

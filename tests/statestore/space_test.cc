@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "statestore/test_hooks.h"
 #include "store_test_util.h"
 
 namespace primecache {
@@ -278,6 +279,40 @@ TEST(Space, VerifyDuringSegmentGcFindsNothingWrong) {
   int runs = 0;
   for (int round = 0; round < 6 && !HasFailure(); ++round) runs += VerifyWhileDeleting(round);
   std::printf("[ info     ] %d verify runs during the deletes\n", runs);
+}
+
+// Each eviction scans the recency records from the oldest; every eviction
+// deletes one there, so without the reclaim's rewrite of those records the
+// scan would skip every record evicted since the last flush and compaction,
+// ever more of them (publish throughput fell over a soak: docs/RELIABILITY.md).
+TEST(Space, EvictionScansStayShortHoweverLongTheStoreKeepsEvicting) {
+  TempDir dir;
+  StoreOptions o = CodecStoreOptions();
+  o.path = dir.path + "/store";
+  o.reclaim_after_bytes = 64u << 10;
+  auto hooks = std::make_shared<statestore_internal::TestHooks>();
+  hooks->victim_scan_max_skipped = std::make_shared<std::atomic<std::uint64_t>>(0);
+  auto opened = statestore_internal::OpenWithHooks(o, hooks);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  LocalStore& s = **opened;
+  MustPublish(s, Conversation(100, 1));
+  ASSERT_TRUE(s.SetByteBudget(16 * s.Stat()->stored_bytes).ok());  // about 16 entries
+  constexpr int kPublishes = 1200;
+  std::uint64_t early = 0;
+  for (int i = 0; i < kPublishes; ++i) {
+    MustPublish(s, Conversation(100, 100 + i));
+    if (i == 200) early = hooks->victim_scan_max_skipped->exchange(0);
+  }
+  const std::uint64_t late = hooks->victim_scan_max_skipped->load();
+  const std::uint64_t evictions = s.Stat()->evictions;
+  std::printf(
+      "[ info     ] %llu evictions; most deleted records one scan skipped: %llu in the first 200 publishes, "
+      "%llu after\n",
+      static_cast<unsigned long long>(evictions), static_cast<unsigned long long>(early),
+      static_cast<unsigned long long>(late));
+  EXPECT_GT(evictions, static_cast<std::uint64_t>(kPublishes) - 100);
+  EXPECT_LE(late, 200u) << "an eviction's scan skipped the records of ever more evictions before it";
+  ExpectConsistent(s);
 }
 
 }  // namespace
