@@ -391,7 +391,8 @@ TEST(ClientExtentTest, LookupAndFetchFromAnOlderDaemonIsALookupThenAFetch) {
 
 // A lookup's hit is a prefix of the query or nothing: a hit of no tokens or
 // of more than the query has is refused, with the branch point asked for or
-// not (ipc_lookup_reply_fuzzer's reproducers, tests/fuzz/crashes/).
+// not (the cases of ipc_lookup_reply_fuzzer's seeds hit-of-no-tokens, hit-past-query
+// and hit-past-query-shared, tests/fuzz/corpus/ipc_lookup_reply/).
 TEST(ClientExtentTest, ALookupHitMustBeAPrefixOfTheQuery) {
   CraftedDaemon d([](std::uint64_t) { return Crafted{}; }, /*fetch_by_query=*/false);
   ClientOptions o;
