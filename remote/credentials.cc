@@ -19,6 +19,11 @@ std::string Octal(mode_t mode) {
   return buf.data();
 }
 
+Status Oversized(const std::string& path) {
+  return Status::InvalidArgument("the remote password file " + path + " is over " +
+                                 std::to_string(kMaxPasswordFileBytes) + " bytes: not a password file");
+}
+
 // The first line of the file at `path`, checked as LoadRedisAuth says.
 Result<std::string> ReadPasswordFile(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -29,17 +34,15 @@ Result<std::string> ReadPasswordFile(const std::string& path) {
   } closer{fd};
   struct stat st {};
   if (fstat(fd, &st) != 0) return Status::IOError(ErrnoText("cannot stat the remote password file " + path));
-  if (!S_ISREG(st.st_mode))
+  if (!S_ISREG(st.st_mode)) {
     return Status::FailedPrecondition("the remote password file " + path + " is not a regular file");
+  }
   if ((st.st_mode & 077) != 0) {
     return Status::FailedPrecondition("the remote password file " + path +
                                       " may be read or written by others (mode " + Octal(st.st_mode) +
                                       "): chmod 600 it");
   }
-  if (static_cast<std::uint64_t>(st.st_size) > kMaxPasswordFileBytes) {
-    return Status::InvalidArgument("the remote password file " + path + " is over " +
-                                   std::to_string(kMaxPasswordFileBytes) + " bytes: not a password file");
-  }
+  if (static_cast<std::uint64_t>(st.st_size) > kMaxPasswordFileBytes) return Oversized(path);
   std::string text(kMaxPasswordFileBytes + 1, '\0');
   std::size_t got = 0;
   while (got < text.size()) {
@@ -49,10 +52,7 @@ Result<std::string> ReadPasswordFile(const std::string& path) {
     if (n == 0) break;
     got += static_cast<std::size_t>(n);
   }
-  if (got > kMaxPasswordFileBytes) {
-    return Status::InvalidArgument("the remote password file " + path + " is over " +
-                                   std::to_string(kMaxPasswordFileBytes) + " bytes: not a password file");
-  }
+  if (got > kMaxPasswordFileBytes) return Oversized(path);  // grew since the fstat
   text.resize(got);
   text = text.substr(0, text.find('\n'));
   if (!text.empty() && text.back() == '\r') text.pop_back();

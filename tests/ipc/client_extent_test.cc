@@ -182,6 +182,18 @@ class CraftedDaemon {
   std::thread thread_;
 };
 
+// A client of `d` that tries once (a refused reply must not be retried
+// away), with a shared region of `shm_bytes` when not 0.
+Result<std::unique_ptr<Client>> ConnectTo(const CraftedDaemon& d, std::uint64_t shm_bytes = 0) {
+  ClientOptions o;
+  o.endpoint = d.path();
+  o.timeout = std::chrono::milliseconds(5000);
+  o.reconnect_attempts = 0;
+  o.shared_memory = shm_bytes != 0;
+  if (shm_bytes != 0) o.shared_memory_bytes = shm_bytes;
+  return Client::Connect(o);
+}
+
 TEST(ClientExtentTest, MalformedExtentsAreRefusedAndAWellFormedOneArrivesWhole) {
   // Entry e of the crafted daemon answers with cases[e].
   const std::vector<std::pair<std::string, Crafted>> cases = {
@@ -199,11 +211,7 @@ TEST(ClientExtentTest, MalformedExtentsAreRefusedAndAWellFormedOneArrivesWhole) 
       {"several chunks inline", {0, 0, 2, {5, 5}, 0, 10, true}},
   };
   CraftedDaemon d([&](std::uint64_t e) { return e < cases.size() ? cases[e].second : Crafted{}; });
-  ClientOptions o;
-  o.endpoint = d.path();
-  o.timeout = std::chrono::milliseconds(5000);
-  o.reconnect_attempts = 0;
-  auto c = Client::Connect(o);
+  auto c = ConnectTo(d);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   DeviceWindowSpec spec;
   spec.pci_bus_id = "0000:00:00.0";
@@ -259,13 +267,7 @@ TEST(ClientExtentTest, SharedExtentsAreSplitAndRefusedOutsideTheFetchWindow) {
       {"sizes short of the length", {0, 0, 2, {50, 40}, kRegion / 2, 100, false, true}},
   };
   CraftedDaemon d([&](std::uint64_t e) { return e < cases.size() ? cases[e].second : Crafted{}; });
-  ClientOptions o;
-  o.endpoint = d.path();
-  o.timeout = std::chrono::milliseconds(5000);
-  o.reconnect_attempts = 0;
-  o.shared_memory = true;
-  o.shared_memory_bytes = kRegion;
-  auto c = Client::Connect(o);
+  auto c = ConnectTo(d, kRegion);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   for (std::uint64_t e = 0; e < cases.size(); ++e) {
     std::vector<std::pair<std::uint32_t, std::size_t>> chunks;  // index, bytes
@@ -305,11 +307,7 @@ TEST(ClientExtentTest, AFetchByQuerysHitMustComeFirstAndOnce) {
       {"a hit longer than the query", with(Hit::kTooLong)},
   };
   CraftedDaemon d([&](std::uint64_t e) { return e < cases.size() ? cases[e].second : Crafted{}; });
-  ClientOptions o;
-  o.endpoint = d.path();
-  o.timeout = std::chrono::milliseconds(5000);
-  o.reconnect_attempts = 0;
-  auto c = Client::Connect(o);
+  auto c = ConnectTo(d);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_TRUE((*c)->server_info().fetch_by_query);
   for (std::uint32_t e = 0; e < cases.size(); ++e) {
@@ -358,11 +356,7 @@ TEST(ClientExtentTest, AFetchByQuerysHitMustComeFirstAndOnce) {
 TEST(ClientExtentTest, LookupAndFetchFromAnOlderDaemonIsALookupThenAFetch) {
   Crafted one{0, 0, 1, {10}, 0, 10, true};  // one chunk inline
   CraftedDaemon d([&](std::uint64_t e) { return e == 5 ? one : Crafted{}; }, /*fetch_by_query=*/false);
-  ClientOptions o;
-  o.endpoint = d.path();
-  o.timeout = std::chrono::milliseconds(5000);
-  o.reconnect_attempts = 0;
-  auto c = Client::Connect(o);
+  auto c = ConnectTo(d);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_FALSE((*c)->server_info().fetch_by_query);
   std::vector<std::string> seen;
@@ -395,11 +389,7 @@ TEST(ClientExtentTest, LookupAndFetchFromAnOlderDaemonIsALookupThenAFetch) {
 // and hit-past-query-shared, tests/fuzz/corpus/ipc_lookup_reply/).
 TEST(ClientExtentTest, ALookupHitMustBeAPrefixOfTheQuery) {
   CraftedDaemon d([](std::uint64_t) { return Crafted{}; }, /*fetch_by_query=*/false);
-  ClientOptions o;
-  o.endpoint = d.path();
-  o.timeout = std::chrono::milliseconds(5000);
-  o.reconnect_attempts = 0;
-  auto c = Client::Connect(o);
+  auto c = ConnectTo(d);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const std::vector<std::uint32_t> query = {5, 6, 7};
   for (std::uint32_t length : {0u, 4u, 1000u, 0xffffffffu}) {

@@ -246,15 +246,12 @@ void AddExamples(const Invocation& in) {
        "  primecachectl compact --timeout 3600   # a large store: wait up to an hour"},
       {in.remote_acl_cmd,
        "Examples:\n"
-       "  primecachectl remote-acl --namespace team-a                # the user's rules, without a password\n"
-       "  echo \"user team-a $(primecachectl remote-acl --namespace team-a) #$(head -c -1 pw | sha256sum | "
-       "cut -c1-64)\" \\\n"
-       "    >> users.acl                                              # a line of every node's aclfile "
-       "(docs/cluster.md)"},
+       "  primecachectl remote-acl --namespace team-a   # the user's rules, without a password\n"
+       "  primecachectl remote-acl --namespace a --namespace b --json\n"
+       "  (docs/cluster.md: an ACL file line of them with the password's SHA-256)"},
       {in.migrate_cmd,
        "Examples:\n"
-       "  primecachectl migrate                                  # the default data dir's store (daemon "
-       "stopped)\n"
+       "  primecachectl migrate                       # the default data dir's store (daemon stopped)\n"
        "  primecachectl migrate --store /srv/primecache/store"},
   };
   for (const auto& [cmd, text] : examples) cmd->footer(text);
