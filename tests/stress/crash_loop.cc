@@ -1,127 +1,84 @@
-// The crash loop: the real primecached on a temporary data dir, 1..3 client
-// processes' worth of publishers (threads, each with its own connection)
-// publishing real entries of varied size, SIGKILL at a random time, restart,
-// then: every acknowledged entry present and byte-exact, every stored entry
-// one that was attempted and complete, and `primecachectl verify --all` clean.
-// A run fails unless some acknowledged entry was checked after a kill.
+// The crash loop: the real primecached on a temporary data dir, 1..3
+// workers of the path (workload.h; threads, each with its own connection)
+// publishing real entries, SIGKILL at a random time, restart, then: every
+// acknowledged entry present and byte-exact, every stored entry one that was
+// attempted and complete, the path's own checks, and `primecachectl verify
+// --all` clean. The group path kills a rank process or the daemon at each
+// kill point of the group commit in turn instead (group_loop.cc). A run
+// fails unless some acknowledged entry was checked after a kill.
 #include <signal.h>
 
 #include <filesystem>
 #include <set>
 #include <thread>
 
+#include "tests/stress/group_loop.h"
 #include "tests/stress/stress_modes.h"
 #include "tests/stress/stress_util.h"
+#include "tests/stress/workload.h"
 
 namespace primecache::stress {
 namespace {
 
 struct Tally {
-  std::atomic<std::uint64_t> attempted{0}, acked{0}, errors{0};
-  std::uint64_t kills = 0, acked_checked = 0, lost = 0, torn = 0, unacked_present = 0;
-  std::uint64_t verify_ok = 0, verify_failed = 0, restart_failures = 0;
+  std::uint64_t kills = 0, verify_ok = 0, verify_failed = 0, restart_failures = 0;
 };
+
+std::vector<std::string> DaemonFlags(Path p) {
+  if (p == Path::kGc) return {"--capacity", std::to_string(kGcBudgetMib) + "M"};
+  // Long enough for a round's bystander group, short enough that a group
+  // whose rank died before it began is aborted soon.
+  if (p == Path::kGroup) return {"--group-timeout", "3"};
+  return {};
+}
 
 class CrashLoop {
  public:
-  explicit CrashLoop(const CrashOptions& o)
+  CrashLoop(const CrashOptions& o, Path path)
       : o_(o),
+        path_(path),
         dir_(MakeWorkDir(o.common.work_dir, "pcstress-crash")),
-        d_({}, dir_),
+        d_(DaemonFlags(path), dir_),
         log_(dir_ + "/acks.log"),
-        rng_(o.common.seed) {}
+        rng_(o.common.seed),
+        group_(d_, reg_, log_, work_, o.common.seed) {}
 
   int Run();
 
  private:
   bool Iteration(int it);
-  void Publisher(int it, int pub, const std::atomic<bool>& killed);
-  void CheckEntries(int it);
+  void KillDuringWork(int it);
+  std::unique_ptr<Target> Connect(bool admin);
   void VerifyAll(int it);
   bool NewEpoch();
 
   const CrashOptions o_;
+  const Path path_;
   const std::string dir_;
   testing::Daemon d_;
   AckLog log_;
   Registry reg_;
+  Queries queries_;
+  WorkTally work_;
+  CheckTally check_;
   Tally t_;
   std::mt19937_64 rng_;
   std::atomic<std::uint32_t> next_seed_{1};
+  std::atomic<std::uint32_t> connections_{0};
   std::set<std::uint64_t> unacked_seen_;
+  int epoch_ = 0;
+  GroupRounds group_;
 };
 
-void CrashLoop::Publisher(int it, int pub, const std::atomic<bool>& killed) {
-  auto opts = d_.Options("", /*shm=*/pub % 2 == 1);
-  opts.reconnect_attempts = 0;  // a publish after the kill fails at once
+std::unique_ptr<Target> CrashLoop::Connect(bool admin) {
+  // Every second data connection through shared memory.
+  auto opts = d_.Options("", /*shm=*/!admin && connections_++ % 2 == 1);
+  if (admin) opts.endpoint = d_.admin_socket();
+  opts.reconnect_attempts = 0;  // a call after the kill fails at once
   opts.timeout = std::chrono::seconds(120);
   auto c = client::Client::Connect(opts);
-  if (!c.ok()) {
-    if (!killed.load()) {
-      ++t_.errors;
-      Say("crash: iteration %d publisher %d: connect failed before the kill: %s", it, pub,
-          c.status().ToString().c_str());
-    }
-    return;
-  }
-  std::mt19937_64 rng(o_.common.seed * 7919 + static_cast<std::uint64_t>(it) * 4 + static_cast<std::uint64_t>(pub));
-  while (!killed.load()) {
-    const EntrySpec spec = RandomSpec(rng, next_seed_++);
-    const auto tokens = SpecTokens(spec);
-    const auto layers = SpecLayers(spec);
-    reg_.Attempted(tokens, LayersDigest(layers));
-    ++t_.attempted;
-    auto r = (*c)->Publish(testing::TestModel(), tokens, layers);
-    if (!r.ok()) {
-      if (!killed.load()) {
-        ++t_.errors;
-        Say("crash: iteration %d publisher %d: publish failed before the kill: %s", it, pub,
-            r.status().ToString().c_str());
-      }
-      return;
-    }
-    reg_.Acked(tokens, r->id);
-    ++t_.acked;
-    log_.Record("ack iteration=" + std::to_string(it) + " publisher=" + std::to_string(pub) + " seed=" +
-                std::to_string(spec.seed) + " length=" + std::to_string(spec.length) + " layers=" +
-                std::to_string(spec.layers) + " entry=" + std::to_string(r->id) + " digest=" +
-                std::to_string(LayersDigest(layers)));
-  }
-}
-
-// Every stored entry complete and attempted; every acknowledged one stored.
-void CrashLoop::CheckEntries(int it) {
-  auto c = client::Client::Connect(d_.Options());
-  auto listed = c.ok() ? ListAll(**c) : Result<std::vector<client::EntryInfo>>(c.status());
-  if (!listed.ok()) {
-    ++t_.torn;
-    Say("crash: iteration %d: cannot list the store: %s", it, listed.status().ToString().c_str());
-    return;
-  }
-  std::map<std::string, std::uint64_t> stored;  // tokens -> entry
-  for (const auto& e : *listed) {
-    const std::string key = TokensKey(e.tokens);
-    stored[key] = e.id;
-    auto want = reg_.Find(key);
-    auto got = (*c)->FetchLayers(e.id);
-    if (!want || !got.ok() || LayersDigest(*got) != want->digest) {
-      ++t_.torn;
-      Say("crash: iteration %d: TORN entry %llu (%s)", it, U(e.id),
-          !want ? "never published" : !got.ok() ? got.status().ToString().c_str() : "bytes differ");
-    } else if (!want->acked && unacked_seen_.insert(e.id).second) {
-      ++t_.unacked_present;  // committed, but the kill came before the answer
-    }
-  }
-  for (const auto& [key, a] : reg_.Snapshot()) {
-    if (!a.acked) continue;
-    ++t_.acked_checked;
-    auto it2 = stored.find(key);
-    if (it2 == stored.end() || it2->second != a.entry) {
-      ++t_.lost;
-      Say("crash: iteration %d: LOST acknowledged entry %llu (%u tokens)", it,
-          U(a.entry), a.length);
-    }
-  }
+  if (!c.ok()) return nullptr;
+  return ClientTarget(std::move(c).value());
 }
 
 void CrashLoop::VerifyAll(int it) {
@@ -139,8 +96,36 @@ bool CrashLoop::NewEpoch() {
   std::error_code ec;
   std::filesystem::remove_all(d_.data_dir(), ec);
   reg_.Clear();
+  queries_.Clear();
   unacked_seen_.clear();
+  ++epoch_;
   return d_.Start();
+}
+
+// 1..max_publishers workers of the path, the daemon SIGKILLed within kill_max_ms.
+void CrashLoop::KillDuringWork(int it) {
+  const int n = std::uniform_int_distribution<int>(1, o_.max_publishers)(rng_);
+  const int kill_ms = std::uniform_int_distribution<int>(0, o_.kill_max_ms)(rng_);
+  std::atomic<bool> killed{false};
+  Work w;
+  w.path = path_;
+  w.who = "crash";
+  w.seed = o_.common.seed;
+  w.iteration = it;
+  w.epoch = epoch_;
+  w.reg = &reg_;
+  w.queries = &queries_;
+  w.log = &log_;
+  w.tally = &work_;
+  w.next_seed = &next_seed_;
+  w.stop = &killed;
+  w.connect = [this] { return Connect(false); };
+  w.connect_admin = [this] { return Connect(true); };
+  std::vector<std::thread> workers = StartWorkers(w, n);
+  std::this_thread::sleep_for(std::chrono::milliseconds(kill_ms));
+  killed.store(true);
+  d_.Kill();  // SIGKILL, then reaped
+  for (auto& th : workers) th.join();
 }
 
 bool CrashLoop::Iteration(int it) {
@@ -149,30 +134,37 @@ bool CrashLoop::Iteration(int it) {
     Say("crash: iteration %d: the daemon did not start on a fresh data dir", it);
     return false;
   }
-  const int n = std::uniform_int_distribution<int>(1, o_.max_publishers)(rng_);
-  const int kill_ms = std::uniform_int_distribution<int>(0, o_.kill_max_ms)(rng_);
-  std::atomic<bool> killed{false};
-  std::vector<std::thread> pubs;
-  for (int p = 0; p < n; ++p) pubs.emplace_back([&, p] { Publisher(it, p, killed); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(kill_ms));
-  killed.store(true);
-  d_.Kill();  // SIGKILL, then reaped
-  ++t_.kills;
-  for (auto& p : pubs) p.join();
-  if (!d_.Start()) {
-    ++t_.restart_failures;
-    Say("crash: iteration %d: the daemon did not restart", it);
-    return false;
+  bool killed = true;
+  if (path_ == Path::kGroup) {
+    killed = group_.Run(it);
+  } else {
+    KillDuringWork(it);
   }
-  CheckEntries(it);
+  if (killed) {
+    ++t_.kills;
+    if (!d_.Start()) {
+      ++t_.restart_failures;
+      Say("crash: iteration %d: the daemon did not restart", it);
+      return false;
+    }
+  }
+  auto admin = Connect(true);
+  if (admin == nullptr) {
+    ++check_.torn;
+    Say("crash: iteration %d: no admin connection after the restart", it);
+  } else {
+    CheckSurvivors(*admin, path_, reg_, queries_, "crash", it, &unacked_seen_, &check_);
+  }
   VerifyAll(it);
   return true;
 }
 
 int CrashLoop::Run() {
   const auto t0 = std::chrono::steady_clock::now();
-  Say("crash: %d iterations, 1..%d publishers, kill within %d ms, a fresh store every %d; work dir %s, seed %llu",
-      o_.iterations, o_.max_publishers, o_.kill_max_ms, o_.epoch, dir_.c_str(),
+  Say("crash: path %s, %d iterations, 1..%d publishers, kill within %d ms, a fresh store every %d; work dir "
+      "%s, "
+      "seed %llu",
+      PathName(path_), o_.iterations, o_.max_publishers, o_.kill_max_ms, o_.epoch, dir_.c_str(),
       U(o_.common.seed));
   if (!d_.Start()) {
     Say("crash: FAIL: the daemon did not start");
@@ -183,27 +175,35 @@ int CrashLoop::Run() {
     if (!Iteration(done)) break;
     if ((done + 1) % 50 == 0) {
       Say("crash: %d iterations, %llu acknowledged, %llu lost, %llu torn, %.0f s", done + 1,
-          U(t_.acked.load()), U(t_.lost),
-          U(t_.torn), SecondsSince(t0));
+          U(work_.acked.load()), U(check_.lost), U(check_.torn), SecondsSince(t0));
     }
   }
   d_.Stop();
   // A run in which no publish was acknowledged before a kill (and checked
   // after the restart) proved nothing about acknowledged entries.
-  const bool proved = t_.acked.load() > 0 && t_.acked_checked > 0;
+  const bool proved = work_.acked.load() > 0 && check_.acked_checked > 0;
   if (!proved) Say("crash: FAIL: no acknowledged publish was checked after a kill (kill too early?)");
-  const bool ok = done == o_.iterations && proved && t_.lost == 0 && t_.torn == 0 && t_.verify_failed == 0 &&
-                  t_.errors == 0 && t_.restart_failures == 0;
-  Say("RESULT crash %s: iterations=%d kills=%llu attempted=%llu acked=%llu acked_checks=%llu lost=%llu torn=%llu "
-      "unacked_present=%llu verify_all_clean=%llu/%llu errors=%llu restart_failures=%llu seconds=%.1f",
-      ok ? "PASS" : "FAIL", done, U(t_.kills),
-      U(t_.attempted.load()), U(t_.acked.load()),
-      U(t_.acked_checked), U(t_.lost),
-      U(t_.torn), U(t_.unacked_present),
-      U(t_.verify_ok),
-      U(t_.verify_ok + t_.verify_failed),
-      U(t_.errors.load()), U(t_.restart_failures),
-      SecondsSince(t0));
+  const bool ok = done == o_.iterations && proved && check_.lost == 0 && check_.torn == 0 &&
+                  work_.wrong_bytes == 0 && t_.verify_failed == 0 && work_.errors == 0 &&
+                  t_.restart_failures == 0;
+  std::string extra;
+  if (path_ == Path::kBranch) extra = " lookups_checked=" + std::to_string(check_.lookups_checked);
+  if (path_ == Path::kGc) {
+    extra =
+        " fetches=" + std::to_string(work_.fetches) + " fetch_misses=" + std::to_string(work_.fetch_misses) +
+        " wrong_bytes=" + std::to_string(work_.wrong_bytes) + " deletes=" + std::to_string(work_.deletes) +
+        " compactions=" + std::to_string(work_.compactions) +
+        " evictions_and_deletes_in_flight=" + std::to_string(check_.evicted_allowance);
+  }
+  if (path_ == Path::kGroup) extra = " " + group_.PerPoint();
+  Say("RESULT crash %s: path=%s iterations=%d kills=%llu attempted=%llu acked=%llu acked_checks=%llu "
+      "lost=%llu "
+      "torn=%llu unacked_present=%llu verify_all_clean=%llu/%llu errors=%llu restart_failures=%llu%s "
+      "seconds=%.1f",
+      ok ? "PASS" : "FAIL", PathName(path_), done, U(t_.kills), U(work_.attempted.load()),
+      U(work_.acked.load()), U(check_.acked_checked), U(check_.lost), U(check_.torn),
+      U(check_.unacked_present), U(t_.verify_ok), U(t_.verify_ok + t_.verify_failed), U(work_.errors.load()),
+      U(t_.restart_failures), extra.c_str(), SecondsSince(t0));
   if (ok && !o_.common.keep) {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
@@ -215,6 +215,13 @@ int CrashLoop::Run() {
 
 }  // namespace
 
-int RunCrashLoop(const CrashOptions& o) { return CrashLoop(o).Run(); }
+int RunCrashLoop(const CrashOptions& o) {
+  const auto path = ParsePath(o.path);
+  if (!path) {
+    Say("crash: unknown path '%s' (plain, branch, group, gc)", o.path.c_str());
+    return 2;
+  }
+  return CrashLoop(o, *path).Run();
+}
 
 }  // namespace primecache::stress

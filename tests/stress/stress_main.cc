@@ -25,6 +25,12 @@ void AddCommon(CLI::App* sub, CommonOptions* c) {
 CLI::App* AddCrash(CLI::App& app, CrashOptions* o) {
   auto* c = app.add_subcommand("crash", "SIGKILL the daemon during concurrent publishes; check every acknowledged entry");
   AddCommon(c, &o->common);
+  c->add_option(
+       "--path", o->path,
+       "what the workers do: plain publishes, branch (a request's boundaries sharing stems), group "
+       "(rank processes; a rank or the daemon killed at each kill point of the group commit in turn), "
+       "gc (evictions, deletes and compactions under concurrent fetches)")
+      ->check(CLI::IsMember({"plain", "branch", "group", "gc"}));
   c->add_option("--iterations", o->iterations, "kill/restart cycles")->check(CLI::Range(1, 1000000));
   c->add_option("--publishers", o->max_publishers, "at most this many concurrent publishers (1..N each cycle)")
       ->check(CLI::Range(1, 16));
@@ -36,6 +42,10 @@ CLI::App* AddCrash(CLI::App& app, CrashOptions* o) {
 CLI::App* AddPowerLoss(CLI::App& app, PowerLossOptions* o) {
   auto* p = app.add_subcommand("powerloss", "lose power (unsynced data dropped) during concurrent publishes");
   AddCommon(p, &o->common);
+  p->add_option("--path", o->path,
+                "what the workers do: plain publishes, branch, group (ranks as threads; one group in eight "
+                "abandoned by a rank), gc")
+      ->check(CLI::IsMember({"plain", "branch", "group", "gc"}));
   p->add_option("--iterations", o->iterations, "power-loss/reopen cycles")->check(CLI::Range(1, 1000000));
   p->add_option("--publishers", o->max_publishers, "at most this many concurrent publishers")->check(CLI::Range(1, 16));
   p->add_option("--freeze-max-ms", o->freeze_max_ms, "the power goes within this many ms")->check(CLI::Range(0, 60000));
@@ -81,6 +91,24 @@ CLI::App* AddDiskFull(CLI::App& app, DiskFullOptions* o) {
   return d;
 }
 
+// The crash loop's rank processes (crash --path group); not for people.
+CLI::App* AddGroupRank(CLI::App& app, GroupRankOptions* o) {
+  auto* g = app.add_subcommand("grouprank", "one rank process of crash --path group");
+  g->group("");  // hidden from --help
+  g->add_option("--socket", o->socket)->required();
+  g->add_option("--entry-seed", o->entry_seed)->required();
+  g->add_option("--length", o->length)->required();
+  g->add_option("--layers", o->layers)->required();
+  g->add_option("--rows-per-chunk", o->rows_per_chunk);
+  g->add_option("--ranks", o->ranks)->check(CLI::Range(2u, 12u));
+  g->add_option("--rank", o->rank);
+  g->add_option("--token", o->token)->required();
+  g->add_option("--kill-at", o->kill_at)
+      ->check(CLI::IsMember({"none", "before_begin", "mid_stream", "streamed", "in_commit", "after_answer"}));
+  g->add_option("--kill-delay-us", o->kill_delay_us);
+  return g;
+}
+
 // The in-process store (powerloss) logs its expected I/O errors at warn;
 // only errors are shown unless PRIMECACHE_LOG_LEVEL says otherwise.
 bool SetUpLogging() {
@@ -103,12 +131,18 @@ int main(int argc, char** argv) {
   SoakOptions soak;
   FlipOptions flips;
   DiskFullOptions full;
+  GroupRankOptions rank;
   CLI::App* c = AddCrash(app, &crash);
   CLI::App* p = AddPowerLoss(app, &power);
   CLI::App* s = AddSoak(app, &soak);
   CLI::App* f = AddFlips(app, &flips);
   AddDiskFull(app, &full);
+  CLI::App* g = AddGroupRank(app, &rank);
   CLI11_PARSE(app, argc, argv);
+  if (g->parsed()) {
+    primecache::SetLogLevel(primecache::LogLevel::kError);
+    return RunGroupRank(rank);
+  }
   if (!SetUpLogging()) return 2;
 
   const std::uint64_t clock_seed =

@@ -15,9 +15,13 @@ struct CommonOptions {
   bool keep = false;       // keep the campaign's directory even when it passed
 };
 
-// SIGKILL of the real daemon during 1..max_publishers concurrent publishes.
+// SIGKILL of the real daemon during 1..max_publishers concurrent publishes
+// of the path (workload.h: plain, branch, group, gc); for group, a rank
+// process or the daemon killed at each kill point of the group commit in
+// turn (group_loop.cc).
 struct CrashOptions {
   CommonOptions common;
+  std::string path = "plain";
   int iterations = 5;
   int max_publishers = 3;
   int kill_max_ms = 400;  // the kill comes uniformly in [0, this] after the publishers start
@@ -26,15 +30,34 @@ struct CrashOptions {
 int RunCrashLoop(const CrashOptions& o);
 
 // A power loss (unsynced data dropped, through FaultInjectionEnv) during
-// 1..max_publishers concurrent publishes into the store.
+// 1..max_publishers concurrent publishers of the path into the store.
 struct PowerLossOptions {
   CommonOptions common;
+  std::string path = "plain";
   int iterations = 5;
   int max_publishers = 3;
   int freeze_max_ms = 300;
   int epoch = 20;
 };
 int RunPowerLoss(const PowerLossOptions& o);
+
+// The budget, in MiB, of the gc path's store: small, so that publishes evict.
+inline constexpr int kGcBudgetMib = 16;
+
+// One rank process of the crash loop's group path (the hidden subcommand
+// grouprank): connects, then on stdin's "go" streams its part of the group
+// and says STREAMED, on "commit" commits and says PENDING or ENTRY id; it
+// raises SIGKILL on itself at kill_at (before_begin, mid_stream, streamed,
+// in_commit: kill_delay_us after sending its commit, after_answer; none).
+struct GroupRankOptions {
+  std::string socket;
+  std::uint32_t entry_seed = 0, length = 0, layers = 0, rows_per_chunk = 64;
+  std::uint32_t ranks = 2, rank = 0;
+  std::uint64_t token = 0;
+  std::string kill_at = "none";
+  std::uint32_t kill_delay_us = 0;
+};
+int RunGroupRank(const GroupRankOptions& o);
 
 // Many clients doing lookups, fetches and publishes against one daemon for a
 // while; no error, and the daemon's memory and open files stay bounded.

@@ -108,8 +108,37 @@ void Registry::Attempted(const std::vector<std::uint32_t>& tokens, std::uint64_t
 void Registry::Acked(const std::vector<std::uint32_t>& tokens, std::uint64_t entry) {
   std::lock_guard lock(mu_);
   auto& a = attempts_[TokensKey(tokens)];
+  if (!a.acked) acked_keys_.push_back(TokensKey(tokens));
   a.acked = true;
   a.entry = entry;
+}
+
+void Registry::Deleting(const std::string& key) {
+  std::lock_guard lock(mu_);
+  attempts_[key].deleting = true;
+}
+
+void Registry::DeleteRefused(const std::string& key) {
+  std::lock_guard lock(mu_);
+  attempts_[key].deleting = false;
+}
+
+void Registry::Evicted(const std::string& key) {
+  std::lock_guard lock(mu_);
+  attempts_[key].evicted = true;
+}
+
+void Registry::Deleted(const std::string& key) {
+  std::lock_guard lock(mu_);
+  attempts_[key].deleted = true;
+}
+
+std::optional<std::pair<std::string, Registry::Attempt>> Registry::RandomAcked(std::mt19937_64& rng) const {
+  std::lock_guard lock(mu_);
+  if (acked_keys_.empty()) return std::nullopt;
+  const std::string& key =
+      acked_keys_[std::uniform_int_distribution<std::size_t>(0, acked_keys_.size() - 1)(rng)];
+  return std::make_pair(key, attempts_.at(key));
 }
 
 std::optional<Registry::Attempt> Registry::Find(const std::string& key) const {
@@ -134,6 +163,7 @@ std::size_t Registry::AckedCount() const {
 void Registry::Clear() {
   std::lock_guard lock(mu_);
   attempts_.clear();
+  acked_keys_.clear();
 }
 
 AckLog::AckLog(const std::string& path) : f_(std::fopen(path.c_str(), "a")) {

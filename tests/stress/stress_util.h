@@ -61,10 +61,19 @@ class Registry {
     std::uint32_t length = 0;
     bool acked = false;
     std::uint64_t entry = 0;  // when acked
+    bool deleting = false;    // a delete was sent (it may or may not have happened)
+    bool deleted = false;     // a delete was acknowledged (or found it gone)
+    bool evicted = false;     // a fetch found it gone
   };
   void Attempted(const std::vector<std::uint32_t>& tokens, std::uint64_t digest);
   void Acked(const std::vector<std::uint32_t>& tokens, std::uint64_t entry);
+  void Deleting(const std::string& key);
+  void Deleted(const std::string& key);
+  void DeleteRefused(const std::string& key);
+  void Evicted(const std::string& key);  // the store refused it: nothing was deleted
   std::optional<Attempt> Find(const std::string& key) const;
+  // An acknowledged entry picked at random (nullopt: none yet), with its key.
+  std::optional<std::pair<std::string, Attempt>> RandomAcked(std::mt19937_64& rng) const;
   std::map<std::string, Attempt> Snapshot() const;
   std::size_t AckedCount() const;
   void Clear();
@@ -72,6 +81,7 @@ class Registry {
  private:
   mutable std::mutex mu_;
   std::map<std::string, Attempt> attempts_;
+  std::vector<std::string> acked_keys_;
 };
 
 // An append-only log of acknowledgements, kept outside the data dir; each
