@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "ipc/exposition.h"
+#include "ipc/process_memory.h"
 
 namespace primecache::ipc {
 
@@ -116,6 +117,25 @@ void WriteStore(ExpositionWriter& w, const StoreStats& st) {
           st.write_error.empty() ? 0 : 1);
 }
 
+// Where the daemon's memory goes (docs/operations.md "Memory").
+void WriteMemory(ExpositionWriter& w, const StoreStats& st) {
+  DaemonStats d;
+  AddProcessMemory(&d);
+  w.Gauge("primecache_resident_bytes", "The daemon's resident set.", d.rss_bytes);
+  w.Gauge("primecache_heap_in_use_bytes", "Bytes the allocator has handed out (mallinfo2).",
+          d.heap_in_use_bytes);
+  w.Gauge("primecache_heap_free_bytes", "Bytes freed but kept in the allocator's arenas (mallinfo2).",
+          d.heap_free_bytes);
+  w.Gauge("primecache_block_cache_used_bytes",
+          "Bytes in RocksDB's block cache, the memtables' share included.", st.block_cache_used_bytes);
+  w.Gauge("primecache_block_cache_capacity_bytes", "The block cache's capacity (--block-cache).",
+          st.block_cache_capacity_bytes);
+  w.Gauge("primecache_memtable_bytes", "Bytes of RocksDB's memtables, active and immutable (--memtables).",
+          st.memtable_bytes);
+  w.Gauge("primecache_table_reader_bytes", "Bytes of RocksDB's table indexes and filters outside the cache.",
+          st.table_reader_bytes);
+}
+
 void WriteRemote(ExpositionWriter& w, const RemoteStats& r) {
   w.Family("primecache_remote_lookups_total", Type::kCounter,
            "Lookups the local store did not cover whole that the remote tier answered: hit (extended from the "
@@ -158,6 +178,7 @@ Result<std::string> RenderMetrics(Store& store, const std::function<std::optiona
   WriteLookups(w, st, counters);
   WriteRequests(w, counters);
   WriteStore(w, st);
+  WriteMemory(w, st);
   if (remote_stats) {
     if (auto remote = remote_stats()) WriteRemote(w, *remote);
   }

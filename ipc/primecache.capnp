@@ -374,6 +374,17 @@ struct StatReply {
   # aborted, and those aborted since the daemon started.
   groupPublishesOpen @21 :UInt64;
   groupPublishesAborted @22 :UInt64;
+  # Memory the store's RocksDB holds: its block cache (in use, capacity),
+  # its memtables, and its table readers' indexes and filters.
+  blockCacheUsedBytes @23 :UInt64;
+  blockCacheCapacityBytes @24 :UInt64;
+  memtableBytes @25 :UInt64;
+  tableReaderBytes @26 :UInt64;
+  # The daemon process: resident set; the allocator's bytes in use and
+  # freed but kept.
+  rssBytes @27 :UInt64;
+  heapInUseBytes @28 :UInt64;
+  heapFreeBytes @29 :UInt64;
 }
 
 # The shared tier on a Redis Cluster (docs/cluster.md), as one daemon saw it.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "ipc/process_memory.h"
 #include "ipc/session.h"
 #include "ipc/wire.h"
 
@@ -74,6 +75,7 @@ Answer Session::OnStat(const Incoming& in) {
     d.publishes_in_flight = counters_->publishes_in_flight.load();
     d.uncommitted_bytes = counters_->uncommitted_bytes.load();
     d.fetch_window_waits = counters_->fetch_window_waits.load();
+    AddProcessMemory(&d);
     if (remote_stats_) d.remote = remote_stats_();
     return BuildResponse(id, [&](wire::Response::Builder r) { WriteDaemonStats(d, r.initStat()); });
   });

@@ -250,10 +250,17 @@ void WriteDaemonStats(const DaemonStats& d, wire::StatReply::Builder w) {
   w.setGroupPublishesOpen(s.group_publishes_open);
   w.setGroupPublishesAborted(s.group_publishes_aborted);
   w.setWriteError(s.write_error);
+  w.setBlockCacheUsedBytes(s.block_cache_used_bytes);
+  w.setBlockCacheCapacityBytes(s.block_cache_capacity_bytes);
+  w.setMemtableBytes(s.memtable_bytes);
+  w.setTableReaderBytes(s.table_reader_bytes);
   w.setConnections(d.connections);
   w.setPublishesInFlight(d.publishes_in_flight);
   w.setUncommittedBytes(d.uncommitted_bytes);
   w.setFetchWindowWaits(d.fetch_window_waits);
+  w.setRssBytes(d.rss_bytes);
+  w.setHeapInUseBytes(d.heap_in_use_bytes);
+  w.setHeapFreeBytes(d.heap_free_bytes);
   if (d.remote.has_value()) WriteRemoteStats(*d.remote, w.initRemote());
 }
 
@@ -278,10 +285,17 @@ DaemonStats ReadDaemonStats(wire::StatReply::Reader r) {
   s.group_publishes_open = r.getGroupPublishesOpen();
   s.group_publishes_aborted = r.getGroupPublishesAborted();
   s.write_error = Str(r.getWriteError());
+  s.block_cache_used_bytes = r.getBlockCacheUsedBytes();
+  s.block_cache_capacity_bytes = r.getBlockCacheCapacityBytes();
+  s.memtable_bytes = r.getMemtableBytes();
+  s.table_reader_bytes = r.getTableReaderBytes();
   d.connections = r.getConnections();
   d.publishes_in_flight = r.getPublishesInFlight();
   d.uncommitted_bytes = r.getUncommittedBytes();
   d.fetch_window_waits = r.getFetchWindowWaits();
+  d.rss_bytes = r.getRssBytes();
+  d.heap_in_use_bytes = r.getHeapInUseBytes();
+  d.heap_free_bytes = r.getHeapFreeBytes();
   if (r.hasRemote()) d.remote = ReadRemoteStats(r.getRemote());
   return d;
 }

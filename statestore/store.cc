@@ -218,7 +218,22 @@ Result<StoreStats> LocalStore::Stat() {
     }
   }
   if (auto seg = impl_->SegmentDiskBytes(); seg.ok()) st.disk_bytes += *seg;
+  impl_->AddRocksMemory(&st);
   return st;
+}
+
+void LocalStore::Impl::AddRocksMemory(StoreStats* st) const {
+  if (block_cache != nullptr) {
+    st->block_cache_used_bytes = block_cache->GetUsage();
+    st->block_cache_capacity_bytes = block_cache->GetCapacity();
+  }
+  if (db == nullptr) return;
+  // Summed over the column families; a property RocksDB cannot give stays 0.
+  std::uint64_t v = 0;
+  if (db->GetAggregatedIntProperty(rocksdb::DB::Properties::kSizeAllMemTables, &v)) st->memtable_bytes = v;
+  if (db->GetAggregatedIntProperty(rocksdb::DB::Properties::kEstimateTableReadersMem, &v)) {
+    st->table_reader_bytes = v;
+  }
 }
 
 // ---- sightings (admission) -------------------------------------------------------------

@@ -222,6 +222,8 @@ struct LocalStore::Impl {
   Status RecoverSegments() REQUIRES(write_mu);
   Status LoadSegments() REQUIRES(write_mu);
   Result<std::uint64_t> SegmentDiskBytes();
+  // Sets the RocksDB memory fields of `st` (block cache, memtables, table readers).
+  void AddRocksMemory(StoreStats* st) const;
   // Whether `bytes`, the chunk at extent `e`, match their address `h`;
   // kCorruption naming the chunk, its segment and offset when not.
   static Status CheckAddress(std::span<const std::byte> bytes, const Hash128& h, const statestore_internal::Extent& e);

@@ -161,6 +161,17 @@ struct StoreStats {
   // Set while writes are refused after a failed write (a full disk): why, in
   // words; empty when writes go on. Reads are served either way.
   std::string write_error;
+  // Memory the store's RocksDB holds, as RocksDB counts it: its block cache
+  // (blocks of the metadata tables, their indexes and filters, and the
+  // memtables' share: at most block_cache_capacity_bytes, the store's
+  // StoreOptions::block_cache_bytes), its memtables (records written and not
+  // yet flushed, the active and the immutable ones; at most
+  // StoreOptions::memtable_bytes, charged to the cache), and its table
+  // readers' own memory outside the cache.
+  std::uint64_t block_cache_used_bytes = 0;
+  std::uint64_t block_cache_capacity_bytes = 0;
+  std::uint64_t memtable_bytes = 0;
+  std::uint64_t table_reader_bytes = 0;
 };
 
 // The daemon's remote tier on a Redis Cluster (docs/cluster.md), counted
@@ -202,6 +213,12 @@ struct DaemonStats {
   std::uint64_t fetch_window_waits = 0;
   // Absent when the daemon runs without a remote tier.
   std::optional<RemoteStats> remote;
+  // The daemon process's memory: its resident set, and what glibc's
+  // allocator holds: bytes in use, and bytes freed but kept in its arenas
+  // (not given back to the system; part of the resident set).
+  std::uint64_t rss_bytes = 0;
+  std::uint64_t heap_in_use_bytes = 0;
+  std::uint64_t heap_free_bytes = 0;
 };
 
 // What a store-wide consistency check found (Store::CheckStore, Client::CheckStore).

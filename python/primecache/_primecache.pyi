@@ -234,6 +234,10 @@ class StoreStats:
     byte_budget: int
     disk_bytes: int
     staged_bytes: int
+    block_cache_used_bytes: int
+    block_cache_capacity_bytes: int
+    memtable_bytes: int
+    table_reader_bytes: int
     write_error: str
 
 class RemoteStats:
@@ -262,6 +266,9 @@ class DaemonStats:
     publishes_in_flight: int
     uncommitted_bytes: int
     fetch_window_waits: int
+    rss_bytes: int
+    heap_in_use_bytes: int
+    heap_free_bytes: int
     remote: Optional[RemoteStats]
 
 class ChunkRecord:

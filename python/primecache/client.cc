@@ -90,6 +90,10 @@ void BindStats(py::module_& m) {
       .def_readonly("byte_budget", &StoreStats::byte_budget)
       .def_readonly("disk_bytes", &StoreStats::disk_bytes)
       .def_readonly("staged_bytes", &StoreStats::staged_bytes)
+      .def_readonly("block_cache_used_bytes", &StoreStats::block_cache_used_bytes)
+      .def_readonly("block_cache_capacity_bytes", &StoreStats::block_cache_capacity_bytes)
+      .def_readonly("memtable_bytes", &StoreStats::memtable_bytes)
+      .def_readonly("table_reader_bytes", &StoreStats::table_reader_bytes)
       .def_readonly("write_error", &StoreStats::write_error);
   FieldRepr(store, {"entries", "chunks", "stored_bytes", "hits", "misses", "evictions"});
   py::class_<RemoteStats> remote(m, "RemoteStats", "The daemon's remote tier (docs/cluster.md).");
@@ -117,6 +121,9 @@ void BindStats(py::module_& m) {
       .def_readonly("publishes_in_flight", &DaemonStats::publishes_in_flight)
       .def_readonly("uncommitted_bytes", &DaemonStats::uncommitted_bytes)
       .def_readonly("fetch_window_waits", &DaemonStats::fetch_window_waits)
+      .def_readonly("rss_bytes", &DaemonStats::rss_bytes)
+      .def_readonly("heap_in_use_bytes", &DaemonStats::heap_in_use_bytes)
+      .def_readonly("heap_free_bytes", &DaemonStats::heap_free_bytes)
       .def_readonly("remote", &DaemonStats::remote);
   FieldRepr(daemon, {"store", "connections", "publishes_in_flight"});
 }

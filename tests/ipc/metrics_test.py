@@ -187,6 +187,15 @@ class MetricsEndpointTest(unittest.TestCase):
                                 - value(values, "primecache_dedup_saved_bytes") - 1)
         self.assertGreater(value(values, "primecache_raw_bytes"), 0)
         self.assertGreater(value(values, "primecache_disk_bytes"), 0)
+        # Memory (docs/operations.md "Memory"): no --capacity, so the default
+        # 256 MiB cache, with a quarter of it for the memtables charged to it.
+        self.assertEqual(value(values, "primecache_block_cache_capacity_bytes"), 256 << 20)
+        self.assertGreater(value(values, "primecache_memtable_bytes"), 0)
+        self.assertGreaterEqual(value(values, "primecache_block_cache_used_bytes"),
+                                value(values, "primecache_memtable_bytes") / 2)
+        self.assertLessEqual(value(values, "primecache_block_cache_used_bytes"), 256 << 20)
+        self.assertGreater(value(values, "primecache_heap_in_use_bytes"), 0)
+        self.assertGreater(value(values, "primecache_resident_bytes"), value(values, "primecache_heap_in_use_bytes") / 2)
         for zero in ("primecache_evictions_total", "primecache_admission_refusals_total",
                      "primecache_quarantined_entries", "primecache_active_leases", "primecache_publishes_in_flight",
                      "primecache_publish_uncommitted_bytes", "primecache_store_writes_refused",

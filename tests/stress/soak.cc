@@ -162,14 +162,22 @@ client::ClientOptions Soak::AdminOptions() const {
   return opts;
 }
 
-// "N entries, S MiB stored, D MiB on disk, E evicted".
+// "N entries, S MiB stored, D MiB on disk, E evicted; memory: block cache
+// C of K MiB (memtables M MiB), heap H MiB in use, F MiB free": where the
+// daemon's memory goes, part by part (docs/operations.md "Memory").
 std::string Soak::StoreLine(client::Client* admin) {
   auto st = admin != nullptr ? admin->Stat() : Result<client::DaemonStats>(Status::Unavailable("no admin client"));
   if (!st.ok()) return "store stats: " + st.status().ToString();
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%llu entries, %.1f MiB stored, %.1f MiB on disk, %llu evicted", U(st->store.entries),
-                static_cast<double>(st->store.stored_bytes) / (1 << 20), static_cast<double>(st->store.disk_bytes) / (1 << 20),
-                U(st->store.evictions));
+  const auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1 << 20); };
+  const StoreStats& s = st->store;
+  char buf[320];
+  std::snprintf(
+      buf, sizeof buf,
+      "%llu entries, %.1f MiB stored, %.1f MiB on disk, %llu evicted; memory: block cache %.1f of %.0f MiB "
+      "(memtables %.1f MiB), heap %.1f MiB in use, %.1f MiB free",
+      U(s.entries), mib(s.stored_bytes), mib(s.disk_bytes), U(s.evictions), mib(s.block_cache_used_bytes),
+      mib(s.block_cache_capacity_bytes), mib(s.memtable_bytes), mib(st->heap_in_use_bytes),
+      mib(st->heap_free_bytes));
   return buf;
 }
 

@@ -51,6 +51,9 @@ void AddDaemonRows(const DaemonStats& s, std::vector<std::vector<std::string>>* 
                                  std::to_string(s.publishes_in_flight) + " publishes in flight (" +
                                  HumanBytes(s.uncommitted_bytes) + " uncommitted), " +
                                  std::to_string(s.fetch_window_waits) + " fetch window waits"});
+  rows->push_back({"daemon memory", HumanBytes(s.rss_bytes) + " resident; heap " +
+                                        HumanBytes(s.heap_in_use_bytes) + " in use, " +
+                                        HumanBytes(s.heap_free_bytes) + " free but kept"});
   if (s.remote.has_value()) {
     AddRemoteRows(*s.remote, rows);
   } else {
@@ -75,7 +78,10 @@ int Stats(Target& access, const Output& out) {
     daemon = {{"connections", s->connections},
               {"publishes_in_flight", s->publishes_in_flight},
               {"uncommitted_bytes", s->uncommitted_bytes},
-              {"fetch_window_waits", s->fetch_window_waits}};
+              {"fetch_window_waits", s->fetch_window_waits},
+              {"rss_bytes", s->rss_bytes},
+              {"heap_in_use_bytes", s->heap_in_use_bytes},
+              {"heap_free_bytes", s->heap_free_bytes}};
   }
   out.Json({{"source", access.where},
             {"entries", st.entries},
@@ -94,6 +100,10 @@ int Stats(Target& access, const Output& out) {
             {"active_leases", st.active_leases},
             {"capacity_bytes", st.byte_budget},
             {"disk_bytes", st.disk_bytes},
+            {"block_cache_used_bytes", st.block_cache_used_bytes},
+            {"block_cache_capacity_bytes", st.block_cache_capacity_bytes},
+            {"memtable_bytes", st.memtable_bytes},
+            {"table_reader_bytes", st.table_reader_bytes},
             {"daemon", daemon},
             {"remote", RemoteStatsJson(s->remote)}});
   char rate[32] = "n/a";
@@ -103,15 +113,20 @@ int Stats(Target& access, const Output& out) {
   std::vector<std::vector<std::string>> rows = {
       {"entries", std::to_string(st.entries) + " (" + std::to_string(st.quarantined) + " quarantined)"},
       {"chunks", std::to_string(st.chunks)},
-      {"stored", HumanBytes(st.stored_bytes) + (st.byte_budget > 0 ? " of " + HumanBytes(st.byte_budget) + " budget"
-                                                                        : " (no budget)")},
+      {"stored", HumanBytes(st.stored_bytes) +
+                     (st.byte_budget > 0 ? " of " + HumanBytes(st.byte_budget) + " budget" : " (no budget)")},
       {"raw (decoded)", HumanBytes(st.raw_bytes)},
       {"dedup savings", HumanBytes(st.dedup_saved_bytes) + " (" + ratio + ")"},
       {"on disk", HumanBytes(st.disk_bytes)},
-      {"lookups", std::to_string(st.hits) + " hits, " + std::to_string(st.misses) + " misses, hit rate " + rate},
+      {"lookups",
+       std::to_string(st.hits) + " hits, " + std::to_string(st.misses) + " misses, hit rate " + rate},
       {"evictions", std::to_string(st.evictions)},
       {"admission refusals", std::to_string(st.admission_refusals)},
-      {"leases held", std::to_string(st.active_leases)}};
+      {"leases held", std::to_string(st.active_leases)},
+      {"rocksdb memory", HumanBytes(st.block_cache_used_bytes) + " of " +
+                             HumanBytes(st.block_cache_capacity_bytes) + " block cache (" +
+                             HumanBytes(st.memtable_bytes) + " memtables charged to it), " +
+                             HumanBytes(st.table_reader_bytes) + " table readers"}};
   if ((access.daemon != nullptr)) AddDaemonRows(*s, &rows);
   out.Line(RenderTable({"STORE", access.where}, rows));
   return kExitOk;
