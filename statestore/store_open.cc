@@ -6,6 +6,7 @@
 #include <rocksdb/convenience.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/table.h>
+#include <rocksdb/write_buffer_manager.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -35,6 +36,10 @@ rocksdb::BlockBasedTableOptions TableOptions(const std::shared_ptr<rocksdb::Cach
   t.block_size = block_size;
   t.checksum = rocksdb::kXXH3;
   t.format_version = 5;
+  // Indexes and filters live in the cache, so that the cache bounds them
+  // too; the newest tables' stay there, so a lookup never waits on them.
+  t.cache_index_and_filter_blocks = true;
+  t.pin_l0_filter_and_index_blocks_in_cache = true;
   if (bloom) {
     t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
     t.whole_key_filtering = true;
@@ -130,6 +135,11 @@ Result<std::unique_ptr<LocalStore>> LocalStore::Impl::Open(StoreOptions options,
     return Invalid("block_tokens must be in [1, 65536]");
   }
   if (options.segment_bytes < (1u << 20)) return Invalid("segment_bytes must be at least 1 MiB");
+  if (options.block_cache_bytes < (1u << 20)) return Invalid("block_cache_bytes must be at least 1 MiB");
+  if (options.memtable_bytes < (1u << 20) || options.memtable_bytes > options.block_cache_bytes) {
+    return Invalid(
+        "memtable_bytes must be at least 1 MiB and at most block_cache_bytes (the cache it is charged to)");
+  }
   if (options.max_chunk_bytes == 0 || options.max_chunk_bytes > StoreLimits::kMaxChunkBytes) {
     return Invalid("max_chunk_bytes must be in [1, 1 GiB]");
   }
@@ -316,7 +326,9 @@ rocksdb::DBOptions LocalStore::Impl::SetUpRocks() {
   dbo.max_background_jobs = 4;
   dbo.delayed_write_rate = 1ull << 30;  // when RocksDB must slow writers, not to its 16 MiB/s default
   dbo.paranoid_checks = true;
-  dbo.db_write_buffer_size = 512ull << 20;
+  // The memtables are flushed past memtable_bytes, and their memory is
+  // charged to the block cache, which bounds both together.
+  dbo.write_buffer_manager = std::make_shared<rocksdb::WriteBufferManager>(opts.memtable_bytes, block_cache);
   dbo.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
   dbo.avoid_flush_during_shutdown = true;
   // Replayed WAL records stay in the memtable instead of being flushed at

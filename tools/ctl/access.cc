@@ -125,6 +125,7 @@ Result<Target> OpenTarget(const AccessOptions& o, bool* fell_back) {
   so.read_only = true;
   so.create_if_missing = false;
   so.block_cache_bytes = 32ull << 20;
+  so.memtable_bytes = 8ull << 20;
   auto store = LocalStore::Open(so);
   if (!store.ok()) {
     if (store.status().IsNotFound()) {

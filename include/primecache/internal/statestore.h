@@ -136,7 +136,14 @@ struct StoreOptions {
   // A segment file is sealed (never appended to again) once a commit takes
   // it past this many bytes; concurrent publishers write different segments.
   std::uint64_t segment_bytes = 256ull << 20;
+  // RocksDB's memory (docs/operations.md "Memory"): one LRU cache of this
+  // many bytes holds the metadata tables' blocks, their indexes and filters,
+  // and is charged for the memtables, which are flushed once they pass
+  // memtable_bytes (and are then at most a little over it while the flush
+  // runs). Together they bound what the store's RocksDB holds, whatever the
+  // store's size or churn.
   std::uint64_t block_cache_bytes = 256ull << 20;
+  std::uint64_t memtable_bytes = 64ull << 20;
   // Fetch reads chunks ahead of the sink, in parallel on a pool of this many
   // threads shared by every fetch (0: one chunk at a time, on the caller's
   // thread), at most fetch_read_ahead chunks and, past the first,
