@@ -43,6 +43,7 @@
 #include "remote/credentials.h"
 #include "remote/tiered_store.h"
 #include "tools/primecached/config.h"
+#include "tools/primecached/memory_trim.h"
 #include "tools/primecached/service.h"
 #include "tools/primecached/store_open.h"
 
@@ -97,6 +98,9 @@ struct Flags {
   std::size_t read_threads = std::clamp<std::size_t>(std::thread::hardware_concurrency() / 2, 4, 16);
   bool direct_reads = false;
   std::string read_ahead = "64M";
+  std::string block_cache = "auto";
+  std::string memtables = "auto";
+  int trim_interval = 10;  // seconds between malloc_trim calls; 0: never
   std::uint32_t max_publishes = 4;
   std::string max_chunk = "4M";
   std::string write_queue = "8M";
@@ -232,6 +236,16 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_flag("--direct-reads", f->direct_reads,
                 "read chunks that are not in the page cache with O_DIRECT (for stores much larger than memory)");
   app->add_option("--read-ahead", f->read_ahead, "bytes a fetch reads ahead of what it has sent (default 64M)");
+  app->add_option("--block-cache", f->block_cache,
+                  "bytes of the store's metadata cache, which the memtables are charged to (default auto: a "
+                  "quarter of --capacity, 32M to 256M; 256M without a capacity)");
+  app->add_option(
+         "--trim-interval", f->trim_interval,
+         "seconds between returns of the allocator's free pages to the system (0: never; default 10)")
+      ->check(CLI::Range(0, 86400));
+  app->add_option("--memtables", f->memtables,
+                  "bytes of unflushed metadata writes before a flush, at most --block-cache (default auto: a "
+                  "quarter of the block cache)");
   app->add_option("--max-publishes", f->max_publishes, "publishes in flight per client")->check(CLI::Range(1, 1024));
   app->add_option("--max-chunk", f->max_chunk, "largest chunk a message may carry, e.g. 4M");
   app->add_option("--write-queue", f->write_queue, "unwritten bytes per connection before fetches pause (default 8M)");
@@ -426,6 +440,14 @@ Result<primecache::daemon::StoreConfig> StoreConfigFrom(const Flags& f, std::uin
   sc.read_threads = f.read_threads;
   sc.direct_reads = f.direct_reads;
   PC_ASSIGN_OR_RETURN(sc.read_ahead_bytes, ParseBytes(f.read_ahead));
+  sc.block_cache_bytes = primecache::daemon::DefaultBlockCacheBytes(capacity);
+  if (f.block_cache != "auto") {
+    PC_ASSIGN_OR_RETURN(sc.block_cache_bytes, ParseBytes(f.block_cache));
+  }
+  sc.memtable_bytes = sc.block_cache_bytes / 4;
+  if (f.memtables != "auto") {
+    PC_ASSIGN_OR_RETURN(sc.memtable_bytes, ParseBytes(f.memtables));
+  }
   PC_RETURN_IF_ERROR(primecache::ParseEvictionPolicy(f.eviction, &sc.eviction));
   PC_RETURN_IF_ERROR(primecache::ParseAdmission(f.admission, &sc.eviction));
   sc.eviction.utility_alpha = f.utility_alpha;
@@ -503,6 +525,7 @@ int main(int argc, char** argv) {
 
   int rc = 0;
   {
+    primecache::daemon::MemoryTrimmer trimmer{std::chrono::seconds(f.trim_interval)};
     auto server = primecache::ipc::Server::Create(store->get(), *std::move(opts));
     if (!server.ok()) return Fail(server.status());
     primecache::Store* backend = store->get();

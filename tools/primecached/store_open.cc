@@ -11,6 +11,11 @@
 
 namespace primecache::daemon {
 
+std::uint64_t DefaultBlockCacheBytes(std::uint64_t capacity_bytes) {
+  constexpr std::uint64_t kMin = 32ull << 20, kMax = 256ull << 20;
+  return capacity_bytes == 0 ? kMax : std::clamp(capacity_bytes / 4, kMin, kMax);
+}
+
 Result<std::unique_ptr<LocalStore>> OpenStore(const StoreConfig& config) {
   // The data directory itself is made private (its sockets keep their own
   // modes); the store makes its own directory and files private.
@@ -31,6 +36,10 @@ Result<std::unique_ptr<LocalStore>> OpenStore(const StoreConfig& config) {
   o.direct_reads = config.direct_reads;
   o.fetch_read_ahead_bytes = config.read_ahead_bytes;
   o.fetch_read_ahead = std::clamp<std::size_t>(config.read_ahead_bytes >> 17, 16, 1024);
+  o.block_cache_bytes = config.block_cache_bytes;
+  o.memtable_bytes = config.memtable_bytes;
+  spdlog::info("primecached: metadata memory: a {} MiB block cache, {} MiB of memtables charged to it",
+               o.block_cache_bytes >> 20, o.memtable_bytes >> 20);
   o.eviction = config.eviction;
   return LocalStore::Open(std::move(o));
 }

@@ -29,9 +29,18 @@ struct StoreConfig {
   // How far a fetch reads ahead of its sink (StoreOptions::fetch_read_ahead_bytes;
   // the chunk count follows: one per 128 KiB, 16 to 1024).
   std::uint64_t read_ahead_bytes = 64ull << 20;
+  // RocksDB's memory: its cache, and the memtables charged to it
+  // (StoreOptions::block_cache_bytes, memtable_bytes).
+  std::uint64_t block_cache_bytes = 256ull << 20;
+  std::uint64_t memtable_bytes = 64ull << 20;
   // Eviction and admission (docs/protocol.md "Daemon options").
   EvictionOptions eviction;
 };
+
+// The block cache a store of this byte budget gets unless told (0: no
+// budget): a quarter of it, 32 MiB to 256 MiB, since the metadata is a small
+// share of what it describes.
+std::uint64_t DefaultBlockCacheBytes(std::uint64_t capacity_bytes);
 
 // The store the daemon serves, in data_dir/store (the data directory made
 // private first), checking layers with the codecs' validator.
