@@ -191,12 +191,7 @@ Status ClusterClient::Impl::RunBatch(std::vector<BatchOp>& ops) {
       n_.retries.fetch_add(1, std::memory_order_relaxed);
       Pause(tries);
     }
-    if (moved || lost) {
-      if (Status refreshed = Refresh(); refreshed.code() == StatusCode::kFailedPrecondition) {
-        NoteFailure();
-        return refreshed;
-      }
-    }
+    if (moved || lost) PC_RETURN_IF_ERROR(RefreshUnlessRefused());
   }
   breaker_.Success();
   return Status::Ok();

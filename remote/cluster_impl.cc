@@ -112,6 +112,13 @@ Status ClusterClient::Impl::LoadSlotsFrom(const Endpoint& at) {
   return Status::Ok();
 }
 
+Status ClusterClient::Impl::RefreshUnlessRefused() {
+  Status refreshed = Refresh();
+  if (refreshed.code() != StatusCode::kFailedPrecondition) return Status::Ok();
+  NoteFailure();
+  return refreshed;
+}
+
 Status ClusterClient::Impl::Refresh() {
   MutexLock l(&refresh_mu_);
   // The primaries we know first (a failed-over map is news they have), then the seeds.
@@ -186,10 +193,7 @@ Result<ReplyPtr> ClusterClient::Impl::Routed(std::string_view key, const std::ve
     }
     n_.retries.fetch_add(1, std::memory_order_relaxed);
     Pause(tries);
-    if (Status refreshed = Refresh(); refreshed.code() == StatusCode::kFailedPrecondition) {
-      NoteFailure();
-      return refreshed;
-    }
+    PC_RETURN_IF_ERROR(RefreshUnlessRefused());
     to = Owner(key);
     asking = false;
   }

@@ -81,6 +81,10 @@ class ClusterClient::Impl {
 
   const ClusterOptions& options() const { return options_; }
   Status Refresh();
+  // Refresh after a failed command: a refusal of our credentials (AUTH, ACL:
+  // kFailedPrecondition) is counted as a failure and returned, since asking
+  // again cannot help; any other refresh error is left to the retries.
+  Status RefreshUnlessRefused();
   std::vector<Endpoint> Primaries() const;
   Result<Endpoint> Owner(std::string_view key) const;
 

@@ -19,27 +19,20 @@
 // corrupt bit [bytes cut from the end] and 3-byte records [offset u16][xor].
 // flags: bit 0 LookupAndFetch (else Lookup), bit 1 ask for the branch point,
 // bit 2 corrupt, bit 3 skip_parted_hits.
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ipc/framing.h"
 #include "ipc/wire.h"
 #include "primecache/client.h"
+#include "tests/ipc/crafted_server.h"
 
 namespace {
 
@@ -82,49 +75,15 @@ class Reader {
 
 class CraftedDaemon {
  public:
-  CraftedDaemon() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "pclookup-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) std::abort();
-    path_ = tmpl + "/crafted.sock";
-    listen_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::memcpy(a.sun_path, path_.c_str(), path_.size() + 1);
-    if (bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(listen_, 4) != 0)
-      std::abort();
-    std::thread([this] { Serve(); }).detach();  // lives as long as the process
-  }
-  const std::string& path() const { return path_; }
+  CraftedDaemon() : server_([this](int fd, ipc::Frame& f) { return Answer(fd, f); }) {}
+  const std::string& path() const { return server_.path(); }
   void Set(Script s) {
     std::lock_guard<std::mutex> lock(mu_);
     script_ = std::move(s);
   }
 
  private:
-  void Serve() {
-    for (;;) {
-      const int fd = accept(listen_, nullptr, nullptr);
-      if (fd < 0) continue;
-      Talk(fd);
-      close(fd);
-    }
-  }
-  void Talk(int fd) {
-    ipc::FrameDecoder dec({});
-    std::vector<ipc::Frame> frames;
-    for (;;) {
-      auto buf = dec.ReadBuffer();
-      const ssize_t n = recv(fd, buf.data(), buf.size(), 0);
-      if (n <= 0 || !dec.Consume(static_cast<std::size_t>(n), &frames).ok()) return;
-      for (ipc::Frame& f : frames) {
-        if (!Answer(fd, f)) return;
-      }
-      frames.clear();
-    }
-  }
-  static void Put(int fd, const std::vector<std::byte>& bytes) {
-    (void)send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-  }
+  using Server = primecache::testing::CraftedServer;
   static void SetReply(wire::LookupReply::Builder h, const Script& s) {
     h.setFound(s.found);
     h.setLength(s.length);
@@ -146,15 +105,7 @@ class CraftedDaemon {
       s = script_;
     }
     if (q.which() == wire::Request::HELLO) {
-      Put(fd, ipc::Flatten(*ipc::BuildResponse(id, [](wire::Response::Builder r) {
-            auto h = r.initHello();
-            h.setVersion(ipc::kMaxProtocolVersion);
-            h.setServer("crafted");
-            h.setMaxMessageBytes(1u << 20);
-            h.setMaxChunkBytes(1u << 20);
-            h.setMaxPublishesInFlight(1);
-            h.setFetchByQuery(true);
-          })));
+      Server::PutHello(fd, id, 1u << 20, /*fetch_by_query=*/true, /*device_copies=*/false);
       return true;
     }
     const bool lookup = q.which() == wire::Request::LOOKUP;
@@ -166,20 +117,19 @@ class CraftedDaemon {
       for (const auto& [at, x] : s.flips) {
         if (!reply.empty()) reply[at % reply.size()] ^= static_cast<std::byte>(x);
       }
-      Put(fd, reply);
+      Server::Put(fd, reply);
       return false;
     }
-    Put(fd, reply);
+    Server::Put(fd, reply);
     if (!lookup) {
-      Put(fd, ipc::Flatten(*ipc::BuildResponse(id, [](wire::Response::Builder r) { r.initFetchDone(); })));
+      Server::Put(fd, *ipc::BuildResponse(id, [](wire::Response::Builder r) { r.initFetchDone(); }));
     }
     return true;
   }
 
-  std::string path_;
-  int listen_ = -1;
   std::mutex mu_;
   Script script_;
+  Server server_;  // last: its thread stops before the rest goes
 };
 
 struct World {

@@ -4,16 +4,11 @@
 // the client refuses each before any callback sees it; a well-formed extent
 // reaches on_device_extent whole.
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <filesystem>
 #include <functional>
-#include <thread>
 
+#include "tests/ipc/crafted_server.h"
 #include "tests/ipc/daemon_harness.h"
 
 namespace primecache::testing {
@@ -45,22 +40,11 @@ class CraftedDaemon {
   // `fetch_by_query` false: as an older daemon, which says nothing of it in
   // its hello and answers a lookup of query q with entry q[0], length 1.
   explicit CraftedDaemon(std::function<Crafted(std::uint64_t)> script, bool fetch_by_query = true)
-      : script_(std::move(script)), fetch_by_query_(fetch_by_query), dir_(MakeTempDir()), path_(dir_ + "/crafted.sock") {
-    listen_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::memcpy(a.sun_path, path_.c_str(), path_.size() + 1);
-    if (bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(listen_, 4) != 0) std::abort();
-    thread_ = std::thread([this] { Serve(); });
-  }
-  ~CraftedDaemon() {
-    stop_ = true;
-    shutdown(listen_, SHUT_RDWR);
-    thread_.join();
-    close(listen_);
-    std::filesystem::remove_all(dir_);
-  }
-  const std::string& path() const { return path_; }
+      : script_(std::move(script)), fetch_by_query_(fetch_by_query), server_([this](int fd, ipc::Frame& f) {
+          Answer(fd, f);
+          return true;
+        }) {}
+  const std::string& path() const { return server_.path(); }
   // The length of the hit a lookup is answered (1 by default).
   void AnswerLookupsWithLength(std::uint32_t n) { lookup_length_ = n; }
   // Lookups, and fetches by query, it was sent.
@@ -68,48 +52,13 @@ class CraftedDaemon {
   int queries() const { return queries_; }
 
  private:
-  void Serve() {
-    while (!stop_) {
-      pollfd pf{listen_, POLLIN, 0};
-      if (poll(&pf, 1, 100) != 1) continue;
-      const int fd = accept(listen_, nullptr, nullptr);
-      if (fd < 0) continue;
-      Talk(fd);
-      close(fd);
-    }
-  }
-  void Talk(int fd) {
-    ipc::FrameDecoder dec({});
-    std::vector<ipc::Frame> frames;
-    while (!stop_) {
-      pollfd pf{fd, POLLIN, 0};
-      if (poll(&pf, 1, 100) != 1) continue;
-      auto buf = dec.ReadBuffer();
-      const ssize_t n = recv(fd, buf.data(), buf.size(), 0);
-      if (n <= 0 || !dec.Consume(static_cast<std::size_t>(n), &frames).ok()) return;
-      for (ipc::Frame& f : frames) Answer(fd, f);
-      frames.clear();
-    }
-  }
-  static void Put(int fd, const ipc::OutMessage& m) {
-    const auto flat = ipc::Flatten(m);
-    (void)send(fd, flat.data(), flat.size(), MSG_NOSIGNAL);
-  }
+  static void Put(int fd, const ipc::OutMessage& m) { CraftedServer::Put(fd, m); }
   void Answer(int fd, ipc::Frame& f) {
     auto rd = f.Reader({});
     auto q = rd->getRoot<wire::Request>();
     const std::uint64_t id = q.getId();
     if (q.which() == wire::Request::HELLO) {
-      Put(fd, *ipc::BuildResponse(id, [this](wire::Response::Builder r) {
-        auto h = r.initHello();
-        h.setVersion(ipc::kMaxProtocolVersion);
-        h.setServer("crafted");
-        h.setMaxMessageBytes(64u << 20);
-        h.setMaxChunkBytes(64u << 20);
-        h.setMaxPublishesInFlight(1);
-        h.setDeviceCopies(true);
-        h.setFetchByQuery(fetch_by_query_);
-      }));
+      CraftedServer::PutHello(fd, id, 64u << 20, fetch_by_query_, /*device_copies=*/true);
     } else if (q.which() == wire::Request::LOOKUP) {
       auto tokens = q.getLookup().getQuery().getTokens();
       ++lookups_;
@@ -174,12 +123,9 @@ class CraftedDaemon {
 
   std::function<Crafted(std::uint64_t)> script_;
   const bool fetch_by_query_;
-  const std::string dir_, path_;
-  int listen_ = -1;
-  std::atomic<bool> stop_{false};
   std::atomic<int> lookups_{0}, queries_{0};
   std::atomic<std::uint32_t> lookup_length_{1};
-  std::thread thread_;
+  CraftedServer server_;  // last: its thread stops before the rest goes
 };
 
 // A client of `d` that tries once (a refused reply must not be retried
