@@ -199,6 +199,20 @@ void AddRemoteAndMetricsFlags(CLI::App* app, Flags* f) {
                 "let --metrics-listen name an address beyond loopback (the endpoint has no authentication)");
 }
 
+// The daemon's memory (docs/operations.md "Memory").
+void AddMemoryFlags(CLI::App* app, Flags* f) {
+  app->add_option("--block-cache", f->block_cache,
+                  "bytes of the store's metadata cache, which the memtables are charged to (default auto: a "
+                  "quarter of --capacity, 32M to 256M; 256M without a capacity)");
+  app->add_option("--memtables", f->memtables,
+                  "bytes of unflushed metadata writes before a flush, at most --block-cache (default auto: a "
+                  "quarter of the block cache)");
+  app->add_option(
+         "--trim-interval", f->trim_interval,
+         "seconds between returns of the allocator's free pages to the system (0: never; default 10)")
+      ->check(CLI::Range(0, 86400));
+}
+
 void AddFlags(CLI::App* app, Flags* f) {
   primecache::daemon::UseJsonConfig(app, "--config",
                                     "JSON config file: the long flags as keys (docs/operations.md); flags win");
@@ -215,6 +229,7 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--data-dir", f->data_dir,
                   "store directory (default $XDG_DATA_HOME/primecache); made private (0700, files 0600) at start");
   AddBudgetFlags(app, f);
+  AddMemoryFlags(app, f);
   app->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|critical|off");
   app->add_option("--socket-group", f->socket_group, "group allowed on the socket (mode 0660 instead of 0600)");
   app->add_option("--tcp-port", f->tcp_port, "also listen on 127.0.0.1:PORT (0 picks one; no shared memory)");
@@ -235,17 +250,8 @@ void AddFlags(CLI::App* app, Flags* f) {
       ->check(CLI::Range(0, 256));
   app->add_flag("--direct-reads", f->direct_reads,
                 "read chunks that are not in the page cache with O_DIRECT (for stores much larger than memory)");
-  app->add_option("--read-ahead", f->read_ahead, "bytes a fetch reads ahead of what it has sent (default 64M)");
-  app->add_option("--block-cache", f->block_cache,
-                  "bytes of the store's metadata cache, which the memtables are charged to (default auto: a "
-                  "quarter of --capacity, 32M to 256M; 256M without a capacity)");
-  app->add_option(
-         "--trim-interval", f->trim_interval,
-         "seconds between returns of the allocator's free pages to the system (0: never; default 10)")
-      ->check(CLI::Range(0, 86400));
-  app->add_option("--memtables", f->memtables,
-                  "bytes of unflushed metadata writes before a flush, at most --block-cache (default auto: a "
-                  "quarter of the block cache)");
+  app->add_option("--read-ahead", f->read_ahead,
+                  "bytes a fetch reads ahead of what it has sent (default 64M)");
   app->add_option("--max-publishes", f->max_publishes, "publishes in flight per client")->check(CLI::Range(1, 1024));
   app->add_option("--max-chunk", f->max_chunk, "largest chunk a message may carry, e.g. 4M");
   app->add_option("--write-queue", f->write_queue, "unwritten bytes per connection before fetches pause (default 8M)");
