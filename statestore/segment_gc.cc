@@ -4,7 +4,9 @@
 // address, into a new segment, which is synced; one batch then repoints
 // their records and replaces the segment records; the old file is unlinked
 // last. A crash before the batch leaves an unrecorded new file (deleted at
-// open); after it, an unrecorded old file (deleted at open too).
+// open); after it, an unrecorded old file (deleted at open too). A batch
+// whose write fails may still be in the WAL, so then both files stay for the
+// open to tell which one is unrecorded.
 #include <spdlog/spdlog.h>
 
 #include "statestore/kill_point.h"
@@ -168,8 +170,11 @@ Status CopyLive(LocalStore::Impl& s, std::uint64_t id, const SegmentRecord& rec,
 
 // One batch: the new segment recorded, every moved chunk repointed, the old
 // segment's record dropped. Refused (nothing changes) when the old segment
-// gained a chunk meanwhile.
-Status CommitRewrite(LocalStore::Impl& s, std::uint64_t id, SegmentWriter& w, const std::vector<Moved>& moved) {
+// gained a chunk meanwhile. *attempted is set once the batch's write begins:
+// from there a failure may still have left it in the WAL (a write that
+// reached the log and then failed its sync), so neither file may go.
+Status CommitRewrite(LocalStore::Impl& s, std::uint64_t id, SegmentWriter& w, const std::vector<Moved>& moved,
+                     bool* attempted) {
   MutexLock wl(&s.write_mu);
   auto cur = s.segments.find(id);
   if (cur == s.segments.end()) return Status::Aborted("segment dropped meanwhile");
@@ -186,6 +191,7 @@ Status CommitRewrite(LocalStore::Impl& s, std::uint64_t id, SegmentWriter& w, co
   }
   t.DropSegment(id);
   MutexLock ex(&s.extent_mu);
+  *attempted = true;
   PC_RETURN_IF_ERROR(t.Commit(s.CommitWriteOptions(), "gc.before_batch", "gc.after_batch"));
   s.ForgetSegmentFile(id);
   w.MarkCommitted();
@@ -198,13 +204,16 @@ Status LocalStore::Impl::RewriteSegment(std::uint64_t id, const SegmentRecord& r
   const std::uint64_t new_id = next_segment.fetch_add(1);
   PC_ASSIGN_OR_RETURN(auto w, SegmentWriter::Create(env, seg_dir, new_id, freeze));
   std::vector<Moved> moved;
+  bool attempted = false;
   Status s = CopyLive(*this, id, rec, *w, &moved);
   if (s.ok()) s = w->Sync();
-  if (s.ok()) s = CommitRewrite(*this, id, *w, moved);
+  if (s.ok()) s = CommitRewrite(*this, id, *w, moved, &attempted);
   (void)w->Close();
   if (!s.ok()) {
-    // Nothing points at the new file: it goes (or the next open removes it).
-    (void)env->RemoveFile(seg_dir + "/" + SegmentFileName(new_id));
+    // Before the batch nothing points at the new file: it goes. After a
+    // failed batch either file may be the recorded one: both stay, and the
+    // next open removes whichever is unrecorded.
+    if (!attempted) (void)env->RemoveFile(seg_dir + "/" + SegmentFileName(new_id));
     return s;
   }
   spdlog::debug("statestore {}: segment {} rewritten as {} ({} live chunks)", path, SegmentHex(id),

@@ -43,6 +43,7 @@ struct FaultInjectionEnv::State {
   std::mutex mu;
   std::array<std::uint64_t, kFaultOpCount> counts{};
   std::array<std::uint64_t, kFaultOpCount> fail_at{};  // 0: no fault armed
+  std::uint64_t fail_sync_after_at = 0;                // FailNthSyncAfterIt's sync; 0: none
   std::optional<std::string> corrupt_next;  // CorruptNextWrite's path part
   std::optional<std::string> corrupt_read;  // CorruptNextRead's path part
   std::optional<std::string> page_cache;    // MapAsPageCache's path part
@@ -82,6 +83,14 @@ struct FaultInjectionEnv::State {
                              std::to_string(counts[i]) + " on " + what);
     }
     return Status::Ok();
+  }
+  // After a sync that took effect: the error FailNthSyncAfterIt armed for it.
+  Status AfterSyncLocked(const std::string& what) {
+    const std::uint64_t n = counts[static_cast<std::size_t>(FaultOp::kSync)];
+    if (fail_sync_after_at == 0 || n != fail_sync_after_at) return Status::Ok();
+    fail_sync_after_at = 0;
+    return Status::IOError("injected fault: sync #" + std::to_string(n) + " on " + what +
+                           " reported an error after it took effect");
   }
 };
 
@@ -168,7 +177,7 @@ class FaultWritableFile final : public WritableFile {
     PC_RETURN_IF_ERROR(st_->TickLocked(FaultOp::kSync, path_));
     PC_RETURN_IF_ERROR(f_->Sync());
     info_->synced = info_->size;
-    return Status::Ok();
+    return st_->AfterSyncLocked(path_);
   }
 
   Status StartWriteback(std::uint64_t offset, std::uint64_t n) override {
@@ -212,6 +221,11 @@ void FaultInjectionEnv::FailNth(FaultOp op, std::uint64_t n) {
   state_->fail_at[i] = n == 0 ? 0 : state_->counts[i] + n;
 }
 
+void FaultInjectionEnv::FailNthSyncAfterIt(std::uint64_t n) {
+  std::lock_guard lock(state_->mu);
+  state_->fail_sync_after_at = n == 0 ? 0 : state_->counts[static_cast<std::size_t>(FaultOp::kSync)] + n;
+}
+
 void FaultInjectionEnv::CorruptNextWrite(std::string path_part) {
   std::lock_guard lock(state_->mu);
   state_->corrupt_next = std::move(path_part);
@@ -251,6 +265,7 @@ Status FaultInjectionEnv::ReadBackMappedPages(const std::string& path_part) {
 void FaultInjectionEnv::ClearFaults() {
   std::lock_guard lock(state_->mu);
   state_->fail_at = {};
+  state_->fail_sync_after_at = 0;
   state_->corrupt_next.reset();
   state_->corrupt_read.reset();
   state_->page_cache.reset();
@@ -432,7 +447,7 @@ Status FaultInjectionEnv::SyncDir(const std::string& dir) {
   PC_RETURN_IF_ERROR(state_->base->SyncDir(dir));
   std::string d = DirName(dir + "/x");  // the same normalisation DirName gives entries
   std::erase_if(state_->pending, [&](const DirOp& op) { return op.dir == d; });
-  return Status::Ok();
+  return state_->AfterSyncLocked(dir);
 }
 
 }  // namespace primecache

@@ -22,6 +22,10 @@ inline constexpr int kFaultOpCount = 4;
 // Wraps another Env and injects faults:
 //  - FailNth(op, n): the n-th operation of that kind from now (1-based) fails
 //    with kIOError and has no effect;
+//  - FailNthSyncAfterIt(n): the n-th sync from now (of a file or a
+//    directory) takes effect and then fails with kIOError, as an fsync whose
+//    data reached the disk though it reported an error: the caller cannot
+//    tell a write that failed from one that is durable;
 //  - SetSpaceLimit(bytes): appends that would take the bytes written through
 //    this Env past the limit fail with kResourceExhausted ("no space left");
 //  - SetDiskSize(bytes): a disk of that size: appends fail the same way when
@@ -54,6 +58,7 @@ class FaultInjectionEnv : public Env {
   ~FaultInjectionEnv() override;
 
   void FailNth(FaultOp op, std::uint64_t n);
+  void FailNthSyncAfterIt(std::uint64_t n);
   void CorruptNextWrite(std::string path_part);
   void CorruptNextRead(std::string path_part);
   void MapAsPageCache(std::string path_part);
