@@ -39,9 +39,9 @@ class CrashLoop {
         path_(path),
         dir_(MakeWorkDir(o.common.work_dir, "pcstress-crash")),
         d_(DaemonFlags(path), dir_),
-        log_(dir_ + "/acks.log"),
+        book_(path, "crash", o.common.seed, dir_ + "/acks.log"),
         rng_(o.common.seed),
-        group_(d_, reg_, log_, work_, o.common.seed) {}
+        group_(d_, book_.reg, book_.log, book_.work, o.common.seed) {}
 
   int Run();
 
@@ -56,17 +56,10 @@ class CrashLoop {
   const Path path_;
   const std::string dir_;
   testing::Daemon d_;
-  AckLog log_;
-  Registry reg_;
-  Queries queries_;
-  WorkTally work_;
-  CheckTally check_;
+  LoopBook book_;
   Tally t_;
   std::mt19937_64 rng_;
-  std::atomic<std::uint32_t> next_seed_{1};
   std::atomic<std::uint32_t> connections_{0};
-  std::set<std::uint64_t> unacked_seen_;
-  int epoch_ = 0;
   GroupRounds group_;
 };
 
@@ -95,10 +88,7 @@ bool CrashLoop::NewEpoch() {
   d_.Stop();
   std::error_code ec;
   std::filesystem::remove_all(d_.data_dir(), ec);
-  reg_.Clear();
-  queries_.Clear();
-  unacked_seen_.clear();
-  ++epoch_;
+  book_.NewEpoch();
   return d_.Start();
 }
 
@@ -107,18 +97,7 @@ void CrashLoop::KillDuringWork(int it) {
   const int n = std::uniform_int_distribution<int>(1, o_.max_publishers)(rng_);
   const int kill_ms = std::uniform_int_distribution<int>(0, o_.kill_max_ms)(rng_);
   std::atomic<bool> killed{false};
-  Work w;
-  w.path = path_;
-  w.who = "crash";
-  w.seed = o_.common.seed;
-  w.iteration = it;
-  w.epoch = epoch_;
-  w.reg = &reg_;
-  w.queries = &queries_;
-  w.log = &log_;
-  w.tally = &work_;
-  w.next_seed = &next_seed_;
-  w.stop = &killed;
+  Work w = book_.WorkFor(it, &killed);
   w.connect = [this] { return Connect(false); };
   w.connect_admin = [this] { return Connect(true); };
   std::vector<std::thread> workers = StartWorkers(w, n);
@@ -150,10 +129,10 @@ bool CrashLoop::Iteration(int it) {
   }
   auto admin = Connect(true);
   if (admin == nullptr) {
-    ++check_.torn;
+    ++book_.check.torn;
     Say("crash: iteration %d: no admin connection after the restart", it);
   } else {
-    CheckSurvivors(*admin, path_, reg_, queries_, "crash", it, &unacked_seen_, &check_);
+    book_.CheckSurvivors(*admin, it);
   }
   VerifyAll(it);
   return true;
@@ -173,37 +152,25 @@ int CrashLoop::Run() {
   int done = 0;
   for (; done < o_.iterations; ++done) {
     if (!Iteration(done)) break;
-    if ((done + 1) % 50 == 0) {
-      Say("crash: %d iterations, %llu acknowledged, %llu lost, %llu torn, %.0f s", done + 1,
-          U(work_.acked.load()), U(check_.lost), U(check_.torn), SecondsSince(t0));
-    }
+    book_.Progress(done + 1, SecondsSince(t0));
   }
   d_.Stop();
   // A run in which no publish was acknowledged before a kill (and checked
   // after the restart) proved nothing about acknowledged entries.
-  const bool proved = work_.acked.load() > 0 && check_.acked_checked > 0;
+  const bool proved = book_.work.acked.load() > 0 && book_.check.acked_checked > 0;
   if (!proved) Say("crash: FAIL: no acknowledged publish was checked after a kill (kill too early?)");
-  const bool ok = done == o_.iterations && proved && check_.lost == 0 && check_.torn == 0 &&
-                  work_.wrong_bytes == 0 && t_.verify_failed == 0 && work_.errors == 0 &&
+  const bool ok = done == o_.iterations && proved && book_.check.lost == 0 && book_.check.torn == 0 &&
+                  book_.work.wrong_bytes == 0 && t_.verify_failed == 0 && book_.work.errors == 0 &&
                   t_.restart_failures == 0;
-  std::string extra;
-  if (path_ == Path::kBranch) extra = " lookups_checked=" + std::to_string(check_.lookups_checked);
-  if (path_ == Path::kGc) {
-    extra =
-        " fetches=" + std::to_string(work_.fetches) + " fetch_misses=" + std::to_string(work_.fetch_misses) +
-        " wrong_bytes=" + std::to_string(work_.wrong_bytes) + " deletes=" + std::to_string(work_.deletes) +
-        " compactions=" + std::to_string(work_.compactions) +
-        " evictions_and_deletes_in_flight=" + std::to_string(check_.evicted_allowance);
-  }
-  if (path_ == Path::kGroup) extra = " " + group_.PerPoint();
+  const std::string extra = path_ == Path::kGroup ? " " + group_.PerPoint() : book_.PathFigures();
   Say("RESULT crash %s: path=%s iterations=%d kills=%llu attempted=%llu acked=%llu acked_checks=%llu "
       "lost=%llu "
       "torn=%llu unacked_present=%llu verify_all_clean=%llu/%llu errors=%llu restart_failures=%llu%s "
       "seconds=%.1f",
-      ok ? "PASS" : "FAIL", PathName(path_), done, U(t_.kills), U(work_.attempted.load()),
-      U(work_.acked.load()), U(check_.acked_checked), U(check_.lost), U(check_.torn),
-      U(check_.unacked_present), U(t_.verify_ok), U(t_.verify_ok + t_.verify_failed), U(work_.errors.load()),
-      U(t_.restart_failures), extra.c_str(), SecondsSince(t0));
+      ok ? "PASS" : "FAIL", PathName(path_), done, U(t_.kills), U(book_.work.attempted.load()),
+      U(book_.work.acked.load()), U(book_.check.acked_checked), U(book_.check.lost), U(book_.check.torn),
+      U(book_.check.unacked_present), U(t_.verify_ok), U(t_.verify_ok + t_.verify_failed),
+      U(book_.work.errors.load()), U(t_.restart_failures), extra.c_str(), SecondsSince(t0));
   if (ok && !o_.common.keep) {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);

@@ -33,7 +33,7 @@ class PowerLossLoop {
       : o_(o),
         path_(path),
         dir_(MakeWorkDir(o.common.work_dir, "pcstress-power")),
-        log_(dir_ + "/acks.log"),
+        book_(path, "power", o.common.seed, dir_ + "/acks.log"),
         rng_(o.common.seed) {}
   int Run();
 
@@ -49,16 +49,9 @@ class PowerLossLoop {
   const PowerLossOptions o_;
   const Path path_;
   const std::string dir_;
-  AckLog log_;
-  Registry reg_;
-  Queries queries_;
-  WorkTally work_;
-  CheckTally check_;
+  LoopBook book_;
   Tally t_;
   std::mt19937_64 rng_;
-  std::atomic<std::uint32_t> next_seed_{1};
-  std::set<std::uint64_t> unacked_seen_;
-  int epoch_ = 0;
 };
 
 // The path's store: the gc path's under a small budget, with small segments
@@ -80,10 +73,10 @@ StoreOptions PowerLossLoop::Options() const {
 // acknowledged, then its own cross-check.
 void PowerLossLoop::Check(LocalStore& store, int it) {
   auto target = StoreTarget(store);
-  CheckSurvivors(*target, path_, reg_, queries_, "power", it, &unacked_seen_, &check_);
+  book_.CheckSurvivors(*target, it);
   auto v = store.CheckStore({.read_chunks = true});
   if (!v.ok() || !v->problems.empty()) {
-    ++check_.torn;
+    ++book_.check.torn;
     Say("power: iteration %d: the store's cross-check: %s", it,
         !v.ok() ? v.status().ToString().c_str() : v->problems.front().c_str());
   }
@@ -104,18 +97,7 @@ void PowerLossLoop::LoseDuringWork(LocalStore& store, TestHooks& hooks, int it) 
   const int n = std::uniform_int_distribution<int>(1, o_.max_publishers)(rng_);
   const int freeze_ms = std::uniform_int_distribution<int>(0, o_.freeze_max_ms)(rng_);
   std::atomic<bool> frozen{false};
-  Work w;
-  w.path = path_;
-  w.who = "power";
-  w.seed = o_.common.seed;
-  w.iteration = it;
-  w.epoch = epoch_;
-  w.reg = &reg_;
-  w.queries = &queries_;
-  w.log = &log_;
-  w.tally = &work_;
-  w.next_seed = &next_seed_;
-  w.stop = &frozen;
+  Work w = book_.WorkFor(it, &frozen);
   w.connect = [&store] { return StoreTarget(store); };
   w.connect_admin = w.connect;
   std::vector<std::thread> workers = StartWorkers(w, n);
@@ -129,10 +111,7 @@ bool PowerLossLoop::Iteration(int it) {
   if (it > 0 && it % o_.epoch == 0) {
     std::error_code ec;
     std::filesystem::remove_all(DataDir(), ec);
-    reg_.Clear();
-    queries_.Clear();
-    unacked_seen_.clear();
-    ++epoch_;
+    book_.NewEpoch();
   }
   FaultInjectionEnv fenv(Env::Default());
   auto hooks = std::make_shared<TestHooks>();
@@ -176,30 +155,19 @@ int PowerLossLoop::Run() {
   int done = 0;
   for (; done < o_.iterations; ++done) {
     if (!Iteration(done)) break;
-    if ((done + 1) % 50 == 0) {
-      Say("power: %d iterations, %llu acknowledged, %llu lost, %llu torn, %.0f s", done + 1,
-          U(work_.acked.load()), U(check_.lost), U(check_.torn), SecondsSince(t0));
-    }
+    book_.Progress(done + 1, SecondsSince(t0));
   }
-  const bool ok = done == o_.iterations && check_.lost == 0 && check_.torn == 0 && work_.wrong_bytes == 0 &&
-                  t_.verify_failed == 0 && work_.errors == 0 && t_.open_failures == 0;
-  std::string extra;
-  if (path_ == Path::kBranch) extra = " lookups_checked=" + std::to_string(check_.lookups_checked);
-  if (path_ == Path::kGroup) extra = " groups_abandoned=" + std::to_string(work_.groups_abandoned);
-  if (path_ == Path::kGc) {
-    extra =
-        " fetches=" + std::to_string(work_.fetches) + " fetch_misses=" + std::to_string(work_.fetch_misses) +
-        " wrong_bytes=" + std::to_string(work_.wrong_bytes) + " deletes=" + std::to_string(work_.deletes) +
-        " compactions=" + std::to_string(work_.compactions) +
-        " evictions_and_deletes_in_flight=" + std::to_string(check_.evicted_allowance);
-  }
+  const bool ok = done == o_.iterations && book_.check.lost == 0 && book_.check.torn == 0 &&
+                  book_.work.wrong_bytes == 0 && t_.verify_failed == 0 && book_.work.errors == 0 &&
+                  t_.open_failures == 0;
+  const std::string extra = book_.PathFigures();
   Say("RESULT power %s: path=%s iterations=%d power_losses=%llu attempted=%llu acked=%llu acked_checks=%llu "
       "lost=%llu torn=%llu unacked_present=%llu verify_all_clean=%llu/%llu errors=%llu open_failures=%llu%s "
       "seconds=%.1f",
-      ok ? "PASS" : "FAIL", PathName(path_), done, U(t_.losses), U(work_.attempted.load()),
-      U(work_.acked.load()), U(check_.acked_checked), U(check_.lost), U(check_.torn),
-      U(check_.unacked_present), U(t_.verify_ok), U(t_.verify_ok + t_.verify_failed), U(work_.errors.load()),
-      U(t_.open_failures), extra.c_str(), SecondsSince(t0));
+      ok ? "PASS" : "FAIL", PathName(path_), done, U(t_.losses), U(book_.work.attempted.load()),
+      U(book_.work.acked.load()), U(book_.check.acked_checked), U(book_.check.lost), U(book_.check.torn),
+      U(book_.check.unacked_present), U(t_.verify_ok), U(t_.verify_ok + t_.verify_failed),
+      U(book_.work.errors.load()), U(t_.open_failures), extra.c_str(), SecondsSince(t0));
   if (ok && !o_.common.keep) {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);

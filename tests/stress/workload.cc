@@ -578,4 +578,57 @@ void CheckSurvivors(Target& t, Path path, const Registry& reg, const Queries& qu
   if (path == Path::kBranch) CheckLookups(t, all, stored, queries, who, it, c);
 }
 
+// ---- LoopBook ----------------------------------------------------------------------------
+
+Work LoopBook::WorkFor(int it, const std::atomic<bool>* stop) {
+  Work w;
+  w.path = path;
+  w.who = who;
+  w.seed = seed;
+  w.iteration = it;
+  w.epoch = epoch;
+  w.reg = &reg;
+  w.queries = &queries;
+  w.log = &log;
+  w.tally = &work;
+  w.next_seed = &next_seed;
+  w.stop = stop;
+  return w;
+}
+
+void LoopBook::CheckSurvivors(Target& t, int it) {
+  stress::CheckSurvivors(t, path, reg, queries, who, it, &unacked_seen, &check);
+}
+
+void LoopBook::NewEpoch() {
+  reg.Clear();
+  queries.Clear();
+  unacked_seen.clear();
+  ++epoch;
+}
+
+std::string LoopBook::PathFigures() const {
+  switch (path) {
+    case Path::kBranch:
+      return " lookups_checked=" + std::to_string(check.lookups_checked);
+    case Path::kGroup:
+      return " groups_abandoned=" + std::to_string(work.groups_abandoned);
+    case Path::kGc:
+      return " fetches=" + std::to_string(work.fetches) +
+             " fetch_misses=" + std::to_string(work.fetch_misses) +
+             " wrong_bytes=" + std::to_string(work.wrong_bytes) + " deletes=" + std::to_string(work.deletes) +
+             " compactions=" + std::to_string(work.compactions) +
+             " evictions_and_deletes_in_flight=" + std::to_string(check.evicted_allowance);
+    case Path::kPlain:
+      break;
+  }
+  return "";
+}
+
+void LoopBook::Progress(int done, double seconds) const {
+  if (done % 50 != 0) return;
+  Say("%s: %d iterations, %llu acknowledged, %llu lost, %llu torn, %.0f s", who, done, U(work.acked.load()),
+      U(check.lost), U(check.torn), seconds);
+}
+
 }  // namespace primecache::stress

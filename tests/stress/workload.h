@@ -122,4 +122,39 @@ void CheckSurvivors(Target& t, Path path, const Registry& reg, const Queries& qu
 // Records an acknowledgement in the ack log.
 void RecordAck(AckLog& log, int it, const std::string& what, std::uint64_t entry, std::uint64_t digest);
 
+// What a crash or power-loss loop keeps from iteration to iteration: the ack
+// log, what was attempted and acknowledged, and the tallies. One per loop.
+// Thread-safety: an iteration's workers reach it through Work (Registry,
+// Queries, AckLog and WorkTally lock or count atomically); the rest, and
+// NewEpoch, are the loop thread's, between iterations.
+class LoopBook {
+ public:
+  LoopBook(Path path, const char* who, std::uint64_t seed, const std::string& ack_log)
+      : path(path), who(who), seed(seed), log(ack_log) {}
+
+  // Iteration `it`'s Work, the workers stopping at *stop; the caller sets
+  // connect and connect_admin.
+  Work WorkFor(int it, const std::atomic<bool>* stop);
+  // The store after a crash against the book (CheckSurvivors).
+  void CheckSurvivors(Target& t, int it);
+  // A fresh store: what the last one held is forgotten.
+  void NewEpoch();
+  // The path's own figures for the RESULT line (" name=value..."; empty for plain).
+  std::string PathFigures() const;
+  // Every 50 iterations, a progress line.
+  void Progress(int done, double seconds) const;
+
+  const Path path;
+  const char* const who;  // "crash" or "power", for the log lines
+  const std::uint64_t seed;
+  AckLog log;
+  Registry reg;
+  Queries queries;
+  WorkTally work;
+  CheckTally check;
+  std::atomic<std::uint32_t> next_seed{1};
+  std::set<std::uint64_t> unacked_seen;
+  int epoch = 0;
+};
+
 }  // namespace primecache::stress
