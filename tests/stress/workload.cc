@@ -231,6 +231,14 @@ std::mt19937_64 WorkerRng(const Work& w, int worker) {
                          static_cast<std::uint64_t>(worker));
 }
 
+// The gc path's 16 MiB budget can be held whole by the entries its fetchers
+// are reading, which may not be evicted: then a publish is refused, as the
+// store promises, and the worker goes on.
+bool BudgetHeldByEntriesInUse(const Work& w, const Status& s) {
+  return w.path == Path::kGc && s.code() == StatusCode::kResourceExhausted &&
+         s.message().find("nothing left that may be evicted") != std::string::npos;
+}
+
 // Publishes one entry of `layers` under `tokens`; false when the worker ends.
 bool PublishOne(const Work& w, Target& t, int worker, const std::vector<std::uint32_t>& tokens,
                 const std::vector<LayerData>& layers, const std::string& what) {
@@ -238,6 +246,10 @@ bool PublishOne(const Work& w, Target& t, int worker, const std::vector<std::uin
   w.reg->Attempted(tokens, digest);
   ++w.tally->attempted;
   auto r = t.Publish(tokens, layers, std::nullopt, false);
+  if (!r.ok() && BudgetHeldByEntriesInUse(w, r.status())) {
+    ++w.tally->budget_refusals;
+    return true;
+  }
   if (!r.ok()) {
     Failed(w, "a publish", worker, r.status());
     return false;
@@ -618,6 +630,7 @@ std::string LoopBook::PathFigures() const {
              " fetch_misses=" + std::to_string(work.fetch_misses) +
              " wrong_bytes=" + std::to_string(work.wrong_bytes) + " deletes=" + std::to_string(work.deletes) +
              " compactions=" + std::to_string(work.compactions) +
+             " budget_refusals=" + std::to_string(work.budget_refusals) +
              " evictions_and_deletes_in_flight=" + std::to_string(check.evicted_allowance);
     case Path::kPlain:
       break;

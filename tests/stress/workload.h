@@ -75,6 +75,8 @@ struct WorkTally {
   std::atomic<std::uint64_t> attempted{0}, acked{0}, errors{0};
   std::atomic<std::uint64_t> fetches{0}, fetch_misses{0}, wrong_bytes{0}, deletes{0}, compactions{0};
   std::atomic<std::uint64_t> groups_abandoned{0};
+  // gc path: publishes refused because the budget was held by entries in use.
+  std::atomic<std::uint64_t> budget_refusals{0};
 };
 
 // Requests' token sequences whose lookups the branch check repeats.
