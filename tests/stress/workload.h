@@ -117,6 +117,7 @@ std::vector<std::thread> StartWorkers(const Work& w, int n);
 struct CheckTally {
   std::uint64_t acked_checked = 0, lost = 0, torn = 0, unacked_present = 0;
   std::uint64_t lookups_checked = 0, evicted_allowance = 0;
+  std::uint64_t evicted_back = 0;  // found gone by a fetch, present and whole after the crash
 };
 void CheckSurvivors(Target& t, Path path, const Registry& reg, const Queries& queries, const char* who,
                     int it, std::set<std::uint64_t>* unacked_seen, CheckTally* c);
