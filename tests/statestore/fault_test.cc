@@ -8,8 +8,8 @@
 #include <limits>
 
 #include "statestore/test_hooks.h"
-#include "tests/support/fault_env.h"
 #include "store_test_util.h"
+#include "tests/support/fault_env.h"
 
 namespace primecache {
 namespace {
@@ -192,7 +192,8 @@ TEST(Faults, AChunkStoredWithOtherBytesThanItsAddressFailsThePublish) {
   auto r = PublishTarget(*f.store);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("changed while they were written"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("changed while they were written"), std::string::npos)
+      << r.status().ToString();
   EXPECT_EQ(Ids(*f.store), ids);
   EXPECT_EQ(f.store->Stat()->chunks, stats.chunks);
   auto again = PublishTarget(*f.store);
@@ -217,7 +218,8 @@ TEST(Faults, ATransientBadReadFailsTheFetchButQuarantinesNothing) {
   auto back = f.store->FetchAll(f.baseline[0]);
   ASSERT_FALSE(back.ok());
   EXPECT_EQ(back.status().code(), StatusCode::kAborted) << back.status().ToString();
-  EXPECT_NE(back.status().message().find("nothing quarantined"), std::string::npos) << back.status().ToString();
+  EXPECT_NE(back.status().message().find("nothing quarantined"), std::string::npos)
+      << back.status().ToString();
   EXPECT_EQ(f.store->Describe(f.baseline[0])->info.state, EntryState::kLive);
   f.ExpectBaselineIntact();
   ExpectConsistent(*f.store);
@@ -396,12 +398,30 @@ bool CheckWorkAfterReopen(Work work, FaultStore& f, bool acked) {
   return lost;
 }
 
+StoreOptions CaseOptions(const PowerCase& pc) {
+  StoreOptions o = CodecStoreOptions();
+  if (pc.small_segments) o.segment_bytes = 1u << 20;
+  return o;
+}
+
+// The power goes after the work: the reopened store is consistent, holds
+// what the work was acknowledged for, and takes a publish. Returns whether
+// the work was lost (CheckWorkAfterReopen).
+bool PowerLossAfterWork(Work work, FaultStore& f, bool acked) {
+  f.PowerLoss();
+  ExpectConsistent(*f.store);
+  const bool lost = CheckWorkAfterReopen(work, f, acked);
+  // The store goes on working after the crash.
+  auto more = f.store->Publish(Request(Conversation(90, 1234)), MakeLayers(Conversation(90, 1234), kModel));
+  EXPECT_TRUE(more.ok()) << more.status().ToString();
+  return lost;
+}
+
 class PowerLoss : public ::testing::TestWithParam<PowerCase> {};
 
 TEST_P(PowerLoss, AtEveryMutatingOperation) {
   const PowerCase& pc = GetParam();
-  StoreOptions o = CodecStoreOptions();
-  if (pc.small_segments) o.segment_bytes = 1u << 20;
+  const StoreOptions o = CaseOptions(pc);
   std::int64_t ops = 0;
   {
     FaultStore f(o);
@@ -421,12 +441,7 @@ TEST_P(PowerLoss, AtEveryMutatingOperation) {
     PrepareWork(pc.work, f);
     f.hooks->freeze_countdown->store(n);
     bool acked = RunWork(pc.work, f);
-    f.PowerLoss();
-    ExpectConsistent(*f.store);
-    if (CheckWorkAfterReopen(pc.work, f, acked)) ++lost;
-    // The store goes on working after the crash.
-    auto more = f.store->Publish(Request(Conversation(90, 1234)), MakeLayers(Conversation(90, 1234), kModel));
-    EXPECT_TRUE(more.ok()) << more.status().ToString();
+    if (PowerLossAfterWork(pc.work, f, acked)) ++lost;
   }
   if (pc.work != Work::kGc) {
     EXPECT_GT(lost, 0) << "early crashes must lose the unacknowledged work";
@@ -452,8 +467,7 @@ class LateSyncFailure : public ::testing::TestWithParam<PowerCase> {};
 
 TEST_P(LateSyncFailure, AtEverySyncThenAPowerLoss) {
   const PowerCase& pc = GetParam();
-  StoreOptions o = CodecStoreOptions();
-  if (pc.small_segments) o.segment_bytes = 1u << 20;
+  const StoreOptions o = CaseOptions(pc);
   std::uint64_t syncs = 0;
   {
     FaultStore f(o);
@@ -475,11 +489,7 @@ TEST_P(LateSyncFailure, AtEverySyncThenAPowerLoss) {
     f.fenv->FailNthSyncAfterIt(static_cast<std::uint64_t>(n));
     const bool acked = RunWork(pc.work, f);
     if (!acked) ++refused;
-    f.PowerLoss();
-    ExpectConsistent(*f.store);
-    (void)CheckWorkAfterReopen(pc.work, f, acked);
-    auto more = f.store->Publish(Request(Conversation(90, 1234)), MakeLayers(Conversation(90, 1234), kModel));
-    EXPECT_TRUE(more.ok()) << more.status().ToString();
+    (void)PowerLossAfterWork(pc.work, f, acked);
   }
   EXPECT_GT(refused, 0) << "some late sync failure must reach the work";
 }
