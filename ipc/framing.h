@@ -65,9 +65,12 @@ class FrameDecoder {
 
  private:
   Status ParseStaged(std::vector<Frame>* out);
+  // Makes the stage `bytes` long, keeping the bytes held.
+  void GrowStage(std::size_t bytes);
 
   FrameLimits limits_;
-  std::vector<std::byte> stage_;
+  std::size_t stage_bytes_;
+  std::unique_ptr<std::byte[]> stage_;
   std::size_t stage_pos_ = 0;  // first unparsed byte
   std::size_t stage_len_ = 0;  // bytes held
   // A frame too large for the stage is read straight into its own buffer.

@@ -102,6 +102,49 @@ TEST(Framing, RefusesOversizeAndTooManySegments) {
   }
 }
 
+TEST(Framing, ASegmentTableLargerThanTheStageIsHeldWhileTheStageGrows) {
+  // A frame of 2,000 one-word segments: its table (8,008 bytes with its
+  // padding) outgrows a 4,096-byte stage, which must grow and keep what it
+  // holds, however the bytes arrive. Each word carries its segment's index.
+  constexpr std::uint32_t kSegments = 2000;
+  std::vector<std::byte> frame((4 + 4 * kSegments + 4) / 8 * 8 + 8 * kSegments);
+  auto put32 = [&](std::size_t at, std::uint32_t v) { std::memcpy(frame.data() + at, &v, 4); };
+  put32(0, kSegments - 1);
+  for (std::uint32_t i = 0; i < kSegments; ++i) put32(4 + 4 * i, 1);
+  const std::size_t body = frame.size() - 8 * kSegments;
+  for (std::uint32_t i = 0; i < kSegments; ++i) put32(body + 8 * i, i);
+  std::vector<std::byte> stream = Encode(1, 100);
+  stream.insert(stream.end(), frame.begin(), frame.end());
+  FrameLimits lim;
+  lim.max_segments = 4096;
+  std::mt19937 g(2);
+  for (int trial = 0; trial < 10; ++trial) {
+    FrameDecoder dec(lim, 4096);
+    std::vector<Frame> frames;
+    for (std::size_t pos = 0; pos < stream.size();) {
+      auto buf = dec.ReadBuffer();
+      const std::size_t n =
+          std::min<std::size_t>({buf.size(), stream.size() - pos, 1 + g() % (trial < 5 ? 7 : 5000)});
+      std::memcpy(buf.data(), stream.data() + pos, n);
+      pos += n;
+      ASSERT_TRUE(dec.Consume(n, &frames).ok());
+    }
+    ASSERT_EQ(frames.size(), 2u);
+    Check(frames[0], 1, 100);
+    EXPECT_EQ(frames[1].total_bytes(), frame.size());
+    EXPECT_EQ(dec.Pending(), 0u);
+    auto rd = frames[1].Reader({});
+    auto& segments = static_cast<capnp::SegmentArrayMessageReader&>(*rd);
+    for (std::uint32_t i = 0; i < kSegments; ++i) {
+      auto seg = segments.getSegment(i);
+      ASSERT_EQ(seg.size(), 1u);
+      std::uint32_t v = 0;
+      std::memcpy(&v, seg.begin(), 4);
+      ASSERT_EQ(v, i) << "segment " << i << " of trial " << trial;
+    }
+  }
+}
+
 TEST(Framing, MultiSegmentMessagesRoundTrip) {
   auto b = std::make_unique<capnp::MallocMessageBuilder>(16, capnp::AllocationStrategy::FIXED_SIZE);
   auto r = b->initRoot<wire::Request>();
