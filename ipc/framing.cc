@@ -45,16 +45,15 @@ std::unique_ptr<capnp::MessageReader> Frame::Reader(const FrameLimits& limits) c
 
 FrameDecoder::FrameDecoder(FrameLimits limits, std::size_t stage_bytes)
     : limits_(limits),
-      stage_bytes_(std::max<std::size_t>(stage_bytes, 4096)),
-      // Not zero-filled: only what recv writes is ever read, and a connection
-      // should not pay for touching every page of a stage it may never fill.
-      stage_(std::make_unique_for_overwrite<std::byte[]>(stage_bytes_)) {}
+      // kj::heapArray leaves bytes unset: only what recv writes is ever read,
+      // and a connection should not pay for touching every page of a stage
+      // it may never fill (a std::vector zero-fills them).
+      stage_(kj::heapArray<std::byte>(std::max<std::size_t>(stage_bytes, 4096))) {}
 
 void FrameDecoder::GrowStage(std::size_t bytes) {
-  auto grown = std::make_unique_for_overwrite<std::byte[]>(bytes);
-  std::memcpy(grown.get(), stage_.get(), stage_len_);
-  stage_ = std::move(grown);
-  stage_bytes_ = bytes;
+  auto grown = kj::heapArray<std::byte>(bytes);
+  std::memcpy(grown.begin(), stage_.begin(), stage_len_);
+  stage_ = kj::mv(grown);
 }
 
 std::size_t FrameDecoder::Pending() const {
@@ -68,11 +67,11 @@ std::span<std::byte> FrameDecoder::ReadBuffer() {
     return {base + big_filled_, big_.size() * kWord - big_filled_};
   }
   if (stage_pos_ > 0) {
-    std::memmove(stage_.get(), stage_.get() + stage_pos_, stage_len_ - stage_pos_);
+    std::memmove(stage_.begin(), stage_.begin() + stage_pos_, stage_len_ - stage_pos_);
     stage_len_ -= stage_pos_;
     stage_pos_ = 0;
   }
-  return {stage_.get() + stage_len_, stage_bytes_ - stage_len_};
+  return {stage_.begin() + stage_len_, stage_.size() - stage_len_};
 }
 
 Status FrameDecoder::Consume(std::size_t n, std::vector<Frame>* out) {
@@ -93,7 +92,7 @@ Status FrameDecoder::Consume(std::size_t n, std::vector<Frame>* out) {
 Status FrameDecoder::ParseStaged(std::vector<Frame>* out) {
   for (;;) {
     const std::size_t avail = stage_len_ - stage_pos_;
-    const std::byte* p = stage_.get() + stage_pos_;
+    const std::byte* p = stage_.begin() + stage_pos_;
     if (avail < 4) return Status::Ok();
     const std::uint64_t count = std::uint64_t{LoadU32(p)} + 1;
     if (count > limits_.max_segments) {
@@ -103,7 +102,7 @@ Status FrameDecoder::ParseStaged(std::vector<Frame>* out) {
     const std::size_t table = TableBytes(count);
     if (table > limits_.max_message_bytes) return Status::InvalidArgument("segment table exceeds the message size limit");
     if (avail < table) {
-      if (table > stage_bytes_) GrowStage(table);  // bounded by max_segments
+      if (table > stage_.size()) GrowStage(table);  // bounded by max_segments
       return Status::Ok();
     }
     std::vector<std::uint32_t> sizes(count);
@@ -127,7 +126,7 @@ Status FrameDecoder::ParseStaged(std::vector<Frame>* out) {
       out->emplace_back(kj::mv(body), std::move(sizes));
       continue;
     }
-    if (total <= stage_bytes_) return Status::Ok();  // wait; compaction makes room
+    if (total <= stage_.size()) return Status::Ok();  // wait; compaction makes room
     // Too large for the stage: continue it in its own buffer.
     const std::size_t have = avail - table;
     std::memcpy(dst, p + table, have);

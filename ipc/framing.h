@@ -69,8 +69,7 @@ class FrameDecoder {
   void GrowStage(std::size_t bytes);
 
   FrameLimits limits_;
-  std::size_t stage_bytes_;
-  std::unique_ptr<std::byte[]> stage_;
+  kj::Array<std::byte> stage_;
   std::size_t stage_pos_ = 0;  // first unparsed byte
   std::size_t stage_len_ = 0;  // bytes held
   // A frame too large for the stage is read straight into its own buffer.
